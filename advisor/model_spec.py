@@ -1,0 +1,111 @@
+"""``ModelSpec``: what the estimators need to know about a model, validated once.
+
+Counts are exact parameter counts (shared parameters once), split into components so that the
+memory model can place them: input embeddings, one transformer block (all blocks are identical in
+the supported families), the output head (0 when tied to the embeddings), and everything else
+(final norm, position embeddings, pooler). Shape fields drive the activation model; they are
+``None`` when only a size is known (``--params 7.5B``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Source = Literal["bundled", "local", "hub", "params", "module"]
+CountMethod = Literal["formula", "meta_device", "module", "given"]
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Hub id, path or label the user gave.")
+    source: Source = Field(description="Where the description came from.")
+    count_method: CountMethod = Field(description="How the counts were obtained.")
+    architecture: str | None = Field(default=None, description="Model class, e.g. Qwen2ForCausalLM.")
+    model_type: str | None = Field(default=None, description="Hugging Face model_type.")
+    total_params: int = Field(gt=0, description="All parameters, shared ones counted once.")
+    trainable_params: int = Field(ge=0, description="Parameters that receive gradients.")
+    embedding_params: int | None = Field(default=None, ge=0, description="Input token embeddings.")
+    layer_params: int | None = Field(default=None, ge=0, description="One transformer block.")
+    head_params: int | None = Field(default=None, ge=0, description="Output head; 0 when tied.")
+    other_params: int | None = Field(default=None, ge=0, description="Final norm, positions, pooler.")
+    tied_embeddings: bool | None = Field(default=None, description="Head shares the embedding matrix.")
+    num_layers: int | None = Field(default=None, ge=1, description="Transformer blocks.")
+    hidden_size: int | None = Field(default=None, ge=1, description="Model width.")
+    num_attention_heads: int | None = Field(default=None, ge=1, description="Query heads.")
+    num_kv_heads: int | None = Field(default=None, ge=1, description="Key/value heads (GQA).")
+    head_dim: int | None = Field(default=None, ge=1, description="Width of one attention head.")
+    intermediate_size: int | None = Field(default=None, ge=1, description="MLP inner width (one expert).")
+    vocab_size: int | None = Field(default=None, ge=1, description="Vocabulary size.")
+    gated_mlp: bool | None = Field(default=None, description="SwiGLU/GeGLU-style MLP (3 matrices).")
+    num_experts: int | None = Field(default=None, ge=1, description="MoE experts per layer; None: dense.")
+    num_experts_per_token: int | None = Field(default=None, ge=1, description="Experts active per token.")
+    expert_params: int | None = Field(default=None, ge=0, description="One expert in one layer.")
+    max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
+    block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
+    dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSpec":
+        if self.trainable_params > self.total_params:
+            raise ValueError(
+                f"trainable parameters ({self.trainable_params:,}) exceed total ({self.total_params:,})"
+            )
+        parts = (self.embedding_params, self.layer_params, self.head_params, self.other_params)
+        if self.num_layers is not None and None not in parts:
+            summed = parts[0] + self.num_layers * parts[1] + parts[2] + parts[3]
+            if summed != self.total_params:
+                raise ValueError(f"components sum to {summed:,}, not the total {self.total_params:,}")
+        if (self.num_experts is None) != (self.num_experts_per_token is None):
+            raise ValueError("num_experts and num_experts_per_token go together")
+        return self
+
+    @property
+    def frozen_params(self) -> int:
+        return self.total_params - self.trainable_params
+
+    @property
+    def has_architecture(self) -> bool:
+        """Enough shape information to model activations."""
+        return None not in (self.num_layers, self.hidden_size, self.num_attention_heads, self.vocab_size)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: only the routed experts)."""
+        if self.num_experts is None or self.expert_params is None or self.num_layers is None:
+            return self.total_params
+        idle = (self.num_experts - (self.num_experts_per_token or 0)) * self.expert_params
+        return self.total_params - self.num_layers * idle
+
+    def with_trainable(self, trainable_params: int) -> "ModelSpec":
+        """The same model with only ``trainable_params`` receiving gradients (frozen backbone, LoRA)."""
+        return self.model_copy(update={"trainable_params": trainable_params})
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+_SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def parse_count(text: str, *, what: str = "--params") -> int:
+    """``7.5B`` -> 7_500_000_000; ``350M``, ``1.2T``, ``125000``."""
+    match = _SIZE.match(text or "")
+    if match is None:
+        raise ValueError(f"cannot read {what} '{(text or '')[:40]}': expected a number like 7.5B, 350M or 125000")
+    value = round(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    if value < 1:
+        raise ValueError(f"{what} must be at least 1")
+    return value
+
+
+def spec_from_size(total_params: int, *, name: str | None = None) -> ModelSpec:
+    """A model known only by its size: no architecture, so activations are an assumption later."""
+    return ModelSpec(
+        name=name or f"{total_params / 1e9:.3g}B parameters",
+        source="params",
+        count_method="given",
+        total_params=total_params,
+        trainable_params=total_params,
+    )

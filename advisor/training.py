@@ -1,0 +1,65 @@
+"""``TrainingConfig``: how the model will be trained (optimizer, precision, batch, checkpointing).
+
+One validated object; the estimators read it and never see CLI options. Byte sizes that follow
+from these choices (bytes per parameter, per gradient, per optimizer state) are properties here,
+so every estimator agrees on them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
+Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
+Engine = Literal["torch", "deepspeed"]
+Checkpointing = Literal["auto", "on", "off"]
+Attention = Literal["sdpa", "eager"]
+Policy = Literal["thresholds", "fastest"]
+
+GIB = 2**30
+
+
+class TrainingConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    optimizer: Optimizer = Field(default="adamw", description="Optimizer; decides optimizer-state bytes.")
+    precision: Precision = Field(default="bf16-mixed", description="Parameter and compute dtypes.")
+    seq_len: int = Field(default=2048, ge=1, le=1 << 22, description="Tokens per sample.")
+    micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Per-GPU batch; None: largest that fits.")
+    global_batch_size: int | None = Field(default=None, ge=1, description="Samples per optimizer step (gradient accumulation).")
+    activation_checkpointing: Checkpointing = Field(default="auto", description="Per-block recompute.")
+    engine: Engine = Field(default="torch", description="What runs the strategy: torch or deepspeed.")
+    attention: Attention = Field(default="sdpa", description="SDPA/flash (no s^2 term) or eager.")
+    reserve_gib: float = Field(default=1.0, ge=0, le=1024, description="CUDA context and NCCL per GPU.")
+    fragmentation: float = Field(default=0.05, ge=0, le=1, description="Allocator overhead as a share of peak.")
+    policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
+    cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.global_batch_size is not None and self.micro_batch_size is not None:
+            if self.global_batch_size < self.micro_batch_size:
+                raise ValueError(
+                    f"--global-batch {self.global_batch_size} is smaller than --micro-batch {self.micro_batch_size}"
+                )
+        return self
+
+    @property
+    def mixed(self) -> bool:
+        return self.precision in ("bf16-mixed", "fp16-mixed")
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of one stored parameter (mixed precision keeps fp32 parameters in the torch recipe)."""
+        return 2 if self.precision == "bf16" else 4
+
+    @property
+    def compute_bytes(self) -> int:
+        """Bytes of one activation element in matmuls (bf16/fp16 unless fp32)."""
+        return 4 if self.precision == "fp32" else 2
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(self.reserve_gib * GIB)

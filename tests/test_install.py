@@ -1,0 +1,60 @@
+"""A non-editable wheel installs, ships the profiles, and `advisor inspect` works from another dir."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    args = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)]
+    try:
+        import setuptools  # noqa: F401
+
+        args.insert(4, "--no-build-isolation")  # offline-friendly when setuptools is present
+    except ImportError:
+        pass
+    result = _run(args)
+    assert result.returncode == 0, result.stderr
+    (whl,) = out.glob("*.whl")
+    return whl
+
+
+def test_wheel_contains_profiles(wheel):
+    import zipfile
+
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "profiles/gpus.json" in names and "profiles/models/Qwen/Qwen2.5-7B.json" in names
+    assert any(n.startswith("wrappers/") for n in names)
+
+
+def test_installed_wheel_runs_from_elsewhere(wheel, tmp_path):
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    # Dependencies come from this interpreter's site-packages (a plain path: its .pth files, such as
+    # an editable install of this repo, are not processed, so only the wheel provides `advisor`).
+    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    (site / "parent_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    result = _run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    assert result.returncode == 0, result.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = _run([str(env_dir / "bin" / "advisor"), "inspect", "Qwen/Qwen2.5-7B", "--json"], cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert '"total_params": 7615616512' in result.stdout
+    where = _run([str(py), "-c", "import advisor, profiles; print(advisor.__file__, profiles.__file__)"], cwd=elsewhere)
+    assert str(env_dir) in where.stdout and str(ROOT) not in where.stdout

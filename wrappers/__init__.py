@@ -1,0 +1,1 @@
+"""Apply a plan's strategy to a live model (``wrap``). Torch is imported here, never in ``advisor``."""

@@ -8,12 +8,10 @@ import sys
 
 import click
 
+from advisor.cli_options import plan_kwargs, plan_options
+
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_FITS = 3
-
-
-class NothingFits(Exception):
-    """Raised by commands whose answer is 'no strategy fits' (exit 3) after printing it."""
 
 
 def _fail(message: str, code: int) -> None:
@@ -54,6 +52,36 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 
 
 @cli.command()
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
+@click.option("--policy", type=click.Choice(["thresholds", "fastest"]), help="How to choose among fits.")
+def plan(as_json: bool, policy: str | None, **options) -> None:
+    """Estimate per-GPU memory of every strategy and recommend one that fits.
+
+    \b
+    advisor plan --model Qwen/Qwen2.5-7B --gpus 2xA100
+    advisor plan --params 70B --gpus 2x8xH100 --seq-len 4096 --json
+    advisor plan -m meta-llama/Llama-3.1-8B -g 4xA10G --trainable-params 1% --strategy zero3
+
+    Exit code 3 when nothing fits (the output says how many of these GPUs would).
+    """
+    from advisor.api import plan as make_plan
+
+    kwargs = plan_kwargs(options)
+    if policy is not None:
+        kwargs["policy"] = policy
+    result = make_plan(**kwargs)
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+    else:
+        from advisor.render import print_plan
+
+        print_plan(result)
+    if result.recommendation is None:
+        click.get_current_context().exit(EXIT_NOTHING_FITS)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 def gpus(as_json: bool) -> None:
     """List the bundled GPU profiles (figures from vendor datasheets, cited in profiles/gpus.json)."""
@@ -82,7 +110,7 @@ def models() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turn bad input into one line and exit code 2, never a traceback."""
     try:
-        cli.main(args=argv, prog_name="advisor", standalone_mode=False)
+        code = cli.main(args=argv, prog_name="advisor", standalone_mode=False)
     except click.exceptions.Abort:
         _fail("aborted", 130)
     except click.UsageError as err:
@@ -90,10 +118,10 @@ def main(argv: list[str] | None = None) -> None:
         _fail(err.format_message() + hint, EXIT_BAD_INPUT)
     except click.ClickException as err:
         _fail(err.format_message(), EXIT_BAD_INPUT)
-    except NothingFits:
-        sys.exit(EXIT_NOTHING_FITS)
     except (ValueError, OSError) as err:
         _fail(str(err), EXIT_BAD_INPUT)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -159,8 +159,12 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     """(persistent buffers, buffers held only during forward/backward) beyond states and activations."""
     layer, n_layers, outside = _block_params(spec)
     if training.engine == "deepspeed":
-        bucket = 2 * min(spec.trainable_params, 5 * 10**8)  # reduce_bucket_size (5e8 elements) IPG buffer
-        live = 2 * min(spec.total_params, 10**9) if impl.shard_params else 0  # stage3_max_live_parameters
+        # Bucket sizes as accelerate's "auto" sets them (and our exported configs write):
+        # reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size = 0.9 hidden^2 elements.
+        hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
+        bucket = 2 * min(spec.trainable_params, hidden_sq)  # gradient reduce bucket
+        # Stage 3 gathers the running module plus the prefetch bucket ahead of it.
+        live = 2 * min(spec.total_params, 2 * layer + hidden_sq * 9 // 10) if impl.shard_params else 0
         return bucket, live
     pb = training.param_bytes
     if impl.shard_params:

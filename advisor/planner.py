@@ -41,6 +41,7 @@ class Candidate(_Frozen):
     memory_bytes: MemoryBreakdown | None = None
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
+    cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
     step_time_s: float | None = Field(default=None, description="Null until a time model exists.")
 
 
@@ -105,7 +106,9 @@ def evaluate_candidate(
     """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits)."""
     impl = STRATEGIES[name].on(training.engine)
     capacity = hardware.gpu_memory_bytes
-    base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as)
+    cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
+    base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
+                cpu_capacity_bytes=cpu_capacity)
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
     if impl.single_process and hardware.nodes > 1:
@@ -117,9 +120,7 @@ def evaluate_candidate(
     def fits(mem: MemoryBreakdown) -> bool:
         if mem.total > capacity:
             return False
-        if training.cpu_memory_gib is not None and mem.cpu_bytes * hardware.gpus_per_node > training.cpu_memory_gib * GIB:
-            return False
-        return True
+        return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
     ckpt_options = {"on": [True], "off": [False], "auto": [False, True]}[training.activation_checkpointing]
     choices = _micro_batch_choices(training, hardware.world_size)
@@ -165,6 +166,9 @@ def choose(
         chosen = next((c for c in (by_name.get(n) for n in ESCALATION[:start]) if c and c.fits), None)
     if chosen is None:
         why.append(_does_not_fit(by_name[default]))
+        last = ESCALATION[-1]
+        if last != default and last in by_name:
+            why.append(_does_not_fit(by_name[last]))
         return None, why
     if chosen.strategy == default:
         why.append(f"{default} fits: {_gib(chosen.memory_bytes.total)} of {_gib(chosen.capacity_bytes)} per GPU "
@@ -205,6 +209,9 @@ def _does_not_fit(cand: Candidate) -> str:
     if not cand.available:
         return f"{cand.strategy} is unavailable: {cand.unavailable_reason}."
     mem = cand.memory_bytes
+    if mem.total <= cand.capacity_bytes and cand.cpu_capacity_bytes is not None:
+        return (f"{cand.strategy} does not fit in CPU RAM: needs {_gib(cand.cpu_memory_bytes or 0)} per node "
+                f"of {_gib(cand.cpu_capacity_bytes)}.")
     return (f"{cand.strategy} does not fit: needs {_gib(mem.total)} per GPU of {_gib(cand.capacity_bytes)} "
             f"even at micro-batch {cand.micro_batch_size}"
             f"{' with checkpointing' if cand.activation_checkpointing else ''}.")
@@ -221,13 +228,14 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         link = hardware.inter_node_link.name if hardware.inter_node_link else None
         return parse_gpus(f"{nodes}x{per}x{hardware.gpu.name}", interconnect=link)
 
-    counts = list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
-    for name in strategies:
-        for count in counts:
-            if count <= hardware.world_size:
-                continue
-            if evaluate_candidate(spec, at(count), relaxed, name).fits:
-                return SmallestFit(num_gpus=count, strategy=name,
-                                   message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
+    counts = [c for c in list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
+              if c > hardware.world_size]
+    found = [(count, order, name) for order, name in enumerate(strategies)
+             for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
+             if count is not None]
+    if found:
+        count, _, name = min(found)
+        return SmallestFit(num_gpus=count, strategy=name,
+                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
     return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
-                       "a GPU; shorten --seq-len or enable activation checkpointing.")
+                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")

@@ -84,3 +84,82 @@ def gpu_table(gpus: Iterable[GpuProfile], links: dict[str, Interconnect]) -> Tab
 
 def print_table(table: Table, *, console: Console | None = None) -> None:
     (console or Console()).print(table)
+
+
+def _fits_mark(candidate) -> str:
+    if not candidate.available:
+        return "n/a"
+    return "[green]yes[/]" if candidate.fits else "[red]no[/]"
+
+
+def plan_table(plan) -> Table:
+    hw = plan.hardware
+    title = (f"{plan.model.name} on {hw.nodes}x{hw.gpus_per_node}x{hw.gpu}" if hw.nodes > 1
+             else f"{plan.model.name} on {hw.gpus_per_node}x{hw.gpu}")
+    capacity = gib(plan.hardware.gpu_memory_bytes)
+    table = Table(title=f"{title}: GiB per GPU of {capacity} ({plan.training.precision}, {plan.training.optimizer}, "
+                  f"seq {plan.training.seq_len}, {plan.training.engine})", title_justify="left")
+    for col in ("strategy", "fits", "total", "params", "grads", "optim", "activ", "temp", "ovhd",
+                "mbs", "ckpt", "CPU/node"):
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
+    recommended = plan.recommendation.strategy if plan.recommendation else None
+    for c in plan.candidates:
+        name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
+        if not c.available:
+            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 9)
+            continue
+        m = c.memory_bytes
+        table.add_row(
+            name, _fits_mark(c), gib(m.total), gib(m.params), gib(m.grads),
+            gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead),
+            str(c.micro_batch_size), "on" if c.activation_checkpointing else "off",
+            gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-",
+        )
+    return table
+
+
+def memory_bars(plan, *, width: int = 40) -> list[str]:
+    """One bar per candidate: per-GPU total against the GPU's capacity (| marks capacity)."""
+    rows = [c for c in plan.candidates if c.available]
+    if not rows:
+        return []
+    capacity = rows[0].capacity_bytes
+    scale = max(capacity, *(min(c.memory_bytes.total, 4 * capacity) for c in rows))
+    cap_at = round(width * capacity / scale)
+    lines = []
+    for c in rows:
+        filled = min(width, round(width * c.memory_bytes.total / scale))
+        bar = ["#" if i < filled else "." for i in range(width)]
+        if cap_at < width:
+            bar[cap_at] = "|"
+        overflow = ">" if c.memory_bytes.total > scale else " "
+        colour = "green" if c.fits else "red"
+        pct = 100 * c.memory_bytes.total / capacity
+        lines.append(f"{c.strategy:>14} [{colour}]{''.join(bar)}[/]{overflow} {pct:5.0f}% of {gib(capacity)} GiB")
+    return lines
+
+
+def print_plan(plan, *, console: Console | None = None) -> None:
+    if console is None:
+        console = Console()
+        console.width = max(console.width, 120)  # the table needs ~110 columns; pipes default to 80
+    console.print(plan_table(plan))
+    console.print()
+    for line in memory_bars(plan):
+        console.print(line, highlight=False)
+    console.print()
+    rec = plan.recommendation
+    if rec is not None:
+        ckpt = ", activation checkpointing" if rec.activation_checkpointing else ""
+        accum = (f", {rec.gradient_accumulation_steps} accumulation steps"
+                 if rec.gradient_accumulation_steps and rec.gradient_accumulation_steps > 1 else "")
+        console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}), micro-batch {rec.micro_batch_size}"
+                      f"{ckpt}{accum}", highlight=False)
+    else:
+        console.print("[bold red]Nothing fits.[/]")
+    console.print("[bold]Why:[/]")
+    for line in plan.why:
+        console.print(f"  - {line}", highlight=False)
+    console.print("[bold]Assumptions:[/]")
+    for line in plan.assumptions:
+        console.print(f"  - {line}", highlight=False)

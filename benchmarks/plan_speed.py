@@ -1,0 +1,56 @@
+"""Planning speed: cold `advisor plan` wall time, and the in-process search for a 405B model on
+1024 GPUs (every strategy x micro-batch x checkpointing).
+
+Run: python benchmarks/plan_speed.py [--repeat 5]
+Goals (issue 3): `advisor plan` on a bundled model under 0.5 s cold, with no torch import;
+the 405B / 1024-GPU search under 50 ms in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+
+def cold(cmd: list[str], repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def in_process(repeat: int) -> float:
+    from advisor.api import plan
+
+    plan("meta-llama/Llama-3.1-405B", "128x8xH100")  # warm caches (profiles, imports)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        plan("meta-llama/Llama-3.1-405B", "128x8xH100")
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    exe = shutil.which("advisor")
+    cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli"]
+    t_plan = cold([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
+    t_torch = cold([sys.executable, "-c", "import torch"], args.repeat)
+    t_search = in_process(args.repeat * 4)
+    print(f"advisor plan Qwen/Qwen2.5-7B 2xA100 (cold): {t_plan:.3f} s   goal < 0.5 s: {'met' if t_plan < 0.5 else 'NOT met'}")
+    print(f"python -c 'import torch' (cold):           {t_torch:.3f} s   ratio plan/torch: {t_plan / t_torch:.2f}")
+    print(f"plan() 405B on 1024 GPUs (in-process):     {t_search * 1000:.1f} ms goal < 50 ms: "
+          f"{'met' if t_search < 0.05 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

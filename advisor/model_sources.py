@@ -10,9 +10,12 @@ Remote code runs only with ``trust_remote_code=True``.
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlparse
 
 from advisor.architectures import count_from_config
 from advisor.model_spec import ModelSpec, Source, parse_count, spec_from_size
@@ -24,16 +27,34 @@ ConfigFetcher = Callable[[str], dict]
 
 
 def download_hub_config(repo_id: str) -> dict:
-    """Fetch ``config.json`` (only) from the Hub through ``huggingface_hub``'s cache."""
+    """Fetch ``config.json`` (only) from the Hub through ``huggingface_hub``'s cache.
+
+    The cache is tried first; the network only when the file is not cached, ``HF_HUB_OFFLINE`` is
+    not set and the Hub's host resolves (so an offline machine fails at once instead of retrying).
+    """
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import constants, hf_hub_download
     except ImportError as err:  # pragma: no cover - transformers depends on it
         raise ValueError(f"huggingface_hub is not installed: {err}") from None
     try:
-        path = hf_hub_download(repo_id, "config.json")
-    except Exception as err:  # network, auth, 404: one clean line for the user
-        raise ValueError(_unresolved(repo_id, f"{type(err).__name__}")) from None
+        path = hf_hub_download(repo_id, "config.json", local_files_only=True)
+    except Exception:  # not cached (or a bad id): go online if we can
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_resolves(constants.ENDPOINT):
+            raise ValueError(_unresolved(repo_id, "not in the hub cache and the Hub is unreachable")) from None
+        try:
+            path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
+        except Exception as err:  # network, auth, 404: one clean line for the user
+            raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
     return json.loads(Path(path).read_text())
+
+
+def _hub_resolves(endpoint: str) -> bool:
+    host = urlparse(endpoint).hostname or ""
+    try:
+        socket.getaddrinfo(host, 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
 
 
 def _unresolved(name: str, why: str) -> str:

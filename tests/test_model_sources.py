@@ -69,3 +69,21 @@ def test_size_only():
 def test_bad_names(bad):
     with pytest.raises(ValueError):
         resolve_model(bad, fetch_config=lambda _: (_ for _ in ()).throw(ValueError("offline")))
+
+
+def test_hub_client_asks_for_config_json_only(monkeypatch, tmp_path):
+    """The real download function, with huggingface_hub's client stubbed: config.json from the cache."""
+    import huggingface_hub
+
+    cached = tmp_path / "config.json"
+    cached.write_text(json.dumps(load_bundled_config("openai-community/gpt2")))
+    calls = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        calls.append((repo_id, filename, kwargs))
+        return str(cached)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    spec = resolve_model("someone/cached-gpt2")
+    assert spec.total_params == 124_439_808
+    assert calls == [("someone/cached-gpt2", "config.json", {"local_files_only": True})]

@@ -2,8 +2,9 @@
 
 Public API (imported lazily so that ``import advisor`` stays cheap and torch-free)::
 
-    advisor.resolve_model("Qwen/Qwen2.5-7B")   -> ModelSpec
-    advisor.parse_gpus("2xA100")               -> Hardware
+    advisor.plan("Qwen/Qwen2.5-7B", gpus="2xA100")  -> Plan
+    advisor.resolve_model("Qwen/Qwen2.5-7B")        -> ModelSpec
+    advisor.parse_gpus("2xA100")                    -> Hardware
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
+    "plan": "advisor.api",
+    "Plan": "advisor.api",
+    "TrainingConfig": "advisor.training",
     "ModelSpec": "advisor.model_spec",
     "resolve_model": "advisor.model_sources",
     "Hardware": "advisor.hardware",

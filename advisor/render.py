@@ -82,8 +82,14 @@ def gpu_table(gpus: Iterable[GpuProfile], links: dict[str, Interconnect]) -> Tab
     return table
 
 
+def _wide_console(min_width: int = 120) -> Console:
+    console = Console()
+    console.width = max(console.width, min_width)  # pipes default to 80 columns, too few for our tables
+    return console
+
+
 def print_table(table: Table, *, console: Console | None = None) -> None:
-    (console or Console()).print(table)
+    (console or _wide_console()).print(table)
 
 
 def _fits_mark(candidate) -> str:
@@ -140,9 +146,7 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
 
 
 def print_plan(plan, *, console: Console | None = None) -> None:
-    if console is None:
-        console = Console()
-        console.width = max(console.width, 120)  # the table needs ~110 columns; pipes default to 80
+    console = console or _wide_console()
     console.print(plan_table(plan))
     console.print()
     for line in memory_bars(plan):

@@ -1,0 +1,102 @@
+"""Run a function in N gloo processes on CPU, with a free port, a deadline and a clean teardown.
+
+``run_distributed(fn, *args)`` spawns ``world_size`` fresh interpreters (``spawn`` start method), each
+calling ``fn(rank, world_size, *args)`` inside an initialised gloo process group. ``fn`` must be a
+module-level function (it is pickled by name). An exception in any rank fails the caller with that
+rank's traceback; a rank that hangs is killed at the deadline and the caller gets ``TimeoutError``.
+
+It also holds the workload every wrappers test trains: a tiny Llama built from a config in code,
+seeded identically everywhere, and a fixed global batch that ranks split evenly.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# Collective timeout inside the workers; the whole run has its own deadline (``timeout_s``).
+_COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bound to port 0, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
+    torch.set_num_threads(1)  # two ranks on a small CPU: do not oversubscribe
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=_COLLECTIVE_TIMEOUT
+    )
+    try:
+        fn(rank, world_size, *args)
+        dist.barrier()  # no rank leaves while another still needs it
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; raise if any rank fails or hangs."""
+    context = mp.start_processes(
+        _entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False, start_method="spawn"
+    )
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=1.0):  # raises ProcessRaisedException if a rank failed
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{fn.__name__} did not finish on {world_size} ranks within {timeout_s:.0f}s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join(timeout=5)
+
+
+GLOBAL_BATCH = 4
+SEQ_LEN = 16
+VOCAB = 128
+
+
+def tiny_llama(seed: int = 0) -> torch.nn.Module:
+    """A 2-layer Llama (about 27k parameters), fp32, identical for a given ``seed`` on every rank."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, max_position_embeddings=64, use_cache=False, tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def global_batch(step: int) -> torch.Tensor:
+    """Token ids ``[GLOBAL_BATCH, SEQ_LEN]`` for ``step``, the same on every rank."""
+    return torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(1000 + step))
+
+
+def rank_batch(step: int, rank: int, world_size: int) -> torch.Tensor:
+    """This rank's equal slice of ``global_batch(step)``."""
+    per_rank = GLOBAL_BATCH // world_size
+    return global_batch(step)[rank * per_rank : (rank + 1) * per_rank]
+
+
+def build_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW with two named groups (no weight decay on 1-D tensors), PyTorch's default foreach kernel."""
+    named = list(model.named_parameters())
+    return torch.optim.AdamW(
+        [
+            {"params": [(n, p) for n, p in named if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [(n, p) for n, p in named if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=2e-3,
+        betas=(0.9, 0.95),
+    )

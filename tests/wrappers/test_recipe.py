@@ -1,0 +1,70 @@
+"""The recipe model, the strategy table and the checks that need no process group."""
+
+from __future__ import annotations
+
+import typing
+
+import pydantic
+import pytest
+import torch
+from tests.wrappers._dist import build_adamw, tiny_llama
+
+from wrappers.dp import apply_dp
+from wrappers.recipe import STRATEGIES, Recipe, Strategy, apply_recipe, autocast_context
+
+
+def test_every_strategy_name_is_in_the_table():
+    assert set(typing.get_args(Strategy)) == set(STRATEGIES)
+
+
+def test_offload_follows_the_strategy():
+    assert Recipe(strategy="zero3_offload").cpu_offload
+    assert not Recipe(strategy="zero3").cpu_offload
+    assert Recipe(strategy="zero2_offload", cpu_offload=True).spec.reshard_after_forward is False
+    with pytest.raises(pydantic.ValidationError, match="contradicts"):
+        Recipe(strategy="zero3", cpu_offload=True)
+
+
+def test_recipe_rejects_unknown_values_and_is_frozen():
+    with pytest.raises(pydantic.ValidationError):
+        Recipe(strategy="zero4")
+    with pytest.raises(pydantic.ValidationError):
+        Recipe(strategy="ddp", precision="fp8")
+    with pytest.raises(pydantic.ValidationError):
+        Recipe(strategy="ddp", activation_checkpointng=True)
+    recipe = Recipe(strategy="ddp")
+    with pytest.raises(pydantic.ValidationError):
+        recipe.strategy = "zero1"
+
+
+def test_autocast_context():
+    x = torch.randn(4, 4)
+    with autocast_context("fp32", "cpu"):
+        assert (x @ x).dtype == torch.float32
+    with autocast_context("bf16", "cpu"):
+        assert (x @ x).dtype == torch.float32
+    with autocast_context("bf16-mixed", "cpu"):
+        assert (x @ x).dtype == torch.bfloat16
+
+
+def test_data_parallel_needs_several_cuda_gpus():
+    with pytest.raises(ValueError, match="CUDA"):
+        apply_dp(tiny_llama(), device="cpu")
+    with pytest.raises(ValueError, match="at least two"):
+        apply_dp(tiny_llama(), device="cuda", device_ids=[0])
+    with pytest.raises(ValueError, match="CUDA"):
+        apply_recipe(tiny_llama(), Recipe(strategy="dp"), device="cpu")
+
+
+def test_zero1_needs_an_optimizer():
+    with pytest.raises(ValueError, match="optimizer"):
+        apply_recipe(tiny_llama(), Recipe(strategy="zero1"), device="cpu")
+
+
+def test_pure_bf16_casts_parameters_in_place():
+    model = tiny_llama()
+    optimizer = build_adamw(model)
+    with pytest.raises(ValueError, match="CUDA"):  # cast happens before the engine refuses
+        apply_recipe(model, Recipe(strategy="dp", precision="bf16"), device="cpu", optimizer=optimizer)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {id(p) for p in model.parameters()} == {id(p) for g in optimizer.param_groups for p in g["params"]}

@@ -1,0 +1,179 @@
+"""A recipe (strategy, precision, activation checkpointing, offload) and the one call that applies it.
+
+``apply_recipe`` is what ``wrap()`` and the CPU simulator call: it plans nothing, reads no
+environment and prints nothing; every choice arrives in its arguments. The order is fixed:
+
+1. cast the model for ``precision="bf16"`` (mixed precisions keep fp32 parameters);
+2. activation checkpointing of the blocks (before any wrapping, as torchtitan does);
+3. the strategy's engine, from the one table ``_ENGINES``;
+4. the optimizer: unchanged (DP, DDP), ``ZeroRedundancyOptimizer`` (ZeRO-1), or rebuilt on the
+   sharded parameters (FSDP2).
+
+Mixed precision under DP, DDP and ZeRO-1 is ``torch.autocast`` around the forward, entered by the
+training loop with ``autocast_context``; under FSDP2 it is the ``MixedPrecisionPolicy`` instead.
+``fp16-mixed`` also needs a gradient scaler (``torch.amp.GradScaler``, or FSDP's sharded one),
+which is the training loop's business.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from wrappers.blocks import find_blocks
+from wrappers.checkpointing import apply_activation_checkpointing
+from wrappers.ddp import apply_ddp
+from wrappers.dp import apply_dp
+from wrappers.fsdp import Precision, apply_fsdp, precision_dtypes
+from wrappers.optim import param_group_names, rebuild_optimizer
+from wrappers.zero1 import apply_zero1
+
+Strategy = Literal["dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
+Engine = Literal["dp", "ddp", "zero1", "fsdp"]
+
+
+class StrategySpec(NamedTuple):
+    """How a strategy is applied: the engine and the FSDP2 settings it uses."""
+
+    engine: Engine
+    reshard_after_forward: bool = False
+    cpu_offload: bool = False
+
+
+# The strategy table: every strategy name, and nothing about strategies anywhere else.
+STRATEGIES: dict[str, StrategySpec] = {
+    "dp": StrategySpec("dp"),
+    "ddp": StrategySpec("ddp"),
+    "zero1": StrategySpec("zero1"),
+    "zero2": StrategySpec("fsdp", reshard_after_forward=False),
+    "zero3": StrategySpec("fsdp", reshard_after_forward=True),
+    "zero2_offload": StrategySpec("fsdp", reshard_after_forward=False, cpu_offload=True),
+    "zero3_offload": StrategySpec("fsdp", reshard_after_forward=True, cpu_offload=True),
+}
+
+
+class Recipe(BaseModel):
+    """What to apply to a model. ``cpu_offload`` follows from the strategy when not given."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: Strategy = Field(description="Data-parallel strategy; a key of STRATEGIES.")
+    precision: Precision = Field(default="fp32", description="fp32, bf16-mixed, fp16-mixed or bf16 (pure).")
+    activation_checkpointing: bool = Field(default=False, description="Recompute each block in backward.")
+    cpu_offload: bool = Field(default=False, description="Parameters and optimizer state on CPU (FSDP2 offload).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_offload(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("strategy") in STRATEGIES:
+            implied = STRATEGIES[data["strategy"]].cpu_offload
+            if "cpu_offload" not in data:
+                return {**data, "cpu_offload": implied}
+            if data["cpu_offload"] != implied:
+                raise ValueError(
+                    f"cpu_offload={data['cpu_offload']} contradicts strategy {data['strategy']!r}; "
+                    "offload is chosen with the *_offload strategies"
+                )
+        return data
+
+    @property
+    def spec(self) -> StrategySpec:
+        return STRATEGIES[self.strategy]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The result of ``apply_recipe``: the wrapped model, the optimizer to step, and the recipe."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    recipe: Recipe
+
+
+def autocast_context(precision: Precision, device_type: str) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, dtype)`` for a mixed precision, else ``contextlib.nullcontext()``.
+
+    Enter it around the forward (and loss) under DP, DDP and ZeRO-1. Under FSDP2 the
+    ``MixedPrecisionPolicy`` already casts; entering it there too is harmless but not needed.
+    """
+    compute = precision_dtypes(precision).compute_dtype
+    return contextlib.nullcontext() if compute is None else torch.autocast(device_type, dtype=compute)
+
+
+@dataclass(frozen=True)
+class _Context:
+    recipe: Recipe
+    device: torch.device
+    optimizer: torch.optim.Optimizer | None
+    process_group: dist.ProcessGroup | None
+
+
+def _apply_dp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    return apply_dp(model, device=ctx.device), ctx.optimizer
+
+
+def _apply_ddp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    return apply_ddp(model, device=ctx.device, process_group=ctx.process_group), ctx.optimizer
+
+
+def _apply_zero1(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    if ctx.optimizer is None:
+        raise ValueError("zero1 partitions the optimizer: pass the optimizer to apply_recipe")
+    return apply_zero1(model, ctx.optimizer, device=ctx.device, process_group=ctx.process_group)
+
+
+def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    names = param_group_names(ctx.optimizer, model) if ctx.optimizer is not None else None
+    # The mesh follows ``device`` (FSDP2's default would pick CUDA whenever it is available).
+    group = ctx.process_group if ctx.process_group is not None else dist.group.WORLD
+    mesh = DeviceMesh.from_group(group, device_type=ctx.device.type)
+    spec = ctx.recipe.spec
+    apply_fsdp(
+        model,
+        reshard_after_forward=spec.reshard_after_forward,
+        precision=ctx.recipe.precision,
+        cpu_offload=spec.cpu_offload,
+        mesh=mesh,
+    )
+    if ctx.optimizer is None:
+        return model, None
+    return model, rebuild_optimizer(ctx.optimizer, model.named_parameters(), group_param_names=names)
+
+
+_ENGINES: dict[Engine, Callable[[nn.Module, _Context], tuple[nn.Module, torch.optim.Optimizer | None]]] = {
+    "dp": _apply_dp,
+    "ddp": _apply_ddp,
+    "zero1": _apply_zero1,
+    "fsdp": _apply_fsdp,
+}
+
+
+def apply_recipe(
+    model: nn.Module,
+    recipe: Recipe,
+    *,
+    device: torch.device | str,
+    optimizer: torch.optim.Optimizer | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> Applied:
+    """Apply ``recipe`` to ``model`` (in place where the engine works in place) on ``device``.
+
+    ``optimizer``, if given, must be built on ``model``'s parameters; the returned optimizer is the
+    one to step. ``process_group`` defaults to the default (world) group. The process group must be
+    initialised by the caller, except for ``dp``.
+    """
+    if recipe.precision == "bf16":
+        model.to(precision_dtypes("bf16").param_dtype)  # in place: parameter identity is kept
+    if recipe.activation_checkpointing:
+        apply_activation_checkpointing(model, blocks=find_blocks(model))
+    ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group)
+    wrapped, new_optimizer = _ENGINES[recipe.spec.engine](model, ctx)
+    return Applied(model=wrapped, optimizer=new_optimizer, recipe=recipe)

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.hardware import Hardware, parse_gpus
 from advisor.model_sources import resolve_model
 from advisor.model_spec import ModelSpec, parse_count
-from advisor.planner import Candidate, Recommendation, SmallestFit, choose, evaluate_candidate, smallest_fit
+from advisor.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
+                             smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 
@@ -127,8 +128,6 @@ def plan(
         training = TrainingConfig(**options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
-    if training.policy == "fastest":
-        raise ValueError("--policy fastest needs the step-time model, which is not built yet; use thresholds")
     spec = resolve_trainable(resolve_model(model, trust_remote_code=trust_remote_code), trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
@@ -139,7 +138,10 @@ def plan(
                              f"{training.micro_batch_size} x {hw.world_size} GPUs")
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
-    recommendation, why = choose(spec, candidates, only=names[0] if strategy else None)
+    if training.policy == "fastest" and not strategy:
+        recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+    else:
+        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None)
     smallest = None if recommendation else smallest_fit(spec, hw, training)
     if smallest is not None:
         why.append(smallest.message)

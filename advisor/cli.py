@@ -107,6 +107,15 @@ def models() -> None:
         click.echo(model_id)
 
 
+def _register_commands() -> None:
+    from advisor.cli_compare import compare as compare_command
+
+    cli.add_command(compare_command, name="compare")
+
+
+_register_commands()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: turn bad input into one line and exit code 2, never a traceback."""
     try:

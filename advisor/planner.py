@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware import Hardware, parse_gpus
 from advisor.memory import MemoryBreakdown, estimate_memory
 from advisor.model_spec import ModelSpec
+from advisor.step_time import StepTime, estimate_step_time
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 
@@ -42,7 +44,8 @@ class Candidate(_Frozen):
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
-    step_time_s: float | None = Field(default=None, description="Null until a time model exists.")
+    step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
+    step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
 
 
 class Recommendation(_Frozen):
@@ -128,9 +131,13 @@ def evaluate_candidate(
         micro = _largest_fitting(lambda m: fits(memory(m, ckpt)), choices)
         if micro is not None:
             mem = memory(micro, ckpt)
+            accumulation = _accumulation(training, hardware.world_size, micro)
+            timing = estimate_step_time(spec, hardware, training, impl, micro_batch_size=micro, checkpointing=ckpt,
+                                        gradient_accumulation_steps=accumulation or 1)
             return Candidate(**base, available=True, fits=True, micro_batch_size=micro, activation_checkpointing=ckpt,
-                             gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
-                             memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
+                             gradient_accumulation_steps=accumulation, memory_bytes=mem,
+                             cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                             step_time=timing)
     # Nothing fits: report the smallest configuration, the one closest to fitting.
     micro, ckpt = min(choices), ckpt_options[-1]
     mem = memory(micro, ckpt)
@@ -147,10 +154,37 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.1f} GiB"
 
 
+def choose_fastest(
+    spec: ModelSpec, candidates: list[Candidate], *, global_batch_size: int | None = None
+) -> tuple[Recommendation | None, list[str]]:
+    """``--policy fastest``: among candidates that fit, the most tokens per second (the least time per
+    global batch, which gradient accumulation keeps fixed); the 'why' compares it with the default."""
+    fitting = [c for c in candidates if c.fits and c.step_time is not None]
+    if not fitting:
+        return choose(spec, candidates)
+    default, rationale = default_strategy(spec)
+    best = rank_by_time([(c, c.step_time) for c in fitting])[0][1].tokens_per_s
+    # Ties (within 0.5%) go to the size default, then to the strategy that communicates least.
+    tied = [c for c in fitting if c.step_time.tokens_per_s >= best * 0.995]
+    fastest = min(tied, key=lambda c: (c.strategy != default, ESCALATION.index(c.strategy)
+                                       if c.strategy in ESCALATION else -1))
+    why = [f"Policy fastest: of {len(fitting)} candidates that fit, {fastest.strategy} has the most tokens/s "
+           f"({fastest.step_time.tokens_per_s:,.0f}, MFU {fastest.step_time.mfu:.0%})."]
+    base = next((c for c in fitting if c.strategy == default), None)
+    if base is not None and base.strategy != fastest.strategy:
+        why.append(explain_tradeoff((fastest.strategy, fastest.step_time), (base.strategy, base.step_time),
+                                    global_batch_size=global_batch_size))
+    elif base is None:
+        why.append(f"The size default {default} ({rationale}) does not fit.")
+    else:
+        why.append(f"It is also the size default ({rationale}).")
+    return _recommend(fastest, " ".join(why)), why
+
+
 def choose(
     spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None
 ) -> tuple[Recommendation | None, list[str]]:
-    """The recommendation and the lines of 'why'."""
+    """The recommendation and the lines of 'why' (size thresholds, then escalation)."""
     by_name = {c.strategy: c for c in candidates}
     fitting = [c for c in candidates if c.available and c.fits]
     if only is not None:

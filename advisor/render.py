@@ -106,13 +106,13 @@ def plan_table(plan) -> Table:
     table = Table(title=f"{title}: GiB per GPU of {capacity} ({plan.training.precision}, {plan.training.optimizer}, "
                   f"seq {plan.training.seq_len}, {plan.training.engine})", title_justify="left")
     for col in ("strategy", "fits", "total", "params", "grads", "optim", "activ", "temp", "ovhd",
-                "mbs", "ckpt", "CPU/node"):
+                "mbs", "ckpt", "CPU/node", "step s", "tok/s", "MFU", "comm"):
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     recommended = plan.recommendation.strategy if plan.recommendation else None
     for c in plan.candidates:
         name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
         if not c.available:
-            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 9)
+            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 13)
             continue
         m = c.memory_bytes
         table.add_row(
@@ -120,8 +120,18 @@ def plan_table(plan) -> Table:
             gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead),
             str(c.micro_batch_size), "on" if c.activation_checkpointing else "off",
             gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-",
+            *_timing_cells(c.step_time),
         )
     return table
+
+
+def _timing_cells(step) -> tuple[str, str, str, str]:
+    """Step time, global tokens/s, MFU and the share of the step spent in exposed communication."""
+    if step is None:
+        return "-", "-", "-", "-"
+    exposed = step.exposed_communication_s + step.exposed_offload_s
+    return (f"{step.step_s:.2f}", f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}",
+            f"{exposed / step.step_s:.0%}" if step.step_s else "-")
 
 
 def memory_bars(plan, *, width: int = 40) -> list[str]:
@@ -146,7 +156,7 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
 
 
 def print_plan(plan, *, console: Console | None = None) -> None:
-    console = console or _wide_console()
+    console = console or _wide_console(150)
     console.print(plan_table(plan))
     console.print()
     for line in memory_bars(plan):

@@ -146,3 +146,20 @@ def test_cli_size_only_model():
     doc = json.loads(result.output)
     assert doc["model"]["total_params"] == 7_500_000_000
     assert any("Llama-like" in a for a in doc["assumptions"])
+
+
+def test_fastest_policy_picks_most_tokens_per_second_and_says_why():
+    p = plan("Qwen/Qwen2.5-7B", "2x8xA100-40GB", policy="fastest", global_batch_size=256)
+    fitting = [c for c in p.candidates if c.fits]
+    best = max(c.step_time.tokens_per_s for c in fitting)
+    chosen = p.candidate(p.recommendation.strategy)
+    assert chosen.step_time.tokens_per_s >= best * 0.995
+    assert any("tokens/s" in line for line in p.why)
+
+
+def test_fitting_candidates_carry_step_time():
+    p = plan("Qwen/Qwen2.5-7B", "8xH100")
+    for c in p.candidates:
+        assert (c.step_time_s is not None) == c.fits
+        if c.fits:
+            assert 0 < c.step_time.mfu < 1 and c.step_time.tokens_per_s > 0

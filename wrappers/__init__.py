@@ -1,7 +1,13 @@
 """Apply a plan's strategy to a live model (``wrap``). Torch is imported here, never in ``advisor``.
 
+    from wrappers import wrap
+    model, optimizer, loader = wrap(model, optimizer, loader)
+
 Layout, one module per concern (torchtitan's one-file-per-technique):
 
+- ``wrap.py``: ``wrap()`` (decide, apply, shard the loader, log once on rank 0);
+  ``launch_env.py``: the one place the launcher's environment is read; ``loader.py``:
+  ``DistributedSampler`` sharding with automatic ``set_epoch``.
 - ``recipe.py``: ``Recipe`` (strategy, precision, activation checkpointing, offload), the strategy
   table ``STRATEGIES``, ``apply_recipe`` (the one call ``wrap()`` and the simulator make) and
   ``autocast_context`` for the training loop.
@@ -15,3 +21,8 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
 Every ``apply_*`` function is a pure "apply": explicit arguments, no planning, no environment reads,
 no printing.
 """
+
+from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
+from wrappers.wrap import Decision, wrap
+
+__all__ = ["Decision", "load_checkpoint", "save_checkpoint", "wrap"]

@@ -21,16 +21,16 @@ module imports the recipe.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+from advisor.training import Precision  # one precision vocabulary for planner and wrappers
 from wrappers.blocks import find_blocks
 
-Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 
 
 class PrecisionDtypes(NamedTuple):

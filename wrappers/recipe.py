@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from advisor.strategies import STRATEGIES as PLAN_STRATEGIES
+from advisor.strategies import Implementation, StrategyName as Strategy
 from wrappers.blocks import find_blocks
 from wrappers.checkpointing import apply_activation_checkpointing
 from wrappers.ddp import apply_ddp
@@ -36,7 +38,6 @@ from wrappers.fsdp import Precision, apply_fsdp, precision_dtypes
 from wrappers.optim import param_group_names, rebuild_optimizer
 from wrappers.zero1 import apply_zero1
 
-Strategy = Literal["dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 Engine = Literal["dp", "ddp", "zero1", "fsdp"]
 
 
@@ -48,16 +49,15 @@ class StrategySpec(NamedTuple):
     cpu_offload: bool = False
 
 
-# The strategy table: every strategy name, and nothing about strategies anywhere else.
-STRATEGIES: dict[str, StrategySpec] = {
-    "dp": StrategySpec("dp"),
-    "ddp": StrategySpec("ddp"),
-    "zero1": StrategySpec("zero1"),
-    "zero2": StrategySpec("fsdp", reshard_after_forward=False),
-    "zero3": StrategySpec("fsdp", reshard_after_forward=True),
-    "zero2_offload": StrategySpec("fsdp", reshard_after_forward=False, cpu_offload=True),
-    "zero3_offload": StrategySpec("fsdp", reshard_after_forward=True, cpu_offload=True),
-}
+def _torch_spec(impl: Implementation) -> StrategySpec:
+    engine: Engine = ("dp" if impl.single_process else "fsdp" if impl.shard_params
+                      else "zero1" if impl.shard_optimizer else "ddp")
+    return StrategySpec(engine, reshard_after_forward=impl.reshard_after_forward, cpu_offload=impl.offload_params)
+
+
+# Derived from the planner's one strategy table (advisor/strategies.py), torch engine: what the
+# estimates assume is exactly what gets applied.
+STRATEGIES: dict[str, StrategySpec] = {name: _torch_spec(s.on("torch")) for name, s in PLAN_STRATEGIES.items()}
 
 
 class Recipe(BaseModel):

@@ -1,0 +1,88 @@
+"""wrap() end to end on CPU: 2 gloo ranks train like one process on the whole batch, the loader is
+sharded, the decision is reachable, and one process without a GPU gets its model back unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.utils.data import DataLoader, TensorDataset
+
+from tests.wrappers._dist import GLOBAL_BATCH, build_adamw, global_batch, run_distributed, tiny_llama
+from wrappers import wrap
+from wrappers.launch_env import LaunchEnv, read_launch_env
+
+NUM_STEPS = 3
+
+
+def _dataset() -> TensorDataset:
+    """Step k's global batch is rows [k*GLOBAL_BATCH, (k+1)*GLOBAL_BATCH)."""
+    return TensorDataset(torch.cat([global_batch(step) for step in range(NUM_STEPS)]))
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    model = tiny_llama()
+    optimizer = build_adamw(model)
+    for step in range(NUM_STEPS):
+        ids = global_batch(step)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _train_with_wrap(rank: int, world_size: int, strategy: str | None, expected: dict, out_strategy: list) -> None:
+    env = read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    model = tiny_llama()
+    # The sampler gives rank r rows r, r+2, ...: a step's two half-batches together are its global batch,
+    # in an interleaved order that leaves the mean loss (and so the gradients) unchanged.
+    loader = DataLoader(_dataset(), batch_size=GLOBAL_BATCH // world_size, shuffle=False)
+    model, optimizer, loader = wrap(model, build_adamw(model), loader, strategy=strategy, env=env, verbose=rank == 0)
+    assert model.advisor_decision.world_size == world_size
+    if strategy is not None:
+        assert model.advisor_decision.strategy == strategy
+    else:
+        assert model.advisor_decision.strategy == "ddp" and "< 1B" in model.advisor_decision.reason
+    assert len(loader) == NUM_STEPS
+    for (ids,) in loader:
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    for name, ref in expected.items():
+        # Interleaved rows sum in another order than the reference's: float32 rounding, a few 1e-6.
+        torch.testing.assert_close(state[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{strategy} {name}: {m}")
+
+
+@pytest.mark.parametrize("strategy", [None, "zero1", "zero3"])
+def test_wrap_trains_like_one_process(strategy):
+    run_distributed(_train_with_wrap, strategy, _reference(), [])
+
+
+def test_one_process_without_gpu_returns_model_unchanged(capsys):
+    model = tiny_llama()
+    optimizer = build_adamw(model)
+    env = LaunchEnv(world_size=1, rank=0, local_rank=0, local_world_size=1, num_gpus=0, gpu_name=None,
+                    accelerate_plugin=None)
+    same, same_optimizer = wrap(model, optimizer, env=env)
+    assert same is model and same_optimizer is optimizer
+    assert model.advisor_decision.strategy is None
+    assert "unchanged" in capsys.readouterr().err
+
+
+def test_one_process_refuses_multi_process_strategy():
+    env = LaunchEnv(world_size=1, rank=0, local_rank=0, local_world_size=1, num_gpus=1, gpu_name="NVIDIA H100 80GB HBM3",
+                    accelerate_plugin=None)
+    with pytest.raises(ValueError, match="advisor launch"):
+        wrap(tiny_llama(), strategy="zero3", env=env)
+
+
+def test_epoch_loader_reshuffles_per_epoch():
+    from wrappers.loader import shard_loader
+
+    loader = DataLoader(TensorDataset(torch.arange(16)), batch_size=2, shuffle=True)
+    sharded = shard_loader(loader, num_replicas=2, rank=0)
+    first = [b[0].tolist() for b in sharded]
+    second = [b[0].tolist() for b in sharded]
+    assert len(sum(first, [])) == len(sum(second, [])) == 8 and first != second  # reshuffled per epoch
+    assert sharded.epoch == 2

@@ -1,0 +1,183 @@
+"""``wrap(model, optimizer, loader)``: plan for the live model and this launch, then apply the plan.
+
+The flow: read the launch once (``read_launch_env``), decide (``decide``: the planner's
+recommendation when GPUs are visible, the size-threshold default on CPU where there is no GPU
+memory to check), apply it (``apply_recipe``, the same call the simulator makes), shard the loader,
+and attach the decision to the returned model (``model.advisor_decision``). Rank 0 prints the
+decision once.
+
+With the torch engine the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
+under DDP, ZeRO-1 and DataParallel with a mixed precision the model's forward runs under
+``torch.autocast`` (as accelerate does), under FSDP2 the ``MixedPrecisionPolicy`` casts.
+When ``accelerate launch`` started the script with an FSDP or DeepSpeed config (or
+``engine="accelerate"`` / ``"deepspeed"``), ``wrap`` returns what ``Accelerator().prepare`` returns;
+then the loop must call ``accelerator.backward(loss)`` (DeepSpeed scales and steps inside it), with
+the accelerator at ``model.advisor_accelerator``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import warnings
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from advisor.meta import spec_from_module
+from advisor.model_spec import ModelSpec
+from advisor.planner import default_strategy
+from advisor.strategies import StrategyName
+from advisor.training import Precision
+from wrappers.launch_env import LaunchEnv, read_launch_env
+from wrappers.loader import shard_loader
+from wrappers.recipe import Recipe, apply_recipe, autocast_context
+
+WrapEngine = Literal["torch", "accelerate", "deepspeed"]
+
+
+class Decision(BaseModel):
+    """What ``wrap`` applied and why; reachable as ``model.advisor_decision``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    strategy: StrategyName | None = Field(description="Applied strategy; None: model returned unchanged.")
+    engine: WrapEngine
+    precision: Precision
+    activation_checkpointing: bool
+    world_size: int
+    reason: str
+    plan: Any = Field(default=None, description="The advisor Plan, when GPUs let us check memory.")
+
+    def summary(self) -> str:
+        ckpt = ", activation checkpointing" if self.activation_checkpointing else ""
+        applied = self.strategy or "unchanged"
+        return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"
+
+
+def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
+    """Ask the planner, with the GPUs this launch really has."""
+    from advisor.api import plan
+
+    gpus = f"{env.nodes}x{env.local_world_size}x{env.gpu_name}" if env.nodes > 1 else f"{env.local_world_size}x{env.gpu_name}"
+    if not env.distributed:
+        gpus = f"{env.num_gpus}x{env.gpu_name}"
+    result = plan(spec, gpus, **options)
+    rec = result.recommendation
+    if rec is None:
+        raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))
+    return Decision(strategy=rec.strategy, engine="torch", precision=result.training.precision,
+                    activation_checkpointing=rec.activation_checkpointing, world_size=env.world_size,
+                    reason=rec.reason, plan=result)
+
+
+def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
+           precision: Precision | None = None, activation_checkpointing: bool | None = None,
+           seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
+    """The strategy for this model and launch (pure but for the planner's data files)."""
+    if not env.distributed and strategy not in (None, "dp"):
+        raise ValueError(f"wrap(strategy={strategy!r}) needs one process per GPU: start the script with "
+                         "`advisor launch` (or torchrun)")
+    if not env.distributed and env.num_gpus <= 1:
+        where = "one GPU" if env.num_gpus else "no GPU"
+        return Decision(strategy=None, engine="torch", precision=precision or "fp32",
+                        activation_checkpointing=bool(activation_checkpointing), world_size=1,
+                        reason=f"one process and {where}: nothing to parallelise; the same script runs anywhere")
+    if env.num_gpus:
+        options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                                          strategy=strategy or ("dp" if not env.distributed else None)).items()
+                   if v is not None}
+        if activation_checkpointing is not None:
+            options["activation_checkpointing"] = "on" if activation_checkpointing else "off"
+        return _plan_on_gpus(spec, env, options)
+    chosen, rationale = (strategy, "requested") if strategy else default_strategy(spec)
+    return Decision(strategy=chosen, engine="torch", precision=precision or "fp32",
+                    activation_checkpointing=bool(activation_checkpointing), world_size=env.world_size,
+                    reason=f"{rationale}; no GPU visible, so memory was not checked")
+
+
+def _autocast_forward(module: nn.Module, precision: Precision, device_type: str) -> None:
+    """Run ``module.forward`` under autocast, so a plain training loop gets mixed precision."""
+    context = autocast_context(precision, device_type)
+    if isinstance(context, torch.autocast):
+        forward = module.forward
+        module.forward = functools.wraps(forward)(torch.autocast(device_type, dtype=context.fast_dtype)(forward))
+
+
+def _ensure_process_group(env: LaunchEnv) -> None:
+    if env.distributed and not dist.is_initialized():
+        backend = "nccl" if env.num_gpus else "gloo"
+        if env.num_gpus:
+            torch.cuda.set_device(env.local_rank)
+        dist.init_process_group(backend)
+
+
+def _prepare_with_accelerate(objects: list, decision_reason: str, env: LaunchEnv) -> tuple:
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    prepared = accelerator.prepare(*objects)
+    prepared = prepared if isinstance(prepared, tuple) else (prepared,)
+    model = prepared[0]
+    model.advisor_accelerator = accelerator
+    model.advisor_decision = Decision(strategy=None, engine="accelerate", precision="fp32",
+                                      activation_checkpointing=False, world_size=env.world_size,
+                                      reason=decision_reason)
+    return prepared
+
+
+def wrap(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    loader: torch.utils.data.DataLoader | None = None,
+    *,
+    strategy: StrategyName | None = None,
+    engine: WrapEngine = "torch",
+    precision: Precision | None = None,
+    activation_checkpointing: bool | None = None,
+    seq_len: int | None = None,
+    micro_batch_size: int | None = None,
+    verbose: bool = True,
+    env: LaunchEnv | None = None,
+) -> Any:
+    """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
+
+    Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
+    """
+    env = env or read_launch_env()
+    passed = [obj for obj in (model, optimizer, loader) if obj is not None]
+    if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
+        why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
+        prepared = _prepare_with_accelerate(passed, why, env)
+        return prepared[0] if len(prepared) == 1 else prepared
+    decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision,
+                      activation_checkpointing=activation_checkpointing, seq_len=seq_len,
+                      micro_batch_size=micro_batch_size)
+    if decision.strategy is None:
+        wrapped, new_optimizer = model.to(env.device), optimizer
+    else:
+        if decision.strategy == "dp":
+            warnings.warn("wrap(): DataParallel drives every GPU from one Python process and gathers outputs, "
+                          "gradients and the optimizer on GPU0; one process per GPU (`advisor launch`, DDP) is "
+                          "faster and balances memory", stacklevel=2)
+        if decision.precision == "fp16-mixed":
+            warnings.warn("wrap(): fp16-mixed needs a gradient scaler (torch.amp.GradScaler) in your loop; "
+                          "bf16-mixed does not", stacklevel=2)
+        _ensure_process_group(env)
+        recipe = Recipe(strategy=decision.strategy, precision=decision.precision,
+                        activation_checkpointing=decision.activation_checkpointing)
+        if recipe.spec.engine in ("ddp", "zero1", "dp"):
+            model.to(env.device)
+            _autocast_forward(model, decision.precision, env.device.type)
+        applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)
+        wrapped, new_optimizer = applied.model, applied.optimizer
+        if loader is not None and env.distributed:
+            loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
+    wrapped.advisor_decision = decision
+    if verbose and env.rank == 0:
+        print(decision.summary(), file=sys.stderr, flush=True)
+    result = [wrapped] + ([new_optimizer] if optimizer is not None else []) + ([loader] if loader is not None else [])
+    return result[0] if len(result) == 1 else tuple(result)

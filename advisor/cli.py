@@ -109,8 +109,11 @@ def models() -> None:
 
 def _register_commands() -> None:
     from advisor.cli_compare import compare as compare_command
+    from advisor.cli_export import export, launch
 
     cli.add_command(compare_command, name="compare")
+    cli.add_command(export)
+    cli.add_command(launch)
 
 
 _register_commands()

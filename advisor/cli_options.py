@@ -76,6 +76,8 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     model, params = options.get("model"), options.get("params")
     if (model is None) == (params is None):
         raise click.UsageError("give exactly one of --model or --params")
+    if model is not None and model.strip()[:1].isdigit() and "/" not in model:
+        model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
     kwargs: dict[str, Any] = {
         "model": model if model is not None else _size_spec(params),
         "gpus": options["gpus"],

@@ -155,16 +155,22 @@ def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
     return max(1, (spec.total_params - outside) // layers), layers, outside
 
 
+def deepspeed_bucket_elements(spec: ModelSpec) -> tuple[int, int]:
+    """(reduce_bucket_size, stage3_prefetch_bucket_size) in elements, as accelerate's "auto" sets them
+    (hidden^2 and 0.9 hidden^2, accelerate/utils/deepspeed.py); the exported DeepSpeed configs write
+    these same values, so the estimate describes the file."""
+    hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
+    return hidden_sq, hidden_sq * 9 // 10
+
+
 def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> tuple[int, int]:
     """(persistent buffers, buffers held only during forward/backward) beyond states and activations."""
     layer, n_layers, outside = _block_params(spec)
     if training.engine == "deepspeed":
-        # Bucket sizes as accelerate's "auto" sets them (and our exported configs write):
-        # reduce_bucket_size = hidden^2, stage3_prefetch_bucket_size = 0.9 hidden^2 elements.
-        hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
-        bucket = 2 * min(spec.trainable_params, hidden_sq)  # gradient reduce bucket
+        reduce_elems, prefetch_elems = deepspeed_bucket_elements(spec)
+        bucket = 2 * min(spec.trainable_params, reduce_elems)  # gradient reduce bucket
         # Stage 3 gathers the running module plus the prefetch bucket ahead of it.
-        live = 2 * min(spec.total_params, 2 * layer + hidden_sq * 9 // 10) if impl.shard_params else 0
+        live = 2 * min(spec.total_params, 2 * layer + prefetch_elems) if impl.shard_params else 0
         return bucket, live
     pb = training.param_bytes
     if impl.shard_params:

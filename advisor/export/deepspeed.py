@@ -1,0 +1,68 @@
+"""A DeepSpeed JSON config (``deepspeed.initialize(config=...)``, ``--deepspeed_config_file``,
+``TrainingArguments(deepspeed=...)``) for a plan.
+
+Keys from the DeepSpeed config reference (deepspeed.ai/docs/config-json): batch sizes, ``bf16`` /
+``fp16``, ``gradient_clipping`` and ``zero_optimization`` (stage, offload_optimizer, offload_param,
+overlap_comm, contiguous_gradients, bucket sizes). Every value is concrete, never ``"auto"``: the
+file works with plain DeepSpeed, and accelerate's ``DeepSpeedPlugin(hf_ds_config=...)`` reads
+stage and offload devices back from it. A plan made for the torch engine is translated through
+``resolve_target`` (DeepSpeed's ZeRO-2 keeps whole parameters, unlike FSDP2's, so the target is
+re-checked against memory). Activation checkpointing is the model's own
+(``gradient_checkpointing_enable()``), not DeepSpeed's ``activation_checkpointing`` section, which
+serves Megatron-style models.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from advisor.api import Plan
+from advisor.export.target import GRADIENT_CLIPPING, ExportOptions, ExportTarget, resolve_target
+from advisor.memory import deepspeed_bucket_elements
+
+
+def _zero_optimization(target: ExportTarget, plan: Plan) -> dict[str, Any]:
+    impl = target.impl
+    zero: dict[str, Any] = {"stage": target.zero_stage}
+    # The bucket sizes the memory estimate assumed (accelerate's "auto" values, hidden^2).
+    reduce_elems, prefetch_elems = deepspeed_bucket_elements(plan.model)
+    if target.zero_stage >= 1:
+        # Overlap the reduce with backward and keep gradients in one buffer (DeepSpeed's recommended
+        # settings for ZeRO-2/3; ZeRO paper section 7 on fragmentation).
+        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": reduce_elems})
+    if target.zero_stage in (1, 2):
+        zero.update({"allgather_partitions": True, "allgather_bucket_size": reduce_elems, "reduce_scatter": True})
+    if impl.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if impl.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if target.zero_stage == 3:
+        zero["stage3_prefetch_bucket_size"] = prefetch_elems
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return zero
+
+
+def build_deepspeed(plan: Plan, options: ExportOptions | None = None) -> dict[str, Any]:
+    target = resolve_target(plan, "deepspeed-json", options)
+    micro, accum = target.micro_batch_size, target.gradient_accumulation_steps
+    doc: dict[str, Any] = {
+        "train_batch_size": micro * accum * target.world_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": GRADIENT_CLIPPING,
+        "bf16": {"enabled": target.mixed_precision == "bf16"},
+        "fp16": {"enabled": target.mixed_precision == "fp16"},
+        "zero_optimization": _zero_optimization(target, plan),
+        "steps_per_print": 100,
+        "wall_clock_breakdown": False,
+    }
+    if target.mixed_precision == "fp16":
+        doc["fp16"].update({"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+                            "hysteresis": 2, "min_loss_scale": 1})
+    return doc
+
+
+def render_deepspeed(plan: Plan, options: ExportOptions | None = None) -> str:
+    """JSON has no comments: what the file runs and any substitution are printed by the CLI."""
+    return json.dumps(build_deepspeed(plan, options), indent=2) + "\n"

@@ -1,0 +1,42 @@
+"""A ``torchrun`` command line for a plan, rendered as a small shell script.
+
+torchrun only starts processes (one per GPU, ``torch.distributed.run``); the strategy itself is
+the script's job (``wrappers.wrap()``, or the script's own DDP/FSDP/DeepSpeed code), so the header
+states it. Several nodes use static rendezvous (``--master-addr/--master-port/--node-rank``, the
+same scheme as the accelerate config's ``rdzv_backend: static``), with marked placeholders.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from advisor.api import Plan
+from advisor.export.target import DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, resolve_target
+
+
+def build_torchrun(plan: Plan, options: ExportOptions | None = None) -> list[str]:
+    """The argv: ``torchrun --nproc-per-node N --nnodes M ... train.py args``."""
+    options = options or ExportOptions()
+    target = resolve_target(plan, "torchrun", options)
+    argv = ["torchrun", "--nproc-per-node", str(target.gpus_per_node), "--nnodes", str(target.num_nodes)]
+    if target.multi_node:
+        argv += ["--node-rank", PLACEHOLDER_RANK, "--master-addr", PLACEHOLDER_IP, "--master-port", str(DEFAULT_PORT)]
+    else:
+        argv += ["--standalone"]  # single node: a free port and a local rendezvous, nothing to fill in
+    return argv + [options.script, *options.script_args]
+
+
+def render_torchrun(plan: Plan, options: ExportOptions | None = None) -> str:
+    target = resolve_target(plan, "torchrun", options)
+    argv = build_torchrun(plan, options)
+    lines = ["#!/usr/bin/env bash", f"# torchrun command written by dp-advisor: {target.summary}.",
+             "# torchrun starts the processes; the script applies the strategy (e.g. wrappers.wrap()).",
+             f"# Per-GPU batch size in the script: {target.micro_batch_size}."]
+    lines += [f"# {note}" for note in target.notes]
+    if target.multi_node:
+        lines.append(f"# Run on each of the {target.num_nodes} nodes after filling in {PLACEHOLDER_RANK} "
+                     f"(0..{target.num_nodes - 1}) and {PLACEHOLDER_IP} (the rank-0 node).")
+    if target.cpu:
+        lines.append("# CPU test: the script must use the gloo backend.")
+    lines += ["set -euo pipefail", shlex.join(argv) + ' "$@"']
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,98 @@
+"""``advisor launch``: run a training script under ``accelerate launch`` with an exported config.
+
+Builds the exact command (a list of strings), checks the config can be launched as written (no
+unfilled ``<...>`` placeholders from a multi-node export), and runs it, returning its exit code.
+The only edge that touches the process environment is ``launch_env``: a CPU test config
+(``use_cpu: true``) needs ``ACCELERATE_USE_CPU=true`` in the workers, because accelerate's
+``torch.distributed.run`` path does not set it (``utils/launch.py: prepare_multi_gpu_env``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_PLACEHOLDER = re.compile(r"<[A-Z][A-Z0-9_]*>")
+
+
+def build_launch_command(
+    config_path: str | os.PathLike[str], script: str, script_args: Sequence[str] = ()
+) -> list[str]:
+    """``accelerate launch --config_file PATH SCRIPT ARGS...``."""
+    return ["accelerate", "launch", "--config_file", str(config_path), script, *script_args]
+
+
+def format_command(command: Sequence[str]) -> str:
+    """The command as one shell-quoted line (what ``--dry-run`` prints)."""
+    return shlex.join(command)
+
+
+def find_placeholders(config: Mapping[str, Any]) -> list[str]:
+    """Unfilled ``<NAME>`` placeholders anywhere in a loaded config, in order, once each."""
+    found: list[str] = []
+
+    def visit(value: Any) -> None:
+        if isinstance(value, Mapping):
+            for item in value.values():
+                visit(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, str):
+            found.extend(p for p in _PLACEHOLDER.findall(value) if p not in found)
+
+    visit(config)
+    return found
+
+
+def load_config(config_path: str | os.PathLike[str]) -> dict[str, Any]:
+    with open(config_path, encoding="utf-8") as handle:
+        loaded = yaml.safe_load(handle)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{config_path} is not an accelerate config (expected a YAML mapping)")
+    return loaded
+
+
+def check_launchable(config_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The loaded config; a one-line ValueError when placeholders are still unfilled."""
+    config = load_config(config_path)
+    missing = find_placeholders(config)
+    if missing:
+        command = format_command(["accelerate", "launch", "--config_file", str(config_path), "..."])
+        raise ValueError(f"{config_path} still has placeholders {', '.join(missing)}: fill them in on each node, "
+                         f"then run: {command}")
+    return config
+
+
+def launch_env(config: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:
+    """The workers' environment: ``base`` plus what the config needs that accelerate does not set."""
+    env = dict(base)
+    if config.get("use_cpu"):
+        env["ACCELERATE_USE_CPU"] = "true"
+    return env
+
+
+def _executable(command: list[str]) -> list[str]:
+    """Run ``accelerate`` from this interpreter's environment when it is not on PATH."""
+    if command[:2] == ["accelerate", "launch"] and shutil.which("accelerate") is None:
+        return [sys.executable, "-m", "accelerate.commands.launch", *command[2:]]
+    return command
+
+
+def run_launch(command: Sequence[str], *, config_path: str | os.PathLike[str], timeout_s: float | None = None) -> int:
+    """Check the config, run the command, return its exit code."""
+    if not Path(config_path).is_file():
+        raise ValueError(f"config file {config_path} does not exist")
+    config = check_launchable(config_path)
+    completed = subprocess.run(_executable(list(command)), env=launch_env(config, os.environ),
+                               timeout=timeout_s, check=False)
+    return completed.returncode

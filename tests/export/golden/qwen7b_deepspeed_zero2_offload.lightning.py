@@ -1,0 +1,18 @@
+# Lightning strategy written by dp-advisor: zero2_offload on deepspeed (DeepSpeed ZeRO stage 2 + offload_optimizer(cpu)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 3, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
+# DataLoader batch_size per device: 3.
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import DeepSpeedStrategy
+
+strategy = DeepSpeedStrategy(
+    stage=2,
+    offload_optimizer=True,
+    offload_parameters=False,
+)
+trainer = Trainer(
+    accelerator="gpu",
+    devices=2,
+    num_nodes=1,
+    strategy=strategy,
+    precision="bf16-mixed",
+    accumulate_grad_batches=1,
+)

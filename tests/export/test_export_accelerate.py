@@ -1,0 +1,186 @@
+"""The accelerate YAML: reloaded by accelerate's own loader, read by its launcher and plugins."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+from export_plans import PLANS, make_plan
+
+from advisor.export import ExportOptions, resolve_target
+from advisor.export.accelerate import build_accelerate, render_accelerate
+from advisor.export.write import write_export
+from advisor.model_sources import resolve_size
+from advisor.strategies import STRATEGIES
+
+SMALL = "Qwen/Qwen2.5-0.5B"  # every strategy fits on 2 x A100, so each one can be requested
+PAIRS = [(s, e) for s in STRATEGIES for e in ("torch", "deepspeed") if STRATEGIES[s].on(e).available]
+
+
+def _write(tmp_path, plan, options=None, name="accelerate_config.yaml"):
+    return write_export(tmp_path / name, render_accelerate(plan, options))
+
+
+def _fill_placeholders(path):
+    text = path.read_text().replace("<MACHINE_RANK>", "0").replace("<MAIN_NODE_IP>", "10.0.0.1")
+    path.write_text(text)
+
+
+def _launcher_env(path):
+    """What `accelerate launch --config_file path` would export to the workers (no process started)."""
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, defaults, mp_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        return args, prepare_deepspeed_cmd_env(args)[1]
+    return args, prepare_multi_gpu_env(args)
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+@pytest.mark.parametrize("strategy,engine", PAIRS)
+def test_every_strategy_round_trips_through_accelerates_loader(tmp_path, strategy, engine, nodes):
+    plan = make_plan(SMALL, "8xA100" if nodes > 1 else "2xA100", nodes=nodes if nodes > 1 else None,
+                     strategy=strategy, engine=engine)
+    if strategy == "dp" and nodes > 1:  # DataParallel is one process: nothing to export
+        with pytest.raises(ValueError, match="nothing to export"):
+            build_accelerate(plan)
+        return
+    built = build_accelerate(plan)
+    loaded = load_config_from_file(str(_write(tmp_path, plan)))
+    assert isinstance(loaded, ClusterConfig)
+    as_dict = loaded.to_dict()
+    for key, value in built.items():
+        assert as_dict[key] == value, key
+    assert loaded.num_processes == plan.hardware.world_size
+    assert loaded.num_machines == nodes
+    target = resolve_target(plan, "accelerate")
+    expected_type = {"deepspeed": "DEEPSPEED"}.get(target.engine, "FSDP" if target.fsdp else "MULTI_GPU")
+    assert loaded.distributed_type == expected_type
+    if (strategy, engine) in {("dp", "torch"), ("zero1", "torch")}:
+        assert expected_type == "MULTI_GPU" and target.strategy == "ddp"
+        assert "has no accelerate config" in target.notes[0]
+        assert "# " + target.notes[0] in render_accelerate(plan)
+
+
+def test_fsdp2_config_is_what_accelerates_fsdp_plugin_reads(tmp_path, monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plan = make_plan(**PLANS["qwen7b_2xa100_zero3"])
+    args, env = _launcher_env(_write(tmp_path, plan))
+    assert args.use_fsdp and int(args.num_processes) == 2 and args.mixed_precision == "bf16"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2
+    assert plugin.reshard_after_forward is True
+    assert plugin.transformer_cls_names_to_wrap == ["Qwen2DecoderLayer"]
+    assert plugin.activation_checkpointing is False
+    assert plugin.state_dict_type.name == "SHARDED_STATE_DICT"
+    assert type(plugin.cpu_offload).__name__ == "OffloadPolicy"  # the no-offload policy
+
+
+@pytest.mark.parametrize("strategy,reshard,offload", [("zero2", False, False), ("zero3_offload", True, True)])
+def test_fsdp_flags_follow_the_strategy_table(tmp_path, monkeypatch, strategy, reshard, offload):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plan = make_plan(SMALL, strategy=strategy, activation_checkpointing="on")
+    for key, value in _launcher_env(_write(tmp_path, plan))[1].items():
+        monkeypatch.setenv(key, value)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.reshard_after_forward is reshard
+    assert (type(plugin.cpu_offload).__name__ == "CPUOffloadPolicy") is offload
+    assert plugin.activation_checkpointing is True
+
+
+def test_deepspeed_config_is_what_accelerates_deepspeed_plugin_reads(tmp_path, monkeypatch):
+    from accelerate.utils import DeepSpeedPlugin
+
+    plan = make_plan(**PLANS["qwen7b_deepspeed_zero2_offload"])
+    args, env = _launcher_env(_write(tmp_path, plan))
+    assert args.use_deepspeed
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    plugin = DeepSpeedPlugin()
+    assert (plugin.zero_stage, plugin.offload_optimizer_device, plugin.offload_param_device) == (2, "cpu", "none")
+    assert plugin.gradient_accumulation_steps == 1 and plugin.zero3_init_flag is False
+
+
+def test_two_nodes_have_marked_placeholders_that_accelerate_refuses_until_filled(tmp_path):
+    plan = make_plan(**PLANS["qwen72b_2nodes"])
+    path = _write(tmp_path, plan)
+    text = path.read_text()
+    assert "main_process_ip: <MAIN_NODE_IP>  # FILL IN" in text
+    assert "machine_rank: <MACHINE_RANK>  # FILL IN" in text
+    loaded = load_config_from_file(str(path))
+    assert (loaded.num_machines, loaded.num_processes, loaded.rdzv_backend) == (2, 16, "static")
+    with pytest.raises(ValueError, match="MACHINE_RANK"):
+        _launcher_env(path)
+    _fill_placeholders(path)
+    args, env = _launcher_env(path)
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 0)
+
+
+def test_hybrid_sharding_when_one_nodes_share_fits(tmp_path, monkeypatch):
+    from accelerate.parallelism_config import ParallelismConfig
+
+    plan = make_plan(**PLANS["qwen72b_2nodes"])
+    assert resolve_target(plan, "accelerate").hybrid
+    path = _write(tmp_path, plan)
+    _fill_placeholders(path)
+    for key, value in _launcher_env(path)[1].items():
+        monkeypatch.setenv(key, value)
+    config = ParallelismConfig()
+    assert (config.dp_replicate_size, config.dp_shard_size, config.total_size) == (2, 8, 16)
+    assert "parallelism_config" not in build_accelerate(plan, ExportOptions(hybrid="off"))
+
+
+def test_no_hybrid_when_one_nodes_share_does_not_fit():
+    # 32B zero3 on 2 x 8 A100-80GB fits only with its states sharded over all 16 GPUs.
+    plan = make_plan("Qwen/Qwen2.5-32B", "8xA100", nodes=2, strategy="zero3", micro_batch_size=1)
+    assert plan.recommendation is not None and not resolve_target(plan, "accelerate").hybrid
+    assert "parallelism_config" not in build_accelerate(plan)
+    with pytest.raises(ValueError, match="does not fit"):
+        resolve_target(plan, "accelerate", ExportOptions(hybrid="on"))
+    with pytest.raises(ValueError, match="needs several nodes"):
+        resolve_target(make_plan(SMALL, strategy="zero3"), "accelerate", ExportOptions(hybrid="on"))
+
+
+def test_cpu_config_for_ddp_and_refused_for_sharded(tmp_path):
+    doc = build_accelerate(make_plan(SMALL), ExportOptions(cpu=True))
+    # MULTI_GPU: accelerate starts one process per rank through torch.distributed.run; MULTI_CPU
+    # would start a single process without mpirun.
+    assert (doc["distributed_type"], doc["use_cpu"], doc["mixed_precision"]) == ("MULTI_GPU", True, "no")
+    assert load_config_from_file(str(_write(tmp_path, make_plan(SMALL), ExportOptions(cpu=True)))).use_cpu
+    with pytest.raises(ValueError, match="--cpu makes a gloo test config for ddp only"):
+        build_accelerate(make_plan(**PLANS["qwen7b_2xa100_zero3"]), ExportOptions(cpu=True))
+
+
+@pytest.mark.parametrize("precision,expected", [("bf16-mixed", "bf16"), ("fp16-mixed", "fp16"), ("fp32", "no"),
+                                                ("bf16", "bf16")])
+def test_mixed_precision_follows_the_plan(precision, expected):
+    assert build_accelerate(make_plan(SMALL, precision=precision))["mixed_precision"] == expected
+
+
+def test_size_only_model_wraps_by_size(tmp_path, monkeypatch):
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    plan = make_plan(resolve_size("3B"), strategy="zero3")
+    fsdp = build_accelerate(plan)["fsdp_config"]
+    assert fsdp["fsdp_auto_wrap_policy"] == "SIZE_BASED_WRAP" and "fsdp_transformer_layer_cls_to_wrap" not in fsdp
+    for key, value in _launcher_env(_write(tmp_path, plan))[1].items():
+        monkeypatch.setenv(key, value)
+    assert FullyShardedDataParallelPlugin().min_num_params == 100_000_000
+
+
+def test_nothing_fits_is_refused_naming_the_smallest_fit():
+    plan = make_plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero1")
+    assert plan.recommendation is None
+    with pytest.raises(ValueError) as err:
+        build_accelerate(plan)
+    message = str(err.value)
+    assert "\n" not in message and "nothing to export" in message and "would fit" in message
+    assert os.linesep not in message

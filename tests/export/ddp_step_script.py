@@ -2,8 +2,8 @@
 
 Each rank joins a gloo process group from the launcher's environment (through accelerate's
 ``Accelerator`` when ``ACCELERATE_USE_CPU`` is set, as ``advisor launch`` does), takes one DDP step on a
-tiny model and checks that the gradients were averaged (equal on every rank). When ``wrappers``
-gains ``wrap()`` the script applies it instead of DDP (a later step checks it gets the same plan).
+tiny model wrapped by ``wrappers.wrap()`` and checks that the gradients were averaged (equal on
+every rank). It prints the strategy ``wrap()`` chose, which the test compares with the exported plan.
 """
 
 from __future__ import annotations
@@ -32,16 +32,10 @@ def main() -> int:
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _model(rank)
-    import wrappers
+    from wrappers import wrap
 
-    if hasattr(wrappers, "wrap"):
-        from wrappers import wrap
-
-        model = wrap(model)
-        how = "wrappers.wrap"
-    else:
-        model = torch.nn.parallel.DistributedDataParallel(model)
-        how = "DDP"
+    model = wrap(model, verbose=False)
+    how = f"wrappers.wrap strategy={model.advisor_decision.strategy}"
     torch.manual_seed(100 + rank)  # different data on each rank
     inputs, targets = torch.randn(4, 8), torch.randn(4, 1)
     loss = torch.nn.functional.mse_loss(model(inputs), targets)

@@ -133,7 +133,8 @@ def _worker_env() -> dict[str, str]:
 
 def test_real_two_process_launch_on_cpu(tmp_path, free_port):
     """accelerate launch with the exported --cpu config starts 2 gloo ranks that take one DDP step."""
-    text = export_text(make_plan("Qwen/Qwen2.5-0.5B"), "accelerate", ExportOptions(cpu=True))[0]
+    plan = make_plan("Qwen/Qwen2.5-0.5B")
+    text = export_text(plan, "accelerate", ExportOptions(cpu=True))[0]
     config = write_export(tmp_path / "cpu.yaml", text)
     command = [*_accelerate(), "--config_file", str(config), "--num_processes", "2",
                "--main_process_port", str(free_port), str(SCRIPT)]
@@ -143,6 +144,8 @@ def test_real_two_process_launch_on_cpu(tmp_path, free_port):
     lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
     assert [line.split()[1] for line in lines] == ["0/2", "1/2"], done.stdout + done.stderr
     assert all("ok=True" in line and "mixed_precision=no" in line for line in lines)
+    # wrap() inside the launched job reaches the plan that was exported.
+    assert all(f"strategy={plan.recommendation.strategy} " in line for line in lines), lines
 
 
 def test_advisor_launch_cpu_runs_a_real_two_process_job(in_tmp, monkeypatch, capfd):

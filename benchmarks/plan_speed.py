@@ -11,18 +11,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
-
-def cold(cmd: list[str], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from _timing import cold_time
 
 
 def in_process(repeat: int) -> float:
@@ -43,8 +35,8 @@ def main() -> None:
     args = parser.parse_args()
     exe = shutil.which("advisor")
     cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli"]
-    t_plan = cold([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
-    t_torch = cold([sys.executable, "-c", "import torch"], args.repeat)
+    t_plan = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
+    t_torch = cold_time([sys.executable, "-c", "import torch"], args.repeat)
     t_search = in_process(args.repeat * 4)
     print(f"advisor plan Qwen/Qwen2.5-7B 2xA100 (cold): {t_plan:.3f} s   goal < 0.5 s: {'met' if t_plan < 0.5 else 'NOT met'}")
     print(f"python -c 'import torch' (cold):           {t_torch:.3f} s   ratio plan/torch: {t_plan / t_torch:.2f}")

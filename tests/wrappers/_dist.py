@@ -100,3 +100,15 @@ def build_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
         lr=2e-3,
         betas=(0.9, 0.95),
     )
+
+
+def reference_params(num_steps: int) -> dict[str, torch.Tensor]:
+    """One process, no process group, the whole batch each step: what every strategy must reproduce."""
+    model = tiny_llama()
+    optimizer = build_adamw(model)
+    for step in range(num_steps):
+        ids = global_batch(step)
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}

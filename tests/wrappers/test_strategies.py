@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from tests.wrappers._dist import build_adamw, global_batch, rank_batch, run_distributed, tiny_llama
+from tests.wrappers._dist import build_adamw, global_batch, rank_batch, reference_params, run_distributed, tiny_llama
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -30,15 +30,7 @@ HALF_SLACK = 0.15
 
 
 def _reference_params() -> dict[str, torch.Tensor]:
-    """One process, no process group, the whole batch: what every strategy must reproduce."""
-    model = tiny_llama()
-    optimizer = build_adamw(model)
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return reference_params(NUM_STEPS)
 
 
 def _build(recipe: Recipe, *, seed: int = 0) -> Applied:

@@ -8,7 +8,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.wrappers._dist import GLOBAL_BATCH, build_adamw, global_batch, run_distributed, tiny_llama
+from tests.wrappers._dist import GLOBAL_BATCH, build_adamw, global_batch, reference_params, run_distributed, tiny_llama
 from wrappers import wrap
 from wrappers.launch_env import LaunchEnv, read_launch_env
 
@@ -20,18 +20,7 @@ def _dataset() -> TensorDataset:
     return TensorDataset(torch.cat([global_batch(step) for step in range(NUM_STEPS)]))
 
 
-def _reference() -> dict[str, torch.Tensor]:
-    model = tiny_llama()
-    optimizer = build_adamw(model)
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def _train_with_wrap(rank: int, world_size: int, strategy: str | None, expected: dict, out_strategy: list) -> None:
+def _train_with_wrap(rank: int, world_size: int, strategy: str | None, expected: dict) -> None:
     env = read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
     model = tiny_llama()
     # The sampler gives rank r rows r, r+2, ...: a step's two half-batches together are its global batch,
@@ -56,7 +45,7 @@ def _train_with_wrap(rank: int, world_size: int, strategy: str | None, expected:
 
 @pytest.mark.parametrize("strategy", [None, "zero1", "zero3"])
 def test_wrap_trains_like_one_process(strategy):
-    run_distributed(_train_with_wrap, strategy, _reference(), [])
+    run_distributed(_train_with_wrap, strategy, reference_params(NUM_STEPS))
 
 
 def test_one_process_without_gpu_returns_model_unchanged(capsys):

@@ -24,9 +24,9 @@ def _micro_batch(value: str | None) -> int | None:
     try:
         number = int(value)
     except ValueError:
-        raise click.BadParameter(f"expected a positive integer or 'auto', got '{value[:20]}'") from None
+        raise click.BadParameter(f"expected a positive integer or 'auto', got '{value[:20]}'", param_hint="--micro-batch") from None
     if number < 1:
-        raise click.BadParameter("must be at least 1")
+        raise click.BadParameter("must be at least 1", param_hint="--micro-batch")
     return number
 
 

@@ -55,7 +55,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--policy", type=click.Choice(["thresholds", "fastest"]), help="How to choose among fits.")
-def plan(as_json: bool, policy: str | None, **options) -> None:
+@click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
+def plan(as_json: bool, policy: str | None, verify: bool, **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
@@ -71,12 +72,24 @@ def plan(as_json: bool, policy: str | None, **options) -> None:
     if policy is not None:
         kwargs["policy"] = policy
     result = make_plan(**kwargs)
+    checked = None
+    if verify and result.recommendation is not None:
+        from advisor.cli_simulate import verify_with_progress
+
+        checked = verify_with_progress(result, strategy=kwargs.get("strategy"))
     if as_json:
-        click.echo(result.model_dump_json(indent=2))
+        doc = result.model_dump(mode="json")
+        if checked is not None:
+            doc["verification"] = checked.model_dump(mode="json")
+        click.echo(json.dumps(doc, indent=2))
     else:
         from advisor.render import print_plan
 
         print_plan(result)
+        if checked is not None:
+            from advisor.cli_simulate import print_verification
+
+            print_verification(checked)
     if result.recommendation is None:
         click.get_current_context().exit(EXIT_NOTHING_FITS)
 
@@ -111,7 +124,10 @@ def _register_commands() -> None:
     from advisor.cli_compare import compare as compare_command
     from advisor.cli_export import export, launch
 
+    from advisor.cli_simulate import simulate as simulate_command
+
     cli.add_command(compare_command, name="compare")
+    cli.add_command(simulate_command, name="simulate")
     cli.add_command(export)
     cli.add_command(launch)
 

@@ -168,8 +168,11 @@ def choose_fastest(
     tied = [c for c in fitting if c.step_time.tokens_per_s >= best * 0.995]
     fastest = min(tied, key=lambda c: (c.strategy != default, ESCALATION.index(c.strategy)
                                        if c.strategy in ESCALATION else -1))
-    why = [f"Policy fastest: of {len(fitting)} candidates that fit, {fastest.strategy} has the most tokens/s "
-           f"({fastest.step_time.tokens_per_s:,.0f}, MFU {fastest.step_time.mfu:.0%})."]
+    rate = f"{fastest.step_time.tokens_per_s:,.0f} tokens/s (MFU {fastest.step_time.mfu:.0%})"
+    if len(fitting) > 1:
+        why = [f"Policy fastest: of {len(fitting)} candidates that fit, {fastest.strategy} is fastest: {rate}."]
+    else:
+        why = [f"Policy fastest: {fastest.strategy} is the only candidate that fits: {rate}."]
     base = next((c for c in fitting if c.strategy == default), None)
     if base is not None and base.strategy != fastest.strategy:
         why.append(explain_tradeoff((fastest.strategy, fastest.step_time), (base.strategy, base.step_time),

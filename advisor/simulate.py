@@ -280,32 +280,19 @@ def _wrap(net: Any, strategy: str, training: TrainingConfig, checkpointing: bool
             apply_activation_checkpointing(net, blocks=find_blocks(net))
         return net, opt, notes
     recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing)
-    if training.precision == "bf16":
-        net.to = lambda *args, **kwargs: net  # already bf16 (see _build); instance attribute, this model only
-    with _mesh_outside_fake_mode():
-        applied = apply_recipe(net, recipe, device="cpu", optimizer=opt)
-    net.__dict__.pop("to", None)
+    applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=_mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 
 
-@contextlib.contextmanager
-def _mesh_outside_fake_mode():
-    """``DeviceMesh`` reads its rank list back with ``tolist()``, which a fake tensor cannot do:
-    build meshes outside the fake mode while the recipe is applied (they hold a few integers)."""
+def _mesh_outside_fake_mode() -> Any:
+    """``DeviceMesh`` reads its rank list back with ``tolist()``, which a fake tensor cannot do: build
+    the mesh outside the fake mode (it holds a few integers) and hand it to ``apply_recipe``."""
+    import torch.distributed as dist
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.device_mesh import DeviceMesh
 
-    original = DeviceMesh.__dict__["from_group"]
-
-    def from_group(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            return original.__func__(*args, **kwargs)
-
-    DeviceMesh.from_group = staticmethod(from_group)  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        DeviceMesh.from_group = original  # type: ignore[method-assign]
+    with unset_fake_temporarily():
+        return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")
 
 
 def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, strategy: str) -> Callable:

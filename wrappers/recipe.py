@@ -114,6 +114,7 @@ class _Context:
     device: torch.device
     optimizer: torch.optim.Optimizer | None
     process_group: dist.ProcessGroup | None
+    mesh: DeviceMesh | None = None
 
 
 def _apply_dp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
@@ -134,7 +135,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
     names = param_group_names(ctx.optimizer, model) if ctx.optimizer is not None else None
     # The mesh follows ``device`` (FSDP2's default would pick CUDA whenever it is available).
     group = ctx.process_group if ctx.process_group is not None else dist.group.WORLD
-    mesh = DeviceMesh.from_group(group, device_type=ctx.device.type)
+    mesh = ctx.mesh if ctx.mesh is not None else DeviceMesh.from_group(group, device_type=ctx.device.type)
     spec = ctx.recipe.spec
     apply_fsdp(
         model,
@@ -163,17 +164,21 @@ def apply_recipe(
     device: torch.device | str,
     optimizer: torch.optim.Optimizer | None = None,
     process_group: dist.ProcessGroup | None = None,
+    mesh: DeviceMesh | None = None,
 ) -> Applied:
     """Apply ``recipe`` to ``model`` (in place where the engine works in place) on ``device``.
 
     ``optimizer``, if given, must be built on ``model``'s parameters; the returned optimizer is the
     one to step. ``process_group`` defaults to the default (world) group. The process group must be
-    initialised by the caller, except for ``dp``.
+    initialised by the caller, except for ``dp``. ``mesh`` (FSDP2 only) overrides the mesh built from
+    the group and ``device``.
     """
-    if recipe.precision == "bf16":
-        model.to(precision_dtypes("bf16").param_dtype)  # in place: parameter identity is kept
+    bf16 = precision_dtypes("bf16").param_dtype
+    if recipe.precision == "bf16" and any(p.dtype != bf16 for p in model.parameters()):
+        model.to(bf16)  # in place: parameter identity is kept
     if recipe.activation_checkpointing:
         apply_activation_checkpointing(model, blocks=find_blocks(model))
-    ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group)
+    ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group,
+                   mesh=mesh)
     wrapped, new_optimizer = _ENGINES[recipe.spec.engine](model, ctx)
     return Applied(model=wrapped, optimizer=new_optimizer, recipe=recipe)

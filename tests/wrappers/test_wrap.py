@@ -75,3 +75,27 @@ def test_epoch_loader_reshuffles_per_epoch():
     second = [b[0].tolist() for b in sharded]
     assert len(sum(first, [])) == len(sum(second, [])) == 8 and first != second  # reshuffled per epoch
     assert sharded.epoch == 2
+
+
+def test_engine_accelerate_returns_what_prepare_returns():
+    """engine="accelerate": Accelerator().prepare(...) builds the wrapping; the accelerator is reachable."""
+    from accelerate import Accelerator
+
+    model = tiny_llama()
+    loader = DataLoader(_dataset(), batch_size=2)
+    env = LaunchEnv(world_size=1, rank=0, local_rank=0, local_world_size=1, num_gpus=0, gpu_name=None,
+                    accelerate_plugin=None)
+    prepared_model, prepared_optimizer, prepared_loader = wrap(model, build_adamw(model), loader,
+                                                               engine="accelerate", env=env, verbose=False)
+    assert isinstance(prepared_model.advisor_accelerator, Accelerator)
+    assert prepared_model.advisor_decision.engine == "accelerate"
+    (ids,) = next(iter(prepared_loader))
+    loss = prepared_model(input_ids=ids, labels=ids).loss
+    prepared_model.advisor_accelerator.backward(loss)
+    prepared_optimizer.step()
+
+
+def test_launch_env_reads_accelerate_plugins():
+    env = read_launch_env({"WORLD_SIZE": "4", "RANK": "1", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                           "ACCELERATE_USE_FSDP": "true"})
+    assert (env.world_size, env.rank, env.nodes, env.accelerate_plugin) == (4, 1, 2, "fsdp")

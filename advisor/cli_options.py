@@ -33,7 +33,7 @@ def _micro_batch(value: str | None) -> int | None:
 PLAN_OPTIONS: list[Callable] = [
     click.option("--model", "-m", "model", help="Bundled id, Hub id, local dir / config.json."),
     click.option("--params", "params", help="Model size only, e.g. 7.5B (no architecture)."),
-    click.option("--gpus", "-g", required=True, help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`)."),
+    click.option("--gpus", "-g", help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`); default: this machine's GPUs."),
     click.option("--nodes", type=click.IntRange(1, 16384), help="Nodes (then --gpus counts per node)."),
     click.option("--interconnect", help="Inter-node link, e.g. ib-ndr, eth-100g."),
     click.option("--optimizer", type=_choice(Optimizer), help="Default adamw."),
@@ -80,7 +80,7 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
         model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
     kwargs: dict[str, Any] = {
         "model": model if model is not None else _size_spec(params),
-        "gpus": options["gpus"],
+        "gpus": options.get("gpus") or _local_gpus(),
         "nodes": options.get("nodes"),
         "interconnect": options.get("interconnect"),
         "trainable_params": options.get("trainable_params"),
@@ -97,6 +97,16 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     if kwargs["strategy"] is not None:
         kwargs["strategy"] = kwargs["strategy"].lower()
     return kwargs
+
+
+def _local_gpus() -> str:
+    from advisor.local_gpus import detect_local_gpus
+
+    detected = detect_local_gpus()
+    if detected is None:
+        raise click.UsageError("no --gpus given and no NVIDIA GPU found on this machine; pass e.g. --gpus 8xH100")
+    click.echo(f"advisor: note: --gpus not given; using this machine's GPUs: {detected}", err=True)
+    return detected
 
 
 def _size_spec(params: str):

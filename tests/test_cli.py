@@ -67,3 +67,18 @@ def test_help_and_version(capsys):
     assert code == 0 and "inspect" in out
     code, out, _ = run_main(["--version"], capsys)
     assert code == 0 and "0.1.0" in out
+
+
+def test_gpus_default_to_this_machine(tmp_path, monkeypatch):
+    """Without --gpus, nvidia-smi's list (stubbed here) becomes COUNTxNAME; without a GPU, a clear error."""
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\necho 'NVIDIA H100 80GB HBM3'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-0.5B", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["hardware"]["gpu"], doc["hardware"]["gpus_per_node"]) == ("H100-80GB-SXM", 2)
+    stub.unlink()
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-0.5B"])
+    assert result.exit_code == 2 and "no NVIDIA GPU" in result.output

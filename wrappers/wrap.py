@@ -62,9 +62,8 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
     """Ask the planner, with the GPUs this launch really has."""
     from advisor.api import plan
 
-    gpus = f"{env.nodes}x{env.local_world_size}x{env.gpu_name}" if env.nodes > 1 else f"{env.local_world_size}x{env.gpu_name}"
-    if not env.distributed:
-        gpus = f"{env.num_gpus}x{env.gpu_name}"
+    per_node = env.local_world_size if env.distributed else env.num_gpus  # one process: DataParallel over all
+    gpus = f"{env.nodes}x{per_node}x{env.gpu_name}" if env.nodes > 1 else f"{per_node}x{env.gpu_name}"
     result = plan(spec, gpus, **options)
     rec = result.recommendation
     if rec is None:

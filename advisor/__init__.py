@@ -13,13 +13,13 @@ from importlib import import_module
 from typing import Any
 
 _EXPORTS = {
-    "plan": "advisor.api",
-    "Plan": "advisor.api",
+    "plan": "advisor.planning.api",
+    "Plan": "advisor.planning.api",
     "TrainingConfig": "advisor.training",
-    "ModelSpec": "advisor.model_spec",
-    "resolve_model": "advisor.model_sources",
-    "Hardware": "advisor.hardware",
-    "parse_gpus": "advisor.hardware",
+    "ModelSpec": "advisor.model.spec",
+    "resolve_model": "advisor.model.sources",
+    "Hardware": "advisor.hardware.cluster",
+    "parse_gpus": "advisor.hardware.cluster",
 }
 
 __all__ = sorted(_EXPORTS)

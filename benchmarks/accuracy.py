@@ -1,5 +1,5 @@
 """Per-GPU peak memory: the analytic estimate, accelerate and DeepSpeed's estimators, each against
-one training step PyTorch really executes (``advisor.simulate``, fake tensors on the CPU).
+one training step PyTorch really executes (``advisor.simulate.step``, fake tensors on the CPU).
 
 Run: python benchmarks/accuracy.py [--only SUBSTRING] [--no-write]
 Prints one row per case (simulated and estimated ``peak_allocated``, error in %), then the median
@@ -96,7 +96,7 @@ class Row:
 
 
 def spec_for(model: str | dict):
-    from advisor.model_sources import resolve_model, spec_from_config
+    from advisor.model.sources import resolve_model, spec_from_config
 
     if isinstance(model, dict):
         return spec_from_config(model, name=model["_name_or_path"], source="local")
@@ -104,8 +104,8 @@ def spec_for(model: str | dict):
 
 
 def analytic(model, strategy: str, world: int, mb: int, seq: int, ckpt: bool, precision: str = "bf16-mixed"):
-    from advisor.hardware import parse_gpus
-    from advisor.memory import estimate_memory
+    from advisor.hardware.cluster import parse_gpus
+    from advisor.estimate.memory import estimate_memory
     from advisor.strategies import get_strategy
     from advisor.training import TrainingConfig
 
@@ -120,8 +120,8 @@ def accelerate_training_bytes(model) -> int:
     from accelerate.commands.estimate import estimate_training_usage
     from accelerate.utils import calculate_maximum_sizes
 
-    from advisor.meta import build_meta_model
-    from advisor.sim_model import resolve_config
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import resolve_config
 
     total_size, _ = calculate_maximum_sizes(build_meta_model(resolve_config(model)[1]))
     return max(estimate_training_usage(total_size, "bfloat16").values())
@@ -129,8 +129,8 @@ def accelerate_training_bytes(model) -> int:
 
 def deepspeed_model_state_bytes(model, strategy: str, world: int) -> int:
     """DeepSpeed's no-offload model-state estimators (see module docstring)."""
-    from advisor.meta import build_meta_model
-    from advisor.sim_model import resolve_config
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import resolve_config
 
     net = build_meta_model(resolve_config(model)[1])
     total = sum(p.numel() for p in dict.fromkeys(net.parameters()))
@@ -141,7 +141,7 @@ def deepspeed_model_state_bytes(model, strategy: str, world: int) -> int:
 
 
 def run_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> Row:
-    from advisor.simulate import simulate
+    from advisor.simulate.step import simulate
     from advisor.training import TrainingConfig
 
     model = MODELS[key]

@@ -56,8 +56,8 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) 
     import torch.distributed as dist
     from torch.futures import Future
 
-    from advisor.meta import build_meta_model
-    from advisor.sim_model import materialize, resolve_config
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import materialize, resolve_config
     from wrappers.recipe import Recipe, apply_recipe, autocast_context
 
     cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation="sdpa")

@@ -20,7 +20,7 @@ def main() -> None:
     parser.add_argument("--args", nargs="*", default=["inspect", "Qwen/Qwen2.5-7B"])
     args = parser.parse_args()
     exe = shutil.which("advisor")
-    advisor_cmd = [exe, *args.args] if exe else [sys.executable, "-m", "advisor.cli", *args.args]
+    advisor_cmd = [exe, *args.args] if exe else [sys.executable, "-m", "advisor.cli.main", *args.args]
     t_advisor = cold_time(advisor_cmd, args.repeat)
     t_torch = cold_time([sys.executable, "-c", "import torch"], args.repeat)
     t_python = cold_time([sys.executable, "-c", "pass"], args.repeat)

@@ -18,7 +18,7 @@ from _timing import cold_time
 
 
 def in_process(repeat: int) -> float:
-    from advisor.api import plan
+    from advisor.planning.api import plan
 
     plan("meta-llama/Llama-3.1-405B", "128x8xH100")  # warm caches (profiles, imports)
     times = []
@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     exe = shutil.which("advisor")
-    cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli"]
+    cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli.main"]
     t_plan = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
     t_torch = cold_time([sys.executable, "-c", "import torch"], args.repeat)
     t_search = in_process(args.repeat * 4)

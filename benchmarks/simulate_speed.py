@@ -1,4 +1,4 @@
-"""Wall time of ``advisor.simulate`` on a 7B model: Qwen2.5-7B (28 layers), ZeRO-3 on 8 GPUs,
+"""Wall time of ``advisor.simulate.step`` on a 7B model: Qwen2.5-7B (28 layers), ZeRO-3 on 8 GPUs,
 sequence 2048, micro-batch 1, fake tensors on the CPU.
 
 Run: python benchmarks/simulate_speed.py [--model Qwen/Qwen2.5-7B] [--repeat 1]
@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
-    from advisor.simulate import simulate
+    from advisor.simulate.step import simulate
     from advisor.training import TrainingConfig
 
     for _ in range(args.repeat):

@@ -19,11 +19,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.architectures import count_from_config
-from advisor.hardware import parse_gpus
-from advisor.model_sources import resolve_model
-from advisor.model_spec import ModelSpec
-from advisor.step_time import StepTime, estimate_step_time
+from advisor.model.architectures import count_from_config
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.sources import resolve_model
+from advisor.model.spec import ModelSpec
+from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 

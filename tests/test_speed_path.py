@@ -12,7 +12,7 @@ from tests.conftest import TINY_CONFIGS
 
 CHECK = """
 import sys
-from advisor.cli import main
+from advisor.cli.main import main
 main({args!r})
 heavy = sorted(m for m in ("torch", "transformers", "accelerate", "huggingface_hub") if m in sys.modules)
 print("HEAVY:" + ",".join(heavy))

@@ -27,9 +27,9 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from advisor.meta import spec_from_module
-from advisor.model_spec import ModelSpec
-from advisor.planner import default_strategy
+from advisor.model.meta import spec_from_module
+from advisor.model.spec import ModelSpec
+from advisor.planning.planner import default_strategy
 from advisor.strategies import StrategyName
 from advisor.training import Precision
 from wrappers.launch_env import LaunchEnv, read_launch_env
@@ -60,7 +60,7 @@ class Decision(BaseModel):
 
 def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
     """Ask the planner, with the GPUs this launch really has."""
-    from advisor.api import plan
+    from advisor.planning.api import plan
 
     per_node = env.local_world_size if env.distributed else env.num_gpus  # one process: DataParallel over all
     gpus = f"{env.nodes}x{per_node}x{env.gpu_name}" if env.nodes > 1 else f"{per_node}x{env.gpu_name}"

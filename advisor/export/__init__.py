@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.accelerate import build_accelerate, render_accelerate
 from advisor.export.deepspeed import build_deepspeed, render_deepspeed
 from advisor.export.lightning import build_lightning, render_lightning

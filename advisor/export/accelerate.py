@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.target import (
     DEFAULT_PORT, GRADIENT_CLIPPING, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget, resolve_target,
 )

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.target import GRADIENT_CLIPPING, ExportOptions, ExportTarget, resolve_target
-from advisor.memory import deepspeed_bucket_elements
+from advisor.estimate.memory import deepspeed_bucket_elements
 
 
 def _zero_optimization(target: ExportTarget, plan: Plan) -> dict[str, Any]:

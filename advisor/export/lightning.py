@@ -10,7 +10,7 @@ HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (torch's ``ShardingStrategy`` names), ``cpu_o
 
 from __future__ import annotations
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
 
 _PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16": "bf16-true"}

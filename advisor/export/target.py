@@ -19,10 +19,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.api import Plan
-from advisor.hardware import Hardware, parse_gpus
-from advisor.memory import estimate_memory
-from advisor.planner import evaluate_candidate
+from advisor.planning.api import Plan
+from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.estimate.memory import estimate_memory
+from advisor.planning.planner import evaluate_candidate
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.training import Engine
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.target import DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, resolve_target
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from advisor.api import Plan
+from advisor.planning.api import Plan
 from advisor.export.deepspeed import build_deepspeed
 from advisor.export.target import ExportOptions, resolve_target
 

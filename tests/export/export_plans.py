@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from advisor.api import Plan, plan
+from advisor.planning.api import Plan, plan
 
 # name -> plan() arguments; the golden files are rendered from the first four.
 PLANS: dict[str, dict] = {

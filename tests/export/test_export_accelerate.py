@@ -13,7 +13,7 @@ from export_plans import PLANS, make_plan
 from advisor.export import ExportOptions, resolve_target
 from advisor.export.accelerate import build_accelerate, render_accelerate
 from advisor.export.write import write_export
-from advisor.model_sources import resolve_size
+from advisor.model.sources import resolve_size
 from advisor.strategies import STRATEGIES
 
 SMALL = "Qwen/Qwen2.5-0.5B"  # every strategy fits on 2 x A100, so each one can be requested

@@ -13,10 +13,10 @@ import yaml
 from click.testing import CliRunner
 from export_plans import PLANS, make_plan
 
-from advisor.cli_export import export, launch
+from advisor.cli.export import export, launch
 from advisor.export import ExportOptions, export_text
 from advisor.export.write import write_export
-from advisor.launch import build_launch_command, check_launchable, find_placeholders, launch_env, run_launch
+from advisor.export.launch import build_launch_command, check_launchable, find_placeholders, launch_env, run_launch
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "ddp_step_script.py"
@@ -25,7 +25,7 @@ LAUNCH_TIMEOUT_S = 90
 
 @click.group()
 def cli():
-    """A local group, as advisor/cli.py will register the commands."""
+    """A local group, as advisor/cli/main.py will register the commands."""
 
 
 cli.add_command(export)

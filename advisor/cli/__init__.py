@@ -1,0 +1,1 @@
+"""The ``advisor`` command: click commands, the shared plan options, and rendering."""

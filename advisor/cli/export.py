@@ -1,0 +1,97 @@
+"""``advisor export`` and ``advisor launch``: the plan written as a launcher config, and run.
+
+A thin skin like ``cli.py``: parse options, call ``advisor.planning.api.plan``, render with
+``advisor.export``, write with ``advisor.export.write``, launch with ``advisor.export.launch``. Bad input
+raises ``ValueError`` (``cli.main`` prints one line, exit code 2). Registered on the ``advisor``
+group in ``cli.py``; the export modules (PyYAML) are imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from advisor.cli.options import plan_kwargs, plan_options
+
+FORMAT_NAMES = ("accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning")
+
+def _plan(params: dict[str, Any]):
+    """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options)."""
+    from advisor.planning.api import plan
+
+    return plan(**plan_kwargs(params))
+
+
+def _options(*, cpu: bool, hybrid: str, script: str = "train.py", script_args: tuple[str, ...] = ()):
+    from advisor.export import ExportOptions
+
+    return ExportOptions(cpu=cpu, hybrid=hybrid, script=script, script_args=tuple(script_args))
+
+
+def _echo_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        click.echo(f"advisor: note: {note}", err=True)
+
+
+_HYBRID = click.option("--hybrid", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
+                       help="Hybrid sharding (HSDP) on several nodes: auto = when one node's share fits.")
+
+
+@click.command()
+@plan_options
+@click.option("-o", "--output", default=None, help="File to write ('-' for stdout; default per format).")
+@click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES), default="accelerate", show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--cpu", is_flag=True, help="A CPU-only (gloo) test config; ddp only.")
+@_HYBRID
+def export(output: str | None, fmt: str, force: bool, cpu: bool, hybrid: str, **params: Any) -> None:
+    """Write the recommended strategy as a launcher config (accelerate YAML by default)."""
+    from advisor.export import export_text, get_format
+    from advisor.export.write import write_export
+
+    text, target = export_text(_plan(params), fmt, _options(cpu=cpu, hybrid=hybrid))
+    if output == "-":
+        click.echo(text, nl=False)
+        _echo_notes(target.notes)
+        return
+    path = write_export(output or get_format(fmt).default_filename, text, force=force)
+    _echo_notes(target.notes)
+    click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} processes)")
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@plan_options
+@click.option("--config-file", default="accelerate_config.yaml", show_default=True,
+              help="Where to write the accelerate config that is launched.")
+@click.option("--force", is_flag=True, help="Overwrite an existing, different config file.")
+@click.option("--dry-run", is_flag=True, help="Write the config and print the command; do not run it.")
+@click.option("--cpu", is_flag=True, help="A CPU-only (gloo) test config; ddp only.")
+@_HYBRID
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, hybrid: str, script: str,
+           script_args: tuple[str, ...], **params: Any) -> None:
+    """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
+    from advisor.export import export_text
+    from advisor.export.write import write_export
+    from advisor.export.launch import build_launch_command, check_launchable, find_placeholders, format_command, \
+        load_config, run_launch
+
+    options = _options(cpu=cpu, hybrid=hybrid, script=script, script_args=script_args)
+    text, target = export_text(_plan(params), "accelerate", options)
+    path = write_export(config_file, text, force=force)
+    _echo_notes(target.notes)
+    command = build_launch_command(path, script, script_args)
+    if dry_run:
+        missing = find_placeholders(load_config(path))
+        if missing:
+            click.echo(f"advisor: note: fill in {', '.join(missing)} in {path} before launching", err=True)
+        click.echo(format_command(command))
+        return
+    check_launchable(path)
+    click.echo(f"advisor: running {format_command(command)}", err=True)
+    code = run_launch(command, config_path=path)
+    if code:
+        sys.exit(code)

@@ -1,0 +1,156 @@
+"""The ``advisor`` command: a thin skin over the library. Parses options, calls the library,
+renders. Exit codes: 0 ok, 2 bad input (one line on stderr), 3 nothing fits, 1 internal error."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from advisor.cli.options import plan_kwargs, plan_options
+
+EXIT_BAD_INPUT = 2
+EXIT_NOTHING_FITS = 3
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"advisor: error: {' '.join(str(message).split())}", err=True)
+    sys.exit(code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="dp-advisor")
+def cli() -> None:
+    """Which data-parallel strategy should this training job use, and does it fit?
+
+    \b
+    advisor plan --model Qwen/Qwen2.5-7B --gpus 2xA100
+    advisor inspect meta-llama/Llama-3.1-8B
+    advisor gpus
+    """
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run (off by default).")
+def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
+    """Describe MODEL: a bundled id, a local directory or config.json, a Hub id, or a size like 7.5B."""
+    from advisor.model.sources import resolve_model, resolve_size
+
+    looks_like_size = model.strip()[:1].isdigit() and "/" not in model
+    spec = resolve_size(model) if looks_like_size else resolve_model(model, trust_remote_code=trust_remote_code)
+    if as_json:
+        doc = spec.model_dump()
+        doc.update(frozen_params=spec.frozen_params, active_params=spec.active_params)
+        click.echo(json.dumps(doc, indent=2))
+        return
+    from advisor.cli.render import print_table, spec_table
+
+    print_table(spec_table(spec))
+
+
+@cli.command()
+@plan_options
+@click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
+@click.option("--policy", type=click.Choice(["thresholds", "fastest"]), help="How to choose among fits.")
+@click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
+def plan(as_json: bool, policy: str | None, verify: bool, **options) -> None:
+    """Estimate per-GPU memory of every strategy and recommend one that fits.
+
+    \b
+    advisor plan --model Qwen/Qwen2.5-7B --gpus 2xA100
+    advisor plan --params 70B --gpus 2x8xH100 --seq-len 4096 --json
+    advisor plan -m meta-llama/Llama-3.1-8B -g 4xA10G --trainable-params 1% --strategy zero3
+
+    Exit code 3 when nothing fits (the output says how many of these GPUs would).
+    """
+    from advisor.planning.api import plan as make_plan
+
+    kwargs = plan_kwargs(options)
+    if policy is not None:
+        kwargs["policy"] = policy
+    result = make_plan(**kwargs)
+    checked = None
+    if verify and result.recommendation is not None:
+        from advisor.cli.simulate import verify_with_progress
+
+        checked = verify_with_progress(result, strategy=kwargs.get("strategy"))
+    if as_json:
+        doc = result.model_dump(mode="json")
+        if checked is not None:
+            doc["verification"] = checked.model_dump(mode="json")
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        from advisor.cli.render import print_plan
+
+        print_plan(result)
+        if checked is not None:
+            from advisor.cli.simulate import print_verification
+
+            print_verification(checked)
+    if result.recommendation is None:
+        click.get_current_context().exit(EXIT_NOTHING_FITS)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+def gpus(as_json: bool) -> None:
+    """List the bundled GPU profiles (figures from vendor datasheets, cited in profiles/gpus.json)."""
+    from advisor.hardware.catalog import load_catalog
+
+    catalog = load_catalog()
+    if as_json:
+        click.echo(json.dumps({"gpus": [g.model_dump() for g in catalog.gpus]}, indent=2))
+        return
+    from advisor.cli.render import gpu_table, print_table
+
+    print_table(gpu_table(catalog.gpus, {i.name: i for i in catalog.interconnects}))
+    defaults = ", ".join(f"{k} -> {v}" for k, v in sorted(catalog.defaults.ambiguous.items()))
+    click.echo(f"Short names resolve to: {defaults}")
+
+
+@cli.command()
+def models() -> None:
+    """List the bundled model ids (usable offline)."""
+    from advisor.model.bundled import bundled_model_ids
+
+    for model_id in bundled_model_ids():
+        click.echo(model_id)
+
+
+def _register_commands() -> None:
+    from advisor.cli.compare import compare as compare_command
+    from advisor.cli.export import export, launch
+
+    from advisor.cli.simulate import simulate as simulate_command
+
+    cli.add_command(compare_command, name="compare")
+    cli.add_command(simulate_command, name="simulate")
+    cli.add_command(export)
+    cli.add_command(launch)
+
+
+_register_commands()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: turn bad input into one line and exit code 2, never a traceback."""
+    try:
+        code = cli.main(args=argv, prog_name="advisor", standalone_mode=False)
+    except click.exceptions.Abort:
+        _fail("aborted", 130)
+    except click.UsageError as err:
+        hint = f" (see advisor {err.ctx.command_path.split(' ', 1)[-1]} --help)" if err.ctx and " " in err.ctx.command_path else " (see advisor --help)"
+        _fail(err.format_message() + hint, EXIT_BAD_INPUT)
+    except click.ClickException as err:
+        _fail(err.format_message(), EXIT_BAD_INPUT)
+    except (ValueError, OSError) as err:
+        _fail(str(err), EXIT_BAD_INPUT)
+    if isinstance(code, int) and code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

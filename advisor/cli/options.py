@@ -1,0 +1,115 @@
+"""The plan options shared by ``advisor plan``, ``simulate``, ``export`` and ``launch``: one
+definition, so every command spells every setting the same way, and one function that turns the
+parsed values into ``advisor.plan`` arguments (only options the user gave, so the rest are reported
+as assumptions)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import click
+
+from advisor.training import Attention, Checkpointing, Engine, Optimizer, Precision
+
+_STRATEGIES = ("dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+
+
+def _choice(literal) -> click.Choice:
+    return click.Choice(literal.__args__, case_sensitive=False)
+
+
+def _micro_batch(value: str | None) -> int | None:
+    if value is None or value.strip().lower() == "auto":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a positive integer or 'auto', got '{value[:20]}'", param_hint="--micro-batch") from None
+    if number < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--micro-batch")
+    return number
+
+
+PLAN_OPTIONS: list[Callable] = [
+    click.option("--model", "-m", "model", help="Bundled id, Hub id, local dir / config.json."),
+    click.option("--params", "params", help="Model size only, e.g. 7.5B (no architecture)."),
+    click.option("--gpus", "-g", help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`); default: this machine's GPUs."),
+    click.option("--nodes", type=click.IntRange(1, 16384), help="Nodes (then --gpus counts per node)."),
+    click.option("--interconnect", help="Inter-node link, e.g. ib-ndr, eth-100g."),
+    click.option("--optimizer", type=_choice(Optimizer), help="Default adamw."),
+    click.option("--precision", type=_choice(Precision), help="Default bf16-mixed."),
+    click.option("--seq-len", type=click.IntRange(1, 1 << 22), help="Tokens per sample (default 2048)."),
+    click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (largest that fits)."),
+    click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
+    click.option("--activation-checkpointing", type=_choice(Checkpointing), help="auto (default), on or off."),
+    click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone, LoRA."),
+    click.option("--engine", type=_choice(Engine), help="torch (default) or deepspeed."),
+    click.option("--strategy", type=click.Choice(_STRATEGIES, case_sensitive=False), help="Evaluate only this one."),
+    click.option("--attention", type=_choice(Attention), help="sdpa (default) or eager."),
+    click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Runtime overhead per GPU (default 1)."),
+    click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
+    click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
+]
+
+
+def plan_options(func: Callable) -> Callable:
+    for option in reversed(PLAN_OPTIONS):
+        func = option(func)
+    return func
+
+
+_TRAINING_FIELDS = {
+    "optimizer": "optimizer",
+    "precision": "precision",
+    "seq_len": "seq_len",
+    "global_batch": "global_batch_size",
+    "activation_checkpointing": "activation_checkpointing",
+    "engine": "engine",
+    "attention": "attention",
+    "reserve_gib": "reserve_gib",
+    "cpu_memory_gib": "cpu_memory_gib",
+}
+
+
+def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
+    """``advisor.plan`` keyword arguments from parsed CLI values, leaving out what was not given."""
+    model, params = options.get("model"), options.get("params")
+    if (model is None) == (params is None):
+        raise click.UsageError("give exactly one of --model or --params")
+    if model is not None and model.strip()[:1].isdigit() and "/" not in model:
+        model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
+    kwargs: dict[str, Any] = {
+        "model": model if model is not None else _size_spec(params),
+        "gpus": options.get("gpus") or _local_gpus(),
+        "nodes": options.get("nodes"),
+        "interconnect": options.get("interconnect"),
+        "trainable_params": options.get("trainable_params"),
+        "strategy": options.get("strategy"),
+        "trust_remote_code": bool(options.get("trust_remote_code")),
+    }
+    micro = _micro_batch(options.get("micro_batch"))
+    if micro is not None:
+        kwargs["micro_batch_size"] = micro
+    for cli_name, field in _TRAINING_FIELDS.items():
+        value = options.get(cli_name)
+        if value is not None:
+            kwargs[field] = value.lower() if isinstance(value, str) else value
+    if kwargs["strategy"] is not None:
+        kwargs["strategy"] = kwargs["strategy"].lower()
+    return kwargs
+
+
+def _local_gpus() -> str:
+    from advisor.hardware.local_gpus import detect_local_gpus
+
+    detected = detect_local_gpus()
+    if detected is None:
+        raise click.UsageError("no --gpus given and no NVIDIA GPU found on this machine; pass e.g. --gpus 8xH100")
+    click.echo(f"advisor: note: --gpus not given; using this machine's GPUs: {detected}", err=True)
+    return detected
+
+
+def _size_spec(params: str):
+    from advisor.model.sources import resolve_size
+
+    return resolve_size(params)

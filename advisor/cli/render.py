@@ -1,0 +1,179 @@
+"""Terminal rendering (rich) of specs, GPU lists and plans. Formatting lives here and only here:
+the library returns integer bytes and counts."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+from advisor.model.spec import ModelSpec
+from advisor.hardware.catalog import GpuProfile, Interconnect
+
+GIB = 2**30
+
+
+def human_count(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(n)
+
+
+def gib(n_bytes: int | None) -> str:
+    return "-" if n_bytes is None else f"{n_bytes / GIB:.2f}"
+
+
+def spec_table(spec: ModelSpec) -> Table:
+    table = Table(title=f"{spec.name}", show_header=True, title_justify="left")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    table.add_column("exact", justify="right")
+    rows = [
+        ("architecture", spec.architecture, None),
+        ("model type", spec.model_type, None),
+        ("source", f"{spec.source} ({spec.count_method})", None),
+        ("total parameters", human_count(spec.total_params), spec.total_params),
+        ("trainable parameters", human_count(spec.trainable_params), spec.trainable_params),
+    ]
+    if spec.num_experts:
+        rows.append(("active per token", human_count(spec.active_params), spec.active_params))
+    rows += [
+        ("embeddings", human_count(spec.embedding_params), spec.embedding_params),
+        ("one block", human_count(spec.layer_params), spec.layer_params),
+        ("head", "tied" if spec.tied_embeddings else human_count(spec.head_params), spec.head_params),
+        ("other (norms, positions)", human_count(spec.other_params), spec.other_params),
+        ("layers", spec.num_layers, None),
+        ("hidden size", spec.hidden_size, None),
+        ("attention heads", spec.num_attention_heads, None),
+        ("KV heads", spec.num_kv_heads, None),
+        ("head dim", spec.head_dim, None),
+        ("intermediate size", spec.intermediate_size, None),
+        ("vocabulary", spec.vocab_size, None),
+        ("experts (active)", f"{spec.num_experts} ({spec.num_experts_per_token})" if spec.num_experts else None, None),
+        ("block class", spec.block_class, None),
+        ("dtype", spec.dtype, None),
+    ]
+    for label, value, exact in rows:
+        if value is None:
+            continue
+        table.add_row(label, str(value), f"{exact:,}" if isinstance(exact, int) else "")
+    return table
+
+
+def gpu_table(gpus: Iterable[GpuProfile], links: dict[str, Interconnect]) -> Table:
+    table = Table(title="GPU profiles", title_justify="left")
+    for col in ("name", "memory GiB", "bf16 TFLOPS", "fp32 TFLOPS", "HBM GB/s", "link", "link GB/s"):
+        table.add_column(col, justify="left" if col in ("name", "link") else "right")
+    for g in gpus:
+        link = links.get(g.intra_node_link)
+        table.add_row(
+            g.name,
+            gib(g.memory_bytes),
+            "-" if g.bf16_tflops is None else f"{g.bf16_tflops:g}",
+            f"{g.fp32_tflops:g}",
+            f"{g.hbm_bandwidth_gbps:g}",
+            g.intra_node_link,
+            "-" if link is None else f"{link.bandwidth_gbps:g}",
+        )
+    return table
+
+
+def _wide_console(min_width: int = 120) -> Console:
+    console = Console()
+    console.width = max(console.width, min_width)  # pipes default to 80 columns, too few for our tables
+    return console
+
+
+def print_table(table: Table, *, console: Console | None = None) -> None:
+    (console or _wide_console()).print(table)
+
+
+def _fits_mark(candidate) -> str:
+    if not candidate.available:
+        return "n/a"
+    return "[green]yes[/]" if candidate.fits else "[red]no[/]"
+
+
+def plan_table(plan) -> Table:
+    hw = plan.hardware
+    title = (f"{plan.model.name} on {hw.nodes}x{hw.gpus_per_node}x{hw.gpu}" if hw.nodes > 1
+             else f"{plan.model.name} on {hw.gpus_per_node}x{hw.gpu}")
+    capacity = gib(plan.hardware.gpu_memory_bytes)
+    table = Table(title=f"{title}: GiB per GPU of {capacity} ({plan.training.precision}, {plan.training.optimizer}, "
+                  f"seq {plan.training.seq_len}, {plan.training.engine})", title_justify="left")
+    for col in ("strategy", "fits", "total", "params", "grads", "optim", "activ", "temp", "ovhd",
+                "mbs", "ckpt", "CPU/node", "step s", "tok/s", "MFU", "comm"):
+        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
+    recommended = plan.recommendation.strategy if plan.recommendation else None
+    for c in plan.candidates:
+        name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
+        if not c.available:
+            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 13)
+            continue
+        m = c.memory_bytes
+        table.add_row(
+            name, _fits_mark(c), gib(m.total), gib(m.params), gib(m.grads),
+            gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead),
+            str(c.micro_batch_size), "on" if c.activation_checkpointing else "off",
+            gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-",
+            *_timing_cells(c.step_time),
+        )
+    return table
+
+
+def _timing_cells(step) -> tuple[str, str, str, str]:
+    """Step time, global tokens/s, MFU and the share of the step spent in exposed communication."""
+    if step is None:
+        return "-", "-", "-", "-"
+    exposed = step.exposed_communication_s + step.exposed_offload_s
+    return (f"{step.step_s:.2f}", f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}",
+            f"{exposed / step.step_s:.0%}" if step.step_s else "-")
+
+
+def memory_bars(plan, *, width: int = 40) -> list[str]:
+    """One bar per candidate: per-GPU total against the GPU's capacity (| marks capacity)."""
+    rows = [c for c in plan.candidates if c.available]
+    if not rows:
+        return []
+    capacity = rows[0].capacity_bytes
+    scale = max(capacity, *(min(c.memory_bytes.total, 4 * capacity) for c in rows))
+    cap_at = round(width * capacity / scale)
+    lines = []
+    for c in rows:
+        filled = min(width, round(width * c.memory_bytes.total / scale))
+        bar = ["#" if i < filled else "." for i in range(width)]
+        if cap_at < width:
+            bar[cap_at] = "|"
+        overflow = ">" if c.memory_bytes.total > scale else " "
+        colour = "green" if c.fits else "red"
+        pct = 100 * c.memory_bytes.total / capacity
+        lines.append(f"{c.strategy:>14} [{colour}]{''.join(bar)}[/]{overflow} {pct:5.0f}% of {gib(capacity)} GiB")
+    return lines
+
+
+def print_plan(plan, *, console: Console | None = None) -> None:
+    console = console or _wide_console(150)
+    console.print(plan_table(plan))
+    console.print()
+    for line in memory_bars(plan):
+        console.print(line, highlight=False)
+    console.print()
+    rec = plan.recommendation
+    if rec is not None:
+        ckpt = ", activation checkpointing" if rec.activation_checkpointing else ""
+        accum = (f", {rec.gradient_accumulation_steps} accumulation steps"
+                 if rec.gradient_accumulation_steps and rec.gradient_accumulation_steps > 1 else "")
+        console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}), micro-batch {rec.micro_batch_size}"
+                      f"{ckpt}{accum}", highlight=False)
+    else:
+        console.print("[bold red]Nothing fits.[/]")
+    console.print("[bold]Why:[/]")
+    for line in plan.why:
+        console.print(f"  - {line}", highlight=False)
+    console.print("[bold]Assumptions:[/]")
+    for line in plan.assumptions:
+        console.print(f"  - {line}", highlight=False)

@@ -1,0 +1,215 @@
+"""Activation memory: the tensors autograd saves for backward, per micro-batch, from the
+architecture; and the logits/loss transient at the start of backward.
+
+The decoder formula counts what Hugging Face's Llama-style modeling code saves (RMSNorm in fp32,
+RoPE, SDPA, gated MLP), so it depends on the dtype of the residual stream (fp32 under autocast
+with fp32 weights, bf16 when the weights themselves are bf16, as with FSDP2's MixedPrecisionPolicy
+or DeepSpeed) and on whether each linear layer makes its own bf16 copy of an fp32 input (autocast
+does not cache casts of activations). Sources: Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", section 4) for the method; the saved tensors of each op
+from PyTorch's derivatives.yaml. GPT-2 and BERT use the same method with their LayerNorm, GELU and
+dropout; GPT-NeoX (parallel residual, fused QKV, partial rotary) has its own formula. The saved
+tensors were listed with ``torch.autograd.graph.saved_tensors_hooks`` on each family and the totals
+validated against PyTorch's own execution by the simulator (``advisor simulate``,
+``benchmarks/accuracy.py``). Other families are treated as Llama-like decoders.
+
+All functions are pure: integers in, integer bytes out.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.model.spec import ModelSpec
+
+FP32 = 4
+BOOL = 1
+INT64 = 8
+
+
+class ActivationShape(BaseModel):
+    """The shape fields the activation model needs (from a spec, or assumed for a bare size)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_layers: int = Field(ge=1)
+    hidden_size: int = Field(ge=1)
+    num_attention_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    family: str = Field(description="decoder (Llama-like), gpt2, bert or gpt_neox")
+    num_experts: int | None = None
+    num_experts_per_token: int | None = None
+    assumed: bool = Field(default=False, description="Shape invented from the size alone.")
+
+
+class Dtypes(BaseModel):
+    """Byte widths that decide activation sizes under a given recipe."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    residual: int = Field(description="Bytes of the residual stream (4 under autocast with fp32 weights).")
+    compute: int = Field(description="Bytes of matmul outputs (2 for bf16/fp16).")
+    input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
+
+
+class ActivationEstimate(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    saved_bytes: int = Field(description="Saved for backward at the end of forward (all layers, or block inputs).")
+    logits_bytes: int = Field(description="Logits, their fp32 copy and the log-softmax output at the end of forward.")
+    loss_transient_bytes: int = Field(description="fp32 log-softmax output and its gradients at loss backward.")
+    layer_bytes: int = Field(description="One block's saved tensors (what checkpointing recomputes).")
+    backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
+    returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
+
+
+def shape_of(spec: ModelSpec) -> ActivationShape:
+    """The spec's own shape, or an assumed Llama-like one when only the size is known."""
+    family = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}.get(spec.model_type or "", "decoder")
+    if spec.has_architecture:
+        heads = spec.num_attention_heads
+        head_dim = spec.head_dim or spec.hidden_size // heads
+        return ActivationShape(
+            num_layers=spec.num_layers,
+            hidden_size=spec.hidden_size,
+            num_attention_heads=heads,
+            num_kv_heads=spec.num_kv_heads or heads,
+            head_dim=head_dim,
+            intermediate_size=spec.intermediate_size or 4 * spec.hidden_size,
+            vocab_size=spec.vocab_size,
+            family=family,
+            num_experts=spec.num_experts,
+            num_experts_per_token=spec.num_experts_per_token,
+        )
+    # Size only: a Llama-like shape with P ~= 12 L h^2 and L ~= h / 128 (Llama 2 7B: h=4096, L=32).
+    hidden = max(256, round((spec.total_params * 128 / 12) ** (1 / 3) / 256) * 256)
+    layers = max(1, round(spec.total_params / (12 * hidden * hidden)))
+    return ActivationShape(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=hidden // 128,
+        num_kv_heads=hidden // 128,
+        head_dim=128,
+        intermediate_size=hidden * 8 // 3,
+        vocab_size=32000,
+        family="decoder",
+        assumed=True,
+    )
+
+
+def _rms_norm_per_token(h: int, dt: Dtypes) -> int:
+    """HF RMSNorm: ``x.to(fp32)`` is saved by ``pow`` and ``mul`` (the residual itself when it is
+    fp32), ``rsqrt`` output (4 bytes/token, ignored); ``weight * x_norm.to(input_dtype)`` saves the
+    normalised tensor in the residual dtype; its output is saved by the next linear unless autocast
+    casts (then the cast copies are counted as ``casts``)."""
+    return FP32 * h + dt.residual * h + (0 if dt.input_casts else dt.residual * h)
+
+
+def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """Bytes one token leaves saved in one Llama-style block."""
+    h, I = shape.hidden_size, shape.intermediate_size
+    q = shape.num_attention_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    cb = dt.compute
+    norms = 2 * _rms_norm_per_token(h, dt)
+    casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
+    if eager:
+        # matmul saves q and (repeated) k; softmax output in fp32 plus its low-precision copy; v repeated.
+        attn = cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+    else:
+        # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
+        # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
+        # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
+        attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+    mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
+    if shape.num_experts:
+        k = shape.num_experts_per_token or 1
+        # Routed copies of the input and each chosen expert's MLP, plus fp32 router logits/probs.
+        mlp = k * (cb * h + mlp + cb * h) + 2 * FP32 * shape.num_experts
+    return norms + casts + attn + mlp
+
+
+def _encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """GPT-2 / BERT block: two LayerNorms, fused-QKV MHA with biases, GELU MLP, two dropouts."""
+    h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
+    cb = dt.compute
+    # LayerNorm saves its input (mean/rstd are tiny); the next linear saves the output, or under
+    # autocast its bf16 cast (CUDA runs layer_norm in fp32, so the fp32 output itself is not saved).
+    layer_norms = 2 * (dt.residual * h + cb * h)
+    if eager:
+        attn = cb * 3 * h + (FP32 + cb + BOOL) * heads * seq_len + cb * h
+    else:
+        # q, k, v are views of the fused c_attn output (one 3h buffer); SDPA adds output + fp32 lse.
+        attn = cb * 3 * h + FP32 * heads + cb * h
+    o_in = cb * h  # the merged heads, made contiguous for the output projection
+    dropout_masks = 2 * BOOL * h  # attention-output and MLP-output dropout (native_dropout: bool mask)
+    if shape.family == "gpt2":
+        # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
+        # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
+        wide = FP32 if dt.input_casts else cb
+        mlp = 3 * wide * I + 2 * cb * I
+    else:
+        mlp = 2 * cb * I  # F.gelu saves its input; fc2 saves the output
+    return layer_norms + attn + o_in + dropout_masks + mlp
+
+
+def _neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """GPT-NeoX block (parallel residual, partial rotary), read from transformers' modeling_gpt_neox:
+    both LayerNorms read the same residual input (saved once); the fused QKV output is kept whole
+    (v is a view of it) besides the rotated q and k; SDPA output, lse and the dense input; F.gelu MLP."""
+    h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
+    cb = dt.compute
+    norms = dt.residual * h + 2 * cb * h  # shared input; each LayerNorm's output (or its cast)
+    if eager:
+        attn = cb * 3 * h + 2 * cb * h + (FP32 + cb) * heads * seq_len + cb * h
+    else:
+        attn = cb * 3 * h + 2 * cb * h + FP32 * heads + cb * h + cb * h
+    return norms + attn + 2 * cb * I
+
+
+def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    h = shape.hidden_size
+    if shape.family == "decoder":
+        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block.
+        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + 2 * dt.residual * shape.head_dim
+    # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
+    # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
+    dropout = BOOL * h if shape.family in ("gpt2", "bert") else 0
+    rotary = 2 * dt.residual * shape.head_dim if shape.family == "gpt_neox" else 0
+    return dt.residual * h + dt.compute * h + dropout + rotary
+
+
+def estimate_activations(
+    shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool
+) -> ActivationEstimate:
+    """Saved activations of one micro-batch at the end of forward, and the loss transient."""
+    tokens = micro_batch_size * seq_len
+    per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
+        shape.family, _encoder_layer_per_token)
+    layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
+    h, vocab = shape.hidden_size, shape.vocab_size
+    # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
+    # the final norm and the head's input (its autocast cast, or the norm output).
+    outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
+    if checkpointing:
+        # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
+        # in backward (``layer_bytes``, added by the memory model at that moment, not here).
+        saved = tokens * shape.num_layers * dt.residual * h + outside
+    else:
+        saved = shape.num_layers * layer + outside
+    # The forward ends with the low-precision logits, their fp32 copy (HF ForCausalLMLoss upcasts)
+    # and the saved log-softmax output: 2 + 4 + 4 bytes per logit. The loop keeps only the loss
+    # (HF Trainer's compute_loss returns the loss; torchtitan deletes the logits), so the logits
+    # are freed before backward.
+    logits = tokens * vocab * (dt.compute + 2 * FP32)
+    # Loss backward: saved log-softmax output, the NLL gradient and log_softmax_backward's output,
+    # all fp32 (N x V), live together (aten derivatives.yaml: log_softmax saves ``result``).
+    loss = tokens * vocab * 3 * FP32
+    # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
+    # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
+    backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
+                              backward_temp_bytes=backward_temp, returned_logits_bytes=tokens * vocab * dt.compute)

@@ -1,0 +1,292 @@
+"""Per-GPU memory of one steady-state training step: the worst rank's peak, split by category.
+
+``estimate_memory(spec, hardware, training, strategy, micro_batch_size=, checkpointing=)`` is a
+pure function returning integer bytes. The peak is the largest of four moments of the step:
+
+- end of forward: model states at rest + saved activations + the logits, their fp32 copy and the
+  saved log-softmax output + what the strategy holds during compute;
+- loss backward: the same, with the logits freed (the loop keeps only the loss) and three fp32
+  N x V tensors (log-softmax output, NLL gradient, log-softmax gradient) live;
+- a block's backward: saved activations (+ the recomputed block under checkpointing), the block's
+  backward temporaries, and the strategy's backward buffers (FSDP2: unsharded block and its
+  gradients, the reduce-scatter input in fp32);
+- optimizer step: model states + full (or sharded) gradients + the optimizer's temporaries.
+
+What the strategy holds: autocast weight copies and DDP buckets; FSDP2's unsharded root (never
+resharded), all unsharded blocks (ZeRO-2) or the block being gathered (ZeRO-3). Every moment is
+checked against PyTorch's own execution of the step (``advisor.simulate.step``,
+``benchmarks/accuracy.py``: 30 cases, 5 architectures, within 5%).
+
+The breakdown is what is live at the winning moment, so ``params + grads + optimizer +
+activations + temporary == peak_allocated`` (what ``torch.cuda.max_memory_allocated()`` reports).
+
+Model states follow the engine. torch (the recipe ``wrap()`` runs): mixed precision keeps fp32
+parameters; DDP keeps a second copy of the gradients in its buckets (``gradient_as_bucket_view=
+False``); autocast keeps bf16 copies of the weights for backward; FSDP2 keeps fp32 shards and
+all-gathers bf16 blocks; AdamW's foreach step allocates one state-sized temporary (``sqrt(v)``,
+torch/optim/adam.py ``_multi_tensor_adam``). deepspeed: 2 bytes/param weights, 2 grads and K=12
+(fp32 master + Adam), the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3/5).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from advisor.estimate.activations import ActivationEstimate, Dtypes, estimate_activations, shape_of
+from advisor.hardware.cluster import Hardware
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+FP32 = 4
+
+
+class MemoryBreakdown(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params: int = Field(ge=0, description="Parameters resident on the GPU at the peak.")
+    grads: int = Field(ge=0, description="Gradients resident at the peak.")
+    optimizer: int = Field(ge=0, description="Optimizer state (and master weights) on the GPU.")
+    activations: int = Field(ge=0, description="Saved activations and returned logits.")
+    temporary: int = Field(ge=0, description="Buffers: comm buckets, all-gathers, casts, loss, optimizer temps.")
+    runtime_overhead: int = Field(ge=0, description="CUDA context, NCCL, allocator fragmentation.")
+    cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
+    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(description="When the peak happens.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peak_allocated(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.temporary
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def total(self) -> int:
+        return self.peak_allocated + self.runtime_overhead
+
+
+class ModelStates(BaseModel):
+    """Bytes of parameters, gradients and optimizer state per rank, where they rest."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params: int
+    grads: int
+    optimizer: int
+    step_temporary: int = Field(description="Optimizer-step temporaries on the device that steps.")
+    on_cpu: bool = Field(description="Sharded states live on the CPU (offload).")
+    cpu_only_optimizer: bool = Field(default=False, description="Only optimizer-side states are on the CPU.")
+
+
+def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_bytes: int) -> int:
+    """Optimizer state for the trainable parameters (bytes), excluding master weights."""
+    t = spec.trainable_params
+    opt = training.optimizer
+    if opt in ("adam", "adamw"):
+        return 2 * state_bytes * t  # exp_avg, exp_avg_sq
+    if opt == "sgd-momentum":
+        return state_bytes * t
+    if opt == "sgd":
+        return 0
+    if opt == "adamw-8bit":
+        return 2 * t + t // 256  # two 8-bit states + fp32 absmax per 2048-element block (bitsandbytes)
+    # Adafactor: factored second moment, one row and one column vector per matrix (Shazeer & Stern 2018).
+    width = spec.hidden_size or 4096
+    return state_bytes * 2 * t // width
+
+
+def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int) -> int:
+    """Temporaries of the foreach optimizer step over ``trainable_bytes`` of fp32 parameters."""
+    if training.optimizer in ("adam", "adamw", "adafactor"):
+        return trainable_bytes  # _foreach_sqrt(exp_avg_sq) / factored variance estimate
+    return 0
+
+
+def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
+    pb = training.param_bytes
+    p, t = spec.total_params, spec.trainable_params
+    opt = optimizer_state_bytes(spec, training, state_bytes=pb)
+    temp = optimizer_step_temporary(training, trainable_bytes=pb * t)
+    if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
+        return ModelStates(params=-(-pb * p // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
+                           step_temporary=-(-temp // world), on_cpu=impl.offload_params)
+    if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice
+        share = max(-(-opt // world), _largest_tensor_bytes(spec, opt))
+        return ModelStates(params=pb * p, grads=pb * t, optimizer=share, step_temporary=-(-temp // world),
+                           on_cpu=False)
+    return ModelStates(params=pb * p, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
+
+
+def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:
+    """Optimizer bytes of the largest trainable tensor (ZeRO-1 cannot split a tensor across ranks)."""
+    if not spec.trainable_params or spec.embedding_params is None or spec.trainable_params < spec.total_params:
+        return 0
+    return opt_bytes * spec.embedding_params // spec.trainable_params
+
+
+def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
+    """ZeRO paper accounting: 2 bytes weights, 2 grads, K = 12 (fp32 master 4 + Adam 8)."""
+    p, t = spec.total_params, spec.trainable_params
+    pb = 4 if training.precision == "fp32" else 2
+    master = 0 if pb == 4 else FP32 * t
+    k_bytes = master + optimizer_state_bytes(spec, training, state_bytes=FP32)
+    params = pb * p // world if impl.shard_params else pb * p
+    grads = pb * t // world if impl.shard_grads else pb * t
+    opt = k_bytes // world if impl.shard_optimizer else k_bytes
+    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t) // (world if impl.shard_optimizer else 1)
+    return ModelStates(params=params, grads=grads, optimizer=opt, step_temporary=temp,
+                       on_cpu=impl.offload_params, cpu_only_optimizer=impl.offload_optimizer and not impl.offload_params)
+
+
+def model_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
+    if training.engine == "deepspeed":
+        return _deepspeed_states(spec, training, impl, world)
+    return _torch_states(spec, training, impl, world)
+
+
+def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
+    """Residual/compute widths under the engine's recipe (see module docstring)."""
+    if training.precision == "fp32":
+        return Dtypes(residual=4, compute=4, input_casts=False)
+    if training.precision == "bf16" or training.engine == "deepspeed" or impl.shard_params:
+        return Dtypes(residual=2, compute=2, input_casts=False)  # low-precision weights: no autocast
+    return Dtypes(residual=4, compute=2, input_casts=True)  # autocast over fp32 weights
+
+
+def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
+    """(one block, number of blocks, everything outside the blocks)."""
+    if spec.layer_params is not None and spec.num_layers:
+        return spec.layer_params, spec.num_layers, spec.total_params - spec.layer_params * spec.num_layers
+    shape = shape_of(spec)
+    outside = 2 * shape.vocab_size * shape.hidden_size
+    layers = shape.num_layers
+    return max(1, (spec.total_params - outside) // layers), layers, outside
+
+
+def deepspeed_bucket_elements(spec: ModelSpec) -> tuple[int, int]:
+    """(reduce_bucket_size, stage3_prefetch_bucket_size) in elements, as accelerate's "auto" sets them
+    (hidden^2 and 0.9 hidden^2, accelerate/utils/deepspeed.py); the exported DeepSpeed configs write
+    these same values, so the estimate describes the file."""
+    hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
+    return hidden_sq, hidden_sq * 9 // 10
+
+
+class StrategyBuffers(BaseModel):
+    """Bytes a strategy holds beyond model states and activations, at each moment of the step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    persistent: int = Field(description="Held the whole step (DDP buckets, DeepSpeed IPG bucket).")
+    at_loss: int = Field(description="Held while the loss is differentiated (end of forward).")
+    in_backward: int = Field(description="Held while a block runs backward.")
+
+
+def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> StrategyBuffers:
+    """What the strategy holds beyond states and activations (FSDP2 figures from
+    torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
+    layer, n_layers, outside = _block_params(spec)
+    if training.engine == "deepspeed":
+        bucket = 2 * min(spec.trainable_params, 5 * 10**8)  # reduce_bucket_size (5e8 elements) IPG buffer
+        # Gathered parameters, capped by stage3_max_live_parameters (1e9 elements by default). On
+        # the GPU the rank's own partition is part of the gathered tensor, so at most the whole
+        # model is resident, as under ZeRO-2; offloaded partitions live on the CPU.
+        own = 0 if impl.offload_params else spec.total_params // world
+        gathered = spec.total_params - own
+        live = 2 * min(gathered, 10**9) if impl.shard_params else 0
+        return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
+    pb = training.param_bytes
+    if impl.shard_params:
+        ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
+        reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
+        root = ub * outside  # FSDP2 never reshards the root after forward (FSDPState._lazy_init)
+        h2d = pb * layer // world if impl.offload_params else 0
+        if impl.reshard_after_forward:
+            # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
+            # block's backward, that block is unsharded and the next one is being gathered.
+            at_loss, blocks_bwd = ub * layer, 2 * ub * layer
+        else:
+            at_loss = blocks_bwd = ub * layer * n_layers  # ZeRO-2: every block stays unsharded
+        # Backward of one block: its unsharded gradients (param dtype) and the reduce-scatter input
+        # (reduce_dtype).
+        grads = ub * layer + reduce_b * layer
+        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d)
+    # Autocast caches one low-precision copy of each weight per forward (leaf tensors that require
+    # grad, aten/src/ATen/autocast_mode.cpp cached_cast); backward keeps them until the block is done.
+    casts = 2 * (layer * n_layers + _head_params(spec)) if training.mixed else 0
+    buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
+    return StrategyBuffers(persistent=buckets, at_loss=casts, in_backward=casts)
+
+
+def _head_params(spec: ModelSpec) -> int:
+    if spec.vocab_size and spec.hidden_size:
+        return spec.vocab_size * spec.hidden_size
+    return 0
+
+
+def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
+                 checkpointing: bool) -> ActivationEstimate:
+    return estimate_activations(
+        shape_of(spec),
+        _recipe_dtypes(training, impl),
+        micro_batch_size=micro_batch_size,
+        seq_len=training.seq_len,
+        checkpointing=checkpointing,
+        eager=training.attention == "eager",
+    )
+
+
+def estimate_memory(
+    spec: ModelSpec,
+    hardware: Hardware,
+    training: TrainingConfig,
+    impl: Implementation,
+    *,
+    micro_batch_size: int,
+    checkpointing: bool,
+) -> MemoryBreakdown:
+    """The worst rank's peak during a steady-state step (see module docstring)."""
+    world = hardware.world_size
+    states = model_states(spec, training, impl, world)
+    acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
+    buffers = _strategy_buffers(spec, training, impl, world)
+    loss, logits = acts.loss_transient_bytes, acts.logits_bytes
+    gathered = 0
+    if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
+        logits, loss = logits * world, loss * world
+        # The gathered output (all replicas' logits) lives on GPU0 until the loop drops it.
+        gathered = acts.returned_logits_bytes * world
+    gpu_params = 0 if states.on_cpu else states.params
+    cpu_side = states.on_cpu or states.cpu_only_optimizer
+    gpu_opt = 0 if cpu_side else states.optimizer
+    gpu_grads = 0 if cpu_side else states.grads
+    # DeepSpeed keeps a flat gradient buffer at rest; the torch engines allocate gradients in backward.
+    rest_grads = gpu_grads if training.engine == "deepspeed" and not impl.shard_grads else 0
+    base = dict(params=gpu_params, grads=rest_grads, optimizer=gpu_opt)
+    moments = {
+        # End of forward: logits, their fp32 copy and the log-softmax output.
+        "end_of_forward": dict(base, activations=acts.saved_bytes + logits,
+                               temporary=buffers.persistent + buffers.at_loss),
+        # Loss backward: the log-softmax output and two fp32 N x V gradients.
+        "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
+                              temporary=buffers.persistent + buffers.at_loss + loss),
+        # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
+        "block_backward": dict(base, activations=acts.saved_bytes + (acts.layer_bytes if checkpointing else 0),
+                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes),
+        "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
+                               temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
+    }
+    moment, parts = max(moments.items(), key=lambda item: sum(item[1].values()))
+    phase = "optimizer_step" if moment == "optimizer_step" else "forward_backward"
+    peak = sum(parts.values())
+    cpu = 0
+    if states.on_cpu:
+        cpu = states.params + states.grads + states.optimizer + states.step_temporary
+    elif states.cpu_only_optimizer:
+        cpu = states.grads + states.optimizer + states.step_temporary
+    return MemoryBreakdown(
+        **parts,
+        runtime_overhead=training.reserve_bytes + int(training.fragmentation * peak),
+        cpu_bytes=cpu,
+        peak_phase=phase,
+    )

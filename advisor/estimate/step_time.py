@@ -1,0 +1,315 @@
+"""Time of one optimizer step (micro-batch x accumulation) for one strategy on one cluster.
+
+``estimate_step_time(spec, hardware, training, impl, micro_batch_size=, checkpointing=,
+gradient_accumulation_steps=) -> StepTime`` is a pure function of validated inputs and the
+efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The model, term by term:
+
+- Compute. Training FLOPs per token = 6 x matmul parameters (active ones for MoE; the input
+  embedding lookup excluded when untied) + 12 x layers x query width x sequence for attention
+  (Narayanan et al. 2021, arXiv:2104.04473, appendix; Chinchilla, Hoffmann et al. 2022, appendix F).
+  Causal attention is *not* halved, the convention of the published MFUs we calibrate on, so
+  utilisations stay comparable. Frozen parameters skip their weight-gradient matmul (4 instead of 6).
+  Checkpointing adds one forward. Time = FLOPs / (peak x utilisation), peak = bf16 for bf16 and
+  bf16-mixed, fp16 for fp16-mixed, and the *FP32* (not TF32) rate for fp32, PyTorch's default
+  (``torch.backends.cuda.matmul.allow_tf32`` is False since 1.12).
+- Communication: ring collectives, alpha-beta. Within a node each GPU moves factor x (g-1)/g x
+  bytes over its link; across nodes the cross-node phase moves 1/g of that over the node's NIC
+  ports (hierarchical reduce-scatter / all-reduce / all-gather, as NCCL's rings achieve with one
+  NIC per GPU). Latency: factor x (N-1) x link latency per collective (DDP 25 MB buckets, FSDP one
+  collective per block per direction). Which collectives run follows the strategy table's flags:
+  DDP all-reduces gradients once per step (``no_sync``); ZeRO-1 adds an all-gather of the updated
+  parameters after the step; DeepSpeed ZeRO-2 reduce-scatters every micro-batch then all-gathers
+  parameters after the step; FSDP all-gathers parameters before forward (and again before backward
+  when it reshards) and reduce-scatters gradients every micro-batch. Gradient dtype: fp32 under the
+  torch recipe (fp32 parameters; FSDP2 reduce_dtype=fp32), bf16/fp16 under DeepSpeed. Overlap:
+  gradient collectives hide under ``overlap_fraction`` of backward, prefetched all-gathers under
+  forward/backward; post-step all-gathers are exposed.
+- Offload: PCIe transfers of shards (parameters up, gradients down) overlap like collectives; the
+  CPU optimizer step (per-node CPU-Adam throughput, shared by the node's GPUs) and the upload of
+  updated parameters after it are exposed.
+- Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
+- DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
+  gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
+  a documented single-process penalty.
+
+Not modelled: kernel launch gaps, data loading, compute slowdown from concurrent NCCL kernels,
+the first all-gather of a step that nothing can hide, stragglers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.estimate.activations import shape_of
+from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
+from advisor.hardware.cluster import Hardware
+from advisor.model.spec import ModelSpec
+from advisor.hardware.catalog import GpuProfile, load_catalog
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
+_RING_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+GB = 1e9
+TFLOPS = 1e12
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class StepTime(_Frozen):
+    """Seconds of one optimizer step and what they are made of (all per GPU unless 'global')."""
+
+    compute_s: float = Field(ge=0, description="Forward + backward (+ recompute) of every micro-batch.")
+    communication_s: float = Field(ge=0, description="All collectives of the step, hidden or not.")
+    exposed_communication_s: float = Field(ge=0, description="Collective time not hidden behind compute.")
+    offload_s: float = Field(ge=0, description="PCIe transfers + CPU optimizer step, hidden or not.")
+    exposed_offload_s: float = Field(ge=0, description="Offload time not hidden behind compute.")
+    optimizer_s: float = Field(ge=0, description="Optimizer step on the GPU (0 when on the CPU).")
+    step_s: float = Field(gt=0, description="One optimizer step: micro-batch x accumulation.")
+    micro_batch_size: int = Field(ge=1)
+    gradient_accumulation_steps: int = Field(ge=1)
+    world_size: int = Field(ge=1)
+    tokens_per_gpu: int = Field(ge=1, description="Tokens one GPU processes per step.")
+    tokens_per_s: float = Field(gt=0, description="Global: all GPUs.")
+    model_flops_per_gpu: float = Field(ge=0, description="Per step, without recompute.")
+    hardware_flops_per_gpu: float = Field(ge=0, description="Per step, recompute included.")
+    peak_tflops: float = Field(gt=0, description="Datasheet peak used for this precision.")
+    utilisation: float = Field(gt=0, le=1, description="Matmul utilisation assumed.")
+    mfu: float = Field(ge=0, lt=1, description="model FLOPs / (step_s x peak), per GPU.")
+    notes: tuple[str, ...] = Field(default=(), description="Assumptions made for this estimate.")
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.micro_batch_size * self.gradient_accumulation_steps * self.world_size
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_s / self.world_size
+
+
+class FlopCount(_Frozen):
+    forward: float = Field(ge=0, description="One forward pass.")
+    backward: float = Field(ge=0, description="Input and weight gradients.")
+    recompute: float = Field(ge=0, description="Checkpointing's extra forward.")
+
+    @property
+    def model(self) -> float:
+        return self.forward + self.backward
+
+    @property
+    def hardware(self) -> float:
+        return self.model + self.recompute
+
+
+def matmul_params(spec: ModelSpec) -> int:
+    """Parameters that take part in a matmul per token: active ones, minus an untied input embedding."""
+    lookup = spec.embedding_params if (spec.embedding_params and spec.tied_embeddings is False) else 0
+    return max(spec.active_params - lookup, 1)
+
+
+def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool) -> FlopCount:
+    """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring)."""
+    shape = shape_of(spec)
+    params = matmul_params(spec)
+    trainable_share = spec.trainable_params / spec.total_params
+    attention_fwd = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * seq_len * tokens
+    forward = 2 * params * tokens + attention_fwd
+    weight_grads = 2 * params * trainable_share * tokens
+    backward = 2 * params * tokens + weight_grads + 2 * attention_fwd
+    return FlopCount(forward=forward, backward=backward, recompute=forward if checkpointing else 0.0)
+
+
+def peak_tflops(gpu: GpuProfile, training: TrainingConfig) -> tuple[float, str | None]:
+    """Dense peak for the training precision, and a note when a fallback was used."""
+    if training.precision == "fp32":
+        return gpu.fp32_tflops, None
+    if training.precision == "fp16-mixed":
+        return (gpu.fp16_tflops or gpu.fp32_tflops), None
+    if gpu.bf16_tflops is None:
+        rate = gpu.fp16_tflops or gpu.fp32_tflops
+        return rate, f"{gpu.name} has no bf16 tensor cores: timed at its fp16 rate (use --precision fp16-mixed)"
+    return gpu.bf16_tflops, None
+
+
+def collective_s(op: Collective, nbytes: float, hardware: Hardware, eff: EfficiencyProfile, *,
+                 count: int = 1) -> float:
+    """Ring (hierarchical across nodes) time of ``count`` collectives over ``nbytes`` in total."""
+    world = hardware.world_size
+    if world == 1 or nbytes <= 0:
+        return 0.0
+    comm = eff.communication
+    factor = _RING_FACTOR[op]
+    g, n = hardware.gpus_per_node, hardware.nodes
+    intra = hardware.intra_node_link
+    intra_bw = intra.bandwidth_gbps * GB * comm.intra_node_efficiency
+    seconds = factor * (g - 1) / g * nbytes / intra_bw + factor * (g - 1) * count * intra.latency_us * 1e-6
+    if n > 1:
+        inter = hardware.inter_node_link
+        ports = comm.nic_ports(inter.name, g)
+        nic_bw = inter.bandwidth_gbps * GB * comm.inter_node_efficiency * ports / g  # per GPU
+        seconds += factor * (n - 1) / n * (nbytes / g) / nic_bw + factor * (n - 1) * count * inter.latency_us * 1e-6
+    return seconds
+
+
+def pcie_s(nbytes: float, hardware: Hardware, eff: EfficiencyProfile) -> float:
+    link_name = eff.offload.pcie_link.get(hardware.gpu.name, eff.offload.default_pcie_link)
+    link = load_catalog().interconnect(link_name)
+    return nbytes / (link.bandwidth_gbps * GB * eff.offload.pcie_efficiency) if nbytes > 0 else 0.0
+
+
+class _Traffic(_Frozen):
+    """Seconds of transfers by when they can run."""
+
+    fwd: float = 0.0  # each micro-batch, hideable under forward
+    bwd: float = 0.0  # each micro-batch, hideable under backward
+    last_bwd: float = 0.0  # once per step, hideable under the last backward
+    after_step: float = 0.0  # once per step, exposed
+
+
+def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, int]:
+    """(gathered parameter bytes, reduced gradient bytes) per element."""
+    gather = 4 if training.precision == "fp32" else 2
+    grad = training.param_bytes if impl.engine == "torch" else (4 if training.precision == "fp32" else 2)
+    return gather, grad
+
+
+def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
+                 eff: EfficiencyProfile) -> _Traffic:
+    gather, grad = _dtype_bytes(training, impl)
+    params, trainable = spec.total_params, spec.trainable_params
+    blocks = shape_of(spec).num_layers + 1  # one FSDP unit per block plus the root
+    grad_bytes = grad * trainable
+    if impl.engine == "torch":
+        buckets = max(1, math.ceil(grad_bytes / eff.communication.ddp_bucket_bytes))
+    else:  # reduce_bucket_size = hidden^2 elements (accelerate "auto", as our exported configs write)
+        buckets = max(1, math.ceil(trainable / (spec.hidden_size or shape_of(spec).hidden_size) ** 2))
+
+    def run(op: Collective, nbytes: float, count: int) -> float:
+        return collective_s(op, nbytes, hw, eff, count=count)
+
+    if impl.shard_params:  # FSDP / ZeRO-3: gather per block, reduce-scatter per block
+        forward = run("all_gather", gather * params, blocks)
+        backward = run("reduce_scatter", grad_bytes, blocks)
+        if impl.reshard_after_forward:
+            backward += run("all_gather", gather * params, blocks)
+        return _Traffic(fwd=forward, bwd=backward)
+    if impl.shard_grads:  # DeepSpeed ZeRO-2: reduce-scatter each micro-batch, gather updated params
+        return _Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
+    all_reduce = run("all_reduce", grad_bytes, buckets)
+    if impl.shard_optimizer:  # ZeRO-1: owners broadcast updated parameters (torch: fp32; DeepSpeed: bf16)
+        updated = (training.param_bytes if impl.engine == "torch" else gather) * trainable
+        return _Traffic(last_bwd=all_reduce, after_step=run("all_gather", updated, buckets))
+    return _Traffic(last_bwd=all_reduce)
+
+
+def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
+             eff: EfficiencyProfile) -> tuple[_Traffic, float]:
+    """PCIe transfers and the CPU optimizer step (seconds) of the offloading strategies."""
+    if not (impl.offload_params or impl.offload_optimizer):
+        return _Traffic(), 0.0
+    world = hw.world_size
+    gather, grad = _dtype_bytes(training, impl)
+    shard = spec.total_params / world
+    trainable_shard = spec.trainable_params / world
+    cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
+    cpu_step = trainable_shard * hw.gpus_per_node / cpu_rate
+    if impl.offload_params:  # shards live on the CPU: upload before every gather, download gradients
+        stored = training.param_bytes if impl.engine == "torch" else gather
+        up = pcie_s(stored * shard, hw, eff)
+        down = pcie_s(grad * trainable_shard, hw, eff)
+        return _Traffic(fwd=up, bwd=down + (up if impl.reshard_after_forward else 0.0)), cpu_step
+    # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.
+    down = pcie_s(grad * trainable_shard, hw, eff)
+    return _Traffic(bwd=down, after_step=pcie_s(gather * trainable_shard, hw, eff)), cpu_step
+
+
+def _exposed(traffic: _Traffic, *, fwd_s: float, bwd_s: float, accumulation: int, overlap: float) -> float:
+    per_micro = max(0.0, traffic.fwd - overlap * fwd_s) + max(0.0, traffic.bwd - overlap * bwd_s)
+    last = max(0.0, traffic.bwd + traffic.last_bwd - overlap * bwd_s) - max(0.0, traffic.bwd - overlap * bwd_s)
+    return accumulation * per_micro + last + traffic.after_step
+
+
+def _total(traffic: _Traffic, accumulation: int) -> float:
+    return accumulation * (traffic.fwd + traffic.bwd) + traffic.last_bwd + traffic.after_step
+
+
+def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
+                 eff: EfficiencyProfile) -> float:
+    if impl.offload_optimizer:
+        return 0.0
+    stepped = spec.trainable_params / (hw.world_size if impl.shard_optimizer else 1)
+    cost = eff.optimizer_step
+    return stepped * cost.bytes_per_param[training.optimizer] / (hw.gpu.hbm_bandwidth_gbps * GB * cost.hbm_efficiency)
+
+
+def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
+                          micro_batch_size: int) -> _Traffic:
+    """nn.DataParallel: replicate from GPU0, gather logits to GPU0, reduce gradients to GPU0."""
+    if hw.world_size == 1:
+        return _Traffic()
+    shape = shape_of(spec)
+    replicate = collective_s("broadcast", training.param_bytes * spec.total_params, hw, eff)
+    logits = training.compute_bytes * micro_batch_size * training.seq_len * shape.vocab_size * (hw.world_size - 1)
+    gather = logits / (hw.intra_node_link.bandwidth_gbps * GB * eff.communication.intra_node_efficiency)
+    reduce = collective_s("broadcast", training.param_bytes * spec.trainable_params, hw, eff)
+    return _Traffic(after_step=0.0, fwd=replicate + gather, bwd=reduce)
+
+
+def estimate_step_time(
+    spec: ModelSpec,
+    hardware: Hardware,
+    training: TrainingConfig,
+    impl: Implementation,
+    *,
+    micro_batch_size: int,
+    checkpointing: bool,
+    gradient_accumulation_steps: int = 1,
+    efficiency: EfficiencyProfile | None = None,
+) -> StepTime:
+    """Seconds of one optimizer step, split into compute, communication and offload (module docstring)."""
+    if micro_batch_size < 1 or gradient_accumulation_steps < 1:
+        raise ValueError("micro-batch size and gradient accumulation steps must be at least 1")
+    eff = efficiency or load_efficiency()
+    accumulation = gradient_accumulation_steps
+    shape = shape_of(spec)
+    tokens_micro = micro_batch_size * training.seq_len
+    flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing)
+    peak, peak_note = peak_tflops(hardware.gpu, training)
+    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
+    if impl.single_process and hardware.world_size > 1:
+        util *= eff.dataparallel.compute_penalty
+    rate = peak * TFLOPS * util
+    fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
+    overlap = eff.communication.overlap_fraction
+    if impl.single_process:
+        comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
+        comm_exposed = _total(comm, accumulation)  # DataParallel overlaps nothing
+    else:
+        comm = _collectives(spec, hardware, training, impl, eff)
+        comm_exposed = _exposed(comm, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
+    pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
+    offload_exposed = _exposed(pcie, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
+    optimizer = _optimizer_s(spec, hardware, training, impl, eff)
+    compute = accumulation * (fwd_s + bwd_s)
+    step = compute + comm_exposed + offload_exposed + optimizer
+    tokens_gpu = tokens_micro * accumulation
+    model_flops = flops.model * accumulation
+    notes = [n for n in (peak_note,) if n]
+    if shape.assumed:
+        notes.append("only the size is known: FLOPs assume a Llama-like shape")
+    if eff.compute.entry(hardware.gpu.name) is None:
+        notes.append(f"no published utilisation for {hardware.gpu.name}: assumed "
+                     f"{eff.compute.default_max_utilisation:.0%} of peak for large matmuls")
+    return StepTime(
+        compute_s=compute, communication_s=_total(comm, accumulation), exposed_communication_s=comm_exposed,
+        offload_s=_total(pcie, accumulation) + cpu_step, exposed_offload_s=offload_exposed, optimizer_s=optimizer,
+        step_s=step, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
+        world_size=hardware.world_size, tokens_per_gpu=tokens_gpu, tokens_per_s=tokens_gpu * hardware.world_size / step,
+        model_flops_per_gpu=model_flops, hardware_flops_per_gpu=flops.hardware * accumulation, peak_tflops=peak,
+        utilisation=util, mfu=model_flops / (step * peak * TFLOPS), notes=tuple(notes),
+    )

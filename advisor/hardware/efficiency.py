@@ -1,0 +1,124 @@
+"""What share of the datasheet peaks training achieves: ``profiles/efficiency.json`` loaded into
+validated models, and the one derived quantity that depends on the workload (matmul utilisation).
+
+What belongs here: the efficiency facts and their loader. What does not: step-time arithmetic
+(``advisor.estimate.step_time``), GPU and link peaks (``profiles/gpus.json``, ``interconnects.json``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profiles import PROFILES_DIR
+from advisor.training import Engine
+
+EFFICIENCY_FILE = PROFILES_DIR / "efficiency.json"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CalibrationRow(_Frozen):
+    label: str = Field(description="Published run: model, GPUs, sequence, micro-batch.")
+    hidden_size: int = Field(gt=0, description="Model width of that run.")
+    tokens_per_micro_batch: int = Field(gt=0, description="Micro-batch x sequence length.")
+    published_mfu: float = Field(gt=0, lt=1, description="MFU the source reports.")
+
+
+class GpuUtilisation(_Frozen):
+    gpus: tuple[str, ...] = Field(description="GPU profile names this fit applies to.")
+    max_utilisation: float = Field(gt=0, le=1, description="Matmul utilisation of a large, wide model.")
+    source: str
+    note: str | None = None
+    calibration: tuple[CalibrationRow, ...] = Field(default=(), description="Rows the value is the median of.")
+
+
+class ComputeEfficiency(_Frozen):
+    hidden_half: int = Field(gt=0, description="Width at which the size factor is 1/2.")
+    tokens_half: int = Field(gt=0, description="Micro-batch tokens at which the batch factor is 1/2.")
+    default_max_utilisation: float = Field(gt=0, le=1, description="For GPUs with no calibration.")
+    source: str
+    note: str | None = None
+    gpus: tuple[GpuUtilisation, ...]
+
+    def entry(self, gpu_name: str) -> GpuUtilisation | None:
+        return next((e for e in self.gpus if gpu_name in e.gpus), None)
+
+    def max_utilisation(self, gpu_name: str) -> float:
+        entry = self.entry(gpu_name)
+        return entry.max_utilisation if entry else self.default_max_utilisation
+
+    def shape_factor(self, *, hidden_size: int, tokens_per_micro_batch: int) -> float:
+        """Narrow models and short micro-batches make small GEMMs, which reach less of the peak."""
+        size = hidden_size / (hidden_size + self.hidden_half)
+        batch = tokens_per_micro_batch / (tokens_per_micro_batch + self.tokens_half)
+        return size * batch
+
+    def utilisation(self, gpu_name: str, *, hidden_size: int, tokens_per_micro_batch: int) -> float:
+        return self.max_utilisation(gpu_name) * self.shape_factor(
+            hidden_size=hidden_size, tokens_per_micro_batch=tokens_per_micro_batch
+        )
+
+    def calibrated_max(self, entry: GpuUtilisation) -> float:
+        """The documented rule: median over the rows of published MFU / shape factor."""
+        return statistics.median(
+            r.published_mfu / self.shape_factor(hidden_size=r.hidden_size, tokens_per_micro_batch=r.tokens_per_micro_batch)
+            for r in entry.calibration
+        )
+
+
+class CommunicationEfficiency(_Frozen):
+    intra_node_efficiency: float = Field(gt=0, le=1, description="Achieved / raw GPU-to-GPU bandwidth.")
+    inter_node_efficiency: float = Field(gt=0, le=1, description="Achieved / raw NIC bandwidth.")
+    overlap_fraction: float = Field(ge=0, le=1, description="Share of compute time comm can hide under.")
+    ddp_bucket_bytes: int = Field(gt=0, description="DDP gradient bucket (bucket_cap_mb=25).")
+    nic_ports_per_node: dict[str, int] = Field(description="Inter-node link -> NIC ports in a node.")
+    source: str
+    note: str | None = None
+
+    def nic_ports(self, link: str, gpus_per_node: int) -> int:
+        """NIC ports a node drives; one per GPU when unknown, never more than its GPUs."""
+        return max(1, min(self.nic_ports_per_node.get(link, gpus_per_node), gpus_per_node))
+
+
+class OffloadEfficiency(_Frozen):
+    pcie_link: dict[str, str] = Field(description="GPU name -> host link (an interconnect name).")
+    default_pcie_link: str
+    pcie_efficiency: float = Field(gt=0, le=1, description="Achieved / raw PCIe bandwidth.")
+    cpu_adam_params_per_s_per_node: dict[Engine, float] = Field(description="CPU optimizer throughput.")
+    source: str
+    note: str | None = None
+
+
+class OptimizerStepCost(_Frozen):
+    hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth.")
+    bytes_per_param: dict[str, int] = Field(description="Optimizer -> bytes moved per parameter per step.")
+    source: str
+    note: str | None = None
+
+
+class DataParallelPenalty(_Frozen):
+    compute_penalty: float = Field(gt=0, le=1, description="Utilisation factor for single-process DP.")
+    source: str
+    note: str | None = None
+
+
+class EfficiencyProfile(_Frozen):
+    compute: ComputeEfficiency
+    communication: CommunicationEfficiency
+    offload: OffloadEfficiency
+    optimizer_step: OptimizerStepCost
+    dataparallel: DataParallelPenalty
+
+
+@functools.cache
+def load_efficiency() -> EfficiencyProfile:
+    """The bundled efficiency profile (read once; the file is immutable package data)."""
+    raw = json.loads(EFFICIENCY_FILE.read_text())
+    raw.pop("_doc", None)
+    return EfficiencyProfile(**raw)

@@ -1,0 +1,180 @@
+"""Exact parameter counts from a ``config.json`` dict, without torch or transformers.
+
+Three formulas cover the bundled families (which model_type uses which is data, in
+``profiles/architectures.json``): a pre-norm decoder (Llama, Mistral, Qwen2/3, Gemma/Gemma 2,
+Phi-3, Mixtral), GPT-2 and BERT. Each mirrors the module tree of the transformers modeling file
+(``modeling_llama.py``, ``modeling_gpt2.py``, ``modeling_bert.py``) and is checked against
+``sum(p.numel())`` of a model built on the meta device in ``tests/test_architectures.py``.
+A config this module cannot count returns ``None``; the caller falls back to the meta device.
+"""
+
+from __future__ import annotations
+
+from advisor.model.spec import ModelSpec, Source
+from advisor.model.bundled import ArchitectureInfo, load_architectures
+
+
+def _get(cfg: dict, *keys: str, default=None):
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
+
+
+def _dtype(cfg: dict) -> str | None:
+    value = _get(cfg, "dtype", "torch_dtype")
+    return str(value) if value is not None else None
+
+
+def _tied(cfg: dict, info: ArchitectureInfo) -> bool:
+    return bool(cfg.get("tie_word_embeddings", info.tie_word_embeddings))
+
+
+def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
+    """Pre-norm decoder: embeddings, N x (attention + MLP + norms), final norm, head."""
+    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    if any(cfg.get(k) is None for k in required):
+        return None
+    h, n_layers, n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
+    inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
+    n_kv = _get(cfg, "num_key_value_heads", default=n_heads)
+    head_dim = _get(cfg, "head_dim", default=h // n_heads)
+    qkv_bias, o_bias = info.qkv_bias, info.o_bias
+    if info.bias_key and info.bias_key in cfg:
+        qkv_bias = o_bias = bool(cfg[info.bias_key])
+    mlp_bias = bool(cfg.get(info.mlp_bias_key, False)) if info.mlp_bias_key else False
+    q_out, kv_out = n_heads * head_dim, n_kv * head_dim
+    attention = h * (q_out + 2 * kv_out) + q_out * h
+    attention += (q_out + 2 * kv_out) * qkv_bias + h * o_bias
+    attention += 2 * head_dim * info.qk_norm
+    expert = 3 * h * inter + (2 * inter + h) * mlp_bias
+    num_experts = num_active = None
+    if info.moe:
+        num_experts = _get(cfg, "num_local_experts", "num_experts")
+        num_active = _get(cfg, "num_experts_per_tok")
+        if num_experts is None or num_active is None:
+            return None
+        mlp = h * num_experts + num_experts * expert  # router + experts
+    else:
+        mlp = expert
+    layer = attention + mlp + info.norms_per_layer * h
+    tied = _tied(cfg, info)
+    return dict(
+        embedding_params=vocab * h,
+        layer_params=layer,
+        head_params=0 if tied else vocab * h,
+        other_params=h,  # final norm
+        tied_embeddings=tied,
+        num_layers=n_layers,
+        hidden_size=h,
+        num_attention_heads=n_heads,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        gated_mlp=True,
+        num_experts=num_experts,
+        num_experts_per_token=num_active,
+        expert_params=expert if info.moe else None,
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+    )
+
+
+def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
+    """GPT-2: learned positions, Conv1D projections with biases, LayerNorm with biases."""
+    h = _get(cfg, "n_embd", "hidden_size", default=768)
+    n_layers = _get(cfg, "n_layer", "num_hidden_layers", default=12)
+    n_heads = _get(cfg, "n_head", "num_attention_heads", default=12)
+    positions = _get(cfg, "n_positions", "max_position_embeddings", default=1024)
+    vocab = _get(cfg, "vocab_size", default=50257)
+    inter = _get(cfg, "n_inner", default=4 * h)
+    layer = 2 * (2 * h) + (h * 3 * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
+    tied = _tied(cfg, info)
+    return dict(
+        embedding_params=vocab * h,
+        layer_params=layer,
+        head_params=0 if tied else vocab * h,
+        other_params=positions * h + 2 * h,  # wpe + ln_f
+        tied_embeddings=tied,
+        num_layers=n_layers,
+        hidden_size=h,
+        num_attention_heads=n_heads,
+        num_kv_heads=n_heads,
+        head_dim=h // n_heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        gated_mlp=False,
+        max_position_embeddings=positions,
+    )
+
+
+def _bert(cfg: dict, info: ArchitectureInfo, architecture: str | None) -> dict | None:
+    """BERT encoder; the head depends on the class (masked-LM head or pooler)."""
+    h = _get(cfg, "hidden_size", default=768)
+    n_layers = _get(cfg, "num_hidden_layers", default=12)
+    n_heads = _get(cfg, "num_attention_heads", default=12)
+    inter = _get(cfg, "intermediate_size", default=3072)
+    vocab = _get(cfg, "vocab_size", default=30522)
+    positions = _get(cfg, "max_position_embeddings", default=512)
+    types = _get(cfg, "type_vocab_size", default=2)
+    layer = 4 * (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h) + 2 * h
+    tied = _tied(cfg, info)
+    if architecture in (None, "BertForMaskedLM"):
+        head = (h * h + h) + 2 * h + vocab + (0 if tied else vocab * h)  # transform, LN, decoder bias
+    elif architecture == "BertModel":
+        head = h * h + h  # pooler
+    else:
+        return None
+    return dict(
+        embedding_params=vocab * h,
+        layer_params=layer,
+        head_params=head,
+        other_params=positions * h + types * h + 2 * h,  # positions, token types, embedding LN
+        tied_embeddings=tied,
+        num_layers=n_layers,
+        hidden_size=h,
+        num_attention_heads=n_heads,
+        num_kv_heads=n_heads,
+        head_dim=h // n_heads,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        gated_mlp=False,
+        max_position_embeddings=positions,
+    )
+
+
+def architecture_of(cfg: dict) -> str | None:
+    archs = cfg.get("architectures") or []
+    return archs[0] if archs else None
+
+
+def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | None:
+    """Exact counts for a known family, or ``None`` (unknown family or unusual config)."""
+    info = load_architectures().get(cfg.get("model_type", ""))
+    if info is None:
+        return None
+    architecture = architecture_of(cfg)
+    if architecture is not None and not architecture.endswith(("ForCausalLM", "LMHeadModel")) and info.formula != "bert":
+        return None  # classification heads and the like: let the meta device count them
+    if info.formula == "decoder":
+        parts = _decoder(cfg, info)
+    elif info.formula == "gpt2":
+        parts = _gpt2(cfg, info)
+    else:
+        parts = _bert(cfg, info, architecture)
+    if parts is None:
+        return None
+    total = parts["embedding_params"] + parts["num_layers"] * parts["layer_params"]
+    total += parts["head_params"] + parts["other_params"]
+    return ModelSpec(
+        name=name,
+        source=source,
+        count_method="formula",
+        architecture=architecture,
+        model_type=cfg.get("model_type"),
+        total_params=total,
+        trainable_params=total,
+        block_class=info.block_class,
+        dtype=_dtype(cfg),
+        **parts,
+    )

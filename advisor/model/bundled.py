@@ -1,0 +1,57 @@
+"""Bundled model facts: ``profiles/architectures.json`` (which formula counts each ``model_type``)
+and the bundled ``config.json`` copies under ``profiles/models/``. Counting lives in
+``advisor.model.architectures``. No torch.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from profiles import MODELS_DIR, PROFILES_DIR
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArchitectureInfo(_Frozen):
+    formula: Literal["decoder", "gpt2", "bert"] = Field(description="Counting formula to use.")
+    block_class: str = Field(description="Transformer block class (FSDP wrap unit).")
+    tie_word_embeddings: bool = Field(description="Config-class default for tied embeddings.")
+    norms_per_layer: int = Field(default=2, description="Norm weight vectors per block.")
+    qkv_bias: bool = Field(default=False, description="q/k/v projections carry a bias.")
+    o_bias: bool = Field(default=False, description="Output projection carries a bias.")
+    bias_key: str | None = Field(default=None, description="Config key overriding both biases.")
+    mlp_bias_key: str | None = Field(default=None, description="Config key for MLP biases.")
+    qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k.")
+    moe: bool = Field(default=False, description="Sparse mixture-of-experts MLP.")
+
+
+@functools.cache
+def load_architectures() -> dict[str, ArchitectureInfo]:
+    raw = json.loads((PROFILES_DIR / "architectures.json").read_text())["architectures"]
+    return {k: ArchitectureInfo(**v) for k, v in raw.items()}
+
+
+@functools.cache
+def bundled_model_ids() -> tuple[str, ...]:
+    """Hub ids of the bundled configs (``profiles/models/<org>/<name>.json``)."""
+    return tuple(sorted(f"{p.parent.name}/{p.stem}" for p in MODELS_DIR.glob("*/*.json")))
+
+
+def find_bundled_model(name: str) -> str | None:
+    """The bundled hub id matching ``name`` case-insensitively, by full id or by bare name."""
+    wanted = name.strip().lower()
+    for model_id in bundled_model_ids():
+        if wanted in (model_id.lower(), model_id.split("/")[1].lower()):
+            return model_id
+    return None
+
+
+def load_bundled_config(model_id: str) -> dict:
+    org, name = model_id.split("/")
+    return json.loads((MODELS_DIR / org / f"{name}.json").read_text())

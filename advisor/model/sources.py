@@ -1,0 +1,124 @@
+"""Turn what the user names (bundled id, local directory or config.json, Hub id, size, live module)
+into a ``ModelSpec``.
+
+Order for a string: an existing local path, then a bundled profile, then the Hugging Face Hub
+(``config.json`` only, never weights, through the hub cache). The fast formula counts known
+families without importing torch; anything else is built on the meta device (``advisor.model.meta``).
+Remote code runs only with ``trust_remote_code=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+from advisor.model.architectures import count_from_config
+from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
+from advisor.model.bundled import bundled_model_ids, find_bundled_model, load_bundled_config
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+
+ConfigFetcher = Callable[[str], dict]
+
+
+def download_hub_config(repo_id: str) -> dict:
+    """Fetch ``config.json`` (only) from the Hub through ``huggingface_hub``'s cache.
+
+    The cache is tried first; the network only when the file is not cached, ``HF_HUB_OFFLINE`` is
+    not set and the Hub's host resolves (so an offline machine fails at once instead of retrying).
+    """
+    try:
+        from huggingface_hub import constants, hf_hub_download
+    except ImportError as err:  # pragma: no cover - transformers depends on it
+        raise ValueError(f"huggingface_hub is not installed: {err}") from None
+    try:
+        path = hf_hub_download(repo_id, "config.json", local_files_only=True)
+    except Exception:  # not cached (or a bad id): go online if we can
+        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_resolves(constants.ENDPOINT):
+            raise ValueError(_unresolved(repo_id, "not in the hub cache and the Hub is unreachable")) from None
+        try:
+            path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
+        except Exception as err:  # network, auth, 404: one clean line for the user
+            raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
+    return json.loads(Path(path).read_text())
+
+
+def _hub_resolves(endpoint: str) -> bool:
+    host = urlparse(endpoint).hostname or ""
+    try:
+        socket.getaddrinfo(host, 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def _unresolved(name: str, why: str) -> str:
+    sample = ", ".join(bundled_model_ids()[:6])
+    return (
+        f"cannot load model '{name[:80]}' ({why}); pass a local directory with config.json, "
+        f"--params SIZE, or a bundled id ({sample}, ...; `advisor models` lists all)"
+    )
+
+
+def _read_local(path: Path) -> tuple[dict, str]:
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"{path} has no config.json")
+    try:
+        return json.loads(file.read_text()), str(file.parent)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read {file}: {err}") from None
+
+
+def spec_from_config(
+    cfg: dict, *, name: str, source: Source, trust_remote_code: bool = False, local_dir: str | None = None
+) -> ModelSpec:
+    """Exact counts from a config dict: the formula when one applies, else the meta device."""
+    if not isinstance(cfg, dict) or "model_type" not in cfg:
+        raise ValueError(f"config for '{name}' has no model_type; is it a transformers config.json?")
+    spec = count_from_config(cfg, name=name, source=source)
+    if spec is not None:
+        return spec
+    from advisor.model.meta import build_meta_model, spec_from_module
+
+    module = build_meta_model(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
+    return spec_from_module(module, name=name, source=source)
+
+
+def resolve_model(
+    model: Any,
+    *,
+    trust_remote_code: bool = False,
+    fetch_config: ConfigFetcher = download_hub_config,
+) -> ModelSpec:
+    """A ``ModelSpec`` for a name, path, size string, ``ModelSpec`` or live ``torch.nn.Module``."""
+    if isinstance(model, ModelSpec):
+        return model
+    if not isinstance(model, str):
+        if hasattr(model, "parameters") and hasattr(model, "named_modules"):
+            from advisor.model.meta import spec_from_module
+
+            return spec_from_module(model)
+        raise ValueError(f"cannot describe a model from {type(model).__name__}")
+    name = model.strip()
+    if not name:
+        raise ValueError(_unresolved("", "empty name"))
+    if len(name) < 4096 and Path(name).expanduser().exists():
+        cfg, local_dir = _read_local(Path(name).expanduser())
+        return spec_from_config(cfg, name=name, source="local", trust_remote_code=trust_remote_code, local_dir=local_dir)
+    bundled = find_bundled_model(name)
+    if bundled is not None:
+        return spec_from_config(load_bundled_config(bundled), name=bundled, source="bundled")
+    if not _HUB_ID.match(name):
+        raise ValueError(_unresolved(name, "not a local path, bundled id or Hub id"))
+    return spec_from_config(fetch_config(name), name=name, source="hub", trust_remote_code=trust_remote_code)
+
+
+def resolve_size(text: str) -> ModelSpec:
+    """``--params 7.5B``: size only."""
+    return spec_from_size(parse_count(text, what="--params"))

@@ -1,0 +1,152 @@
+"""``advisor.plan(model, gpus="2xA100", **training) -> Plan``: the library entry point.
+
+Resolves names and strings into validated objects (model spec, hardware, training config), runs
+the planner, and collects every default it chose into ``assumptions``. The CLI and ``wrap()`` both
+call this; neither does arithmetic of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.model.sources import resolve_model
+from advisor.model.spec import ModelSpec, parse_count
+from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
+                             smallest_fit)
+from advisor.strategies import STRATEGIES, get_strategy
+from advisor.training import TrainingConfig
+
+
+class HardwareSummary(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: str
+    gpu_memory_bytes: int
+    gpus_per_node: int
+    nodes: int
+    world_size: int
+    interconnect: str = Field(description="Intra-node link, and inter-node link when several nodes.")
+    intra_node_link: str
+    inter_node_link: str | None
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: ModelSpec
+    hardware: HardwareSummary
+    training: TrainingConfig
+    candidates: tuple[Candidate, ...]
+    recommendation: Recommendation | None
+    why: tuple[str, ...]
+    assumptions: tuple[str, ...]
+    smallest_fit: SmallestFit | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.recommendation is not None
+
+    def candidate(self, strategy: str) -> Candidate:
+        return next(c for c in self.candidates if c.strategy == strategy)
+
+
+def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec:
+    """``--trainable-params N|P%``: a count (``7M``, ``7000000``) or a share of the total (``0.5%``)."""
+    if trainable is None:
+        return spec
+    if isinstance(trainable, str) and trainable.strip().endswith("%"):
+        try:
+            share = float(trainable.strip()[:-1])
+        except ValueError:
+            raise ValueError(f"cannot read --trainable-params '{trainable[:40]}'") from None
+        if not 0 <= share <= 100:
+            raise ValueError("--trainable-params percentage must be between 0% and 100%")
+        count = round(spec.total_params * share / 100)
+    else:
+        count = trainable if isinstance(trainable, int) else parse_count(str(trainable), what="--trainable-params")
+    if count > spec.total_params:
+        raise ValueError(f"--trainable-params {count:,} exceeds the model's {spec.total_params:,} parameters")
+    return spec.with_trainable(count)
+
+
+def _summarise(hw: Hardware) -> HardwareSummary:
+    inter = hw.inter_node_link.name if hw.inter_node_link else None
+    return HardwareSummary(
+        gpu=hw.gpu.name, gpu_memory_bytes=hw.gpu_memory_bytes, gpus_per_node=hw.gpus_per_node, nodes=hw.nodes,
+        world_size=hw.world_size, interconnect=hw.intra_node_link.name + (f" + {inter}" if inter else ""),
+        intra_node_link=hw.intra_node_link.name, inter_node_link=inter,
+    )
+
+
+_DEFAULT_NOTES = {
+    "optimizer": "optimizer {v} (default; --optimizer to change)",
+    "precision": "precision {v} (default): fp32 master weights, bf16 compute",
+    "seq_len": "sequence length {v} tokens (default; --seq-len)",
+    "engine": "engine {v} (default): DDP / ZeroRedundancyOptimizer / FSDP2",
+    "attention": "attention {v}: no s^2 term (eager attention would add one)",
+}
+
+
+def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
+    notes = list(hw.assumptions)
+    for field, text in _DEFAULT_NOTES.items():
+        if field not in training.model_fields_set:
+            notes.append(text.format(v=getattr(training, field)))
+    notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
+                 f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
+    if not spec.has_architecture:
+        notes.append("only the size is known: activations assume a Llama-like shape; pass a config for exact figures")
+    if spec.trainable_params < spec.total_params:
+        notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
+    if training.micro_batch_size is None:
+        notes.append("micro-batch 'auto': the largest that fits, searched up to 64 per GPU")
+    return notes
+
+
+def plan(
+    model: Any,
+    gpus: str | Hardware = "2xA100",
+    *,
+    nodes: int | None = None,
+    interconnect: str | None = None,
+    trainable_params: int | str | None = None,
+    strategy: str | None = None,
+    trust_remote_code: bool = False,
+    training: TrainingConfig | None = None,
+    **options: Any,
+) -> Plan:
+    """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
+
+    ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
+    global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
+    a misspelled one is an error.
+    """
+    if training is None:
+        training = TrainingConfig(**options)
+    elif options:
+        raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
+    spec = resolve_trainable(resolve_model(model, trust_remote_code=trust_remote_code), trainable_params)
+    hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
+        raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")
+    if training.global_batch_size is not None and training.micro_batch_size is not None:
+        if training.global_batch_size % (training.micro_batch_size * hw.world_size):
+            raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
+                             f"{training.micro_batch_size} x {hw.world_size} GPUs")
+    names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
+    candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+    if training.policy == "fastest" and not strategy:
+        recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+    else:
+        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None)
+    smallest = None if recommendation else smallest_fit(spec, hw, training)
+    if smallest is not None:
+        why.append(smallest.message)
+    return Plan(
+        model=spec, hardware=_summarise(hw), training=training, candidates=tuple(candidates),
+        recommendation=recommendation, why=tuple(why), assumptions=tuple(_assumptions(spec, hw, training)),
+        smallest_fit=smallest,
+    )

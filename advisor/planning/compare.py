@@ -1,0 +1,113 @@
+"""``compare(model, ["2xA100", "8xH100", ...], **plan options) -> Comparison``: the same job on
+several clusters side by side.
+
+For each cluster: ``advisor.planning.api.plan`` chooses the strategy (its policy, its memory model), then
+``advisor.estimate.step_time`` times the recommended candidate. GPU-hours per billion tokens = GPUs x
+(1e9 / global tokens per second) / 3600, the cost figure that makes clusters of different sizes
+comparable. No arithmetic of its own beyond that; no CLI types.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.planning.api import Plan, plan
+from advisor.hardware.cluster import parse_gpus
+from advisor.estimate.step_time import StepTime, estimate_step_time
+from advisor.strategies import STRATEGIES
+
+BILLION = 1e9
+SECONDS_PER_HOUR = 3600.0
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ClusterResult(_Frozen):
+    gpus: str = Field(description="The --gpus item as given.")
+    label: str = Field(description="Resolved cluster, e.g. 2x8xH100-80GB-SXM.")
+    world_size: int
+    fits: bool
+    strategy: str | None = None
+    micro_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    activation_checkpointing: bool | None = None
+    memory_per_gpu_bytes: int | None = Field(default=None, description="Estimated peak per GPU.")
+    capacity_bytes: int
+    step: StepTime | None = None
+    gpu_hours_per_billion_tokens: float | None = None
+    message: str = Field(default="", description="Why nothing fits, or the recommendation's reason.")
+
+
+class Comparison(_Frozen):
+    model: str
+    total_params: int
+    results: tuple[ClusterResult, ...]
+
+    @property
+    def fastest(self) -> ClusterResult | None:
+        timed = [r for r in self.results if r.step is not None]
+        return max(timed, key=lambda r: r.step.tokens_per_s) if timed else None
+
+    @property
+    def cheapest(self) -> ClusterResult | None:
+        timed = [r for r in self.results if r.gpu_hours_per_billion_tokens is not None]
+        return min(timed, key=lambda r: r.gpu_hours_per_billion_tokens) if timed else None
+
+
+def split_gpus(text: str) -> list[str]:
+    """``"2xA100, 8xH100"`` -> ``["2xA100", "8xH100"]``; an empty item is an error."""
+    items = [item.strip() for item in (text or "").split(",")]
+    if not items or any(not item for item in items):
+        raise ValueError(f"cannot read --gpus '{(text or '')[:60]}': expected a comma-separated list such as 2xA100,8xH100")
+    return items
+
+
+def time_recommendation(result: Plan, gpus: str, *, nodes: int | None = None,
+                        interconnect: str | None = None) -> StepTime | None:
+    """Step time of the plan's recommended candidate (None when nothing fits)."""
+    rec = result.recommendation
+    if rec is None:
+        return None
+    cand = result.candidate(rec.strategy)
+    hardware = parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    impl = STRATEGIES[rec.strategy].on(result.training.engine)
+    return estimate_step_time(result.model, hardware, result.training, impl, micro_batch_size=cand.micro_batch_size,
+                              checkpointing=bool(cand.activation_checkpointing),
+                              gradient_accumulation_steps=cand.gradient_accumulation_steps or 1)
+
+
+def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
+    hw, rec = result.hardware, result.recommendation
+    prefix = f"{hw.nodes}x" if hw.nodes > 1 else ""
+    base = dict(gpus=gpus, label=f"{prefix}{hw.gpus_per_node}x{hw.gpu}", world_size=hw.world_size,
+                capacity_bytes=hw.gpu_memory_bytes)
+    if rec is None or step is None:
+        return ClusterResult(**base, fits=False, message=" ".join(result.why[-1:]))
+    cand = result.candidate(rec.strategy)
+    hours = hw.world_size * (BILLION / step.tokens_per_s) / SECONDS_PER_HOUR
+    return ClusterResult(
+        **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
+        gradient_accumulation_steps=step.gradient_accumulation_steps,
+        activation_checkpointing=bool(cand.activation_checkpointing), memory_per_gpu_bytes=cand.memory_bytes.total,
+        step=step, gpu_hours_per_billion_tokens=hours, message=rec.reason,
+    )
+
+
+def compare(model: Any, gpus: Sequence[str] | str, *, nodes: int | None = None, interconnect: str | None = None,
+            **plan_options: Any) -> Comparison:
+    """Plan and time ``model`` on every cluster in ``gpus`` (a list or a comma-separated string)."""
+    items = split_gpus(gpus) if isinstance(gpus, str) else list(gpus)
+    if not items:
+        raise ValueError("give at least one cluster to compare")
+    results, spec = [], None
+    for item in items:
+        result = plan(model, item, nodes=nodes, interconnect=interconnect, **plan_options)
+        spec = result.model
+        model = spec  # resolve the model once, reuse the spec for the other clusters
+        step = time_recommendation(result, item, nodes=nodes, interconnect=interconnect)
+        results.append(_cluster(result, item, step))
+    return Comparison(model=spec.name, total_params=spec.total_params, results=tuple(results))

@@ -1,0 +1,278 @@
+"""Search strategies x micro-batch x checkpointing, choose one, and explain the choice.
+
+The choice starts from size thresholds (under 1B parameters: ddp; 1-10B: zero3; over 10B: zero3
+with CPU offload considered), checks the default against memory, escalates along
+``strategies.ESCALATION`` when it does not fit (checkpointing and smaller micro-batches first,
+within each strategy; offload only when nothing on the GPU fits), lists cheaper strategies that also
+fit, and when nothing fits finds the smallest number of these GPUs that would. Pure functions of
+validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.planning.fastest import explain_tradeoff, rank_by_time
+from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.estimate.memory import MemoryBreakdown, estimate_memory
+from advisor.model.spec import ModelSpec
+from advisor.estimate.step_time import StepTime, estimate_step_time
+from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
+from advisor.training import TrainingConfig
+
+GIB = 2**30
+AUTO_MICRO_BATCH_CAP = 64
+SMALL_MODEL = 10**9
+LARGE_MODEL = 10 * 10**9
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Candidate(_Frozen):
+    strategy: StrategyName
+    engine: str
+    available: bool = Field(description="The engine can run this strategy here.")
+    unavailable_reason: str | None = None
+    runs_as: str = Field(default="", description="The API that implements it.")
+    fits: bool = False
+    micro_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    activation_checkpointing: bool | None = None
+    memory_bytes: MemoryBreakdown | None = None
+    capacity_bytes: int = Field(description="Memory of one GPU.")
+    cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
+    cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
+    step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
+    step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
+
+
+class Recommendation(_Frozen):
+    strategy: StrategyName
+    engine: str
+    micro_batch_size: int
+    activation_checkpointing: bool
+    gradient_accumulation_steps: int | None = None
+    reason: str
+    alternatives: tuple[str, ...] = ()
+
+
+class SmallestFit(_Frozen):
+    num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
+    strategy: StrategyName | None = None
+    message: str
+
+
+def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
+    """The size-threshold default and its one-line rationale."""
+    billions = spec.total_params / 1e9
+    if spec.total_params < SMALL_MODEL:
+        return "ddp", f"{billions:.2g}B parameters (< 1B): replicas fit, DDP communicates least"
+    if spec.total_params <= LARGE_MODEL:
+        return "zero3", f"{billions:.3g}B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)"
+    return "zero3", f"{billions:.3g}B parameters (> 10B): full sharding, CPU offload considered"
+
+
+def _accumulation(training: TrainingConfig, world: int, micro: int) -> int | None:
+    if training.global_batch_size is None:
+        return None
+    return training.global_batch_size // (micro * world)
+
+
+def _micro_batch_choices(training: TrainingConfig, world: int) -> list[int]:
+    """Micro-batch sizes to try, largest first."""
+    if training.micro_batch_size is not None:
+        return [training.micro_batch_size]
+    if training.global_batch_size is None:
+        return list(range(AUTO_MICRO_BATCH_CAP, 0, -1))
+    per_rank = training.global_batch_size // world
+    return [m for m in range(min(per_rank, AUTO_MICRO_BATCH_CAP), 0, -1) if per_rank % m == 0]
+
+
+def _largest_fitting(fits_at, choices: list[int]) -> int | None:
+    """Largest choice that fits, by bisection (memory grows with the micro-batch)."""
+    ascending = sorted(choices)
+    lo, hi, best = 0, len(ascending) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if fits_at(ascending[mid]):
+            best, lo = ascending[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def evaluate_candidate(
+    spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName
+) -> Candidate:
+    """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits)."""
+    impl = STRATEGIES[name].on(training.engine)
+    capacity = hardware.gpu_memory_bytes
+    cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
+    base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
+                cpu_capacity_bytes=cpu_capacity)
+    if not impl.available:
+        return Candidate(**base, available=False, unavailable_reason=impl.reason)
+    if impl.single_process and hardware.nodes > 1:
+        return Candidate(**base, available=False, unavailable_reason="DataParallel is one process: one node only")
+
+    def memory(micro: int, ckpt: bool) -> MemoryBreakdown:
+        return estimate_memory(spec, hardware, training, impl, micro_batch_size=micro, checkpointing=ckpt)
+
+    def fits(mem: MemoryBreakdown) -> bool:
+        if mem.total > capacity:
+            return False
+        return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
+
+    ckpt_options = {"on": [True], "off": [False], "auto": [False, True]}[training.activation_checkpointing]
+    choices = _micro_batch_choices(training, hardware.world_size)
+    for ckpt in ckpt_options:
+        micro = _largest_fitting(lambda m: fits(memory(m, ckpt)), choices)
+        if micro is not None:
+            mem = memory(micro, ckpt)
+            accumulation = _accumulation(training, hardware.world_size, micro)
+            timing = estimate_step_time(spec, hardware, training, impl, micro_batch_size=micro, checkpointing=ckpt,
+                                        gradient_accumulation_steps=accumulation or 1)
+            return Candidate(**base, available=True, fits=True, micro_batch_size=micro, activation_checkpointing=ckpt,
+                             gradient_accumulation_steps=accumulation, memory_bytes=mem,
+                             cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                             step_time=timing)
+    # Nothing fits: report the smallest configuration, the one closest to fitting.
+    micro, ckpt = min(choices), ckpt_options[-1]
+    mem = memory(micro, ckpt)
+    return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=ckpt,
+                     gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
+                     memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
+
+
+def _cpu_per_node(mem: MemoryBreakdown, hardware: Hardware) -> int | None:
+    return mem.cpu_bytes * hardware.gpus_per_node if mem.cpu_bytes else None
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def choose_fastest(
+    spec: ModelSpec, candidates: list[Candidate], *, global_batch_size: int | None = None
+) -> tuple[Recommendation | None, list[str]]:
+    """``--policy fastest``: among candidates that fit, the most tokens per second (the least time per
+    global batch, which gradient accumulation keeps fixed); the 'why' compares it with the default."""
+    fitting = [c for c in candidates if c.fits and c.step_time is not None]
+    if not fitting:
+        return choose(spec, candidates)
+    default, rationale = default_strategy(spec)
+    best = rank_by_time([(c, c.step_time) for c in fitting])[0][1].tokens_per_s
+    # Ties (within 0.5%) go to the size default, then to the strategy that communicates least.
+    tied = [c for c in fitting if c.step_time.tokens_per_s >= best * 0.995]
+    fastest = min(tied, key=lambda c: (c.strategy != default, ESCALATION.index(c.strategy)
+                                       if c.strategy in ESCALATION else -1))
+    rate = f"{fastest.step_time.tokens_per_s:,.0f} tokens/s (MFU {fastest.step_time.mfu:.0%})"
+    if len(fitting) > 1:
+        why = [f"Policy fastest: of {len(fitting)} candidates that fit, {fastest.strategy} is fastest: {rate}."]
+    else:
+        why = [f"Policy fastest: {fastest.strategy} is the only candidate that fits: {rate}."]
+    base = next((c for c in fitting if c.strategy == default), None)
+    if base is not None and base.strategy != fastest.strategy:
+        why.append(explain_tradeoff((fastest.strategy, fastest.step_time), (base.strategy, base.step_time),
+                                    global_batch_size=global_batch_size))
+    elif base is None:
+        why.append(f"The size default {default} ({rationale}) does not fit.")
+    else:
+        why.append(f"It is also the size default ({rationale}).")
+    return _recommend(fastest, " ".join(why)), why
+
+
+def choose(
+    spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None
+) -> tuple[Recommendation | None, list[str]]:
+    """The recommendation and the lines of 'why' (size thresholds, then escalation)."""
+    by_name = {c.strategy: c for c in candidates}
+    fitting = [c for c in candidates if c.available and c.fits]
+    if only is not None:
+        cand = by_name[only]
+        if not cand.fits:
+            return None, [_does_not_fit(cand)]
+        return _recommend(cand, f"{only} was requested and fits"), [f"{only} was requested; it fits."]
+    default, rationale = default_strategy(spec)
+    why = [f"Default from size: {default} ({rationale})."]
+    start = ESCALATION.index(default)
+    chosen = next((by_name[n] for n in ESCALATION[start:] if n in by_name and by_name[n].fits), None)
+    if chosen is None:
+        chosen = next((c for c in (by_name.get(n) for n in ESCALATION[:start]) if c and c.fits), None)
+    if chosen is None:
+        why.append(_does_not_fit(by_name[default]))
+        last = ESCALATION[-1]
+        if last != default and last in by_name:
+            why.append(_does_not_fit(by_name[last]))
+        return None, why
+    if chosen.strategy == default:
+        why.append(f"{default} fits: {_gib(chosen.memory_bytes.total)} of {_gib(chosen.capacity_bytes)} per GPU "
+                   f"at micro-batch {chosen.micro_batch_size}"
+                   f"{' with activation checkpointing' if chosen.activation_checkpointing else ''}.")
+    else:
+        why.append(_does_not_fit(by_name[default]))
+        direction = "escalated" if ESCALATION.index(chosen.strategy) > start else "fell back"
+        why.append(f"{direction} to {chosen.strategy}: {_gib(chosen.memory_bytes.total)} of "
+                   f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}.")
+    if chosen.cpu_memory_bytes:
+        why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
+                   "states (checked only when --cpu-memory-gib is given).")
+    if chosen.activation_checkpointing:
+        why.append("Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute).")
+    cheaper = [c for c in fitting if c.strategy in ESCALATION
+               and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
+    alternatives = tuple(f"{c.strategy} also fits ({_gib(c.memory_bytes.total)}, micro-batch {c.micro_batch_size}) "
+                         "and communicates less" for c in cheaper)
+    why.extend(alternatives)
+    reason = " ".join(why[1:2]) if chosen.strategy == default else " ".join(why[1:3])
+    return _recommend(chosen, reason, alternatives), why
+
+
+def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
+    return Recommendation(
+        strategy=cand.strategy,
+        engine=cand.engine,
+        micro_batch_size=cand.micro_batch_size,
+        activation_checkpointing=bool(cand.activation_checkpointing),
+        gradient_accumulation_steps=cand.gradient_accumulation_steps,
+        reason=reason,
+        alternatives=alternatives,
+    )
+
+
+def _does_not_fit(cand: Candidate) -> str:
+    if not cand.available:
+        return f"{cand.strategy} is unavailable: {cand.unavailable_reason}."
+    mem = cand.memory_bytes
+    if mem.total <= cand.capacity_bytes and cand.cpu_capacity_bytes is not None:
+        return (f"{cand.strategy} does not fit in CPU RAM: needs {_gib(cand.cpu_memory_bytes or 0)} per node "
+                f"of {_gib(cand.cpu_capacity_bytes)}.")
+    return (f"{cand.strategy} does not fit: needs {_gib(mem.total)} per GPU of {_gib(cand.capacity_bytes)} "
+            f"even at micro-batch {cand.micro_batch_size}"
+            f"{' with checkpointing' if cand.activation_checkpointing else ''}.")
+
+
+def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
+                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload")) -> SmallestFit:
+    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits."""
+    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
+    per_node = hardware.gpu.default_gpus_per_node if hardware.nodes > 1 else max(hardware.gpus_per_node, 1)
+
+    def at(count: int) -> Hardware:
+        nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
+        link = hardware.inter_node_link.name if hardware.inter_node_link else None
+        return parse_gpus(f"{nodes}x{per}x{hardware.gpu.name}", interconnect=link)
+
+    counts = [c for c in list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
+              if c > hardware.world_size]
+    found = [(count, order, name) for order, name in enumerate(strategies)
+             for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
+             if count is not None]
+    if found:
+        count, _, name = min(found)
+        return SmallestFit(num_gpus=count, strategy=name,
+                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
+    return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
+                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")

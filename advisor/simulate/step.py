@@ -1,0 +1,387 @@
+"""Run one real training step in PyTorch, without a GPU, and measure each rank's peak memory.
+
+``simulate(model, world_size=, strategy=, training=, micro_batch_size=, checkpointing=)`` builds
+the model from its config on the meta device, gives it fake tensors (``FakeTensorMode``: shapes and
+dtypes, no storage), applies the same wrapping ``wrap()`` applies (``wrappers.recipe``), and runs
+two steps (forward, backward, ``optimizer.step()``, ``zero_grad``) under a fake process group of
+the target world size (``torch.testing._internal.distributed.fake_pg``). The second step is
+measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
+``fsdp2_mem_tracker.FSDPMemTracker`` under FSDP2), which counts every tensor storage the step
+creates, categorised. It is the analytic model's ground truth (``benchmarks/accuracy.py``).
+
+Why the CPU, and what differs from a GPU:
+
+- FakeTensorMode can create fake ``cuda`` tensors in a CPU-only build, but the first autograd node
+  aborts the process (``InputMetadata`` asks the CUDA device guard for a stream), so the step runs
+  on fake ``cpu`` tensors.
+- SDPA: the CPU picks its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) as CUDA
+  picks flash: it saves q, k, v, the output and an fp32 log-sum-exp, natively for GQA. Attention
+  dropout would send the CPU to the math kernel, so it is set to 0 (``sim_model``).
+- Dropout: the CPU saves a noise tensor in the input's dtype, CUDA's fused kernel a bool mask;
+  the simulation runs the fused op (``torch.native_dropout``) as CUDA does.
+- Autocast's fp32 list differs: CUDA runs ``pow``, ``softmax``, ``layer_norm``, ``exp``... in fp32,
+  the CPU does not. ``sim_autocast`` gives CPU autocast CUDA's fp32 policy during the simulation.
+- DDP's communication buckets are allocated outside the measured step and its ``model.to`` cannot
+  swap fake parameters, so under ``ddp`` the plain model (under autocast) runs the step and DDP's
+  buckets (one copy of the trainable gradients, ``gradient_as_bucket_view=False``) are added to
+  ``temporary`` by arithmetic; ``notes`` says so.
+
+Imports torch; the planning path never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+from advisor.training import TrainingConfig
+
+SIMULATED_STRATEGIES = ("ddp", "zero2", "zero3")
+Phase = Literal["forward", "backward", "optimizer_step"]
+Progress = Callable[[str], None]
+STAGES = ("build", "wrap", "warm-up step", "measured step")
+
+
+class ModulePeak(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Module path in the model.")
+    phase: Literal["forward", "backward"] = Field(description="When its peak happened.")
+    peak_bytes: int = Field(description="All live memory at the module's own peak.")
+
+
+class SimulatedStep(BaseModel):
+    """One rank's peak during the measured step, split like ``MemoryBreakdown``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    strategy: str
+    world_size: int
+    micro_batch_size: int
+    seq_len: int
+    precision: str
+    optimizer_name: str = Field(description="adamw, adam, sgd or sgd-momentum.")
+    checkpointing: bool
+    tensors: Literal["fake", "real"] = Field(description="Fake tensors (no memory) or real ones.")
+    device: str = Field(description="Where the step ran (cpu: see module docstring).")
+    total_params: int
+    trainable_params: int
+    params: int = Field(description="Parameters (sharded ones under FSDP) and buffers.")
+    grads: int = Field(description="Gradients the optimizer reads.")
+    optimizer: int = Field(description="Optimizer state.")
+    activations: int = Field(description="Forward tensors: saved activations, logits, inputs, autocast copies.")
+    temporary: int = Field(description="Backward temporaries, all-gather / reduce-scatter buffers, "
+                                       "unsharded FSDP parameters and gradients, DDP buckets.")
+    peak_phase: Phase
+    top_modules: tuple[ModulePeak, ...]
+    notes: tuple[str, ...]
+    wall_s: float
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peak_allocated(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.temporary
+
+
+# Tracker categories (``_MemRefType`` / ``_FSDPRefType`` values) -> our breakdown.
+_CATEGORY = {
+    "Parameter": "params", "Sharded Param": "params", "Buffer": "params",
+    "Gradient": "grads", "Sharded Grad": "grads",
+    "Optstate": "optimizer", "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations", "Other": "activations",
+    "Temp": "temporary", "Unsharded Param": "temporary", "Unsharded Grad": "temporary",
+    "All Gather": "temporary", "Reduce Scatter": "temporary",
+}
+
+
+def simulate(
+    model: str | dict,
+    *,
+    world_size: int,
+    strategy: str,
+    training: TrainingConfig,
+    micro_batch_size: int,
+    checkpointing: bool,
+    trainable_params: int | None = None,
+    real_tensors: bool = False,
+    progress: Progress | None = None,
+) -> SimulatedStep:
+    """Measure one steady-state training step of ``model`` on one of ``world_size`` ranks.
+
+    ``model``: a bundled id, local directory / config.json, Hub id or config dict.
+    ``real_tensors``: run with real CPU tensors instead of fake ones (small models; validation).
+    ``progress`` is called with each stage's name (``STAGES``) as it starts.
+    """
+    _check(strategy, training, world_size)
+    import torch
+
+    from advisor.simulate.model import resolve_config
+
+    tell = progress or (lambda stage: None)
+    start = time.perf_counter()
+    name, cfg = resolve_config(model)
+    fake = contextlib.nullcontext() if real_tensors else _fake_mode()
+    with _fake_process_group(world_size), fake, _cuda_autocast_policy(training), _unpacked_batches(), \
+            _fused_dropout():
+        tell("build")
+        net, trainable = _build(cfg, training, trainable_params, real=real_tensors)
+        tell("wrap")
+        net, opt, notes = _wrap(net, strategy, training, checkpointing)
+        ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
+        step = _step_fn(net, opt, ids, training, strategy)
+        tell("warm-up step")
+        step(None)
+        tell("measured step")
+        tracker = _tracker(net, opt, ids, strategy)
+        phases: dict[str, int] = {}
+        with tracker:
+            step(lambda phase: phases.__setitem__(phase, _peak_total(tracker)))
+        measured = _breakdown(tracker)
+        top = _top_modules(tracker)
+    if strategy == "ddp":
+        buckets = sum(p.numel() * p.element_size() for p in _unique_params(net) if p.requires_grad)
+        measured["temporary"] += buckets
+        notes.append(f"DDP buckets added by arithmetic: {buckets:,} bytes (one copy of the trainable "
+                     "gradients; gradient_as_bucket_view=False); the step ran on the plain model")
+    return SimulatedStep(
+        model=name, strategy=strategy, world_size=world_size, micro_batch_size=micro_batch_size,
+        seq_len=training.seq_len, precision=training.precision, optimizer_name=training.optimizer,
+        checkpointing=checkpointing, tensors="real" if real_tensors else "fake", device="cpu",
+        total_params=sum(p.numel() for p in _unique_params(net)), trainable_params=trainable,
+        **measured, peak_phase=_phase(phases), top_modules=top, notes=tuple(notes),
+        wall_s=round(time.perf_counter() - start, 3),
+    )
+
+
+def net_vocab(cfg: dict) -> int:
+    return cfg.get("vocab_size") or 1000
+
+
+def _check(strategy: str, training: TrainingConfig, world_size: int) -> None:
+    if strategy not in SIMULATED_STRATEGIES:
+        raise ValueError(f"simulate runs {', '.join(SIMULATED_STRATEGIES)}; '{strategy}' is not simulated yet")
+    if training.engine != "torch":
+        raise ValueError("simulate runs the torch engine only (--engine torch)")
+    if training.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum"):
+        raise ValueError(f"simulate runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")
+    if world_size < 1:
+        raise ValueError("world size must be at least 1")
+
+
+def _fake_mode() -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int):
+    """A fake default process group of ``world_size`` ranks (this process is rank 0)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("simulate needs its own (fake) process group; a process group is already initialised")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _cuda_autocast_policy(training: TrainingConfig) -> Any:
+    from advisor.simulate.autocast import cuda_fp32_policy
+
+    return cuda_fp32_policy() if training.mixed else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fused_dropout():
+    """On CUDA, ``F.dropout`` in training runs the fused ``native_dropout`` and saves a bool mask
+    (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``); on the CPU it multiplies by a
+    noise tensor in the input's dtype and saves that. Run CUDA's op (it has a CPU kernel)."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0 or inplace:
+            return original(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
+@contextlib.contextmanager
+def _unpacked_batches():
+    """Hugging Face looks for packed sequences in ``position_ids`` (``masking_utils.
+    find_packed_sequence_indices``) and, unable to read a fake tensor's values, assumes packing and
+    builds an s x s mask, which sends SDPA to another kernel. Our batches hold one sequence per row,
+    for which a real run finds none: say so without reading values."""
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def _build(cfg: dict, training: TrainingConfig, trainable_params: int | None, *, real: bool) -> tuple[Any, int]:
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import freeze_to, materialize, simulation_config
+
+    import torch
+
+    net = build_meta_model(simulation_config(cfg, attention=training.attention))
+    # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
+    # swapped in place, so they are made in bf16 and the recipe's cast is a no-op (see _wrap).
+    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None)
+    trainable = freeze_to(net, trainable_params)
+    if trainable == 0:
+        raise ValueError("no parameter would train: raise --trainable-params")
+    net.train()
+    return net, trainable
+
+
+def _optimizer(net: Any, training: TrainingConfig) -> Any:
+    """The recipe's optimizer: the foreach implementation, as on a GPU."""
+    import torch
+
+    params = [p for p in _unique_params(net) if p.requires_grad]
+    if training.optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-4, foreach=True)
+    momentum = 0.9 if training.optimizer == "sgd-momentum" else 0.0
+    return torch.optim.SGD(params, lr=1e-4, momentum=momentum, foreach=True)
+
+
+def _wrap(net: Any, strategy: str, training: TrainingConfig, checkpointing: bool) -> tuple[Any, Any, list[str]]:
+    """Apply the recipe ``wrap()`` applies; under ddp, only its model-side steps (see docstring)."""
+    from wrappers.recipe import Recipe, apply_recipe
+
+    opt = _optimizer(net, training)
+    notes: list[str] = []
+    if strategy == "ddp":
+        from wrappers.blocks import find_blocks
+        from wrappers.checkpointing import apply_activation_checkpointing
+        if checkpointing:
+            apply_activation_checkpointing(net, blocks=find_blocks(net))
+        return net, opt, notes
+    recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing)
+    applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=_mesh_outside_fake_mode())
+    return applied.model, applied.optimizer, notes
+
+
+def _mesh_outside_fake_mode() -> Any:
+    """``DeviceMesh`` reads its rank list back with ``tolist()``, which a fake tensor cannot do: build
+    the mesh outside the fake mode (it holds a few integers) and hand it to ``apply_recipe``."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with unset_fake_temporarily():
+        return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")
+
+
+def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, strategy: str) -> Callable:
+    """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True)."""
+    from wrappers.recipe import autocast_context
+
+    def step(mark: Callable[[str], None] | None) -> None:
+        mark = mark or (lambda phase: None)
+        # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
+        cast = autocast_context(training.precision, "cpu") if strategy == "ddp" else contextlib.nullcontext()
+        with cast:
+            loss = net(input_ids=ids, labels=ids).loss
+        mark("forward")
+        loss.backward()
+        del loss
+        mark("backward")
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        mark("optimizer_step")
+
+    return step
+
+
+def _tracker(net: Any, opt: Any, ids: Any, strategy: str) -> Any:
+    if strategy == "ddp":
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(net, opt, ids)
+        return tracker
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    tracker = FSDPMemTracker(net, opt)
+    tracker.track_inputs((ids,))
+    return tracker
+
+
+def _peak_total(tracker: Any) -> int:
+    return sum(snap.get("Total", 0) for snap in tracker.get_tracker_snapshot("peak").values())
+
+
+def _phase(marks: dict[str, int]) -> Phase:
+    """The phase during which the peak last rose (the tracker's peak is read after each phase)."""
+    order: tuple[Phase, ...] = ("forward", "backward", "optimizer_step")
+    winner: Phase = "forward"
+    previous = 0
+    for phase in order:
+        if marks.get(phase, 0) > previous:
+            winner, previous = phase, marks[phase]
+    return winner
+
+
+def _breakdown(tracker: Any) -> dict[str, int]:
+    out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporary"), 0)
+    for snap in tracker.get_tracker_snapshot("peak").values():
+        for key, value in snap.items():
+            if key != "Total":
+                out[_CATEGORY[str(getattr(key, "value", key))]] += value
+    return out
+
+
+def _top_modules(tracker: Any, count: int = 5) -> tuple[ModulePeak, ...]:
+    """Modules below the root with the highest memory at their own peak."""
+    rows = []
+    for stats in tracker.memory_tracking.values():
+        if "." not in stats.mod_fqn:  # the root holds the global peak by definition
+            continue
+        for state, phase in (("Peak-Forward", "forward"), ("Peak Forward", "forward"),
+                             ("Peak-Backward", "backward"), ("Peak Backward", "backward")):
+            for snap in _snapshots(stats, state):
+                total = sum(dev.get("Total", 0) for dev in snap.values())
+                rows.append(ModulePeak(name=_clean_fqn(stats.mod_fqn), phase=phase, peak_bytes=total))
+    rows.sort(key=lambda r: (-r.peak_bytes, r.name))
+    seen: set[str] = set()
+    top = []
+    for row in rows:
+        if row.name not in seen:
+            seen.add(row.name)
+            top.append(row)
+    return tuple(top[:count])
+
+
+def _snapshots(stats: Any, state_value: str) -> list:
+    return next((snaps for state, snaps in stats.snapshots.items() if state.value == state_value), [])
+
+
+def _clean_fqn(fqn: str) -> str:
+    return fqn.replace("._checkpoint_wrapped_module", "").removeprefix("Global.")
+
+
+def _unique_params(net: Any) -> list:
+    return list(dict.fromkeys(net.parameters()))

@@ -1,0 +1,52 @@
+"""Check a plan against PyTorch's execution: simulate the chosen candidate's step and compare.
+
+``verify(plan, strategy=None)`` takes an ``advisor.plan(...)`` result, picks the recommended
+candidate (or ``strategy``), runs ``advisor.simulate.step.simulate`` with the same micro-batch,
+checkpointing and training settings, and returns both breakdowns and the error. ``advisor plan
+--verify`` and ``advisor simulate`` both call it; it prints nothing.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.planning.api import Plan
+from advisor.estimate.memory import MemoryBreakdown
+from advisor.simulate.step import Progress, SimulatedStep, simulate
+
+
+class Verification(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    strategy: str
+    micro_batch_size: int
+    checkpointing: bool
+    analytic: MemoryBreakdown = Field(description="The plan's estimate for this candidate.")
+    simulated: SimulatedStep = Field(description="The measured step.")
+    error_pct: float = Field(description="(analytic - simulated) / simulated peak_allocated, in %.")
+
+
+def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = False,
+           progress: Progress | None = None) -> Verification:
+    """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate."""
+    name = strategy or (plan.recommendation.strategy if plan.recommendation else None)
+    if name is None:
+        raise ValueError("nothing fits, so there is no candidate to simulate; pass --strategy and --micro-batch")
+    candidate = plan.candidate(name)
+    if candidate.memory_bytes is None or candidate.micro_batch_size is None:
+        raise ValueError(f"strategy {name} has no estimate here ({candidate.unavailable_reason or 'does not fit'}); "
+                         "pass --micro-batch")
+    spec = plan.model
+    if spec.source in ("params", "module"):
+        raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
+    trainable = spec.trainable_params if spec.trainable_params < spec.total_params else None
+    simulated = simulate(
+        spec.name, world_size=plan.hardware.world_size, strategy=name, training=plan.training,
+        micro_batch_size=candidate.micro_batch_size, checkpointing=bool(candidate.activation_checkpointing),
+        trainable_params=trainable, real_tensors=real_tensors, progress=progress,
+    )
+    analytic = candidate.memory_bytes
+    error = 100 * (analytic.peak_allocated - simulated.peak_allocated) / simulated.peak_allocated
+    return Verification(strategy=name, micro_batch_size=candidate.micro_batch_size,
+                        checkpointing=bool(candidate.activation_checkpointing), analytic=analytic,
+                        simulated=simulated, error_pct=round(error, 2))

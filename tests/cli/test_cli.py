@@ -1,0 +1,84 @@
+"""The CLI as a user meets it: tables, --json, one-line errors with exit code 2, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli.main import cli, main
+
+
+def run_main(args, capsys) -> tuple[int, str, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_inspect_table():
+    result = CliRunner().invoke(cli, ["inspect", "Qwen/Qwen2.5-7B"])
+    assert result.exit_code == 0, result.output
+    assert "7,615,616,512" in result.output and "Qwen2DecoderLayer" in result.output
+
+
+def test_inspect_json_is_one_document():
+    result = CliRunner().invoke(cli, ["inspect", "meta-llama/Llama-3.2-1B", "--json"])
+    doc = json.loads(result.output)
+    assert doc["total_params"] == 1_235_814_400 and doc["tied_embeddings"] is True
+    assert doc["num_kv_heads"] == 8 and doc["architecture"] == "LlamaForCausalLM"
+
+
+def test_inspect_size():
+    doc = json.loads(CliRunner().invoke(cli, ["inspect", "7.5B", "--json"]).output)
+    assert doc["total_params"] == 7_500_000_000 and doc["source"] == "params"
+
+
+def test_gpus_lists_profiles():
+    result = CliRunner().invoke(cli, ["gpus"])
+    assert result.exit_code == 0 and "H100-80GB-SXM" in result.output and "MI300X" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect", "not/a-model-anywhere-xyz"],
+        ["inspect", ""],
+        ["inspect", "x" * 10_000],
+        ["inspect", "Qwen/Qwen2.5-7B", "--bogus-flag"],
+        ["nosuchcommand"],
+    ],
+)
+def test_bad_input_one_line_exit_2(args, capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    code, out, err = run_main(args, capsys)
+    assert code == 2
+    assert err.startswith("advisor: error:") and err.count("\n") == 1, err
+    assert "Traceback" not in out + err
+
+
+def test_help_and_version(capsys):
+    code, out, _ = run_main(["--help"], capsys)
+    assert code == 0 and "inspect" in out
+    code, out, _ = run_main(["--version"], capsys)
+    assert code == 0 and "0.1.0" in out
+
+
+def test_gpus_default_to_this_machine(tmp_path, monkeypatch):
+    """Without --gpus, nvidia-smi's list (stubbed here) becomes COUNTxNAME; without a GPU, a clear error."""
+    stub = tmp_path / "nvidia-smi"
+    stub.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\necho 'NVIDIA H100 80GB HBM3'\n")
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-0.5B", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["hardware"]["gpu"], doc["hardware"]["gpus_per_node"]) == ("H100-80GB-SXM", 2)
+    stub.unlink()
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-0.5B"])
+    assert result.exit_code == 2 and "no NVIDIA GPU" in result.output

@@ -1,0 +1,91 @@
+"""The --gpus grammar: every documented spelling, and hostile strings give one clean ValueError."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from advisor.hardware.cluster import parse_gpus
+from advisor.hardware.catalog import load_catalog
+
+
+@pytest.mark.parametrize(
+    "text, gpu, per_node, nodes",
+    [
+        ("2xA100", "A100-80GB-SXM", 2, 1),
+        ("8xH100", "H100-80GB-SXM", 8, 1),
+        ("2xA100-40GB", "A100-40GB-SXM", 2, 1),
+        ("A100", "A100-80GB-SXM", 1, 1),
+        ("4xRTX4090", "RTX4090", 4, 1),
+        ("a100-80g", "A100-80GB-SXM", 1, 1),
+        ("h100-sxm", "H100-80GB-SXM", 1, 1),
+        ("nvidia-a100", "A100-80GB-SXM", 1, 1),
+        ("2x8xH100", "H100-80GB-SXM", 8, 2),
+        ("8XH100-PCIE", "H100-80GB-PCIE", 8, 1),
+        ("4 x A10G", "A10G", 4, 1),
+        ("2xgeforce rtx 3090", "RTX3090", 2, 1),
+        ("2xA100-40GB-PCIe", "A100-40GB-PCIE", 2, 1),
+        ("64xH100", "H100-80GB-SXM", 8, 8),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB-SXM", 1, 1),
+    ],
+)
+def test_grammar(text, gpu, per_node, nodes):
+    hw = parse_gpus(text)
+    assert (hw.gpu.name, hw.gpus_per_node, hw.nodes) == (gpu, per_node, nodes)
+    assert hw.world_size == per_node * nodes
+
+
+def test_ambiguous_name_states_assumption():
+    hw = parse_gpus("2xA100")
+    assert any("A100-80GB-SXM" in a for a in hw.assumptions)
+    assert parse_gpus("2xA100-80GB-SXM").assumptions == ()
+
+
+def test_nodes_option_and_inter_node_default():
+    hw = parse_gpus("8xH100", nodes=2)
+    assert hw.world_size == 16 and hw.inter_node_link is not None
+    assert any("--interconnect" in a for a in hw.assumptions)
+    assert parse_gpus("8xH100", nodes=2, interconnect="ib-hdr").inter_node_link.name == "ib-hdr"
+    with pytest.raises(ValueError, match="--nodes"):
+        parse_gpus("2x8xH100", nodes=3)
+
+
+@pytest.mark.parametrize("bad", ["0xA100", "-2xA100", "2xB9000", "", "   ", "x" * 10_000, "2x", "ax100",
+                                 "1e3xA100", "2xA100;rm -rf /", "999999999xA100", "65xH100-PCIE-X"])
+def test_bad_values_give_one_line(bad):
+    with pytest.raises(ValueError) as info:
+        parse_gpus(bad)
+    message = str(info.value)
+    assert "\n" not in message and len(message) < 300
+
+
+def test_unknown_names_closest_known():
+    with pytest.raises(ValueError, match="closest known: .*B200"):
+        parse_gpus("2xB9000")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=80))
+def test_any_string_parses_or_fails_cleanly(text):
+    try:
+        hw = parse_gpus(text)
+    except ValueError as err:
+        assert "\n" not in str(err)
+    else:
+        assert hw.world_size >= 1
+
+
+def test_every_profile_resolves_by_its_own_name_and_aliases():
+    for gpu in load_catalog().gpus:
+        for spelling in (gpu.name, *gpu.aliases):
+            assert parse_gpus(spelling).gpu.name == gpu.name, spelling
+
+
+def test_profiles_cite_sources():
+    catalog = load_catalog()
+    assert all(g.source for g in catalog.gpus) and all(i.source for i in catalog.interconnects)
+    required = {"V100-16GB", "V100-32GB", "T4", "A10", "A10G", "L4", "L40S", "A100-40GB-SXM", "A100-80GB-SXM",
+                "A100-40GB-PCIE", "A100-80GB-PCIE", "H100-80GB-SXM", "H100-80GB-PCIE", "H200", "B200",
+                "RTX3090", "RTX4090", "MI250X", "MI300X"}
+    assert required <= {g.name for g in catalog.gpus}

@@ -1,0 +1,62 @@
+"""``advisor compare``: one model on several clusters, as a table and as JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli.compare import compare as compare_command
+from advisor.planning.compare import compare, split_gpus
+
+MODEL = "meta-llama/Llama-3.2-1B"
+
+
+def test_split_gpus():
+    assert split_gpus(" 2xA100, 8xH100 ,2x8xH100") == ["2xA100", "8xH100", "2x8xH100"]
+    with pytest.raises(ValueError, match="comma-separated"):
+        split_gpus("2xA100,,8xH100")
+
+
+def test_compare_library_times_each_recommendation():
+    result = compare(MODEL, ["2xA100", "8xH100"], seq_len=2048)
+    assert [r.gpus for r in result.results] == ["2xA100", "8xH100"]
+    for r in result.results:
+        assert r.fits and r.step is not None and r.strategy is not None
+        assert r.memory_per_gpu_bytes <= r.capacity_bytes
+        assert r.gpu_hours_per_billion_tokens == pytest.approx(r.world_size * 1e9 / r.step.tokens_per_s / 3600)
+    a100, h100 = result.results
+    assert h100.step.tokens_per_s > a100.step.tokens_per_s  # 4x the GPUs, each ~3x the peak
+    assert result.fastest is h100
+
+
+def test_compare_table():
+    out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "2xA100,8xH100,2x8xH100"])
+    assert out.exit_code == 0, out.output
+    for text in ("2xA100-80GB-SXM", "8xH100-80GB-SXM", "2x8xH100-80GB-SXM", "tokens/s", "GPU-h/1B tok", "Fastest:"):
+        assert text in out.output
+
+
+def test_compare_json_one_document_with_a_row_that_does_not_fit():
+    out = CliRunner().invoke(compare_command, ["--params", "70B", "--gpus", "1xT4,8xH100", "--json",
+                                               "--seq-len", "1024"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    t4, h100 = doc["results"]
+    assert t4["fits"] is False and t4["step"] is None and t4["message"]
+    assert h100["fits"] is True and h100["step"]["step_s"] > 0 and 0 < h100["step"]["mfu"] < 1
+    assert h100["step"]["tokens_per_s_per_gpu"] == pytest.approx(h100["step"]["tokens_per_s"] / 8)
+    assert doc["fastest"] == "8xH100" and doc["cheapest"] == "8xH100"
+
+
+def test_compare_passes_plan_options():
+    out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "4xA100", "--strategy", "ddp",
+                                               "--micro-batch", "2", "--json"])
+    row = json.loads(out.output)["results"][0]
+    assert row["strategy"] == "ddp" and row["micro_batch_size"] == 2 and row["step"]["micro_batch_size"] == 2
+
+
+def test_compare_bad_cluster_is_a_value_error():
+    out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "2xA100,9xNOPE"])
+    assert out.exit_code != 0 and isinstance(out.exception, ValueError)

@@ -1,0 +1,165 @@
+"""The choice: size thresholds, escalation, overrides honoured, nothing-fits answers, DP's GPU0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.planning.api import plan
+from advisor.cli.main import cli
+from advisor.strategies import STRATEGIES
+
+
+def test_small_model_gets_ddp():
+    p = plan("Qwen/Qwen2.5-0.5B", "2xA100")
+    assert p.recommendation.strategy == "ddp" and p.fits
+
+
+def test_mid_model_gets_full_sharding():
+    p = plan("Qwen/Qwen2.5-7B", "2xA100")
+    assert p.recommendation.strategy == "zero3"
+    assert "1-10B" in p.why[0]
+
+
+def test_large_model_escalates_to_offload_only_when_nothing_on_gpu_fits():
+    p = plan("Qwen/Qwen2.5-72B", "8xA100")
+    on_gpu = [c for c in p.candidates if "offload" not in c.strategy]
+    assert not any(c.fits for c in on_gpu)
+    assert p.recommendation.strategy.endswith("offload")
+    assert any("does not fit" in line for line in p.why)
+
+
+def test_default_not_fitting_escalates_with_reason():
+    p = plan("Qwen/Qwen2.5-0.5B", "2xT4", seq_len=4096)
+    assert p.recommendation is not None and p.recommendation.strategy != "ddp"
+    assert any(line.startswith("ddp does not fit") for line in p.why)
+
+
+def test_cheaper_alternative_is_shown():
+    p = plan("Qwen/Qwen2.5-7B", "8xH100")
+    assert p.recommendation.strategy == "zero3"
+    assert any("also fits" in a for a in p.recommendation.alternatives)
+
+
+def test_overrides_are_used_exactly():
+    p = plan("meta-llama/Llama-3.1-8B", "8xH100", strategy="zero2", micro_batch_size=3,
+             activation_checkpointing="on")
+    (cand,) = p.candidates
+    assert (cand.strategy, cand.micro_batch_size, cand.activation_checkpointing) == ("zero2", 3, True)
+
+
+def test_fits_exactly_when_total_within_capacity():
+    p = plan("Qwen/Qwen2.5-7B", "8xH100")
+    for c in p.candidates:
+        if c.available:
+            assert c.fits == (c.memory_bytes.total <= c.capacity_bytes)
+
+
+def test_nothing_fits_names_smallest_gpu_count():
+    p = plan("meta-llama/Llama-3.1-405B", "8xA100", cpu_memory_gib=1024)
+    assert p.recommendation is None
+    assert p.smallest_fit.num_gpus is not None and p.smallest_fit.num_gpus > 8
+    bigger = plan("meta-llama/Llama-3.1-405B", f"{p.smallest_fit.num_gpus}xA100", cpu_memory_gib=1024,
+                  strategy=p.smallest_fit.strategy, micro_batch_size=1)
+    assert bigger.recommendation is not None
+
+
+def test_dataparallel_gpu0_is_the_bottleneck():
+    """48-layer Qwen2.5-14B classifier, frozen backbone, two A100s: GPU0 under DataParallel needs
+    more than any GPU under DDP, because it gathers both replicas' logits and computes the loss."""
+    common = dict(trainable_params=5120 * 2, micro_batch_size=1, activation_checkpointing="on")
+    p = plan("Qwen/Qwen2.5-14B", "2xA100", **common)
+    assert p.model.num_layers == 48
+    dp, ddp = p.candidate("dp"), p.candidate("ddp")
+    gap = dp.memory_bytes.total - ddp.memory_bytes.total
+    assert gap > 0
+    assert dp.memory_bytes.activations > ddp.memory_bytes.activations  # the gathered logits
+
+
+def test_dp_is_single_node_only():
+    p = plan("Qwen/Qwen2.5-0.5B", "2x8xH100")
+    dp = p.candidate("dp")
+    assert not dp.available and "one node" in dp.unavailable_reason
+
+
+def test_deepspeed_engine_lists_dp_unavailable():
+    p = plan("Qwen/Qwen2.5-7B", "8xH100", engine="deepspeed")
+    assert not p.candidate("dp").available
+    assert all(p.candidate(n).available for n in STRATEGIES if n != "dp")
+
+
+def test_global_batch_sets_accumulation():
+    p = plan("Qwen/Qwen2.5-0.5B", "4xH100", global_batch_size=64, micro_batch_size=4)
+    assert p.recommendation.gradient_accumulation_steps == 4
+    with pytest.raises(ValueError, match="divisible"):
+        plan("Qwen/Qwen2.5-0.5B", "4xH100", global_batch_size=30)
+
+
+def test_misspelled_option_is_an_error():
+    with pytest.raises(ValueError):
+        plan("Qwen/Qwen2.5-0.5B", "2xA100", optimiser="sgd")
+
+
+def test_trainable_share_and_count():
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", trainable_params="1%")
+    assert p.model.trainable_params == round(p.model.total_params / 100)
+    with pytest.raises(ValueError):
+        plan("Qwen/Qwen2.5-7B", "2xA100", trainable_params="101%")
+
+
+def test_cli_json_shape_and_exit_codes():
+    runner = CliRunner()
+    result = runner.invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--json"])
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    assert set(doc) >= {"model", "hardware", "training", "candidates", "recommendation"}
+    assert {"name", "total_params", "trainable_params"} <= set(doc["model"])
+    assert {"gpu", "gpu_memory_bytes", "gpus_per_node", "nodes", "interconnect"} <= set(doc["hardware"])
+    assert {"optimizer", "precision", "seq_len", "engine"} <= set(doc["training"])
+    cand = doc["candidates"][0]
+    assert {"strategy", "engine", "fits", "available", "micro_batch_size", "activation_checkpointing",
+            "cpu_memory_bytes", "step_time_s", "memory_bytes"} <= set(cand)
+    assert {"params", "grads", "optimizer", "activations", "temporary", "peak_allocated", "runtime_overhead",
+            "total"} <= set(doc["candidates"][3]["memory_bytes"])
+    assert all(isinstance(v, int) for k, v in doc["candidates"][3]["memory_bytes"].items() if k != "peak_phase")
+    assert {"strategy", "engine", "micro_batch_size", "activation_checkpointing", "reason"} <= set(doc["recommendation"])
+
+
+def test_cli_nothing_fits_exit_3():
+    result = CliRunner().invoke(cli, ["plan", "--model", "meta-llama/Llama-3.1-405B", "--gpus", "2xT4", "--json",
+                                      "--cpu-memory-gib", "256"])
+    assert result.exit_code == 3
+    assert json.loads(result.output)["recommendation"] is None
+
+
+def test_cli_table_mentions_recommendation_and_assumptions():
+    result = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"])
+    assert result.exit_code == 0
+    assert "Recommendation: zero3" in result.output and "A100-80GB-SXM" in result.output
+    assert "Assumptions" in result.output and "% of 79.15 GiB" in result.output
+
+
+def test_cli_size_only_model():
+    result = CliRunner().invoke(cli, ["plan", "--params", "7.5B", "--gpus", "8xA100", "--json"])
+    doc = json.loads(result.output)
+    assert doc["model"]["total_params"] == 7_500_000_000
+    assert any("Llama-like" in a for a in doc["assumptions"])
+
+
+def test_fastest_policy_picks_most_tokens_per_second_and_says_why():
+    p = plan("Qwen/Qwen2.5-7B", "2x8xA100-40GB", policy="fastest", global_batch_size=256)
+    fitting = [c for c in p.candidates if c.fits]
+    best = max(c.step_time.tokens_per_s for c in fitting)
+    chosen = p.candidate(p.recommendation.strategy)
+    assert chosen.step_time.tokens_per_s >= best * 0.995
+    assert any("tokens/s" in line for line in p.why)
+
+
+def test_fitting_candidates_carry_step_time():
+    p = plan("Qwen/Qwen2.5-7B", "8xH100")
+    for c in p.candidates:
+        assert (c.step_time_s is not None) == c.fits
+        if c.fits:
+            assert 0 < c.step_time.mfu < 1 and c.step_time.tokens_per_s > 0

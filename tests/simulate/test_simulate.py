@@ -1,0 +1,109 @@
+"""The simulator (``advisor.simulate.step``): fake tensors agree with real ones, the analytic model
+agrees with the simulator, and ``advisor simulate`` prints JSON. CPU only, no network."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from advisor.hardware.cluster import parse_gpus
+from advisor.estimate.memory import estimate_memory
+from advisor.model.sources import spec_from_config
+from advisor.simulate.step import simulate
+from advisor.strategies import get_strategy
+from advisor.training import TrainingConfig
+
+TINY_LLAMA = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=176,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+    max_position_embeddings=1024, tie_word_embeddings=False, _name_or_path="tiny-llama",
+)
+SMALL = {
+    "llama-gqa": dict(TINY_LLAMA, hidden_size=256, intermediate_size=704, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=4096, _name_or_path="small-llama"),
+    "gpt2": dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=256, n_layer=2, n_head=4,
+                 vocab_size=4096, n_positions=1024, _name_or_path="small-gpt2"),
+    "gpt_neox": dict(model_type="gpt_neox", architectures=["GPTNeoXForCausalLM"], hidden_size=256,
+                     intermediate_size=1024, num_hidden_layers=2, num_attention_heads=4, vocab_size=4096,
+                     rotary_pct=0.25, max_position_embeddings=1024, tie_word_embeddings=False,
+                     _name_or_path="small-neox"),
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_fake_step_matches_real_step(strategy, checkpointing):
+    kwargs = dict(world_size=4, strategy=strategy, training=TrainingConfig(seq_len=64), micro_batch_size=2,
+                  checkpointing=checkpointing)
+    fake = simulate(TINY_LLAMA, **kwargs)
+    real = simulate(TINY_LLAMA, real_tensors=True, **kwargs)
+    assert fake.tensors == "fake" and real.tensors == "real"
+    assert abs(fake.peak_allocated - real.peak_allocated) <= 0.01 * real.peak_allocated
+    assert fake.peak_phase == real.peak_phase
+
+
+def test_optimizer_step_peak_matches_real_step():
+    """A short sequence puts the peak in the optimizer step, where fake tensors are least trusted."""
+    kwargs = dict(world_size=1, strategy="zero2", training=TrainingConfig(seq_len=8), micro_batch_size=1,
+                  checkpointing=False)
+    fake = simulate(TINY_LLAMA, **kwargs)
+    real = simulate(TINY_LLAMA, real_tensors=True, **kwargs)
+    assert fake.peak_phase == real.peak_phase == "optimizer_step"
+    assert abs(fake.peak_allocated - real.peak_allocated) <= 0.01 * real.peak_allocated
+
+
+@pytest.mark.parametrize(
+    "family, strategy, world, micro, seq, checkpointing",
+    [
+        ("llama-gqa", "ddp", 2, 2, 512, False),
+        ("llama-gqa", "zero3", 8, 1, 1024, True),
+        ("gpt2", "zero2", 4, 2, 512, False),
+        ("gpt_neox", "zero3", 2, 1, 1024, False),
+    ],
+)
+def test_analytic_within_5_percent_of_simulation(family, strategy, world, micro, seq, checkpointing):
+    cfg = SMALL[family]
+    training = TrainingConfig(seq_len=seq)
+    sim = simulate(cfg, world_size=world, strategy=strategy, training=training, micro_batch_size=micro,
+                   checkpointing=checkpointing)
+    spec = spec_from_config(cfg, name=cfg["_name_or_path"], source="local")
+    est = estimate_memory(spec, parse_gpus(f"{world}xH100"), training, get_strategy(strategy).on("torch"),
+                          micro_batch_size=micro, checkpointing=checkpointing)
+    assert abs(est.peak_allocated - sim.peak_allocated) <= 0.05 * sim.peak_allocated, (est, sim)
+
+
+def test_ddp_adds_buckets_and_says_so():
+    sim = simulate(TINY_LLAMA, world_size=2, strategy="ddp", training=TrainingConfig(seq_len=32),
+                   micro_batch_size=1, checkpointing=False)
+    assert any("DDP buckets" in note for note in sim.notes)
+    assert sim.peak_allocated == sim.params + sim.grads + sim.optimizer + sim.activations + sim.temporary
+
+
+def test_unsupported_strategy_is_a_value_error():
+    with pytest.raises(ValueError, match="not simulated"):
+        simulate(TINY_LLAMA, world_size=2, strategy="zero1", training=TrainingConfig(seq_len=32),
+                 micro_batch_size=1, checkpointing=False)
+
+
+def test_cli_prints_json(tmp_path, capsys):
+    from advisor.cli.main import cli, main
+    from advisor.cli.simulate import simulate as command
+
+    if "simulate" not in cli.commands:
+        cli.add_command(command)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA))
+    main(["simulate", "--model", str(config), "--gpus", "2xA100", "--strategy", "zero3", "--micro-batch", "1",
+          "--seq-len", "64", "--activation-checkpointing", "off", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["strategy"] == "zero3" and doc["simulated"]["world_size"] == 2
+    assert doc["simulated"]["peak_allocated"] > 0 and "error_pct" in doc

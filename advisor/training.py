@@ -11,15 +11,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.precision import Precision, PrecisionInfo, precision_info
+from advisor.units import GIB
+
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
-Precision = Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16"]
 Engine = Literal["torch", "deepspeed"]
 Checkpointing = Literal["auto", "on", "off"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
-
-GIB = 2**30
-
 
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -47,18 +46,23 @@ class TrainingConfig(BaseModel):
         return self
 
     @property
+    def precision_info(self) -> PrecisionInfo:
+        """The precision table's row: bytes, dtypes and every framework's spelling."""
+        return precision_info(self.precision)
+
+    @property
     def mixed(self) -> bool:
-        return self.precision in ("bf16-mixed", "fp16-mixed")
+        return self.precision_info.mixed
 
     @property
     def param_bytes(self) -> int:
         """Bytes of one stored parameter (mixed precision keeps fp32 parameters in the torch recipe)."""
-        return 2 if self.precision == "bf16" else 4
+        return self.precision_info.param_bytes
 
     @property
     def compute_bytes(self) -> int:
         """Bytes of one activation element in matmuls (bf16/fp16 unless fp32)."""
-        return 4 if self.precision == "fp32" else 2
+        return self.precision_info.compute_bytes
 
     @property
     def reserve_bytes(self) -> int:

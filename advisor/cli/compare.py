@@ -8,8 +8,8 @@ import json
 import click
 
 from advisor.cli.options import plan_kwargs, plan_options
+from advisor.units import GIB
 
-GIB = 2**30
 
 
 def _table(comparison):

@@ -10,8 +10,8 @@ from rich.table import Table
 
 from advisor.model.spec import ModelSpec
 from advisor.hardware.catalog import GpuProfile, Interconnect
+from advisor.units import GIB
 
-GIB = 2**30
 
 
 def human_count(n: int | None) -> str:

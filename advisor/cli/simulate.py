@@ -9,8 +9,8 @@ import json
 import click
 
 from advisor.cli.options import plan_kwargs, plan_options
+from advisor.units import GIB
 
-GIB = 2**30
 _ROWS = ("params", "grads", "optimizer", "activations", "temporary", "peak_allocated")
 
 

@@ -34,6 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Dtypes, estimate_activations, shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -164,14 +165,6 @@ def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
     return max(1, (spec.total_params - outside) // layers), layers, outside
 
 
-def deepspeed_bucket_elements(spec: ModelSpec) -> tuple[int, int]:
-    """(reduce_bucket_size, stage3_prefetch_bucket_size) in elements, as accelerate's "auto" sets them
-    (hidden^2 and 0.9 hidden^2, accelerate/utils/deepspeed.py); the exported DeepSpeed configs write
-    these same values, so the estimate describes the file."""
-    hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
-    return hidden_sq, hidden_sq * 9 // 10
-
-
 class StrategyBuffers(BaseModel):
     """Bytes a strategy holds beyond model states and activations, at each moment of the step."""
 
@@ -187,13 +180,15 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
     layer, n_layers, outside = _block_params(spec)
     if training.engine == "deepspeed":
-        bucket = 2 * min(spec.trainable_params, 5 * 10**8)  # reduce_bucket_size (5e8 elements) IPG buffer
-        # Gathered parameters, capped by stage3_max_live_parameters (1e9 elements by default). On
+        buckets = deepspeed_buckets(spec)
+        # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
+        bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)
+        # Gathered parameters, capped by stage3_max_live_parameters. On
         # the GPU the rank's own partition is part of the gathered tensor, so at most the whole
         # model is resident, as under ZeRO-2; offloaded partitions live on the CPU.
         own = 0 if impl.offload_params else spec.total_params // world
         gathered = spec.total_params - own
-        live = 2 * min(gathered, 10**9) if impl.shard_params else 0
+        live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
         return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
     pb = training.param_bytes
     if impl.shard_params:

@@ -44,6 +44,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.buckets import deepspeed_buckets
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -186,8 +187,8 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     grad_bytes = grad * trainable
     if impl.engine == "torch":
         buckets = max(1, math.ceil(grad_bytes / eff.communication.ddp_bucket_bytes))
-    else:  # reduce_bucket_size = hidden^2 elements (accelerate "auto", as our exported configs write)
-        buckets = max(1, math.ceil(trainable / (spec.hidden_size or shape_of(spec).hidden_size) ** 2))
+    else:  # one collective per DeepSpeed reduce bucket (the size our exported configs write)
+        buckets = max(1, math.ceil(trainable / deepspeed_buckets(spec).reduce_elements))
 
     def run(op: Collective, nbytes: float, count: int) -> float:
         return collective_s(op, nbytes, hw, eff, count=count)

@@ -19,26 +19,27 @@ from typing import Any
 
 from advisor.planning.api import Plan
 from advisor.export.target import GRADIENT_CLIPPING, ExportOptions, ExportTarget, resolve_target
-from advisor.estimate.memory import deepspeed_bucket_elements
+from advisor.estimate.buckets import deepspeed_buckets
 
 
 def _zero_optimization(target: ExportTarget, plan: Plan) -> dict[str, Any]:
     impl = target.impl
     zero: dict[str, Any] = {"stage": target.zero_stage}
-    # The bucket sizes the memory estimate assumed (accelerate's "auto" values, hidden^2).
-    reduce_elems, prefetch_elems = deepspeed_bucket_elements(plan.model)
+    # The bucket sizes the memory and step-time estimates assumed (one function owns them).
+    buckets = deepspeed_buckets(plan.model)
     if target.zero_stage >= 1:
         # Overlap the reduce with backward and keep gradients in one buffer (DeepSpeed's recommended
         # settings for ZeRO-2/3; ZeRO paper section 7 on fragmentation).
-        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": reduce_elems})
+        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": buckets.reduce_elements})
     if target.zero_stage in (1, 2):
-        zero.update({"allgather_partitions": True, "allgather_bucket_size": reduce_elems, "reduce_scatter": True})
+        zero.update({"allgather_partitions": True, "allgather_bucket_size": buckets.allgather_elements, "reduce_scatter": True})
     if impl.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if impl.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if target.zero_stage == 3:
-        zero["stage3_prefetch_bucket_size"] = prefetch_elems
+        zero["stage3_prefetch_bucket_size"] = buckets.prefetch_elements
+        zero["stage3_max_live_parameters"] = buckets.max_live_parameters
         zero["stage3_gather_16bit_weights_on_model_save"] = True
     return zero
 

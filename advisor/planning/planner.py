@@ -19,8 +19,8 @@ from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
+from advisor.units import GIB
 
-GIB = 2**30
 AUTO_MICRO_BATCH_CAP = 64
 SMALL_MODEL = 10**9
 LARGE_MODEL = 10 * 10**9

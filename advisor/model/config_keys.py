@@ -56,7 +56,7 @@ def config_value(config: Any, fact: str, default: Any = None) -> Any:
     return default
 
 
-def _check_values(cfg: dict, where: str) -> None:
+def _check_values(cfg: dict, name: str, prefix: str = "") -> None:
     for fact, minimum in _INTEGER_FACTS.items():
         for key in CONFIG_KEYS[fact]:
             value = cfg.get(key)
@@ -64,7 +64,7 @@ def _check_values(cfg: dict, where: str) -> None:
                 continue
             if any(_bad(v, minimum) for v in (value if isinstance(value, list) and value else [value])):
                 expected = "a positive integer" if minimum else "a whole number, 0 or more"
-                raise ValueError(f"config for '{where}': \"{key}\" is {_show(value)}; expected {expected}")
+                raise ValueError(f"config for '{name}': \"{prefix}{key}\" is {_show(value)}; expected {expected}")
 
 
 def _bad(value: Any, minimum: int) -> bool:
@@ -84,5 +84,5 @@ def check_config(cfg: Any, *, name: str) -> dict:
     _check_values(cfg, name)
     for key, sub in cfg.items():
         if key.endswith("_config") and isinstance(sub, dict):
-            _check_values(sub, f"{name}: {key}")
+            _check_values(sub, name, prefix=f"{key}.")
     return cfg

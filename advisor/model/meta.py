@@ -3,7 +3,9 @@
 This is the slow, always-right path (it imports torch and transformers): for architectures with no
 formula in ``advisor.model.architectures``, for live models handed to the library, and as the reference
 the formulas are tested against. Building on the meta device allocates no memory and loads no
-weights.
+weights. Any ``nn.Module`` is accepted: shape fields come from its config when it has one (the
+language model's, for a composite config such as Llava's), ``vocab_size`` only when it has token
+embeddings, components only when it has identical repeated blocks.
 """
 
 from __future__ import annotations

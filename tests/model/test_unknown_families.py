@@ -65,9 +65,11 @@ def test_mamba_logits_follow_its_vocabulary(mamba_dir):
 
 def test_mamba_plan_note_is_accurate(mamba_dir):
     result = plan(mamba_dir, gpus="1xA100", micro_batch_size=1, strategy="ddp")
-    notes = " ".join(result.assumptions)
+    step_notes = result.candidate("ddp").step_time.notes
+    notes = " ".join(result.assumptions + step_notes)
     assert "no activation formula for model_type mamba" in notes
     assert "pass a config" not in notes and "only the size is known" not in notes
+    assert "the config lacks some shape fields: FLOPs assume Llama-like values for them" in step_notes
 
 
 def test_llava_language_model_fields_and_vision_tower_counted(llava_dir):

@@ -81,7 +81,9 @@ def _shape_fields(config: Any) -> dict:
     experts, active = ints(get("num_experts")), ints(get("num_experts_per_token"))
     archs = _attr(config, "architectures") or []
     model_type = _attr(config, "model_type")
-    dtype = config_value(config, "dtype")
+    # transformers 5 configs carry ``dtype``; reading the ``torch_dtype`` alias off one prints a
+    # deprecation warning, so the alias is only for dict configs.
+    dtype = _attr(config, "dtype") if hasattr(config, "dtype") else config_value(config, "dtype")
     return dict(
         architecture=archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None,
         model_type=model_type if isinstance(model_type, str) and model_type else None,

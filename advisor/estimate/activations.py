@@ -110,8 +110,10 @@ def _own_fields(spec: ModelSpec, guess: dict) -> tuple[dict, bool]:
 
 
 def _known(spec: ModelSpec) -> str:
-    parts = [("vocabulary", spec.vocab_size), ("width", spec.hidden_size), ("layers", spec.num_layers)]
-    return ", ".join(f"{label} {value:,}" for label, value in parts if value is not None)
+    parts = [f"vocabulary {spec.vocab_size:,}" if spec.vocab_size else None,
+             f"width {spec.hidden_size:,}" if spec.hidden_size else None,
+             f"{spec.num_layers} layers" if spec.num_layers else None]
+    return ", ".join(p for p in parts if p)
 
 
 def shape_of(spec: ModelSpec) -> ActivationShape:
@@ -124,9 +126,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
         heads = spec.num_attention_heads
         note = None
         if family is None and spec.model_type is not None:
-            note = (f"no activation formula for {what}; activations assume a Llama-like decoder of the "
-                    f"config's language model ({_known(spec)}); other parts (a vision tower, say) count "
-                    "in model states only")
+            note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
+                    f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         return ActivationShape(
             num_layers=spec.num_layers,
             hidden_size=spec.hidden_size,

@@ -114,21 +114,22 @@ def _embedding_modules(module: "torch.nn.Module") -> tuple[Any, Any]:
             found.append(get() if callable(get) else None)
         except (NotImplementedError, AttributeError):
             found.append(None)
-    embedding, head = found
-    if not isinstance(embedding, torch.nn.Embedding):
+    # A token embedding is a (vocabulary x width) lookup table; duck-typed on ``weight`` so that
+    # wrappers (PEFT's LoRA embedding) still count.
+    embedding, head = (m if isinstance(getattr(m, "weight", None), torch.Tensor) else None for m in found)
+    if embedding is not None and embedding.weight.dim() != 2:
         embedding = None
-    if not isinstance(getattr(head, "weight", None), torch.Tensor):
-        head = None
     return embedding, head
 
 
-def _blocks(module: "torch.nn.Module") -> list:
+def _blocks(module: "torch.nn.Module", embedding: Any) -> list:
     """The repeated block: among the classes in ``_no_split_modules``, the one holding the most
-    parameters (Llava: the language model's decoder layers, not the vision tower's)."""
+    parameters (Llava: the language model's decoder layers, not the vision tower's), never the
+    one holding the token embedding (BertEmbeddings)."""
     no_split = set(getattr(module, "_no_split_modules", None) or [])
     by_class: dict[type, list] = {}
     for m in module.modules():
-        if type(m).__name__ in no_split:
+        if type(m).__name__ in no_split and not (embedding is not None and any(c is embedding for c in m.modules())):
             by_class.setdefault(type(m), []).append(m)
     weight = lambda blocks: sum(p.numel() for b in blocks for p in b.parameters())  # noqa: E731
     return max(by_class.values(), key=lambda blocks: (len(blocks) > 1, weight(blocks)), default=[])
@@ -137,13 +138,13 @@ def _blocks(module: "torch.nn.Module") -> list:
 def _components(module: "torch.nn.Module", total: int) -> dict:
     """Embeddings, one block, head and the rest, when the blocks are identical; else nothing.
     A model without token embeddings has 0 of them (its patch or feature encoder is 'other')."""
-    blocks = _blocks(module)
+    embedding, head_module = _embedding_modules(module)
+    blocks = _blocks(module, embedding)
     if not blocks:
         return {}
     sizes = {sum(p.numel() for p in b.parameters()) for b in blocks}
     if len(sizes) != 1:
         return {}
-    embedding, head_module = _embedding_modules(module)
     emb = embedding.weight.numel() if embedding is not None else 0
     tied = embedding is not None and head_module is not None and head_module.weight is embedding.weight
     head = 0 if head_module is None or tied else head_module.weight.numel()

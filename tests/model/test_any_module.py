@@ -134,3 +134,14 @@ def test_wrap_one_process_returns_model_unchanged(kind, capsys):
     same = wrap(model, env=env)
     assert same is model and model.advisor_decision.strategy is None
     assert "unchanged" in capsys.readouterr().err
+
+
+def test_one_layer_model_block_is_the_layer_not_the_embeddings():
+    """BertEmbeddings is in BERT's _no_split_modules too; with one layer both occur once (the old
+    rule, most instances, took the first: the embeddings). By hand: embeddings 100*32 + 64*32 + 2*32
+    + LayerNorm 64 = 5,376; BertLayer 4 x (32*32 + 32) + 64 + (32*64 + 64) + (64*32 + 32) + 64 = 8,544."""
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=64)
+    spec = spec_from_module(transformers.BertModel(config, add_pooling_layer=False))
+    assert (spec.block_class, spec.num_layers, spec.layer_params, spec.embedding_params) == ("BertLayer", 1, 8544, 3200)
+    assert spec.total_params == 5376 + 8544

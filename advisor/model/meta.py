@@ -23,33 +23,54 @@ def _config_dict(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if not k.startswith("_advisor")}
 
 
+def _one_line(err: BaseException) -> str:
+    """An exception and its cause as one short line (transformers 5 wraps config validation
+    errors in huggingface_hub's StrictDataclass*ValidationError, with the reason in the cause)."""
+    text = " ".join(str(err).split())
+    cause = " ".join(str(err.__cause__ or "").split())
+    if cause and cause not in text:
+        text = f"{text} {cause}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _build_config(cfg: dict, *, trust_remote_code: bool, local_dir: str | None) -> Any:
+    import transformers
+    from transformers import AutoConfig
+
+    model_type = cfg.get("model_type")
+    if local_dir is not None and trust_remote_code:
+        return AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
+    if model_type not in transformers.CONFIG_MAPPING:
+        if cfg.get("auto_map") and not trust_remote_code:
+            raise ValueError(f"model_type '{model_type}' needs the model's own code; pass --trust-remote-code to run it")
+        raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}'")
+    try:
+        return AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})
+    except Exception as err:  # transformers' own validation of the values: the user's config is at fault
+        raise ValueError(f"transformers rejects this {model_type} config: {_one_line(err)}") from None
+
+
 def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: str | None = None) -> "torch.nn.Module":
     """Instantiate the model class named by the config on the meta device (no weights, no memory)."""
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
-    model_type = cfg.get("model_type")
-    if local_dir is not None and trust_remote_code:
-        config = AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
-    else:
-        if cfg.get("auto_map") and not trust_remote_code and model_type not in transformers.CONFIG_MAPPING:
-            raise ValueError(
-                f"model_type '{model_type}' needs the model's own code; pass --trust-remote-code to run it"
-            )
-        try:
-            config = AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"transformers does not know model_type '{model_type}': {err}") from None
+    config = _build_config(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
     archs = getattr(config, "architectures", None) or []
     model_cls = getattr(transformers, archs[0], None) if archs else None
-    with torch.device("meta"):
-        if model_cls is not None:
-            return model_cls(config)
-        try:
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        except ValueError:
-            return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    try:
+        with torch.device("meta"):
+            if model_cls is not None:
+                return model_cls(config)
+            try:
+                return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            except ValueError:
+                return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError) as err:
+        # A config transformers accepted but its model cannot be built from (inconsistent sizes).
+        name = model_cls.__name__ if model_cls is not None else config.model_type
+        raise ValueError(f"transformers cannot build {name} from this config: {_one_line(err)}") from None
 
 
 def _text_config(config: Any) -> Any:

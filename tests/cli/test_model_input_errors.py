@@ -37,3 +37,19 @@ def test_inspect_size_through_the_one_resolver(capsys):
     code, out, _ = _run(["inspect", "7.5B", "--json"], capsys)
     doc = json.loads(out)
     assert code == 0 and doc["total_params"] == 7_500_000_000 and "pass a config" in doc["note"]
+
+
+@pytest.mark.parametrize("cfg, expected", [
+    # Keys outside the alias table, checked by transformers' own config validation (meta-device path).
+    ({"model_type": "mamba", "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "state_size": "x"},
+     "transformers rejects this mamba config: Validation error for field 'state_size'"),
+    ({**TINY_CONFIGS["gpt_neox_fallback"], "hidden_size": 65},
+     "transformers rejects this gpt_neox config: Class validation error"),
+    ({"model_type": "no_such_type", "hidden_size": 64}, "does not know model_type 'no_such_type'"),
+])
+def test_config_transformers_rejects_is_one_line_exit_2(tmp_path, capsys, cfg, expected):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, out, err = _run(["inspect", str(tmp_path)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert expected in lines[0] and len(lines[0]) < 400

@@ -37,18 +37,21 @@ def cli() -> None:
 @click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run (off by default).")
 def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
     """Describe MODEL: a bundled id, a local directory or config.json, a Hub id, or a size like 7.5B."""
-    from advisor.model.sources import resolve_model, resolve_size
+    from advisor.estimate.activations import shape_of
+    from advisor.model.sources import resolve_model
 
-    looks_like_size = model.strip()[:1].isdigit() and "/" not in model
-    spec = resolve_size(model) if looks_like_size else resolve_model(model, trust_remote_code=trust_remote_code)
+    spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    note = shape_of(spec).note  # what the estimates cannot model from this description
     if as_json:
         doc = spec.model_dump()
-        doc.update(frozen_params=spec.frozen_params, active_params=spec.active_params)
+        doc.update(frozen_params=spec.frozen_params, active_params=spec.active_params, note=note)
         click.echo(json.dumps(doc, indent=2))
         return
     from advisor.cli.render import print_table, spec_table
 
     print_table(spec_table(spec))
+    if note:
+        click.echo(f"note: {note}")
 
 
 @cli.command()

@@ -11,7 +11,10 @@ from PyTorch's derivatives.yaml. GPT-2 and BERT use the same method with their L
 dropout; GPT-NeoX (parallel residual, fused QKV, partial rotary) has its own formula. The saved
 tensors were listed with ``torch.autograd.graph.saved_tensors_hooks`` on each family and the totals
 validated against PyTorch's own execution by the simulator (``advisor simulate``,
-``benchmarks/accuracy.py``). Other families are treated as Llama-like decoders.
+``benchmarks/accuracy.py``). A language model of another family (Mamba, Llava's language model)
+is treated as a Llama-like decoder of its own vocabulary, width and depth, and the shape says so
+(``ActivationShape.note``); a model without token embeddings (ViT, ResNet, Wav2Vec2, CLIP, any
+``nn.Module``) has no activation model: its estimate counts model states only.
 
 All functions are pure: integers in, integer bytes out.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.model.bundled import load_architectures
 from advisor.model.spec import ModelSpec
 
 FP32 = 4
@@ -38,11 +42,12 @@ class ActivationShape(BaseModel):
     num_kv_heads: int = Field(ge=1)
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
-    family: str = Field(description="decoder (Llama-like), gpt2, bert or gpt_neox")
+    vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
+    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
-    assumed: bool = Field(default=False, description="Shape invented from the size alone.")
+    assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
+    note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
 
 class Dtypes(BaseModel):
@@ -66,38 +71,87 @@ class ActivationEstimate(BaseModel):
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
+_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}
+SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
+
+
+def activation_family(model_type: str | None) -> str | None:
+    """The formula written for ``model_type``: its own, or the decoder one for the Llama-like
+    families whose module tree ``profiles/architectures.json`` maps to the decoder count; else None."""
+    if model_type in _OWN_FORMULA:
+        return _OWN_FORMULA[model_type]
+    info = load_architectures().get(model_type or "")
+    return "decoder" if info is not None and info.formula == "decoder" else None
+
+
+def _size_shape(total_params: int) -> dict:
+    """A Llama-like shape with P ~= 12 L h^2 and L ~= h / 128 (Llama 2 7B: h=4096, L=32)."""
+    hidden = max(256, round((total_params * 128 / 12) ** (1 / 3) / 256) * 256)
+    layers = max(1, round(total_params / (12 * hidden * hidden)))
+    return dict(num_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 128,
+                num_kv_heads=hidden // 128, head_dim=128, intermediate_size=hidden * 8 // 3, vocab_size=32000)
+
+
+def _own_fields(spec: ModelSpec, guess: dict) -> tuple[dict, bool]:
+    """The spec's shape fields, the missing ones filled from ``guess``; attention heads from the
+    width when only the width is known (128 channels a head, at least one). Also: whether any was guessed."""
+    own = {k: getattr(spec, k) for k in guess if getattr(spec, k) is not None}
+    fields = {**guess, **own}
+    h = fields["hidden_size"]
+    if spec.num_attention_heads is None:
+        heads = max(1, h // 128)
+        fields.update(num_attention_heads=heads, num_kv_heads=heads, head_dim=max(1, h // heads))
+    else:
+        fields["num_kv_heads"] = spec.num_kv_heads or spec.num_attention_heads
+        fields["head_dim"] = spec.head_dim or max(1, h // spec.num_attention_heads)
+    if spec.intermediate_size is None:
+        fields["intermediate_size"] = h * 8 // 3
+    return fields, len(own) < len(guess)
+
+
+def _known(spec: ModelSpec) -> str:
+    parts = [f"vocabulary {spec.vocab_size:,}" if spec.vocab_size else None,
+             f"width {spec.hidden_size:,}" if spec.hidden_size else None,
+             f"{spec.num_layers} layers" if spec.num_layers else None]
+    return ", ".join(p for p in parts if p)
+
+
 def shape_of(spec: ModelSpec) -> ActivationShape:
-    """The spec's own shape, or an assumed Llama-like one when only the size is known."""
-    family = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}.get(spec.model_type or "", "decoder")
+    """The spec's own shape; for a bare size an assumed Llama-like one; for a language model of a
+    family with no formula, a Llama-like decoder of its own vocabulary, width and depth; for a
+    model without token embeddings, no activation model (family 'none'). ``note`` says which."""
+    family = activation_family(spec.model_type)
+    what = f"model_type {spec.model_type}" if spec.model_type else (spec.architecture or "this model")
     if spec.has_architecture:
         heads = spec.num_attention_heads
-        head_dim = spec.head_dim or spec.hidden_size // heads
+        note = None
+        if family is None and spec.model_type is not None:
+            note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
+                    f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         return ActivationShape(
             num_layers=spec.num_layers,
             hidden_size=spec.hidden_size,
             num_attention_heads=heads,
             num_kv_heads=spec.num_kv_heads or heads,
-            head_dim=head_dim,
+            head_dim=spec.head_dim or spec.hidden_size // heads,
             intermediate_size=spec.intermediate_size or 4 * spec.hidden_size,
             vocab_size=spec.vocab_size,
-            family=family,
+            family=family or "decoder",
             num_experts=spec.num_experts,
             num_experts_per_token=spec.num_experts_per_token,
+            note=note,
         )
-    # Size only: a Llama-like shape with P ~= 12 L h^2 and L ~= h / 128 (Llama 2 7B: h=4096, L=32).
-    hidden = max(256, round((spec.total_params * 128 / 12) ** (1 / 3) / 256) * 256)
-    layers = max(1, round(spec.total_params / (12 * hidden * hidden)))
-    return ActivationShape(
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=hidden // 128,
-        num_kv_heads=hidden // 128,
-        head_dim=128,
-        intermediate_size=hidden * 8 // 3,
-        vocab_size=32000,
-        family="decoder",
-        assumed=True,
-    )
+    guess = _size_shape(spec.total_params)
+    if spec.source == "params":
+        return ActivationShape(**guess, family="decoder", assumed=True, note=SIZE_ONLY_NOTE)
+    fields, guessed = _own_fields(spec, guess)
+    if spec.vocab_size is None:
+        note = (f"no token embeddings: activations are not modelled for {spec.architecture or what}; "
+                "the estimate counts model states only")
+        return ActivationShape(**{**fields, "vocab_size": 0}, family="none", assumed=guessed, note=note)
+    note = (f"no activation formula for {what}; activations assume a Llama-like decoder with the config's "
+            f"{_known(spec)}, the rest guessed")
+    return ActivationShape(**fields, family="decoder", assumed=True, note=note)
 
 
 def _rms_norm_per_token(h: int, dt: Dtypes) -> int:
@@ -186,6 +240,9 @@ def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient."""
+    if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
+        return ActivationEstimate(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0,
+                                  backward_temp_bytes=0, returned_logits_bytes=0)
     tokens = micro_batch_size * seq_len
     per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
         shape.family, _encoder_layer_per_token)

@@ -10,19 +10,13 @@ A config this module cannot count returns ``None``; the caller falls back to the
 
 from __future__ import annotations
 
-from advisor.model.spec import ModelSpec, Source
 from advisor.model.bundled import ArchitectureInfo, load_architectures
-
-
-def _get(cfg: dict, *keys: str, default=None):
-    for key in keys:
-        if cfg.get(key) is not None:
-            return cfg[key]
-    return default
+from advisor.model.config_keys import config_value as _get
+from advisor.model.spec import ModelSpec, Source
 
 
 def _dtype(cfg: dict) -> str | None:
-    value = _get(cfg, "dtype", "torch_dtype")
+    value = _get(cfg, "dtype")
     return str(value) if value is not None else None
 
 
@@ -32,12 +26,12 @@ def _tied(cfg: dict, info: ArchitectureInfo) -> bool:
 
 def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
     """Pre-norm decoder: embeddings, N x (attention + MLP + norms), final norm, head."""
-    required = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
-    if any(cfg.get(k) is None for k in required):
+    required = ("hidden_size", "num_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+    if any(_get(cfg, fact) is None for fact in required):
         return None
-    h, n_layers, n_heads = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
-    n_kv = _get(cfg, "num_key_value_heads", default=n_heads)
+    h, n_layers, n_heads = _get(cfg, "hidden_size"), _get(cfg, "num_layers"), _get(cfg, "num_attention_heads")
+    inter, vocab = _get(cfg, "intermediate_size"), _get(cfg, "vocab_size")
+    n_kv = _get(cfg, "num_kv_heads", default=n_heads)
     head_dim = _get(cfg, "head_dim", default=h // n_heads)
     qkv_bias, o_bias = info.qkv_bias, info.o_bias
     if info.bias_key and info.bias_key in cfg:
@@ -50,8 +44,8 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
     expert = 3 * h * inter + (2 * inter + h) * mlp_bias
     num_experts = num_active = None
     if info.moe:
-        num_experts = _get(cfg, "num_local_experts", "num_experts")
-        num_active = _get(cfg, "num_experts_per_tok")
+        num_experts = _get(cfg, "num_experts")
+        num_active = _get(cfg, "num_experts_per_token")
         if num_experts is None or num_active is None:
             return None
         mlp = h * num_experts + num_experts * expert  # router + experts
@@ -82,12 +76,12 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
 
 def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
     """GPT-2: learned positions, Conv1D projections with biases, LayerNorm with biases."""
-    h = _get(cfg, "n_embd", "hidden_size", default=768)
-    n_layers = _get(cfg, "n_layer", "num_hidden_layers", default=12)
-    n_heads = _get(cfg, "n_head", "num_attention_heads", default=12)
-    positions = _get(cfg, "n_positions", "max_position_embeddings", default=1024)
+    h = _get(cfg, "hidden_size", default=768)
+    n_layers = _get(cfg, "num_layers", default=12)
+    n_heads = _get(cfg, "num_attention_heads", default=12)
+    positions = _get(cfg, "max_position_embeddings", default=1024)
     vocab = _get(cfg, "vocab_size", default=50257)
-    inter = _get(cfg, "n_inner", default=4 * h)
+    inter = _get(cfg, "intermediate_size", default=4 * h)
     layer = 2 * (2 * h) + (h * 3 * h + 3 * h) + (h * h + h) + (h * inter + inter) + (inter * h + h)
     tied = _tied(cfg, info)
     return dict(
@@ -111,7 +105,7 @@ def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
 def _bert(cfg: dict, info: ArchitectureInfo, architecture: str | None) -> dict | None:
     """BERT encoder; the head depends on the class (masked-LM head or pooler)."""
     h = _get(cfg, "hidden_size", default=768)
-    n_layers = _get(cfg, "num_hidden_layers", default=12)
+    n_layers = _get(cfg, "num_layers", default=12)
     n_heads = _get(cfg, "num_attention_heads", default=12)
     inter = _get(cfg, "intermediate_size", default=3072)
     vocab = _get(cfg, "vocab_size", default=30522)

@@ -3,13 +3,16 @@
 This is the slow, always-right path (it imports torch and transformers): for architectures with no
 formula in ``advisor.model.architectures``, for live models handed to the library, and as the reference
 the formulas are tested against. Building on the meta device allocates no memory and loads no
-weights.
+weights. Any ``nn.Module`` is accepted: shape fields come from its config when it has one (the
+language model's, for a composite config such as Llava's), ``vocab_size`` only when it has token
+embeddings, components only when it has identical repeated blocks.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from advisor.model.config_keys import config_value
 from advisor.model.spec import ModelSpec, Source
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,84 +23,151 @@ def _config_dict(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if not k.startswith("_advisor")}
 
 
+def _one_line(err: BaseException) -> str:
+    """An exception and its cause as one short line (transformers 5 wraps config validation
+    errors in huggingface_hub's StrictDataclass*ValidationError, with the reason in the cause)."""
+    text = " ".join(str(err).split())
+    cause = " ".join(str(err.__cause__ or "").split())
+    if cause and cause not in text:
+        text = f"{text} {cause}"
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _build_config(cfg: dict, *, trust_remote_code: bool, local_dir: str | None) -> Any:
+    import transformers
+    from transformers import AutoConfig
+
+    model_type = cfg.get("model_type")
+    if local_dir is not None and trust_remote_code:
+        return AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
+    if model_type not in transformers.CONFIG_MAPPING:
+        if cfg.get("auto_map") and not trust_remote_code:
+            raise ValueError(f"model_type '{model_type}' needs the model's own code; pass --trust-remote-code to run it")
+        raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}'")
+    try:
+        return AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})
+    except Exception as err:  # transformers' own validation of the values: the user's config is at fault
+        raise ValueError(f"transformers rejects this {model_type} config: {_one_line(err)}") from None
+
+
 def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: str | None = None) -> "torch.nn.Module":
     """Instantiate the model class named by the config on the meta device (no weights, no memory)."""
     import torch
     import transformers
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel, AutoModelForCausalLM
 
-    model_type = cfg.get("model_type")
-    if local_dir is not None and trust_remote_code:
-        config = AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
-    else:
-        if cfg.get("auto_map") and not trust_remote_code and model_type not in transformers.CONFIG_MAPPING:
-            raise ValueError(
-                f"model_type '{model_type}' needs the model's own code; pass --trust-remote-code to run it"
-            )
-        try:
-            config = AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})
-        except (KeyError, ValueError) as err:
-            raise ValueError(f"transformers does not know model_type '{model_type}': {err}") from None
+    config = _build_config(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
     archs = getattr(config, "architectures", None) or []
     model_cls = getattr(transformers, archs[0], None) if archs else None
-    with torch.device("meta"):
-        if model_cls is not None:
-            return model_cls(config)
+    try:
+        with torch.device("meta"):
+            if model_cls is not None:
+                return model_cls(config)
+            try:
+                return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            except ValueError:
+                return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError) as err:
+        # A config transformers accepted but its model cannot be built from (inconsistent sizes).
+        name = model_cls.__name__ if model_cls is not None else config.model_type
+        raise ValueError(f"transformers cannot build {name} from this config: {_one_line(err)}") from None
+
+
+def _text_config(config: Any) -> Any:
+    """The language model's config of a composite model (Llava's ``text_config``); else ``config``."""
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
         try:
-            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-        except ValueError:
-            return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+            return get_text(decoder=True) or config
+        except (TypeError, ValueError):  # no unique text sub-config (an encoder-decoder, say)
+            return config
+    return config
+
+
+def _attr(config: Any, key: str) -> Any:
+    return config.get(key) if isinstance(config, dict) else getattr(config, key, None)
 
 
 def _shape_fields(config: Any) -> dict:
-    """Shape fields from a transformers config object (attribute maps resolve gpt2's n_embd etc.)."""
+    """Shape fields from a transformers config object, the language model's for a composite one
+    (facts looked up through the one alias table, ``advisor.model.config_keys``)."""
     if config is None:
         return {}
-    get = lambda name: getattr(config, name, None)  # noqa: E731
+    text = _text_config(config)
+    get = lambda fact: config_value(text, fact)  # noqa: E731
     hidden, heads = get("hidden_size"), get("num_attention_heads")
-    head_dim = get("head_dim") or (hidden // heads if hidden and heads else None)
-    experts = get("num_local_experts") or get("num_experts")
-    active = get("num_experts_per_tok") if experts else None
-    archs = get("architectures") or []
-    dtype = get("dtype") if get("dtype") is not None else get("torch_dtype")
+    ints = lambda v: v if isinstance(v, int) and not isinstance(v, bool) else None  # noqa: E731
+    hidden, heads = ints(hidden), ints(heads)
+    head_dim = ints(get("head_dim")) or (hidden // heads if hidden and heads else None)
+    experts, active = ints(get("num_experts")), ints(get("num_experts_per_token"))
+    archs = _attr(config, "architectures") or []
+    model_type = _attr(config, "model_type")
+    # transformers 5 configs carry ``dtype``; reading the ``torch_dtype`` alias off one prints a
+    # deprecation warning, so the alias is only for dict configs.
+    dtype = _attr(config, "dtype") if hasattr(config, "dtype") else config_value(config, "dtype")
     return dict(
-        architecture=archs[0] if archs else None,
-        model_type=get("model_type"),
-        num_layers=get("num_hidden_layers"),
+        architecture=archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None,
+        model_type=model_type if isinstance(model_type, str) and model_type else None,
+        num_layers=ints(get("num_layers")),
         hidden_size=hidden,
         num_attention_heads=heads,
-        num_kv_heads=get("num_key_value_heads") or heads,
+        num_kv_heads=ints(get("num_kv_heads")) or heads,
         head_dim=head_dim,
-        intermediate_size=get("intermediate_size") or get("n_inner") or (4 * hidden if hidden else None),
-        vocab_size=get("vocab_size"),
+        intermediate_size=ints(get("intermediate_size")) or (4 * hidden if hidden else None),
+        vocab_size=ints(get("vocab_size")),
         num_experts=experts if experts and active else None,
         num_experts_per_token=active if experts and active else None,
-        max_position_embeddings=get("max_position_embeddings"),
+        max_position_embeddings=ints(get("max_position_embeddings")),
         dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
     )
 
 
-def _components(module: "torch.nn.Module", total: int) -> dict:
-    """Embeddings, one block, head and the rest, when the blocks are identical; else nothing."""
+def _embedding_modules(module: "torch.nn.Module") -> tuple[Any, Any]:
+    """(input token embedding, output head), each ``None`` when the model has none. Models without
+    token embeddings (ViT's patch embeddings, ResNet, Wav2Vec2, CLIP) raise NotImplementedError
+    from transformers' ``get_input_embeddings`` or return a module with no ``weight``."""
     import torch
 
-    no_split = list(getattr(module, "_no_split_modules", None) or [])
-    by_class: dict[str, list] = {}
+    found = []
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        get = getattr(module, getter, None)
+        try:
+            found.append(get() if callable(get) else None)
+        except (NotImplementedError, AttributeError):
+            found.append(None)
+    # A token embedding is a (vocabulary x width) lookup table; duck-typed on ``weight`` so that
+    # wrappers (PEFT's LoRA embedding) still count.
+    embedding, head = (m if isinstance(getattr(m, "weight", None), torch.Tensor) else None for m in found)
+    if embedding is not None and embedding.weight.dim() != 2:
+        embedding = None
+    return embedding, head
+
+
+def _blocks(module: "torch.nn.Module", embedding: Any) -> list:
+    """The repeated block: among the classes in ``_no_split_modules``, the one holding the most
+    parameters (Llava: the language model's decoder layers, not the vision tower's), never the
+    one holding the token embedding (BertEmbeddings)."""
+    no_split = set(getattr(module, "_no_split_modules", None) or [])
+    by_class: dict[type, list] = {}
     for m in module.modules():
-        if type(m).__name__ in no_split:
-            by_class.setdefault(type(m).__name__, []).append(m)
-    blocks = max(by_class.values(), key=len, default=[])  # the repeated block, not e.g. BertEmbeddings
-    get_in = getattr(module, "get_input_embeddings", None)
-    get_out = getattr(module, "get_output_embeddings", None)
-    embedding = get_in() if callable(get_in) else None
-    if not blocks or not isinstance(embedding, torch.nn.Module):
+        if type(m).__name__ in no_split and not (embedding is not None and any(c is embedding for c in m.modules())):
+            by_class.setdefault(type(m), []).append(m)
+    weight = lambda blocks: sum(p.numel() for b in blocks for p in b.parameters())  # noqa: E731
+    return max(by_class.values(), key=lambda blocks: (len(blocks) > 1, weight(blocks)), default=[])
+
+
+def _components(module: "torch.nn.Module", total: int) -> dict:
+    """Embeddings, one block, head and the rest, when the blocks are identical; else nothing.
+    A model without token embeddings has 0 of them (its patch or feature encoder is 'other')."""
+    embedding, head_module = _embedding_modules(module)
+    blocks = _blocks(module, embedding)
+    if not blocks:
         return {}
     sizes = {sum(p.numel() for p in b.parameters()) for b in blocks}
     if len(sizes) != 1:
         return {}
-    emb = embedding.weight.numel()
-    head_module = get_out() if callable(get_out) else None
-    tied = head_module is not None and head_module.weight is embedding.weight
+    emb = embedding.weight.numel() if embedding is not None else 0
+    tied = embedding is not None and head_module is not None and head_module.weight is embedding.weight
     head = 0 if head_module is None or tied else head_module.weight.numel()
     layer = sizes.pop()
     other = total - emb - len(blocks) * layer - head
@@ -108,7 +178,7 @@ def _components(module: "torch.nn.Module", total: int) -> dict:
         layer_params=layer,
         head_params=head,
         other_params=other,
-        tied_embeddings=tied,
+        tied_embeddings=tied if embedding is not None else None,
         num_layers=len(blocks),
         block_class=type(blocks[0]).__name__,
     )
@@ -121,8 +191,14 @@ def spec_from_module(
     params = list(module.parameters())  # nn.Module.parameters() already yields a shared tensor once
     total = sum(p.numel() for p in params)
     trainable = sum(p.numel() for p in params if p.requires_grad)
+    if total == 0:
+        raise ValueError(f"{type(module).__name__} has no parameters: there is nothing to train or place")
     config = getattr(module, "config", None)
     fields = {k: v for k, v in _shape_fields(config).items() if v is not None}
+    if _embedding_modules(module)[0] is None:
+        # No token embeddings: a config's vocab_size (Wav2Vec2's CTC labels, CLIP's text tower)
+        # does not make it a language model; the activation model keys on vocab_size.
+        fields.pop("vocab_size", None)
     fields.update(_components(module, total))
     if fields.get("architecture") is None:
         fields["architecture"] = type(module).__name__

@@ -1,10 +1,14 @@
 """Turn what the user names (bundled id, local directory or config.json, Hub id, size, live module)
 into a ``ModelSpec``.
 
-Order for a string: an existing local path, then a bundled profile, then the Hugging Face Hub
-(``config.json`` only, never weights, through the hub cache). The fast formula counts known
-families without importing torch; anything else is built on the meta device (``advisor.model.meta``).
-Remote code runs only with ``trust_remote_code=True``.
+Order for a string: an existing local path, then a bundled profile, then a size (``7.5B``: what
+``--params`` accepts), then the Hugging Face Hub (``config.json`` only, never weights, through the
+hub cache). The fast formula counts known families without importing torch; anything else is built
+on the meta device (``advisor.model.meta``). Remote code runs only with ``trust_remote_code=True``.
+
+This is the one resolver: ``resolve`` returns the spec and the config dict it read (the simulator
+builds its model from that dict); ``resolve_model`` is its spec alone. Config values are checked
+once, here (``advisor.model.config_keys.check_config``).
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from urllib.parse import urlparse
 
 from advisor.model.architectures import count_from_config
+from advisor.model.config_keys import check_config
 from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
 from advisor.model.bundled import bundled_model_ids, find_bundled_model, load_bundled_config
 
@@ -79,8 +84,7 @@ def spec_from_config(
     cfg: dict, *, name: str, source: Source, trust_remote_code: bool = False, local_dir: str | None = None
 ) -> ModelSpec:
     """Exact counts from a config dict: the formula when one applies, else the meta device."""
-    if not isinstance(cfg, dict) or "model_type" not in cfg:
-        raise ValueError(f"config for '{name}' has no model_type; is it a transformers config.json?")
+    check_config(cfg, name=name)
     spec = count_from_config(cfg, name=name, source=source)
     if spec is not None:
         return spec
@@ -90,33 +94,69 @@ def spec_from_config(
     return spec_from_module(module, name=name, source=source)
 
 
-def resolve_model(
+class Resolved(NamedTuple):
+    """What the resolver found: the spec, and the config dict it was read from (``None`` for a
+    size, a ``ModelSpec`` or a live module)."""
+
+    spec: ModelSpec
+    config: dict | None
+
+
+def _looks_like_size(name: str) -> bool:
+    try:
+        parse_count(name)
+    except ValueError:
+        return False
+    return True
+
+
+def resolve(
     model: Any,
     *,
     trust_remote_code: bool = False,
     fetch_config: ConfigFetcher = download_hub_config,
-) -> ModelSpec:
-    """A ``ModelSpec`` for a name, path, size string, ``ModelSpec`` or live ``torch.nn.Module``."""
+) -> Resolved:
+    """The spec and config for a name, path, size string, config dict, ``ModelSpec`` or live module."""
     if isinstance(model, ModelSpec):
-        return model
+        return Resolved(model, None)
+    if isinstance(model, dict):  # a config.json already read (the simulator's and benchmarks' callers)
+        name = str(model.get("_name_or_path") or model.get("model_type") or "config")
+        return Resolved(spec_from_config(model, name=name, source="local", trust_remote_code=trust_remote_code),
+                        dict(model))
     if not isinstance(model, str):
         if hasattr(model, "parameters") and hasattr(model, "named_modules"):
             from advisor.model.meta import spec_from_module
 
-            return spec_from_module(model)
+            return Resolved(spec_from_module(model), None)
         raise ValueError(f"cannot describe a model from {type(model).__name__}")
     name = model.strip()
     if not name:
         raise ValueError(_unresolved("", "empty name"))
     if len(name) < 4096 and Path(name).expanduser().exists():
         cfg, local_dir = _read_local(Path(name).expanduser())
-        return spec_from_config(cfg, name=name, source="local", trust_remote_code=trust_remote_code, local_dir=local_dir)
+        spec = spec_from_config(cfg, name=name, source="local", trust_remote_code=trust_remote_code,
+                                local_dir=local_dir)
+        return Resolved(spec, cfg)
     bundled = find_bundled_model(name)
     if bundled is not None:
-        return spec_from_config(load_bundled_config(bundled), name=bundled, source="bundled")
+        cfg = load_bundled_config(bundled)
+        return Resolved(spec_from_config(cfg, name=bundled, source="bundled"), cfg)
+    if _looks_like_size(name):
+        return Resolved(resolve_size(name), None)
     if not _HUB_ID.match(name):
-        raise ValueError(_unresolved(name, "not a local path, bundled id or Hub id"))
-    return spec_from_config(fetch_config(name), name=name, source="hub", trust_remote_code=trust_remote_code)
+        raise ValueError(_unresolved(name, "not a local path, bundled id, size or Hub id"))
+    cfg = fetch_config(name)
+    return Resolved(spec_from_config(cfg, name=name, source="hub", trust_remote_code=trust_remote_code), cfg)
+
+
+def resolve_model(
+    model: Any,
+    *,
+    trust_remote_code: bool = False,
+    fetch_config: ConfigFetcher = download_hub_config,
+) -> ModelSpec:
+    """A ``ModelSpec`` for anything ``resolve`` accepts (what ``--model`` accepts, and more)."""
+    return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config).spec
 
 
 def resolve_size(text: str) -> ModelSpec:

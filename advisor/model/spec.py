@@ -4,7 +4,10 @@ Counts are exact parameter counts (shared parameters once), split into component
 memory model can place them: input embeddings, one transformer block (all blocks are identical in
 the supported families), the output head (0 when tied to the embeddings), and everything else
 (final norm, position embeddings, pooler). Shape fields drive the activation model; they are
-``None`` when only a size is known (``--params 7.5B``).
+``None`` when only a size is known (``--params 7.5B``) or when the model lacks them: no
+``vocab_size`` for a model without token embeddings (ViT, ResNet, Wav2Vec2, CLIP, any plain
+``nn.Module``), no attention heads for Mamba. ``advisor.estimate.activations.shape_of`` decides
+from what is present how activations are modelled, and its note says what is assumed or left out.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
@@ -97,8 +98,9 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
             notes.append(text.format(v=getattr(training, field)))
     notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
                  f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
-    if not spec.has_architecture:
-        notes.append("only the size is known: activations assume a Llama-like shape; pass a config for exact figures")
+    shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
+    if shape_note:
+        notes.append(shape_note)
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
     if training.micro_batch_size is None:

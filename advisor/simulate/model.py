@@ -10,11 +10,10 @@ models, to validate the fake run). What does not: wrapping, the training step, m
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from advisor.model.sources import _read_local, download_hub_config
-from advisor.model.bundled import find_bundled_model, load_bundled_config
+from advisor.model.config_keys import CONFIG_KEYS
+from advisor.model.sources import resolve
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -25,24 +24,17 @@ if TYPE_CHECKING:  # pragma: no cover
 # GPU. The CPU SDPA (``_fused_sdp_choice_cpp``) has no dropout in its flash kernel and falls back to
 # the math path, which saves the s x s probabilities and mask. The simulator therefore trains with
 # attention dropout 0, which is what a GPU's memory looks like either way.
-ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+ATTENTION_DROPOUT_KEYS = CONFIG_KEYS["attention_dropout"]
 
 
 def resolve_config(model: str | dict) -> tuple[str, dict]:
-    """``(name, config dict)`` for a bundled id, a local directory / config.json or a Hub id."""
-    if isinstance(model, dict):
-        if "model_type" not in model:
-            raise ValueError("a config dict needs a model_type")
-        return str(model.get("_name_or_path") or model["model_type"]), dict(model)
-    name = model.strip()
-    if name and len(name) < 4096 and Path(name).expanduser().exists():
-        return name, _read_local(Path(name).expanduser())[0]
-    bundled = find_bundled_model(name)
-    if bundled is not None:
-        return bundled, load_bundled_config(bundled)
-    if name[:1].isdigit():
-        raise ValueError(f"cannot simulate '{name[:40]}': a bare size has no architecture; pass a config")
-    return name, download_hub_config(name)
+    """``(name, config dict)`` for a bundled id, a local directory / config.json, a Hub id or a
+    config dict, through the one resolver (``advisor.model.sources.resolve``)."""
+    spec, cfg = resolve(model)
+    if cfg is None:
+        raise ValueError(f"cannot simulate '{spec.name[:40]}': a bare size has no architecture; "
+                         "pass a model id, a local directory with config.json, or a config dict")
+    return spec.name, cfg
 
 
 def simulation_config(cfg: dict, *, attention: str) -> dict:

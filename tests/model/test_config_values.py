@@ -1,0 +1,80 @@
+"""Config values are checked once, where configs are read (issue 10, item 7), through the one alias
+table; the one resolver returns the spec and the config it read (the simulator uses it); and
+``resolve_model`` accepts a size, as ``--model`` does (item 9a)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import advisor
+from advisor.model.config_keys import CONFIG_KEYS, check_config, config_value
+from advisor.model.sources import resolve, resolve_model
+from advisor.simulate.model import ATTENTION_DROPOUT_KEYS, resolve_config, simulation_config
+from tests.conftest import TINY_CONFIGS
+
+LLAMA = TINY_CONFIGS["llama_gqa_untied"]
+
+
+def _write(tmp_path, **changes) -> str:
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, **changes}))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("key, value, shown", [
+    ("hidden_size", "big", '"big"'),           # was a TypeError inside the formula
+    ("hidden_size", -64, "-64"),               # was eight pydantic errors
+    ("num_hidden_layers", 2.5, "2.5"),
+    ("vocab_size", True, "True"),
+    ("num_attention_heads", 0, "0"),
+])
+def test_bad_value_is_one_error_naming_key_value_and_expectation(tmp_path, key, value, shown):
+    with pytest.raises(ValueError) as err:
+        resolve_model(_write(tmp_path, **{key: value}))
+    message = str(err.value)
+    assert f'"{key}" is {shown}; expected a positive integer' in message and "\n" not in message
+
+
+def test_alias_and_sub_config_values_are_checked():
+    gpt2 = {**TINY_CONFIGS["gpt2_mha"], "n_embd": "wide"}
+    with pytest.raises(ValueError, match='"n_embd" is "wide"'):
+        check_config(gpt2, name="g")
+    llava = {"model_type": "llava", "text_config": {"model_type": "llama", "vocab_size": -5}}
+    with pytest.raises(ValueError, match='"text_config.vocab_size" is -5'):
+        check_config(llava, name="l")
+    # Zero means "none" for token types and experts; a per-layer list is checked element-wise.
+    check_config({"model_type": "x", "type_vocab_size": 0, "num_experts": 0, "intermediate_size": [64, 128]}, name="x")
+    with pytest.raises(ValueError, match="intermediate_size"):
+        check_config({"model_type": "x", "intermediate_size": [64, "a"]}, name="x")
+
+
+def test_one_alias_table():
+    gpt2 = TINY_CONFIGS["gpt2_mha"]
+    assert (config_value(gpt2, "hidden_size"), config_value(gpt2, "num_layers"),
+            config_value(gpt2, "num_attention_heads"), config_value(gpt2, "max_position_embeddings")) == (64, 2, 4, 128)
+    assert config_value(TINY_CONFIGS["mixtral_moe"], "num_experts") == 4
+    # The simulator's attention-dropout keys are the table's, and it zeroes every one of them.
+    assert ATTENTION_DROPOUT_KEYS is CONFIG_KEYS["attention_dropout"]
+    out = simulation_config({"model_type": "gpt2", "attn_pdrop": 0.1}, attention="sdpa")
+    assert all(out[key] == 0.0 for key in CONFIG_KEYS["attention_dropout"])
+
+
+def test_one_resolver_returns_spec_and_config(tmp_path):
+    path = _write(tmp_path)
+    spec, cfg = resolve(path)
+    assert cfg == LLAMA and spec.vocab_size == 1000
+    assert resolve_config(path) == (path, LLAMA)
+    assert resolve_config("Qwen/Qwen2.5-7B")[1] == resolve("Qwen/Qwen2.5-7B").config
+    # The simulator's resolution checks values like the planner's (it is the same resolver).
+    with pytest.raises(ValueError, match='"hidden_size" is "big"'):
+        resolve_config({**LLAMA, "hidden_size": "big"})
+    with pytest.raises(ValueError, match="bare size"):
+        resolve_config("7.5B")
+
+
+def test_resolve_model_accepts_a_size():
+    spec = advisor.resolve_model("7.5B")
+    assert spec.total_params == 7_500_000_000 and spec.source == "params"
+    assert resolve_model("350M").total_params == 350_000_000
+    assert resolve(" 1.2T ").config is None

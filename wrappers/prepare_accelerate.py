@@ -1,0 +1,91 @@
+"""``wrap()``'s accelerate path: ``Accelerator().prepare``, then a check that accelerate runs what the
+launch asked for, and the precision it really runs (read back, not assumed).
+
+Why the check: ``accelerate launch`` with an FSDP (or DeepSpeed) config on a machine without a GPU
+does not fail. ``Accelerator()`` falls back to ``DistributedType.NO`` with ``num_processes=1`` in
+every process (the process group still exists), ``prepare`` returns the bare model, and each rank
+trains on the whole dataset with no gradient synchronisation, identical losses and exit status 0.
+So: the launcher's world size (``WORLD_SIZE``) must equal ``accelerator.num_processes``, and an FSDP
+or DeepSpeed config must give ``DistributedType.FSDP`` / ``DEEPSPEED``; otherwise ``RuntimeError``.
+
+The precision: the parameters' dtype after ``prepare`` and accelerate's autocast dtype
+(``accelerator.mixed_precision``, spelled as in ``advisor.precision``'s ``accelerate`` column)
+name one row of the precision table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from advisor.precision import PRECISIONS, Precision
+from wrappers.launch_env import LaunchEnv
+from wrappers.precision import precision_dtypes, precision_named
+
+# accelerate's DistributedType value that each launch plugin must produce.
+_PLUGIN_TYPE = {"fsdp": "FSDP", "deepspeed": "DEEPSPEED"}
+
+
+class Prepared(NamedTuple):
+    objects: tuple
+    accelerator: Any
+    precision: Precision
+    runs_as: str  # e.g. "FSDP on 2 processes"
+
+
+def _compute_dtype(mixed_precision: str) -> torch.dtype | None:
+    """accelerate's autocast dtype for its ``mixed_precision`` value ("no": none)."""
+    if mixed_precision == "no":
+        return None
+    rows = [name for name, info in PRECISIONS.items() if info.mixed and info.accelerate == mixed_precision]
+    if not rows:
+        raise RuntimeError(f"wrap(): accelerate runs mixed_precision={mixed_precision!r}, which the advisor's "
+                           "precision table does not describe; use wrap(engine=\"torch\") or bf16/fp16/no")
+    return precision_dtypes(rows[0]).compute_dtype
+
+
+def running_precision(model: nn.Module, mixed_precision: str) -> Precision:
+    """The precision ``model`` trains in after ``prepare``: its parameters' dtype and accelerate's autocast."""
+    stored = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    if len(stored) != 1:
+        raise RuntimeError(f"wrap(): parameters after accelerate's prepare are in {sorted(map(str, stored))}, "
+                           "not one dtype; the precision is not one the advisor describes")
+    param_dtype = stored.pop()
+    compute = _compute_dtype(mixed_precision)
+    return precision_named(param_dtype, None if compute == param_dtype else compute)
+
+
+def launch_problem(env: LaunchEnv, plugin: str | None, distributed_type: str, num_processes: int) -> str | None:
+    """What differs between the launch (``env``, the ``plugin`` asked for) and what accelerate set up."""
+    if num_processes != env.world_size:
+        return (f"the launcher started {env.world_size} processes (WORLD_SIZE={env.world_size}) but accelerate "
+                f"runs {distributed_type} on {num_processes}")
+    expected = _PLUGIN_TYPE.get(plugin or "")
+    if expected is not None and distributed_type != expected:
+        return (f"the launch asks for {plugin} but accelerate runs {distributed_type} "
+                f"on {num_processes} process(es)")
+    return None
+
+
+def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -> Prepared:
+    """``Accelerator().prepare(*objects)``, checked against ``env`` and the ``plugin`` ("fsdp",
+    "deepspeed" or None) the launch asks for; ``RuntimeError`` on a mismatch."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    prepared = accelerator.prepare(*objects)
+    prepared = prepared if isinstance(prepared, tuple) else (prepared,)
+    kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
+    problem = launch_problem(env, plugin, kind, accelerator.num_processes)
+    if problem is not None:
+        raise RuntimeError(
+            f"wrap(): {problem}. accelerate falls back without saying so (FSDP and DeepSpeed need CUDA GPUs; "
+            "without them every process runs alone), and then each rank would train on the whole dataset "
+            "with no gradient synchronisation and exit 0. Run this config on GPUs, export a CPU config for a "
+            "CPU cluster, or start the script with `advisor launch` / torchrun so that wrap() applies the "
+            "torch recipe itself."
+        )
+    precision = running_precision(prepared[0], accelerator.mixed_precision)
+    return Prepared(prepared, accelerator, precision, f"{kind} on {accelerator.num_processes} process(es)")

@@ -2,17 +2,21 @@
 
 The flow: read the launch once (``read_launch_env``), decide (``decide``: the planner's
 recommendation when GPUs are visible, the size-threshold default on CPU where there is no GPU
-memory to check), apply it (``apply_recipe``, the same call the simulator makes), shard the loader,
-and attach the decision to the returned model (``model.advisor_decision``). Rank 0 prints the
-decision once.
+memory to check), apply it (``apply_recipe``, the same call the simulator makes), check that the result is what the
+decision claims (``verify_applied``: process group of the launch's size, the wrapping and sharding,
+the dtypes; ``RuntimeError`` otherwise), shard the loader, and attach the decision to the returned
+model (``model.advisor_decision``). Rank 0 prints the decision once.
 
-With the torch engine the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
+With the torch recipe the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
 under DDP, ZeRO-1 and DataParallel with a mixed precision the model's forward runs under
-``torch.autocast`` (as accelerate does), under FSDP2 the ``MixedPrecisionPolicy`` casts.
+``torch.autocast`` (hooks on the model, ``wrappers.precision``), under FSDP2 the
+``MixedPrecisionPolicy`` casts. A model stored in bf16 is planned and recorded as pure ``bf16``.
 When ``accelerate launch`` started the script with an FSDP or DeepSpeed config (or
 ``engine="accelerate"`` / ``"deepspeed"``), ``wrap`` returns what ``Accelerator().prepare`` returns;
 then the loop must call ``accelerator.backward(loss)`` (DeepSpeed scales and steps inside it), with
-the accelerator at ``model.advisor_accelerator``.
+the accelerator at ``model.advisor_accelerator``. That path checks too: accelerate must run as many
+processes as the launch started, with the plugin the config asks for, and the decision records the
+precision accelerate really runs.
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ trains on the whole dataset with no gradient synchronisation, identical losses a
 So: the launcher's world size (``WORLD_SIZE``) must equal ``accelerator.num_processes``, and an FSDP
 or DeepSpeed config must give ``DistributedType.FSDP`` / ``DEEPSPEED``; otherwise ``RuntimeError``.
 
+The strategy: the row of the strategy table whose ``Implementation`` fields match accelerate's
+plugin (FSDP: resharding and offload; DeepSpeed: ZeRO stage and offload devices; several processes
+without a plugin: DDP).
+
 The precision: the parameters' dtype after ``prepare`` and accelerate's autocast dtype
 (``accelerator.mixed_precision``, spelled as in ``advisor.precision``'s ``accelerate`` column)
 name one row of the precision table.
@@ -21,6 +25,7 @@ import torch
 from torch import nn
 
 from advisor.precision import PRECISIONS, Precision
+from advisor.strategies import STRATEGIES, StrategyName
 from wrappers.launch_env import LaunchEnv
 from wrappers.precision import precision_dtypes, precision_named
 
@@ -32,7 +37,53 @@ class Prepared(NamedTuple):
     objects: tuple
     accelerator: Any
     precision: Precision
+    strategy: StrategyName | None  # the row of the strategy table accelerate runs, None: no such row
     runs_as: str  # e.g. "FSDP on 2 processes"
+
+
+def _strategy_with(engine: str, **fields: bool) -> StrategyName | None:
+    """The strategy whose ``engine`` implementation has exactly these ``Implementation`` fields."""
+    for name, strategy in STRATEGIES.items():
+        impl = strategy.engines.get(engine)
+        if impl is not None and impl.available and all(getattr(impl, k) == v for k, v in fields.items()):
+            return name
+    return None
+
+
+def _fsdp_strategy(plugin: Any) -> StrategyName | None:
+    """FSDP2's ``reshard_after_forward`` is a bool; FSDP1's a ``ShardingStrategy`` (or, deprecated,
+    ``sharding_strategy``): FULL_SHARD reshards, SHARD_GRAD_OP keeps, NO_SHARD is DDP, HYBRID_* no row."""
+    mode = plugin.reshard_after_forward if plugin.reshard_after_forward is not None else plugin.sharding_strategy
+    offload = plugin.cpu_offload
+    offload = bool(getattr(offload, "offload_params", False)) or type(offload).__name__ == "CPUOffloadPolicy"
+    if isinstance(mode, bool):
+        reshard = mode
+    else:
+        name = getattr(mode, "name", str(mode)).upper()
+        if name == "NO_SHARD":
+            return _strategy_with("torch", shard_params=False, shard_optimizer=False, single_process=False)
+        if name not in ("FULL_SHARD", "SHARD_GRAD_OP"):
+            return None
+        reshard = name == "FULL_SHARD"
+    return _strategy_with("torch", shard_params=True, reshard_after_forward=reshard, offload_params=offload)
+
+
+def _deepspeed_strategy(plugin: Any) -> StrategyName | None:
+    stage = int(plugin.zero_stage or 0)
+    return _strategy_with("deepspeed", shard_optimizer=stage >= 1, shard_grads=stage >= 2, shard_params=stage == 3,
+                          offload_optimizer=plugin.offload_optimizer_device in ("cpu", "nvme"),
+                          offload_params=plugin.offload_param_device in ("cpu", "nvme"))
+
+
+def accelerate_strategy(distributed_type: str, state: Any) -> StrategyName | None:
+    """What accelerate runs, as a row of the strategy table (by its ``Implementation`` fields)."""
+    if distributed_type == "FSDP":
+        return _fsdp_strategy(state.fsdp_plugin)
+    if distributed_type == "DEEPSPEED":
+        return _deepspeed_strategy(state.deepspeed_plugin)
+    if distributed_type.startswith("MULTI_"):  # MULTI_GPU, MULTI_CPU, ...: DistributedDataParallel
+        return _strategy_with("torch", shard_params=False, shard_optimizer=False, single_process=False)
+    return None
 
 
 def _compute_dtype(mixed_precision: str) -> torch.dtype | None:
@@ -88,4 +139,5 @@ def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -
             "torch recipe itself."
         )
     precision = running_precision(prepared[0], accelerator.mixed_precision)
-    return Prepared(prepared, accelerator, precision, f"{kind} on {accelerator.num_processes} process(es)")
+    strategy = accelerate_strategy(kind, accelerator.state)
+    return Prepared(prepared, accelerator, precision, strategy, f"{kind} on {accelerator.num_processes} process(es)")

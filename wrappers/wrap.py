@@ -126,7 +126,7 @@ def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: st
     prepared = prepare_with_accelerate(objects, env, plugin)
     model = prepared.objects[0]
     model.advisor_accelerator = prepared.accelerator
-    model.advisor_decision = Decision(strategy=None, engine="accelerate", precision=prepared.precision,
+    model.advisor_decision = Decision(strategy=prepared.strategy, engine="accelerate", precision=prepared.precision,
                                       activation_checkpointing=False, world_size=prepared.accelerator.num_processes,
                                       reason=f"{why}; accelerate runs {prepared.runs_as}")
     return prepared.objects

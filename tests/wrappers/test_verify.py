@@ -193,17 +193,72 @@ print("wrapped without complaint")
 """
 
 
-def test_accelerate_fsdp_config_without_gpu_fails_loudly_on_every_rank():
-    """What ``accelerate launch --config_file fsdp.yaml train.py`` sets, 2 ranks, no GPU."""
+def _launch_two(script: str, **launch_env: str) -> list[tuple[int, str, str]]:
+    """Run ``script`` as 2 ranks with the variables ``accelerate launch`` sets; (returncode, out, err) each."""
     port = str(free_port())
     procs = []
     for rank in range(2):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
-               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-               "ACCELERATE_USE_FSDP": "true", "ACCELERATE_MIXED_PRECISION": "bf16", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", _FSDP_SCRIPT], cwd=ROOT, env=env, text=True,
+               "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
+               **launch_env}
+        procs.append(subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outputs = [proc.communicate(timeout=150) for proc in procs]
-    for proc, (out, err) in zip(procs, outputs):
-        assert proc.returncode != 0 and "wrapped without complaint" not in out
+    try:
+        outputs = [proc.communicate(timeout=150) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+
+
+def test_accelerate_fsdp_config_without_gpu_fails_loudly_on_every_rank():
+    """What ``accelerate launch --config_file fsdp.yaml train.py`` sets, 2 ranks, no GPU."""
+    for code, out, err in _launch_two(_FSDP_SCRIPT, ACCELERATE_USE_FSDP="true", ACCELERATE_MIXED_PRECISION="bf16"):
+        assert code != 0 and "wrapped without complaint" not in out
         assert "asks for fsdp" in err or "accelerate runs NO on 1" in err, err[-2000:]
+
+
+_CPU_SCRIPT = """
+from tests.wrappers._dist import tiny_llama
+from wrappers import wrap
+model = wrap(tiny_llama(), engine="accelerate", verbose=False)
+d = model.advisor_decision
+print(type(model).__name__, d.strategy, d.world_size, d.precision, flush=True)
+import os
+os._exit(0)  # skip interpreter teardown, where gloo's threads can abort on 2 cores (see _dist.py)
+"""
+
+
+def test_accelerate_cpu_config_on_two_ranks_records_what_runs():
+    """A CPU config (ACCELERATE_USE_CPU) with bf16: accelerate runs DDP over 2 processes, autocasting."""
+    for code, out, err in _launch_two(_CPU_SCRIPT, ACCELERATE_USE_CPU="true", ACCELERATE_MIXED_PRECISION="bf16"):
+        assert code == 0, err[-2000:]
+        assert out.split() == ["DistributedDataParallel", "ddp", "2", "bf16-mixed"]
+
+
+def test_accelerate_plugins_name_their_row_of_the_strategy_table():
+    """Plugins as ``accelerate launch`` builds them from a config, read back as strategies by hand:
+    FSDP2 resharding + CPU offload is ZeRO-3 offload; FSDP1 SHARD_GRAD_OP is ZeRO-2; DeepSpeed stage 2
+    with the optimizer on CPU is zero2_offload; stage 3 offloading only the optimizer has no row."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+
+    from wrappers.prepare_accelerate import accelerate_strategy
+
+    def fsdp(**kwargs):
+        return SimpleNamespace(fsdp_plugin=FullyShardedDataParallelPlugin(**kwargs))
+
+    def deepspeed(**kwargs):
+        return SimpleNamespace(deepspeed_plugin=DeepSpeedPlugin(**kwargs))
+
+    assert accelerate_strategy("FSDP", fsdp(fsdp_version=2, reshard_after_forward=True, cpu_offload=True)) == "zero3_offload"
+    assert accelerate_strategy("FSDP", fsdp(fsdp_version=2, reshard_after_forward=False)) == "zero2"
+    assert accelerate_strategy("FSDP", fsdp(fsdp_version=1, reshard_after_forward="SHARD_GRAD_OP")) == "zero2"
+    assert accelerate_strategy("FSDP", fsdp(fsdp_version=1, reshard_after_forward="HYBRID_SHARD")) is None
+    assert accelerate_strategy("DEEPSPEED", deepspeed(zero_stage=2, offload_optimizer_device="cpu")) == "zero2_offload"
+    assert accelerate_strategy("DEEPSPEED", deepspeed(zero_stage=1)) == "zero1"
+    assert accelerate_strategy("DEEPSPEED", deepspeed(zero_stage=3, offload_optimizer_device="cpu")) is None
+    assert accelerate_strategy("MULTI_CPU", SimpleNamespace()) == "ddp"
+    assert accelerate_strategy("NO", SimpleNamespace()) is None

@@ -97,8 +97,15 @@ def _compute_dtype(mixed_precision: str) -> torch.dtype | None:
     return precision_dtypes(rows[0]).compute_dtype
 
 
-def running_precision(model: nn.Module, mixed_precision: str) -> Precision:
-    """The precision ``model`` trains in after ``prepare``: its parameters' dtype and accelerate's autocast."""
+def running_precision(model: nn.Module, mixed_precision: str, distributed_type: str) -> Precision:
+    """The precision ``model`` trains in after ``prepare``: its parameters' dtype and accelerate's autocast.
+
+    DeepSpeed is the exception: its engine casts the module to bf16/fp16 and keeps fp32 master
+    weights in the optimizer, which is the table's mixed row for that dtype (its ``deepspeed`` block).
+    """
+    if distributed_type == "DEEPSPEED":
+        compute = _compute_dtype(mixed_precision)
+        return "fp32" if compute is None else precision_named(torch.float32, compute)
     stored = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if len(stored) != 1:
         raise RuntimeError(f"wrap(): parameters after accelerate's prepare are in {sorted(map(str, stored))}, "
@@ -120,6 +127,17 @@ def launch_problem(env: LaunchEnv, plugin: str | None, distributed_type: str, nu
     return None
 
 
+def _wrapping_problem(model: nn.Module, distributed_type: str, num_processes: int) -> str | None:
+    """Whether the prepared model is wrapped as ``distributed_type`` says (by class: accelerate's FSDP1
+    ``FullyShardedDataParallel`` or FSDP2 ``FSDPModule``, ``DeepSpeedEngine``, or DDP)."""
+    names = {cls.__name__ for cls in type(model).__mro__}
+    expected = {"FSDP": {"FullyShardedDataParallel", "FSDPModule"}, "DEEPSPEED": {"DeepSpeedEngine"}}.get(
+        distributed_type, {"DistributedDataParallel"} if num_processes > 1 else None)
+    if expected is None or names & expected:
+        return None
+    return f"the prepared model is a {type(model).__name__}, not {' or '.join(sorted(expected))}"
+
+
 def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -> Prepared:
     """``Accelerator().prepare(*objects)``, checked against ``env`` and the ``plugin`` ("fsdp",
     "deepspeed" or None) the launch asks for; ``RuntimeError`` on a mismatch."""
@@ -138,6 +156,10 @@ def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -
             "CPU cluster, or start the script with `advisor launch` / torchrun so that wrap() applies the "
             "torch recipe itself."
         )
-    precision = running_precision(prepared[0], accelerator.mixed_precision)
+    model_problem = _wrapping_problem(prepared[0], kind, accelerator.num_processes)
+    if model_problem is not None:
+        raise RuntimeError(f"wrap(): accelerate reports {kind} on {accelerator.num_processes} process(es), but "
+                           f"{model_problem}; the decision would not describe the model that trains.")
+    precision = running_precision(prepared[0], accelerator.mixed_precision, kind)
     strategy = accelerate_strategy(kind, accelerator.state)
     return Prepared(prepared, accelerator, precision, strategy, f"{kind} on {accelerator.num_processes} process(es)")

@@ -262,3 +262,18 @@ def test_accelerate_plugins_name_their_row_of_the_strategy_table():
     assert accelerate_strategy("DEEPSPEED", deepspeed(zero_stage=3, offload_optimizer_device="cpu")) is None
     assert accelerate_strategy("MULTI_CPU", SimpleNamespace()) == "ddp"
     assert accelerate_strategy("NO", SimpleNamespace()) is None
+
+
+def test_precision_read_back_from_what_accelerate_runs():
+    """Plain autocast: the parameters' dtype decides between mixed and pure; DeepSpeed casts the
+    module to bf16 and keeps fp32 master weights, which is bf16-mixed in the table."""
+    from wrappers.prepare_accelerate import running_precision
+
+    fp32, bf16 = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.bfloat16)
+    assert running_precision(fp32, "bf16", "MULTI_CPU") == "bf16-mixed"
+    assert running_precision(fp32, "no", "NO") == "fp32"
+    assert running_precision(bf16, "bf16", "MULTI_CPU") == "bf16"
+    assert running_precision(bf16, "no", "NO") == "bf16"
+    assert running_precision(bf16, "bf16", "DEEPSPEED") == "bf16-mixed"
+    with pytest.raises(RuntimeError, match="fp8"):
+        running_precision(fp32, "fp8", "MULTI_CPU")

@@ -38,7 +38,8 @@ def group_problem(world_size: int) -> str | None:
     if world_size <= 1:
         return None
     if not (dist.is_available() and dist.is_initialized()):
-        return f"the launcher started {world_size} processes (WORLD_SIZE={world_size}) but this one is in no process group"
+        return (f"the launcher started {world_size} processes (WORLD_SIZE={world_size}) but this one is in no "
+                "process group")
     if dist.get_world_size() != world_size:
         return (f"the launcher started {world_size} processes (WORLD_SIZE={world_size}) but the process group "
                 f"has {dist.get_world_size()}")

@@ -115,7 +115,8 @@ def test_simulator_follows_the_strategy_tables_fields_not_names(monkeypatch):
     from advisor import strategies
 
     table = strategies.STRATEGIES
-    replicated = table["zero3"].model_copy(update={"engines": {**table["zero3"].engines, "torch": table["ddp"].on("torch")}})
+    replicated = table["zero3"].model_copy(
+        update={"engines": {**table["zero3"].engines, "torch": table["ddp"].on("torch")}})
     offloading = table["ddp"].model_copy(update={"engines": {
         **table["ddp"].engines, "torch": table["ddp"].on("torch").model_copy(update={"offload_params": True})}})
     monkeypatch.setitem(table, "zero3", replicated)

@@ -253,7 +253,8 @@ def test_accelerate_plugins_name_their_row_of_the_strategy_table():
     def deepspeed(**kwargs):
         return SimpleNamespace(deepspeed_plugin=DeepSpeedPlugin(**kwargs))
 
-    assert accelerate_strategy("FSDP", fsdp(fsdp_version=2, reshard_after_forward=True, cpu_offload=True)) == "zero3_offload"
+    zero3_offload = fsdp(fsdp_version=2, reshard_after_forward=True, cpu_offload=True)
+    assert accelerate_strategy("FSDP", zero3_offload) == "zero3_offload"
     assert accelerate_strategy("FSDP", fsdp(fsdp_version=2, reshard_after_forward=False)) == "zero2"
     assert accelerate_strategy("FSDP", fsdp(fsdp_version=1, reshard_after_forward="SHARD_GRAD_OP")) == "zero2"
     assert accelerate_strategy("FSDP", fsdp(fsdp_version=1, reshard_after_forward="HYBRID_SHARD")) is None

@@ -175,9 +175,22 @@ def _load_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Opti
     set_model_state_dict(model, state.get("model", {}), options=options)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.load_state_dict(_broadcast(state.get("optimizer")))
+    elif optimizer is not None and not _broadcast(bool(state.get("optimizer", {}).get("state"))):
+        _set_hyperparameters(optimizer, _broadcast(state.get("optimizer", {}).get("param_groups")))
     elif optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state.get("optimizer", {}), options=options)
     _restore_rank_rng(_broadcast(state.get("rng")), path)
+
+
+def _set_hyperparameters(optimizer: torch.optim.Optimizer, groups: list[dict]) -> None:
+    """A stateless optimizer (plain SGD): only its groups' hyper-parameters to restore. torch 2.13's
+    ``set_optimizer_state_dict(full_state_dict=True)`` fails on it ("Expected device to be set": it
+    looks for the device among state tensors, and there are none)."""
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(groups)} param groups, this one "
+                         f"{len(optimizer.param_groups)}")
+    for group, saved in zip(optimizer.param_groups, groups):
+        group.update({key: value for key, value in saved.items() if key != "params"})
 
 
 def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:

@@ -35,8 +35,25 @@ def _env(world_size: int) -> LaunchEnv:
                      gpu_name=None, accelerate_plugin=None)
 
 
+def _without_launch_variables(environ) -> dict[str, str]:
+    """``environ`` less what accelerate's launcher and plugins set (``FullyShardedDataParallelPlugin``
+    writes ``FSDP_*`` into ``os.environ`` when built, so earlier tests can leave some behind)."""
+    return {k: v for k, v in environ.items() if not k.startswith(("ACCELERATE_", "FSDP_"))}
+
+
 @pytest.fixture
-def fresh_accelerate():
+def clean_launch_environ():
+    """``os.environ`` without launch variables for the test, restored afterwards whatever it wrote."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(_without_launch_variables(saved))
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture
+def fresh_accelerate(clean_launch_environ):
     """accelerate keeps one process-wide state; each test here starts and ends without one."""
     from accelerate.state import AcceleratorState
 
@@ -198,7 +215,7 @@ def _launch_two(script: str, **launch_env: str) -> list[tuple[int, str, str]]:
     port = str(free_port())
     procs = []
     for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
+        env = {**_without_launch_variables(os.environ), "PYTHONPATH": str(ROOT), "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
                **launch_env}
         procs.append(subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, text=True,
@@ -237,7 +254,7 @@ def test_accelerate_cpu_config_on_two_ranks_records_what_runs():
         assert out.split() == ["DistributedDataParallel", "ddp", "2", "bf16-mixed"]
 
 
-def test_accelerate_plugins_name_their_row_of_the_strategy_table():
+def test_accelerate_plugins_name_their_row_of_the_strategy_table(clean_launch_environ):
     """Plugins as ``accelerate launch`` builds them from a config, read back as strategies by hand:
     FSDP2 resharding + CPU offload is ZeRO-3 offload; FSDP1 SHARD_GRAD_OP is ZeRO-2; DeepSpeed stage 2
     with the optimizer on CPU is zero2_offload; stage 3 offloading only the optimizer has no row."""

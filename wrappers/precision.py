@@ -55,24 +55,26 @@ def autocast_context(precision: Precision, device_type: str) -> contextlib.Abstr
 
 
 class _AutocastHooks:
-    """A forward pre-hook that enters autocast and a forward hook that leaves it, per thread."""
+    """A forward pre-hook that enters autocast and a forward hook that leaves it, per thread.
+
+    The open contexts are kept per thread id in a plain dict (not ``threading.local``), so that a
+    model carrying the hooks can still be deep-copied or pickled (an EMA copy, ``torch.save``).
+    """
 
     def __init__(self, device_type: str, dtype: torch.dtype) -> None:
         self.device_type, self.dtype = device_type, dtype
-        self._local = threading.local()  # DataParallel runs replicas in threads: one stack each
-
-    def _stack(self) -> list:
-        if not hasattr(self._local, "stack"):
-            self._local.stack = []
-        return self._local.stack
+        self._open: dict[int, list] = {}  # DataParallel runs replicas in threads: one stack each
 
     def enter(self, module: nn.Module, args: tuple) -> None:
         context = torch.autocast(self.device_type, dtype=self.dtype)
         context.__enter__()
-        self._stack().append(context)
+        self._open.setdefault(threading.get_ident(), []).append(context)
 
     def leave(self, module: nn.Module, args: tuple, output: object) -> None:
-        self._stack().pop().__exit__(None, None, None)
+        stack = self._open[threading.get_ident()]
+        stack.pop().__exit__(None, None, None)
+        if not stack:
+            del self._open[threading.get_ident()]
 
 
 def apply_autocast(module: nn.Module, precision: Precision, device_type: str) -> nn.Module:

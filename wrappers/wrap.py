@@ -2,10 +2,10 @@
 
 The flow: read the launch once (``read_launch_env``), decide (``decide``: the planner's
 recommendation when GPUs are visible, the size-threshold default on CPU where there is no GPU
-memory to check), apply it (``apply_recipe``, the same call the simulator makes), check that the result is what the
-decision claims (``verify_applied``: process group of the launch's size, the wrapping and sharding,
-the dtypes; ``RuntimeError`` otherwise), shard the loader, and attach the decision to the returned
-model (``model.advisor_decision``). Rank 0 prints the decision once.
+memory to check), apply it (``apply_recipe``, the same call the simulator makes), check that the
+result is what the decision claims (``verify_applied``: process group of the launch's size, the
+wrapping and sharding, the dtypes; ``RuntimeError`` otherwise), shard the loader, and attach the
+decision to the returned model (``model.advisor_decision``). Rank 0 prints the decision once.
 
 With the torch recipe the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
 under DDP, ZeRO-1 and DataParallel with a mixed precision the model's forward runs under
@@ -161,8 +161,9 @@ def wrap(
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
                       micro_batch_size=micro_batch_size)
     if decision.strategy is None:
-        param_dtype = precision_dtypes(decision.precision).param_dtype
-        wrapped, new_optimizer = model.to(env.device, param_dtype), optimizer  # ``to`` keeps parameter identity
+        # Cast only for a requested precision: a model's own dtype is left as the user made it.
+        dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype
+        wrapped, new_optimizer = model.to(env.device, dtype), optimizer  # ``to`` keeps parameter identity
         apply_autocast(wrapped, decision.precision, env.device.type)
         verify_applied(wrapped, optimizer, strategy=None, precision=decision.precision, world_size=env.world_size)
     else:

@@ -295,3 +295,15 @@ def test_precision_read_back_from_what_accelerate_runs():
     assert running_precision(bf16, "bf16", "DEEPSPEED") == "bf16-mixed"
     with pytest.raises(RuntimeError, match="fp8"):
         running_precision(fp32, "fp8", "MULTI_CPU")
+
+
+def test_a_model_with_autocast_hooks_deep_copies_and_pickles(tmp_path):
+    """EMA copies and whole-model ``torch.save`` keep working, and the copy autocasts too."""
+    import copy
+
+    model = apply_autocast(torch.nn.Linear(4, 4), "bf16-mixed", "cpu")
+    twin = copy.deepcopy(model)
+    assert twin(torch.ones(1, 4)).dtype == torch.bfloat16
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert loaded(torch.ones(1, 4)).dtype == torch.bfloat16

@@ -5,18 +5,27 @@
 
 Layout, one module per concern (torchtitan's one-file-per-technique):
 
-- ``wrap.py``: ``wrap()`` (decide, apply, shard the loader, log once on rank 0);
+- ``wrap.py``: ``wrap()`` (decide, apply, verify, shard the loader, log once on rank 0);
   ``launch_env.py``: the one place the launcher's environment is read; ``loader.py``:
-  ``DistributedSampler`` sharding with automatic ``set_epoch``.
+  ``DistributedSampler`` sharding with automatic ``set_epoch``; ``verify.py``: the check that the
+  applied model is what the decision claims (process group, wrapping, sharding, dtypes);
+  ``prepare_accelerate.py``: the ``Accelerator().prepare`` path, checked the same way.
 - ``recipe.py``: ``Recipe`` (strategy, precision, activation checkpointing, offload), the strategy
-  table ``STRATEGIES``, ``apply_recipe`` (the one call ``wrap()`` and the simulator make) and
-  ``autocast_context`` for the training loop.
+  table ``STRATEGIES`` (each strategy's ``Applier``), ``apply_recipe`` (the one call ``wrap()`` and
+  the simulator make) and ``autocast_context`` for the training loop.
+- ``precision.py``: torch dtypes of ``advisor.precision``'s table, and autocast hooks that
+  DataParallel replicas honour.
 - ``ddp.py`` (``apply_ddp``), ``zero1.py`` (``apply_zero1``: DDP + ZeroRedundancyOptimizer),
-  ``fsdp.py`` (``apply_fsdp``: FSDP2 ``fully_shard`` for ZeRO-2/3 and offload; also the precision
-  vocabulary), ``dp.py`` (``apply_dp``: single-process DataParallel).
+  ``fsdp.py`` (``apply_fsdp``: FSDP2 ``fully_shard`` for ZeRO-2/3 and offload), ``dp.py``
+  (``apply_dp``: single-process DataParallel).
 - ``blocks.py`` (``find_blocks``), ``checkpointing.py`` (``apply_activation_checkpointing``),
   ``optim.py`` (``rebuild_optimizer`` after FSDP2 replaced the parameters),
-  ``checkpoint_io.py`` (``save_checkpoint`` / ``load_checkpoint``, consolidated or sharded).
+  ``checkpoint_io.py`` (``save_checkpoint`` / ``load_checkpoint``, consolidated or sharded, with
+  every rank's RNG state) and ``rng_state.py``.
+
+Dependencies run one way: ``wrappers`` imports ``advisor`` (tables, planner, model counts), never
+``advisor.simulate`` or ``advisor.cli``; only ``advisor.simulate`` imports ``wrappers``, to run the
+same recipe (``tests/wrappers/test_layering.py``).
 
 Every ``apply_*`` function is a pure "apply": explicit arguments, no planning, no environment reads,
 no printing.

@@ -16,6 +16,17 @@ Two layouts:
 local partition (``zero1_optimizer_rank{R}.pt`` next to the DCP files), which loads only at the same
 world size (checked).
 
+``sharded`` may be left out: ``save_checkpoint`` then writes the layout that matches the model
+(sharded when its parameters are FSDP2 ``DTensor`` shards, so no rank gathers the whole model;
+consolidated otherwise), and ``load_checkpoint`` reads the layout it finds at ``path`` (a directory:
+sharded; a file: consolidated), as rank 0 sees it.
+
+Both layouts also hold every rank's random number generator states (``rng_state``: torch CPU and
+CUDA, Python, NumPy), restored by ``load_checkpoint``, so that a resumed run draws the same dropout
+masks as an uninterrupted one. Consolidated: gathered into the file (``"rng"``, one entry per
+rank); sharded: ``rng_rank{R}.pt`` next to the DCP files. Loading at another world size restores
+saved rank r's state on rank r where there is one, with a warning.
+
 Every function is collective: call it on every rank. Without a process group it works in one process.
 """
 
@@ -40,15 +51,23 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.tensor import DTensor
+
+from wrappers.rng_state import capture_rng_state, restore_rng_state
 
 _ZERO_FILE = "zero1_optimizer_rank{rank}.pt"
+_RNG_FILE = "rng_rank{rank}.pt"
 
 
 def save_checkpoint(
-    model: nn.Module, path: str | os.PathLike, *, sharded: bool, optimizer: torch.optim.Optimizer | None = None
+    model: nn.Module, path: str | os.PathLike, *, sharded: bool | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
-    """Save ``model`` (and ``optimizer``) to ``path``: a file (consolidated) or a directory (sharded)."""
+    """Save ``model`` (and ``optimizer``, and every rank's RNG state) to ``path``: a file
+    (consolidated) or a directory (sharded). ``sharded=None``: sharded for an FSDP2 model."""
     path = Path(path)
+    if sharded is None:
+        sharded = any(isinstance(p, DTensor) for p in model.parameters())
     if sharded:
         _save_sharded(model, path, optimizer)
     else:
@@ -57,10 +76,14 @@ def save_checkpoint(
 
 
 def load_checkpoint(
-    model: nn.Module, path: str | os.PathLike, *, sharded: bool, optimizer: torch.optim.Optimizer | None = None
+    model: nn.Module, path: str | os.PathLike, *, sharded: bool | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
 ) -> None:
-    """Load what ``save_checkpoint`` wrote into ``model`` (and ``optimizer``), already wrapped, in place."""
+    """Load what ``save_checkpoint`` wrote into ``model`` (and ``optimizer``), already wrapped, in
+    place, and restore this rank's RNG state. ``sharded=None``: the layout found at ``path``."""
     path = Path(path)
+    if sharded is None:
+        sharded = _broadcast(path.is_dir() if _rank() == 0 else None)
     if sharded:
         _load_sharded(model, path, optimizer)
     else:
@@ -99,9 +122,36 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def _world() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
+def _gather_rng() -> list | None:
+    """Every rank's RNG state, on rank 0 (None elsewhere)."""
+    if not _distributed():
+        return [capture_rng_state()]
+    states = [None] * _world() if _rank() == 0 else None
+    dist.gather_object(capture_rng_state(), states, dst=0)
+    return states
+
+
+def _restore_rank_rng(states: list | None, where: Path) -> None:
+    """Restore this rank's entry of ``states`` (one per saving rank); warn when the world size changed."""
+    if states is None:
+        warnings.warn(f"{where}: no RNG state saved for rank {_rank()}; its random draws will not repeat the "
+                      "interrupted run's",
+                      stacklevel=3)
+        return
+    if len(states) != _world() and _rank() == 0:
+        warnings.warn(f"{where}: RNG states were saved by {len(states)} ranks and load on {_world()}; rank r "
+                      "restores saved rank r's state where there is one", stacklevel=3)
+    if _rank() < len(states) and states[_rank()] is not None:
+        restore_rng_state(states[_rank()])
+
+
 def _save_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options)}
+    state: dict[str, Any] = {"model": get_model_state_dict(model, options=options), "rng": _gather_rng()}
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.consolidate_state_dict(to=0)
         if _rank() == 0:
@@ -125,8 +175,22 @@ def _load_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Opti
     set_model_state_dict(model, state.get("model", {}), options=options)
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         optimizer.load_state_dict(_broadcast(state.get("optimizer")))
+    elif optimizer is not None and not _broadcast(bool(state.get("optimizer", {}).get("state"))):
+        _set_hyperparameters(optimizer, _broadcast(state.get("optimizer", {}).get("param_groups")))
     elif optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state.get("optimizer", {}), options=options)
+    _restore_rank_rng(_broadcast(state.get("rng")), path)
+
+
+def _set_hyperparameters(optimizer: torch.optim.Optimizer, groups: list[dict]) -> None:
+    """A stateless optimizer (plain SGD): only its groups' hyper-parameters to restore. torch 2.13's
+    ``set_optimizer_state_dict(full_state_dict=True)`` fails on it ("Expected device to be set": it
+    looks for the device among state tensors, and there are none)."""
+    if len(groups) != len(optimizer.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(groups)} param groups, this one "
+                         f"{len(optimizer.param_groups)}")
+    for group, saved in zip(optimizer.param_groups, groups):
+        group.update({key: value for key, value in saved.items() if key != "params"})
 
 
 def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
@@ -138,6 +202,8 @@ def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         local = {"world_size": optimizer.world_size, "optimizer": optimizer.optim.state_dict()}
         torch.save(local, path / _ZERO_FILE.format(rank=optimizer.rank))
+    saved = {"world_size": _world(), "rng": capture_rng_state()}
+    torch.save(saved, path / _RNG_FILE.format(rank=_rank()))
 
 
 def _load_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
@@ -151,6 +217,19 @@ def _load_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer
         _load_zero_partition(optimizer, path)
     elif optimizer is not None:
         set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    _load_rank_rng(path)
+
+
+def _load_rank_rng(path: Path) -> None:
+    file = path / _RNG_FILE.format(rank=_rank())
+    saved = torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
+    if saved is None:
+        _restore_rank_rng(None, path)
+        return
+    states: list = [None] * saved["world_size"]
+    if _rank() < len(states):
+        states[_rank()] = saved["rng"]
+    _restore_rank_rng(states, path)
 
 
 def _load_zero_partition(optimizer: ZeroRedundancyOptimizer, path: Path) -> None:

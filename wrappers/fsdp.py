@@ -14,46 +14,21 @@ the optimizer state on CPU (there is no gradient-only or optimizer-only offload 
 unit's shards to the device just before its all-gather, and the optimizer step runs on CPU. Memory
 is pinned only when the mesh is on an accelerator (``pin_memory()`` needs one).
 
-This module also holds the precision vocabulary, shared with ``recipe.py``, so that no engine
-module imports the recipe.
+The dtypes come from ``wrappers.precision`` (``advisor.precision``'s table).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-from advisor.training import Precision  # one precision vocabulary for planner and wrappers
+from advisor.precision import Precision
 from wrappers.blocks import find_blocks
-
-
-
-class PrecisionDtypes(NamedTuple):
-    """What a precision means for tensors: parameter dtype and compute dtype (None: no autocast)."""
-
-    param_dtype: torch.dtype
-    compute_dtype: torch.dtype | None
-
-
-# Mixed precisions keep fp32 parameters and compute in half precision; ``bf16`` casts the model itself.
-PRECISION_DTYPES: dict[str, PrecisionDtypes] = {
-    "fp32": PrecisionDtypes(torch.float32, None),
-    "bf16-mixed": PrecisionDtypes(torch.float32, torch.bfloat16),
-    "fp16-mixed": PrecisionDtypes(torch.float32, torch.float16),
-    "bf16": PrecisionDtypes(torch.bfloat16, None),
-}
-
-
-def precision_dtypes(precision: Precision) -> PrecisionDtypes:
-    """The dtypes ``precision`` stands for; ``ValueError`` for an unknown name."""
-    if precision not in PRECISION_DTYPES:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {', '.join(PRECISION_DTYPES)}")
-    return PRECISION_DTYPES[precision]
+from wrappers.precision import precision_dtypes
 
 
 def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy | None:

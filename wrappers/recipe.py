@@ -5,19 +5,19 @@ environment and prints nothing; every choice arrives in its arguments. The order
 
 1. cast the model for ``precision="bf16"`` (mixed precisions keep fp32 parameters);
 2. activation checkpointing of the blocks (before any wrapping, as torchtitan does);
-3. the strategy's engine, from the one table ``_ENGINES``;
+3. the strategy's applier, from the one table ``_APPLIERS``;
 4. the optimizer: unchanged (DP, DDP), ``ZeroRedundancyOptimizer`` (ZeRO-1), or rebuilt on the
    sharded parameters (FSDP2).
 
 Mixed precision under DP, DDP and ZeRO-1 is ``torch.autocast`` around the forward, entered by the
-training loop with ``autocast_context``; under FSDP2 it is the ``MixedPrecisionPolicy`` instead.
+training loop with ``autocast_context`` (``wrap()`` registers it on the model instead,
+``wrappers.precision.apply_autocast``); under FSDP2 it is the ``MixedPrecisionPolicy`` instead.
 ``fp16-mixed`` also needs a gradient scaler (``torch.amp.GradScaler``, or FSDP's sharded one),
 which is the training loop's business.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
@@ -28,31 +28,44 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from advisor.precision import Precision
 from advisor.strategies import STRATEGIES as PLAN_STRATEGIES
 from advisor.strategies import Implementation, StrategyName as Strategy
 from wrappers.blocks import find_blocks
 from wrappers.checkpointing import apply_activation_checkpointing
 from wrappers.ddp import apply_ddp
 from wrappers.dp import apply_dp
-from wrappers.fsdp import Precision, apply_fsdp, precision_dtypes
+from wrappers.fsdp import apply_fsdp
 from wrappers.optim import param_group_names, rebuild_optimizer
+from wrappers.precision import autocast_context, precision_dtypes
 from wrappers.zero1 import apply_zero1
 
-Engine = Literal["dp", "ddp", "zero1", "fsdp"]
+__all__ = ["STRATEGIES", "Applied", "Applier", "Recipe", "StrategySpec", "apply_recipe", "applier_for",
+           "autocast_context"]
+
+# Which ``apply_*`` function of this package applies a strategy (not the planner's engine,
+# ``advisor.training.Engine``, which is always torch here): DataParallel, DDP, DDP +
+# ZeroRedundancyOptimizer, or FSDP2 ``fully_shard``.
+Applier = Literal["dp", "ddp", "zero1", "fsdp"]
 
 
 class StrategySpec(NamedTuple):
-    """How a strategy is applied: the engine and the FSDP2 settings it uses."""
+    """How a strategy is applied: the applier and the FSDP2 settings it uses."""
 
-    engine: Engine
+    applier: Applier
     reshard_after_forward: bool = False
     cpu_offload: bool = False
 
 
+def applier_for(impl: Implementation) -> Applier:
+    """The applier the torch implementation's fields call for (what it shards, how many processes)."""
+    return ("dp" if impl.single_process else "fsdp" if impl.shard_params
+            else "zero1" if impl.shard_optimizer else "ddp")
+
+
 def _torch_spec(impl: Implementation) -> StrategySpec:
-    engine: Engine = ("dp" if impl.single_process else "fsdp" if impl.shard_params
-                      else "zero1" if impl.shard_optimizer else "ddp")
-    return StrategySpec(engine, reshard_after_forward=impl.reshard_after_forward, cpu_offload=impl.offload_params)
+    return StrategySpec(applier_for(impl), reshard_after_forward=impl.reshard_after_forward,
+                        cpu_offload=impl.offload_params)
 
 
 # Derived from the planner's one strategy table (advisor/strategies.py), torch engine: what the
@@ -98,16 +111,6 @@ class Applied:
     recipe: Recipe
 
 
-def autocast_context(precision: Precision, device_type: str) -> contextlib.AbstractContextManager:
-    """``torch.autocast(device_type, dtype)`` for a mixed precision, else ``contextlib.nullcontext()``.
-
-    Enter it around the forward (and loss) under DP, DDP and ZeRO-1. Under FSDP2 the
-    ``MixedPrecisionPolicy`` already casts; entering it there too is harmless but not needed.
-    """
-    compute = precision_dtypes(precision).compute_dtype
-    return contextlib.nullcontext() if compute is None else torch.autocast(device_type, dtype=compute)
-
-
 @dataclass(frozen=True)
 class _Context:
     recipe: Recipe
@@ -149,7 +152,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
     return model, rebuild_optimizer(ctx.optimizer, model.named_parameters(), group_param_names=names)
 
 
-_ENGINES: dict[Engine, Callable[[nn.Module, _Context], tuple[nn.Module, torch.optim.Optimizer | None]]] = {
+_APPLIERS: dict[Applier, Callable[[nn.Module, _Context], tuple[nn.Module, torch.optim.Optimizer | None]]] = {
     "dp": _apply_dp,
     "ddp": _apply_ddp,
     "zero1": _apply_zero1,
@@ -166,7 +169,7 @@ def apply_recipe(
     process_group: dist.ProcessGroup | None = None,
     mesh: DeviceMesh | None = None,
 ) -> Applied:
-    """Apply ``recipe`` to ``model`` (in place where the engine works in place) on ``device``.
+    """Apply ``recipe`` to ``model`` (in place where the applier works in place) on ``device``.
 
     ``optimizer``, if given, must be built on ``model``'s parameters; the returned optimizer is the
     one to step. ``process_group`` defaults to the default (world) group. The process group must be
@@ -180,5 +183,5 @@ def apply_recipe(
         apply_activation_checkpointing(model, blocks=find_blocks(model))
     ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group,
                    mesh=mesh)
-    wrapped, new_optimizer = _ENGINES[recipe.spec.engine](model, ctx)
+    wrapped, new_optimizer = _APPLIERS[recipe.spec.applier](model, ctx)
     return Applied(model=wrapped, optimizer=new_optimizer, recipe=recipe)

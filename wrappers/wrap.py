@@ -2,22 +2,25 @@
 
 The flow: read the launch once (``read_launch_env``), decide (``decide``: the planner's
 recommendation when GPUs are visible, the size-threshold default on CPU where there is no GPU
-memory to check), apply it (``apply_recipe``, the same call the simulator makes), shard the loader,
-and attach the decision to the returned model (``model.advisor_decision``). Rank 0 prints the
-decision once.
+memory to check), apply it (``apply_recipe``, the same call the simulator makes), check that the
+result is what the decision claims (``verify_applied``: process group of the launch's size, the
+wrapping and sharding, the dtypes; ``RuntimeError`` otherwise), shard the loader, and attach the
+decision to the returned model (``model.advisor_decision``). Rank 0 prints the decision once.
 
-With the torch engine the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
+With the torch recipe the result trains with a plain ``loss.backward(); optimizer.step()`` loop:
 under DDP, ZeRO-1 and DataParallel with a mixed precision the model's forward runs under
-``torch.autocast`` (as accelerate does), under FSDP2 the ``MixedPrecisionPolicy`` casts.
+``torch.autocast`` (hooks on the model, ``wrappers.precision``), under FSDP2 the
+``MixedPrecisionPolicy`` casts. A model stored in bf16 is planned and recorded as pure ``bf16``.
 When ``accelerate launch`` started the script with an FSDP or DeepSpeed config (or
 ``engine="accelerate"`` / ``"deepspeed"``), ``wrap`` returns what ``Accelerator().prepare`` returns;
 then the loop must call ``accelerator.backward(loss)`` (DeepSpeed scales and steps inside it), with
-the accelerator at ``model.advisor_accelerator``.
+the accelerator at ``model.advisor_accelerator``. That path checks too: accelerate must run as many
+processes as the launch started, with the plugin the config asks for, and the decision records the
+precision accelerate really runs.
 """
 
 from __future__ import annotations
 
-import functools
 import sys
 import warnings
 from typing import Any, Literal
@@ -31,12 +34,18 @@ from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import default_strategy
 from advisor.strategies import StrategyName
-from advisor.training import Precision
+from advisor.training import Engine, Precision
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import shard_loader
-from wrappers.recipe import Recipe, apply_recipe, autocast_context
+from wrappers.precision import apply_autocast, precision_dtypes
+from wrappers.prepare_accelerate import prepare_with_accelerate
+from wrappers.recipe import Recipe, apply_recipe
+from wrappers.verify import verify_applied
 
-WrapEngine = Literal["torch", "accelerate", "deepspeed"]
+# Who prepares the model: "torch" is this package's recipe (``apply_recipe``, for the planner's torch
+# engine); "accelerate" is ``Accelerator().prepare``, and "deepspeed" the same with the DeepSpeed
+# plugin of an ``accelerate launch`` config (the planner's deepspeed engine, run by accelerate).
+Preparer = Literal[Engine, "accelerate"]
 
 
 class Decision(BaseModel):
@@ -45,7 +54,7 @@ class Decision(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     strategy: StrategyName | None = Field(description="Applied strategy; None: model returned unchanged.")
-    engine: WrapEngine
+    engine: Preparer = Field(description="Who prepared the model: the torch recipe or accelerate.")
     precision: Precision
     activation_checkpointing: bool
     world_size: int
@@ -98,12 +107,10 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                     reason=f"{rationale}; no GPU visible, so memory was not checked")
 
 
-def _autocast_forward(module: nn.Module, precision: Precision, device_type: str) -> None:
-    """Run ``module.forward`` under autocast, so a plain training loop gets mixed precision."""
-    context = autocast_context(precision, device_type)
-    if isinstance(context, torch.autocast):
-        forward = module.forward
-        module.forward = functools.wraps(forward)(torch.autocast(device_type, dtype=context.fast_dtype)(forward))
+def _stored_precision(model: nn.Module) -> Precision | None:
+    """``"bf16"`` for a model stored in bf16 (it will compute in bf16 whatever autocast says), else None."""
+    stored = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    return "bf16" if stored == {precision_dtypes("bf16").param_dtype} else None
 
 
 def _ensure_process_group(env: LaunchEnv) -> None:
@@ -114,18 +121,15 @@ def _ensure_process_group(env: LaunchEnv) -> None:
         dist.init_process_group(backend)
 
 
-def _prepare_with_accelerate(objects: list, decision_reason: str, env: LaunchEnv) -> tuple:
-    from accelerate import Accelerator
-
-    accelerator = Accelerator()
-    prepared = accelerator.prepare(*objects)
-    prepared = prepared if isinstance(prepared, tuple) else (prepared,)
-    model = prepared[0]
-    model.advisor_accelerator = accelerator
-    model.advisor_decision = Decision(strategy=None, engine="accelerate", precision="fp32",
-                                      activation_checkpointing=False, world_size=env.world_size,
-                                      reason=decision_reason)
-    return prepared
+def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: str | None) -> tuple:
+    """Accelerate prepares; the decision records the precision and process count accelerate really runs."""
+    prepared = prepare_with_accelerate(objects, env, plugin)
+    model = prepared.objects[0]
+    model.advisor_accelerator = prepared.accelerator
+    model.advisor_decision = Decision(strategy=prepared.strategy, engine="accelerate", precision=prepared.precision,
+                                      activation_checkpointing=False, world_size=prepared.accelerator.num_processes,
+                                      reason=f"{why}; accelerate runs {prepared.runs_as}")
+    return prepared.objects
 
 
 def wrap(
@@ -134,7 +138,7 @@ def wrap(
     loader: torch.utils.data.DataLoader | None = None,
     *,
     strategy: StrategyName | None = None,
-    engine: WrapEngine = "torch",
+    engine: Preparer = "torch",
     precision: Precision | None = None,
     activation_checkpointing: bool | None = None,
     seq_len: int | None = None,
@@ -150,13 +154,18 @@ def wrap(
     passed = [obj for obj in (model, optimizer, loader) if obj is not None]
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
-        prepared = _prepare_with_accelerate(passed, why, env)
+        plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
+        prepared = _prepare_with_accelerate(passed, why, env, plugin)
         return prepared[0] if len(prepared) == 1 else prepared
-    decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision,
+    decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
                       micro_batch_size=micro_batch_size)
     if decision.strategy is None:
-        wrapped, new_optimizer = model.to(env.device), optimizer
+        # Cast only for a requested precision: a model's own dtype is left as the user made it.
+        dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype
+        wrapped, new_optimizer = model.to(env.device, dtype), optimizer  # ``to`` keeps parameter identity
+        apply_autocast(wrapped, decision.precision, env.device.type)
+        verify_applied(wrapped, optimizer, strategy=None, precision=decision.precision, world_size=env.world_size)
     else:
         if decision.strategy == "dp":
             warnings.warn("wrap(): DataParallel drives every GPU from one Python process and gathers outputs, "
@@ -168,11 +177,12 @@ def wrap(
         _ensure_process_group(env)
         recipe = Recipe(strategy=decision.strategy, precision=decision.precision,
                         activation_checkpointing=decision.activation_checkpointing)
-        if recipe.spec.engine in ("ddp", "zero1", "dp"):
-            model.to(env.device)
-            _autocast_forward(model, decision.precision, env.device.type)
+        if recipe.spec.applier != "fsdp":  # FSDP2 casts with its MixedPrecisionPolicy instead
+            apply_autocast(model, decision.precision, env.device.type)
         applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)
         wrapped, new_optimizer = applied.model, applied.optimizer
+        verify_applied(wrapped, new_optimizer, strategy=decision.strategy, precision=decision.precision,
+                       world_size=env.world_size)
         if loader is not None and env.distributed:
             loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
     wrapped.advisor_decision = decision

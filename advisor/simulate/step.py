@@ -38,10 +38,27 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.strategies import STRATEGIES, Implementation, get_strategy
 from advisor.training import TrainingConfig
-
-SIMULATED_STRATEGIES = ("ddp", "zero2", "zero3")
 Phase = Literal["forward", "backward", "optimizer_step"]
+
+
+def not_simulated(impl: Implementation) -> str | None:
+    """Why the simulator cannot run a torch implementation, from its fields; None when it can.
+
+    It runs one rank of a multi-process job, replicated (DDP) or with FSDP2-sharded parameters.
+    """
+    if impl.single_process:
+        return "DataParallel drives several CUDA GPUs from one process, which a CPU cannot stand in for"
+    if impl.offload_params or impl.offload_optimizer:
+        return "offload moves state from the GPU to the CPU, and the simulated step already runs on the CPU"
+    if impl.shard_optimizer and not impl.shard_params:
+        return "ZeroRedundancyOptimizer's partitioned step is not measured"
+    return None
+
+
+# Derived from the strategy table: the strategies whose torch implementation the simulator runs.
+SIMULATED_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if not_simulated(s.on("torch")) is None)
 Progress = Callable[[str], None]
 STAGES = ("build", "wrap", "warm-up step", "measured step")
 
@@ -117,7 +134,7 @@ def simulate(
     ``real_tensors``: run with real CPU tensors instead of fake ones (small models; validation).
     ``progress`` is called with each stage's name (``STAGES``) as it starts.
     """
-    _check(strategy, training, world_size)
+    impl = _check(strategy, training, world_size)
     import torch
 
     from advisor.simulate.model import resolve_config
@@ -131,19 +148,19 @@ def simulate(
         tell("build")
         net, trainable = _build(cfg, training, trainable_params, real=real_tensors)
         tell("wrap")
-        net, opt, notes = _wrap(net, strategy, training, checkpointing)
+        net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)
         ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
-        step = _step_fn(net, opt, ids, training, strategy)
+        step = _step_fn(net, opt, ids, training, impl)
         tell("warm-up step")
         step(None)
         tell("measured step")
-        tracker = _tracker(net, opt, ids, strategy)
+        tracker = _tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         with tracker:
             step(lambda phase: phases.__setitem__(phase, _peak_total(tracker)))
         measured = _breakdown(tracker)
         top = _top_modules(tracker)
-    if strategy == "ddp":
+    if not impl.shard_params:  # replicated: DDP's buckets, see the module docstring
         buckets = sum(p.numel() * p.element_size() for p in _unique_params(net) if p.requires_grad)
         measured["temporary"] += buckets
         notes.append(f"DDP buckets added by arithmetic: {buckets:,} bytes (one copy of the trainable "
@@ -162,15 +179,19 @@ def net_vocab(cfg: dict) -> int:
     return cfg.get("vocab_size") or 1000
 
 
-def _check(strategy: str, training: TrainingConfig, world_size: int) -> None:
-    if strategy not in SIMULATED_STRATEGIES:
-        raise ValueError(f"simulate runs {', '.join(SIMULATED_STRATEGIES)}; '{strategy}' is not simulated yet")
+def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implementation:
+    """The strategy's torch implementation, or ``ValueError`` for what the simulator cannot run."""
+    impl = get_strategy(strategy).on("torch")
+    why = not_simulated(impl)
+    if why is not None:
+        raise ValueError(f"'{strategy}' is not simulated yet: {why}")
     if training.engine != "torch":
         raise ValueError("simulate runs the torch engine only (--engine torch)")
     if training.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum"):
         raise ValueError(f"simulate runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")
     if world_size < 1:
         raise ValueError("world size must be at least 1")
+    return impl
 
 
 def _fake_mode() -> Any:
@@ -267,13 +288,14 @@ def _optimizer(net: Any, training: TrainingConfig) -> Any:
     return torch.optim.SGD(params, lr=1e-4, momentum=momentum, foreach=True)
 
 
-def _wrap(net: Any, strategy: str, training: TrainingConfig, checkpointing: bool) -> tuple[Any, Any, list[str]]:
-    """Apply the recipe ``wrap()`` applies; under ddp, only its model-side steps (see docstring)."""
+def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
+          checkpointing: bool) -> tuple[Any, Any, list[str]]:
+    """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring)."""
     from wrappers.recipe import Recipe, apply_recipe
 
     opt = _optimizer(net, training)
     notes: list[str] = []
-    if strategy == "ddp":
+    if not impl.shard_params:
         from wrappers.blocks import find_blocks
         from wrappers.checkpointing import apply_activation_checkpointing
         if checkpointing:
@@ -295,14 +317,14 @@ def _mesh_outside_fake_mode() -> Any:
         return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")
 
 
-def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, strategy: str) -> Callable:
+def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation) -> Callable:
     """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True)."""
     from wrappers.recipe import autocast_context
 
     def step(mark: Callable[[str], None] | None) -> None:
         mark = mark or (lambda phase: None)
         # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
-        cast = autocast_context(training.precision, "cpu") if strategy == "ddp" else contextlib.nullcontext()
+        cast = contextlib.nullcontext() if impl.shard_params else autocast_context(training.precision, "cpu")
         with cast:
             loss = net(input_ids=ids, labels=ids).loss
         mark("forward")
@@ -316,8 +338,8 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, strategy: s
     return step
 
 
-def _tracker(net: Any, opt: Any, ids: Any, strategy: str) -> Any:
-    if strategy == "ddp":
+def _tracker(net: Any, opt: Any, ids: Any, impl: Implementation) -> Any:
+    if not impl.shard_params:
         from torch.distributed._tools.mem_tracker import MemTracker
 
         tracker = MemTracker()

@@ -107,3 +107,23 @@ def test_cli_prints_json(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["strategy"] == "zero3" and doc["simulated"]["world_size"] == 2
     assert doc["simulated"]["peak_allocated"] > 0 and "error_pct" in doc
+
+
+def test_simulator_follows_the_strategy_tables_fields_not_names(monkeypatch):
+    """Give zero3 a replicated torch implementation: the simulator must run it as DDP (its buckets
+    added, no FSDP2), and a ddp that offloads must be refused; it reads the fields, not the names."""
+    from advisor import strategies
+
+    table = strategies.STRATEGIES
+    replicated = table["zero3"].model_copy(
+        update={"engines": {**table["zero3"].engines, "torch": table["ddp"].on("torch")}})
+    offloading = table["ddp"].model_copy(update={"engines": {
+        **table["ddp"].engines, "torch": table["ddp"].on("torch").model_copy(update={"offload_params": True})}})
+    monkeypatch.setitem(table, "zero3", replicated)
+    monkeypatch.setitem(table, "ddp", offloading)
+    sim = simulate(TINY_LLAMA, world_size=2, strategy="zero3", training=TrainingConfig(seq_len=16),
+                   micro_batch_size=1, checkpointing=False)
+    assert any("DDP buckets" in note for note in sim.notes)
+    with pytest.raises(ValueError, match="not simulated yet: offload"):
+        simulate(TINY_LLAMA, world_size=2, strategy="ddp", training=TrainingConfig(seq_len=16),
+                 micro_batch_size=1, checkpointing=False)

@@ -68,3 +68,16 @@ def test_pure_bf16_casts_parameters_in_place():
         apply_recipe(model, Recipe(strategy="dp", precision="bf16"), device="cpu", optimizer=optimizer)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert {id(p) for p in model.parameters()} == {id(p) for g in optimizer.param_groups for p in g["params"]}
+
+
+def test_precision_dtypes_come_from_the_precision_table(monkeypatch):
+    """Change the table's row and the wrappers follow (no second mapping in wrappers/)."""
+    from advisor import precision
+    from wrappers.fsdp import mixed_precision_policy
+
+    row = precision.PRECISIONS["bf16-mixed"]
+    monkeypatch.setitem(precision.PRECISIONS, "bf16-mixed", row.model_copy(update={"compute_dtype": "float16"}))
+    assert mixed_precision_policy("bf16-mixed").param_dtype == torch.float16
+    with autocast_context("bf16-mixed", "cpu"):
+        x = torch.randn(2, 2)
+        assert (x @ x).dtype == torch.float16

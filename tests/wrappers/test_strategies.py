@@ -79,7 +79,7 @@ def _assert_sharding(applied: Applied, num_params: int, world_size: int) -> None
         return
     assert summed.item() == 2 * num_params, "optimizer state is partitioned, not replicated"
     assert abs(state_numel / (2 * num_params) - 1 / world_size) < HALF_SLACK, f"{state_numel=} {num_params=}"
-    if applied.recipe.spec.engine == "fsdp":
+    if applied.recipe.spec.applier == "fsdp":
         params = list(applied.model.parameters())
         assert all(isinstance(p, DTensor) for p in params)
         local = sum(p.to_local().numel() for p in params)
@@ -100,7 +100,7 @@ def _strategy_worker(rank: int, world_size: int, strategy: str, tmp_dir: str) ->
     expected = _reference_params()
     recipe = Recipe(strategy=strategy)
     applied = _build(recipe)
-    if recipe.spec.engine == "fsdp":
+    if recipe.spec.applier == "fsdp":
         _assert_reshard_after_forward(applied, rank, world_size)
     for step in range(NUM_STEPS):
         _train_step(applied, step, rank, world_size)

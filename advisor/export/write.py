@@ -7,6 +7,9 @@ reader sees the old file or the new one, never a mix. An existing file is replac
 is not an overwrite). Only a regular file is ever read or replaced: a FIFO, a device (``/dev/null``,
 ``/dev/full``) or ``/dev/stdout`` is refused before it is opened (reading a FIFO blocks until a
 writer comes; a device never ends), and the comparison reads at most one byte more than the new text.
+A symbolic link is refused too: ``os.replace`` would replace the link itself, so ``-o /dev/stdout``
+with stdout redirected to a file (``/dev/stdout -> /proc/self/fd/1``, a regular file once
+followed) would turn the system's ``/dev/stdout`` link into a plain file.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'accelerate_config.yaml'}")
+    if target.is_symlink():
+        raise ValueError(f"{target} is a symbolic link; give the file it points to, or -o - for stdout")
     if target.exists():
         if not stat.S_ISREG(target.stat().st_mode):
             raise ValueError(f"{target} exists and is not a regular file (a pipe, device or terminal); "

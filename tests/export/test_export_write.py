@@ -129,3 +129,20 @@ def test_identical_check_reads_no_more_than_the_new_text(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="already exists"):
         write_export(path, "x: 1\n")
     assert sizes == [6]
+
+
+def test_symlink_is_refused_and_left_alone(tmp_path):
+    # /dev/stdout is a link to /proc/self/fd/1, a regular file when stdout is redirected; before the
+    # fix, --force replaced the link itself with a plain file. Here: a link to a file, and one like /dev/stdout.
+    real = tmp_path / "real.yaml"
+    real.write_text("mine\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real)
+    with open(tmp_path / "out.txt", "w") as handle:
+        fd_link = tmp_path / "stdout"
+        fd_link.symlink_to(f"/proc/self/fd/{handle.fileno()}")
+        for path in (link, fd_link):
+            with pytest.raises(ValueError, match="is a symbolic link"):
+                write_export(path, "x: 1\n", force=True)
+            assert path.is_symlink()
+    assert real.read_text() == "mine\n"

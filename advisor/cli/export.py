@@ -76,21 +76,26 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, hybrid: str,
     """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
     from advisor.export import export_text
     from advisor.export.write import write_export
-    from advisor.export.launch import build_launch_command, check_launchable, find_placeholders, format_command, \
-        load_config, run_launch
+    from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
+        format_command, load_config, local_gpus, run_launch
 
     options = _options(cpu=cpu, hybrid=hybrid, script=script, script_args=script_args)
     text, target = export_text(_plan(params), "accelerate", options)
     path = write_export(config_file, text, force=force)
     _echo_notes(target.notes)
     command = build_launch_command(path, script, script_args)
+    refusal = cuda_refusal(load_config(path), local_gpus())
     if dry_run:
         missing = find_placeholders(load_config(path))
         if missing:
             click.echo(f"advisor: note: fill in {', '.join(missing)} in {path} before launching", err=True)
+        if refusal:
+            click.echo(f"advisor: note: advisor launch would refuse to run this here: {refusal}", err=True)
         click.echo(format_command(command))
         return
     check_launchable(path)
+    if refusal:
+        raise ValueError(refusal)
     click.echo(f"advisor: running {format_command(command)}", err=True)
     code = run_launch(command, config_path=path)
     if code:

@@ -57,9 +57,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @cli.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
-@click.option("--policy", type=click.Choice(["thresholds", "fastest"]), help="How to choose among fits.")
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
-def plan(as_json: bool, policy: str | None, verify: bool, **options) -> None:
+def plan(as_json: bool, verify: bool, **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
@@ -71,9 +70,7 @@ def plan(as_json: bool, policy: str | None, verify: bool, **options) -> None:
     """
     from advisor.planning.api import plan as make_plan
 
-    kwargs = plan_kwargs(options)
-    if policy is not None:
-        kwargs["policy"] = policy
+    kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
     result = make_plan(**kwargs)
     checked = None
     if verify and result.recommendation is not None:

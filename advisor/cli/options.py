@@ -1,21 +1,25 @@
-"""The plan options shared by ``advisor plan``, ``simulate``, ``export`` and ``launch``: one
+"""The plan options shared by ``advisor plan``, ``simulate``, ``compare``, ``export`` and ``launch``: one
 definition, so every command spells every setting the same way, and one function that turns the
 parsed values into ``advisor.plan`` arguments (only options the user gave, so the rest are reported
-as assumptions)."""
+as assumptions). Every option that changes the plan belongs here (``--policy`` included), so an
+export is always the plan ``advisor plan`` showed for the same options. Choices come from the
+tables and Literals that define them: ``advisor.strategies.STRATEGIES``, ``advisor.precision.PRECISIONS``
+and the Literals of ``advisor.training``."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, get_args
 
 import click
 
-from advisor.training import Attention, Checkpointing, Engine, Optimizer, Precision
+from advisor.precision import PRECISIONS
+from advisor.strategies import STRATEGIES
+from advisor.training import Attention, Checkpointing, Engine, Optimizer, Policy
 
-_STRATEGIES = ("dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
 
-
-def _choice(literal) -> click.Choice:
-    return click.Choice(literal.__args__, case_sensitive=False)
+def _choice(names) -> click.Choice:
+    """Choices from the table or Literal that defines them (never a hand-copied list)."""
+    return click.Choice(tuple(names), case_sensitive=False)
 
 
 def _micro_batch(value: str | None) -> int | None:
@@ -36,16 +40,18 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--gpus", "-g", help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`); default: this machine's GPUs."),
     click.option("--nodes", type=click.IntRange(1, 16384), help="Nodes (then --gpus counts per node)."),
     click.option("--interconnect", help="Inter-node link, e.g. ib-ndr, eth-100g."),
-    click.option("--optimizer", type=_choice(Optimizer), help="Default adamw."),
-    click.option("--precision", type=_choice(Precision), help="Default bf16-mixed."),
+    click.option("--optimizer", type=_choice(get_args(Optimizer)), help="Default adamw."),
+    click.option("--precision", type=_choice(PRECISIONS), help="Default bf16-mixed."),
     click.option("--seq-len", type=click.IntRange(1, 1 << 22), help="Tokens per sample (default 2048)."),
     click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (largest that fits)."),
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
-    click.option("--activation-checkpointing", type=_choice(Checkpointing), help="auto (default), on or off."),
+    click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)), help="auto (default), on or off."),
     click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone, LoRA."),
-    click.option("--engine", type=_choice(Engine), help="torch (default) or deepspeed."),
-    click.option("--strategy", type=click.Choice(_STRATEGIES, case_sensitive=False), help="Evaluate only this one."),
-    click.option("--attention", type=_choice(Attention), help="sdpa (default) or eager."),
+    click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
+    click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
+    click.option("--policy", type=_choice(get_args(Policy)),
+                 help="How to choose among strategies that fit: thresholds (default) or fastest."),
+    click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
     click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Runtime overhead per GPU (default 1)."),
     click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
@@ -65,6 +71,7 @@ _TRAINING_FIELDS = {
     "global_batch": "global_batch_size",
     "activation_checkpointing": "activation_checkpointing",
     "engine": "engine",
+    "policy": "policy",
     "attention": "attention",
     "reserve_gib": "reserve_gib",
     "cpu_memory_gib": "cpu_memory_gib",

@@ -5,6 +5,12 @@ unfilled ``<...>`` placeholders from a multi-node export), and runs it, returnin
 The only edge that touches the process environment is ``launch_env``: a CPU test config
 (``use_cpu: true``) needs ``ACCELERATE_USE_CPU=true`` in the workers, because accelerate's
 ``torch.distributed.run`` path does not set it (``utils/launch.py: prepare_multi_gpu_env``).
+
+A GPU config (``use_cpu: false``) is refused on a machine with no NVIDIA GPU (``nvidia-smi``, no
+torch import): accelerate 1.15 does not fail there, it starts every rank on the CPU without a
+process group, so each rank trains on the whole dataset with no gradient sync and the job exits 0.
+FSDP and DeepSpeed need an accelerator (accelerate enables them only on one), and NCCL needs CUDA.
+The ``--cpu`` test config (DDP on gloo, fp32) is what runs on such a machine.
 """
 
 from __future__ import annotations
@@ -71,6 +77,24 @@ def check_launchable(config_path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ValueError(f"{config_path} still has placeholders {', '.join(missing)}: fill them in on each node, "
                          f"then run: {command}")
     return config
+
+
+def cuda_refusal(config: Mapping[str, Any], local_gpus: str | None) -> str | None:
+    """Why ``config`` cannot run as planned on a machine whose GPUs are ``local_gpus`` (None: none), or None."""
+    if config.get("use_cpu") or local_gpus is not None:
+        return None
+    kind = {"FSDP": "FSDP", "DEEPSPEED": "DeepSpeed"}.get(str(config.get("distributed_type")), "DDP on NCCL")
+    processes = config.get("num_processes")
+    return (f"this config runs {kind} on {processes} CUDA GPUs, and this machine has no NVIDIA GPU (nvidia-smi found "
+            "none): accelerate would start every rank on the CPU unsynchronised (no gradient sync, each rank on the "
+            "whole dataset). To test the script here, add --cpu: DDP on gloo, fp32, --processes N (default 2)")
+
+
+def local_gpus() -> str | None:
+    """This machine's GPUs as ``COUNTxNAME``, or None (``nvidia-smi``; no torch import)."""
+    from advisor.hardware.local_gpus import detect_local_gpus
+
+    return detect_local_gpus()
 
 
 def launch_env(config: Mapping[str, Any], base: Mapping[str, str]) -> dict[str, str]:

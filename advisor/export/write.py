@@ -4,12 +4,18 @@ The text goes to a temporary file in the destination's directory (same filesyste
 and fsynced, then ``os.replace``d onto the destination, which is atomic on POSIX and Windows: a
 reader sees the old file or the new one, never a mix. An existing file is replaced only with
 ``force=True``; one whose content is already identical is left alone (re-exporting the same plan
-is not an overwrite).
+is not an overwrite). Only a regular file is ever read or replaced: a FIFO, a device (``/dev/null``,
+``/dev/full``) or ``/dev/stdout`` is refused before it is opened (reading a FIFO blocks until a
+writer comes; a device never ends), and the comparison reads at most one byte more than the new text.
+A symbolic link is refused too: ``os.replace`` would replace the link itself, so ``-o /dev/stdout``
+with stdout redirected to a file (``/dev/stdout -> /proc/self/fd/1``, a regular file once
+followed) would turn the system's ``/dev/stdout`` link into a plain file.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -19,8 +25,13 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'accelerate_config.yaml'}")
+    if target.is_symlink():
+        raise ValueError(f"{target} is a symbolic link; give the file it points to, or -o - for stdout")
     if target.exists():
-        if target.read_text(encoding="utf-8", errors="replace") == text:
+        if not stat.S_ISREG(target.stat().st_mode):
+            raise ValueError(f"{target} exists and is not a regular file (a pipe, device or terminal); "
+                             "give a file name, or -o - for stdout")
+        if _same_content(target, text):
             return target
         if not force:
             raise ValueError(f"{target} already exists; pass --force to overwrite it")
@@ -40,6 +51,13 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _same_content(path: Path, text: str) -> bool:
+    """Whether ``path`` holds exactly ``text``, reading no more than ``len(text)`` + 1 bytes."""
+    data = text.encode("utf-8")
+    with open(path, "rb") as handle:
+        return handle.read(len(data) + 1) == data
 
 
 def _umask() -> int:

@@ -66,3 +66,83 @@ def test_new_file_gets_ordinary_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def _call_with_deadline(func, timeout_s: float = 10.0):
+    """Run ``func`` in a thread; (finished, result or exception). A hang is reported, not waited out."""
+    import threading
+
+    outcome: list = []
+
+    def run():
+        try:
+            outcome.append(func())
+        except BaseException as err:  # noqa: BLE001 - handed back to the test
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    return bool(outcome), (outcome[0] if outcome else None)
+
+
+def test_fifo_is_refused_without_opening_it(tmp_path):
+    # Before the fix, the "already identical?" check read the FIFO and blocked until a writer came.
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    finished, result = _call_with_deadline(lambda: write_export(fifo, "x: 1\n", force=True))
+    if not finished:  # unblock the reader so the thread can end, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert finished, "write_export blocked on a FIFO"
+    assert isinstance(result, ValueError) and "not a regular file" in str(result) and "\n" not in str(result)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe.yaml"]  # no temporary left behind
+
+
+def test_device_is_refused(tmp_path):
+    # Before the fix /dev/null read as an empty file that "already exists; pass --force"
+    # (and --force then tried to replace the device node). Never called with force here.
+    with pytest.raises(ValueError, match="not a regular file"):
+        write_export("/dev/null", "x: 1\n")
+
+
+def test_identical_check_reads_no_more_than_the_new_text(tmp_path, monkeypatch):
+    path = tmp_path / "big.yaml"
+    path.write_bytes(b"x: 1\n" + b"#" * 1_000_000)
+    sizes = []
+    real_open = open
+
+    class Counting:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def read(self, size=-1):
+            sizes.append(size)
+            return self.handle.read(size)
+
+    monkeypatch.setattr(write_module, "open", lambda *a, **k: Counting(real_open(*a, **k)), raising=False)
+    with pytest.raises(ValueError, match="already exists"):
+        write_export(path, "x: 1\n")
+    assert sizes == [6]
+
+
+def test_symlink_is_refused_and_left_alone(tmp_path):
+    # /dev/stdout is a link to /proc/self/fd/1, a regular file when stdout is redirected; before the
+    # fix, --force replaced the link itself with a plain file. Here: a link to a file, and one like /dev/stdout.
+    real = tmp_path / "real.yaml"
+    real.write_text("mine\n")
+    link = tmp_path / "link.yaml"
+    link.symlink_to(real)
+    with open(tmp_path / "out.txt", "w") as handle:
+        fd_link = tmp_path / "stdout"
+        fd_link.symlink_to(f"/proc/self/fd/{handle.fileno()}")
+        for path in (link, fd_link):
+            with pytest.raises(ValueError, match="is a symbolic link"):
+                write_export(path, "x: 1\n", force=True)
+            assert path.is_symlink()
+    assert real.read_text() == "mine\n"

@@ -1,0 +1,80 @@
+"""``advisor launch`` refuses a GPU config on a machine with no GPU (exit 2, one line naming --cpu).
+
+accelerate 1.15 does not fail there: every rank starts on the CPU without a process group and the
+job exits 0 having trained unsynchronised. GPU detection (nvidia-smi) is stubbed; nothing is launched.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import advisor.export.launch as launch_module
+import advisor.hardware.local_gpus as local_gpus_module
+from advisor.cli.main import main
+
+ZERO3 = ["launch", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy", "zero3"]
+
+
+@pytest.fixture
+def launched(tmp_path, monkeypatch):
+    """Run in tmp_path; record launches instead of running them."""
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    monkeypatch.setattr(launch_module, "run_launch", lambda command, **kw: calls.append(command) or 0)
+    return calls
+
+
+def _run(args, capsys) -> tuple[int, str, str]:
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _no_gpu(monkeypatch):
+    monkeypatch.setattr(local_gpus_module, "detect_local_gpus", lambda **kw: None)
+
+
+def test_fsdp_launch_without_a_gpu_is_refused_naming_cpu(launched, monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    code, out, err = _run([*ZERO3, "train.py"], capsys)
+    assert code == 2 and launched == []
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("advisor: error: this config runs FSDP on 2 CUDA GPUs")
+    assert "--cpu" in lines[0] and "fp32" in lines[0] and "gloo" in lines[0]
+
+
+def test_deepspeed_and_ddp_gpu_configs_are_refused_too(launched, monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    for extra, kind in ((["--engine", "deepspeed"], "DeepSpeed"), ([], "FSDP")):
+        code, _, err = _run([*ZERO3, *extra, "--force", "train.py"], capsys)
+        assert code == 2 and f"runs {kind} on 2 CUDA GPUs" in err
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--strategy", "ddp",
+                         "--force", "train.py"], capsys)
+    assert code == 2 and "runs DDP on NCCL on 2 CUDA GPUs" in err
+    assert launched == []
+
+
+def test_dry_run_prints_the_command_and_says_it_would_be_refused(launched, monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    code, out, err = _run([*ZERO3, "--dry-run", "train.py"], capsys)
+    assert code == 0 and launched == []
+    assert out.strip().splitlines()[-1] == "accelerate launch --config_file accelerate_config.yaml train.py"
+    assert "would refuse to run this here: this config runs FSDP" in err
+
+
+def test_launch_goes_ahead_with_a_gpu(launched, monkeypatch, capsys):
+    monkeypatch.setattr(local_gpus_module, "detect_local_gpus", lambda **kw: "2xNVIDIA A100-SXM4-80GB")
+    code, _, err = _run([*ZERO3, "train.py", "--lr", "1e-4"], capsys)
+    assert code == 0, err
+    assert launched == [["accelerate", "launch", "--config_file", "accelerate_config.yaml", "train.py", "--lr", "1e-4"]]
+
+
+def test_cpu_config_launches_without_a_gpu(launched, monkeypatch, capsys):
+    _no_gpu(monkeypatch)
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--cpu", "train.py"], capsys)
+    assert code == 0, err
+    assert len(launched) == 1

@@ -5,6 +5,7 @@ on the CPU) and compare its measured per-GPU peak with the estimate. A thin skin
 from __future__ import annotations
 
 import json
+import sys
 
 import click
 
@@ -34,7 +35,7 @@ def verify_with_progress(the_plan, *, strategy: str | None = None):
     from advisor.simulate.verify import verify
     from advisor.simulate.step import STAGES
 
-    with click.progressbar(length=len(STAGES), label="simulating", file=click.get_text_stream("stderr")) as bar:
+    with click.progressbar(length=len(STAGES), label="simulating", file=sys.stderr) as bar:
         def progress(stage: str) -> None:
             bar.label = f"simulating: {stage}"
             bar.update(1)

@@ -101,8 +101,6 @@ def test_launch_env_reads_accelerate_plugins():
     assert (env.world_size, env.rank, env.nodes, env.accelerate_plugin) == (4, 1, 2, "fsdp")
 
 
-@pytest.mark.xfail(strict=True, reason="advisor/model/meta.py _shape_fields reads config.torch_dtype, which "
-                   "transformers 5 deprecates with a log warning; remove this mark when that line reads dtype only")
 def test_wrap_of_a_tiny_hf_model_warns_nothing_from_our_code():
     """No Python warning raised from advisor/ or wrappers/, and no transformers deprecation our calls trigger
     (transformers logs those through its own logger, once per process: the cache is cleared first)."""

@@ -48,8 +48,8 @@ def _init_group(world: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> int:
-    """Peak allocated bytes of the second training step on the GPU."""
+def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> tuple[int, int]:
+    """Peak allocated and peak reserved bytes of the second training step on the GPU."""
     import contextlib
 
     import torch
@@ -94,7 +94,7 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) 
         torch.cuda.reset_peak_memory_stats()
         step()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated()
+        return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     finally:
         dist.destroy_process_group()
         gc.collect()
@@ -114,15 +114,17 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     simulated = _simulated()
     rows = []
-    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}")
+    import transformers
+
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; transformers {transformers.__version__}")
     print(f"{'model':9} {'strategy':8} {'N':>3} {'mb':>2} {'seq':>5} {'ck':3} {'gpu GiB':>8} {'analytic':>9} "
-          f"{'err%':>7} {'simulated':>9} {'err%':>7}")
+          f"{'err%':>7} {'simulated':>9} {'err%':>7} {'reserved':>8}")
     for case in accuracy.CASES:
         if args.only not in case[0]:
             continue
         key, strategy, world, mb, seq, ckpt = case
         try:
-            truth = measure(*case)
+            truth, reserved = measure(*case)
         except torch.cuda.OutOfMemoryError:
             print(f"{key:9} {strategy:8} {world:3} {mb:2} {seq:5} out of memory on this GPU")
             continue
@@ -130,12 +132,12 @@ def main() -> int:
         sim = simulated.get(case)
         err = lambda v: None if v is None else round(100 * (v - truth) / truth, 2)  # noqa: E731
         row = dict(model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
-                   gpu_max_allocated_bytes=truth, analytic_bytes=est, analytic_err_pct=err(est),
+                   gpu_max_allocated_bytes=truth, gpu_max_reserved_bytes=reserved, analytic_bytes=est, analytic_err_pct=err(est),
                    simulated_bytes=sim, simulated_err_pct=err(sim))
         rows.append(row)
         print(f"{key:9} {strategy:8} {world:3} {mb:2} {seq:5} {'on' if ckpt else 'off':3} {truth / 2**30:8.2f} "
               f"{est / 2**30:9.2f} {err(est):+7.2f} {'' if sim is None else f'{sim / 2**30:9.2f}'} "
-              f"{'' if sim is None else f'{err(sim):+7.2f}'}", flush=True)
+              f"{'' if sim is None else f'{err(sim):+7.2f}'} {reserved / 2**30:8.2f}", flush=True)
     for column in ("analytic_err_pct", "simulated_err_pct"):
         errs = [abs(r[column]) for r in rows if r[column] is not None]
         if errs:

@@ -4,10 +4,11 @@ step against the analytic estimate and the CPU simulation.
 Run (on a machine with one CUDA GPU): python benchmarks/gpu_truth.py [--only SUBSTRING]
 Each case builds the model from its config on the GPU (random weights), applies the recipe
 ``wrap()`` applies (``wrappers.recipe.apply_recipe``; DDP under ``torch.autocast("cuda")``), and
-runs two steps under a process group of the case's world size: a real one-rank NCCL group for world
+runs three steps under a process group of the case's world size: a real one-rank NCCL group for world
 size 1, a fake process group above (``torch.testing._internal.distributed.fake_pg``: collectives
 return at once, so one GPU plays rank 0 of N; memory is the same, the values are not). The peak
-of the second step is recorded. Writes benchmarks/results/gpu_truth.csv; the simulated column
+of the second step is the measured figure (what the simulator and the estimate model); the first
+and third steps' peaks and the peak reserved bytes are recorded beside it. Writes benchmarks/results/gpu_truth.csv; the simulated column
 comes from benchmarks/results/accuracy.csv (run benchmarks/accuracy.py first).
 Exits with code 2 and a message when no CUDA device is available.
 """
@@ -17,10 +18,12 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import pickle
 import statistics
 import sys
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -48,8 +51,22 @@ def _init_group(world: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
-def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> tuple[int, int]:
-    """Peak allocated and peak reserved bytes of the second training step on the GPU."""
+class Peaks(NamedTuple):
+    """The first step also creates Adam's state; DDP rebuilds its gradient buckets in the second
+    step's forward (in the order gradients arrived); the third is the steady state. The simulator
+    and the estimate model the second."""
+
+    step1: int
+    step2: int
+    step3: int
+    reserved: int
+
+
+def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
+            snapshot: Path | None = None) -> "Peaks":
+    """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
+    with ``snapshot``, the allocator's history of the second step is dumped there
+    (``benchmarks/peak_snapshot.py`` reads it)."""
     import contextlib
 
     import torch
@@ -61,6 +78,15 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) 
     from wrappers.recipe import Recipe, apply_recipe, autocast_context
 
     cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation="sdpa")
+    # The previous case's model and optimizer die when its measure() returns, some of them in reference
+    # cycles: collect them and hand their cached blocks back, so neither counts in this case's peaks.
+    gc.collect()
+    torch.cuda.empty_cache()
+    # What stays is the library workspaces the first step created (cuBLAS / cuBLASLt, per stream; 65 MiB
+    # on an H100 with torch 2.11): every case counts them, the first one inside its own step.
+    leftover = torch.cuda.memory_allocated()
+    if leftover > 256 * 2**20:
+        raise RuntimeError(f"{leftover} bytes still allocated from an earlier case")
     _init_group(world)
     try:
         net = build_meta_model(cfg)
@@ -89,21 +115,38 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) 
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        step()
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+        peaks = []
+        for index in range(3):
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            recording = snapshot is not None and index == 1
+            if recording:
+                # C++ stacks crash dropout's recompute under checkpointing (torch 2.11: SystemError).
+                torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python" if ckpt else "all")
+                baseline = torch.cuda.memory_allocated()
+            step()
+            torch.cuda.synchronize()
+            peaks.append(torch.cuda.max_memory_allocated())
+            if recording:
+                data = torch.cuda.memory._snapshot()
+                data["baseline_allocated"] = baseline
+                torch.cuda.memory._record_memory_history(enabled=None)
+                with open(snapshot, "wb") as fh:
+                    pickle.dump(data, fh)
+        # Reserved only grows while the cache holds what it reserved: the last step's figure is the run's.
+        return Peaks(step1=peaks[0], step2=peaks[1], step3=peaks[2], reserved=torch.cuda.max_memory_reserved())
     finally:
         dist.destroy_process_group()
-        gc.collect()
-        torch.cuda.empty_cache()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="Run the cases whose model key contains this.")
+    parser.add_argument("--case", type=int, action="append", default=[],
+                        help="Run only this case (its index in accuracy.CASES); repeatable.")
+    parser.add_argument("--snapshot", type=Path, default=None,
+                        help="Folder for one allocator history per case (second step), for peak_snapshot.py.")
+    parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results/gpu_truth.csv.")
     args = parser.parse_args()
     import torch
 
@@ -118,13 +161,18 @@ def main() -> int:
 
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; transformers {transformers.__version__}")
     print(f"{'model':9} {'strategy':8} {'N':>3} {'mb':>2} {'seq':>5} {'ck':3} {'gpu GiB':>8} {'analytic':>9} "
-          f"{'err%':>7} {'simulated':>9} {'err%':>7} {'reserved':>8}")
-    for case in accuracy.CASES:
-        if args.only not in case[0]:
+          f"{'err%':>7} {'simulated':>9} {'err%':>7} {'step1':>6} {'step3':>6} {'reserved':>8}")
+    for index, case in enumerate(accuracy.CASES):
+        if args.only not in case[0] or (args.case and index not in args.case):
             continue
         key, strategy, world, mb, seq, ckpt = case
+        path = None
+        if args.snapshot is not None:
+            args.snapshot.mkdir(parents=True, exist_ok=True)
+            path = args.snapshot / f"case{index}.pickle"
         try:
-            truth, reserved = measure(*case)
+            peaks = measure(*case, snapshot=path)
+            truth = peaks.step2
         except torch.cuda.OutOfMemoryError:
             print(f"{key:9} {strategy:8} {world:3} {mb:2} {seq:5} out of memory on this GPU")
             continue
@@ -132,17 +180,20 @@ def main() -> int:
         sim = simulated.get(case)
         err = lambda v: None if v is None else round(100 * (v - truth) / truth, 2)  # noqa: E731
         row = dict(model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
-                   gpu_max_allocated_bytes=truth, gpu_max_reserved_bytes=reserved, analytic_bytes=est, analytic_err_pct=err(est),
+                   gpu_max_allocated_bytes=truth, gpu_step1_allocated_bytes=peaks.step1,
+                   gpu_step3_allocated_bytes=peaks.step3, gpu_max_reserved_bytes=peaks.reserved,
+                   analytic_bytes=est, analytic_err_pct=err(est),
                    simulated_bytes=sim, simulated_err_pct=err(sim))
         rows.append(row)
         print(f"{key:9} {strategy:8} {world:3} {mb:2} {seq:5} {'on' if ckpt else 'off':3} {truth / 2**30:8.2f} "
               f"{est / 2**30:9.2f} {err(est):+7.2f} {'' if sim is None else f'{sim / 2**30:9.2f}'} "
-              f"{'' if sim is None else f'{err(sim):+7.2f}'} {reserved / 2**30:8.2f}", flush=True)
+              f"{'' if sim is None else f'{err(sim):+7.2f}'} {peaks.step1 / 2**30:6.2f} "
+              f"{peaks.step3 / 2**30:6.2f} {peaks.reserved / 2**30:8.2f}", flush=True)
     for column in ("analytic_err_pct", "simulated_err_pct"):
         errs = [abs(r[column]) for r in rows if r[column] is not None]
         if errs:
             print(f"{column}: median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}%")
-    if rows:
+    if rows and not args.no_write:
         accuracy.RESULTS.mkdir(exist_ok=True)
         with open(accuracy.RESULTS / "gpu_truth.csv", "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

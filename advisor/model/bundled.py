@@ -29,6 +29,8 @@ class ArchitectureInfo(_Frozen):
     mlp_bias_key: str | None = Field(default=None, description="Config key for MLP biases.")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k.")
     moe: bool = Field(default=False, description="Sparse mixture-of-experts MLP.")
+    fused_projections: bool = Field(default=False, description="One qkv_proj and one gate_up_proj per block.")
+    lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
 
 
 @functools.cache

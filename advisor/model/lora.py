@@ -1,0 +1,107 @@
+"""LoRA / DoRA adapters on a model: which linear layers they target and their exact parameter count,
+from the model's shape alone (no torch, no PEFT).
+
+A LoRA adapter of rank ``r`` on a linear layer ``in -> out`` adds ``A`` (``r x in``) and ``B``
+(``out x r``): ``r * (in + out)`` parameters; DoRA adds a magnitude vector of ``out`` (PEFT's
+``lora_magnitude_vector``). Targets follow PEFT's matching rule: a name matches a module whose
+qualified name ends with ``.NAME``; ``all-linear`` is every linear layer except the output head.
+The default targets per ``model_type`` are PEFT's
+(``peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING``, peft 0.21), stored
+with the architecture in ``profiles/architectures.json``. The linear layers of one block are read
+from the same shape fields the parameter-count formulas use (``advisor.model.architectures``); the
+counts are checked against PEFT's own trainable count on the model built on the meta device in
+``tests/model/test_lora.py``.
+
+The adapters are added to the block's parameters, so the spec's total grows by the adapters and
+only they are trainable: the base weights are frozen (no gradients, no optimizer state).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.model.bundled import load_architectures
+from advisor.model.spec import ModelSpec
+
+ALL_LINEAR = "all-linear"
+
+
+class LoraConfig(BaseModel):
+    """What ``--lora RANK --lora-targets ... --dora`` ask for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(gt=0, description="LoRA rank r.")
+    targets: tuple[str, ...] | Literal["all-linear"] | None = Field(
+        default=None, description="Module names (PEFT's matching), 'all-linear', or None for PEFT's default.")
+    dora: bool = Field(default=False, description="Weight-decomposed LoRA: a magnitude vector per target.")
+
+
+def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
+    """The linear layers of one block by their last name: ``{name: [(in, out), ...]}`` (a name can
+    repeat, as GPT-2's two ``c_proj``). ValueError when the family's layers are not known here."""
+    info = load_architectures().get(spec.model_type or "")
+    needed = (spec.hidden_size, spec.num_attention_heads, spec.intermediate_size, spec.num_layers)
+    if info is None or None in needed:
+        raise ValueError(f"LoRA counting needs a known architecture; {spec.name} ({spec.model_type or 'size only'}) "
+                         f"is not one of: {', '.join(sorted(load_architectures()))}")
+    h, inter = spec.hidden_size, spec.intermediate_size
+    heads = spec.num_attention_heads
+    head_dim = spec.head_dim or h // heads
+    q_out, kv_out = heads * head_dim, (spec.num_kv_heads or heads) * head_dim
+    if info.formula == "gpt2":
+        return {"c_attn": [(h, 3 * h)], "c_proj": [(h, h), (inter, h)], "c_fc": [(h, inter)]}
+    if info.formula == "bert":
+        # BERT's other linears share the name "dense" with the pooler and the MLM head, which are
+        # not per block: only the attention projections are modelled.
+        return {"query": [(h, h)], "key": [(h, h)], "value": [(h, h)]}
+    if info.fused_projections:  # Phi-3: one qkv_proj and one gate_up_proj
+        attention = {"qkv_proj": [(h, q_out + 2 * kv_out)], "o_proj": [(q_out, h)]}
+        mlp = {"gate_up_proj": [(h, 2 * inter)], "down_proj": [(inter, h)]}
+    else:
+        attention = {"q_proj": [(h, q_out)], "k_proj": [(h, kv_out)], "v_proj": [(h, kv_out)], "o_proj": [(q_out, h)]}
+        mlp = {"gate_proj": [(h, inter)], "up_proj": [(h, inter)], "down_proj": [(inter, h)]}
+    # A mixture-of-experts block keeps its experts in stacked parameters, not linear layers
+    # (transformers 5 MixtralExperts), and its router is not a Linear either: attention only.
+    return attention if info.moe else {**attention, **mlp}
+
+
+def default_targets(spec: ModelSpec) -> tuple[str, ...]:
+    info = load_architectures().get(spec.model_type or "")
+    if info is None or not info.lora_targets:
+        raise ValueError(f"PEFT has no default LoRA targets for {spec.model_type or spec.name}: "
+                         f"pass --lora-targets (e.g. all-linear, or some of: {', '.join(block_linears(spec))})")
+    return tuple(info.lora_targets)
+
+
+def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
+    """Adapter parameters over the whole model (every block)."""
+    linears = block_linears(spec)
+    if lora.targets == ALL_LINEAR:
+        info = load_architectures()[spec.model_type]
+        if info.moe or info.formula == "bert":
+            # PEFT's all-linear also takes the MoE router and the stacked expert weights (as parameter
+            # adapters), or BERT's pooler and head "dense" layers: not modelled here.
+            raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet; name the "
+                             f"targets (some of: {', '.join(linears)})")
+        names = tuple(linears)
+    else:
+        names = lora.targets or default_targets(spec)
+        unknown = [name for name in names if name not in linears]
+        if unknown:
+            raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its block's linear "
+                             f"layers are: {', '.join(linears)} (or all-linear)")
+    per_block = sum(lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
+                    for name in names for fan_in, fan_out in linears[name])
+    return per_block * spec.num_layers
+
+
+def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
+    """``spec`` with the adapters added to every block and only the adapters trainable."""
+    added = adapter_params(spec, lora)
+    update = {"total_params": spec.total_params + added, "trainable_params": added}
+    if spec.layer_params is not None:
+        update["layer_params"] = spec.layer_params + added // spec.num_layers
+    return spec.model_copy(update=update)

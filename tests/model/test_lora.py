@@ -1,0 +1,85 @@
+"""LoRA / DoRA adapter counts: hand-worked for Qwen2.5-7B, and equal to PEFT's own trainable count
+on the model built on the meta device for every bundled family PEFT can target."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.model.bundled import load_architectures
+from advisor.model.lora import LoraConfig, adapter_params, default_targets, with_lora
+from advisor.model.sources import resolve_model
+
+
+def test_qwen25_7b_rank16_default_targets_worked_by_hand():
+    # Qwen2.5-7B: hidden 3584, 28 query heads and 4 key/value heads of 128, 28 layers. PEFT's default
+    # targets for qwen2 are q_proj (3584 -> 3584) and v_proj (3584 -> 4 * 128 = 512):
+    # 16 * ((3584 + 3584) + (3584 + 512)) = 16 * 11264 = 180,224 per layer; x 28 = 5,046,272.
+    spec = resolve_model("Qwen/Qwen2.5-7B")
+    assert adapter_params(spec, LoraConfig(rank=16)) == 5_046_272
+    lora = with_lora(spec, LoraConfig(rank=16))
+    assert (lora.trainable_params, lora.total_params - spec.total_params) == (5_046_272, 5_046_272)
+
+
+def test_dora_adds_one_magnitude_per_output_feature():
+    # DoRA on the same targets adds out_features per target: (3584 + 512) x 28 = 114,688.
+    spec = resolve_model("Qwen/Qwen2.5-7B")
+    assert adapter_params(spec, LoraConfig(rank=16, dora=True)) - adapter_params(spec, LoraConfig(rank=16)) == 114_688
+
+
+def test_unknown_target_names_the_models_linear_layers():
+    with pytest.raises(ValueError, match="no linear layer named qkv in .*q_proj, k_proj, v_proj, o_proj, gate_proj"):
+        adapter_params(resolve_model("Qwen/Qwen2.5-0.5B"), LoraConfig(rank=8, targets=("qkv",)))
+
+
+def test_family_without_peft_default_asks_for_targets():
+    with pytest.raises(ValueError, match="PEFT has no default LoRA targets for phi3: pass --lora-targets"):
+        adapter_params(resolve_model("microsoft/Phi-3-mini-4k-instruct"), LoraConfig(rank=8))
+
+
+def test_size_only_model_cannot_be_counted():
+    with pytest.raises(ValueError, match="LoRA counting needs a known architecture"):
+        adapter_params(resolve_model("7.5B"), LoraConfig(rank=8))
+
+
+def test_default_targets_are_peft_defaults():
+    constants = pytest.importorskip("peft.utils.constants")
+    mapping = constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING
+    for model_type, info in load_architectures().items():
+        expected = mapping.get(model_type)
+        assert (list(info.lora_targets) if info.lora_targets else None) == expected, model_type
+
+
+SMALL = {  # one bundled config per family, shrunk (same model_type and layout) so meta building is fast
+    "Qwen/Qwen2.5-0.5B": dict(num_hidden_layers=2),
+    "meta-llama/Llama-3.2-1B": dict(num_hidden_layers=2),
+    "google/gemma-2-2b": dict(num_hidden_layers=2),
+    "microsoft/Phi-3-mini-4k-instruct": dict(num_hidden_layers=2),
+    "mistralai/Mixtral-8x7B-v0.1": dict(num_hidden_layers=2, hidden_size=256, intermediate_size=512,
+                                        num_attention_heads=8, num_key_value_heads=2),
+    "openai-community/gpt2": dict(n_layer=2),
+    "google-bert/bert-base-uncased": dict(num_hidden_layers=2),
+}
+
+
+@pytest.mark.parametrize("model", sorted(SMALL))
+@pytest.mark.parametrize("targets,dora", [(None, False), ("all-linear", False), (None, True)])
+def test_count_equals_peft_on_the_meta_device(model, targets, dora):
+    peft = pytest.importorskip("peft")
+    from advisor.model.meta import build_meta_model, spec_from_module
+    from advisor.model.sources import resolve, spec_from_config
+
+    config = {**resolve(model).config, **SMALL[model]}
+    spec = spec_from_config(config, name=model, source="local")
+    lora = LoraConfig(rank=8, targets=targets, dora=dora)
+    if spec.model_type == "phi3" and targets is None:
+        pytest.skip("PEFT has no default targets for phi3 (tested above)")
+    if spec.model_type in ("bert", "mixtral") and targets == "all-linear":  # PEFT takes more: not modelled
+        with pytest.raises(ValueError):
+            adapter_params(spec, lora)
+        return
+    net = build_meta_model(config)
+    peft_targets = targets if targets is not None else list(default_targets(spec))
+    wrapped = peft.get_peft_model(net, peft.LoraConfig(r=8, target_modules=peft_targets, use_dora=dora))
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert adapter_params(spec, lora) == trainable
+    assert with_lora(spec, lora).total_params == spec_from_module(wrapped).total_params

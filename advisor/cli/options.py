@@ -46,7 +46,11 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (largest that fits)."),
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
     click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)), help="auto (default), on or off."),
-    click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone, LoRA."),
+    click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone."),
+    click.option("--lora", "lora_rank", type=click.IntRange(1, 65536),
+                 help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
+    click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
+    click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -94,6 +98,7 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
         "strategy": options.get("strategy"),
         "trust_remote_code": bool(options.get("trust_remote_code")),
     }
+    kwargs["lora"] = _lora(options)
     micro = _micro_batch(options.get("micro_batch"))
     if micro is not None:
         kwargs["micro_batch_size"] = micro
@@ -104,6 +109,22 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     if kwargs["strategy"] is not None:
         kwargs["strategy"] = kwargs["strategy"].lower()
     return kwargs
+
+
+def _lora(options: dict[str, Any]) -> Any:
+    """A ``LoraConfig`` from ``--lora/--lora-targets/--dora``, or None; targets or DoRA need a rank."""
+    rank, targets, dora = options.get("lora_rank"), options.get("lora_targets"), options.get("dora")
+    if rank is None:
+        if targets or dora:
+            raise click.UsageError("--lora-targets and --dora need --lora RANK")
+        return None
+    from advisor.model.lora import ALL_LINEAR, LoraConfig
+
+    names: Any = None
+    if targets:
+        names = ALL_LINEAR if targets.strip().lower() == ALL_LINEAR else tuple(
+            name.strip() for name in targets.split(",") if name.strip())
+    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora))
 
 
 def _local_gpus() -> str:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.model.lora import LoraConfig, default_targets, with_lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
@@ -91,6 +92,14 @@ _DEFAULT_NOTES = {
 }
 
 
+def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
+    targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
+        lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
+    return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: the adapters' parameters are trainable "
+            "(counted as PEFT counts them), the base weights frozen; the adapters' own activations (x·A, dropout "
+            "masks) are not modelled yet")
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
     for field, text in _DEFAULT_NOTES.items():
@@ -115,12 +124,16 @@ def plan(
     nodes: int | None = None,
     interconnect: str | None = None,
     trainable_params: int | str | None = None,
+    lora: LoraConfig | int | None = None,
     strategy: str | None = None,
     trust_remote_code: bool = False,
     training: TrainingConfig | None = None,
     **options: Any,
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
+
+    ``lora``: a ``LoraConfig`` (or a rank, with PEFT's default targets) adds the adapters to the model
+    and trains only them.
 
     ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
@@ -130,7 +143,15 @@ def plan(
         training = TrainingConfig(**options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
-    spec = resolve_trainable(resolve_model(model, trust_remote_code=trust_remote_code), trainable_params)
+    spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    notes = []
+    if lora is not None:
+        if trainable_params is not None:
+            raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
+        lora = lora if isinstance(lora, LoraConfig) else LoraConfig(rank=lora)
+        notes.append(_lora_note(spec, lora))
+        spec = with_lora(spec, lora)
+    spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")
@@ -149,6 +170,6 @@ def plan(
         why.append(smallest.message)
     return Plan(
         model=spec, hardware=_summarise(hw), training=training, candidates=tuple(candidates),
-        recommendation=recommendation, why=tuple(why), assumptions=tuple(_assumptions(spec, hw, training)),
+        recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + _assumptions(spec, hw, training)),
         smallest_fit=smallest,
     )

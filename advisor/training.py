@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.units import GIB
 
@@ -19,6 +20,7 @@ Engine = Literal["torch", "deepspeed"]
 Checkpointing = Literal["auto", "on", "off"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
+
 
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -35,6 +37,13 @@ class TrainingConfig(BaseModel):
     fragmentation: float = Field(default=0.05, ge=0, le=1, description="Allocator overhead as a share of peak.")
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
+    lora: LoraConfig | None = Field(default=None, description="LoRA/DoRA adapters train, the base is frozen.")
+
+    @field_validator("lora", mode="before")
+    @classmethod
+    def _rank_alone(cls, value: object) -> object:
+        """``lora=16``: rank 16 on PEFT's default targets."""
+        return LoraConfig(rank=value) if isinstance(value, int) and not isinstance(value, bool) else value
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":

@@ -51,6 +51,7 @@ PLAN_OPTIONS: list[Callable] = [
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
     click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
+    click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -98,7 +99,9 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
         "strategy": options.get("strategy"),
         "trust_remote_code": bool(options.get("trust_remote_code")),
     }
-    kwargs["lora"] = _lora(options)
+    lora = _lora(options)
+    if lora is not None:
+        kwargs["lora"] = lora
     micro = _micro_batch(options.get("micro_batch"))
     if micro is not None:
         kwargs["micro_batch_size"] = micro
@@ -114,9 +117,10 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
 def _lora(options: dict[str, Any]) -> Any:
     """A ``LoraConfig`` from ``--lora/--lora-targets/--dora``, or None; targets or DoRA need a rank."""
     rank, targets, dora = options.get("lora_rank"), options.get("lora_targets"), options.get("dora")
+    dropout = options.get("lora_dropout")
     if rank is None:
-        if targets or dora:
-            raise click.UsageError("--lora-targets and --dora need --lora RANK")
+        if targets or dora or dropout is not None:
+            raise click.UsageError("--lora-targets, --lora-dropout and --dora need --lora RANK")
         return None
     from advisor.model.lora import ALL_LINEAR, LoraConfig
 
@@ -124,7 +128,7 @@ def _lora(options: dict[str, Any]) -> Any:
     if targets:
         names = ALL_LINEAR if targets.strip().lower() == ALL_LINEAR else tuple(
             name.strip() for name in targets.split(",") if name.strip())
-    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora))
+    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0)
 
 
 def _local_gpus() -> str:

@@ -37,6 +37,12 @@ class LoraConfig(BaseModel):
     targets: tuple[str, ...] | Literal["all-linear"] | None = Field(
         default=None, description="Module names (PEFT's matching), 'all-linear', or None for PEFT's default.")
     dora: bool = Field(default=False, description="Weight-decomposed LoRA: a magnitude vector per target.")
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapters' input (PEFT's lora_dropout).")
+
+    def peft_kwargs(self, default: tuple[str, ...]) -> dict:
+        """``peft.LoraConfig`` keyword arguments for this adapter (``default``: the model's default targets)."""
+        targets = self.targets if self.targets == ALL_LINEAR else list(self.targets or default)
+        return dict(r=self.rank, target_modules=targets, use_dora=self.dora, lora_dropout=self.dropout)
 
 
 def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:

@@ -124,7 +124,6 @@ def plan(
     nodes: int | None = None,
     interconnect: str | None = None,
     trainable_params: int | str | None = None,
-    lora: LoraConfig | int | None = None,
     strategy: str | None = None,
     trust_remote_code: bool = False,
     training: TrainingConfig | None = None,
@@ -132,7 +131,7 @@ def plan(
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
 
-    ``lora``: a ``LoraConfig`` (or a rank, with PEFT's default targets) adds the adapters to the model
+    ``lora=`` (a ``LoraConfig``, or a rank for PEFT's default targets) adds the adapters to the model
     and trains only them.
 
     ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
@@ -145,12 +144,11 @@ def plan(
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
     spec = resolve_model(model, trust_remote_code=trust_remote_code)
     notes = []
-    if lora is not None:
+    if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        lora = lora if isinstance(lora, LoraConfig) else LoraConfig(rank=lora)
-        notes.append(_lora_note(spec, lora))
-        spec = with_lora(spec, lora)
+        notes.append(_lora_note(spec, training.lora))
+        spec = with_lora(spec, training.lora)
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:

@@ -60,7 +60,9 @@ def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "to
             if param is None:
                 continue
             if id(param) not in made:
-                data = torch.empty_like(param, device=device, dtype=dtype or param.dtype)
+                # From the shape, not empty_like: the meta model may come from outside the fake mode
+                # (a PEFT model is built there), and fake mode takes no real tensor as an input.
+                data = torch.empty(param.shape, device=device, dtype=dtype or param.dtype)
                 if real:
                     torch.nn.init.normal_(data, std=0.02)
                 made[id(param)] = torch.nn.Parameter(data, requires_grad=param.requires_grad)
@@ -69,7 +71,7 @@ def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "to
             if buf is None:
                 continue
             if id(buf) not in made:
-                data = torch.empty_like(buf, device=device)
+                data = torch.empty(buf.shape, device=device, dtype=buf.dtype)
                 if real and data.is_floating_point():
                     data.fill_(1.0)  # RoPE inverse frequencies and the like: any finite value will do
                 elif real:
@@ -84,7 +86,9 @@ def freeze_to(model: "torch.nn.Module", trainable_params: int | None) -> int:
     blocks, never exceeding the target. Returns the trainable count actually left."""
     params = list(dict.fromkeys(model.parameters()))  # shared tensors once
     total = sum(p.numel() for p in params)
-    if trainable_params is None or trainable_params >= total:
+    if trainable_params is None:  # as built: everything, or what PEFT left trainable
+        return sum(p.numel() for p in params if p.requires_grad)
+    if trainable_params >= total:
         return total
     from wrappers.blocks import find_blocks
 

@@ -143,10 +143,11 @@ def simulate(
     start = time.perf_counter()
     name, cfg = resolve_config(model)
     fake = contextlib.nullcontext() if real_tensors else _fake_mode()
+    tell("build")
+    meta = _meta_model(cfg, training)
     with _fake_process_group(world_size), fake, _cuda_autocast_policy(training), _unpacked_batches(), \
             _fused_dropout():
-        tell("build")
-        net, trainable = _build(cfg, training, trainable_params, real=real_tensors)
+        net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)
         ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
@@ -157,6 +158,7 @@ def simulate(
         tracker = _tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         with tracker:
+            _no_grad_hooks_on_frozen(tracker, net)
             step(lambda phase: phases.__setitem__(phase, _peak_total(tracker)))
         measured = _breakdown(tracker)
         top = _top_modules(tracker)
@@ -259,21 +261,46 @@ def _unpacked_batches():
         masking_utils.find_packed_sequence_indices = original
 
 
-def _build(cfg: dict, training: TrainingConfig, trainable_params: int | None, *, real: bool) -> tuple[Any, int]:
+def _meta_model(cfg: dict, training: TrainingConfig) -> Any:
+    """The model on the meta device, with PEFT's adapters when LoRA is asked for. Built outside the
+    fake mode: PEFT creates each adapter on the CPU and moves it to its base layer's device, a swap
+    that fake mode refuses."""
     from advisor.model.meta import build_meta_model
-    from advisor.simulate.model import freeze_to, materialize, simulation_config
+    from advisor.simulate.model import simulation_config
+
+    net = build_meta_model(simulation_config(cfg, attention=training.attention))
+    return net if training.lora is None else _with_lora(net, cfg, training.lora)
+
+
+def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, real: bool) -> tuple[Any, int]:
+    from advisor.simulate.model import freeze_to, materialize
 
     import torch
 
-    net = build_meta_model(simulation_config(cfg, attention=training.attention))
     # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
     # swapped in place, so they are made in bf16 and the recipe's cast is a no-op (see _wrap).
     materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None)
-    trainable = freeze_to(net, trainable_params)
+    trainable = freeze_to(net, None if training.lora is not None else trainable_params)
     if trainable == 0:
         raise ValueError("no parameter would train: raise --trainable-params")
     net.train()
     return net, trainable
+
+
+def _with_lora(net: Any, cfg: dict, lora: Any) -> Any:
+    """PEFT's own adapters on the meta-device model (PEFT freezes the base); the PeftModel's inner
+    model is returned, which is what a training script's forward runs."""
+    try:
+        import peft
+    except ImportError:
+        raise ValueError("simulating --lora needs PEFT: pip install peft") from None
+    from advisor.model.lora import default_targets
+    from advisor.model.sources import spec_from_config
+
+    spec = spec_from_config(cfg, name=str(cfg.get("_name_or_path", "model")), source="local")
+    wrapped = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(
+        () if lora.targets else default_targets(spec))))
+    return wrapped.base_model.model
 
 
 def _optimizer(net: Any, training: TrainingConfig) -> Any:
@@ -350,6 +377,23 @@ def _tracker(net: Any, opt: Any, ids: Any, impl: Implementation) -> Any:
     tracker = FSDPMemTracker(net, opt)
     tracker.track_inputs((ids,))
     return tracker
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _no_grad_hooks_on_frozen(tracker: Any, net: Any) -> None:
+    """``MemTracker`` (torch 2.13) registers a gradient hook on every parameter of a module it enters,
+    which raises for a frozen one (LoRA, ``--trainable-params``). Marking the frozen ones as already
+    hooked (with handles whose ``remove`` does nothing) makes it skip them; they get no gradient."""
+    handles = getattr(tracker, "_param_to_grad_hook_handles", None)
+    if handles is None:
+        return
+    for param in _unique_params(net):
+        if not param.requires_grad:
+            handles[param] = (_NoHook(), _NoHook())
 
 
 def _peak_total(tracker: Any) -> int:

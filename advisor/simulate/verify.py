@@ -39,7 +39,8 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     spec = plan.model
     if spec.source in ("params", "module"):
         raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
-    trainable = spec.trainable_params if spec.trainable_params < spec.total_params else None
+    partial = spec.trainable_params < spec.total_params and plan.training.lora is None  # LoRA: PEFT freezes
+    trainable = spec.trainable_params if partial else None
     simulated = simulate(
         spec.name, world_size=plan.hardware.world_size, strategy=name, training=plan.training,
         micro_batch_size=candidate.micro_batch_size, checkpointing=bool(candidate.activation_checkpointing),

@@ -127,3 +127,27 @@ def test_simulator_follows_the_strategy_tables_fields_not_names(monkeypatch):
     with pytest.raises(ValueError, match="not simulated yet: offload"):
         simulate(TINY_LLAMA, world_size=2, strategy="ddp", training=TrainingConfig(seq_len=16),
                  micro_batch_size=1, checkpointing=False)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero3"])
+def test_lora_step_runs_peft_adapters_fake_as_real(strategy):
+    """PEFT's own adapters on the simulated model: the adapters alone train (their count is the one
+    tests/model/test_lora.py checks against PEFT), and fake tensors agree with real ones."""
+    from advisor.model.lora import LoraConfig, adapter_params
+
+    lora = LoraConfig(rank=4, dropout=0.1)
+    kwargs = dict(world_size=2, strategy=strategy, training=TrainingConfig(seq_len=32, lora=lora), micro_batch_size=2,
+                  checkpointing=False)
+    fake = simulate(TINY_LLAMA, **kwargs)
+    real = simulate(TINY_LLAMA, real_tensors=True, **kwargs)
+    # rank 4 on q_proj (64 -> 64) and v_proj (64 -> 2 heads x 16 = 32): 4 x (128 + 96) x 2 layers = 1,792
+    assert fake.trainable_params == real.trainable_params == 1_792
+    assert adapter_params(spec_from_config(TINY_LLAMA, name="tiny", source="local"), lora) == 1_792
+    assert abs(fake.peak_allocated - real.peak_allocated) <= 0.01 * real.peak_allocated
+
+
+def test_frozen_parameters_simulate_under_ddp():
+    """torch's MemTracker hooks every parameter's gradient; a frozen one made it raise (ddp only)."""
+    sim = simulate(TINY_LLAMA, world_size=2, strategy="ddp", training=TrainingConfig(seq_len=16), micro_batch_size=1,
+                   checkpointing=False, trainable_params=20_000)
+    assert 0 < sim.trainable_params <= 20_000 and sim.peak_allocated > 0

@@ -60,6 +60,18 @@ class Dtypes(BaseModel):
     input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
 
 
+class Adapters(BaseModel):
+    """LoRA adapters on a frozen base, as the activation model needs them: the rank, whether
+    dropout runs on their input, and each adapted linear's input width and source in one block
+    (``advisor.model.lora.adapter_inputs``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=1)
+    dropout: bool
+    inputs: tuple[tuple[int, str], ...] = Field(description="(in_features, source) per adapted linear in a block.")
+
+
 class ActivationEstimate(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -186,6 +198,41 @@ def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
     return norms + casts + attn + mlp
 
 
+def _frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapters, *, seq_len: int,
+                                    eager: bool) -> int:
+    """One Llama-style block of a frozen base with LoRA adapters. Autograd saves a tensor only for a
+    gradient it will compute, so with every base weight frozen (PEFT freezes norms too) the linears
+    save no input and RMSNorm's final ``weight * x`` saves nothing: what stays is what the input
+    gradient needs (RMSNorm's fp32 input, RoPE and SDPA's tensors, the gated MLP's three wide
+    tensors). Each adapter then saves its own input (``lora_A``), its dropout mask (bool, CUDA's
+    fused dropout) and ``x A`` (``lora_B``'s input). ``lora_A``'s input under autocast is its own
+    low-precision cast (PEFT first casts to the adapter's fp32 dtype, so even a bf16 input is
+    copied); without casts, adapters without dropout share the tensor they read, which is new
+    memory except for o_proj's input (SDPA's saved output). Measured per token and layer with
+    ``saved_tensors_hooks`` on a 256-wide Llama under PEFT 0.21 (q,v and all-linear; fp32 and
+    autocast): equal to this count within 8 bytes (the rsqrt term, left out as in the full count)."""
+    h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
+    q = shape.num_attention_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    base = 2 * FP32 * h + 3 * cb * I
+    if eager:
+        base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+    else:
+        base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+    width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
+    adapters = len(ad.inputs) * cb * ad.rank
+    if ad.dropout:
+        adapters += sum(BOOL * fan_in for fan_in, _ in ad.inputs)
+    if dt.input_casts:
+        adapters += sum(cb * fan_in for fan_in, _ in ad.inputs)
+    elif ad.dropout:
+        adapters += sum(width[source] * fan_in for fan_in, source in ad.inputs)
+    else:
+        shared = {source: fan_in for fan_in, source in ad.inputs if source != "attention"}
+        adapters += sum(width[source] * fan_in for source, fan_in in shared.items())
+    return base + adapters
+
+
 def _encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """GPT-2 / BERT block: two LayerNorms, fused-QKV MHA with biases, GELU MLP, two dropouts."""
     h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
@@ -237,20 +284,29 @@ def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
 
 
 def estimate_activations(
-    shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool
+    shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
+    adapters: Adapters | None = None,
 ) -> ActivationEstimate:
-    """Saved activations of one micro-batch at the end of forward, and the loss transient."""
+    """Saved activations of one micro-batch at the end of forward, and the loss transient.
+    ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
+    fine-tune count, an overestimate, and the plan says so)."""
     if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
         return ActivationEstimate(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0,
                                   backward_temp_bytes=0, returned_logits_bytes=0)
     tokens = micro_batch_size * seq_len
-    per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
-        shape.family, _encoder_layer_per_token)
-    layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
     h, vocab = shape.hidden_size, shape.vocab_size
-    # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
-    # the final norm and the head's input (its autocast cast, or the norm output).
-    outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
+    if adapters is not None and shape.family == "decoder" and not shape.num_experts:
+        layer = tokens * _frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len, eager=eager)
+        # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
+        # and the final norm's fp32 input (its input gradient).
+        outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
+    else:
+        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
+            shape.family, _encoder_layer_per_token)
+        layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
+        # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
+        # the final norm and the head's input (its autocast cast, or the norm output).
+        outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).

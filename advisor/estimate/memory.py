@@ -35,7 +35,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
-from advisor.estimate.activations import ActivationEstimate, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.model.lora import adapter_inputs
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
@@ -228,7 +229,18 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         seq_len=training.seq_len,
         checkpointing=checkpointing,
         eager=training.attention == "eager",
+        adapters=_adapters(spec, training),
     )
+
+
+def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:
+    """LoRA on a frozen base, where the activation model knows the block's inputs."""
+    if training.lora is None:
+        return None
+    inputs = adapter_inputs(spec, training.lora)
+    if inputs is None:
+        return None
+    return Adapters(rank=training.lora.rank, dropout=training.lora.dropout > 0, inputs=tuple(inputs))
 
 
 def estimate_memory(

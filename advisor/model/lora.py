@@ -18,7 +18,7 @@ only they are trainable: the base weights are frozen (no gradients, no optimizer
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,6 +74,48 @@ def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     return attention if info.moe else {**attention, **mlp}
 
 
+# Where each linear layer of a Llama-like block reads its input from. Targets sharing a source read
+# the same tensor (q, k and v all read the attention norm's output).
+INPUT_SOURCE = {"q_proj": "attn_norm", "k_proj": "attn_norm", "v_proj": "attn_norm", "qkv_proj": "attn_norm",
+                "o_proj": "attention", "gate_proj": "mlp_norm", "up_proj": "mlp_norm", "gate_up_proj": "mlp_norm",
+                "down_proj": "mlp_act"}
+
+
+class AdapterInput(NamedTuple):
+    in_features: int
+    source: str
+
+
+def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
+    """The block's linear layers ``lora`` adapts (its targets, PEFT's default, or every one)."""
+    linears = block_linears(spec)
+    if lora.targets == ALL_LINEAR:
+        info = load_architectures()[spec.model_type]
+        if info.moe or info.formula == "bert":
+            # PEFT's all-linear also takes the MoE router and the stacked expert weights (as parameter
+            # adapters), or BERT's pooler and head "dense" layers: not modelled here.
+            raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet; name the "
+                             f"targets (some of: {', '.join(linears)})")
+        return tuple(linears)
+    names = lora.targets or default_targets(spec)
+    unknown = [name for name in names if name not in linears]
+    if unknown:
+        raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its block's linear "
+                         f"layers are: {', '.join(linears)} (or all-linear)")
+    return tuple(names)
+
+
+def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
+    """Each adapted linear's input width and source in one block, for the activation model; None
+    where the block's sources are not modelled (GPT-2, BERT, mixture-of-experts blocks)."""
+    info = load_architectures()[spec.model_type]
+    if info.formula != "decoder" or info.moe:
+        return None
+    linears = block_linears(spec)
+    return tuple(AdapterInput(fan_in, INPUT_SOURCE[name]) for name in target_names(spec, lora)
+                 for fan_in, _ in linears[name])
+
+
 def default_targets(spec: ModelSpec) -> tuple[str, ...]:
     info = load_architectures().get(spec.model_type or "")
     if info is None or not info.lora_targets:
@@ -85,22 +127,8 @@ def default_targets(spec: ModelSpec) -> tuple[str, ...]:
 def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
     """Adapter parameters over the whole model (every block)."""
     linears = block_linears(spec)
-    if lora.targets == ALL_LINEAR:
-        info = load_architectures()[spec.model_type]
-        if info.moe or info.formula == "bert":
-            # PEFT's all-linear also takes the MoE router and the stacked expert weights (as parameter
-            # adapters), or BERT's pooler and head "dense" layers: not modelled here.
-            raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet; name the "
-                             f"targets (some of: {', '.join(linears)})")
-        names = tuple(linears)
-    else:
-        names = lora.targets or default_targets(spec)
-        unknown = [name for name in names if name not in linears]
-        if unknown:
-            raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its block's linear "
-                             f"layers are: {', '.join(linears)} (or all-linear)")
     per_block = sum(lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
-                    for name in names for fan_in, fan_out in linears[name])
+                    for name in target_names(spec, lora) for fan_in, fan_out in linears[name])
     return per_block * spec.num_layers
 
 

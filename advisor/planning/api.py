@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
-from advisor.model.lora import LoraConfig, default_targets, with_lora
+from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, with_lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
@@ -95,9 +95,12 @@ _DEFAULT_NOTES = {
 def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
-    return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: the adapters' parameters are trainable "
-            "(counted as PEFT counts them), the base weights frozen; the adapters' own activations (x·A, dropout "
-            "masks) are not modelled yet")
+    activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
+                   "dropout mask" if adapter_inputs(base, lora) is not None else
+                   f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
+                   "blocks are not modelled yet)")
+    return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
+            f"PEFT counts them); {activations}; every weight is held in the precision's parameter dtype")
 
 
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:

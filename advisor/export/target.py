@@ -15,6 +15,7 @@ per-format modules; file writing in ``write.py``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,25 +30,47 @@ from advisor.training import Engine
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
 
-# (strategy, engine) pairs each format can express; torchrun launches any script, so any pair.
-_EXPRESSIBLE: dict[str, set[tuple[str, str]]] = {
-    "accelerate": {("ddp", "torch"), ("zero2", "torch"), ("zero3", "torch"), ("zero2_offload", "torch"),
-                   ("zero3_offload", "torch"), ("ddp", "deepspeed"), ("zero1", "deepspeed"), ("zero2", "deepspeed"),
-                   ("zero3", "deepspeed"), ("zero2_offload", "deepspeed"), ("zero3_offload", "deepspeed")},
-    "deepspeed-json": {(s, "deepspeed") for s in ESCALATION},
-    "torchrun": {(s, e) for s in STRATEGIES for e in ("torch", "deepspeed")},
-}
-_EXPRESSIBLE["trainer-args"] = _EXPRESSIBLE["accelerate"]
-_EXPRESSIBLE["lightning"] = _EXPRESSIBLE["accelerate"]
+def _torch_without_launcher(impl: Implementation) -> bool:
+    """torch runs it in a way no launcher config asks for: one-process DataParallel, or DDP +
+    ZeroRedundancyOptimizer (optimizer state sharded, parameters not)."""
+    return impl.engine == "torch" and (impl.single_process or (impl.shard_optimizer and not impl.shard_params))
 
-# Why a pair has no config in a format, for the note that explains the substitute.
-_WHY_NOT = {
-    ("dp", "torch"): "dp (torch.nn.DataParallel, one process) has no {fmt} config: launchers start one process "
-                     "per GPU; DDP keeps no more per GPU than DataParallel and is faster",
-    ("zero1", "torch"): "zero1 on the torch engine (DDP + ZeroRedundancyOptimizer) has no {fmt} config: it has no "
-                        "ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
-                        "(DeepSpeed ZeRO stage 1)",
+
+def _launcher_expresses(impl: Implementation) -> bool:
+    """accelerate, the Trainer and Lightning run DDP, FSDP2 and every DeepSpeed stage."""
+    return impl.available and not _torch_without_launcher(impl)
+
+
+# What each format can express, read from the strategy table's Implementation fields (never a
+# second table of pairs). torchrun launches any script, so anything available; a DeepSpeed JSON is
+# DeepSpeed only.
+_EXPRESSES: dict[str, Callable[[Implementation], bool]] = {
+    "accelerate": _launcher_expresses,
+    "trainer-args": _launcher_expresses,
+    "lightning": _launcher_expresses,
+    "deepspeed-json": lambda impl: impl.available and impl.engine == "deepspeed",
+    "torchrun": lambda impl: impl.available,
 }
+
+
+def expresses(fmt: str, strategy: str, engine: str) -> bool:
+    """Whether format ``fmt`` can write ``strategy`` on ``engine``."""
+    return _EXPRESSES[fmt](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
+
+
+def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
+    """Why ``fmt`` has no config for this pair, for the note that explains the substitute."""
+    impl = STRATEGIES[strategy].on(engine)
+    if impl.engine == "torch" and impl.single_process:
+        return (f"{strategy} ({impl.runs_as}, one process) has no {fmt} config: launchers start one process "
+                "per GPU; DDP keeps no more per GPU than DataParallel and is faster")
+    if _torch_without_launcher(impl):
+        exact = STRATEGIES[strategy].on("deepspeed")
+        return (f"{strategy} on the torch engine ({impl.runs_as}) has no {fmt} config: it has no "
+                f"ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
+                f"({exact.runs_as})")
+    return f"{fmt} runs only DeepSpeed; the plan used engine {engine}"
+
 
 PLACEHOLDER_IP = "<MAIN_NODE_IP>"
 PLACEHOLDER_RANK = "<MACHINE_RANK>"
@@ -147,17 +170,16 @@ def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | No
 
 def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName, Engine]]:
     """Nearest expressible pairs, closest first: same strategy on the other engine, then escalation."""
-    allowed = _EXPRESSIBLE[fmt]
     start = ESCALATION.index(strategy) if strategy in ESCALATION else 0
     order: list[tuple[str, str]] = []
     engines = [engine, "deepspeed" if engine == "torch" else "torch"]
     if fmt == "deepspeed-json":
         engines = ["deepspeed"]
-    elif (strategy, engine) in _WHY_NOT:
+    elif _torch_without_launcher(STRATEGIES[strategy].on(engine)):  # type: ignore[arg-type]
         engines = [engine]  # dp, torch zero1: stay on torch (DDP, then FSDP); the note offers deepspeed
     for eng in engines:
-        order += [(s, eng) for s in ESCALATION[:start + 1][::-1] if (s, eng) in allowed][:1]
-        order += [(s, eng) for s in ESCALATION[start + 1:] if (s, eng) in allowed]
+        order += [(s, eng) for s in ESCALATION[:start + 1][::-1] if expresses(fmt, s, eng)][:1]
+        order += [(s, eng) for s in ESCALATION[start + 1:] if expresses(fmt, s, eng)]
     seen: list[tuple[StrategyName, Engine]] = []
     for pair in order:
         if pair not in seen:
@@ -168,11 +190,10 @@ def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName,
 def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, int | None, list[str]]:
     rec = plan.recommendation
     assert rec is not None
-    if (rec.strategy, rec.engine) in _EXPRESSIBLE[fmt]:
+    if expresses(fmt, rec.strategy, rec.engine):
         return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
             rec.gradient_accumulation_steps, []
-    why = _WHY_NOT.get((rec.strategy, rec.engine), "{fmt} runs only DeepSpeed; the plan used engine "
-                       + rec.engine).format(fmt=fmt)
+    why = _why_not(rec.strategy, rec.engine, fmt)
     hw = hardware_of(plan)
     for strategy, engine in _fallbacks(rec.strategy, rec.engine, fmt):
         training = plan.training.model_copy(update={"engine": engine})

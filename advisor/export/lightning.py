@@ -13,9 +13,6 @@ from __future__ import annotations
 from advisor.planning.api import Plan
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
 
-_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16": "bf16-true"}
-
-
 def _block_import(target: ExportTarget) -> str | None:
     if not (target.block_class and target.model_type):
         return None
@@ -46,7 +43,11 @@ def _strategy(target: ExportTarget) -> tuple[str, list[str]]:
 
 def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
     """Python source: imports, ``strategy = ...`` and ``trainer = Trainer(...)``."""
-    target = resolve_target(plan, "lightning", options)
+    return lightning_text(resolve_target(plan, "lightning", options))
+
+
+def lightning_text(target: ExportTarget) -> str:
+    """``build_lightning`` for a resolved target."""
     cls, kwargs = _strategy(target)
     lines = [f"# Lightning strategy written by dp-advisor: {target.summary}."]
     lines += [f"# {note}" for note in target.notes]
@@ -72,7 +73,7 @@ def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
         f"    devices={target.gpus_per_node},",
         f"    num_nodes={target.num_nodes},",
         "    strategy=strategy,",
-        f'    precision="{"32-true" if target.cpu else _PRECISION[target.precision]}",',
+        f'    precision="{target.precision_info.lightning}",',
         f"    accumulate_grad_batches={target.gradient_accumulation_steps},",
         ")",
     ]

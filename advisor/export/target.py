@@ -24,8 +24,10 @@ from advisor.planning.api import Plan
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.estimate.memory import estimate_memory
 from advisor.planning.planner import evaluate_candidate
+from advisor.model.spec import ModelSpec
+from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.training import Engine
+from advisor.training import Engine, TrainingConfig
 
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
@@ -83,7 +85,8 @@ class ExportOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu: bool = Field(default=False, description="A CPU-only test config (gloo), for single-node ddp only.")
+    cpu: bool = Field(default=False, description="A CPU-only test config: DDP on gloo, fp32, one machine.")
+    processes: int = Field(default=2, ge=1, le=1024, description="Processes of the CPU test config.")
     hybrid: Hybrid = Field(default="auto", description="HSDP on several nodes: auto (when one node's share fits).")
     script: str = Field(default="train.py", description="Training script named in launcher commands.")
     script_args: tuple[str, ...] = Field(default=(), description="Arguments for the training script.")
@@ -100,15 +103,15 @@ class ExportTarget(BaseModel):
     micro_batch_size: int = Field(ge=1, description="Samples per GPU per forward pass.")
     gradient_accumulation_steps: int = Field(ge=1, description="Micro-batches per optimizer step.")
     activation_checkpointing: bool
-    precision: str = Field(description="TrainingConfig precision: fp32, bf16-mixed, fp16-mixed, bf16.")
+    precision: Precision = Field(description="What runs: the plan's precision; fp32 for a CPU test config.")
     num_nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1, description="Processes per node (one per GPU; --processes for --cpu).")
     hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
     model_type: str | None = None
     block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
-    gpu: str
+    gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
 
     @property
@@ -134,16 +137,17 @@ class ExportTarget(BaseModel):
         return 1 if self.impl.shard_optimizer else 0
 
     @property
-    def mixed_precision(self) -> Literal["no", "fp16", "bf16"]:
-        """accelerate's ``mixed_precision``; pure bf16 also computes in bf16 (the script loads bf16 weights)."""
-        return {"fp32": "no", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}[self.precision]
+    def precision_info(self) -> PrecisionInfo:
+        """The precision table's row: how accelerate, DeepSpeed, Lightning and the Trainer spell it."""
+        return PRECISIONS[self.precision]
 
     @property
     def summary(self) -> str:
         nodes = f"{self.num_nodes} nodes x " if self.multi_node else ""
+        where = (f"{self.world_size} CPU processes (gloo test config)" if self.cpu
+                 else f"{nodes}{self.gpus_per_node} x {self.gpu}")
         return (f"{self.strategy} on {self.engine} ({self.impl.runs_as}) for {self.model_name} on "
-                f"{nodes}{self.gpus_per_node} x {self.gpu}"
-                f"{' (CPU test config)' if self.cpu else ''}: micro-batch {self.micro_batch_size}, "
+                f"{where}: micro-batch {self.micro_batch_size}, "
                 f"gradient accumulation {self.gradient_accumulation_steps}, activation checkpointing "
                 f"{'on' if self.activation_checkpointing else 'off'}, precision {self.precision}"
                 f"{', hybrid sharding (HSDP)' if self.hybrid else ''}")
@@ -217,19 +221,62 @@ def hybrid_fits(plan: Plan, strategy: StrategyName, engine: Engine, *, micro_bat
     return mem.total <= one_node.gpu_memory_bytes
 
 
+def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, options: ExportOptions, *,
+               strategy: str | None = None) -> ExportTarget:
+    """The CPU test config: DDP on gloo, fp32, ``options.processes`` processes on this machine.
+
+    It checks a script's distributed wiring before it meets GPUs, so no GPU plan is involved: the
+    micro-batch is ``training``'s (1 when unset), the precision fp32 (what gloo DDP runs here; the
+    plan's bf16 autocast is not emulated). FSDP and DeepSpeed are refused: accelerate 1.15 enables
+    them only on accelerators. ``strategy`` is the one the user asked for, if any.
+    """
+    if fmt == "deepspeed-json" or training.engine != "torch" or strategy not in (None, "ddp"):
+        asked = f"--strategy {strategy}" if strategy not in (None, "ddp") else (
+            "--engine deepspeed" if training.engine != "torch" else "--format deepspeed-json")
+        raise ValueError(f"--cpu makes a gloo test config for ddp only (accelerate 1.15 enables FSDP and DeepSpeed "
+                         f"only on accelerators), not {asked}; drop it to test the script on CPU")
+    if options.hybrid == "on":
+        raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy; --cpu is one machine, DDP")
+    processes = options.processes
+    micro = training.micro_batch_size or 1
+    accum = 1
+    if training.global_batch_size is not None:
+        if training.global_batch_size % (micro * processes):
+            raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch {micro} "
+                             f"x {processes} CPU processes")
+        accum = training.global_batch_size // (micro * processes)
+    notes = ["CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
+             "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True)."]
+    if training.micro_batch_size is None:
+        notes.append("Micro-batch 1 per process (--micro-batch to change): the CPU test checks the script's "
+                     "distributed wiring, not the GPU plan's batch.")
+    if "precision" in training.model_fields_set and training.precision != "fp32":
+        notes.append(f"--precision {training.precision} is not used: the CPU test config runs fp32.")
+    return ExportTarget(
+        strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
+        gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing == "on",
+        precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
+        model_type=model.model_type, block_class=model.block_class, gpu="CPU", notes=tuple(notes),
+    )
+
+
+def _asked_strategy(plan: Plan) -> str | None:
+    """The strategy the user asked for (``--strategy``: the plan evaluated only it), else None."""
+    return plan.candidates[0].strategy if len(plan.candidates) == 1 else None
+
+
 def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = None) -> ExportTarget:
-    """The target ``fmt`` writes for ``plan``; ValueError when nothing fits or cannot be written."""
+    """The target ``fmt`` writes for ``plan``; ValueError when nothing fits or cannot be written.
+
+    With ``options.cpu`` it is the CPU test config (``cpu_target``): the plan's GPUs play no part.
+    """
     options = options or ExportOptions()
+    if options.cpu:
+        return cpu_target(plan.model, plan.training, fmt, options, strategy=_asked_strategy(plan))
     require_recommendation(plan)
     strategy, engine, micro, ckpt, accum, notes = _substitute(plan, fmt)
     impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
-    if options.cpu:
-        if strategy != "ddp" or engine != "torch":
-            raise ValueError(f"--cpu makes a gloo test config for ddp only; this plan exports {strategy} on {engine} "
-                             "(accelerate 1.15 enables FSDP and DeepSpeed only on accelerators); add --strategy ddp")
-        notes.append("CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
-                     "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True).")
     hybrid = False
     torch_fsdp = engine == "torch" and impl.shard_params
     if options.hybrid != "off" and hw.nodes > 1 and torch_fsdp:

@@ -109,7 +109,6 @@ class ExportTarget(BaseModel):
     hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
-    model_type: str | None = None
     block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
@@ -256,7 +255,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing == "on",
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
-        model_type=model.model_type, block_class=model.block_class, gpu="CPU", notes=tuple(notes),
+        block_class=model.block_class, gpu="CPU", notes=tuple(notes),
     )
 
 
@@ -296,5 +295,5 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        model_type=plan.model.model_type, block_class=plan.model.block_class, gpu=hw.gpu, notes=tuple(notes),
+        block_class=plan.model.block_class, gpu=hw.gpu, notes=tuple(notes),
     )

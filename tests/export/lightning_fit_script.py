@@ -59,10 +59,11 @@ def main() -> None:
     trainer.fit(module, data)
     units = sorted(type(m).__name__ for m in module.model.modules() if isinstance(m, FSDPModule))
     meshes = sorted({p.device_mesh.size() for p in module.model.parameters() if isinstance(p, DTensor)})
+    stored = sorted({str(p.dtype) for p in module.model.parameters()})
     policies = sorted({str(m._get_fsdp_state()._mp_policy.param_dtype) for m in module.model.modules()
                        if isinstance(m, FSDPModule)})
     line = (f"rank={trainer.global_rank} world={trainer.world_size} units={','.join(units)} "
-            f"meshes={meshes} param_dtype={','.join(policies)} steps={trainer.global_step}")
+            f"meshes={meshes} stored={','.join(stored)} param_dtype={','.join(policies)} steps={trainer.global_step}")
     Path(f"rank{trainer.global_rank}.txt").write_text(line + "\n", encoding="utf-8")
 
 

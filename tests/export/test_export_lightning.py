@@ -144,16 +144,49 @@ def _fit(tmp_path: Path, source: str, model_dir: str) -> list[str]:
     return [path.read_text().strip() for path in sorted(tmp_path.glob("rank*.txt"))]
 
 
-def test_exported_fsdp2_strategy_trains_on_two_gloo_ranks(tmp_path, llama_dir):
-    """zero3 with checkpointing: each rank holds half of every parameter, blocks are checkpointed units."""
-    source = build_lightning(plan(llama_dir, "2xA100", strategy="zero3", activation_checkpointing="on"))
+@pytest.mark.parametrize("options,expected", [
+    # bf16-mixed: fp32 sharded parameters, bf16 all-gathers and compute (MixedPrecisionPolicy).
+    (dict(strategy="zero3", activation_checkpointing="on"),
+     "units=FSDPCheckpointWrapper,FSDPCheckpointWrapper,FSDPLlamaForCausalLM meshes=[2] stored=torch.float32 "
+     "param_dtype=torch.bfloat16"),
+    # Pure bf16: the model is cast before sharding, no policy, and Lightning's bf16-true leaves it so.
+    (dict(strategy="zero2", precision="bf16", activation_checkpointing="off"),
+     "units=FSDPLlamaDecoderLayer,FSDPLlamaDecoderLayer,FSDPLlamaForCausalLM meshes=[2] stored=torch.bfloat16 "
+     "param_dtype=None"),
+])
+def test_exported_fsdp2_strategy_trains_on_two_gloo_ranks(tmp_path, llama_dir, options, expected):
+    """Each rank holds half of every parameter; blocks (checkpointed when planned) are the FSDP units."""
+    source = build_lightning(plan(llama_dir, "2xA100", **options))
     lines = _fit(tmp_path, source, llama_dir)
-    units = "units=FSDPCheckpointWrapper,FSDPCheckpointWrapper,FSDPLlamaForCausalLM"
-    assert lines == [f"rank={r} world=2 {units} meshes=[2] param_dtype=torch.bfloat16 steps=2" for r in (0, 1)]
+    assert lines == [f"rank={r} world=2 {expected} steps=2" for r in (0, 1)]
 
 
 def test_exported_cpu_ddp_strategy_trains_on_two_gloo_ranks(tmp_path, llama_dir):
     source = build_lightning(plan(llama_dir, "2xA100"), ExportOptions(cpu=True, processes=2))
     assert _calls(source)["Trainer"]["precision"] == "'32-true'"
     lines = _fit(tmp_path, source, llama_dir)
-    assert lines == [f"rank={r} world=2 units= meshes=[] param_dtype= steps=2" for r in (0, 1)]
+    assert lines == [f"rank={r} world=2 units= meshes=[] stored=torch.float32 param_dtype= steps=2" for r in (0, 1)]
+
+
+def _shard_hybrid(rank: int, world_size: int, source: str) -> None:
+    """HSDP: the exported shard_model builds a (nodes, gpus per node) mesh, replicate then shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    from tests.wrappers._dist import tiny_llama
+
+    namespace: dict = {}
+    exec(source.split("\nstrategy = ")[0], namespace)
+    model = tiny_llama()
+    lightning_mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+    namespace["shard_model"](model, lightning_mesh)
+    meshes = {(p.device_mesh.mesh_dim_names, tuple(p.device_mesh.shape), p.placements) for p in model.parameters()
+              if isinstance(p, DTensor)}
+    assert meshes == {(("replicate", "shard"), (2, 1), (Replicate(), Shard(0)))}, meshes
+
+
+def test_hybrid_export_shards_within_a_node_and_replicates_across(llama_dir):
+    # 2 nodes x 1 GPU: the tiny model's states fit on one node, so --hybrid auto chooses HSDP.
+    source = build_lightning(plan(llama_dir, "1xA100", nodes=2, strategy="zero3"))
+    assert 'init_device_mesh(device_mesh.device_type, (2, 1), mesh_dim_names=("replicate", "shard"))' in source
+    run_distributed(_shard_hybrid, source, world_size=2)

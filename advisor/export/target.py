@@ -1,13 +1,17 @@
 """What an export writes: the plan's recommendation turned into one concrete, checked target.
 
 A format can express only some (strategy, engine) pairs: accelerate has no ZeroRedundancyOptimizer
-or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only. ``resolve_target`` keeps the
+or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only (read from the strategy table's
+``Implementation`` fields, not listed here). ``resolve_target`` keeps the
 recommendation when the format can express it; otherwise it re-evaluates the nearest pairs the
 format can express with the planner (same model, GPUs and training options) and takes the first
 that fits, saying so in ``notes``. It also decides hybrid sharding (HSDP): on several nodes, a
 torch FSDP target is sharded within each node and replicated across nodes when one node's share of
 the model states still fits at the chosen micro-batch (all-gathers stay on the fast intra-node
 link; only the gradient all-reduce crosses nodes; Zhao et al. 2023, "PyTorch FSDP", section 3.2).
+
+The CPU test config (``--cpu``, ``cpu_target``) is not derived from a GPU plan: DDP on gloo, fp32,
+``--processes`` processes, the micro-batch the user gave (else 1).
 
 Pure functions of a ``Plan``: no file access, no torch or yaml import. Renderers live in the
 per-format modules; file writing in ``write.py``.
@@ -246,6 +250,8 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         accum = training.global_batch_size // (micro * processes)
     notes = ["CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
              "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True)."]
+    if fmt == "lightning":  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
+        notes = [f"CPU test config: Lightning starts the {processes} processes itself (DDP on gloo)."]
     if training.micro_batch_size is None:
         notes.append("Micro-batch 1 per process (--micro-batch to change): the CPU test checks the script's "
                      "distributed wiring, not the GPU plan's batch.")

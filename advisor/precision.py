@@ -8,7 +8,8 @@ exporters and ``wrappers`` read this table instead of branching on precision nam
 Sources: the torch recipe keeps fp32 master parameters under mixed precision (``torch.autocast``,
 FSDP2 ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``); accelerate's
 ``mixed_precision`` is ``no|fp16|bf16``; Lightning's precision strings are ``32-true``,
-``16-mixed``, ``bf16-mixed``, ``bf16-true``; DeepSpeed enables ``bf16`` or ``fp16`` blocks.
+``16-mixed``, ``bf16-mixed``, ``bf16-true``; DeepSpeed enables ``bf16`` or ``fp16`` blocks; the
+Hugging Face Trainer sets ``bf16=True`` or ``fp16=True`` (autocast; pure bf16 also loads bf16 weights).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class PrecisionInfo(BaseModel):
     accelerate: Literal["no", "bf16", "fp16"] = Field(description="accelerate's mixed_precision value.")
     lightning: str = Field(description="Lightning's precision string.")
     deepspeed: Literal["bf16", "fp16"] | None = Field(description="The DeepSpeed config block enabled, if any.")
+    trainer: Literal["bf16", "fp16"] | None = Field(
+        description="The Hugging Face TrainingArguments flag set to true (bf16= or fp16=), if any.")
 
     @property
     def param_bytes(self) -> int:
@@ -48,13 +51,15 @@ PRECISIONS: dict[str, PrecisionInfo] = {
     p.name: p
     for p in (
         PrecisionInfo(name="fp32", mixed=False, param_dtype="float32", compute_dtype="float32", peak_rate="fp32",
-                      accelerate="no", lightning="32-true", deepspeed=None),
+                      accelerate="no", lightning="32-true", deepspeed=None, trainer=None),
         PrecisionInfo(name="bf16-mixed", mixed=True, param_dtype="float32", compute_dtype="bfloat16",
-                      peak_rate="bf16", accelerate="bf16", lightning="bf16-mixed", deepspeed="bf16"),
+                      peak_rate="bf16", accelerate="bf16", lightning="bf16-mixed", deepspeed="bf16",
+                      trainer="bf16"),
         PrecisionInfo(name="fp16-mixed", mixed=True, param_dtype="float32", compute_dtype="float16",
-                      peak_rate="fp16", accelerate="fp16", lightning="16-mixed", deepspeed="fp16"),
+                      peak_rate="fp16", accelerate="fp16", lightning="16-mixed", deepspeed="fp16",
+                      trainer="fp16"),
         PrecisionInfo(name="bf16", mixed=False, param_dtype="bfloat16", compute_dtype="bfloat16", peak_rate="bf16",
-                      accelerate="bf16", lightning="bf16-true", deepspeed="bf16"),
+                      accelerate="bf16", lightning="bf16-true", deepspeed="bf16", trainer="bf16"),
     )
 }
 

@@ -87,10 +87,12 @@ def accelerate_strategy(distributed_type: str, state: Any) -> StrategyName | Non
 
 
 def _compute_dtype(mixed_precision: str) -> torch.dtype | None:
-    """accelerate's autocast dtype for its ``mixed_precision`` value ("no": none)."""
-    if mixed_precision == "no":
+    """accelerate's autocast dtype for its ``mixed_precision`` value: the compute dtype of the precision
+    table's mixed row spelled so; None for the value only unmixed rows spell (fp32's "no")."""
+    spelled = [name for name, info in PRECISIONS.items() if info.accelerate == mixed_precision]
+    rows = [name for name in spelled if PRECISIONS[name].mixed]
+    if spelled and not rows:
         return None
-    rows = [name for name, info in PRECISIONS.items() if info.mixed and info.accelerate == mixed_precision]
     if not rows:
         raise RuntimeError(f"wrap(): accelerate runs mixed_precision={mixed_precision!r}, which the advisor's "
                            "precision table does not describe; use wrap(engine=\"torch\") or bf16/fp16/no")

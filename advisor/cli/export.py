@@ -24,10 +24,40 @@ def _plan(params: dict[str, Any]):
     return plan(**plan_kwargs(params))
 
 
-def _options(*, cpu: bool, hybrid: str, script: str = "train.py", script_args: tuple[str, ...] = ()):
+# plan() arguments that are not TrainingConfig fields
+_NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code")
+
+
+def _options(*, cpu: bool, hybrid: str, processes: int | None, script: str = "train.py",
+             script_args: tuple[str, ...] = ()):
     from advisor.export import ExportOptions
 
-    return ExportOptions(cpu=cpu, hybrid=hybrid, script=script, script_args=tuple(script_args))
+    if processes is not None and not cpu:
+        click.echo("advisor: warning: --processes sets the --cpu test config's processes; ignored without --cpu "
+                   "(one process per GPU)", err=True)
+    return ExportOptions(cpu=cpu, hybrid=hybrid, processes=processes or 2, script=script,
+                         script_args=tuple(script_args))
+
+
+def _export_text(params: dict[str, Any], fmt: str, options):
+    """The file text and target: from the plan, or for ``--cpu`` the CPU test config (no GPU plan)."""
+    from advisor.export import export_cpu_text, export_text
+
+    if not options.cpu:
+        return export_text(_plan(params), fmt, options)
+    from advisor.model.sources import resolve_model
+    from advisor.planning.api import resolve_trainable
+    from advisor.training import TrainingConfig
+
+    ignored = [f"--{name}" for name in ("gpus", "nodes", "interconnect") if params.get(name)]
+    if ignored:
+        click.echo(f"advisor: warning: {', '.join(ignored)} ignored with --cpu: the CPU test config runs "
+                   f"{options.processes} processes on this machine (--processes)", err=True)
+    kwargs = plan_kwargs(params, need_gpus=False)
+    spec = resolve_trainable(resolve_model(kwargs["model"], trust_remote_code=kwargs["trust_remote_code"]),
+                             kwargs["trainable_params"])
+    training = TrainingConfig(**{k: v for k, v in kwargs.items() if k not in _NOT_TRAINING})
+    return export_cpu_text(spec, training, fmt, options, strategy=kwargs["strategy"])
 
 
 def _echo_notes(notes: tuple[str, ...]) -> None:
@@ -35,6 +65,10 @@ def _echo_notes(notes: tuple[str, ...]) -> None:
         click.echo(f"advisor: note: {note}", err=True)
 
 
+_CPU = click.option("--cpu", is_flag=True,
+                    help="A CPU-only test config: DDP on gloo, fp32, on this machine (no --gpus needed).")
+_PROCESSES = click.option("--processes", type=click.IntRange(1, 1024), default=None,
+                          help="Processes of the --cpu test config (default 2).")
 _HYBRID = click.option("--hybrid", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
                        help="Hybrid sharding (HSDP) on several nodes: auto = when one node's share fits.")
 
@@ -44,14 +78,16 @@ _HYBRID = click.option("--hybrid", type=click.Choice(["auto", "on", "off"]), def
 @click.option("-o", "--output", default=None, help="File to write ('-' for stdout; default per format).")
 @click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES), default="accelerate", show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@click.option("--cpu", is_flag=True, help="A CPU-only (gloo) test config; ddp only.")
+@_CPU
+@_PROCESSES
 @_HYBRID
-def export(output: str | None, fmt: str, force: bool, cpu: bool, hybrid: str, **params: Any) -> None:
+def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int | None, hybrid: str,
+           **params: Any) -> None:
     """Write the recommended strategy as a launcher config (accelerate YAML by default)."""
-    from advisor.export import export_text, get_format
+    from advisor.export import get_format
     from advisor.export.write import write_export
 
-    text, target = export_text(_plan(params), fmt, _options(cpu=cpu, hybrid=hybrid))
+    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=hybrid, processes=processes))
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)
@@ -67,20 +103,20 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, hybrid: str, **
               help="Where to write the accelerate config that is launched.")
 @click.option("--force", is_flag=True, help="Overwrite an existing, different config file.")
 @click.option("--dry-run", is_flag=True, help="Write the config and print the command; do not run it.")
-@click.option("--cpu", is_flag=True, help="A CPU-only (gloo) test config; ddp only.")
+@_CPU
+@_PROCESSES
 @_HYBRID
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, hybrid: str, script: str,
+def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: int | None, hybrid: str, script: str,
            script_args: tuple[str, ...], **params: Any) -> None:
     """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
-    from advisor.export import export_text
     from advisor.export.write import write_export
     from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
         format_command, load_config, local_gpus, run_launch
 
-    options = _options(cpu=cpu, hybrid=hybrid, script=script, script_args=script_args)
-    text, target = export_text(_plan(params), "accelerate", options)
+    options = _options(cpu=cpu, hybrid=hybrid, processes=processes, script=script, script_args=script_args)
+    text, target = _export_text(params, "accelerate", options)
     path = write_export(config_file, text, force=force)
     _echo_notes(target.notes)
     command = build_launch_command(path, script, script_args)

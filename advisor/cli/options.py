@@ -83,8 +83,11 @@ _TRAINING_FIELDS = {
 }
 
 
-def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
-    """``advisor.plan`` keyword arguments from parsed CLI values, leaving out what was not given."""
+def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str, Any]:
+    """``advisor.plan`` keyword arguments from parsed CLI values, leaving out what was not given.
+
+    ``need_gpus=False`` (the ``--cpu`` test config, which makes no GPU plan) leaves ``gpus`` as given,
+    possibly None, instead of detecting this machine's GPUs."""
     model, params = options.get("model"), options.get("params")
     if (model is None) == (params is None):
         raise click.UsageError("give exactly one of --model or --params")
@@ -92,7 +95,7 @@ def plan_kwargs(options: dict[str, Any]) -> dict[str, Any]:
         model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
     kwargs: dict[str, Any] = {
         "model": model if model is not None else _size_spec(params),
-        "gpus": options.get("gpus") or _local_gpus(),
+        "gpus": options.get("gpus") or (_local_gpus() if need_gpus else None),
         "nodes": options.get("nodes"),
         "interconnect": options.get("interconnect"),
         "trainable_params": options.get("trainable_params"),

@@ -73,7 +73,11 @@ def _deepspeed_config(target: ExportTarget) -> dict[str, Any]:
 
 def build_accelerate(plan: Plan, options: ExportOptions | None = None) -> dict[str, Any]:
     """The config as a dict, in the order ``accelerate config`` writes it."""
-    target = resolve_target(plan, "accelerate", options)
+    return accelerate_doc(resolve_target(plan, "accelerate", options))
+
+
+def accelerate_doc(target: ExportTarget) -> dict[str, Any]:
+    """``build_accelerate`` for a resolved target."""
     if target.engine == "deepspeed":
         distributed_type = "DEEPSPEED"
     elif target.fsdp:
@@ -92,7 +96,7 @@ def build_accelerate(plan: Plan, options: ExportOptions | None = None) -> dict[s
         }
     doc.update({
         "machine_rank": PLACEHOLDER_RANK if target.multi_node else 0,
-        "mixed_precision": "no" if target.cpu else target.mixed_precision,
+        "mixed_precision": target.precision_info.accelerate,
         "num_machines": target.num_nodes,
         "num_processes": target.world_size,
         "rdzv_backend": "static",
@@ -111,11 +115,16 @@ def _comment_lines(text: str) -> list[str]:
 
 def render_accelerate(plan: Plan, options: ExportOptions | None = None) -> str:
     """YAML with a header saying what it runs and why, and every placeholder marked."""
-    target = resolve_target(plan, "accelerate", options)
-    doc = build_accelerate(plan, options)
+    return accelerate_text(resolve_target(plan, "accelerate", options), options)
+
+
+def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) -> str:
+    """``render_accelerate`` for a resolved target."""
+    doc = accelerate_doc(target)
+    per = "process" if target.cpu else "GPU"
     header = [f"accelerate config written by dp-advisor: {target.summary}.",
               f"Launch: accelerate launch --config_file THIS_FILE {(options or ExportOptions()).script} ...",
-              f"Per-GPU batch size in the script: {target.micro_batch_size}."]
+              f"Per-{per} batch size in the script: {target.micro_batch_size}."]
     if target.engine == "deepspeed":
         header.append(f"gradient_clipping {GRADIENT_CLIPPING:g} is a default, not part of the plan.")
     if target.activation_checkpointing and not target.fsdp:  # FSDP's own flag is in fsdp_config

@@ -20,13 +20,14 @@ from typing import Any
 from advisor.planning.api import Plan
 from advisor.export.target import GRADIENT_CLIPPING, ExportOptions, ExportTarget, resolve_target
 from advisor.estimate.buckets import deepspeed_buckets
+from advisor.model.spec import ModelSpec
 
 
-def _zero_optimization(target: ExportTarget, plan: Plan) -> dict[str, Any]:
+def _zero_optimization(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
     impl = target.impl
     zero: dict[str, Any] = {"stage": target.zero_stage}
     # The bucket sizes the memory and step-time estimates assumed (one function owns them).
-    buckets = deepspeed_buckets(plan.model)
+    buckets = deepspeed_buckets(model)
     if target.zero_stage >= 1:
         # Overlap the reduce with backward and keep gradients in one buffer (DeepSpeed's recommended
         # settings for ZeRO-2/3; ZeRO paper section 7 on fragmentation).
@@ -45,20 +46,26 @@ def _zero_optimization(target: ExportTarget, plan: Plan) -> dict[str, Any]:
 
 
 def build_deepspeed(plan: Plan, options: ExportOptions | None = None) -> dict[str, Any]:
-    target = resolve_target(plan, "deepspeed-json", options)
+    return deepspeed_doc(resolve_target(plan, "deepspeed-json", options), plan.model)
+
+
+def deepspeed_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
+    """``build_deepspeed`` for a resolved DeepSpeed target of ``model``."""
+    assert target.engine == "deepspeed", target.engine
+    block = target.precision_info.deepspeed  # the table's "bf16" / "fp16" block, or None for fp32
     micro, accum = target.micro_batch_size, target.gradient_accumulation_steps
     doc: dict[str, Any] = {
         "train_batch_size": micro * accum * target.world_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "gradient_clipping": GRADIENT_CLIPPING,
-        "bf16": {"enabled": target.mixed_precision == "bf16"},
-        "fp16": {"enabled": target.mixed_precision == "fp16"},
-        "zero_optimization": _zero_optimization(target, plan),
+        "bf16": {"enabled": block == "bf16"},
+        "fp16": {"enabled": block == "fp16"},
+        "zero_optimization": _zero_optimization(target, model),
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }
-    if target.mixed_precision == "fp16":
+    if block == "fp16":
         doc["fp16"].update({"loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
                             "hysteresis": 2, "min_loss_scale": 1})
     return doc
@@ -67,3 +74,7 @@ def build_deepspeed(plan: Plan, options: ExportOptions | None = None) -> dict[st
 def render_deepspeed(plan: Plan, options: ExportOptions | None = None) -> str:
     """JSON has no comments: what the file runs and any substitution are printed by the CLI."""
     return json.dumps(build_deepspeed(plan, options), indent=2) + "\n"
+
+
+def deepspeed_text(target: ExportTarget, model: ModelSpec) -> str:
+    return json.dumps(deepspeed_doc(target, model), indent=2) + "\n"

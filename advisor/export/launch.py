@@ -87,7 +87,8 @@ def cuda_refusal(config: Mapping[str, Any], local_gpus: str | None) -> str | Non
     processes = config.get("num_processes")
     return (f"this config runs {kind} on {processes} CUDA GPUs, and this machine has no NVIDIA GPU (nvidia-smi found "
             "none): accelerate would start every rank on the CPU unsynchronised (no gradient sync, each rank on the "
-            "whole dataset). To test the script here, add --cpu: DDP on gloo, fp32, --processes N (default 2)")
+            "whole dataset). To test the script here, add --cpu: DDP on gloo, fp32, --processes N (default 2)"
+            f"{'' if kind.startswith('DDP') else ' (DDP only: drop any --strategy or --engine deepspeed you gave)'}")
 
 
 def local_gpus() -> str | None:

@@ -1,26 +1,106 @@
 """A Lightning (``lightning.pytorch``) strategy snippet for a plan, as Python source text.
 
-``DDPStrategy()``, ``FSDPStrategy(...)`` or ``DeepSpeedStrategy(stage=...)`` plus the ``Trainer``
-arguments that go with it (devices, nodes, precision, accumulation). Lightning's ``FSDPStrategy``
-takes FSDP1-style arguments: ``sharding_strategy`` FULL_SHARD (zero3), SHARD_GRAD_OP (zero2) or
-HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (torch's ``ShardingStrategy`` names), ``cpu_offload``,
-``auto_wrap_policy`` and ``activation_checkpointing_policy`` as sets of block classes, ``state_dict_type``. The block class is imported from transformers'
-``models.<model_type>.modeling_<model_type>`` module, where transformers defines it.
+``DDPStrategy()``, ``DeepSpeedStrategy(stage=...)`` or, for the torch engine's sharded strategies,
+FSDP2 through ``ModelParallelStrategy`` (Lightning 2.4+), plus the ``Trainer`` arguments that go
+with it (devices, nodes, precision, accumulation). Lightning's ``FSDPStrategy`` is FSDP1
+(``FullyShardedDataParallel`` wrappers, ``sharding_strategy``) and is not what the plan measured;
+``ModelParallelStrategy`` builds a device mesh and leaves the sharding to the LightningModule's
+``configure_model()`` (it raises ``TypeError`` in ``setup`` when the hook is missing). The snippet
+therefore defines ``shard_model(model, device_mesh)``, which does what ``wrappers.fsdp.apply_fsdp``
+does: ``fully_shard`` each block, then the root, with the strategy table's ``reshard_after_forward``
+and offload, and the precision table's ``MixedPrecisionPolicy`` dtypes.
+
+Blocks are matched by class name, as accelerate's ``TRANSFORMER_BASED_WRAP`` and ``wrap()`` match
+them, so nothing is imported from a modeling module: a composite model (Llava: the block is the
+language model's ``LlamaDecoderLayer``, defined in ``modeling_llama``, not ``modeling_llava``)
+needs no import path, and the vision tower's layers are not blocks.
+
+Precision: under FSDP2 the mixed precisions are the ``MixedPrecisionPolicy`` (bf16/fp16 all-gathered
+parameters and compute, fp32 gradient reduction, fp32 sharded master parameters), so the Trainer
+runs the row's parameter dtype without autocast (``32-true``; ``bf16-true`` for pure bf16, whose
+model is cast before sharding). ``ModelParallelStrategy`` accepts ``32-true``, ``bf16-mixed``,
+``bf16-true`` and ``16-true`` only (``_validate_precision_choice`` in Lightning 2.6's accelerator
+connector): fp16-mixed has no loss scaler there, which the header says.
 """
 
 from __future__ import annotations
 
-from advisor.planning.api import Plan
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.planning.api import Plan
+from advisor.precision import PRECISIONS
 
-_PRECISION = {"fp32": "32-true", "bf16-mixed": "bf16-mixed", "fp16-mixed": "16-mixed", "bf16": "bf16-true"}
+
+def _trainer_precision(target: ExportTarget) -> str:
+    """Lightning's precision string: the table's, or under FSDP2 that of the unmixed row with the same
+    parameter dtype (the MixedPrecisionPolicy does the low-precision compute)."""
+    info = target.precision_info
+    if not target.fsdp or not info.mixed:
+        return info.lightning
+    unmixed = next(p for p in PRECISIONS.values() if not p.mixed and p.param_dtype == info.param_dtype)
+    return unmixed.lightning
 
 
-def _block_import(target: ExportTarget) -> str | None:
-    if not (target.block_class and target.model_type):
-        return None
-    module = target.model_type.replace("-", "_")
-    return f"from transformers.models.{module}.modeling_{module} import {target.block_class}"
+def _precision_comment(target: ExportTarget) -> str:
+    info = target.precision_info
+    if target.fsdp and info.mixed:
+        return f"  # {info.compute_dtype} compute: shard_model's MixedPrecisionPolicy; fp32 master parameters"
+    return ""
+
+
+def _shard_function(target: ExportTarget) -> list[str]:
+    """``shard_model``: FSDP2 per block, then the root, as ``wrappers.fsdp.apply_fsdp`` applies it."""
+    info, impl = target.precision_info, target.impl
+    block = target.block_class
+    known = (f'BLOCK_CLASS = "{block}"  # one FSDP unit each, matched by class name '
+             "(like accelerate's TRANSFORMER_BASED_WRAP)")
+    unknown = "BLOCK_CLASS = None  # block class unknown: set your block's class name to shard per block"
+    lines = ["", "", known if block else unknown, "", "",
+             "def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:",
+             '    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""']
+    if target.hybrid:
+        lines += [f"    # HSDP: replicate over the {target.num_nodes} nodes, shard over each node's "
+                  f"{target.gpus_per_node} GPUs.",
+                  f"    mesh = init_device_mesh(device_mesh.device_type, ({target.num_nodes}, "
+                  f"{target.gpus_per_node}), mesh_dim_names=(\"replicate\", \"shard\"))"]
+    else:
+        lines.append('    mesh = device_mesh["data_parallel"]')
+    if info.name == "bf16":
+        lines.append("    model.to(torch.bfloat16)  # pure bf16: no fp32 master copy")
+    lines += ["", "    def is_block(module: torch.nn.Module) -> bool:",
+              "        return type(module).__name__ == BLOCK_CLASS", ""]
+    if target.activation_checkpointing:
+        lines += ["    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",
+                  "    blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]"]
+    else:
+        lines.append("    blocks = [m for m in model.modules() if is_block(m)]")
+    options = ["mesh=mesh", f"reshard_after_forward={impl.reshard_after_forward}",
+               f"offload_policy={'CPUOffloadPolicy()' if impl.offload_params else 'OffloadPolicy()'}"]
+    if info.mixed:
+        options.append(f"mp_policy=MixedPrecisionPolicy(param_dtype=torch.{info.compute_dtype}, "
+                       "reduce_dtype=torch.float32)")
+    lines += ["    options = dict("] + [f"        {option}," for option in options]
+    lines += ["    )",
+              "    for block in blocks:",
+              "        fully_shard(block, **options)",
+              "    fully_shard(model, **options)",
+              "    return model"]
+    return lines
+
+
+def _imports(target: ExportTarget, cls: str) -> list[str]:
+    lines = ["from lightning.pytorch import Trainer", f"from lightning.pytorch.strategies import {cls}"]
+    if not target.fsdp:
+        return lines
+    fsdp = ["CPUOffloadPolicy" if target.impl.offload_params else "OffloadPolicy", "fully_shard"]
+    if target.precision_info.mixed:
+        fsdp.insert(0, "MixedPrecisionPolicy")
+    mesh = "DeviceMesh, init_device_mesh" if target.hybrid else "DeviceMesh"
+    lines = ["import torch"] + lines + [f"from torch.distributed.device_mesh import {mesh}",
+                                        f"from torch.distributed.fsdp import {', '.join(sorted(fsdp))}"]
+    if target.activation_checkpointing:
+        lines.insert(-2, "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
+                     "    CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper,\n)")
+    return lines
 
 
 def _strategy(target: ExportTarget) -> tuple[str, list[str]]:
@@ -31,37 +111,39 @@ def _strategy(target: ExportTarget) -> tuple[str, list[str]]:
                                      f"offload_parameters={target.impl.offload_params}"]
     if not target.fsdp:
         return "DDPStrategy", []
-    if target.hybrid:
-        sharding = "HYBRID_SHARD" if target.impl.reshard_after_forward else "_HYBRID_SHARD_ZERO2"
-    else:
-        sharding = "FULL_SHARD" if target.impl.reshard_after_forward else "SHARD_GRAD_OP"
-    kwargs = [f'sharding_strategy="{sharding}"']
-    if target.block_class and target.model_type:
-        kwargs.append(f"auto_wrap_policy={{{target.block_class}}}")
-        if target.activation_checkpointing:
-            kwargs.append(f"activation_checkpointing_policy={{{target.block_class}}}")
-    kwargs += [f"cpu_offload={target.impl.offload_params}", 'state_dict_type="sharded"']
-    return "FSDPStrategy", kwargs
+    # One data-parallel dimension over every rank: the sampler gives each rank its own data; HSDP
+    # builds its 2-D (replicate, shard) mesh in shard_model.
+    return "ModelParallelStrategy", [f"data_parallel_size={target.world_size}", "tensor_parallel_size=1"]
 
 
-def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
-    """Python source: imports, ``strategy = ...`` and ``trainer = Trainer(...)``."""
-    target = resolve_target(plan, "lightning", options)
-    cls, kwargs = _strategy(target)
+def _header(target: ExportTarget, cls: str) -> list[str]:
+    per = "process" if target.cpu else "device"
     lines = [f"# Lightning strategy written by dp-advisor: {target.summary}."]
     lines += [f"# {note}" for note in target.notes]
-    lines.append(f"# DataLoader batch_size per device: {target.micro_batch_size}.")
-    if target.activation_checkpointing and cls != "FSDPStrategy":
+    lines.append(f"# DataLoader batch_size per {per}: {target.micro_batch_size}.")
+    if target.fsdp:
+        lines.append("# FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, "
+                     "def configure_model(self): shard_model(self.model, self.device_mesh)")
+        lines.append("# (configure_model can run more than once: skip it when the model is already sharded.)")
+        if not target.block_class:
+            lines.append("# Block class unknown: set BLOCK_CLASS below, or only the root is sharded (one unit).")
+        if target.precision_info.mixed and target.precision_info.compute_dtype == "float16":
+            lines.append("# fp16 without a loss scaler: ModelParallelStrategy has no 16-mixed; prefer bf16-mixed "
+                         "or --engine deepspeed.")
+    elif target.activation_checkpointing:
         lines.append("# Activation checkpointing is part of the plan: call model.gradient_checkpointing_enable().")
-    elif target.activation_checkpointing and "activation_checkpointing_policy" not in " ".join(kwargs):
-        lines.append("# Activation checkpointing is part of the plan: enable it in the model (block class unknown).")
-    if target.fsdp and not (target.block_class and target.model_type):
-        lines.append("# Block class unknown: pass auto_wrap_policy={YourBlock} to wrap per block.")
-    lines += ["from lightning.pytorch import Trainer", f"from lightning.pytorch.strategies import {cls}"]
-    block_import = _block_import(target) if cls == "FSDPStrategy" else None
-    if block_import:
-        lines.append(block_import)
-    lines.append("")
+    return lines
+
+
+def lightning_text(target: ExportTarget) -> str:
+    """``build_lightning`` for a resolved target."""
+    cls, kwargs = _strategy(target)
+    lines = _header(target, cls) + _imports(target, cls)
+    if target.fsdp:
+        lines += _shard_function(target)
+        lines += ["", ""]
+    else:
+        lines.append("")
     if kwargs:
         lines += [f"strategy = {cls}("] + [f"    {kw}," for kw in kwargs] + [")"]
     else:
@@ -72,11 +154,16 @@ def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
         f"    devices={target.gpus_per_node},",
         f"    num_nodes={target.num_nodes},",
         "    strategy=strategy,",
-        f'    precision="{"32-true" if target.cpu else _PRECISION[target.precision]}",',
+        f'    precision="{_trainer_precision(target)}",{_precision_comment(target)}',
         f"    accumulate_grad_batches={target.gradient_accumulation_steps},",
         ")",
     ]
     return "\n".join(lines) + "\n"
+
+
+def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
+    """Python source: imports, (FSDP2) ``shard_model``, ``strategy = ...`` and ``trainer = Trainer(...)``."""
+    return lightning_text(resolve_target(plan, "lightning", options))
 
 
 def render_lightning(plan: Plan, options: ExportOptions | None = None) -> str:

@@ -1,7 +1,8 @@
 """What an export writes: the plan's recommendation turned into one concrete, checked target.
 
 A format can express only some (strategy, engine) pairs: accelerate has no ZeroRedundancyOptimizer
-or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only. ``resolve_target`` keeps the
+or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only (read from the strategy table's
+``Implementation`` fields, not listed here). ``resolve_target`` keeps the
 recommendation when the format can express it; otherwise it re-evaluates the nearest pairs the
 format can express with the planner (same model, GPUs and training options) and takes the first
 that fits, saying so in ``notes``. It also decides hybrid sharding (HSDP): on several nodes, a
@@ -9,12 +10,16 @@ torch FSDP target is sharded within each node and replicated across nodes when o
 the model states still fits at the chosen micro-batch (all-gathers stay on the fast intra-node
 link; only the gradient all-reduce crosses nodes; Zhao et al. 2023, "PyTorch FSDP", section 3.2).
 
+The CPU test config (``--cpu``, ``cpu_target``) is not derived from a GPU plan: DDP on gloo, fp32,
+``--processes`` processes, the micro-batch the user gave (else 1).
+
 Pure functions of a ``Plan``: no file access, no torch or yaml import. Renderers live in the
 per-format modules; file writing in ``write.py``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,31 +28,55 @@ from advisor.planning.api import Plan
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.estimate.memory import estimate_memory
 from advisor.planning.planner import evaluate_candidate
+from advisor.model.spec import ModelSpec
+from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.training import Engine
+from advisor.training import Engine, TrainingConfig
 
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
 
-# (strategy, engine) pairs each format can express; torchrun launches any script, so any pair.
-_EXPRESSIBLE: dict[str, set[tuple[str, str]]] = {
-    "accelerate": {("ddp", "torch"), ("zero2", "torch"), ("zero3", "torch"), ("zero2_offload", "torch"),
-                   ("zero3_offload", "torch"), ("ddp", "deepspeed"), ("zero1", "deepspeed"), ("zero2", "deepspeed"),
-                   ("zero3", "deepspeed"), ("zero2_offload", "deepspeed"), ("zero3_offload", "deepspeed")},
-    "deepspeed-json": {(s, "deepspeed") for s in ESCALATION},
-    "torchrun": {(s, e) for s in STRATEGIES for e in ("torch", "deepspeed")},
-}
-_EXPRESSIBLE["trainer-args"] = _EXPRESSIBLE["accelerate"]
-_EXPRESSIBLE["lightning"] = _EXPRESSIBLE["accelerate"]
+def _torch_without_launcher(impl: Implementation) -> bool:
+    """torch runs it in a way no launcher config asks for: one-process DataParallel, or DDP +
+    ZeroRedundancyOptimizer (optimizer state sharded, parameters not)."""
+    return impl.engine == "torch" and (impl.single_process or (impl.shard_optimizer and not impl.shard_params))
 
-# Why a pair has no config in a format, for the note that explains the substitute.
-_WHY_NOT = {
-    ("dp", "torch"): "dp (torch.nn.DataParallel, one process) has no {fmt} config: launchers start one process "
-                     "per GPU; DDP keeps no more per GPU than DataParallel and is faster",
-    ("zero1", "torch"): "zero1 on the torch engine (DDP + ZeroRedundancyOptimizer) has no {fmt} config: it has no "
-                        "ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
-                        "(DeepSpeed ZeRO stage 1)",
+
+def _launcher_expresses(impl: Implementation) -> bool:
+    """accelerate, the Trainer and Lightning run DDP, FSDP2 and every DeepSpeed stage."""
+    return impl.available and not _torch_without_launcher(impl)
+
+
+# What each format can express, read from the strategy table's Implementation fields (never a
+# second table of pairs). torchrun launches any script, so anything available; a DeepSpeed JSON is
+# DeepSpeed only.
+_EXPRESSES: dict[str, Callable[[Implementation], bool]] = {
+    "accelerate": _launcher_expresses,
+    "trainer-args": _launcher_expresses,
+    "lightning": _launcher_expresses,
+    "deepspeed-json": lambda impl: impl.available and impl.engine == "deepspeed",
+    "torchrun": lambda impl: impl.available,
 }
+
+
+def expresses(fmt: str, strategy: str, engine: str) -> bool:
+    """Whether format ``fmt`` can write ``strategy`` on ``engine``."""
+    return _EXPRESSES[fmt](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
+
+
+def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
+    """Why ``fmt`` has no config for this pair, for the note that explains the substitute."""
+    impl = STRATEGIES[strategy].on(engine)
+    if impl.engine == "torch" and impl.single_process:
+        return (f"{strategy} ({impl.runs_as}, one process) has no {fmt} config: launchers start one process "
+                "per GPU; DDP keeps no more per GPU than DataParallel and is faster")
+    if _torch_without_launcher(impl):
+        exact = STRATEGIES[strategy].on("deepspeed")
+        return (f"{strategy} on the torch engine ({impl.runs_as}) has no {fmt} config: it has no "
+                f"ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
+                f"({exact.runs_as})")
+    return f"{fmt} runs only DeepSpeed; the plan used engine {engine}"
+
 
 PLACEHOLDER_IP = "<MAIN_NODE_IP>"
 PLACEHOLDER_RANK = "<MACHINE_RANK>"
@@ -60,7 +89,8 @@ class ExportOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    cpu: bool = Field(default=False, description="A CPU-only test config (gloo), for single-node ddp only.")
+    cpu: bool = Field(default=False, description="A CPU-only test config: DDP on gloo, fp32, one machine.")
+    processes: int = Field(default=2, ge=1, le=1024, description="Processes of the CPU test config.")
     hybrid: Hybrid = Field(default="auto", description="HSDP on several nodes: auto (when one node's share fits).")
     script: str = Field(default="train.py", description="Training script named in launcher commands.")
     script_args: tuple[str, ...] = Field(default=(), description="Arguments for the training script.")
@@ -77,15 +107,14 @@ class ExportTarget(BaseModel):
     micro_batch_size: int = Field(ge=1, description="Samples per GPU per forward pass.")
     gradient_accumulation_steps: int = Field(ge=1, description="Micro-batches per optimizer step.")
     activation_checkpointing: bool
-    precision: str = Field(description="TrainingConfig precision: fp32, bf16-mixed, fp16-mixed, bf16.")
+    precision: Precision = Field(description="What runs: the plan's precision; fp32 for a CPU test config.")
     num_nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1, description="Processes per node (one per GPU; --processes for --cpu).")
     hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
-    model_type: str | None = None
     block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
-    gpu: str
+    gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
 
     @property
@@ -111,16 +140,17 @@ class ExportTarget(BaseModel):
         return 1 if self.impl.shard_optimizer else 0
 
     @property
-    def mixed_precision(self) -> Literal["no", "fp16", "bf16"]:
-        """accelerate's ``mixed_precision``; pure bf16 also computes in bf16 (the script loads bf16 weights)."""
-        return {"fp32": "no", "fp16-mixed": "fp16", "bf16-mixed": "bf16", "bf16": "bf16"}[self.precision]
+    def precision_info(self) -> PrecisionInfo:
+        """The precision table's row: how accelerate, DeepSpeed, Lightning and the Trainer spell it."""
+        return PRECISIONS[self.precision]
 
     @property
     def summary(self) -> str:
         nodes = f"{self.num_nodes} nodes x " if self.multi_node else ""
+        where = (f"{self.world_size} CPU processes (gloo test config)" if self.cpu
+                 else f"{nodes}{self.gpus_per_node} x {self.gpu}")
         return (f"{self.strategy} on {self.engine} ({self.impl.runs_as}) for {self.model_name} on "
-                f"{nodes}{self.gpus_per_node} x {self.gpu}"
-                f"{' (CPU test config)' if self.cpu else ''}: micro-batch {self.micro_batch_size}, "
+                f"{where}: micro-batch {self.micro_batch_size}, "
                 f"gradient accumulation {self.gradient_accumulation_steps}, activation checkpointing "
                 f"{'on' if self.activation_checkpointing else 'off'}, precision {self.precision}"
                 f"{', hybrid sharding (HSDP)' if self.hybrid else ''}")
@@ -147,17 +177,16 @@ def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | No
 
 def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName, Engine]]:
     """Nearest expressible pairs, closest first: same strategy on the other engine, then escalation."""
-    allowed = _EXPRESSIBLE[fmt]
     start = ESCALATION.index(strategy) if strategy in ESCALATION else 0
     order: list[tuple[str, str]] = []
     engines = [engine, "deepspeed" if engine == "torch" else "torch"]
     if fmt == "deepspeed-json":
         engines = ["deepspeed"]
-    elif (strategy, engine) in _WHY_NOT:
+    elif _torch_without_launcher(STRATEGIES[strategy].on(engine)):  # type: ignore[arg-type]
         engines = [engine]  # dp, torch zero1: stay on torch (DDP, then FSDP); the note offers deepspeed
     for eng in engines:
-        order += [(s, eng) for s in ESCALATION[:start + 1][::-1] if (s, eng) in allowed][:1]
-        order += [(s, eng) for s in ESCALATION[start + 1:] if (s, eng) in allowed]
+        order += [(s, eng) for s in ESCALATION[:start + 1][::-1] if expresses(fmt, s, eng)][:1]
+        order += [(s, eng) for s in ESCALATION[start + 1:] if expresses(fmt, s, eng)]
     seen: list[tuple[StrategyName, Engine]] = []
     for pair in order:
         if pair not in seen:
@@ -168,11 +197,10 @@ def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName,
 def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, int | None, list[str]]:
     rec = plan.recommendation
     assert rec is not None
-    if (rec.strategy, rec.engine) in _EXPRESSIBLE[fmt]:
+    if expresses(fmt, rec.strategy, rec.engine):
         return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
             rec.gradient_accumulation_steps, []
-    why = _WHY_NOT.get((rec.strategy, rec.engine), "{fmt} runs only DeepSpeed; the plan used engine "
-                       + rec.engine).format(fmt=fmt)
+    why = _why_not(rec.strategy, rec.engine, fmt)
     hw = hardware_of(plan)
     for strategy, engine in _fallbacks(rec.strategy, rec.engine, fmt):
         training = plan.training.model_copy(update={"engine": engine})
@@ -196,19 +224,64 @@ def hybrid_fits(plan: Plan, strategy: StrategyName, engine: Engine, *, micro_bat
     return mem.total <= one_node.gpu_memory_bytes
 
 
+def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, options: ExportOptions, *,
+               strategy: str | None = None) -> ExportTarget:
+    """The CPU test config: DDP on gloo, fp32, ``options.processes`` processes on this machine.
+
+    It checks a script's distributed wiring before it meets GPUs, so no GPU plan is involved: the
+    micro-batch is ``training``'s (1 when unset), the precision fp32 (what gloo DDP runs here; the
+    plan's bf16 autocast is not emulated). FSDP and DeepSpeed are refused: accelerate 1.15 enables
+    them only on accelerators. ``strategy`` is the one the user asked for, if any.
+    """
+    if fmt == "deepspeed-json" or training.engine != "torch" or strategy not in (None, "ddp"):
+        asked = f"--strategy {strategy}" if strategy not in (None, "ddp") else (
+            "--engine deepspeed" if training.engine != "torch" else "--format deepspeed-json")
+        raise ValueError(f"--cpu makes a gloo test config for ddp only (accelerate 1.15 enables FSDP and DeepSpeed "
+                         f"only on accelerators), not {asked}; drop it to test the script on CPU")
+    if options.hybrid == "on":
+        raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy; --cpu is one machine, DDP")
+    processes = options.processes
+    micro = training.micro_batch_size or 1
+    accum = 1
+    if training.global_batch_size is not None:
+        if training.global_batch_size % (micro * processes):
+            raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch {micro} "
+                             f"x {processes} CPU processes")
+        accum = training.global_batch_size // (micro * processes)
+    notes = ["CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
+             "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True)."]
+    if fmt == "lightning":  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
+        notes = [f"CPU test config: Lightning starts the {processes} processes itself (DDP on gloo)."]
+    if training.micro_batch_size is None:
+        notes.append("Micro-batch 1 per process (--micro-batch to change): the CPU test checks the script's "
+                     "distributed wiring, not the GPU plan's batch.")
+    if "precision" in training.model_fields_set and training.precision != "fp32":
+        notes.append(f"--precision {training.precision} is not used: the CPU test config runs fp32.")
+    return ExportTarget(
+        strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
+        gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing == "on",
+        precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
+        block_class=model.block_class, gpu="CPU", notes=tuple(notes),
+    )
+
+
+def _asked_strategy(plan: Plan) -> str | None:
+    """The strategy the user asked for (``--strategy``: the plan evaluated only it), else None."""
+    return plan.candidates[0].strategy if len(plan.candidates) == 1 else None
+
+
 def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = None) -> ExportTarget:
-    """The target ``fmt`` writes for ``plan``; ValueError when nothing fits or cannot be written."""
+    """The target ``fmt`` writes for ``plan``; ValueError when nothing fits or cannot be written.
+
+    With ``options.cpu`` it is the CPU test config (``cpu_target``): the plan's GPUs play no part.
+    """
     options = options or ExportOptions()
+    if options.cpu:
+        return cpu_target(plan.model, plan.training, fmt, options, strategy=_asked_strategy(plan))
     require_recommendation(plan)
     strategy, engine, micro, ckpt, accum, notes = _substitute(plan, fmt)
     impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
-    if options.cpu:
-        if strategy != "ddp" or engine != "torch":
-            raise ValueError(f"--cpu makes a gloo test config for ddp only; this plan exports {strategy} on {engine} "
-                             "(accelerate 1.15 enables FSDP and DeepSpeed only on accelerators); add --strategy ddp")
-        notes.append("CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
-                     "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True).")
     hybrid = False
     torch_fsdp = engine == "torch" and impl.shard_params
     if options.hybrid != "off" and hw.nodes > 1 and torch_fsdp:
@@ -228,5 +301,5 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        model_type=plan.model.model_type, block_class=plan.model.block_class, gpu=hw.gpu, notes=tuple(notes),
+        block_class=plan.model.block_class, gpu=hw.gpu, notes=tuple(notes),
     )

@@ -11,13 +11,19 @@ from __future__ import annotations
 import shlex
 
 from advisor.planning.api import Plan
-from advisor.export.target import DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, resolve_target
+from advisor.export.target import (
+    DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget, resolve_target,
+)
 
 
 def build_torchrun(plan: Plan, options: ExportOptions | None = None) -> list[str]:
     """The argv: ``torchrun --nproc-per-node N --nnodes M ... train.py args``."""
+    return torchrun_argv(resolve_target(plan, "torchrun", options), options)
+
+
+def torchrun_argv(target: ExportTarget, options: ExportOptions | None = None) -> list[str]:
+    """``build_torchrun`` for a resolved target."""
     options = options or ExportOptions()
-    target = resolve_target(plan, "torchrun", options)
     argv = ["torchrun", "--nproc-per-node", str(target.gpus_per_node), "--nnodes", str(target.num_nodes)]
     if target.multi_node:
         argv += ["--node-rank", PLACEHOLDER_RANK, "--master-addr", PLACEHOLDER_IP, "--master-port", str(DEFAULT_PORT)]
@@ -27,11 +33,16 @@ def build_torchrun(plan: Plan, options: ExportOptions | None = None) -> list[str
 
 
 def render_torchrun(plan: Plan, options: ExportOptions | None = None) -> str:
-    target = resolve_target(plan, "torchrun", options)
-    argv = build_torchrun(plan, options)
+    return torchrun_text(resolve_target(plan, "torchrun", options), options)
+
+
+def torchrun_text(target: ExportTarget, options: ExportOptions | None = None) -> str:
+    """``render_torchrun`` for a resolved target."""
+    argv = torchrun_argv(target, options)
+    per = "process" if target.cpu else "GPU"
     lines = ["#!/usr/bin/env bash", f"# torchrun command written by dp-advisor: {target.summary}.",
              "# torchrun starts the processes; the script applies the strategy (e.g. wrappers.wrap()).",
-             f"# Per-GPU batch size in the script: {target.micro_batch_size}."]
+             f"# Per-{per} batch size in the script: {target.micro_batch_size}."]
     lines += [f"# {note}" for note in target.notes]
     if target.multi_node:
         lines.append(f"# Run on each of the {target.num_nodes} nodes after filling in {PLACEHOLDER_RANK} "

@@ -15,17 +15,23 @@ import json
 from typing import Any
 
 from advisor.planning.api import Plan
-from advisor.export.deepspeed import build_deepspeed
-from advisor.export.target import ExportOptions, resolve_target
+from advisor.export.deepspeed import deepspeed_doc
+from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.model.spec import ModelSpec
 
 
 def build_trainer_args(plan: Plan, options: ExportOptions | None = None) -> dict[str, Any]:
-    target = resolve_target(plan, "trainer-args", options)
+    return trainer_doc(resolve_target(plan, "trainer-args", options), plan.model)
+
+
+def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
+    """``build_trainer_args`` for a resolved target of ``model``."""
+    flag = target.precision_info.trainer  # "bf16", "fp16" or None, from the precision table
     args: dict[str, Any] = {
         "per_device_train_batch_size": target.micro_batch_size,
         "gradient_accumulation_steps": target.gradient_accumulation_steps,
-        "bf16": target.mixed_precision == "bf16" and not target.cpu,
-        "fp16": target.mixed_precision == "fp16" and not target.cpu,
+        "bf16": flag == "bf16",
+        "fp16": flag == "fp16",
         "activation_checkpointing": target.activation_checkpointing and not target.fsdp,
     }
     if target.cpu:
@@ -46,10 +52,14 @@ def build_trainer_args(plan: Plan, options: ExportOptions | None = None) -> dict
             fsdp_config["min_num_params"] = 100_000_000
         args.update(fsdp=True, fsdp_config=fsdp_config)
     elif target.engine == "deepspeed":
-        # The DeepSpeed target of this same plan: build_deepspeed resolves it the same way.
-        args["deepspeed"] = build_deepspeed(plan, options)
+        # The same target: every pair the Trainer expresses on DeepSpeed is one a DeepSpeed JSON expresses.
+        args["deepspeed"] = deepspeed_doc(target, model)
     return args
 
 
 def render_trainer_args(plan: Plan, options: ExportOptions | None = None) -> str:
     return json.dumps(build_trainer_args(plan, options), indent=2) + "\n"
+
+
+def trainer_text(target: ExportTarget, model: ModelSpec) -> str:
+    return json.dumps(trainer_doc(target, model), indent=2) + "\n"

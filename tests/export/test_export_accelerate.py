@@ -155,8 +155,14 @@ def test_cpu_config_for_ddp_and_refused_for_sharded(tmp_path):
     # would start a single process without mpirun.
     assert (doc["distributed_type"], doc["use_cpu"], doc["mixed_precision"]) == ("MULTI_GPU", True, "no")
     assert load_config_from_file(str(_write(tmp_path, make_plan(SMALL), ExportOptions(cpu=True)))).use_cpu
-    with pytest.raises(ValueError, match="--cpu makes a gloo test config for ddp only"):
-        build_accelerate(make_plan(**PLANS["qwen7b_2xa100_zero3"]), ExportOptions(cpu=True))
+    # A plan that chose zero3 by itself still gives the DDP test config (it is not the GPU plan);
+    # a strategy or engine the user asked for that CPU DDP cannot run is refused.
+    assert build_accelerate(make_plan(**PLANS["qwen7b_2xa100_zero3"]), ExportOptions(cpu=True))["distributed_type"] \
+        == "MULTI_GPU"
+    with pytest.raises(ValueError, match="--cpu makes a gloo test config for ddp only.*not --strategy zero3"):
+        build_accelerate(make_plan(SMALL, strategy="zero3"), ExportOptions(cpu=True))
+    with pytest.raises(ValueError, match="not --engine deepspeed"):
+        build_accelerate(make_plan(SMALL, engine="deepspeed"), ExportOptions(cpu=True))
 
 
 @pytest.mark.parametrize("precision,expected", [("bf16-mixed", "bf16"), ("fp16-mixed", "fp16"), ("fp32", "no"),

@@ -1,22 +1,52 @@
 # Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 11, gradient accumulation 1, activation checkpointing on, precision bf16-mixed, hybrid sharding (HSDP).
 # Hybrid sharding (HSDP): one node's share of the model states fits, so parameters are sharded over the 8 GPUs of each node and replicated over the 2 nodes (only the gradient all-reduce crosses nodes). --hybrid off to disable.
 # DataLoader batch_size per device: 11.
+# FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
+# (configure_model can run more than once: skip it when the model is already sharded.)
+import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import FSDPStrategy
-from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-strategy = FSDPStrategy(
-    sharding_strategy="HYBRID_SHARD",
-    auto_wrap_policy={Qwen2DecoderLayer},
-    activation_checkpointing_policy={Qwen2DecoderLayer},
-    cpu_offload=True,
-    state_dict_type="sharded",
+
+BLOCK_CLASS = "Qwen2DecoderLayer"  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
+
+
+def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""
+    # HSDP: replicate over the 2 nodes, shard over each node's 8 GPUs.
+    mesh = init_device_mesh(device_mesh.device_type, (2, 8), mesh_dim_names=("replicate", "shard"))
+
+    def is_block(module: torch.nn.Module) -> bool:
+        return type(module).__name__ == BLOCK_CLASS
+
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)
+    blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
+    options = dict(
+        mesh=mesh,
+        reshard_after_forward=True,
+        offload_policy=CPUOffloadPolicy(),
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
+    for block in blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+strategy = ModelParallelStrategy(
+    data_parallel_size=16,
+    tensor_parallel_size=1,
 )
 trainer = Trainer(
     accelerator="gpu",
     devices=8,
     num_nodes=2,
     strategy=strategy,
-    precision="bf16-mixed",
+    precision="32-true",  # bfloat16 compute: shard_model's MixedPrecisionPolicy; fp32 master parameters
     accumulate_grad_batches=1,
 )

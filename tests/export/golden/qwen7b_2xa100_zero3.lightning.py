@@ -1,20 +1,46 @@
 # Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
 # DataLoader batch_size per device: 1.
+# FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
+# (configure_model can run more than once: skip it when the model is already sharded.)
+import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.strategies import FSDPStrategy
-from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-strategy = FSDPStrategy(
-    sharding_strategy="FULL_SHARD",
-    auto_wrap_policy={Qwen2DecoderLayer},
-    cpu_offload=False,
-    state_dict_type="sharded",
+
+BLOCK_CLASS = "Qwen2DecoderLayer"  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
+
+
+def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
+    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""
+    mesh = device_mesh["data_parallel"]
+
+    def is_block(module: torch.nn.Module) -> bool:
+        return type(module).__name__ == BLOCK_CLASS
+
+    blocks = [m for m in model.modules() if is_block(m)]
+    options = dict(
+        mesh=mesh,
+        reshard_after_forward=True,
+        offload_policy=OffloadPolicy(),
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32),
+    )
+    for block in blocks:
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+strategy = ModelParallelStrategy(
+    data_parallel_size=2,
+    tensor_parallel_size=1,
 )
 trainer = Trainer(
     accelerator="gpu",
     devices=2,
     num_nodes=1,
     strategy=strategy,
-    precision="bf16-mixed",
+    precision="32-true",  # bfloat16 compute: shard_model's MixedPrecisionPolicy; fp32 master parameters
     accumulate_grad_batches=1,
 )

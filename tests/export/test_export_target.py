@@ -1,0 +1,78 @@
+"""What each format can express is read from the strategy table (issue 10, one source for each fact).
+
+The expected pairs are worked by hand from what the launchers offer: accelerate, the Trainer and
+Lightning have no single-process DataParallel and no ZeroRedundancyOptimizer option, but run DDP,
+FSDP2 and every DeepSpeed stage; a DeepSpeed JSON is DeepSpeed only; torchrun starts any script.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.export.target import _why_not, expresses
+from advisor.strategies import STRATEGIES
+
+LAUNCHER_PAIRS = {
+    ("ddp", "torch"), ("zero2", "torch"), ("zero3", "torch"), ("zero2_offload", "torch"), ("zero3_offload", "torch"),
+    ("ddp", "deepspeed"), ("zero1", "deepspeed"), ("zero2", "deepspeed"), ("zero3", "deepspeed"),
+    ("zero2_offload", "deepspeed"), ("zero3_offload", "deepspeed"),
+}
+DEEPSPEED_PAIRS = {p for p in LAUNCHER_PAIRS if p[1] == "deepspeed"}
+ALL_AVAILABLE = LAUNCHER_PAIRS | {("dp", "torch"), ("zero1", "torch")}
+
+
+@pytest.mark.parametrize("fmt,expected", [
+    ("accelerate", LAUNCHER_PAIRS), ("trainer-args", LAUNCHER_PAIRS), ("lightning", LAUNCHER_PAIRS),
+    ("deepspeed-json", DEEPSPEED_PAIRS), ("torchrun", ALL_AVAILABLE),
+])
+def test_expressible_pairs(fmt, expected):
+    pairs = {(s, e) for s in STRATEGIES for e in ("torch", "deepspeed") if expresses(fmt, s, e)}
+    assert pairs == expected
+
+
+def test_why_not_names_what_runs_and_the_exact_alternative():
+    assert _why_not("dp", "torch", "accelerate") == (
+        "dp (torch.nn.DataParallel, one process) has no accelerate config: launchers start one process per GPU; "
+        "DDP keeps no more per GPU than DataParallel and is faster")
+    assert _why_not("zero1", "torch", "lightning") == (
+        "zero1 on the torch engine (DDP + ZeroRedundancyOptimizer) has no lightning config: it has no "
+        "ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed (DeepSpeed ZeRO stage 1)")
+    assert _why_not("zero2", "torch", "deepspeed-json") == "deepspeed-json runs only DeepSpeed; the plan used engine torch"
+
+
+# --- precision spellings come from advisor.precision's table ------------------------------------
+
+def test_no_export_module_spells_a_precision():
+    """Every framework spelling (accelerate, Lightning, DeepSpeed, Trainer) is read from PRECISIONS."""
+    import re
+    from pathlib import Path
+
+    import advisor.export
+
+    # Lightning strings, precision names, and a dict keyed by precision name (the old _PRECISION).
+    spellings = re.compile(r"""["'](bf16-mixed|16-mixed|32-true|bf16-true|fp16-mixed)["']|\{\s*["']fp32["']\s*:""")
+    found = [f"{path.name}: {line.strip()}" for path in Path(advisor.export.__file__).parent.glob("*.py")
+             for line in path.read_text().splitlines() if spellings.search(line)]
+    assert found == []
+
+
+@pytest.mark.parametrize("precision,trainer,deepspeed,lightning", [
+    # Hand-written from each framework's documentation (see advisor/precision.py's docstring).
+    ("fp32", (False, False), (False, False), "32-true"),
+    ("bf16-mixed", (True, False), (True, False), "bf16-mixed"),
+    ("fp16-mixed", (False, True), (False, True), "16-mixed"),
+    ("bf16", (True, False), (True, False), "bf16-true"),
+])
+def test_precision_spellings_in_each_format(precision, trainer, deepspeed, lightning):
+    from export_plans import make_plan
+
+    from advisor.export.deepspeed import build_deepspeed
+    from advisor.export.lightning import build_lightning
+    from advisor.export.trainer import build_trainer_args
+
+    plan = make_plan("Qwen/Qwen2.5-0.5B", precision=precision, strategy="ddp")
+    args = build_trainer_args(plan)
+    assert (args["bf16"], args["fp16"]) == trainer
+    ds = build_deepspeed(plan)
+    assert (ds["bf16"]["enabled"], ds["fp16"]["enabled"]) == deepspeed
+    assert f'precision="{lightning}",' in build_lightning(plan)

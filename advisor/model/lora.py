@@ -139,3 +139,20 @@ def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
     if spec.layer_params is not None:
         update["layer_params"] = spec.layer_params + added // spec.num_layers
     return spec.model_copy(update=update)
+
+
+def lora_of(model: object) -> LoraConfig | None:
+    """The active LoRA adapter of a live PEFT model (``PeftModel`` or ``LoraModel``: duck-typed on
+    ``peft_config``, no import), or None. Target names are the matched module names PEFT recorded."""
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return None
+    active = getattr(model, "active_adapter", None)
+    config = configs.get(active if isinstance(active, str) else "default") or next(iter(configs.values()))
+    rank = getattr(config, "r", None)
+    if not isinstance(rank, int):
+        return None  # another PEFT method (prefix tuning, IA3, ...): counted by requires_grad only
+    targets = getattr(config, "target_modules", None)
+    names = targets if targets == ALL_LINEAR else tuple(sorted(targets)) if targets else None
+    return LoraConfig(rank=rank, targets=names, dora=bool(getattr(config, "use_dora", False)),
+                      dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0))

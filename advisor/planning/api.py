@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
-from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, with_lora
+from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
@@ -92,6 +92,21 @@ _DEFAULT_NOTES = {
 }
 
 
+def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
+    """A PEFT model's LoRA config when its targets are block linears this planner knows; otherwise
+    None, and its adapters are planned as any frozen-base model (by ``requires_grad``)."""
+    live = lora_of(model)
+    if live is None:
+        return None
+    try:
+        target_names(spec, live)
+    except ValueError:
+        notes.append("PEFT adapters on layers the activation model does not know: planned as a partly frozen "
+                     "model (trainable parameters by requires_grad)")
+        return None
+    return live
+
+
 def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
@@ -147,11 +162,18 @@ def plan(
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
     spec = resolve_model(model, trust_remote_code=trust_remote_code)
     notes = []
+    live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
+    if live is not None:
+        if training.lora is not None and training.lora != live:
+            raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
+                             "adapters; leave lora= out")
+        training = training.model_copy(update={"lora": live})
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         notes.append(_lora_note(spec, training.lora))
-        spec = with_lora(spec, training.lora)
+        if live is None:
+            spec = with_lora(spec, training.lora)
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:

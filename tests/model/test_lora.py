@@ -83,3 +83,19 @@ def test_count_equals_peft_on_the_meta_device(model, targets, dora):
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     assert adapter_params(spec, lora) == trainable
     assert with_lora(spec, lora).total_params == spec_from_module(wrapped).total_params
+
+
+def test_a_live_peft_model_is_planned_as_lora_without_counting_adapters_twice():
+    peft = pytest.importorskip("peft")
+    import advisor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], lora_dropout=0.1))
+    plan = advisor.plan(model, "2xA100")
+    # rank 4 on q_proj (64 -> 64) and v_proj (64 -> 2 x 16 = 32): 4 x (128 + 96) x 2 layers = 1,792
+    assert plan.model.trainable_params == 1_792
+    assert plan.model.total_params == sum(p.numel() for p in model.parameters())
+    assert plan.training.lora == LoraConfig(rank=4, targets=("q_proj", "v_proj"), dropout=0.1)
+    assert any(note.startswith("LoRA rank 4 on q_proj, v_proj") for note in plan.assumptions)

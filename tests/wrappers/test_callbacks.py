@@ -1,0 +1,101 @@
+"""The pre-flight callbacks in real trainers on the CPU (a tiny Llama; the GPUs are named with
+``gpus=``, since the check is against the cluster the run is for)."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+from wrappers.callbacks import AdvisorCallback, hf_strategy, hf_training
+
+
+class _Tokens(Dataset):
+    def __init__(self, seq_len: int) -> None:
+        self.ids = torch.randint(0, 128, (16, seq_len), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict:
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+def _model() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, vocab_size=128))
+
+
+def _trainer(tmp_path, callback) -> Trainer:
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, max_steps=3, use_cpu=True,
+                             report_to=[], save_strategy="no", logging_strategy="no")
+    return Trainer(model=_model(), args=args, train_dataset=_Tokens(16), callbacks=[callback])
+
+
+def test_trainer_run_prints_the_verdict_once_and_trains(tmp_path, capsys):
+    callback = AdvisorCallback(seq_len=16, gpus="1xA100")
+    trainer = _trainer(tmp_path, callback)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("advisor:")]
+    assert trainer.state.global_step == 3 and callback.verdict.fits is True
+    assert len(lines) == 1 and lines[0].endswith("GiB per GPU: fits")
+    assert "ddp on 1xA100, micro-batch 2, seq 16, fp32, checkpointing off" in lines[0]
+
+
+def test_strict_stops_before_the_first_step_with_advice(tmp_path, capsys):
+    # 2 x 4,000,000 tokens x 128 vocabulary x (2 + 4 + 4) bytes of logits alone are 9.5 GiB, and the
+    # loss backward holds 3 x 4 bytes per logit more (11.4 GiB): over a 24 GB card at any strategy.
+    callback = AdvisorCallback(seq_len=4_000_000, gpus="1xRTX4090", strict=True)
+    trainer = _trainer(tmp_path, callback)
+    with pytest.raises(RuntimeError, match="does not fit.*advisor: advice:"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+    assert "advisor: advice:" in capsys.readouterr().out
+
+
+def test_trainer_settings_are_read_as_the_trainer_runs_them(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=8,
+                             activation_checkpointing=True, optim="adafactor", use_cpu=True, report_to=[])
+    training = hf_training(args, _model(), seq_len=None)
+    assert (training.micro_batch_size, training.global_batch_size, training.activation_checkpointing) == (4, 32, "on")
+    assert (training.optimizer, training.precision, training.seq_len) == ("adafactor", "fp32", 2048)
+    assert hf_strategy(SimpleNamespace(deepspeed=None, fsdp=["full_shard", "offload"])) == ("zero3_offload", "torch")
+    assert hf_strategy(SimpleNamespace(deepspeed=None, fsdp=["shard_grad_op"])) == ("zero2", "torch")
+    stage2 = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    assert hf_strategy(SimpleNamespace(deepspeed=stage2, fsdp=None)) == ("zero2_offload", "deepspeed")
+    assert hf_strategy(SimpleNamespace(deepspeed=None, fsdp=None)) == ("ddp", "torch")
+
+
+def test_lightning_fit_runs_the_check(tmp_path, capsys):
+    lightning = pytest.importorskip("lightning")
+    from wrappers.callbacks import AdvisorLightningCallback
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model()
+
+        def training_step(self, batch, index):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    callback = AdvisorLightningCallback(micro_batch_size=2, seq_len=16, gpus="1xH100")
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, max_steps=2, logger=False, enable_checkpointing=False,
+                                enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+                                callbacks=[callback])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(Module(), torch.utils.data.DataLoader(_Tokens(16), batch_size=2))
+    assert trainer.global_step == 2 and callback.verdict.fits is True
+    # The plan saw the Llama inside the LightningModule, not an opaque module.
+    assert callback.verdict.plan.model.model_type == "llama"
+    assert "ddp on 1xH100, micro-batch 2, seq 16, fp32" in capsys.readouterr().out

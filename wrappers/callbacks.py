@@ -1,0 +1,236 @@
+"""A pre-flight memory check where training starts: one line in a Hugging Face ``Trainer`` or a
+Lightning ``Trainer``.
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[AdvisorCallback(seq_len=2048)])
+    trainer = L.Trainer(..., callbacks=[AdvisorLightningCallback(seq_len=2048, micro_batch_size=4)])
+
+At train begin the callback reads what the trainer will really run (the live model, PEFT adapters
+included; the per-device batch, gradient accumulation and world size; the precision flags;
+gradient checkpointing; the optimizer; FSDP or DeepSpeed settings), plans it with
+``advisor.plan`` for the GPUs this process sees (or ``gpus=``), prints the verdict once (rank 0),
+and with ``strict=True`` raises ``RuntimeError`` with the planner's advice before the first step
+instead of an out-of-memory error an hour later. Without a visible GPU and no ``gpus=`` there is
+nothing to check against: it says so and lets training run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from advisor.planning.api import Plan, plan
+from advisor.precision import PRECISIONS
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+_HF_OPTIMIZERS = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("sgd", "sgd"), ("adam", "adamw"))
+_DEFAULT_SEQ_LEN = 2048
+
+
+class Verdict:
+    """What the check found: whether the trainer's own configuration fits, and the lines to print."""
+
+    def __init__(self, fits: bool | None, lines: list[str], plan: Plan | None = None) -> None:
+        self.fits, self.lines, self.plan = fits, lines, plan
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines)
+
+
+def visible_gpus() -> tuple[str | None, int]:
+    """``COUNTxNAME`` of the GPUs this process sees, and that count (None, 0 without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        return None, 0
+    count = torch.cuda.device_count()
+    return f"{count}x{torch.cuda.get_device_name(0)}", count
+
+
+def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: int, gpus: str | None = None) -> Verdict:
+    """Plan ``model`` under ``training`` with ``strategy`` on ``world_size`` GPUs; advise when it does not fit."""
+    local = None
+    if gpus is None:
+        local, per_node = visible_gpus()
+        if local is None:
+            return Verdict(None, ["advisor: pre-flight: no CUDA GPU visible and no gpus= given: memory not checked"])
+        gpus = f"{min(world_size, per_node)}x{local.split('x', 1)[1]}"
+        nodes = max(1, world_size // per_node)
+    else:
+        nodes = None
+    exact = plan(model, gpus, nodes=nodes, strategy=strategy, training=training)
+    row = exact.candidate(strategy)
+    where = f"{strategy} on {gpus}{f' x {nodes} nodes' if nodes and nodes > 1 else ''}"
+    what = (f"micro-batch {training.micro_batch_size}, seq {training.seq_len}, {training.precision}, "
+            f"checkpointing {training.activation_checkpointing}")
+    if row.fits and row.memory_bytes is not None:
+        used = row.memory_bytes.total / GIB
+        return Verdict(True, [f"advisor: pre-flight: {where}, {what}: {used:.1f} of {row.capacity_bytes / GIB:.1f} "
+                              "GiB per GPU: fits"], exact)
+    lines = [f"advisor: pre-flight: {where}, {what}: does not fit"
+             + (f" ({row.memory_bytes.total / GIB:.1f} of {row.capacity_bytes / GIB:.1f} GiB per GPU)"
+                if row.memory_bytes is not None else f" ({row.unavailable_reason})" if row.unavailable_reason else "")]
+    open_plan = plan(model, gpus, nodes=nodes,
+                     training=training.model_copy(update={"activation_checkpointing": "auto", "micro_batch_size": None}))
+    advice = open_plan.recommendation
+    if advice is not None:
+        lines.append(f"advisor: advice: {advice.strategy} ({advice.engine}), micro-batch {advice.micro_batch_size}, "
+                     f"checkpointing {'on' if advice.activation_checkpointing else 'off'}: {advice.reason}")
+    elif open_plan.smallest_fit is not None:
+        lines.append(f"advisor: advice: {open_plan.smallest_fit.message}")
+    else:
+        lines.append("advisor: advice: nothing fits on these GPUs; see `advisor plan` for the numbers")
+    return Verdict(False, lines, exact)
+
+
+def _finish(verdict: Verdict, *, strict: bool, rank_zero: bool) -> None:
+    if rank_zero:
+        print(verdict, flush=True)
+    if strict and verdict.fits is False:
+        raise RuntimeError(" ".join(verdict.lines))
+
+
+# --- Hugging Face Trainer -------------------------------------------------------------------------
+
+
+def _hf_precision(args: Any, model: Any) -> str:
+    if getattr(args, "bf16", False):
+        return "bf16-mixed"
+    if getattr(args, "fp16", False):
+        return "fp16-mixed"
+    first = next(iter(model.parameters()), None)
+    return "bf16" if first is not None and str(first.dtype) == "torch.bfloat16" else "fp32"
+
+
+def _hf_optimizer(args: Any) -> str:
+    name = str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", ""))).lower()
+    return next((ours for key, ours in _HF_OPTIMIZERS if key in name), "adamw")
+
+
+def _hf_checkpointing(args: Any) -> bool:
+    """transformers 5 renames ``gradient_checkpointing`` to ``activation_checkpointing``; either counts."""
+    return bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+
+
+def _deepspeed_strategy(config: Any) -> str:
+    if isinstance(config, str):
+        with open(config, encoding="utf-8") as handle:
+            config = json.load(handle)
+    zero = (config or {}).get("zero_optimization", {})
+    stage = int(zero.get("stage", 0) or 0)
+    offloaded = (zero.get("offload_optimizer") or {}).get("device") == "cpu"
+    name = {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    return f"{name}_offload" if offloaded and stage in (2, 3) else name
+
+
+def hf_strategy(args: Any) -> tuple[str, str]:
+    """(strategy, engine) a ``TrainingArguments`` runs: its FSDP options, its DeepSpeed config, or DDP."""
+    if getattr(args, "deepspeed", None):
+        return _deepspeed_strategy(args.deepspeed), "deepspeed"
+    options = " ".join(str(getattr(o, "value", o)) for o in (getattr(args, "fsdp", None) or []))
+    offload = "_offload" if "offload" in options else ""
+    if "full_shard" in options or "hybrid_shard" in options:
+        return f"zero3{offload}", "torch"
+    if "shard_grad_op" in options:
+        return f"zero2{offload}", "torch"
+    return "ddp", "torch"
+
+
+def hf_training(args: Any, model: Any, seq_len: int | None) -> TrainingConfig:
+    """The ``TrainingConfig`` a ``TrainingArguments`` describes (the sequence length is not in it:
+    ``seq_len=``, else TRL's ``max_length`` / ``max_seq_length``, else 2048)."""
+    seq = seq_len or getattr(args, "max_length", None) or getattr(args, "max_seq_length", None) or _DEFAULT_SEQ_LEN
+    micro = int(args.per_device_train_batch_size)
+    world = max(1, int(getattr(args, "world_size", 1)))
+    return TrainingConfig(
+        precision=_hf_precision(args, model), optimizer=_hf_optimizer(args), seq_len=int(seq),
+        micro_batch_size=micro, global_batch_size=micro * int(args.gradient_accumulation_steps) * world,
+        activation_checkpointing="on" if _hf_checkpointing(args) else "off",
+        engine=hf_strategy(args)[1],
+    )
+
+
+try:
+    from transformers import TrainerCallback as _HFCallback
+except ImportError:  # pragma: no cover - transformers is a core dependency
+    _HFCallback = object
+
+
+class AdvisorCallback(_HFCallback):
+    """``transformers.Trainer`` callback: plan the run at train begin; ``strict=True`` stops an
+    unfitting run before its first step."""
+
+    def __init__(self, *, seq_len: int | None = None, gpus: str | None = None, strict: bool = False) -> None:
+        self.seq_len, self.gpus, self.strict = seq_len, gpus, strict
+        self.verdict: Verdict | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
+        strategy, _ = hf_strategy(args)
+        self.verdict = check(model, strategy=strategy, training=hf_training(args, model, self.seq_len),
+                             world_size=max(1, int(getattr(args, "world_size", 1))), gpus=self.gpus)
+        _finish(self.verdict, strict=self.strict, rank_zero=bool(getattr(state, "is_world_process_zero", True)))
+        return control
+
+
+# --- Lightning ------------------------------------------------------------------------------------
+
+_LIGHTNING_PRECISION = {info.lightning: name for name, info in PRECISIONS.items()}
+
+
+def lightning_strategy(strategy: Any) -> tuple[str, str]:
+    """(strategy, engine) of a Lightning strategy object."""
+    kind = type(strategy).__name__
+    if kind == "DeepSpeedStrategy":
+        return _deepspeed_strategy(getattr(strategy, "config", None) or {}), "deepspeed"
+    if kind == "ModelParallelStrategy":
+        return "zero3", "torch"
+    if kind == "FSDPStrategy":
+        sharding = str(getattr(strategy, "sharding_strategy", "FULL_SHARD"))
+        offload = "_offload" if getattr(getattr(strategy, "cpu_offload", None), "offload_params", False) else ""
+        return ("zero2" if "SHARD_GRAD_OP" in sharding else "zero3") + offload, "torch"
+    return "ddp", "torch"
+
+
+def _planned_module(pl_module: Any) -> Any:
+    """The model a LightningModule trains: the first submodule with a Hugging Face ``config`` (so
+    the plan sees its architecture), else the LightningModule itself."""
+    if getattr(pl_module, "config", None) is not None:
+        return pl_module
+    return next((m for m in pl_module.modules() if getattr(m, "config", None) is not None), pl_module)
+
+
+def _lightning_class() -> type:
+    from lightning.pytorch import Callback
+
+    class AdvisorLightningCallback(Callback):
+        """Lightning callback: plan the run at fit start; ``strict=True`` stops an unfitting run
+        before its first step. Lightning does not know the batch: pass ``micro_batch_size``."""
+
+        def __init__(self, *, micro_batch_size: int, seq_len: int | None = None, gpus: str | None = None,
+                     strict: bool = False, optimizer: str = "adamw", activation_checkpointing: bool = False) -> None:
+            self.micro_batch_size, self.seq_len, self.gpus = micro_batch_size, seq_len, gpus
+            self.strict, self.optimizer, self.checkpointing = strict, optimizer, activation_checkpointing
+            self.verdict: Verdict | None = None
+
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            strategy, engine = lightning_strategy(trainer.strategy)
+            world = max(1, int(trainer.world_size))
+            training = TrainingConfig(
+                precision=_LIGHTNING_PRECISION.get(str(trainer.precision), "fp32"), optimizer=self.optimizer,
+                seq_len=self.seq_len or _DEFAULT_SEQ_LEN, micro_batch_size=self.micro_batch_size, engine=engine,
+                activation_checkpointing="on" if self.checkpointing else "off",
+                global_batch_size=self.micro_batch_size * int(trainer.accumulate_grad_batches) * world)
+            self.verdict = check(_planned_module(pl_module), strategy=strategy, training=training, world_size=world,
+                                 gpus=self.gpus)
+            _finish(self.verdict, strict=self.strict, rank_zero=bool(trainer.is_global_zero))
+
+    return AdvisorLightningCallback
+
+
+def __getattr__(name: str) -> Any:
+    """``AdvisorLightningCallback`` is built on first import, so this module needs Lightning only then."""
+    if name == "AdvisorLightningCallback":
+        cls = _lightning_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

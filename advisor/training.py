@@ -20,6 +20,7 @@ Engine = Literal["torch", "deepspeed"]
 Checkpointing = Literal["auto", "on", "off"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
+LossKernel = Literal["hf", "chunked", "fused"]
 
 
 class TrainingConfig(BaseModel):
@@ -38,6 +39,8 @@ class TrainingConfig(BaseModel):
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
     lora: LoraConfig | None = Field(default=None, description="LoRA/DoRA adapters train, the base is frozen.")
+    loss: LossKernel = Field(default="hf", description="hf: full logits and an fp32 copy; chunked: head and "
+                             "cross-entropy over 8 chunks; fused: linear + cross-entropy, no logits kept.")
 
     @field_validator("lora", mode="before")
     @classmethod

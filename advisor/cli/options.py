@@ -14,7 +14,7 @@ import click
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
-from advisor.training import Attention, Checkpointing, Engine, Optimizer, Policy
+from advisor.training import Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy
 
 
 def _choice(names) -> click.Choice:
@@ -56,6 +56,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
                  help="How to choose among strategies that fit: thresholds (default) or fastest."),
+    click.option("--loss", type=_choice(get_args(LossKernel)),
+                 help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
     click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Runtime overhead per GPU (default 1)."),
     click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
@@ -78,6 +80,7 @@ _TRAINING_FIELDS = {
     "engine": "engine",
     "policy": "policy",
     "attention": "attention",
+    "loss": "loss",
     "reserve_gib": "reserve_gib",
     "cpu_memory_gib": "cpu_memory_gib",
 }

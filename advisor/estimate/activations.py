@@ -285,7 +285,7 @@ def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
 
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
-    adapters: Adapters | None = None,
+    adapters: Adapters | None = None, loss_kernel: str = "hf",
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -313,16 +313,45 @@ def estimate_activations(
         saved = tokens * shape.num_layers * dt.residual * h + outside
     else:
         saved = shape.num_layers * layer + outside
-    # The forward ends with the low-precision logits, their fp32 copy (HF ForCausalLMLoss upcasts)
-    # and the saved log-softmax output: 2 + 4 + 4 bytes per logit. The loop keeps only the loss
-    # (HF Trainer's compute_loss returns the loss; torchtitan deletes the logits), so the logits
-    # are freed before backward.
-    logits = tokens * vocab * (dt.compute + 2 * FP32)
-    # Loss backward: saved log-softmax output, the NLL gradient and log_softmax_backward's output,
-    # all fp32 (N x V), live together (aten derivatives.yaml: log_softmax saves ``result``).
-    loss = tokens * vocab * 3 * FP32
+    logits, loss = _loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
-                              backward_temp_bytes=backward_temp, returned_logits_bytes=tokens * vocab * dt.compute)
+                              backward_temp_bytes=backward_temp, returned_logits_bytes=returned)
+
+
+LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
+
+
+def _loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes) -> tuple[int, int]:
+    """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
+
+    hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
+    copy and the saved log-softmax output, 2 + 4 + 4 bytes per logit (the loop keeps only the loss,
+    so the logits are freed before backward); loss backward holds the saved log-softmax output, the
+    NLL gradient and log_softmax_backward's output, all fp32 (aten derivatives.yaml: log_softmax
+    saves ``result``). chunked (``wrappers.losses.chunked_cross_entropy``): each chunk's logits and
+    their fp32 copy die with the chunk, only the fp32 log-softmax of every chunk is kept; backward
+    adds one chunk's two fp32 gradients and its low-precision one. fused
+    (``wrappers.losses.fused_linear_cross_entropy``, Liger's algorithm): one chunk's logits at a time
+    (fp32, softmax in place, its low-precision copy; under autocast also a low-precision copy of the
+    fp32 head) while the forward computes the input gradient (residual dtype) and the head's
+    gradient (an fp32 accumulator, then the head's dtype), which are kept for backward; backward
+    makes a scaled copy of each."""
+    per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
+    if kernel == "chunked":
+        return (tokens * vocab * FP32 + per_chunk * (dt.compute + FP32),
+                tokens * vocab * FP32 + per_chunk * 2 * FP32)
+    if kernel == "fused":
+        head = vocab * hidden
+        grad_input = tokens * hidden * dt.residual
+        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute)
+        if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
+            in_loop += head * dt.compute
+        # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
+        at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
+        kept = grad_input + head * dt.residual
+        return max(in_loop, at_end), 2 * kept
+    return tokens * vocab * (dt.compute + 2 * FP32), tokens * vocab * 3 * FP32

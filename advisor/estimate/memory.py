@@ -230,6 +230,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
+        loss_kernel=training.loss,
     )
 
 

@@ -268,7 +268,10 @@ def _meta_model(cfg: dict, training: TrainingConfig) -> Any:
     from advisor.model.meta import build_meta_model
     from advisor.simulate.model import simulation_config
 
+    from wrappers.losses import use_loss_kernel
+
     net = build_meta_model(simulation_config(cfg, attention=training.attention))
+    use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
     return net if training.lora is None else _with_lora(net, cfg, training.lora)
 
 

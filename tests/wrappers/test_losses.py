@@ -1,0 +1,36 @@
+"""The chunked and fused loss kernels compute transformers' own causal-LM loss and gradients."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.wrappers._dist import tiny_llama
+from wrappers.losses import use_loss_kernel
+
+
+def _loss_and_grads(model, ids, labels):
+    loss = model(input_ids=ids, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kernel", ["chunked", "fused"])
+def test_kernel_matches_transformers_loss_and_gradients(kernel):
+    reference = tiny_llama()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5] = -100  # a masked prompt: ignored positions must not count
+    expected_loss, expected_grads = _loss_and_grads(reference, ids, labels)
+    model = use_loss_kernel(copy.deepcopy(tiny_llama()), kernel)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_a_model_without_a_plain_head_is_refused():
+    with pytest.raises(ValueError, match="needs a causal LM"):
+        use_loss_kernel(torch.nn.Linear(2, 2), "fused")

@@ -1,0 +1,114 @@
+"""Loss kernels for causal language models that do not materialise the full logits in fp32:
+``chunked`` (the head and cross-entropy over sequence chunks) and ``fused`` (a fused linear +
+cross-entropy that never keeps any logits, the algorithm of Liger-Kernel's
+``LigerFusedLinearCrossEntropyLoss``: gradients are computed chunk by chunk in the forward and
+handed back in the backward).
+
+``use_loss_kernel(model, "chunked" | "fused")`` replaces a Hugging Face ``*ForCausalLM``'s forward
+(on the instance) so that ``model(input_ids=..., labels=...).loss`` computes the same loss as
+transformers' ``ForCausalLMLoss`` (labels shifted by one, ``-100`` ignored, mean over the counted
+tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. The root module
+still runs its own forward, so FSDP2's and DDP's hooks on it fire as usual. The planner's memory
+model for each kernel is in ``advisor.estimate.activations`` (``loss=``).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LossKernel = Literal["hf", "chunked", "fused"]
+CHUNKS = 8  # sequence chunks; torchtune's CEWithChunkedOutputLoss uses 8 as well
+IGNORE = -100
+
+
+def causal_targets(labels: torch.Tensor) -> torch.Tensor:
+    """``labels`` shifted left by one with ``-100`` at the end: what each position predicts."""
+    return F.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunks: int = CHUNKS) -> torch.Tensor:
+    """Mean cross-entropy of ``head(hidden)`` against ``targets``, one chunk of tokens at a time: each
+    chunk's low-precision logits die with the chunk; its fp32 log-softmax is what autograd keeps."""
+    flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
+        total = total + F.cross_entropy(head(part).float(), want, ignore_index=IGNORE, reduction="sum")
+    return total / (goal != IGNORE).sum().clamp(min=1)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Loss and both gradients in one pass over chunks; backward only scales the saved gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+        device = hidden.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        with torch.autocast(device, enabled=False):
+            flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+            count = (goal != IGNORE).sum().clamp(min=1)
+            w = weight.to(compute)
+            grad_hidden = torch.empty_like(flat)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            start = 0
+            for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
+                x = part.to(compute)
+                logits = (x @ w.t()).float()
+                keep = want != IGNORE
+                safe = torch.where(keep, want, 0)
+                lse = torch.logsumexp(logits, dim=-1)
+                loss += ((lse - logits.gather(1, safe[:, None]).squeeze(1)) * keep).sum()
+                grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                grad[torch.arange(len(safe), device=grad.device), safe] -= 1
+                grad.mul_((keep / count)[:, None])
+                grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
+                grad_hidden[start:start + len(part)] = grad.to(compute) @ w
+                del logits, grad
+                start += len(part)
+        ctx.save_for_backward(grad_hidden.view_as(hidden), grad_weight.to(weight.dtype))
+        return loss / count
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+
+
+def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                               chunks: int = CHUNKS) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` without keeping logits."""
+    return _FusedLinearCrossEntropy.apply(hidden, weight, targets, chunks)
+
+
+def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    kwargs.pop("logits_to_keep", None)
+    hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+    if labels is None:
+        return CausalLMOutputWithPast(logits=self.lm_head(hidden))
+    targets = causal_targets(labels)
+    if self._advisor_loss == "fused":
+        loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, targets)
+    else:
+        loss = chunked_cross_entropy(hidden, self.lm_head, targets)
+    return CausalLMOutputWithPast(loss=loss, logits=None)
+
+
+def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
+    """Make ``model`` (a Hugging Face ``*ForCausalLM`` with ``model`` and a bias-free ``lm_head``)
+    compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns ``model``."""
+    if kernel == "hf":
+        return model
+    head = getattr(model, "lm_head", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(model, "model"):
+        raise ValueError(f"loss kernel {kernel!r} needs a causal LM with .model and a bias-free .lm_head; "
+                         f"{type(model).__name__} has none")
+    model._advisor_loss = kernel
+    model.forward = types.MethodType(_forward, model)
+    return model

@@ -20,6 +20,7 @@ from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, ch
                              smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
+from advisor.units import GIB
 
 
 class HardwareSummary(BaseModel):
@@ -90,6 +91,36 @@ _DEFAULT_NOTES = {
     "engine": "engine {v} (default): DDP / ZeroRedundancyOptimizer / FSDP2",
     "attention": "attention {v}: no s^2 term (eager attention would add one)",
 }
+
+
+def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+                recommendation: Recommendation | None) -> list[str]:
+    """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
+    if training.loss != "hf" or not shape_of(spec).vocab_size:
+        return []
+    if recommendation is None:
+        for kernel in ("chunked", "fused"):
+            other = training.model_copy(update={"loss": kernel})
+            alternative = [evaluate_candidate(spec, hw, other, c.strategy) for c in candidates]
+            chosen, _ = choose(spec, alternative)
+            if chosen is not None:
+                best = next(c for c in alternative if c.strategy == chosen.strategy)
+                return [f"nothing fits with the hf loss (full logits and their fp32 copy); with --loss {kernel}, "
+                        f"{best.strategy} fits at micro-batch {best.micro_batch_size} "
+                        f"({best.memory_bytes.total / GIB:.1f} GiB per GPU)"]
+        return []
+    chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
+    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size,
+                                        "activation_checkpointing": "on" if chosen.activation_checkpointing else "off"})
+    total = chosen.memory_bytes.total
+    saved = {kernel: total - evaluate_candidate(spec, hw, fixed.model_copy(update={"loss": kernel}),
+                                                chosen.strategy).memory_bytes.total
+             for kernel in ("chunked", "fused")}
+    if max(saved.values()) < 0.1 * total:
+        return []
+    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): --loss chunked "
+            f"would save {saved['chunked'] / GIB:.1f} GiB and --loss fused {saved['fused'] / GIB:.1f} GiB of its "
+            f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
 
 
 def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
@@ -191,6 +222,7 @@ def plan(
     smallest = None if recommendation else smallest_fit(spec, hw, training)
     if smallest is not None:
         why.append(smallest.message)
+    why.extend(_loss_notes(spec, hw, training, candidates, recommendation))
     return Plan(
         model=spec, hardware=_summarise(hw), training=training, candidates=tuple(candidates),
         recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + _assumptions(spec, hw, training)),

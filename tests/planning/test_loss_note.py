@@ -1,0 +1,31 @@
+"""The plan says when the loss decides the peak, and what the other loss kernels would save."""
+
+from __future__ import annotations
+
+import re
+
+import advisor
+
+
+def test_qwen7b_long_context_names_the_loss_and_its_saving():
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "8xH100", seq_len=16384)
+    note = next(line for line in plan.why if line.startswith("the loss decides the peak"))
+    chunked = float(re.search(r"--loss chunked would save ([\d.]+) GiB", note).group(1))
+    fused = float(re.search(r"--loss fused ([\d.]+) GiB", note).group(1))
+    # The fp32 copy of the logits alone: 16384 tokens x 152,064 vocabulary x 4 bytes = 9.28 GiB.
+    assert fused >= 16384 * 152_064 * 4 / 2**30
+    assert 0 < chunked < fused
+
+
+def test_no_note_when_the_loss_is_not_what_fills_the_gpu():
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "8xH100", seq_len=512, micro_batch_size=1)
+    assert not any(line.startswith("the loss decides") for line in plan.why)
+
+
+def test_nothing_fits_says_which_kernel_would():
+    # One 24 GB card, Qwen2.5-0.5B at 64k tokens: the hf loss's logits alone are
+    # 65536 x 151,936 x 10 bytes = 99.6 GB.
+    plan = advisor.plan("Qwen/Qwen2.5-0.5B", "1xRTX4090", seq_len=65536)
+    assert plan.recommendation is None
+    assert any(line.startswith("nothing fits with the hf loss") and "with --loss fused, " in line and "fits at micro-batch 1" in line
+               for line in plan.why)

@@ -17,8 +17,13 @@ resharded), all unsharded blocks (ZeRO-2) or the block being gathered (ZeRO-3). 
 checked against PyTorch's own execution of the step (``advisor.simulate.step``,
 ``benchmarks/accuracy.py``: 30 cases, 5 architectures, within 5%).
 
-The breakdown is what is live at the winning moment, so ``params + grads + optimizer +
-activations + temporary == peak_allocated`` (what ``torch.cuda.max_memory_allocated()`` reports).
+Two views, both in ``MemoryBreakdown``: the breakdown is what is live at the winning moment
+(``peak_moment``), so ``params + grads + optimizer + activations + temporary == peak_allocated``
+(what ``torch.cuda.max_memory_allocated()`` reports); a strategy whose peak falls in backward
+shows no resting gradients while one whose peak is the optimizer step shows them all, because the
+moments differ. ``states_params / states_grads / states_optimizer`` are the model states per rank
+at rest, wherever they live (the ZeRO paper's quantity, the same at every moment), so strategies
+compare on one footing.
 
 Model states follow the engine. torch (the recipe ``wrap()`` runs): mixed precision keeps fp32
 parameters; DDP keeps a second copy of the gradients in its buckets (``gradient_as_bucket_view=
@@ -42,6 +47,7 @@ from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 FP32 = 4
+PeakMoment = Literal["end_of_forward", "loss_backward", "block_backward", "optimizer_step"]
 
 
 class MemoryBreakdown(BaseModel):
@@ -54,7 +60,21 @@ class MemoryBreakdown(BaseModel):
     temporary: int = Field(ge=0, description="Buffers: comm buckets, all-gathers, casts, loss, optimizer temps.")
     runtime_overhead: int = Field(ge=0, description="CUDA context, NCCL, allocator fragmentation.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
-    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(description="When the peak happens.")
+    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
+        description="When the peak happens (coarse; kept for old readers, see peak_moment).")
+    peak_moment: PeakMoment = Field(
+        default="optimizer_step",
+        description="Which of the four moments of the step is the peak: end_of_forward, loss_backward, "
+                    "block_backward or optimizer_step. params..temporary above are what is live then.")
+    states_params: int = Field(default=0, ge=0, description="Model states at rest, per rank: parameters "
+                               "(on the GPU, or on the CPU when states_on_cpu).")
+    states_grads: int = Field(default=0, ge=0, description="Model states at rest, per rank: gradients "
+                              "(allocated at every step, sharded as the strategy says).")
+    states_optimizer: int = Field(default=0, ge=0, description="Model states at rest, per rank: optimizer "
+                                  "state and fp32 master weights.")
+    states_on_cpu: Literal["none", "optimizer", "all"] = Field(
+        default="none", description="Where the resting states live: all on the GPU ('none' offloaded), "
+                                    "gradients and optimizer on the CPU, or all of them on the CPU.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -65,6 +85,12 @@ class MemoryBreakdown(BaseModel):
     @property
     def total(self) -> int:
         return self.peak_allocated + self.runtime_overhead
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def states_total(self) -> int:
+        """Model states at rest per rank (params + grads + optimizer), wherever they live."""
+        return self.states_params + self.states_grads + self.states_optimizer
 
 
 class ModelStates(BaseModel):
@@ -284,4 +310,9 @@ def estimate_memory(
         runtime_overhead=training.reserve_bytes + int(training.fragmentation * peak),
         cpu_bytes=cpu,
         peak_phase=phase,
+        peak_moment=moment,
+        states_params=states.params,
+        states_grads=states.grads,
+        states_optimizer=states.optimizer,
+        states_on_cpu="all" if states.on_cpu else ("optimizer" if states.cpu_only_optimizer else "none"),
     )

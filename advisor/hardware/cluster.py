@@ -60,6 +60,32 @@ class Hardware(BaseModel):
         prefix = f"{self.nodes}x" if self.nodes > 1 else ""
         return f"{prefix}{self.gpus_per_node}x{self.gpu.name}"
 
+    def summary(self) -> dict:
+        """The flat JSON form plans have always printed (GPU and links by name)."""
+        inter = self.inter_node_link.name if self.inter_node_link else None
+        return {"gpu": self.gpu.name, "gpu_memory_bytes": self.gpu_memory_bytes, "gpus_per_node": self.gpus_per_node,
+                "nodes": self.nodes, "world_size": self.world_size,
+                "interconnect": self.intra_node_link.name + (f" + {inter}" if inter else ""),
+                "intra_node_link": self.intra_node_link.name, "inter_node_link": inter}
+
+
+def resize(hardware: Hardware, *, nodes: int | None = None, gpus_per_node: int | None = None,
+           catalog: Catalog | None = None) -> Hardware:
+    """The same GPUs and links on a different number of nodes / GPUs per node (no string re-parsing).
+
+    One node drops the inter-node link; several nodes keep it, or take the catalog's default for
+    the GPU when the original was one node."""
+    nodes = hardware.nodes if nodes is None else nodes
+    per = hardware.gpus_per_node if gpus_per_node is None else gpus_per_node
+    inter = None
+    if nodes > 1:
+        inter = hardware.inter_node_link
+        if inter is None:
+            catalog = catalog or load_catalog()
+            link = catalog.defaults.inter_node_link.get(hardware.gpu.name, catalog.defaults.fallback_inter_node_link)
+            inter = catalog.interconnect(link)
+    return hardware.model_copy(update={"nodes": nodes, "gpus_per_node": per, "inter_node_link": inter})
+
 
 def _normalise(name: str) -> tuple[str, ...]:
     """Split a GPU name into comparable tokens: model, memory (``80g``), form factor."""

@@ -9,36 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
-from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
+from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
                              smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
-
-
-class HardwareSummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gpu: str
-    gpu_memory_bytes: int
-    gpus_per_node: int
-    nodes: int
-    world_size: int
-    interconnect: str = Field(description="Intra-node link, and inter-node link when several nodes.")
-    intra_node_link: str
-    inter_node_link: str | None
 
 
 class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: ModelSpec
-    hardware: HardwareSummary
+    hardware: Hardware = Field(description="The validated cluster (JSON: its flat summary, GPU and links by name).")
     training: TrainingConfig
     candidates: tuple[Candidate, ...]
     recommendation: Recommendation | None
@@ -52,6 +39,11 @@ class Plan(BaseModel):
 
     def candidate(self, strategy: str) -> Candidate:
         return next(c for c in self.candidates if c.strategy == strategy)
+
+    @field_serializer("hardware")
+    def _hardware_summary(self, hardware: Hardware) -> dict:
+        # Same keys as before Plan kept the Hardware object: readers of the JSON see no change.
+        return hardware.summary()
 
 
 def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec:
@@ -73,15 +65,6 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
     return spec.with_trainable(count)
 
 
-def _summarise(hw: Hardware) -> HardwareSummary:
-    inter = hw.inter_node_link.name if hw.inter_node_link else None
-    return HardwareSummary(
-        gpu=hw.gpu.name, gpu_memory_bytes=hw.gpu_memory_bytes, gpus_per_node=hw.gpus_per_node, nodes=hw.nodes,
-        world_size=hw.world_size, interconnect=hw.intra_node_link.name + (f" + {inter}" if inter else ""),
-        intra_node_link=hw.intra_node_link.name, inter_node_link=inter,
-    )
-
-
 _DEFAULT_NOTES = {
     "optimizer": "optimizer {v} (default; --optimizer to change)",
     "precision": "precision {v} (default): fp32 master weights, bf16 compute",
@@ -98,6 +81,10 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
             notes.append(text.format(v=getattr(training, field)))
     notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
                  f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
+    notes.append(f"margin policy: a plan fits when its peak + runtime overhead is at most the GPU's memory; among "
+                 f"plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at most "
+                 f"{1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is preferred, "
+                 "then the one that communicates least")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
     if shape_note:
         notes.append(shape_note)
@@ -143,12 +130,13 @@ def plan(
     if training.policy == "fastest" and not strategy:
         recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
     else:
-        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None)
+        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
+                                     headroom=training.headroom)
     smallest = None if recommendation else smallest_fit(spec, hw, training)
     if smallest is not None:
         why.append(smallest.message)
     return Plan(
-        model=spec, hardware=_summarise(hw), training=training, candidates=tuple(candidates),
+        model=spec, hardware=hw, training=training, candidates=tuple(candidates),
         recommendation=recommendation, why=tuple(why), assumptions=tuple(_assumptions(spec, hw, training)),
         smallest_fit=smallest,
     )

@@ -123,7 +123,10 @@ def test_cli_json_shape_and_exit_codes():
             "cpu_memory_bytes", "step_time_s", "memory_bytes"} <= set(cand)
     assert {"params", "grads", "optimizer", "activations", "temporary", "peak_allocated", "runtime_overhead",
             "total"} <= set(doc["candidates"][3]["memory_bytes"])
-    assert all(isinstance(v, int) for k, v in doc["candidates"][3]["memory_bytes"].items() if k != "peak_phase")
+    assert {"peak_moment", "states_params", "states_grads", "states_optimizer", "states_total",
+            "states_on_cpu"} <= set(doc["candidates"][3]["memory_bytes"])
+    labels = {"peak_phase", "peak_moment", "states_on_cpu"}
+    assert all(isinstance(v, int) for k, v in doc["candidates"][3]["memory_bytes"].items() if k not in labels)
     assert {"strategy", "engine", "micro_batch_size", "activation_checkpointing", "reason"} <= set(doc["recommendation"])
 
 

@@ -57,6 +57,11 @@ class Comparison(_Frozen):
         return min(timed, key=lambda r: r.gpu_hours_per_billion_tokens) if timed else None
 
 
+def gpu_hours_per_billion_tokens(world_size: int, tokens_per_s: float) -> float:
+    """GPUs x seconds to process 1e9 tokens, in hours."""
+    return world_size * (BILLION / tokens_per_s) / SECONDS_PER_HOUR
+
+
 def split_gpus(text: str) -> list[str]:
     """``"2xA100, 8xH100"`` -> ``["2xA100", "8xH100"]``; an empty item is an error."""
     items = [item.strip() for item in (text or "").split(",")]
@@ -85,7 +90,7 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     if rec is None or step is None:
         return ClusterResult(**base, fits=False, message=" ".join(result.why[-1:]))
     cand = result.candidate(rec.strategy)
-    hours = hw.world_size * (BILLION / step.tokens_per_s) / SECONDS_PER_HOUR
+    hours = gpu_hours_per_billion_tokens(hw.world_size, step.tokens_per_s)
     return ClusterResult(
         **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,

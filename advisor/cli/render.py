@@ -82,14 +82,19 @@ def gpu_table(gpus: Iterable[GpuProfile], links: dict[str, Interconnect]) -> Tab
     return table
 
 
-def _wide_console(min_width: int = 120) -> Console:
-    console = Console()
-    console.width = max(console.width, min_width)  # pipes default to 80 columns, too few for our tables
-    return console
+def wide_console(min_width: int = 120) -> Console:
+    """A console at least ``min_width`` columns wide, whatever the terminal says (pipes report 80).
+
+    Both width and height are given: with only a width, rich still runs its own size detection and,
+    on a terminal it takes for dumb (TERM=dumb or unknown while FORCE_COLOR or TTY_COMPATIBLE=1 makes
+    it a terminal), returns 80 columns and ignores the width asked for, so wide tables are squeezed
+    and their headers cut ("GPU-h/1B…")."""
+    width, height = Console().size
+    return Console(width=max(width, min_width), height=height)
 
 
 def print_table(table: Table, *, console: Console | None = None) -> None:
-    (console or _wide_console()).print(table)
+    (console or wide_console()).print(table)
 
 
 def _fits_mark(candidate) -> str:
@@ -186,7 +191,7 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
 
 
 def print_plan(plan, *, console: Console | None = None) -> None:
-    console = console or _wide_console(150)
+    console = console or wide_console(150)
     console.print(plan_table(plan))
     console.print()
     console.print(memory_table(plan))

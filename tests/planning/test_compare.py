@@ -35,7 +35,14 @@ def test_compare_library_times_each_recommendation():
     assert result.fastest is h100
 
 
-def test_compare_table():
+@pytest.mark.parametrize("terminal", [{}, {"TERM": "dumb", "FORCE_COLOR": "1"}, {"TERM": "unknown", "TTY_COMPATIBLE": "1"}])
+def test_compare_table(terminal, monkeypatch):
+    """The table keeps its width whatever the environment says about the terminal: rich used to return
+    80 columns on a 'dumb' terminal forced into terminal mode, cutting 'GPU-h/1B tok' to 'GPU-h/…'."""
+    for name in ("TERM", "FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in terminal.items():
+        monkeypatch.setenv(name, value)
     out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "2xA100,8xH100,2x8xH100"])
     assert out.exit_code == 0, out.output
     for text in ("2xA100-80GB-SXM", "8xH100-80GB-SXM", "2x8xH100-80GB-SXM", "tokens/s", "GPU-h/1B tok", "Fastest:"):

@@ -174,7 +174,19 @@ def parse_gpus(
         nodes, per_node = counts
     else:
         per_node = counts[0] if counts else 1
-    gpu, assumption = resolve_gpu_name(name.strip(), catalog=catalog)
+    return build_hardware(name.strip(), gpus_per_node=per_node, nodes=nodes, interconnect=interconnect,
+                          catalog=catalog, text=text)
+
+
+def build_hardware(gpu_name: str, *, gpus_per_node: int, nodes: int | None = None, interconnect: str | None = None,
+                   catalog: Catalog | None = None, text: str | None = None) -> Hardware:
+    """``Hardware`` from a GPU name and counts already known (a launch's environment, ``parse_gpus``):
+    no ``--gpus`` string is formatted and parsed again. ``nodes=None`` lets a large count split into
+    servers of the GPU's usual size; ``text`` is what the user wrote, for messages."""
+    catalog = catalog or load_catalog()
+    text = text if text is not None else f"{gpus_per_node}x{gpu_name}"
+    per_node = gpus_per_node
+    gpu, assumption = resolve_gpu_name(gpu_name, catalog=catalog)
     assumptions = [assumption] if assumption else []
     server = gpu.default_gpus_per_node
     if nodes is None and per_node > server and per_node % server == 0:
@@ -182,7 +194,7 @@ def parse_gpus(
         nodes, per_node = per_node // server, server
         assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} (write NODESxGPUSxNAME to change)")
     nodes = nodes or 1
-    if per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
+    if per_node < 1 or per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
         raise ValueError(
             f"--gpus '{_short(text)}': at most {MAX_GPUS_PER_NODE} GPUs per node and {MAX_NODES} nodes "
             "(write several nodes as NODESxGPUSxNAME)"

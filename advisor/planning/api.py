@@ -81,10 +81,13 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
             notes.append(text.format(v=getattr(training, field)))
     notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
                  f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
-    notes.append(f"margin policy: a plan fits when its peak + runtime overhead is at most the GPU's memory; among "
-                 f"plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at most "
-                 f"{1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is preferred, "
-                 "then the one that communicates least")
+    fit_rule = "margin policy: a plan fits when its peak + runtime overhead is at most the GPU's memory"
+    if training.policy == "thresholds":
+        notes.append(f"{fit_rule}; among plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at "
+                     f"most {1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is "
+                     "preferred, then the one that communicates least")
+    else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
+        notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
     if shape_note:
         notes.append(shape_note)

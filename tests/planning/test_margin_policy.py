@@ -82,3 +82,9 @@ def test_headroom_is_an_option():
     assert any("at most 70% of memory (30% headroom" in a for a in p.assumptions)
     with pytest.raises(ValueError):
         plan("Qwen/Qwen2.5-7B", "2xA100", headroom=1.0)
+
+
+def test_fastest_policy_states_it_ignores_headroom():
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", policy="fastest")
+    (line,) = [a for a in p.assumptions if a.startswith("margin policy:")]
+    assert "no headroom preference" in line

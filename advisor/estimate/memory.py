@@ -51,6 +51,11 @@ PeakMoment = Literal["end_of_forward", "loss_backward", "block_backward", "optim
 
 
 class MemoryBreakdown(BaseModel):
+    """Per-GPU memory in two views. The peak view (``params`` .. ``temporary``, ``runtime_overhead``,
+    ``total``) is what is live at ``peak_moment``, so it differs between strategies whose peaks fall
+    at different moments. The at-rest view (``states_*``) is each rank's share of the model states,
+    the same at every moment: compare strategies there."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     params: int = Field(ge=0, description="Parameters resident on the GPU at the peak.")
@@ -63,18 +68,17 @@ class MemoryBreakdown(BaseModel):
     peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
         description="When the peak happens (coarse; kept for old readers, see peak_moment).")
     peak_moment: PeakMoment = Field(
-        default="optimizer_step",
         description="Which of the four moments of the step is the peak: end_of_forward, loss_backward, "
                     "block_backward or optimizer_step. params..temporary above are what is live then.")
-    states_params: int = Field(default=0, ge=0, description="Model states at rest, per rank: parameters "
-                               "(on the GPU, or on the CPU when states_on_cpu).")
-    states_grads: int = Field(default=0, ge=0, description="Model states at rest, per rank: gradients "
-                              "(allocated at every step, sharded as the strategy says).")
-    states_optimizer: int = Field(default=0, ge=0, description="Model states at rest, per rank: optimizer "
-                                  "state and fp32 master weights.")
+    states_params: int = Field(ge=0, description="Model states at rest, per rank: parameters "
+                               "(on the CPU when states_on_cpu is 'all').")
+    states_grads: int = Field(ge=0, description="Model states at rest, per rank: gradients "
+                              "(on the CPU when states_on_cpu is not 'none'; the torch engines allocate them in backward).")
+    states_optimizer: int = Field(ge=0, description="Model states at rest, per rank: optimizer "
+                                  "state and fp32 master weights (on the CPU when states_on_cpu is not 'none').")
     states_on_cpu: Literal["none", "optimizer", "all"] = Field(
-        default="none", description="Where the resting states live: all on the GPU ('none' offloaded), "
-                                    "gradients and optimizer on the CPU, or all of them on the CPU.")
+        description="What rests on the CPU: 'none' (all on the GPU), 'optimizer' (gradients and optimizer "
+                    "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
 
     @computed_field  # type: ignore[prop-decorator]
     @property

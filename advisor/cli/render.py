@@ -105,7 +105,7 @@ def _fits_mark(candidate) -> str:
 
 _MOMENT_LABELS = {"end_of_forward": "end of fwd", "loss_backward": "loss bwd", "block_backward": "block bwd",
                   "optimizer_step": "optim step"}
-_WHERE = {"none": "GPU", "optimizer": "grads+optim CPU", "all": "CPU"}
+_WHERE = {"none": "GPU", "optimizer": "CPU*", "all": "CPU"}
 
 
 def plan_title(plan) -> str:
@@ -119,10 +119,12 @@ def plan_title(plan) -> str:
 
 def plan_table(plan) -> Table:
     """Per strategy: does it fit, the per-GPU peak, the settings chosen, and the step time."""
+    unavailable = [f"{c.strategy}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
     table = Table(title=f"{plan_title(plan)}\nPer-GPU peak memory and step time", title_justify="left",
                   caption="peak = estimated peak allocated + runtime overhead, per GPU. comm %: share of the step "
                           "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
-                          "transfers and the CPU optimizer step.", caption_justify="left")
+                          "transfers and the CPU optimizer step." + "".join(f"\nn/a {u}" for u in unavailable),
+                  caption_justify="left")
     for col in ("strategy", "fits", "peak GiB", "% of GPU", "mbs", "ckpt", "CPU GiB/node", "step s", "tok/s", "MFU",
                 "comm %", "offload %"):
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
@@ -130,7 +132,7 @@ def plan_table(plan) -> Table:
     for c in plan.candidates:
         name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
         if not c.available:
-            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 9)
+            table.add_row(name, _fits_mark(c), *["-"] * 10)  # the reason is in the caption
             continue
         m = c.memory_bytes
         table.add_row(
@@ -144,7 +146,9 @@ def plan_table(plan) -> Table:
 def memory_table(plan) -> Table:
     """Two views per strategy: model states at rest (the same at every moment) and the peak moment's breakdown."""
     table = Table(title="Where the memory goes, GiB per GPU: model states at rest (ZeRO accounting, every "
-                  "moment), then what is live at the peak moment", title_justify="left")
+                  "moment), then what is live at the peak moment", title_justify="left",
+                  caption="rest on: where the resting states live (CPU*: gradients and optimizer state on the CPU, "
+                          "weights on the GPU)", caption_justify="left")
     for col in ("strategy", "rest params", "rest grads", "rest optim", "rest on", "peak moment", "params", "grads",
                 "optim", "activ", "temp", "overhead", "peak GiB"):
         table.add_column(col, justify="left" if col in ("strategy", "rest on", "peak moment") else "right",
@@ -191,7 +195,7 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
 
 
 def print_plan(plan, *, console: Console | None = None) -> None:
-    console = console or wide_console(150)
+    console = console or wide_console(160)
     console.print(plan_table(plan))
     console.print()
     console.print(memory_table(plan))

@@ -3,8 +3,11 @@
 The choice starts from size thresholds (under 1B parameters: ddp; 1-10B: zero3; over 10B: zero3
 with CPU offload considered), checks the default against memory, escalates along
 ``strategies.ESCALATION`` when it does not fit (checkpointing and smaller micro-batches first,
-within each strategy; offload only when nothing on the GPU fits), lists cheaper strategies that also
-fit, and when nothing fits finds the smallest number of these GPUs that would. Pure functions of
+within each strategy; offload only when nothing on the GPU fits), then applies the margin policy
+(``prefer_practical``: among plans within ``SAME_SPEED`` of that choice's tokens/s, one that leaves
+``TrainingConfig.headroom`` of memory free wins, then the one that communicates least; the reason
+gives both plans' memory shares and step times), lists cheaper strategies that also fit, and when
+nothing fits finds the smallest number of these GPUs that would. Pure functions of
 validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 """
 
@@ -239,9 +242,11 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
 
 
 def choose(
-    spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None, headroom: float = 0.10
+    spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None,
+    headroom: float = TrainingConfig.model_fields["headroom"].default,
 ) -> tuple[Recommendation | None, list[str]]:
-    """The recommendation and the lines of 'why' (size thresholds, then escalation)."""
+    """The recommendation and the lines of 'why': size thresholds, then escalation, then the margin
+    policy among plans as fast as that choice (``prefer_practical``)."""
     by_name = {c.strategy: c for c in candidates}
     fitting = [c for c in candidates if c.available and c.fits]
     if only is not None:

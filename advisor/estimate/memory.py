@@ -72,8 +72,8 @@ class MemoryBreakdown(BaseModel):
                     "block_backward or optimizer_step. params..temporary above are what is live then.")
     states_params: int = Field(ge=0, description="Model states at rest, per rank: parameters "
                                "(on the CPU when states_on_cpu is 'all').")
-    states_grads: int = Field(ge=0, description="Model states at rest, per rank: gradients "
-                              "(on the CPU when states_on_cpu is not 'none'; the torch engines allocate them in backward).")
+    states_grads: int = Field(ge=0, description="Model states at rest, per rank: gradients (on the CPU "
+                              "when states_on_cpu is not 'none'; the torch engines allocate them in backward).")
     states_optimizer: int = Field(ge=0, description="Model states at rest, per rank: optimizer "
                                   "state and fp32 master weights (on the CPU when states_on_cpu is not 'none').")
     states_on_cpu: Literal["none", "optimizer", "all"] = Field(

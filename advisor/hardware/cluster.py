@@ -192,7 +192,8 @@ def build_hardware(gpu_name: str, *, gpus_per_node: int, nodes: int | None = Non
     if nodes is None and per_node > server and per_node % server == 0:
         # "64xH100" is a cluster, not one machine: split it into servers of the usual size.
         nodes, per_node = per_node // server, server
-        assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} (write NODESxGPUSxNAME to change)")
+        assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} "
+                           "(write NODESxGPUSxNAME to change)")
     nodes = nodes or 1
     if per_node < 1 or per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
         raise ValueError(

@@ -15,8 +15,8 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
-from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
-                             smallest_fit)
+from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
+                                      evaluate_candidate, smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 

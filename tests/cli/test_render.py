@@ -51,3 +51,13 @@ def test_cli_prints_both_views():
     out = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"]).output
     assert "Per-GPU peak memory and step time" in out and "Where the memory goes" in out
     assert "Recommendation: zero3" in out and "margin policy" in out
+
+
+def test_headroom_option_reaches_the_plan():
+    out = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--headroom", "0.3", "--json"])
+    import json
+
+    doc = json.loads(out.output)
+    assert doc["training"]["headroom"] == 0.3
+    assert any("at most 70% of memory (30% headroom, --headroom)" in a for a in doc["assumptions"])
+    assert CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--headroom", "1"]).exit_code == 2

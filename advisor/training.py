@@ -37,6 +37,9 @@ class TrainingConfig(BaseModel):
     reserve_gib: float = Field(default=1.0, ge=0, le=1024, description="CUDA context and NCCL per GPU.")
     fragmentation: float = Field(default=0.05, ge=0, le=1, description="Allocator overhead as a share of peak.")
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
+    headroom: float = Field(default=0.10, ge=0, lt=1, description="Share of GPU memory a comfortable plan leaves "
+                            "free. Not a fit test (a plan fits when peak + runtime overhead <= memory): among plans "
+                            "as fast as the chosen one, one that leaves this headroom is preferred.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
     lora: LoraConfig | None = Field(default=None, description="LoRA/DoRA adapters train, the base is frozen.")
     loss: LossKernel = Field(default="hf", description="hf: full logits and an fp32 copy; chunked: head and "

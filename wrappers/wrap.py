@@ -69,11 +69,11 @@ class Decision(BaseModel):
 
 def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
     """Ask the planner, with the GPUs this launch really has."""
+    from advisor.hardware.cluster import build_hardware
     from advisor.planning.api import plan
 
     per_node = env.local_world_size if env.distributed else env.num_gpus  # one process: DataParallel over all
-    gpus = f"{env.nodes}x{per_node}x{env.gpu_name}" if env.nodes > 1 else f"{per_node}x{env.gpu_name}"
-    result = plan(spec, gpus, **options)
+    result = plan(spec, build_hardware(env.gpu_name, gpus_per_node=per_node, nodes=env.nodes), **options)
     rec = result.recommendation
     if rec is None:
         raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))

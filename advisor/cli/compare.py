@@ -65,10 +65,9 @@ def compare(as_json: bool, **options) -> None:
     if as_json:
         click.echo(_json(result))
         return
-    from rich.console import Console
+    from advisor.cli.render import wide_console
 
-    console = Console()
-    console = Console(width=max(console.width, 112))  # nine numeric columns: don't squeeze them when piped
+    console = wide_console(112)  # nine numeric columns: don't squeeze them when piped
     console.print(_table(result))
     fastest, cheapest = result.fastest, result.cheapest
     if fastest is not None:

@@ -60,6 +60,9 @@ PLAN_OPTIONS: list[Callable] = [
                  help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
     click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Runtime overhead per GPU (default 1)."),
+    click.option("--headroom", type=click.FloatRange(0, 1, max_open=True),
+                 help="Share of GPU memory a comfortable plan leaves free (default 0.1); preferred among "
+                      "equally fast plans."),
     click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
 ]
@@ -82,6 +85,7 @@ _TRAINING_FIELDS = {
     "attention": "attention",
     "loss": "loss",
     "reserve_gib": "reserve_gib",
+    "headroom": "headroom",
     "cpu_memory_gib": "cpu_memory_gib",
 }
 

@@ -82,14 +82,19 @@ def gpu_table(gpus: Iterable[GpuProfile], links: dict[str, Interconnect]) -> Tab
     return table
 
 
-def _wide_console(min_width: int = 120) -> Console:
-    console = Console()
-    console.width = max(console.width, min_width)  # pipes default to 80 columns, too few for our tables
-    return console
+def wide_console(min_width: int = 120) -> Console:
+    """A console at least ``min_width`` columns wide, whatever the terminal says (pipes report 80).
+
+    Both width and height are given: with only a width, rich still runs its own size detection and,
+    on a terminal it takes for dumb (TERM=dumb or unknown while FORCE_COLOR or TTY_COMPATIBLE=1 makes
+    it a terminal), returns 80 columns and ignores the width asked for, so wide tables are squeezed
+    and their headers cut ("GPU-h/1B…")."""
+    width, height = Console().size
+    return Console(width=max(width, min_width), height=height)
 
 
 def print_table(table: Table, *, console: Console | None = None) -> None:
-    (console or _wide_console()).print(table)
+    (console or wide_console()).print(table)
 
 
 def _fits_mark(candidate) -> str:
@@ -98,40 +103,74 @@ def _fits_mark(candidate) -> str:
     return "[green]yes[/]" if candidate.fits else "[red]no[/]"
 
 
-def plan_table(plan) -> Table:
+_MOMENT_LABELS = {"end_of_forward": "end of fwd", "loss_backward": "loss bwd", "block_backward": "block bwd",
+                  "optimizer_step": "optim step"}
+_WHERE = {"none": "GPU", "optimizer": "CPU*", "all": "CPU"}
+
+
+def plan_title(plan) -> str:
+    """``Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM (79.15 GiB each): bf16-mixed, adamw, seq 2048, torch engine``."""
     hw = plan.hardware
-    title = (f"{plan.model.name} on {hw.nodes}x{hw.gpus_per_node}x{hw.gpu}" if hw.nodes > 1
-             else f"{plan.model.name} on {hw.gpus_per_node}x{hw.gpu}")
-    capacity = gib(plan.hardware.gpu_memory_bytes)
-    table = Table(title=f"{title}: GiB per GPU of {capacity} ({plan.training.precision}, {plan.training.optimizer}, "
-                  f"seq {plan.training.seq_len}, {plan.training.engine})", title_justify="left")
-    for col in ("strategy", "fits", "total", "params", "grads", "optim", "activ", "temp", "ovhd",
-                "mbs", "ckpt", "CPU/node", "step s", "tok/s", "MFU", "comm"):
+    nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
+    t = plan.training
+    return (f"{plan.model.name} on {nodes}{hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu_memory_bytes)} GiB each): "
+            f"{t.precision}, {t.optimizer}, seq {t.seq_len}, {t.engine} engine")
+
+
+def plan_table(plan) -> Table:
+    """Per strategy: does it fit, the per-GPU peak, the settings chosen, and the step time."""
+    unavailable = [f"{c.strategy}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
+    table = Table(title=f"{plan_title(plan)}\nPer-GPU peak memory and step time", title_justify="left",
+                  caption="peak = estimated peak allocated + runtime overhead, per GPU. comm %: share of the step "
+                          "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
+                          "transfers and the CPU optimizer step." + "".join(f"\nn/a {u}" for u in unavailable),
+                  caption_justify="left")
+    for col in ("strategy", "fits", "peak GiB", "% of GPU", "mbs", "ckpt", "CPU GiB/node", "step s", "tok/s", "MFU",
+                "comm %", "offload %"):
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     recommended = plan.recommendation.strategy if plan.recommendation else None
     for c in plan.candidates:
         name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
         if not c.available:
-            table.add_row(name, _fits_mark(c), f"[dim]{c.unavailable_reason}[/]", *[""] * 13)
+            table.add_row(name, _fits_mark(c), *["-"] * 10)  # the reason is in the caption
             continue
         m = c.memory_bytes
         table.add_row(
-            name, _fits_mark(c), gib(m.total), gib(m.params), gib(m.grads),
-            gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead),
+            name, _fits_mark(c), gib(m.total), f"{m.total / c.capacity_bytes:.0%}",
             str(c.micro_batch_size), "on" if c.activation_checkpointing else "off",
-            gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-",
-            *_timing_cells(c.step_time),
+            gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-", *_timing_cells(c.step_time),
         )
     return table
 
 
-def _timing_cells(step) -> tuple[str, str, str, str]:
-    """Step time, global tokens/s, MFU and the share of the step spent in exposed communication."""
+def memory_table(plan) -> Table:
+    """Two views per strategy: model states at rest (the same at every moment) and the peak moment's breakdown."""
+    table = Table(title="Where the memory goes, GiB per GPU: model states at rest (ZeRO accounting, every "
+                  "moment), then what is live at the peak moment", title_justify="left",
+                  caption="rest on: where the resting states live (CPU*: gradients and optimizer state on the CPU, "
+                          "weights on the GPU)", caption_justify="left")
+    for col in ("strategy", "rest params", "rest grads", "rest optim", "rest on", "peak moment", "params", "grads",
+                "optim", "activ", "temp", "overhead", "peak GiB"):
+        table.add_column(col, justify="left" if col in ("strategy", "rest on", "peak moment") else "right",
+                         no_wrap=True)
+    for c in plan.candidates:
+        if not c.available:
+            continue
+        m = c.memory_bytes
+        table.add_row(c.strategy, gib(m.states_params), gib(m.states_grads), gib(m.states_optimizer),
+                      _WHERE[m.states_on_cpu], _MOMENT_LABELS[m.peak_moment], gib(m.params), gib(m.grads),
+                      gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead), gib(m.total))
+    return table
+
+
+def _timing_cells(step) -> tuple[str, str, str, str, str]:
+    """Step time, global tokens/s, MFU, and the shares of the step in exposed collectives and in offload."""
     if step is None:
-        return "-", "-", "-", "-"
-    exposed = step.exposed_communication_s + step.exposed_offload_s
-    return (f"{step.step_s:.2f}", f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}",
-            f"{exposed / step.step_s:.0%}" if step.step_s else "-")
+        return "-", "-", "-", "-", "-"
+    def share(seconds: float) -> str:
+        return f"{seconds / step.step_s:.0%}" if step.step_s else "-"
+    return (f"{step.step_s:.2f}", f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}", share(step.exposed_communication_s),
+            share(step.exposed_offload_s))
 
 
 def memory_bars(plan, *, width: int = 40) -> list[str]:
@@ -156,8 +195,10 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
 
 
 def print_plan(plan, *, console: Console | None = None) -> None:
-    console = console or _wide_console(150)
+    console = console or wide_console(160)
     console.print(plan_table(plan))
+    console.print()
+    console.print(memory_table(plan))
     console.print()
     for line in memory_bars(plan):
         console.print(line, highlight=False)

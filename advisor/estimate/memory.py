@@ -17,8 +17,13 @@ resharded), all unsharded blocks (ZeRO-2) or the block being gathered (ZeRO-3). 
 checked against PyTorch's own execution of the step (``advisor.simulate.step``,
 ``benchmarks/accuracy.py``: 30 cases, 5 architectures, within 5%).
 
-The breakdown is what is live at the winning moment, so ``params + grads + optimizer +
-activations + temporary == peak_allocated`` (what ``torch.cuda.max_memory_allocated()`` reports).
+Two views, both in ``MemoryBreakdown``: the breakdown is what is live at the winning moment
+(``peak_moment``), so ``params + grads + optimizer + activations + temporary == peak_allocated``
+(what ``torch.cuda.max_memory_allocated()`` reports); a strategy whose peak falls in backward
+shows no resting gradients while one whose peak is the optimizer step shows them all, because the
+moments differ. ``states_params / states_grads / states_optimizer`` are the model states per rank
+at rest, wherever they live (the ZeRO paper's quantity, the same at every moment), so strategies
+compare on one footing.
 
 Model states follow the engine. torch (the recipe ``wrap()`` runs): mixed precision keeps fp32
 parameters; DDP keeps a second copy of the gradients in its buckets (``gradient_as_bucket_view=
@@ -43,9 +48,15 @@ from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 FP32 = 4
+PeakMoment = Literal["end_of_forward", "loss_backward", "block_backward", "optimizer_step"]
 
 
 class MemoryBreakdown(BaseModel):
+    """Per-GPU memory in two views. The peak view (``params`` .. ``temporary``, ``runtime_overhead``,
+    ``total``) is what is live at ``peak_moment``, so it differs between strategies whose peaks fall
+    at different moments. The at-rest view (``states_*``) is each rank's share of the model states,
+    the same at every moment: compare strategies there."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     params: int = Field(ge=0, description="Parameters resident on the GPU at the peak.")
@@ -55,7 +66,20 @@ class MemoryBreakdown(BaseModel):
     temporary: int = Field(ge=0, description="Buffers: comm buckets, all-gathers, casts, loss, optimizer temps.")
     runtime_overhead: int = Field(ge=0, description="CUDA context, NCCL, allocator fragmentation.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
-    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(description="When the peak happens.")
+    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
+        description="When the peak happens (coarse; kept for old readers, see peak_moment).")
+    peak_moment: PeakMoment = Field(
+        description="Which of the four moments of the step is the peak: end_of_forward, loss_backward, "
+                    "block_backward or optimizer_step. params..temporary above are what is live then.")
+    states_params: int = Field(ge=0, description="Model states at rest, per rank: parameters "
+                               "(on the CPU when states_on_cpu is 'all').")
+    states_grads: int = Field(ge=0, description="Model states at rest, per rank: gradients (on the CPU "
+                              "when states_on_cpu is not 'none'; the torch engines allocate them in backward).")
+    states_optimizer: int = Field(ge=0, description="Model states at rest, per rank: optimizer "
+                                  "state and fp32 master weights (on the CPU when states_on_cpu is not 'none').")
+    states_on_cpu: Literal["none", "optimizer", "all"] = Field(
+        description="What rests on the CPU: 'none' (all on the GPU), 'optimizer' (gradients and optimizer "
+                    "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -66,6 +90,12 @@ class MemoryBreakdown(BaseModel):
     @property
     def total(self) -> int:
         return self.peak_allocated + self.runtime_overhead
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def states_total(self) -> int:
+        """Model states at rest per rank (params + grads + optimizer), wherever they live."""
+        return self.states_params + self.states_grads + self.states_optimizer
 
 
 class ModelStates(BaseModel):
@@ -297,4 +327,9 @@ def estimate_memory(
         runtime_overhead=training.reserve_bytes + int(training.fragmentation * peak),
         cpu_bytes=cpu,
         peak_phase=phase,
+        peak_moment=moment,
+        states_params=states.params,
+        states_grads=states.grads,
+        states_optimizer=states.optimizer,
+        states_on_cpu="all" if states.on_cpu else ("optimizer" if states.cpu_only_optimizer else "none"),
     )

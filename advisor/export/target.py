@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan
-from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import estimate_memory
 from advisor.planning.planner import evaluate_candidate
 from advisor.model.spec import ModelSpec
@@ -162,17 +162,13 @@ def require_recommendation(plan: Plan) -> None:
         return
     fit = plan.smallest_fit
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
-    raise ValueError(f"nothing fits {plan.hardware.world_size} x {plan.hardware.gpu} for {plan.model.name}, "
+    raise ValueError(f"nothing fits {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}, "
                      f"so there is nothing to export: {hint}")
 
 
 def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Hardware:
     """The plan's hardware as a validated object (optionally resized), for re-evaluation."""
-    hw = plan.hardware
-    nodes = hw.nodes if nodes is None else nodes
-    per = hw.gpus_per_node if gpus_per_node is None else gpus_per_node
-    inter = hw.inter_node_link if nodes > 1 else None
-    return parse_gpus(f"{nodes}x{per}x{hw.gpu}", interconnect=inter)
+    return resize(plan.hardware, nodes=nodes, gpus_per_node=gpus_per_node)
 
 
 def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName, Engine]]:
@@ -301,5 +297,5 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        block_class=plan.model.block_class, gpu=hw.gpu, notes=tuple(notes),
+        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes),
     )

@@ -60,6 +60,32 @@ class Hardware(BaseModel):
         prefix = f"{self.nodes}x" if self.nodes > 1 else ""
         return f"{prefix}{self.gpus_per_node}x{self.gpu.name}"
 
+    def summary(self) -> dict:
+        """The flat JSON form plans have always printed (GPU and links by name)."""
+        inter = self.inter_node_link.name if self.inter_node_link else None
+        return {"gpu": self.gpu.name, "gpu_memory_bytes": self.gpu_memory_bytes, "gpus_per_node": self.gpus_per_node,
+                "nodes": self.nodes, "world_size": self.world_size,
+                "interconnect": self.intra_node_link.name + (f" + {inter}" if inter else ""),
+                "intra_node_link": self.intra_node_link.name, "inter_node_link": inter}
+
+
+def resize(hardware: Hardware, *, nodes: int | None = None, gpus_per_node: int | None = None,
+           catalog: Catalog | None = None) -> Hardware:
+    """The same GPUs and links on a different number of nodes / GPUs per node (no string re-parsing).
+
+    One node drops the inter-node link; several nodes keep it, or take the catalog's default for
+    the GPU when the original was one node."""
+    nodes = hardware.nodes if nodes is None else nodes
+    per = hardware.gpus_per_node if gpus_per_node is None else gpus_per_node
+    inter = None
+    if nodes > 1:
+        inter = hardware.inter_node_link
+        if inter is None:
+            catalog = catalog or load_catalog()
+            link = catalog.defaults.inter_node_link.get(hardware.gpu.name, catalog.defaults.fallback_inter_node_link)
+            inter = catalog.interconnect(link)
+    return hardware.model_copy(update={"nodes": nodes, "gpus_per_node": per, "inter_node_link": inter})
+
 
 def _normalise(name: str) -> tuple[str, ...]:
     """Split a GPU name into comparable tokens: model, memory (``80g``), form factor."""
@@ -148,15 +174,28 @@ def parse_gpus(
         nodes, per_node = counts
     else:
         per_node = counts[0] if counts else 1
-    gpu, assumption = resolve_gpu_name(name.strip(), catalog=catalog)
+    return build_hardware(name.strip(), gpus_per_node=per_node, nodes=nodes, interconnect=interconnect,
+                          catalog=catalog, text=text)
+
+
+def build_hardware(gpu_name: str, *, gpus_per_node: int, nodes: int | None = None, interconnect: str | None = None,
+                   catalog: Catalog | None = None, text: str | None = None) -> Hardware:
+    """``Hardware`` from a GPU name and counts already known (a launch's environment, ``parse_gpus``):
+    no ``--gpus`` string is formatted and parsed again. ``nodes=None`` lets a large count split into
+    servers of the GPU's usual size; ``text`` is what the user wrote, for messages."""
+    catalog = catalog or load_catalog()
+    text = text if text is not None else f"{gpus_per_node}x{gpu_name}"
+    per_node = gpus_per_node
+    gpu, assumption = resolve_gpu_name(gpu_name, catalog=catalog)
     assumptions = [assumption] if assumption else []
     server = gpu.default_gpus_per_node
     if nodes is None and per_node > server and per_node % server == 0:
         # "64xH100" is a cluster, not one machine: split it into servers of the usual size.
         nodes, per_node = per_node // server, server
-        assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} (write NODESxGPUSxNAME to change)")
+        assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} "
+                           "(write NODESxGPUSxNAME to change)")
     nodes = nodes or 1
-    if per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
+    if per_node < 1 or per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
         raise ValueError(
             f"--gpus '{_short(text)}': at most {MAX_GPUS_PER_NODE} GPUs per node and {MAX_NODES} nodes "
             "(write several nodes as NODESxGPUSxNAME)"

@@ -9,38 +9,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
-from advisor.planning.planner import (Candidate, Recommendation, SmallestFit, choose, choose_fastest, evaluate_candidate,
-                             smallest_fit)
+from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
+                                      evaluate_candidate, smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
-
-
-class HardwareSummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    gpu: str
-    gpu_memory_bytes: int
-    gpus_per_node: int
-    nodes: int
-    world_size: int
-    interconnect: str = Field(description="Intra-node link, and inter-node link when several nodes.")
-    intra_node_link: str
-    inter_node_link: str | None
 
 
 class Plan(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: ModelSpec
-    hardware: HardwareSummary
+    hardware: Hardware = Field(description="The validated cluster (JSON: its flat summary, GPU and links by name).")
     training: TrainingConfig
     candidates: tuple[Candidate, ...]
     recommendation: Recommendation | None
@@ -54,6 +41,11 @@ class Plan(BaseModel):
 
     def candidate(self, strategy: str) -> Candidate:
         return next(c for c in self.candidates if c.strategy == strategy)
+
+    @field_serializer("hardware")
+    def _hardware_summary(self, hardware: Hardware) -> dict:
+        # Same keys as before Plan kept the Hardware object: readers of the JSON see no change.
+        return hardware.summary()
 
 
 def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec:
@@ -73,15 +65,6 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
     if count > spec.total_params:
         raise ValueError(f"--trainable-params {count:,} exceeds the model's {spec.total_params:,} parameters")
     return spec.with_trainable(count)
-
-
-def _summarise(hw: Hardware) -> HardwareSummary:
-    inter = hw.inter_node_link.name if hw.inter_node_link else None
-    return HardwareSummary(
-        gpu=hw.gpu.name, gpu_memory_bytes=hw.gpu_memory_bytes, gpus_per_node=hw.gpus_per_node, nodes=hw.nodes,
-        world_size=hw.world_size, interconnect=hw.intra_node_link.name + (f" + {inter}" if inter else ""),
-        intra_node_link=hw.intra_node_link.name, inter_node_link=inter,
-    )
 
 
 _DEFAULT_NOTES = {
@@ -156,6 +139,13 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
             notes.append(text.format(v=getattr(training, field)))
     notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
                  f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
+    fit_rule = "margin policy: a plan fits when its peak + runtime overhead is at most the GPU's memory"
+    if training.policy == "thresholds":
+        notes.append(f"{fit_rule}; among plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at "
+                     f"most {1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is "
+                     "preferred, then the one that communicates least")
+    else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
+        notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
     if shape_note:
         notes.append(shape_note)
@@ -218,13 +208,14 @@ def plan(
     if training.policy == "fastest" and not strategy:
         recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
     else:
-        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None)
+        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
+                                     headroom=training.headroom)
     smallest = None if recommendation else smallest_fit(spec, hw, training)
     if smallest is not None:
         why.append(smallest.message)
     why.extend(_loss_notes(spec, hw, training, candidates, recommendation))
     return Plan(
-        model=spec, hardware=_summarise(hw), training=training, candidates=tuple(candidates),
+        model=spec, hardware=hw, training=training, candidates=tuple(candidates),
         recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + _assumptions(spec, hw, training)),
         smallest_fit=smallest,
     )

@@ -14,7 +14,6 @@ from typing import Any, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan, plan
-from advisor.hardware.cluster import parse_gpus
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
 
@@ -58,6 +57,11 @@ class Comparison(_Frozen):
         return min(timed, key=lambda r: r.gpu_hours_per_billion_tokens) if timed else None
 
 
+def gpu_hours_per_billion_tokens(world_size: int, tokens_per_s: float) -> float:
+    """GPUs x seconds to process 1e9 tokens, in hours."""
+    return world_size * (BILLION / tokens_per_s) / SECONDS_PER_HOUR
+
+
 def split_gpus(text: str) -> list[str]:
     """``"2xA100, 8xH100"`` -> ``["2xA100", "8xH100"]``; an empty item is an error."""
     items = [item.strip() for item in (text or "").split(",")]
@@ -66,14 +70,13 @@ def split_gpus(text: str) -> list[str]:
     return items
 
 
-def time_recommendation(result: Plan, gpus: str, *, nodes: int | None = None,
-                        interconnect: str | None = None) -> StepTime | None:
-    """Step time of the plan's recommended candidate (None when nothing fits)."""
+def time_recommendation(result: Plan) -> StepTime | None:
+    """Step time of the plan's recommended candidate (None when nothing fits), on the plan's own hardware."""
     rec = result.recommendation
     if rec is None:
         return None
     cand = result.candidate(rec.strategy)
-    hardware = parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    hardware = result.hardware
     impl = STRATEGIES[rec.strategy].on(result.training.engine)
     return estimate_step_time(result.model, hardware, result.training, impl, micro_batch_size=cand.micro_batch_size,
                               checkpointing=bool(cand.activation_checkpointing),
@@ -82,13 +85,12 @@ def time_recommendation(result: Plan, gpus: str, *, nodes: int | None = None,
 
 def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     hw, rec = result.hardware, result.recommendation
-    prefix = f"{hw.nodes}x" if hw.nodes > 1 else ""
-    base = dict(gpus=gpus, label=f"{prefix}{hw.gpus_per_node}x{hw.gpu}", world_size=hw.world_size,
+    base = dict(gpus=gpus, label=hw.label, world_size=hw.world_size,
                 capacity_bytes=hw.gpu_memory_bytes)
     if rec is None or step is None:
         return ClusterResult(**base, fits=False, message=" ".join(result.why[-1:]))
     cand = result.candidate(rec.strategy)
-    hours = hw.world_size * (BILLION / step.tokens_per_s) / SECONDS_PER_HOUR
+    hours = gpu_hours_per_billion_tokens(hw.world_size, step.tokens_per_s)
     return ClusterResult(
         **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,
@@ -108,6 +110,6 @@ def compare(model: Any, gpus: Sequence[str] | str, *, nodes: int | None = None, 
         result = plan(model, item, nodes=nodes, interconnect=interconnect, **plan_options)
         spec = result.model
         model = spec  # resolve the model once, reuse the spec for the other clusters
-        step = time_recommendation(result, item, nodes=nodes, interconnect=interconnect)
+        step = time_recommendation(result)
         results.append(_cluster(result, item, step))
     return Comparison(model=spec.name, total_params=spec.total_params, results=tuple(results))

@@ -3,8 +3,11 @@
 The choice starts from size thresholds (under 1B parameters: ddp; 1-10B: zero3; over 10B: zero3
 with CPU offload considered), checks the default against memory, escalates along
 ``strategies.ESCALATION`` when it does not fit (checkpointing and smaller micro-batches first,
-within each strategy; offload only when nothing on the GPU fits), lists cheaper strategies that also
-fit, and when nothing fits finds the smallest number of these GPUs that would. Pure functions of
+within each strategy; offload only when nothing on the GPU fits), then applies the margin policy
+(``prefer_practical``: among plans within ``SAME_SPEED`` of that choice's tokens/s, one that leaves
+``TrainingConfig.headroom`` of memory free wins, then the one that communicates least; the reason
+gives both plans' memory shares and step times), lists cheaper strategies that also fit, and when
+nothing fits finds the smallest number of these GPUs that would. Pure functions of
 validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 """
 
@@ -13,7 +16,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
-from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
@@ -22,6 +25,10 @@ from advisor.training import TrainingConfig
 from advisor.units import GIB
 
 AUTO_MICRO_BATCH_CAP = 64
+# Throughputs within 3% count as the same speed: well inside the step-time model's error against
+# published runs (benchmarks/results/throughput_validation.md: within 25%), so a smaller gap is no
+# reason to give up memory headroom or take on more communication.
+SAME_SPEED = 0.03
 SMALL_MODEL = 10**9
 LARGE_MODEL = 10 * 10**9
 
@@ -184,10 +191,62 @@ def choose_fastest(
     return _recommend(fastest, " ".join(why)), why
 
 
+def _share(cand: Candidate) -> float:
+    return cand.memory_bytes.total / cand.capacity_bytes
+
+
+def _figures(cand: Candidate, *, first: bool) -> str:
+    """``zero2 71% of memory, 1.90 s/step at micro-batch 4 (35,000 tokens/s)``; the second of a pair
+    drops ``of memory``. Tokens/s is what compares candidates whose micro-batches differ."""
+    step = cand.step_time
+    return (f"{cand.strategy} {_share(cand):.0%}{' of memory' if first else ''}, {step.step_s:.2f} s/step at "
+            f"micro-batch {cand.micro_batch_size} ({step.tokens_per_s:,.0f} tokens/s)")
+
+
+def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: float) -> tuple[Candidate, str | None]:
+    """Among fitting candidates as fast as ``chosen`` (tokens/s within ``SAME_SPEED``), the one a
+    practitioner runs, and the sentence that says why in numbers (None when no peer is as fast).
+
+    The margin policy: a plan fits when its peak plus runtime overhead is at most the GPU's memory;
+    one that also leaves ``headroom`` free is comfortable. Comfortable plans come first, and among
+    them the one that communicates least (``ESCALATION`` order). When none is comfortable the
+    size-threshold choice stands: the auto micro-batch fills every candidate to 95-99% of memory,
+    and gaps that small are within the estimate's accuracy.
+    """
+    if chosen.step_time is None:
+        return chosen, None
+    floor = chosen.step_time.tokens_per_s * (1 - SAME_SPEED)
+    peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
+             and c.step_time.tokens_per_s >= floor]
+    if len(peers) < 2:
+        return chosen, None
+
+    def roomy(c: Candidate) -> bool:
+        return _share(c) <= 1 - headroom
+
+    def key(c: Candidate) -> tuple[bool, int]:
+        return (not roomy(c), ESCALATION.index(c.strategy) if roomy(c) else int(c is not chosen))
+
+    best = min(peers, key=key)
+    runner_up = chosen if best is not chosen else min((c for c in peers if c is not best), key=key)
+    limit = f"{1 - headroom:.0%}"
+    if roomy(best) and not roomy(runner_up):
+        because = f"only {best.strategy} stays within {limit} of memory (the {headroom:.0%} headroom policy)"
+    elif roomy(best):
+        because = f"both stay within {limit} of memory and {best.strategy} communicates less"
+    else:
+        because = (f"neither stays within {limit} of memory (the {headroom:.0%} headroom policy), so the "
+                   "size-threshold choice stands")
+    return best, (f"{best.strategy} rather than {runner_up.strategy}: {_figures(best, first=True)} vs "
+                  f"{_figures(runner_up, first=False)}; as fast (within {SAME_SPEED:.0%}) and {because}.")
+
+
 def choose(
-    spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None
+    spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None,
+    headroom: float = TrainingConfig.model_fields["headroom"].default,
 ) -> tuple[Recommendation | None, list[str]]:
-    """The recommendation and the lines of 'why' (size thresholds, then escalation)."""
+    """The recommendation and the lines of 'why': size thresholds, then escalation, then the margin
+    policy among plans as fast as that choice (``prefer_practical``)."""
     by_name = {c.strategy: c for c in candidates}
     fitting = [c for c in candidates if c.available and c.fits]
     if only is not None:
@@ -207,27 +266,33 @@ def choose(
         if last != default and last in by_name:
             why.append(_does_not_fit(by_name[last]))
         return None, why
-    if chosen.strategy == default:
-        why.append(f"{default} fits: {_gib(chosen.memory_bytes.total)} of {_gib(chosen.capacity_bytes)} per GPU "
-                   f"at micro-batch {chosen.micro_batch_size}"
-                   f"{' with activation checkpointing' if chosen.activation_checkpointing else ''}.")
+    size_choice = chosen
+    chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom)
+    if size_choice.strategy == default:
+        why.append(f"{default} fits: {_gib(size_choice.memory_bytes.total)} of {_gib(size_choice.capacity_bytes)} "
+                   f"per GPU ({_share(size_choice):.0%}) at micro-batch {size_choice.micro_batch_size}"
+                   f"{' with activation checkpointing' if size_choice.activation_checkpointing else ''}.")
     else:
         why.append(_does_not_fit(by_name[default]))
-        direction = "escalated" if ESCALATION.index(chosen.strategy) > start else "fell back"
-        why.append(f"{direction} to {chosen.strategy}: {_gib(chosen.memory_bytes.total)} of "
-                   f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}.")
+        direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
+        why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
+                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}.")
+    reason_lines = why[1:]
+    if comparison is not None:
+        why.append(comparison)
+        reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
         why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
                    "states (checked only when --cpu-memory-gib is given).")
     if chosen.activation_checkpointing:
         why.append("Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute).")
-    cheaper = [c for c in fitting if c.strategy in ESCALATION
+    cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
-    alternatives = tuple(f"{c.strategy} also fits ({_gib(c.memory_bytes.total)}, micro-batch {c.micro_batch_size}) "
-                         "and communicates less" for c in cheaper)
+    alternatives = tuple(f"{c.strategy} also fits ({_share(c):.0%} of memory, micro-batch {c.micro_batch_size}"
+                         f"{f', {c.step_time.step_s:.2f} s/step' if c.step_time else ''}) and communicates less"
+                         for c in cheaper)
     why.extend(alternatives)
-    reason = " ".join(why[1:2]) if chosen.strategy == default else " ".join(why[1:3])
-    return _recommend(chosen, reason, alternatives), why
+    return _recommend(chosen, " ".join(reason_lines), alternatives), why
 
 
 def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
@@ -262,8 +327,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
 
     def at(count: int) -> Hardware:
         nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
-        link = hardware.inter_node_link.name if hardware.inter_node_link else None
-        return parse_gpus(f"{nodes}x{per}x{hardware.gpu.name}", interconnect=link)
+        return resize(hardware, nodes=nodes, gpus_per_node=per)
 
     counts = [c for c in list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
               if c > hardware.world_size]

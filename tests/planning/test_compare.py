@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor.cli.compare import compare as compare_command
-from advisor.planning.compare import compare, split_gpus
+from advisor.planning.compare import compare, gpu_hours_per_billion_tokens, split_gpus
 
 MODEL = "meta-llama/Llama-3.2-1B"
 
@@ -19,19 +19,30 @@ def test_split_gpus():
         split_gpus("2xA100,,8xH100")
 
 
+def test_gpu_hours_per_billion_tokens_by_hand():
+    """8 GPUs at 1,000,000 tokens/s: 1e9 tokens take 1,000 s, 8,000 GPU-seconds = 2.222 GPU-hours."""
+    assert gpu_hours_per_billion_tokens(8, 1_000_000.0) == pytest.approx(8000 / 3600)
+
+
 def test_compare_library_times_each_recommendation():
     result = compare(MODEL, ["2xA100", "8xH100"], seq_len=2048)
     assert [r.gpus for r in result.results] == ["2xA100", "8xH100"]
     for r in result.results:
         assert r.fits and r.step is not None and r.strategy is not None
         assert r.memory_per_gpu_bytes <= r.capacity_bytes
-        assert r.gpu_hours_per_billion_tokens == pytest.approx(r.world_size * 1e9 / r.step.tokens_per_s / 3600)
     a100, h100 = result.results
     assert h100.step.tokens_per_s > a100.step.tokens_per_s  # 4x the GPUs, each ~3x the peak
     assert result.fastest is h100
 
 
-def test_compare_table():
+@pytest.mark.parametrize("terminal", [{}, {"TERM": "dumb", "FORCE_COLOR": "1"}, {"TERM": "unknown", "TTY_COMPATIBLE": "1"}])
+def test_compare_table(terminal, monkeypatch):
+    """The table keeps its width whatever the environment says about the terminal: rich used to return
+    80 columns on a 'dumb' terminal forced into terminal mode, cutting 'GPU-h/1B tok' to 'GPU-h/…'."""
+    for name in ("TERM", "FORCE_COLOR", "TTY_COMPATIBLE", "COLUMNS", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in terminal.items():
+        monkeypatch.setenv(name, value)
     out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "2xA100,8xH100,2x8xH100"])
     assert out.exit_code == 0, out.output
     for text in ("2xA100-80GB-SXM", "8xH100-80GB-SXM", "2x8xH100-80GB-SXM", "tokens/s", "GPU-h/1B tok", "Fastest:"):

@@ -1,0 +1,91 @@
+"""The margin policy: among plans as fast as the size-threshold choice, the one a practitioner runs,
+with the reason in numbers. Candidates here are written by hand (memory share, seconds per step),
+so each expectation follows from the policy's statement, not from the estimators."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from advisor.estimate.memory import MemoryBreakdown
+from advisor.estimate.step_time import StepTime
+from advisor.planning.api import plan
+from advisor.planning.planner import Candidate, prefer_practical
+
+CAPACITY = 100 * 2**30  # a round 100 GiB GPU: a total of N GiB is N% of memory
+
+
+def _candidate(strategy: str, *, gib: int, step_s: float, micro: int = 1) -> Candidate:
+    tokens = micro * 2048 * 2  # two GPUs
+    memory = MemoryBreakdown(params=0, grads=0, optimizer=0, activations=gib * 2**30, temporary=0,
+                             runtime_overhead=0, peak_phase="forward_backward", peak_moment="block_backward",
+                             states_params=0, states_grads=0, states_optimizer=0, states_on_cpu="none")
+    step = StepTime(compute_s=step_s, communication_s=0, exposed_communication_s=0, offload_s=0,
+                    exposed_offload_s=0, optimizer_s=0, step_s=step_s, micro_batch_size=micro,
+                    gradient_accumulation_steps=1, world_size=2, tokens_per_gpu=tokens // 2,
+                    tokens_per_s=tokens / step_s, model_flops_per_gpu=1.0, hardware_flops_per_gpu=1.0,
+                    peak_tflops=1.0, utilisation=0.5, mfu=0.5)
+    return Candidate(strategy=strategy, engine="torch", available=True, fits=True, micro_batch_size=micro,
+                     activation_checkpointing=False, memory_bytes=memory, capacity_bytes=CAPACITY,
+                     step_time_s=step_s, step_time=step)
+
+
+def test_same_speed_prefers_the_plan_that_leaves_headroom():
+    zero3, zero2 = _candidate("zero3", gib=95, step_s=1.9), _candidate("zero2", gib=71, step_s=1.9)
+    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    assert chosen is zero2
+    assert why.startswith("zero2 rather than zero3: zero2 71% of memory, 1.90 s/step")
+    assert "vs zero3 95%, 1.90 s/step" in why and "only zero2 stays within 90% of memory" in why
+
+
+def test_both_comfortable_less_communication_wins():
+    zero3, ddp = _candidate("zero3", gib=60, step_s=1.0), _candidate("ddp", gib=80, step_s=1.0)
+    chosen, why = prefer_practical(zero3, [ddp, zero3], headroom=0.10)
+    assert chosen is ddp and "communicates less" in why
+
+
+def test_neither_comfortable_keeps_the_size_choice():
+    zero3, zero2 = _candidate("zero3", gib=95, step_s=1.0), _candidate("zero2", gib=97, step_s=1.0)
+    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    assert chosen is zero3 and "zero3 95% of memory" in why and "zero2 97%" in why
+    assert "size-threshold choice stands" in why
+
+
+def test_a_slower_plan_is_not_a_peer():
+    """4% fewer tokens/s is outside the 3% tolerance: headroom does not buy a slower plan."""
+    zero3, zero2 = _candidate("zero3", gib=95, step_s=1.0), _candidate("zero2", gib=60, step_s=1.04)
+    assert prefer_practical(zero3, [zero2, zero3], headroom=0.10) == (zero3, None)
+
+
+def test_throughput_not_step_time_decides_speed():
+    """Micro-batch 2 at 1.96 s/step is as fast as micro-batch 1 at 1.0 s/step (2% fewer tokens/s)."""
+    zero3 = _candidate("zero3", gib=95, step_s=1.0)
+    zero2 = _candidate("zero2", gib=80, step_s=1.96, micro=2)
+    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    assert chosen is zero2 and "micro-batch 2" in why
+
+
+def test_qwen7b_on_2xa100_keeps_zero3_and_says_both_fractions():
+    """zero3 peaks at the optimizer step at 95% (10P + 1 GiB + 5%, tests/planning/test_memory_views.py);
+    zero2 also fits at micro-batch 1 but keeps every block unsharded: more memory, same speed. Neither
+    leaves 10% free, so the size default stands, and the reason names both fractions."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100")
+    rec = p.recommendation
+    assert (rec.strategy, rec.micro_batch_size, rec.activation_checkpointing) == ("zero3", 1, False)
+    assert "zero3 95% of memory" in rec.reason
+    assert re.search(r"vs zero2 9\d%", rec.reason)
+    assert any(a.startswith("margin policy:") and "at most 90% of memory (10% headroom" in a for a in p.assumptions)
+
+
+def test_headroom_is_an_option():
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", headroom=0.3)
+    assert any("at most 70% of memory (30% headroom" in a for a in p.assumptions)
+    with pytest.raises(ValueError):
+        plan("Qwen/Qwen2.5-7B", "2xA100", headroom=1.0)
+
+
+def test_fastest_policy_states_it_ignores_headroom():
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", policy="fastest")
+    (line,) = [a for a in p.assumptions if a.startswith("margin policy:")]
+    assert "no headroom preference" in line

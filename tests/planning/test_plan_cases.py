@@ -1,0 +1,105 @@
+"""`advisor plan --json` on the cases the old golden files covered, checked field by field against
+figures worked by hand (the working is in each docstring). Step-time digits and the rich table are
+not pinned here: the estimators' own tests check them, and tests/cli/test_render.py checks the
+table's headers and rows.
+
+Torch engine, bf16-mixed, AdamW: fp32 parameters 4 B, fp32 gradients 4 B, AdamW 8 B per parameter
+(16 B) plus AdamW's foreach temporary sqrt(exp_avg_sq), 4 B, during the step. DeepSpeed: 2 B
+weights, 2 B gradients, K = 12 B (ZeRO paper) or 8 B for SGD with momentum (fp32 master + momentum).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli.main import cli
+
+GIB = 1 << 30
+
+
+def _plan_json(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(cli, ["plan", *args, "--json"])
+    return result.exit_code, json.loads(result.output)
+
+
+def _states(doc: dict, strategy: str) -> tuple[int, int, int]:
+    cand = next(c for c in doc["candidates"] if c["strategy"] == strategy)
+    m = cand["memory_bytes"]
+    return m["states_params"], m["states_grads"], m["states_optimizer"]
+
+
+def test_qwen7b_on_2xa100():
+    """P = 7,615,616,512 (28 x 233,057,792 per block + 2 x 152,064 x 3,584 embeddings/head + 3,584
+    final norm). Per rank, world 2: zero3 4P/2, 4P/2, 8P/2; ddp 4P, 4P, 8P. zero3's optimizer step:
+    2P + 2P + 4P + 2P (temporary) = 10P = 76,156,165,120 B; with 1 GiB + 5%: 81,037,715,200 B of
+    the A100's 84,987,740,160: it fits (95%), at micro-batch 1, as the size default (1-10B: zero3)."""
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100")
+    p = 7_615_616_512
+    assert code == 0 and doc["model"]["total_params"] == p
+    assert doc["hardware"]["gpu"] == "A100-80GB-SXM" and doc["hardware"]["world_size"] == 2
+    assert _states(doc, "zero3") == (2 * p, 2 * p, 4 * p)
+    assert _states(doc, "ddp") == (4 * p, 4 * p, 8 * p)
+    zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")["memory_bytes"]
+    assert (zero3["peak_moment"], zero3["peak_allocated"], zero3["total"]) == ("optimizer_step", 10 * p, 81_037_715_200)
+    rec = doc["recommendation"]
+    assert (rec["strategy"], rec["micro_batch_size"], rec["activation_checkpointing"]) == ("zero3", 1, False)
+
+
+def test_gpt2_deepspeed_sgd_momentum_on_4xa10g():
+    """P = 124,439,808 (GPT-2 small, tied head). DeepSpeed with SGD-momentum: 2P bf16 weights, 2P
+    bf16 gradients, K = 4P fp32 master + 4P momentum = 8P. World 4: zero1 splits K (2P each),
+    zero2 also the gradients (P/2), zero3 also the weights (P/2). Under 1B: ddp, which fits (states
+    12P = 1.5 GB of a 24 GB A10G)."""
+    code, doc = _plan_json("--model", "openai-community/gpt2", "--gpus", "4xA10G", "--engine", "deepspeed",
+                           "--optimizer", "sgd-momentum")
+    p = 124_439_808
+    assert code == 0 and doc["model"]["total_params"] == p and doc["hardware"]["world_size"] == 4
+    assert _states(doc, "ddp") == (2 * p, 2 * p, 8 * p)
+    assert _states(doc, "zero1") == (2 * p, 2 * p, 2 * p)
+    assert _states(doc, "zero2") == (2 * p, p // 2, 2 * p)
+    assert _states(doc, "zero3") == (p // 2, p // 2, 2 * p)
+    assert doc["recommendation"]["strategy"] == "ddp"
+
+
+def test_llama70b_on_2x8xh100_fastest():
+    """P = 70,553,706,496, world 16. zero3 at rest: 16P/16 = P per rank (65.7 GiB); its optimizer
+    step adds the 4P/16 temporary: 1.25P = 88.2 GB > the H100's 85.0 GB, so no GPU-resident strategy
+    fits and the only candidate is zero3_offload. Global batch 64 = micro-batch x 16 x accumulation."""
+    code, doc = _plan_json("--model", "meta-llama/Llama-3.1-70B", "--gpus", "2x8xH100", "--policy", "fastest",
+                           "--global-batch", "64")
+    p = 70_553_706_496
+    assert code == 0 and doc["model"]["total_params"] == p
+    assert (doc["hardware"]["nodes"], doc["hardware"]["world_size"]) == (2, 16)
+    assert doc["hardware"]["interconnect"] == "nvlink4 + ib-ndr"
+    assert _states(doc, "zero3") == (p // 4, p // 4, p // 2)
+    assert [c["strategy"] for c in doc["candidates"] if c["fits"]] == ["zero3_offload"]
+    rec = doc["recommendation"]
+    assert rec["strategy"] == "zero3_offload"
+    assert rec["micro_batch_size"] * 16 * rec["gradient_accumulation_steps"] == 64
+
+
+def test_405b_on_8xa100_nothing_fits_with_1tib_of_cpu_ram():
+    """P = 405,853,388,800. On the GPUs: zero3 at rest is 16P/8 = 2P = 812 GB per rank, about ten A100s' worth.
+    Offloaded: a node holds 8 ranks x (4+4+8+4)P/8 = 20P = 8.1 TB of CPU RAM against 1 TiB. The fewest
+    A100s (whole 8-GPU nodes: 16, 32, 64...) with 20P x 8 / N <= 1 TiB: 32 gives 5P = 2.0 TB, 64
+    gives 2.5P = 1.01 TB = 945 GiB, which fits: 64 with zero3_offload. Exit code 3: nothing fits."""
+    code, doc = _plan_json("--model", "meta-llama/Llama-3.1-405B", "--gpus", "8xA100", "--cpu-memory-gib", "1024")
+    p = 405_853_388_800
+    assert code == 3 and doc["recommendation"] is None
+    assert _states(doc, "zero3") == (p // 2, p // 2, p)
+    offload = next(c for c in doc["candidates"] if c["strategy"] == "zero3_offload")
+    assert offload["cpu_memory_bytes"] == 20 * p
+    assert (doc["smallest_fit"]["num_gpus"], doc["smallest_fit"]["strategy"]) == (64, "zero3_offload")
+
+
+@pytest.mark.parametrize("args", [["--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"],
+                                  ["--model", "meta-llama/Llama-3.1-405B", "--gpus", "8xA100"]])
+def test_table_renders_with_its_sections(args):
+    """Rendering smoke check: the two tables, the bars and the sections, whatever the digits."""
+    out = CliRunner().invoke(cli, ["plan", *args]).output
+    for text in ("Per-GPU peak memory and step time", "Where the memory goes", "peak GiB", "rest params",
+                 "peak moment", "Why:", "Assumptions:", "zero3_offload"):
+        assert text in out

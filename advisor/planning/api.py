@@ -85,7 +85,8 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
         for kernel in ("chunked", "fused"):
             other = training.model_copy(update={"loss": kernel})
             alternative = [evaluate_candidate(spec, hw, other, c.strategy) for c in candidates]
-            chosen, _ = choose(spec, alternative)
+            only = alternative[0].strategy if len(alternative) == 1 else None  # --strategy: that one alone
+            chosen, _ = choose(spec, alternative, only=only)
             if chosen is not None:
                 best = next(c for c in alternative if c.strategy == chosen.strategy)
                 return [f"nothing fits with the hf loss (full logits and their fp32 copy); with --loss {kernel}, "

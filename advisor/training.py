@@ -21,6 +21,7 @@ Checkpointing = Literal["auto", "on", "off"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
 LossKernel = Literal["hf", "chunked", "fused"]
+MAX_SEQ_LEN = 1 << 22  # the longest --seq-len accepted (4M tokens)
 
 
 class TrainingConfig(BaseModel):
@@ -28,7 +29,7 @@ class TrainingConfig(BaseModel):
 
     optimizer: Optimizer = Field(default="adamw", description="Optimizer; decides optimizer-state bytes.")
     precision: Precision = Field(default="bf16-mixed", description="Parameter and compute dtypes.")
-    seq_len: int = Field(default=2048, ge=1, le=1 << 22, description="Tokens per sample.")
+    seq_len: int = Field(default=2048, ge=1, le=MAX_SEQ_LEN, description="Tokens per sample.")
     micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Per-GPU batch; None: largest that fits.")
     global_batch_size: int | None = Field(default=None, ge=1, description="Samples per optimizer step (gradient accumulation).")
     activation_checkpointing: Checkpointing = Field(default="auto", description="Per-block recompute.")

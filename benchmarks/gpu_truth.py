@@ -63,7 +63,7 @@ class Peaks(NamedTuple):
 
 
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
-            snapshot: Path | None = None) -> "Peaks":
+            snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf") -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
     (``benchmarks/peak_snapshot.py`` reads it)."""
@@ -75,6 +75,9 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
 
     from advisor.model.meta import build_meta_model
     from advisor.simulate.model import materialize, resolve_config
+    from advisor.model.lora import LoraConfig, default_targets
+    from advisor.model.sources import spec_from_config
+    from wrappers.losses import use_loss_kernel
     from wrappers.recipe import Recipe, apply_recipe, autocast_context
 
     cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation="sdpa")
@@ -90,9 +93,16 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
     _init_group(world)
     try:
         net = build_meta_model(cfg)
+        use_loss_kernel(net, loss)
+        if lora_rank is not None:
+            import peft
+
+            lora = LoraConfig(rank=lora_rank)
+            targets = default_targets(spec_from_config(cfg, name=key, source="local"))
+            net = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(targets))).base_model.model
         materialize(net, device="cuda", real=True)
         net.train()
-        opt = torch.optim.AdamW(net.parameters(), lr=1e-5, foreach=True)
+        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5, foreach=True)
         applied = apply_recipe(net, Recipe(strategy=strategy, precision="bf16-mixed", activation_checkpointing=ckpt),
                                device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
@@ -139,6 +149,54 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         dist.destroy_process_group()
 
 
+# LoRA and loss-kernel cases (issue 11): (model, strategy, world, micro-batch, seq, checkpointing, LoRA rank, loss)
+VARIANTS = [
+    ("qwen0.5b", "ddp", 2, 2, 1024, False, 16, "hf"), ("qwen0.5b", "zero3", 8, 4, 2048, False, 16, "hf"),
+    ("llama1b", "ddp", 2, 2, 2048, True, 16, "hf"), ("llama1b", "zero3", 8, 2, 2048, False, 64, "hf"),
+    ("qwen0.5b", "ddp", 2, 2, 2048, False, None, "chunked"), ("qwen0.5b", "zero3", 8, 2, 4096, False, None, "fused"),
+    ("llama1b", "zero3", 8, 4, 2048, False, None, "chunked"), ("llama1b", "ddp", 2, 2, 2048, False, None, "fused"),
+    ("qwen0.5b", "zero3", 8, 4, 2048, True, 16, "fused"),
+]
+
+
+def variant_estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool, rank: int | None,
+                     loss: str) -> int:
+    from advisor.estimate.memory import estimate_memory
+    from advisor.hardware.cluster import parse_gpus
+    from advisor.model.lora import LoraConfig, with_lora
+    from advisor.strategies import get_strategy
+    from advisor.training import TrainingConfig
+
+    lora = LoraConfig(rank=rank) if rank else None
+    training = TrainingConfig(seq_len=seq, lora=lora, loss=loss)
+    spec = accuracy.spec_for(accuracy.MODELS[key])
+    spec = with_lora(spec, lora) if lora else spec
+    return estimate_memory(spec, parse_gpus(f"{world}xH100"), training, get_strategy(strategy).on("torch"),
+                           micro_batch_size=mb, checkpointing=ckpt).peak_allocated
+
+
+def run_variants() -> int:
+    rows = []
+    for case in VARIANTS:
+        key, strategy, world, mb, seq, ckpt, rank, loss = case
+        peaks = measure(key, strategy, world, mb, seq, ckpt, lora_rank=rank, loss=loss)
+        est = variant_estimate(*case)
+        err = round(100 * (est - peaks.step2) / peaks.step2, 2)
+        rows.append(dict(model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+                         lora_rank=rank, loss=loss, gpu_max_allocated_bytes=peaks.step2,
+                         gpu_step3_allocated_bytes=peaks.step3, gpu_max_reserved_bytes=peaks.reserved,
+                         analytic_bytes=est, analytic_err_pct=err))
+        print(f"{key:9} {strategy:6} {world:3} {mb:2} {seq:5} {'on' if ckpt else 'off':3} lora={rank} loss={loss:8} "
+              f"gpu {peaks.step2 / 2**30:7.2f} step3 {peaks.step3 / 2**30:7.2f} est {est / 2**30:7.2f} {err:+6.2f}% "
+              f"reserved {peaks.reserved / 2**30:7.2f}", flush=True)
+    accuracy.RESULTS.mkdir(exist_ok=True)
+    with open(accuracy.RESULTS / "gpu_truth_variants.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="Run the cases whose model key contains this.")
@@ -147,6 +205,8 @@ def main() -> int:
     parser.add_argument("--snapshot", type=Path, default=None,
                         help="Folder for one allocator history per case (second step), for peak_snapshot.py.")
     parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results/gpu_truth.csv.")
+    parser.add_argument("--variants", action="store_true",
+                        help="Run the LoRA and loss-kernel cases (VARIANTS) into gpu_truth_variants.csv instead.")
     args = parser.parse_args()
     import torch
 
@@ -155,6 +215,8 @@ def main() -> int:
               "(the GPU column of benchmarks/results is pending until then)", file=sys.stderr)
         return 2
     warnings.filterwarnings("ignore")
+    if args.variants:
+        return run_variants()
     simulated = _simulated()
     rows = []
     import transformers

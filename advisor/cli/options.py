@@ -14,7 +14,7 @@ import click
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
-from advisor.training import Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy
+from advisor.training import MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy
 
 
 def _choice(names) -> click.Choice:
@@ -42,7 +42,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--interconnect", help="Inter-node link, e.g. ib-ndr, eth-100g."),
     click.option("--optimizer", type=_choice(get_args(Optimizer)), help="Default adamw."),
     click.option("--precision", type=_choice(PRECISIONS), help="Default bf16-mixed."),
-    click.option("--seq-len", type=click.IntRange(1, 1 << 22), help="Tokens per sample (default 2048)."),
+    click.option("--seq-len", callback=lambda ctx, param, value: _seq_len(value),
+                 help="Tokens per sample (default 2048), or 'max': the longest that fits at micro-batch 1."),
     click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (largest that fits)."),
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
     click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)), help="auto (default), on or off."),
@@ -122,6 +123,18 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
     if kwargs["strategy"] is not None:
         kwargs["strategy"] = kwargs["strategy"].lower()
     return kwargs
+
+
+def _seq_len(value: str | None) -> int | str | None:
+    if value is None or value.strip().lower() == "max":
+        return None if value is None else "max"
+    try:
+        length = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a number of tokens or 'max', got '{value[:20]}'", param_hint="--seq-len") from None
+    if not 1 <= length <= MAX_SEQ_LEN:
+        raise click.BadParameter(f"must be between 1 and {MAX_SEQ_LEN:,}", param_hint="--seq-len")
+    return length
 
 
 def _lora(options: dict[str, Any]) -> Any:

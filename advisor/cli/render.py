@@ -125,18 +125,21 @@ def plan_table(plan) -> Table:
                           "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
                           "transfers and the CPU optimizer step." + "".join(f"\nn/a {u}" for u in unavailable),
                   caption_justify="left")
-    for col in ("strategy", "fits", "peak GiB", "% of GPU", "mbs", "ckpt", "CPU GiB/node", "step s", "tok/s", "MFU",
-                "comm %", "offload %"):
+    longest = plan.longest_seq_len or {}
+    columns = ["strategy", "fits", *(["max seq"] if longest else []), "peak GiB", "% of GPU", "mbs", "ckpt",
+               "CPU GiB/node", "step s", "tok/s", "MFU", "comm %", "offload %"]
+    for col in columns:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     recommended = plan.recommendation.strategy if plan.recommendation else None
     for c in plan.candidates:
         name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
+        seq = [f"{longest[c.strategy]:,}" if longest.get(c.strategy) else "-"] if longest else []
         if not c.available:
-            table.add_row(name, _fits_mark(c), *["-"] * 10)  # the reason is in the caption
+            table.add_row(name, _fits_mark(c), *seq, *["-"] * 10)  # the reason is in the caption
             continue
         m = c.memory_bytes
         table.add_row(
-            name, _fits_mark(c), gib(m.total), f"{m.total / c.capacity_bytes:.0%}",
+            name, _fits_mark(c), *seq, gib(m.total), f"{m.total / c.capacity_bytes:.0%}",
             str(c.micro_batch_size), "on" if c.activation_checkpointing else "off",
             gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-", *_timing_cells(c.step_time),
         )

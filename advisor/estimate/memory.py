@@ -202,11 +202,13 @@ class StrategyBuffers(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     persistent: int = Field(description="Held the whole step (DDP buckets, DeepSpeed IPG bucket).")
-    at_loss: int = Field(description="Held while the loss is differentiated (end of forward).")
+    at_loss: int = Field(description="Held while the loss is differentiated.")
     in_backward: int = Field(description="Held while a block runs backward.")
+    at_forward_end: int | None = Field(default=None, description="Held at the end of forward, if not at_loss.")
 
 
-def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> StrategyBuffers:
+def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
+                      checkpointing: bool = False) -> StrategyBuffers:
     """What the strategy holds beyond states and activations (FSDP2 figures from
     torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
     layer, n_layers, outside = _block_params(spec)
@@ -237,11 +239,28 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         # (reduce_dtype).
         grads = ub * layer + reduce_b * layer
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d)
-    # Autocast caches one low-precision copy of each weight per forward (leaf tensors that require
-    # grad, aten/src/ATen/autocast_mode.cpp cached_cast); backward keeps them until the block is done.
-    casts = 2 * (layer * n_layers + _head_params(spec)) if training.mixed else 0
     buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
-    return StrategyBuffers(persistent=buckets, at_loss=casts, in_backward=casts)
+    if not training.mixed:
+        return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
+    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers, layer, checkpointing)
+    return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
+
+
+def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:
+    """Bytes of the bf16 weight copies autocast makes, at the end of forward, in the loss backward and
+    in a block's backward. Autocast caches the copy of a weight that requires grad until the autocast
+    region ends (aten/src/ATen/autocast_mode.cpp cached_cast: leaf tensors that require grad), which
+    is after the loss; a frozen weight's copy is made anew at each use. Either lives on only where
+    autograd saved it for the input gradient: everywhere without checkpointing; under checkpointing
+    only at the head (blocks save their input alone and recompute one block at a time).
+    Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results)."""
+    head = _head_params(spec)
+    full = spec.trainable_params >= spec.total_params
+    cached = blocks + head if full else min(spec.trainable_params, blocks)
+    saved_blocks = layer if checkpointing else blocks
+    forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
+    at_loss = head + (0 if checkpointing else blocks)
+    return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
 
 
 def _head_params(spec: ModelSpec) -> int:
@@ -287,7 +306,7 @@ def estimate_memory(
     world = hardware.world_size
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-    buffers = _strategy_buffers(spec, training, impl, world)
+    buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -304,7 +323,8 @@ def estimate_memory(
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.
         "end_of_forward": dict(base, activations=acts.saved_bytes + logits,
-                               temporary=buffers.persistent + buffers.at_loss),
+                               temporary=buffers.persistent + (buffers.at_loss if buffers.at_forward_end is None
+                                                               else buffers.at_forward_end)),
         # Loss backward: the log-softmax output and two fp32 N x V gradients.
         "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
                               temporary=buffers.persistent + buffers.at_loss + loss),

@@ -16,6 +16,7 @@ from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
+from advisor.planning.longest import longest_seq_len
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
                                       evaluate_candidate, smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
@@ -34,6 +35,8 @@ class Plan(BaseModel):
     why: tuple[str, ...]
     assumptions: tuple[str, ...]
     smallest_fit: SmallestFit | None = None
+    longest_seq_len: dict[str, int | None] | None = Field(
+        default=None, description="--seq-len max: per strategy, the longest sequence that fits at micro-batch 1.")
 
     @property
     def fits(self) -> bool:
@@ -74,6 +77,15 @@ _DEFAULT_NOTES = {
     "engine": "engine {v} (default): DDP / ZeroRedundancyOptimizer / FSDP2",
     "attention": "attention {v}: no s^2 term (eager attention would add one)",
 }
+
+
+def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) -> str:
+    """What --seq-len max found, and whether it is past the model's own context."""
+    context = spec.max_position_embeddings
+    beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
+              "scaling or a longer-context checkpoint" if context and best > context else "")
+    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch 1, by search on the estimate; "
+            f"the candidates are shown at the longest, {best:,} tokens{beyond}")
 
 
 def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
@@ -178,6 +190,9 @@ def plan(
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
     a misspelled one is an error.
     """
+    search_length = options.get("seq_len") == "max"
+    if search_length:
+        options = {**options, "seq_len": 1, "micro_batch_size": 1}
     if training is None:
         training = TrainingConfig(**options)
     elif options:
@@ -205,6 +220,14 @@ def plan(
             raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
                              f"{training.micro_batch_size} x {hw.world_size} GPUs")
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
+    longest = None
+    if search_length:
+        longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
+        best = max((length for length in longest.values() if length), default=None)
+        if best is None:
+            raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
+        training = training.model_copy(update={"seq_len": best})
+        notes.append(_longest_note(spec, longest, best))
     candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
     if training.policy == "fastest" and not strategy:
         recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
@@ -218,5 +241,5 @@ def plan(
     return Plan(
         model=spec, hardware=hw, training=training, candidates=tuple(candidates),
         recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + _assumptions(spec, hw, training)),
-        smallest_fit=smallest,
+        smallest_fit=smallest, longest_seq_len=longest,
     )

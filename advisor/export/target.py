@@ -31,7 +31,7 @@ from advisor.planning.planner import evaluate_candidate
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.training import Engine, TrainingConfig
+from advisor.training import Engine, LossKernel, TrainingConfig
 
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
@@ -116,6 +116,7 @@ class ExportTarget(BaseModel):
     block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
+    loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
 
     @property
     def world_size(self) -> int:
@@ -164,6 +165,22 @@ def require_recommendation(plan: Plan) -> None:
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
     raise ValueError(f"nothing fits {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}, "
                      f"so there is nothing to export: {hint}")
+
+
+def _training_notes(training: TrainingConfig) -> list[str]:
+    """What the configs cannot carry of the plan's training settings, and how the script supplies it."""
+    notes = []
+    if training.loss != "hf":
+        trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" if training.loss == "fused" else ""
+        notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in the "
+                     f"script{trainer}; the plan's memory assumes it.")
+    if training.lora is not None:
+        lora = training.lora
+        targets = lora.targets if lora.targets == "all-linear" else list(lora.targets) if lora.targets else None
+        notes.append(f"LoRA: no config key carries adapters; make them in the script with peft.get_peft_model(model, "
+                     f"LoraConfig(r={lora.rank}, target_modules={targets!r}, lora_dropout={lora.dropout:g}"
+                     f"{', use_dora=True' if lora.dora else ''})) before wrap() or the Trainer.")
+    return notes
 
 
 def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Hardware:
@@ -257,7 +274,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing == "on",
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
-        block_class=model.block_class, gpu="CPU", notes=tuple(notes),
+        block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training)), loss=training.loss,
     )
 
 
@@ -297,5 +314,6 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes),
+        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(plan.training)),
+        loss=plan.training.loss,
     )

@@ -36,6 +36,8 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
     }
     if target.cpu:
         args["use_cpu"] = True
+    if target.loss == "fused":
+        args["use_liger_kernel"] = True  # Liger's fused linear cross-entropy: the algorithm --loss fused models
     if target.fsdp:
         fsdp_config: dict[str, Any] = {
             "version": 2,

@@ -76,3 +76,23 @@ def test_precision_spellings_in_each_format(precision, trainer, deepspeed, light
     ds = build_deepspeed(plan)
     assert (ds["bf16"]["enabled"], ds["fp16"]["enabled"]) == deepspeed
     assert f'precision="{lightning}",' in build_lightning(plan)
+
+
+def test_loss_and_lora_reach_the_exports():
+    """--loss fused becomes the Trainer's use_liger_kernel (TrainingArguments accepts it); every format
+    says how the script supplies the loss kernel and the LoRA adapters, which no config key carries."""
+    import advisor
+    from advisor.export.target import resolve_target
+    from advisor.export.trainer import build_trainer_args
+    from advisor.model.lora import LoraConfig
+    from transformers import TrainingArguments
+
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "8xH100", loss="fused", lora=LoraConfig(rank=16, dropout=0.05))
+    args = build_trainer_args(plan)
+    assert args["use_liger_kernel"] is True
+    assert TrainingArguments(output_dir="out", use_cpu=True, **{k: v for k, v in args.items()
+                                                                 if k not in ("fsdp", "fsdp_config", "deepspeed")})
+    notes = resolve_target(plan, "accelerate").notes
+    assert any('use_loss_kernel(model, "fused")' in note for note in notes)
+    # target_modules=None: PEFT picks its default for the model type, as the plan counted.
+    assert any("LoraConfig(r=16, target_modules=None, lora_dropout=0.05))" in note for note in notes)

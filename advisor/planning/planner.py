@@ -215,9 +215,11 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
     """
     if chosen.step_time is None:
         return chosen, None
-    floor = chosen.step_time.tokens_per_s * (1 - SAME_SPEED)
+    speed = chosen.step_time.tokens_per_s
+    # Peers are as fast within SAME_SPEED either way: a much faster plan is --policy fastest's business,
+    # and calling it "as fast" would misstate the numbers printed beside it.
     peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
-             and c.step_time.tokens_per_s >= floor]
+             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed]
     if len(peers) < 2:
         return chosen, None
 

@@ -62,17 +62,20 @@ def test_optimizer_step_peak_matches_real_step():
 
 
 @pytest.mark.parametrize(
-    "family, strategy, world, micro, seq, checkpointing",
+    "family, strategy, world, micro, seq, checkpointing, options",
     [
-        ("llama-gqa", "ddp", 2, 2, 512, False),
-        ("llama-gqa", "zero3", 8, 1, 1024, True),
-        ("gpt2", "zero2", 4, 2, 512, False),
-        ("gpt_neox", "zero3", 2, 1, 1024, False),
+        ("llama-gqa", "ddp", 2, 2, 512, False, {}),
+        ("llama-gqa", "zero3", 8, 1, 1024, True, {}),
+        ("gpt2", "zero2", 4, 2, 512, False, {}),
+        ("gpt_neox", "zero3", 2, 1, 1024, False, {}),
+        # Eager attention in fp32: the estimate counted the fp32 probabilities twice and was 18.0%
+        # above the simulation (221,024,256 vs 187,351,260 bytes); now 0.06%.
+        ("llama-gqa", "ddp", 2, 2, 512, False, dict(precision="fp32", attention="eager")),
     ],
 )
-def test_analytic_within_5_percent_of_simulation(family, strategy, world, micro, seq, checkpointing):
+def test_analytic_within_5_percent_of_simulation(family, strategy, world, micro, seq, checkpointing, options):
     cfg = SMALL[family]
-    training = TrainingConfig(seq_len=seq)
+    training = TrainingConfig(seq_len=seq, **options)
     sim = simulate(cfg, world_size=world, strategy=strategy, training=training, micro_batch_size=micro,
                    checkpointing=checkpointing)
     spec = spec_from_config(cfg, name=cfg["_name_or_path"], source="local")

@@ -76,7 +76,7 @@ def test_deepspeed_zero2_shards_grads_and_optimizer_not_params():
 # fp32, matmul outputs bf16, each linear casting its own input), SDPA, worked from what
 # advisor/estimate/activations.py says HF's LlamaDecoderLayer saves (Korthikanti et al. 2022,
 # section 4, for the method; their 34sbh + 5as^2b is for a GPT block with 16-bit residuals and
-# unfused attention, which this is not):
+# unfused attention, checked in test_activations.py on a BERT layer):
 #   two RMSNorms, each its fp32 input 4h + normalised tensor 4h    = 16h = 1,024
 #   autocast's bf16 copies of the norm outputs for q, k, v, gate, up  = 5 x 2h = 640
 #   SDPA: q 2x64 + k, v 2 x 2x16 + output 2x64 + fp32 lse 4x8       = 352

@@ -174,6 +174,12 @@ def _rms_norm_per_token(h: int, dt: Dtypes) -> int:
     return FP32 * h + dt.residual * h + (0 if dt.input_casts else dt.residual * h)
 
 
+def _upcast_probs_bytes(dt: Dtypes) -> int:
+    """Bytes per attention score that eager attention with ``softmax(dtype=float32).to(query.dtype)``
+    (Llama, GPT-NeoX) saves: the fp32 output, plus its copy when the compute dtype is narrower."""
+    return FP32 + (dt.compute if dt.compute != FP32 else 0)
+
+
 def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """Bytes one token leaves saved in one Llama-style block."""
     h, I = shape.hidden_size, shape.intermediate_size
@@ -183,8 +189,9 @@ def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
     norms = 2 * _rms_norm_per_token(h, dt)
     casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
     if eager:
-        # matmul saves q and (repeated) k; softmax output in fp32 plus its low-precision copy; v repeated.
-        attn = cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
+        # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
+        attn = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len + cb * q
     else:
         # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
@@ -241,7 +248,11 @@ def _encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
     # autocast its bf16 cast (CUDA runs layer_norm in fp32, so the fp32 output itself is not saved).
     layer_norms = 2 * (dt.residual * h + cb * h)
     if eager:
-        attn = cb * 3 * h + (FP32 + cb + BOOL) * heads * seq_len + cb * h
+        # QK^T saves q and k, AV the dropped-out probabilities and v (q, k, v: views of the 3h buffer).
+        # Softmax saves its output, in fp32 only under autocast (HF's GPT-2/BERT eager attention does
+        # not upcast); dropout its bool mask. Without autocast this is Korthikanti et al.'s 5as^2b.
+        softmax = FP32 if dt.input_casts else cb
+        attn = cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
     else:
         # q, k, v are views of the fused c_attn output (one 3h buffer); SDPA adds output + fp32 lse.
         attn = cb * 3 * h + FP32 * heads + cb * h
@@ -265,7 +276,7 @@ def _neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, e
     cb = dt.compute
     norms = dt.residual * h + 2 * cb * h  # shared input; each LayerNorm's output (or its cast)
     if eager:
-        attn = cb * 3 * h + 2 * cb * h + (FP32 + cb) * heads * seq_len + cb * h
+        attn = cb * 3 * h + 2 * cb * h + _upcast_probs_bytes(dt) * heads * seq_len + cb * h
     else:
         attn = cb * 3 * h + 2 * cb * h + FP32 * heads + cb * h + cb * h
     return norms + attn + 2 * cb * I

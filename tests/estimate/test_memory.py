@@ -7,11 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from advisor.hardware.cluster import parse_gpus
+from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.estimate.memory import estimate_memory, model_states
+from advisor.model.architectures import count_from_config
 from advisor.model.sources import resolve_model
 from advisor.model.spec import spec_from_size
 from advisor.strategies import ESCALATION, STRATEGIES
 from advisor.training import TrainingConfig
+from tests.conftest import TINY_CONFIGS
 
 GB = 10**9
 
@@ -29,34 +32,98 @@ def test_zero_paper_model_states(name, expected_gb):
     assert total_gb == pytest.approx(expected_gb, rel=0.005)
 
 
+GPT2_PARAMS = 124_439_808  # GPT-2 small, the model card's total (tests/model/test_architectures.py)
+# Qwen2.5-0.5B from its config (hidden 896, 24 layers, 14 heads of 64, 2 KV heads, MLP 4864, vocab
+# 151,936, tied): a layer is q 896*896+896 + k,v 2*(896*128+128) + o 896*896 + MLP 3*896*4864 + two
+# norms 2*896 = 14,912,384; x24 = 357,897,216; + embeddings 151,936*896 = 136,134,656 + final norm 896.
+QWEN05B_PARAMS = 494_032_768
+
+
 def test_torch_ddp_fp32_adamw_by_hand():
-    """A tiny model worked by hand: fp32 DDP + AdamW at the optimizer step.
+    """GPT-2 small, fp32 DDP + AdamW, at the optimizer step.
 
     params 4P + grads 4P + exp_avg/exp_avg_sq 8P + foreach sqrt(v) temporary 4P + DDP buckets 4P = 24P.
     """
+    p = GPT2_PARAMS
     spec = resolve_model("openai-community/gpt2")
-    p = spec.total_params
     mem = estimate_memory(spec, parse_gpus("2xA100"), TrainingConfig(precision="fp32", seq_len=128), _impl("ddp"),
                           micro_batch_size=1, checkpointing=True)
     assert mem.peak_phase == "optimizer_step"
-    assert (mem.params, mem.grads, mem.optimizer, mem.temporary) == (4 * p, 4 * p, 8 * p, 8 * p)
-    assert mem.peak_allocated == 24 * p
+    assert (mem.params, mem.grads, mem.optimizer, mem.activations, mem.temporary) == (
+        497_759_232, 497_759_232, 995_518_464, 0, 995_518_464)  # 4P, 4P, 8P, 0, 8P
+    assert mem.peak_allocated == 24 * p == 2_986_555_392
 
 
 def test_torch_fsdp_shards_states():
-    """FSDP2 zero3 on 4 GPUs, fp32 SGD (no state): parameters and gradients are quartered."""
+    """FSDP2 zero3 on 4 GPUs, fp32 SGD (no state): 4 bytes x P / 4 of parameters and of gradients."""
     spec = resolve_model("openai-community/gpt2")
     states = model_states(spec, TrainingConfig(precision="fp32", optimizer="sgd"), _impl("zero3"), 4)
-    assert states.params == -(-4 * spec.total_params // 4) and states.optimizer == 0
+    assert (states.params, states.grads, states.optimizer, states.step_temporary) == (GPT2_PARAMS, GPT2_PARAMS, 0, 0)
 
 
-def test_breakdown_sums_to_peak():
-    spec = resolve_model("Qwen/Qwen2.5-7B")
-    for name in STRATEGIES:
-        mem = estimate_memory(spec, parse_gpus("8xH100"), TrainingConfig(), _impl(name), micro_batch_size=2,
-                              checkpointing=False)
-        assert mem.params + mem.grads + mem.optimizer + mem.activations + mem.temporary == mem.peak_allocated
-        assert mem.total == mem.peak_allocated + mem.runtime_overhead
+def test_deepspeed_zero2_shards_grads_and_optimizer_not_params():
+    """ZeRO-2 (DeepSpeed, bf16 + AdamW, K=12) on 4 GPUs, Qwen2.5-0.5B: weights 2P on every rank,
+    gradients 2P/4, fp32 master + Adam moments 12P/4 (Rajbhandari et al. 2020, section 5.1)."""
+    spec = resolve_model("Qwen/Qwen2.5-0.5B")
+    assert spec.total_params == QWEN05B_PARAMS
+    states = model_states(spec, TrainingConfig(engine="deepspeed"), _impl("zero2", "deepspeed"), 4)
+    assert (states.params, states.grads, states.optimizer) == (988_065_536, 247_016_384, 1_482_098_304)
+
+
+# The tiny Llama of tests/conftest.py (hidden 64, 3 layers, 8 heads of 8, 2 KV heads, MLP 160,
+# vocabulary 1,000, untied): P = 3 x 41,088 + 2 x 64,000 + 64 = 251,328 parameters.
+# Saved activations per token and layer under bf16-mixed autocast over fp32 weights (residual stream
+# fp32, matmul outputs bf16, each linear casting its own input), SDPA, worked from what
+# advisor/estimate/activations.py says HF's LlamaDecoderLayer saves (Korthikanti et al. 2022,
+# section 4, for the method; their 34sbh + 5as^2b is for a GPT block with 16-bit residuals and
+# unfused attention, checked in test_activations.py on a BERT layer):
+#   two RMSNorms, each its fp32 input 4h + normalised tensor 4h    = 16h = 1,024
+#   autocast's bf16 copies of the norm outputs for q, k, v, gate, up  = 5 x 2h = 640
+#   SDPA: q 2x64 + k, v 2 x 2x16 + output 2x64 + fp32 lse 4x8       = 352
+#   gated MLP: gate, silu(gate), up, silu(gate)*up, 4 x 2 x 160     = 1,280   -> 3,296 bytes.
+# Outside the blocks per token: ids + labels 2 x 8, final norm 8h = 512, head input cast 2h = 128,
+# RoPE cos/sin 2 x 4 x 8 = 64 -> 720 bytes.
+TINY_TOKENS = 8 * 64  # micro-batch 8, sequence 64: 512 tokens
+TINY_SAVED = TINY_TOKENS * (3 * 3_296 + 720)  # 5,431,296
+TINY_LOSS = TINY_TOKENS * 1000 * 3 * 4  # three fp32 N x V tensors at loss backward: 6,144,000
+
+
+def test_activations_of_a_tiny_llama_by_hand():
+    spec = count_from_config(TINY_CONFIGS["llama_gqa_untied"], name="tiny", source="local")
+    dtypes = Dtypes(residual=4, compute=2, input_casts=True)  # autocast over fp32 weights
+    acts = estimate_activations(shape_of(spec), dtypes, micro_batch_size=8, seq_len=64, checkpointing=False, eager=False)
+    assert acts.saved_bytes == TINY_SAVED == 5_431_296
+    assert acts.layer_bytes == TINY_TOKENS * 3_296 == 1_687_552
+    assert acts.logits_bytes == TINY_TOKENS * 1000 * (2 + 4 + 4) == 5_120_000  # bf16 logits, fp32 copy, log-softmax
+    assert acts.loss_transient_bytes == TINY_LOSS
+    # Residual gradients in and out (fp32) and the MLP's two widest gradients (bf16): 2x4x64 + 2x2x160.
+    assert acts.backward_temp_bytes == TINY_TOKENS * 1_152 == 589_824
+    # Checkpointing keeps each block's fp32 input (4h a token a layer) instead of its saved tensors.
+    ckpt = estimate_activations(shape_of(spec), dtypes, micro_batch_size=8, seq_len=64, checkpointing=True, eager=False)
+    assert ckpt.saved_bytes == TINY_TOKENS * (3 * 4 * 64 + 720) == 761_856
+
+
+def test_ddp_peak_of_a_tiny_llama_by_hand():
+    """bf16-mixed DDP on 2 GPUs, the tiny Llama above, micro-batch 8 x 64 tokens, no checkpointing.
+
+    Model states at rest: fp32 parameters 4P = 1,005,312, AdamW moments 8P = 2,010,624 (gradients
+    are allocated in backward). Held all step: DDP's bucket copy of the gradients 4P = 1,005,312.
+    Autocast's bf16 weight copies: 2 x (3 x 41,088 + 64,000 head) = 374,528. The four moments:
+      end of forward  3,015,936 + saved 5,431,296 + logits 5,120,000 + 1,379,840         = 14,947,072
+      loss backward   3,015,936 + saved 5,431,296 + 1,379,840 + loss transient 6,144,000  = 15,971,072
+      block backward  3,015,936 + saved 5,431,296 + 1,379,840 + backward temps 589,824    = 10,416,896
+      optimizer step  24P (params, grads, moments, sqrt(v) temporary, buckets)           =  6,031,872
+    The loss backward wins.
+    """
+    spec = count_from_config(TINY_CONFIGS["llama_gqa_untied"], name="tiny", source="local")
+    mem = estimate_memory(spec, parse_gpus("2xA100"), TrainingConfig(seq_len=64), _impl("ddp"), micro_batch_size=8,
+                          checkpointing=False)
+    assert mem.peak_phase == "forward_backward"
+    assert (mem.params, mem.grads, mem.optimizer, mem.activations, mem.temporary) == (
+        1_005_312, 0, 2_010_624, 5_431_296, 7_523_840)
+    assert mem.peak_allocated == 15_971_072
+    # Runtime overhead: the 1 GiB reserve plus 5% of the peak (798,553.6, truncated).
+    assert mem.runtime_overhead == 1_073_741_824 + 798_553
 
 
 SPECS = [resolve_model(m) for m in ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B",

@@ -11,29 +11,28 @@ from advisor.hardware.catalog import load_catalog
 
 
 @pytest.mark.parametrize(
-    "text, gpu, per_node, nodes",
+    "text, gpu, per_node, nodes, world",
     [
-        ("2xA100", "A100-80GB-SXM", 2, 1),
-        ("8xH100", "H100-80GB-SXM", 8, 1),
-        ("2xA100-40GB", "A100-40GB-SXM", 2, 1),
-        ("A100", "A100-80GB-SXM", 1, 1),
-        ("4xRTX4090", "RTX4090", 4, 1),
-        ("a100-80g", "A100-80GB-SXM", 1, 1),
-        ("h100-sxm", "H100-80GB-SXM", 1, 1),
-        ("nvidia-a100", "A100-80GB-SXM", 1, 1),
-        ("2x8xH100", "H100-80GB-SXM", 8, 2),
-        ("8XH100-PCIE", "H100-80GB-PCIE", 8, 1),
-        ("4 x A10G", "A10G", 4, 1),
-        ("2xgeforce rtx 3090", "RTX3090", 2, 1),
-        ("2xA100-40GB-PCIe", "A100-40GB-PCIE", 2, 1),
-        ("64xH100", "H100-80GB-SXM", 8, 8),
-        ("NVIDIA H100 80GB HBM3", "H100-80GB-SXM", 1, 1),
+        ("2xA100", "A100-80GB-SXM", 2, 1, 2),
+        ("8xH100", "H100-80GB-SXM", 8, 1, 8),
+        ("2xA100-40GB", "A100-40GB-SXM", 2, 1, 2),
+        ("A100", "A100-80GB-SXM", 1, 1, 1),
+        ("4xRTX4090", "RTX4090", 4, 1, 4),
+        ("a100-80g", "A100-80GB-SXM", 1, 1, 1),
+        ("h100-sxm", "H100-80GB-SXM", 1, 1, 1),
+        ("nvidia-a100", "A100-80GB-SXM", 1, 1, 1),
+        ("2x8xH100", "H100-80GB-SXM", 8, 2, 16),
+        ("8XH100-PCIE", "H100-80GB-PCIE", 8, 1, 8),
+        ("4 x A10G", "A10G", 4, 1, 4),
+        ("2xgeforce rtx 3090", "RTX3090", 2, 1, 2),
+        ("2xA100-40GB-PCIe", "A100-40GB-PCIE", 2, 1, 2),
+        ("64xH100", "H100-80GB-SXM", 8, 8, 64),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB-SXM", 1, 1, 1),
     ],
 )
-def test_grammar(text, gpu, per_node, nodes):
+def test_grammar(text, gpu, per_node, nodes, world):
     hw = parse_gpus(text)
-    assert (hw.gpu.name, hw.gpus_per_node, hw.nodes) == (gpu, per_node, nodes)
-    assert hw.world_size == per_node * nodes
+    assert (hw.gpu.name, hw.gpus_per_node, hw.nodes, hw.world_size) == (gpu, per_node, nodes, world)
 
 
 def test_ambiguous_name_states_assumption():

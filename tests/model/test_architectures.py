@@ -70,8 +70,11 @@ def test_live_module_trainable_and_shared():
     for p in module.model.layers.parameters():
         p.requires_grad_(False)
     spec = spec_from_module(module)
-    assert spec.total_params == 494_032_768
-    assert spec.trainable_params == spec.total_params - spec.num_layers * spec.layer_params
+    # Qwen2.5-0.5B by hand (hidden 896, 24 layers, 14 heads of 64, 2 KV heads, MLP 4864, vocab 151,936):
+    # a layer is q 896*896+896 + k,v 2*(896*128+128) + o 896*896 + MLP 3*896*4864 + norms 2*896 = 14,912,384;
+    # 24 of them 357,897,216 + tied embeddings 151,936*896 = 136,134,656 + final norm 896 = 494,032,768.
+    assert (spec.total_params, spec.num_layers, spec.layer_params) == (494_032_768, 24, 14_912_384)
+    assert spec.trainable_params == 136_134_656 + 896  # the layers frozen: embeddings and final norm
     assert spec.tied_embeddings is True
     plain = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     assert spec_from_module(plain).total_params == 4 * 4 + 4 + 4 * 2 + 2

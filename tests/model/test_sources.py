@@ -20,7 +20,9 @@ def test_local_directory_and_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIGS["llama_gqa_untied"]))
     by_dir = resolve_model(str(tmp_path))
     by_file = resolve_model(str(tmp_path / "config.json"))
-    assert by_dir.source == "local" and by_dir.total_params == by_file.total_params
+    # The tiny Llama by hand: 3 layers of 41,088 + embeddings and untied head 2 x 64,000 + final norm 64.
+    assert by_dir.source == by_file.source == "local"
+    assert by_dir.total_params == by_file.total_params == 251_328
 
 
 def test_hub_uses_fetcher_only_for_config():

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-import typing
-
 import pydantic
 import pytest
 import torch
 from tests.wrappers._dist import build_adamw, tiny_llama
 
 from wrappers.dp import apply_dp
-from wrappers.recipe import STRATEGIES, Recipe, Strategy, apply_recipe, autocast_context
+from wrappers.recipe import STRATEGIES, Recipe, StrategySpec, apply_recipe, autocast_context
 
 
-def test_every_strategy_name_is_in_the_table():
-    assert set(typing.get_args(Strategy)) == set(STRATEGIES)
+def test_each_strategy_is_applied_as_its_definition_says():
+    """By hand from the strategies' definitions: DataParallel and DDP replicate; ZeRO-1 is DDP with
+    ZeroRedundancyOptimizer; ZeRO-2 and ZeRO-3 are FSDP2 without and with resharding after forward;
+    their *_offload forms keep the parameters (and so the optimizer step) on the CPU."""
+    assert STRATEGIES == {
+        "dp": StrategySpec("dp"),
+        "ddp": StrategySpec("ddp"),
+        "zero1": StrategySpec("zero1"),
+        "zero2": StrategySpec("fsdp", reshard_after_forward=False, cpu_offload=False),
+        "zero3": StrategySpec("fsdp", reshard_after_forward=True, cpu_offload=False),
+        "zero2_offload": StrategySpec("fsdp", reshard_after_forward=False, cpu_offload=True),
+        "zero3_offload": StrategySpec("fsdp", reshard_after_forward=True, cpu_offload=True),
+    }
 
 
 def test_offload_follows_the_strategy():

@@ -75,7 +75,7 @@ _DEFAULT_NOTES = {
     "precision": "precision {v} (default): fp32 master weights, bf16 compute",
     "seq_len": "sequence length {v} tokens (default; --seq-len)",
     "engine": "engine {v} (default): DDP / ZeroRedundancyOptimizer / FSDP2",
-    "attention": "attention {v}: no s^2 term (eager attention would add one)",
+    "attention": "attention {v}: no s^2 term (eager attention would add one; fp32 with grouped-query attention runs CUDA's math kernel and is counted like eager)",
 }
 
 

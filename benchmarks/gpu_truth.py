@@ -161,18 +161,11 @@ VARIANTS = [
 
 def variant_estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool, rank: int | None,
                      loss: str) -> int:
-    from advisor.estimate.memory import estimate_memory
-    from advisor.hardware.cluster import parse_gpus
-    from advisor.model.lora import LoraConfig, with_lora
-    from advisor.strategies import get_strategy
-    from advisor.training import TrainingConfig
+    """The analytic peak for a VARIANTS case (PEFT's default targets, no dropout)."""
+    import accuracy_variants
 
-    lora = LoraConfig(rank=rank) if rank else None
-    training = TrainingConfig(seq_len=seq, lora=lora, loss=loss)
-    spec = accuracy.spec_for(accuracy.MODELS[key])
-    spec = with_lora(spec, lora) if lora else spec
-    return estimate_memory(spec, parse_gpus(f"{world}xH100"), training, get_strategy(strategy).on("torch"),
-                           micro_batch_size=mb, checkpointing=ckpt).peak_allocated
+    return accuracy_variants.estimate(key, strategy, world, mb, seq, ckpt, None if rank is None else (rank, None, 0.0),
+                                      loss)
 
 
 def run_variants() -> int:

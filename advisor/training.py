@@ -17,7 +17,7 @@ from advisor.units import GIB
 
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
 Engine = Literal["torch", "deepspeed"]
-Checkpointing = Literal["auto", "on", "off"]
+Checkpointing = Literal["auto", "on", "off", "selective"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
 LossKernel = Literal["hf", "chunked", "fused"]
@@ -32,7 +32,8 @@ class TrainingConfig(BaseModel):
     seq_len: int = Field(default=2048, ge=1, le=MAX_SEQ_LEN, description="Tokens per sample.")
     micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Per-GPU batch; None: largest that fits.")
     global_batch_size: int | None = Field(default=None, ge=1, description="Samples per optimizer step (gradient accumulation).")
-    activation_checkpointing: Checkpointing = Field(default="auto", description="Per-block recompute.")
+    activation_checkpointing: Checkpointing = Field(default="auto", description="Per-block recompute: "
+                                                 "on (full), selective (keep attention and every other matmul), off, auto.")
     engine: Engine = Field(default="torch", description="What runs the strategy: torch or deepspeed.")
     attention: Attention = Field(default="sdpa", description="SDPA/flash (no s^2 term) or eager.")
     reserve_gib: float = Field(default=1.0, ge=0, le=1024, description="CUDA context and NCCL per GPU.")

@@ -8,19 +8,50 @@ not used, so a model from anywhere is treated alike. Apply it before ``fully_sha
 order): FSDP then shards the wrapper and its recomputation re-gathers the block's parameters.
 
 Which modules are blocks is decided in ``blocks.py``.
+
+``selective=True`` keeps some op outputs instead of recomputing them, with torchtitan's per-op policy
+(``torchtitan/models/llama3/infra/parallelize.py``, ``_apply_ac_to_transformer_block``): the outputs
+of every attention kernel and of every other matrix product of a block (the 1st, 3rd, 5th, ...: q,
+v, gate and down in a Llama block) are saved, everything else is recomputed; through
+``torch.utils.checkpoint.create_selective_checkpoint_contexts``.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections import defaultdict
 from collections.abc import Sequence
 
+import torch
 from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as _ckpt
 
 
-def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Module]) -> list[nn.Module]:
+def _attention_ops() -> set:
+    names = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+             "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu")
+    return {getattr(torch.ops.aten, name).default for name in names if hasattr(torch.ops.aten, name)}
+
+
+def selective_context():
+    """One block's forward and recompute contexts: save attention outputs and every other mm."""
+    counts: dict[str, int] = defaultdict(int)
+    attention = _attention_ops()
+
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == torch.ops.aten.mm.default:
+            counts[mode] += 1
+            return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.MUST_SAVE if func in attention else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Module],
+                                   selective: bool = False) -> list[nn.Module]:
     """Wrap each of ``blocks`` (submodules of ``model``) in a non-reentrant ``CheckpointWrapper``.
 
     The wrappers replace the blocks in their parents, in place. Parameter names gain a
@@ -42,7 +73,8 @@ def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Modu
     if getattr(config, "use_cache", False):
         warnings.warn("activation checkpointing: setting model.config.use_cache=False", stacklevel=2)
         config.use_cache = False
-    wrapper_fn = functools.partial(_ckpt.checkpoint_wrapper, checkpoint_impl=_ckpt.CheckpointImpl.NO_REENTRANT)
+    extra = {"context_fn": selective_context} if selective else {}
+    wrapper_fn = functools.partial(_ckpt.checkpoint_wrapper, checkpoint_impl=_ckpt.CheckpointImpl.NO_REENTRANT, **extra)
     _ckpt.apply_activation_checkpointing(
         model, checkpoint_wrapper_fn=wrapper_fn, check_fn=lambda module: id(module) in block_ids
     )

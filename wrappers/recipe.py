@@ -81,6 +81,8 @@ class Recipe(BaseModel):
     strategy: Strategy = Field(description="Data-parallel strategy; a key of STRATEGIES.")
     precision: Precision = Field(default="fp32", description="fp32, bf16-mixed, fp16-mixed or bf16 (pure).")
     activation_checkpointing: bool = Field(default=False, description="Recompute each block in backward.")
+    selective_checkpointing: bool = Field(default=False, description="Checkpointing keeps attention outputs and "
+                                          "every other matrix product (torchtitan's per-op policy).")
     cpu_offload: bool = Field(default=False, description="Parameters and optimizer state on CPU (FSDP2 offload).")
 
     @model_validator(mode="before")
@@ -180,7 +182,7 @@ def apply_recipe(
     if recipe.precision == "bf16" and any(p.dtype != bf16 for p in model.parameters()):
         model.to(bf16)  # in place: parameter identity is kept
     if recipe.activation_checkpointing:
-        apply_activation_checkpointing(model, blocks=find_blocks(model))
+        apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.selective_checkpointing)
     ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group,
                    mesh=mesh)
     wrapped, new_optimizer = _APPLIERS[recipe.spec.applier](model, ctx)

@@ -57,12 +57,15 @@ class Decision(BaseModel):
     engine: Preparer = Field(description="Who prepared the model: the torch recipe or accelerate.")
     precision: Precision
     activation_checkpointing: bool
+    selective_checkpointing: bool = Field(default=False, description="Checkpointing keeps attention outputs and "
+                                          "every other matmul (activation_checkpointing='selective').")
     world_size: int
     reason: str
     plan: Any = Field(default=None, description="The advisor Plan, when GPUs let us check memory.")
 
     def summary(self) -> str:
-        ckpt = ", activation checkpointing" if self.activation_checkpointing else ""
+        ckpt = (f", {'selective ' if self.selective_checkpointing else ''}activation checkpointing"
+                if self.activation_checkpointing else "")
         applied = self.strategy or "unchanged"
         return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"
 
@@ -77,13 +80,14 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
     rec = result.recommendation
     if rec is None:
         raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))
+    selective = rec.activation_checkpointing and result.training.activation_checkpointing == "selective"
     return Decision(strategy=rec.strategy, engine="torch", precision=result.training.precision,
-                    activation_checkpointing=rec.activation_checkpointing, world_size=env.world_size,
-                    reason=rec.reason, plan=result)
+                    activation_checkpointing=rec.activation_checkpointing, selective_checkpointing=selective,
+                    world_size=env.world_size, reason=rec.reason, plan=result)
 
 
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
-           precision: Precision | None = None, activation_checkpointing: bool | None = None,
+           precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
            seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
     """The strategy for this model and launch (pure but for the planner's data files)."""
     if not env.distributed and strategy not in (None, "dp"):
@@ -99,11 +103,13 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                                           strategy=strategy or ("dp" if not env.distributed else None)).items()
                    if v is not None}
         if activation_checkpointing is not None:
-            options["activation_checkpointing"] = "on" if activation_checkpointing else "off"
+            options["activation_checkpointing"] = (
+                "selective" if activation_checkpointing == "selective" else "on" if activation_checkpointing else "off")
         return _plan_on_gpus(spec, env, options)
     chosen, rationale = (strategy, "requested") if strategy else default_strategy(spec)
     return Decision(strategy=chosen, engine="torch", precision=precision or "fp32",
-                    activation_checkpointing=bool(activation_checkpointing), world_size=env.world_size,
+                    activation_checkpointing=bool(activation_checkpointing),
+                    selective_checkpointing=activation_checkpointing == "selective", world_size=env.world_size,
                     reason=f"{rationale}; no GPU visible, so memory was not checked")
 
 
@@ -140,7 +146,7 @@ def wrap(
     strategy: StrategyName | None = None,
     engine: Preparer = "torch",
     precision: Precision | None = None,
-    activation_checkpointing: bool | None = None,
+    activation_checkpointing: bool | Literal["selective"] | None = None,
     seq_len: int | None = None,
     micro_batch_size: int | None = None,
     verbose: bool = True,
@@ -176,7 +182,8 @@ def wrap(
                           "bf16-mixed does not", stacklevel=2)
         _ensure_process_group(env)
         recipe = Recipe(strategy=decision.strategy, precision=decision.precision,
-                        activation_checkpointing=decision.activation_checkpointing)
+                        activation_checkpointing=decision.activation_checkpointing,
+                        selective_checkpointing=decision.selective_checkpointing)
         if recipe.spec.applier != "fsdp":  # FSDP2 casts with its MixedPrecisionPolicy instead
             apply_autocast(model, decision.precision, env.device.type)
         applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)

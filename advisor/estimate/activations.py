@@ -79,6 +79,8 @@ class ActivationEstimate(BaseModel):
     logits_bytes: int = Field(description="Logits, their fp32 copy and the log-softmax output at the end of forward.")
     loss_transient_bytes: int = Field(description="fp32 log-softmax output and its gradients at loss backward.")
     layer_bytes: int = Field(description="One block's saved tensors (what checkpointing recomputes).")
+    recompute_bytes: int = Field(default=0, description="What a checkpointed block's backward recomputes: the "
+                                 "whole block, less what selective checkpointing kept.")
     backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
@@ -303,9 +305,25 @@ def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return dt.residual * h + dt.compute * h + dropout + rotary
 
 
+def _selective_kept_per_token(shape: ActivationShape, dt: Dtypes, *, qkv_bias: bool) -> int:
+    """Bytes a token keeps in one block under selective checkpointing beyond the block input
+    (``wrappers.checkpointing.selective_context``: the attention kernel's output and fp32 log-sum-exp,
+    and the output of the 1st, 3rd, 5th, ... ``aten.mm`` of the block). A linear layer with a bias runs
+    ``addmm``, which the policy recomputes, so Qwen2's q, k and v do not count as matrix products.
+    Families other than the Llama-like decoder have biases on every linear layer: attention only."""
+    cb, h = dt.compute, shape.hidden_size
+    q = shape.num_attention_heads * shape.head_dim
+    attention = cb * q + FP32 * shape.num_attention_heads
+    if shape.family != "decoder" or shape.num_experts:
+        return attention
+    kv, inter = shape.num_kv_heads * shape.head_dim, shape.intermediate_size
+    outputs = ([] if qkv_bias else [q, kv, kv]) + [h, inter, inter, h]  # q k v, o, gate up, down
+    return attention + cb * sum(outputs[0::2])
+
+
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
-    adapters: Adapters | None = None, loss_kernel: str = "hf",
+    adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, qkv_bias: bool = False,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -331,16 +349,19 @@ def estimate_activations(
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
-        saved = tokens * shape.num_layers * dt.residual * h + outside
+        kept = _selective_kept_per_token(shape, dt, qkv_bias=qkv_bias) if selective else 0
+        saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
+        recompute = layer - tokens * kept
     else:
-        saved = shape.num_layers * layer + outside
+        saved, recompute = shape.num_layers * layer + outside, 0
     logits, loss = _loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
-                              backward_temp_bytes=backward_temp, returned_logits_bytes=returned)
+                              backward_temp_bytes=backward_temp, returned_logits_bytes=returned,
+                              recompute_bytes=max(0, recompute))
 
 
 LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS

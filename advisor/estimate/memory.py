@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.model.bundled import load_architectures
 from advisor.model.lora import adapter_inputs
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -280,7 +281,15 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
         loss_kernel=training.loss,
+        selective=checkpointing and training.activation_checkpointing == "selective",
+        qkv_bias=_qkv_bias(spec),
     )
+
+
+def _qkv_bias(spec: ModelSpec) -> bool:
+    """q, k and v projections with a bias (Qwen2): they run addmm, not mm (selective checkpointing)."""
+    info = load_architectures().get(spec.model_type or "")
+    return bool(info and info.qkv_bias)
 
 
 def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:
@@ -329,7 +338,7 @@ def estimate_memory(
         "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
                               temporary=buffers.persistent + buffers.at_loss + loss),
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
-        "block_backward": dict(base, activations=acts.saved_bytes + (acts.layer_bytes if checkpointing else 0),
+        "block_backward": dict(base, activations=acts.saved_bytes + acts.recompute_bytes,
                                temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),

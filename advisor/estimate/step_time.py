@@ -113,8 +113,26 @@ def matmul_params(spec: ModelSpec) -> int:
     return max(spec.active_params - lookup, 1)
 
 
-def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool) -> FlopCount:
-    """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring)."""
+def _kept_matmul_params(spec: ModelSpec) -> int | None:
+    """Parameters per block of the matrix products selective checkpointing keeps (the 1st, 3rd, ...
+    ``aten.mm`` of a block; linear layers with a bias run ``addmm`` and are recomputed), or None where
+    the block's layers are not known."""
+    from advisor.model.bundled import load_architectures
+    from advisor.model.lora import block_linears
+
+    info = load_architectures().get(spec.model_type or "")
+    if info is None or info.formula != "decoder" or info.moe:
+        return None
+    linears = block_linears(spec)
+    order = [name for name in linears if not (info.qkv_bias and name in ("q_proj", "k_proj", "v_proj", "qkv_proj"))]
+    return sum(fan_in * fan_out for name in order[0::2] for fan_in, fan_out in linears[name])
+
+
+def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool,
+                selective: bool = False) -> FlopCount:
+    """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring).
+    Selective checkpointing recomputes the forward less the attention kernels and the matrix
+    products it kept."""
     shape = shape_of(spec)
     params = matmul_params(spec)
     trainable_share = spec.trainable_params / spec.total_params
@@ -122,7 +140,11 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     forward = 2 * params * tokens + attention_fwd
     weight_grads = 2 * params * trainable_share * tokens
     backward = 2 * params * tokens + weight_grads + 2 * attention_fwd
-    return FlopCount(forward=forward, backward=backward, recompute=forward if checkpointing else 0.0)
+    recompute = forward if checkpointing else 0.0
+    kept = _kept_matmul_params(spec) if checkpointing and selective else None
+    if kept is not None:
+        recompute = max(0.0, forward - attention_fwd - 2 * kept * shape.num_layers * tokens)
+    return FlopCount(forward=forward, backward=backward, recompute=recompute)
 
 
 def peak_tflops(gpu: GpuProfile, training: TrainingConfig) -> tuple[float, str | None]:
@@ -279,7 +301,8 @@ def estimate_step_time(
     accumulation = gradient_accumulation_steps
     shape = shape_of(spec)
     tokens_micro = micro_batch_size * training.seq_len
-    flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing)
+    flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing,
+                        selective=training.activation_checkpointing == "selective")
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
     if impl.single_process and hardware.world_size > 1:

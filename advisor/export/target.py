@@ -174,6 +174,9 @@ def _training_notes(training: TrainingConfig) -> list[str]:
         trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" if training.loss == "fused" else ""
         notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in the "
                      f"script{trainer}; the plan's memory assumes it.")
+    if training.activation_checkpointing == "selective":
+        notes.append("Selective activation checkpointing has no config key here (the configs' checkpointing is "
+                     "per block, in full): call wrap(model, activation_checkpointing=\"selective\") in the script.")
     if training.lora is not None:
         lora = training.lora
         targets = lora.targets if lora.targets == "all-linear" else list(lora.targets) if lora.targets else None
@@ -272,7 +275,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         notes.append(f"--precision {training.precision} is not used: the CPU test config runs fp32.")
     return ExportTarget(
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
-        gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing == "on",
+        gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
         block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training)), loss=training.loss,
     )

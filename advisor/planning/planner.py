@@ -132,7 +132,8 @@ def evaluate_candidate(
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
-    ckpt_options = {"on": [True], "off": [False], "auto": [False, True]}[training.activation_checkpointing]
+    ckpt_options = {"on": [True], "selective": [True], "off": [False], "auto": [False, True]}[
+        training.activation_checkpointing]
     choices = _micro_batch_choices(training, hardware.world_size)
     for ckpt in ckpt_options:
         micro = _largest_fitting(lambda m: fits(memory(m, ckpt)), choices)

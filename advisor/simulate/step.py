@@ -329,9 +329,11 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
         from wrappers.blocks import find_blocks
         from wrappers.checkpointing import apply_activation_checkpointing
         if checkpointing:
-            apply_activation_checkpointing(net, blocks=find_blocks(net))
+            apply_activation_checkpointing(net, blocks=find_blocks(net),
+                                           selective=training.activation_checkpointing == "selective")
         return net, opt, notes
-    recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing)
+    recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing,
+                    selective_checkpointing=checkpointing and training.activation_checkpointing == "selective")
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=_mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

@@ -80,7 +80,7 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
     rec = result.recommendation
     if rec is None:
         raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))
-    selective = rec.activation_checkpointing and result.training.activation_checkpointing == "selective"
+    selective = rec.selective_checkpointing
     return Decision(strategy=rec.strategy, engine="torch", precision=result.training.precision,
                     activation_checkpointing=rec.activation_checkpointing, selective_checkpointing=selective,
                     world_size=env.world_size, reason=rec.reason, plan=result)

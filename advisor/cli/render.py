@@ -117,11 +117,11 @@ def plan_title(plan) -> str:
             f"{t.precision}, {t.optimizer}, seq {t.seq_len}, {t.engine} engine")
 
 
-def _ckpt_cell(plan, on: bool | None) -> str:
+def _ckpt_cell(candidate) -> str:
     """on, sel (selective: keeps attention outputs and every other matmul) or off."""
-    if not on:
+    if not candidate.activation_checkpointing:
         return "off"
-    return "sel" if plan.training.activation_checkpointing == "selective" else "on"
+    return "sel" if candidate.selective_checkpointing else "on"
 
 
 def plan_table(plan) -> Table:
@@ -147,7 +147,7 @@ def plan_table(plan) -> Table:
         m = c.memory_bytes
         table.add_row(
             name, _fits_mark(c), *seq, gib(m.total), f"{m.total / c.capacity_bytes:.0%}",
-            str(c.micro_batch_size), _ckpt_cell(plan, c.activation_checkpointing),
+            str(c.micro_batch_size), _ckpt_cell(c),
             gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-", *_timing_cells(c.step_time),
         )
     return table
@@ -215,8 +215,8 @@ def print_plan(plan, *, console: Console | None = None) -> None:
     console.print()
     rec = plan.recommendation
     if rec is not None:
-        ckpt = (f", {'selective ' if plan.training.activation_checkpointing == 'selective' else ''}activation "
-                "checkpointing" if rec.activation_checkpointing else "")
+        ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"
+                if rec.activation_checkpointing else "")
         accum = (f", {rec.gradient_accumulation_steps} accumulation steps"
                  if rec.gradient_accumulation_steps and rec.gradient_accumulation_steps > 1 else "")
         console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}), micro-batch {rec.micro_batch_size}"

@@ -167,14 +167,14 @@ def require_recommendation(plan: Plan) -> None:
                      f"so there is nothing to export: {hint}")
 
 
-def _training_notes(training: TrainingConfig) -> list[str]:
+def _training_notes(training: TrainingConfig, *, selective: bool = False) -> list[str]:
     """What the configs cannot carry of the plan's training settings, and how the script supplies it."""
     notes = []
     if training.loss != "hf":
         trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" if training.loss == "fused" else ""
         notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in the "
                      f"script{trainer}; the plan's memory assumes it.")
-    if training.activation_checkpointing == "selective":
+    if selective:
         notes.append("Selective activation checkpointing has no config key here (the configs' checkpointing is "
                      "per block, in full): call wrap(model, activation_checkpointing=\"selective\") in the script.")
     if training.lora is not None:
@@ -277,7 +277,8 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
-        block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training)), loss=training.loss,
+        block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
+        loss=training.loss,
     )
 
 
@@ -317,6 +318,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(plan.training)),
+        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
+            plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
         loss=plan.training.loss,
     )

@@ -106,8 +106,8 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
                         f"({best.memory_bytes.total / GIB:.1f} GiB per GPU)"]
         return []
     chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
-    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size,
-                                        "activation_checkpointing": "on" if chosen.activation_checkpointing else "off"})
+    mode = "selective" if chosen.selective_checkpointing else "on" if chosen.activation_checkpointing else "off"
+    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size, "activation_checkpointing": mode})
     total = chosen.memory_bytes.total
     saved = {kernel: total - evaluate_candidate(spec, hw, fixed.model_copy(update={"loss": kernel}),
                                                 chosen.strategy).memory_bytes.total

@@ -47,6 +47,7 @@ class Candidate(_Frozen):
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     activation_checkpointing: bool | None = None
+    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
@@ -60,6 +61,7 @@ class Recommendation(_Frozen):
     engine: str
     micro_batch_size: int
     activation_checkpointing: bool
+    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     gradient_accumulation_steps: int | None = None
     reason: str
     alternatives: tuple[str, ...] = ()
@@ -124,32 +126,45 @@ def evaluate_candidate(
     if impl.single_process and hardware.nodes > 1:
         return Candidate(**base, available=False, unavailable_reason="DataParallel is one process: one node only")
 
-    def memory(micro: int, ckpt: bool) -> MemoryBreakdown:
-        return estimate_memory(spec, hardware, training, impl, micro_batch_size=micro, checkpointing=ckpt)
+    # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the
+    # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
+    modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": ["off", "selective", "on"]}[
+        training.activation_checkpointing]
+    at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
+
+    def memory(micro: int, mode: str) -> MemoryBreakdown:
+        return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
 
     def fits(mem: MemoryBreakdown) -> bool:
         if mem.total > capacity:
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
-    ckpt_options = {"on": [True], "selective": [True], "off": [False], "auto": [False, True]}[
-        training.activation_checkpointing]
     choices = _micro_batch_choices(training, hardware.world_size)
-    for ckpt in ckpt_options:
-        micro = _largest_fitting(lambda m: fits(memory(m, ckpt)), choices)
+    fitting: list[Candidate] = []
+    for mode in modes:
+        micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)
         if micro is not None:
-            mem = memory(micro, ckpt)
+            mem = memory(micro, mode)
             accumulation = _accumulation(training, hardware.world_size, micro)
-            timing = estimate_step_time(spec, hardware, training, impl, micro_batch_size=micro, checkpointing=ckpt,
-                                        gradient_accumulation_steps=accumulation or 1)
-            return Candidate(**base, available=True, fits=True, micro_batch_size=micro, activation_checkpointing=ckpt,
-                             gradient_accumulation_steps=accumulation, memory_bytes=mem,
-                             cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
-                             step_time=timing)
+            timing = estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
+                                        checkpointing=mode != "off", gradient_accumulation_steps=accumulation or 1)
+            fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
+                                     activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                                     gradient_accumulation_steps=accumulation, memory_bytes=mem,
+                                     cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                                     step_time=timing))
+            if mode == "off":
+                break  # no recompute and it fits: nothing to gain from checkpointing
+    if fitting:
+        # Memory first (each mode at the largest micro-batch it fits), then step time: the most tokens/s;
+        # a tie keeps the one that recomputes less (the order tried).
+        return max(fitting, key=lambda c: (round(c.step_time.tokens_per_s, 6), -fitting.index(c)))
     # Nothing fits: report the smallest configuration, the one closest to fitting.
-    micro, ckpt = min(choices), ckpt_options[-1]
-    mem = memory(micro, ckpt)
-    return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=ckpt,
+    micro, mode = min(choices), modes[-1]
+    mem = memory(micro, mode)
+    return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
+                     selective_checkpointing=mode == "selective",
                      gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
                      memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
 
@@ -274,7 +289,7 @@ def choose(
     if size_choice.strategy == default:
         why.append(f"{default} fits: {_gib(size_choice.memory_bytes.total)} of {_gib(size_choice.capacity_bytes)} "
                    f"per GPU ({_share(size_choice):.0%}) at micro-batch {size_choice.micro_batch_size}"
-                   f"{' with activation checkpointing' if size_choice.activation_checkpointing else ''}.")
+                   f"{_with_checkpointing(size_choice)}.")
     else:
         why.append(_does_not_fit(by_name[default]))
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
@@ -287,7 +302,10 @@ def choose(
     if chosen.cpu_memory_bytes:
         why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
                    "states (checked only when --cpu-memory-gib is given).")
-    if chosen.activation_checkpointing:
+    if chosen.selective_checkpointing:
+        why.append("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
+                   "without it no micro-batch fits, and it recomputes less than full checkpointing.")
+    elif chosen.activation_checkpointing:
         why.append("Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute).")
     cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
@@ -298,12 +316,19 @@ def choose(
     return _recommend(chosen, " ".join(reason_lines), alternatives), why
 
 
+def _with_checkpointing(cand: Candidate) -> str:
+    if not cand.activation_checkpointing:
+        return ""
+    return " with selective activation checkpointing" if cand.selective_checkpointing else " with activation checkpointing"
+
+
 def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
     return Recommendation(
         strategy=cand.strategy,
         engine=cand.engine,
         micro_batch_size=cand.micro_batch_size,
         activation_checkpointing=bool(cand.activation_checkpointing),
+        selective_checkpointing=cand.selective_checkpointing,
         gradient_accumulation_steps=cand.gradient_accumulation_steps,
         reason=reason,
         alternatives=alternatives,

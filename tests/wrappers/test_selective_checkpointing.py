@@ -70,3 +70,17 @@ def test_selective_recomputes_less_than_full():
     kept = 4096 * 4096 + 4096 * 1024 + 2 * 4096 * 14336
     attention = 4 * 32 * 32 * 128 * 8192 * 8192
     assert full.recompute - selective.recompute == pytest.approx(2 * kept * 32 * 8192 + attention)
+
+
+def test_auto_takes_selective_when_it_is_faster_than_full():
+    """Llama-3.1-8B on 8 H100s at 8k tokens: without checkpointing nothing fits zero2 even at
+    micro-batch 1; selective fits there and recomputes less than full, so auto takes it."""
+    import advisor
+
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=8192)
+    zero2 = plan.candidate("zero2")
+    assert zero2.fits and zero2.activation_checkpointing and zero2.selective_checkpointing
+    off = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=8192, activation_checkpointing="off")
+    full = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=8192, activation_checkpointing="on")
+    assert not off.candidate("zero2").fits
+    assert zero2.step_time.tokens_per_s > full.candidate("zero2").step_time.tokens_per_s

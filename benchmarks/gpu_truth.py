@@ -103,8 +103,9 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         materialize(net, device="cuda", real=True)
         net.train()
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5, foreach=True)
-        applied = apply_recipe(net, Recipe(strategy=strategy, precision="bf16-mixed", activation_checkpointing=ckpt),
-                               device="cuda", optimizer=opt)
+        recipe = Recipe(strategy=strategy, precision="bf16-mixed", activation_checkpointing=bool(ckpt),
+                        selective_checkpointing=ckpt == "selective")
+        applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
         if strategy == "ddp" and world > 1:
             # The fake group's all-reduce completes with no value; hand DDP its bucket back (in place).
@@ -156,6 +157,8 @@ VARIANTS = [
     ("qwen0.5b", "ddp", 2, 2, 2048, False, None, "chunked"), ("qwen0.5b", "zero3", 8, 2, 4096, False, None, "fused"),
     ("llama1b", "zero3", 8, 4, 2048, False, None, "chunked"), ("llama1b", "ddp", 2, 2, 2048, False, None, "fused"),
     ("qwen0.5b", "zero3", 8, 4, 2048, True, 16, "fused"),
+    ("llama1b", "zero3", 8, 2, 4096, "selective", None, "hf"), ("mha350m", "ddp", 2, 4, 2048, "selective", None, "hf"),
+    ("qwen0.5b", "zero3", 8, 4, 2048, "selective", 16, "fused"),
 ]
 
 
@@ -179,7 +182,8 @@ def run_variants() -> int:
                          lora_rank=rank, loss=loss, gpu_max_allocated_bytes=peaks.step2,
                          gpu_step3_allocated_bytes=peaks.step3, gpu_max_reserved_bytes=peaks.reserved,
                          analytic_bytes=est, analytic_err_pct=err))
-        print(f"{key:9} {strategy:6} {world:3} {mb:2} {seq:5} {'on' if ckpt else 'off':3} lora={rank} loss={loss:8} "
+        mode = ("sel" if ckpt == "selective" else "on") if ckpt else "off"
+        print(f"{key:9} {strategy:6} {world:3} {mb:2} {seq:5} {mode:3} lora={rank} loss={loss:8} "
               f"gpu {peaks.step2 / 2**30:7.2f} step3 {peaks.step3 / 2**30:7.2f} est {est / 2**30:7.2f} {err:+6.2f}% "
               f"reserved {peaks.reserved / 2**30:7.2f}", flush=True)
     accuracy.RESULTS.mkdir(exist_ok=True)

@@ -99,13 +99,14 @@ def variants_section() -> list[str]:
     errs = []
     for r in rows:
         truth = int(r["gpu_max_allocated_bytes"])
+        ckpt = "selective" if r["checkpointing"] == "selective" else r["checkpointing"] == "True"
         est = gpu_truth.variant_estimate(r["model"], r["strategy"], int(r["world"]), int(r["micro_batch"]),
-                                         int(r["seq_len"]), r["checkpointing"] == "True",
+                                         int(r["seq_len"]), ckpt,
                                          int(r["lora_rank"]) if r["lora_rank"] else None, r["loss"])
         err = 100 * (est - truth) / truth
         errs.append(err)
         out.append(f"| {r['model']} | {r['strategy']} | {r['world']} | {r['micro_batch']} | {r['seq_len']} | "
-                   f"{'on' if r['checkpointing'] == 'True' else 'off'} | {r['lora_rank'] or '-'} | {r['loss']} | "
+                   f"{ {'True': 'on', 'selective': 'sel'}.get(r['checkpointing'], 'off')} | {r['lora_rank'] or '-'} | {r['loss']} | "
                    f"{truth / GIB:.2f} | {est / GIB:.2f} | {err:+.1f}% | {int(r['gpu_max_reserved_bytes']) / GIB:.2f} |")
     out[1:1] = [f"Median |error| {statistics.median(map(abs, errs)):.2f}%, max {max(map(abs, errs)):.2f}%.", ""]
     return out + [""]

@@ -3,7 +3,8 @@
 
 Run: python benchmarks/plan_speed.py [--repeat 5]
 Goals (issue 3): `advisor plan` on a bundled model under 0.5 s cold, with no torch import;
-the 405B / 1024-GPU search under 50 ms in-process.
+the 405B / 1024-GPU search under 50 ms in-process. Issue 11: the same 0.5 s with LoRA (and a loss
+kernel), and `--seq-len max` (a binary search per strategy).
 """
 
 from __future__ import annotations
@@ -36,9 +37,15 @@ def main() -> None:
     exe = shutil.which("advisor")
     cmd = [exe] if exe else [sys.executable, "-m", "advisor.cli.main"]
     t_plan = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
+    t_lora = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "8xH100", "--lora", "16",
+                        "--loss", "fused"], args.repeat)
+    t_longest = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "8xH100", "--seq-len", "max"],
+                          args.repeat)
     t_torch = cold_time([sys.executable, "-c", "import torch"], args.repeat)
     t_search = in_process(args.repeat * 4)
     print(f"advisor plan Qwen/Qwen2.5-7B 2xA100 (cold): {t_plan:.3f} s   goal < 0.5 s: {'met' if t_plan < 0.5 else 'NOT met'}")
+    print(f"... --lora 16 --loss fused 8xH100 (cold):    {t_lora:.3f} s   goal < 0.5 s: {'met' if t_lora < 0.5 else 'NOT met'}")
+    print(f"... --seq-len max 8xH100 (cold):             {t_longest:.3f} s")
     print(f"python -c 'import torch' (cold):           {t_torch:.3f} s   ratio plan/torch: {t_plan / t_torch:.2f}")
     print(f"plan() 405B on 1024 GPUs (in-process):     {t_search * 1000:.1f} ms goal < 50 ms: "
           f"{'met' if t_search < 0.05 else 'NOT met'}")

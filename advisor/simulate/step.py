@@ -146,7 +146,7 @@ def simulate(
     tell("build")
     meta = _meta_model(cfg, training)
     with _fake_process_group(world_size), fake, _cuda_autocast_policy(training), _unpacked_batches(), \
-            _fused_dropout():
+            cuda_dropout():
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)
@@ -224,7 +224,7 @@ def _cuda_autocast_policy(training: TrainingConfig) -> Any:
 
 
 @contextlib.contextmanager
-def _fused_dropout():
+def cuda_dropout():
     """On CUDA, ``F.dropout`` in training runs the fused ``native_dropout`` and saves a bool mask
     (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``); on the CPU it multiplies by a
     noise tensor in the input's dtype and saves that. Run CUDA's op (it has a CPU kernel)."""

@@ -7,17 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from advisor.cli.main import cli, main
-
-
-def run_main(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from advisor.cli.main import cli
+from tests.cli._main import run_main
 
 
 def test_inspect_table():

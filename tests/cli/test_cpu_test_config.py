@@ -13,7 +13,7 @@ import yaml
 import advisor.export.launch as launch_module
 import advisor.hardware.local_gpus as local_gpus_module
 from advisor.cli.export import launch as launch_command
-from advisor.cli.main import main
+from tests.cli._main import run_main as _run
 
 SMALL = ["--model", "Qwen/Qwen2.5-0.5B"]
 
@@ -25,16 +25,6 @@ def no_gpu(tmp_path, monkeypatch):
     launched = []
     monkeypatch.setattr(launch_module, "run_launch", lambda command, **kw: launched.append(command) or 0)
     return launched
-
-
-def _run(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _header(text: str) -> str:

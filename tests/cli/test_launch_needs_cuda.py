@@ -10,7 +10,7 @@ import pytest
 
 import advisor.export.launch as launch_module
 import advisor.hardware.local_gpus as local_gpus_module
-from advisor.cli.main import main
+from tests.cli._main import run_main as _run
 
 ZERO3 = ["launch", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy", "zero3"]
 
@@ -22,16 +22,6 @@ def launched(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(launch_module, "run_launch", lambda command, **kw: calls.append(command) or 0)
     return calls
-
-
-def _run(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def _no_gpu(monkeypatch):

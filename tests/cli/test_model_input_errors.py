@@ -7,18 +7,8 @@ import json
 
 import pytest
 
-from advisor.cli.main import main
 from tests.conftest import TINY_CONFIGS
-
-
-def _run(args, capsys) -> tuple[int, str, str]:
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from tests.cli._main import run_main as _run
 
 
 @pytest.mark.parametrize("family", ["llama_gqa_untied", "gpt_neox_fallback"])  # formula, meta device

@@ -16,15 +16,14 @@ norm statistics, as on the CPU.
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
 
 from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.model.sources import spec_from_config
+from advisor.simulate.step import cuda_dropout  # CUDA's dropout (bool mask) on the CPU, as the simulator runs it
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 128, 64, 4
 TOKENS = BATCH * SEQ  # 256
@@ -85,24 +84,6 @@ def test_fp32_gqa_sdpa_is_counted_as_cuda_runs_it():
     assert _estimated_layer_bytes("llama", PURE_BF16) - sdpa(PURE_BF16) == 3_184 * TOKENS
 
 
-@contextlib.contextmanager
-def _cuda_dropout():
-    """CUDA's F.dropout runs the fused native_dropout, which saves a bool mask; the CPU's saves a
-    noise tensor in the input's dtype. Run CUDA's op (it has a CPU kernel)."""
-    original = F.dropout
-
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not training or p == 0.0 or inplace:
-            return original(input, p, training, inplace)
-        return torch.native_dropout(input, p, True)[0]
-
-    F.dropout = dropout
-    try:
-        yield
-    finally:
-        F.dropout = original
-
-
 def _measured_saved_bytes(family: str, num_layers: int, dtype: torch.dtype) -> int:
     """Bytes of distinct storages autograd saves in one training forward, parameters excluded."""
     config, cls = _config(family, num_layers)
@@ -118,7 +99,7 @@ def _measured_saved_bytes(family: str, num_layers: int, dtype: torch.dtype) -> i
         return tensor
 
     ids = torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    with _cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model(input_ids=ids)
     return sum(saved.values())
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from transformers import TrainerCallback
+
 from advisor.planning.api import Plan, plan
 from advisor.precision import PRECISIONS
 from advisor.training import TrainingConfig
@@ -150,13 +152,7 @@ def hf_training(args: Any, model: Any, seq_len: int | None) -> TrainingConfig:
     )
 
 
-try:
-    from transformers import TrainerCallback as _HFCallback
-except ImportError:  # pragma: no cover - transformers is a core dependency
-    _HFCallback = object
-
-
-class AdvisorCallback(_HFCallback):
+class AdvisorCallback(TrainerCallback):
     """``transformers.Trainer`` callback: plan the run at train begin; ``strict=True`` stops an
     unfitting run before its first step."""
 

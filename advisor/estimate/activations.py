@@ -305,25 +305,17 @@ def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return dt.residual * h + dt.compute * h + dropout + rotary
 
 
-def _selective_kept_per_token(shape: ActivationShape, dt: Dtypes, *, qkv_bias: bool) -> int:
-    """Bytes a token keeps in one block under selective checkpointing beyond the block input
-    (``wrappers.checkpointing.selective_context``: the attention kernel's output and fp32 log-sum-exp,
-    and the output of the 1st, 3rd, 5th, ... ``aten.mm`` of the block). A linear layer with a bias runs
-    ``addmm``, which the policy recomputes, so Qwen2's q, k and v do not count as matrix products.
-    Families other than the Llama-like decoder have biases on every linear layer: attention only."""
-    cb, h = dt.compute, shape.hidden_size
+def _selective_kept_per_token(shape: ActivationShape, dt: Dtypes, kept_width: int) -> int:
+    """Bytes a token keeps in one block under selective checkpointing beyond the block input: the
+    attention kernel's output and fp32 log-sum-exp, and the outputs (``kept_width`` features) of the
+    matrix products the policy keeps (``advisor.model.lora.selective_kept_linears``)."""
     q = shape.num_attention_heads * shape.head_dim
-    attention = cb * q + FP32 * shape.num_attention_heads
-    if shape.family != "decoder" or shape.num_experts:
-        return attention
-    kv, inter = shape.num_kv_heads * shape.head_dim, shape.intermediate_size
-    outputs = ([] if qkv_bias else [q, kv, kv]) + [h, inter, inter, h]  # q k v, o, gate up, down
-    return attention + cb * sum(outputs[0::2])
+    return dt.compute * (q + kept_width) + FP32 * shape.num_attention_heads
 
 
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
-    adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, qkv_bias: bool = False,
+    adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -349,7 +341,7 @@ def estimate_activations(
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
-        kept = _selective_kept_per_token(shape, dt, qkv_bias=qkv_bias) if selective else 0
+        kept = _selective_kept_per_token(shape, dt, kept_width) if selective else 0
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
     else:

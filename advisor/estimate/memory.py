@@ -41,8 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
-from advisor.model.bundled import load_architectures
-from advisor.model.lora import adapter_inputs
+from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
@@ -282,14 +281,8 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         adapters=_adapters(spec, training),
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
-        qkv_bias=_qkv_bias(spec),
+        kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
-
-
-def _qkv_bias(spec: ModelSpec) -> bool:
-    """q, k and v projections with a bias (Qwen2): they run addmm, not mm (selective checkpointing)."""
-    info = load_architectures().get(spec.model_type or "")
-    return bool(info and info.qkv_bias)
 
 
 def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:

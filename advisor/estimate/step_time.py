@@ -47,6 +47,7 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
+from advisor.model.lora import selective_kept_linears
 from advisor.model.spec import ModelSpec
 from advisor.hardware.catalog import GpuProfile, load_catalog
 from advisor.strategies import Implementation
@@ -113,21 +114,6 @@ def matmul_params(spec: ModelSpec) -> int:
     return max(spec.active_params - lookup, 1)
 
 
-def _kept_matmul_params(spec: ModelSpec) -> int | None:
-    """Parameters per block of the matrix products selective checkpointing keeps (the 1st, 3rd, ...
-    ``aten.mm`` of a block; linear layers with a bias run ``addmm`` and are recomputed), or None where
-    the block's layers are not known."""
-    from advisor.model.bundled import load_architectures
-    from advisor.model.lora import block_linears
-
-    info = load_architectures().get(spec.model_type or "")
-    if info is None or info.formula != "decoder" or info.moe:
-        return None
-    linears = block_linears(spec)
-    order = [name for name in linears if not (info.qkv_bias and name in ("q_proj", "k_proj", "v_proj", "qkv_proj"))]
-    return sum(fan_in * fan_out for name in order[0::2] for fan_in, fan_out in linears[name])
-
-
 def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool,
                 selective: bool = False) -> FlopCount:
     """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring).
@@ -141,9 +127,10 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     weight_grads = 2 * params * trainable_share * tokens
     backward = 2 * params * tokens + weight_grads + 2 * attention_fwd
     recompute = forward if checkpointing else 0.0
-    kept = _kept_matmul_params(spec) if checkpointing and selective else None
-    if kept is not None:
-        recompute = max(0.0, forward - attention_fwd - 2 * kept * shape.num_layers * tokens)
+    kept = selective_kept_linears(spec) if checkpointing and selective else None
+    if kept is not None:  # the recompute skips the attention kernels and the matrix products kept
+        kept_params = sum(fan_in * fan_out for fan_in, fan_out in kept)
+        recompute = max(0.0, forward - attention_fwd - 2 * kept_params * shape.num_layers * tokens)
     return FlopCount(forward=forward, backward=backward, recompute=recompute)
 
 

@@ -74,6 +74,22 @@ def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     return attention if info.moe else {**attention, **mlp}
 
 
+_QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj")
+
+
+def selective_kept_linears(spec: ModelSpec) -> list[tuple[int, int]] | None:
+    """``(in, out)`` of the linear layers of one block whose outputs selective checkpointing keeps
+    (``wrappers.checkpointing.selective_context``: the 1st, 3rd, 5th, ... ``aten.mm`` of the block, in
+    forward order; a linear layer with a bias runs ``addmm``, which the policy recomputes, so Qwen2's
+    q, k and v do not count). None where the block is not a known dense Llama-like decoder."""
+    info = load_architectures().get(spec.model_type or "")
+    if info is None or info.formula != "decoder" or info.moe:
+        return None
+    linears = block_linears(spec)
+    order = [name for name in linears if not (info.qkv_bias and name in _QKV)]
+    return [shape for name in order[0::2] for shape in linears[name]]
+
+
 # Where each linear layer of a Llama-like block reads its input from. Targets sharing a source read
 # the same tensor (q, k and v all read the attention norm's output).
 INPUT_SOURCE = {"q_proj": "attn_norm", "k_proj": "attn_norm", "v_proj": "attn_norm", "qkv_proj": "attn_norm",

@@ -51,6 +51,18 @@ FP32 = 4
 PeakMoment = Literal["end_of_forward", "loss_backward", "block_backward", "optimizer_step"]
 
 
+class MomentTotals(BaseModel):
+    """``peak_allocated`` at each of the four moments (what is live then; runtime overhead excluded).
+    The largest is the breakdown's ``peak_moment``; the timeline chart marks all four."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    end_of_forward: int = Field(ge=0)
+    loss_backward: int = Field(ge=0)
+    block_backward: int = Field(ge=0)
+    optimizer_step: int = Field(ge=0)
+
+
 class MemoryBreakdown(BaseModel):
     """Per-GPU memory in two views. The peak view (``params`` .. ``temporary``, ``runtime_overhead``,
     ``total``) is what is live at ``peak_moment``, so it differs between strategies whose peaks fall
@@ -80,6 +92,8 @@ class MemoryBreakdown(BaseModel):
     states_on_cpu: Literal["none", "optimizer", "all"] = Field(
         description="What rests on the CPU: 'none' (all on the GPU), 'optimizer' (gradients and optimizer "
                     "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
+    moments: MomentTotals | None = Field(
+        default=None, description="peak_allocated at each of the four moments; None where not estimated.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -354,4 +368,5 @@ def estimate_memory(
         states_grads=states.grads,
         states_optimizer=states.optimizer,
         states_on_cpu="all" if states.on_cpu else ("optimizer" if states.cpu_only_optimizer else "none"),
+        moments=MomentTotals(**{name: sum(live.values()) for name, live in moments.items()}),
     )

@@ -17,8 +17,8 @@ import math
 from itertools import groupby
 
 from advisor.cli.svg import COLORS, LABELS, Scale, attr, document, gib, legend, text, y_axis
-from advisor.estimate.memory import MomentTotals
 from advisor.planning.api import Plan
+from advisor.planning.planner import Candidate
 from advisor.simulate.timeline import CATEGORIES, Segment, Timeline
 
 PHASE_NAMES = {"forward": "forward", "loss": "loss", "backward": "backward", "optimizer_step": "optimizer step"}
@@ -58,13 +58,13 @@ def _moment_spans(segments: tuple[Segment, ...]) -> dict[str, list[int]]:
     return spans
 
 
-def timeline_svg(timeline: Timeline, *, title: str, moments: MomentTotals | None) -> str:
+def timeline_svg(timeline: Timeline, *, title: str, moments: dict[str, int] | None) -> str:
     """The step as stacked columns (live bytes at each segment's highest point) with the moments marked."""
     segs = timeline.segments
     right = WIDTH - RIGHT_PANEL
     widths = _widths(segs, right - LEFT)
     xs = [LEFT + sum(widths[:i]) for i in range(len(segs))]
-    marks = moments.model_dump() if moments is not None else {}
+    marks = dict(moments or {})
     scale = Scale(int(max([timeline.peak_bytes, *marks.values()]) * 1.1), top=TOP, bottom=HEIGHT - BOTTOM)
     body = [text(LEFT, 26, title, size=15, weight="bold"),
             text(LEFT, 46, "One GPU's memory over the simulated step: each column is the live memory at the highest "
@@ -163,7 +163,7 @@ def _segment_labels(segs: tuple[Segment, ...], xs: list[float], widths: list[flo
     """Block numbers under the columns (every k-th one when there are many), a bracket under each run of
     blocks, and the other segments' names (embeddings, norm, head, loss) slanted."""
     every = 1 if num_blocks <= MAX_BLOCK_TICKS else _round_up(math.ceil(num_blocks / MAX_BLOCK_TICKS))
-    parts, start = [], 0
+    parts: list[str] = []
     for is_block, run in groupby(range(len(segs)), key=lambda i: segs[i].block is not None):
         run = list(run)
         if is_block:
@@ -182,7 +182,6 @@ def _segment_labels(segs: tuple[Segment, ...], xs: list[float], widths: list[flo
                 cx = xs[i] + widths[i] / 2
                 parts.append(text(cx + 3, y + 10, segs[i].label, size=10, anchor="end", rotate=-60,
                                   cls="segment-label"))
-        start += len(run)
     return parts
 
 
@@ -199,7 +198,7 @@ def plan_svg(plan: Plan) -> str:
     """Per-GPU memory of every strategy as stacked bars (the peak view, runtime overhead on top), with
     the capacity of one GPU as a line. A bar far above the line is cut at twice the capacity."""
     capacity = plan.hardware.gpu_memory_bytes
-    bars = [c for c in plan.candidates]
+    bars = list(plan.candidates)
     totals = [c.memory_bytes.total for c in bars if c.memory_bytes is not None]
     ceiling = min(max([capacity, *totals]), 2 * capacity)
     right = PLAN_WIDTH - PLAN_PANEL
@@ -230,7 +229,7 @@ def plan_svg(plan: Plan) -> str:
     return document("\n".join(body), width=PLAN_WIDTH, height=PLAN_HEIGHT, title=title)
 
 
-def _bar(cand, *, x: float, width: float, scale: Scale, recommended: bool) -> list[str]:
+def _bar(cand: Candidate, *, x: float, width: float, scale: Scale, recommended: bool) -> list[str]:
     mem = cand.memory_bytes
     middle = x + width / 2
     base = scale.bottom

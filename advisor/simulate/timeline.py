@@ -15,7 +15,8 @@ module, of which the recorder keeps the segment boundaries. Rendering lives in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -141,17 +142,17 @@ class TimelineRecorder:
         return Timeline(segments=tuple(self._segments),
                         num_blocks=sum(1 for _, block in self._stops.values() if block is not None))
 
-    def watch(self, tracker: Any) -> Any:
-        """A context manager: hooks on every module (a ModTracker of our own) and a call after every
-        operation the tracker counts (wrapping its ``_update_peak_stats``, where it updates its peak)."""
+    @contextlib.contextmanager
+    def watch(self, tracker: Any) -> Iterator[TimelineRecorder]:
+        """Hooks on every module (a ModTracker of our own) and a call after every operation the tracker
+        counts (wrapping its ``_update_peak_stats``, where it updates its own peak), while inside."""
         from torch.distributed._tools.mod_tracker import ModTracker
 
         original = tracker._update_peak_stats
-        recorder = self
 
         def update_peak_stats(*args: Any, **kwargs: Any) -> None:
             original(*args, **kwargs)
-            recorder.on_op()
+            self.on_op()
 
         hooks = ModTracker()
 
@@ -165,20 +166,13 @@ class TimelineRecorder:
 
         hooks.register_user_hooks(forward_hook, forward_post_hook, lambda module, _: self._enter(module, "backward"),
                                   lambda module, _: self._leave(module))
-
-        class _Watch:
-            def __enter__(self_inner) -> TimelineRecorder:
-                tracker._update_peak_stats = update_peak_stats
-                hooks.__enter__()
-                recorder._high = recorder._live()  # what the tracker holds as it starts
-                return recorder
-
-            def __exit__(self_inner, *exc: Any) -> None:
-                hooks.__exit__(*exc)
-                del tracker._update_peak_stats
-
-        return _Watch()
-
+        tracker._update_peak_stats = update_peak_stats
+        try:
+            with hooks:
+                self._high = self._live()  # what the tracker holds as it starts
+                yield self
+        finally:
+            del tracker._update_peak_stats
 
 
 def segment_stops(net: Any, blocks: list[Any]) -> dict[int, tuple[str, int | None]]:

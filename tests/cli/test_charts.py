@@ -132,3 +132,23 @@ def test_a_bad_path_is_one_line_and_exit_2(command, tmp_path, capsys):
     for bad in (tmp_path / "missing" / "chart.svg", tmp_path):
         code, out, err = run_main([*command, str(bad)], capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+def test_many_blocks_get_group_labels_not_one_label_each():
+    """A 32-block step (made by hand): every 4th block is numbered, and each run of blocks is bracketed."""
+    from advisor.cli.charts import timeline_svg
+    from advisor.simulate.timeline import CategoryBytes, Segment, Timeline
+
+    def seg(phase, label, block=None):
+        return Segment(phase=phase, label=label, block=block, peak=CategoryBytes(activations=2**30),
+                       end=CategoryBytes(activations=2**29))
+
+    segments = ([seg("forward", "embed_tokens")] + [seg("forward", f"block {i}", i) for i in range(32)]
+                + [seg("loss", "loss"), seg("loss", "loss backward")]
+                + [seg("backward", f"block {i}", i) for i in reversed(range(32))] + [seg("optimizer_step", "optimizer step")])
+    root = _svg(timeline_svg(Timeline(segments=tuple(segments), num_blocks=32), title="t", moments=None))
+    numbered = [t for t in root.findall(".//svg:text[@class='block-label']", NS)]
+    assert sorted({int(t.get("data-block")) for t in numbered}) == list(range(0, 32, 4))
+    groups = [t.text for t in root.findall(".//svg:text[@class='group-label']", NS)]
+    assert groups == ["blocks 0 \u2192 31", "blocks 31 \u2192 0"]
+    assert root.findall(".//svg:line[@class='moment']", NS) == []

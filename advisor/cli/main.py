@@ -58,7 +58,9 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
-def plan(as_json: bool, verify: bool, **options) -> None:
+@click.option("--chart", "chart_file", metavar="FILE", help="Also write the per-strategy bars (FILE.svg, or .html).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
+def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
@@ -72,6 +74,8 @@ def plan(as_json: bool, verify: bool, **options) -> None:
 
     kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
     result = make_plan(**kwargs)
+    if chart_file:
+        _write_chart(result, chart_file, force=force)
     checked = None
     if verify and result.recommendation is not None:
         from advisor.cli.simulate import verify_with_progress
@@ -92,6 +96,16 @@ def plan(as_json: bool, verify: bool, **options) -> None:
             print_verification(checked)
     if result.recommendation is None:
         click.get_current_context().exit(EXIT_NOTHING_FITS)
+
+
+def _write_chart(result, path: str, *, force: bool) -> None:
+    from advisor.cli.charts import plan_svg
+    from advisor.cli.svg import as_file
+    from advisor.export.write import write_export
+
+    svg = plan_svg(result)
+    written = write_export(path, as_file(svg, path, title=f"{result.model.name}: memory by strategy"), force=force)
+    click.echo(f"wrote {written}", err=True)
 
 
 @cli.command()

@@ -30,7 +30,7 @@ def _table(result):
     return table
 
 
-def verify_with_progress(the_plan, *, strategy: str | None = None):
+def verify_with_progress(the_plan, *, strategy: str | None = None, timeline: bool = False):
     """``advisor.simulate.verify.verify`` with a progress bar on stderr."""
     from advisor.simulate.verify import verify
     from advisor.simulate.step import STAGES
@@ -40,7 +40,21 @@ def verify_with_progress(the_plan, *, strategy: str | None = None):
             bar.label = f"simulating: {stage}"
             bar.update(1)
 
-        return verify(the_plan, strategy=strategy, progress=progress)
+        return verify(the_plan, strategy=strategy, progress=progress, timeline=timeline)
+
+
+def write_timeline(result, path: str, *, force: bool) -> None:
+    """The ``--timeline`` chart of a verification, written like an export (``advisor.export.write``)."""
+    from advisor.cli.charts import timeline_svg
+    from advisor.cli.svg import as_file
+    from advisor.export.write import write_export
+
+    sim = result.simulated
+    title = (f"{sim.model}: {sim.strategy} on {sim.world_size} GPUs, micro-batch {sim.micro_batch_size}, "
+             f"seq {sim.seq_len}, checkpointing {'on' if sim.checkpointing else 'off'}")
+    svg = timeline_svg(sim.timeline, title=title, moments=result.analytic.moments)
+    written = write_export(path, as_file(svg, path, title=title), force=force)
+    click.echo(f"wrote {written}", err=True)
 
 
 def print_verification(result) -> None:
@@ -58,14 +72,23 @@ def print_verification(result) -> None:
 @click.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
-def simulate(as_json: bool, **options) -> None:
+@click.option("--timeline", "timeline_file", metavar="FILE",
+              help="Also write a chart of one GPU's memory over the step (FILE.svg, or .html).")
+@click.option("--force", is_flag=True, help="Overwrite an existing --timeline file.")
+def simulate(as_json: bool, timeline_file: str | None, force: bool, **options) -> None:
     """Run one training step of the plan in PyTorch (no GPU) and measure each rank's peak memory."""
     from advisor.planning.api import plan as make_plan
 
     kwargs = plan_kwargs(options)
     if kwargs.get("engine", "torch") != "torch":
         raise click.UsageError("simulate runs --engine torch only")
-    result = verify_with_progress(make_plan(**kwargs), strategy=kwargs.get("strategy"))
+    if timeline_file:
+        from advisor.export.write import check_destination
+
+        check_destination(timeline_file, force=force)  # before the simulation, not after it
+    result = verify_with_progress(make_plan(**kwargs), strategy=kwargs.get("strategy"), timeline=bool(timeline_file))
+    if timeline_file:
+        write_timeline(result, timeline_file, force=force)
     if as_json:
         click.echo(json.dumps(result.model_dump(mode="json"), indent=2))
         return

@@ -35,7 +35,7 @@ torch/optim/adam.py ``_multi_tensor_adam``). deepspeed: 2 bytes/param weights, 2
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -80,11 +80,23 @@ class MemoryBreakdown(BaseModel):
     states_on_cpu: Literal["none", "optimizer", "all"] = Field(
         description="What rests on the CPU: 'none' (all on the GPU), 'optimizer' (gradients and optimizer "
                     "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
+    # peak_allocated at each of the four moments (the largest is peak_moment's); the timeline chart
+    # marks all four. None where a breakdown was not built by estimate_memory.
+    at_end_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of forward.")
+    at_loss_backward: int | None = Field(default=None, ge=0, description="peak_allocated in the loss's backward.")
+    at_block_backward: int | None = Field(default=None, ge=0, description="peak_allocated in a block's backward.")
+    at_optimizer_step: int | None = Field(default=None, ge=0, description="peak_allocated in the optimizer step.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def peak_allocated(self) -> int:
         return self.params + self.grads + self.optimizer + self.activations + self.temporary
+
+    @property
+    def moments(self) -> dict[str, int] | None:
+        """The four moments' peak_allocated by name (``PeakMoment``), or None where not estimated."""
+        values = {name: getattr(self, f"at_{name}") for name in get_args(PeakMoment)}
+        return None if None in values.values() else values
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -354,4 +366,5 @@ def estimate_memory(
         states_grads=states.grads,
         states_optimizer=states.optimizer,
         states_on_cpu="all" if states.on_cpu else ("optimizer" if states.cpu_only_optimizer else "none"),
+        **{f"at_{name}": sum(live.values()) for name, live in moments.items()},
     )

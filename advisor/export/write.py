@@ -20,24 +20,40 @@ import tempfile
 from pathlib import Path
 
 
-def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file."""
-    target = Path(path)
+def check_destination(path: str | os.PathLike[str], *, force: bool = False, example: str = "chart.svg") -> Path:
+    """What ``write_export`` would refuse, checked before a long computation produces the text: an
+    existing file without ``force`` is refused here even if the new text would turn out identical."""
+    target = _writable(Path(path), example=example)
+    if target.exists() and not force:
+        raise ValueError(f"{target} already exists; pass --force to overwrite it")
+    return target
+
+
+def _writable(target: Path, *, example: str = "accelerate_config.yaml") -> Path:
+    """``target`` unless it is a directory, a link, a non-regular file or in a missing directory."""
     if target.is_dir():
-        raise ValueError(f"{target} is a directory; give a file name, e.g. {target / 'accelerate_config.yaml'}")
+        raise ValueError(f"{target} is a directory; give a file name, e.g. {target / example}")
     if target.is_symlink():
         raise ValueError(f"{target} is a symbolic link; give the file it points to, or -o - for stdout")
     if target.exists():
         if not stat.S_ISREG(target.stat().st_mode):
             raise ValueError(f"{target} exists and is not a regular file (a pipe, device or terminal); "
                              "give a file name, or -o - for stdout")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"directory {parent} does not exist")
+    return target
+
+
+def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file."""
+    target = _writable(Path(path))
+    if target.exists():
         if _same_content(target, text):
             return target
         if not force:
             raise ValueError(f"{target} already exists; pass --force to overwrite it")
     parent = target.parent if str(target.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"directory {parent} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

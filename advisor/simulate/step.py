@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.simulate.timeline import Timeline
 from advisor.strategies import STRATEGIES, Implementation, get_strategy
 from advisor.training import TrainingConfig
 Phase = Literal["forward", "backward", "optimizer_step"]
@@ -98,6 +99,7 @@ class SimulatedStep(BaseModel):
     top_modules: tuple[ModulePeak, ...]
     notes: tuple[str, ...]
     wall_s: float
+    timeline: Timeline | None = Field(default=None, description="Memory segment by segment (simulate(timeline=True)).")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -127,12 +129,14 @@ def simulate(
     trainable_params: int | None = None,
     real_tensors: bool = False,
     progress: Progress | None = None,
+    timeline: bool = False,
 ) -> SimulatedStep:
     """Measure one steady-state training step of ``model`` on one of ``world_size`` ranks.
 
     ``model``: a bundled id, local directory / config.json, Hub id or config dict.
     ``real_tensors``: run with real CPU tensors instead of fake ones (small models; validation).
     ``progress`` is called with each stage's name (``STAGES``) as it starts.
+    ``timeline``: also record memory segment by segment (``advisor.simulate.timeline``).
     """
     impl = _check(strategy, training, world_size)
     import torch
@@ -157,13 +161,14 @@ def simulate(
         tell("measured step")
         tracker = _tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
-        with tracker:
+        recorder = _recorder(net, tracker, impl) if timeline else None
+        with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext():
             _no_grad_hooks_on_frozen(tracker, net)
-            step(lambda phase: phases.__setitem__(phase, _peak_total(tracker)))
+            step(lambda phase: _mark(phase, phases, tracker, recorder))
         measured = _breakdown(tracker)
         top = _top_modules(tracker)
     if not impl.shard_params:  # replicated: DDP's buckets, see the module docstring
-        buckets = sum(p.numel() * p.element_size() for p in _unique_params(net) if p.requires_grad)
+        buckets = _ddp_bucket_bytes(net)
         measured["temporary"] += buckets
         notes.append(f"DDP buckets added by arithmetic: {buckets:,} bytes (one copy of the trainable "
                      "gradients; gradient_as_bucket_view=False); the step ran on the plain model")
@@ -173,7 +178,7 @@ def simulate(
         checkpointing=checkpointing, tensors="real" if real_tensors else "fake", device="cpu",
         total_params=sum(p.numel() for p in _unique_params(net)), trainable_params=trainable,
         **measured, peak_phase=_phase(phases), top_modules=top, notes=tuple(notes),
-        wall_s=round(time.perf_counter() - start, 3),
+        wall_s=round(time.perf_counter() - start, 3), timeline=recorder.timeline() if recorder else None,
     )
 
 
@@ -401,6 +406,31 @@ def _no_grad_hooks_on_frozen(tracker: Any, net: Any) -> None:
             handles[param] = (_NoHook(), _NoHook())
 
 
+def _recorder(net: Any, tracker: Any, impl: Implementation) -> Any:
+    """A timeline recorder reading the tracker's live bytes by category; under DDP the buckets (added to
+    ``temporary`` by arithmetic, see the module docstring) are live throughout the step."""
+    from advisor.simulate.timeline import CategoryBytes, TimelineRecorder, segment_stops
+    from wrappers.blocks import find_blocks
+
+    buckets = 0 if impl.shard_params else _ddp_bucket_bytes(net)
+    return TimelineRecorder(lambda: _live(tracker), segment_stops(net, find_blocks(net)),
+                            extra=CategoryBytes(temporary=buckets))
+
+
+def _ddp_bucket_bytes(net: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in _unique_params(net) if p.requires_grad)
+
+
+def _mark(phase: str, phases: dict[str, int], tracker: Any, recorder: Any) -> None:
+    phases[phase] = _peak_total(tracker)
+    if recorder is not None:
+        recorder.mark(phase)
+
+
+def _live(tracker: Any) -> dict[str, int]:
+    return _by_category(tracker.get_tracker_snapshot("current"))
+
+
 def _peak_total(tracker: Any) -> int:
     return sum(snap.get("Total", 0) for snap in tracker.get_tracker_snapshot("peak").values())
 
@@ -417,8 +447,12 @@ def _phase(marks: dict[str, int]) -> Phase:
 
 
 def _breakdown(tracker: Any) -> dict[str, int]:
+    return _by_category(tracker.get_tracker_snapshot("peak"))
+
+
+def _by_category(snapshot: dict) -> dict[str, int]:
     out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporary"), 0)
-    for snap in tracker.get_tracker_snapshot("peak").values():
+    for snap in snapshot.values():
         for key, value in snap.items():
             if key != "Total":
                 out[_CATEGORY[str(getattr(key, "value", key))]] += value

@@ -27,8 +27,9 @@ class Verification(BaseModel):
 
 
 def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = False,
-           progress: Progress | None = None) -> Verification:
-    """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate."""
+           progress: Progress | None = None, timeline: bool = False) -> Verification:
+    """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate;
+    ``timeline`` also records the step segment by segment (``simulated.timeline``)."""
     name = strategy or (plan.recommendation.strategy if plan.recommendation else None)
     if name is None:
         raise ValueError("nothing fits, so there is no candidate to simulate; pass --strategy and --micro-batch")
@@ -46,7 +47,7 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
         spec.name, world_size=plan.hardware.world_size, strategy=name,
         training=plan.training.model_copy(update={"activation_checkpointing": mode}),
         micro_batch_size=candidate.micro_batch_size, checkpointing=bool(candidate.activation_checkpointing),
-        trainable_params=trainable, real_tensors=real_tensors, progress=progress,
+        trainable_params=trainable, real_tensors=real_tensors, progress=progress, timeline=timeline,
     )
     analytic = candidate.memory_bytes
     error = 100 * (analytic.peak_allocated - simulated.peak_allocated) / simulated.peak_allocated

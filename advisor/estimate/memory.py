@@ -309,6 +309,12 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
+    if training.quantize is not None:
+        from advisor.estimate.quantized import apply_quantization
+
+        states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
+                                                          checkpointing=checkpointing)
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -332,7 +338,8 @@ def estimate_memory(
                               temporary=buffers.persistent + buffers.at_loss + loss),
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
         "block_backward": dict(base, activations=acts.saved_bytes + acts.recompute_bytes,
-                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes),
+                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
+                               + dequantized),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

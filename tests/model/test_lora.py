@@ -99,3 +99,21 @@ def test_a_live_peft_model_is_planned_as_lora_without_counting_adapters_twice():
     assert plan.model.total_params == sum(p.numel() for p in model.parameters())
     assert plan.training.lora == LoraConfig(rank=4, targets=("q_proj", "v_proj"), dropout=0.1)
     assert any(note.startswith("LoRA rank 4 on q_proj, v_proj") for note in plan.assumptions)
+
+
+@pytest.mark.parametrize("model", [m for m in sorted(SMALL) if "Mixtral" not in m])
+def test_linear_names_are_the_models_own(model):
+    """The names an unknown --lora-targets lists are the last names of the model's nn.Linear (and
+    GPT-2's Conv1D) modules, as transformers builds it on the meta device. (Mixtral's experts are
+    stacked parameters, listed separately.)"""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    from advisor.model.lora import linear_names
+    from advisor.model.meta import build_meta_model
+    from advisor.model.sources import resolve, spec_from_config
+
+    config = {**resolve(model).config, **SMALL[model]}
+    net = build_meta_model(config)
+    own = {name.rsplit(".", 1)[-1] for name, module in net.named_modules() if isinstance(module, (nn.Linear, Conv1D))}
+    assert set(linear_names(spec_from_config(config, name=model, source="local"))) == own

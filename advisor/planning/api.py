@@ -135,6 +135,23 @@ def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | No
     return live
 
 
+def _live_quantization(model: Any) -> tuple[str, bool] | None:
+    """``(scheme, double_quant)`` of a live model transformers loaded with bitsandbytes (duck-typed on
+    ``config.quantization_config``, a ``BitsAndBytesConfig`` or its dict; a PEFT model forwards
+    ``config`` to its base), or None."""
+    if isinstance(model, (str, dict, ModelSpec)) or not hasattr(getattr(model, "config", None), "to_dict"):
+        return None
+    found = getattr(model.config, "quantization_config", None)
+    if found is None:
+        return None
+    read = found.get if isinstance(found, dict) else lambda key, default=None: getattr(found, key, default)
+    if read("load_in_8bit", False):
+        return "int8", True
+    if read("load_in_4bit", False):
+        return str(read("bnb_4bit_quant_type", "fp4")), bool(read("bnb_4bit_use_double_quant", False))
+    return None
+
+
 def _lora_note(base: ModelSpec, lora: LoraConfig, *, quantized: bool = False) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
@@ -222,6 +239,13 @@ def plan(
     spec = resolve_model(model, trust_remote_code=trust_remote_code)
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
+    counted = live is not None
+    quantized = _live_quantization(model)
+    if quantized is not None:  # bitsandbytes packs its weights: count the base from its config instead
+        spec, counted = resolve_model(model.config.to_dict(), trust_remote_code=trust_remote_code), False
+        if training.quantize not in (None, quantized[0]):
+            raise ValueError(f"quantize={training.quantize} given for a model loaded in {quantized[0]}; leave it out")
+        training = training.model_copy(update={"quantize": quantized[0], "double_quant": quantized[1]})
     if live is not None:
         if training.lora is not None and training.lora != live:
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
@@ -231,7 +255,7 @@ def plan(
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         notes.append(_lora_note(spec, training.lora, quantized=training.quantize is not None))
-        if live is None:
+        if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:
         notes.append(_check_quantized(spec, training, strategy))

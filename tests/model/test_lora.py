@@ -117,3 +117,24 @@ def test_linear_names_are_the_models_own(model):
     net = build_meta_model(config)
     own = {name.rsplit(".", 1)[-1] for name, module in net.named_modules() if isinstance(module, (nn.Linear, Conv1D))}
     assert set(linear_names(spec_from_config(config, name=model, source="local"))) == own
+
+
+def test_a_live_bitsandbytes_peft_model_is_planned_as_qlora():
+    """transformers keeps the BitsAndBytesConfig a model was loaded with in ``config.quantization_config``;
+    a PEFT model over it is planned as QLoRA with that scheme, the base counted from its config (packed
+    Params4bit would count half their weights). bitsandbytes needs CUDA, so the config is attached to a
+    CPU model here: the planner reads nothing else."""
+    peft = pytest.importorskip("peft")
+    import advisor
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512))
+    base.config.quantization_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                         bnb_4bit_use_double_quant=True)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    plan = advisor.plan(model, "2xA100")
+    assert (plan.training.quantize, plan.training.double_quant) == ("nf4", True)
+    assert plan.model.trainable_params == 1_792  # as in the unquantised case above
+    assert plan.model.total_params == sum(p.numel() for p in model.parameters())
+    assert not plan.candidate("dp").available

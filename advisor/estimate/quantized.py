@@ -51,6 +51,7 @@ settings (``profiles/published_qlora.json``, ``benchmarks/qlora_published.py``,
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -93,6 +94,7 @@ def _linear_bytes(fan_in: int, fan_out: int, scheme: str, *, double_quant: bool)
     return -(-n // 2), blocks + FP32 * -(-blocks // BLOCKSIZE_NESTED) + FP32
 
 
+@functools.lru_cache(maxsize=32)  # the planner asks once per memory estimate; specs are frozen (hashable)
 def quantized_base(spec: ModelSpec, scheme: str, *, double_quant: bool = True) -> QuantizedBase:
     """The quantised linears of ``spec``; ValueError where its linear layers are not all known."""
     info = load_architectures().get(spec.model_type or "")

@@ -47,3 +47,10 @@ def test_nf4_deepspeed_zero3_runs(capsys):
     code, out, _ = run_main([*QWEN, "--lora", "8", "--quantize", "nf4", "--engine", "deepspeed",
                              "--strategy", "zero3", "--json"], capsys)
     assert code == 0 and json.loads(out)["recommendation"]["strategy"] == "zero3"
+
+
+def test_simulate_refuses_a_quantised_base(capsys):
+    """The simulator's fake tensors cannot run bitsandbytes: refused in one line, not simulated unquantised."""
+    code, _, err = run_main(["simulate", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--lora", "8",
+                             "--quantize", "nf4", "--strategy", "ddp", "--micro-batch", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "bitsandbytes" in err, err

@@ -209,3 +209,12 @@ def quantized_buffers(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
     # the quantised and the compute-dtype weights need no cast.
     casts = training.compute_bytes * trainable if training.mixed else 0
     return StrategyBuffers(persistent=buckets, at_loss=casts, in_backward=casts, at_forward_end=casts)
+
+
+def stored_param_bytes(spec: ModelSpec, training: "TrainingConfig", *, bytes_per_param: int) -> int:
+    """Bytes of all parameters as FSDP / ZeRO-3 gather or a CPU offload uploads them: the packed
+    quantised weights plus the rest at ``bytes_per_param`` (everything at it without ``--quantize``)."""
+    if training.quantize is None:
+        return bytes_per_param * spec.total_params
+    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+    return q.packed_bytes + bytes_per_param * (spec.total_params - q.params)

@@ -31,6 +31,9 @@ False``); autocast keeps bf16 copies of the weights for backward; FSDP2 keeps fp
 all-gathers bf16 blocks; AdamW's foreach step allocates one state-sized temporary (``sqrt(v)``,
 torch/optim/adam.py ``_multi_tensor_adam``). deepspeed: 2 bytes/param weights, 2 grads and K=12
 (fp32 master + Adam), the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3/5).
+
+A quantised base (``--quantize``, QLoRA): ``advisor.estimate.quantized`` replaces the parameter bytes
+and the strategy's buffers, and adds one dequantised linear to a block's backward.
 """
 
 from __future__ import annotations

@@ -31,7 +31,9 @@ FSDP+QLoRA does (bitsandbytes docs "FSDP-QLoRA"; PEFT docs "Use PEFT QLoRA and F
 QLoRA and DeepSpeed with ZeRO3"). The quantisation constants live in the module's ``quant_state``,
 not in a parameter, so every rank keeps all of them (bitsandbytes PR #970, Answer.AI's
 "Enabling 70B Finetuning on Consumer GPUs"); FSDP's CPU offload moves only the parameters. DDP and
-ZeRO-1/2 keep a whole copy of the packed weights on every GPU. LLM.int8 weights are ``int8``
+ZeRO-1/2 keep a whole copy of the packed weights on every GPU. (With the default uint8 storage,
+accelerate's FSDP2 preparation leaves the 4-bit weights out of the sharding, whole on every GPU:
+``accelerate/utils/fsdp_utils.py`` ``fsdp2_prepare_model``; the exports set the storage dtype.) LLM.int8 weights are ``int8``
 tensors with no storage-dtype option: FSDP / ZeRO-3 cannot shard them. ``torch.nn.DataParallel``
 re-replicates the modules every step and loses the 4-bit quant state: transformers refuses to
 wrap a bitsandbytes model in it (transformers PR #45407, where the bitsandbytes maintainer says

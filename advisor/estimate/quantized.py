@@ -132,9 +132,10 @@ def quantization_unavailable(impl: Implementation, scheme: str | None) -> str | 
 
 
 def frozen_dense_bytes(training: "TrainingConfig") -> int:
-    """Bytes per parameter of the base weights left unquantised (embeddings, norms, head): the
-    compute dtype, as transformers loads a bitsandbytes model (``torch_dtype`` = the storage dtype)."""
-    return training.compute_bytes
+    """Bytes per parameter of the base weights left unquantised (embeddings, norms, head): the dtype
+    the model is loaded in, which is the storage dtype: the compute dtype, or fp32 under fp16 autocast
+    (PEFT docs, "Use PEFT QLoRA and FSDP": fp16 mixed precision needs float32 storage)."""
+    return 4 if training.precision == "fp16-mixed" else training.compute_bytes
 
 
 def quantized_param_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,

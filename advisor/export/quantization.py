@@ -17,21 +17,27 @@ from advisor.strategies import Implementation
 from advisor.training import Engine, TrainingConfig
 
 
+def storage_dtype(training: TrainingConfig) -> str:
+    """``torch.<dtype>`` the base is loaded in and the 4-bit weights are stored as: the compute dtype,
+    but fp32 under fp16 autocast (PEFT docs: fp16 mixed precision is stable with float32 storage)."""
+    return f"torch.{'float32' if training.precision == 'fp16-mixed' else training.precision_info.compute_dtype}"
+
+
 def bitsandbytes_config(training: TrainingConfig) -> str:
     """The ``BitsAndBytesConfig(...)`` call (Python source, ``torch`` imported) for the plan's base."""
-    dtype = f"torch.{training.precision_info.compute_dtype}"
     if training.quantize == "int8":
         return "BitsAndBytesConfig(load_in_8bit=True)"
     return (f'BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="{training.quantize}", '
-            f"bnb_4bit_use_double_quant={training.double_quant}, bnb_4bit_compute_dtype={dtype}, "
-            f"bnb_4bit_quant_storage={dtype})")
+            f"bnb_4bit_use_double_quant={training.double_quant}, "
+            f"bnb_4bit_compute_dtype=torch.{training.precision_info.compute_dtype}, "
+            f"bnb_4bit_quant_storage={storage_dtype(training)})")
 
 
 def quantization_notes(training: TrainingConfig, *, engine: Engine, impl: Implementation) -> list[str]:
     """One line per thing the script or the launcher must do for the quantised base (none without one)."""
     if training.quantize is None:
         return []
-    dtype = f"torch.{training.precision_info.compute_dtype}"
+    dtype = storage_dtype(training)
     notes = [f"QLoRA: load the base with AutoModelForCausalLM.from_pretrained(..., quantization_config="
              f"{bitsandbytes_config(training)}, dtype={dtype}); the plan's memory assumes it."]
     if impl.shard_params and training.quantize != "int8":

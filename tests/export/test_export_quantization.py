@@ -83,3 +83,13 @@ def test_int8_ddp_export_loads_in_8bit(tmp_path, monkeypatch):
     assert config.load_in_8bit and not config.load_in_4bit
     target = resolve_target(qplan, "accelerate")
     assert not any("shard" in note for note in target.notes)  # ddp keeps whole weights: no storage-dtype note
+
+
+def test_fp16_autocast_stores_the_4bit_weights_in_fp32(tmp_path, monkeypatch):
+    """PEFT's docs: with fp16 mixed precision, bnb_4bit_quant_storage float32 (compute stays fp16)."""
+    import torch
+
+    text = _env(tmp_path, _qlora_plan(strategy="zero3", precision="fp16-mixed"), monkeypatch)
+    config = _bnb_config(text)
+    assert config.bnb_4bit_quant_storage == torch.float32 and config.bnb_4bit_compute_dtype == torch.float16
+    assert "dtype=torch.float32)" in text

@@ -54,3 +54,12 @@ def test_simulate_refuses_a_quantised_base(capsys):
     code, _, err = run_main(["simulate", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--lora", "8",
                              "--quantize", "nf4", "--strategy", "ddp", "--micro-batch", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "bitsandbytes" in err, err
+
+
+def test_no_double_quant_keeps_fp32_absmax(capsys):
+    """Without double quantisation the absmax stay fp32: 4 B per 64 weights, 4x the 0.127-bit constants."""
+    code, out, _ = run_main([*QWEN, "--lora", "8", "--quantize", "nf4", "--no-double-quant", "--json"], capsys)
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["training"]["double_quant"] is False
+    assert any("fp32 absmax, 0.5 bits/weight" in note for note in doc["assumptions"])

@@ -21,6 +21,7 @@ Checkpointing = Literal["auto", "on", "off", "selective"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
 LossKernel = Literal["hf", "chunked", "fused"]
+Quantization = Literal["nf4", "fp4", "int8"]
 MAX_SEQ_LEN = 1 << 22  # the longest --seq-len accepted (4M tokens)
 
 
@@ -46,6 +47,10 @@ class TrainingConfig(BaseModel):
     lora: LoraConfig | None = Field(default=None, description="LoRA/DoRA adapters train, the base is frozen.")
     loss: LossKernel = Field(default="hf", description="hf: full logits and an fp32 copy; chunked: head and "
                              "cross-entropy over 8 chunks; fused: linear + cross-entropy, no logits kept.")
+    quantize: Quantization | None = Field(default=None, description="bitsandbytes base weights (QLoRA): nf4 or fp4 "
+                                          "(4-bit, bnb_4bit_quant_type) or int8 (LLM.int8); needs lora.")
+    double_quant: bool = Field(default=True, description="4-bit: quantise the absmax too "
+                               "(bnb_4bit_use_double_quant, QLoRA's default).")
 
     @field_validator("lora", mode="before")
     @classmethod

@@ -4,7 +4,7 @@
 Run: python benchmarks/plan_speed.py [--repeat 5]
 Goals (issue 3): `advisor plan` on a bundled model under 0.5 s cold, with no torch import;
 the 405B / 1024-GPU search under 50 ms in-process. Issue 11: the same 0.5 s with LoRA (and a loss
-kernel), and `--seq-len max` (a binary search per strategy).
+kernel), QLoRA (--quantize nf4), and `--seq-len max` (a binary search per strategy).
 """
 
 from __future__ import annotations
@@ -39,12 +39,16 @@ def main() -> None:
     t_plan = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100"], args.repeat)
     t_lora = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "8xH100", "--lora", "16",
                         "--loss", "fused"], args.repeat)
+    t_qlora = cold_time([*cmd, "plan", "--model", "meta-llama/Llama-2-70b-hf", "--gpus", "2xRTX4090", "--lora", "64",
+                         "--quantize", "nf4"], args.repeat)
     t_longest = cold_time([*cmd, "plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "8xH100", "--seq-len", "max"],
                           args.repeat)
     t_torch = cold_time([sys.executable, "-c", "import torch"], args.repeat)
     t_search = in_process(args.repeat * 4)
     print(f"advisor plan Qwen/Qwen2.5-7B 2xA100 (cold): {t_plan:.3f} s   goal < 0.5 s: {'met' if t_plan < 0.5 else 'NOT met'}")
     print(f"... --lora 16 --loss fused 8xH100 (cold):    {t_lora:.3f} s   goal < 0.5 s: {'met' if t_lora < 0.5 else 'NOT met'}")
+    print(f"Llama-2-70B --lora 64 --quantize nf4 2xRTX4090 (cold): {t_qlora:.3f} s   goal < 0.5 s: "
+          f"{'met' if t_qlora < 0.5 else 'NOT met'}")
     print(f"... --seq-len max 8xH100 (cold):             {t_longest:.3f} s")
     print(f"python -c 'import torch' (cold):           {t_torch:.3f} s   ratio plan/torch: {t_plan / t_torch:.2f}")
     print(f"plan() 405B on 1024 GPUs (in-process):     {t_search * 1000:.1f} ms goal < 50 ms: "

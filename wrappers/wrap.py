@@ -70,13 +70,15 @@ class Decision(BaseModel):
         return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"
 
 
-def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
-    """Ask the planner, with the GPUs this launch really has."""
+def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = None) -> Decision:
+    """Ask the planner, with the GPUs this launch really has; about ``live`` itself when given, so a
+    PEFT model is planned as LoRA (its adapters' activations), not as a partly frozen model."""
     from advisor.hardware.cluster import build_hardware
     from advisor.planning.api import plan
 
     per_node = env.local_world_size if env.distributed else env.num_gpus  # one process: DataParallel over all
-    result = plan(spec, build_hardware(env.gpu_name, gpus_per_node=per_node, nodes=env.nodes), **options)
+    hardware = build_hardware(env.gpu_name, gpus_per_node=per_node, nodes=env.nodes)
+    result = plan(spec if live is None else live, hardware, **options)
     rec = result.recommendation
     if rec is None:
         raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))
@@ -88,8 +90,9 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict) -> Decision:
 
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
            precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
-           seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
-    """The strategy for this model and launch (pure but for the planner's data files)."""
+           seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None) -> Decision:
+    """The strategy for this model and launch (pure but for the planner's data files). ``live``: the
+    module ``spec`` describes, planned as itself where GPUs are visible (a PEFT model is recognised)."""
     if not env.distributed and strategy not in (None, "dp"):
         raise ValueError(f"wrap(strategy={strategy!r}) needs one process per GPU: start the script with "
                          "`advisor launch` (or torchrun)")
@@ -105,7 +108,7 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
         if activation_checkpointing is not None:
             options["activation_checkpointing"] = (
                 "selective" if activation_checkpointing == "selective" else "on" if activation_checkpointing else "off")
-        return _plan_on_gpus(spec, env, options)
+        return _plan_on_gpus(spec, env, options, live)
     chosen, rationale = (strategy, "requested") if strategy else default_strategy(spec)
     return Decision(strategy=chosen, engine="torch", precision=precision or "fp32",
                     activation_checkpointing=bool(activation_checkpointing),
@@ -165,7 +168,7 @@ def wrap(
         return prepared[0] if len(prepared) == 1 else prepared
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
-                      micro_batch_size=micro_batch_size)
+                      micro_batch_size=micro_batch_size, live=model)
     if decision.strategy is None:
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype

@@ -14,7 +14,8 @@ import click
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
-from advisor.training import MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy
+from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
+                               Quantization)
 
 
 def _choice(names) -> click.Choice:
@@ -53,6 +54,10 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
     click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
     click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
+    click.option("--quantize", type=_choice(get_args(Quantization)),
+                 help="QLoRA: base weights in bitsandbytes nf4, fp4 or int8 (needs --lora)."),
+    click.option("--double-quant/--no-double-quant", "double_quant", default=None,
+                 help="4-bit: quantise the absmax too (bnb_4bit_use_double_quant; default on)."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -85,6 +90,8 @@ _TRAINING_FIELDS = {
     "policy": "policy",
     "attention": "attention",
     "loss": "loss",
+    "quantize": "quantize",
+    "double_quant": "double_quant",
     "reserve_gib": "reserve_gib",
     "headroom": "headroom",
     "cpu_memory_gib": "cpu_memory_gib",

@@ -31,6 +31,9 @@ False``); autocast keeps bf16 copies of the weights for backward; FSDP2 keeps fp
 all-gathers bf16 blocks; AdamW's foreach step allocates one state-sized temporary (``sqrt(v)``,
 torch/optim/adam.py ``_multi_tensor_adam``). deepspeed: 2 bytes/param weights, 2 grads and K=12
 (fp32 master + Adam), the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3/5).
+
+A quantised base (``--quantize``, QLoRA): ``advisor.estimate.quantized`` replaces the parameter bytes
+and the strategy's buffers, and adds one dequantised linear to a block's backward.
 """
 
 from __future__ import annotations
@@ -321,6 +324,12 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
+    if training.quantize is not None:
+        from advisor.estimate.quantized import apply_quantization
+
+        states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
+                                                          checkpointing=checkpointing)
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -344,7 +353,8 @@ def estimate_memory(
                               temporary=buffers.persistent + buffers.at_loss + loss),
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
         "block_backward": dict(base, activations=acts.saved_bytes + acts.recompute_bytes,
-                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes),
+                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
+                               + dequantized),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.buckets import deepspeed_buckets
+from advisor.estimate.quantized import stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import selective_kept_linears
@@ -191,7 +192,7 @@ def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, i
 def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
                  eff: EfficiencyProfile) -> _Traffic:
     gather, grad = _dtype_bytes(training, impl)
-    params, trainable = spec.total_params, spec.trainable_params
+    trainable = spec.trainable_params
     blocks = shape_of(spec).num_layers + 1  # one FSDP unit per block plus the root
     grad_bytes = grad * trainable
     if impl.engine == "torch":
@@ -203,10 +204,11 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
         return collective_s(op, nbytes, hw, eff, count=count)
 
     if impl.shard_params:  # FSDP / ZeRO-3: gather per block, reduce-scatter per block
-        forward = run("all_gather", gather * params, blocks)
+        gathered = stored_param_bytes(spec, training, bytes_per_param=gather)  # --quantize: packed weights
+        forward = run("all_gather", gathered, blocks)
         backward = run("reduce_scatter", grad_bytes, blocks)
         if impl.reshard_after_forward:
-            backward += run("all_gather", gather * params, blocks)
+            backward += run("all_gather", gathered, blocks)
         return _Traffic(fwd=forward, bwd=backward)
     if impl.shard_grads:  # DeepSpeed ZeRO-2: reduce-scatter each micro-batch, gather updated params
         return _Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
@@ -224,13 +226,12 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
         return _Traffic(), 0.0
     world = hw.world_size
     gather, grad = _dtype_bytes(training, impl)
-    shard = spec.total_params / world
     trainable_shard = spec.trainable_params / world
     cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
     cpu_step = trainable_shard * hw.gpus_per_node / cpu_rate
     if impl.offload_params:  # shards live on the CPU: upload before every gather, download gradients
         stored = training.param_bytes if impl.engine == "torch" else gather
-        up = pcie_s(stored * shard, hw, eff)
+        up = pcie_s(stored_param_bytes(spec, training, bytes_per_param=stored) / world, hw, eff)
         down = pcie_s(grad * trainable_shard, hw, eff)
         return _Traffic(fwd=up, bwd=down + (up if impl.reshard_after_forward else 0.0)), cpu_step
     # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.

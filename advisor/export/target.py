@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.planning.api import Plan
 from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import estimate_memory
+from advisor.export.quantization import quantization_notes
 from advisor.planning.planner import evaluate_candidate
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
@@ -312,6 +313,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
                              f"at micro-batch {micro}; use --hybrid auto or off")
     elif options.hybrid == "on":
         raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy (zero2, zero3, *_offload)")
+    notes += quantization_notes(plan.training, engine=engine, impl=impl)
     if not plan.model.block_class and torch_fsdp:
         notes.append("The model's block class is unknown: FSDP wraps by size (SIZE_BASED_WRAP) instead of per block.")
     return ExportTarget(

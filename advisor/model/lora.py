@@ -114,11 +114,30 @@ def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
                              f"targets (some of: {', '.join(linears)})")
         return tuple(linears)
     names = lora.targets or default_targets(spec)
-    unknown = [name for name in names if name not in linears]
+    every = linear_names(spec)
+    unknown = [name for name in names if name not in every]
     if unknown:
-        raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its block's linear "
-                         f"layers are: {', '.join(linears)} (or all-linear)")
+        raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its linear layers are: "
+                         f"{', '.join(every)} (or all-linear)")
+    outside = [name for name in names if name not in linears]
+    if outside:
+        raise ValueError(f"adapters on {', '.join(outside)} (outside the blocks) are not modelled yet; target "
+                         f"some of: {', '.join(linears)} (or all-linear)")
     return tuple(names)
+
+
+# Linear layers outside the blocks, by the last name PEFT matches: the output head of a causal LM
+# (transformers' LlamaForCausalLM / GPT2LMHeadModel ``lm_head``); BERT's pooler and MLM head
+# (``pooler.dense``, ``cls.predictions.transform.dense``, ``cls.predictions.decoder``) and the
+# output projections of its blocks (``attention.output.dense``, ``intermediate.dense``,
+# ``output.dense``), all named ``dense`` but the decoder.
+_OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder")}
+
+
+def linear_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Every linear layer's PEFT-matchable name in the model, blocks first, without repeats."""
+    info = load_architectures()[spec.model_type]
+    return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ())]))
 
 
 def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:

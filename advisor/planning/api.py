@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
 from advisor.model.sources import resolve_model
@@ -134,15 +135,53 @@ def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | No
     return live
 
 
-def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
+def _live_quantization(model: Any) -> tuple[str, bool] | None:
+    """``(scheme, double_quant)`` of a live model transformers loaded with bitsandbytes (duck-typed on
+    ``config.quantization_config``, a ``BitsAndBytesConfig`` or its dict; a PEFT model forwards
+    ``config`` to its base), or None."""
+    if isinstance(model, (str, dict, ModelSpec)) or not hasattr(getattr(model, "config", None), "to_dict"):
+        return None
+    found = getattr(model.config, "quantization_config", None)
+    if found is None:
+        return None
+    read = found.get if isinstance(found, dict) else lambda key, default=None: getattr(found, key, default)
+    if read("load_in_8bit", False):
+        return "int8", True
+    if read("load_in_4bit", False):
+        return str(read("bnb_4bit_quant_type", "fp4")), bool(read("bnb_4bit_use_double_quant", False))
+    return None
+
+
+def _lora_note(base: ModelSpec, lora: LoraConfig, *, quantized: bool = False) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
+    dtypes = "" if quantized else "; every weight is held in the precision's parameter dtype"
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
-            f"PEFT counts them); {activations}; every weight is held in the precision's parameter dtype")
+            f"PEFT counts them); {activations}{dtypes}")
+
+
+def _check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | None) -> str:
+    """ValueError for a quantised base nothing trains on, or a pinned strategy that cannot run it;
+    otherwise the assumption line (``advisor.estimate.quantized`` says where the bytes come from)."""
+    if training.lora is None:
+        raise ValueError(f"--quantize {training.quantize} needs --lora RANK: a quantised base is frozen, so "
+                         "without adapters nothing would train")
+    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+    if strategy is not None:
+        reason = quantization_unavailable(get_strategy(strategy).on(training.engine), training.quantize)
+        if reason is not None:
+            raise ValueError(f"--quantize {training.quantize} with --strategy {strategy} on {training.engine}: {reason}")
+    constants = ("double-quantised absmax, 0.127 bits/weight" if training.double_quant else "fp32 absmax, 0.5 bits/weight"
+                 ) if training.quantize != "int8" else "one fp32 scale per output row"
+    return (f"quantised base ({training.quantize}, bitsandbytes): {q.params / 1e9:.2f}B block-linear weights packed "
+            f"into {q.packed_bytes / GIB:.1f} GiB + {q.constant_bytes / GIB:.2f} GiB of constants ({constants}, kept on "
+            f"every GPU); embeddings, norms and head in the compute dtype; FSDP / ZeRO-3 shard the packed weights "
+            f"(bnb_4bit_quant_storage=bfloat16), ddp / zero1 / DeepSpeed zero2 keep a whole copy per GPU; one "
+            f"dequantised linear ({q.largest_linear_params * training.compute_bytes / GIB:.2f} GiB) in a block's backward")
 
 
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
@@ -200,6 +239,13 @@ def plan(
     spec = resolve_model(model, trust_remote_code=trust_remote_code)
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
+    counted = live is not None
+    quantized = _live_quantization(model)
+    if quantized is not None:  # bitsandbytes packs its weights: count the base from its config instead
+        spec, counted = resolve_model(model.config.to_dict(), trust_remote_code=trust_remote_code), False
+        if training.quantize not in (None, quantized[0]):
+            raise ValueError(f"quantize={training.quantize} given for a model loaded in {quantized[0]}; leave it out")
+        training = training.model_copy(update={"quantize": quantized[0], "double_quant": quantized[1]})
     if live is not None:
         if training.lora is not None and training.lora != live:
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
@@ -208,9 +254,11 @@ def plan(
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        notes.append(_lora_note(spec, training.lora))
-        if live is None:
+        notes.append(_lora_note(spec, training.lora, quantized=training.quantize is not None))
+        if not counted:
             spec = with_lora(spec, training.lora)
+    if training.quantize is not None:
+        notes.append(_check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
+from advisor.estimate.quantized import quantization_unavailable
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
@@ -123,6 +124,9 @@ def evaluate_candidate(
                 cpu_capacity_bytes=cpu_capacity)
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
+    quantized_reason = quantization_unavailable(impl, training.quantize)
+    if quantized_reason is not None:
+        return Candidate(**base, available=False, unavailable_reason=quantized_reason)
     if impl.single_process and hardware.nodes > 1:
         return Candidate(**base, available=False, unavailable_reason="DataParallel is one process: one node only")
 

@@ -26,6 +26,14 @@ class Verification(BaseModel):
     error_pct: float = Field(description="(analytic - simulated) / simulated peak_allocated, in %.")
 
 
+def refuse_quantized(plan: Plan) -> None:
+    """ValueError for a quantised base: fake tensors cannot run bitsandbytes kernels, so its estimate is
+    checked against published runs instead (``advisor.estimate.quantized``)."""
+    if plan.training.quantize is not None:
+        raise ValueError(f"--quantize {plan.training.quantize}: fake tensors cannot run bitsandbytes kernels, so a "
+                         "quantised base is not simulated (see python benchmarks/qlora_published.py)")
+
+
 def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = False,
            progress: Progress | None = None, timeline: bool = False) -> Verification:
     """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate;
@@ -37,6 +45,7 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     if candidate.memory_bytes is None or candidate.micro_batch_size is None:
         raise ValueError(f"strategy {name} has no estimate here ({candidate.unavailable_reason or 'does not fit'}); "
                          "pass --micro-batch")
+    refuse_quantized(plan)
     spec = plan.model
     if spec.source in ("params", "module"):
         raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")

@@ -99,3 +99,42 @@ def test_a_live_peft_model_is_planned_as_lora_without_counting_adapters_twice():
     assert plan.model.total_params == sum(p.numel() for p in model.parameters())
     assert plan.training.lora == LoraConfig(rank=4, targets=("q_proj", "v_proj"), dropout=0.1)
     assert any(note.startswith("LoRA rank 4 on q_proj, v_proj") for note in plan.assumptions)
+
+
+@pytest.mark.parametrize("model", [m for m in sorted(SMALL) if "Mixtral" not in m])
+def test_linear_names_are_the_models_own(model):
+    """The names an unknown --lora-targets lists are the last names of the model's nn.Linear (and
+    GPT-2's Conv1D) modules, as transformers builds it on the meta device. (Mixtral's experts are
+    stacked parameters, listed separately.)"""
+    from torch import nn
+    from transformers.pytorch_utils import Conv1D
+
+    from advisor.model.lora import linear_names
+    from advisor.model.meta import build_meta_model
+    from advisor.model.sources import resolve, spec_from_config
+
+    config = {**resolve(model).config, **SMALL[model]}
+    net = build_meta_model(config)
+    own = {name.rsplit(".", 1)[-1] for name, module in net.named_modules() if isinstance(module, (nn.Linear, Conv1D))}
+    assert set(linear_names(spec_from_config(config, name=model, source="local"))) == own
+
+
+def test_a_live_bitsandbytes_peft_model_is_planned_as_qlora():
+    """transformers keeps the BitsAndBytesConfig a model was loaded with in ``config.quantization_config``;
+    a PEFT model over it is planned as QLoRA with that scheme, the base counted from its config (packed
+    Params4bit would count half their weights). bitsandbytes needs CUDA, so the config is attached to a
+    CPU model here: the planner reads nothing else."""
+    peft = pytest.importorskip("peft")
+    import advisor
+    from transformers import BitsAndBytesConfig, LlamaConfig, LlamaForCausalLM
+
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=512))
+    base.config.quantization_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                         bnb_4bit_use_double_quant=True)
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    plan = advisor.plan(model, "2xA100")
+    assert (plan.training.quantize, plan.training.double_quant) == ("nf4", True)
+    assert plan.model.trainable_params == 1_792  # as in the unquantised case above
+    assert plan.model.total_params == sum(p.numel() for p in model.parameters())
+    assert not plan.candidate("dp").available

@@ -72,3 +72,22 @@ def test_lora_trains_like_one_process_and_checkpoints(strategy, tmp_path):
     expected = _reference()
     assert any(not torch.equal(expected[n], lora_llama().state_dict()[n]) for n in expected if "lora_B" in n)
     run_distributed(_train, strategy, expected, str(tmp_path / "checkpoint"))
+
+
+def test_wrap_plans_a_peft_model_as_lora():
+    """decide() with the live PEFT model: the planner sees its LoraConfig (rank 4 on q_proj, v_proj), so
+    the activation model is LoRA's, not the partly-frozen full count; the adapters are counted once."""
+    from advisor.model.lora import LoraConfig
+    from advisor.model.meta import spec_from_module
+    from wrappers.launch_env import LaunchEnv
+    from wrappers.wrap import decide
+
+    model = lora_llama()
+    env = LaunchEnv(world_size=2, rank=0, local_rank=0, local_world_size=2, num_gpus=2,
+                    gpu_name="NVIDIA H100 80GB HBM3", accelerate_plugin=None)
+    spec = spec_from_module(model)
+    decision = decide(spec, env, live=model)
+    assert decision.plan.training.lora == LoraConfig(rank=4, targets=("q_proj", "v_proj"))
+    assert decision.plan.model.total_params == spec.total_params
+    assert decision.plan.model.trainable_params == spec.trainable_params
+    assert decide(spec, env).plan.training.lora is None  # by spec alone: requires_grad only

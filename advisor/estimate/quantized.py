@@ -1,0 +1,223 @@
+"""A bitsandbytes-quantised frozen base (QLoRA): the bytes of the packed weights and their
+quantisation constants, what each strategy keeps of them per GPU, and the dequantised temporaries.
+
+What belongs here: the memory arithmetic of ``--quantize nf4|fp4|int8``; which strategy/engine
+pairs cannot run a quantised base (``quantization_unavailable``). Not here: the activation model
+(a quantised linear saves the same input as any frozen linear: ``MatMul4Bit`` / ``MatMul8bitLt``
+keep ``A`` for the input gradient) and the LoRA counts (``advisor.model.lora``).
+
+What bitsandbytes quantises: every ``nn.Linear`` (GPT-2's ``Conv1D`` too) except the output head,
+which transformers' ``replace_with_bnb_linear`` skips (``llm_int8_skip_modules`` defaults to the
+output embeddings); embeddings, norms and biases stay in the compute dtype. Here that is every
+linear layer of every block (``advisor.model.lora.block_linears``).
+
+Bytes, from bitsandbytes ``functional.quantize_4bit`` / ``Params4bit`` / ``QuantState`` and
+``Int8Params``:
+
+- nf4 / fp4: two 4-bit codes per byte (``quant_storage`` only changes the dtype the bytes are
+  viewed as, not their number); one absmax per 64-element block (``blocksize=64``), fp32; with
+  double quantisation (``compress_statistics``, ``bnb_4bit_use_double_quant=True``, on for QLoRA)
+  the absmax minus their mean are themselves quantised blockwise to 8 bits in blocks of 256
+  (``quantize_blockwise(absmax, blocksize=256)``), keeping one fp32 absmax per 256 and one fp32
+  offset: 8/64 + 32/(64*256) = 0.127 bits per parameter instead of 32/64 = 0.5 (Dettmers et al.
+  2023, QLoRA, section 3 "Double Quantization").
+- int8 (LLM.int8, ``load_in_8bit``): one int8 per weight (``Int8Params.CB``) and one fp32 scale per
+  output row (``SCB``), as bitsandbytes stores them after quantising (Dettmers et al. 2022,
+  vector-wise quantisation).
+
+Sharding: FSDP and ZeRO-3 shard only floating-point parameters; a 4-bit weight shards when its
+``bnb_4bit_quant_storage`` is the float dtype of the other parameters (bf16), as Answer.AI's
+FSDP+QLoRA does (bitsandbytes docs "FSDP-QLoRA"; PEFT docs "Use PEFT QLoRA and FSDP" and "Use PEFT
+QLoRA and DeepSpeed with ZeRO3"). The quantisation constants live in the module's ``quant_state``,
+not in a parameter, so every rank keeps all of them (bitsandbytes PR #970, Answer.AI's
+"Enabling 70B Finetuning on Consumer GPUs"); FSDP's CPU offload moves only the parameters. DDP and
+ZeRO-1/2 keep a whole copy of the packed weights on every GPU. (With the default uint8 storage,
+accelerate's FSDP2 preparation leaves the 4-bit weights out of the sharding, whole on every GPU:
+``accelerate/utils/fsdp_utils.py`` ``fsdp2_prepare_model``; the exports set the storage dtype.) LLM.int8 weights are ``int8``
+tensors with no storage-dtype option: FSDP / ZeRO-3 cannot shard them. ``torch.nn.DataParallel``
+re-replicates the modules every step and loses the 4-bit quant state: transformers refuses to
+wrap a bitsandbytes model in it (transformers PR #45407, where the bitsandbytes maintainer says
+8-bit will not be made to work either).
+
+Dequantised temporaries: ``MatMul4Bit`` dequantises the whole weight to the compute dtype in
+forward (``F.linear(A, dequantize_4bit(B).t())``) and again in backward for the input gradient;
+``MatMul8bitLt.backward`` dequantises ``CB * SCB / 127`` likewise (its forward is an int8 matmul).
+One layer's weight at a time: the largest linear of a block, in the compute dtype, added to a
+block's backward.
+
+Method of validation: fake tensors cannot run bitsandbytes kernels, so the simulator does not
+cover a quantised base. The estimate is checked against published QLoRA runs with their full
+settings (``profiles/published_qlora.json``, ``benchmarks/qlora_published.py``,
+``tests/estimate/test_quantized.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.model.bundled import load_architectures
+from advisor.model.lora import block_linears
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+
+if TYPE_CHECKING:  # the planner's types; memory.py imports this module lazily
+    from advisor.training import TrainingConfig
+
+FP32 = 4
+BLOCKSIZE_4BIT = 64  # bitsandbytes quantize_4bit default blocksize (Params4bit, Linear4bit)
+BLOCKSIZE_NESTED = 256  # quantize_blockwise(absmax, blocksize=256) under compress_statistics
+
+
+class QuantizedBase(BaseModel):
+    """The quantised linears of a model, summed over its blocks."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    params: int = Field(ge=0, description="Weights held quantised (every block linear).")
+    packed_bytes: int = Field(ge=0, description="The packed weights (shardable with a float storage dtype).")
+    constant_bytes: int = Field(ge=0, description="Quantisation constants (quant_state): every rank keeps them.")
+    layer_params: int = Field(ge=0, description="Quantised weights of one block.")
+    layer_packed_bytes: int = Field(ge=0, description="Packed weights of one block.")
+    largest_linear_params: int = Field(ge=0, description="The largest quantised linear (dequantised one at a time).")
+
+
+def _linear_bytes(fan_in: int, fan_out: int, scheme: str, *, double_quant: bool) -> tuple[int, int]:
+    """(packed weight bytes, constant bytes) of one ``fan_in -> fan_out`` linear."""
+    n = fan_in * fan_out
+    if scheme == "int8":
+        return n, FP32 * fan_out  # Int8Params.CB + SCB (one fp32 scale per output row)
+    blocks = -(-n // BLOCKSIZE_4BIT)
+    if not double_quant:
+        return -(-n // 2), FP32 * blocks
+    # uint8 absmax + one fp32 absmax per 256 of them + the fp32 offset (their mean)
+    return -(-n // 2), blocks + FP32 * -(-blocks // BLOCKSIZE_NESTED) + FP32
+
+
+@functools.lru_cache(maxsize=32)  # the planner asks once per memory estimate; specs are frozen (hashable)
+def quantized_base(spec: ModelSpec, scheme: str, *, double_quant: bool = True) -> QuantizedBase:
+    """The quantised linears of ``spec``; ValueError where its linear layers are not all known."""
+    info = load_architectures().get(spec.model_type or "")
+    if info is None or info.formula == "bert" or info.moe:
+        raise ValueError(f"--quantize is modelled for dense decoder and GPT-2 models; {spec.name} "
+                         f"({spec.model_type or 'size only'}) has linear layers this planner does not list")
+    shapes = [shape for linears in block_linears(spec).values() for shape in linears]
+    per_layer = [_linear_bytes(i, o, scheme, double_quant=double_quant) for i, o in shapes]
+    layers = spec.num_layers
+    return QuantizedBase(
+        params=layers * sum(i * o for i, o in shapes),
+        packed_bytes=layers * sum(p for p, _ in per_layer),
+        constant_bytes=layers * sum(c for _, c in per_layer),
+        layer_params=sum(i * o for i, o in shapes),
+        layer_packed_bytes=sum(p for p, _ in per_layer),
+        largest_linear_params=max(i * o for i, o in shapes),
+    )
+
+
+def quantization_unavailable(impl: Implementation, scheme: str | None) -> str | None:
+    """Why ``impl`` cannot train a base quantised with ``scheme`` (None: it can). Sources in the
+    module docstring."""
+    if scheme is None:
+        return None
+    if impl.single_process:
+        return ("torch.nn.DataParallel loses bitsandbytes' quant state when it re-replicates the model "
+                "(transformers refuses it for quantised models); use ddp")
+    if scheme == "int8" and impl.shard_params:
+        return ("LLM.int8 weights are int8 tensors with no storage-dtype option, which FSDP / ZeRO-3 cannot "
+                "shard (bitsandbytes shards 4-bit weights only, via bnb_4bit_quant_storage); use nf4 or "
+                "a strategy that keeps whole weights (ddp, zero1, DeepSpeed zero2)")
+    return None
+
+
+def frozen_dense_bytes(training: "TrainingConfig") -> int:
+    """Bytes per parameter of the base weights left unquantised (embeddings, norms, head): the dtype
+    the model is loaded in, which is the storage dtype: the compute dtype, or fp32 under fp16 autocast
+    (PEFT docs, "Use PEFT QLoRA and FSDP": fp16 mixed precision needs float32 storage)."""
+    return 4 if training.precision == "fp16-mixed" else training.compute_bytes
+
+
+def quantized_param_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,
+                          q: QuantizedBase, *, adapter_bytes: int) -> int:
+    """Parameters per rank at rest: packed weights, the rest of the frozen base in the compute dtype
+    and the adapters at ``adapter_bytes``; sharded when the strategy shards parameters; the
+    quantisation constants on every rank."""
+    trainable = spec.trainable_params
+    dense = spec.total_params - trainable - q.params
+    stored = q.packed_bytes + frozen_dense_bytes(training) * dense + adapter_bytes * trainable
+    return (-(-stored // world) if impl.shard_params else stored) + q.constant_bytes
+
+
+def gathered_block_bytes(spec: ModelSpec, training: "TrainingConfig", q: QuantizedBase, *, adapter_bytes: int) -> int:
+    """One block as FSDP / ZeRO-3 all-gathers it: packed weights, norms and biases in the compute
+    dtype, the block's adapters (cast to the compute dtype under a mixed-precision policy)."""
+    layer = spec.layer_params or 0
+    adapters = spec.trainable_params // max(spec.num_layers or 1, 1)
+    dense = max(layer - adapters - q.layer_params, 0)
+    return q.layer_packed_bytes + frozen_dense_bytes(training) * dense + adapter_bytes * adapters
+
+
+def dequantized_temporary_bytes(training: "TrainingConfig", q: QuantizedBase) -> int:
+    """The largest linear dequantised to the compute dtype (one at a time, forward and backward)."""
+    return training.compute_bytes * q.largest_linear_params
+
+
+def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int, states, *,
+                       checkpointing: bool):
+    """``(states, buffers, dequantized temporary)`` of ``estimate_memory`` for a quantised base:
+    the model states with the packed parameters, and the strategy's buffers recomputed over them."""
+    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+    deepspeed = training.engine == "deepspeed"
+    adapter_bytes = (4 if training.precision == "fp32" else 2) if deepspeed else training.param_bytes
+    params = quantized_param_bytes(spec, training, impl, world, q, adapter_bytes=adapter_bytes)
+    if impl.offload_params:
+        params -= q.constant_bytes  # the constants stay on the GPU: counted with the buffers
+    states = states.model_copy(update={"params": params})
+    buffers = quantized_buffers(spec, training, impl, world, q, checkpointing=checkpointing)
+    return states, buffers, dequantized_temporary_bytes(training, q)
+
+
+def quantized_buffers(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,
+                      q: QuantizedBase, *, checkpointing: bool):
+    """What the strategy holds beyond states and activations when the base is quantised: the same
+    moments as ``memory._strategy_buffers``, over packed blocks and the adapters' gradients only."""
+    from advisor.estimate.buckets import deepspeed_buckets
+    from advisor.estimate.memory import StrategyBuffers, _block_params  # memory.py imports this module lazily
+
+    trainable = spec.trainable_params
+    on_gpu_constants = q.constant_bytes if impl.offload_params else 0
+    if training.engine == "deepspeed":
+        buckets = deepspeed_buckets(spec)
+        bucket = 2 * min(trainable, buckets.reduce_elements)
+        stored = q.packed_bytes + 2 * (spec.total_params - q.params)
+        own = 0 if impl.offload_params else stored // world
+        live = min(stored - own, 2 * buckets.max_live_parameters) if impl.shard_params else 0
+        return StrategyBuffers(persistent=bucket + on_gpu_constants, at_loss=live, in_backward=live)
+    pb = training.param_bytes
+    if impl.shard_params:  # FSDP2 (memory._strategy_buffers), blocks gathered packed
+        ub = training.compute_bytes if training.mixed else pb
+        reduce_b = FP32 if training.mixed else pb
+        _, n_layers, outside = _block_params(spec)
+        block = gathered_block_bytes(spec, training, q, adapter_bytes=ub)
+        h2d = gathered_block_bytes(spec, training, q, adapter_bytes=pb) // world if impl.offload_params else 0
+        at_loss, blocks_bwd = (block, 2 * block) if impl.reshard_after_forward else (block * n_layers,) * 2
+        # FSDP2 reduce-scatters only the gradients that exist: the block's adapters.
+        grads = (ub + reduce_b) * (trainable // max(n_layers, 1))
+        root = ub * outside
+        return StrategyBuffers(persistent=on_gpu_constants, at_loss=root + at_loss + h2d,
+                               in_backward=root + blocks_bwd + grads + h2d)
+    buckets = pb * trainable  # DDP gradient buckets: the adapters' gradients
+    # Autocast caches bf16 copies of the weights that require grad (the adapters) until the loss;
+    # the quantised and the compute-dtype weights need no cast.
+    casts = training.compute_bytes * trainable if training.mixed else 0
+    return StrategyBuffers(persistent=buckets, at_loss=casts, in_backward=casts, at_forward_end=casts)
+
+
+def stored_param_bytes(spec: ModelSpec, training: "TrainingConfig", *, bytes_per_param: int) -> int:
+    """Bytes of all parameters as FSDP / ZeRO-3 gather or a CPU offload uploads them: the packed
+    quantised weights plus the rest at ``bytes_per_param`` (everything at it without ``--quantize``)."""
+    if training.quantize is None:
+        return bytes_per_param * spec.total_params
+    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+    return q.packed_bytes + bytes_per_param * (spec.total_params - q.params)

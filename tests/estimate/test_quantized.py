@@ -1,0 +1,124 @@
+"""A bitsandbytes-quantised base (``--quantize``): packed bytes and constants worked by hand from
+bitsandbytes' formats, what sharding keeps per GPU, the published QLoRA runs
+(``profiles/published_qlora.json``), and the must-show Llama-2-70B plan on two 24 GB cards."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.estimate.quantized import quantized_base
+from advisor.model.sources import resolve_model
+from advisor.planning.api import plan
+from advisor.units import GIB
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+# Llama-2-7B: per block q, k, v, o are 4096 x 4096, gate and up 4096 -> 11008, down 11008 -> 4096.
+LLAMA2_7B_BLOCK = 4 * 4096 * 4096 + 3 * 4096 * 11008  # 202,375,168 quantised weights per block
+
+
+def test_nf4_with_double_quant_is_half_a_byte_plus_0127_bits():
+    """Per 4096 x 4096 linear: 16,777,216 / 64 = 262,144 blocks -> 262,144 uint8 absmax + 1,024 fp32
+    second-level absmax + 1 fp32 offset = 266,244 B; per 4096 x 11008 linear: 704,512 blocks ->
+    704,512 + 4 x 2,752 + 4 = 715,524 B. 32 blocks x (4 x 266,244 + 3 x 715,524) = 102,769,536 B:
+    0.1270 bits per weight, the QLoRA paper's 0.127 (8/64 + 32/(64*256))."""
+    q = quantized_base(resolve_model("meta-llama/Llama-2-7b-hf"), "nf4")
+    assert q.params == 32 * LLAMA2_7B_BLOCK
+    assert q.packed_bytes == q.params // 2
+    assert q.constant_bytes == 102_769_536
+    assert round(8 * q.constant_bytes / q.params, 3) == 0.127
+    assert q.largest_linear_params == 4096 * 11008
+
+
+def test_fp4_without_double_quant_and_int8_constants():
+    """No double quantisation: one fp32 absmax per 64 weights = 0.5 bits/weight. LLM.int8: one byte
+    per weight and one fp32 scale per output row: 32 x 4 x (4 x 4096 + 2 x 11008 + 4096) = 5,439,488 B."""
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    fp4 = quantized_base(spec, "fp4", double_quant=False)
+    assert fp4.constant_bytes * 8 / fp4.params == 0.5
+    int8 = quantized_base(spec, "int8")
+    assert int8.packed_bytes == int8.params and int8.constant_bytes == 5_439_488
+
+
+def _qlora(strategy: str, **options):
+    result = plan("meta-llama/Llama-2-7b-hf", "2xA100", strategy=strategy, lora=64, quantize="nf4",
+                  micro_batch_size=1, activation_checkpointing="on", **options)
+    return result.candidate(strategy).memory_bytes
+
+
+def test_fsdp_shards_the_packed_weights_and_ddp_keeps_a_copy():
+    """ddp keeps the packed weights, the constants, the bf16 embeddings/head/norms and fp32 adapters
+    whole per GPU (packed + constants + 2 B x the rest of the base + 4 B x adapters); FSDP2 keeps half of
+    everything but the constants, which every rank holds (quant_state is not a parameter)."""
+    q = quantized_base(resolve_model("meta-llama/Llama-2-7b-hf"), "nf4")
+    ddp, zero3 = _qlora("ddp"), _qlora("zero3")
+    adapters = 64 * (2 * (4096 + 4096)) * 32  # q_proj, v_proj (PEFT's llama default): 33,554,432
+    dense = 6_738_415_616 - q.params  # embeddings, head, norms
+    whole = q.packed_bytes + 2 * dense + 4 * adapters
+    assert ddp.states_params == whole + q.constant_bytes
+    assert zero3.states_params == -(-whole // 2) + q.constant_bytes
+
+
+def test_quantized_base_needs_no_autocast_weight_copies():
+    """Quantised DDP: only the adapters are cast by autocast, so ddp's QLoRA peak is far below its LoRA
+    peak (bf16 copies of 6.5B weights = 13 GB are not made)."""
+    lora = plan("meta-llama/Llama-2-7b-hf", "2xA100", strategy="ddp", lora=64, micro_batch_size=1,
+                activation_checkpointing="on").candidate("ddp").memory_bytes
+    assert lora.total - _qlora("ddp").total > 20 * GIB
+
+
+def test_published_qlora_runs_within_bound():
+    """Every published QLoRA peak in profiles/published_qlora.json is matched from below within 40%.
+    Why below: the Answer.AI figures are torch.cuda.max_memory_reserved, which the same source shows
+    exceeding the allocated peak by 12-24% (LoRA 7B: 9.16 vs 10.22 GiB, 8.28 vs 10.24 GiB), and the PEFT
+    figures are nvidia-smi readings (reserved memory, CUDA context and NCCL buffers); the estimate is
+    the allocated peak plus 5% fragmentation. Measured (benchmarks/qlora_published.py): -17% to -39%."""
+    from qlora_published import rows
+
+    results = rows()
+    assert len(results) >= 8
+    for case, estimate, error in results:
+        assert -0.40 <= error <= 0.0, (case["id"], estimate, case["published_gib"])
+
+
+def test_llama2_70b_qlora_fits_two_24gb_cards_with_offload():
+    """Must show: Llama-2-70B, nf4, rank 64, seq 2048 on 2x RTX 4090: FSDP without offload needs more
+    than a 24 GB card (as the PEFT docs measured, 35.6 GB per GPU without offload); the plan escalates
+    to CPU offload with activation checkpointing and fits, as Answer.AI's and PEFT's published runs on
+    two 24 GB cards (both with CPU offload and checkpointing)."""
+    result = plan("meta-llama/Llama-2-70b-hf", "2xRTX4090", lora=64, quantize="nf4", seq_len=2048)
+    assert result.recommendation is not None
+    assert result.recommendation.strategy == "zero3_offload"
+    assert result.recommendation.activation_checkpointing
+    assert not result.candidate("zero3").fits
+    chosen = result.candidate("zero3_offload")
+    assert chosen.memory_bytes.total <= chosen.capacity_bytes
+    assert not result.candidate("dp").available
+
+
+@pytest.mark.parametrize("strategy", ["zero3", "zero2", "zero3_offload"])
+def test_int8_cannot_be_sharded(strategy):
+    result = plan("meta-llama/Llama-2-7b-hf", "2xA100", lora=8, quantize="int8")
+    cand = result.candidate(strategy)
+    assert not cand.available and "int8" in cand.unavailable_reason
+    assert result.candidate("ddp").available
+
+
+def test_fsdp_gathers_the_packed_weights():
+    """ZeRO-3 all-gathers each block as stored: with nf4 the 6.48B block weights travel at half a byte
+    instead of two (bf16), so the gathers move 3.24 GB + 2 B x 0.26B = 3.76 GB instead of 13.48 GB; at
+    the same micro-batch the step's communication time falls by that ratio less the adapters' gradient
+    reduce-scatter (the same in both)."""
+    from advisor.estimate.step_time import estimate_step_time
+    from advisor.hardware.cluster import parse_gpus
+    from advisor.strategies import STRATEGIES
+    from advisor.training import TrainingConfig
+
+    spec = plan("meta-llama/Llama-2-7b-hf", "2xRTX4090", lora=64, strategy="zero3").model
+    hw, impl = parse_gpus("2xRTX4090"), STRATEGIES["zero3"].on("torch")
+    times = {quant: estimate_step_time(spec, hw, TrainingConfig(lora=64, quantize=quant), impl, micro_batch_size=1,
+                                       checkpointing=True).communication_s for quant in (None, "nf4")}
+    assert 0.2 < times["nf4"] / times[None] < 0.35  # 3.76 / 13.48 = 0.28 for the gathers

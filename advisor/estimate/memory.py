@@ -309,6 +309,14 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    return memory_at_moments(states, acts, buffers, training, impl, world=world)
+
+
+def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
+                      training: TrainingConfig, impl: Implementation, *, world: int) -> MemoryBreakdown:
+    """The four moments of the step from one rank's states, activations and strategy buffers; the
+    largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
+    (``advisor.estimate.model_parallel``), which passes its own per-rank shares."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss

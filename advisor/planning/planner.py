@@ -18,8 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
+from advisor.estimate.mesh_time import estimate_mesh_step_time
+from advisor.estimate.model_parallel import estimate_mesh_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
+from advisor.mesh import ParallelDims
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -54,6 +57,8 @@ class Candidate(_Frozen):
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
     step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
     step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh (tp/cp/HSDP degrees); None: "
+                                      "data parallelism alone over every GPU.")
 
 
 class Recommendation(_Frozen):
@@ -65,6 +70,7 @@ class Recommendation(_Frozen):
     gradient_accumulation_steps: int | None = None
     reason: str
     alternatives: tuple[str, ...] = ()
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
 
 
 class SmallestFit(_Frozen):
@@ -113,14 +119,17 @@ def _largest_fitting(fits_at, choices: list[int]) -> int | None:
 
 
 def evaluate_candidate(
-    spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName
+    spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName,
+    mesh: ParallelDims | None = None,
 ) -> Candidate:
-    """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits)."""
+    """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits),
+    on ``mesh`` when given (``advisor.estimate.model_parallel`` / ``mesh_time``)."""
     impl = STRATEGIES[name].on(training.engine)
     capacity = hardware.gpu_memory_bytes
     cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
     base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
-                cpu_capacity_bytes=cpu_capacity)
+                cpu_capacity_bytes=cpu_capacity, mesh=mesh)
+    dp_world = hardware.world_size if mesh is None else mesh.dp  # ranks that take distinct micro-batches
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
     if impl.single_process and hardware.nodes > 1:
@@ -133,22 +142,31 @@ def evaluate_candidate(
     at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
 
     def memory(micro: int, mode: str) -> MemoryBreakdown:
+        if mesh is not None:
+            return estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                        checkpointing=mode != "off")
         return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
+
+    def timing_of(micro: int, mode: str, accumulation: int) -> StepTime:
+        if mesh is not None:
+            return estimate_mesh_step_time(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                           checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
+        return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
+                                  checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
     def fits(mem: MemoryBreakdown) -> bool:
         if mem.total > capacity:
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
-    choices = _micro_batch_choices(training, hardware.world_size)
+    choices = _micro_batch_choices(training, dp_world)
     fitting: list[Candidate] = []
     for mode in modes:
         micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)
         if micro is not None:
             mem = memory(micro, mode)
-            accumulation = _accumulation(training, hardware.world_size, micro)
-            timing = estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
-                                        checkpointing=mode != "off", gradient_accumulation_steps=accumulation or 1)
+            accumulation = _accumulation(training, dp_world, micro)
+            timing = timing_of(micro, mode, accumulation or 1)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
@@ -165,7 +183,7 @@ def evaluate_candidate(
     mem = memory(micro, mode)
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
-                     gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
+                     gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                      memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
 
 
@@ -332,6 +350,7 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
         gradient_accumulation_steps=cand.gradient_accumulation_steps,
         reason=reason,
         alternatives=alternatives,
+        mesh=cand.mesh,
     )
 
 

@@ -206,6 +206,10 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy):
         return [], dp_choice, dp_why
+    elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
+        if dp_blocked:
+            raise ValueError(dp_blocked)
+        return [], dp_choice, dp_why
     meshes = [m for m in enumerate_meshes(spec, hw, training, pins)
               if training.global_batch_size is None or training.global_batch_size % m.dp == 0]
     if dp_blocked and not meshes:

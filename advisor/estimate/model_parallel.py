@@ -36,6 +36,8 @@ constraint named (``check_mesh_support``). Pure functions, integer bytes.
 
 from __future__ import annotations
 
+import functools
+
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.memory import (FP32, MemoryBreakdown, StrategyBuffers, _block_params, _recipe_dtypes,
                                      _strategy_buffers, memory_at_moments, model_states)
@@ -57,16 +59,15 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     """ValueError naming the constraint when this model/recipe cannot run on ``mesh``."""
     if mesh.is_data_parallel_only:
         return
-    what = f"mesh {mesh.label}"
     if training.engine != "torch" or not impl.shard_params or impl.engine != "torch":
-        raise ValueError(f"{what} runs FSDP2 on the torch engine (zero2/zero3); {impl.runs_as or impl.engine} "
+        raise ValueError(f"mesh {mesh.label} runs FSDP2 on the torch engine (zero2/zero3); {impl.runs_as or impl.engine} "
                          "cannot carry tensor or context parallelism here")
     if training.lora is not None or spec.trainable_params < spec.total_params:
-        raise ValueError(f"{what}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
-    shape = shape_of(spec)
+        raise ValueError(f"mesh {mesh.label}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
+    shape = _tp_shape(spec, 1)
     if shape.family != "decoder" or shape.assumed:
         kind = spec.model_type or spec.architecture or "this model"
-        raise ValueError(f"{what} needs a Llama-like attention decoder with known heads; {kind} has "
+        raise ValueError(f"mesh {mesh.label} needs a Llama-like attention decoder with known heads; {kind} has "
                          f"{'no attention heads in its config' if shape.assumed else 'no such layout'}")
     if mesh.cp > 1 and training.attention == "eager":
         raise ValueError(f"--cp {mesh.cp} needs SDPA attention (torch context_parallel replaces "
@@ -76,6 +77,7 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     mesh.check_sequence(training.seq_len)
 
 
+@functools.lru_cache(maxsize=64)  # a pure function of frozen inputs; the mesh search asks many times
 def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     """The parameters one TP rank owns, as a spec the data-parallel state formulas read: block
     matrices and the (vocabulary-parallel) embedding and head divided by ``tp``, norms whole."""
@@ -95,7 +97,12 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
         head_params=_ceil(head, tp) if spec.head_params is not None else None))
 
 
-def _tp_shape(shape: ActivationShape, tp: int) -> ActivationShape:
+@functools.lru_cache(maxsize=64)
+def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
+    """The activation shape one TP rank computes: its heads and its share of the MLP width."""
+    shape = shape_of(spec)
+    if tp == 1:
+        return shape
     return shape.model_copy(update=dict(num_attention_heads=shape.num_attention_heads // tp,
                                         num_kv_heads=shape.num_kv_heads // tp,
                                         intermediate_size=_ceil(shape.intermediate_size, tp)))
@@ -105,11 +112,11 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                      micro_batch_size: int, checkpointing: bool) -> ActivationEstimate:
     """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
     (``cp``), less the sequence-parallel shards of the norms and block inputs (module docstring)."""
-    shape, dt = shape_of(spec), _recipe_dtypes(training, impl)
+    shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
     tp = mesh.tp
     selective = checkpointing and training.activation_checkpointing == "selective"
-    kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ())
-    est = estimate_activations(_tp_shape(shape, tp), dt, micro_batch_size=micro_batch_size,
+    kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
+    est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=training.seq_len // mesh.cp, checkpointing=checkpointing, eager=False,
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
     if tp == 1:
@@ -131,7 +138,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
     """Ring attention in a block's backward: two key/value chunks and two of their gradients in flight."""
     if mesh.cp == 1:
         return 0
-    shape = shape_of(spec)
+    shape = _tp_shape(spec, 1)
     chunk = (micro_batch_size * training.seq_len // mesh.cp * 2 * (shape.num_kv_heads // mesh.tp)
              * shape.head_dim * training.compute_bytes)  # K and V of one chunk
     return 2 * chunk + 2 * chunk

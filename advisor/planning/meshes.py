@@ -168,7 +168,7 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
             delta = chosen.step_time.step_s - other.step_time.step_s
             time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
         elif not other.fits:
-            time = ", and without it nothing fits"
+            time = f"; without it micro-batch {chosen.micro_batch_size} at this checkpointing does not fit"
         verb = "saves" if saved >= 0 else "costs"
         lines.append(f"{dim} {degree} {verb} {_gib(abs(saved))} per GPU ({_gib(other.memory_bytes.total)} without "
                      f"it){time}")
@@ -246,7 +246,10 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
                f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s).")
     rec, why = mesh_recommendation(spec, hw, training, best, opening=opening)
-    return candidates, rec, dp_why[:1] + why
+    alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
+                   f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
+                   f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
+    return candidates, rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
 
 
 def _pins_text(pins: MeshPins) -> str:

@@ -160,6 +160,12 @@ def evaluate_candidate(
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
     choices = _micro_batch_choices(training, dp_world)
+    lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
+    if not fits(lightest):  # nothing fits: report it, the configuration closest to fitting
+        return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
+                         activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
+                         gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
+                         memory_bytes=lightest, cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
         micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)

@@ -17,7 +17,7 @@ from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
-from advisor.planning.meshes import MeshPins, choose_with_meshes
+from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
                                       evaluate_candidate, smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
@@ -255,7 +255,8 @@ def plan(
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)
-    smallest = None if recommendation else smallest_fit(spec, hw, training)
+    smallest = None if recommendation else smallest_fit(
+        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:
         why.append(smallest.message)
     if recommendation is None or recommendation.mesh is None:

@@ -240,11 +240,18 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                                f"{_tokens_per_s(best):,.0f} vs {_tokens_per_s(dp_best):,.0f} tokens/s."]
         return candidates, dp_choice, dp_why
     a, b = best.step_time, dp_best.step_time
+    ckpt_note = ""
+    if (best.activation_checkpointing, best.selective_checkpointing) != (dp_best.activation_checkpointing,
+                                                                         dp_best.selective_checkpointing):
+        modes = {(False, False): "no", (True, True): "selective", (True, False): "full"}
+        ckpt_note = (f"; the mesh fits with {modes[(bool(best.activation_checkpointing), best.selective_checkpointing)]}"
+                     f" checkpointing where {dp_best.strategy} alone needs "
+                     f"{modes[(bool(dp_best.activation_checkpointing), dp_best.selective_checkpointing)]}")
     opening = (f"Policy fastest: mesh {best.mesh.label} is {_tokens_per_s(best) / _tokens_per_s(dp_best) - 1:.0%} "
                f"faster than {dp_best.strategy} alone: {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
                f"({a.step_s:.2f} s/step at micro-batch {best.micro_batch_size} vs {b.step_s:.2f} s at "
                f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
-               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s).")
+               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s{ckpt_note}).")
     rec, why = mesh_recommendation(spec, hw, training, best, opening=opening)
     alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
                    f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "

@@ -13,6 +13,8 @@ validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
@@ -76,6 +78,7 @@ class Recommendation(_Frozen):
 class SmallestFit(_Frozen):
     num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
     strategy: StrategyName | None = None
+    mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
     message: str
 
 
@@ -373,8 +376,10 @@ def _does_not_fit(cand: Candidate) -> str:
 
 
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
-                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload")) -> SmallestFit:
-    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits."""
+                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
+                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
+    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits; with
+    ``meshes`` (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes too."""
     relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
     per_node = hardware.gpu.default_gpus_per_node if hardware.nodes > 1 else max(hardware.gpus_per_node, 1)
 
@@ -387,6 +392,17 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     found = [(count, order, name) for order, name in enumerate(strategies)
              for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
              if count is not None]
+    if meshes is not None:
+        limit = min((count for count, _, _ in found), default=None)
+        for count in counts:
+            if limit is not None and count >= limit:
+                break
+            fitting = next((m for m in meshes(at(count))
+                            if evaluate_candidate(spec, at(count), relaxed, "zero3", m).fits), None)
+            if fitting is not None:
+                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
+                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
+                                           f"{fitting.label} at micro-batch 1.")
     if found:
         count, _, name = min(found)
         return SmallestFit(num_gpus=count, strategy=name,

@@ -57,6 +57,22 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
     strategy = STRATEGIES["zero3"].on(training.engine)
     check_mesh_support(spec, training, strategy, mesh)
     mesh.check_node(hw.gpus_per_node)
+    problem = launch_rule(mesh)
+    if problem:
+        raise ValueError(problem)
+
+
+def launch_rule(mesh: ParallelDims) -> str | None:
+    """accelerate 1.15's rules for a parallelism config (``ParallelismConfig._validate`` and
+    ``_validate_accelerator``): FSDP2 needs a dimension to shard over (dp_shard x cp >= 2), and TP/CP
+    with replicas needs dp_shard > 1. None when ``mesh`` obeys them."""
+    if mesh.dp_shard * mesh.cp == 1:
+        return (f"mesh {mesh.label} leaves nothing for FSDP2 to shard (dp_shard x cp = 1); accelerate needs "
+                "dp_shard x cp >= 2: use fewer --tp ranks or add --cp")
+    if mesh.dp_replicate > 1 and mesh.dp_shard == 1 and mesh.model_parallel > 1:
+        return (f"mesh {mesh.label}: accelerate cannot combine tp/cp with replicas and dp_shard 1; "
+                "lower --hybrid so each replica shards over dp_shard >= 2")
+    return None
 
 
 def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
@@ -81,8 +97,8 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
             dp = world // (tp * cp)
             replicas = [pins.dp_replicate] if pins.dp_replicate else sorted({1, hw.nodes})
             for replicate in replicas:
-                if dp % replicate or (replicate > 1 and dp // replicate * cp == 1):
-                    continue  # HSDP needs something to shard within a replica
+                if dp % replicate or (replicate > 1 and dp // replicate == 1) or (dp // replicate) * cp == 1:
+                    continue  # launch_rule: something to shard, within each replica
                 mesh = ParallelDims(dp_replicate=replicate, dp_shard=dp // replicate, cp=cp, tp=tp, world_size=world)
                 if mesh.is_data_parallel_only or mesh.model_parallel > g:
                     continue

@@ -23,7 +23,8 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
 - Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
   ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
-  run. torchtitan's ``loss_parallel`` would keep N/cp x V/tp instead (not modelled: smaller).
+  run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it
+  (the published torchtitan anchors use it; the planner does not, since the exports run HF models).
 - Ring attention (torch ``context_parallel``, torch/distributed/tensor/experimental/_attention.py,
   ``_templated_ring_attention``): each step computes on one key/value chunk while the next one is
   received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value
@@ -109,7 +110,7 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
 
 
 def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
-                     micro_batch_size: int, checkpointing: bool) -> ActivationEstimate:
+                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool = False) -> ActivationEstimate:
     """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
     (``cp``), less the sequence-parallel shards of the norms and block inputs (module docstring)."""
     shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
@@ -121,6 +122,10 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
     if tp == 1:
         return est
+    if loss_parallel:  # vocabulary-parallel cross-entropy: each rank keeps V/tp of every logit row
+        est = est.model_copy(update=dict(logits_bytes=_ceil(est.logits_bytes, tp),
+                                         loss_transient_bytes=_ceil(est.loss_transient_bytes, tp),
+                                         returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
     tokens = micro_batch_size * training.seq_len // mesh.cp
     h, layers = shape.hidden_size, shape.num_layers
     # Sequence parallelism: each RMSNorm's fp32 input and normalised output are sequence shards.
@@ -145,7 +150,8 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
 
 
 def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
-                         mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool) -> MemoryBreakdown:
+                         mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
+                         loss_parallel: bool = False) -> MemoryBreakdown:
     """The worst rank's peak on ``mesh`` (module docstring); the four moments of ``memory_at_moments``."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
@@ -153,7 +159,7 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     local = tp_rank_spec(spec, mesh.tp)
     states = model_states(local, training, impl, shard_world)
     acts = mesh_activations(spec, training, impl, mesh, micro_batch_size=micro_batch_size,
-                            checkpointing=checkpointing)
+                            checkpointing=checkpointing, loss_parallel=loss_parallel)
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:

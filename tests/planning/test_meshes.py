@@ -89,3 +89,9 @@ def test_bad_degrees_one_line_exit_2(capsys, args, constraint):
     assert code == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err and constraint in lines[0], lines
+
+
+def test_table_and_recommendation_line_name_the_mesh(capsys):
+    code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"], capsys)
+    assert code == 0
+    assert "zero3 cp 8 *" in out and "Recommendation: zero3 (torch) on mesh cp 8" in out

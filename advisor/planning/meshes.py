@@ -233,46 +233,68 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
     best = best_mesh(candidates)
     if pins.any:
-        if best is None:
-            closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
-            extra = (f": the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)} per GPU at "
-                     f"micro-batch {closest.micro_batch_size}" if closest else "")
-            return candidates, None, dp_why + [f"No mesh with the pinned degrees fits{extra}."]
-        rec, why = mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.")
-        return candidates, rec, dp_why + why
-    if dp_choice is None:
-        if best is None:
-            return candidates, None, dp_why + ([f"No mesh fits either (tried {len(meshes)}: tp, cp and HSDP "
-                                                "degrees inside a node)."] if meshes else [])
-        limit = dp_blocked and forcing_limit(spec, [], training, hw.world_size) or \
-            forcing_limit(spec, dp_candidates, training, hw.world_size)
-        rec, why = mesh_recommendation(spec, hw, training, best,
-                                       opening=f"Data parallelism alone cannot run this: the limit is {limit}.")
-        return candidates, rec, dp_why + why
-    dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        rec, why = _pinned(spec, hw, training, candidates, best, pins)
+    elif dp_choice is None:
+        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked)
+    else:
+        dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        rec, why = _faster(spec, hw, training, best, dp_best)
+        if rec is None:
+            return candidates, dp_choice, dp_why + why
+        return candidates, rec, why
+    return candidates, rec, dp_why + why
+
+
+def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+            best: Candidate | None, pins: MeshPins) -> tuple[Recommendation | None, list[str]]:
+    if best is None:
+        closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
+        extra = (f": the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)} per GPU at "
+                 f"micro-batch {closest.micro_batch_size}" if closest else "")
+        return None, [f"No mesh with the pinned degrees fits{extra}."]
+    return mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.")
+
+
+def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
+            meshes: list[ParallelDims], dp_candidates: list[Candidate],
+            dp_blocked: str | None) -> tuple[Recommendation | None, list[str]]:
+    """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
+    if best is None:
+        return None, ([f"No mesh fits either (tried {len(meshes)}: tp, cp and HSDP degrees inside a node)."]
+                      if meshes else [])
+    limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
+    return mesh_recommendation(spec, hw, training, best,
+                               opening=f"Data parallelism alone cannot run this: the limit is {limit}.")
+
+
+def _checkpointing_word(c: Candidate) -> str:
+    return "selective" if c.selective_checkpointing else ("full" if c.activation_checkpointing else "no")
+
+
+def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
+            dp_best: Candidate) -> tuple[Recommendation | None, list[str]]:
+    """``--policy fastest`` with a data-parallel choice: the mesh when faster by more than SAME_SPEED
+    (its recommendation and the why, the DP choice side by side), else None and one line."""
     if best is None or _tokens_per_s(best) <= (1 + SAME_SPEED) * _tokens_per_s(dp_best):
-        if best is not None:
-            dp_why = dp_why + [f"The fastest mesh, {best.mesh.label}, is not faster by more than {SAME_SPEED:.0%}: "
-                               f"{_tokens_per_s(best):,.0f} vs {_tokens_per_s(dp_best):,.0f} tokens/s."]
-        return candidates, dp_choice, dp_why
+        return None, ([] if best is None else [
+            f"The fastest mesh, {best.mesh.label}, is not faster by more than {SAME_SPEED:.0%}: "
+            f"{_tokens_per_s(best):,.0f} vs {_tokens_per_s(dp_best):,.0f} tokens/s."])
     a, b = best.step_time, dp_best.step_time
     ckpt_note = ""
-    if (best.activation_checkpointing, best.selective_checkpointing) != (dp_best.activation_checkpointing,
-                                                                         dp_best.selective_checkpointing):
-        modes = {(False, False): "no", (True, True): "selective", (True, False): "full"}
-        ckpt_note = (f"; the mesh fits with {modes[(bool(best.activation_checkpointing), best.selective_checkpointing)]}"
-                     f" checkpointing where {dp_best.strategy} alone needs "
-                     f"{modes[(bool(dp_best.activation_checkpointing), dp_best.selective_checkpointing)]}")
+    if _checkpointing_word(best) != _checkpointing_word(dp_best):
+        ckpt_note = (f"; the mesh fits with {_checkpointing_word(best)} checkpointing where {dp_best.strategy} "
+                     f"alone needs {_checkpointing_word(dp_best)}")
     opening = (f"Policy fastest: mesh {best.mesh.label} is {_tokens_per_s(best) / _tokens_per_s(dp_best) - 1:.0%} "
                f"faster than {dp_best.strategy} alone: {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
                f"({a.step_s:.2f} s/step at micro-batch {best.micro_batch_size} vs {b.step_s:.2f} s at "
                f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
-               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s{ckpt_note}).")
+               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
+               f"{ckpt_note}).")
     rec, why = mesh_recommendation(spec, hw, training, best, opening=opening)
     alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
                    f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
                    f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
-    return candidates, rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
+    return rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
 
 
 def _pins_text(pins: MeshPins) -> str:

@@ -14,7 +14,7 @@ in GiB per GPU and seconds per step, against the same mesh without that degree.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import MESH_STRATEGIES, check_mesh_support
@@ -50,8 +50,11 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
     world = hw.world_size
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
     if world % fixed:
-        ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=max(1, world // fixed), cp=pins.cp or 1,
-                     tp=pins.tp or 1, world_size=world)  # raises, printing every factor
+        try:  # ParallelDims's own message, printing every factor
+            ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=max(1, world // fixed), cp=pins.cp or 1,
+                         tp=pins.tp or 1, world_size=world)
+        except ValidationError as err:
+            raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
     mesh = ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
                         tp=pins.tp or 1, world_size=world)
     strategy = STRATEGIES["zero3"].on(training.engine)

@@ -77,7 +77,8 @@ def test_smallest_fit_searches_meshes():
 
 
 @pytest.mark.parametrize("args, constraint", [
-    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "3"], "do not multiply to the world size"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "3"], "do not multiply to the world size: dp_replicate 1 x "
+                                                      "dp_shard 2 x cp 1 x tp 3 = 6, not 8"),
     (["-m", "Qwen/Qwen2.5-7B", "--tp", "8"], "does not divide the model's 28 attention heads"),
     (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--attention", "eager"], "needs SDPA attention"),
     (["-m", "google-bert/bert-base-uncased", "--cp", "2"], "needs a Llama-like attention decoder"),
@@ -89,6 +90,7 @@ def test_bad_degrees_one_line_exit_2(capsys, args, constraint):
     assert code == 2, (out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err and constraint in lines[0], lines
+    assert "validation error" not in lines[0]
 
 
 def test_table_and_recommendation_line_name_the_mesh(capsys):

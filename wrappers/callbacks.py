@@ -76,7 +76,8 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
                      training=training.model_copy(update={"activation_checkpointing": "auto", "micro_batch_size": None}))
     advice = open_plan.recommendation
     if advice is not None:
-        lines.append(f"advisor: advice: {advice.strategy} ({advice.engine}), micro-batch {advice.micro_batch_size}, "
+        mesh = f" on mesh {advice.mesh.label}" if advice.mesh is not None else ""
+        lines.append(f"advisor: advice: {advice.strategy} ({advice.engine}){mesh}, micro-batch {advice.micro_batch_size}, "
                      f"checkpointing {'on' if advice.activation_checkpointing else 'off'}: {advice.reason}")
     elif open_plan.smallest_fit is not None:
         lines.append(f"advisor: advice: {open_plan.smallest_fit.message}")

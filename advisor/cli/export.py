@@ -25,13 +25,16 @@ def _plan(params: dict[str, Any]):
 
 
 # plan() arguments that are not TrainingConfig fields
-_NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code")
+_NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code", "tp",
+                 "cp", "hybrid")
 
 
-def _options(*, cpu: bool, hybrid: str, processes: int | None, script: str = "train.py",
+def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, script: str = "train.py",
              script_args: tuple[str, ...] = ()):
+    """Export options; ``--hybrid N`` pins the plan's mesh instead (the export follows the mesh)."""
     from advisor.export import ExportOptions
 
+    hybrid = hybrid if isinstance(hybrid, str) else "auto"
     if processes is not None and not cpu:
         click.echo("advisor: warning: --processes sets the --cpu test config's processes; ignored without --cpu "
                    "(one process per GPU)", err=True)
@@ -69,8 +72,6 @@ _CPU = click.option("--cpu", is_flag=True,
                     help="A CPU-only test config: DDP on gloo, fp32, on this machine (no --gpus needed).")
 _PROCESSES = click.option("--processes", type=click.IntRange(1, 1024), default=None,
                           help="Processes of the --cpu test config (default 2).")
-_HYBRID = click.option("--hybrid", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
-                       help="Hybrid sharding (HSDP) on several nodes: auto = when one node's share fits.")
 
 
 @click.command()
@@ -80,14 +81,12 @@ _HYBRID = click.option("--hybrid", type=click.Choice(["auto", "on", "off"]), def
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
 @_CPU
 @_PROCESSES
-@_HYBRID
-def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int | None, hybrid: str,
-           **params: Any) -> None:
+def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int | None, **params: Any) -> None:
     """Write the recommended strategy as a launcher config (accelerate YAML by default)."""
     from advisor.export import get_format
     from advisor.export.write import write_export
 
-    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=hybrid, processes=processes))
+    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes))
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)
@@ -105,17 +104,17 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
 @click.option("--dry-run", is_flag=True, help="Write the config and print the command; do not run it.")
 @_CPU
 @_PROCESSES
-@_HYBRID
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: int | None, hybrid: str, script: str,
+def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: int | None, script: str,
            script_args: tuple[str, ...], **params: Any) -> None:
     """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
     from advisor.export.write import write_export
     from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
         format_command, load_config, local_gpus, run_launch
 
-    options = _options(cpu=cpu, hybrid=hybrid, processes=processes, script=script, script_args=script_args)
+    options = _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes, script=script,
+                       script_args=script_args)
     text, target = _export_text(params, "accelerate", options)
     path = write_export(config_file, text, force=force)
     _echo_notes(target.notes)

@@ -71,6 +71,10 @@ PLAN_OPTIONS: list[Callable] = [
                       "equally fast plans."),
     click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
+    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (with sequence parallelism)."),
+    click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
+    click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
+                 help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
 ]
 
 
@@ -127,6 +131,11 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         value = options.get(cli_name)
         if value is not None:
             kwargs[field] = value.lower() if isinstance(value, str) else value
+    for degree in ("tp", "cp"):
+        if options.get(degree) is not None:
+            kwargs[degree] = options[degree]
+    if isinstance(options.get("hybrid"), int):
+        kwargs["hybrid"] = options["hybrid"]
     if kwargs["strategy"] is not None:
         kwargs["strategy"] = kwargs["strategy"].lower()
     return kwargs
@@ -142,6 +151,20 @@ def _seq_len(value: str | None) -> int | str | None:
     if not 1 <= length <= MAX_SEQ_LEN:
         raise click.BadParameter(f"must be between 1 and {MAX_SEQ_LEN:,}", param_hint="--seq-len")
     return length
+
+
+def _hybrid(value: str | None) -> int | str | None:
+    """``--hybrid N`` pins dp_replicate; ``auto|on|off`` is the export's HSDP switch (``ExportOptions.hybrid``)."""
+    if value is None or value.strip().lower() in ("auto", "on", "off"):
+        return None if value is None else value.strip().lower()
+    try:
+        number = int(value)
+    except ValueError:
+        raise click.BadParameter(f"expected a number of replicas or auto/on/off, got '{value[:20]}'",
+                                 param_hint="--hybrid") from None
+    if number < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--hybrid")
+    return number
 
 
 def _lora(options: dict[str, Any]) -> Any:

@@ -117,6 +117,17 @@ def plan_title(plan) -> str:
             f"{t.precision}, {t.optimizer}, seq {t.seq_len}, {t.engine} engine")
 
 
+def candidate_label(candidate) -> str:
+    """``zero3``, or ``zero3 cp 8 x tp 2`` for a candidate on a device mesh."""
+    mesh = candidate.mesh
+    return candidate.strategy if mesh is None else f"{candidate.strategy} {mesh.label}"
+
+
+def _is_recommended(plan, candidate) -> bool:
+    rec = plan.recommendation
+    return rec is not None and candidate.strategy == rec.strategy and candidate.mesh == rec.mesh
+
+
 def _ckpt_cell(candidate) -> str:
     """on, sel (selective: keeps attention outputs and every other matmul) or off."""
     if not candidate.activation_checkpointing:
@@ -126,7 +137,7 @@ def _ckpt_cell(candidate) -> str:
 
 def plan_table(plan) -> Table:
     """Per strategy: does it fit, the per-GPU peak, the settings chosen, and the step time."""
-    unavailable = [f"{c.strategy}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
+    unavailable = [f"{candidate_label(c)}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
     table = Table(title=f"{plan_title(plan)}\nPer-GPU peak memory and step time", title_justify="left",
                   caption="peak = estimated peak allocated + runtime overhead, per GPU. comm %: share of the step "
                           "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
@@ -137,9 +148,8 @@ def plan_table(plan) -> Table:
                "CPU GiB/node", "step s", "tok/s", "MFU", "comm %", "offload %"]
     for col in columns:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
-    recommended = plan.recommendation.strategy if plan.recommendation else None
     for c in plan.candidates:
-        name = f"[bold]{c.strategy}[/] *" if c.strategy == recommended else c.strategy
+        name = f"[bold]{candidate_label(c)}[/] *" if _is_recommended(plan, c) else candidate_label(c)
         seq = [f"{longest[c.strategy]:,}" if longest.get(c.strategy) else "-"] if longest else []
         if not c.available:
             table.add_row(name, _fits_mark(c), *seq, *["-"] * 10)  # the reason is in the caption
@@ -167,7 +177,7 @@ def memory_table(plan) -> Table:
         if not c.available:
             continue
         m = c.memory_bytes
-        table.add_row(c.strategy, gib(m.states_params), gib(m.states_grads), gib(m.states_optimizer),
+        table.add_row(candidate_label(c), gib(m.states_params), gib(m.states_grads), gib(m.states_optimizer),
                       _WHERE[m.states_on_cpu], _MOMENT_LABELS[m.peak_moment], gib(m.params), gib(m.grads),
                       gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead), gib(m.total))
     return table
@@ -200,7 +210,7 @@ def memory_bars(plan, *, width: int = 40) -> list[str]:
         overflow = ">" if c.memory_bytes.total > scale else " "
         colour = "green" if c.fits else "red"
         pct = 100 * c.memory_bytes.total / capacity
-        lines.append(f"{c.strategy:>14} [{colour}]{''.join(bar)}[/]{overflow} {pct:5.0f}% of {gib(capacity)} GiB")
+        lines.append(f"{candidate_label(c):>14} [{colour}]{''.join(bar)}[/]{overflow} {pct:5.0f}% of {gib(capacity)} GiB")
     return lines
 
 
@@ -219,7 +229,8 @@ def print_plan(plan, *, console: Console | None = None) -> None:
                 if rec.activation_checkpointing else "")
         accum = (f", {rec.gradient_accumulation_steps} accumulation steps"
                  if rec.gradient_accumulation_steps and rec.gradient_accumulation_steps > 1 else "")
-        console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}), micro-batch {rec.micro_batch_size}"
+        mesh = f" on mesh {rec.mesh.label}" if rec.mesh is not None else ""
+        console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}){mesh}, micro-batch {rec.micro_batch_size}"
                       f"{ckpt}{accum}", highlight=False)
     else:
         console.print("[bold red]Nothing fits.[/]")

@@ -330,6 +330,16 @@ def estimate_memory(
 
         states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
                                                           checkpointing=checkpointing)
+    return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized)
+
+
+def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
+                      training: TrainingConfig, impl: Implementation, *, world: int,
+                      dequantized: int = 0) -> MemoryBreakdown:
+    """The four moments of the step from one rank's states, activations and strategy buffers; the
+    largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
+    (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
+    dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``)."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss

@@ -89,7 +89,17 @@ def accelerate_doc(target: ExportTarget) -> dict[str, Any]:
         doc["deepspeed_config"] = _deepspeed_config(target)
     if distributed_type == "FSDP":
         doc["fsdp_config"] = _fsdp_config(target)
-    if target.hybrid:
+    if target.mesh is not None:  # the four sizes accelerate's launcher reads (commands/launch.py)
+        mesh = target.mesh
+        doc["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": mesh.dp_replicate,
+            "parallelism_config_dp_shard_size": mesh.dp_shard,
+            "parallelism_config_tp_size": mesh.tp,
+            "parallelism_config_cp_size": mesh.cp,
+        }
+        if mesh.cp > 1:
+            doc["parallelism_config"]["parallelism_config_cp_backend"] = "torch"
+    elif target.hybrid:
         doc["parallelism_config"] = {
             "parallelism_config_dp_replicate_size": target.num_nodes,
             "parallelism_config_dp_shard_size": target.gpus_per_node,

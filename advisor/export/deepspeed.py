@@ -55,7 +55,7 @@ def deepspeed_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
     block = target.precision_info.deepspeed  # the table's "bf16" / "fp16" block, or None for fp32
     micro, accum = target.micro_batch_size, target.gradient_accumulation_steps
     doc: dict[str, Any] = {
-        "train_batch_size": micro * accum * target.world_size,
+        "train_batch_size": micro * accum * target.data_parallel_size,  # Ulysses ranks share a sample
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         "gradient_clipping": GRADIENT_CLIPPING,

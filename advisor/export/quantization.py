@@ -20,7 +20,9 @@ from advisor.training import Engine, TrainingConfig
 def storage_dtype(training: TrainingConfig) -> str:
     """``torch.<dtype>`` the base is loaded in and the 4-bit weights are stored as: the compute dtype,
     but fp32 under fp16 autocast (PEFT docs: fp16 mixed precision is stable with float32 storage)."""
-    return f"torch.{'float32' if training.precision == 'fp16-mixed' else training.precision_info.compute_dtype}"
+    info = training.precision_info
+    fp16_autocast = info.mixed and info.compute_dtype == "float16"
+    return f"torch.{info.param_dtype if fp16_autocast else info.compute_dtype}"
 
 
 def bitsandbytes_config(training: TrainingConfig) -> str:

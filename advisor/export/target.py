@@ -29,6 +29,8 @@ from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import estimate_memory
 from advisor.export.quantization import quantization_notes
 from advisor.planning.planner import evaluate_candidate
+from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
+from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
@@ -118,10 +120,17 @@ class ExportTarget(BaseModel):
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
+    mesh: ParallelDims | None = Field(default=None, description="The plan's device mesh (tp/cp/HSDP); None: "
+                                      "data parallelism alone.")
 
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Ranks that take distinct micro-batches: the mesh's dp_replicate x dp_shard, else every rank."""
+        return self.world_size if self.mesh is None else self.mesh.dp
 
     @property
     def multi_node(self) -> bool:
@@ -155,7 +164,8 @@ class ExportTarget(BaseModel):
                 f"{where}: micro-batch {self.micro_batch_size}, "
                 f"gradient accumulation {self.gradient_accumulation_steps}, activation checkpointing "
                 f"{'on' if self.activation_checkpointing else 'off'}, precision {self.precision}"
-                f"{', hybrid sharding (HSDP)' if self.hybrid else ''}")
+                f"{', hybrid sharding (HSDP)' if self.hybrid else ''}"
+                f"{f', mesh {self.mesh.label}' if self.mesh is not None else ''}")
 
 
 def require_recommendation(plan: Plan) -> None:
@@ -297,6 +307,8 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
     if options.cpu:
         return cpu_target(plan.model, plan.training, fmt, options, strategy=_asked_strategy(plan))
     require_recommendation(plan)
+    if plan.recommendation.mesh is not None:
+        return _mesh_target(plan, fmt)
     strategy, engine, micro, ckpt, accum, notes = _substitute(plan, fmt)
     impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
@@ -323,4 +335,24 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
         loss=plan.training.loss,
+    )
+
+
+def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
+    """A mesh recommendation as ``fmt`` writes it (``advisor.export.mesh_target``); ValueError when it cannot."""
+    rec = plan.recommendation
+    mesh = rec.mesh
+    why_not = mesh_unavailable(fmt, mesh, num_attention_heads=plan.model.num_attention_heads)
+    if why_not:
+        raise ValueError(why_not)
+    strategy, engine = mesh_engine(fmt, rec.strategy)
+    hw = plan.hardware
+    notes = mesh_notes(fmt, mesh, seq_len=plan.training.seq_len)
+    return ExportTarget(
+        strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
+        gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
+        precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, hybrid=False, cpu=False,
+        model_name=plan.model.name, block_class=plan.model.block_class, gpu=hw.gpu.name,
+        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
+        loss=plan.training.loss, mesh=mesh,
     )

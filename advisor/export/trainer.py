@@ -53,6 +53,10 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         else:
             fsdp_config["min_num_params"] = 100_000_000
         args.update(fsdp=True, fsdp_config=fsdp_config)
+        if target.mesh is not None:  # accelerate ParallelismConfig arguments (TrainingArguments.parallelism_config)
+            mesh = target.mesh
+            args["parallelism_config"] = {"dp_replicate_size": mesh.dp_replicate, "dp_shard_size": mesh.dp_shard,
+                                          "tp_size": mesh.tp, "cp_size": mesh.cp}
     elif target.engine == "deepspeed":
         # The same target: every pair the Trainer expresses on DeepSpeed is one a DeepSpeed JSON expresses.
         args["deepspeed"] = deepspeed_doc(target, model)

@@ -18,6 +18,7 @@ from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora
 from advisor.model.sources import resolve_model
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
+from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
                                       evaluate_candidate, smallest_fit)
 from advisor.strategies import STRATEGIES, get_strategy
@@ -44,7 +45,16 @@ class Plan(BaseModel):
         return self.recommendation is not None
 
     def candidate(self, strategy: str) -> Candidate:
+        """The data-parallel candidate of ``strategy`` (the first listed; mesh candidates follow)."""
         return next(c for c in self.candidates if c.strategy == strategy)
+
+    @property
+    def chosen(self) -> Candidate | None:
+        """The recommended candidate (its mesh included), or None when nothing fits."""
+        rec = self.recommendation
+        if rec is None:
+            return None
+        return next(c for c in self.candidates if c.strategy == rec.strategy and c.mesh == rec.mesh)
 
     @field_serializer("hardware")
     def _hardware_summary(self, hardware: Hardware) -> dict:
@@ -218,6 +228,9 @@ def plan(
     strategy: str | None = None,
     trust_remote_code: bool = False,
     training: TrainingConfig | None = None,
+    tp: int | None = None,
+    cp: int | None = None,
+    hybrid: int | None = None,
     **options: Any,
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
@@ -227,8 +240,10 @@ def plan(
 
     ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
-    a misspelled one is an error.
+    a misspelled one is an error. ``tp``, ``cp`` and ``hybrid`` (dp_replicate) pin mesh degrees
+    (``advisor.planning.meshes``); meshes are also searched when data parallelism alone cannot run.
     """
+    pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
     search_length = options.get("seq_len") == "max"
     if search_length:
         options = {**options, "seq_len": 1, "micro_batch_size": 1}
@@ -261,12 +276,13 @@ def plan(
         notes.append(_check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
-        raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")
-    if training.global_batch_size is not None and training.micro_batch_size is not None:
+        dp_blocked = f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs"
+    elif training.global_batch_size is not None and training.micro_batch_size is not None:
         if training.global_batch_size % (training.micro_batch_size * hw.world_size):
-            raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
-                             f"{training.micro_batch_size} x {hw.world_size} GPUs")
+            dp_blocked = (f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
+                          f"{training.micro_batch_size} x {hw.world_size} GPUs")
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     longest = None
     if search_length:
@@ -276,16 +292,24 @@ def plan(
             raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
         training = training.model_copy(update={"seq_len": best})
         notes.append(_longest_note(spec, longest, best))
-    candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
-    if training.policy == "fastest" and not strategy:
-        recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
-    else:
-        recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
-                                     headroom=training.headroom)
-    smallest = None if recommendation else smallest_fit(spec, hw, training)
+    candidates, recommendation, why = [], None, []
+    if dp_blocked is None:
+        candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+        if training.policy == "fastest" and not strategy:
+            recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+        else:
+            recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
+                                         headroom=training.headroom)
+    meshes, recommendation, why = choose_with_meshes(
+        spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
+        strategy=strategy, dp_blocked=dp_blocked)
+    smallest = None if recommendation else smallest_fit(
+        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:
         why.append(smallest.message)
-    why.extend(_loss_notes(spec, hw, training, candidates, recommendation))
+    if recommendation is None or recommendation.mesh is None:
+        why.extend(_loss_notes(spec, hw, training, candidates, recommendation))
+    candidates += meshes
     return Plan(
         model=spec, hardware=hw, training=training, candidates=tuple(candidates),
         recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + _assumptions(spec, hw, training)),

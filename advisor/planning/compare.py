@@ -75,7 +75,9 @@ def time_recommendation(result: Plan) -> StepTime | None:
     rec = result.recommendation
     if rec is None:
         return None
-    cand = result.candidate(rec.strategy)
+    cand = result.chosen
+    if rec.mesh is not None:  # timed on its mesh by the planner (advisor.estimate.mesh_time)
+        return cand.step_time
     hardware = result.hardware
     impl = STRATEGIES[rec.strategy].on(result.training.engine)
     return estimate_step_time(result.model, hardware, result.training, impl, micro_batch_size=cand.micro_batch_size,
@@ -89,7 +91,7 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
                 capacity_bytes=hw.gpu_memory_bytes)
     if rec is None or step is None:
         return ClusterResult(**base, fits=False, message=" ".join(result.why[-1:]))
-    cand = result.candidate(rec.strategy)
+    cand = result.chosen
     hours = gpu_hours_per_billion_tokens(hw.world_size, step.tokens_per_s)
     return ClusterResult(
         **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,

@@ -13,14 +13,19 @@ validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.estimate.quantized import quantization_unavailable
+from advisor.estimate.mesh_time import estimate_mesh_step_time
+from advisor.estimate.model_parallel import estimate_mesh_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
+from advisor.mesh import ParallelDims
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -55,6 +60,8 @@ class Candidate(_Frozen):
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
     step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
     step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh (tp/cp/HSDP degrees); None: "
+                                      "data parallelism alone over every GPU.")
 
 
 class Recommendation(_Frozen):
@@ -66,11 +73,13 @@ class Recommendation(_Frozen):
     gradient_accumulation_steps: int | None = None
     reason: str
     alternatives: tuple[str, ...] = ()
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
 
 
 class SmallestFit(_Frozen):
     num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
     strategy: StrategyName | None = None
+    mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
     message: str
 
 
@@ -114,14 +123,17 @@ def _largest_fitting(fits_at, choices: list[int]) -> int | None:
 
 
 def evaluate_candidate(
-    spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName
+    spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName,
+    mesh: ParallelDims | None = None,
 ) -> Candidate:
-    """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits)."""
+    """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits),
+    on ``mesh`` when given (``advisor.estimate.model_parallel`` / ``mesh_time``)."""
     impl = STRATEGIES[name].on(training.engine)
     capacity = hardware.gpu_memory_bytes
     cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
     base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
-                cpu_capacity_bytes=cpu_capacity)
+                cpu_capacity_bytes=cpu_capacity, mesh=mesh)
+    dp_world = hardware.world_size if mesh is None else mesh.dp  # ranks that take distinct micro-batches
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
     quantized_reason = quantization_unavailable(impl, training.quantize)
@@ -137,22 +149,37 @@ def evaluate_candidate(
     at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
 
     def memory(micro: int, mode: str) -> MemoryBreakdown:
+        if mesh is not None:
+            return estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                        checkpointing=mode != "off")
         return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
+
+    def timing_of(micro: int, mode: str, accumulation: int) -> StepTime:
+        if mesh is not None:
+            return estimate_mesh_step_time(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                           checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
+        return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
+                                  checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
     def fits(mem: MemoryBreakdown) -> bool:
         if mem.total > capacity:
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
-    choices = _micro_batch_choices(training, hardware.world_size)
+    choices = _micro_batch_choices(training, dp_world)
+    lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
+    if not fits(lightest):  # nothing fits: report it, the configuration closest to fitting
+        return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
+                         activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
+                         gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
+                         memory_bytes=lightest, cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
         micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)
         if micro is not None:
             mem = memory(micro, mode)
-            accumulation = _accumulation(training, hardware.world_size, micro)
-            timing = estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
-                                        checkpointing=mode != "off", gradient_accumulation_steps=accumulation or 1)
+            accumulation = _accumulation(training, dp_world, micro)
+            timing = timing_of(micro, mode, accumulation or 1)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
@@ -169,7 +196,7 @@ def evaluate_candidate(
     mem = memory(micro, mode)
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
-                     gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
+                     gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                      memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
 
 
@@ -336,6 +363,7 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
         gradient_accumulation_steps=cand.gradient_accumulation_steps,
         reason=reason,
         alternatives=alternatives,
+        mesh=cand.mesh,
     )
 
 
@@ -352,8 +380,10 @@ def _does_not_fit(cand: Candidate) -> str:
 
 
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
-                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload")) -> SmallestFit:
-    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits."""
+                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
+                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
+    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits; with
+    ``meshes`` (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes too."""
     relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
     per_node = hardware.gpu.default_gpus_per_node if hardware.nodes > 1 else max(hardware.gpus_per_node, 1)
 
@@ -366,6 +396,17 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     found = [(count, order, name) for order, name in enumerate(strategies)
              for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
              if count is not None]
+    if meshes is not None:
+        limit = min((count for count, _, _ in found), default=None)
+        for count in counts:
+            if limit is not None and count >= limit:
+                break
+            fitting = next((m for m in meshes(at(count))
+                            if evaluate_candidate(spec, at(count), relaxed, "zero3", m).fits), None)
+            if fitting is not None:
+                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
+                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
+                                           f"{fitting.label} at micro-batch 1.")
     if found:
         count, _, name = min(found)
         return SmallestFit(num_gpus=count, strategy=name,

@@ -41,6 +41,9 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     name = strategy or (plan.recommendation.strategy if plan.recommendation else None)
     if name is None:
         raise ValueError("nothing fits, so there is no candidate to simulate; pass --strategy and --micro-batch")
+    if strategy is None and plan.recommendation.mesh is not None:
+        raise ValueError(f"the simulator runs data-parallel steps; the recommendation runs on mesh "
+                         f"{plan.recommendation.mesh.label}: pass --strategy to simulate a data-parallel candidate")
     candidate = plan.candidate(name)
     if candidate.memory_bytes is None or candidate.micro_batch_size is None:
         raise ValueError(f"strategy {name} has no estimate here ({candidate.unavailable_reason or 'does not fit'}); "

@@ -96,8 +96,13 @@ def test_deepspeed_engine_lists_dp_unavailable():
 def test_global_batch_sets_accumulation():
     p = plan("Qwen/Qwen2.5-0.5B", "4xH100", global_batch_size=64, micro_batch_size=4)
     assert p.recommendation.gradient_accumulation_steps == 4
+    # 30 samples cannot give 4 data-parallel ranks whole micro-batches: a mesh with 2 data-parallel ranks
+    # (30 / 2 = 15 per rank) is planned instead; a model with no mesh layout (BERT) still raises.
+    meshed = plan("Qwen/Qwen2.5-0.5B", "4xH100", global_batch_size=30)
+    assert meshed.recommendation.mesh is not None and meshed.recommendation.mesh.dp == 2
+    assert any("the global batch" in line for line in meshed.why)
     with pytest.raises(ValueError, match="divisible"):
-        plan("Qwen/Qwen2.5-0.5B", "4xH100", global_batch_size=30)
+        plan("google-bert/bert-base-uncased", "4xH100", global_batch_size=30)
 
 
 def test_misspelled_option_is_an_error():

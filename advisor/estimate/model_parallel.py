@@ -1,0 +1,168 @@
+"""Per-GPU memory under a device mesh (dp_replicate x dp_shard x cp x tp): what tensor, context and
+hybrid-sharded data parallelism leave on one rank, in the same four-moment ``MemoryBreakdown`` as
+the data-parallel estimate (``advisor.estimate.memory``), which this module reuses for the moments.
+Time under a mesh is ``advisor.estimate.mesh_time``; choosing a mesh is ``advisor.planning.meshes``.
+
+What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then CP, then FSDP2):
+
+- Parameters. TP (Megatron column/row split, Shoeybi et al. 2019, section 3) splits every attention
+  and MLP matrix of a block by ``tp``; the embedding and the head are vocabulary-parallel (split by
+  ``tp``); norms (2 x hidden per block) and other small tensors stay replicated. FSDP2 then shards
+  that per-TP-rank share over ``dp_shard x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh: CP ranks
+  hold different tokens of the same replica, so they shard parameters like data-parallel ranks);
+  ``dp_replicate`` replicas hold copies (HSDP). Gradients and optimizer state follow the parameters.
+- Activations. TP with sequence parallelism (Korthikanti et al. 2022, section 4.2.2): inside a block
+  the attention heads and the MLP's inner width are split by ``tp``, and the norms and the residual
+  stream between blocks are split along the sequence. What stays whole on each rank is the input
+  of the column-parallel linears after the sequence all-gather: PyTorch's DTensor
+  ``ColwiseParallel`` gathers the norm output and the matmul saves the gathered tensor (Megatron
+  instead re-gathers it in backward; torch does not), 2 x hidden per token per block. CP splits the
+  sequence: every per-token activation is divided by ``cp`` (SDPA/flash attention has no s^2 term,
+  so nothing else depends on the sequence). Under checkpointing the saved block inputs are
+  sequence-sharded by ``tp`` too.
+- Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
+  ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
+  N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
+  run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it
+  (the published torchtitan anchors use it; the planner does not, since the exports run HF models).
+- Ring attention (torch ``context_parallel``, torch/distributed/tensor/experimental/_attention.py,
+  ``_templated_ring_attention``): each step computes on one key/value chunk while the next one is
+  received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value
+  gradients, two more chunks. Counted in a block's backward, the moment both exist.
+
+Supported here: Llama-like decoders (and MoE, its experts split by ``tp``) with SDPA attention,
+full fine-tuning on the torch engine's FSDP2 strategies. Everything else is refused with the
+constraint named (``check_mesh_support``). Pure functions, integer bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
+from advisor.estimate.memory import (FP32, MemoryBreakdown, StrategyBuffers, _block_params, _recipe_dtypes,
+                                     _strategy_buffers, memory_at_moments, model_states)
+from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims
+from advisor.model.lora import selective_kept_linears
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+MESH_STRATEGIES = ("zero3", "zero2")  # FSDP2 on the dp_shard x cp mesh (torchtitan: reshard after forward)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims) -> None:
+    """ValueError naming the constraint when this model/recipe cannot run on ``mesh``."""
+    if mesh.is_data_parallel_only:
+        return
+    if training.engine != "torch" or not impl.shard_params or impl.engine != "torch":
+        raise ValueError(f"mesh {mesh.label} runs FSDP2 on the torch engine (zero2/zero3); {impl.runs_as or impl.engine} "
+                         "cannot carry tensor or context parallelism here")
+    if training.lora is not None or spec.trainable_params < spec.total_params:
+        raise ValueError(f"mesh {mesh.label}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
+    shape = _tp_shape(spec, 1)
+    if shape.family != "decoder" or shape.assumed:
+        kind = spec.model_type or spec.architecture or "this model"
+        raise ValueError(f"mesh {mesh.label} needs a Llama-like attention decoder with known heads; {kind} has "
+                         f"{'no attention heads in its config' if shape.assumed else 'no such layout'}")
+    if mesh.cp > 1 and training.attention == "eager":
+        raise ValueError(f"--cp {mesh.cp} needs SDPA attention (torch context_parallel replaces "
+                         "scaled_dot_product_attention); --attention eager cannot be context-parallel")
+    mesh.check_model(num_attention_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads or
+                     spec.num_attention_heads)
+    mesh.check_sequence(training.seq_len)
+
+
+@functools.lru_cache(maxsize=64)  # a pure function of frozen inputs; the mesh search asks many times
+def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
+    """The parameters one TP rank owns, as a spec the data-parallel state formulas read: block
+    matrices and the (vocabulary-parallel) embedding and head divided by ``tp``, norms whole."""
+    if tp == 1:
+        return spec
+    layer, num_layers, outside = _block_params(spec)
+    norms = 2 * (spec.hidden_size or 0)  # two RMSNorm weights per block, replicated
+    layer_tp = _ceil(max(0, layer - norms), tp) + norms
+    embedding = spec.embedding_params or 0
+    head = spec.head_params or 0
+    vocab_split = _ceil(embedding, tp) + _ceil(head, tp)
+    other = max(0, outside - embedding - head)
+    total = layer_tp * num_layers + vocab_split + other
+    return spec.model_copy(update=dict(
+        total_params=total, trainable_params=total, layer_params=layer_tp,
+        embedding_params=_ceil(embedding, tp) if spec.embedding_params is not None else None,
+        head_params=_ceil(head, tp) if spec.head_params is not None else None))
+
+
+@functools.lru_cache(maxsize=64)
+def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
+    """The activation shape one TP rank computes: its heads and its share of the MLP width."""
+    shape = shape_of(spec)
+    if tp == 1:
+        return shape
+    return shape.model_copy(update=dict(num_attention_heads=shape.num_attention_heads // tp,
+                                        num_kv_heads=shape.num_kv_heads // tp,
+                                        intermediate_size=_ceil(shape.intermediate_size, tp)))
+
+
+def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
+                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool = False) -> ActivationEstimate:
+    """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
+    (``cp``), less the sequence-parallel shards of the norms and block inputs (module docstring)."""
+    shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
+    tp = mesh.tp
+    selective = checkpointing and training.activation_checkpointing == "selective"
+    kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
+    est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
+                               seq_len=training.seq_len // mesh.cp, checkpointing=checkpointing, eager=False,
+                               loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
+    if tp == 1:
+        return est
+    if loss_parallel:  # vocabulary-parallel cross-entropy: each rank keeps V/tp of every logit row
+        est = est.model_copy(update=dict(logits_bytes=_ceil(est.logits_bytes, tp),
+                                         loss_transient_bytes=_ceil(est.loss_transient_bytes, tp),
+                                         returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
+    tokens = micro_batch_size * training.seq_len // mesh.cp
+    h, layers = shape.hidden_size, shape.num_layers
+    # Sequence parallelism: each RMSNorm's fp32 input and normalised output are sequence shards.
+    norm_shard = tokens * 2 * (FP32 + dt.residual) * h * (tp - 1) // tp
+    layer = est.layer_bytes - norm_shard
+    if checkpointing:  # the saved block inputs are sequence shards of the residual stream
+        saved = est.saved_bytes - layers * tokens * dt.residual * h * (tp - 1) // tp
+    else:
+        saved = est.saved_bytes - layers * norm_shard
+    return est.model_copy(update=dict(saved_bytes=saved, layer_bytes=layer,
+                                      recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
+
+
+def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims, *, micro_batch_size: int) -> int:
+    """Ring attention in a block's backward: two key/value chunks and two of their gradients in flight."""
+    if mesh.cp == 1:
+        return 0
+    shape = _tp_shape(spec, 1)
+    chunk = (micro_batch_size * training.seq_len // mesh.cp * 2 * (shape.num_kv_heads // mesh.tp)
+             * shape.head_dim * training.compute_bytes)  # K and V of one chunk
+    return 2 * chunk + 2 * chunk
+
+
+def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
+                         mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
+                         loss_parallel: bool = False) -> MemoryBreakdown:
+    """The worst rank's peak on ``mesh`` (module docstring); the four moments of ``memory_at_moments``."""
+    assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
+    check_mesh_support(spec, training, impl, mesh)
+    shard_world = mesh.dp_shard * mesh.cp  # FSDP2's mesh: torchtitan's dp_shard_cp
+    local = tp_rank_spec(spec, mesh.tp)
+    states = model_states(local, training, impl, shard_world)
+    acts = mesh_activations(spec, training, impl, mesh, micro_batch_size=micro_batch_size,
+                            checkpointing=checkpointing, loss_parallel=loss_parallel)
+    buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
+    ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
+    if ring:
+        buffers = StrategyBuffers(persistent=buffers.persistent, at_loss=buffers.at_loss,
+                                  in_backward=buffers.in_backward + ring, at_forward_end=buffers.at_forward_end)
+    return memory_at_moments(states, acts, buffers, training, impl, world=shard_world)

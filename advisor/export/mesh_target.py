@@ -1,0 +1,80 @@
+"""The export target of a plan whose recommendation runs on a device mesh (tp / cp / HSDP).
+
+What each format can carry of a mesh, from the consumers' own code:
+
+- accelerate (1.15): ``distributed_type: FSDP`` (FSDP2) plus ``parallelism_config`` with
+  ``parallelism_config_{dp_replicate,dp_shard,tp,cp}_size`` (``commands/launch.py`` turns them into
+  ``PARALLELISM_CONFIG_*`` variables that ``ParallelismConfig.__post_init__`` reads). The launcher
+  accepts a parallelism config only with FSDP2 (``_validate_launch_command``), and the Accelerator
+  needs a dimension for FSDP to shard over (dp_shard x cp >= 2): the planner only proposes such meshes.
+- trainer-args (transformers 5.x): ``TrainingArguments.parallelism_config`` takes an accelerate
+  ``ParallelismConfig``; the JSON carries its constructor arguments, the script builds the object.
+- torchrun: launches any script; the script builds the mesh (``wrappers.wrap``).
+- deepspeed-json: DeepSpeed has no ring attention; its equivalent of context parallelism is Ulysses
+  sequence parallelism (Jacobs et al. 2023; accelerate ``ParallelismConfig(sp_backend="deepspeed",
+  sp_size=N)``), which the script sets (accelerate's launcher refuses a parallelism config without
+  FSDP2). Ulysses splits attention by heads, so sp must divide them. Tensor parallelism and HSDP
+  have no DeepSpeed equivalent here: unavailable, with the reason.
+- lightning: ``ModelParallelStrategy`` needs the script's own parallelize function: unavailable.
+
+Pure functions: no file access, no torch or yaml import.
+"""
+
+from __future__ import annotations
+
+from advisor.mesh import ParallelDims
+from advisor.strategies import STRATEGIES
+
+
+def mesh_unavailable(fmt: str, mesh: ParallelDims, *, num_attention_heads: int | None) -> str | None:
+    """Why ``fmt`` cannot carry ``mesh``, or None when it can."""
+    if fmt in ("accelerate", "trainer-args", "torchrun"):
+        return None
+    if fmt == "lightning":
+        return (f"the lightning format does not write mesh {mesh.label}: Lightning's ModelParallelStrategy needs the "
+                "script's own parallelize function; use --format accelerate or torchrun")
+    if mesh.tp > 1 or mesh.dp_replicate > 1:
+        return (f"deepspeed-json cannot express mesh {mesh.label}: DeepSpeed has no tensor parallelism or hybrid "
+                "sharding equivalent to FSDP2's here (only Ulysses sequence parallelism, for cp); use --format "
+                "accelerate or torchrun")
+    if num_attention_heads is None or num_attention_heads % mesh.cp:
+        return (f"deepspeed-json: Ulysses sequence parallelism (DeepSpeed's equivalent of --cp {mesh.cp}) splits "
+                f"attention by heads, and {mesh.cp} does not divide the model's {num_attention_heads} heads")
+    return None
+
+
+def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
+    """What the script must do for the mesh in this format, one line each."""
+    dims = ", ".join(f"{name} {degree}" for name, degree in
+                     (("dp_replicate", mesh.dp_replicate), ("dp_shard", mesh.dp_shard), ("cp", mesh.cp),
+                      ("tp", mesh.tp)))
+    notes = [f"Device mesh {mesh.label} ({dims}; FSDP2 shards over dp_shard x cp, torchtitan's layout)."]
+    if fmt == "deepspeed-json":
+        notes.append(
+            f"Ulysses sequence parallelism of degree {mesh.cp} stands in for the plan's ring-attention cp {mesh.cp} "
+            "(DeepSpeed has no ring attention): in the script, Accelerator(parallelism_config=ParallelismConfig("
+            f"sp_backend=\"deepspeed\", sp_size={mesh.cp}, sp_handler=DeepSpeedSequenceParallelConfig(sp_seq_length="
+            f"{seq_len}, sp_attn_implementation=\"sdpa\")), deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=THIS_FILE)). "
+            "Memory and time were planned for ring attention on FSDP2; Ulysses moves all-to-alls instead.")
+        return notes
+    if mesh.tp > 1:
+        notes.append(f"Tensor parallelism {mesh.tp}: load the model with tp_plan=\"auto\" on the mesh's \"tp\" "
+                     "dimension (transformers' own TP plan; accelerate does this from parallelism_config). The plan "
+                     "counts sequence-parallel norms (torchtitan's plan, wrappers.wrap()); transformers' Llama plan "
+                     "keeps the norms and residual stream whole on every TP rank, a little more activation memory.")
+    if mesh.cp > 1:
+        notes.append(f"Context parallelism {mesh.cp} needs SDPA attention and the forward inside "
+                     "accelerator.maybe_context_parallel(buffers=[input_ids, labels, position_ids], "
+                     f"buffer_seq_dims=[1, 1, 1]); sequences must be a multiple of {2 * mesh.cp} tokens.")
+    if fmt == "trainer-args":
+        notes.append("parallelism_config holds accelerate ParallelismConfig arguments: build "
+                     "TrainingArguments(..., parallelism_config=ParallelismConfig(**args.pop(\"parallelism_config\"))).")
+    return notes
+
+
+def mesh_engine(fmt: str, strategy: str) -> tuple[str, str]:
+    """(strategy, engine) that ``fmt`` writes for a mesh plan's FSDP2 ``strategy``."""
+    if fmt == "deepspeed-json":
+        return "zero3", "deepspeed"  # ZeRO-3 is what FSDP2's zero3 is on DeepSpeed
+    assert STRATEGIES[strategy].on("torch").shard_params, strategy
+    return strategy, "torch"

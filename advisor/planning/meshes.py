@@ -1,0 +1,306 @@
+"""Device meshes beyond data parallelism: which to consider, when, and why one was chosen.
+
+The data-parallel family (``planner.choose``) stays the default wherever it fits. Meshes (tensor,
+context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are searched when
+nothing in that family fits, when the global batch cannot give every GPU a sample, when the user
+pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
+only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
+would: tp a divisor of the GPUs in a node that divides the attention and key/value heads, cp a
+power of two with tp x cp inside a node that splits the sequence into 2 x cp chunks, and on several
+nodes HSDP with one replica per node. Every mesh runs FSDP2 (``zero3``, torchtitan's default) on
+the dp_shard x cp ranks. The 'why' names the limit that forced the mesh and what each degree buys,
+in GiB per GPU and seconds per step, against the same mesh without that degree.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from advisor.estimate.activations import shape_of
+from advisor.estimate.model_parallel import MESH_STRATEGIES, check_mesh_support
+from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims
+from advisor.model.spec import ModelSpec
+from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, evaluate_candidate
+from advisor.strategies import STRATEGIES
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+
+class MeshPins(BaseModel):
+    """Degrees the user fixed (``--tp``, ``--cp``, ``--hybrid``); None: searched."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tp: int | None = Field(default=None, ge=1, description="Tensor-parallel degree.")
+    cp: int | None = Field(default=None, ge=1, description="Context-parallel degree.")
+    dp_replicate: int | None = Field(default=None, ge=1, description="HSDP replicas.")
+
+    @property
+    def any(self) -> bool:
+        return any(v is not None for v in (self.tp, self.cp, self.dp_replicate))
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    return [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
+
+
+def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
+    """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
+    world = hw.world_size
+    fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
+    if world % fixed:
+        try:  # ParallelDims's own message, printing every factor
+            ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=max(1, world // fixed), cp=pins.cp or 1,
+                         tp=pins.tp or 1, world_size=world)
+        except ValidationError as err:
+            raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    mesh = ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
+                        tp=pins.tp or 1, world_size=world)
+    strategy = STRATEGIES["zero3"].on(training.engine)
+    check_mesh_support(spec, training, strategy, mesh)
+    mesh.check_node(hw.gpus_per_node)
+    problem = launch_rule(mesh)
+    if problem:
+        raise ValueError(problem)
+
+
+def launch_rule(mesh: ParallelDims) -> str | None:
+    """accelerate 1.15's rules for a parallelism config (``ParallelismConfig._validate`` and
+    ``_validate_accelerator``): FSDP2 needs a dimension to shard over (dp_shard x cp >= 2), and TP/CP
+    with replicas needs dp_shard > 1. None when ``mesh`` obeys them."""
+    if mesh.dp_shard * mesh.cp == 1:
+        return (f"mesh {mesh.label} leaves nothing for FSDP2 to shard (dp_shard x cp = 1); accelerate needs "
+                "dp_shard x cp >= 2: use fewer --tp ranks or add --cp")
+    if mesh.dp_replicate > 1 and mesh.dp_shard == 1 and mesh.model_parallel > 1:
+        return (f"mesh {mesh.label}: accelerate cannot combine tp/cp with replicas and dp_shard 1; "
+                "lower --hybrid so each replica shards over dp_shard >= 2")
+    return None
+
+
+def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
+                     pins: MeshPins | None = None) -> list[ParallelDims]:
+    """Sensible meshes for this model and cluster (module docstring), the DP-only layout excluded."""
+    pins = pins or MeshPins()
+    shape = shape_of(spec)
+    if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
+            or spec.trainable_params < spec.total_params:
+        return []
+    g, world = hw.gpus_per_node, hw.world_size
+    heads, kv = shape.num_attention_heads, shape.num_kv_heads
+    tps = [pins.tp] if pins.tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
+    meshes = []
+    for tp in tps:
+        cps = [pins.cp] if pins.cp else [c for c in _powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]
+        if training.attention == "eager" and not pins.cp:
+            cps = [1]
+        for cp in cps:
+            if world % (tp * cp):
+                continue
+            dp = world // (tp * cp)
+            replicas = [pins.dp_replicate] if pins.dp_replicate else sorted({1, hw.nodes})
+            for replicate in replicas:
+                if dp % replicate or (replicate > 1 and dp // replicate == 1) or (dp // replicate) * cp == 1:
+                    continue  # launch_rule: something to shard, within each replica
+                mesh = ParallelDims(dp_replicate=replicate, dp_shard=dp // replicate, cp=cp, tp=tp, world_size=world)
+                if mesh.is_data_parallel_only or mesh.model_parallel > g:
+                    continue
+                meshes.append(mesh)
+    return meshes
+
+
+def evaluate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, meshes: list[ParallelDims], *,
+                    strategy: str | None = None) -> list[Candidate]:
+    """Each mesh evaluated with FSDP2 (``strategy`` when the user named a sharded one)."""
+    names = [strategy] if strategy else list(MESH_STRATEGIES[:1])
+    for name in names:
+        if name not in MESH_STRATEGIES:
+            raise ValueError(f"--strategy {name} cannot run on a mesh: tensor/context parallelism here runs "
+                             f"FSDP2 ({' or '.join(MESH_STRATEGIES)}) on the data-parallel ranks")
+    return [evaluate_candidate(spec, hw, training, name, mesh) for mesh in meshes for name in names]
+
+
+def _tokens_per_s(c: Candidate) -> float:
+    return c.step_time.tokens_per_s if c.step_time is not None else 0.0
+
+
+def best_mesh(candidates: list[Candidate]) -> Candidate | None:
+    """The fitting mesh with the most tokens/s; within SAME_SPEED, the fewest model-parallel ranks."""
+    fitting = [c for c in candidates if c.fits and c.mesh is not None and c.step_time is not None]
+    if not fitting:
+        return None
+    top = max(_tokens_per_s(c) for c in fitting)
+    peers = [c for c in fitting if _tokens_per_s(c) >= (1 - SAME_SPEED) * top]
+    return min(peers, key=lambda c: (c.mesh.model_parallel, c.mesh.dp_replicate, -_tokens_per_s(c)))
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def forcing_limit(spec: ModelSpec, dp_candidates: list[Candidate], training: TrainingConfig,
+                  world: int) -> str:
+    """Which limit keeps data parallelism alone from fitting, in numbers."""
+    if training.global_batch_size is not None and training.global_batch_size % world:
+        return (f"the global batch: {training.global_batch_size} samples cannot give each of {world} GPUs whole "
+                "micro-batches, so some GPUs must share a sample (tensor or context parallelism)")
+    sharded = [c for c in dp_candidates if c.available and c.memory_bytes is not None
+               and STRATEGIES[c.strategy].on(c.engine).shard_params and c.strategy == "zero3"]
+    if not sharded:
+        return "no data-parallel strategy fits"
+    c = sharded[0]
+    m = c.memory_bytes
+    ckpt = " with checkpointing" if c.activation_checkpointing else ""
+    states = m.params + m.grads + m.optimizer
+    if m.peak_moment in ("end_of_forward", "loss_backward") and m.activations + m.temporary >= states:
+        limit = (f"activations: {_gib(m.activations)} saved{ckpt} plus {_gib(m.temporary)} of logits and loss "
+                 "buffers for one sample")
+    elif m.peak_moment == "block_backward" and m.activations >= m.temporary and m.activations >= states:
+        limit = f"activations: {_gib(m.activations)} of one sample{ckpt}"
+    elif m.peak_moment == "block_backward" and m.temporary >= states:
+        limit = f"the largest layer: {_gib(m.temporary)} of an unsharded block, its gradients and backward buffers"
+    else:
+        limit = f"the model states: {_gib(m.params + m.grads + m.optimizer)} per GPU"
+    return (f"{limit} (zero3 needs {_gib(m.total)} per GPU of {_gib(c.capacity_bytes)} at micro-batch "
+            f"{c.micro_batch_size}, peak at {m.peak_moment.replace('_', ' ')})")
+
+
+def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate) -> list[str]:
+    """What each degree of ``chosen.mesh`` buys: memory and step time against the same mesh with
+    that degree folded back into dp_shard, at the same micro-batch and checkpointing."""
+    mesh = chosen.mesh
+    assert mesh is not None and chosen.memory_bytes is not None and chosen.step_time is not None
+    mode = "selective" if chosen.selective_checkpointing else ("on" if chosen.activation_checkpointing else "off")
+    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
+                                        "activation_checkpointing": mode})
+    lines = []
+    for dim in ("tp", "cp", "dp_replicate"):
+        degree = getattr(mesh, dim)
+        if degree == 1:
+            continue
+        without = mesh.model_copy(update={dim: 1, "dp_shard": mesh.dp_shard * degree})
+        other = evaluate_candidate(spec, hw, fixed, chosen.strategy, without if not without.is_data_parallel_only
+                                   else None)
+        saved = other.memory_bytes.total - chosen.memory_bytes.total
+        time = ""
+        if other.step_time is not None:
+            delta = chosen.step_time.step_s - other.step_time.step_s
+            time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
+        elif not other.fits:
+            time = f"; without it micro-batch {chosen.micro_batch_size} at this checkpointing does not fit"
+        verb = "saves" if saved >= 0 else "costs"
+        lines.append(f"{dim} {degree} {verb} {_gib(abs(saved))} per GPU ({_gib(other.memory_bytes.total)} without "
+                     f"it){time}")
+    return lines
+
+
+def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate, *,
+                        opening: str) -> tuple[Recommendation, list[str]]:
+    """The recommendation for a mesh candidate and the lines of 'why'."""
+    m = chosen.memory_bytes
+    step = chosen.step_time
+    ckpt = {True: " with activation checkpointing", False: ""}[bool(chosen.activation_checkpointing)]
+    if chosen.selective_checkpointing:
+        ckpt = " with selective activation checkpointing"
+    why = [opening,
+           f"mesh {chosen.mesh.label} ({chosen.strategy}: FSDP2 over dp_shard x cp) fits: {_gib(m.total)} of "
+           f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}{ckpt}, "
+           f"{step.step_s:.2f} s/step ({step.tokens_per_s:,.0f} tokens/s, MFU {step.mfu:.0%})."]
+    why += [f"{line}." for line in degree_effects(spec, hw, training, chosen)]
+    rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
+                         activation_checkpointing=bool(chosen.activation_checkpointing),
+                         selective_checkpointing=chosen.selective_checkpointing,
+                         gradient_accumulation_steps=chosen.gradient_accumulation_steps, reason=" ".join(why[1:]),
+                         mesh=chosen.mesh)
+    return rec, why
+
+
+def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, dp_candidates: list[Candidate],
+                       dp_choice: Recommendation | None, dp_why: list[str], pins: MeshPins,
+                       strategy: str | None = None, dp_blocked: str | None = None,
+                       ) -> tuple[list[Candidate], Recommendation | None, list[str]]:
+    """Mesh candidates, the recommendation and the 'why', given the data-parallel family's choice
+    (module docstring: when meshes are searched and when one wins)."""
+    if pins.any:
+        check_pins(spec, hw, training, pins)
+    elif dp_choice is not None and (training.policy != "fastest" or strategy):
+        return [], dp_choice, dp_why
+    elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
+        if dp_blocked:
+            raise ValueError(dp_blocked)
+        return [], dp_choice, dp_why
+    meshes = [m for m in enumerate_meshes(spec, hw, training, pins)
+              if training.global_batch_size is None or training.global_batch_size % m.dp == 0]
+    if dp_blocked and not meshes:
+        raise ValueError(dp_blocked)
+    candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
+    best = best_mesh(candidates)
+    if pins.any:
+        rec, why = _pinned(spec, hw, training, candidates, best, pins)
+    elif dp_choice is None:
+        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked)
+    else:
+        dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        rec, why = _faster(spec, hw, training, best, dp_best)
+        if rec is None:
+            return candidates, dp_choice, dp_why + why
+        return candidates, rec, why
+    return candidates, rec, dp_why + why
+
+
+def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+            best: Candidate | None, pins: MeshPins) -> tuple[Recommendation | None, list[str]]:
+    if best is None:
+        closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
+        extra = (f": the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)} per GPU at "
+                 f"micro-batch {closest.micro_batch_size}" if closest else "")
+        return None, [f"No mesh with the pinned degrees fits{extra}."]
+    return mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.")
+
+
+def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
+            meshes: list[ParallelDims], dp_candidates: list[Candidate],
+            dp_blocked: str | None) -> tuple[Recommendation | None, list[str]]:
+    """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
+    if best is None:
+        return None, ([f"No mesh fits either (tried {len(meshes)}: tp, cp and HSDP degrees inside a node)."]
+                      if meshes else [])
+    limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
+    return mesh_recommendation(spec, hw, training, best,
+                               opening=f"Data parallelism alone cannot run this: the limit is {limit}.")
+
+
+def _checkpointing_word(c: Candidate) -> str:
+    return "selective" if c.selective_checkpointing else ("full" if c.activation_checkpointing else "no")
+
+
+def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
+            dp_best: Candidate) -> tuple[Recommendation | None, list[str]]:
+    """``--policy fastest`` with a data-parallel choice: the mesh when faster by more than SAME_SPEED
+    (its recommendation and the why, the DP choice side by side), else None and one line."""
+    if best is None or _tokens_per_s(best) <= (1 + SAME_SPEED) * _tokens_per_s(dp_best):
+        return None, ([] if best is None else [
+            f"The fastest mesh, {best.mesh.label}, is not faster by more than {SAME_SPEED:.0%}: "
+            f"{_tokens_per_s(best):,.0f} vs {_tokens_per_s(dp_best):,.0f} tokens/s."])
+    a, b = best.step_time, dp_best.step_time
+    ckpt_note = ""
+    if _checkpointing_word(best) != _checkpointing_word(dp_best):
+        ckpt_note = (f"; the mesh fits with {_checkpointing_word(best)} checkpointing where {dp_best.strategy} "
+                     f"alone needs {_checkpointing_word(dp_best)}")
+    opening = (f"Policy fastest: mesh {best.mesh.label} is {_tokens_per_s(best) / _tokens_per_s(dp_best) - 1:.0%} "
+               f"faster than {dp_best.strategy} alone: {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
+               f"({a.step_s:.2f} s/step at micro-batch {best.micro_batch_size} vs {b.step_s:.2f} s at "
+               f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
+               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
+               f"{ckpt_note}).")
+    rec, why = mesh_recommendation(spec, hw, training, best, opening=opening)
+    alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
+                   f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
+                   f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
+    return rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
+
+
+def _pins_text(pins: MeshPins) -> str:
+    parts = [f"--{flag} {value}" for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate))
+             if value is not None]
+    return ", ".join(parts)

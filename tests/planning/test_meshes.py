@@ -1,0 +1,99 @@
+"""Planning on device meshes: when meshes are searched, what wins, what the 'why' and JSON say, and
+bad degrees refused with one line and exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.planning.api import plan
+from advisor.planning.meshes import MeshPins, enumerate_meshes
+from advisor.model.sources import resolve_model
+from advisor.hardware.cluster import parse_gpus
+from advisor.training import TrainingConfig
+from tests.cli._main import run_main
+
+
+def test_long_context_8b_fits_on_a_mesh_where_no_data_parallel_strategy_does(capsys):
+    code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072",
+                             "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0
+    dp = [c for c in doc["candidates"] if c["mesh"] is None]
+    assert dp and not any(c["fits"] for c in dp)  # today's answer: nothing in the DP family fits
+    rec = doc["recommendation"]
+    mesh = rec["mesh"]
+    assert mesh["cp"] * mesh["tp"] > 1 and mesh["dp_replicate"] * mesh["dp_shard"] * mesh["cp"] * mesh["tp"] == 8
+    chosen = next(c for c in doc["candidates"] if c["mesh"] == mesh and c["strategy"] == rec["strategy"])
+    assert chosen["fits"] and chosen["memory_bytes"]["total"] <= chosen["capacity_bytes"]
+    assert rec["activation_checkpointing"]
+    why = " ".join(doc["why"])
+    assert "the limit is activations" in why and f"cp {mesh['cp']} saves" in why
+
+
+def test_70b_fastest_picks_a_mesh_and_shows_fsdp_alone_beside_it():
+    fastest = plan("meta-llama/Llama-3.1-70B", "4x8xH100", seq_len=8192, policy="fastest")
+    default = plan("meta-llama/Llama-3.1-70B", "4x8xH100", seq_len=8192)
+    # The thresholds policy keeps the data-parallel family when it fits; fastest takes the faster mesh.
+    assert default.recommendation.mesh is None and default.recommendation.strategy == "zero3"
+    rec = fastest.recommendation
+    assert rec.mesh is not None and rec.mesh.tp * rec.mesh.cp > 1
+    mesh_rate = fastest.chosen.step_time.tokens_per_s
+    fsdp_rate = fastest.candidate("zero3").step_time.tokens_per_s
+    assert mesh_rate > 1.03 * fsdp_rate
+    assert rec.alternatives and rec.alternatives[0].startswith("zero3 alone")
+    assert f"{fsdp_rate:,.0f} tokens/s" in rec.alternatives[0]
+
+
+def test_pinned_degrees_are_honoured():
+    p = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=32768, tp=2, cp=2)
+    assert (p.recommendation.mesh.tp, p.recommendation.mesh.cp, p.recommendation.mesh.dp_shard) == (2, 2, 2)
+    assert all(c.mesh is None or (c.mesh.tp, c.mesh.cp) == (2, 2) for c in p.candidates)
+    hsdp = plan("meta-llama/Llama-3.1-8B", "2x8xH100", seq_len=8192, hybrid=2)
+    assert hsdp.recommendation.mesh.dp_replicate == 2
+    assert any(c.mesh is not None and (c.mesh.dp_shard, c.mesh.tp, c.mesh.cp) == (8, 1, 1) for c in hsdp.candidates)
+
+
+def test_enumerated_meshes_follow_the_practitioners_rules():
+    spec = resolve_model("Qwen/Qwen2.5-7B")  # 28 heads, 4 KV heads: tp in {1, 2, 4}
+    meshes = enumerate_meshes(spec, parse_gpus("2x8xH100"), TrainingConfig(seq_len=4096))
+    assert {m.tp for m in meshes} == {1, 2, 4}
+    assert all(m.tp * m.cp <= 8 and m.world_size == 16 and not m.is_data_parallel_only for m in meshes)
+    assert all(m.dp_replicate in (1, 2) for m in meshes)
+    # accelerate refuses TP/CP with replicas and dp_shard 1, and FSDP2 with nothing to shard.
+    assert not any(m.dp_replicate > 1 and m.dp_shard == 1 for m in meshes)
+    assert all(m.dp_shard * m.cp >= 2 for m in meshes)
+    assert enumerate_meshes(spec, parse_gpus("8xH100"), TrainingConfig(seq_len=4096), MeshPins(cp=4)) \
+        and all(m.cp == 4 for m in enumerate_meshes(spec, parse_gpus("8xH100"), TrainingConfig(seq_len=4096),
+                                                      MeshPins(cp=4)))
+
+
+def test_smallest_fit_searches_meshes():
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", seq_len=131072)
+    assert p.recommendation is None
+    assert p.smallest_fit.mesh is not None and p.smallest_fit.mesh.cp > 1
+    assert p.smallest_fit.num_gpus == p.smallest_fit.mesh.world_size
+
+
+@pytest.mark.parametrize("args, constraint", [
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "3"], "do not multiply to the world size: dp_replicate 1 x "
+                                                      "dp_shard 2 x cp 1 x tp 3 = 6, not 8"),
+    (["-m", "Qwen/Qwen2.5-7B", "--tp", "8"], "does not divide the model's 28 attention heads"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--attention", "eager"], "needs SDPA attention"),
+    (["-m", "google-bert/bert-base-uncased", "--cp", "2"], "needs a Llama-like attention decoder"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "8"], "nothing for FSDP2 to shard"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--strategy", "ddp"], "cannot run on a mesh"),
+])
+def test_bad_degrees_one_line_exit_2(capsys, args, constraint):
+    code, out, err = run_main(["plan", "-g", "8xH100", "--seq-len", "4096", *args], capsys)
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and constraint in lines[0], lines
+    assert "validation error" not in lines[0]
+
+
+def test_table_and_recommendation_line_name_the_mesh(capsys):
+    code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"], capsys)
+    assert code == 0
+    assert "zero3 cp 8 *" in out and "Recommendation: zero3 (torch) on mesh cp 8" in out

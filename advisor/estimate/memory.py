@@ -317,7 +317,8 @@ def estimate_memory(
         from advisor.estimate.quantized import apply_quantization
 
         states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
-                                                          checkpointing=checkpointing)
+                                                          checkpointing=checkpointing,
+                                                          micro_batch_size=micro_batch_size)
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss

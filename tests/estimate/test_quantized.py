@@ -84,6 +84,37 @@ def test_published_qlora_runs_within_bound():
         assert -0.40 <= error <= 0.0, (case["id"], estimate, case["published_gib"])
 
 
+def test_int8_linears_keep_their_inputs_past_checkpointing():
+    """MatMul8bitLt keeps its input in ctx.tensors, which non-reentrant checkpointing cannot drop.
+    Llama-2-7B (h 4096, I 11008), bf16, micro-batch 1 x 512 tokens, checkpointing: every block keeps
+    attn_norm out, the attention output, mlp_norm out (4096 each) and act*up (11008), 2 bytes each:
+    512 x 2 x 23,296 = 23,855,104 bytes a block; 32 blocks until the loss, 33 in a block's backward
+    (the recomputed block makes its own). nf4 (MatMul4Bit since bitsandbytes 0.43.2) keeps none.
+    Without checkpointing nothing is new when every adapter saves its input as it is (all-linear,
+    no dropout, bf16)."""
+    from advisor.estimate.quantized import quantized_buffers
+    from advisor.model.lora import LoraConfig
+    from advisor.strategies import get_strategy
+    from advisor.training import TrainingConfig
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    ddp = get_strategy("ddp").on("torch")
+
+    def buffers(scheme, checkpointing, dropout=0.0):
+        training = TrainingConfig(precision="bf16", seq_len=512, quantize=scheme,
+                                  lora=LoraConfig(rank=64, targets="all-linear", dropout=dropout))
+        return quantized_buffers(spec, training, ddp, 2, quantized_base(spec, scheme), checkpointing=checkpointing,
+                                 tokens=512)
+
+    block = 23_855_104
+    nf4, int8 = buffers("nf4", True), buffers("int8", True)
+    assert int8.at_loss - nf4.at_loss == 32 * block
+    assert int8.in_backward - nf4.in_backward == 33 * block
+    assert buffers("int8", False).at_loss == buffers("nf4", False).at_loss
+    # With dropout the adapters save dropout's output instead: both norm outputs and act*up are new.
+    assert buffers("int8", False, 0.1).at_loss - buffers("nf4", False, 0.1).at_loss == 32 * 512 * 2 * 19_200
+
+
 def test_llama2_70b_qlora_fits_two_24gb_cards_with_offload():
     """Must show: Llama-2-70B, nf4, rank 64, seq 2048 on 2x RTX 4090: FSDP without offload needs more
     than a 24 GB card (as the PEFT docs measured, 35.6 GB per GPU without offload); the plan escalates

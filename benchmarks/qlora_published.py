@@ -96,11 +96,12 @@ def main() -> None:
     args = parser.parse_args()
     results = rows(**({} if args.fragmentation is None else {"fragmentation": args.fragmentation}))
     if args.markdown:
-        print("| case | strategy | micro-batch | published GiB | estimate GiB | error |")
-        print("|---|---|---|---|---|---|")
+        print("| case | strategy | micro-batch | 2024 software (era_extra_bytes) | published GiB | estimate GiB | error |")
+        print("|---|---|---|---|---|---|---|")
     for case, est, err in results:
         if args.markdown:
-            print(f"| {case['id']} | {case['engine']} {case['strategy']} | {case['micro_batch_size']} | "
+            era = ", ".join(filter(None, [case.get("loss"), "bnb saves input" if case.get("bnb_saves_input") else ""]))
+            print(f"| {case['id']} | {case['engine']} {case['strategy']} | {case['micro_batch_size']} | {era or '-'} | "
                   f"{case['published_gib']:.2f} | {est:.2f} | {err:+.0%} |")
         else:
             print(f"{case['id']:40s} {case['engine']:9s} {case['strategy']:14s} mb {case['micro_batch_size']:2d}  "

@@ -4,6 +4,7 @@ bitsandbytes' formats, what sharding keeps per GPU, the published QLoRA runs
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,17 +72,25 @@ def test_quantized_base_needs_no_autocast_weight_copies():
 
 
 def test_published_qlora_runs_within_bound():
-    """Every published QLoRA peak in profiles/published_qlora.json is matched from below within 40%.
-    Why below: the Answer.AI figures are torch.cuda.max_memory_reserved, which the same source shows
-    exceeding the allocated peak by 12-24% (LoRA 7B: 9.16 vs 10.22 GiB, 8.28 vs 10.24 GiB), and the PEFT
-    figures are nvidia-smi readings (reserved memory, CUDA context and NCCL buffers); the estimate is
-    the allocated peak plus 5% fragmentation. Measured (benchmarks/qlora_published.py): -17% to -39%."""
+    """Every published QLoRA peak in profiles/published_qlora.json, with each case's 2024 software
+    (fp32 logits held through backward, bitsandbytes < 0.43.2 saved inputs, LoRA dropout 0.1: the
+    benchmark's era_extra_bytes), is matched from below. Why below: the figures are reserved memory
+    (Answer.AI: torch.cuda.max_memory_reserved, 12-24% above allocated on their own LoRA rows; PEFT:
+    nvidia-smi), the estimate the allocated peak + 5% fragmentation. Measured
+    (benchmarks/qlora_published.py): -10% to -34%, median |error| 15.8% (before these per-case
+    settings: -17% to -39%). The two rows beyond -18% are the ones the JSON names unexplained:
+    Answer.AI's micro-batch-1 context-512 run starts from 3.72 GiB reserved after wrapping (1.98 GiB
+    modelled at rest) and the PEFT docs' offloaded run (nvidia-smi). The upper bound leaves room for
+    a larger calibrated fragmentation (at 0.104: -6% to -31%, median 11.5%)."""
     from qlora_published import rows
 
     results = rows()
     assert len(results) >= 8
     for case, estimate, error in results:
-        assert -0.40 <= error <= 0.0, (case["id"], estimate, case["published_gib"])
+        assert -0.35 <= error <= 0.05, (case["id"], estimate, case["published_gib"])
+    assert statistics.median(abs(error) for _, _, error in results) <= 0.17
+    beyond = {case["id"] for case, _, error in results if error < -0.18}
+    assert beyond <= {"answerai-7b-2x3090-fsdp-bs1-ctx512", "peft-fsdp-qlora-70b-offload"}, beyond
 
 
 def test_int8_linears_keep_their_inputs_past_checkpointing():

@@ -329,7 +329,8 @@ def estimate_memory(
         from advisor.estimate.quantized import apply_quantization
 
         states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
-                                                          checkpointing=checkpointing)
+                                                          checkpointing=checkpointing,
+                                                          micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized)
 
 

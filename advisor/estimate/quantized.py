@@ -2,9 +2,11 @@
 quantisation constants, what each strategy keeps of them per GPU, and the dequantised temporaries.
 
 What belongs here: the memory arithmetic of ``--quantize nf4|fp4|int8``; which strategy/engine
-pairs cannot run a quantised base (``quantization_unavailable``). Not here: the activation model
-(a quantised linear saves the same input as any frozen linear: ``MatMul4Bit`` / ``MatMul8bitLt``
-keep ``A`` for the input gradient) and the LoRA counts (``advisor.model.lora``).
+pairs cannot run a quantised base (``quantization_unavailable``); the inputs LLM.int8 linears keep
+past checkpointing (``int8_kept_input_bytes``). Not here: the activation model (a 4-bit linear
+saves what any frozen linear saves: ``MatMul4Bit`` keeps only the packed weight for the input
+gradient since bitsandbytes 0.43.2; ``MatMul8bitLt`` keeps its input ``A`` too, counted here) and
+the LoRA counts (``advisor.model.lora``).
 
 What bitsandbytes quantises: every ``nn.Linear`` (GPT-2's ``Conv1D`` too) except the output head,
 which transformers' ``replace_with_bnb_linear`` skips (``llm_int8_skip_modules`` defaults to the
@@ -48,7 +50,15 @@ block's backward.
 Method of validation: fake tensors cannot run bitsandbytes kernels, so the simulator does not
 cover a quantised base. The estimate is checked against published QLoRA runs with their full
 settings (``profiles/published_qlora.json``, ``benchmarks/qlora_published.py``,
-``tests/estimate/test_quantized.py``).
+``tests/estimate/test_quantized.py``). What those runs allocated that today's recipe does not
+(read from the code they ran; added per case in the benchmark, not here): transformers < 4.46
+returned ``logits.float()``, which Answer.AI's loop holds through backward and the step (4 bytes a
+logit: 2.4 GiB at Llama-2-7B micro-batch 10 x 2048); bitsandbytes < 0.43.2 kept each 4-bit
+linear's input in the recomputed block; their LoRA dropout is 0.1. What stays unexplained (the
+estimate is below every figure): Answer.AI's 7B FSDP runs already reserve 3.72 GiB after wrapping
+(their ``reserved_after_model_wrap``; 1.98 GiB modelled at rest: FSDP1 ``sync_module_states``
+from a CPU copy leaves cached blocks), which dominates the micro-batch-1 figures; the PEFT docs'
+nvidia-smi rows sit ~3-5 GiB above the estimate (the offloaded one ~6.6 GiB).
 """
 
 from __future__ import annotations
@@ -164,7 +174,7 @@ def dequantized_temporary_bytes(training: "TrainingConfig", q: QuantizedBase) ->
 
 
 def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int, states, *,
-                       checkpointing: bool):
+                       checkpointing: bool, micro_batch_size: int = 1):
     """``(states, buffers, dequantized temporary)`` of ``estimate_memory`` for a quantised base:
     the model states with the packed parameters, and the strategy's buffers recomputed over them."""
     q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
@@ -174,14 +184,65 @@ def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implem
     if impl.offload_params:
         params -= q.constant_bytes  # the constants stay on the GPU: counted with the buffers
     states = states.model_copy(update={"params": params})
-    buffers = quantized_buffers(spec, training, impl, world, q, checkpointing=checkpointing)
+    buffers = quantized_buffers(spec, training, impl, world, q, checkpointing=checkpointing,
+                                tokens=micro_batch_size * training.seq_len)
     return states, buffers, dequantized_temporary_bytes(training, q)
 
 
+def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, *, tokens: int,
+                          checkpointing: bool) -> tuple[int, int]:
+    """(until the loss, in a block's backward) bytes of the inputs ``MatMul8bitLt`` keeps.
+
+    bitsandbytes' ``MatMul8bitLt.forward`` stores its input ``A`` (and the outlier columns ``subA``,
+    a few columns, left out) in ``ctx.tensors`` whenever the input requires grad, an attribute that
+    ``saved_tensors_hooks`` never see: non-reentrant checkpointing (``wrappers.checkpointing``)
+    cannot drop it, so every block keeps the distinct inputs of its linears (both norm outputs, the
+    attention output, the MLP's ``act * up``) until its backward, and the block being recomputed
+    makes its own. Without checkpointing only the inputs nothing else saves are new: not the
+    attention output (SDPA saves it), not an input an adapter saves as it is (no dropout, no cast).
+    ``MatMul4Bit`` kept its input the same way until bitsandbytes 0.43.2 (PR #1270); it keeps only
+    the packed weight now. GPT-2 keeps the full fine-tune count without checkpointing (linear inputs
+    included): only the checkpointed case is added there."""
+    if training.quantize != "int8":
+        return 0, 0
+    from advisor.estimate.memory import _recipe_dtypes  # memory.py imports this module lazily
+    from advisor.model.lora import INPUT_SOURCE, target_names
+
+    dt = _recipe_dtypes(training, impl)
+    width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": dt.compute, "mlp_act": dt.compute}
+    linears = block_linears(spec)
+    if not all(name in INPUT_SOURCE for name in linears):  # GPT-2: every linear reads its own input
+        per_token = sum(dt.compute * fan_in for shapes in linears.values() for fan_in, _ in shapes)
+        return (tokens * spec.num_layers * per_token, tokens * (spec.num_layers + 1) * per_token) if checkpointing \
+            else (0, 0)
+    sources = {INPUT_SOURCE[name]: shapes[0][0] for name, shapes in linears.items()}
+    if not checkpointing:
+        shared = set()
+        if training.lora is not None and not training.lora.dropout and not dt.input_casts:
+            shared = {INPUT_SOURCE[name] for name in target_names(spec, training.lora)}
+        sources = {src: fan_in for src, fan_in in sources.items() if src != "attention" and src not in shared}
+    per_block = tokens * sum(width[src] * fan_in for src, fan_in in sources.items())
+    blocks = spec.num_layers
+    return blocks * per_block, (blocks + (1 if checkpointing else 0)) * per_block
+
+
 def quantized_buffers(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,
-                      q: QuantizedBase, *, checkpointing: bool):
+                      q: QuantizedBase, *, checkpointing: bool, tokens: int = 1):
     """What the strategy holds beyond states and activations when the base is quantised: the same
-    moments as ``memory._strategy_buffers``, over packed blocks and the adapters' gradients only."""
+    moments as ``memory._strategy_buffers``, over packed blocks and the adapters' gradients only,
+    plus the inputs LLM.int8 linears keep past checkpointing (``int8_kept_input_bytes``)."""
+    kept, kept_bwd = int8_kept_input_bytes(spec, training, impl, tokens=tokens, checkpointing=checkpointing)
+    buffers = _strategy_moments(spec, training, impl, world, q, checkpointing=checkpointing)
+    if not kept:
+        return buffers
+    forward_end = buffers.at_loss if buffers.at_forward_end is None else buffers.at_forward_end
+    return buffers.model_copy(update={"at_loss": buffers.at_loss + kept, "in_backward": buffers.in_backward + kept_bwd,
+                                      "at_forward_end": forward_end + kept})
+
+
+def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,
+                      q: QuantizedBase, *, checkpointing: bool):
+    """The strategy's buffers over packed blocks and the adapters' gradients (``quantized_buffers``)."""
     from advisor.estimate.buckets import deepspeed_buckets
     from advisor.estimate.memory import StrategyBuffers, _block_params  # memory.py imports this module lazily
 

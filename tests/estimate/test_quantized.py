@@ -4,6 +4,7 @@ bitsandbytes' formats, what sharding keeps per GPU, the published QLoRA runs
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,17 +72,56 @@ def test_quantized_base_needs_no_autocast_weight_copies():
 
 
 def test_published_qlora_runs_within_bound():
-    """Every published QLoRA peak in profiles/published_qlora.json is matched from below within 40%.
-    Why below: the Answer.AI figures are torch.cuda.max_memory_reserved, which the same source shows
-    exceeding the allocated peak by 12-24% (LoRA 7B: 9.16 vs 10.22 GiB, 8.28 vs 10.24 GiB), and the PEFT
-    figures are nvidia-smi readings (reserved memory, CUDA context and NCCL buffers); the estimate is
-    the allocated peak plus 5% fragmentation. Measured (benchmarks/qlora_published.py): -17% to -39%."""
+    """Every published QLoRA peak in profiles/published_qlora.json, with each case's 2024 software
+    (fp32 logits held through backward, bitsandbytes < 0.43.2 saved inputs, LoRA dropout 0.1: the
+    benchmark's era_extra_bytes), is matched from below. Why below: the figures are reserved memory
+    (Answer.AI: torch.cuda.max_memory_reserved, 12-24% above allocated on their own LoRA rows; PEFT:
+    nvidia-smi), the estimate the allocated peak + 5% fragmentation. Measured
+    (benchmarks/qlora_published.py): -10% to -34%, median |error| 15.8% (before these per-case
+    settings: -17% to -39%). The two rows beyond -18% are the ones the JSON names unexplained:
+    Answer.AI's micro-batch-1 context-512 run starts from 3.72 GiB reserved after wrapping (1.98 GiB
+    modelled at rest) and the PEFT docs' offloaded run (nvidia-smi). The upper bound leaves room for
+    a larger calibrated fragmentation (at 0.104: -6% to -31%, median 11.5%)."""
     from qlora_published import rows
 
     results = rows()
     assert len(results) >= 8
     for case, estimate, error in results:
-        assert -0.40 <= error <= 0.0, (case["id"], estimate, case["published_gib"])
+        assert -0.35 <= error <= 0.05, (case["id"], estimate, case["published_gib"])
+    assert statistics.median(abs(error) for _, _, error in results) <= 0.17
+    beyond = {case["id"] for case, _, error in results if error < -0.18}
+    assert beyond <= {"answerai-7b-2x3090-fsdp-bs1-ctx512", "peft-fsdp-qlora-70b-offload"}, beyond
+
+
+def test_int8_linears_keep_their_inputs_past_checkpointing():
+    """MatMul8bitLt keeps its input in ctx.tensors, which non-reentrant checkpointing cannot drop.
+    Llama-2-7B (h 4096, I 11008), bf16, micro-batch 1 x 512 tokens, checkpointing: every block keeps
+    attn_norm out, the attention output, mlp_norm out (4096 each) and act*up (11008), 2 bytes each:
+    512 x 2 x 23,296 = 23,855,104 bytes a block; 32 blocks until the loss, 33 in a block's backward
+    (the recomputed block makes its own). nf4 (MatMul4Bit since bitsandbytes 0.43.2) keeps none.
+    Without checkpointing nothing is new when every adapter saves its input as it is (all-linear,
+    no dropout, bf16)."""
+    from advisor.estimate.quantized import quantized_buffers
+    from advisor.model.lora import LoraConfig
+    from advisor.strategies import get_strategy
+    from advisor.training import TrainingConfig
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    ddp = get_strategy("ddp").on("torch")
+
+    def buffers(scheme, checkpointing, dropout=0.0):
+        training = TrainingConfig(precision="bf16", seq_len=512, quantize=scheme,
+                                  lora=LoraConfig(rank=64, targets="all-linear", dropout=dropout))
+        return quantized_buffers(spec, training, ddp, 2, quantized_base(spec, scheme), checkpointing=checkpointing,
+                                 tokens=512)
+
+    block = 23_855_104
+    nf4, int8 = buffers("nf4", True), buffers("int8", True)
+    assert int8.at_loss - nf4.at_loss == 32 * block
+    assert int8.in_backward - nf4.in_backward == 33 * block
+    assert buffers("int8", False).at_loss == buffers("nf4", False).at_loss
+    # With dropout the adapters save dropout's output instead: both norm outputs and act*up are new.
+    assert buffers("int8", False, 0.1).at_loss - buffers("nf4", False, 0.1).at_loss == 32 * 512 * 2 * 19_200
 
 
 def test_llama2_70b_qlora_fits_two_24gb_cards_with_offload():

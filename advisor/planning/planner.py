@@ -17,10 +17,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware, resize
+from advisor.calibration import error_table
+from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
-from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
+from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
 
@@ -49,6 +51,8 @@ class Candidate(_Frozen):
     activation_checkpointing: bool | None = None
     selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
+    memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
+                                              "from the measured errors of estimates of this kind.")
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
@@ -135,15 +139,15 @@ def evaluate_candidate(
     def memory(micro: int, mode: str) -> MemoryBreakdown:
         return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
 
-    def fits(mem: MemoryBreakdown) -> bool:
-        if mem.total > capacity:
+    def fits(mem: MemoryBreakdown, mode: str) -> bool:
+        if _range(spec, at[mode], impl, mem).at(training.margin) > capacity:  # --margin picks the end
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
     choices = _micro_batch_choices(training, hardware.world_size)
     fitting: list[Candidate] = []
     for mode in modes:
-        micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)
+        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode), choices)
         if micro is not None:
             mem = memory(micro, mode)
             accumulation = _accumulation(training, hardware.world_size, micro)
@@ -152,7 +156,7 @@ def evaluate_candidate(
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
-                                     cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                                     memory_range=_range(spec, at[mode], impl, mem), cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
                                      step_time=timing))
             if mode == "off":
                 break  # no recompute and it fits: nothing to gain from checkpointing
@@ -166,7 +170,20 @@ def evaluate_candidate(
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
                      gradient_accumulation_steps=_accumulation(training, hardware.world_size, micro),
-                     memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
+                     memory_bytes=mem, memory_range=_range(spec, at[mode], impl, mem),
+                     cpu_memory_bytes=_cpu_per_node(mem, hardware))
+
+
+def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem: MemoryBreakdown) -> MemoryRange:
+    """The total's low / expected / high from the measured errors of this kind of estimate
+    (``profiles/memory_error.json``: model family, strategy kind, variant)."""
+    kind = "offload" if impl.offload_params or impl.offload_optimizer else (
+        "sharded" if impl.shard_params or impl.shard_grads else "replicated")
+    variant = ("lora" if training.lora is not None or spec.trainable_params < spec.total_params else
+               "loss_kernel" if training.loss != "hf" else
+               "checkpointing" if training.activation_checkpointing != "off" else "plain")
+    bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", strategy_kind=kind, variant=variant)
+    return memory_range(mem.total, bounds)
 
 
 def _cpu_per_node(mem: MemoryBreakdown, hardware: Hardware) -> int | None:

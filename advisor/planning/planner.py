@@ -355,7 +355,12 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
 def _does_not_fit(cand: Candidate) -> str:
     if not cand.available:
         return f"{cand.strategy} is unavailable: {cand.unavailable_reason}."
-    mem = cand.memory_bytes
+    mem, span = cand.memory_bytes, cand.memory_range
+    cpu_fits = cand.cpu_capacity_bytes is None or (cand.cpu_memory_bytes or 0) <= cand.cpu_capacity_bytes
+    if mem.total <= cand.capacity_bytes and span is not None and span.high > cand.capacity_bytes and cpu_fits:
+        return (f"{cand.strategy} does not fit at the high end of its range (--margin high): "
+                f"{_gib(span.high)} per GPU of {_gib(cand.capacity_bytes)} (expected {_gib(mem.total)}) even at "
+                f"micro-batch {cand.micro_batch_size}{' with checkpointing' if cand.activation_checkpointing else ''}.")
     if mem.total <= cand.capacity_bytes and cand.cpu_capacity_bytes is not None:
         return (f"{cand.strategy} does not fit in CPU RAM: needs {_gib(cand.cpu_memory_bytes or 0)} per node "
                 f"of {_gib(cand.cpu_capacity_bytes)}.")

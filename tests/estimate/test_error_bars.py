@@ -53,7 +53,9 @@ def test_margin_high_makes_a_borderline_plan_not_fit():
     high = plan("Qwen/Qwen2.5-7B", "2xA100", margin="high", **options).candidate("zero3")
     assert expected.fits and expected.memory_range.expected == 84_351_284_198
     assert not high.fits and high.memory_range.high > high.capacity_bytes > high.memory_range.expected
-    assert any(a.startswith("--margin high:") for a in plan("Qwen/Qwen2.5-7B", "2xA100", margin="high").assumptions)
+    strict = plan("Qwen/Qwen2.5-7B", "2xA100", margin="high", **options)
+    assert strict.recommendation is None and strict.why[0].startswith("zero3 does not fit at the high end")
+    assert any(a.startswith("--margin high:") for a in strict.assumptions)
 
 
 def test_cli_margin_and_json_range(capsys):
@@ -65,3 +67,20 @@ def test_cli_margin_and_json_range(capsys):
     assert r["low"] <= r["expected"] == doc["candidates"][1]["memory_bytes"]["total"] <= r["high"]
     code, _, err = run_main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--margin", "huge"], capsys)
     assert code == 2 and "Traceback" not in err
+
+
+def test_table_shows_the_range_beside_the_peak():
+    """The peak cell reads ``expected (low-high)`` in GiB. Qwen2.5-7B zero3: 84,351,284,198 B = 78.56 GiB;
+    the qwen2 row (-2.61%, +1.90%) and the allocator's (-5.54%, +15.35%) of profiles/memory_error.json:
+    low 78.56 x 0.9739 x 0.9446 = 72.3, high 78.56 x 1.019 x 1.1535 = 92.3."""
+    from rich.console import Console
+
+    from advisor.cli.render import plan_table
+    from advisor.units import GIB
+
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3", micro_batch_size=1, activation_checkpointing="off")
+    r = p.candidate("zero3").memory_range
+    console = Console(width=250, record=True)
+    console.print(plan_table(p))
+    cell = f"{r.expected / GIB:.2f} ({r.low / GIB:.1f}-{r.high / GIB:.1f})"
+    assert cell == "78.56 (72.3-92.3)" and cell in console.export_text()

@@ -149,8 +149,8 @@ def _overhead_notes(training: TrainingConfig) -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
     gap = (f"runtime overhead per GPU: {training.fragmentation:.1%} of the peak + {training.reserve_gib:g} GiB, "
-           + ("calibrated on 21 real H100 runs (measured allocated -> reserved; held-out error in "
-              "profiles/allocator_overhead.json): total predicts torch.cuda.max_memory_reserved(); the CUDA context "
+           + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
+              "error are in profiles/allocator_overhead.json): total predicts torch.cuda.max_memory_reserved(); the CUDA context "
               "and NCCL's own buffers, outside the allocator, are not counted (--reserve-gib adds a fixed amount)"
               if calibrated else "as given (--reserve-gib)"))
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
@@ -158,8 +158,8 @@ def _overhead_notes(training: TrainingConfig) -> list[str]:
               "LoRA or loss kernel, on real H100s; +-15% for families not measured) and the allocator gap's spread "
               "(profiles/memory_error.json)")
     if "margin" not in training.model_fields_set:
-        margin += ("; default expected: the calibrated best estimate (held-out median error about 5%), with the "
-                   "--headroom policy preferring plans that leave room; --margin high for a guarantee")
+        margin += ("; default expected: the calibrated best estimate, with the --headroom policy preferring plans "
+                   "that leave room; --margin high when an out-of-memory failure costs more than a smaller batch")
     return [gap, margin]
 
 

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from advisor.calibration import allocator_overhead
+from advisor.estimate.error_bars import Margin
 from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.units import GIB
@@ -37,8 +39,13 @@ class TrainingConfig(BaseModel):
                                                  "on (full), selective (keep attention and every other matmul), off, auto.")
     engine: Engine = Field(default="torch", description="What runs the strategy: torch or deepspeed.")
     attention: Attention = Field(default="sdpa", description="SDPA/flash (no s^2 term) or eager.")
-    reserve_gib: float = Field(default=1.0, ge=0, le=1024, description="CUDA context and NCCL per GPU.")
-    fragmentation: float = Field(default=0.05, ge=0, le=1, description="Allocator overhead as a share of peak.")
+    # Defaults calibrated on real H100 runs (profiles/allocator_overhead.json, advisor.calibration).
+    reserve_gib: float = Field(default_factory=lambda: allocator_overhead().allocator_constant_gib, ge=0, le=1024,
+                               description="Fixed runtime overhead per GPU (default: the allocator's calibrated constant).")
+    fragmentation: float = Field(default_factory=lambda: allocator_overhead().fragmentation, ge=0, le=1,
+                                 description="Reserved over allocated - 1 (default: calibrated).")
+    margin: Margin = Field(default="expected", description="Which end of the estimate's measured range decides "
+                           "whether a plan fits: low, expected or high.")
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
     headroom: float = Field(default=0.10, ge=0, lt=1, description="Share of GPU memory a comfortable plan leaves "
                             "free. Not a fit test (a plan fits when peak + runtime overhead <= memory): among plans "

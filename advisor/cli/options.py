@@ -14,6 +14,7 @@ import click
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
+from advisor.estimate.error_bars import Margin
 from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
                                Quantization)
 
@@ -65,7 +66,9 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--loss", type=_choice(get_args(LossKernel)),
                  help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
-    click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Runtime overhead per GPU (default 1)."),
+    click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
+    click.option("--margin", type=_choice(get_args(Margin)),
+                 help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
     click.option("--headroom", type=click.FloatRange(0, 1, max_open=True),
                  help="Share of GPU memory a comfortable plan leaves free (default 0.1); preferred among "
                       "equally fast plans."),
@@ -98,6 +101,7 @@ _TRAINING_FIELDS = {
     "double_quant": "double_quant",
     "reserve_gib": "reserve_gib",
     "headroom": "headroom",
+    "margin": "margin",
     "cpu_memory_gib": "cpu_memory_gib",
 }
 

@@ -139,7 +139,8 @@ def plan_table(plan) -> Table:
     """Per strategy: does it fit, the per-GPU peak, the settings chosen, and the step time."""
     unavailable = [f"{candidate_label(c)}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
     table = Table(title=f"{plan_title(plan)}\nPer-GPU peak memory and step time", title_justify="left",
-                  caption="peak = estimated peak allocated + runtime overhead, per GPU. comm %: share of the step "
+                  caption="peak = estimated peak allocated + runtime overhead, per GPU (low-high: the range measured errors "
+                          "of this kind of estimate give; --margin picks the end that decides fits). comm %: share of the step "
                           "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
                           "transfers and the CPU optimizer step." + "".join(f"\nn/a {u}" for u in unavailable),
                   caption_justify="left")
@@ -156,11 +157,18 @@ def plan_table(plan) -> Table:
             continue
         m = c.memory_bytes
         table.add_row(
-            name, _fits_mark(c), *seq, gib(m.total), f"{m.total / c.capacity_bytes:.0%}",
+            name, _fits_mark(c), *seq, _with_range(m.total, c.memory_range), f"{m.total / c.capacity_bytes:.0%}",
             str(c.micro_batch_size), _ckpt_cell(c),
             gib(c.cpu_memory_bytes) if c.cpu_memory_bytes else "-", *_timing_cells(c.step_time),
         )
     return table
+
+
+def _with_range(total: int, memory_range) -> str:
+    """``31.20 (30.10-33.00)``: the estimate and its measured range, GiB."""
+    if memory_range is None:
+        return gib(total)
+    return f"{gib(total)} ({memory_range.low / GIB:.1f}-{memory_range.high / GIB:.1f})"
 
 
 def memory_table(plan) -> Table:

@@ -194,13 +194,30 @@ def _check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | 
             f"dequantised linear ({q.largest_linear_params * training.compute_bytes / GIB:.2f} GiB) in a block's backward")
 
 
+def _overhead_notes(training: TrainingConfig) -> list[str]:
+    """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
+    calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
+    gap = (f"runtime overhead per GPU: {training.fragmentation:.1%} of the peak + {training.reserve_gib:g} GiB, "
+           + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
+              "error are in profiles/allocator_overhead.json): total predicts torch.cuda.max_memory_reserved(); the CUDA context "
+              "and NCCL's own buffers, outside the allocator, are not counted (--reserve-gib adds a fixed amount)"
+              if calibrated else "as given (--reserve-gib)"))
+    margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
+              "fits; the range (low-high) comes from the measured errors of estimates of its kind (model family, "
+              "LoRA or loss kernel, on real H100s; +-15% for families not measured) and the allocator gap's spread "
+              "(profiles/memory_error.json)")
+    if "margin" not in training.model_fields_set:
+        margin += ("; default expected: the calibrated best estimate, with the --headroom policy preferring plans "
+                   "that leave room; --margin high when an out-of-memory failure costs more than a smaller batch")
+    return [gap, margin]
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
     for field, text in _DEFAULT_NOTES.items():
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
-    notes.append(f"runtime overhead per GPU: {training.reserve_gib:g} GiB (CUDA context, NCCL) + "
-                 f"{training.fragmentation:.0%} of peak for allocator fragmentation (--reserve-gib)")
+    notes.extend(_overhead_notes(training))
     fit_rule = "margin policy: a plan fits when its peak + runtime overhead is at most the GPU's memory"
     if training.policy == "thresholds":
         notes.append(f"{fit_rule}; among plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at "

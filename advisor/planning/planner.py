@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware, resize
+from advisor.calibration import error_table
+from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.estimate.quantized import quantization_unavailable
 from advisor.estimate.mesh_time import estimate_mesh_step_time
@@ -26,7 +28,7 @@ from advisor.estimate.model_parallel import estimate_mesh_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.mesh import ParallelDims
-from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
+from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
 
@@ -55,6 +57,8 @@ class Candidate(_Frozen):
     activation_checkpointing: bool | None = None
     selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
+    memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
+                                              "from the measured errors of estimates of this kind.")
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
@@ -161,21 +165,22 @@ def evaluate_candidate(
         return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
                                   checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
-    def fits(mem: MemoryBreakdown) -> bool:
-        if mem.total > capacity:
+    def fits(mem: MemoryBreakdown, mode: str) -> bool:
+        if _range(spec, at[mode], impl, mem).at(training.margin) > capacity:  # --margin picks the end
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
-    if not fits(lightest):  # nothing fits: report it, the configuration closest to fitting
+    if not fits(lightest, modes[-1]):  # nothing fits: report it, the configuration closest to fitting
         return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
-                         memory_bytes=lightest, cpu_memory_bytes=_cpu_per_node(lightest, hardware))
+                         memory_bytes=lightest, memory_range=_range(spec, at[modes[-1]], impl, lightest),
+                         cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
-        micro = _largest_fitting(lambda m: fits(memory(m, mode)), choices)
+        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode), choices)
         if micro is not None:
             mem = memory(micro, mode)
             accumulation = _accumulation(training, dp_world, micro)
@@ -183,6 +188,7 @@ def evaluate_candidate(
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
+                                     memory_range=_range(spec, at[mode], impl, mem),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
                                      step_time=timing))
             if mode == "off":
@@ -197,7 +203,20 @@ def evaluate_candidate(
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
                      gradient_accumulation_steps=_accumulation(training, dp_world, micro),
-                     memory_bytes=mem, cpu_memory_bytes=_cpu_per_node(mem, hardware))
+                     memory_bytes=mem, memory_range=_range(spec, at[mode], impl, mem),
+                     cpu_memory_bytes=_cpu_per_node(mem, hardware))
+
+
+def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem: MemoryBreakdown) -> MemoryRange:
+    """The total's low / expected / high from the measured errors of this kind of estimate
+    (``profiles/memory_error.json``: model family, strategy kind, variant)."""
+    kind = "offload" if impl.offload_params or impl.offload_optimizer else (
+        "sharded" if impl.shard_params or impl.shard_grads else "replicated")
+    variant = ("lora" if training.lora is not None or spec.trainable_params < spec.total_params else
+               "loss_kernel" if training.loss != "hf" else
+               "checkpointing" if training.activation_checkpointing != "off" else "plain")
+    bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", strategy_kind=kind, variant=variant)
+    return memory_range(mem.total, bounds)
 
 
 def _cpu_per_node(mem: MemoryBreakdown, hardware: Hardware) -> int | None:
@@ -370,7 +389,12 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
 def _does_not_fit(cand: Candidate) -> str:
     if not cand.available:
         return f"{cand.strategy} is unavailable: {cand.unavailable_reason}."
-    mem = cand.memory_bytes
+    mem, span = cand.memory_bytes, cand.memory_range
+    cpu_fits = cand.cpu_capacity_bytes is None or (cand.cpu_memory_bytes or 0) <= cand.cpu_capacity_bytes
+    if mem.total <= cand.capacity_bytes and span is not None and span.high > cand.capacity_bytes and cpu_fits:
+        return (f"{cand.strategy} does not fit at the high end of its range (--margin high): "
+                f"{_gib(span.high)} per GPU of {_gib(cand.capacity_bytes)} (expected {_gib(mem.total)}) even at "
+                f"micro-batch {cand.micro_batch_size}{' with checkpointing' if cand.activation_checkpointing else ''}.")
     if mem.total <= cand.capacity_bytes and cand.cpu_capacity_bytes is not None:
         return (f"{cand.strategy} does not fit in CPU RAM: needs {_gib(cand.cpu_memory_bytes or 0)} per node "
                 f"of {_gib(cand.cpu_capacity_bytes)}.")

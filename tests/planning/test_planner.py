@@ -38,7 +38,7 @@ def test_default_not_fitting_escalates_with_reason():
 
 
 def test_cheaper_alternative_is_shown():
-    p = plan("Qwen/Qwen2.5-7B", "8xH100")
+    p = plan("Qwen/Qwen2.5-7B", "8xH100", reserve_gib=1.0, fragmentation=0.05)
     assert p.recommendation.strategy == "zero3"
     assert any("also fits" in a for a in p.recommendation.alternatives)
 
@@ -56,7 +56,8 @@ def test_fit_boundary_worked_by_hand(reserve_gib, fits):
     76,156,165,120 bytes (tests/planning/test_memory_views.py), whatever the micro-batch; with 5%
     fragmentation that is 79,963,973,376. The A100 has 84,987,740,160 bytes, so the runtime reserve
     may be up to 5,023,766,784 bytes = 4.679 GiB: 4.67 GiB fits, 4.68 GiB does not."""
-    zero3 = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3", reserve_gib=reserve_gib).candidate("zero3")
+    zero3 = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3", reserve_gib=reserve_gib,
+                 fragmentation=0.05).candidate("zero3")
     assert zero3.fits is fits
 
 

@@ -76,8 +76,11 @@ def build_meshes(dims: ParallelDims, *, device_type: str) -> Meshes:
 
 def resolve_dims(mesh: ParallelDims | dict | None, *, world_size: int, tp: int = 1, cp: int = 1,
                  hybrid: int = 1) -> ParallelDims:
-    """The ``ParallelDims`` ``wrap()`` was given: one (or its dict, e.g. a plan's JSON), or the
-    degrees ``tp`` / ``cp`` / ``hybrid`` (dp_replicate), with dp_shard taking the remaining ranks."""
+    """The ``ParallelDims`` ``wrap()`` was given: one (or its dict, e.g. a plan's JSON, or a plan's
+    recommendation carrying one as ``.mesh``), or the degrees ``tp`` / ``cp`` / ``hybrid``
+    (dp_replicate), with dp_shard taking the remaining ranks."""
+    if mesh is not None and not isinstance(mesh, (ParallelDims, dict)) and hasattr(mesh, "mesh"):
+        mesh = mesh.mesh
     if mesh is not None:
         if (tp, cp, hybrid) != (1, 1, 1):
             raise ValueError("pass either mesh= or tp= / cp= / hybrid=, not both")

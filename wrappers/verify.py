@@ -12,6 +12,8 @@ from the strategy table's torch ``Implementation`` fields (``single_process``, `
   the root and each block, every parameter a ``DTensor`` sharded over the world, the offload policy
   as claimed (sharded parameters); ``DistributedDataParallel`` over the world otherwise, with a
   ``ZeroRedundancyOptimizer`` over the world when the optimizer state is sharded;
+- on a device mesh (``wrap(mesh=...)``, ``mesh_problems``): every parameter a ``DTensor`` sharded on
+  the FSDP dimensions, replicated on dp_replicate (HSDP), and sharded on tp where the TP plan split it;
 - the precision: every parameter in the claimed parameter dtype, and the claimed compute dtype
   where it is applied (FSDP2's ``MixedPrecisionPolicy``, else the autocast hooks of
   ``wrappers.precision.apply_autocast``).

@@ -8,6 +8,8 @@ match transformers' own initialisation rules (and its rotary frequencies exactly
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from tests.conftest import TINY_CONFIGS
@@ -78,6 +80,8 @@ def test_degrees_resolve_to_one_parallel_dims():
     assert resolve_dims(None, world_size=8, hybrid=2, tp=2) == ParallelDims(dp_replicate=2, dp_shard=2, tp=2,
                                                                             world_size=8)
     assert resolve_dims({"dp_shard": 2, "cp": 2, "world_size": 4}, world_size=4).cp == 2
+    recommendation = SimpleNamespace(mesh=ParallelDims(dp_shard=2, tp=2, world_size=4))  # a plan's, duck-typed
+    assert resolve_dims(recommendation, world_size=4).tp == 2
     with pytest.raises(ValueError, match="does not divide the 6 ranks"):
         resolve_dims(None, world_size=6, tp=4)
     with pytest.raises(ValueError, match="is for 4 ranks; this launch has 8"):

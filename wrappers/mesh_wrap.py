@@ -89,5 +89,5 @@ def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp:
     applied.model.advisor_meshes = applied.meshes  # the CP step context and the loader need them
     if loader is not None:
         loader = shard_loader(loader, num_replicas=dims.dp, rank=applied.meshes.dp_rank)
-    reason = f"mesh {dims.label}: FSDP2 over {'x'.join(shard)}, TP plan from {applied.tp_plan}"
+    reason = f"FSDP2 over {'x'.join(shard)}, TP plan from {applied.tp_plan}"
     return applied.model, applied.optimizer, loader, dict(decision, strategy=recipe.strategy, reason=reason)

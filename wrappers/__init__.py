@@ -18,6 +18,11 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
 - ``ddp.py`` (``apply_ddp``), ``zero1.py`` (``apply_zero1``: DDP + ZeroRedundancyOptimizer),
   ``fsdp.py`` (``apply_fsdp``: FSDP2 ``fully_shard`` for ZeRO-2/3 and offload), ``dp.py``
   (``apply_dp``: single-process DataParallel).
+- ``mesh.py`` (``build_meshes``: the named ``DeviceMesh`` of an ``advisor.mesh.ParallelDims`` and its
+  tp / cp / fsdp / dp submeshes), ``tensor_parallel.py`` (the TP plan, ``parallelize_module``, the
+  CUDA-only context-parallel step), ``parallelize.py`` (``apply_mesh``: TP, checkpointing, FSDP2 or
+  HSDP, then materialisation), ``materialize.py`` (a meta model's shards loaded from safetensors
+  slices or initialised), ``mesh_wrap.py`` (``wrap()``'s mesh branch).
 - ``blocks.py`` (``find_blocks``), ``checkpointing.py`` (``apply_activation_checkpointing``),
   ``optim.py`` (``rebuild_optimizer`` after FSDP2 replaced the parameters),
   ``checkpoint_io.py`` (``save_checkpoint`` / ``load_checkpoint``, consolidated or sharded, with

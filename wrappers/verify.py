@@ -12,6 +12,8 @@ from the strategy table's torch ``Implementation`` fields (``single_process``, `
   the root and each block, every parameter a ``DTensor`` sharded over the world, the offload policy
   as claimed (sharded parameters); ``DistributedDataParallel`` over the world otherwise, with a
   ``ZeroRedundancyOptimizer`` over the world when the optimizer state is sharded;
+- on a device mesh (``wrap(mesh=...)``, ``mesh_problems``): every parameter a ``DTensor`` sharded on
+  the FSDP dimensions, replicated on dp_replicate (HSDP), and sharded on tp where the TP plan split it;
 - the precision: every parameter in the claimed parameter dtype, and the claimed compute dtype
   where it is applied (FSDP2's ``MixedPrecisionPolicy``, else the autocast hooks of
   ``wrappers.precision.apply_autocast``).
@@ -121,3 +123,29 @@ def verify_applied(model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
             "so that every process joins one process group of WORLD_SIZE ranks before wrap(), or pass the "
             "strategy and precision that this launch can run."
         )
+
+
+def mesh_problems(model: nn.Module, *, shard_dims: tuple[str, ...], replicate_dims: tuple[str, ...],
+                  tp_modules: tuple[str, ...]) -> list[str]:
+    """What differs from a model sharded by FSDP2 over ``shard_dims`` (every parameter ``Shard`` there),
+    replicated over ``replicate_dims`` (HSDP), and split over ``tp`` in the modules ``tp_modules``."""
+    from wrappers.optim import canonical_param_name
+
+    problems = []
+    split = tuple(f"{name}." for name in tp_modules)
+    for name, param in model.named_parameters():
+        if not isinstance(param, DTensor):
+            problems.append(f"{name} is not a DTensor")
+            continue
+        placement = dict(zip(param.device_mesh.mesh_dim_names or (), param.placements))
+        want = {dim: "shard" for dim in shard_dims} | {dim: "replicate" for dim in replicate_dims}
+        if canonical_param_name(name).startswith(split):
+            want["tp"] = "shard"
+        for dim, kind in want.items():
+            got = placement.get(dim)
+            # FSDP2 over a TP-sharded dim records the outer split as _StridedShard (not a Shard subclass).
+            sharded = got is not None and (got.is_shard() or type(got).__name__ == "_StridedShard")
+            if got is None or (sharded if kind == "shard" else got.is_replicate()) is False:
+                problems.append(f"{name} is {got or 'not on the mesh'} on {dim}, not {kind}")
+                break
+    return problems[:3]

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from advisor.mesh import ParallelDims
 from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import default_strategy
@@ -62,11 +63,15 @@ class Decision(BaseModel):
     world_size: int
     reason: str
     plan: Any = Field(default=None, description="The advisor Plan, when GPUs let us check memory.")
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh applied (TP, CP, HSDP); None: "
+                                      "data parallelism over the world.")
 
     def summary(self) -> str:
         ckpt = (f", {'selective ' if self.selective_checkpointing else ''}activation checkpointing"
                 if self.activation_checkpointing else "")
         applied = self.strategy or "unchanged"
+        if self.mesh is not None and not self.mesh.is_data_parallel_only:
+            applied = f"{applied} on mesh {self.mesh.label}"
         return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"
 
 
@@ -154,12 +159,28 @@ def wrap(
     micro_batch_size: int | None = None,
     verbose: bool = True,
     env: LaunchEnv | None = None,
+    mesh: ParallelDims | dict | None = None,
+    tp: int = 1,
+    cp: int = 1,
+    hybrid: int = 1,
+    checkpoint: str | None = None,
 ) -> Any:
     """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
 
+    ``mesh`` (a ``ParallelDims`` or its dict, e.g. a plan's), or ``tp`` / ``cp`` / ``hybrid``
+    (dp_replicate), apply TP, CP and FSDP2/HSDP on a device mesh; a model on the meta device (or a
+    transformers config) is materialised shard by shard, from the safetensors directory
+    ``checkpoint`` or initialised (``wrappers.mesh_wrap``).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     env = env or read_launch_env()
+    from wrappers.mesh_wrap import needs_mesh, wrap_on_mesh
+
+    if needs_mesh(model, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint):
+        model, optimizer, loader, decision = wrap_on_mesh(
+            model, optimizer, loader, env=env, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint,
+            strategy=strategy, precision=precision, activation_checkpointing=activation_checkpointing)
+        return _finish(model, optimizer, loader, Decision(**decision), env, verbose)
     passed = [obj for obj in (model, optimizer, loader) if obj is not None]
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
@@ -195,8 +216,13 @@ def wrap(
                        world_size=env.world_size)
         if loader is not None and env.distributed:
             loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
-    wrapped.advisor_decision = decision
+    return _finish(wrapped, new_optimizer if optimizer is not None else None, loader, decision, env, verbose)
+
+
+def _finish(model: nn.Module, optimizer, loader, decision: Decision, env: LaunchEnv, verbose: bool) -> Any:
+    """Attach the decision, log it once, and return what was passed in order."""
+    model.advisor_decision = decision
     if verbose and env.rank == 0:
         print(decision.summary(), file=sys.stderr, flush=True)
-    result = [wrapped] + ([new_optimizer] if optimizer is not None else []) + ([loader] if loader is not None else [])
+    result = [model] + ([optimizer] if optimizer is not None else []) + ([loader] if loader is not None else [])
     return result[0] if len(result) == 1 else tuple(result)

@@ -1,0 +1,93 @@
+"""The mesh branch of ``wrap()``: TP / CP / HSDP on a ``ParallelDims`` mesh and meta-device models.
+
+``wrap()`` comes here when it is given ``mesh=`` (a ``ParallelDims`` or its dict), ``tp`` / ``cp`` /
+``hybrid`` degrees, ``checkpoint=``, a transformers config, or a model built on the meta device. It
+builds the meshes, applies ``parallelize.apply_mesh`` (TP, checkpointing, FSDP2 or HSDP, then each
+rank's shard materialised), checks what was built (process group, every parameter's placement on
+every mesh dimension; ``RuntimeError`` otherwise, as ``verify_applied`` does for the DP family) and
+shards the loader over the data-parallel ranks only (TP and CP ranks of one replica read the same
+batch). The FSDP2 strategy is ``zero3`` unless another sharded one is asked for.
+
+One process with a meta model or config: nothing to shard, so the model is materialised whole on
+the device (the safetensors path still reads tensor by tensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from advisor.mesh import ParallelDims
+from advisor.strategies import StrategyName
+from advisor.training import Precision
+from wrappers.launch_env import LaunchEnv
+from wrappers.loader import shard_loader
+from wrappers.materialize import materialize
+from wrappers.mesh import resolve_dims
+from wrappers.parallelize import apply_mesh, is_meta, model_from_config
+from wrappers.recipe import Recipe
+from wrappers.verify import group_problem, mesh_problems
+
+
+def _is_config(model: object) -> bool:
+    return not isinstance(model, nn.Module) and hasattr(model, "model_type") and hasattr(model, "to_dict")
+
+
+def needs_mesh(model: object, *, mesh, tp: int, cp: int, hybrid: int, checkpoint) -> bool:
+    """Whether ``wrap()`` takes the mesh branch (see the module docstring)."""
+    return (mesh is not None or (tp, cp, hybrid) != (1, 1, 1) or checkpoint is not None or _is_config(model)
+            or (isinstance(model, nn.Module) and is_meta(model)))
+
+
+def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    dims.check_model(num_attention_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads)
+    if dims.cp > 1 and env.device.type != "cuda":
+        raise ValueError(f"cp {dims.cp}: context parallelism needs CUDA (PyTorch's ring attention runs the CUDA "
+                         "SDPA kernels only); use cp=1 on CPU")
+
+
+def _ensure_group(env: LaunchEnv) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        if env.num_gpus:
+            torch.cuda.set_device(env.local_rank)
+        dist.init_process_group("nccl" if env.num_gpus else "gloo")
+
+
+def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp: int, hybrid: int, checkpoint,
+                 strategy: StrategyName | None, precision: Precision | None, activation_checkpointing) -> tuple:
+    """(model, optimizer, loader, the Decision's fields) after applying the mesh."""
+    if _is_config(model):
+        model = model_from_config(model)
+    dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
+    _check_dims(dims, model, env)
+    recipe = Recipe(strategy=strategy or "zero3", precision=precision or "fp32",
+                    activation_checkpointing=bool(activation_checkpointing),
+                    selective_checkpointing=activation_checkpointing == "selective")
+    decision = dict(engine="torch", precision=recipe.precision, activation_checkpointing=recipe.activation_checkpointing,
+                    selective_checkpointing=recipe.selective_checkpointing, world_size=env.world_size, mesh=dims)
+    if env.world_size == 1:
+        if is_meta(model):
+            materialize(model, device=env.device, checkpoint=checkpoint)
+        elif checkpoint is not None:
+            raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
+        model.to(env.device)
+        reason = "one process: nothing to shard; the meta-device model was materialised whole"
+        return model, optimizer, loader, dict(decision, strategy=None, reason=reason)
+    _ensure_group(env)
+    applied = apply_mesh(model, dims, recipe, device=env.device, optimizer=optimizer, checkpoint=checkpoint)
+    replicate = ("dp_replicate",) if dims.hybrid else ()
+    shard = tuple(applied.meshes.fsdp.mesh_dim_names)[len(replicate):]
+    problems = [p for p in [group_problem(env.world_size)] if p] or mesh_problems(
+        applied.model, shard_dims=shard, replicate_dims=replicate, tp_modules=applied.tp_modules)
+    if problems:
+        raise RuntimeError(f"wrap() applied mesh {dims.label} but {'; '.join(problems)}; training on would not "
+                           "be what the decision says, so wrap() stops here")
+    applied.model.advisor_meshes = applied.meshes  # the CP step context and the loader need them
+    if loader is not None:
+        loader = shard_loader(loader, num_replicas=dims.dp, rank=applied.meshes.dp_rank)
+    reason = f"FSDP2 over {'x'.join(shard)}, TP plan from {applied.tp_plan}"
+    return applied.model, applied.optimizer, loader, dict(decision, strategy=recipe.strategy, reason=reason)

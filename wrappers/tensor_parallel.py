@@ -1,0 +1,165 @@
+"""Tensor parallelism (``parallelize_module``) and the context-parallel step context.
+
+The TP plan, in order of preference:
+
+1. the model's own: transformers puts one on the config (``config.base_model_tp_plan``, keys relative
+   to the base model, e.g. ``layers.*.self_attn.q_proj: colwise``) and one on the head class
+   (``model._tp_plan``, e.g. ``lm_head: colwise_gather_output``). Their string styles are
+   transformers' names; we translate the ones with a plain PyTorch equivalent to
+   ``torch.distributed.tensor.parallel`` styles and refuse the rest (``ValueError`` naming them);
+2. otherwise a plan derived from the linear layers' names (Megatron-LM's split, Shoeybi et al. 2019,
+   section 3): q/k/v/gate/up column-wise (each rank owns whole heads and a slice of the MLP width),
+   o/down row-wise (partial sums all-reduced).
+
+What stays replicated over the TP dimension: norms (no sequence parallelism here, so norm inputs are
+whole on every TP rank and their gradients agree without a reduction), the embedding in the derived
+plan, and the embedding and head when their weight is tied (one parameter cannot be placed twice).
+transformers' plan splits the embedding by vocabulary (``embedding_rowwise``) and the head by
+vocabulary with the logits gathered (``colwise_gather_output``: the loss sees whole logits; a
+vocabulary-parallel loss is not implemented).
+
+Attention modules: transformers >= 5 reshape with ``-1`` heads (``view(*shape, -1, head_dim)``) and
+keep ``num_key_value_groups`` as a ratio, which TP leaves unchanged, so no module attribute needs
+editing. A module that still stores ``num_heads`` / ``num_key_value_heads`` gets them divided by tp.
+
+Context parallelism is not a module transform in PyTorch: ``context_parallel(cp_mesh, buffers=...)``
+is entered around each step's forward and backward, shards the sequence buffers and replaces SDPA
+with ring attention. Its ring kernels are CUDA's flash / memory-efficient SDPA
+(``torch.distributed.tensor.experimental._context_parallel._attention``); on CPU ``context_parallel_step``
+raises ``ValueError`` instead of pretending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
+
+# transformers' style names with a plain PyTorch equivalent (transformers.integrations.tensor_parallel).
+_STYLES = {
+    "colwise": lambda: ColwiseParallel(),
+    "rowwise": lambda: RowwiseParallel(),
+    "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+    # Vocabulary split of an embedding: token ids whole on every rank, partial outputs all-reduced.
+    "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+}
+# Leaf names of the derived plan (Llama, Mistral, Qwen, Gemma and most decoders name them so).
+_COLWISE = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROWWISE = ("o_proj", "down_proj")
+# Attributes an attention module may hold as head counts (older transformers, custom code).
+_HEAD_ATTRS = ("num_heads", "num_key_value_heads", "num_attention_heads")
+
+
+def _tied_head(model: nn.Module) -> bool:
+    """The head's weight is the input embedding's (one parameter)."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
+def transformers_plan(model: nn.Module) -> dict[str, str]:
+    """The model's own transformers TP plan as ``{module pattern: style name}``, full names; empty if none.
+
+    transformers >= 5 composes it on the instance (``model._tp_plan``: the head's plan plus the base
+    model's, prefixed); older versions keep the base part on the config only.
+    """
+    plan = dict(getattr(model, "_tp_plan", None) or {})
+    config = getattr(model, "config", None)
+    base = dict(getattr(config, "base_model_tp_plan", None) or {})
+    prefix = getattr(model, "base_model_prefix", "")
+    if prefix and hasattr(model, prefix):
+        base = {f"{prefix}.{key}": style for key, style in base.items()}
+    plan = {**base, **plan}
+    if not base and not any(style != "colwise_gather_output" for style in plan.values()):
+        return {}  # only a head plan: not enough to split the blocks
+    if _tied_head(model):
+        # One parameter cannot be placed twice: a tied embedding and head stay replicated over TP.
+        head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+        tied = {name for name, module in model.named_modules() if module is head or module is embed}
+        plan = {key: style for key, style in plan.items() if key not in tied}
+    return plan
+
+
+def derived_plan(model: nn.Module) -> dict[str, str]:
+    """A plan from the linear layers' names: q/k/v/gate/up column-wise, o/down row-wise."""
+    plan = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear) and leaf in _COLWISE + _ROWWISE:
+            plan[name] = "colwise" if leaf in _COLWISE else "rowwise"
+    return plan
+
+
+def resolve_plan(model: nn.Module) -> tuple[dict[str, ParallelStyle], str]:
+    """The PyTorch styles for every module the plan names, and where the plan came from."""
+    named, source = transformers_plan(model), "the model's transformers TP plan"
+    if not named:
+        named, source = derived_plan(model), "a plan derived from the linear layer names"
+    unknown = sorted({style for style in named.values() if style not in _STYLES})
+    if unknown:
+        raise ValueError(f"tensor parallelism: {source} uses styles with no plain PyTorch equivalent here: "
+                         f"{', '.join(unknown)}")
+    modules = [name for name, _ in model.named_modules()]
+    styles = {}
+    for pattern, style in named.items():
+        for name in fnmatch.filter(modules, pattern):
+            styles[name] = _STYLES[style]()
+    if not styles:
+        raise ValueError(f"tensor parallelism: {source} matches no module of {type(model).__name__}")
+    return styles, source
+
+
+def _divide_head_counts(model: nn.Module, styles: dict[str, ParallelStyle], tp: int) -> None:
+    """Divide stored head counts of modules whose projections were split (see the module docstring)."""
+    parents = {name.rsplit(".", 1)[0] for name in styles if "." in name}
+    for name in parents:
+        module = model.get_submodule(name)
+        for attr in _HEAD_ATTRS:
+            count = getattr(module, attr, None)
+            if isinstance(count, int) and not isinstance(count, bool):
+                if count % tp:
+                    raise ValueError(f"tensor parallelism {tp} does not divide {name}.{attr} = {count}")
+                setattr(module, attr, count // tp)
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> tuple[str, tuple[str, ...]]:
+    """Split ``model``'s layers over ``tp_mesh`` in place; returns where the plan came from and the
+    names of the modules it split."""
+    if tp_mesh.size() == 1:
+        return "no tensor parallelism", ()
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):
+        if count is not None and count % tp_mesh.size():
+            raise ValueError(f"tp {tp_mesh.size()} does not divide the model's {count} {what}")
+    styles, source = resolve_plan(model)
+    parallelize_module(model, tp_mesh, styles)
+    _divide_head_counts(model, styles, tp_mesh.size())
+    return source, tuple(styles)
+
+
+def context_parallel_step(cp_mesh: DeviceMesh, buffers: Sequence[torch.Tensor],
+                          seq_dims: Sequence[int]) -> contextlib.AbstractContextManager:
+    """The context to run one step's forward and backward under CP (a no-op for cp == 1).
+
+    ``buffers`` are the sequence-shaped tensors of the step (input ids, labels, position ids); they
+    are sharded in place along ``seq_dims``. The model must use SDPA with a causal mask and no
+    explicit attention mask. ``ValueError`` on a CPU mesh: PyTorch's ring attention is CUDA-only.
+    """
+    if cp_mesh.size() == 1:
+        return contextlib.nullcontext()
+    if cp_mesh.device_type != "cuda":
+        raise ValueError(f"context parallelism (cp {cp_mesh.size()}) needs CUDA: PyTorch's ring attention "
+                         "(torch.distributed.tensor.experimental.context_parallel) dispatches only the CUDA "
+                         "flash / memory-efficient / cuDNN SDPA kernels; on a "
+                         f"{cp_mesh.device_type} mesh use cp=1")
+    from torch.distributed.tensor.experimental import context_parallel
+
+    return context_parallel(cp_mesh, buffers=list(buffers), buffer_seq_dims=list(seq_dims))

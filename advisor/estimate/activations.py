@@ -95,7 +95,8 @@ def activation_family(model_type: str | None) -> str | None:
     if model_type in _OWN_FORMULA:
         return _OWN_FORMULA[model_type]
     info = load_architectures().get(model_type or "")
-    return "decoder" if info is not None and info.formula == "decoder" else None
+    # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
+    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek") else None
 
 
 def _size_shape(total_params: int) -> dict:

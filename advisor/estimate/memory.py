@@ -189,7 +189,9 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
 def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
     """(one block, number of blocks, everything outside the blocks)."""
     if spec.layer_params is not None and spec.num_layers:
-        return spec.layer_params, spec.num_layers, spec.total_params - spec.layer_params * spec.num_layers
+        # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
+        inside = spec.layer_params * spec.num_layers - spec.dense_layer_saving
+        return spec.layer_params, spec.num_layers, spec.total_params - inside
     shape = shape_of(spec)
     outside = 2 * shape.vocab_size * shape.hidden_size
     layers = shape.num_layers

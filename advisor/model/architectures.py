@@ -1,17 +1,19 @@
 """Exact parameter counts from a ``config.json`` dict, without torch or transformers.
 
-Three formulas cover the bundled families (which model_type uses which is data, in
+Three formulas here cover the dense bundled families (which model_type uses which is data, in
 ``profiles/architectures.json``): a pre-norm decoder (Llama, Mistral, Qwen2/3, Gemma/Gemma 2,
 Phi-3, Mixtral), GPT-2 and BERT. Each mirrors the module tree of the transformers modeling file
 (``modeling_llama.py``, ``modeling_gpt2.py``, ``modeling_bert.py``) and is checked against
 ``sum(p.numel())`` of a model built on the meta device in ``tests/test_architectures.py``.
-A config this module cannot count returns ``None``; the caller falls back to the meta device.
+Mixture-of-experts families whose layers differ (Qwen-MoE, DeepSeek) are counted in
+``advisor.model.moe``. A config this module cannot count returns ``None``; the caller falls back to the meta device.
 """
 
 from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
+from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
 
@@ -152,6 +154,10 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
         return None  # classification heads and the like: let the meta device count them
     if info.formula == "decoder":
         parts = _decoder(cfg, info)
+    elif info.formula == "qwen_moe":
+        parts = qwen_moe_parts(cfg, info)
+    elif info.formula == "deepseek":
+        parts = deepseek_parts(cfg, info)
     elif info.formula == "gpt2":
         parts = _gpt2(cfg, info)
     else:
@@ -160,6 +166,9 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
         return None
     total = parts["embedding_params"] + parts["num_layers"] * parts["layer_params"]
     total += parts["head_params"] + parts["other_params"]
+    moe = parts.get("moe")
+    if moe is not None and moe.num_dense_layers:  # dense layers hold less than the MoE layer counted above
+        total -= moe.num_dense_layers * (parts["layer_params"] - moe.dense_layer_params)
     return ModelSpec(
         name=name,
         source=source,

@@ -26,7 +26,7 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions"),
     "type_vocab_size": ("type_vocab_size",),
-    "num_experts": ("num_local_experts", "num_experts"),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "num_experts_per_token": ("num_experts_per_tok",),
     "dtype": ("dtype", "torch_dtype"),
     # Attention dropout (gpt2, llama-likes, bert): the simulator sets every spelling to 0.

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.estimate import activations_moe as moe_acts
 from advisor.model.bundled import load_architectures
+from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
 
 FP32 = 4
@@ -46,6 +48,9 @@ class ActivationShape(BaseModel):
     family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
+    moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
+    mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
+    qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -97,6 +102,11 @@ def activation_family(model_type: str | None) -> str | None:
     info = load_architectures().get(model_type or "")
     # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
     return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek") else None
+
+
+def _info_qk_norm(model_type: str | None) -> bool:
+    info = load_architectures().get(model_type or "")
+    return info is not None and info.qk_norm
 
 
 def _size_shape(total_params: int) -> dict:
@@ -154,6 +164,9 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             family=family or "decoder",
             num_experts=spec.num_experts,
             num_experts_per_token=spec.num_experts_per_token,
+            moe=spec.moe,
+            mla=spec.mla,
+            qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
             note=note,
         )
     guess = _size_shape(spec.total_params)
@@ -192,8 +205,10 @@ def _cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
     return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
 
 
-def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """Bytes one token leaves saved in one Llama-style block."""
+def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool,
+                             dense: bool = False) -> int:
+    """Bytes one token leaves saved in one Llama-style block (``dense``: an MoE model's dense layer).
+    MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
     h, I = shape.hidden_size, shape.intermediate_size
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
@@ -209,12 +224,32 @@ def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
         # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
         attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+    if shape.mla is not None:
+        attn = moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
+                                                seq_len=seq_len, eager=eager)
+    if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
+        attn += (FP32 + cb) * (q + kv)
     mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
-    if shape.num_experts:
-        k = shape.num_experts_per_token or 1
-        # Routed copies of the input and each chosen expert's MLP, plus fp32 router logits/probs.
-        mlp = k * (cb * h + mlp + cb * h) + 2 * FP32 * shape.num_experts
+    if dense and shape.moe is not None:
+        mlp = 4 * cb * shape.moe.dense_intermediate_size
+    elif shape.num_experts:
+        facts = shape.moe or MoeFacts(router="softmax")  # Mixtral: softmax, renormalised, fp32 weights
+        mlp = moe_acts.moe_mlp_per_token(cb, dt.residual, hidden=h, inter=I, experts=shape.num_experts,
+                                         k=shape.num_experts_per_token or 1, moe=facts)
     return norms + casts + attn + mlp
+
+
+def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: int, *, seq_len: int,
+                      eager: bool) -> tuple[int, int]:
+    """(all blocks' saved bytes, the largest block's) for an MoE decoder with dense layers and a
+    router weight copy; plain ``num_layers x layer`` otherwise."""
+    if shape.moe is None:
+        return shape.num_layers * layer, layer
+    n_dense = shape.moe.num_dense_layers
+    dense = tokens * _decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=True) if n_dense else 0
+    copy = moe_acts.router_weight_copy_bytes(dt.residual, hidden=shape.hidden_size,
+                                             experts=shape.num_experts or 0, moe=shape.moe)
+    return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
 
 
 def _frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapters, *, seq_len: int,
@@ -339,6 +374,7 @@ def estimate_activations(
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
+    layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
@@ -346,7 +382,7 @@ def estimate_activations(
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
     else:
-        saved, recompute = shape.num_layers * layer + outside, 0
+        saved, recompute = layers_total + outside, 0
     logits, loss = _loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).

@@ -37,6 +37,11 @@ class MoeFacts(BaseModel):
     shared_gate: bool = Field(default=False, description="Qwen2-MoE's sigmoid gate on the shared expert.")
     router: Literal["softmax", "sigmoid"] = Field(description="Softmax over experts (Mixtral, Qwen) or "
                                                   "DeepSeek-V3's sigmoid scores with group-limited top-k.")
+    normalized_top_k: bool = Field(default=True, description="Top-k weights renormalised (norm_topk_prob).")
+    weights_in_compute_dtype: bool = Field(default=False, description="Routing weights cast to the "
+                                           "activations' dtype (Qwen-MoE) rather than kept in fp32.")
+    num_groups: int = Field(default=1, ge=1, description="DeepSeek-V3 expert groups (n_group).")
+    topk_groups: int = Field(default=1, ge=1, description="Groups a token may route to (topk_group).")
 
 
 class MlaFacts(BaseModel):
@@ -104,7 +109,9 @@ def qwen_moe_parts(cfg: dict, info: ArchitectureInfo) -> dict | None:
                   moe=MoeFacts(num_dense_layers=num_dense, dense_layer_params=(attention + _gated_mlp(h, inter))
                                if num_dense else 0, dense_intermediate_size=inter if num_dense else 0,
                                shared_intermediate_size=cfg.get(info.shared_expert_key) or 0 if info.shared_expert_key else 0,
-                               shared_gate=bool(info.shared_expert_key), router="softmax"))
+                               shared_gate=bool(info.shared_expert_key), router="softmax",
+                               normalized_top_k=bool(cfg.get("norm_topk_prob", False)),
+                               weights_in_compute_dtype=True))
 
 
 def _mla_attention(cfg: dict, h: int, n_heads: int) -> int:
@@ -147,7 +154,9 @@ def deepseek_parts(cfg: dict, info: ArchitectureInfo) -> dict | None:
                                dense_layer_params=attention + _gated_mlp(h, cfg["intermediate_size"]) if num_dense else 0,
                                dense_intermediate_size=cfg["intermediate_size"] if num_dense else 0,
                                shared_intermediate_size=moe_inter * (cfg["n_shared_experts"] or 0),
-                               router="sigmoid" if cfg.get("model_type") == "deepseek_v3" else "softmax"),
+                               router="sigmoid" if cfg.get("model_type") == "deepseek_v3" else "softmax",
+                               normalized_top_k=bool(cfg.get("norm_topk_prob", False)),
+                               num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1),
                   mla=MlaFacts(**{k: cfg.get(k) for k in MlaFacts.model_fields}))
 
 

@@ -153,6 +153,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
         if family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
+        elif spec.num_experts:
+            note = "; ".join(n for n in (moe_acts.MOE_NOTE, moe_acts.MLA_NOTE if spec.mla else None) if n)
         return ActivationShape(
             num_layers=spec.num_layers,
             hidden_size=spec.hidden_size,

@@ -29,7 +29,9 @@ INT64 = 8
 
 MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "
             "experts whatever the balance; no capacity factor, no dropped tokens); router probabilities in fp32; "
-            "experts are replicated or FSDP-sharded like any weight (expert parallelism is not modelled)")
+            "experts are replicated or FSDP-sharded like any weight (expert parallelism is not modelled); checked "
+            "against the simulator with bf16 weights (FSDP2, pure bf16): autocast over fp32 experts is not "
+            "simulated (the CPU's grouped matmul takes bf16 only)")
 MLA_NOTE = ("multi-head latent attention: keys and values are expanded per head before attention, so attention "
             "saves full-width q, k and v as a GPU's memory-efficient SDPA kernel does (the CPU simulator runs the "
             "math kernel when the value width differs from the query width)")

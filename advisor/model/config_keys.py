@@ -19,7 +19,7 @@ from typing import Any
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd"),
     "num_layers": ("num_hidden_layers", "n_layer"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
     "num_kv_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "intermediate_size": ("intermediate_size", "n_inner"),

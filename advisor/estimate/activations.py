@@ -91,6 +91,10 @@ class ActivationEstimate(BaseModel):
 
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}
+_VISION_LANGUAGE = ("qwen2_5_vl",)
+VISION_NOTE = ("vision-language model: activations are the language model's over --seq-len tokens; the vision "
+               "tower's activations are not modelled and image tokens are not added (count them in --seq-len: "
+               "Qwen2.5-VL makes one token per 28 x 28 pixels after its 2 x 2 patch merge)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -101,7 +105,8 @@ def activation_family(model_type: str | None) -> str | None:
         return _OWN_FORMULA[model_type]
     info = load_architectures().get(model_type or "")
     # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
-    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek") else None
+    # Qwen2.5-VL's language model is a Qwen2 decoder (its vision tower: VISION_NOTE).
+    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl") else None
 
 
 def _info_qk_norm(model_type: str | None) -> bool:
@@ -153,6 +158,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
         if family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
+        elif spec.model_type in _VISION_LANGUAGE:
+            note = VISION_NOTE
         elif spec.num_experts:
             note = "; ".join(n for n in (moe_acts.MOE_NOTE, moe_acts.MLA_NOTE if spec.mla else None) if n)
         return ActivationShape(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
+from advisor.model.kinds import mamba_parts, qwen_vl_vision_params, t5_parts
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
@@ -150,10 +151,18 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     if info is None:
         return None
     architecture = architecture_of(cfg)
-    if architecture is not None and not architecture.endswith(("ForCausalLM", "LMHeadModel")) and info.formula != "bert":
+    if info.formula in ("t5", "mamba"):  # encoder-decoder and state-space: advisor.model.kinds
+        parts = (t5_parts if info.formula == "t5" else mamba_parts)(cfg, architecture)
+        return None if parts is None else _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
+    generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+    if architecture is not None and not architecture.endswith(generative) and info.formula != "bert":
         return None  # classification heads and the like: let the meta device count them
     if info.formula == "decoder":
         parts = _decoder(cfg, info)
+    elif info.formula == "qwen_vl":  # the language model is a Qwen2 decoder; the vision tower is 'other'
+        parts = _decoder({**cfg, **(cfg.get("text_config") or {})}, info)
+        if parts is not None:
+            parts["other_params"] += qwen_vl_vision_params(cfg.get("vision_config") or {})
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":
@@ -164,7 +173,12 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
         parts = _bert(cfg, info, architecture)
     if parts is None:
         return None
-    total = parts["embedding_params"] + parts["num_layers"] * parts["layer_params"]
+    return _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
+
+
+def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: Source,
+          architecture: str | None) -> ModelSpec:
+    total = parts["embedding_params"] + parts["num_layers"] * (parts.get("layer_params") or 0)
     total += parts["head_params"] + parts["other_params"]
     moe = parts.get("moe")
     if moe is not None and moe.num_dense_layers:  # dense layers hold less than the MoE layer counted above

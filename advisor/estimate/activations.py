@@ -24,6 +24,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
+from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
+from advisor.model.kinds import SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
@@ -45,12 +47,13 @@ class ActivationShape(BaseModel):
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
     vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
-    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, or none (not modelled)")
+    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
+    ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -90,7 +93,7 @@ class ActivationEstimate(BaseModel):
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
-_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}
+_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
 _VISION_LANGUAGE = ("qwen2_5_vl",)
 VISION_NOTE = ("vision-language model: activations are the language model's over --seq-len tokens; the vision "
                "tower's activations are not modelled and image tokens are not added (count them in --seq-len: "
@@ -152,6 +155,10 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     model without token embeddings, no activation model (family 'none'). ``note`` says which."""
     family = activation_family(spec.model_type)
     what = f"model_type {spec.model_type}" if spec.model_type else (spec.architecture or "this model")
+    if spec.ssm is not None and None not in (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.vocab_size):
+        return ActivationShape(num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=1,
+                               num_kv_heads=1, head_dim=1, intermediate_size=spec.intermediate_size,
+                               vocab_size=spec.vocab_size, family="mamba", ssm=spec.ssm, note=SSM_NOTE)
     if spec.has_architecture:
         heads = spec.num_attention_heads
         note = None
@@ -338,8 +345,17 @@ def _neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, e
     return norms + attn + 2 * cb * I
 
 
+def _mamba_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """A Mamba block: its RMSNorm (as the decoder's) and the mixer (``advisor.estimate.activations_ssm``)."""
+    assert shape.ssm is not None
+    return _rms_norm_per_token(shape.hidden_size, dt) + mamba_mixer_per_token(
+        dt.compute, hidden=shape.hidden_size, inner=shape.intermediate_size, ssm=shape.ssm, seq_len=seq_len)
+
+
 def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     h = shape.hidden_size
+    if shape.family == "mamba":  # final RMSNorm and the head's input cast; no rotary tables
+        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0)
     if shape.family == "decoder":
         # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block.
         return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + 2 * dt.residual * shape.head_dim
@@ -377,7 +393,8 @@ def estimate_activations(
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
     else:
-        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
+        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token,
+                     "mamba": _mamba_layer_per_token}.get(
             shape.family, _encoder_layer_per_token)
         layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),

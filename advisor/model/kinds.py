@@ -3,8 +3,8 @@
 
 What belongs here: the module trees of ``modeling_t5.py`` and ``modeling_mamba.py`` (transformers
 5.x) as arithmetic, each checked against ``sum(p.numel())`` of the model built on the meta device
-(``tests/model/test_kind_counts.py``). Activations for these kinds are not modelled analytically:
-the estimate's note says so (``advisor.estimate.activations.shape_of``). A T5 model's encoder and
+(``tests/model/test_kind_counts.py``). Mamba's activations: ``advisor.estimate.activations_ssm``;
+T5's are not modelled analytically and the estimate's note says so. A T5 model's encoder and
 decoder blocks differ, so it reports no single ``layer_params``.
 """
 
@@ -12,7 +12,19 @@ from __future__ import annotations
 
 import math
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from advisor.model.config_keys import config_value as _get
+
+
+class SsmFacts(BaseModel):
+    """Mamba-1 mixer widths the activation model needs (``advisor.estimate.activations_ssm``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_size: int = Field(ge=1, description="SSM state per channel (N).")
+    conv_kernel: int = Field(ge=1, description="Depthwise convolution width.")
+    time_step_rank: int = Field(ge=1, description="dt projection rank.")
 
 
 def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
@@ -57,7 +69,8 @@ def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:
     tied = bool(cfg.get("tie_word_embeddings", True))
     return dict(embedding_params=vocab * h, layer_params=mixer + h, head_params=0 if tied else vocab * h,
                 other_params=h, tied_embeddings=tied, num_layers=n_layers, hidden_size=h,
-                intermediate_size=inner, vocab_size=vocab)
+                intermediate_size=inner, vocab_size=vocab,
+                ssm=SsmFacts(state_size=state, conv_kernel=kernel, time_step_rank=rank))
 
 
 def qwen_vl_vision_params(vision: dict) -> int:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.model.kinds import SsmFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
 Source = Literal["bundled", "local", "hub", "params", "module"]
@@ -51,6 +52,7 @@ class ModelSpec(BaseModel):
     expert_params: int | None = Field(default=None, ge=0, description="One expert in one layer.")
     moe: MoeFacts | None = Field(default=None, description="Dense layers, shared experts, router kind (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention widths (DeepSeek).")
+    ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")

@@ -95,9 +95,12 @@ class ActivationEstimate(BaseModel):
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
 _VISION_LANGUAGE = ("qwen2_5_vl",)
-VISION_NOTE = ("vision-language model: activations are the language model's over --seq-len tokens; the vision "
-               "tower's activations are not modelled and image tokens are not added (count them in --seq-len: "
-               "Qwen2.5-VL makes one token per 28 x 28 pixels after its 2 x 2 patch merge)")
+VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
+               "tokens of --images-per-sample (default 0); the vision tower's own activations and the projector's "
+               "are not modelled (its parameters, gradients and optimizer state are)")
+ENCODER_DECODER_NOTE = ("encoder-decoder: no activation formula yet; both stacks are estimated as one Llama-like "
+                        "decoder of encoder + decoder layers at --seq-len (cross-attention and T5's relative-position "
+                        "bias are not modelled; expect a large underestimate)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -162,7 +165,9 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     if spec.has_architecture:
         heads = spec.num_attention_heads
         note = None
-        if family is None and spec.model_type is not None:
+        if spec.model_type == "t5":
+            note = ENCODER_DECODER_NOTE
+        elif family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         elif spec.model_type in _VISION_LANGUAGE:

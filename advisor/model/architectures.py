@@ -162,7 +162,9 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     elif info.formula == "qwen_vl":  # the language model is a Qwen2 decoder; the vision tower is 'other'
         parts = _decoder({**cfg, **(cfg.get("text_config") or {})}, info)
         if parts is not None:
-            parts["other_params"] += qwen_vl_vision_params(cfg.get("vision_config") or {})
+            vision = cfg.get("vision_config") or {}
+            parts["other_params"] += qwen_vl_vision_params(vision)
+            parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":

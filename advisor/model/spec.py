@@ -52,6 +52,8 @@ class ModelSpec(BaseModel):
     expert_params: int | None = Field(default=None, ge=0, description="One expert in one layer.")
     moe: MoeFacts | None = Field(default=None, description="Dense layers, shared experts, router kind (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention widths (DeepSeek).")
+    image_token_pixels: int | None = Field(default=None, ge=1, description="Side in pixels of one image token "
+                                           "(vision-language: patch x spatial merge); None: no images.")
     ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")

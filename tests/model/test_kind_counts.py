@@ -53,3 +53,17 @@ def test_vision_language_counts_match_meta_device():
     assert spec.total_params == sum(p.numel() for p in model.parameters())
     visual = sum(p.numel() for p in model.model.visual.parameters())
     assert spec.other_params == visual + 64  # the tower and merger, and the language model's final norm
+
+
+def test_images_per_sample_adds_image_tokens():
+    """Qwen2.5-VL-7B: 14-pixel patches merged 2 x 2, one token per 28 x 28 pixels; a 448 x 448 image is
+    (448 / 28)^2 = 256 tokens, so 2 images add 512 to the sequence; a text model rejects images."""
+    from advisor.estimate.memory import image_tokens
+    from advisor.model.sources import resolve_model
+    from advisor.training import TrainingConfig
+
+    vl = resolve_model("Qwen/Qwen2.5-VL-7B-Instruct")
+    assert image_tokens(vl, TrainingConfig(images_per_sample=2)) == 512
+    assert image_tokens(vl, TrainingConfig(images_per_sample=1, image_size=500)) == 18 * 18  # ceil(500 / 28)
+    with pytest.raises(ValueError, match="vision-language"):
+        image_tokens(resolve_model("Qwen/Qwen2.5-7B"), TrainingConfig(images_per_sample=1))

@@ -27,6 +27,11 @@ class SsmFacts(BaseModel):
     time_step_rank: int = Field(ge=1, description="dt projection rank.")
 
 
+def _whole(*values: object) -> bool:
+    """All positive integers: anything else goes to the meta device, whose config class says what is wrong."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
 def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     """T5ForConditionalGeneration: one shared embedding (the encoder's, the decoder's and, in
     transformers 5, the LM head, which T5Config always ties); encoder blocks of self-attention
@@ -40,6 +45,8 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     n_enc = cfg.get("num_layers", 6)
     n_dec = cfg.get("num_decoder_layers") or n_enc
     buckets = cfg.get("relative_attention_num_buckets", 32)
+    if not _whole(d, d_ff, d_kv, heads, vocab, n_enc, n_dec, buckets):
+        return None
     gated = str(cfg.get("feed_forward_proj", "relu")).startswith("gated-")
     attention = 4 * d * heads * d_kv
     ff = (3 if gated else 2) * d * d_ff
@@ -58,12 +65,17 @@ def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:
     if architecture not in (None, "MambaForCausalLM"):
         return None
     h = _get(cfg, "hidden_size", default=768)
-    inner = _get(cfg, "intermediate_size") or int(cfg.get("expand", 2) * h)
+    expand = cfg.get("expand", 2)
+    inner = _get(cfg, "intermediate_size") or (int(expand * h) if _whole(h) and isinstance(expand, (int, float)) else None)
     state, kernel = cfg.get("state_size", 16), cfg.get("conv_kernel", 4)
     rank = cfg.get("time_step_rank", "auto")
-    rank = math.ceil(h / 16) if rank == "auto" else int(rank)
+    if not _whole(h, inner, state, kernel) or not (rank == "auto" or _whole(rank)):
+        return None
+    rank = math.ceil(h / 16) if rank == "auto" else rank
     bias, conv_bias = bool(cfg.get("use_bias", False)), bool(cfg.get("use_conv_bias", True))
     vocab, n_layers = _get(cfg, "vocab_size", default=50280), _get(cfg, "num_layers", default=32)
+    if not _whole(vocab, n_layers):
+        return None
     mixer = h * 2 * inner + 2 * inner * bias + inner * kernel + inner * conv_bias
     mixer += inner * (rank + 2 * state) + rank * inner + inner + inner * state + inner + inner * h + h * bias
     tied = bool(cfg.get("tie_word_embeddings", True))

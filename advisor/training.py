@@ -51,6 +51,10 @@ class TrainingConfig(BaseModel):
                             "free. Not a fit test (a plan fits when peak + runtime overhead <= memory): among plans "
                             "as fast as the chosen one, one that leaves this headroom is preferred.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
+    images_per_sample: int = Field(default=0, ge=0, le=4096, description="Images in each sample (vision-language "
+                                   "models): their tokens join the language model's sequence.")
+    image_size: int = Field(default=448, ge=1, le=16384, description="Assumed image side in pixels: tokens per "
+                            "image = (image_size / pixels per image token)^2.")
     lora: LoraConfig | None = Field(default=None, description="LoRA/DoRA adapters train, the base is frozen.")
     loss: LossKernel = Field(default="hf", description="hf: full logits and an fp32 copy; chunked: head and "
                              "cross-entropy over 8 chunks; fused: linear + cross-entropy, no logits kept.")

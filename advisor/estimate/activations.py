@@ -23,7 +23,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.estimate import activations_moe as moe_acts
+from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
+from advisor.model.kinds import SsmFacts
 from advisor.model.bundled import load_architectures
+from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
 
 FP32 = 4
@@ -43,9 +47,13 @@ class ActivationShape(BaseModel):
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
     vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
-    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, or none (not modelled)")
+    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
+    moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
+    mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
+    qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
+    ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -85,7 +93,14 @@ class ActivationEstimate(BaseModel):
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
-_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox"}
+_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
+_VISION_LANGUAGE = ("qwen2_5_vl",)
+VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
+               "tokens of --images-per-sample (default 0); the vision tower's own activations and the projector's "
+               "are not modelled (its parameters, gradients and optimizer state are)")
+ENCODER_DECODER_NOTE = ("encoder-decoder: no activation formula yet; both stacks are estimated as one Llama-like "
+                        "decoder of encoder + decoder layers at --seq-len (cross-attention and T5's relative-position "
+                        "bias are not modelled; expect a large underestimate)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -95,7 +110,14 @@ def activation_family(model_type: str | None) -> str | None:
     if model_type in _OWN_FORMULA:
         return _OWN_FORMULA[model_type]
     info = load_architectures().get(model_type or "")
-    return "decoder" if info is not None and info.formula == "decoder" else None
+    # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
+    # Qwen2.5-VL's language model is a Qwen2 decoder (its vision tower: VISION_NOTE).
+    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl") else None
+
+
+def _info_qk_norm(model_type: str | None) -> bool:
+    info = load_architectures().get(model_type or "")
+    return info is not None and info.qk_norm
 
 
 def _size_shape(total_params: int) -> dict:
@@ -136,12 +158,22 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     model without token embeddings, no activation model (family 'none'). ``note`` says which."""
     family = activation_family(spec.model_type)
     what = f"model_type {spec.model_type}" if spec.model_type else (spec.architecture or "this model")
+    if spec.ssm is not None and None not in (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.vocab_size):
+        return ActivationShape(num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=1,
+                               num_kv_heads=1, head_dim=1, intermediate_size=spec.intermediate_size,
+                               vocab_size=spec.vocab_size, family="mamba", ssm=spec.ssm, note=SSM_NOTE)
     if spec.has_architecture:
         heads = spec.num_attention_heads
         note = None
-        if family is None and spec.model_type is not None:
+        if spec.model_type == "t5":
+            note = ENCODER_DECODER_NOTE
+        elif family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
+        elif spec.model_type in _VISION_LANGUAGE:
+            note = VISION_NOTE
+        elif spec.num_experts:
+            note = "; ".join(n for n in (moe_acts.MOE_NOTE, moe_acts.MLA_NOTE if spec.mla else None) if n)
         return ActivationShape(
             num_layers=spec.num_layers,
             hidden_size=spec.hidden_size,
@@ -153,6 +185,9 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             family=family or "decoder",
             num_experts=spec.num_experts,
             num_experts_per_token=spec.num_experts_per_token,
+            moe=spec.moe,
+            mla=spec.mla,
+            qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
             note=note,
         )
     guess = _size_shape(spec.total_params)
@@ -191,8 +226,10 @@ def _cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
     return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
 
 
-def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """Bytes one token leaves saved in one Llama-style block."""
+def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool,
+                             dense: bool = False) -> int:
+    """Bytes one token leaves saved in one Llama-style block (``dense``: an MoE model's dense layer).
+    MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
     h, I = shape.hidden_size, shape.intermediate_size
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
@@ -208,12 +245,32 @@ def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
         # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
         attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+    if shape.mla is not None:
+        attn = moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
+                                                seq_len=seq_len, eager=eager)
+    if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
+        attn += (FP32 + cb) * (q + kv)
     mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
-    if shape.num_experts:
-        k = shape.num_experts_per_token or 1
-        # Routed copies of the input and each chosen expert's MLP, plus fp32 router logits/probs.
-        mlp = k * (cb * h + mlp + cb * h) + 2 * FP32 * shape.num_experts
+    if dense and shape.moe is not None:
+        mlp = 4 * cb * shape.moe.dense_intermediate_size
+    elif shape.num_experts:
+        facts = shape.moe or MoeFacts(router="softmax")  # Mixtral: softmax, renormalised, fp32 weights
+        mlp = moe_acts.moe_mlp_per_token(cb, dt.residual, hidden=h, inter=I, experts=shape.num_experts,
+                                         k=shape.num_experts_per_token or 1, moe=facts)
     return norms + casts + attn + mlp
+
+
+def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: int, *, seq_len: int,
+                      eager: bool) -> tuple[int, int]:
+    """(all blocks' saved bytes, the largest block's) for an MoE decoder with dense layers and a
+    router weight copy; plain ``num_layers x layer`` otherwise."""
+    if shape.moe is None:
+        return shape.num_layers * layer, layer
+    n_dense = shape.moe.num_dense_layers
+    dense = tokens * _decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=True) if n_dense else 0
+    copy = moe_acts.router_weight_copy_bytes(dt.residual, hidden=shape.hidden_size,
+                                             experts=shape.num_experts or 0, moe=shape.moe)
+    return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
 
 
 def _frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapters, *, seq_len: int,
@@ -293,8 +350,17 @@ def _neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, e
     return norms + attn + 2 * cb * I
 
 
+def _mamba_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """A Mamba block: its RMSNorm (as the decoder's) and the mixer (``advisor.estimate.activations_ssm``)."""
+    assert shape.ssm is not None
+    return _rms_norm_per_token(shape.hidden_size, dt) + mamba_mixer_per_token(
+        dt.compute, hidden=shape.hidden_size, inner=shape.intermediate_size, ssm=shape.ssm, seq_len=seq_len)
+
+
 def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     h = shape.hidden_size
+    if shape.family == "mamba":  # final RMSNorm and the head's input cast; no rotary tables
+        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0)
     if shape.family == "decoder":
         # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block.
         return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + 2 * dt.residual * shape.head_dim
@@ -332,12 +398,14 @@ def estimate_activations(
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
     else:
-        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token}.get(
+        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token,
+                     "mamba": _mamba_layer_per_token}.get(
             shape.family, _encoder_layer_per_token)
         layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
+    layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
@@ -345,7 +413,7 @@ def estimate_activations(
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
     else:
-        saved, recompute = shape.num_layers * layer + outside, 0
+        saved, recompute = layers_total + outside, 0
     logits, loss = _loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).

@@ -204,7 +204,9 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
 def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
     """(one block, number of blocks, everything outside the blocks)."""
     if spec.layer_params is not None and spec.num_layers:
-        return spec.layer_params, spec.num_layers, spec.total_params - spec.layer_params * spec.num_layers
+        # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
+        inside = spec.layer_params * spec.num_layers - spec.dense_layer_saving
+        return spec.layer_params, spec.num_layers, spec.total_params - inside
     shape = shape_of(spec)
     outside = 2 * shape.vocab_size * shape.hidden_size
     layers = shape.num_layers
@@ -290,7 +292,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         shape_of(spec),
         _recipe_dtypes(training, impl),
         micro_batch_size=micro_batch_size,
-        seq_len=training.seq_len,
+        seq_len=training.seq_len + image_tokens(spec, training),
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
@@ -298,6 +300,17 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
+
+
+def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:
+    """Language-model tokens the images of one sample add: (side / pixels per token)^2 each, rounded up
+    (Qwen2.5-VL: 14-pixel patches merged 2 x 2, one token per 28 x 28 pixels; a 448 x 448 image is 256)."""
+    if not training.images_per_sample:
+        return 0
+    if spec.image_token_pixels is None:
+        raise ValueError(f"--images-per-sample needs a vision-language model; {spec.name[:60]} takes no images")
+    side = -(-training.image_size // spec.image_token_pixels)
+    return training.images_per_sample * side * side
 
 
 def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:

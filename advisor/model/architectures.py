@@ -1,17 +1,20 @@
 """Exact parameter counts from a ``config.json`` dict, without torch or transformers.
 
-Three formulas cover the bundled families (which model_type uses which is data, in
+Three formulas here cover the dense bundled families (which model_type uses which is data, in
 ``profiles/architectures.json``): a pre-norm decoder (Llama, Mistral, Qwen2/3, Gemma/Gemma 2,
 Phi-3, Mixtral), GPT-2 and BERT. Each mirrors the module tree of the transformers modeling file
 (``modeling_llama.py``, ``modeling_gpt2.py``, ``modeling_bert.py``) and is checked against
 ``sum(p.numel())`` of a model built on the meta device in ``tests/test_architectures.py``.
-A config this module cannot count returns ``None``; the caller falls back to the meta device.
+Mixture-of-experts families whose layers differ (Qwen-MoE, DeepSeek) are counted in
+``advisor.model.moe``. A config this module cannot count returns ``None``; the caller falls back to the meta device.
 """
 
 from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
+from advisor.model.kinds import mamba_parts, qwen_vl_vision_params, t5_parts
+from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
 
@@ -148,18 +151,40 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     if info is None:
         return None
     architecture = architecture_of(cfg)
-    if architecture is not None and not architecture.endswith(("ForCausalLM", "LMHeadModel")) and info.formula != "bert":
+    if info.formula in ("t5", "mamba"):  # encoder-decoder and state-space: advisor.model.kinds
+        parts = (t5_parts if info.formula == "t5" else mamba_parts)(cfg, architecture)
+        return None if parts is None else _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
+    generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+    if architecture is not None and not architecture.endswith(generative) and info.formula != "bert":
         return None  # classification heads and the like: let the meta device count them
     if info.formula == "decoder":
         parts = _decoder(cfg, info)
+    elif info.formula == "qwen_vl":  # the language model is a Qwen2 decoder; the vision tower is 'other'
+        parts = _decoder({**cfg, **(cfg.get("text_config") or {})}, info)
+        if parts is not None:
+            vision = cfg.get("vision_config") or {}
+            parts["other_params"] += qwen_vl_vision_params(vision)
+            parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
+    elif info.formula == "qwen_moe":
+        parts = qwen_moe_parts(cfg, info)
+    elif info.formula == "deepseek":
+        parts = deepseek_parts(cfg, info)
     elif info.formula == "gpt2":
         parts = _gpt2(cfg, info)
     else:
         parts = _bert(cfg, info, architecture)
     if parts is None:
         return None
-    total = parts["embedding_params"] + parts["num_layers"] * parts["layer_params"]
+    return _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
+
+
+def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: Source,
+          architecture: str | None) -> ModelSpec:
+    total = parts["embedding_params"] + parts["num_layers"] * (parts.get("layer_params") or 0)
     total += parts["head_params"] + parts["other_params"]
+    moe = parts.get("moe")
+    if moe is not None and moe.num_dense_layers:  # dense layers hold less than the MoE layer counted above
+        total -= moe.num_dense_layers * (parts["layer_params"] - moe.dense_layer_params)
     return ModelSpec(
         name=name,
         source=source,

@@ -19,7 +19,7 @@ class _Frozen(BaseModel):
 
 
 class ArchitectureInfo(_Frozen):
-    formula: Literal["decoder", "gpt2", "bert"] = Field(description="Counting formula to use.")
+    formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "mamba", "qwen_vl"] = Field(description="Counting formula to use.")
     block_class: str = Field(description="Transformer block class (FSDP wrap unit).")
     tie_word_embeddings: bool = Field(description="Config-class default for tied embeddings.")
     norms_per_layer: int = Field(default=2, description="Norm weight vectors per block.")
@@ -29,6 +29,7 @@ class ArchitectureInfo(_Frozen):
     mlp_bias_key: str | None = Field(default=None, description="Config key for MLP biases.")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k.")
     moe: bool = Field(default=False, description="Sparse mixture-of-experts MLP.")
+    shared_expert_key: str | None = Field(default=None, description="Config key of a gated shared expert's width (Qwen2-MoE).")
     fused_projections: bool = Field(default=False, description="One qkv_proj and one gate_up_proj per block.")
     lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
 

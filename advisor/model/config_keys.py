@@ -19,14 +19,14 @@ from typing import Any
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "hidden_size": ("hidden_size", "n_embd"),
     "num_layers": ("num_hidden_layers", "n_layer"),
-    "num_attention_heads": ("num_attention_heads", "n_head"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "num_heads"),
     "num_kv_heads": ("num_key_value_heads",),
     "head_dim": ("head_dim",),
     "intermediate_size": ("intermediate_size", "n_inner"),
     "vocab_size": ("vocab_size",),
     "max_position_embeddings": ("max_position_embeddings", "n_positions"),
     "type_vocab_size": ("type_vocab_size",),
-    "num_experts": ("num_local_experts", "num_experts"),
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts"),
     "num_experts_per_token": ("num_experts_per_tok",),
     "dtype": ("dtype", "torch_dtype"),
     # Attention dropout (gpt2, llama-likes, bert): the simulator sets every spelling to 0.

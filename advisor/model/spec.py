@@ -17,6 +17,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.model.kinds import SsmFacts
+from advisor.model.moe import MlaFacts, MoeFacts
+
 Source = Literal["bundled", "local", "hub", "params", "module"]
 CountMethod = Literal["formula", "meta_device", "module", "given"]
 
@@ -47,6 +50,11 @@ class ModelSpec(BaseModel):
     num_experts: int | None = Field(default=None, ge=1, description="MoE experts per layer; None: dense.")
     num_experts_per_token: int | None = Field(default=None, ge=1, description="Experts active per token.")
     expert_params: int | None = Field(default=None, ge=0, description="One expert in one layer.")
+    moe: MoeFacts | None = Field(default=None, description="Dense layers, shared experts, router kind (MoE).")
+    mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention widths (DeepSeek).")
+    image_token_pixels: int | None = Field(default=None, ge=1, description="Side in pixels of one image token "
+                                           "(vision-language: patch x spatial merge); None: no images.")
+    ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
@@ -59,12 +67,26 @@ class ModelSpec(BaseModel):
             )
         parts = (self.embedding_params, self.layer_params, self.head_params, self.other_params)
         if self.num_layers is not None and None not in parts:
-            summed = parts[0] + self.num_layers * parts[1] + parts[2] + parts[3]
+            summed = parts[0] + self.num_layers * parts[1] + parts[2] + parts[3] - self.dense_layer_saving
             if summed != self.total_params:
                 raise ValueError(f"components sum to {summed:,}, not the total {self.total_params:,}")
         if (self.num_experts is None) != (self.num_experts_per_token is None):
             raise ValueError("num_experts and num_experts_per_token go together")
         return self
+
+    @property
+    def num_sparse_layers(self) -> int | None:
+        """Layers with experts (all of them unless ``moe`` names dense ones)."""
+        if self.num_layers is None:
+            return None
+        return self.num_layers - (self.moe.num_dense_layers if self.moe else 0)
+
+    @property
+    def dense_layer_saving(self) -> int:
+        """How many fewer parameters the dense layers hold than if they were MoE layers like ``layer_params``."""
+        if self.moe is None or not self.moe.num_dense_layers or self.layer_params is None:
+            return 0
+        return self.moe.num_dense_layers * (self.layer_params - self.moe.dense_layer_params)
 
     @property
     def frozen_params(self) -> int:
@@ -81,7 +103,7 @@ class ModelSpec(BaseModel):
         if self.num_experts is None or self.expert_params is None or self.num_layers is None:
             return self.total_params
         idle = (self.num_experts - (self.num_experts_per_token or 0)) * self.expert_params
-        return self.total_params - self.num_layers * idle
+        return self.total_params - (self.num_sparse_layers or 0) * idle
 
     def with_trainable(self, trainable_params: int) -> "ModelSpec":
         """The same model with only ``trainable_params`` receiving gradients (frozen backbone, LoRA)."""

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
@@ -225,6 +226,11 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
                      "preferred, then the one that communicates least")
     else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
         notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
+    if training.images_per_sample:
+        per_image = image_tokens(spec, training) // training.images_per_sample
+        notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({training.image_size} x "
+                     f"{training.image_size} pixels assumed, --image-size; one token per {spec.image_token_pixels} x "
+                     f"{spec.image_token_pixels} pixels) added to the {training.seq_len} text tokens")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
     if shape_note:
         notes.append(shape_note)
@@ -269,6 +275,7 @@ def plan(
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
     spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    image_tokens(spec, training)  # --images-per-sample on a model that takes no images: ValueError now
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from advisor.model.config_keys import CONFIG_KEYS
+from advisor.model.config_keys import CONFIG_KEYS, config_value
 from advisor.model.sources import resolve
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,7 +43,8 @@ def simulation_config(cfg: dict, *, attention: str) -> dict:
     for key in ATTENTION_DROPOUT_KEYS:  # set even when absent: the families default them to 0.1
         out[key] = 0.0
     out["use_cache"] = False
-    out["attn_implementation"] = attention
+    if config_value(cfg, "num_attention_heads") is not None:  # Mamba has no attention: transformers rejects one
+        out["attn_implementation"] = attention
     return out
 
 

@@ -44,8 +44,9 @@ def test_mamba_spec_carries_the_config(mamba_dir):
     assert (spec.model_type, spec.vocab_size, spec.hidden_size, spec.num_layers) == ("mamba", 1000, 64, 2)
     shape = shape_of(spec)
     assert (shape.vocab_size, shape.hidden_size, shape.num_layers) == (1000, 64, 2)
-    assert shape.note.startswith("no activation formula for model_type mamba;")
-    assert "vocabulary 1,000" in shape.note
+    # Mamba has its own activation model now (advisor.estimate.activations_ssm): the note says which scan.
+    assert shape.note.startswith("Mamba: activations of transformers' reference PyTorch scan")
+    assert "fused CUDA kernels" in shape.note and "not modelled" in shape.note
 
 
 def test_mamba_logits_follow_its_vocabulary(mamba_dir):
@@ -67,7 +68,7 @@ def test_mamba_plan_note_is_accurate(mamba_dir):
     result = plan(mamba_dir, gpus="1xA100", micro_batch_size=1, strategy="ddp")
     step_notes = result.candidate("ddp").step_time.notes
     notes = " ".join(result.assumptions + step_notes)
-    assert "no activation formula for model_type mamba" in notes
+    assert "Mamba: activations of transformers' reference PyTorch scan" in notes
     assert "pass a config" not in notes and "only the size is known" not in notes
     assert "the config lacks some shape fields: FLOPs assume Llama-like values for them" in step_notes
 

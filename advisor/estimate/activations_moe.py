@@ -1,0 +1,101 @@
+"""Activation memory of mixture-of-experts blocks and multi-head latent attention, per token.
+
+What belongs here: the bytes one token leaves saved for backward in an MoE MLP (router, routed
+experts, shared experts) and in DeepSeek's multi-head latent attention, as transformers 5.x runs
+them. The rest of a decoder block (norms, Llama attention) and the composition into a step stay in
+``advisor.estimate.activations``. Pure functions, integers in, integer bytes out.
+
+Sources: transformers 5.x ``integrations/moe.py`` (``grouped_mm_experts_forward``, the default
+experts implementation when ``torch._grouped_mm`` can dispatch: tokens are sorted by expert,
+gathered, run through two grouped matmuls, weighted and scattered back), the routers of
+``modeling_mixtral.py`` / ``modeling_qwen3_moe.py`` / ``modeling_deepseek_v3.py``, and PyTorch's
+derivatives.yaml for what each op saves. The saved tensors were listed with
+``torch.autograd.graph.saved_tensors_hooks`` on tiny Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3
+blocks (bf16 and fp32) and agree with these counts to the RMSNorm ``rsqrt`` statistics (4 bytes a
+token a norm, left out as in the dense count) (``tests/estimate/test_moe_activations.py``).
+
+Assumptions, stated in the plan notes (``MOE_NOTE``): the implementations are dropless (every token
+goes to its k experts; there is no capacity factor and no dropped token, unlike Switch/GShard's
+capacity-limited routing), so the routed activations are exactly k x tokens rows whatever the
+balance, and the load balance matters only for expert parallelism, which is not modelled.
+"""
+
+from __future__ import annotations
+
+from advisor.model.moe import MlaFacts, MoeFacts
+
+FP32 = 4
+INT64 = 8
+
+MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "
+            "experts whatever the balance; no capacity factor, no dropped tokens); router probabilities in fp32; "
+            "experts are replicated or FSDP-sharded like any weight (expert parallelism is not modelled); checked "
+            "against the simulator with bf16 weights (FSDP2, pure bf16): autocast over fp32 experts is not "
+            "simulated (the CPU's grouped matmul takes bf16 only)")
+MLA_NOTE = ("multi-head latent attention: keys and values are expanded per head before attention, so attention "
+            "saves full-width q, k and v as a GPU's memory-efficient SDPA kernel does (the CPU simulator runs the "
+            "math kernel when the value width differs from the query width)")
+
+
+def router_per_token(dt_compute: int, dt_residual: int, *, hidden: int, experts: int, k: int, moe: MoeFacts) -> int:
+    """Router bytes a token leaves saved. Softmax routers (Mixtral, Qwen-MoE, DeepSeek-V2): the fp32
+    softmax output (E), the top-k indices (int64); renormalised top-k weights (Mixtral always, Qwen and
+    DeepSeek with ``norm_topk_prob``) add the fp32 sum and the clone an in-place division saves.
+    DeepSeek-V3's sigmoid router runs in fp32 (a copy of a low-precision input), saves the sigmoid
+    output, the group top-k indices (two per group, then ``topk_group``), the expert mask (bool) and
+    the gathered top-k weights."""
+    saved = FP32 * experts + INT64 * k
+    if moe.router == "sigmoid":
+        saved += (FP32 * hidden if dt_residual != FP32 else 0) + experts  # fp32 input copy; bool mask
+        saved += INT64 * (2 * moe.num_groups + moe.topk_groups) + INT64 * k  # group top-k; gather index
+    if moe.normalized_top_k:
+        saved += FP32 + FP32 * k
+    return saved
+
+
+def router_weight_copy_bytes(dt_residual: int, *, hidden: int, experts: int, moe: MoeFacts) -> int:
+    """Per MoE layer, not per token: DeepSeek-V3's router multiplies ``weight.float()``, an fp32 copy
+    of the E x h router weight that autograd keeps when the weights are low precision."""
+    return FP32 * experts * hidden if moe.router == "sigmoid" and dt_residual != FP32 else 0
+
+
+def routed_experts_per_token(cb: int, *, hidden: int, inter: int, k: int, weights_bytes: int) -> int:
+    """``grouped_mm_experts_forward``, per token (k rows): the gathered input (the first grouped
+    matmul's input), its output (gate and up, 2 x inter, kept whole: the activation and the product
+    save views of it), act(gate) and act(gate) x up (the second matmul's input), the second matmul's
+    output (saved by the routing-weight product) and the routing weight; three int64 index vectors of
+    k entries (``perm // k``, ``perm``, the inverse permutation; the top-k indices are the router's)."""
+    return k * (cb * (2 * hidden + 4 * inter) + weights_bytes) + 3 * INT64 * k
+
+
+def shared_experts_per_token(cb: int, *, hidden: int, moe: MoeFacts) -> int:
+    """A gated MLP of ``shared_intermediate_size`` on every token (gate out, act, up out, product);
+    Qwen2-MoE's sigmoid gate adds its output and the shared output it scales."""
+    if not moe.shared_intermediate_size:
+        return 0
+    return 4 * cb * moe.shared_intermediate_size + (cb + cb * hidden if moe.shared_gate else 0)
+
+
+def moe_mlp_per_token(cb: int, residual: int, *, hidden: int, inter: int, experts: int, k: int,
+                      moe: MoeFacts) -> int:
+    """One MoE MLP (router, routed experts, shared experts), bytes per token. Routing weights are fp32
+    except where the router casts them to the activations' dtype (Qwen-MoE)."""
+    weights = cb if moe.weights_in_compute_dtype else FP32
+    return (router_per_token(cb, residual, hidden=hidden, experts=experts, k=k, moe=moe)
+            + routed_experts_per_token(cb, hidden=hidden, inter=inter, k=k, weights_bytes=weights)
+            + shared_experts_per_token(cb, hidden=hidden, moe=moe))
+
+
+def mla_attention_per_token(cb: int, *, heads: int, mla: MlaFacts, seq_len: int, eager: bool) -> int:
+    """DeepSeek's attention (``DeepseekV3Attention``) beyond the block's input norm: the RMSNorms on
+    the q and kv latents (fp32 copy, normalised value, the up-projection's input), then attention over
+    per-head q and k of ``qk_nope + qk_rope`` (both new tensors: q is concatenated, k assembled with
+    ``copy_``) and v, a view of the kv up-projection's output (nope keys and values, kept whole); the
+    kernel's output and fp32 log-sum-exp. Eager attention saves the fp32 probabilities and their
+    low-precision copy instead of the log-sum-exp."""
+    qk = heads * (mla.qk_nope_head_dim + mla.qk_rope_head_dim)
+    latents = (FP32 + 2 * cb) * (mla.kv_lora_rank + (mla.q_lora_rank or 0))
+    kv_up = cb * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    out = cb * heads * mla.v_head_dim
+    scores = (FP32 + (cb if cb != FP32 else 0)) * heads * seq_len if eager else FP32 * heads
+    return latents + 2 * cb * qk + kv_up + out + scores

@@ -1,0 +1,100 @@
+"""Exact parameter counts of encoder-decoder (T5) and state-space (Mamba) models from a
+``config.json`` dict, without torch.
+
+What belongs here: the module trees of ``modeling_t5.py`` and ``modeling_mamba.py`` (transformers
+5.x) as arithmetic, each checked against ``sum(p.numel())`` of the model built on the meta device
+(``tests/model/test_kind_counts.py``). Mamba's activations: ``advisor.estimate.activations_ssm``;
+T5's are not modelled analytically and the estimate's note says so. A T5 model's encoder and
+decoder blocks differ, so it reports no single ``layer_params``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.model.config_keys import config_value as _get
+
+
+class SsmFacts(BaseModel):
+    """Mamba-1 mixer widths the activation model needs (``advisor.estimate.activations_ssm``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_size: int = Field(ge=1, description="SSM state per channel (N).")
+    conv_kernel: int = Field(ge=1, description="Depthwise convolution width.")
+    time_step_rank: int = Field(ge=1, description="dt projection rank.")
+
+
+def _whole(*values: object) -> bool:
+    """All positive integers: anything else goes to the meta device, whose config class says what is wrong."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+
+
+def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
+    """T5ForConditionalGeneration: one shared embedding (the encoder's, the decoder's and, in
+    transformers 5, the LM head, which T5Config always ties); encoder blocks of self-attention
+    (q, k, v, o without biases; relative position buckets x heads in the first block only) and a
+    feed-forward (wi, wo; wi_0, wi_1, wo when gated), each behind a T5LayerNorm (weight only);
+    decoder blocks add cross-attention and its norm; a final norm per stack."""
+    if architecture not in (None, "T5ForConditionalGeneration"):
+        return None
+    d, d_ff, d_kv = cfg.get("d_model", 512), cfg.get("d_ff", 2048), cfg.get("d_kv", 64)
+    heads, vocab = cfg.get("num_heads", 8), _get(cfg, "vocab_size", default=32128)
+    n_enc = cfg.get("num_layers", 6)
+    n_dec = cfg.get("num_decoder_layers") or n_enc
+    buckets = cfg.get("relative_attention_num_buckets", 32)
+    if not _whole(d, d_ff, d_kv, heads, vocab, n_enc, n_dec, buckets):
+        return None
+    gated = str(cfg.get("feed_forward_proj", "relu")).startswith("gated-")
+    attention = 4 * d * heads * d_kv
+    ff = (3 if gated else 2) * d * d_ff
+    encoder = n_enc * (attention + ff + 2 * d) + buckets * heads + d
+    decoder = n_dec * (2 * attention + ff + 3 * d) + buckets * heads + d
+    return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
+                num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
+                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated)
+
+
+def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:
+    """MambaForCausalLM (Mamba-1): embeddings; per block an RMSNorm and the mixer: in_proj (h -> 2
+    d_inner), a depthwise conv1d (d_inner x kernel, bias), x_proj (d_inner -> dt_rank + 2 state),
+    dt_proj (dt_rank -> d_inner, with bias), A_log (d_inner x state), D (d_inner), out_proj; a final
+    RMSNorm; the head tied unless the config says otherwise."""
+    if architecture not in (None, "MambaForCausalLM"):
+        return None
+    h = _get(cfg, "hidden_size", default=768)
+    expand = cfg.get("expand", 2)
+    inner = _get(cfg, "intermediate_size") or (int(expand * h) if _whole(h) and isinstance(expand, (int, float)) else None)
+    state, kernel = cfg.get("state_size", 16), cfg.get("conv_kernel", 4)
+    rank = cfg.get("time_step_rank", "auto")
+    if not _whole(h, inner, state, kernel) or not (rank == "auto" or _whole(rank)):
+        return None
+    rank = math.ceil(h / 16) if rank == "auto" else rank
+    bias, conv_bias = bool(cfg.get("use_bias", False)), bool(cfg.get("use_conv_bias", True))
+    vocab, n_layers = _get(cfg, "vocab_size", default=50280), _get(cfg, "num_layers", default=32)
+    if not _whole(vocab, n_layers):
+        return None
+    mixer = h * 2 * inner + 2 * inner * bias + inner * kernel + inner * conv_bias
+    mixer += inner * (rank + 2 * state) + rank * inner + inner + inner * state + inner + inner * h + h * bias
+    tied = bool(cfg.get("tie_word_embeddings", True))
+    return dict(embedding_params=vocab * h, layer_params=mixer + h, head_params=0 if tied else vocab * h,
+                other_params=h, tied_embeddings=tied, num_layers=n_layers, hidden_size=h,
+                intermediate_size=inner, vocab_size=vocab,
+                ssm=SsmFacts(state_size=state, conv_kernel=kernel, time_step_rank=rank))
+
+
+def qwen_vl_vision_params(vision: dict) -> int:
+    """Qwen2.5-VL's vision tower (``Qwen2_5_VisionTransformerPretrainedModel``): a Conv3d patch embedding
+    without bias (channels x temporal x patch x patch -> width), blocks of two RMSNorms, fused qkv and
+    proj with biases, a gated MLP with biases, and the patch merger (RMSNorm, then two Linear layers
+    with biases: 4 x width -> 4 x width -> the language model's width)."""
+    width, inter = vision.get("hidden_size", 1280), vision.get("intermediate_size", 3420)
+    patch, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    channels, merge = vision.get("in_chans", vision.get("in_channels", 3)), vision.get("spatial_merge_size", 2)
+    out = vision.get("out_hidden_size", 3584)
+    block = 2 * width + (3 * width * width + 3 * width) + (width * width + width) + 3 * width * inter + 2 * inter + width
+    merged = width * merge * merge
+    merger = width + (merged * merged + merged) + (merged * out + out)
+    return channels * temporal * patch * patch * width + vision.get("depth", 32) * block + merger

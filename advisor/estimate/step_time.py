@@ -312,9 +312,11 @@ def estimate_step_time(
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note,) if n]
-    if shape.assumed:  # a bare size, or a config that lacks some shape fields (Mamba: no attention heads)
+    if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
-                     else "the config lacks some shape fields: FLOPs assume Llama-like values for them")
+                     else "the config lacks some shape fields: FLOPs assume Llama-like values for them"
+                     if shape.assumed else "Mamba: FLOPs count the matmuls, 2 x parameters a token forward "
+                     "(the selective scan is not counted)")
     if eff.compute.entry(hardware.gpu.name) is None:
         notes.append(f"no published utilisation for {hardware.gpu.name}: assumed "
                      f"{eff.compute.default_max_utilisation:.0%} of peak for large matmuls")

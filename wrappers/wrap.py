@@ -90,7 +90,7 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = No
     selective = rec.selective_checkpointing
     return Decision(strategy=rec.strategy, engine="torch", precision=result.training.precision,
                     activation_checkpointing=rec.activation_checkpointing, selective_checkpointing=selective,
-                    world_size=env.world_size, reason=rec.reason, plan=result)
+                    world_size=env.world_size, reason=rec.reason, plan=result, mesh=rec.mesh)
 
 
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
@@ -190,6 +190,14 @@ def wrap(
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
                       micro_batch_size=micro_batch_size, live=model)
+    if decision.mesh is not None and not decision.mesh.is_data_parallel_only:
+        # The plan needs more than data parallelism (TP / CP / HSDP): apply its mesh.
+        checkpointing = "selective" if decision.selective_checkpointing else decision.activation_checkpointing
+        model, optimizer, loader, fields = wrap_on_mesh(
+            model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=None,
+            strategy=decision.strategy, precision=decision.precision, activation_checkpointing=checkpointing)
+        return _finish(model, optimizer, loader, Decision(**{**fields, "reason": decision.reason,
+                                                             "plan": decision.plan}), env, verbose)
     if decision.strategy is None:
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype

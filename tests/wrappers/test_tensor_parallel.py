@@ -111,3 +111,17 @@ def test_one_process_initialises_a_meta_model_like_transformers():
     ids = torch.randint(0, 128, (2, 8))
     loss = model(input_ids=ids, labels=ids).loss.item()
     assert loss == pytest.approx(reference(input_ids=ids, labels=ids).loss.item(), rel=0.02)  # ~ln(128) both
+
+
+def test_wrap_follows_a_plan_that_needs_a_mesh():
+    """On 8 H100s at 131,072 tokens nothing in the data-parallel family fits Llama-3.1-8B (zero3 needs
+    ~250 GiB a GPU); the planner recommends context parallelism and wrap() must apply that mesh, not
+    the strategy alone."""
+    from advisor.model.sources import resolve_model
+    from wrappers.wrap import decide
+
+    env = LaunchEnv(world_size=8, rank=0, local_rank=0, local_world_size=8, num_gpus=1,
+                    gpu_name="NVIDIA H100 80GB HBM3", accelerate_plugin=None)
+    decision = decide(resolve_model("meta-llama/Llama-3.1-8B"), env, seq_len=131072, micro_batch_size=1)
+    assert decision.mesh is not None and decision.mesh.cp > 1
+    assert decision.mesh.world_size == 8

@@ -7,6 +7,7 @@ call this; neither does arithmetic of its own.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
@@ -14,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
-from advisor.model.sources import resolve_model
+from advisor.model.sources import resolve
+from advisor.estimate.memory import recipe_dtypes
+from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
@@ -145,6 +148,39 @@ def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
             f"PEFT counts them); {activations}; every weight is held in the precision's parameter dtype")
 
 
+def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
+            names: list[str]) -> ModelSpec:
+    """The spec with traced activation profiles when its family has no formula (see ``plan``)."""
+    why = needs_trace(spec, training)
+    if why is None:
+        return spec
+    if config.get("auto_map") and config.get("model_type") not in _known_model_types():
+        raise ValueError(f"traced activation profile failed: model_type '{config.get('model_type')}' runs custom "
+                         "code, which the tracer does not run; pass --no-trace for the Llama-like estimate")
+    from advisor.simulate.profile_cache import traced_profiles  # imports torch: only for these families
+
+    impls = [STRATEGIES[name].on(training.engine) for name in names]
+    dtypes = list(dict.fromkeys(recipe_dtypes(training, impl) for impl in impls if impl.available))
+    try:
+        profiles = traced_profiles(config, trace_keys(training, dtypes), cache_dir=cache_dir)
+    except ValueError as err:
+        raise ValueError(f"traced activation profile failed for model_type {spec.model_type}: {err}; "
+                         "pass --no-trace for the Llama-like estimate") from None
+    except Exception as err:  # the model's own code failed on fake tensors
+        raise ValueError(f"traced activation profile failed for model_type {spec.model_type} "
+                         f"({type(err).__name__}: {' '.join(str(err).split())[:160]}); pass --no-trace for the "
+                         "Llama-like estimate") from None
+    notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at this "
+                 f"sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder instead")
+    return spec.model_copy(update={"traced": profiles})
+
+
+def _known_model_types() -> set[str]:
+    from advisor.model.bundled import load_architectures
+
+    return set(load_architectures())
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
     for field, text in _DEFAULT_NOTES.items():
@@ -160,7 +196,7 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
     else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
         notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
-    if shape_note:
+    if shape_note and not spec.traced:
         notes.append(shape_note)
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
@@ -179,6 +215,8 @@ def plan(
     strategy: str | None = None,
     trust_remote_code: bool = False,
     training: TrainingConfig | None = None,
+    trace: bool = True,
+    cache_dir: Path | None = None,
     **options: Any,
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
@@ -189,6 +227,11 @@ def plan(
     ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
     a misspelled one is an error.
+
+    ``trace``: for a family with no activation formula, measure its activations by tracing the model on
+    fake tensors (``advisor.simulate.profile``; imports torch); False keeps the Llama-like assumption.
+    ``cache_dir``: where traced profiles are kept between plans (the CLI passes
+    ``advisor.simulate.profile_cache.default_cache_dir()``); None traces every time.
     """
     search_length = options.get("seq_len") == "max"
     if search_length:
@@ -197,7 +240,7 @@ def plan(
         training = TrainingConfig(**options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
-    spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    spec, config = resolve(model, trust_remote_code=trust_remote_code)
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     if live is not None:
@@ -213,6 +256,9 @@ def plan(
             spec = with_lora(spec, training.lora)
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    if trace and config is not None and not search_length:
+        spec = _traced(spec, config, training, cache_dir=cache_dir, notes=notes,
+                       names=[get_strategy(strategy).name] if strategy else list(STRATEGIES))
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")
     if training.global_batch_size is not None and training.micro_batch_size is not None:

@@ -89,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = {**MODELS[model], "_name_or_path": f"heldout/{model}"}
         start = time.perf_counter()
         sim = simulated(cfg, strategy, world, mb, seq, ckpt)
-        traced = estimate(cfg, strategy, world, mb, seq, ckpt, trace=True)
+        try:
+            traced = estimate(cfg, strategy, world, mb, seq, ckpt, trace=True)
+        except ValueError as err:  # reported, and counted as a failure
+            print(f"{case:40s} FAILED: {err}", flush=True)
+            rows.append((model, case, sim, 0, float("nan"), 0, float("nan")))
+            continue
         fallback = estimate(cfg, strategy, world, mb, seq, ckpt, trace=False)
         row = (model, case, sim, traced, 100 * (traced - sim) / sim, fallback, 100 * (fallback - sim) / sim)
         rows.append(row)
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_write and not args.only:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "accuracy_heldout.md").write_text("\n".join(_header() + lines) + "\n")
-    return 0 if all(abs(r[4]) <= 3 for r in rows) else 1
+    return 0 if all(abs(r[4]) <= 3 for r in rows) else 1  # a failed case (nan) fails the goal
 
 
 def _header() -> list[str]:

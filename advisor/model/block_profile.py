@@ -2,10 +2,10 @@
 
 For a family with no activation formula (``advisor.estimate.activations.activation_family`` is
 None), ``advisor.simulate.profile`` runs the model with one and two blocks on fake tensors at the
-requested sequence length and recipe dtypes and records, at three (layers, micro-batch) points, the
+requested sequence length and recipe dtypes and records, at four (layers, micro-batch) points, the
 bytes that are live beyond parameters, their gradients and autocast's weight copies at the moments
 the memory model composes (``advisor.estimate.memory``). Each moment is a ``Bilinear`` in the number
-of blocks and the micro-batch, solved exactly from the three points. The estimator reads these
+of blocks and the micro-batch, solved exactly from the four points. The estimator reads these
 numbers as it reads the formula's (``advisor.estimate.traced``); nothing here imports torch.
 """
 
@@ -19,26 +19,31 @@ CheckpointMode = Literal["off", "on", "selective"]
 
 
 class Bilinear(BaseModel):
-    """Bytes as ``const + per_sample * b + per_layer_sample * L * b`` for ``L`` blocks and micro-batch ``b``:
-    what every block holds grows with the batch; what is outside the blocks may have a part that does not
-    (positions, rotary tables)."""
+    """Bytes as ``const + per_sample * b + per_layer * L + per_layer_sample * L * b`` for ``L`` blocks and
+    micro-batch ``b``, solved exactly from steps at L, b in {1, 2}. Most of it grows with the batch; a
+    part may not (rotary tables, a mask a kernel builds once per block), and a kernel may take another
+    path at batch 1 than above it (Falcon's SDPA with its explicit mask), which the ``per_layer`` term
+    absorbs: exact at batch 1 and 2, linear beyond (checked at batch 4 by benchmarks/accuracy_heldout.py)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     const: int = Field(description="Bytes independent of the blocks and the batch.")
     per_sample: int = Field(description="Bytes per sample outside the blocks (embedding, head, loss).")
+    per_layer: int = Field(description="Bytes per block independent of the batch.")
     per_layer_sample: int = Field(description="Bytes per sample and block.")
 
     def at(self, *, num_layers: int, micro_batch_size: int) -> int:
-        b = micro_batch_size
-        return self.const + self.per_sample * b + self.per_layer_sample * num_layers * b
+        b, n = micro_batch_size, num_layers
+        return self.const + self.per_sample * b + self.per_layer * n + self.per_layer_sample * n * b
 
     @classmethod
-    def solve(cls, v11: int, v21: int, v12: int) -> "Bilinear":
-        """From the values at (1 block, batch 1), (2 blocks, batch 1) and (1 block, batch 2)."""
-        per_layer_sample = v21 - v11
+    def solve(cls, v11: int, v21: int, v12: int, v22: int) -> "Bilinear":
+        """From the values at (L, b) = (1, 1), (2, 1), (1, 2) and (2, 2)."""
+        per_layer_sample = v22 - v21 - v12 + v11
+        per_layer = v21 - v11 - per_layer_sample
         per_sample = v12 - v11 - per_layer_sample
-        return cls(const=v11 - per_sample - per_layer_sample, per_sample=per_sample, per_layer_sample=per_layer_sample)
+        return cls(const=v11 - per_sample - per_layer - per_layer_sample, per_sample=per_sample,
+                   per_layer=per_layer, per_layer_sample=per_layer_sample)
 
 
 class ProfileKey(BaseModel):

@@ -240,7 +240,7 @@ def plan(
         training = TrainingConfig(**options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
-    spec, config = resolve(model, trust_remote_code=trust_remote_code)
+    spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     if live is not None:

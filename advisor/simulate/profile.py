@@ -116,17 +116,17 @@ class _LiveLog:
 
 
 def _build(cfg: dict, key: ProfileKey, num_layers: int) -> Any:
-    import torch
-
+    """The model on the meta device, built outside the fake mode as the simulator builds it (some
+    modeling code makes meta tensors at build time, which a fake mode refuses), with its loss kernel
+    and checkpointing; ``materialize`` then gives it fake storage."""
     from advisor.model.meta import build_meta_model
-    from advisor.simulate.model import materialize, simulation_config
+    from advisor.simulate.model import simulation_config
     from wrappers.blocks import find_blocks
     from wrappers.checkpointing import apply_activation_checkpointing
     from wrappers.losses import use_loss_kernel
 
     net = build_meta_model(simulation_config(with_layers(cfg, num_layers), attention=key.attention))
     use_loss_kernel(net, key.loss)
-    materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
     net.train()
     if key.checkpointing != "off":
         with _quiet():
@@ -153,8 +153,11 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
     from advisor.simulate.step import _unpacked_batches, cuda_dropout
     from wrappers.blocks import find_blocks
 
+    from advisor.simulate.model import materialize
+
+    net = _build(cfg, key, num_layers)
     with FakeTensorMode(), _unpacked_batches(), cuda_dropout(), _quiet():
-        net = _build(cfg, key, num_layers)
+        materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
         params = [p for p in net.parameters()] + [b for b in net.buffers()]
         log = _LiveLog({p.untyped_storage()._cdata for p in params})
         blocks = find_blocks(net)
@@ -189,6 +192,8 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
             del loss
         for h in handles:
             h.remove()
+        if "blocks_backward" not in log.marks:
+            raise ValueError("the gradient never reached the last block's output (its output is not a tensor)")
         out = log.replay(left_out=log.casts | grads)
         out["at_blocks"] -= log.incoming
         out["layer_saved"] = sum(saved.values())
@@ -206,11 +211,14 @@ def _on_grad(out: Any, log: _LiveLog) -> None:
     hidden.register_hook(hook)
 
 
-def trace_profile(cfg: dict, key: ProfileKey) -> BlockProfile:
-    """The profile of ``cfg`` under ``key``, from steps at (1 block, batch 1), (2, 1) and (1, 2)."""
-    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b) for n, b in ((1, 1), (2, 1), (1, 2))]
-    layer_saved = points[0]["layer_saved"]
-    if key.checkpointing != "off":  # one block's saved tensors come from a step without checkpointing
+def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None) -> BlockProfile:
+    """The profile of ``cfg`` under ``key``, from steps at 1 and 2 blocks, batch 1 and 2.
+    ``layer_saved``: one block's saved bytes per sample without checkpointing, when already traced
+    (the profile without checkpointing has it); otherwise a checkpointed key traces one more step."""
+    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b) for n, b in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    if key.checkpointing == "off":
+        layer_saved = points[0]["layer_saved"]
+    elif layer_saved is None:
         off = key.model_copy(update={"checkpointing": "off"})
         layer_saved = _measure(cfg, off, num_layers=1, micro_batch_size=1)["layer_saved"]
 
@@ -219,8 +227,9 @@ def trace_profile(cfg: dict, key: ProfileKey) -> BlockProfile:
 
     saved = solve("at_blocks")
     # A checkpointed block recreates in backward what it would have saved, less what it kept.
-    recompute = Bilinear(const=0, per_sample=0, per_layer_sample=0)
+    recompute = Bilinear(const=0, per_sample=0, per_layer=0, per_layer_sample=0)
     if key.checkpointing != "off":
-        recompute = Bilinear(const=0, per_sample=max(0, layer_saved - saved.per_layer_sample), per_layer_sample=0)
+        recompute = Bilinear(const=0, per_sample=max(0, layer_saved - saved.per_layer_sample), per_layer=0,
+                             per_layer_sample=0)
     return BlockProfile(key=key, saved=saved, forward_peak=solve("forward"), loss_peak=solve("loss"),
                         block_peak=solve("blocks"), recompute=recompute, layer_saved_per_sample=layer_saved)

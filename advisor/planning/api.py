@@ -149,14 +149,15 @@ def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
-            names: list[str]) -> ModelSpec:
+            names: list[str], trust_remote_code: bool) -> ModelSpec:
     """The spec with traced activation profiles when its family has no formula (see ``plan``)."""
     why = needs_trace(spec, training)
     if why is None:
         return spec
-    if config.get("auto_map") and config.get("model_type") not in _known_model_types():
-        raise ValueError(f"traced activation profile failed: model_type '{config.get('model_type')}' runs custom "
-                         "code, which the tracer does not run; pass --no-trace for the Llama-like estimate")
+    if trust_remote_code and config.get("auto_map"):
+        raise ValueError(f"traced activation profile not run for model_type {spec.model_type}: the tracer runs "
+                         "transformers' own modeling code only, and this model ships its own (auto_map); pass "
+                         "--no-trace for the Llama-like estimate")
     from advisor.simulate.profile_cache import traced_profiles  # imports torch: only for these families
 
     impls = [STRATEGIES[name].on(training.engine) for name in names]
@@ -173,12 +174,6 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
     notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at this "
                  f"sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder instead")
     return spec.model_copy(update={"traced": profiles})
-
-
-def _known_model_types() -> set[str]:
-    from advisor.model.bundled import load_architectures
-
-    return set(load_architectures())
 
 
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
@@ -257,7 +252,7 @@ def plan(
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if trace and config is not None and not search_length:
-        spec = _traced(spec, config, training, cache_dir=cache_dir, notes=notes,
+        spec = _traced(spec, config, training, cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code,
                        names=[get_strategy(strategy).name] if strategy else list(STRATEGIES))
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")

@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         fallback = estimate(cfg, strategy, world, mb, seq, ckpt, trace=False, attention=attention)
         row = (model, case, sim, traced, 100 * (traced - sim) / sim, fallback, 100 * (fallback - sim) / sim)
         rows.append(row)
+        if not args.no_write:
+            _merge([row])  # saved as it goes: a long run that stops keeps its finished cases
         print(f"{case:40s} sim {sim / 2**20:9.1f} MiB  traced {row[4]:+6.2f}%  llama-like {row[6]:+6.2f}%  "
               f"({time.perf_counter() - start:.1f} s)", flush=True)
     print("\n".join(_table(rows)))

@@ -143,8 +143,11 @@ def _quiet():
         yield
 
 
-def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: int) -> dict[str, int]:
-    """One traced step at (num_layers, micro_batch_size): the phase peaks, and one block's saved bytes."""
+def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: int,
+             built: dict | None = None) -> dict[str, int]:
+    """One traced step at (num_layers, micro_batch_size): the phase peaks, and one block's saved bytes.
+    ``built``: meta models already built, by (blocks, checkpointing), reused (``materialize`` gives
+    them fresh fake storage in each step's mode)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.autograd.graph import saved_tensors_hooks
@@ -155,7 +158,10 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
 
     from advisor.simulate.model import materialize
 
-    net = _build(cfg, key, num_layers)
+    built = {} if built is None else built
+    if (num_layers, key.checkpointing) not in built:
+        built[num_layers, key.checkpointing] = _build(cfg, key, num_layers)
+    net = built[num_layers, key.checkpointing]
     with FakeTensorMode(), _unpacked_batches(), cuda_dropout(), _quiet():
         materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
         params = [p for p in net.parameters()] + [b for b in net.buffers()]
@@ -211,16 +217,19 @@ def _on_grad(out: Any, log: _LiveLog) -> None:
     hidden.register_hook(hook)
 
 
-def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None) -> BlockProfile:
+def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None,
+                  built: dict | None = None) -> BlockProfile:
     """The profile of ``cfg`` under ``key``, from steps at 1 and 2 blocks, batch 1 and 2.
     ``layer_saved``: one block's saved bytes per sample without checkpointing, when already traced
     (the profile without checkpointing has it); otherwise a checkpointed key traces one more step."""
-    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b) for n, b in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    built = {} if built is None else built
+    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b, built=built)
+              for n, b in ((1, 1), (2, 1), (1, 2), (2, 2))]
     if key.checkpointing == "off":
         layer_saved = points[0]["layer_saved"]
     elif layer_saved is None:
         off = key.model_copy(update={"checkpointing": "off"})
-        layer_saved = _measure(cfg, off, num_layers=1, micro_batch_size=1)["layer_saved"]
+        layer_saved = _measure(cfg, off, num_layers=1, micro_batch_size=1, built=built)["layer_saved"]
 
     def solve(name: str) -> Bilinear:
         return Bilinear.solve(*(r[name] for r in points))

@@ -42,13 +42,14 @@ def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None
 
     versions = library_versions()
     out = {}
+    built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
     layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing
     for key in sorted(keys, key=lambda k: k.checkpointing != "off"):
         dtypes = (key.residual_bytes, key.compute_bytes, key.input_casts)
         path = cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None
         profile = _read(path, key) if path is not None else None
         if profile is None:
-            profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes))
+            profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes), built=built)
             if path is not None:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)

@@ -142,8 +142,12 @@ def _header() -> list[str]:
 
     return ["# Held-out accuracy: default plan (traced profile) vs the simulator", "",
             f"`python benchmarks/accuracy_heldout.py` (torch {torch.__version__}, transformers "
-            f"{transformers.__version__}); peak allocated per GPU, bf16-mixed, AdamW, hf loss, SDPA. "
-            "'traced' is the default `advisor plan`; 'llama-like' is `--no-trace` (the old fallback).", ""]
+            f"{transformers.__version__}); peak allocated per GPU, bf16-mixed, AdamW, hf loss, SDPA (GPT-J: eager, "
+            "it has no SDPA path). Configs built in the script, scaled down from each family's published small "
+            "model (width 512, 4 layers, vocabulary 16,000; the family's own norms, biases, MLP, rotary share and "
+            "attention layout). 'traced' is the default `advisor plan` (profiles traced at 1-2 blocks, batch 1-2); "
+            "'llama-like' is `--no-trace` (the fallback before). Simulated: `advisor.simulate.step` (fake tensors, "
+            "CPU).", ""]
 
 
 def _table(rows: list) -> list[str]:

@@ -25,7 +25,8 @@ def _plan(params: dict[str, Any]):
 
 
 # plan() arguments that are not TrainingConfig fields
-_NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code")
+_NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code",
+                 "trace", "cache_dir")
 
 
 def _options(*, cpu: bool, hybrid: str, processes: int | None, script: str = "train.py",

@@ -58,9 +58,7 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
-@click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
-              "instead of tracing the model on fake tensors (the default; profiles cached in ~/.cache/dp-advisor).")
-def plan(as_json: bool, verify: bool, no_trace: bool, **options) -> None:
+def plan(as_json: bool, verify: bool, **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
@@ -72,10 +70,8 @@ def plan(as_json: bool, verify: bool, no_trace: bool, **options) -> None:
     """
     from advisor.planning.api import plan as make_plan
 
-    from advisor.simulate.profile_cache import default_cache_dir
-
     kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
-    result = make_plan(**kwargs, trace=not no_trace, cache_dir=default_cache_dir())
+    result = make_plan(**kwargs)
     checked = None
     if verify and result.recommendation is not None:
         from advisor.cli.simulate import verify_with_progress

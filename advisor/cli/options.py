@@ -15,6 +15,7 @@ import click
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
 from advisor.training import MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy
+from advisor.simulate.profile_cache import default_cache_dir
 
 
 def _choice(names) -> click.Choice:
@@ -66,6 +67,8 @@ PLAN_OPTIONS: list[Callable] = [
                       "equally fast plans."),
     click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
+    click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
+                 "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),
 ]
 
 
@@ -109,7 +112,12 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         "trainable_params": options.get("trainable_params"),
         "strategy": options.get("strategy"),
         "trust_remote_code": bool(options.get("trust_remote_code")),
+        # Traced activation profiles (families with no formula) are cached in the user's cache directory,
+        # the one path read from the environment (advisor.simulate.profile_cache.default_cache_dir).
+        "cache_dir": default_cache_dir(),
     }
+    if options.get("no_trace"):
+        kwargs["trace"] = False
     lora = _lora(options)
     if lora is not None:
         kwargs["lora"] = lora

@@ -63,6 +63,7 @@ class _LiveLog:
         self.marks: dict[str, int] = {}
         self.uids: dict[int, int] = {}
         self.casts: set[int] = set()
+        self.incoming = 0  # bytes of the gradient that reaches the last block's output
 
     def record(self, func: Any, args: tuple, out: Any) -> None:
         import torch
@@ -150,13 +151,10 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
     them fresh fake storage in each step's mode)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.autograd.graph import saved_tensors_hooks
 
     from advisor.simulate.autocast import cuda_fp32_policy
-    from advisor.simulate.step import _unpacked_batches, cuda_dropout
-    from wrappers.blocks import find_blocks
-
     from advisor.simulate.model import materialize
+    from advisor.simulate.step import _unpacked_batches, cuda_dropout
 
     built = {} if built is None else built
     if (num_layers, key.checkpointing) not in built:
@@ -166,30 +164,10 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
         materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
         params = [p for p in net.parameters()] + [b for b in net.buffers()]
         log = _LiveLog({p.untyped_storage()._cdata for p in params})
-        blocks = find_blocks(net)
-        if not blocks:
-            raise ValueError("the traced path found no repeated blocks in this model")
-        saved: dict[int, int] = {}
-        block_of = {"inside": False}
-
-        def pack(t):
-            st = t.untyped_storage()
-            if block_of["inside"] and st._cdata not in log.params and log.uid_of(t) not in log.casts:
-                saved[st._cdata] = st.nbytes()
-            return t
-
-        grads: set[int | None] = set()  # every tensor that becomes a .grad, even one later replaced
-        for p in params:
-            if p.requires_grad:
-                p.register_post_accumulate_grad_hook(lambda q: grads.add(log.uid_of(q.grad)))
-        first, last = blocks[0], blocks[-1]
-        handles = [first.register_forward_pre_hook(lambda *a: block_of.__setitem__("inside", True)),
-                   first.register_forward_hook(lambda *a: block_of.__setitem__("inside", False)),
-                   last.register_forward_hook(lambda m, a, out: _on_grad(out, log))]
+        saved, grads, handles, hooks = _watch(net, params, log, count_saved=key.checkpointing == "off")
         ids = torch.randint(0, int(cfg.get("vocab_size") or 1000), (micro_batch_size, key.seq_len))
         cast = torch.autocast("cpu", dtype=torch.bfloat16) if key.input_casts else contextlib.nullcontext()
         policy = cuda_fp32_policy() if key.input_casts else contextlib.nullcontext()
-        hooks = saved_tensors_hooks(pack, lambda t: t) if key.checkpointing == "off" else contextlib.nullcontext()
         with log.mode, policy:
             with cast, hooks:
                 loss = net(input_ids=ids, labels=ids).loss
@@ -204,6 +182,39 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
         out["at_blocks"] -= log.incoming
         out["layer_saved"] = sum(saved.values())
         return out
+
+
+def _watch(net: Any, params: list, log: _LiveLog, *, count_saved: bool) -> tuple[dict, set, list, Any]:
+    """Hooks for one traced step: the first block's saved tensors (``saved_tensors_hooks``, by storage,
+    parameters and autocast's weight copies left out; not under checkpointing, whose own hooks take
+    precedence), every tensor that becomes a ``.grad`` (even one later replaced), and the moment the
+    gradient reaches the last block. Returns (saved, grads, handles to remove, the saved-tensor hooks)."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    from wrappers.blocks import find_blocks
+
+    blocks = find_blocks(net)
+    if not blocks:
+        raise ValueError("the traced path found no repeated blocks in this model")
+    saved: dict[int, int] = {}
+    inside = {"first": False}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if inside["first"] and st._cdata not in log.params and log.uid_of(t) not in log.casts:
+            saved[st._cdata] = st.nbytes()
+        return t
+
+    grads: set[int | None] = set()
+    for p in params:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda q: grads.add(log.uid_of(q.grad)))
+    first, last = blocks[0], blocks[-1]
+    handles = [first.register_forward_pre_hook(lambda *a: inside.__setitem__("first", True)),
+               first.register_forward_hook(lambda *a: inside.__setitem__("first", False)),
+               last.register_forward_hook(lambda m, a, out: _on_grad(out, log))]
+    hooks = saved_tensors_hooks(pack, lambda t: t) if count_saved else contextlib.nullcontext()
+    return saved, grads, handles, hooks
 
 
 def _on_grad(out: Any, log: _LiveLog) -> None:

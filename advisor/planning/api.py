@@ -149,8 +149,10 @@ def _lora_note(base: ModelSpec, lora: LoraConfig) -> str:
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
-            names: list[str], trust_remote_code: bool) -> ModelSpec:
-    """The spec with traced activation profiles when its family has no formula (see ``plan``)."""
+            names: list[str], trust_remote_code: bool, checkpointing: bool) -> ModelSpec:
+    """The spec with traced activation profiles when its family has no formula (see ``plan``).
+    ``checkpointing=False``: only the profiles without checkpointing (the planner looks at checkpointing
+    only for a strategy that does not fit without it; ``plan`` then calls again for the rest)."""
     why = needs_trace(spec, training)
     if why is None:
         return spec
@@ -162,15 +164,28 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
 
     impls = [STRATEGIES[name].on(training.engine) for name in names]
     dtypes = list(dict.fromkeys(recipe_dtypes(training, impl) for impl in impls if impl.available))
+    keys = trace_keys(training, dtypes)
+    if not checkpointing:
+        keys = [k for k in keys if k.checkpointing == "off"] or keys
+    keys = [k for k in keys if k not in {p.key for p in spec.traced}]
+    if not keys:
+        return spec
     try:
-        profiles = traced_profiles(config, trace_keys(training, dtypes), cache_dir=cache_dir)
+        profiles = traced_profiles(config, keys, cache_dir=cache_dir)
     except Exception as err:  # the modeling code cannot run this way (no causal-LM head, fake tensors...)
         notes.append(f"{why}: tracing it failed ({type(err).__name__}: {' '.join(str(err).split())[:160]}), so "
                      "activations assume a Llama-like decoder")
         return spec
-    notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at this "
-                 f"sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder instead")
-    return spec.model_copy(update={"traced": profiles})
+    if not spec.traced:
+        notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at "
+                     "this sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder "
+                     "instead")
+    return spec.model_copy(update={"traced": spec.traced + profiles})
+
+
+def _needs_checkpointing(candidates: list[Candidate]) -> bool:
+    """Some strategy that can run does not fit without checkpointing (so checkpointing was estimated)."""
+    return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
@@ -248,16 +263,17 @@ def plan(
             spec = with_lora(spec, training.lora)
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
-    if trace and config is not None and not search_length:
-        spec = _traced(spec, config, training, cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code,
-                       names=[get_strategy(strategy).name] if strategy else list(STRATEGIES))
+    names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
+    trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names)
+    tracing = trace and config is not None and not search_length
+    if tracing:
+        spec = _traced(spec, config, training, checkpointing=False, **trace_with)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         raise ValueError(f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs")
     if training.global_batch_size is not None and training.micro_batch_size is not None:
         if training.global_batch_size % (training.micro_batch_size * hw.world_size):
             raise ValueError(f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
                              f"{training.micro_batch_size} x {hw.world_size} GPUs")
-    names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     longest = None
     if search_length:
         longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
@@ -267,6 +283,9 @@ def plan(
         training = training.model_copy(update={"seq_len": best})
         notes.append(_longest_note(spec, longest, best))
     candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+    if tracing and spec.traced and _needs_checkpointing(candidates):
+        spec = _traced(spec, config, training, checkpointing=True, **trace_with)
+        candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
     if training.policy == "fastest" and not strategy:
         recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
     else:

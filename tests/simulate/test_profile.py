@@ -60,7 +60,9 @@ def test_profiles_are_cached_and_a_cached_plan_imports_no_torch(tmp_path):
     (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))
     first = plan(str(tmp_path / "model"), gpus="2xH100", seq_len=64, cache_dir=tmp_path / "cache")
     written = sorted(p.name for p in (tmp_path / "cache" / "profiles").iterdir())
-    assert len(written) == 6  # (autocast over fp32, bf16 weights) x (off, on, selective)
+    # (autocast over fp32 weights, bf16 weights) without checkpointing: every strategy fits without it, so
+    # the planner never looks at checkpointing and its four profiles are not traced.
+    assert len(written) == 2
     script = f"""
 import sys
 from pathlib import Path

@@ -72,3 +72,15 @@ print(p.recommendation.strategy, p.candidate("ddp").memory_bytes.total, "torch" 
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split()
     assert out == [first.recommendation.strategy, str(first.candidate("ddp").memory_bytes.total), "False", "False"]
+
+
+def test_checkpointed_profiles_are_traced_when_a_strategy_needs_checkpointing(tmp_path):
+    """Micro-batch 65,536 of 512 tokens cannot fit without checkpointing (the logits alone are 512 x 10 bytes
+    a token, 172 GB), so the planner looks at checkpointing and the four checkpointed profiles (full and
+    selective, two recipes) are traced next to the two without."""
+    cfg = {**TINY["opt"], "_name_or_path": "tiny/opt"}
+    result = plan(dict(cfg), gpus="2xH100", seq_len=512, micro_batch_size=65_536, cache_dir=tmp_path)
+    assert not result.fits
+    assert sorted(p.key.checkpointing for p in result.model.traced) == ["off", "off", "on", "on", "selective",
+                                                                        "selective"]
+    assert len(list((tmp_path / "profiles").iterdir())) == 6

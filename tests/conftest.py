@@ -44,3 +44,13 @@ TINY_CONFIGS = {
 @pytest.fixture(params=sorted(TINY_CONFIGS))
 def tiny_config(request) -> tuple[str, dict]:
     return request.param, dict(TINY_CONFIGS[request.param])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_dir(tmp_path_factory):
+    """CLI runs cache traced profiles and meta-device counts in $XDG_CACHE_HOME/dp-advisor: keep the
+    test session's out of the user's cache (and the user's out of the tests)."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+    yield
+    patch.undo()

@@ -26,7 +26,7 @@ def _plan(params: dict[str, Any]):
 
 # plan() arguments that are not TrainingConfig fields
 _NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "strategy", "trust_remote_code", "tp",
-                 "cp", "hybrid")
+                 "cp", "hybrid", "trace", "cache_dir")
 
 
 def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, script: str = "train.py",

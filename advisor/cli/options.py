@@ -17,6 +17,7 @@ from advisor.strategies import STRATEGIES
 from advisor.estimate.error_bars import Margin
 from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
                                Quantization)
+from advisor.simulate.profile_cache import default_cache_dir
 
 
 def _choice(names) -> click.Choice:
@@ -82,6 +83,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
+    click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
+                 "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),
 ]
 
 
@@ -130,7 +133,12 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         "trainable_params": options.get("trainable_params"),
         "strategy": options.get("strategy"),
         "trust_remote_code": bool(options.get("trust_remote_code")),
+        # Traced activation profiles (families with no formula) are cached in the user's cache directory,
+        # the one path read from the environment (advisor.simulate.profile_cache.default_cache_dir).
+        "cache_dir": default_cache_dir(),
     }
+    if options.get("no_trace"):
+        kwargs["trace"] = False
     lora = _lora(options)
     if lora is not None:
         kwargs["lora"] = lora

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -201,6 +202,9 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     return Dtypes(residual=4, compute=2, input_casts=True)  # autocast over fp32 weights
 
 
+recipe_dtypes = _recipe_dtypes  # public name for the planner's tracing edge (advisor.planning.api)
+
+
 def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
     """(one block, number of blocks, everything outside the blocks)."""
     if spec.layer_params is not None and spec.num_layers:
@@ -288,9 +292,15 @@ def _head_params(spec: ModelSpec) -> int:
 
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
                  checkpointing: bool) -> ActivationEstimate:
+    dtypes = _recipe_dtypes(training, impl)
+    # A traced profile of this recipe and shape (families without a formula) replaces the formula.
+    profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
+    if profile is not None and spec.num_layers:
+        return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
+                                        vocab_size=spec.vocab_size or 0)
     return estimate_activations(
         shape_of(spec),
-        _recipe_dtypes(training, impl),
+        dtypes,
         micro_batch_size=micro_batch_size,
         seq_len=training.seq_len + image_tokens(spec, training),
         checkpointing=checkpointing,

@@ -42,7 +42,8 @@ def _build_config(cfg: dict, *, trust_remote_code: bool, local_dir: str | None) 
         return AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
     if model_type not in transformers.CONFIG_MAPPING:
         if cfg.get("auto_map") and not trust_remote_code:
-            raise ValueError(f"model_type '{model_type}' needs the model's own code; pass --trust-remote-code to run it")
+            raise ValueError(f"building model_type '{model_type}' on the meta device needs the model's own code "
+                             "(its config's auto_map); pass --trust-remote-code to run it, or --params SIZE")
         raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}'")
     try:
         return AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})

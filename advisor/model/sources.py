@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 from advisor.model.architectures import count_from_config
 from advisor.model.config_keys import check_config
 from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
+from advisor.model.spec_cache import cached_spec
 from advisor.model.bundled import bundled_model_ids, find_bundled_model, load_bundled_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
@@ -81,17 +82,23 @@ def _read_local(path: Path) -> tuple[dict, str]:
 
 
 def spec_from_config(
-    cfg: dict, *, name: str, source: Source, trust_remote_code: bool = False, local_dir: str | None = None
+    cfg: dict, *, name: str, source: Source, trust_remote_code: bool = False, local_dir: str | None = None,
+    cache_dir: Path | None = None,
 ) -> ModelSpec:
-    """Exact counts from a config dict: the formula when one applies, else the meta device."""
+    """Exact counts from a config dict: the formula when one applies, else the meta device (its counts
+    cached in ``cache_dir`` when given, ``advisor.model.spec_cache``; never for the model's own code)."""
     check_config(cfg, name=name)
     spec = count_from_config(cfg, name=name, source=source)
     if spec is not None:
         return spec
-    from advisor.model.meta import build_meta_model, spec_from_module
 
-    module = build_meta_model(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
-    return spec_from_module(module, name=name, source=source)
+    def count() -> ModelSpec:
+        from advisor.model.meta import build_meta_model, spec_from_module
+
+        module = build_meta_model(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
+        return spec_from_module(module, name=name, source=source)
+
+    return cached_spec(cfg, name=name, cache_dir=None if trust_remote_code else cache_dir, count=count)
 
 
 class Resolved(NamedTuple):
@@ -115,14 +122,16 @@ def resolve(
     *,
     trust_remote_code: bool = False,
     fetch_config: ConfigFetcher = download_hub_config,
+    cache_dir: Path | None = None,
 ) -> Resolved:
-    """The spec and config for a name, path, size string, config dict, ``ModelSpec`` or live module."""
+    """The spec and config for a name, path, size string, config dict, ``ModelSpec`` or live module.
+    ``cache_dir``: where meta-device counts are kept between calls (None: count every time)."""
     if isinstance(model, ModelSpec):
         return Resolved(model, None)
     if isinstance(model, dict):  # a config.json already read (the simulator's and benchmarks' callers)
         name = str(model.get("_name_or_path") or model.get("model_type") or "config")
-        return Resolved(spec_from_config(model, name=name, source="local", trust_remote_code=trust_remote_code),
-                        dict(model))
+        return Resolved(spec_from_config(model, name=name, source="local", trust_remote_code=trust_remote_code,
+                                         cache_dir=cache_dir), dict(model))
     if not isinstance(model, str):
         if hasattr(model, "parameters") and hasattr(model, "named_modules"):
             from advisor.model.meta import spec_from_module
@@ -135,7 +144,7 @@ def resolve(
     if len(name) < 4096 and Path(name).expanduser().exists():
         cfg, local_dir = _read_local(Path(name).expanduser())
         spec = spec_from_config(cfg, name=name, source="local", trust_remote_code=trust_remote_code,
-                                local_dir=local_dir)
+                                local_dir=local_dir, cache_dir=cache_dir)
         return Resolved(spec, cfg)
     bundled = find_bundled_model(name)
     if bundled is not None:
@@ -146,7 +155,8 @@ def resolve(
     if not _HUB_ID.match(name):
         raise ValueError(_unresolved(name, "not a local path, bundled id, size or Hub id"))
     cfg = fetch_config(name)
-    return Resolved(spec_from_config(cfg, name=name, source="hub", trust_remote_code=trust_remote_code), cfg)
+    return Resolved(spec_from_config(cfg, name=name, source="hub", trust_remote_code=trust_remote_code,
+                                     cache_dir=cache_dir), cfg)
 
 
 def resolve_model(

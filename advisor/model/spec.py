@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import SsmFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
@@ -58,6 +59,9 @@ class ModelSpec(BaseModel):
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
+    traced: tuple[BlockProfile, ...] = Field(
+        default=(), exclude=True, description="Activation profiles measured by tracing the model (families "
+        "with no activation formula; advisor.simulate.profile), one per recipe and shape.")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

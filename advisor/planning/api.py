@@ -7,6 +7,7 @@ call this; neither does arithmetic of its own.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
@@ -16,7 +17,9 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
-from advisor.model.sources import resolve_model
+from advisor.model.sources import resolve, resolve_model
+from advisor.estimate.memory import recipe_dtypes
+from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
@@ -213,6 +216,46 @@ def _overhead_notes(training: TrainingConfig) -> list[str]:
     return [gap, margin]
 
 
+def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
+            names: list[str], trust_remote_code: bool, checkpointing: bool) -> ModelSpec:
+    """The spec with traced activation profiles when its family has no formula (see ``plan``).
+    ``checkpointing=False``: only the profiles without checkpointing (the planner looks at checkpointing
+    only for a strategy that does not fit without it; ``plan`` then calls again for the rest)."""
+    why = needs_trace(spec, training)
+    if why is None:
+        return spec
+    if trust_remote_code and config.get("auto_map"):
+        raise ValueError(f"traced activation profile not run for model_type {spec.model_type}: the tracer runs "
+                         "transformers' own modeling code only, and this model ships its own (auto_map); pass "
+                         "--no-trace for the Llama-like estimate")
+    from advisor.simulate.profile_cache import traced_profiles  # imports torch: only for these families
+
+    impls = [STRATEGIES[name].on(training.engine) for name in names]
+    dtypes = list(dict.fromkeys(recipe_dtypes(training, impl) for impl in impls if impl.available))
+    keys = trace_keys(training, dtypes)
+    if not checkpointing:
+        keys = [k for k in keys if k.checkpointing == "off"] or keys
+    keys = [k for k in keys if k not in {p.key for p in spec.traced}]
+    if not keys:
+        return spec
+    try:
+        profiles = traced_profiles(config, keys, cache_dir=cache_dir)
+    except Exception as err:  # the modeling code cannot run this way (no causal-LM head, fake tensors...)
+        notes.append(f"{why}: tracing it failed ({type(err).__name__}: {' '.join(str(err).split())[:160]}), so "
+                     "activations assume a Llama-like decoder")
+        return spec
+    if not spec.traced:
+        notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at "
+                     "this sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder "
+                     "instead")
+    return spec.model_copy(update={"traced": spec.traced + profiles})
+
+
+def _needs_checkpointing(candidates: list[Candidate]) -> bool:
+    """Some strategy that can run does not fit without checkpointing (so checkpointing was estimated)."""
+    return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
     for field, text in _DEFAULT_NOTES.items():
@@ -232,7 +275,7 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
                      f"{training.image_size} pixels assumed, --image-size; one token per {spec.image_token_pixels} x "
                      f"{spec.image_token_pixels} pixels) added to the {training.seq_len} text tokens")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
-    if shape_note:
+    if shape_note and not spec.traced:
         notes.append(shape_note)
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
@@ -254,6 +297,8 @@ def plan(
     tp: int | None = None,
     cp: int | None = None,
     hybrid: int | None = None,
+    trace: bool = True,
+    cache_dir: Path | None = None,
     **options: Any,
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
@@ -265,6 +310,11 @@ def plan(
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
     a misspelled one is an error. ``tp``, ``cp`` and ``hybrid`` (dp_replicate) pin mesh degrees
     (``advisor.planning.meshes``); meshes are also searched when data parallelism alone cannot run.
+
+    ``trace``: for a family with no activation formula, measure its activations by tracing the model on
+    fake tensors (``advisor.simulate.profile``; imports torch); False keeps the Llama-like assumption.
+    ``cache_dir``: where traced profiles are kept between plans (the CLI passes
+    ``advisor.simulate.profile_cache.default_cache_dir()``); None traces every time.
     """
     pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
     search_length = options.get("seq_len") == "max"
@@ -274,7 +324,7 @@ def plan(
         training = TrainingConfig(**options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
-    spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
     image_tokens(spec, training)  # --images-per-sample on a model that takes no images: ValueError now
     notes = []
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
@@ -301,13 +351,17 @@ def plan(
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
+    names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
+    trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names)
+    tracing = trace and config is not None and not search_length
+    if tracing:
+        spec = _traced(spec, config, training, checkpointing=False, **trace_with)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         dp_blocked = f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs"
     elif training.global_batch_size is not None and training.micro_batch_size is not None:
         if training.global_batch_size % (training.micro_batch_size * hw.world_size):
             dp_blocked = (f"--global-batch {training.global_batch_size} is not a multiple of micro-batch "
                           f"{training.micro_batch_size} x {hw.world_size} GPUs")
-    names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     longest = None
     if search_length:
         longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
@@ -319,6 +373,9 @@ def plan(
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+        if tracing and spec.traced and _needs_checkpointing(candidates):
+            spec = _traced(spec, config, training, checkpointing=True, **trace_with)
+            candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
         if training.policy == "fastest" and not strategy:
             recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
         else:

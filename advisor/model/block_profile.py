@@ -1,0 +1,78 @@
+"""``BlockProfile``: a model's activation memory measured by tracing it, as plain data.
+
+For a family with no activation formula (``advisor.estimate.activations.activation_family`` is
+None), ``advisor.simulate.profile`` runs the model with one and two blocks on fake tensors at the
+requested sequence length and recipe dtypes and records, at four (layers, micro-batch) points, the
+bytes that are live beyond parameters, their gradients and autocast's weight copies at the moments
+the memory model composes (``advisor.estimate.memory``). Each moment is a ``Bilinear`` in the number
+of blocks and the micro-batch, solved exactly from the four points. The estimator reads these
+numbers as it reads the formula's (``advisor.estimate.traced``); nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CheckpointMode = Literal["off", "on", "selective"]
+
+
+class Bilinear(BaseModel):
+    """Bytes as ``const + per_sample * b + per_layer * L + per_layer_sample * L * b`` for ``L`` blocks and
+    micro-batch ``b``, solved exactly from steps at L, b in {1, 2}. Most of it grows with the batch; a
+    part may not (rotary tables, a mask a kernel builds once per block), and a kernel may take another
+    path at batch 1 than above it (Falcon's SDPA with its explicit mask), which the ``per_layer`` term
+    absorbs: exact at batch 1 and 2, linear beyond (checked at batch 4 by benchmarks/accuracy_heldout.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    const: int = Field(description="Bytes independent of the blocks and the batch.")
+    per_sample: int = Field(description="Bytes per sample outside the blocks (embedding, head, loss).")
+    per_layer: int = Field(description="Bytes per block independent of the batch.")
+    per_layer_sample: int = Field(description="Bytes per sample and block.")
+
+    def at(self, *, num_layers: int, micro_batch_size: int) -> int:
+        b, n = micro_batch_size, num_layers
+        return self.const + self.per_sample * b + self.per_layer * n + self.per_layer_sample * n * b
+
+    @classmethod
+    def solve(cls, v11: int, v21: int, v12: int, v22: int) -> "Bilinear":
+        """From the values at (L, b) = (1, 1), (2, 1), (1, 2) and (2, 2)."""
+        per_layer_sample = v22 - v21 - v12 + v11
+        per_layer = v21 - v11 - per_layer_sample
+        per_sample = v12 - v11 - per_layer_sample
+        return cls(const=v11 - per_sample - per_layer - per_layer_sample, per_sample=per_sample,
+                   per_layer=per_layer, per_layer_sample=per_layer_sample)
+
+
+class ProfileKey(BaseModel):
+    """What a traced profile depends on besides the config: the recipe's dtypes and the step's shape."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    residual_bytes: int = Field(description="Bytes of the residual stream (parameter dtype).")
+    compute_bytes: int = Field(description="Bytes of matmul outputs.")
+    input_casts: bool = Field(description="Autocast over fp32 weights.")
+    checkpointing: CheckpointMode
+    seq_len: int = Field(ge=1)
+    attention: str = Field(description="sdpa or eager.")
+    loss: str = Field(description="Loss kernel (hf, chunked, fused).")
+
+
+class BlockProfile(BaseModel):
+    """Measured activation bytes of one model under one ``ProfileKey`` (see module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: ProfileKey
+    saved: Bilinear = Field(description="Live when the top block's backward begins, less its incoming "
+                                        "gradient: every block's saved tensors and what the embedding keeps.")
+    forward_peak: Bilinear = Field(description="Highest live bytes during forward (the logits and loss path).")
+    loss_peak: Bilinear = Field(description="Highest live bytes in backward before the blocks' backward.")
+    block_peak: Bilinear = Field(description="Highest live bytes during the blocks' backward (recomputation, "
+                                             "backward temporaries).")
+    recompute: Bilinear = Field(description="Saved bytes one checkpointed block recreates in backward "
+                                            "(0 without checkpointing).")
+    layer_saved_per_sample: int = Field(ge=0, description="One block's saved tensors per sample, without "
+                                        "checkpointing (saved_tensors_hooks, storages counted once).")

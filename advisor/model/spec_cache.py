@@ -1,0 +1,50 @@
+"""Counts of a model built on the meta device, cached as JSON per config (and library versions).
+
+A family with no counting formula is counted on the meta device (``advisor.model.meta``), which
+imports torch and transformers: seconds per plan. The counts depend only on the config and the
+transformers version, so a plan keeps them in the user's cache directory (the CLI passes
+``advisor.simulate.profile_cache.default_cache_dir()``), and the next plan of the same config
+reads them without importing either library. ``config_digest`` is the one hash of a config that
+the spec and profile caches share (the name fields are left out: a renamed copy hits the cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from importlib.metadata import version
+from pathlib import Path
+from typing import Callable
+
+from advisor.model.spec import ModelSpec
+
+_IGNORED = ("_name_or_path", "transformers_version")
+
+
+def library_versions() -> dict:
+    """Installed torch and transformers versions, read without importing them."""
+    return {"torch": version("torch"), "transformers": version("transformers")}
+
+
+def config_digest(cfg: dict, **extra: object) -> str:
+    content = {k: v for k, v in sorted(cfg.items()) if k not in _IGNORED and not k.startswith("_advisor")}
+    text = json.dumps({"config": content, **extra}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cached_spec(cfg: dict, *, name: str, cache_dir: Path | None, count: Callable[[], ModelSpec]) -> ModelSpec:
+    """``count()``'s spec for ``cfg``, from ``cache_dir`` when an earlier plan counted it."""
+    if cache_dir is None:
+        return count()
+    path = cache_dir / "specs" / f"{cfg.get('model_type', 'model')}-{config_digest(cfg, versions=library_versions())}.json"
+    try:
+        return ModelSpec.model_validate_json(path.read_text()).model_copy(update={"name": name})
+    except (OSError, ValueError):
+        pass  # absent or unreadable: count again
+    spec = count()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec.model_dump_json(indent=1))
+    except OSError:
+        pass  # a read-only cache costs only speed
+    return spec

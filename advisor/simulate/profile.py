@@ -1,0 +1,255 @@
+"""Trace a model's activation memory on fake tensors: the ``BlockProfile`` of a family with no formula.
+
+``trace_profile(cfg, key)`` builds the model with one and with two blocks on the meta device, gives
+it fake tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16
+weights, or fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory.
+_recipe_dtypes`` says), wraps its blocks for checkpointing when asked, and runs forward, loss and
+backward at micro-batch 1 and 2. A ``TorchDispatchMode`` logs every storage each op creates and,
+through a weak reference, when it dies; parameters (made before the trace), their gradients and
+autocast's copies of them are left out, because the memory model counts those with the strategy.
+Replaying the log gives the live bytes at the moments ``advisor.estimate.memory`` composes: the peak
+of forward, the peak of the loss backward, the bytes live when the top block's backward begins (less
+its incoming gradient: what every block saved) and the peak of the blocks' backward. One block's
+saved tensors are counted with ``torch.autograd.graph.saved_tensors_hooks`` (storages once).
+
+The same context as the simulator (``advisor.simulate.step``): no attention dropout, CUDA's fused
+dropout, CUDA's autocast fp32 list, no packed-sequence detection. Imports torch; the planning path
+calls it only for a family without a formula. Profiles are cached as JSON (``profile_cache``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any
+
+from advisor.model.block_profile import Bilinear, BlockProfile, ProfileKey
+from advisor.model.config_keys import CONFIG_KEYS
+
+# Config keys that list one entry per layer (Gemma 3's sliding/full attention pattern, ...).
+PER_LAYER_LISTS = ("layer_types", "block_types")
+
+
+def with_layers(cfg: dict, num_layers: int) -> dict:
+    """``cfg`` with ``num_layers`` blocks (per-layer lists cut to match)."""
+    out = dict(cfg)
+    keys = [k for k in CONFIG_KEYS["num_layers"] if k in cfg] or ["num_hidden_layers"]
+    for key in keys:
+        out[key] = num_layers
+    for key in PER_LAYER_LISTS:
+        if isinstance(cfg.get(key), list):
+            out[key] = cfg[key][:num_layers]
+    return out
+
+
+class _LiveLog:
+    """A dispatch mode logging (uid, +bytes) when an op creates a storage and (uid, -bytes) when the
+    storage dies; the uids of autocast's copies of parameters are remembered to be left out."""
+
+    def __init__(self, param_storages: set[int]) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        log = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                log.record(func, args, out)
+                return out
+
+        self.mode = Mode()
+        self.params = param_storages
+        self.events: list[tuple[int, int]] = []
+        self.marks: dict[str, int] = {}
+        self.uids: dict[int, int] = {}
+        self.casts: set[int] = set()
+        self.incoming = 0  # bytes of the gradient that reaches the last block's output
+
+    def record(self, func: Any, args: tuple, out: Any) -> None:
+        import torch
+        from torch.utils._pytree import tree_flatten
+
+        is_cast = func is torch.ops.aten._to_copy.default and isinstance(args[0], torch.Tensor) and \
+            args[0].untyped_storage()._cdata in self.params
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                uid = self.track(t)
+                if uid is not None and is_cast:
+                    self.casts.add(uid)
+
+    def track(self, t: Any) -> int | None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.params or key in self.uids:
+            return None
+        uid = len(self.events)
+        nbytes = st.nbytes()
+        self.uids[key] = uid
+        self.events.append((uid, nbytes))
+        weakref.finalize(st, self._free, key, uid, nbytes)
+        return uid
+
+    def _free(self, key: int, uid: int, nbytes: int) -> None:
+        self.uids.pop(key, None)
+        self.events.append((uid, -nbytes))
+
+    def uid_of(self, t: Any) -> int | None:
+        return self.uids.get(t.untyped_storage()._cdata)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = len(self.events)
+
+    def replay(self, left_out: set[int]) -> dict[str, int]:
+        """Peak live bytes of each phase and the live bytes at the block-backward mark."""
+        bounds = [("forward", self.marks["forward_end"]), ("loss", self.marks["blocks_backward"]),
+                  ("blocks", len(self.events))]
+        live, out, i = 0, {}, 0
+        for phase, end in bounds:
+            peak = live
+            for uid, delta in self.events[i:end]:
+                if uid not in left_out:
+                    live += delta
+                    peak = max(peak, live)
+            out[phase], i = peak, end
+            if phase == "loss":
+                out["at_blocks"] = live
+        return out
+
+
+def _build(cfg: dict, key: ProfileKey, num_layers: int) -> Any:
+    """The model on the meta device, built outside the fake mode as the simulator builds it (some
+    modeling code makes meta tensors at build time, which a fake mode refuses), with its loss kernel
+    and checkpointing; ``materialize`` then gives it fake storage."""
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import simulation_config
+    from wrappers.blocks import find_blocks
+    from wrappers.checkpointing import apply_activation_checkpointing
+    from wrappers.losses import use_loss_kernel
+
+    net = build_meta_model(simulation_config(with_layers(cfg, num_layers), attention=key.attention))
+    use_loss_kernel(net, key.loss)
+    net.train()
+    if key.checkpointing != "off":
+        with _quiet():
+            apply_activation_checkpointing(net, blocks=find_blocks(net), selective=key.checkpointing == "selective")
+    return net
+
+
+@contextlib.contextmanager
+def _quiet():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: int,
+             built: dict | None = None) -> dict[str, int]:
+    """One traced step at (num_layers, micro_batch_size): the phase peaks, and one block's saved bytes.
+    ``built``: meta models already built, by (blocks, checkpointing), reused (``materialize`` gives
+    them fresh fake storage in each step's mode)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from advisor.simulate.autocast import cuda_fp32_policy
+    from advisor.simulate.model import materialize
+    from advisor.simulate.step import _unpacked_batches, cuda_dropout
+
+    built = {} if built is None else built
+    if (num_layers, key.checkpointing) not in built:
+        built[num_layers, key.checkpointing] = _build(cfg, key, num_layers)
+    net = built[num_layers, key.checkpointing]
+    with FakeTensorMode(), _unpacked_batches(), cuda_dropout(), _quiet():
+        materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
+        params = [p for p in net.parameters()] + [b for b in net.buffers()]
+        log = _LiveLog({p.untyped_storage()._cdata for p in params})
+        saved, grads, handles, hooks = _watch(net, params, log, count_saved=key.checkpointing == "off")
+        ids = torch.randint(0, int(cfg.get("vocab_size") or 1000), (micro_batch_size, key.seq_len))
+        cast = torch.autocast("cpu", dtype=torch.bfloat16) if key.input_casts else contextlib.nullcontext()
+        policy = cuda_fp32_policy() if key.input_casts else contextlib.nullcontext()
+        with log.mode, policy:
+            with cast, hooks:
+                loss = net(input_ids=ids, labels=ids).loss
+            log.mark("forward_end")
+            loss.backward()
+            del loss
+        for h in handles:
+            h.remove()
+        if "blocks_backward" not in log.marks:
+            raise ValueError("the gradient never reached the last block's output (its output is not a tensor)")
+        out = log.replay(left_out=log.casts | grads)
+        out["at_blocks"] -= log.incoming
+        out["layer_saved"] = sum(saved.values())
+        return out
+
+
+def _watch(net: Any, params: list, log: _LiveLog, *, count_saved: bool) -> tuple[dict, set, list, Any]:
+    """Hooks for one traced step: the first block's saved tensors (``saved_tensors_hooks``, by storage,
+    parameters and autocast's weight copies left out; not under checkpointing, whose own hooks take
+    precedence), every tensor that becomes a ``.grad`` (even one later replaced), and the moment the
+    gradient reaches the last block. Returns (saved, grads, handles to remove, the saved-tensor hooks)."""
+    from torch.autograd.graph import saved_tensors_hooks
+
+    from wrappers.blocks import find_blocks
+
+    blocks = find_blocks(net)
+    if not blocks:
+        raise ValueError("the traced path found no repeated blocks in this model")
+    saved: dict[int, int] = {}
+    inside = {"first": False}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if inside["first"] and st._cdata not in log.params and log.uid_of(t) not in log.casts:
+            saved[st._cdata] = st.nbytes()
+        return t
+
+    grads: set[int | None] = set()
+    for p in params:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda q: grads.add(log.uid_of(q.grad)))
+    first, last = blocks[0], blocks[-1]
+    handles = [first.register_forward_pre_hook(lambda *a: inside.__setitem__("first", True)),
+               first.register_forward_hook(lambda *a: inside.__setitem__("first", False)),
+               last.register_forward_hook(lambda m, a, out: _on_grad(out, log))]
+    hooks = saved_tensors_hooks(pack, lambda t: t) if count_saved else contextlib.nullcontext()
+    return saved, grads, handles, hooks
+
+
+def _on_grad(out: Any, log: _LiveLog) -> None:
+    """Mark the moment the gradient reaches the top block's output (its backward begins)."""
+    hidden = out[0] if isinstance(out, tuple) else out
+
+    def hook(grad):
+        log.mark("blocks_backward")
+        log.incoming = grad.untyped_storage().nbytes()
+
+    hidden.register_hook(hook)
+
+
+def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None,
+                  built: dict | None = None) -> BlockProfile:
+    """The profile of ``cfg`` under ``key``, from steps at 1 and 2 blocks, batch 1 and 2.
+    ``layer_saved``: one block's saved bytes per sample without checkpointing, when already traced
+    (the profile without checkpointing has it); otherwise a checkpointed key traces one more step."""
+    built = {} if built is None else built
+    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b, built=built)
+              for n, b in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    if key.checkpointing == "off":
+        layer_saved = points[0]["layer_saved"]
+    elif layer_saved is None:
+        off = key.model_copy(update={"checkpointing": "off"})
+        layer_saved = _measure(cfg, off, num_layers=1, micro_batch_size=1, built=built)["layer_saved"]
+
+    def solve(name: str) -> Bilinear:
+        return Bilinear.solve(*(r[name] for r in points))
+
+    saved = solve("at_blocks")
+    # A checkpointed block recreates in backward what it would have saved, less what it kept.
+    recompute = Bilinear(const=0, per_sample=0, per_layer=0, per_layer_sample=0)
+    if key.checkpointing != "off":
+        recompute = Bilinear(const=0, per_sample=max(0, layer_saved - saved.per_layer_sample), per_layer=0,
+                             per_layer_sample=0)
+    return BlockProfile(key=key, saved=saved, forward_peak=solve("forward"), loss_peak=solve("loss"),
+                        block_peak=solve("blocks"), recompute=recompute, layer_saved_per_sample=layer_saved)

@@ -1,0 +1,61 @@
+"""Traced activation profiles, cached as JSON per (config, recipe dtypes, shape).
+
+``traced_profiles(cfg, keys, cache_dir=)`` returns one ``BlockProfile`` per key, reading each from
+``cache_dir`` when an earlier plan traced it and tracing (``advisor.simulate.profile``) otherwise.
+The file name is a hash of the config (less the name fields), the key and the torch and
+transformers versions (another version traces again: the modeling code decides what is saved).
+``default_cache_dir`` is the one place that reads the environment (``$XDG_CACHE_HOME/dp-advisor``, else ``~/.cache/dp-advisor``): the CLI calls it and
+passes the path in; the library never looks it up itself. ``cache_dir=None``: no caching.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from advisor.model.block_profile import BlockProfile, ProfileKey
+from advisor.model.spec_cache import config_digest, library_versions
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/dp-advisor``, else ``~/.cache/dp-advisor`` (the XDG base directory spec)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dp-advisor"
+
+
+def cache_path(cache_dir: Path, cfg: dict, key: ProfileKey, versions: dict) -> Path:
+    digest = config_digest(cfg, key=key.model_dump(), versions=versions)
+    return cache_dir / "profiles" / f"{cfg.get('model_type', 'model')}-{digest}.json"
+
+
+def _read(path: Path, key: ProfileKey) -> BlockProfile | None:
+    try:
+        profile = BlockProfile.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent, or written by another version: trace again
+    return profile if profile.key == key else None
+
+
+def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None) -> tuple[BlockProfile, ...]:
+    """One profile per key, from the cache or traced now (and then cached)."""
+    from advisor.simulate.profile import trace_profile
+
+    versions = library_versions()
+    out = {}
+    built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
+    layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing
+    for key in sorted(keys, key=lambda k: k.checkpointing != "off"):
+        dtypes = (key.residual_bytes, key.compute_bytes, key.input_casts)
+        path = cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None
+        profile = _read(path, key) if path is not None else None
+        if profile is None:
+            profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes), built=built)
+            if path is not None:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(profile.model_dump_json(indent=1))
+                except OSError:
+                    pass  # a read-only cache costs only speed
+        layer_saved.setdefault(dtypes, profile.layer_saved_per_sample)
+        out[key] = profile
+    return tuple(out[key] for key in keys)

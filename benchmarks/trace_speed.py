@@ -1,0 +1,65 @@
+"""Planning speed for a family with no activation formula: `advisor plan` on a 1.3B OPT config
+(facebook/opt-1.3b's shape: width 2048, 24 layers, FFN 8192, vocabulary 50272), cold (empty cache:
+meta-device counts + traced profiles) and cached (both read from the cache directory), each in a fresh
+process, next to a bundled Llama-family model planned the same way (the torch-free fast path).
+
+Run: python benchmarks/trace_speed.py [--repeat 3]
+Goal (issue 13): under 5 s cold and under 0.5 s cached. The load average is printed with the figures:
+this machine's other jobs slow every cold import alike, so compare with the bundled baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+OPT_1_3B = dict(model_type="opt", architectures=["OPTForCausalLM"], hidden_size=2048, ffn_dim=8192,
+                num_hidden_layers=24, num_attention_heads=32, vocab_size=50272, max_position_embeddings=2048,
+                word_embed_proj_dim=2048, do_layer_norm_before=True)
+
+
+def timed(cmd: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    exe = shutil.which("advisor")
+    cli = [exe] if exe else [sys.executable, "-m", "advisor.cli.main"]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "opt-1.3b"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(OPT_1_3B))
+        plan = [*cli, "plan", "--model", str(model), "--gpus", "2xH100"]
+        cold, cached = [], []
+        for i in range(args.repeat):
+            env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / f"cache{i}")}
+            cold.append(timed(plan, env))
+            cached.append(timed(plan, env))
+        env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache0")}
+        bundled = [timed([*cli, "plan", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100"], env)
+                   for _ in range(args.repeat)]
+        no_trace = [timed([*plan, "--no-trace"], {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "none")})
+                    for _ in range(args.repeat)]
+    load = os.getloadavg()[0]
+    print(f"opt-1.3b plan, cold (count + trace):     {statistics.median(cold):.2f} s  (goal 5 s)")
+    print(f"opt-1.3b plan, cached:                   {statistics.median(cached):.2f} s  (goal 0.5 s)")
+    print(f"opt-1.3b plan --no-trace, cold counts:   {statistics.median(no_trace):.2f} s")
+    print(f"Llama-3.2-1B (bundled, torch-free) plan: {statistics.median(bundled):.2f} s")
+    print(f"median of {args.repeat}; load average {load:.1f} on {os.cpu_count()} CPUs")
+
+
+if __name__ == "__main__":
+    main()

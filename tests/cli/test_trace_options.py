@@ -1,0 +1,47 @@
+"""``advisor plan`` on a family with no activation formula: traced by default (the note says so),
+``--no-trace`` keeps the Llama-like assumption, and a model that ships its own code without
+``--trust-remote-code`` is one line naming the path that failed, exit 2 (issue 13's bad input)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli._main import run_main
+
+OPT = dict(model_type="opt", architectures=["OPTForCausalLM"], hidden_size=64, ffn_dim=256, num_hidden_layers=2,
+           num_attention_heads=4, vocab_size=512, max_position_embeddings=256, word_embed_proj_dim=64)
+CUSTOM = dict(model_type="my_custom_lm", architectures=["MyCustomForCausalLM"], hidden_size=64, num_hidden_layers=2,
+              num_attention_heads=4, vocab_size=512,
+              auto_map={"AutoConfig": "configuration_my.MyConfig", "AutoModelForCausalLM": "modeling_my.MyForCausalLM"})
+
+
+def _model_dir(tmp_path, cfg: dict) -> str:
+    folder = tmp_path / cfg["model_type"]
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+def test_plan_traces_by_default_and_no_trace_keeps_the_llama_like_note(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = _model_dir(tmp_path, OPT)
+    args = ["plan", "--model", model, "--gpus", "1xH100", "--strategy", "ddp", "--seq-len", "64",
+            "--activation-checkpointing", "off", "--json"]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0
+    notes = json.loads(out)["assumptions"]
+    assert any("activations traced on fake tensors" in n for n in notes)
+    assert list((tmp_path / "cache" / "dp-advisor" / "profiles").iterdir())  # cached for the next plan
+    code, out, _ = run_main([*args, "--no-trace"], capsys)
+    notes = json.loads(out)["assumptions"]
+    assert code == 0
+    assert not any("traced" in n for n in notes)
+    assert any("activations assume a Llama-like decoder" in n for n in notes)
+
+
+def test_custom_code_without_trust_is_one_line_and_exit_2(tmp_path, capsys):
+    code, out, err = run_main(["plan", "--model", _model_dir(tmp_path, CUSTOM), "--gpus", "1xH100"], capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert "meta device" in lines[0] and "--trust-remote-code" in lines[0] and "my_custom_lm" in lines[0]

@@ -37,7 +37,7 @@ def test_context_parallelism_is_refused_with_the_reason():
 
 
 # The mesh estimate against the simulated step, for the recipe wrap() runs (transformers' TP plan: no
-# sequence parallelism, logits gathered, a tied embedding replicated over tp). A Llama-3-like shape
+# sequence parallelism, logits gathered, a tied embedding replicated over tp), within 1%. A Llama-3-like shape
 # scaled down to run in seconds (GQA with 4 KV heads, SwiGLU); benchmarks/accuracy_mesh.py has larger ones.
 SMALL = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=256, intermediate_size=896,
              num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4, vocab_size=4000,
@@ -61,4 +61,4 @@ def test_mesh_estimate_matches_the_simulated_peak(config, degrees, checkpointing
     est = estimate_mesh_memory(spec_from_config(dict(config), name="small", source="local"), parse_gpus(f"{dims.world_size}xH100"),
                                training, get_strategy("zero3").on("torch"), dims, micro_batch_size=2,
                                checkpointing=checkpointing)
-    assert est.peak_allocated == pytest.approx(step.peak_bytes, rel=0.03)
+    assert est.peak_allocated == pytest.approx(step.peak_bytes, rel=0.01)

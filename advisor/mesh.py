@@ -8,7 +8,8 @@ node on a launcher that numbers ranks node by node):
 - ``dp_replicate``: HSDP replicas (gradients all-reduced across them); 1 for plain FSDP/DDP.
 - ``dp_shard``: the group FSDP2 / ZeRO shards parameters, gradients and optimizer state over.
 - ``cp``: context parallelism, the sequence split across ranks (ring attention).
-- ``tp``: tensor parallelism with sequence parallelism (Megatron-style column/row split).
+- ``tp``: tensor parallelism (Megatron-style column/row split; ``wrap()`` runs transformers' plan, without
+  sequence parallelism).
 
 Pipeline parallelism is not modelled. Rules a practitioner uses, checked here: the product is the
 world size; TP divides the query and key/value heads (each rank owns whole heads) and, by default,
@@ -32,7 +33,7 @@ class ParallelDims(BaseModel):
     dp_replicate: int = Field(default=1, ge=1, description="HSDP replicas (all-reduce across them).")
     dp_shard: int = Field(default=1, ge=1, description="FSDP / ZeRO sharding group size.")
     cp: int = Field(default=1, ge=1, description="Context-parallel degree (sequence split, ring attention).")
-    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree (with sequence parallelism).")
+    tp: int = Field(default=1, ge=1, description="Tensor-parallel degree (column/row split of the blocks).")
     world_size: int = Field(ge=1, description="Ranks in all; the product of the degrees.")
 
     @model_validator(mode="after")

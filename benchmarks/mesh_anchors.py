@@ -8,8 +8,10 @@ our per-GPU peak memory (``estimate_mesh_memory``, total = peak + runtime overhe
 reports ``torch.cuda.max_memory_reserved``) and tokens/s per GPU (``estimate_mesh_step_time``)
 beside the published figures, and what the run used that we cannot express (torch.compile, Float8,
 async TP, pipeline parallelism). torchtitan computes the loss vocabulary-parallel under TP
-(``loss_parallel``), so these estimates use ``loss_parallel=True``; the planner itself models the
-gathered logits of the transformers TP plan it exports for.
+(``loss_parallel``) and applies sequence parallelism to the norms (``parallelize_llama``'s
+``SequenceParallel``), so these estimates use ``loss_parallel=True, sequence_parallel=True``; the
+planner itself models the transformers TP plan ``wrap()`` applies and the exports run (gathered
+logits, no sequence parallelism).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def estimate(anchor: dict) -> tuple[float, float] | None:
         step = estimate_step_time(spec, hw, training, ZERO3, micro_batch_size=micro, checkpointing=ckpt)
     else:
         mem = estimate_mesh_memory(spec, hw, training, ZERO3, mesh, micro_batch_size=micro, checkpointing=ckpt,
-                                   loss_parallel=True)
+                                   loss_parallel=True, sequence_parallel=True)
         step = estimate_mesh_step_time(spec, hw, training, ZERO3, mesh, micro_batch_size=micro, checkpointing=ckpt)
     return mem.total / GIB, step.tokens_per_s / hw.world_size
 

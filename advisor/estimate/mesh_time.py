@@ -13,6 +13,9 @@ dp_shard, then dp_replicate, so a group of ``k`` consecutive-dimension ranks spa
   backward the same again (plus the recomputed forward under checkpointing). They sit on the
   critical path (no async TP: torchtitan's ``enable_async_tensor_parallel`` is not modelled), on the
   intra-node link; a TP group across nodes pays the per-GPU NIC share instead (a heavy penalty).
+  Without sequence parallelism (transformers' plans, what ``wrap()`` runs) each pair is one
+  all-reduce of the same tensor, which moves the same bytes (a ring all-reduce is a reduce-scatter
+  then an all-gather, Patarasuk and Yuan 2009), so the time is the same.
 - CP ring attention (Liu et al. 2023, "Ring Attention"; torch ``context_parallel``): cp - 1 steps
   per block, each passing one key/value chunk (b x s/cp x 2 x kv-width/tp); backward passes the
   chunk and its gradients (2x). Overlapped with that block's attention compute, so only the excess

@@ -3,23 +3,29 @@ hybrid-sharded data parallelism leave on one rank, in the same four-moment ``Mem
 the data-parallel estimate (``advisor.estimate.memory``), which this module reuses for the moments.
 Time under a mesh is ``advisor.estimate.mesh_time``; choosing a mesh is ``advisor.planning.meshes``.
 
-What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then CP, then FSDP2):
+What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then CP, then FSDP2;
+``wrap()`` runs the same order with transformers' TP plan):
 
 - Parameters. TP (Megatron column/row split, Shoeybi et al. 2019, section 3) splits every attention
   and MLP matrix of a block by ``tp``; the embedding and the head are vocabulary-parallel (split by
-  ``tp``); norms (2 x hidden per block) and other small tensors stay replicated. FSDP2 then shards
-  that per-TP-rank share over ``dp_shard x cp`` ranks (torchtitan's ``dp_shard_cp`` mesh: CP ranks
-  hold different tokens of the same replica, so they shard parameters like data-parallel ranks);
-  ``dp_replicate`` replicas hold copies (HSDP). Gradients and optimizer state follow the parameters.
-- Activations. TP with sequence parallelism (Korthikanti et al. 2022, section 4.2.2): inside a block
-  the attention heads and the MLP's inner width are split by ``tp``, and the norms and the residual
-  stream between blocks are split along the sequence. What stays whole on each rank is the input
-  of the column-parallel linears after the sequence all-gather: PyTorch's DTensor
-  ``ColwiseParallel`` gathers the norm output and the matmul saves the gathered tensor (Megatron
-  instead re-gathers it in backward; torch does not), 2 x hidden per token per block. CP splits the
-  sequence: every per-token activation is divided by ``cp`` (SDPA/flash attention has no s^2 term,
-  so nothing else depends on the sequence). Under checkpointing the saved block inputs are
-  sequence-sharded by ``tp`` too.
+  ``tp``) unless they are tied, in which case ``wrappers.tensor_parallel`` leaves the one shared
+  matrix out of the plan and it is replicated over ``tp``; norms (2 x hidden per block) and other
+  small tensors stay replicated. FSDP2 then shards that per-TP-rank share over ``dp_shard x cp``
+  ranks (torchtitan's ``dp_shard_cp`` mesh: CP ranks hold different tokens of the same replica, so
+  they shard parameters like data-parallel ranks); ``dp_replicate`` replicas hold copies (HSDP).
+  Gradients and optimizer state follow the parameters.
+- Activations. Inside a block the attention heads and the MLP's inner width are split by ``tp``.
+  Without sequence parallelism (``sequence_parallel=False``, the default: transformers' TP plans,
+  hence ``wrap()`` and the exported configs, have none) the norms, the residual stream and the
+  inputs of the column-parallel linears are whole on every TP rank, as at tp 1. With it
+  (torchtitan, Korthikanti et al. 2022, section 4.2.2) the norms and the residual stream between
+  blocks are split along the sequence; what stays whole is the input of the column-parallel
+  linears after the sequence all-gather: PyTorch's DTensor ``ColwiseParallel`` gathers the norm
+  output and the matmul saves the gathered tensor (Megatron instead re-gathers it in backward;
+  torch does not), 2 x hidden per token per block, and under checkpointing the saved block inputs
+  are sequence shards. CP splits the sequence: every per-token activation is divided by ``cp``
+  (SDPA/flash attention has no s^2 term, so nothing else depends on the sequence).
+  Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py).
 - Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
   ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
@@ -89,13 +95,15 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     layer_tp = _ceil(max(0, layer - norms), tp) + norms
     embedding = spec.embedding_params or 0
     head = spec.head_params or 0
-    vocab_split = _ceil(embedding, tp) + _ceil(head, tp)
+    # A tied embedding and head are one parameter, which wrappers.tensor_parallel leaves out of the
+    # plan (it cannot be placed twice): replicated over tp, sharded by FSDP over dp only.
+    vocab_tp = 1 if spec.tied_embeddings else tp
     other = max(0, outside - embedding - head)
-    total = layer_tp * num_layers + vocab_split + other
+    total = layer_tp * num_layers + _ceil(embedding, vocab_tp) + _ceil(head, vocab_tp) + other
     return spec.model_copy(update=dict(
         total_params=total, trainable_params=total, layer_params=layer_tp,
-        embedding_params=_ceil(embedding, tp) if spec.embedding_params is not None else None,
-        head_params=_ceil(head, tp) if spec.head_params is not None else None))
+        embedding_params=_ceil(embedding, vocab_tp) if spec.embedding_params is not None else None,
+        head_params=_ceil(head, vocab_tp) if spec.head_params is not None else None))
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,9 +118,11 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
 
 
 def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
-                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool = False) -> ActivationEstimate:
+                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool = False,
+                     sequence_parallel: bool = False) -> ActivationEstimate:
     """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
-    (``cp``), less the sequence-parallel shards of the norms and block inputs (module docstring)."""
+    (``cp``), less, under sequence parallelism, the shards of the norms and block inputs (module
+    docstring); without it (what ``wrap()`` runs) those stay whole on every TP rank."""
     shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
     tp = mesh.tp
     selective = checkpointing and training.activation_checkpointing == "selective"
@@ -126,6 +136,8 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         est = est.model_copy(update=dict(logits_bytes=_ceil(est.logits_bytes, tp),
                                          loss_transient_bytes=_ceil(est.loss_transient_bytes, tp),
                                          returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
+    if not sequence_parallel:
+        return est
     tokens = micro_batch_size * training.seq_len // mesh.cp
     h, layers = shape.hidden_size, shape.num_layers
     # Sequence parallelism: each RMSNorm's fp32 input and normalised output are sequence shards.
@@ -151,7 +163,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
 
 def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                          mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
-                         loss_parallel: bool = False) -> MemoryBreakdown:
+                         loss_parallel: bool = False, sequence_parallel: bool = False) -> MemoryBreakdown:
     """The worst rank's peak on ``mesh`` (module docstring); the four moments of ``memory_at_moments``."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
@@ -159,7 +171,8 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     local = tp_rank_spec(spec, mesh.tp)
     states = model_states(local, training, impl, shard_world)
     acts = mesh_activations(spec, training, impl, mesh, micro_batch_size=micro_batch_size,
-                            checkpointing=checkpointing, loss_parallel=loss_parallel)
+                            checkpointing=checkpointing, loss_parallel=loss_parallel,
+                            sequence_parallel=sequence_parallel)
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:

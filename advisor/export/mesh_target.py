@@ -60,8 +60,8 @@ def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
     if mesh.tp > 1:
         notes.append(f"Tensor parallelism {mesh.tp}: load the model with tp_plan=\"auto\" on the mesh's \"tp\" "
                      "dimension (transformers' own TP plan; accelerate does this from parallelism_config). The plan "
-                     "counts sequence-parallel norms (torchtitan's plan, wrappers.wrap()); transformers' Llama plan "
-                     "keeps the norms and residual stream whole on every TP rank, a little more activation memory.")
+                     "counts that plan as wrappers.wrap() runs it: no sequence parallelism (norms and residual "
+                     "stream whole on every TP rank), logits gathered, a tied embedding replicated over tp.")
     if mesh.cp > 1:
         notes.append(f"Context parallelism {mesh.cp} needs SDPA attention and the forward inside "
                      "accelerator.maybe_context_parallel(buffers=[input_ids, labels, position_ids], "

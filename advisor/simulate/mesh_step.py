@@ -59,7 +59,8 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
     from advisor.simulate.model import materialize, resolve_config
-    from advisor.simulate.step import _breakdown, _fake_mode, _fake_process_group, _meta_model, _optimizer, net_vocab
+    from advisor.simulate.step import (_breakdown, _cuda_autocast_policy, _fake_mode, _fake_process_group, _meta_model,
+                                       _optimizer, _unpacked_batches, cuda_dropout, net_vocab)
     from wrappers.blocks import find_blocks
     from wrappers.checkpointing import apply_activation_checkpointing
     from wrappers.fsdp import apply_fsdp
@@ -73,7 +74,9 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
                      num_kv_heads=getattr(net.config, "num_key_value_heads", None) or net.config.num_attention_heads)
     with _fake_process_group(dims.world_size):
         meshes = build_meshes(dims, device_type="cpu")
-        with _fake_mode():
+        # The contexts simulate() runs under: CUDA's autocast fp32 list, CUDA's dropout, and no
+        # packed-sequence guess from fake position ids (which would build an s x s mask).
+        with _fake_mode(), _cuda_autocast_policy(training), _unpacked_batches(), cuda_dropout():
             materialize(net, device="cpu", real=False)
             net.train()
             apply_tensor_parallel(net, meshes.tp)

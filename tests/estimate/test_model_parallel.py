@@ -62,7 +62,7 @@ def test_tp_and_cp_block_activations_by_hand(tiny):
 
     def layer(world, **degrees):
         return mesh_activations(tiny, training, ZERO3, _mesh(world, **degrees), micro_batch_size=1,
-                                checkpointing=False).layer_bytes
+                                checkpointing=False, sequence_parallel=True).layer_bytes
 
     assert layer(1) == 16 * 2_448
     assert layer(2, tp=2) == 16 * 1_352
@@ -70,11 +70,27 @@ def test_tp_and_cp_block_activations_by_hand(tiny):
     assert layer(4, tp=2, cp=2) == 8 * 1_352
 
 
-def test_checkpointed_block_inputs_are_sequence_shards(tiny):
+def test_without_sequence_parallelism_the_norms_stay_whole(tiny):
+    """What wrap() runs (transformers' plan, no SP): each norm keeps its whole 6h plus the linear's 2h
+    input, 2 x 8h = 1,024 per token as at tp 1; attention 200 and MLP 512 as above: 1,736."""
+    layer = mesh_activations(tiny, TrainingConfig(seq_len=16), ZERO3, _mesh(2, tp=2), micro_batch_size=1,
+                             checkpointing=False).layer_bytes
+    assert layer == 16 * 1_736
+
+
+def test_a_tied_embedding_is_replicated_over_tp():
+    # wrappers.tensor_parallel leaves a tied embedding/head out of the plan: 16,384 whole on each TP rank.
+    spec = count_from_config(dict(TINY, tie_word_embeddings=True), name="tiny-tied", source="local")
+    local = tp_rank_spec(spec, 2)
+    assert (local.layer_params, local.embedding_params) == (18_560, 16_384)
+    assert local.total_params == 2 * 18_560 + 16_384 + 64
+
+
+def test_checkpointed_block_inputs_are_sequence_shards_under_sequence_parallelism(tiny):
     # Under checkpointing each block keeps its input: 16 tokens x 2 blocks x 2h bytes = 4,096, halved by tp 2.
     training = TrainingConfig(seq_len=16, activation_checkpointing="on")
-    saved = {tp: mesh_activations(tiny, training, ZERO3, _mesh(tp, tp=tp), micro_batch_size=1,
-                                  checkpointing=True).saved_bytes for tp in (1, 2)}
+    saved = {tp: mesh_activations(tiny, training, ZERO3, _mesh(tp, tp=tp), micro_batch_size=1, checkpointing=True,
+                                  sequence_parallel=True).saved_bytes for tp in (1, 2)}
     assert saved[1] - saved[2] == 2_048
 
 

@@ -56,6 +56,25 @@ def test_qwen7b_on_2xa100():
     assert any(line.startswith("zero3 does not fit: needs 79.6 GiB per GPU of 79.2 GiB") for line in doc["why"])
 
 
+def test_context_gib_is_the_part_outside_the_allocator():
+    """--context-gib 0.5: every candidate's total is its reserved figure + 536,870,912 B, and the
+    assumption says it was given. --context-gib 0 gives back the plan without it: zero3 on 2 A100s
+    at 84,351,284,198 B (above) of 84,987,740,160 fits, the size default (1-10B: zero3)."""
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "0.5")
+    assert code == 0 and doc["training"]["context_gib"] == 0.5
+    for cand in doc["candidates"]:
+        m = cand["memory_bytes"]
+        if m is not None:
+            assert m["outside_allocator"] == GIB // 2 and m["total"] - m["reserved"] == GIB // 2
+    assert any("plus 0.5 GiB for the CUDA context and NCCL" in a and "(as given)" in a for a in doc["assumptions"])
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "0")
+    zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")["memory_bytes"]
+    assert code == 0 and zero3["total"] == zero3["reserved"] == 84_351_284_198
+    assert doc["recommendation"]["strategy"] == "zero3"
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "-1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
 def test_gpt2_deepspeed_sgd_momentum_on_4xa10g():
     """P = 124,439,808 (GPT-2 small, tied head). DeepSpeed with SGD-momentum: 2P bf16 weights, 2P
     bf16 gradients, K = 4P fp32 master + 4P momentum = 8P. World 4: zero1 splits K (2P each),

@@ -44,6 +44,9 @@ class TrainingConfig(BaseModel):
                                description="Fixed runtime overhead per GPU (default: the allocator's calibrated constant).")
     fragmentation: float = Field(default_factory=lambda: allocator_overhead().fragmentation, ge=0, le=1,
                                  description="Reserved over allocated - 1 (default: calibrated).")
+    context_gib: float = Field(default=1.0, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
+                               "communicator buffers per GPU, outside PyTorch's caching allocator (an assumption, "
+                               "not calibrated: max_memory_reserved() does not see it, the GPU's memory does).")
     margin: Margin = Field(default="expected", description="Which end of the estimate's measured range decides "
                            "whether a plan fits: low, expected or high.")
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
@@ -100,3 +103,7 @@ class TrainingConfig(BaseModel):
     @property
     def reserve_bytes(self) -> int:
         return int(self.reserve_gib * GIB)
+
+    @property
+    def context_bytes(self) -> int:
+        return int(self.context_gib * GIB)

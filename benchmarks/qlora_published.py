@@ -45,22 +45,23 @@ def load_cases() -> list[dict]:
 
 
 def estimate_gib(case: dict, **options) -> float:
-    """The planner's per-GPU total for ``case`` at its stated strategy, micro-batch and checkpointing,
+    """The planner's per-GPU estimate for ``case`` at its stated strategy, micro-batch and checkpointing,
     plus what the case's 2024 software held beyond today's recipe (``era_extra_bytes``). The extra
-    passes through the same allocator overhead as the peak. torch_reserved figures exclude the CUDA
-    context, so the runtime reserve is 0 for them."""
+    passes through the same allocator gap as the peak. A torch_reserved figure
+    (torch.cuda.max_memory_reserved) is compared with the estimate's ``reserved``, which leaves out the
+    CUDA context and NCCL buffers (``outside_allocator``); an nvidia_smi figure, the whole process, with
+    ``total``, which counts them (--context-gib, default 1 GiB)."""
     targets = case["lora_targets"]
     lora = LoraConfig(rank=case["lora_rank"], dropout=case.get("lora_dropout", 0.0),
                       targets=targets if isinstance(targets, str) else tuple(targets))
-    if case["measure"] == "torch_reserved":
-        options = {"reserve_gib": 0.0, **options}
     result = plan(case["model"], case["gpus"], strategy=case["strategy"], engine=case["engine"],
                   precision=case["precision"], lora=lora, quantize=case["quantize"],
                   micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                   activation_checkpointing=case["checkpointing"], **options)
     memory = result.candidate(case["strategy"]).memory_bytes
     extra = era_extra_bytes(case, memory.peak_moment)
-    return (memory.total + extra * (1 + result.training.fragmentation)) / GIB
+    measured = memory.reserved if case["measure"] == "torch_reserved" else memory.total
+    return (measured + extra * (1 + result.training.fragmentation)) / GIB
 
 
 def era_extra_bytes(case: dict, moment: str) -> int:

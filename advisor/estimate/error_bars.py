@@ -76,6 +76,11 @@ def relative_bounds(table: ErrorTable, *, family: str, strategy_kind: str, varia
     return (1 + low) * (1 + table.allocator_low) - 1, (1 + high) * (1 + table.allocator_high) - 1
 
 
-def memory_range(total: int, bounds: tuple[float, float]) -> MemoryRange:
+def memory_range(total: int, bounds: tuple[float, float], *, unmeasured: int = 0) -> MemoryRange:
+    """The measured spreads scale only what they were measured on (the reserved memory: total less
+    ``unmeasured``); ``unmeasured`` (the CUDA context and NCCL outside the allocator, an assumption no
+    measurement here covers) is added as it is."""
     low, high = bounds
-    return MemoryRange(low=int(total * (1 + low)), expected=total, high=int(total * (1 + high)))
+    measured = total - unmeasured
+    return MemoryRange(low=int(measured * (1 + low)) + unmeasured, expected=total,
+                       high=int(measured * (1 + high)) + unmeasured)

@@ -68,7 +68,10 @@ class MemoryBreakdown(BaseModel):
     optimizer: int = Field(ge=0, description="Optimizer state (and master weights) on the GPU.")
     activations: int = Field(ge=0, description="Saved activations and returned logits.")
     temporary: int = Field(ge=0, description="Buffers: comm buckets, all-gathers, casts, loss, optimizer temps.")
-    runtime_overhead: int = Field(ge=0, description="CUDA context, NCCL, allocator fragmentation.")
+    runtime_overhead: int = Field(ge=0, description="The allocator's gap (reserved minus allocated) plus "
+                                  "outside_allocator: what the GPU holds beyond peak_allocated.")
+    outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
+                                   "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
     peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
         description="When the peak happens (coarse; kept for old readers, see peak_moment).")
@@ -106,6 +109,12 @@ class MemoryBreakdown(BaseModel):
     @property
     def total(self) -> int:
         return self.peak_allocated + self.runtime_overhead
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reserved(self) -> int:
+        """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL."""
+        return self.total - self.outside_allocator
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -402,7 +411,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         cpu = states.grads + states.optimizer + states.step_temporary
     return MemoryBreakdown(
         **parts,
-        runtime_overhead=training.reserve_bytes + int(training.fragmentation * peak),
+        runtime_overhead=training.reserve_bytes + int(training.fragmentation * peak) + training.context_bytes,
+        outside_allocator=training.context_bytes,
         cpu_bytes=cpu,
         peak_phase=phase,
         peak_moment=moment,

@@ -201,11 +201,14 @@ def _check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | 
 def _overhead_notes(training: TrainingConfig) -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
-    gap = (f"runtime overhead per GPU: {training.fragmentation:.1%} of the peak + {training.reserve_gib:g} GiB, "
+    gap = (f"runtime overhead per GPU: the allocator's gap, {training.fragmentation:.1%} of the peak + "
+           f"{training.reserve_gib:g} GiB, "
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
-              "error are in profiles/allocator_overhead.json): total predicts torch.cuda.max_memory_reserved(); the CUDA context "
-              "and NCCL's own buffers, outside the allocator, are not counted (--reserve-gib adds a fixed amount)"
-              if calibrated else "as given (--reserve-gib)"))
+              "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")
+           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib:g} "
+             "GiB for the CUDA context and NCCL buffers outside the allocator ("
+           + ("an assumption, not measured: --context-gib" if "context_gib" not in training.model_fields_set
+              else "as given") + "); total = reserved + that, compared with the GPU's memory")
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
               "fits; the range (low-high) comes from the measured errors of estimates of its kind (model family, "
               "LoRA or loss kernel, on real H100s; +-15% for families not measured) and the allocator gap's spread "

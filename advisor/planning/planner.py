@@ -58,7 +58,8 @@ class Candidate(_Frozen):
     selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
     memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
-                                              "from the measured errors of estimates of this kind.")
+                                              "from the measured errors of estimates of this kind "
+                                              "(applied to the reserved part; the CUDA context is added as assumed).")
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
@@ -216,7 +217,7 @@ def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem:
                "loss_kernel" if training.loss != "hf" else
                "checkpointing" if training.activation_checkpointing != "off" else "plain")
     bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", strategy_kind=kind, variant=variant)
-    return memory_range(mem.total, bounds)
+    return memory_range(mem.total, bounds, unmeasured=mem.outside_allocator)
 
 
 def _cpu_per_node(mem: MemoryBreakdown, hardware: Hardware) -> int | None:

@@ -26,7 +26,8 @@ def test_exported_json_writes_the_buckets_the_estimate_assumed():
 
 
 def test_zero3_json_writes_prefetch_and_live_parameter_caps():
-    p = plan("Qwen/Qwen2.5-7B", "2xA100", engine="deepspeed", strategy="zero3")
+    # context_gib=0: zero3 fits 2 A100s only without the CUDA context; the subject is the bucket sizes.
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", engine="deepspeed", strategy="zero3", context_gib=0)
     zero = build_deepspeed(p)["zero_optimization"]
     assert zero["stage3_prefetch_bucket_size"] == 11_560_550  # 0.9 x 3584^2, floored
     assert zero["stage3_max_live_parameters"] == 10**9  # DeepSpeed's default, which the estimate caps at

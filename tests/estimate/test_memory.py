@@ -14,6 +14,7 @@ from advisor.model.sources import resolve_model
 from advisor.model.spec import spec_from_size
 from advisor.strategies import ESCALATION, STRATEGIES
 from advisor.training import TrainingConfig
+from advisor.units import GIB
 from tests.conftest import TINY_CONFIGS
 
 GB = 10**9
@@ -123,8 +124,11 @@ def test_ddp_peak_of_a_tiny_llama_by_hand():
         1_005_312, 0, 2_010_624, 5_431_296, 7_523_840)
     assert mem.peak_allocated == 15_971_072
     # Runtime overhead, calibrated (profiles/allocator_overhead.json): 0.256 GiB (274,877,906.9, truncated)
-    # plus 10.4% of the peak (1,660,991.5, truncated).
-    assert mem.runtime_overhead == 274_877_906 + 1_660_991
+    # plus 10.4% of the peak (1,660,991.5, truncated): the allocator's gap, so peak + gap is the reserved
+    # figure; then the CUDA context and NCCL outside the allocator, which only the total counts.
+    assert mem.reserved == 15_971_072 + 274_877_906 + 1_660_991
+    assert mem.outside_allocator == GIB  # CUDA context and NCCL, --context-gib default
+    assert mem.runtime_overhead == 274_877_906 + 1_660_991 + GIB
 
 
 SPECS = [resolve_model(m) for m in ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B",

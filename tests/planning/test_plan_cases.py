@@ -34,20 +34,45 @@ def _states(doc: dict, strategy: str) -> tuple[int, int, int]:
 def test_qwen7b_on_2xa100():
     """P = 7,615,616,512 (28 x 233,057,792 per block + 2 x 152,064 x 3,584 embeddings/head + 3,584
     final norm). Per rank, world 2: zero3 4P/2, 4P/2, 8P/2; ddp 4P, 4P, 8P. zero3's optimizer step:
-    2P + 2P + 4P + 2P (temporary) = 10P = 76,156,165,120 B; with the calibrated allocator gap
-    (profiles/allocator_overhead.json: 10.4% = 7,920,241,172 B and 0.256 GiB = 274,877,906 B):
-    84,351,284,198 B of the A100's 84,987,740,160: it fits (99%), at micro-batch 1, as the size
-    default (1-10B: zero3)."""
+    2P + 2P + 4P + 2P (temporary) = 10P = 76,156,165,120 B, whatever the micro-batch; with the
+    calibrated allocator gap (profiles/allocator_overhead.json: 10.4% = 7,920,241,172 B and 0.256 GiB =
+    274,877,906 B) it reserves 84,351,284,198 B (78.56 GiB), and the CUDA context and NCCL (1 GiB,
+    --context-gib default) make 85,425,026,022 B (79.56 GiB) of the A100's 84,987,740,160 (79.15 GiB):
+    zero3 does not fit, nor does zero2 (the same optimizer step), so the size default (1-10B: zero3)
+    escalates to the next in the order, zero2_offload (advisor/strategies.py ESCALATION)."""
     code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100")
     p = 7_615_616_512
     assert code == 0 and doc["model"]["total_params"] == p
     assert doc["hardware"]["gpu"] == "A100-80GB-SXM" and doc["hardware"]["world_size"] == 2
     assert _states(doc, "zero3") == (2 * p, 2 * p, 4 * p)
     assert _states(doc, "ddp") == (4 * p, 4 * p, 8 * p)
-    zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")["memory_bytes"]
-    assert (zero3["peak_moment"], zero3["peak_allocated"], zero3["total"]) == ("optimizer_step", 10 * p, 84_351_284_198)
+    zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")
+    m = zero3["memory_bytes"]
+    assert (m["peak_moment"], m["peak_allocated"], m["reserved"]) == ("optimizer_step", 10 * p, 84_351_284_198)
+    assert m["total"] == 84_351_284_198 + GIB  # CUDA context and NCCL, --context-gib default
+    assert not zero3["fits"] and zero3["capacity_bytes"] == 84_987_740_160
     rec = doc["recommendation"]
-    assert (rec["strategy"], rec["micro_batch_size"], rec["activation_checkpointing"]) == ("zero3", 1, False)
+    assert rec["strategy"] == "zero2_offload"
+    assert any(line.startswith("zero3 does not fit: needs 79.6 GiB per GPU of 79.2 GiB") for line in doc["why"])
+
+
+def test_context_gib_is_the_part_outside_the_allocator():
+    """--context-gib 0.5: every candidate's total is its reserved figure + 536,870,912 B, and the
+    assumption says it was given. --context-gib 0 gives back the plan without it: zero3 on 2 A100s
+    at 84,351,284,198 B (above) of 84,987,740,160 fits, the size default (1-10B: zero3)."""
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "0.5")
+    assert code == 0 and doc["training"]["context_gib"] == 0.5
+    for cand in doc["candidates"]:
+        m = cand["memory_bytes"]
+        if m is not None:
+            assert m["outside_allocator"] == GIB // 2 and m["total"] - m["reserved"] == GIB // 2
+    assert any("plus 0.5 GiB for the CUDA context and NCCL" in a and "(as given)" in a for a in doc["assumptions"])
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "0")
+    zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")["memory_bytes"]
+    assert code == 0 and zero3["total"] == zero3["reserved"] == 84_351_284_198
+    assert doc["recommendation"]["strategy"] == "zero3"
+    result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "-1"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
 
 
 def test_gpt2_deepspeed_sgd_momentum_on_4xa10g():

@@ -44,7 +44,7 @@ class TrainingConfig(BaseModel):
                                description="Fixed runtime overhead per GPU (default: the allocator's calibrated constant).")
     fragmentation: float = Field(default_factory=lambda: allocator_overhead().fragmentation, ge=0, le=1,
                                  description="Reserved over allocated - 1 (default: calibrated).")
-    context_gib: float = Field(default=1.0, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
+    context_gib: float = Field(default_factory=lambda: allocator_overhead().context_gib, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
                                "communicator buffers per GPU, outside PyTorch's caching allocator (an assumption, "
                                "not calibrated: max_memory_reserved() does not see it, the GPU's memory does).")
     margin: Margin = Field(default="expected", description="Which end of the estimate's measured range decides "

@@ -335,6 +335,7 @@ def choose(
         if last != default and last in by_name:
             why.append(_does_not_fit(by_name[last]))
         return None, why
+    chosen, offload_note = _fastest_offload(chosen, fitting)
     size_choice = chosen
     chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom)
     if size_choice.strategy == default:
@@ -346,6 +347,8 @@ def choose(
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
         why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
                    f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}.")
+    if offload_note is not None:
+        why.append(offload_note)
     reason_lines = why[1:]
     if comparison is not None:
         why.append(comparison)
@@ -365,6 +368,25 @@ def choose(
                          for c in cheaper)
     why.extend(alternatives)
     return _recommend(chosen, " ".join(reason_lines), alternatives), why
+
+
+def _offloads(cand: Candidate) -> bool:
+    impl = STRATEGIES[cand.strategy].on(cand.engine)
+    return impl.offload_params or impl.offload_optimizer
+
+
+def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, str | None]:
+    """Escalation reaches offload only when nothing fits on the GPUs alone; once there, the offload
+    variants differ mostly in how large a micro-batch they leave room for, so take the fastest."""
+    if not _offloads(chosen) or chosen.step_time is None:
+        return chosen, None
+    peers = [c for c in fitting if _offloads(c) and c.step_time is not None and c.mesh is None]
+    best = max(peers, key=lambda c: c.step_time.tokens_per_s)
+    if best is chosen or best.step_time.tokens_per_s <= chosen.step_time.tokens_per_s * (1 + SAME_SPEED):
+        return chosen, None
+    return best, (f"{best.strategy} rather than {chosen.strategy}: both offload, and {best.strategy} runs "
+                  f"{best.step_time.tokens_per_s:,.0f} tokens/s (micro-batch {best.micro_batch_size}) against "
+                  f"{chosen.step_time.tokens_per_s:,.0f} (micro-batch {chosen.micro_batch_size}).")
 
 
 def _with_checkpointing(cand: Candidate) -> str:

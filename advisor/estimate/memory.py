@@ -293,6 +293,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         _recipe_dtypes(training, impl),
         micro_batch_size=micro_batch_size,
         seq_len=training.seq_len + image_tokens(spec, training),
+        target_len=training.target_len,
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),

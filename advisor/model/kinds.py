@@ -4,7 +4,7 @@
 What belongs here: the module trees of ``modeling_t5.py`` and ``modeling_mamba.py`` (transformers
 5.x) as arithmetic, each checked against ``sum(p.numel())`` of the model built on the meta device
 (``tests/model/test_kind_counts.py``). Mamba's activations: ``advisor.estimate.activations_ssm``;
-T5's are not modelled analytically and the estimate's note says so. A T5 model's encoder and
+T5's: ``advisor.estimate.activations_encdec``. A T5 model's encoder and
 decoder blocks differ, so it reports no single ``layer_params``.
 """
 
@@ -27,6 +27,18 @@ class SsmFacts(BaseModel):
     time_step_rank: int = Field(ge=1, description="dt projection rank.")
 
 
+class EncDecFacts(BaseModel):
+    """What the encoder-decoder activation model needs beyond the shared shape fields
+    (``advisor.estimate.activations_encdec``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_encoder_layers: int = Field(ge=1)
+    num_decoder_layers: int = Field(ge=1)
+    activation: str = Field(description="Feed-forward activation (T5's dense_act_fn: relu, gelu_new, ...).")
+    gated: bool = Field(description="Gated feed-forward (T5 v1.1 / flan: wi_0, wi_1, wo).")
+
+
 def _whole(*values: object) -> bool:
     """All positive integers: anything else goes to the meta device, whose config class says what is wrong."""
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
@@ -47,14 +59,18 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     buckets = cfg.get("relative_attention_num_buckets", 32)
     if not _whole(d, d_ff, d_kv, heads, vocab, n_enc, n_dec, buckets):
         return None
-    gated = str(cfg.get("feed_forward_proj", "relu")).startswith("gated-")
+    proj = str(cfg.get("feed_forward_proj", "relu"))
+    gated = proj.startswith("gated-")
+    act = proj.split("-")[-1]
+    act = "gelu_new" if act == "gelu" else act  # T5Config maps gated-gelu to gelu_new
     attention = 4 * d * heads * d_kv
     ff = (3 if gated else 2) * d * d_ff
     encoder = n_enc * (attention + ff + 2 * d) + buckets * heads + d
     decoder = n_dec * (2 * attention + ff + 3 * d) + buckets * heads + d
     return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
-                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated)
+                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
+                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated))
 
 
 def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
-from advisor.estimate.activations_encdec import ENCDEC_NOTE, estimate_encdec_activations
+from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
@@ -48,14 +48,14 @@ class ActivationShape(BaseModel):
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
     vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
-    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, t5, or none (not modelled)")
+    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, encdec (T5, BART), or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
-    encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 't5').")
+    encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -164,8 +164,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     if spec.has_architecture:
         heads = spec.num_attention_heads
         note = None
-        if spec.model_type == "t5" and spec.encdec is not None:
-            note, family = ENCDEC_NOTE, "t5"
+        if spec.encdec is not None:  # T5, BART: advisor.estimate.activations_encdec
+            note, family = (BART_NOTE if spec.encdec.kind == "bart" else ENCDEC_NOTE), "encdec"
         elif family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
@@ -187,7 +187,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             moe=spec.moe,
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
-            encdec=spec.encdec if family == "t5" else None,
+            encdec=spec.encdec if family == "encdec" else None,
             note=note,
         )
     guess = _size_shape(spec.total_params)
@@ -390,7 +390,7 @@ def estimate_activations(
     if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
         return ActivationEstimate(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0,
                                   backward_temp_bytes=0, returned_logits_bytes=0)
-    if shape.family == "t5":  # both stacks (advisor.estimate.activations_encdec); target length default: seq_len
+    if shape.family == "encdec":  # both stacks (advisor.estimate.activations_encdec); target length default: seq_len
         return ActivationEstimate(**estimate_encdec_activations(
             shape, dt, micro_batch_size=micro_batch_size, src_len=seq_len, tgt_len=target_len or seq_len,
             checkpointing=checkpointing, eager=eager))

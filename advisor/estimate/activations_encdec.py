@@ -32,8 +32,13 @@ step (``benchmarks/model_kinds.py``). What each term is (saved tensors per aten'
   final norms, the head's input. The loss is ``CrossEntropyLoss`` on the logits as they come
   (log-softmax output in the compute dtype; under autocast CUDA runs it in fp32 on an fp32 copy).
 
-BART's blocks (learned positions, LayerNorm with biases, GELU) are not modelled here: a BART model
-gets the Llama-like fallback and its note says so. Pure functions, integer bytes.
+BART (``modeling_bart.py``; LayerNorm after each residual add, learned positions, biases, GELU, no
+position bias: SDPA runs flash on a GPU as on the CPU): each block saves its input (read by q, k, v),
+q, k, v, the attention output and log-sum-exp (eager: the probabilities and the merged heads), the
+output dropout's mask, each LayerNorm's input (its fp32 mean / rstd, 4 bytes a token, left out as
+for BERT), the feed-forward's input (the first LayerNorm's output), fc1's output (saved by GELU),
+GELU's output (saved by fc2; with activation dropout its mask and the dropped copy instead), fc2's
+dropout mask; a block's last LayerNorm output is the next block's input. Pure functions, integer bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ FP32 = 4
 BOOL = 1
 INT64 = 8
 
+BART_NOTE = ("encoder-decoder (BART): encoder blocks over --seq-len, decoder blocks (self-attention, cross-attention, "
+             "feed-forward) over --target-len; attention dropout is taken as 0 (a GPU's SDPA kernels keep no mask "
+             "for it; eager attention with attention dropout would add a mask and a copy per score)")
 ENCDEC_NOTE = ("encoder-decoder (T5): encoder blocks over --seq-len, decoder blocks (self-attention, cross-attention, "
                "feed-forward) over --target-len, T5's relative position bias; SDPA is counted as a GPU runs it with "
                "a mask that needs a gradient (memory-efficient kernel: q, k, v, output, log-sum-exp, a heads x s x s "
@@ -97,29 +105,72 @@ def decoder_layer_per_token(shape: Any, dt: Any, *, tgt_len: int, src_len: int, 
             + _attention(shape, dt, kv_len=src_len, eager=eager, cross=True) + _feed_forward(shape, dt))
 
 
-def _bias_bytes(shape: Any, dt: Any, length: int, eager: bool) -> int:
-    """The per-layer heads x s x s position-bias mask SDPA saves (batch-independent); none in eager."""
-    return 0 if eager else dt.compute * shape.num_attention_heads * length * length
+def _bart_attention(shape: Any, dt: Any, *, kv_len: int, eager: bool, cross: bool) -> int:
+    """BART attention sublayer, per query token: its input (or autocast's casts), q (k, v), the
+    kernel's saved tensors, the output dropout's mask and the following LayerNorm's input."""
+    h, n, heads, cb = shape.hidden_size, shape.num_attention_heads * shape.head_dim, shape.num_attention_heads, dt.compute
+    projections = 1 if cross else 3
+    inputs = projections * cb * h if dt.input_casts else dt.residual * h
+    if eager:  # probabilities (fp32 softmax under CUDA autocast, then the AV matmul's cast) + merged heads
+        core = ((FP32 + cb) if dt.input_casts else cb) * heads * kv_len + cb * n
+    else:
+        core = cb * n + FP32 * heads
+    return inputs + projections * cb * n + core + BOOL * h + dt.residual * h
 
 
-def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, src_len: int, tgt_len: int,
-                                checkpointing: bool, eager: bool) -> dict[str, int]:
-    """The fields of ``ActivationEstimate`` for a T5 model (the caller builds it)."""
-    facts, b, h, V = shape.encdec, micro_batch_size, shape.hidden_size, shape.vocab_size
-    cb, n_enc, n_dec = dt.compute, facts.num_encoder_layers, facts.num_decoder_layers
-    src, tgt = b * src_len, b * tgt_len
-    n = shape.num_attention_heads * shape.head_dim
-    enc = src * encoder_layer_per_token(shape, dt, src_len=src_len, eager=eager) + _bias_bytes(shape, dt, src_len, eager)
-    dec = (tgt * decoder_layer_per_token(shape, dt, tgt_len=tgt_len, src_len=src_len, eager=eager)
-           + src * 2 * cb * n + _bias_bytes(shape, dt, tgt_len, eager))
-    final_norm = FP32 * h + (dt.residual * h if dt.residual != FP32 else 0) + dt.residual * h
+def _bart_feed_forward(shape: Any, dt: Any) -> int:
+    h, F, cb = shape.hidden_size, shape.intermediate_size, dt.compute
+    inputs = cb * h if dt.input_casts else dt.residual * h
+    act_dropout = BOOL * F if shape.encdec.activation_dropout else 0
+    return inputs + 2 * cb * F + act_dropout + BOOL * h + dt.residual * h
+
+
+def _encoder_layer(shape: Any, dt: Any, *, src_len: int, eager: bool) -> int:
+    if shape.encdec.kind == "bart":
+        return _bart_attention(shape, dt, kv_len=src_len, eager=eager, cross=False) + _bart_feed_forward(shape, dt)
+    return encoder_layer_per_token(shape, dt, src_len=src_len, eager=eager)
+
+
+def _decoder_layer(shape: Any, dt: Any, *, tgt_len: int, src_len: int, eager: bool) -> int:
+    if shape.encdec.kind == "bart":
+        return (_bart_attention(shape, dt, kv_len=tgt_len, eager=eager, cross=False)
+                + _bart_attention(shape, dt, kv_len=src_len, eager=eager, cross=True) + _bart_feed_forward(shape, dt))
+    return decoder_layer_per_token(shape, dt, tgt_len=tgt_len, src_len=src_len, eager=eager)
+
+
+def _outside(shape: Any, dt: Any, *, src: int, tgt: int, src_len: int, tgt_len: int, eager: bool) -> int:
+    """Embeddings, final norms, the encoder output the cross-attentions read, the head's input, labels."""
+    h, cb, n_dec = shape.hidden_size, dt.compute, shape.encdec.num_decoder_layers
     encoder_out = dt.residual * h + (2 * n_dec * cb * h if dt.input_casts else 0)  # read by every cross k and v
     head_in = cb * h if dt.input_casts else dt.residual * h
+    if shape.encdec.kind == "bart":  # ids; the embedding LayerNorm's input and the dropout mask after it
+        return src * (INT64 + dt.residual * h + BOOL * h + encoder_out) + tgt * (2 * INT64 + dt.residual * h
+                                                                               + BOOL * h + head_in)
+    final_norm = FP32 * h + (dt.residual * h if dt.residual != FP32 else 0) + dt.residual * h
     outside = (src * (INT64 + 2 * BOOL * h + final_norm + encoder_out)
                + tgt * (2 * INT64 + 2 * BOOL * h + final_norm + head_in)
                + INT64 * (src_len * src_len + tgt_len * tgt_len))  # relative position buckets
     if not eager:  # cross-attention's zero bias, made once and shared by the decoder's layers
         outside += cb * shape.num_attention_heads * tgt_len * src_len
+    return outside
+
+
+def _bias_bytes(shape: Any, dt: Any, length: int, eager: bool) -> int:
+    """The per-layer heads x s x s position-bias mask SDPA saves (batch-independent); none in eager."""
+    return 0 if eager or shape.encdec.kind == "bart" else dt.compute * shape.num_attention_heads * length * length
+
+
+def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, src_len: int, tgt_len: int,
+                                checkpointing: bool, eager: bool) -> dict[str, int]:
+    """The fields of ``ActivationEstimate`` for a T5 or BART model (the caller builds it)."""
+    facts, b, h, V = shape.encdec, micro_batch_size, shape.hidden_size, shape.vocab_size
+    cb, n_enc, n_dec = dt.compute, facts.num_encoder_layers, facts.num_decoder_layers
+    src, tgt = b * src_len, b * tgt_len
+    n = shape.num_attention_heads * shape.head_dim
+    enc = src * _encoder_layer(shape, dt, src_len=src_len, eager=eager) + _bias_bytes(shape, dt, src_len, eager)
+    dec = (tgt * _decoder_layer(shape, dt, tgt_len=tgt_len, src_len=src_len, eager=eager)
+           + src * 2 * cb * n + _bias_bytes(shape, dt, tgt_len, eager))
+    outside = _outside(shape, dt, src=src, tgt=tgt, src_len=src_len, tgt_len=tgt_len, eager=eager)
     layer = max(enc, dec)
     if checkpointing:  # each block keeps its input (T5Block is a GradientCheckpointingLayer)
         saved = dt.residual * h * (n_enc * src + n_dec * tgt) + outside
@@ -131,7 +182,7 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
     loss = tgt * V * 3 * loss_b
     tokens = max(src, tgt)
     backward_temp = tokens * (2 * dt.residual * h + 2 * cb * shape.intermediate_size)
-    if not eager:  # the memory-efficient kernel's bias gradient at the batch's full shape
+    if not eager and facts.kind == "t5":  # the memory-efficient kernel's bias gradient at the batch's full shape
         backward_temp += cb * b * shape.num_attention_heads * max(src_len, tgt_len) ** 2
     return dict(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                 recompute_bytes=layer if checkpointing else 0, backward_temp_bytes=backward_temp,

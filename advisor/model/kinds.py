@@ -37,6 +37,9 @@ class EncDecFacts(BaseModel):
     num_decoder_layers: int = Field(ge=1)
     activation: str = Field(description="Feed-forward activation (T5's dense_act_fn: relu, gelu_new, ...).")
     gated: bool = Field(description="Gated feed-forward (T5 v1.1 / flan: wi_0, wi_1, wo).")
+    kind: str = Field(default="t5", description="t5 (RMS norms, relative position bias, pre-norm) or bart "
+                      "(LayerNorm after each sublayer, learned positions, biases).")
+    activation_dropout: bool = Field(default=False, description="BART: dropout after the feed-forward activation.")
 
 
 def _whole(*values: object) -> bool:
@@ -71,6 +74,36 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
                 head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
                 encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated))
+
+
+def bart_parts(cfg: dict, architecture: str | None) -> dict | None:
+    """BartForConditionalGeneration: one shared embedding (both stacks' token embeddings and the LM
+    head, tied); per stack learned positions (max_position_embeddings + 2 rows: BART offsets ids by 2)
+    and an embedding LayerNorm; encoder layers of self-attention (q, k, v, o with biases), a LayerNorm,
+    fc1 and fc2 with biases and a LayerNorm; decoder layers add cross-attention and its LayerNorm; a
+    final LayerNorm per stack only with ``add_final_layer_norm`` (mBART); ``final_logits_bias`` is a
+    buffer (modeling_bart.py, transformers 5.x)."""
+    if architecture not in (None, "BartForConditionalGeneration"):
+        return None
+    d, vocab, pos = cfg.get("d_model", 1024), _get(cfg, "vocab_size", default=50265), cfg.get("max_position_embeddings", 1024)
+    n_enc, n_dec = cfg.get("encoder_layers", 12), cfg.get("decoder_layers", 12)
+    f_enc, f_dec = cfg.get("encoder_ffn_dim", 4096), cfg.get("decoder_ffn_dim", 4096)
+    heads = cfg.get("encoder_attention_heads", 16)
+    if not _whole(d, vocab, pos, n_enc, n_dec, f_enc, f_dec, heads) or f_enc != f_dec \
+            or heads != cfg.get("decoder_attention_heads", 16) or not cfg.get("tie_word_embeddings", True):
+        return None  # unusual shapes: the meta device counts them
+    attention, final = 4 * (d * d + d), 2 * d if cfg.get("add_final_layer_norm", False) else 0
+    ff = 2 * d * f_enc + f_enc + d
+    stack = (pos + 2) * d + 2 * d + final
+    encoder = stack + n_enc * (attention + ff + 4 * d)
+    decoder = stack + n_dec * (2 * attention + ff + 6 * d)
+    return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
+                num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
+                head_dim=d // heads, intermediate_size=f_enc, vocab_size=vocab, gated_mlp=False,
+                max_position_embeddings=pos,
+                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec,
+                                   activation=str(cfg.get("activation_function", "gelu")), gated=False, kind="bart",
+                                   activation_dropout=bool(cfg.get("activation_dropout", 0.0))))
 
 
 def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:

@@ -55,6 +55,11 @@ VL_SCALED = dict(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForCondition
 T5_SCALED = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=512, d_ff=2048, d_kv=64,
                  num_heads=8, num_layers=4, vocab_size=32128, feed_forward_proj="relu", decoder_start_token_id=0,
                  pad_token_id=0, eos_token_id=1, _name_or_path="scaled/t5")
+BART_SCALED = dict(model_type="bart", architectures=["BartForConditionalGeneration"], d_model=512, encoder_layers=4,
+                   decoder_layers=4, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                   decoder_ffn_dim=2048, vocab_size=50265, max_position_embeddings=1024, dropout=0.1,
+                   attention_dropout=0.1, activation_dropout=0.1, activation_function="gelu", pad_token_id=1,
+                   bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, _name_or_path="scaled/bart")
 MAMBA_SCALED = dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=768, intermediate_size=1536,
                     num_hidden_layers=4, state_size=16, conv_kernel=4, expand=2, time_step_rank=48, vocab_size=50280,
                     _name_or_path="scaled/mamba")
@@ -96,6 +101,9 @@ KINDS = [
          {**T5_SCALED, "feed_forward_proj": "gated-gelu", "_name_or_path": "scaled/t5-gated"},
          "as above with gated-gelu feed-forward (T5 v1.1 / flan-t5), --attention eager", ("zero3", 8, 8, 512, False),
          "eager"),
+    Kind("encoder-decoder (BART)", "facebook/bart-large", ("zero3", 8, 8, 1024, False), BART_SCALED,
+         "4 + 4 of 12 + 12 layers, width 512 of 1024 (8 heads of 64, FFN 2048), vocab 50265 kept; target length = "
+         "source length", ("zero3", 8, 8, 512, False)),
     Kind("state-space (Mamba)", "state-spaces/mamba-130m-hf", ("ddp", 8, 8, 2048, False), MAMBA_SCALED,
          "4 of 24 layers, full width 768 (d_inner 1536, state 16, conv 4, dt rank 48), vocab 50280 kept",
          ("zero2", 4, 1, 256, False)),

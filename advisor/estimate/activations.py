@@ -68,6 +68,8 @@ class Dtypes(BaseModel):
     residual: int = Field(description="Bytes of the residual stream (4 under autocast with fp32 weights).")
     compute: int = Field(description="Bytes of matmul outputs (2 for bf16/fp16).")
     input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
+    buffer: int = Field(default=2, description="Bytes of a model buffer (BART's final_logits_bias): 4 unless the "
+                        "engine casts the whole module (pure bf16, DeepSpeed); FSDP2 and autocast cast no buffer.")
 
 
 class Adapters(BaseModel):

@@ -29,7 +29,8 @@ step (``benchmarks/model_kinds.py``). What each term is (saved tensors per aten'
   as GPT-2's), the gate's output and wi_1's output (saved by the product).
 - Outside the blocks: token ids (embedding backward) of both stacks, the labels, the relative
   position buckets (int64, s^2 and t^2 per micro-batch), the embedding and final dropout masks, the
-  final norms, the head's input. The loss is ``CrossEntropyLoss`` on the logits as they come
+  final norms, the head's input. BART adds ``final_logits_bias``, a buffer that FSDP2 and autocast
+  leave in fp32, so its logits are fp32 unless the whole module was cast. The loss is ``CrossEntropyLoss`` on the logits as they come
   (log-softmax output in the compute dtype; under autocast CUDA runs it in fp32 on an fp32 copy).
 
 BART (``modeling_bart.py``; LayerNorm after each residual add, learned positions, biases, GELU, no
@@ -177,8 +178,11 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
     else:
         saved = n_enc * enc + n_dec * dec + outside
     # CrossEntropyLoss on the logits as they are: under autocast CUDA runs it in fp32 on an fp32 copy.
-    loss_b = FP32 if dt.input_casts else cb
-    logits = tgt * V * (cb + (FP32 if dt.input_casts else 0) + loss_b)
+    # BART adds final_logits_bias (a buffer): fp32 logits unless the engine cast the whole module,
+    # the head's own output a transient of the add.
+    fp32_logits = facts.kind == "bart" and dt.buffer == FP32
+    loss_b = FP32 if dt.input_casts or fp32_logits else cb
+    logits = tgt * V * (cb + (FP32 if dt.input_casts or fp32_logits else 0) + loss_b)
     loss = tgt * V * 3 * loss_b
     tokens = max(src, tgt)
     backward_temp = tokens * (2 * dt.residual * h + 2 * cb * shape.intermediate_size)

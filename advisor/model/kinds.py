@@ -1,10 +1,10 @@
-"""Exact parameter counts of encoder-decoder (T5) and state-space (Mamba) models from a
+"""Exact parameter counts of encoder-decoder (T5, BART) and state-space (Mamba) models from a
 ``config.json`` dict, without torch.
 
-What belongs here: the module trees of ``modeling_t5.py`` and ``modeling_mamba.py`` (transformers
+What belongs here: the module trees of ``modeling_t5.py``, ``modeling_bart.py`` and ``modeling_mamba.py`` (transformers
 5.x) as arithmetic, each checked against ``sum(p.numel())`` of the model built on the meta device
 (``tests/model/test_kind_counts.py``). Mamba's activations: ``advisor.estimate.activations_ssm``;
-T5's: ``advisor.estimate.activations_encdec``. A T5 model's encoder and
+T5's and BART's: ``advisor.estimate.activations_encdec``. An encoder-decoder's encoder and
 decoder blocks differ, so it reports no single ``layer_params``.
 """
 

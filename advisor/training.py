@@ -54,6 +54,8 @@ class TrainingConfig(BaseModel):
                             "free. Not a fit test (a plan fits when peak + runtime overhead <= memory): among plans "
                             "as fast as the chosen one, one that leaves this headroom is preferred.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
+    target_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN, description="Decoder tokens per sample "
+                                   "(encoder-decoder models); None: equal to seq_len.")
     images_per_sample: int = Field(default=0, ge=0, le=4096, description="Images in each sample (vision-language "
                                    "models): their tokens join the language model's sequence.")
     image_size: int = Field(default=448, ge=1, le=16384, description="Assumed image side in pixels: tokens per "

@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
 
-from accuracy import analytic  # noqa: E402  (benchmarks/ is not a package)
+from accuracy import analytic, spec_for  # noqa: E402  (benchmarks/ is not a package)
 
 MIXTRAL_SCALED = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=1024,
                       intermediate_size=3584, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -55,6 +55,11 @@ VL_SCALED = dict(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForCondition
 T5_SCALED = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=512, d_ff=2048, d_kv=64,
                  num_heads=8, num_layers=4, vocab_size=32128, feed_forward_proj="relu", decoder_start_token_id=0,
                  pad_token_id=0, eos_token_id=1, _name_or_path="scaled/t5")
+BART_SCALED = dict(model_type="bart", architectures=["BartForConditionalGeneration"], d_model=512, encoder_layers=4,
+                   decoder_layers=4, encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
+                   decoder_ffn_dim=2048, vocab_size=50265, max_position_embeddings=1024, dropout=0.1,
+                   attention_dropout=0.1, activation_dropout=0.1, activation_function="gelu", pad_token_id=1,
+                   bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, _name_or_path="scaled/bart")
 MAMBA_SCALED = dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=768, intermediate_size=1536,
                     num_hidden_layers=4, state_size=16, conv_kernel=4, expand=2, time_step_rank=48, vocab_size=50280,
                     _name_or_path="scaled/mamba")
@@ -68,6 +73,7 @@ class Kind:
     scaled: dict | None
     scaled_how: str
     sim_plan: tuple
+    attention: str = "sdpa"
 
 
 KINDS = [
@@ -86,7 +92,18 @@ KINDS = [
          ("ddp", 2, 1, 2048, False)),
     Kind("encoder-decoder (T5)", "google-t5/t5-large", ("zero3", 8, 8, 512, False), T5_SCALED,
          "4 + 4 of 24 + 24 layers, width 512 of 1024 (8 heads of 64), vocab 32128 kept; target length = source "
-         "length (the simulator feeds labels = inputs)", ("zero3", 8, 8, 512, False)),
+         "length (the simulator feeds labels = inputs); SDPA: the CPU runs the math kernel in fp32 where a GPU "
+         "runs the memory-efficient one (the estimate counts the GPU's), so this row is not a check",
+         ("zero3", 8, 8, 512, False)),
+    Kind("encoder-decoder (T5), eager", "google-t5/t5-large", ("zero3", 8, 8, 512, False), T5_SCALED,
+         "as above, --attention eager (the same ops on the CPU as on a GPU)", ("zero3", 8, 8, 512, False), "eager"),
+    Kind("encoder-decoder (T5 v1.1 gated-gelu), eager", "google-t5/t5-large", ("zero3", 8, 8, 512, False),
+         {**T5_SCALED, "feed_forward_proj": "gated-gelu", "_name_or_path": "scaled/t5-gated"},
+         "as above with gated-gelu feed-forward (T5 v1.1 / flan-t5), --attention eager", ("zero3", 8, 8, 512, False),
+         "eager"),
+    Kind("encoder-decoder (BART)", "facebook/bart-large", ("zero3", 8, 8, 1024, False), BART_SCALED,
+         "4 + 4 of 12 + 12 layers, width 512 of 1024 (8 heads of 64, FFN 2048), vocab 50265 kept; target length = "
+         "source length", ("zero3", 8, 8, 512, False)),
     Kind("state-space (Mamba)", "state-spaces/mamba-130m-hf", ("ddp", 8, 8, 2048, False), MAMBA_SCALED,
          "4 of 24 layers, full width 768 (d_inner 1536, state 16, conv 4, dt rank 48), vocab 50280 kept",
          ("zero2", 4, 1, 256, False)),
@@ -119,6 +136,9 @@ def _plan_text(plan: tuple) -> str:
 
 def run(kind: Kind) -> Row:
     from advisor.estimate.activations import shape_of
+    from advisor.estimate.memory import estimate_memory
+    from advisor.hardware.cluster import parse_gpus
+    from advisor.strategies import get_strategy
     from advisor.model.meta import build_meta_model
     from advisor.model.sources import resolve
     from advisor.simulate.step import simulate
@@ -130,10 +150,12 @@ def run(kind: Kind) -> Row:
     full = analytic(kind.model_id, strategy, world, mb, seq, ckpt)
     s_strategy, s_world, s_mb, s_seq, s_ckpt = kind.sim_plan
     start = time.perf_counter()
-    sim = simulate(kind.scaled, world_size=s_world, strategy=s_strategy, training=TrainingConfig(seq_len=s_seq),
+    training = TrainingConfig(seq_len=s_seq, attention=kind.attention)
+    sim = simulate(kind.scaled, world_size=s_world, strategy=s_strategy, training=training,
                    micro_batch_size=s_mb, checkpointing=s_ckpt)
     elapsed = time.perf_counter() - start
-    est = analytic(kind.scaled, s_strategy, s_world, s_mb, s_seq, s_ckpt)
+    est = estimate_memory(spec_for(kind.scaled), parse_gpus(f"{s_world}xH100"), training,
+                          get_strategy(s_strategy).on("torch"), micro_batch_size=s_mb, checkpointing=s_ckpt)
     error = 100 * (est.peak_allocated - sim.peak_allocated) / sim.peak_allocated
     return Row(kind.label, kind.model_id, spec.count_method, spec.total_params, meta, spec.active_params,
                _plan_text(kind.full_plan), round(full.peak_allocated / 2**30, 2), shape_of(spec).note or "",

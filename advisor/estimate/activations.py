@@ -24,8 +24,9 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
+from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
-from advisor.model.kinds import SsmFacts
+from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
@@ -47,13 +48,14 @@ class ActivationShape(BaseModel):
     head_dim: int = Field(ge=1)
     intermediate_size: int = Field(ge=1)
     vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
-    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, or none (not modelled)")
+    family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, encdec (T5, BART), or none (not modelled)")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
+    encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -66,6 +68,8 @@ class Dtypes(BaseModel):
     residual: int = Field(description="Bytes of the residual stream (4 under autocast with fp32 weights).")
     compute: int = Field(description="Bytes of matmul outputs (2 for bf16/fp16).")
     input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
+    buffer: int = Field(default=2, description="Bytes of a model buffer (BART's final_logits_bias): 4 unless the "
+                        "engine casts the whole module (pure bf16, DeepSpeed); FSDP2 and autocast cast no buffer.")
 
 
 class Adapters(BaseModel):
@@ -98,9 +102,6 @@ _VISION_LANGUAGE = ("qwen2_5_vl",)
 VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
                "tokens of --images-per-sample (default 0); the vision tower's own activations and the projector's "
                "are not modelled (its parameters, gradients and optimizer state are)")
-ENCODER_DECODER_NOTE = ("encoder-decoder: no activation formula yet; both stacks are estimated as one Llama-like "
-                        "decoder of encoder + decoder layers at --seq-len (cross-attention and T5's relative-position "
-                        "bias are not modelled; expect a large underestimate)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -165,8 +166,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     if spec.has_architecture:
         heads = spec.num_attention_heads
         note = None
-        if spec.model_type == "t5":
-            note = ENCODER_DECODER_NOTE
+        if spec.encdec is not None:  # T5, BART: advisor.estimate.activations_encdec
+            note, family = (BART_NOTE if spec.encdec.kind == "bart" else ENCDEC_NOTE), "encdec"
         elif family is None and spec.model_type is not None:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
@@ -188,6 +189,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             moe=spec.moe,
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
+            encdec=spec.encdec if family == "encdec" else None,
             note=note,
         )
     guess = _size_shape(spec.total_params)
@@ -382,6 +384,7 @@ def _selective_kept_per_token(shape: ActivationShape, dt: Dtypes, kept_width: in
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
+    target_len: int | None = None,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -389,6 +392,10 @@ def estimate_activations(
     if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
         return ActivationEstimate(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0,
                                   backward_temp_bytes=0, returned_logits_bytes=0)
+    if shape.family == "encdec":  # both stacks (advisor.estimate.activations_encdec); target length default: seq_len
+        return ActivationEstimate(**estimate_encdec_activations(
+            shape, dt, micro_batch_size=micro_batch_size, src_len=seq_len, tgt_len=target_len or seq_len,
+            checkpointing=checkpointing, eager=eager))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
     if adapters is not None and shape.family == "decoder" and not shape.num_experts:

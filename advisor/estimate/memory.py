@@ -205,10 +205,12 @@ def model_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation
 def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     """Residual/compute widths under the engine's recipe (see module docstring)."""
     if training.precision == "fp32":
-        return Dtypes(residual=4, compute=4, input_casts=False)
-    if training.precision == "bf16" or training.engine == "deepspeed" or impl.shard_params:
-        return Dtypes(residual=2, compute=2, input_casts=False)  # low-precision weights: no autocast
-    return Dtypes(residual=4, compute=2, input_casts=True)  # autocast over fp32 weights
+        return Dtypes(residual=4, compute=4, input_casts=False, buffer=4)
+    if training.precision == "bf16" or training.engine == "deepspeed":
+        return Dtypes(residual=2, compute=2, input_casts=False)  # the whole module cast: no autocast
+    if impl.shard_params:  # FSDP2's MixedPrecisionPolicy casts parameters, not buffers
+        return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
+    return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 
 recipe_dtypes = _recipe_dtypes  # public name for the planner's tracing edge (advisor.planning.api)
@@ -312,6 +314,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         dtypes,
         micro_batch_size=micro_batch_size,
         seq_len=training.seq_len + image_tokens(spec, training),
+        target_len=training.target_len,
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
-from advisor.model.kinds import mamba_parts, qwen_vl_vision_params, t5_parts
+from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_params, t5_parts
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
@@ -151,8 +151,8 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     if info is None:
         return None
     architecture = architecture_of(cfg)
-    if info.formula in ("t5", "mamba"):  # encoder-decoder and state-space: advisor.model.kinds
-        parts = (t5_parts if info.formula == "t5" else mamba_parts)(cfg, architecture)
+    if info.formula in ("t5", "bart", "mamba"):  # encoder-decoder and state-space: advisor.model.kinds
+        parts = {"t5": t5_parts, "bart": bart_parts, "mamba": mamba_parts}[info.formula](cfg, architecture)
         return None if parts is None else _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
     generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
     if architecture is not None and not architecture.endswith(generative) and info.formula != "bert":

@@ -1,10 +1,10 @@
-"""Exact parameter counts of encoder-decoder (T5) and state-space (Mamba) models from a
+"""Exact parameter counts of encoder-decoder (T5, BART) and state-space (Mamba) models from a
 ``config.json`` dict, without torch.
 
-What belongs here: the module trees of ``modeling_t5.py`` and ``modeling_mamba.py`` (transformers
+What belongs here: the module trees of ``modeling_t5.py``, ``modeling_bart.py`` and ``modeling_mamba.py`` (transformers
 5.x) as arithmetic, each checked against ``sum(p.numel())`` of the model built on the meta device
 (``tests/model/test_kind_counts.py``). Mamba's activations: ``advisor.estimate.activations_ssm``;
-T5's are not modelled analytically and the estimate's note says so. A T5 model's encoder and
+T5's and BART's: ``advisor.estimate.activations_encdec``. An encoder-decoder's encoder and
 decoder blocks differ, so it reports no single ``layer_params``.
 """
 
@@ -27,6 +27,21 @@ class SsmFacts(BaseModel):
     time_step_rank: int = Field(ge=1, description="dt projection rank.")
 
 
+class EncDecFacts(BaseModel):
+    """What the encoder-decoder activation model needs beyond the shared shape fields
+    (``advisor.estimate.activations_encdec``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_encoder_layers: int = Field(ge=1)
+    num_decoder_layers: int = Field(ge=1)
+    activation: str = Field(description="Feed-forward activation (T5's dense_act_fn: relu, gelu_new, ...).")
+    gated: bool = Field(description="Gated feed-forward (T5 v1.1 / flan: wi_0, wi_1, wo).")
+    kind: str = Field(default="t5", description="t5 (RMS norms, relative position bias, pre-norm) or bart "
+                      "(LayerNorm after each sublayer, learned positions, biases).")
+    activation_dropout: bool = Field(default=False, description="BART: dropout after the feed-forward activation.")
+
+
 def _whole(*values: object) -> bool:
     """All positive integers: anything else goes to the meta device, whose config class says what is wrong."""
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
@@ -47,14 +62,48 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     buckets = cfg.get("relative_attention_num_buckets", 32)
     if not _whole(d, d_ff, d_kv, heads, vocab, n_enc, n_dec, buckets):
         return None
-    gated = str(cfg.get("feed_forward_proj", "relu")).startswith("gated-")
+    proj = str(cfg.get("feed_forward_proj", "relu"))
+    gated = proj.startswith("gated-")
+    act = proj.split("-")[-1]
+    act = "gelu_new" if act == "gelu" else act  # T5Config maps gated-gelu to gelu_new
     attention = 4 * d * heads * d_kv
     ff = (3 if gated else 2) * d * d_ff
     encoder = n_enc * (attention + ff + 2 * d) + buckets * heads + d
     decoder = n_dec * (2 * attention + ff + 3 * d) + buckets * heads + d
     return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
-                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated)
+                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
+                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated))
+
+
+def bart_parts(cfg: dict, architecture: str | None) -> dict | None:
+    """BartForConditionalGeneration: one shared embedding (both stacks' token embeddings and the LM
+    head, tied); per stack learned positions (max_position_embeddings + 2 rows: BART offsets ids by 2)
+    and an embedding LayerNorm; encoder layers of self-attention (q, k, v, o with biases), a LayerNorm,
+    fc1 and fc2 with biases and a LayerNorm; decoder layers add cross-attention and its LayerNorm; a
+    final LayerNorm per stack only with ``add_final_layer_norm`` (mBART); ``final_logits_bias`` is a
+    buffer (modeling_bart.py, transformers 5.x)."""
+    if architecture not in (None, "BartForConditionalGeneration"):
+        return None
+    d, vocab, pos = cfg.get("d_model", 1024), _get(cfg, "vocab_size", default=50265), cfg.get("max_position_embeddings", 1024)
+    n_enc, n_dec = cfg.get("encoder_layers", 12), cfg.get("decoder_layers", 12)
+    f_enc, f_dec = cfg.get("encoder_ffn_dim", 4096), cfg.get("decoder_ffn_dim", 4096)
+    heads = cfg.get("encoder_attention_heads", 16)
+    if not _whole(d, vocab, pos, n_enc, n_dec, f_enc, f_dec, heads) or f_enc != f_dec \
+            or heads != cfg.get("decoder_attention_heads", 16) or not cfg.get("tie_word_embeddings", True):
+        return None  # unusual shapes: the meta device counts them
+    attention, final = 4 * (d * d + d), 2 * d if cfg.get("add_final_layer_norm", False) else 0
+    ff = 2 * d * f_enc + f_enc + d
+    stack = (pos + 2) * d + 2 * d + final
+    encoder = stack + n_enc * (attention + ff + 4 * d)
+    decoder = stack + n_dec * (2 * attention + ff + 6 * d)
+    return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
+                num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
+                head_dim=d // heads, intermediate_size=f_enc, vocab_size=vocab, gated_mlp=False,
+                max_position_embeddings=pos,
+                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec,
+                                   activation=str(cfg.get("activation_function", "gelu")), gated=False, kind="bart",
+                                   activation_dropout=bool(cfg.get("activation_dropout", 0.0))))
 
 
 def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:

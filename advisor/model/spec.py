@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.model.block_profile import BlockProfile
-from advisor.model.kinds import SsmFacts
+from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
 Source = Literal["bundled", "local", "hub", "params", "module"]
@@ -56,6 +56,7 @@ class ModelSpec(BaseModel):
     image_token_pixels: int | None = Field(default=None, ge=1, description="Side in pixels of one image token "
                                            "(vision-language: patch x spatial merge); None: no images.")
     ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
+    encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")

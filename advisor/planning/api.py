@@ -272,6 +272,11 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
                      "preferred, then the one that communicates least")
     else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
         notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
+    if spec.encdec is None and training.target_len is not None:
+        notes.append(f"--target-len {training.target_len} ignored: {spec.name[:60]} is not an encoder-decoder model")
+    elif spec.encdec is not None and "target_len" not in training.model_fields_set:
+        notes.append(f"target length {training.seq_len} tokens: equal to --seq-len (default; --target-len for the "
+                     "decoder's own length)")
     if training.images_per_sample:
         per_image = image_tokens(spec, training) // training.images_per_sample
         notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({training.image_size} x "

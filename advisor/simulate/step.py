@@ -155,7 +155,10 @@ def simulate(
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)
         ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
-        step = _step_fn(net, opt, ids, training, impl)
+        labels = ids  # an encoder-decoder's decoder reads its own length (--target-len)
+        if training.target_len and getattr(meta.config, "is_encoder_decoder", False):
+            labels = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.target_len))
+        step = _step_fn(net, opt, ids, training, impl, labels=labels)
         tell("warm-up step")
         step(None)
         tell("measured step")
@@ -354,7 +357,8 @@ def _mesh_outside_fake_mode() -> Any:
         return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")
 
 
-def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation) -> Callable:
+def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,
+             labels: Any = None) -> Callable:
     """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True)."""
     from wrappers.recipe import autocast_context
 
@@ -363,7 +367,7 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Imple
         # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
         cast = contextlib.nullcontext() if impl.shard_params else autocast_context(training.precision, "cpu")
         with cast:
-            loss = net(input_ids=ids, labels=ids).loss
+            loss = net(input_ids=ids, labels=ids if labels is None else labels).loss
         mark("forward")
         loss.backward()
         del loss

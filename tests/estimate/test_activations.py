@@ -23,7 +23,7 @@ import transformers
 
 from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.model.sources import spec_from_config
-from advisor.simulate.step import cuda_dropout  # CUDA's dropout (bool mask) on the CPU, as the simulator runs it
+from tests.saved_tensors import saved_forward_bytes  # CUDA dropout emulated, as the simulator runs it
 
 BATCH, SEQ, HIDDEN, HEADS = 2, 128, 64, 4
 TOKENS = BATCH * SEQ  # 256
@@ -89,19 +89,8 @@ def _measured_saved_bytes(family: str, num_layers: int, dtype: torch.dtype) -> i
     config, cls = _config(family, num_layers)
     torch.manual_seed(0)
     model = cls(config).to(dtype).train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     ids = torch.randint(0, 128, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids)
-    return sum(saved.values())
+    return saved_forward_bytes(model, input_ids=ids)
 
 
 @pytest.mark.parametrize("family, dtypes, dtype", [

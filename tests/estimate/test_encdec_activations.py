@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 from advisor.estimate.activations import Dtypes, shape_of  # noqa: E402
 from advisor.estimate.activations_encdec import decoder_layer_per_token, encoder_layer_per_token  # noqa: E402
 from advisor.model.architectures import count_from_config  # noqa: E402
-from advisor.simulate.step import cuda_dropout  # noqa: E402
+from tests.saved_tensors import saved_forward_bytes  # noqa: E402
 
 B, SRC, TGT = 2, 24, 16
 BASE = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], vocab_size=128, d_model=64, d_kv=16,
@@ -23,19 +23,8 @@ def _saved_bytes(cfg: dict, n_enc: int, n_dec: int) -> int:
                                    num_layers=n_enc, num_decoder_layers=n_dec, attn_implementation="eager")
     torch.manual_seed(0)
     model = transformers.T5ForConditionalGeneration(config).to(torch.bfloat16).train()
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
     ids, labels = torch.randint(0, 128, (B, SRC)), torch.randint(0, 128, (B, TGT))
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=labels)
-    return sum(seen.values())
+    return saved_forward_bytes(model, input_ids=ids, labels=labels)
 
 
 @pytest.mark.parametrize("proj", ["relu", "gated-gelu"])
@@ -68,18 +57,8 @@ def _bart(n_enc: int, n_dec: int, attention: str):
 
 def _bart_saved(n_enc: int, n_dec: int, attention: str) -> int:
     model = _bart(n_enc, n_dec, attention)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
     ids, labels = torch.randint(3, 128, (B, SRC)), torch.randint(3, 128, (B, TGT))
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=labels)
-    return sum(seen.values())
+    return saved_forward_bytes(model, input_ids=ids, labels=labels)
 
 
 def test_bart_count_equals_meta_model():

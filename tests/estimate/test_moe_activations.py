@@ -14,7 +14,8 @@ from advisor.estimate.memory import estimate_memory
 from advisor.hardware.cluster import parse_gpus
 from advisor.model.meta import build_meta_model
 from advisor.model.sources import spec_from_config
-from advisor.simulate.step import cuda_dropout, simulate
+from advisor.simulate.step import simulate
+from tests.saved_tensors import saved_forward_bytes
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
 from tests.conftest import TINY_CONFIGS
@@ -42,19 +43,8 @@ def _saved_bytes(cfg: dict) -> int:
     torch.manual_seed(0)
     model = build_meta_model(cfg)
     model = type(model)(model.config).to(torch.bfloat16).train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     ids = torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=ids)
-    return sum(saved.values())
+    return saved_forward_bytes(model, input_ids=ids)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -11,6 +11,7 @@ from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_ssm import mamba_mixer_per_token
 from advisor.model.kinds import SsmFacts
 from advisor.model.sources import spec_from_config
+from tests.saved_tensors import saved_forward_bytes
 
 BATCH, SEQ = 2, 16
 CFG = dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=64, state_size=8, conv_kernel=4,
@@ -22,18 +23,7 @@ def _saved_bytes(num_layers: int, dtype: torch.dtype) -> int:
     config = transformers.MambaConfig(**{k: v for k, v in CFG.items() if k not in ("model_type", "architectures")},
                                       num_hidden_layers=num_layers)
     model = transformers.MambaForCausalLM(config).to(dtype).train()
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(input_ids=torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)))
-    return sum(saved.values())
+    return saved_forward_bytes(model, input_ids=torch.randint(0, 100, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)))
 
 
 def test_mamba_block_matches_what_autograd_saves():

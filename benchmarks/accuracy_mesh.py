@@ -22,6 +22,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+
+from accuracy import spec_for  # noqa: E402  (a bundled id or a config dict -> ModelSpec)
 
 # A Llama-3-like decoder scaled down so that 8 fake ranks run in seconds: GQA with 8 KV heads
 # (tp 4 divides them), SwiGLU at 3.5 x hidden, untied head, Llama-3's rope theta.
@@ -60,14 +63,6 @@ class Row:
     estimated_bytes: int
     err_pct: float
     simulate_s: float
-
-
-def spec_for(model: str | dict):
-    from advisor.model.sources import resolve_model, spec_from_config
-
-    if isinstance(model, dict):
-        return spec_from_config(model, name=model["_name_or_path"], source="local")
-    return resolve_model(model)
 
 
 def run_case(key: str, replicate: int, shard: int, tp: int, mb: int, seq: int, ckpt: bool) -> Row:

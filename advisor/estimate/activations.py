@@ -27,6 +27,7 @@ from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
+from advisor.estimate.activations_vision import VISION_NOTE
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
@@ -102,9 +103,6 @@ class ActivationEstimate(BaseModel):
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
 _VISION_LANGUAGE = ("qwen2_5_vl",)
-VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
-               "tokens of --images-per-sample (default 0); the vision tower's own activations and the projector's "
-               "are not modelled (its parameters, gradients and optimizer state are)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
@@ -309,11 +310,12 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     if profile is not None and spec.num_layers:
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
                                         vocab_size=spec.vocab_size or 0)
-    return estimate_activations(
+    images = image_tokens(spec, training)
+    est = estimate_activations(
         shape_of(spec),
         dtypes,
         micro_batch_size=micro_batch_size,
-        seq_len=training.seq_len + image_tokens(spec, training),
+        seq_len=training.seq_len + images,
         target_len=training.target_len,
         checkpointing=checkpointing,
         eager=training.attention == "eager",
@@ -322,6 +324,10 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
+    if spec.vision is None or not images or training.lora is not None:  # a frozen tower saves nothing
+        return est
+    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images)
+    return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
 
 
 def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
-from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_params, t5_parts
+from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts
 from advisor.model.hybrid import jamba_parts
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
@@ -166,6 +166,7 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
             vision = cfg.get("vision_config") or {}
             parts["other_params"] += qwen_vl_vision_params(vision)
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
+            parts["vision"] = qwen_vl_vision_facts(vision)
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":

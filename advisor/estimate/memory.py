@@ -267,7 +267,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
             # block's backward, that block is unsharded and the next one is being gathered.
             at_loss, blocks_bwd = ub * layer, 2 * ub * layer
         else:
-            at_loss = blocks_bwd = ub * layer * n_layers  # ZeRO-2: every block stays unsharded
+            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
+            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
         # Backward of one block: its unsharded gradients (param dtype) and the reduce-scatter input
         # (reduce_dtype).
         grads = ub * layer + reduce_b * layer
@@ -275,7 +276,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
-    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers, layer, checkpointing)
+    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
+                                                               layer, checkpointing)
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
 
 

@@ -63,6 +63,11 @@ BART_SCALED = dict(model_type="bart", architectures=["BartForConditionalGenerati
 MAMBA_SCALED = dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=768, intermediate_size=1536,
                     num_hidden_layers=4, state_size=16, conv_kernel=4, expand=2, time_step_rank=48, vocab_size=50280,
                     _name_or_path="scaled/mamba")
+JAMBA_SCALED = dict(model_type="jamba", architectures=["JambaForCausalLM"], hidden_size=512, intermediate_size=1792,
+                    num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=1, vocab_size=65536,
+                    num_experts=16, num_experts_per_tok=2, attn_layer_period=8, attn_layer_offset=4,
+                    expert_layer_period=2, expert_layer_offset=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+                    use_mamba_kernels=False, tie_word_embeddings=False, _name_or_path="scaled/jamba")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,10 @@ KINDS = [
     Kind("state-space (Mamba)", "state-spaces/mamba-130m-hf", ("ddp", 8, 8, 2048, False), MAMBA_SCALED,
          "4 of 24 layers, full width 768 (d_inner 1536, state 16, conv 4, dt rank 48), vocab 50280 kept",
          ("zero2", 4, 1, 256, False)),
+    Kind("hybrid (Jamba)", "ai21labs/Jamba-v0.1", ("zero3", 8, 1, 4096, True), JAMBA_SCALED,
+         "8 of 32 layers (attention at 4 of 8, experts on odd layers, as the full model), width 512 of 4096 (4 query / "
+         "1 kv heads of 128, MLP 1792; Mamba d_inner 1024, state 16, conv 4, dt rank 32), 16 experts, top-2, vocab "
+         "65536 kept; FSDP2 pure bf16 (the CPU's grouped matmul takes bf16 only)", ("zero2", 4, 1, 256, False)),
 ]
 
 
@@ -163,8 +172,21 @@ def run(kind: Kind) -> Row:
                round(elapsed, 1))
 
 
+def _merged(rows: list[Row]) -> list[Row]:
+    """The rows just run, with the other kinds' rows kept from the last CSV (a run with --only)."""
+    path, fresh = RESULTS / "model_kinds.csv", {r.kind: r for r in rows}
+    if path.exists():
+        types = {name: type(getattr(rows[0], name)) for name in asdict(rows[0])}
+        with open(path, newline="") as f:
+            for old in csv.DictReader(f):
+                fresh.setdefault(old["kind"], Row(**{k: types[k](v) for k, v in old.items()}))
+    order = [k.label for k in KINDS]
+    return sorted(fresh.values(), key=lambda r: order.index(r.kind) if r.kind in order else len(order))
+
+
 def write(rows: list[Row]) -> None:
     RESULTS.mkdir(exist_ok=True)
+    rows = _merged(rows)
     with open(RESULTS / "model_kinds.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
         writer.writeheader()

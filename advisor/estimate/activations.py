@@ -25,9 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
+from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
+from advisor.estimate.activations_vision import VISION_NOTE
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
+from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
 
@@ -56,6 +59,7 @@ class ActivationShape(BaseModel):
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
+    hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -99,9 +103,6 @@ class ActivationEstimate(BaseModel):
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
 _VISION_LANGUAGE = ("qwen2_5_vl",)
-VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
-               "tokens of --images-per-sample (default 0); the vision tower's own activations and the projector's "
-               "are not modelled (its parameters, gradients and optimizer state are)")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -113,7 +114,7 @@ def activation_family(model_type: str | None) -> str | None:
     info = load_architectures().get(model_type or "")
     # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
     # Qwen2.5-VL's language model is a Qwen2 decoder (its vision tower: VISION_NOTE).
-    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl") else None
+    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl", "jamba") else None
 
 
 def _info_qk_norm(model_type: str | None) -> bool:
@@ -173,6 +174,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         elif spec.model_type in _VISION_LANGUAGE:
             note = VISION_NOTE
+        elif spec.hybrid is not None:
+            note = JAMBA_NOTE
         elif spec.num_experts:
             note = "; ".join(n for n in (moe_acts.MOE_NOTE, moe_acts.MLA_NOTE if spec.mla else None) if n)
         return ActivationShape(
@@ -190,6 +193,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
             encdec=spec.encdec if family == "encdec" else None,
+            hybrid=spec.hybrid,
             note=note,
         )
     guess = _size_shape(spec.total_params)
@@ -228,16 +232,15 @@ def _cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
     return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
 
 
-def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool,
-                             dense: bool = False) -> int:
-    """Bytes one token leaves saved in one Llama-style block (``dense``: an MoE model's dense layer).
-    MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
-    h, I = shape.hidden_size, shape.intermediate_size
+def _attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """Bytes one token leaves saved in a Llama-style block's attention (q, k, v to the output; the
+    norm before it and the input casts are the block's). Latent attention: ``advisor.estimate.activations_moe``."""
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
     cb = dt.compute
-    norms = 2 * _rms_norm_per_token(h, dt)
-    casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
+    if shape.mla is not None:
+        return moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
+                                                seq_len=seq_len, eager=eager)
     if eager or _cuda_math_sdpa(shape, dt):
         # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
         # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
@@ -247,11 +250,20 @@ def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
         # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
         attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
-    if shape.mla is not None:
-        attn = moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
-                                                seq_len=seq_len, eager=eager)
     if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
         attn += (FP32 + cb) * (q + kv)
+    return attn
+
+
+def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool,
+                             dense: bool = False) -> int:
+    """Bytes one token leaves saved in one Llama-style block (``dense``: an MoE model's dense layer).
+    MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
+    h, I = shape.hidden_size, shape.intermediate_size
+    cb = dt.compute
+    norms = 2 * _rms_norm_per_token(h, dt)
+    casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
+    attn = _attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
     mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
     if dense and shape.moe is not None:
         mlp = 4 * cb * shape.moe.dense_intermediate_size
@@ -266,6 +278,10 @@ def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: in
                       eager: bool) -> tuple[int, int]:
     """(all blocks' saved bytes, the largest block's) for an MoE decoder with dense layers and a
     router weight copy; plain ``num_layers x layer`` otherwise."""
+    if shape.hybrid is not None:  # Jamba: each layer as its kind is (advisor.estimate.activations_hybrid)
+        per_layer = hybrid_layers_per_token(shape, dt, seq_len=seq_len, eager=eager,
+                                            decoder_layer=_decoder_layer_per_token, attention=_attention_per_token)
+        return tokens * sum(per_layer), tokens * max(per_layer)
     if shape.moe is None:
         return shape.num_layers * layer, layer
     n_dense = shape.moe.num_dense_layers
@@ -364,8 +380,9 @@ def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     if shape.family == "mamba":  # final RMSNorm and the head's input cast; no rotary tables
         return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0)
     if shape.family == "decoder":
-        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block.
-        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + 2 * dt.residual * shape.head_dim
+        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba has none).
+        rope = 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
+        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + rope
     # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
     # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
     dropout = BOOL * h if shape.family in ("gpt2", "bert") else 0

@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
@@ -266,7 +267,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
             # block's backward, that block is unsharded and the next one is being gathered.
             at_loss, blocks_bwd = ub * layer, 2 * ub * layer
         else:
-            at_loss = blocks_bwd = ub * layer * n_layers  # ZeRO-2: every block stays unsharded
+            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
+            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
         # Backward of one block: its unsharded gradients (param dtype) and the reduce-scatter input
         # (reduce_dtype).
         grads = ub * layer + reduce_b * layer
@@ -274,7 +276,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
-    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers, layer, checkpointing)
+    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
+                                                               layer, checkpointing)
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
 
 
@@ -309,11 +312,12 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     if profile is not None and spec.num_layers:
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
                                         vocab_size=spec.vocab_size or 0)
-    return estimate_activations(
+    images = image_tokens(spec, training)
+    est = estimate_activations(
         shape_of(spec),
         dtypes,
         micro_batch_size=micro_batch_size,
-        seq_len=training.seq_len + image_tokens(spec, training),
+        seq_len=training.seq_len + images,
         target_len=training.target_len,
         checkpointing=checkpointing,
         eager=training.attention == "eager",
@@ -322,6 +326,10 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
+    if spec.vision is None or not images or training.lora is not None:  # a frozen tower saves nothing
+        return est
+    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images)
+    return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
 
 
 def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
-from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_params, t5_parts
+from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts
+from advisor.model.hybrid import jamba_parts
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
@@ -151,8 +152,8 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     if info is None:
         return None
     architecture = architecture_of(cfg)
-    if info.formula in ("t5", "bart", "mamba"):  # encoder-decoder and state-space: advisor.model.kinds
-        parts = {"t5": t5_parts, "bart": bart_parts, "mamba": mamba_parts}[info.formula](cfg, architecture)
+    if info.formula in ("t5", "bart", "mamba", "jamba"):  # advisor.model.kinds, advisor.model.hybrid
+        parts = {"t5": t5_parts, "bart": bart_parts, "mamba": mamba_parts, "jamba": jamba_parts}[info.formula](cfg, architecture)
         return None if parts is None else _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
     generative = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
     if architecture is not None and not architecture.endswith(generative) and info.formula != "bert":
@@ -165,6 +166,7 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
             vision = cfg.get("vision_config") or {}
             parts["other_params"] += qwen_vl_vision_params(vision)
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
+            parts["vision"] = qwen_vl_vision_facts(vision)
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":
@@ -182,8 +184,10 @@ def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: 
           architecture: str | None) -> ModelSpec:
     total = parts["embedding_params"] + parts["num_layers"] * (parts.get("layer_params") or 0)
     total += parts["head_params"] + parts["other_params"]
-    moe = parts.get("moe")
-    if moe is not None and moe.num_dense_layers:  # dense layers hold less than the MoE layer counted above
+    moe, hybrid = parts.get("moe"), parts.get("hybrid")
+    if hybrid is not None:  # Jamba: each block as it is, not the largest
+        total -= len(hybrid.block_params) * parts["layer_params"] - sum(hybrid.block_params)
+    elif moe is not None and moe.num_dense_layers:  # dense layers hold less than the MoE layer counted above
         total -= moe.num_dense_layers * (parts["layer_params"] - moe.dense_layer_params)
     return ModelSpec(
         name=name,

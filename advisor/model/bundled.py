@@ -19,7 +19,7 @@ class _Frozen(BaseModel):
 
 
 class ArchitectureInfo(_Frozen):
-    formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "bart", "mamba", "qwen_vl"] = Field(description="Counting formula to use.")
+    formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "bart", "mamba", "jamba", "qwen_vl"] = Field(description="Counting formula to use.")
     block_class: str = Field(description="Transformer block class (FSDP wrap unit).")
     tie_word_embeddings: bool = Field(description="Config-class default for tied embeddings.")
     norms_per_layer: int = Field(default=2, description="Norm weight vectors per block.")

@@ -42,6 +42,28 @@ class EncDecFacts(BaseModel):
     activation_dropout: bool = Field(default=False, description="BART: dropout after the feed-forward activation.")
 
 
+class VisionFacts(BaseModel):
+    """Qwen2.5-VL vision tower widths the activation model needs (``advisor.estimate.activations_vision``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    depth: int = Field(ge=1, description="Vision blocks.")
+    width: int = Field(ge=1, description="Vision hidden size.")
+    num_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1, description="Vision gated MLP width.")
+    patch_values: int = Field(ge=1, description="Pixel values per patch (channels x temporal x patch x patch).")
+    merge: int = Field(ge=1, description="Patches merged per side into one language-model token.")
+
+
+def qwen_vl_vision_facts(vision: dict) -> VisionFacts:
+    """The same keys and defaults as ``qwen_vl_vision_params``."""
+    patch, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    return VisionFacts(depth=vision.get("depth", 32), width=vision.get("hidden_size", 1280),
+                       num_heads=vision.get("num_heads", 16), intermediate_size=vision.get("intermediate_size", 3420),
+                       patch_values=vision.get("in_chans", vision.get("in_channels", 3)) * temporal * patch * patch,
+                       merge=vision.get("spatial_merge_size", 2))
+
+
 def _whole(*values: object) -> bool:
     """All positive integers: anything else goes to the meta device, whose config class says what is wrong."""
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)

@@ -18,7 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.model.block_profile import BlockProfile
-from advisor.model.kinds import EncDecFacts, SsmFacts
+from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
+from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
 Source = Literal["bundled", "local", "hub", "params", "module"]
@@ -55,8 +56,10 @@ class ModelSpec(BaseModel):
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention widths (DeepSeek).")
     image_token_pixels: int | None = Field(default=None, ge=1, description="Side in pixels of one image token "
                                            "(vision-language: patch x spatial merge); None: no images.")
+    vision: VisionFacts | None = Field(default=None, description="Vision tower widths (Qwen2.5-VL).")
     ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
+    hybrid: HybridFacts | None = Field(default=None, description="Per-layer attention / Mamba and MoE / MLP pattern (Jamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
     block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
@@ -88,7 +91,10 @@ class ModelSpec(BaseModel):
 
     @property
     def dense_layer_saving(self) -> int:
-        """How many fewer parameters the dense layers hold than if they were MoE layers like ``layer_params``."""
+        """How many fewer parameters the dense layers hold than if they were MoE layers like ``layer_params``
+        (Jamba: every block against the largest)."""
+        if self.hybrid is not None and self.layer_params is not None:
+            return len(self.hybrid.block_params) * self.layer_params - sum(self.hybrid.block_params)
         if self.moe is None or not self.moe.num_dense_layers or self.layer_params is None:
             return 0
         return self.moe.num_dense_layers * (self.layer_params - self.moe.dense_layer_params)

@@ -15,11 +15,15 @@ from __future__ import annotations
 import csv
 import json
 import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PROFILES = ROOT / "profiles"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import qlora_published  # noqa: E402  (the published QLoRA cases and their estimates)
 # model_type of each accuracy case (benchmarks/accuracy.py MODELS: mha350m is a Llama block with MHA).
 FAMILY = {"qwen0.5b": "qwen2", "llama1b": "llama", "mha350m": "llama", "gpt2": "gpt2", "neox160m": "gpt_neox"}
 UNKNOWN_FAMILY = 0.15
@@ -48,6 +52,11 @@ def build() -> dict:
     kernels = [_ratio(r) for r in variants if r["loss"] != "hf" and r["lora_rank"] in ("", "-")]
     rows.append(_bound(lora, variant="lora"))
     rows.append(_bound(kernels, variant="loss_kernel"))
+    # QLoRA: no GPU measurement of ours; the published runs (benchmarks/qlora_published.py) measured
+    # reserved or nvidia-smi memory, so these bounds already hold the allocator's spread as well.
+    qlora = [case["published_gib"] / est - 1 for case, est, _ in qlora_published.rows()]
+    rows.append(dict(_bound(qlora, variant="qlora"), source="estimate vs published QLoRA runs, reserved or nvidia-smi "
+                     "memory (profiles/published_qlora.json, benchmarks/qlora_published.py)"))
     rows.append(dict(low=-UNKNOWN_FAMILY, high=UNKNOWN_FAMILY, cases=0,
                      source="default for families without a measurement: issue 13's analytic-vs-simulator gap "
                             "outside the formula families (OPT zero3: analytic 14.08 vs simulated 12.25 GiB)"))

@@ -39,6 +39,8 @@ def estimate(case: dict, **overhead: float) -> tuple[int, int, tuple[int, int]]:
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"])
+    if case.get("quantize"):
+        options.update(quantize=case["quantize"], double_quant=case.get("double_quant", True))
     if lora:
         targets = lora["targets"] if isinstance(lora["targets"], str) else tuple(lora["targets"])
         options["lora"] = LoraConfig(rank=lora["rank"], targets=targets, dropout=lora["dropout"])

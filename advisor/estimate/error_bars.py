@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 StrategyKind = Literal["replicated", "sharded", "offload"]
-Variant = Literal["plain", "checkpointing", "lora", "loss_kernel"]
+Variant = Literal["plain", "checkpointing", "lora", "qlora", "loss_kernel"]
 Margin = Literal["low", "expected", "high"]
 
 
@@ -30,7 +30,7 @@ class ErrorBound(BaseModel):
 
     family: str = Field(default="*", description="model_type the row covers, or * for any.")
     strategy_kind: StrategyKind | Literal["*"] = Field(default="*", description="replicated, sharded, offload or *.")
-    variant: Variant | Literal["*"] = Field(default="*", description="plain, checkpointing, lora, loss_kernel or *.")
+    variant: Variant | Literal["*"] = Field(default="*", description="plain, checkpointing, lora, qlora, loss_kernel or *.")
     low: float = Field(le=0, description="Lowest truth/estimate - 1 measured (<= 0).")
     high: float = Field(ge=0, description="Highest truth/estimate - 1 measured (>= 0).")
     cases: int = Field(ge=0, description="How many measured cases the bounds come from (0: a stated default).")

@@ -213,7 +213,8 @@ def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem:
     (``profiles/memory_error.json``: model family, strategy kind, variant)."""
     kind = "offload" if impl.offload_params or impl.offload_optimizer else (
         "sharded" if impl.shard_params or impl.shard_grads else "replicated")
-    variant = ("lora" if training.lora is not None or spec.trainable_params < spec.total_params else
+    variant = ("qlora" if training.quantize is not None else
+               "lora" if training.lora is not None or spec.trainable_params < spec.total_params else
                "loss_kernel" if training.loss != "hf" else
                "checkpointing" if training.activation_checkpointing != "off" else "plain")
     bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", strategy_kind=kind, variant=variant)

@@ -11,6 +11,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 
 from advisor.estimate.activations_vision import vision_per_patch
 from advisor.model.kinds import qwen_vl_vision_facts
+from tests.saved_tensors import saved_forward_bytes
 
 VISION = dict(depth=2, hidden_size=64, intermediate_size=80, num_heads=4, out_hidden_size=96, patch_size=4,
               spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1], in_chans=3)
@@ -22,19 +23,8 @@ def _saved_bytes(dtype: torch.dtype) -> int:
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config).to(dtype).train()
-    weights = {p.untyped_storage().data_ptr() for p in tower.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
     pixels = torch.randn(GRID * GRID, 3 * 2 * 4 * 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        tower(pixels, grid_thw=torch.tensor([[1, GRID, GRID]]))
-    return sum(saved.values())
+    return saved_forward_bytes(tower, hidden_states=pixels, grid_thw=torch.tensor([[1, GRID, GRID]]))
 
 
 @pytest.mark.parametrize("dtype,cb", [(torch.bfloat16, 2), (torch.float32, 4)])

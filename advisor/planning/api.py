@@ -265,7 +265,8 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(_overhead_notes(training))
-    fit_rule = "margin policy: a plan fits when the --margin end of its total (peak + runtime overhead) is at most the GPU's memory"
+    fit_rule = ("margin policy: a plan fits when the --margin end of its total (peak + runtime overhead) is at most "
+                "the GPU's memory")
     if training.policy == "thresholds":
         notes.append(f"{fit_rule}; among plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at "
                      f"most {1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is "

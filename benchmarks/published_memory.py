@@ -111,6 +111,23 @@ def refit(path: Path) -> dict:
     return data
 
 
+def group(case: dict) -> str:
+    """Which publisher and kind of run a case belongs to: the id's first word, its memory kind, and
+    QLoRA apart from LoRA (a 4-bit base has its own measured error, profiles/memory_error.json)."""
+    kind = "QLoRA" if case.get("quantize") else "LoRA" if case.get("lora") else "full"
+    return f"{case['id'].split('-')[0]} {kind}, {case['kind']}"
+
+
+def _by_group(clean: list[tuple[dict, float]]) -> list[str]:
+    """One line per group of expressible cases: |error| median and max, and the signed range (a
+    systematic error shows as a range on one side of zero)."""
+    groups: dict[str, list[float]] = {}
+    for case, err in clean:
+        groups.setdefault(group(case), []).append(err)
+    return [f"  - {name}: {_summary(errs)}; signed {min(errs):+.1f}% to {max(errs):+.1f}%"
+            for name, errs in sorted(groups.items())]
+
+
 def report(cases: list[dict]) -> str:
     lines = ["| case | kind | published | est. allocated | est. reserved | range | inside | compared | error | "
              "not expressible (~ approximated) |",
@@ -153,7 +170,8 @@ def report(cases: list[dict]) -> str:
         f"- expressible cases, `reserved` vs published reserved: {_summary(reserved)} (held out from the fit; with the "
         f"uncalibrated 1 GiB + 5% it was {_summary(before)})",
         f"- expressible cases, peak allocated vs published allocated: {_summary(allocated)}",
-        f"- expressible cases, all: {_summary([e for _, e in clean])}",
+        f"- expressible cases, all: {_summary([e for _, e in clean])}; by publisher and run:",
+        *_by_group(clean),
         f"- cases with settings we cannot express (estimated without them): {_summary([e for _, e in flagged])}",
         f"- every case: {_summary(every)}",
         f"- published reserved/unspecified figures inside the estimate's low-high range: {sum(ranged)} of {len(ranged)}",

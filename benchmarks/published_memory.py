@@ -75,7 +75,13 @@ def estimate(case: dict, **overhead: float) -> Estimate:
     if gpus.count("x") == 2:  # "16x8xH100": nodes x per-node
         count, gpus = gpus.split("x", 1)
         nodes = int(count)
-    cand = advisor.plan(case["model"], gpus, nodes=nodes, **options).candidate(case["strategy"])
+    tp, cp = case.get("tp", 1), case.get("cp", 1)
+    plan = advisor.plan(case["model"], gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
+    if tp == cp == 1:
+        cand = plan.candidate(case["strategy"])
+    else:  # the mesh candidate with the run's degrees (the data-parallel one is listed first)
+        cand = next(c for c in plan.candidates if c.strategy == case["strategy"] and c.mesh is not None
+                    and (c.mesh.tp, c.mesh.cp) == (tp, cp))
     mem, span, outside = cand.memory_bytes, cand.memory_range, cand.memory_bytes.outside_allocator
     return Estimate(mem.peak_allocated, mem.reserved, outside, span.low - outside, span.high - outside)
 

@@ -167,7 +167,7 @@ SYSTEMATIC = [
     "(benchmarks/results/qlora_published.md); the same models' LoRA rows are close, so the excess is in the "
     "4-bit path, and it grows with the model (about 1.3 GiB on Llama 3.2 1B, 4 GiB on Llama 3 8B). The planner's `qlora` error row widens the range that way.",
     "- Answer.AI LoRA: the two published allocated peaks are 7-8% below the estimate, yet published reserved "
-    "runs up to 32% above it at large batch: transformers < 4.46 kept an fp32 copy of every logit through backward (4 x batch x "
+    "runs up to 32% above it at large batch: transformers < 4.46 returned an fp32 copy of every logit and fsdp_qlora's train.py kept it through backward (4 x batch x "
     "seq x 32,000 bytes: 0.98 GiB at batch 4, 1.46 at batch 6, 2.44 at batch 10, modelled as the hf loss), "
     "and runs sized to fill a 24 GB card leave the caching allocator holding freed blocks near capacity "
     "(published reserved/allocated 1.24 at context 512 against the 1.104 x + 0.256 GiB fitted on H100).",

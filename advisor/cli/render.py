@@ -54,7 +54,7 @@ def spec_table(spec: ModelSpec) -> Table:
         ("intermediate size", spec.intermediate_size, None),
         ("vocabulary", spec.vocab_size, None),
         ("experts (active)", f"{spec.num_experts} ({spec.num_experts_per_token})" if spec.num_experts else None, None),
-        ("block class", spec.block_class, None),
+        ("block classes", ", ".join(spec.block_classes) or None, None),
         ("dtype", spec.dtype, None),
     ]
     for label, value, exact in rows:

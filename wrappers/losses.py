@@ -9,7 +9,7 @@ handed back in the backward).
 transformers' ``ForCausalLMLoss`` (labels shifted by one, ``-100`` ignored, mean over the counted
 tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. The root module
 still runs its own forward, so FSDP2's and DDP's hooks on it fire as usual. The planner's memory
-model for each kernel is in ``advisor.estimate.activations`` (``loss=``).
+model for each kernel is in ``advisor.estimate.activations_loss``.
 """
 
 from __future__ import annotations

@@ -189,13 +189,14 @@ def _round_up(step: int) -> int:
     return next(n for n in (1, 2, 4, 5, 8, 10, 16, 20, 25, 50, 100, step) if n >= step)
 
 
-BAR_PARTS = (*CATEGORIES, "runtime_overhead")
+BAR_PARTS = (*CATEGORIES, "allocator_gap", "outside_allocator")  # MemoryBreakdown fields, bottom to top
 PLAN_WIDTH, PLAN_HEIGHT = 1000, 560
 PLAN_LEFT, PLAN_PANEL, PLAN_TOP, PLAN_BOTTOM = 78, 240, 80, 96
 
 
 def plan_svg(plan: Plan) -> str:
-    """Per-GPU memory of every strategy as stacked bars (the peak view, runtime overhead on top), with
+    """Per-GPU memory of every strategy as stacked bars (the peak view, then the runtime overhead on top:
+    the calibrated allocator gap and the assumed CUDA context and NCCL buffers), with
     the capacity of one GPU as a line. A bar far above the line is cut at twice the capacity."""
     capacity = plan.hardware.gpu_memory_bytes
     bars = list(plan.candidates)
@@ -207,7 +208,7 @@ def plan_svg(plan: Plan) -> str:
              f"per-GPU memory by strategy (estimate)")
     body = [text(PLAN_LEFT, 26, title, size=15, weight="bold"),
             text(PLAN_LEFT, 46, f"seq {plan.training.seq_len}, {plan.training.precision}, {plan.training.optimizer}; "
-                 "each bar: what is live at its peak moment, plus runtime overhead; micro-batch under it", size=11,
+                 "each bar: what is live at its peak moment, plus the allocator gap and the CUDA context; micro-batch under it", size=11,
                  fill="#555"),
             y_axis(scale, left=PLAN_LEFT, right=right, label="GiB per GPU")]
     slot = (right - PLAN_LEFT) / max(1, len(bars))
@@ -219,7 +220,7 @@ def plan_svg(plan: Plan) -> str:
     body.append(f'<line class="capacity" data-bytes="{capacity}" x1="{PLAN_LEFT}" x2="{right:.1f}" y1="{y:.1f}" '
                 f'y2="{y:.1f}" stroke="#c00" stroke-width="2" stroke-dasharray="6 4"/>')
     body.append(legend([(COLORS[c], LABELS[c]) for c in BAR_PARTS], x=right + 24, y=PLAN_TOP, title="memory"))
-    row = PLAN_TOP + 150
+    row = PLAN_TOP + 30 + 20 * len(BAR_PARTS)  # below the legend's swatches
     body.append(f'<line x1="{right + 24:.1f}" x2="{right + 50:.1f}" y1="{row - 4}" y2="{row - 4}" stroke="#c00" '
                 f'stroke-width="2" stroke-dasharray="6 4"/>')
     body.append(text(right + 56, row, f"one {plan.hardware.gpu.name}", size=12))

@@ -54,7 +54,7 @@ def spec_table(spec: ModelSpec) -> Table:
         ("intermediate size", spec.intermediate_size, None),
         ("vocabulary", spec.vocab_size, None),
         ("experts (active)", f"{spec.num_experts} ({spec.num_experts_per_token})" if spec.num_experts else None, None),
-        ("block class", spec.block_class, None),
+        ("block classes", ", ".join(spec.block_classes) or None, None),
         ("dtype", spec.dtype, None),
     ]
     for label, value, exact in rows:
@@ -139,7 +139,7 @@ def plan_table(plan) -> Table:
     """Per strategy: does it fit, the per-GPU peak, the settings chosen, and the step time."""
     unavailable = [f"{candidate_label(c)}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
     table = Table(title=f"{plan_title(plan)}\nPer-GPU peak memory and step time", title_justify="left",
-                  caption="peak = estimated peak allocated + runtime overhead, per GPU (low-high: the range measured errors "
+                  caption="peak = estimated peak allocated + allocator gap + CUDA context, per GPU (low-high: the range measured errors "
                           "of this kind of estimate give; --margin picks the end that decides fits). comm %: share of the step "
                           "in exposed collectives (NVLink / network); offload %: exposed PCIe host<->device "
                           "transfers and the CPU optimizer step." + "".join(f"\nn/a {u}" for u in unavailable),
@@ -176,9 +176,11 @@ def memory_table(plan) -> Table:
     table = Table(title="Where the memory goes, GiB per GPU: model states at rest (ZeRO accounting, every "
                   "moment), then what is live at the peak moment", title_justify="left",
                   caption="rest on: where the resting states live (CPU*: gradients and optimizer state on the CPU, "
-                          "weights on the GPU)", caption_justify="left")
+                          "weights on the GPU). alloc gap: reserved minus allocated, calibrated on measured runs "
+                          "(profiles/allocator_overhead.json); context: CUDA context and NCCL buffers outside the "
+                          "allocator, an assumption (--context-gib)", caption_justify="left")
     for col in ("strategy", "rest params", "rest grads", "rest optim", "rest on", "peak moment", "params", "grads",
-                "optim", "activ", "temp", "overhead", "peak GiB"):
+                "optim", "activ", "temp", "alloc gap", "context", "peak GiB"):
         table.add_column(col, justify="left" if col in ("strategy", "rest on", "peak moment") else "right",
                          no_wrap=True)
     for c in plan.candidates:
@@ -187,7 +189,8 @@ def memory_table(plan) -> Table:
         m = c.memory_bytes
         table.add_row(candidate_label(c), gib(m.states_params), gib(m.states_grads), gib(m.states_optimizer),
                       _WHERE[m.states_on_cpu], _MOMENT_LABELS[m.peak_moment], gib(m.params), gib(m.grads),
-                      gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.runtime_overhead), gib(m.total))
+                      gib(m.optimizer), gib(m.activations), gib(m.temporary), gib(m.allocator_gap),
+                      gib(m.outside_allocator), gib(m.total))
     return table
 
 

@@ -14,10 +14,13 @@ FONT = "DejaVu Sans, Helvetica, Arial, sans-serif"
 # One colour per memory category, shared by both charts (Tableau 10, colour-blind friendly order).
 COLORS = {
     "params": "#4e79a7", "grads": "#f28e2b", "optimizer": "#e15759", "activations": "#59a14f",
-    "temporary": "#edc948", "runtime_overhead": "#bab0ac",
+    "temporary": "#edc948", "allocator_gap": "#bab0ac", "outside_allocator": "#79706e",
 }
+# The runtime overhead in its two parts: the allocator gap is calibrated (profiles/allocator_overhead.json),
+# the CUDA context and NCCL buffers are an assumption (--context-gib).
 LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
-          "activations": "activations", "temporary": "temporary buffers", "runtime_overhead": "runtime overhead"}
+          "activations": "activations", "temporary": "temporary buffers",
+          "allocator_gap": "allocator gap (calibrated)", "outside_allocator": "context + NCCL (assumed)"}
 
 
 def attr(value: object) -> str:

@@ -1,20 +1,18 @@
 """Activation memory: the tensors autograd saves for backward, per micro-batch, from the
 architecture; and the logits/loss transient at the start of backward.
 
-The decoder formula counts what Hugging Face's Llama-style modeling code saves (RMSNorm in fp32,
-RoPE, SDPA, gated MLP), so it depends on the dtype of the residual stream (fp32 under autocast
-with fp32 weights, bf16 when the weights themselves are bf16, as with FSDP2's MixedPrecisionPolicy
-or DeepSpeed) and on whether each linear layer makes its own bf16 copy of an fp32 input (autocast
-does not cache casts of activations). Sources: Korthikanti et al. 2022 ("Reducing Activation
-Recomputation in Large Transformer Models", section 4) for the method; the saved tensors of each op
-from PyTorch's derivatives.yaml. GPT-2 and BERT use the same method with their LayerNorm, GELU and
-dropout; GPT-NeoX (parallel residual, fused QKV, partial rotary) has its own formula. The saved
-tensors were listed with ``torch.autograd.graph.saved_tensors_hooks`` on each family and the totals
-validated against PyTorch's own execution by the simulator (``advisor simulate``,
-``benchmarks/accuracy.py``). A language model of another family (Mamba, Llava's language model)
-is treated as a Llama-like decoder of its own vocabulary, width and depth, and the shape says so
-(``ActivationShape.note``); a model without token embeddings (ViT, ResNet, Wav2Vec2, CLIP, any
-``nn.Module``) has no activation model: its estimate counts model states only.
+Here: the shape the activation model reads from a spec (``shape_of``: which family's formula
+applies, or what is assumed and said in ``ActivationShape.note``), the recipe's byte widths
+(``Dtypes``), LoRA adapters (``Adapters``), and ``estimate_activations``, which composes one
+micro-batch from the per-token formulas: per block and family (``activations_blocks.py``; MoE,
+Mamba, Jamba, encoder-decoder and vision pieces in their own ``activations_*.py``), times layers,
+with checkpointing, plus the loss path (``activations_loss.py``). A new family is dispatched in two
+places, both here: ``shape_of`` (its family and note) and ``estimate_activations`` (its formula).
+
+A language model of another family (Llava's language model) is treated as a Llama-like decoder of
+its own vocabulary, width and depth, and the shape says so (``ActivationShape.note``); a model
+without token embeddings (ViT, ResNet, Wav2Vec2, CLIP, any ``nn.Module``) has no activation model:
+its estimate counts model states only.
 
 All functions are pure: integers in, integer bytes out.
 """
@@ -24,9 +22,15 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
+from advisor.estimate.activations_blocks import (
+    cuda_math_sdpa, decoder_layer_per_token, encoder_layer_per_token,
+    frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token,
+    selective_kept_per_token,
+)
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
-from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
+from advisor.estimate.activations_loss import loss_bytes
+from advisor.estimate.activations_ssm import SSM_NOTE
 from advisor.estimate.activations_vision import VISION_NOTE
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
@@ -35,7 +39,6 @@ from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
 
 FP32 = 4
-BOOL = 1
 INT64 = 8
 
 
@@ -209,193 +212,26 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
     return ActivationShape(**fields, family="decoder", assumed=True, note=note)
 
 
-def _rms_norm_per_token(h: int, dt: Dtypes) -> int:
-    """HF RMSNorm: ``x.to(fp32)`` is saved by ``pow`` and ``mul`` (the residual itself when it is
-    fp32), ``rsqrt`` output (4 bytes/token, ignored); ``weight * x_norm.to(input_dtype)`` saves the
-    normalised tensor in the residual dtype; its output is saved by the next linear unless autocast
-    casts (then the cast copies are counted as ``casts``)."""
-    return FP32 * h + dt.residual * h + (0 if dt.input_casts else dt.residual * h)
-
-
-def _upcast_probs_bytes(dt: Dtypes) -> int:
-    """Bytes per attention score that eager attention with ``softmax(dtype=float32).to(query.dtype)``
-    (Llama, GPT-NeoX) saves: the fp32 output, plus its copy when the compute dtype is narrower."""
-    return FP32 + (dt.compute if dt.compute != FP32 else 0)
-
-
-def _cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
-    """SDPA that CUDA runs with its math kernel, which saves what eager attention saves: fp32 inputs
-    with grouped-query attention (flash attention takes only 16-bit inputs, and the memory-efficient
-    kernel does not take ``enable_gqa``). Measured on an H100 (torch 2.11, transformers 5.17): a tiny
-    fp32 GQA Llama block saved 7,432 bytes a token, as eager does, where the flash count gives 5,136.
-    The CPU simulator does not show it: the CPU's flash kernel takes fp32 and GQA."""
-    return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
-
-
-def _attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """Bytes one token leaves saved in a Llama-style block's attention (q, k, v to the output; the
-    norm before it and the input casts are the block's). Latent attention: ``advisor.estimate.activations_moe``."""
-    q = shape.num_attention_heads * shape.head_dim
-    kv = shape.num_kv_heads * shape.head_dim
-    cb = dt.compute
-    if shape.mla is not None:
-        return moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
-                                                seq_len=seq_len, eager=eager)
-    if eager or _cuda_math_sdpa(shape, dt):
-        # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
-        # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
-        attn = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len + cb * q
-    else:
-        # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
-        # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
-        # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
-        attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
-    if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
-        attn += (FP32 + cb) * (q + kv)
-    return attn
-
-
-def _decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool,
-                             dense: bool = False) -> int:
-    """Bytes one token leaves saved in one Llama-style block (``dense``: an MoE model's dense layer).
-    MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
-    h, I = shape.hidden_size, shape.intermediate_size
-    cb = dt.compute
-    norms = 2 * _rms_norm_per_token(h, dt)
-    casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
-    attn = _attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
-    mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
-    if dense and shape.moe is not None:
-        mlp = 4 * cb * shape.moe.dense_intermediate_size
-    elif shape.num_experts:
-        facts = shape.moe or MoeFacts(router="softmax")  # Mixtral: softmax, renormalised, fp32 weights
-        mlp = moe_acts.moe_mlp_per_token(cb, dt.residual, hidden=h, inter=I, experts=shape.num_experts,
-                                         k=shape.num_experts_per_token or 1, moe=facts)
-    return norms + casts + attn + mlp
-
-
 def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: int, *, seq_len: int,
                       eager: bool) -> tuple[int, int]:
     """(all blocks' saved bytes, the largest block's) for an MoE decoder with dense layers and a
     router weight copy; plain ``num_layers x layer`` otherwise."""
     if shape.hybrid is not None:  # Jamba: each layer as its kind is (advisor.estimate.activations_hybrid)
-        per_layer = hybrid_layers_per_token(shape, dt, seq_len=seq_len, eager=eager,
-                                            decoder_layer=_decoder_layer_per_token, attention=_attention_per_token)
+        per_layer = hybrid_layers_per_token(shape, dt, seq_len=seq_len, eager=eager)
         return tokens * sum(per_layer), tokens * max(per_layer)
     if shape.moe is None:
         return shape.num_layers * layer, layer
     n_dense = shape.moe.num_dense_layers
-    dense = tokens * _decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=True) if n_dense else 0
+    dense = tokens * decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=True) if n_dense else 0
     copy = moe_acts.router_weight_copy_bytes(dt.residual, hidden=shape.hidden_size,
                                              experts=shape.num_experts or 0, moe=shape.moe)
     return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
 
 
-def _frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapters, *, seq_len: int,
-                                    eager: bool) -> int:
-    """One Llama-style block of a frozen base with LoRA adapters. Autograd saves a tensor only for a
-    gradient it will compute, so with every base weight frozen (PEFT freezes norms too) the linears
-    save no input and RMSNorm's final ``weight * x`` saves nothing: what stays is what the input
-    gradient needs (RMSNorm's fp32 input, RoPE and SDPA's tensors, the gated MLP's three wide
-    tensors). Each adapter then saves its own input (``lora_A``), its dropout mask (bool, CUDA's
-    fused dropout) and ``x A`` (``lora_B``'s input). ``lora_A``'s input under autocast is its own
-    low-precision cast (PEFT first casts to the adapter's fp32 dtype, so even a bf16 input is
-    copied); without casts, adapters without dropout share the tensor they read, which is new
-    memory except for o_proj's input (SDPA's saved output). Measured per token and layer with
-    ``saved_tensors_hooks`` on a 256-wide Llama under PEFT 0.21 (q,v and all-linear; fp32 and
-    autocast): equal to this count within 8 bytes (the rsqrt term, left out as in the full count)."""
-    h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
-    q = shape.num_attention_heads * shape.head_dim
-    kv = shape.num_kv_heads * shape.head_dim
-    base = 2 * FP32 * h + 3 * cb * I
-    if eager:
-        base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
-    else:
-        base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
-    width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
-    adapters = len(ad.inputs) * cb * ad.rank
-    if ad.dropout:
-        adapters += sum(BOOL * fan_in for fan_in, _ in ad.inputs)
-    if dt.input_casts:
-        adapters += sum(cb * fan_in for fan_in, _ in ad.inputs)
-    elif ad.dropout:
-        adapters += sum(width[source] * fan_in for fan_in, source in ad.inputs)
-    else:
-        shared = {source: fan_in for fan_in, source in ad.inputs if source != "attention"}
-        adapters += sum(width[source] * fan_in for source, fan_in in shared.items())
-    return base + adapters
-
-
-def _encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """GPT-2 / BERT block: two LayerNorms, fused-QKV MHA with biases, GELU MLP, two dropouts."""
-    h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
-    cb = dt.compute
-    # LayerNorm saves its input (mean/rstd are tiny); the next linear saves the output, or under
-    # autocast its bf16 cast (CUDA runs layer_norm in fp32, so the fp32 output itself is not saved).
-    layer_norms = 2 * (dt.residual * h + cb * h)
-    if eager:
-        # QK^T saves q and k, AV the dropped-out probabilities and v (q, k, v: views of the 3h buffer).
-        # Softmax saves its output, in fp32 only under autocast (HF's GPT-2/BERT eager attention does
-        # not upcast); dropout its bool mask. Without autocast this is Korthikanti et al.'s 5as^2b.
-        softmax = FP32 if dt.input_casts else cb
-        attn = cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
-    else:
-        # q, k, v are views of the fused c_attn output (one 3h buffer); SDPA adds output + fp32 lse.
-        attn = cb * 3 * h + FP32 * heads + cb * h
-    o_in = cb * h  # the merged heads, made contiguous for the output projection
-    dropout_masks = 2 * BOOL * h  # attention-output and MLP-output dropout (native_dropout: bool mask)
-    if shape.family == "gpt2":
-        # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
-        # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
-        wide = FP32 if dt.input_casts else cb
-        mlp = 3 * wide * I + 2 * cb * I
-    else:
-        mlp = 2 * cb * I  # F.gelu saves its input; fc2 saves the output
-    return layer_norms + attn + o_in + dropout_masks + mlp
-
-
-def _neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """GPT-NeoX block (parallel residual, partial rotary), read from transformers' modeling_gpt_neox:
-    both LayerNorms read the same residual input (saved once); the fused QKV output is kept whole
-    (v is a view of it) besides the rotated q and k; SDPA output, lse and the dense input; F.gelu MLP."""
-    h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
-    cb = dt.compute
-    norms = dt.residual * h + 2 * cb * h  # shared input; each LayerNorm's output (or its cast)
-    if eager:
-        attn = cb * 3 * h + 2 * cb * h + _upcast_probs_bytes(dt) * heads * seq_len + cb * h
-    else:
-        attn = cb * 3 * h + 2 * cb * h + FP32 * heads + cb * h + cb * h
-    return norms + attn + 2 * cb * I
-
-
-def _mamba_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
-    """A Mamba block: its RMSNorm (as the decoder's) and the mixer (``advisor.estimate.activations_ssm``)."""
-    assert shape.ssm is not None
-    return _rms_norm_per_token(shape.hidden_size, dt) + mamba_mixer_per_token(
-        dt.compute, hidden=shape.hidden_size, inner=shape.intermediate_size, ssm=shape.ssm, seq_len=seq_len)
-
-
-def _outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
-    h = shape.hidden_size
-    if shape.family == "mamba":  # final RMSNorm and the head's input cast; no rotary tables
-        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0)
-    if shape.family == "decoder":
-        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba has none).
-        rope = 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
-        return _rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + rope
-    # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
-    # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
-    dropout = BOOL * h if shape.family in ("gpt2", "bert") else 0
-    rotary = 2 * dt.residual * shape.head_dim if shape.family == "gpt_neox" else 0
-    return dt.residual * h + dt.compute * h + dropout + rotary
-
-
-def _selective_kept_per_token(shape: ActivationShape, dt: Dtypes, kept_width: int) -> int:
-    """Bytes a token keeps in one block under selective checkpointing beyond the block input: the
-    attention kernel's output and fp32 log-sum-exp, and the outputs (``kept_width`` features) of the
-    matrix products the policy keeps (``advisor.model.lora.selective_kept_linears``)."""
-    q = shape.num_attention_heads * shape.head_dim
-    return dt.compute * (q + kept_width) + FP32 * shape.num_attention_heads
+# One saved-bytes-per-token formula per family with a block formula (activations_blocks.py); 'encdec'
+# (both stacks, activations_encdec.py) and 'none' (not modelled) are composed apart in estimate_activations.
+_BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_token, "bert": encoder_layer_per_token,
+                  "gpt_neox": neox_layer_per_token, "mamba": mamba_layer_per_token}
 
 
 def estimate_activations(
@@ -416,29 +252,26 @@ def estimate_activations(
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
     if adapters is not None and shape.family == "decoder" and not shape.num_experts:
-        layer = tokens * _frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
-                                                         eager=eager or _cuda_math_sdpa(shape, dt))
+        layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
+                                                        eager=eager or cuda_math_sdpa(shape, dt))
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
     else:
-        per_layer = {"decoder": _decoder_layer_per_token, "gpt_neox": _neox_layer_per_token,
-                     "mamba": _mamba_layer_per_token}.get(
-            shape.family, _encoder_layer_per_token)
-        layer = tokens * per_layer(shape, dt, seq_len=seq_len, eager=eager)
+        layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
-        outside = tokens * (2 * INT64 + _outside_norm_per_token(shape, dt))
+        outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
-        kept = _selective_kept_per_token(shape, dt, kept_width) if selective else 0
+        kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
     else:
         saved, recompute = layers_total + outside, 0
-    logits, loss = _loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
+    logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
@@ -446,38 +279,3 @@ def estimate_activations(
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,
                               recompute_bytes=max(0, recompute))
-
-
-LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
-
-
-def _loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes) -> tuple[int, int]:
-    """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
-
-    hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
-    copy and the saved log-softmax output, 2 + 4 + 4 bytes per logit (the loop keeps only the loss,
-    so the logits are freed before backward); loss backward holds the saved log-softmax output, the
-    NLL gradient and log_softmax_backward's output, all fp32 (aten derivatives.yaml: log_softmax
-    saves ``result``). chunked (``wrappers.losses.chunked_cross_entropy``): each chunk's logits and
-    their fp32 copy die with the chunk, only the fp32 log-softmax of every chunk is kept; backward
-    adds one chunk's two fp32 gradients and its low-precision one. fused
-    (``wrappers.losses.fused_linear_cross_entropy``, Liger's algorithm): one chunk's logits at a time
-    (fp32, softmax in place, its low-precision copy; under autocast also a low-precision copy of the
-    fp32 head) while the forward computes the input gradient (residual dtype) and the head's
-    gradient (an fp32 accumulator, then the head's dtype), which are kept for backward; backward
-    makes a scaled copy of each."""
-    per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
-    if kernel == "chunked":
-        return (tokens * vocab * FP32 + per_chunk * (dt.compute + FP32),
-                tokens * vocab * FP32 + per_chunk * 2 * FP32)
-    if kernel == "fused":
-        head = vocab * hidden
-        grad_input = tokens * hidden * dt.residual
-        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute)
-        if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
-            in_loop += head * dt.compute
-        # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
-        at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
-        kept = grad_input + head * dt.residual
-        return max(in_loop, at_end), 2 * kept
-    return tokens * vocab * (dt.compute + 2 * FP32), tokens * vocab * 3 * FP32

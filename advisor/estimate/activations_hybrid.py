@@ -2,8 +2,8 @@
 
 What belongs here: Jamba's Mamba mixer (``JambaMambaMixer`` in transformers 5.x ``modeling_jamba.py``)
 as a difference from the Mamba-1 mixer of ``advisor.estimate.activations_ssm``, and the composition of
-a Jamba stack from the decoder's attention and feed-forward pieces (``advisor.estimate.activations``,
-passed in to keep the import one way) and that mixer. Pure functions, integer bytes.
+a Jamba stack from the decoder's attention and feed-forward pieces (``advisor.estimate.activations_blocks``)
+and that mixer. Pure functions, integer bytes.
 
 Jamba's mixer runs the same reference scan as Mamba without ``mamba_ssm`` (the CUDA kernels are not
 modelled: ``JAMBA_NOTE``), but RMS-normalises dt (R), B and C (N each) after x_proj: each norm saves
@@ -18,8 +18,7 @@ mixer's input and the per-layer constants (exp(A_log) twice, D), 17,772 bytes a 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from advisor.estimate.activations_blocks import attention_per_token, decoder_layer_per_token
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
 from advisor.model.hybrid import HybridFacts
 
@@ -46,21 +45,17 @@ def jamba_mixer_per_token(cb: int, *, hidden: int, hybrid: HybridFacts, seq_len:
     return mamba + norms + inputs + start
 
 
-LayerFn = Callable[..., int]
-
-
-def hybrid_layers_per_token(shape, dt, *, seq_len: int, eager: bool, decoder_layer: LayerFn,
-                            attention: LayerFn) -> list[int]:
+def hybrid_layers_per_token(shape, dt, *, seq_len: int, eager: bool) -> list[int]:
     """Per layer, the bytes a token leaves saved: an attention layer is the decoder's block (its MLP
     dense or MoE as the layer is); a Mamba layer is the same block with the attention piece (and its
     three input casts under autocast) replaced by the mixer (and in_proj's cast)."""
     hybrid: HybridFacts = shape.hybrid
     cb = dt.compute
     mixer = jamba_mixer_per_token(cb, hidden=shape.hidden_size, hybrid=hybrid, seq_len=seq_len)
-    attn = attention(shape, dt, seq_len=seq_len, eager=eager) + (3 * cb * shape.hidden_size if dt.input_casts else 0)
+    attn = attention_per_token(shape, dt, seq_len=seq_len, eager=eager) + (3 * cb * shape.hidden_size if dt.input_casts else 0)
     in_proj_cast = cb * shape.hidden_size if dt.input_casts else 0
     per_layer = []
     for is_attn, is_moe in zip(hybrid.attention_layers, hybrid.expert_layers):
-        block = decoder_layer(shape, dt, seq_len=seq_len, eager=eager, dense=not is_moe)
+        block = decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=not is_moe)
         per_layer.append(block if is_attn else block - attn + mixer + in_proj_cast)
     return per_layer

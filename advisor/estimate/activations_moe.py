@@ -2,8 +2,8 @@
 
 What belongs here: the bytes one token leaves saved for backward in an MoE MLP (router, routed
 experts, shared experts) and in DeepSeek's multi-head latent attention, as transformers 5.x runs
-them. The rest of a decoder block (norms, Llama attention) and the composition into a step stay in
-``advisor.estimate.activations``. Pure functions, integers in, integer bytes out.
+them. The rest of a decoder block (norms, Llama attention) is in ``advisor.estimate.activations_blocks``,
+the composition into a step in ``advisor.estimate.activations``. Pure functions, integers in, integer bytes out.
 
 Sources: transformers 5.x ``integrations/moe.py`` (``grouped_mm_experts_forward``, the default
 experts implementation when ``torch._grouped_mm`` can dispatch: tokens are sorted by expert,

@@ -113,6 +113,13 @@ class MemoryBreakdown(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
+    def allocator_gap(self) -> int:
+        """The caching allocator's reserved-minus-allocated gap, the calibrated part of runtime_overhead
+        (``profiles/allocator_overhead.json``); the rest is outside_allocator, an assumption (--context-gib)."""
+        return self.runtime_overhead - self.outside_allocator
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
     def reserved(self) -> int:
         """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL."""
         return self.total - self.outside_allocator

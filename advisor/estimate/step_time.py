@@ -9,7 +9,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   (Narayanan et al. 2021, arXiv:2104.04473, appendix; Chinchilla, Hoffmann et al. 2022, appendix F).
   Causal attention is *not* halved, the convention of the published MFUs we calibrate on, so
   utilisations stay comparable. Frozen parameters skip their weight-gradient matmul (4 instead of 6).
-  Checkpointing adds one forward. Time = FLOPs / (peak x utilisation), peak = bf16 for bf16 and
+  Checkpointing adds one forward. Encoder-decoders (T5, BART): each stack's parameters on the
+  tokens it processes, the decoder's on ``--target-len`` target tokens (``_encdec_forward_terms``). Time = FLOPs / (peak x utilisation), peak = bf16 for bf16 and
   bf16-mixed, fp16 for fp16-mixed, and the *FP32* (not TF32) rate for fp32, PyTorch's default
   (``torch.backends.cuda.matmul.allow_tf32`` is False since 1.12).
 - Communication: ring collectives, alpha-beta. Within a node each GPU moves factor x (g-1)/g x
@@ -115,18 +116,46 @@ def matmul_params(spec: ModelSpec) -> int:
     return max(spec.active_params - lookup, 1)
 
 
+def _encdec_forward_terms(spec: ModelSpec, *, tokens: int, seq_len: int, target_len: int) -> tuple[int, int]:
+    """(parameter x token products, attention-score FLOPs) of one encoder-decoder forward, ``tokens``
+    source tokens of ``seq_len``-long samples, each with ``target_len`` target tokens.
+
+    The 6N rule (Kaplan et al. 2020, arXiv:2001.08361, section 2.1: C ~ 6 N tokens) applied per stack,
+    each stack's parameters on the tokens they process: the encoder's layers on the source tokens; the
+    decoder's layers on the target tokens, except its cross-attention k and v projections, which read
+    the encoder's output (source tokens); the tied head on the target tokens. Attention scores as the
+    decoder formula counts them (4 x query width x keys per query token, forward): the encoder's
+    self-attention over the source, the decoder's self-attention over the target and its
+    cross-attention from each target token over the source."""
+    facts, shape = spec.encdec, shape_of(spec)
+    assert facts is not None
+    target_tokens = tokens // seq_len * target_len
+    head = spec.head_params or spec.embedding_params or 0  # tied (T5, BART): the embedding matrix is the head
+    param_tokens = ((facts.encoder_params + facts.cross_kv_params) * tokens
+                    + (facts.decoder_params - facts.cross_kv_params + head) * target_tokens)
+    q_width = shape.num_attention_heads * shape.head_dim
+    attention = 4 * q_width * (facts.num_encoder_layers * seq_len * tokens
+                               + facts.num_decoder_layers * (target_len + seq_len) * target_tokens)
+    return param_tokens, attention
+
+
 def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool,
-                selective: bool = False) -> FlopCount:
-    """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring).
+                selective: bool = False, target_len: int | None = None) -> FlopCount:
+    """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring);
+    an encoder-decoder's decoder runs on ``target_len`` target tokens a sample (default ``seq_len``).
     Selective checkpointing recomputes the forward less the attention kernels and the matrix
     products it kept."""
     shape = shape_of(spec)
-    params = matmul_params(spec)
     trainable_share = spec.trainable_params / spec.total_params
-    attention_fwd = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * seq_len * tokens
-    forward = 2 * params * tokens + attention_fwd
-    weight_grads = 2 * params * trainable_share * tokens
-    backward = 2 * params * tokens + weight_grads + 2 * attention_fwd
+    if spec.encdec is not None:
+        param_tokens, attention_fwd = _encdec_forward_terms(spec, tokens=tokens, seq_len=seq_len,
+                                                            target_len=target_len or seq_len)
+    else:
+        param_tokens = matmul_params(spec) * tokens
+        attention_fwd = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * seq_len * tokens
+    forward = 2 * param_tokens + attention_fwd
+    weight_grads = 2 * param_tokens * trainable_share
+    backward = 2 * param_tokens + weight_grads + 2 * attention_fwd
     recompute = forward if checkpointing else 0.0
     kept = selective_kept_linears(spec) if checkpointing and selective else None
     if kept is not None:  # the recompute skips the attention kernels and the matrix products kept
@@ -290,7 +319,7 @@ def estimate_step_time(
     shape = shape_of(spec)
     tokens_micro = micro_batch_size * training.seq_len
     flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing,
-                        selective=training.activation_checkpointing == "selective")
+                        selective=training.activation_checkpointing == "selective", target_len=training.target_len)
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
     if impl.single_process and hardware.world_size > 1:
@@ -317,6 +346,10 @@ def estimate_step_time(
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"
                      if shape.assumed else "Mamba: FLOPs count the matmuls, 2 x parameters a token forward "
                      "(the selective scan is not counted)")
+    if spec.encdec is not None:
+        notes.append(f"encoder-decoder: FLOPs count the encoder on {training.seq_len} source tokens and the decoder "
+                     f"and head on {training.target_len or training.seq_len} target tokens a sample (--target-len); "
+                     "tokens/s counts source tokens")
     if eff.compute.entry(hardware.gpu.name) is None:
         notes.append(f"no published utilisation for {hardware.gpu.name}: assumed "
                      f"{eff.compute.default_max_utilisation:.0%} of peak for large matmuls")

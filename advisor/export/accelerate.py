@@ -37,10 +37,10 @@ def _fsdp_config(target: ExportTarget) -> dict[str, Any]:
         "fsdp_version": 2,
         "fsdp_reshard_after_forward": impl.reshard_after_forward,
         "fsdp_offload_params": impl.offload_params,
-        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if target.block_class else "SIZE_BASED_WRAP",
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if target.block_classes else "SIZE_BASED_WRAP",
     }
-    if target.block_class:
-        config["fsdp_transformer_layer_cls_to_wrap"] = target.block_class
+    if target.block_classes:  # one comma-separated string: FullyShardedDataParallelPlugin splits it on ","
+        config["fsdp_transformer_layer_cls_to_wrap"] = ",".join(target.block_classes)
     else:
         config["fsdp_min_num_params"] = 100_000_000  # accelerate's own default for size-based wrapping
     config.update({

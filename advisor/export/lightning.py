@@ -50,13 +50,13 @@ def _precision_comment(target: ExportTarget) -> str:
 def _shard_function(target: ExportTarget) -> list[str]:
     """``shard_model``: FSDP2 per block, then the root, as ``wrappers.fsdp.apply_fsdp`` applies it."""
     info, impl = target.precision_info, target.impl
-    block = target.block_class
-    known = (f'BLOCK_CLASS = "{block}"  # one FSDP unit each, matched by class name '
-             "(like accelerate's TRANSFORMER_BASED_WRAP)")
-    unknown = "BLOCK_CLASS = None  # block class unknown: set your block's class name to shard per block"
-    lines = ["", "", known if block else unknown, "", "",
+    names = ", ".join(f'"{name}"' for name in target.block_classes)
+    known = (f"BLOCK_CLASSES = ({names}{',' if len(target.block_classes) == 1 else ''})  # one FSDP unit each, "
+             "matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)")
+    unknown = "BLOCK_CLASSES = ()  # block classes unknown: name your blocks' classes to shard per block"
+    lines = ["", "", known if target.block_classes else unknown, "", "",
              "def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:",
-             '    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""']
+             '    """FSDP2: fully_shard each BLOCK_CLASSES module, then the root. Call it in configure_model()."""']
     if target.hybrid:
         lines += [f"    # HSDP: replicate over the {target.num_nodes} nodes, shard over each node's "
                   f"{target.gpus_per_node} GPUs.",
@@ -67,7 +67,7 @@ def _shard_function(target: ExportTarget) -> list[str]:
     if info.name == "bf16":
         lines.append("    model.to(torch.bfloat16)  # pure bf16: no fp32 master copy")
     lines += ["", "    def is_block(module: torch.nn.Module) -> bool:",
-              "        return type(module).__name__ == BLOCK_CLASS", ""]
+              "        return type(module).__name__ in BLOCK_CLASSES", ""]
     if target.activation_checkpointing:
         lines += ["    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",
                   "    blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]"]
@@ -125,8 +125,8 @@ def _header(target: ExportTarget, cls: str) -> list[str]:
         lines.append("# FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, "
                      "def configure_model(self): shard_model(self.model, self.device_mesh)")
         lines.append("# (configure_model can run more than once: skip it when the model is already sharded.)")
-        if not target.block_class:
-            lines.append("# Block class unknown: set BLOCK_CLASS below, or only the root is sharded (one unit).")
+        if not target.block_classes:
+            lines.append("# Block classes unknown: set BLOCK_CLASSES below, or only the root is sharded (one unit).")
         if target.precision_info.mixed and target.precision_info.compute_dtype == "float16":
             lines.append("# fp16 without a loss scaler: ModelParallelStrategy has no 16-mixed; prefer bf16-mixed "
                          "or --engine deepspeed.")

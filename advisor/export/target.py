@@ -116,7 +116,8 @@ class ExportTarget(BaseModel):
     hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
-    block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
+    block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each "
+                                           "(ModelSpec.block_classes); empty: wrap by size.")
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
@@ -288,7 +289,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
-        block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
+        block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
         loss=training.loss,
     )
 
@@ -326,13 +327,13 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
     elif options.hybrid == "on":
         raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy (zero2, zero3, *_offload)")
     notes += quantization_notes(plan.training, engine=engine, impl=impl)
-    if not plan.model.block_class and torch_fsdp:
+    if not plan.model.block_classes and torch_fsdp:
         notes.append("The model's block class is unknown: FSDP wraps by size (SIZE_BASED_WRAP) instead of per block.")
     return ExportTarget(
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
+        block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
         loss=plan.training.loss,
     )
@@ -352,7 +353,7 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, hybrid=False, cpu=False,
-        model_name=plan.model.name, block_class=plan.model.block_class, gpu=hw.gpu.name,
+        model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
         notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
         loss=plan.training.loss, mesh=mesh,
     )

@@ -44,12 +44,12 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
             "reshard_after_forward": target.impl.reshard_after_forward,
             "cpu_offload": target.impl.offload_params,
             "activation_checkpointing": target.activation_checkpointing,
-            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if target.block_class else "SIZE_BASED_WRAP",
+            "auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if target.block_classes else "SIZE_BASED_WRAP",
             "state_dict_type": "SHARDED_STATE_DICT",
             "cpu_ram_efficient_loading": True,
         }
-        if target.block_class:
-            fsdp_config["transformer_layer_cls_to_wrap"] = [target.block_class]
+        if target.block_classes:
+            fsdp_config["transformer_layer_cls_to_wrap"] = list(target.block_classes)
         else:
             fsdp_config["min_num_params"] = 100_000_000
         args.update(fsdp=True, fsdp_config=fsdp_config)

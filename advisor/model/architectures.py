@@ -197,7 +197,7 @@ def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: 
         model_type=cfg.get("model_type"),
         total_params=total,
         trainable_params=total,
-        block_class=info.block_class,
+        block_classes=info.block_classes,
         dtype=_dtype(cfg),
         **parts,
     )

@@ -20,7 +20,8 @@ class _Frozen(BaseModel):
 
 class ArchitectureInfo(_Frozen):
     formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "bart", "mamba", "jamba", "qwen_vl"] = Field(description="Counting formula to use.")
-    block_class: str = Field(description="Transformer block class (FSDP wrap unit).")
+    block_classes: tuple[str, ...] = Field(min_length=1, description="Repeated layer classes, one FSDP unit each "
+                                           "(several where the model stacks several kinds: Jamba, BART).")
     tie_word_embeddings: bool = Field(description="Config-class default for tied embeddings.")
     norms_per_layer: int = Field(default=2, description="Norm weight vectors per block.")
     qkv_bias: bool = Field(default=False, description="q/k/v projections carry a bias.")

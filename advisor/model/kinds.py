@@ -40,6 +40,11 @@ class EncDecFacts(BaseModel):
     kind: str = Field(default="t5", description="t5 (RMS norms, relative position bias, pre-norm) or bart "
                       "(LayerNorm after each sublayer, learned positions, biases).")
     activation_dropout: bool = Field(default=False, description="BART: dropout after the feed-forward activation.")
+    # What the step-time FLOPs need (advisor.estimate.step_time): each stack's layers run on their own tokens.
+    encoder_params: int = Field(ge=0, description="All encoder layers (no embeddings, position tables or final norm).")
+    decoder_params: int = Field(ge=0, description="All decoder layers, cross-attention included.")
+    cross_kv_params: int = Field(ge=0, description="The decoder's cross-attention k and v projections, all layers: "
+                                 "they read the encoder's output, so they run on the source tokens.")
 
 
 class VisionFacts(BaseModel):
@@ -90,12 +95,15 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     act = "gelu_new" if act == "gelu" else act  # T5Config maps gated-gelu to gelu_new
     attention = 4 * d * heads * d_kv
     ff = (3 if gated else 2) * d * d_ff
-    encoder = n_enc * (attention + ff + 2 * d) + buckets * heads + d
-    decoder = n_dec * (2 * attention + ff + 3 * d) + buckets * heads + d
+    enc_layers, dec_layers = n_enc * (attention + ff + 2 * d), n_dec * (2 * attention + ff + 3 * d)
+    encoder = enc_layers + buckets * heads + d
+    decoder = dec_layers + buckets * heads + d
     return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
                 head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
-                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated))
+                encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated,
+                                   encoder_params=enc_layers, decoder_params=dec_layers,
+                                   cross_kv_params=n_dec * 2 * d * heads * d_kv))
 
 
 def bart_parts(cfg: dict, architecture: str | None) -> dict | None:
@@ -117,15 +125,17 @@ def bart_parts(cfg: dict, architecture: str | None) -> dict | None:
     attention, final = 4 * (d * d + d), 2 * d if cfg.get("add_final_layer_norm", False) else 0
     ff = 2 * d * f_enc + f_enc + d
     stack = (pos + 2) * d + 2 * d + final
-    encoder = stack + n_enc * (attention + ff + 4 * d)
-    decoder = stack + n_dec * (2 * attention + ff + 6 * d)
+    enc_layers, dec_layers = n_enc * (attention + ff + 4 * d), n_dec * (2 * attention + ff + 6 * d)
+    encoder, decoder = stack + enc_layers, stack + dec_layers
     return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
                 head_dim=d // heads, intermediate_size=f_enc, vocab_size=vocab, gated_mlp=False,
                 max_position_embeddings=pos,
                 encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec,
                                    activation=str(cfg.get("activation_function", "gelu")), gated=False, kind="bart",
-                                   activation_dropout=bool(cfg.get("activation_dropout", 0.0))))
+                                   activation_dropout=bool(cfg.get("activation_dropout", 0.0)),
+                                   encoder_params=enc_layers, decoder_params=dec_layers,
+                                   cross_kv_params=n_dec * 2 * (d * d + d)))
 
 
 def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:

@@ -181,7 +181,7 @@ def _components(module: "torch.nn.Module", total: int) -> dict:
         other_params=other,
         tied_embeddings=tied if embedding is not None else None,
         num_layers=len(blocks),
-        block_class=type(blocks[0]).__name__,
+        block_classes=(type(blocks[0]).__name__,),
     )
 
 

@@ -61,7 +61,8 @@ class ModelSpec(BaseModel):
     encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
     hybrid: HybridFacts | None = Field(default=None, description="Per-layer attention / Mamba and MoE / MLP pattern (Jamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
-    block_class: str | None = Field(default=None, description="Block class FSDP wraps.")
+    block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
+                                           "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
     traced: tuple[BlockProfile, ...] = Field(
         default=(), exclude=True, description="Activation profiles measured by tracing the model (families "

@@ -107,7 +107,10 @@ def test_plan_chart_has_a_bar_per_strategy_and_the_gpu_capacity(tmp_path, capsys
     assert set(bars) == set(expected)
     for strategy, bar in bars.items():
         parts = {r.get("data-part"): int(r.get("data-bytes")) for r in bar.findall("svg:rect", NS)}
-        assert parts == {k: expected[strategy][k] for k in (*CATEGORIES, "runtime_overhead")}
+        # The runtime overhead in two segments: the allocator gap (reserved - allocated) and the context.
+        assert parts == {**{k: expected[strategy][k] for k in CATEGORIES},
+                         "allocator_gap": expected[strategy]["reserved"] - expected[strategy]["peak_allocated"],
+                         "outside_allocator": expected[strategy]["outside_allocator"]}
         assert int(bar.get("data-total-bytes")) == expected[strategy]["total"]
     capacity = root.find(".//svg:line[@class='capacity']", NS)
     assert int(capacity.get("data-bytes")) == doc["hardware"]["gpu_memory_bytes"]

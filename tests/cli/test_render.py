@@ -40,8 +40,10 @@ def test_plan_tables_headers_and_rows():
     main, memory = _text(plan_table(p)), _text(memory_table(p))
     for header in ("peak GiB", "% of GPU", "CPU GiB/node", "step s", "tok/s", "comm %", "offload %"):
         assert header in main
-    for header in ("rest params", "rest grads", "rest optim", "rest on", "peak moment", "activ", "overhead"):
+    for header in ("rest params", "rest grads", "rest optim", "rest on", "peak moment", "activ", "alloc gap", "context"):
         assert header in memory
+    # The two parts of the runtime overhead, each with where it comes from.
+    assert "--context-gib" in memory and "profiles/allocator_overhead.json" in memory
     assert "model states at rest" in memory and "peak moment" in memory
     for name in STRATEGY_ROWS:
         assert name in main and name in memory

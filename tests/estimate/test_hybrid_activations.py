@@ -10,7 +10,6 @@ import transformers
 
 from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_hybrid import hybrid_layers_per_token
-from advisor.estimate import activations as acts
 from advisor.model.sources import spec_from_config
 
 BATCH, SEQ = 2, 16
@@ -52,15 +51,14 @@ def test_each_jamba_block_matches_what_autograd_saves(dtype):
     """The count leaves out each block RMSNorm's rsqrt (4 bytes a token a norm, as the decoder count
     does) and, in Mamba blocks, the per-layer constants (exp(A_log) twice and D: 256-272 bytes a token
     here): within 2% of every block, never above it. fp32 runs without GQA: with it the count assumes
-    CUDA's math SDPA, which the CPU does not run (``_cuda_math_sdpa``)."""
+    CUDA's math SDPA, which the CPU does not run (``activations_blocks.cuda_math_sdpa``)."""
     cfg = CFG if dtype == torch.bfloat16 else {**CFG, "num_key_value_heads": 4}
     spec = spec_from_config(cfg, name="jamba", source="local")
     cb = 2 if dtype == torch.bfloat16 else 4
     dtypes = Dtypes(residual=cb, compute=cb, input_casts=False)
     shape = shape_of(spec)
     assert shape.hybrid is not None and shape.note and "Jamba" in shape.note
-    per_layer = hybrid_layers_per_token(shape, dtypes, seq_len=SEQ, eager=False,
-                                        decoder_layer=acts._decoder_layer_per_token, attention=acts._attention_per_token)
+    per_layer = hybrid_layers_per_token(shape, dtypes, seq_len=SEQ, eager=False)
     measured = _saved_per_block(cfg, dtype)
     for i, (est, got) in enumerate(zip(per_layer, measured)):
         est *= BATCH * SEQ

@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from advisor.estimate.activations import Adapters, ActivationShape, Dtypes, _frozen_decoder_layer_per_token
+from advisor.estimate.activations import Adapters, ActivationShape, Dtypes
+from advisor.estimate.activations_blocks import frozen_decoder_layer_per_token
 from advisor.model.lora import LoraConfig, adapter_inputs
 from advisor.model.sources import spec_from_config
 
@@ -60,7 +61,7 @@ def test_frozen_block_saves_what_the_count_says(targets, autocast):
     lora = LoraConfig(rank=8, targets=targets if targets == "all-linear" else tuple(targets))
     spec = spec_from_config(CONFIG, name="small", source="local")
     adapters = Adapters(rank=8, dropout=False, inputs=tuple(adapter_inputs(spec, lora)))
-    counted = _frozen_decoder_layer_per_token(SHAPE, AUTOCAST if autocast else FP32_WEIGHTS, adapters,
+    counted = frozen_decoder_layer_per_token(SHAPE, AUTOCAST if autocast else FP32_WEIGHTS, adapters,
                                               seq_len=64, eager=False)
     # The two RMSNorms' rsqrt outputs (4 bytes a token each) are left out, as in the full count.
     assert _saved_per_token(targets, autocast) - counted == 8
@@ -72,10 +73,10 @@ def test_worked_by_hand_for_q_and_v_under_autocast():
     # Adapters on q (256 -> 256) and v (256 -> 64): each lora_A saves its own bf16 cast of the norm
     # output, 2 x 2 x 256 = 1024, and lora_B its input x A, 2 x 2 x 8 = 32. Total 8640.
     adapters = Adapters(rank=8, dropout=False, inputs=((256, "attn_norm"), (256, "attn_norm")))
-    assert _frozen_decoder_layer_per_token(SHAPE, AUTOCAST, adapters, seq_len=64, eager=False) == 8640
+    assert frozen_decoder_layer_per_token(SHAPE, AUTOCAST, adapters, seq_len=64, eager=False) == 8640
     # With dropout, each adapter also keeps CUDA's bool mask: + 2 x 256.
     dropped = adapters.model_copy(update={"dropout": True})
-    assert _frozen_decoder_layer_per_token(SHAPE, AUTOCAST, dropped, seq_len=64, eager=False) == 8640 + 512
+    assert frozen_decoder_layer_per_token(SHAPE, AUTOCAST, dropped, seq_len=64, eager=False) == 8640 + 512
 
 
 def test_plan_with_lora_within_2_percent_of_the_simulated_step():

@@ -91,6 +91,62 @@ def test_ddp_step_time_by_hand(llama8b):
     assert step.tokens_per_s == approx(5_891.8008) and step.mfu == approx(0.45558325)
 
 
+TINY_T5 = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=32, d_ff=48, d_kv=8,
+               num_heads=4, num_layers=2, vocab_size=100, decoder_start_token_id=0, pad_token_id=0)
+TINY_BART = dict(model_type="bart", architectures=["BartForConditionalGeneration"], d_model=32, encoder_layers=2,
+                 decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=48,
+                 decoder_ffn_dim=48, vocab_size=100, max_position_embeddings=64)
+
+
+def test_encoder_decoder_flops_count_target_tokens_by_hand():
+    """Tiny T5 (d_model 32, 4 heads of 8, d_ff 48, 2 + 2 layers, vocabulary 100, tied head), one sample of
+    16 source and 4 target tokens. Attention projections 4 x 32 x 32 = 4,096, feed-forward 2 x 32 x 48 =
+    3,072; an encoder layer 4,096 + 3,072 + 2 norms of 32 = 7,232 (x2 = 14,464); a decoder layer
+    2 x 4,096 + 3,072 + 3 x 32 = 11,360 (x2 = 22,720), of which cross-attention k and v 2 x 32 x 32 = 2,048
+    (x2 = 4,096) read the encoder's output; head 100 x 32 = 3,200.
+    Parameter x tokens: (14,464 + 4,096) x 16 + (22,720 - 4,096 + 3,200) x 4 = 296,960 + 87,296 = 384,256.
+    Attention scores: 4 x 32 x (2 layers x 16 x 16 source-source + 2 layers x (4 + 16) keys x 4 target
+    queries) = 128 x (512 + 160) = 86,016. Forward 2 x 384,256 + 86,016 = 854,528; backward twice that."""
+    spec = count_from_config(TINY_T5, name="t5", source="local")
+    flops = count_flops(spec, tokens=16, seq_len=16, checkpointing=False, target_len=4)
+    assert (flops.forward, flops.backward, flops.recompute) == (854_528, 1_709_056, 0)
+    # Default target length: the source length (as the activation model assumes); 16 target tokens:
+    # (14,464 + 4,096) x 16 + 21,824 x 16 = 646,144; scores 128 x (512 + 2 x 32 x 16) = 196,608.
+    assert count_flops(spec, tokens=16, seq_len=16, checkpointing=False).forward == 2 * 646_144 + 196_608
+
+
+@pytest.mark.parametrize("cfg", [TINY_T5, TINY_BART], ids=["t5", "bart"])
+def test_encoder_decoder_stack_params_match_the_model(cfg):
+    """The per-stack counts the FLOPs use, against transformers' model on the meta device: the encoder's
+    and decoder's layers (T5's first block also holds the relative position table, a lookup, left out)
+    and the decoder's cross-attention k and v projections."""
+    from advisor.model.meta import build_meta_model
+
+    facts = count_from_config(cfg, name="encdec", source="local").encdec
+    model = build_meta_model(cfg).model if cfg["model_type"] == "bart" else build_meta_model(cfg)
+    numel = lambda modules: sum(p.numel() for m in modules for p in m.parameters())  # noqa: E731
+    if cfg["model_type"] == "t5":
+        table = cfg["num_heads"] * 32  # relative_attention_num_buckets (default 32) x heads, per stack
+        enc, dec = model.encoder.block, model.decoder.block
+        cross = [proj for block in dec for proj in (block.layer[1].EncDecAttention.k, block.layer[1].EncDecAttention.v)]
+    else:
+        table = 0
+        enc, dec = model.encoder.layers, model.decoder.layers
+        cross = [proj for layer in dec for proj in (layer.encoder_attn.k_proj, layer.encoder_attn.v_proj)]
+    assert facts.encoder_params == numel(enc) - table
+    assert facts.decoder_params == numel(dec) - table
+    assert facts.cross_kv_params == numel(cross)
+
+
+def test_target_len_changes_encoder_decoder_step_time_only():
+    t5 = resolve_model("google-t5/t5-large")
+    short, full = (_time(t5, "1xA100", "ddp", micro=4, target_len=n) for n in (128, None))
+    assert short.model_flops_per_gpu < 0.5 * full.model_flops_per_gpu  # the decoder is over half the work
+    assert any("target tokens" in note for note in short.notes)
+    llama = resolve_model("meta-llama/Llama-3.2-1B")
+    assert _time(llama, "1xA100", "ddp", target_len=128) == _time(llama, "1xA100", "ddp")
+
+
 def test_moe_counts_active_experts_only():
     """Tiny Mixtral (hidden 32, 2 layers, 4 heads of 8, 2 KV heads, 4 experts of MLP 64, top 2, vocabulary
     200, untied). A layer: attention 2 x 32*32 + 2 x 32*16 = 3,072, router 32*4 = 128, an expert

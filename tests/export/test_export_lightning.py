@@ -125,7 +125,7 @@ def _shard_llava(rank: int, world_size: int, source: str) -> None:
 
 def test_llava_export_imports_and_shards_the_language_model_blocks(llava_dir):
     source = build_lightning(plan(llava_dir, "2xA100", strategy="zero3"))
-    assert 'BLOCK_CLASS = "LlamaDecoderLayer"' in source and "modeling_llava" not in source
+    assert 'BLOCK_CLASSES = ("LlamaDecoderLayer",)' in source and "modeling_llava" not in source
     namespace: dict = {}
     exec(_executable(source), namespace)  # the old file raised ImportError here
     from lightning.pytorch.strategies import ModelParallelStrategy

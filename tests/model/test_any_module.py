@@ -71,7 +71,7 @@ def test_hand_counts_vit_and_resnet():
     vit, resnet = spec_from_module(_model("vit")), spec_from_module(_model("resnet"))
     assert vit.total_params == VIT_TOTAL and resnet.total_params == RESNET_TOTAL
     # ViT's repeated block is found even without token embeddings (FSDP's wrap unit).
-    assert (vit.num_layers, vit.layer_params, vit.block_class, vit.embedding_params) == (2, 8544, "ViTLayer", 0)
+    assert (vit.num_layers, vit.layer_params, vit.block_classes, vit.embedding_params) == (2, 8544, ("ViTLayer",), 0)
     assert (vit.hidden_size, vit.num_attention_heads) == (32, 2)
     assert resnet.hidden_size is None and resnet.num_layers is None  # ResNet has neither
 
@@ -143,5 +143,5 @@ def test_one_layer_model_block_is_the_layer_not_the_embeddings():
     config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                      intermediate_size=64, max_position_embeddings=64)
     spec = spec_from_module(transformers.BertModel(config, add_pooling_layer=False))
-    assert (spec.block_class, spec.num_layers, spec.layer_params, spec.embedding_params) == ("BertLayer", 1, 8544, 3200)
+    assert (spec.block_classes, spec.num_layers, spec.layer_params, spec.embedding_params) == (("BertLayer",), 1, 8544, 3200)
     assert spec.total_params == 5376 + 8544

@@ -33,7 +33,7 @@ def test_tiny_configs_match_meta_device(tiny_config):
         assert spec.count_method == "formula"
         # Components from the formula agree with the module tree, not just the sum.
         measured = spec_from_module(module)
-        fields = ["embedding_params", "layer_params", "num_layers", "block_class"]
+        fields = ["embedding_params", "layer_params", "num_layers", "block_classes"]
         if not name.startswith("bert"):  # BERT's MLM transform counts as head here, as 'other' there
             fields += ["head_params", "other_params"]
         for field in fields:

@@ -77,7 +77,7 @@ def test_llava_language_model_fields_and_vision_tower_counted(llava_dir):
     spec = resolve_model(llava_dir)
     assert spec.total_params == LLAVA_TOTAL
     assert (spec.vocab_size, spec.hidden_size, spec.num_layers, spec.num_attention_heads) == (1000, 64, 2, 4)
-    assert (spec.block_class, spec.layer_params) == ("LlamaDecoderLayer", 41_088)
+    assert (spec.block_classes, spec.layer_params) == (("LlamaDecoderLayer",), 41_088)
     shape = shape_of(spec)
     assert shape.family == "decoder" and shape.vocab_size == 1000
     assert shape.note.startswith("no activation formula for model_type llava;")

@@ -13,16 +13,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 
-BLOCK_CLASS = "Qwen2DecoderLayer"  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
+BLOCK_CLASSES = ("Qwen2DecoderLayer",)  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
 
 
 def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
-    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""
+    """FSDP2: fully_shard each BLOCK_CLASSES module, then the root. Call it in configure_model()."""
     # HSDP: replicate over the 2 nodes, shard over each node's 8 GPUs.
     mesh = init_device_mesh(device_mesh.device_type, (2, 8), mesh_dim_names=("replicate", "shard"))
 
     def is_block(module: torch.nn.Module) -> bool:
-        return type(module).__name__ == BLOCK_CLASS
+        return type(module).__name__ in BLOCK_CLASSES
 
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)
     blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]

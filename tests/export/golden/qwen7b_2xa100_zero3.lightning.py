@@ -9,15 +9,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 
-BLOCK_CLASS = "Qwen2DecoderLayer"  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
+BLOCK_CLASSES = ("Qwen2DecoderLayer",)  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
 
 
 def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
-    """FSDP2: fully_shard each BLOCK_CLASS module, then the root. Call it in configure_model()."""
+    """FSDP2: fully_shard each BLOCK_CLASSES module, then the root. Call it in configure_model()."""
     mesh = device_mesh["data_parallel"]
 
     def is_block(module: torch.nn.Module) -> bool:
-        return type(module).__name__ == BLOCK_CLASS
+        return type(module).__name__ in BLOCK_CLASSES
 
     blocks = [m for m in model.modules() if is_block(m)]
     options = dict(

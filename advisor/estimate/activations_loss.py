@@ -1,0 +1,48 @@
+"""The loss path's memory beyond the saved activations: the logits, their fp32 copy and the
+log-softmax at the end of forward, and what loss backward holds, for each loss kernel (``--loss``:
+transformers' ForCausalLMLoss, ``wrappers.losses.chunked_cross_entropy`` and
+``wrappers.losses.fused_linear_cross_entropy``). Pure function, integer bytes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from advisor.estimate.activations import Dtypes
+
+FP32 = 4
+
+LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
+
+
+def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes) -> tuple[int, int]:
+    """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
+
+    hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
+    copy and the saved log-softmax output, 2 + 4 + 4 bytes per logit (the loop keeps only the loss,
+    so the logits are freed before backward); loss backward holds the saved log-softmax output, the
+    NLL gradient and log_softmax_backward's output, all fp32 (aten derivatives.yaml: log_softmax
+    saves ``result``). chunked (``wrappers.losses.chunked_cross_entropy``): each chunk's logits and
+    their fp32 copy die with the chunk, only the fp32 log-softmax of every chunk is kept; backward
+    adds one chunk's two fp32 gradients and its low-precision one. fused
+    (``wrappers.losses.fused_linear_cross_entropy``, Liger's algorithm): one chunk's logits at a time
+    (fp32, softmax in place, its low-precision copy; under autocast also a low-precision copy of the
+    fp32 head) while the forward computes the input gradient (residual dtype) and the head's
+    gradient (an fp32 accumulator, then the head's dtype), which are kept for backward; backward
+    makes a scaled copy of each."""
+    per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
+    if kernel == "chunked":
+        return (tokens * vocab * FP32 + per_chunk * (dt.compute + FP32),
+                tokens * vocab * FP32 + per_chunk * 2 * FP32)
+    if kernel == "fused":
+        head = vocab * hidden
+        grad_input = tokens * hidden * dt.residual
+        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute)
+        if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
+            in_loop += head * dt.compute
+        # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
+        at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
+        kept = grad_input + head * dt.residual
+        return max(in_loop, at_end), 2 * kept
+    return tokens * vocab * (dt.compute + 2 * FP32), tokens * vocab * 3 * FP32

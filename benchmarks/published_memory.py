@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import advisor
+import publisher_code
 from advisor.model.lora import LoraConfig
 from advisor.units import GIB
 from profiles import PROFILES_DIR
@@ -58,9 +59,9 @@ class Estimate(NamedTuple):
         return "allocated", self.allocated, 0, 0
 
 
-def estimate(case: dict, **overhead: float) -> Estimate:
-    """Estimate one published case (``overhead``: reserve_gib / fragmentation / context_gib instead of the
-    defaults)."""
+def plan_of(case: dict, **overhead: float):
+    """The plan of one published case at its stated settings (``overhead``: reserve_gib / fragmentation /
+    context_gib instead of the defaults)."""
     lora = case.get("lora")
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
@@ -76,14 +77,26 @@ def estimate(case: dict, **overhead: float) -> Estimate:
         count, gpus = gpus.split("x", 1)
         nodes = int(count)
     tp, cp = case.get("tp", 1), case.get("cp", 1)
-    plan = advisor.plan(case["model"], gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
+    return advisor.plan(case["model"], gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
+
+
+def estimate(case: dict, **overhead: float) -> Estimate:
+    """Estimate one published case (``overhead``: reserve_gib / fragmentation / context_gib instead of the
+    defaults), with what its publisher's code held beyond our recipe (``publisher_code``)."""
+    plan = plan_of(case, **overhead)
+    tp, cp = case.get("tp", 1), case.get("cp", 1)
     if tp == cp == 1:
         cand = plan.candidate(case["strategy"])
     else:  # the mesh candidate with the run's degrees (the data-parallel one is listed first)
         cand = next(c for c in plan.candidates if c.strategy == case["strategy"] and c.mesh is not None
                     and (c.mesh.tp, c.mesh.cp) == (tp, cp))
     mem, span, outside = cand.memory_bytes, cand.memory_range, cand.memory_bytes.outside_allocator
-    return Estimate(mem.peak_allocated, mem.reserved, outside, span.low - outside, span.high - outside)
+    shift, peak = 0, mem.peak_allocated
+    if case.get("publisher_code"):  # what the publisher's code held beyond our recipe, at each moment
+        extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+        peak = max(value + extra[name] for name, value in mem.moments.items())
+        shift = int((peak - mem.peak_allocated) * (1 + plan.training.fragmentation))  # through the allocator gap
+    return Estimate(peak, mem.reserved + shift, outside, span.low - outside + shift, span.high - outside + shift)
 
 
 def published_bytes(case: dict) -> int:

@@ -9,7 +9,7 @@ recipe does none of them. Sources (repository, path, commit) in the JSON's ``pub
 - ``lightning_bnb_every_linear``: Lightning's ``BitsandbytesPrecision`` swaps ``torch.nn.Linear`` for
   its bitsandbytes class while litgpt builds the model, so the output head is 4-bit too: packed at
   rest, and dequantised whole for each of litgpt's 128-token head chunks in forward and backward.
-- ``lightning_fp16_quant_state``: Lightning's ``_Linear4bit._quantize_weight`` casts the weight to
+- ``lightning_fp16_quant_state``: Lightning's ``_Linear4bit.quantize`` casts the weight to
   fp16 before ``quantize_4bit``, so ``dequantize_4bit`` returns fp16 and ``MatMul4Bit``'s
   ``.to(A.dtype)`` makes a second, bf16 copy: 4 bytes per weight of the linear being dequantised.
 - ``bnb_ctx_keeps_input``: bitsandbytes < 0.43.2 ``MatMul4Bit.forward`` stores its input in

@@ -10,7 +10,8 @@ report the error per case, then the error of ``reserved`` against the published 
 published reserved (or unspecified) figure, ``total`` (reserved + that outside part) with an nvidia-smi
 one, and the peak allocated with a published allocated (or active) one. Cases whose run used settings we
 cannot express (torch.compile, float8, a loss we have no kernel for, ...) are estimated without them and
-summarised apart.
+summarised apart. A case's ``publisher_code`` adds, at each moment of the step, what that publisher's own
+code or pinned library held beyond our recipe (``benchmarks/publisher_code.py``).
 """
 
 from __future__ import annotations

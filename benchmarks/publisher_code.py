@@ -88,7 +88,8 @@ def parts(case: dict, spec: ModelSpec, training: TrainingConfig) -> tuple[int, i
         head_dq = dequantized * head
     block_dq = 0
     if quantized and dequantized > cb:  # the estimate counts one bf16 copy of the largest block linear
-        block_dq = (dequantized - cb) * quantized_base(spec, training.quantize, double_quant=training.double_quant).largest_linear_params
+        q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+        block_dq = (dequantized - cb) * q.largest_linear_params
     kept = 0
     if quantized and "bnb_ctx_keeps_input" in names:
         kept = kept_inputs_bytes(spec, training, case["micro_batch_size"] * case["seq_len"])

@@ -9,10 +9,13 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
+
 from profiles import PROFILES_DIR
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from published_memory import estimate, published_bytes  # noqa: E402
+import publisher_code  # noqa: E402
+from published_memory import estimate, plan_of, published_bytes  # noqa: E402
 
 DATA = json.loads((PROFILES_DIR / "published_memory.json").read_text())
 CASES = DATA["cases"]
@@ -49,7 +52,8 @@ def test_enough_expressible_cases_with_their_memory_kind():
 def test_expressible_full_and_lora_runs_within_the_published_error():
     """Published torchtitan (reserved), Answer.AI LoRA (reserved and allocated), litgpt LoRA (allocated),
     torchtune full (active) and PEFT DeepSpeed LoRA (nvidia-smi) runs, none of them tuned on: measured
-    median |error| 7.4% over 21 cases, every case within -33%..+9%
+    median |error| 6.5% over 21 cases, every case within -33%..+9% (litgpt's tied models with the
+    head its conversion unties: publisher_code)
     (the low end: Answer.AI's CPU-offload batch-10 run, reserved near the 24 GB card's capacity)."""
     errors = [_error(c) for c in EXPRESSIBLE if not c.get("quantize")]
     assert len(errors) >= 15
@@ -57,9 +61,66 @@ def test_expressible_full_and_lora_runs_within_the_published_error():
     assert statistics.median(abs(e) for e in errors) <= 0.10
 
 
-def test_qlora_runs_measure_more_than_the_estimate():
-    """Every published litgpt QLoRA peak lies above our allocated estimate (-25% to -31% measured), the
-    direction profiles/memory_error.json's QLoRA row widens the range for; none above it."""
-    errors = [_error(c) for c in EXPRESSIBLE if c.get("quantize")]
-    assert len(errors) >= 5
-    assert all(-0.35 <= e < 0 for e in errors), errors
+def test_litgpt_qlora_runs_within_ten_percent_with_what_their_code_held():
+    """litgpt's QLoRA peaks (allocated) were 25-31% above our estimate of today's recipe; with what
+    litgpt 2024 held (publisher_code: bitsandbytes 0.42 MatMul4Bit inputs kept until the graph dies,
+    Lightning's 4-bit head dequantised as fp16 + bf16 copies, the untied head) they are measured at
+    -6.2% to +8.8% (benchmarks/results/published_memory.md). Without those settings every one stays
+    more than 20% below: the mechanisms, not a constant, close the gap."""
+    cases = [c for c in EXPRESSIBLE if c.get("quantize")]
+    assert len(cases) >= 5 and all(c.get("publisher_code") for c in cases)
+    with_code = [_error(c) for c in cases]
+    without = [_error({k: v for k, v in c.items() if k != "publisher_code"}) for c in cases]
+    assert all(-0.10 <= e <= 0.10 for e in with_code), with_code
+    assert all(e < -0.20 for e in without), without
+
+
+def test_publisher_code_names_are_documented_with_sources():
+    doc = DATA["publisher_code"]
+    for case in CASES:
+        for name in case.get("publisher_code", []):
+            assert name in publisher_code.KNOWN and name in doc, (case["id"], name)
+    for entry in doc.values():
+        assert entry["what"].strip() and entry["sources"]
+        assert all(src.startswith("https://github.com/") for src in entry["sources"])
+
+
+def _case(case_id: str) -> dict:
+    return next(c for c in CASES if c["id"] == case_id)
+
+
+def test_litgpt_llama3_8b_qlora_mechanisms_worked_by_hand():
+    """Llama 3 8B, micro-batch 2 x 512 tokens, nf4 without double quantisation, bf16:
+    head 128256 x 4096 = 525,336,576 weights; 4-bit at rest 0.5 + 4/64 bytes a weight instead of
+    2 bytes; dequantised as fp16 + bf16 (4 bytes a weight); the largest block linear (4096 x 14336)
+    gets an fp16 copy beside the bf16 one the estimate counts; kept inputs
+    2 bytes x 1024 tokens x (32 x (4096 + 4096 + 4096 + 14336) + 4096)."""
+    case = _case("litgpt-llama3-8b-qlora")
+    plan = plan_of(case)
+    head = 128256 * 4096
+    rest, head_dq, block_dq, kept = publisher_code.parts(case, plan.model, plan.training)
+    assert rest == head // 2 + 4 * head // 64 - 2 * head == -755_171_328
+    assert head_dq == 4 * head == 2_101_346_304
+    assert block_dq == 2 * 4096 * 14336
+    assert kept == 2 * 1024 * (32 * 26624 + 4096) == 1_753_219_072
+    extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+    assert extra["end_of_forward"] == rest + 2 * kept + head_dq
+    assert extra["loss_backward"] == rest + kept + head_dq
+    assert extra["optimizer_step"] == rest + kept
+
+
+def test_litgpt_untied_head_adds_a_bf16_head_to_a_tied_model():
+    """Llama 3.2 1B ties its head; litgpt's conversion copies it: 2 x 128256 x 2048 bytes at every moment."""
+    case = _case("litgpt-llama32-1b-lora")
+    plan = plan_of(case)
+    extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+    assert set(extra.values()) == {2 * 128256 * 2048}
+
+
+def test_publisher_code_refuses_what_it_does_not_model():
+    case = _case("litgpt-llama3-8b-qlora")
+    plan = plan_of(case)
+    with pytest.raises(ValueError, match="unknown"):
+        publisher_code.parts({**case, "publisher_code": ["no_such_thing"]}, plan.model, plan.training)
+    with pytest.raises(ValueError, match="checkpointing"):
+        publisher_code.parts({**case, "activation_checkpointing": "on"}, plan.model, plan.training)

@@ -1,0 +1,141 @@
+"""What a publisher's training code held beyond the recipe the planner models, added per case of
+``profiles/published_memory.json`` (its ``publisher_code`` list) to the estimate at each of the four
+moments of the step (``benchmarks/published_memory.py``). Never in the planner: each is a setting of
+that code or of the library version it pinned; today's transformers + PEFT + bitsandbytes >= 0.43.2
+recipe does none of them. Sources (repository, path, commit) in the JSON's ``publisher_code`` key.
+
+- ``litgpt_untied_head``: litgpt's checkpoint conversion copies a tied embedding into its own
+  ``lm_head.weight``, so a tied model holds a second V x C matrix (bf16, or 4-bit with the next one).
+- ``lightning_bnb_every_linear``: Lightning's ``BitsandbytesPrecision`` swaps ``torch.nn.Linear`` for
+  its bitsandbytes class while litgpt builds the model, so the output head is 4-bit too: packed at
+  rest, and dequantised whole for each of litgpt's 128-token head chunks in forward and backward.
+- ``lightning_fp16_quant_state``: Lightning's ``_Linear4bit.quantize`` casts the weight to
+  fp16 before ``quantize_4bit``, so ``dequantize_4bit`` returns fp16 and ``MatMul4Bit``'s
+  ``.to(A.dtype)`` makes a second, bf16 copy: 4 bytes per weight of the linear being dequantised.
+- ``bnb_ctx_keeps_input``: bitsandbytes < 0.43.2 ``MatMul4Bit.forward`` stores its input in
+  ``ctx.tensors``, a Python attribute that backward never releases: it lives as long as the autograd
+  graph, which litgpt's loop keeps through ``logits`` until the next iteration's forward returns.
+  Without checkpointing each block keeps the distinct inputs of its 4-bit linears (norm_1 output,
+  the attention output that ``y.reshape`` copies, norm_2 output, the MLP's product) and the model the
+  final norm's output (the head chunks are views of it); LoRA dropout gives the adapters their own
+  copies, so nothing else saves these. This iteration's are held from the forward through the step,
+  the previous iteration's until the forward returns (assumed padded to the same length).
+"""
+
+from __future__ import annotations
+
+from advisor.estimate.quantized import _linear_bytes, quantized_base
+from advisor.model.spec import ModelSpec
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
+KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input"}
+
+
+def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
+    """One iteration's ``MatMul4Bit`` inputs that ``bnb_ctx_keeps_input`` holds (module docstring), in
+    the compute dtype: per block 2 x hidden + heads x head_dim + intermediate, plus the final norm's."""
+    hidden, inter = spec.hidden_size or 0, spec.intermediate_size or 0
+    attention = (spec.num_attention_heads or 0) * (spec.head_dim or hidden // max(spec.num_attention_heads or 1, 1))
+    per_token = (spec.num_layers or 0) * (2 * hidden + attention + inter) + hidden
+    return training.compute_bytes * tokens * per_token
+
+
+def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previous_iteration: bool = True) -> dict[str, int]:
+    """Bytes the case's code held at each moment beyond the estimate (may be negative: a 4-bit head
+    where the estimate counts a bf16 one). ``previous_iteration=False``: the previous batch's kept
+    inputs left out (a short batch before the longest). ValueError for a name this module does not
+    know or a combination it does not model."""
+    rest, head_dq, block_dq, kept = parts(case, spec, training)
+    return {
+        # this iteration's kept inputs and the previous one's (freed when `logits` is rebound); last head chunk
+        "end_of_forward": rest + (2 if previous_iteration else 1) * kept + head_dq,
+        "loss_backward": rest + kept + head_dq,  # the head chunks' backward dequantise again
+        "block_backward": rest + kept + block_dq,
+        "optimizer_step": rest + kept,  # the graph lives on through the step (``logits``)
+    }
+
+
+def parts(case: dict, spec: ModelSpec, training: TrainingConfig) -> tuple[int, int, int, int]:
+    """(head at rest beyond what the estimate counts, the head's dequantised copies, the block linear's
+    copy beyond the estimate's one, one iteration's kept inputs), bytes."""
+    names = set(case.get("publisher_code", []))
+    if not names:
+        return 0, 0, 0, 0
+    if names - KNOWN:
+        raise ValueError(f"{case['id']}: unknown publisher_code {sorted(names - KNOWN)}")
+    quantized = training.quantize is not None
+    if names & {"lightning_fp16_quant_state", "bnb_ctx_keeps_input"} and not {"lightning_bnb_every_linear"} <= names:
+        raise ValueError(f"{case['id']}: the 4-bit head's mechanisms are modelled for Lightning's plugin only")
+    if "bnb_ctx_keeps_input" in names and (case["activation_checkpointing"] != "off"
+                                            or not (training.lora and training.lora.dropout)):
+        raise ValueError(f"{case['id']}: bnb_ctx_keeps_input is modelled without checkpointing, LoRA dropout on")
+    vocab, hidden, cb = spec.vocab_size or 0, spec.hidden_size or 0, training.compute_bytes
+    head = vocab * hidden
+    untied = "litgpt_untied_head" in names and spec.tied_embeddings
+    if not untied and spec.tied_embeddings and "lightning_bnb_every_linear" in names:
+        raise ValueError(f"{case['id']}: a tied head quantised by Lightning needs litgpt_untied_head")
+    rest = cb * head if untied else 0  # the head the estimate counts: none when tied, else compute dtype
+    counted = 0 if spec.tied_embeddings else cb * head
+    dequantized = cb  # bytes per weight while a 4-bit linear is dequantised
+    head_dq = 0
+    if quantized and "lightning_bnb_every_linear" in names:
+        packed, constants = _linear_bytes(hidden, vocab, training.quantize, double_quant=training.double_quant)
+        rest = packed + constants - counted
+        if "lightning_fp16_quant_state" in names:
+            dequantized = 2 + cb  # fp16 dequantize_4bit output, then its bf16 .to(A.dtype) copy
+        head_dq = dequantized * head
+    block_dq = 0
+    if quantized and dequantized > cb:  # the estimate counts one bf16 copy of the largest block linear
+        q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+        block_dq = (dequantized - cb) * q.largest_linear_params
+    kept = 0
+    if quantized and "bnb_ctx_keeps_input" in names:
+        kept = kept_inputs_bytes(spec, training, case["micro_batch_size"] * case["seq_len"])
+    return rest, head_dq, block_dq, kept
+
+
+def breakdown(case: dict) -> dict:
+    """GiB for one case: the published peak, the estimate before and after, each mechanism's bytes and
+    what they add at the moment that wins with them (the table ``main`` prints)."""
+    import published_memory as pm  # the benchmark imports this module: import it late
+
+    plan = pm.plan_of(case)
+    moments = plan.candidate(case["strategy"]).memory_bytes.moments
+    spec, training = plan.model, plan.training
+
+    def peak(extra: dict[str, int]) -> float:
+        return max(value + extra[name] for name, value in moments.items()) / GIB
+
+    extra = extra_bytes(case, spec, training)
+    rest, head_dq, _, kept = parts(case, spec, training)
+    quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != "bnb_ctx_keeps_input"]}
+    return dict(id=case["id"], published=pm.published_bytes(case) / GIB, before=max(moments.values()) / GIB,
+                rest=rest / GIB, head_dq=head_dq / GIB, kept=kept / GIB, after=peak(extra),
+                moment=max(moments, key=lambda name: moments[name] + extra[name]),
+                one_iteration=peak(extra_bytes(case, spec, training, previous_iteration=False)),
+                without_kept=peak(extra_bytes(quiet, spec, training)))
+
+
+def main() -> None:
+    """Print, per case with ``publisher_code``, the published peak, the estimate before and after, and
+    what the mechanisms add at the winning moment (GiB)."""
+    import json
+
+    from profiles import PROFILES_DIR
+
+    cases = [c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"] if c.get("publisher_code")]
+    print("| case | published | estimate before | gap | head at rest | head dequantised | kept inputs / iteration "
+          "| after (winning moment) | error before -> after | kept: this iteration only | no kept inputs |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
+    for case in cases:
+        r = breakdown(case)
+        err = lambda v: f"{100 * (v - r['published']) / r['published']:+.1f}%"  # noqa: E731
+        print(f"| {r['id']} | {r['published']:.2f} | {r['before']:.2f} | {r['published'] - r['before']:+.2f} | {r['rest']:+.2f} | "
+              f"{r['head_dq']:.2f} | {r['kept']:.2f} | {r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} | "
+              f"{err(r['one_iteration'])} | {err(r['without_kept'])} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -337,6 +337,8 @@ def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:
     (Qwen2.5-VL: 14-pixel patches merged 2 x 2, one token per 28 x 28 pixels; a 448 x 448 image is 256)."""
     if not training.images_per_sample:
         return 0
+    if spec.tokens_per_image is not None:  # Llava: every image resized to the tower's side
+        return training.images_per_sample * spec.tokens_per_image
     if spec.image_token_pixels is None:
         raise ValueError(f"--images-per-sample needs a vision-language model; {spec.name[:60]} takes no images")
     side = -(-training.image_size // spec.image_token_pixels)

@@ -40,7 +40,7 @@ def _fsdp_config(target: ExportTarget) -> dict[str, Any]:
         "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP" if target.block_class else "SIZE_BASED_WRAP",
     }
     if target.block_class:
-        config["fsdp_transformer_layer_cls_to_wrap"] = target.block_class
+        config["fsdp_transformer_layer_cls_to_wrap"] = ",".join(target.wrap_classes)  # accelerate splits on ","
     else:
         config["fsdp_min_num_params"] = 100_000_000  # accelerate's own default for size-based wrapping
     config.update({

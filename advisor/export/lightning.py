@@ -13,7 +13,7 @@ and offload, and the precision table's ``MixedPrecisionPolicy`` dtypes.
 Blocks are matched by class name, as accelerate's ``TRANSFORMER_BASED_WRAP`` and ``wrap()`` match
 them, so nothing is imported from a modeling module: a composite model (Llava: the block is the
 language model's ``LlamaDecoderLayer``, defined in ``modeling_llama``, not ``modeling_llava``)
-needs no import path, and the vision tower's layers are not blocks.
+needs no import path; its CLIP tower's ``CLIPEncoderLayer`` is a unit too (``BLOCK_CLASSES``).
 
 Precision: under FSDP2 the mixed precisions are the ``MixedPrecisionPolicy`` (bf16/fp16 all-gathered
 parameters and compute, fp32 gradient reduction, fp32 sharded master parameters), so the Trainer
@@ -53,6 +53,10 @@ def _shard_function(target: ExportTarget) -> list[str]:
     block = target.block_class
     known = (f'BLOCK_CLASS = "{block}"  # one FSDP unit each, matched by class name '
              "(like accelerate's TRANSFORMER_BASED_WRAP)")
+    if len(target.wrap_classes) > 1:  # Llava: the language model's blocks and the vision tower's
+        names = ", ".join(f'"{name}"' for name in target.wrap_classes)
+        known = (f"BLOCK_CLASSES = ({names})  # one FSDP unit each, matched by class name "
+                 "(like accelerate's TRANSFORMER_BASED_WRAP)")
     unknown = "BLOCK_CLASS = None  # block class unknown: set your block's class name to shard per block"
     lines = ["", "", known if block else unknown, "", "",
              "def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:",
@@ -67,6 +71,7 @@ def _shard_function(target: ExportTarget) -> list[str]:
     if info.name == "bf16":
         lines.append("    model.to(torch.bfloat16)  # pure bf16: no fp32 master copy")
     lines += ["", "    def is_block(module: torch.nn.Module) -> bool:",
+              "        return type(module).__name__ in BLOCK_CLASSES" if len(target.wrap_classes) > 1 else
               "        return type(module).__name__ == BLOCK_CLASS", ""]
     if target.activation_checkpointing:
         lines += ["    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",

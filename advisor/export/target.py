@@ -117,6 +117,8 @@ class ExportTarget(BaseModel):
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
     block_class: str | None = Field(default=None, description="Transformer block class FSDP wraps.")
+    extra_block_classes: tuple[str, ...] = Field(default=(), description="Further block classes FSDP wraps "
+                                                 "(a vision tower's layers: Llava's CLIPEncoderLayer).")
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
@@ -126,6 +128,11 @@ class ExportTarget(BaseModel):
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def wrap_classes(self) -> tuple[str, ...]:
+        """The block classes FSDP wraps, the language model's first; () when unknown (size-based wrapping)."""
+        return (self.block_class, *self.extra_block_classes) if self.block_class else ()
 
     @property
     def data_parallel_size(self) -> int:
@@ -288,7 +295,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
-        block_class=model.block_class, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
+        block_class=model.block_class, extra_block_classes=model.wrap_classes[1:], gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
         loss=training.loss,
     )
 
@@ -332,7 +339,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
-        block_class=plan.model.block_class, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
+        block_class=plan.model.block_class, extra_block_classes=plan.model.wrap_classes[1:], gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
         loss=plan.training.loss,
     )
@@ -352,7 +359,7 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, hybrid=False, cpu=False,
-        model_name=plan.model.name, block_class=plan.model.block_class, gpu=hw.gpu.name,
+        model_name=plan.model.name, block_class=plan.model.block_class, extra_block_classes=plan.model.wrap_classes[1:], gpu=hw.gpu.name,
         notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
         loss=plan.training.loss, mesh=mesh,
     )

@@ -49,7 +49,7 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
             "cpu_ram_efficient_loading": True,
         }
         if target.block_class:
-            fsdp_config["transformer_layer_cls_to_wrap"] = [target.block_class]
+            fsdp_config["transformer_layer_cls_to_wrap"] = list(target.wrap_classes)
         else:
             fsdp_config["min_num_params"] = 100_000_000
         args.update(fsdp=True, fsdp_config=fsdp_config)

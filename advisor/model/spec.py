@@ -105,6 +105,13 @@ class ModelSpec(BaseModel):
         return self.moe.num_dense_layers * (self.layer_params - self.moe.dense_layer_params)
 
     @property
+    def wrap_classes(self) -> tuple[str, ...]:
+        """Block classes FSDP wraps one unit each: the language model's, then a vision tower's (Llava's
+        CLIPEncoderLayer)."""
+        tower = getattr(self.vision, "block_class", None)
+        return tuple(dict.fromkeys(c for c in (self.block_class, tower) if c))
+
+    @property
     def frozen_params(self) -> int:
         return self.total_params - self.trainable_params
 

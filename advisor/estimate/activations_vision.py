@@ -1,5 +1,5 @@
-"""Activation memory of a vision-language model's vision tower: Qwen2.5-VL's per image patch, Llava's
-CLIP tower and projector per image.
+"""Activation memory of a vision-language model's vision tower (Qwen2.5-VL), per image patch; Llava's
+CLIP tower and projector are ``advisor.estimate.activations_llava``'s, dispatched from here.
 
 What belongs here: what one patch leaves saved for backward in ``Qwen2_5_VisionTransformerPretrainedModel``
 (transformers 5.x ``modeling_qwen2_5_vl.py``) under SDPA or flash attention: the patch embedding,
@@ -25,6 +25,7 @@ the language model's blocks), video (more than one temporal patch).
 
 from __future__ import annotations
 
+from advisor.estimate.activations_llava import LLAVA_NOTE, clip_per_image
 from advisor.model.kinds import VisionFacts
 from advisor.model.llava import ClipTowerFacts
 
@@ -48,48 +49,17 @@ def vision_per_patch(cb: int, vision: VisionFacts) -> int:
     return vision.depth * block + cb * vision.patch_values + rotary + merger
 
 
-LLAVA_NOTE = ("Llava: activations are the language model's over the text tokens plus the image tokens of "
-              "--images-per-sample (default 0; (side / patch)^2 an image, 576 for llava-1.5: each image is resized to "
-              "the CLIP tower's side, so --image-size does not apply), the CLIP tower's over those patches and CLS up "
-              "to its last used layer (SDPA or flash attention, not checkpointed) and the projector's; eager "
-              "attention in the tower, autocast casts "
-              "inside it, and LoRA adapters on the tower (PEFT's q_proj/v_proj names also match CLIP's) are not "
-              "modelled: under --lora the tower and projector count as frozen")
-
-
 def vision_note(model_type: str | None) -> str:
     """The plan's note for a vision-language model."""
     return LLAVA_NOTE if model_type == "llava" else VISION_NOTE
 
 
-def clip_per_image(cb: int, tower: ClipTowerFacts) -> int:
-    """Bytes one image leaves saved in Llava's CLIP tower and projector at the end of the forward.
-
-    Per token and used layer (W the width, I the MLP width, H heads): both LayerNorms' inputs and
-    outputs (4 W), q, k, v (3 W: SDPA's inputs, the views of the projections' outputs) and the
-    attention output (W: the out projection's input, the same storage), SDPA's fp32 log-sum-exp (4 H),
-    each LayerNorm's fp32 mean and rstd on a GPU (2 x 8); the MLP: fc1's output and fc2's input
-    (2 I), and quick_gelu's sigmoid (I; x * sigmoid(1.702 x), modeling_clip.py / activations.py).
-    Per token once: pre_layrnorm's input and stats, the position ids (int64). Per image: the pixels
-    the patch convolution saves; per image token the projector's input (the last used layer's output
-    without CLS: a copy when several images share the tower's batch, a view of all tokens for one),
-    linear_1's output (GELU's input) and GELU's output (linear_2's input). The layers after the last
-    used one run but are freed with the tower's outputs before the loss (modeling_llava.py keeps only
-    the projected features). Measured on a tiny Llava on the CPU (``tests/estimate/test_llava_activations.py``:
-    what autograd still holds after the forward, with and without an image): equal in fp32; in bf16
-    the CPU keeps LayerNorm's mean and rstd in bf16, 4 bytes a norm a token below this count."""
-    w, i = tower.width, tower.intermediate_size
-    mlp = (3 if tower.activation == "quick_gelu" else 2) * cb * i
-    layer = 8 * cb * w + FP32 * tower.num_heads + 2 * 2 * FP32 + mlp
-    per_token = tower.used_layers * layer + cb * w + 2 * FP32 + 8
-    pixels = (tower.tokens - 1) * tower.patch_values * cb
-    projector = tower.image_tokens * cb * (tower.projector_in + 2 * tower.projector_out)
-    return tower.tokens * per_token + pixels + projector
-
-
-def vision_saved_bytes(cb: int, vision: VisionFacts | ClipTowerFacts, *, image_tokens: int) -> int:
+def vision_saved_bytes(cb: int, vision: VisionFacts | ClipTowerFacts, *, image_tokens: int, residual: int | None = None,
+                       input_casts: bool = False) -> int:
     """The tower's saved bytes for ``image_tokens`` language-model tokens of images (Qwen2.5-VL: merge^2
-    patches each; Llava: ``image_tokens`` tokens an image)."""
+    patches each, at ``cb`` bytes throughout; Llava: ``image_tokens`` tokens an image, its residual
+    stream at ``residual`` bytes and, under autocast, each linear's own cast of an fp32 input)."""
     if isinstance(vision, ClipTowerFacts):
-        return image_tokens // vision.image_tokens * clip_per_image(cb, vision)
+        per_image = clip_per_image(cb, vision, residual=residual or cb, input_casts=input_casts)
+        return image_tokens // vision.image_tokens * per_image
     return image_tokens * vision.merge * vision.merge * vision_per_patch(cb, vision)

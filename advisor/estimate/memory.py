@@ -44,11 +44,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
+from advisor.model.llava import ClipTowerFacts
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
@@ -328,7 +330,10 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     )
     if spec.vision is None or not images or training.lora is not None:  # a frozen tower saves nothing
         return est
-    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images)
+    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images,
+                                                  residual=dtypes.residual, input_casts=dtypes.input_casts)
+    if dtypes.input_casts and isinstance(spec.vision, ClipTowerFacts):  # autocast's saved bf16 weight copies
+        tower += clip_weight_casts(spec.vision)
     return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
 
 

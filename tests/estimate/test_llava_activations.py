@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from advisor.estimate.activations_vision import clip_per_image
+from advisor.estimate.activations_llava import clip_per_image
 from advisor.model.llava import clip_tower
 from advisor.simulate.step import cuda_dropout
 
@@ -25,7 +25,7 @@ CONFIG = dict(text_config=TEXT, vision_config=VISION, image_token_index=999)
 SEQ = 200
 
 
-def _alive_after_forward(model: torch.nn.Module, **inputs) -> int:
+def _alive_after_forward(model: torch.nn.Module, *, autocast: bool = False, **inputs) -> int:
     """Bytes of distinct non-parameter storages autograd still holds once the forward has returned.
     The hook keeps a detached alias (no grad_fn), so a node saving its own output makes no cycle."""
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -36,7 +36,8 @@ def _alive_after_forward(model: torch.nn.Module, **inputs) -> int:
         refs.append(weakref.ref(alias))
         return alias
 
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model(**inputs)
     gc.collect()
     alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in refs)
@@ -45,7 +46,7 @@ def _alive_after_forward(model: torch.nn.Module, **inputs) -> int:
     return sum(alive.values())
 
 
-def _forward_bytes(dtype: torch.dtype, images: int) -> int:
+def _forward_bytes(dtype: torch.dtype, images: int, *, autocast: bool = False) -> int:
     config = transformers.LlavaConfig(**CONFIG)
     for sub in (config, config.text_config, config.vision_config):
         sub._attn_implementation = "sdpa"
@@ -56,7 +57,7 @@ def _forward_bytes(dtype: torch.dtype, images: int) -> int:
     if images:
         ids[:, 10:10 + 64 * images] = 999  # the <image> placeholders the features replace
         pixels["pixel_values"] = torch.randn(images, 3, 32, 32, dtype=dtype)
-    return _alive_after_forward(model, input_ids=ids, labels=ids, **pixels)
+    return _alive_after_forward(model, autocast=autocast, input_ids=ids, labels=ids, **pixels)
 
 
 @pytest.mark.parametrize("dtype,cb", [(torch.bfloat16, 2), (torch.float32, 4)])
@@ -68,8 +69,22 @@ def test_images_add_what_the_tower_count_says(dtype, cb, images):
     below the GPU's fp32 ones), one image's projector input being a view of all 65 tokens (128 bytes in
     bf16 above the 64 counted) and the 65 position ids (520 bytes) being shared by the images of a batch."""
     measured = _forward_bytes(dtype, images) - _forward_bytes(dtype, 0) - SEQ
-    est = images * clip_per_image(cb, clip_tower(CONFIG)[1])
+    est = images * clip_per_image(cb, clip_tower(CONFIG)[1], residual=cb, input_casts=False)
     assert abs(est - measured) <= 0.007 * measured, (est, measured)
+
+
+def test_autocast_adds_fp32_residuals_input_casts_and_weight_copies():
+    """bf16-mixed without FSDP (autocast over fp32 weights, as DDP runs it): the residual stream and the
+    LayerNorms' inputs are fp32, q, k and v each cast the LayerNorm's fp32 output, and the bf16 copies of
+    the used layers', the patch convolution's and the projector's weights stay saved. Measured: two
+    images add 790,936 bytes; the count 791,456 (137,216 of them weight copies): the 65 position ids (520
+    bytes) are shared by the images of a batch and counted for each."""
+    from advisor.estimate.activations_llava import clip_weight_casts
+
+    measured = _forward_bytes(torch.float32, 2, autocast=True) - _forward_bytes(torch.float32, 0, autocast=True) - SEQ
+    tower = clip_tower(CONFIG)[1]
+    est = 2 * clip_per_image(2, tower, residual=4, input_casts=True) + clip_weight_casts(tower)
+    assert abs(est - measured) <= 0.005 * measured, (est, measured)
 
 
 def test_llava_15_7b_tower_by_hand():
@@ -80,4 +95,4 @@ def test_llava_15_7b_tower_by_hand():
     from advisor.model.sources import resolve
 
     spec, _ = resolve("llava-hf/llava-1.5-7b-hf")
-    assert clip_per_image(2, spec.vision) == 557_126_976
+    assert clip_per_image(2, spec.vision, residual=2, input_casts=False) == 557_126_976

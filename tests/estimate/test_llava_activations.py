@@ -96,3 +96,19 @@ def test_llava_15_7b_tower_by_hand():
 
     spec, _ = resolve("llava-hf/llava-1.5-7b-hf")
     assert clip_per_image(2, spec.vision, residual=2, input_casts=False) == 557_126_976
+
+
+def test_plan_adds_576_image_tokens_and_the_tower():
+    """llava-1.5-7b under zero3 (FSDP2: bf16 compute, no autocast), micro-batch 1: one image at 2,048 text
+    tokens equals 2,624 text tokens plus the tower, 557,126,976 bytes by hand (test above), at the loss
+    backward; the plan says --image-size does not apply."""
+    from advisor.planning.api import plan
+
+    options = dict(strategy="zero3", micro_batch_size=1, activation_checkpointing="off")
+    with_image = plan("llava-hf/llava-1.5-7b-hf", "2xA100", seq_len=2048, images_per_sample=1, image_size=1000,
+                      **options)
+    text_only = plan("llava-hf/llava-1.5-7b-hf", "2xA100", seq_len=2048 + 576, **options)
+    at_loss = [p.candidate("zero3").memory_bytes.at_loss_backward for p in (with_image, text_only)]
+    assert at_loss[0] - at_loss[1] == 557_126_976
+    assert any(a.startswith("images: 1 per sample x 576 tokens (every image resized") and "--image-size 1000 does "
+               "not apply" in a for a in with_image.assumptions)

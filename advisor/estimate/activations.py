@@ -102,7 +102,7 @@ class ActivationEstimate(BaseModel):
 
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
-_VISION_LANGUAGE = ("qwen2_5_vl", "llava")
+_VISION_LANGUAGE = ("qwen2_5_vl", "qwen2_vl", "llava")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 

@@ -37,8 +37,24 @@ VISION_NOTE = ("vision-language model: activations are the language model's over
                "the tower's windows, autocast casts inside it and video frames are not modelled")
 
 
+def qwen2_vl_per_patch(cb: int, vision: VisionFacts) -> int:
+    """Qwen2-VL's tower (modeling_qwen2_vl.py), a patch: per block two LayerNorms, each its input and
+    output plus fp32 mean and rstd on a GPU (8 bytes), the same attention as Qwen2.5-VL's (7 W, log-sum-
+    exp), and the fc1 / quick_gelu / fc2 MLP: fc1's output, the sigmoid and fc2's input (3 I); the
+    merger's LayerNorm (input, output, stats) and its GELU's input and output; the patch embedding's
+    pixels and the rotary tables as Qwen2.5-VL's."""
+    w, i = vision.width, vision.intermediate_size
+    norm = 2 * cb * w + 2 * FP32
+    block = 2 * norm + 7 * cb * w + FP32 * vision.num_heads + 3 * cb * i
+    merger = norm + 2 * cb * w * vision.merge * vision.merge // 4
+    rotary = 2 * FP32 * (w // vision.num_heads)
+    return vision.depth * block + cb * vision.patch_values + rotary + merger
+
+
 def vision_per_patch(cb: int, vision: VisionFacts) -> int:
     """Bytes one patch leaves saved in the whole tower (every block, the patch embedding, rotary, merger)."""
+    if vision.kind == "qwen2_vl":
+        return qwen2_vl_per_patch(cb, vision)
     w, i = vision.width, vision.intermediate_size
     norms = 2 * ((FP32 + 2 * cb) * w + FP32)
     attention = 7 * cb * w + FP32 * vision.num_heads  # qkv (3 W), rotated q and k, output, proj input; lse

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
-from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts
+from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
+                                 qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts)
 from advisor.model.hybrid import jamba_parts
 from advisor.model.llava import clip_tower, llava_text_config
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
@@ -165,9 +166,10 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
         parts = _decoder({**cfg, **(cfg.get("text_config") or {})}, info)
         if parts is not None:
             vision = cfg.get("vision_config") or {}
-            parts["other_params"] += qwen_vl_vision_params(vision)
+            qwen2 = cfg.get("model_type") == "qwen2_vl"  # Qwen2-VL's tower: LayerNorms and an fc1 / fc2 MLP
+            parts["other_params"] += (qwen2_vl_vision_params if qwen2 else qwen_vl_vision_params)(vision)
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
-            parts["vision"] = qwen_vl_vision_facts(vision)
+            parts["vision"] = (qwen2_vl_vision_facts if qwen2 else qwen_vl_vision_facts)(vision)
     elif info.formula == "llava":  # advisor.model.llava: the language model's own formula, the tower 'other'
         return _llava(cfg, name=name, source=source, architecture=architecture)
     elif info.formula == "qwen_moe":

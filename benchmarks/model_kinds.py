@@ -16,7 +16,9 @@ engine (FSDP2 for zero2/zero3: bf16 weights in compute).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import os
 import sys
 import time
 import warnings
@@ -52,6 +54,14 @@ VL_SCALED = dict(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForCondition
                                     patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                                     fullatt_block_indexes=[1], in_chans=3),
                  _name_or_path="scaled/qwen2.5-vl")
+LLAVA_SCALED = dict(model_type="llava", architectures=["LlavaForConditionalGeneration"], image_token_index=32000,
+                    vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+                    tie_word_embeddings=False, _name_or_path="scaled/llava-1.5",
+                    text_config=dict(model_type="llama", hidden_size=512, intermediate_size=1376, num_hidden_layers=4,
+                                     num_attention_heads=8, num_key_value_heads=8, vocab_size=32064,
+                                     max_position_embeddings=4096),
+                    vision_config=dict(model_type="clip_vision_model", hidden_size=512, intermediate_size=2048,
+                                       num_hidden_layers=4, num_attention_heads=8, image_size=336, patch_size=14))
 T5_SCALED = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=512, d_ff=2048, d_kv=64,
                  num_heads=8, num_layers=4, vocab_size=32128, feed_forward_proj="relu", decoder_start_token_id=0,
                  pad_token_id=0, eos_token_id=1, _name_or_path="scaled/t5")
@@ -79,6 +89,7 @@ class Kind:
     scaled_how: str
     sim_plan: tuple
     attention: str = "sdpa"
+    images: int = 0  # images a sample the simulated step feeds (Llava: pixels and <image> placeholders)
 
 
 KINDS = [
@@ -95,6 +106,17 @@ KINDS = [
          "4 of 28 language layers, width 512 (4 / 1 heads of 128), vision tower 2 blocks of width 320; text-only "
          "batch (the simulator feeds no pixels; ddp: FSDP2 cannot shard a tower that gets no gradient)",
          ("ddp", 2, 1, 2048, False)),
+    Kind("vision-language (Llava)", "llava-hf/llava-1.5-7b-hf", ("zero3", 8, 1, 4096, True), LLAVA_SCALED,
+         "4 of 32 language layers, width 512 of 4096 (8 heads of 64, MLP 1376), vocab 32064 kept; CLIP tower 4 of 24 "
+         "layers, width 512 of 1024 (8 heads of 64, MLP 2048) at 336 px (577 tokens, the last layer unused); 2 images "
+         "a sample (1,152 image tokens in the 2,048) fed as pixels with their <image> placeholders; the simulator "
+         "keeps the unused last CLIP layer's saved tensors to the peak (28.4 MB; a real forward frees them: "
+         "tests/estimate/test_llava_activations.py) and the estimate counts Adam state for that layer, which no "
+         "gradient reaches (25.2 MB); with vision_feature_layer -1 (every layer used) the error is -0.00%",
+         ("ddp", 2, 1, 2048, False), images=2),
+    Kind("vision-language (Llava), zero3", "llava-hf/llava-1.5-7b-hf", ("zero3", 8, 1, 4096, True), LLAVA_SCALED,
+         "as above under FSDP2 (the simulator's wrapper shards the language model's layers; the tower stays in the "
+         "root unit, which the estimate counts gathered)", ("zero3", 2, 1, 2048, False), images=2),
     Kind("encoder-decoder (T5)", "google-t5/t5-large", ("zero3", 8, 8, 512, False), T5_SCALED,
          "4 + 4 of 24 + 24 layers, width 512 of 1024 (8 heads of 64), vocab 32128 kept; target length = source "
          "length (the simulator feeds labels = inputs); SDPA: the CPU runs the math kernel in fp32 where a GPU "
@@ -138,6 +160,41 @@ class Row:
     simulate_s: float
 
 
+@contextlib.contextmanager
+def _fed_images(kind: Kind, spec):
+    """Llava's forward given ``kind.images`` images a sample: random 336 px pixels (fp32, as the
+    processor returns them) and that many runs of <image> placeholders at the start of each sample's
+    tokens. The simulator feeds token ids alone, so the benchmark wraps the class's forward; under fake
+    tensors the placeholder count cannot be read, so transformers' count check is switched off
+    (TRANSFORMERS_DISABLE_TORCH_CHECK)."""
+    if not kind.images:
+        yield
+        return
+    import torch
+    import transformers
+
+    cls, original = transformers.LlavaForConditionalGeneration, transformers.LlavaForConditionalGeneration.forward
+    side, count = kind.scaled["vision_config"]["image_size"], kind.images * spec.tokens_per_image
+
+    def forward(self, input_ids=None, **kwargs):
+        ids = input_ids.clone()
+        ids[:, 1:1 + count] = self.config.image_token_id
+        pixels = torch.randn(ids.shape[0] * kind.images, 3, side, side)
+        return original(self, input_ids=ids, pixel_values=pixels, **kwargs)
+
+    before = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
+    os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
+    cls.forward = forward
+    try:
+        yield
+    finally:
+        cls.forward = original
+        if before is None:
+            os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK")
+        else:
+            os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = before
+
+
 def _plan_text(plan: tuple) -> str:
     strategy, world, mb, seq, ckpt = plan
     return f"{strategy} {world}xH100 mb {mb} seq {seq}{' ckpt' if ckpt else ''}"
@@ -160,10 +217,15 @@ def run(kind: Kind) -> Row:
     s_strategy, s_world, s_mb, s_seq, s_ckpt = kind.sim_plan
     start = time.perf_counter()
     training = TrainingConfig(seq_len=s_seq, attention=kind.attention)
-    sim = simulate(kind.scaled, world_size=s_world, strategy=s_strategy, training=training,
-                   micro_batch_size=s_mb, checkpointing=s_ckpt)
+    scaled = spec_for(kind.scaled)
+    with _fed_images(kind, scaled):
+        sim = simulate(kind.scaled, world_size=s_world, strategy=s_strategy, training=training,
+                       micro_batch_size=s_mb, checkpointing=s_ckpt)
     elapsed = time.perf_counter() - start
-    est = estimate_memory(spec_for(kind.scaled), parse_gpus(f"{s_world}xH100"), training,
+    if kind.images:  # the estimate adds the image tokens to --seq-len: the same 2,048 tokens in all
+        training = TrainingConfig(seq_len=s_seq - kind.images * scaled.tokens_per_image, images_per_sample=kind.images,
+                                  attention=kind.attention)
+    est = estimate_memory(scaled, parse_gpus(f"{s_world}xH100"), training,
                           get_strategy(s_strategy).on("torch"), micro_batch_size=s_mb, checkpointing=s_ckpt)
     error = 100 * (est.peak_allocated - sim.peak_allocated) / sim.peak_allocated
     return Row(kind.label, kind.model_id, spec.count_method, spec.total_params, meta, spec.active_params,

@@ -31,7 +31,7 @@ from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
-from advisor.estimate.activations_vision import VISION_NOTE
+from advisor.estimate.activations_vision import vision_note
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
@@ -105,7 +105,7 @@ class ActivationEstimate(BaseModel):
 
 
 _OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
-_VISION_LANGUAGE = ("qwen2_5_vl",)
+_VISION_LANGUAGE = ("qwen2_5_vl", "qwen2_vl", "llava")
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
 
@@ -117,7 +117,7 @@ def activation_family(model_type: str | None) -> str | None:
     info = load_architectures().get(model_type or "")
     # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
     # Qwen2.5-VL's language model is a Qwen2 decoder (its vision tower: VISION_NOTE).
-    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl", "jamba") else None
+    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl", "llava", "jamba") else None
 
 
 def _info_qk_norm(model_type: str | None) -> bool:
@@ -176,7 +176,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         elif spec.model_type in _VISION_LANGUAGE:
-            note = VISION_NOTE
+            note = vision_note(spec.model_type)
         elif spec.hybrid is not None:
             note = JAMBA_NOTE
         elif spec.num_experts:

@@ -1,4 +1,5 @@
-"""Activation memory of a vision-language model's vision tower (Qwen2.5-VL), per image patch.
+"""Activation memory of a vision-language model's vision tower (Qwen2.5-VL), per image patch; Llava's
+CLIP tower and projector are ``advisor.estimate.activations_llava``'s, dispatched from here.
 
 What belongs here: what one patch leaves saved for backward in ``Qwen2_5_VisionTransformerPretrainedModel``
 (transformers 5.x ``modeling_qwen2_5_vl.py``) under SDPA or flash attention: the patch embedding,
@@ -24,7 +25,9 @@ the language model's blocks), video (more than one temporal patch).
 
 from __future__ import annotations
 
+from advisor.estimate.activations_llava import LLAVA_NOTE, clip_per_image
 from advisor.model.kinds import VisionFacts
+from advisor.model.llava import ClipTowerFacts
 
 FP32 = 4
 
@@ -34,8 +37,24 @@ VISION_NOTE = ("vision-language model: activations are the language model's over
                "the tower's windows, autocast casts inside it and video frames are not modelled")
 
 
+def qwen2_vl_per_patch(cb: int, vision: VisionFacts) -> int:
+    """Qwen2-VL's tower (modeling_qwen2_vl.py), a patch: per block two LayerNorms, each its input and
+    output plus fp32 mean and rstd on a GPU (8 bytes), the same attention as Qwen2.5-VL's (7 W, log-sum-
+    exp), and the fc1 / quick_gelu / fc2 MLP: fc1's output, the sigmoid and fc2's input (3 I); the
+    merger's LayerNorm (input, output, stats) and its GELU's input and output; the patch embedding's
+    pixels and the rotary tables as Qwen2.5-VL's."""
+    w, i = vision.width, vision.intermediate_size
+    norm = 2 * cb * w + 2 * FP32
+    block = 2 * norm + 7 * cb * w + FP32 * vision.num_heads + 3 * cb * i
+    merger = norm + 2 * cb * w * vision.merge * vision.merge // 4
+    rotary = 2 * FP32 * (w // vision.num_heads)
+    return vision.depth * block + cb * vision.patch_values + rotary + merger
+
+
 def vision_per_patch(cb: int, vision: VisionFacts) -> int:
     """Bytes one patch leaves saved in the whole tower (every block, the patch embedding, rotary, merger)."""
+    if vision.kind == "qwen2_vl":
+        return qwen2_vl_per_patch(cb, vision)
     w, i = vision.width, vision.intermediate_size
     norms = 2 * ((FP32 + 2 * cb) * w + FP32)
     attention = 7 * cb * w + FP32 * vision.num_heads  # qkv (3 W), rotated q and k, output, proj input; lse
@@ -46,6 +65,17 @@ def vision_per_patch(cb: int, vision: VisionFacts) -> int:
     return vision.depth * block + cb * vision.patch_values + rotary + merger
 
 
-def vision_saved_bytes(cb: int, vision: VisionFacts, *, image_tokens: int) -> int:
-    """The tower's saved bytes for ``image_tokens`` language-model tokens of images (merge^2 patches each)."""
+def vision_note(model_type: str | None) -> str:
+    """The plan's note for a vision-language model."""
+    return LLAVA_NOTE if model_type == "llava" else VISION_NOTE
+
+
+def vision_saved_bytes(cb: int, vision: VisionFacts | ClipTowerFacts, *, image_tokens: int, residual: int | None = None,
+                       input_casts: bool = False) -> int:
+    """The tower's saved bytes for ``image_tokens`` language-model tokens of images (Qwen2.5-VL: merge^2
+    patches each, at ``cb`` bytes throughout; Llava: ``image_tokens`` tokens an image, its residual
+    stream at ``residual`` bytes and, under autocast, each linear's own cast of an fp32 input)."""
+    if isinstance(vision, ClipTowerFacts):
+        per_image = clip_per_image(cb, vision, residual=residual or cb, input_casts=input_casts)
+        return image_tokens // vision.image_tokens * per_image
     return image_tokens * vision.merge * vision.merge * vision_per_patch(cb, vision)

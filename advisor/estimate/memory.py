@@ -44,11 +44,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
+from advisor.model.llava import ClipTowerFacts
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
@@ -335,7 +337,10 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     )
     if spec.vision is None or not images or training.lora is not None:  # a frozen tower saves nothing
         return est
-    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images)
+    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images,
+                                                  residual=dtypes.residual, input_casts=dtypes.input_casts)
+    if dtypes.input_casts and isinstance(spec.vision, ClipTowerFacts):  # autocast's saved bf16 weight copies
+        tower += clip_weight_casts(spec.vision)
     return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
 
 
@@ -344,6 +349,8 @@ def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:
     (Qwen2.5-VL: 14-pixel patches merged 2 x 2, one token per 28 x 28 pixels; a 448 x 448 image is 256)."""
     if not training.images_per_sample:
         return 0
+    if spec.tokens_per_image is not None:  # Llava: every image resized to the tower's side
+        return training.images_per_sample * spec.tokens_per_image
     if spec.image_token_pixels is None:
         raise ValueError(f"--images-per-sample needs a vision-language model; {spec.name[:60]} takes no images")
     side = -(-training.image_size // spec.image_token_pixels)

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
-from advisor.model.kinds import bart_parts, mamba_parts, qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts
+from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
+                                 qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts)
 from advisor.model.hybrid import jamba_parts
+from advisor.model.llava import clip_tower, llava_text_config
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
 from advisor.model.spec import ModelSpec, Source
 
@@ -164,9 +166,12 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
         parts = _decoder({**cfg, **(cfg.get("text_config") or {})}, info)
         if parts is not None:
             vision = cfg.get("vision_config") or {}
-            parts["other_params"] += qwen_vl_vision_params(vision)
+            qwen2 = cfg.get("model_type") == "qwen2_vl"  # Qwen2-VL's tower: LayerNorms and an fc1 / fc2 MLP
+            parts["other_params"] += (qwen2_vl_vision_params if qwen2 else qwen_vl_vision_params)(vision)
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
-            parts["vision"] = qwen_vl_vision_facts(vision)
+            parts["vision"] = (qwen2_vl_vision_facts if qwen2 else qwen_vl_vision_facts)(vision)
+    elif info.formula == "llava":  # advisor.model.llava: the language model's own formula, the tower 'other'
+        return _llava(cfg, name=name, source=source, architecture=architecture)
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":
@@ -178,6 +183,23 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     if parts is None:
         return None
     return _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
+
+
+def _llava(cfg: dict, *, name: str, source: Source, architecture: str | None) -> ModelSpec | None:
+    """Llava: a decoder language model (block class and formula of its text_config's model_type)
+    plus the CLIP tower and projector; ``None`` (the meta device counts it) for any other pair."""
+    text, kind = llava_text_config(cfg)
+    text_info, tower = load_architectures().get(kind), clip_tower(cfg)
+    if text_info is None or text_info.formula != "decoder" or tower is None:
+        return None
+    parts = _decoder(text, text_info)
+    if parts is None:
+        return None
+    parts["other_params"] += tower[0]
+    parts.update(vision=tower[1], tokens_per_image=tower[1].image_tokens)
+    spec = _spec(cfg, parts, text_info, name=name, source=source, architecture=architecture)
+    # FSDP units: the language model's blocks, then the tower's (CLIPEncoderLayer)
+    return spec.model_copy(update={"block_classes": (*spec.block_classes, tower[1].block_class)})
 
 
 def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: Source,

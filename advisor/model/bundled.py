@@ -19,7 +19,7 @@ class _Frozen(BaseModel):
 
 
 class ArchitectureInfo(_Frozen):
-    formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "bart", "mamba", "jamba", "qwen_vl"] = Field(description="Counting formula to use.")
+    formula: Literal["decoder", "gpt2", "bert", "qwen_moe", "deepseek", "t5", "bart", "mamba", "jamba", "qwen_vl", "llava"] = Field(description="Counting formula to use.")
     block_classes: tuple[str, ...] = Field(min_length=1, description="Repeated layer classes, one FSDP unit each "
                                            "(several where the model stacks several kinds: Jamba, BART).")
     tie_word_embeddings: bool = Field(description="Config-class default for tied embeddings.")
@@ -33,6 +33,8 @@ class ArchitectureInfo(_Frozen):
     shared_expert_key: str | None = Field(default=None, description="Config key of a gated shared expert's width (Qwen2-MoE).")
     fused_projections: bool = Field(default=False, description="One qkv_proj and one gate_up_proj per block.")
     lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
+    config_defaults: dict[str, dict[str, int | str]] | None = Field(
+        default=None, description="Class defaults of sub-configs a config.json may omit (Llava: text_config, vision_config).")
 
 
 @functools.cache

@@ -11,6 +11,7 @@ decoder blocks differ, so it reports no single ``layer_params``.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -58,6 +59,9 @@ class VisionFacts(BaseModel):
     intermediate_size: int = Field(ge=1, description="Vision gated MLP width.")
     patch_values: int = Field(ge=1, description="Pixel values per patch (channels x temporal x patch x patch).")
     merge: int = Field(ge=1, description="Patches merged per side into one language-model token.")
+    kind: Literal["qwen2_5_vl", "qwen2_vl"] = Field(
+        default="qwen2_5_vl", description="Block kind: Qwen2.5-VL (RMSNorm, gated SiLU MLP) or Qwen2-VL (LayerNorm "
+        "with bias, fc1 / quick_gelu / fc2 MLP).")
 
 
 def qwen_vl_vision_facts(vision: dict) -> VisionFacts:
@@ -179,3 +183,28 @@ def qwen_vl_vision_params(vision: dict) -> int:
     merged = width * merge * merge
     merger = width + (merged * merged + merged) + (merged * out + out)
     return channels * temporal * patch * patch * width + vision.get("depth", 32) * block + merger
+
+
+def qwen2_vl_vision_params(vision: dict) -> int:
+    """Qwen2-VL's vision tower (``Qwen2VisionTransformerPretrainedModel``, modeling_qwen2_vl.py): a Conv3d
+    patch embedding without bias, blocks of two LayerNorms (weight and bias), fused qkv and proj with
+    biases and an fc1 / fc2 MLP with biases (width x mlp_ratio), and the patch merger (LayerNorm, then
+    two Linear layers with biases: 4 x width -> 4 x width -> ``hidden_size``, the language model's width).
+    The vision config's ``embed_dim`` is the tower's width, its ``hidden_size`` the merger's output."""
+    width, out = vision.get("embed_dim", 1280), vision.get("hidden_size", 3584)
+    inter = int(width * vision.get("mlp_ratio", 4))
+    patch, temporal = vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    channels, merge = vision.get("in_channels", vision.get("in_chans", 3)), vision.get("spatial_merge_size", 2)
+    block = 2 * 2 * width + (3 * width * width + 3 * width) + (width * width + width) + 2 * width * inter + inter + width
+    merged = width * merge * merge
+    merger = 2 * width + (merged * merged + merged) + (merged * out + out)
+    return channels * temporal * patch * patch * width + vision.get("depth", 32) * block + merger
+
+
+def qwen2_vl_vision_facts(vision: dict) -> VisionFacts:
+    """The same keys and defaults as ``qwen2_vl_vision_params``."""
+    width, patch, temporal = vision.get("embed_dim", 1280), vision.get("patch_size", 14), vision.get("temporal_patch_size", 2)
+    return VisionFacts(depth=vision.get("depth", 32), width=width, num_heads=vision.get("num_heads", 16),
+                       intermediate_size=int(width * vision.get("mlp_ratio", 4)),
+                       patch_values=vision.get("in_channels", vision.get("in_chans", 3)) * temporal * patch * patch,
+                       merge=vision.get("spatial_merge_size", 2), kind="qwen2_vl")

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
+from advisor.model.llava import ClipTowerFacts
 from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
@@ -56,7 +57,11 @@ class ModelSpec(BaseModel):
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention widths (DeepSeek).")
     image_token_pixels: int | None = Field(default=None, ge=1, description="Side in pixels of one image token "
                                            "(vision-language: patch x spatial merge); None: no images.")
-    vision: VisionFacts | None = Field(default=None, description="Vision tower widths (Qwen2.5-VL).")
+    tokens_per_image: int | None = Field(default=None, ge=1, description="Language-model tokens of one image "
+                                         "whatever its size (Llava: images resized to the tower's side); None: "
+                                         "image_token_pixels decides.")
+    vision: VisionFacts | ClipTowerFacts | None = Field(default=None, description="Vision tower widths "
+                                                        "(Qwen2.5-VL; Llava's CLIP tower and projector).")
     ssm: SsmFacts | None = Field(default=None, description="State-space mixer widths (Mamba).")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
     hybrid: HybridFacts | None = Field(default=None, description="Per-layer attention / Mamba and MoE / MLP pattern (Jamba).")

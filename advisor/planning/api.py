@@ -280,9 +280,12 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
                      "decoder's own length)")
     if training.images_per_sample:
         per_image = image_tokens(spec, training) // training.images_per_sample
-        notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({training.image_size} x "
-                     f"{training.image_size} pixels assumed, --image-size; one token per {spec.image_token_pixels} x "
-                     f"{spec.image_token_pixels} pixels) added to the {training.seq_len} text tokens")
+        how = (f"every image resized to the vision tower's side; --image-size {training.image_size} does not apply"
+               if spec.tokens_per_image is not None else
+               f"{training.image_size} x {training.image_size} pixels assumed, --image-size; one token per "
+               f"{spec.image_token_pixels} x {spec.image_token_pixels} pixels")
+        notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({how}) added to the "
+                     f"{training.seq_len} text tokens")
     shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
     if shape_note and not spec.traced:
         notes.append(shape_note)

@@ -201,3 +201,19 @@ def test_nothing_fits_is_refused_naming_the_smallest_fit():
     message = str(err.value)
     assert "\n" not in message and "nothing to export" in message and "would fit" in message
     assert os.linesep not in message
+
+
+def test_llava_wraps_the_language_and_vision_blocks(tmp_path, monkeypatch):
+    """Llava: accelerate's FSDP plugin reads both block classes from the one comma-separated key (its
+    dataclasses.py splits on ','), and the Trainer arguments list both."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    from advisor.export.trainer import build_trainer_args
+
+    plan = make_plan("llava-hf/llava-1.5-7b-hf", strategy="zero3", images_per_sample=1)
+    _, env = _launcher_env(_write(tmp_path, plan))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert FullyShardedDataParallelPlugin().transformer_cls_names_to_wrap == ["LlamaDecoderLayer", "CLIPEncoderLayer"]
+    args = build_trainer_args(plan)
+    assert args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer", "CLIPEncoderLayer"]

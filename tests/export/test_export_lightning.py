@@ -106,7 +106,8 @@ def _executable(source: str) -> str:
 
 
 def _shard_llava(rank: int, world_size: int, source: str) -> None:
-    """The exported shard_model on a tiny Llava over all ranks: only the language model's blocks are units."""
+    """The exported shard_model on a tiny Llava over all ranks: the language model's blocks and the CLIP
+    tower's layers are units; one image (32 x 32 pixels of 8 x 8 patches: 16 image tokens) runs the tower."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
@@ -117,15 +118,20 @@ def _shard_llava(rank: int, world_size: int, source: str) -> None:
     mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
     namespace["shard_model"](model, mesh)
     units = sorted(type(m).__name__ for m in model.modules() if isinstance(m, FSDPModule))
-    assert units == ["FSDPLlamaDecoderLayer", "FSDPLlamaDecoderLayer", "FSDPLlavaForConditionalGeneration"], units
-    ids = torch.randint(0, 900, (1, 8), generator=torch.Generator().manual_seed(rank))  # text only, no image token
-    model(input_ids=ids, labels=ids).loss.backward()
+    assert units == ["FSDPCLIPEncoderLayer", "FSDPCLIPEncoderLayer", "FSDPLlamaDecoderLayer", "FSDPLlamaDecoderLayer",
+                     "FSDPLlavaForConditionalGeneration"], units
+    ids = torch.randint(0, 900, (1, 24), generator=torch.Generator().manual_seed(rank))
+    ids[:, 4:20] = 999  # the image's placeholder tokens
+    pixels = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(rank))
+    model(input_ids=ids, pixel_values=pixels, labels=ids).loss.backward()
     assert all(p.grad is not None for p in model.model.language_model.parameters())
+    # The last CLIP layer runs but feeds nothing (vision_feature_layer -2): only the first gets gradients.
+    assert all(p.grad is not None for p in model.model.vision_tower.encoder.layers[0].parameters())
 
 
-def test_llava_export_imports_and_shards_the_language_model_blocks(llava_dir):
+def test_llava_export_imports_and_shards_the_language_and_vision_blocks(llava_dir):
     source = build_lightning(plan(llava_dir, "2xA100", strategy="zero3"))
-    assert 'BLOCK_CLASSES = ("LlamaDecoderLayer",)' in source and "modeling_llava" not in source
+    assert 'BLOCK_CLASSES = ("LlamaDecoderLayer", "CLIPEncoderLayer")' in source and "modeling_llava" not in source
     namespace: dict = {}
     exec(_executable(source), namespace)  # the old file raised ImportError here
     from lightning.pytorch.strategies import ModelParallelStrategy

@@ -77,12 +77,13 @@ def test_llava_language_model_fields_and_vision_tower_counted(llava_dir):
     spec = resolve_model(llava_dir)
     assert spec.total_params == LLAVA_TOTAL
     assert (spec.vocab_size, spec.hidden_size, spec.num_layers, spec.num_attention_heads) == (1000, 64, 2, 4)
-    assert (spec.block_classes, spec.layer_params) == (("LlamaDecoderLayer",), 41_088)
+    assert (spec.block_classes, spec.layer_params) == (("LlamaDecoderLayer", "CLIPEncoderLayer"), 41_088)
     shape = shape_of(spec)
     assert shape.family == "decoder" and shape.vocab_size == 1000
-    assert shape.note.startswith("no activation formula for model_type llava;")
+    # Llava has its own count and tower model now (advisor.model.llava, activations_vision): the note says so.
+    assert spec.count_method == "formula" and shape.note.startswith("Llava: activations are the language model's")
     notes = " ".join(plan(llava_dir, gpus="1xA100", micro_batch_size=1, strategy="ddp").assumptions)
-    assert "no activation formula for model_type llava" in notes and "pass a config" not in notes
+    assert "Llava: activations" in notes and "pass a config" not in notes
 
 
 def test_known_family_has_no_note():

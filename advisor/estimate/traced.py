@@ -54,6 +54,8 @@ def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
 
     if not spec.has_architecture or spec.model_type is None or activation_family(spec.model_type) is not None:
         return None
+    if spec.encdec is not None:  # T5, BART: both stacks have a formula (advisor.estimate.activations_encdec)
+        return None
     if training.lora is not None or spec.trainable_params < spec.total_params:
         return None  # frozen weights save less; the traced profile is measured with every weight training
     return f"no activation formula for model_type {spec.model_type}"

@@ -45,3 +45,21 @@ def test_custom_code_without_trust_is_one_line_and_exit_2(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err
     assert "meta device" in lines[0] and "--trust-remote-code" in lines[0] and "my_custom_lm" in lines[0]
+
+
+T5 = dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=64, d_kv=16, d_ff=128, num_layers=2,
+          num_decoder_layers=2, num_heads=4, vocab_size=512, feed_forward_proj="relu", relative_attention_num_buckets=8,
+          relative_attention_max_distance=16, tie_word_embeddings=True, decoder_start_token_id=0)
+
+
+def test_encoder_decoder_keeps_its_formula_and_traces_nothing(tmp_path, monkeypatch, capsys):
+    """T5 and BART have a formula for both stacks (activations_encdec, checked against the simulator by
+    benchmarks/encdec_checks.py); tracing them took minutes on a cold t5-large plan and replaced that formula."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, out, _ = run_main(["plan", "--model", _model_dir(tmp_path, T5), "--gpus", "1xH100", "--seq-len", "64",
+                             "--json"], capsys)
+    assert code == 0
+    notes = json.loads(out)["assumptions"]
+    assert not any("traced" in n or "no activation formula" in n for n in notes)
+    assert any(n.startswith("encoder-decoder (T5)") for n in notes)
+    assert not (tmp_path / "cache" / "dp-advisor" / "profiles").exists()

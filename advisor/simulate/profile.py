@@ -1,11 +1,13 @@
 """Trace a model's activation memory on fake tensors: the ``BlockProfile`` of a family with no formula.
 
-``trace_profile(cfg, key)`` builds the model with one and with two blocks on the meta device, gives
-it fake tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16
-weights, or fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory.
-_recipe_dtypes`` says), wraps its blocks for checkpointing when asked, and runs forward, loss and
-backward at micro-batch 1 and 2. A ``TorchDispatchMode`` logs every storage each op creates and,
-through a weak reference, when it dies; parameters (made before the trace), their gradients and
+``trace_profile(cfg, key)`` builds the model with two blocks on the meta device, gives it fake
+tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16 weights, or
+fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory._recipe_dtypes``
+says), wraps its blocks for checkpointing when asked, and runs forward, loss and backward at
+micro-batch 1 and 2; the one-block points are derived from those steps (``one_block_less``), which
+halves the traced steps of a cold plan (benchmarks/results/trace_speed.md). A ``TorchDispatchMode``
+logs every storage each op creates and, through a weak reference, when it dies; parameters (made
+before the trace), their gradients and
 autocast's copies of them are left out, because the memory model counts those with the strategy.
 Replaying the log gives the live bytes at the moments ``advisor.estimate.memory`` composes: the peak
 of forward, the peak of the loss backward, the bytes live when the top block's backward begins (less
@@ -108,7 +110,8 @@ class _LiveLog:
     def replay(self, left_out: set[int]) -> dict[str, int]:
         """Peak live bytes of each phase, the live bytes at the block-backward mark, and for
         ``one_block_less``: what the top block adds there (``top_block``) and the peaks of the blocks'
-        backward while the top block runs it (``blocks_top``) and once every block is done (``blocks_bottom``)."""
+        backward while the top block runs it (``blocks_top``) and once every block is done
+        (``blocks_bottom``)."""
         levels = [0]  # levels[k]: live bytes after the first k events
         for uid, delta in self.events:
             levels.append(levels[-1] + (0 if uid in left_out else delta))
@@ -231,7 +234,8 @@ def _watch(net: Any, params: list, log: _LiveLog, *, count_saved: bool) -> tuple
                first.register_forward_hook(lambda *a: inside.__setitem__("first", False)),
                first.register_forward_pre_hook(lambda m, a, kw: _on_block_start(a, kw, log, top=False),
                                                with_kwargs=True),
-               last.register_forward_pre_hook(lambda m, a, kw: _on_block_start(a, kw, log, top=True), with_kwargs=True),
+               last.register_forward_pre_hook(lambda m, a, kw: _on_block_start(a, kw, log, top=True),
+                                              with_kwargs=True),
                last.register_forward_hook(lambda m, a, out: _on_grad(out, log))]
     hooks = saved_tensors_hooks(pack, lambda t: t) if count_saved else contextlib.nullcontext()
     return saved, grads, handles, hooks
@@ -240,13 +244,12 @@ def _watch(net: Any, params: list, log: _LiveLog, *, count_saved: bool) -> tuple
 def _on_block_start(args: tuple, kwargs: dict, log: _LiveLog, *, top: bool) -> None:
     """At the first forward of the top block (``top``) or of the bottom one: mark the moment and its
     hidden-state input, and hook the moment the gradient reaches that input (the block's backward is done)."""
-    name = "top" if top else "bottom"
-    if f"{name}_input" in log.marks:
+    start = "top_start" if top else "bottom_block_start"
+    if start in log.marks:
         return  # a checkpointed block's forward, run again in backward
-    log.mark_once(f"{name}_input")
+    log.mark_once(start)
     hidden = args[0] if args else kwargs.get("hidden_states")
     if top:
-        log.mark_once("top_start")
         log.top_input = log.uid_of(hidden) if hidden is not None else None
     if hidden is not None and hidden.requires_grad:
         done = "top_backward_end" if top else "bottom_start"
@@ -269,13 +272,16 @@ def _on_grad(out: Any, log: _LiveLog) -> None:
 
 
 def one_block_less(point: dict[str, int]) -> dict[str, int]:
-    """The moments of a step with one block less, from a traced step: every moment less what the top
-    block's forward left live (``top_block``). The blocks are the same module repeated, so removing the top
-    one removes exactly its saved tensors from every moment that follows it; the peaks keep their place
-    (the logits, the loss backward, the top block's backward). Checked equal to a traced one-block step in
-    tests/simulate/test_profile_derive.py; where a one-block model's backward peak is set below its block
-    (OPT's positional-embedding backward at batch 1) the blocks' peak keeps the two-block slope, which is what
-    a deep model's top block sees."""
+    """The moments of the same step with one block less, from a traced step (``_measure``'s output).
+
+    The blocks are one module repeated, each fed the output of the one below. Removing the top block
+    removes what its forward left live (``top_block``: the storages it made, bar its output, which takes
+    the part the output below it plays with one block less, plus that input if the top block keeps it) from
+    every moment after it: the forward peak (logits and loss), the loss backward, the start of the blocks'
+    backward. The blocks' backward peaks either while the top block runs it (less the same) or once every
+    block is done (the embedding's backward: the same step either way). Equal, to the byte, to a traced
+    one-block step on every held-out family, batch 1 and 2, with and without checkpointing
+    (tests/simulate/test_profile_derive.py; benchmarks/results/trace_speed.md)."""
     out = dict(point)
     for name in ("forward", "loss", "at_blocks"):
         out[name] = point[name] - point["top_block"]

@@ -36,7 +36,23 @@ Every ``apply_*`` function is a pure "apply": explicit arguments, no planning, n
 no printing.
 """
 
-from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from wrappers.wrap import Decision, wrap
 
+if TYPE_CHECKING:  # pragma: no cover
+    from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
+
 __all__ = ["Decision", "load_checkpoint", "save_checkpoint", "wrap"]
+
+
+def __getattr__(name: str) -> Any:
+    """``load_checkpoint`` and ``save_checkpoint`` on first use (PEP 562): ``checkpoint_io`` imports
+    torch.distributed's checkpoint and optimizer modules (about 0.6 s, TorchScript compiles), which the
+    tracer (``advisor.simulate.profile``, through ``wrappers.blocks``) never needs."""
+    if name in ("load_checkpoint", "save_checkpoint"):
+        return getattr(import_module("wrappers.checkpoint_io"), name)
+    raise AttributeError(f"module 'wrappers' has no attribute {name!r}")

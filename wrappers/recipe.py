@@ -38,7 +38,6 @@ from wrappers.dp import apply_dp
 from wrappers.fsdp import apply_fsdp
 from wrappers.optim import param_group_names, rebuild_optimizer
 from wrappers.precision import autocast_context, precision_dtypes
-from wrappers.zero1 import apply_zero1
 
 __all__ = ["STRATEGIES", "Applied", "Applier", "Recipe", "StrategySpec", "apply_recipe", "applier_for",
            "autocast_context"]
@@ -133,6 +132,8 @@ def _apply_ddp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.
 def _apply_zero1(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
     if ctx.optimizer is None:
         raise ValueError("zero1 partitions the optimizer: pass the optimizer to apply_recipe")
+    from wrappers.zero1 import apply_zero1  # torch.distributed.optim: TorchScript compiles, ~0.45 s to import
+
     return apply_zero1(model, ctx.optimizer, device=ctx.device, process_group=ctx.process_group)
 
 

@@ -1,10 +1,10 @@
 """``BlockProfile``: a model's activation memory measured by tracing it, as plain data.
 
 For a family with no activation formula (``advisor.estimate.activations.activation_family`` is
-None), ``advisor.simulate.profile`` runs the model with one and two blocks on fake tensors at the
-requested sequence length and recipe dtypes and records, at four (layers, micro-batch) points, the
-bytes that are live beyond parameters, their gradients and autocast's weight copies at the moments
-the memory model composes (``advisor.estimate.memory``). Each moment is a ``Bilinear`` in the number
+None), ``advisor.simulate.profile`` runs the model with two blocks on fake tensors at the requested
+sequence length and recipe dtypes at micro-batch 1 and 2, derives the same steps with one block,
+and so has, at four (layers, micro-batch) points, the bytes that are live beyond parameters, their
+gradients and autocast's weight copies at the moments the memory model composes (``advisor.estimate.memory``). Each moment is a ``Bilinear`` in the number
 of blocks and the micro-batch, solved exactly from the four points. The estimator reads these
 numbers as it reads the formula's (``advisor.estimate.traced``); nothing here imports torch.
 """

@@ -1,11 +1,13 @@
 """Trace a model's activation memory on fake tensors: the ``BlockProfile`` of a family with no formula.
 
-``trace_profile(cfg, key)`` builds the model with one and with two blocks on the meta device, gives
-it fake tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16
-weights, or fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory.
-_recipe_dtypes`` says), wraps its blocks for checkpointing when asked, and runs forward, loss and
-backward at micro-batch 1 and 2. A ``TorchDispatchMode`` logs every storage each op creates and,
-through a weak reference, when it dies; parameters (made before the trace), their gradients and
+``trace_profile(cfg, key)`` builds the model with two blocks on the meta device, gives it fake
+tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16 weights, or
+fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory._recipe_dtypes``
+says), wraps its blocks for checkpointing when asked, and runs forward, loss and backward at
+micro-batch 1 and 2; the one-block points are derived from those steps (``one_block_less``), which
+halves the traced steps of a cold plan (benchmarks/results/trace_speed.md). A ``TorchDispatchMode``
+logs every storage each op creates and, through a weak reference, when it dies; parameters (made
+before the trace), their gradients and
 autocast's copies of them are left out, because the memory model counts those with the strategy.
 Replaying the log gives the live bytes at the moments ``advisor.estimate.memory`` composes: the peak
 of forward, the peak of the loss backward, the bytes live when the top block's backward begins (less
@@ -64,6 +66,8 @@ class _LiveLog:
         self.uids: dict[int, int] = {}
         self.casts: set[int] = set()
         self.incoming = 0  # bytes of the gradient that reaches the last block's output
+        self.top_input: int | None = None  # uids of the top block's hidden-state input and output
+        self.top_output: int | None = None
 
     def record(self, func: Any, args: tuple, out: Any) -> None:
         import torch
@@ -99,21 +103,37 @@ class _LiveLog:
     def mark(self, name: str) -> None:
         self.marks[name] = len(self.events)
 
+    def mark_once(self, name: str) -> None:
+        """Remember this moment the first time only (a checkpointed block runs its forward again)."""
+        self.marks.setdefault(name, len(self.events))
+
     def replay(self, left_out: set[int]) -> dict[str, int]:
-        """Peak live bytes of each phase and the live bytes at the block-backward mark."""
-        bounds = [("forward", self.marks["forward_end"]), ("loss", self.marks["blocks_backward"]),
-                  ("blocks", len(self.events))]
-        live, out, i = 0, {}, 0
-        for phase, end in bounds:
-            peak = live
-            for uid, delta in self.events[i:end]:
-                if uid not in left_out:
-                    live += delta
-                    peak = max(peak, live)
-            out[phase], i = peak, end
-            if phase == "loss":
-                out["at_blocks"] = live
-        return out
+        """Peak live bytes of each phase, the live bytes at the block-backward mark, and for
+        ``one_block_less``: what the top block adds there (``top_block``) and the peaks of the blocks'
+        backward while the top block runs it (``blocks_top``) and once every block is done
+        (``blocks_bottom``)."""
+        levels = [0]  # levels[k]: live bytes after the first k events
+        for uid, delta in self.events:
+            levels.append(levels[-1] + (0 if uid in left_out else delta))
+        forward_end, backward, n = self.marks["forward_end"], self.marks["blocks_backward"], len(self.events)
+        alive: dict[int, int] = {}
+        for uid, delta in self.events[:backward]:
+            if uid not in left_out:
+                alive[uid] = alive.get(uid, 0) + delta
+        top_done, bottom = self.marks.get("top_backward_end", n), self.marks.get("bottom_start", n)
+        return {"forward": max(levels[:forward_end + 1]), "loss": max(levels[forward_end:backward + 1]),
+                "at_blocks": levels[backward], "blocks": max(levels[backward:]),
+                "blocks_top": max(levels[backward:top_done + 1]), "blocks_bottom": max(levels[bottom:]),
+                "top_block": self._top_block({uid: b for uid, b in alive.items() if b > 0})}
+
+    def _top_block(self, alive: dict[int, int]) -> int:
+        """Bytes live at the block-backward mark that a step with one block less would not hold: the storages
+        the top block's forward created (uids are event positions), less its output, which plays the part
+        the block below's output plays with one block less, plus that input of the top block if something
+        (the top block itself) still holds it."""
+        start, end = self.marks["top_start"], self.marks["top_end"]
+        made = sum(n for uid, n in alive.items() if start <= uid < end and uid != self.top_output)
+        return made + alive.get(self.top_input, 0)
 
 
 def _build(cfg: dict, key: ProfileKey, num_layers: int) -> Any:
@@ -212,14 +232,37 @@ def _watch(net: Any, params: list, log: _LiveLog, *, count_saved: bool) -> tuple
     first, last = blocks[0], blocks[-1]
     handles = [first.register_forward_pre_hook(lambda *a: inside.__setitem__("first", True)),
                first.register_forward_hook(lambda *a: inside.__setitem__("first", False)),
+               first.register_forward_pre_hook(lambda m, a, kw: _on_block_start(a, kw, log, top=False),
+                                               with_kwargs=True),
+               last.register_forward_pre_hook(lambda m, a, kw: _on_block_start(a, kw, log, top=True),
+                                              with_kwargs=True),
                last.register_forward_hook(lambda m, a, out: _on_grad(out, log))]
     hooks = saved_tensors_hooks(pack, lambda t: t) if count_saved else contextlib.nullcontext()
     return saved, grads, handles, hooks
 
 
+def _on_block_start(args: tuple, kwargs: dict, log: _LiveLog, *, top: bool) -> None:
+    """At the first forward of the top block (``top``) or of the bottom one: mark the moment and its
+    hidden-state input, and hook the moment the gradient reaches that input (the block's backward is done)."""
+    start = "top_start" if top else "bottom_block_start"
+    if start in log.marks:
+        return  # a checkpointed block's forward, run again in backward
+    log.mark_once(start)
+    hidden = args[0] if args else kwargs.get("hidden_states")
+    if top:
+        log.top_input = log.uid_of(hidden) if hidden is not None else None
+    if hidden is not None and hidden.requires_grad:
+        done = "top_backward_end" if top else "bottom_start"
+        hidden.register_hook(lambda grad: log.mark_once(done))
+
+
 def _on_grad(out: Any, log: _LiveLog) -> None:
-    """Mark the moment the gradient reaches the top block's output (its backward begins)."""
+    """Mark the moment the top block's forward ends (and its output), and hook the moment the gradient
+    reaches that output (its backward begins)."""
     hidden = out[0] if isinstance(out, tuple) else out
+    if "top_end" not in log.marks:
+        log.mark_once("top_end")
+        log.top_output = log.uid_of(hidden)
 
     def hook(grad):
         log.mark("blocks_backward")
@@ -228,19 +271,38 @@ def _on_grad(out: Any, log: _LiveLog) -> None:
     hidden.register_hook(hook)
 
 
+def one_block_less(point: dict[str, int]) -> dict[str, int]:
+    """The moments of the same step with one block less, from a traced step (``_measure``'s output).
+
+    The blocks are one module repeated, each fed the output of the one below. Removing the top block
+    removes what its forward left live (``top_block``: the storages it made, bar its output, which takes
+    the part the output below it plays with one block less, plus that input if the top block keeps it) from
+    every moment after it: the forward peak (logits and loss), the loss backward, the start of the blocks'
+    backward. The blocks' backward peaks either while the top block runs it (less the same) or once every
+    block is done (the embedding's backward: the same step either way). Equal, to the byte, to a traced
+    one-block step on every held-out family, batch 1 and 2, with and without checkpointing
+    (tests/simulate/test_profile_derive.py; benchmarks/results/trace_speed.md)."""
+    out = dict(point)
+    for name in ("forward", "loss", "at_blocks"):
+        out[name] = point[name] - point["top_block"]
+    out["blocks"] = max(point["blocks_top"] - point["top_block"], point["blocks_bottom"])
+    return out
+
+
 def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None,
                   built: dict | None = None) -> BlockProfile:
-    """The profile of ``cfg`` under ``key``, from steps at 1 and 2 blocks, batch 1 and 2.
+    """The profile of ``cfg`` under ``key``, from steps of two blocks at batch 1 and 2 (the one-block points
+    are derived from them, ``one_block_less``: two traced steps instead of four).
     ``layer_saved``: one block's saved bytes per sample without checkpointing, when already traced
     (the profile without checkpointing has it); otherwise a checkpointed key traces one more step."""
     built = {} if built is None else built
-    points = [_measure(cfg, key, num_layers=n, micro_batch_size=b, built=built)
-              for n, b in ((1, 1), (2, 1), (1, 2), (2, 2))]
+    two = [_measure(cfg, key, num_layers=2, micro_batch_size=b, built=built) for b in (1, 2)]
+    points = [one_block_less(two[0]), two[0], one_block_less(two[1]), two[1]]
     if key.checkpointing == "off":
-        layer_saved = points[0]["layer_saved"]
+        layer_saved = two[0]["layer_saved"]
     elif layer_saved is None:
         off = key.model_copy(update={"checkpointing": "off"})
-        layer_saved = _measure(cfg, off, num_layers=1, micro_batch_size=1, built=built)["layer_saved"]
+        layer_saved = _measure(cfg, off, num_layers=2, micro_batch_size=1, built=built)["layer_saved"]
 
     def solve(name: str) -> Bilinear:
         return Bilinear.solve(*(r[name] for r in points))

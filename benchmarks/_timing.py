@@ -22,10 +22,10 @@ def cold_time(cmd: list[str], repeat: int) -> float:
     return cold_times(cmd, repeat)[0]
 
 
-def _run(cmd: list[str], env: dict | None) -> tuple[float, float]:
+def _run(cmd: list[str], env: dict | None, cwd: str | None = None) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    subprocess.run(cmd, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=cwd)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -37,13 +37,16 @@ def cold_times(cmd: list[str], repeat: int, *, env: dict | None = None) -> tuple
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def paired_times(cmds: dict[str, list[str]], repeat: int, *, envs: dict[str, dict]) -> dict[str, tuple[float, float]]:
+def paired_times(cmds: dict[str, list[str]], repeat: int, *, envs: dict[str, dict],
+                 cwd: str | None = None) -> dict[str, tuple[float, float]]:
     """``cold_times`` for several variants of one command, interleaved run by run (a, b, a, b, ...) so
-    that the machine's load falls on each alike; ``envs[name]`` is each variant's environment."""
+    that the machine's load falls on each alike; ``envs[name]`` is each variant's environment. Give a
+    ``cwd`` outside every checkout when the variants differ by PYTHONPATH: ``python -m`` puts the
+    working directory ahead of PYTHONPATH."""
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cmds}
     for _ in range(repeat):
         for name, cmd in cmds.items():
-            runs[name].append(_run(cmd, envs[name]))
+            runs[name].append(_run(cmd, envs[name], cwd))
     return {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
             for name, rs in runs.items()}
 

@@ -100,13 +100,13 @@ def cold_figures(repeat: int, baseline: str | None) -> list[str]:
         envs = {name: bytecode_env(env, str(Path(tmp) / name)) for name, env in trees.items()}
         for label, argv in COLD.items():
             cmd = [*cli, *argv]
-            paired_times({name: cmd for name in envs}, 1, envs=envs)  # compile once, as pip does on install
-            times = paired_times({name: cmd for name in envs}, repeat, envs=envs)
+            paired_times({name: cmd for name in envs}, 1, envs=envs, cwd=tmp)  # compile once, as pip does
+            times = paired_times({name: cmd for name in envs}, repeat, envs=envs, cwd=tmp)
             lines.append(_line(label + " (cold)", times, goal=True))
-    first_label, first = next(iter(COLD.items()))
-    envs = {name: no_bytecode_env(env) for name, env in trees.items()}
-    times = paired_times({name: [*cli, *first] for name in envs}, repeat, envs=envs)
-    lines.append(_line(first_label + " (cold, no bytecode)", times, goal=False))
+        first_label, first = next(iter(COLD.items()))
+        envs = {name: no_bytecode_env(env) for name, env in trees.items()}
+        times = paired_times({name: [*cli, *first] for name in envs}, repeat, envs=envs, cwd=tmp)
+        lines.append(_line(first_label + " (cold, no bytecode)", times, goal=False))
     return lines
 
 

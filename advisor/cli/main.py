@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from importlib import import_module
 
 import click
 
@@ -19,7 +20,27 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose listed subcommands are imported only when named (click's documented pattern,
+    "Lazily Loading Subcommands"): ``advisor plan`` never loads compare, simulate or export."""
+
+    def __init__(self, *args, lazy_subcommands: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_subcommands = lazy_subcommands or {}  # name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_subcommands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_subcommands and cmd_name not in self.commands:
+            module, _, attribute = self.lazy_subcommands[cmd_name].partition(":")
+            self.add_command(getattr(import_module(module), attribute), name=cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             lazy_subcommands={"compare": "advisor.cli.compare:compare", "simulate": "advisor.cli.simulate:simulate",
+                               "export": "advisor.cli.export:export", "launch": "advisor.cli.export:launch"})
 @click.version_option(package_name="dp-advisor")
 def cli() -> None:
     """Which data-parallel strategy should this training job use, and does it fit?
@@ -132,21 +153,6 @@ def models() -> None:
 
     for model_id in bundled_model_ids():
         click.echo(model_id)
-
-
-def _register_commands() -> None:
-    from advisor.cli.compare import compare as compare_command
-    from advisor.cli.export import export, launch
-
-    from advisor.cli.simulate import simulate as simulate_command
-
-    cli.add_command(compare_command, name="compare")
-    cli.add_command(simulate_command, name="simulate")
-    cli.add_command(export)
-    cli.add_command(launch)
-
-
-_register_commands()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -88,9 +88,12 @@ def wide_console(min_width: int = 120) -> Console:
     Both width and height are given: with only a width, rich still runs its own size detection and,
     on a terminal it takes for dumb (TERM=dumb or unknown while FORCE_COLOR or TTY_COMPATIBLE=1 makes
     it a terminal), returns 80 columns and ignores the width asked for, so wide tables are squeezed
-    and their headers cut ("GPU-h/1B…")."""
+    and their headers cut ("GPU-h/1B…").
+
+    ``emoji=False``: nothing we print is an emoji code, and with codes on rich would turn a ``:name:``
+    inside a model id or path into a pictogram (and load its emoji table on every run)."""
     width, height = Console().size
-    return Console(width=max(width, min_width), height=height)
+    return Console(width=max(width, min_width), height=height, emoji=False)
 
 
 def print_table(table: Table, *, console: Console | None = None) -> None:
@@ -244,10 +247,12 @@ def print_plan(plan, *, console: Console | None = None) -> None:
         console.print(f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}){mesh}, micro-batch {rec.micro_batch_size}"
                       f"{ckpt}{accum}", highlight=False)
     else:
-        console.print("[bold red]Nothing fits.[/]")
-    console.print("[bold]Why:[/]")
+        console.print("[bold red]Nothing fits.[/]", highlight=False)
+    # highlight=False everywhere: the headers hold nothing rich's highlighter marks, and skipping it
+    # saves compiling its regular expressions (~5 ms of every `advisor plan`).
+    console.print("[bold]Why:[/]", highlight=False)
     for line in plan.why:
         console.print(f"  - {line}", highlight=False)
-    console.print("[bold]Assumptions:[/]")
+    console.print("[bold]Assumptions:[/]", highlight=False)
     for line in plan.assumptions:
         console.print(f"  - {line}", highlight=False)

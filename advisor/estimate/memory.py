@@ -42,7 +42,6 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_vision import vision_saved_bytes
@@ -255,6 +254,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
     layer, n_layers, outside = _block_params(spec)
     if training.engine == "deepspeed":
+        from advisor.estimate.buckets import deepspeed_buckets  # DeepSpeed's buckets load only for that engine
+
         buckets = deepspeed_buckets(spec)
         # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
         bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)

@@ -45,7 +45,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.quantized import stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -227,6 +226,8 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     if impl.engine == "torch":
         buckets = max(1, math.ceil(grad_bytes / eff.communication.ddp_bucket_bytes))
     else:  # one collective per DeepSpeed reduce bucket (the size our exported configs write)
+        from advisor.estimate.buckets import deepspeed_buckets  # loaded only for that engine
+
         buckets = max(1, math.ceil(trainable / deepspeed_buckets(spec).reduce_elements))
 
     def run(op: Collective, nbytes: float, count: int) -> float:

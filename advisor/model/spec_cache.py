@@ -10,9 +10,10 @@ the spec and profile caches share (the name fields are left out: a renamed copy 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-from importlib.metadata import version
+from importlib.metadata import distribution
 from pathlib import Path
 from typing import Callable
 
@@ -21,9 +22,25 @@ from advisor.model.spec import ModelSpec
 _IGNORED = ("_name_or_path", "transformers_version")
 
 
+@functools.cache
 def library_versions() -> dict:
-    """Installed torch and transformers versions, read without importing them."""
-    return {"torch": version("torch"), "transformers": version("transformers")}
+    """Installed torch and transformers versions, read without importing them (once per process)."""
+    return {"torch": _installed_version("torch"), "transformers": _installed_version("transformers")}
+
+
+def _installed_version(name: str) -> str:
+    """``importlib.metadata.version(name)``, reading only the metadata's header lines.
+
+    ``version()`` parses the whole METADATA file with the email parser (transformers' embeds its
+    README: about 5 ms each on a 2-core box); the core metadata spec puts ``Version`` among the
+    headers, which end at the first blank line (packaging.python.org, core metadata specifications)."""
+    dist = distribution(name)  # PackageNotFoundError when absent, as version() raises
+    for line in (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").splitlines():
+        if not line:  # a blank line ends the headers (a folded one holds spaces)
+            break
+        if line.startswith("Version:"):
+            return line.partition(":")[2].strip()
+    return dist.version
 
 
 def config_digest(cfg: dict, **extra: object) -> str:

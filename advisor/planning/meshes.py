@@ -17,7 +17,6 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.model_parallel import MESH_STRATEGIES, check_mesh_support
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -41,6 +40,14 @@ class MeshPins(BaseModel):
         return any(v is not None for v in (self.tp, self.cp, self.dp_replicate))
 
 
+def _mesh_strategies() -> tuple[str, ...]:
+    """``advisor.estimate.model_parallel.MESH_STRATEGIES``, imported when a mesh is considered: the
+    mesh estimators load only then, not for every plan."""
+    from advisor.estimate.model_parallel import MESH_STRATEGIES
+
+    return MESH_STRATEGIES
+
+
 def _powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
 
@@ -57,6 +64,8 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
             raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
     mesh = ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
                         tp=pins.tp or 1, world_size=world)
+    from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
+
     strategy = STRATEGIES["zero3"].on(training.engine)
     check_mesh_support(spec, training, strategy, mesh)
     mesh.check_node(hw.gpus_per_node)
@@ -112,11 +121,12 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
 def evaluate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, meshes: list[ParallelDims], *,
                     strategy: str | None = None) -> list[Candidate]:
     """Each mesh evaluated with FSDP2 (``strategy`` when the user named a sharded one)."""
-    names = [strategy] if strategy else list(MESH_STRATEGIES[:1])
+    mesh_strategies = _mesh_strategies()
+    names = [strategy] if strategy else list(mesh_strategies[:1])
     for name in names:
-        if name not in MESH_STRATEGIES:
+        if name not in mesh_strategies:
             raise ValueError(f"--strategy {name} cannot run on a mesh: tensor/context parallelism here runs "
-                             f"FSDP2 ({' or '.join(MESH_STRATEGIES)}) on the data-parallel ranks")
+                             f"FSDP2 ({' or '.join(mesh_strategies)}) on the data-parallel ranks")
     return [evaluate_candidate(spec, hw, training, name, mesh) for mesh in meshes for name in names]
 
 
@@ -225,7 +235,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy):
         return [], dp_choice, dp_why
-    elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
+    elif strategy and strategy not in _mesh_strategies():  # --strategy ddp etc.: that strategy alone
         if dp_blocked:
             raise ValueError(dp_blocked)
         return [], dp_choice, dp_why

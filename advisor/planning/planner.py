@@ -23,8 +23,6 @@ from advisor.calibration import error_table
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.estimate.quantized import quantization_unavailable
-from advisor.estimate.mesh_time import estimate_mesh_step_time
-from advisor.estimate.model_parallel import estimate_mesh_memory
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.mesh import ParallelDims
@@ -146,6 +144,9 @@ def evaluate_candidate(
         return Candidate(**base, available=False, unavailable_reason=quantized_reason)
     if impl.single_process and hardware.nodes > 1:
         return Candidate(**base, available=False, unavailable_reason="DataParallel is one process: one node only")
+    if mesh is not None:  # the model-parallel estimators load only when a mesh is evaluated
+        from advisor.estimate.mesh_time import estimate_mesh_step_time
+        from advisor.estimate.model_parallel import estimate_mesh_memory
 
     # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.

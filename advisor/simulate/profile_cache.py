@@ -38,8 +38,6 @@ def _read(path: Path, key: ProfileKey) -> BlockProfile | None:
 
 def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None) -> tuple[BlockProfile, ...]:
     """One profile per key, from the cache or traced now (and then cached)."""
-    from advisor.simulate.profile import trace_profile
-
     versions = library_versions()
     out = {}
     built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
@@ -49,6 +47,8 @@ def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None
         path = cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None
         profile = _read(path, key) if path is not None else None
         if profile is None:
+            from advisor.simulate.profile import trace_profile  # only on a cache miss: a hit never loads the tracer
+
             profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes), built=built)
             if path is not None:
                 try:

@@ -4,6 +4,7 @@ renders. Exit codes: 0 ok, 2 bad input (one line on stderr), 3 nothing fits, 1 i
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib import import_module
 
@@ -172,5 +173,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code)
 
 
+def console() -> None:
+    """The ``advisor`` script: ``main()``, then, when the command imported torch (a traced plan, simulate,
+    wrap checks), a direct exit once the output is flushed. The interpreter's teardown of torch and
+    transformers costs 0.7-1.4 s of CPU (benchmarks/results/trace_speed.md) and does nothing a finished
+    command needs: files are closed by their ``with`` blocks and child processes are joined."""
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    if code is not None and not isinstance(code, int):  # what sys.exit("message") would print
+        print(code, file=sys.stderr)
+        code = 1
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    console()

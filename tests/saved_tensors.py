@@ -22,3 +22,14 @@ def saved_forward_bytes(model: torch.nn.Module, **inputs) -> int:
     with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         model(**inputs)
     return sum(saved.values())
+
+
+def qwen_tower_saved_bytes(tower_class: type, config, dtype: torch.dtype, grid: int) -> int:
+    """``saved_forward_bytes`` of a Qwen2-VL / Qwen2.5-VL vision tower (SDPA) built from ``config`` in
+    ``dtype`` over one image of ``grid`` x ``grid`` patches (3 channels, flattened as the processor does)."""
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    tower = tower_class._from_config(config).to(dtype).train()
+    width = 3 * config.temporal_patch_size * config.patch_size ** 2
+    pixels = torch.randn(grid * grid, width, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    return saved_forward_bytes(tower, hidden_states=pixels, grid_thw=torch.tensor([[1, grid, grid]]))

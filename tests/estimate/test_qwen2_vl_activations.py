@@ -10,7 +10,7 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransforme
 
 from advisor.estimate.activations_vision import vision_per_patch
 from advisor.model.kinds import qwen2_vl_vision_facts
-from tests.saved_tensors import saved_forward_bytes
+from tests.saved_tensors import qwen_tower_saved_bytes
 
 # embed_dim is the tower's width; hidden_size the merger's output (the language model's width).
 VISION = dict(depth=2, embed_dim=64, hidden_size=96, mlp_ratio=4, num_heads=4, patch_size=4, spatial_merge_size=2,
@@ -19,12 +19,7 @@ GRID = 8  # one image of 8 x 8 patches
 
 
 def _saved_bytes(dtype: torch.dtype) -> int:
-    config = Qwen2VLVisionConfig(**VISION)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    tower = Qwen2VisionTransformerPretrainedModel._from_config(config).to(dtype).train()
-    pixels = torch.randn(GRID * GRID, 3 * 2 * 4 * 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
-    return saved_forward_bytes(tower, hidden_states=pixels, grid_thw=torch.tensor([[1, GRID, GRID]]))
+    return qwen_tower_saved_bytes(Qwen2VisionTransformerPretrainedModel, Qwen2VLVisionConfig(**VISION), dtype, GRID)
 
 
 @pytest.mark.parametrize("dtype,cb,cpu_stats_gap", [(torch.bfloat16, 2, 20), (torch.float32, 4, 0)])

@@ -11,7 +11,7 @@ from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTra
 
 from advisor.estimate.activations_vision import vision_per_patch
 from advisor.model.kinds import qwen_vl_vision_facts
-from tests.saved_tensors import saved_forward_bytes
+from tests.saved_tensors import qwen_tower_saved_bytes
 
 VISION = dict(depth=2, hidden_size=64, intermediate_size=80, num_heads=4, out_hidden_size=96, patch_size=4,
               spatial_merge_size=2, temporal_patch_size=2, window_size=16, fullatt_block_indexes=[1], in_chans=3)
@@ -19,12 +19,7 @@ GRID = 8  # one image of 8 x 8 patches: four 4 x 4 windows in block 0, one image
 
 
 def _saved_bytes(dtype: torch.dtype) -> int:
-    config = Qwen2_5_VLVisionConfig(**VISION)
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    tower = Qwen2_5_VisionTransformerPretrainedModel._from_config(config).to(dtype).train()
-    pixels = torch.randn(GRID * GRID, 3 * 2 * 4 * 4, dtype=dtype, generator=torch.Generator().manual_seed(0))
-    return saved_forward_bytes(tower, hidden_states=pixels, grid_thw=torch.tensor([[1, GRID, GRID]]))
+    return qwen_tower_saved_bytes(Qwen2_5_VisionTransformerPretrainedModel, Qwen2_5_VLVisionConfig(**VISION), dtype, GRID)
 
 
 @pytest.mark.parametrize("dtype,cb", [(torch.bfloat16, 2), (torch.float32, 4)])

@@ -280,8 +280,9 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
                      "decoder's own length)")
     if training.images_per_sample:
         per_image = image_tokens(spec, training) // training.images_per_sample
-        how = (f"every image resized to the vision tower's side; --image-size {training.image_size} does not apply"
-               if spec.tokens_per_image is not None else
+        how = ("every image resized to the vision tower's side" + (
+                   f"; --image-size {training.image_size} does not apply" if "image_size" in training.model_fields_set
+                   else "") if spec.tokens_per_image is not None else
                f"{training.image_size} x {training.image_size} pixels assumed, --image-size; one token per "
                f"{spec.image_token_pixels} x {spec.image_token_pixels} pixels")
         notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({how}) added to the "

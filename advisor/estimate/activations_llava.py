@@ -35,8 +35,9 @@ LLAVA_NOTE = ("Llava: activations are the language model's over the text tokens 
               "--images-per-sample (default 0; (side / patch)^2 an image, 576 for llava-1.5: each image is resized to "
               "the CLIP tower's side, so --image-size does not apply), the CLIP tower's over those patches and CLS up "
               "to its last used layer (SDPA or flash attention, not checkpointed) and the projector's; eager "
-              "attention in the tower and LoRA adapters on it (PEFT's q_proj/v_proj names also match CLIP's) are "
-              "not modelled: under --lora the tower and projector count as frozen")
+              "attention in the tower is not modelled; under --lora the tower and projector save nothing unless "
+              "the targets match the tower's layers too (PEFT's q_proj/v_proj names match CLIP's: those adapters "
+              "are counted, and the tower's activations then as for a full fine-tune, an overestimate)")
 
 
 def clip_per_image(cb: int, tower: ClipTowerFacts, *, residual: int, input_casts: bool) -> int:

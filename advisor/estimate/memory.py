@@ -46,7 +46,7 @@ from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, e
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
-from advisor.model.lora import adapter_inputs, selective_kept_linears
+from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -336,7 +336,8 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
-    if spec.vision is None or not images or training.lora is not None:  # a frozen tower saves nothing
+    frozen_tower = training.lora is not None and not tower_adapter_params(spec, training.lora)
+    if spec.vision is None or not images or frozen_tower:  # a frozen tower saves nothing
         return est
     tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images,
                                                   residual=dtypes.residual, input_casts=dtypes.input_casts)

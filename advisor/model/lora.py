@@ -159,20 +159,52 @@ def default_targets(spec: ModelSpec) -> tuple[str, ...]:
     return tuple(info.lora_targets)
 
 
+def _adapters(lora: LoraConfig, linears: dict[str, list[tuple[int, int]]], names: tuple[str, ...]) -> int:
+    return sum(lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
+               for name in names for fan_in, fan_out in linears.get(name, ()))
+
+
+def tower_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
+    """The linear layers of one CLIP encoder layer of a Llava tower (modeling_clip.py: CLIPAttention's
+    q/k/v/out_proj, CLIPMLP's fc1/fc2); empty for other models."""
+    tower = spec.vision
+    if spec.model_type != "llava" or tower is None:
+        return {}
+    w, inter = tower.width, tower.intermediate_size
+    return {"q_proj": [(w, w)], "k_proj": [(w, w)], "v_proj": [(w, w)], "out_proj": [(w, w)],
+            "fc1": [(w, inter)], "fc2": [(inter, w)]}
+
+
+def tower_adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
+    """Adapters PEFT puts on a Llava's CLIP tower (its names match the tower's q_proj, v_proj, ...
+    too) and, for all-linear, on the projector's linear_1 and linear_2 (modeling_llava.py
+    LlavaMultiModalProjector); 0 for other models."""
+    linears = tower_linears(spec)
+    if not linears:
+        return 0
+    if lora.targets == ALL_LINEAR:
+        text = spec.hidden_size
+        projector = {"linear_1": [(spec.vision.projector_in, text)], "linear_2": [(text, text)]}
+        return _adapters(lora, linears, tuple(linears)) * spec.vision.num_layers + _adapters(
+            lora, projector, tuple(projector))
+    return _adapters(lora, linears, target_names(spec, lora)) * spec.vision.num_layers
+
+
 def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
-    """Adapter parameters over the whole model (every block)."""
-    linears = block_linears(spec)
-    per_block = sum(lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
-                    for name in target_names(spec, lora) for fan_in, fan_out in linears[name])
-    return per_block * spec.num_layers
+    """Adapter parameters over the whole model (every block, and a Llava's vision tower)."""
+    per_block = _adapters(lora, block_linears(spec), target_names(spec, lora))
+    return per_block * spec.num_layers + tower_adapter_params(spec, lora)
 
 
 def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
-    """``spec`` with the adapters added to every block and only the adapters trainable."""
-    added = adapter_params(spec, lora)
+    """``spec`` with the adapters added to every block (a Llava tower's to ``other_params``) and only
+    the adapters trainable."""
+    added, tower = adapter_params(spec, lora), tower_adapter_params(spec, lora)
     update = {"total_params": spec.total_params + added, "trainable_params": added}
     if spec.layer_params is not None:
-        update["layer_params"] = spec.layer_params + added // spec.num_layers
+        update["layer_params"] = spec.layer_params + (added - tower) // spec.num_layers
+    if tower and spec.other_params is not None:
+        update["other_params"] = spec.other_params + tower
     return spec.model_copy(update=update)
 
 

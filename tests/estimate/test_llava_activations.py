@@ -112,3 +112,20 @@ def test_plan_adds_576_image_tokens_and_the_tower():
     assert at_loss[0] - at_loss[1] == 557_126_976
     assert any(a.startswith("images: 1 per sample x 576 tokens (every image resized") and "--image-size 1000 does "
                "not apply" in a for a in with_image.assumptions)
+
+
+def test_lora_on_the_towers_layers_keeps_its_activations():
+    """LoRA on q_proj, v_proj also adapts the CLIP tower (PEFT's name matching), so the tower must keep
+    what its adapters' gradients need: counted as for a full fine-tune, the 557,126,976 bytes by hand
+    (test above). LoRA on o_proj only (CLIP's is out_proj) leaves the tower frozen: it saves nothing."""
+    from advisor.model.lora import LoraConfig
+    from advisor.planning.api import plan
+
+    def at_loss(targets: tuple[str, ...], images: int, seq_len: int) -> int:
+        options = dict(strategy="zero3", micro_batch_size=1, activation_checkpointing="off",
+                       lora=LoraConfig(rank=16, targets=targets))
+        result = plan("llava-hf/llava-1.5-7b-hf", "2xA100", seq_len=seq_len, images_per_sample=images, **options)
+        return result.candidate("zero3").memory_bytes.at_loss_backward
+
+    assert at_loss(("q_proj", "v_proj"), 1, 2048) - at_loss(("q_proj", "v_proj"), 0, 2048 + 576) == 557_126_976
+    assert at_loss(("o_proj",), 1, 2048) - at_loss(("o_proj",), 0, 2048 + 576) == 0

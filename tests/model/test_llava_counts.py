@@ -58,3 +58,20 @@ def test_other_towers_fall_back_to_the_meta_device():
     siglip = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=2, image_size=32, patch_size=8)
     assert count_from_config(dict(BASE, text_config=LLAMA, vision_config=siglip), name="s", source="local") is None
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"), "all-linear"])
+def test_lora_on_llava_equals_peft_tower_included(targets):
+    """PEFT's name matching puts q_proj / v_proj adapters on the CLIP tower's layers as well as the
+    language model's, and all-linear also on the tower's out_proj / fc1 / fc2 and the projector."""
+    peft = pytest.importorskip("peft")
+    from advisor.model.lora import LoraConfig, adapter_params, with_lora
+    from advisor.model.meta import spec_from_module
+
+    cfg = TINY["default"]
+    spec = count_from_config(cfg, name="tiny", source="local")
+    lora = LoraConfig(rank=4, targets=targets)
+    wrapped = peft.get_peft_model(build_meta_model(cfg), peft.LoraConfig(r=4, target_modules=targets if
+                                                                         targets == "all-linear" else list(targets)))
+    assert adapter_params(spec, lora) == sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert with_lora(spec, lora).total_params == spec_from_module(wrapped).total_params

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DIM_NAMES = ("dp_replicate", "dp_shard", "cp", "tp")
+MESH_STRATEGIES = ("zero3", "zero2")  # FSDP2 on the dp_shard x cp mesh (torchtitan: reshard after forward)
 
 
 class ParallelDims(BaseModel):

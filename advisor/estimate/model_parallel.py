@@ -49,13 +49,11 @@ from advisor.estimate.activations import ActivationEstimate, ActivationShape, es
 from advisor.estimate.memory import (FP32, MemoryBreakdown, StrategyBuffers, _block_params, _recipe_dtypes,
                                      _strategy_buffers, memory_at_moments, model_states)
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.lora import selective_kept_linears
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
-
-MESH_STRATEGIES = ("zero3", "zero2")  # FSDP2 on the dp_shard x cp mesh (torchtitan: reshard after forward)
 
 
 def _ceil(a: int, b: int) -> int:

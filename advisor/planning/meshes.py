@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, evaluate_candidate
 from advisor.strategies import STRATEGIES
@@ -38,14 +38,6 @@ class MeshPins(BaseModel):
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.tp, self.cp, self.dp_replicate))
-
-
-def _mesh_strategies() -> tuple[str, ...]:
-    """``advisor.estimate.model_parallel.MESH_STRATEGIES``, imported when a mesh is considered: the
-    mesh estimators load only then, not for every plan."""
-    from advisor.estimate.model_parallel import MESH_STRATEGIES
-
-    return MESH_STRATEGIES
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -121,12 +113,11 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
 def evaluate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, meshes: list[ParallelDims], *,
                     strategy: str | None = None) -> list[Candidate]:
     """Each mesh evaluated with FSDP2 (``strategy`` when the user named a sharded one)."""
-    mesh_strategies = _mesh_strategies()
-    names = [strategy] if strategy else list(mesh_strategies[:1])
+    names = [strategy] if strategy else list(MESH_STRATEGIES[:1])
     for name in names:
-        if name not in mesh_strategies:
+        if name not in MESH_STRATEGIES:
             raise ValueError(f"--strategy {name} cannot run on a mesh: tensor/context parallelism here runs "
-                             f"FSDP2 ({' or '.join(mesh_strategies)}) on the data-parallel ranks")
+                             f"FSDP2 ({' or '.join(MESH_STRATEGIES)}) on the data-parallel ranks")
     return [evaluate_candidate(spec, hw, training, name, mesh) for mesh in meshes for name in names]
 
 
@@ -235,7 +226,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy):
         return [], dp_choice, dp_why
-    elif strategy and strategy not in _mesh_strategies():  # --strategy ddp etc.: that strategy alone
+    elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
         if dp_blocked:
             raise ValueError(dp_blocked)
         return [], dp_choice, dp_why

@@ -176,7 +176,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
                     f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
         elif spec.model_type in _VISION_LANGUAGE:
-            note = vision_note(spec.model_type)
+            note = vision_note(spec.model_type, spec.vision)
         elif spec.hybrid is not None:
             note = JAMBA_NOTE
         elif spec.num_experts:

@@ -16,8 +16,11 @@ and quick_gelu's sigmoid (cb I; x * sigmoid(1.702 x), transformers activations.p
 pre_layrnorm's input (r W) and stats, the position ids (int64). Per image: the pixels the patch
 convolution saves; per image token the projector's input (the last used layer's output without
 CLS), linear_1's output (GELU's input) and GELU's output (linear_2's input). The layers after the
-last used one (vision_feature_layer -2: the last) run, but their graph is freed with the tower's
-outputs before the loss (modeling_llava.py keeps only the projected features).
+last used one (vision_feature_layer -2: the last) run; before transformers 5.24.0 their graph is freed
+with the tower's outputs before the loss (modeling_llava.py kept only the projected features); from
+5.24.0 the model's output keeps the tower's output, so they stay saved while it is alive
+(``ClipTowerFacts.held_layers``; the first of them saves as its input the storage the projector saved,
+when no cast sits between: one feature layer, no autocast).
 
 Measured (what autograd still holds after a Llava's training forward, with and without images):
 a tiny Llava in pure bf16 and fp32 (``tests/estimate/test_llava_activations.py``), and the scaled
@@ -40,16 +43,39 @@ LLAVA_NOTE = ("Llava: activations are the language model's over the text tokens 
               "are counted, and the tower's activations then as for a full fine-tune, an overestimate)")
 
 
+def llava_release_note(tower: ClipTowerFacts) -> str | None:
+    """The assumption a release behaviour adds to a Llava plan, or None where the older behaviour holds."""
+    if not tower.output_keeps_tower or tower.held_layers == tower.used_layers:
+        return None
+    unused = tower.held_layers - tower.used_layers
+    return (f"{tower.output_keeps_tower} (installed): Llava's output keeps the CLIP tower's output, so its "
+            f"{unused} layer(s) after vision_feature_layer stay saved while the output is alive and are counted; "
+            f"a loop that drops the output before backward (HF Trainer's compute_loss does) frees them, and the "
+            f"tower's estimate is then high by {unused} of {tower.held_layers} layers "
+            f"(profiles/library_releases.json)")
+
+
 def clip_per_image(cb: int, tower: ClipTowerFacts, *, residual: int, input_casts: bool) -> int:
     """Bytes one image leaves saved in the tower and projector at the end of the forward (module docstring)."""
     w, i, r = tower.width, tower.intermediate_size, residual
     mlp = (3 if tower.activation == "quick_gelu" else 2) * cb * i
     qkv_input = (3 if input_casts else 1) * cb * w
     layer = 2 * r * w + qkv_input + 5 * cb * w + FP32 * tower.num_heads + 2 * 2 * FP32 + mlp
-    per_token = tower.used_layers * layer + r * w + 2 * FP32 + 8
+    per_token = tower.held_layers * layer + r * w + 2 * FP32 + 8
     pixels = (tower.tokens - 1) * tower.patch_values * cb
     projector = tower.image_tokens * cb * (tower.projector_in + 2 * tower.projector_out)
     return tower.tokens * per_token + pixels + projector
+
+
+def clip_saved(cb: int, tower: ClipTowerFacts, *, images: int, residual: int, input_casts: bool) -> int:
+    """Bytes ``images`` images of one micro-batch leave saved (``clip_per_image`` each). One image alone,
+    with the layers after the feature layer held, uncast and one feature layer: the projector's input
+    is a view of the feature layer's output, which the next layer saves as its input too (one storage,
+    counted once); with two or more images that view cannot be flattened and linear_1 saves a copy."""
+    total = images * clip_per_image(cb, tower, residual=residual, input_casts=input_casts)
+    if images == 1 and tower.held_layers > tower.used_layers and not input_casts and tower.projector_shares_feature:
+        total -= tower.tokens * residual * tower.width
+    return total
 
 
 def clip_weight_casts(tower: ClipTowerFacts) -> int:
@@ -58,7 +84,7 @@ def clip_weight_casts(tower: ClipTowerFacts) -> int:
     MLP matrices, the patch convolution and both projector matrices (aten autocast_mode.cpp caches the
     cast of a leaf weight; its bias and the LayerNorms need no saved copy)."""
     w, i = tower.width, tower.intermediate_size
-    layers = tower.used_layers * (4 * w * w + 2 * w * i)
+    layers = tower.held_layers * (4 * w * w + 2 * w * i)
     conv = tower.patch_values * w
     projector = tower.projector_in * tower.projector_out + tower.projector_out * tower.projector_out
     return 2 * (layers + conv + projector)

@@ -25,7 +25,7 @@ the language model's blocks), video (more than one temporal patch).
 
 from __future__ import annotations
 
-from advisor.estimate.activations_llava import LLAVA_NOTE, clip_per_image
+from advisor.estimate.activations_llava import LLAVA_NOTE, clip_saved, llava_release_note
 from advisor.model.kinds import VisionFacts
 from advisor.model.llava import ClipTowerFacts
 
@@ -65,9 +65,12 @@ def vision_per_patch(cb: int, vision: VisionFacts) -> int:
     return vision.depth * block + cb * vision.patch_values + rotary + merger
 
 
-def vision_note(model_type: str | None) -> str:
-    """The plan's note for a vision-language model."""
-    return LLAVA_NOTE if model_type == "llava" else VISION_NOTE
+def vision_note(model_type: str | None, vision: VisionFacts | ClipTowerFacts | None = None) -> str:
+    """The plan's note for a vision-language model (a Llava's with the release behaviour its tower was counted under)."""
+    if model_type != "llava":
+        return VISION_NOTE
+    release = llava_release_note(vision) if isinstance(vision, ClipTowerFacts) else None
+    return LLAVA_NOTE if release is None else f"{LLAVA_NOTE}; {release}"
 
 
 def vision_saved_bytes(cb: int, vision: VisionFacts | ClipTowerFacts, *, image_tokens: int, residual: int | None = None,
@@ -76,6 +79,6 @@ def vision_saved_bytes(cb: int, vision: VisionFacts | ClipTowerFacts, *, image_t
     patches each, at ``cb`` bytes throughout; Llava: ``image_tokens`` tokens an image, its residual
     stream at ``residual`` bytes and, under autocast, each linear's own cast of an fp32 input)."""
     if isinstance(vision, ClipTowerFacts):
-        per_image = clip_per_image(cb, vision, residual=residual or cb, input_casts=input_casts)
-        return image_tokens // vision.image_tokens * per_image
+        return clip_saved(cb, vision, images=image_tokens // vision.image_tokens, residual=residual or cb,
+                          input_casts=input_casts)
     return image_tokens * vision.merge * vision.merge * vision_per_patch(cb, vision)

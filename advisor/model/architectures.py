@@ -11,6 +11,8 @@ Mixture-of-experts families whose layers differ (Qwen-MoE, DeepSeek) are counted
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import config_value as _get
 from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
@@ -148,8 +150,10 @@ def architecture_of(cfg: dict) -> str | None:
     return archs[0] if archs else None
 
 
-def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | None:
-    """Exact counts for a known family, or ``None`` (unknown family or unusual config)."""
+def count_from_config(cfg: dict, *, name: str, source: Source,
+                      behaviours: Mapping[str, str] | None = None) -> ModelSpec | None:
+    """Exact counts for a known family, or ``None`` (unknown family or unusual config). ``behaviours``:
+    the library release behaviours in force (``advisor.model.releases``; the resolver passes the installed ones)."""
     info = load_architectures().get(cfg.get("model_type", ""))
     if info is None:
         return None
@@ -171,7 +175,7 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
             parts["vision"] = (qwen2_vl_vision_facts if qwen2 else qwen_vl_vision_facts)(vision)
     elif info.formula == "llava":  # advisor.model.llava: the language model's own formula, the tower 'other'
-        return _llava(cfg, name=name, source=source, architecture=architecture)
+        return _llava(cfg, name=name, source=source, architecture=architecture, behaviours=behaviours or {})
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":
@@ -185,11 +189,14 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     return _spec(cfg, parts, info, name=name, source=source, architecture=architecture)
 
 
-def _llava(cfg: dict, *, name: str, source: Source, architecture: str | None) -> ModelSpec | None:
+def _llava(cfg: dict, *, name: str, source: Source, architecture: str | None,
+           behaviours: Mapping[str, str]) -> ModelSpec | None:
     """Llava: a decoder language model (block class and formula of its text_config's model_type)
-    plus the CLIP tower and projector; ``None`` (the meta device counts it) for any other pair."""
+    plus the CLIP tower and projector; ``None`` (the meta device counts it) for any other pair.
+    ``behaviours``: the release behaviours in force (``advisor.model.releases``)."""
     text, kind = llava_text_config(cfg)
-    text_info, tower = load_architectures().get(kind), clip_tower(cfg)
+    tower = clip_tower(cfg, output_keeps_tower=behaviours.get("llava_output_keeps_vision_tower"))
+    text_info = load_architectures().get(kind)
     if text_info is None or text_info.formula != "decoder" or tower is None:
         return None
     parts = _decoder(text, text_info)

@@ -34,6 +34,22 @@ class ClipTowerFacts(BaseModel):
     projector_in: int = Field(ge=1, description="Projector input width (vision width x feature layers).")
     projector_out: int = Field(ge=1, description="Projector width (the language model's hidden size).")
     block_class: str = Field(default="CLIPEncoderLayer", description="The tower's block class (FSDP wrap unit).")
+    output_keeps_tower: str | None = Field(default=None, description="The release ('transformers 5.24.0') whose "
+                                           "Llava output keeps the tower's output, so the layers after the last "
+                                           "used one stay saved while it is alive (profiles/library_releases.json, "
+                                           "llava_output_keeps_vision_tower); None: they are freed.")
+
+    @property
+    def held_layers(self) -> int:
+        """Layers whose saved tensors are alive at the end of the forward: the used ones, or all of them
+        where the release's output keeps the tower's output."""
+        return self.num_layers if self.output_keeps_tower else self.used_layers
+
+    @property
+    def projector_shares_feature(self) -> bool:
+        """One feature layer: the projector's input is a view of that layer's output, not a concatenation
+        (``advisor.estimate.activations_llava.clip_saved`` says when the storage is then shared)."""
+        return self.projector_in == self.width
 
 
 def _defaults(sub: str) -> dict:
@@ -46,14 +62,15 @@ def _whole(*values: object) -> bool:
     return all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
 
 
-def clip_tower(cfg: dict) -> tuple[int, ClipTowerFacts] | None:
+def clip_tower(cfg: dict, *, output_keeps_tower: str | None = None) -> tuple[int, ClipTowerFacts] | None:
     """(parameters of the tower and projector, their facts), or ``None`` for a tower other than CLIP's.
 
     CLIPVisionModel: embeddings (class token W, Conv2d patch embedding C x P x P -> W without bias,
     (patches + 1) x W learned positions), pre- and post-LayerNorm (weight and bias), layers of two
     LayerNorms, q, k, v, out projections with biases and fc1 / fc2 with biases. The projector:
     linear_1 (W x feature layers -> text width) and linear_2 (text width -> text width), with biases
-    when ``multimodal_projector_bias`` (default true) (modeling_llava.py LlavaMultiModalProjector)."""
+    when ``multimodal_projector_bias`` (default true) (modeling_llava.py LlavaMultiModalProjector).
+    ``output_keeps_tower``: the release in force whose output keeps the tower's (``ClipTowerFacts``)."""
     vision = {**_defaults("vision_config"), **(cfg.get("vision_config") or {})}
     text = {**_defaults("text_config"), **(cfg.get("text_config") or {})}
     if vision.get("model_type", "clip_vision_model") != "clip_vision_model":
@@ -79,7 +96,8 @@ def clip_tower(cfg: dict) -> tuple[int, ClipTowerFacts] | None:
     facts = ClipTowerFacts(num_layers=n, used_layers=used, width=w, num_heads=heads, intermediate_size=inter,
                            activation=str(vision.get("hidden_act", "quick_gelu")),
                            patch_values=channels * patch * patch, tokens=patches + 1,
-                           image_tokens=patches if default else patches + 1, projector_in=feed, projector_out=out)
+                           image_tokens=patches if default else patches + 1, projector_in=feed, projector_out=out,
+                           output_keeps_tower=output_keeps_tower)
     return tower + projector, facts
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlparse
 
 from advisor.model.architectures import count_from_config
 from advisor.model.config_keys import check_config
+from advisor.model.releases import installed_behaviours
 from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
 from advisor.model.spec_cache import cached_spec
 from advisor.model.bundled import bundled_model_ids, find_bundled_model, load_bundled_config
@@ -88,7 +89,7 @@ def spec_from_config(
     """Exact counts from a config dict: the formula when one applies, else the meta device (its counts
     cached in ``cache_dir`` when given, ``advisor.model.spec_cache``; never for the model's own code)."""
     check_config(cfg, name=name)
-    spec = count_from_config(cfg, name=name, source=source)
+    spec = count_from_config(cfg, name=name, source=source, behaviours=installed_behaviours())
     if spec is not None:
         return spec
 

@@ -25,10 +25,10 @@ _IGNORED = ("_name_or_path", "transformers_version")
 @functools.cache
 def library_versions() -> dict:
     """Installed torch and transformers versions, read without importing them (once per process)."""
-    return {"torch": _installed_version("torch"), "transformers": _installed_version("transformers")}
+    return {"torch": installed_version("torch"), "transformers": installed_version("transformers")}
 
 
-def _installed_version(name: str) -> str:
+def installed_version(name: str) -> str:
     """``importlib.metadata.version(name)``, reading only the metadata's header lines.
 
     ``version()`` parses the whole METADATA file with the email parser (transformers' embeds its

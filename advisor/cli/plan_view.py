@@ -89,18 +89,22 @@ def answer_lines(plan) -> list[str]:
 
 
 _SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Za-z-])")
+_FIT_FIGURES = re.compile(r" fits: \d")  # "zero3 fits: 67.3 GiB of ...": figures the answer line already gives
 
 
 def reason_sentence(plan) -> str:
-    """The first sentence of the recommendation's reason that does more than restate its figures
-    (``zero3 does not fit: needs 79.6 GiB ...``, ``cp 8 saves 425.5 GiB per GPU ...``); when every
-    sentence restates them (the size default fits), the planner's first why (``Default from size``)."""
+    """One line of why, chosen among the planner's own sentences (its reasons are sentences today; when
+    it returns them structured, pick by kind instead). On a mesh: the line that opens its case (what
+    forced a mesh, or the policy that chose it). Otherwise the first sentence of the recommendation's
+    reason that does more than give a candidate's fit figures (``zero3 does not fit: needs 79.6 GiB``,
+    ``zero2 rather than zero3: ...``); when all do (the size default fits), the first why line."""
     rec = plan.recommendation
-    name = f"mesh {rec.mesh.label}" if rec.mesh is not None else rec.strategy
+    if rec.mesh is not None:
+        opened = [i for i, line in enumerate(plan.why) if line.startswith(f"mesh {rec.mesh.label} (")]
+        if opened and opened[0] > 0:
+            return plan.why[opened[0] - 1]
     for sentence in _SENTENCE_END.split(rec.reason.strip()):
-        restates = (sentence.startswith(f"{name} ") and " fits" in sentence) or sentence.startswith(
-            ("escalated to ", "fell back to "))
-        if sentence and not restates:
+        if sentence and not (_FIT_FIGURES.search(sentence) or sentence.startswith(("escalated to ", "fell back to "))):
             return sentence
     return plan.why[0] if plan.why else rec.reason
 
@@ -196,7 +200,8 @@ def _table(plan, layout: _Layout) -> Table:
 
 
 def _caption(plan, layout: _Layout, width: int | None) -> str:
-    lines = ["* recommended. peak: per GPU, with the allocator gap and CUDA context"
+    lines = [("* recommended. " if plan.recommendation is not None else "")
+             + "peak: per GPU, with the allocator gap and CUDA context"
              + (" (low-high: measured error range)" if layout.peak_range else "") + "."]
     if layout.short_names:
         used = {n for c in plan.candidates if c.mesh is not None and not c.mesh.is_data_parallel_only
@@ -231,7 +236,7 @@ def plan_table(plan, *, width: int | None = None, console: Console | None = None
     layout = _Layout()
     table = _table(plan, layout)
     if width is not None:
-        console = console or Console(width=max(width, 20))
+        console = console or Console(width=max(width, 20), emoji=False)
         steps = iter(_NARROWING)
         while _natural_width(console, table) > width:
             step = next(steps, None)
@@ -331,9 +336,16 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     for line in memory_bars(plan, width=_bar_width(plan, console.width)):
         console.print(line, highlight=False)
     console.print()
-    console.print("[bold]Why:[/]", highlight=False)
-    for line in plan.why:
-        console.print(f"  - {line}", highlight=False)
-    console.print("[bold]Assumptions:[/]", highlight=False)
-    for line in plan.assumptions:
-        console.print(f"  - {line}", highlight=False)
+    for heading, lines in (("Why", plan.why), ("Assumptions", plan.assumptions)):
+        console.print(f"[bold]{heading}:[/]", highlight=False)
+        console.print(_bullets(lines), highlight=False)
+
+
+def _bullets(lines) -> Table:
+    """A list whose wrapped lines stay indented under their first."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for line in lines:
+        grid.add_row("  -", line)
+    return grid

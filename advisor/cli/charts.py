@@ -14,6 +14,7 @@ No torch import: ``plan`` stays torch-free.
 from __future__ import annotations
 
 import math
+import textwrap
 from itertools import groupby
 from xml.sax.saxutils import escape
 
@@ -248,9 +249,14 @@ def plan_svg(plan: Plan) -> str:
     body.append(text(panel + 32, row + 16, f"{gib(capacity)}", size=12))
     if chosen is not None:
         body.append(text(panel, row + 44, "recommended:", size=12, weight="bold"))
-        body.append(text(panel, row + 60, candidate_label(chosen), size=12, weight="bold", cls="recommended"))
-        for i, detail in enumerate(_details(chosen).split(", ")):  # one per line: the panel is narrow
-            body.append(text(panel, row + 78 + 15 * i, detail, size=11, fill="#555"))
+        # The panel is narrow: a long mesh name breaks between its dimensions, the details go one per line.
+        name = textwrap.wrap(candidate_label(chosen), int((PLAN_PANEL - 30) / _text_px("x", 12)))
+        body.append(f'<text class="recommended" data-label={attr(candidate_label(chosen))} x="{panel:.1f}" '
+                    f'y="{row + 60}" font-size="12" font-weight="bold" fill="#222">'
+                    + "".join(f'<tspan x="{panel:.1f}" dy="{0 if i == 0 else 15}">{escape(part)}</tspan>'
+                              for i, part in enumerate(name)) + "</text>")
+        for i, detail in enumerate(_details(chosen).split(", ")):
+            body.append(text(panel, row + 78 + 15 * (len(name) - 1 + i), detail, size=11, fill="#555"))
     return document("\n".join(body), width=PLAN_WIDTH, height=height, title=title)
 
 

@@ -68,7 +68,8 @@ def answer_lines(plan) -> list[str]:
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
         lines = [f"[bold red]Nothing fits.[/] {found}".rstrip()]
-        reasons = [w for w in plan.why if "does not fit" in w]
+        found_line = plan.smallest_fit.message if plan.smallest_fit is not None else None
+        reasons = [w for w in plan.why if w != found_line and ("does not fit" in w or w.startswith("No "))]
         return lines + ([f"[bold]Why:[/] {reasons[-1]}"] if reasons else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"
             if rec.activation_checkpointing else "")

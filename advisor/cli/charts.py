@@ -4,8 +4,8 @@
   stacked column per segment of the step (``advisor.simulate.timeline``), phase bands above, block
   numbers below, and the analytic estimate's four moments as dashed lines over the part of the step
   each describes.
-- ``plan_svg``: per-GPU memory of every strategy of a plan as stacked bars, with the GPU's capacity
-  (``advisor plan --chart``).
+- ``plan_svg``: per-GPU memory of every candidate of a plan (strategies, and meshes by their mesh) as
+  stacked horizontal bars, one row each, with the GPU's capacity (``advisor plan --chart``).
 
 Every drawn quantity also sits in a ``data-bytes`` attribute, so a test can read the figures back.
 No torch import: ``plan`` stays torch-free.
@@ -14,9 +14,12 @@ No torch import: ``plan`` stays torch-free.
 from __future__ import annotations
 
 import math
+import textwrap
 from itertools import groupby
+from xml.sax.saxutils import escape
 
-from advisor.cli.svg import COLORS, LABELS, Scale, attr, document, gib, legend, text, y_axis
+from advisor.cli.plan_view import candidate_label, recommended_candidate
+from advisor.cli.svg import COLORS, LABELS, Scale, attr, document, gib, legend, text, x_axis, y_axis
 from advisor.planning.api import Plan
 from advisor.planning.planner import Candidate
 from advisor.simulate.timeline import CATEGORIES, Segment, Timeline
@@ -189,76 +192,99 @@ def _round_up(step: int) -> int:
     return next(n for n in (1, 2, 4, 5, 8, 10, 16, 20, 25, 50, 100, step) if n >= step)
 
 
-BAR_PARTS = (*CATEGORIES, "allocator_gap", "outside_allocator")  # MemoryBreakdown fields, bottom to top
-PLAN_WIDTH, PLAN_HEIGHT = 1000, 560
-PLAN_LEFT, PLAN_PANEL, PLAN_TOP, PLAN_BOTTOM = 78, 240, 80, 96
+BAR_PARTS = (*CATEGORIES, "allocator_gap", "outside_allocator")  # MemoryBreakdown fields, left to right
+PLAN_WIDTH, PLAN_PANEL, PLAN_TOP, PLAN_BOTTOM, ROW = 1100, 250, 96, 30, 34
+VALUE_ROOM = 96  # right of the longest bar: its GiB label
+
+
+def _text_px(content: str, size: int) -> float:
+    """About how wide ``content`` is drawn (DejaVu Sans averages 0.6 em a character, digits 0.64)."""
+    return 0.62 * size * len(content)
+
+
+def _details(cand: Candidate) -> str:
+    """``micro-batch 4, checkpointing, fits`` under a bar's name."""
+    if cand.memory_bytes is None:
+        return "not available"
+    ckpt = (", selective checkpointing" if cand.selective_checkpointing else ", checkpointing"
+            ) if cand.activation_checkpointing else ""
+    return f"micro-batch {cand.micro_batch_size}{ckpt}, {'fits' if cand.fits else 'does not fit'}"
 
 
 def plan_svg(plan: Plan) -> str:
-    """Per-GPU memory of every strategy as stacked bars (the peak view, then the runtime overhead on top:
-    the calibrated allocator gap and the assumed CUDA context and NCCL buffers), with
-    the capacity of one GPU as a line. A bar far above the line is cut at twice the capacity."""
+    """Per-GPU memory of every candidate as a stacked horizontal bar, one row each, named by strategy and
+    mesh (``zero3 cp 8``): the peak view, then the runtime overhead (the calibrated allocator gap and the
+    assumed CUDA context and NCCL buffers), with one GPU's capacity as a line. A bar past twice the
+    capacity is cut there (an arrow marks it). Rows keep names of any length apart (bars side by side
+    overlapped their labels once meshes were added)."""
     capacity = plan.hardware.gpu_memory_bytes
     bars = list(plan.candidates)
     totals = [c.memory_bytes.total for c in bars if c.memory_bytes is not None]
     ceiling = min(max([capacity, *totals]), 2 * capacity)
-    right = PLAN_WIDTH - PLAN_PANEL
-    scale = Scale(int(ceiling * 1.08), top=PLAN_TOP, bottom=PLAN_HEIGHT - PLAN_BOTTOM)
+    names = [candidate_label(c) for c in bars]
+    label_px = max([_text_px(n, 12) for n in names] + [_text_px(_details(c), 10) for c in bars])
+    left, right = 24 + label_px + 14, PLAN_WIDTH - PLAN_PANEL
+    height = max(PLAN_TOP + ROW * len(bars) + PLAN_BOTTOM, PLAN_TOP + 40 + 20 * len(BAR_PARTS) + 110)
+    scale = Scale(int(ceiling * 1.04), top=right - VALUE_ROOM, bottom=left)  # bytes -> x
     title = (f"{plan.model.name} on {plan.hardware.world_size}x {plan.hardware.gpu.name}: "
-             f"per-GPU memory by strategy (estimate)")
-    body = [text(PLAN_LEFT, 26, title, size=15, weight="bold"),
-            text(PLAN_LEFT, 46, f"seq {plan.training.seq_len}, {plan.training.precision}, {plan.training.optimizer}; "
-                 "each bar: what is live at its peak moment, plus the allocator gap and the CUDA context; micro-batch under it", size=11,
+             f"per-GPU memory by strategy{' and mesh' if any(c.mesh for c in bars) else ''} (estimate)")
+    body = [text(24, 26, title, size=15, weight="bold"),
+            text(24, 46, f"seq {plan.training.seq_len}, {plan.training.precision}, {plan.training.optimizer}; "
+                 "each bar: what is live at its peak moment, then the allocator gap and the CUDA context; "
+                 "\u2192: cut at the axis' end", size=11,
                  fill="#555"),
-            y_axis(scale, left=PLAN_LEFT, right=right, label="GiB per GPU")]
-    slot = (right - PLAN_LEFT) / max(1, len(bars))
-    recommended = plan.recommendation.strategy if plan.recommendation else None
-    for i, cand in enumerate(bars):
-        body += _bar(cand, x=PLAN_LEFT + i * slot + slot * 0.18, width=slot * 0.64, scale=scale,
-                     recommended=cand.strategy == recommended)
-    y = scale.y(capacity)
-    body.append(f'<line class="capacity" data-bytes="{capacity}" x1="{PLAN_LEFT}" x2="{right:.1f}" y1="{y:.1f}" '
-                f'y2="{y:.1f}" stroke="#c00" stroke-width="2" stroke-dasharray="6 4"/>')
-    body.append(legend([(COLORS[c], LABELS[c]) for c in BAR_PARTS], x=right + 24, y=PLAN_TOP, title="memory"))
+            x_axis(scale, top=PLAN_TOP - 8, bottom=PLAN_TOP + ROW * len(bars), label="GiB per GPU")]
+    chosen = recommended_candidate(plan)
+    for i, (cand, name) in enumerate(zip(bars, names)):
+        body += _bar(cand, name, y=PLAN_TOP + i * ROW, scale=scale, recommended=cand is chosen)
+    x = scale.y(capacity)
+    body.append(f'<line class="capacity" data-bytes="{capacity}" x1="{x:.1f}" x2="{x:.1f}" y1="{PLAN_TOP - 8}" '
+                f'y2="{PLAN_TOP + ROW * len(bars):.1f}" stroke="#c00" stroke-width="2" stroke-dasharray="6 4"/>')
+    panel = right + 24
+    body.append(legend([(COLORS[c], LABELS[c]) for c in BAR_PARTS], x=panel, y=PLAN_TOP, title="memory"))
     row = PLAN_TOP + 30 + 20 * len(BAR_PARTS)  # below the legend's swatches
-    body.append(f'<line x1="{right + 24:.1f}" x2="{right + 50:.1f}" y1="{row - 4}" y2="{row - 4}" stroke="#c00" '
+    body.append(f'<line x1="{panel:.1f}" x2="{panel + 26:.1f}" y1="{row - 4}" y2="{row - 4}" stroke="#c00" '
                 f'stroke-width="2" stroke-dasharray="6 4"/>')
-    body.append(text(right + 56, row, f"one {plan.hardware.gpu.name}", size=12))
-    body.append(text(right + 56, row + 16, f"{gib(capacity)}", size=12))
-    if recommended:
-        body.append(text(right + 24, row + 44, f"recommended: {recommended}", size=12, weight="bold"))
-    return document("\n".join(body), width=PLAN_WIDTH, height=PLAN_HEIGHT, title=title)
+    body.append(text(panel + 32, row, f"one {plan.hardware.gpu.name}", size=12))
+    body.append(text(panel + 32, row + 16, f"{gib(capacity)}", size=12))
+    if chosen is not None:
+        body.append(text(panel, row + 44, "recommended:", size=12, weight="bold"))
+        # The panel is narrow: a long mesh name breaks between its dimensions, the details go one per line.
+        name = textwrap.wrap(candidate_label(chosen), int((PLAN_PANEL - 30) / _text_px("x", 12)))
+        body.append(f'<text class="recommended" data-label={attr(candidate_label(chosen))} x="{panel:.1f}" '
+                    f'y="{row + 60}" font-size="12" font-weight="bold" fill="#222">'
+                    + "".join(f'<tspan x="{panel:.1f}" dy="{0 if i == 0 else 15}">{escape(part)}</tspan>'
+                              for i, part in enumerate(name)) + "</text>")
+        for i, detail in enumerate(_details(chosen).split(", ")):
+            body.append(text(panel, row + 78 + 15 * (len(name) - 1 + i), detail, size=11, fill="#555"))
+    return document("\n".join(body), width=PLAN_WIDTH, height=height, title=title)
 
 
-def _bar(cand: Candidate, *, x: float, width: float, scale: Scale, recommended: bool) -> list[str]:
+def _bar(cand: Candidate, name: str, *, y: float, scale: Scale, recommended: bool) -> list[str]:
     mem = cand.memory_bytes
-    middle = x + width / 2
-    base = scale.bottom
-    parts = [text(middle, base + 16, cand.strategy, size=12, anchor="middle", cls="bar-label",
-                  weight="bold" if recommended else "normal")]
+    left, middle = scale.bottom, y + ROW / 2
+    weight = "bold" if recommended else "normal"
+    parts = [text(left - 12, middle - 2, name + (" *" if recommended else ""), size=12, anchor="end",
+                  cls="bar-label", weight=weight),
+             text(left - 12, middle + 11, _details(cand), size=10, anchor="end", cls="bar-details",
+                  fill="#888" if mem is None else ("#2a7" if cand.fits else "#c00"))]
     if mem is None:
-        parts.append(text(middle, base - 8, "n/a", size=11, anchor="middle", fill="#888",
-                          extra=f" data-strategy={attr(cand.strategy)}"))
-        parts.append(text(middle, base + 30, "not available", size=10, anchor="middle", fill="#888"))
+        parts.append(text(left + 6, middle + 4, "n/a", size=11, fill="#888", extra=f" data-strategy={attr(cand.strategy)}"))
         return parts
-    group = [f'<g class="bar" data-strategy={attr(cand.strategy)} data-total-bytes="{mem.total}" stroke="white" '
-             f'stroke-width="0.5"><title>{cand.strategy}: {gib(mem.total)} per GPU, '
-             + ", ".join(f"{LABELS[p]} {gib(getattr(mem, p))}" for p in BAR_PARTS) + "</title>"]
-    below = 0
+    mesh = f" data-mesh={attr(cand.mesh.label)}" if cand.mesh is not None else ""
+    group = [f'<g class="bar" data-strategy={attr(cand.strategy)} data-label={attr(name)}{mesh} '
+             f'data-total-bytes="{mem.total}" stroke="white" stroke-width="0.5"><title>{escape(name)}: '
+             f'{gib(mem.total)} per GPU, ' + ", ".join(f"{LABELS[p]} {gib(getattr(mem, p))}" for p in BAR_PARTS)
+             + "</title>"]
+    below, end = 0, scale.top  # a bar past the scale stops there: its value label keeps its room
     for part in BAR_PARTS:
         value = getattr(mem, part)
-        top, bottom = max(scale.y(below + value), scale.top), max(scale.y(below), scale.top)
-        group.append(f'<rect class="part" data-part="{part}" data-bytes="{value}" x="{x:.1f}" y="{top:.1f}" '
-                     f'width="{width:.1f}" height="{bottom - top:.1f}" fill="{COLORS[part]}"/>')
+        x0, x1 = min(scale.y(below), end), min(scale.y(below + value), end)
+        group.append(f'<rect class="part" data-part="{part}" data-bytes="{value}" x="{x0:.1f}" y="{y + 7:.1f}" '
+                     f'width="{x1 - x0:.1f}" height="{ROW - 14}" fill="{COLORS[part]}"/>')
         below += value
     parts.append("\n".join(group) + "\n</g>")
-    cut = scale.y(mem.total) < scale.top
-    label = ("\u2191 " if cut else "") + gib(mem.total)
-    parts.append(text(middle, max(scale.y(mem.total), scale.top) - 5, label, size=10, anchor="middle",
-                      weight="bold" if recommended else "normal", halo=True))
-    parts.append(text(middle, base + 30, f"micro-batch {cand.micro_batch_size}", size=10, anchor="middle", fill="#555"))
-    if cand.activation_checkpointing:
-        parts.append(text(middle, base + 43, "checkpointing", size=10, anchor="middle", fill="#555"))
-    parts.append(text(middle, base + 58, "fits" if cand.fits else "does not fit", size=10, anchor="middle",
-                      fill="#2a7" if cand.fits else "#c00"))
+    cut = scale.y(mem.total) > end
+    parts.append(text(min(scale.y(mem.total), end) + 5, middle + 4, gib(mem.total) + (" \u2192" if cut else ""),
+                      size=11, weight=weight, halo=True, cls="bar-value"))
     return parts

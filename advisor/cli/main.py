@@ -82,7 +82,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
 @click.option("--chart", "chart_file", metavar="FILE", help="Also write the per-strategy bars (FILE.svg, or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
-def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, **options) -> None:
+@click.option("--verbose", "-v", is_flag=True, help="Also print memory per component, bars, every reason and assumption.")
+def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbose: bool, **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
@@ -95,7 +96,9 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, **opt
     from advisor.planning.api import plan as make_plan
 
     kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
-    result = make_plan(**kwargs)
+    tracing = TraceProgress(str(kwargs.get("model") or "the model"))
+    result = make_plan(**kwargs, progress=tracing)
+    tracing.finish()
     if chart_file:
         _write_chart(result, chart_file, force=force)
     checked = None
@@ -109,15 +112,36 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, **opt
             doc["verification"] = checked.model_dump(mode="json")
         click.echo(json.dumps(doc, indent=2))
     else:
-        from advisor.cli.render import print_plan
+        from advisor.cli.plan_view import print_plan
 
-        print_plan(result)
+        print_plan(result, verbose=verbose)
         if checked is not None:
             from advisor.cli.simulate import print_verification
 
             print_verification(checked)
     if result.recommendation is None:
         click.get_current_context().exit(EXIT_NOTHING_FITS)
+
+
+class TraceProgress:
+    """Tracing a family with no activation formula takes seconds: one line on stderr when it starts and
+    one with the time it took (stdout stays the plan, or the one JSON document of --json). The library
+    calls this with None when a trace starts and with its seconds when it ends (``advisor.plan(progress=)``)."""
+
+    def __init__(self, model: str) -> None:
+        self.model, self.seconds, self.started = model, 0.0, False
+
+    def __call__(self, seconds: float | None) -> None:
+        if seconds is None and not self.started:
+            self.started = True
+            click.echo(f"advisor: tracing {self.model}'s activations on fake tensors (its family has no formula; "
+                       "cached for the next plan)...", err=True)
+        elif seconds is not None:
+            self.seconds += seconds
+
+    def finish(self) -> None:
+        if self.started:
+            click.echo(f"advisor: traced in {self.seconds:.1f} s", err=True)
 
 
 def _write_chart(result, path: str, *, force: bool) -> None:

@@ -52,7 +52,8 @@ def tick_step(top_bytes: int, *, ticks: int = 6) -> float:
 
 
 class Scale:
-    """Bytes to a y pixel: ``bottom`` is zero, ``top`` is ``max_bytes``."""
+    """Bytes to a pixel on one axis: ``bottom`` is zero's, ``top`` is ``max_bytes``'s (a y axis grows
+    upward, so its ``top`` is the smaller pixel; on an x axis ``bottom`` is the left end)."""
 
     def __init__(self, max_bytes: int, *, top: float, bottom: float) -> None:
         self.max_bytes, self.top, self.bottom = max(max_bytes, 1), top, bottom
@@ -74,6 +75,21 @@ def y_axis(scale: Scale, *, left: float, right: float, label: str) -> str:
     parts.append(text(left - 48, middle, label, size=12, anchor="middle", rotate=-90))
     parts.append(f'<line x1="{left:.1f}" x2="{left:.1f}" y1="{scale.top:.1f}" y2="{scale.bottom:.1f}" stroke="#888"/>')
     parts.append(f'<line x1="{left:.1f}" x2="{right:.1f}" y1="{scale.bottom:.1f}" y2="{scale.bottom:.1f}" stroke="#888"/>')
+    return "\n".join(parts)
+
+
+def x_axis(scale: Scale, *, top: float, bottom: float, label: str) -> str:
+    """A horizontal GiB axis (``scale`` maps bytes to x): vertical gridlines, tick labels above the plot,
+    the axis title above them."""
+    step = tick_step(scale.max_bytes)
+    parts = []
+    count = int(scale.max_bytes / GIB / step + 1e-9)
+    for i in range(count + 1):
+        x = scale.y(i * step * GIB)
+        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top:.1f}" y2="{bottom:.1f}" stroke="#ddd" stroke-width="1"/>')
+        parts.append(text(x, top - 6, f"{i * step:g}", size=11, anchor="middle", cls="tick"))
+    parts.append(text((scale.bottom + scale.top) / 2, top - 24, label, size=12, anchor="middle"))
+    parts.append(f'<line x1="{scale.bottom:.1f}" x2="{scale.bottom:.1f}" y1="{top:.1f}" y2="{bottom:.1f}" stroke="#888"/>')
     return "\n".join(parts)
 
 

@@ -8,7 +8,7 @@ call this; neither does arithmetic of its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
@@ -220,7 +220,8 @@ def _overhead_notes(training: TrainingConfig) -> list[str]:
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
-            names: list[str], trust_remote_code: bool, checkpointing: bool) -> ModelSpec:
+            names: list[str], trust_remote_code: bool, checkpointing: bool,
+            progress: Callable[[float | None], None] | None) -> ModelSpec:
     """The spec with traced activation profiles when its family has no formula (see ``plan``).
     ``checkpointing=False``: only the profiles without checkpointing (the planner looks at checkpointing
     only for a strategy that does not fit without it; ``plan`` then calls again for the rest)."""
@@ -242,7 +243,7 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
     if not keys:
         return spec
     try:
-        profiles = traced_profiles(config, keys, cache_dir=cache_dir)
+        profiles = traced_profiles(config, keys, cache_dir=cache_dir, progress=progress)
     except Exception as err:  # the modeling code cannot run this way (no causal-LM head, fake tensors...)
         notes.append(f"{why}: tracing it failed ({type(err).__name__}: {' '.join(str(err).split())[:160]}), so "
                      "activations assume a Llama-like decoder")
@@ -312,6 +313,7 @@ def plan(
     hybrid: int | None = None,
     trace: bool = True,
     cache_dir: Path | None = None,
+    progress: Callable[[float | None], None] | None = None,
     **options: Any,
 ) -> Plan:
     """Estimate every strategy for ``model`` on ``gpus`` and recommend one.
@@ -328,6 +330,8 @@ def plan(
     fake tensors (``advisor.simulate.profile``; imports torch); False keeps the Llama-like assumption.
     ``cache_dir``: where traced profiles are kept between plans (the CLI passes
     ``advisor.simulate.profile_cache.default_cache_dir()``); None traces every time.
+    ``progress``: called with None when a trace starts (not on a cache hit) and with its seconds when it
+    ends, so a caller can say why this plan takes seconds (the CLI prints it on stderr).
     """
     pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
     search_length = options.get("seq_len") == "max"
@@ -365,7 +369,8 @@ def plan(
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
-    trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names)
+    trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names,
+                      progress=progress)
     tracing = trace and config is not None and not search_length
     if tracing:
         spec = _traced(spec, config, training, checkpointing=False, **trace_with)

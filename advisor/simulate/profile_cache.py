@@ -11,7 +11,9 @@ passes the path in; the library never looks it up itself. ``cache_dir=None``: no
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Callable
 
 from advisor.model.block_profile import BlockProfile, ProfileKey
 from advisor.model.spec_cache import config_digest, library_versions
@@ -36,8 +38,28 @@ def _read(path: Path, key: ProfileKey) -> BlockProfile | None:
     return profile if profile.key == key else None
 
 
-def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None) -> tuple[BlockProfile, ...]:
-    """One profile per key, from the cache or traced now (and then cached)."""
+def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None,
+                    progress: Callable[[float | None], None] | None = None) -> tuple[BlockProfile, ...]:
+    """One profile per key, from the cache or traced now (and then cached). ``progress`` is called with
+    None before the first trace (a cache hit calls nothing) and, even when tracing fails, with the
+    seconds it took."""
+    started: list[float] = []
+
+    def on_miss() -> None:
+        if not started:
+            started.append(time.perf_counter())
+            if progress is not None:
+                progress(None)
+
+    try:
+        return _cached_or_traced(cfg, keys, cache_dir=cache_dir, on_miss=on_miss)
+    finally:
+        if started and progress is not None:
+            progress(time.perf_counter() - started[0])
+
+
+def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None,
+                      on_miss: Callable[[], None]) -> tuple[BlockProfile, ...]:
     versions = library_versions()
     out = {}
     built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
@@ -47,6 +69,7 @@ def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None
         path = cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None
         profile = _read(path, key) if path is not None else None
         if profile is None:
+            on_miss()
             from advisor.simulate.profile import trace_profile  # only on a cache miss: a hit never loads the tracer
 
             profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes), built=built)

@@ -155,3 +155,25 @@ def test_many_blocks_get_group_labels_not_one_label_each():
     groups = [t.text for t in root.findall(".//svg:text[@class='group-label']", NS)]
     assert groups == ["blocks 0 \u2192 31", "blocks 31 \u2192 0"]
     assert root.findall(".//svg:line[@class='moment']", NS) == []
+
+
+def test_plan_chart_names_each_mesh_and_keeps_labels_apart(tmp_path, capsys):
+    """8B at 131072 tokens on 8 H100s: 7 strategies and 8 meshes (tests/cli/test_render.py's MESH_NAMES); each
+    bar is named by its mesh (was: all eight 'zero3'), one row each, and the legend names the recommended mesh."""
+    from tests.cli.test_render import MESH_NAMES, STRATEGY_ROWS
+
+    chart = tmp_path / "mesh.svg"
+    code, _, _ = run_main(["plan", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--seq-len", "131072",
+                           "--chart", str(chart)], capsys)
+    assert code == 0
+    root = _svg(chart.read_text())
+    labels = [t.text for t in root.findall(".//svg:text[@class='bar-label']", NS)]
+    assert [label.removesuffix(" *") for label in labels] == [*STRATEGY_ROWS, *MESH_NAMES]
+    assert "zero3 cp 8 *" in labels  # the recommendation, marked
+    bars = root.findall(".//svg:g[@class='bar']", NS)
+    assert [b.get("data-label") for b in bars] == [*STRATEGY_ROWS, *MESH_NAMES]
+    assert {b.get("data-mesh") for b in bars if b.get("data-mesh")} == {n.removeprefix("zero3 ") for n in MESH_NAMES}
+    ys = sorted(float(t.get("y")) for t in root.findall(".//svg:text[@class='bar-label']", NS))
+    assert min(b - a for a, b in zip(ys, ys[1:])) >= 24  # one row each: no two names share a line
+    assert root.find(".//svg:text[@class='recommended']", NS).get("data-label") == "zero3 cp 8"
+    assert "".join(root.find(".//svg:text[@class='recommended']", NS).itertext()) == "zero3 cp 8"

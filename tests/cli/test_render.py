@@ -1,23 +1,43 @@
-"""The plan as a person reads it: a title with units, offload apart from collectives, two labelled
-memory views. Headers and row names only; the figures are tested where they are computed."""
+"""The plan as a person reads it: the answer first, then one table as wide as the terminal with
+nothing cut, mesh candidates named by their mesh, and the breakdown behind --verbose. The figures are
+tested where they are computed; here, that the text shows the plan's figures (its JSON) in place."""
 
 from __future__ import annotations
 
+import json
+import re
+
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
 from advisor.cli.main import cli
-from advisor.cli.render import _timing_cells, memory_table, plan_table, plan_title
+from advisor.cli.plan_view import _timing_cells, memory_table, plan_table, plan_title
 from advisor.estimate.step_time import StepTime
 from advisor.planning.api import plan
+from advisor.units import GIB
 
 STRATEGY_ROWS = ("dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+QWEN = ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"]
+MESH = ["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"]
+# The mesh candidates of MESH (tests/planning/test_meshes.py): zero3 on every mesh of 8 GPUs whose tp
+# divides the 8 KV heads, within one node.
+MESH_NAMES = ("zero3 dp_shard 4 x cp 2", "zero3 dp_shard 2 x cp 4", "zero3 cp 8", "zero3 dp_shard 4 x tp 2",
+              "zero3 dp_shard 2 x cp 2 x tp 2", "zero3 cp 4 x tp 2", "zero3 dp_shard 2 x tp 4", "zero3 cp 2 x tp 4")
 
 
-def _text(table) -> str:
-    console = Console(width=200, record=True, color_system=None)
+def _text(table, width: int = 200) -> str:
+    console = Console(width=width, record=True, color_system=None)
     console.print(table)
     return console.export_text()
+
+
+def _run(args: list[str], columns: int) -> tuple[str, dict]:
+    """The text at COLUMNS=columns, and the same plan's JSON."""
+    result = CliRunner().invoke(cli, args, env={"COLUMNS": str(columns)})
+    assert result.exit_code == 0, result.output
+    doc = json.loads(CliRunner().invoke(cli, [*args, "--json"]).stdout)
+    return result.stdout, doc
 
 
 def test_title_names_the_cluster_and_units():
@@ -49,18 +69,60 @@ def test_plan_tables_headers_and_rows():
         assert name in main and name in memory
 
 
-def test_cli_prints_both_views():
-    out = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"]).output
-    assert "Per-GPU peak memory and step time" in out and "Where the memory goes" in out
-    # zero3_offload: zero3 no longer fits 2 A100s with the CUDA context; the faster offload variant (tests/planning/test_plan_cases.py).
-    assert "Recommendation: zero3_offload" in out and "margin policy" in out
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_answer_is_in_the_first_three_lines(columns):
+    out, doc = _run(QWEN, columns)
+    rec = doc["recommendation"]
+    chosen = next(c for c in doc["candidates"] if c["strategy"] == rec["strategy"] and c["mesh"] is None)
+    head = " ".join(out.splitlines()[:3])
+    step = chosen["step_time"]
+    for figure in (f"Recommendation: {rec['strategy']} (torch), micro-batch {rec['micro_batch_size']}",
+                   f"{chosen['memory_bytes']['total'] / GIB:.2f} of {doc['hardware']['gpu_memory_bytes'] / GIB:.2f} GiB",
+                   f"{step['step_s']:.2f} s/step", f"{step['tokens_per_s']:,.0f} tokens/s", "Why:"):
+        assert figure in head, (figure, head)
+    assert rec["strategy"] == "zero3_offload"  # zero3 no longer fits 2 A100s with the CUDA context
 
 
-def test_headroom_option_reaches_the_plan():
-    out = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--headroom", "0.3", "--json"])
-    import json
+@pytest.mark.parametrize("args", [QWEN, MESH, [*QWEN, "--seq-len", "max"], [*QWEN, "--verbose"]],
+                         ids=["qwen", "mesh", "seq-max", "verbose"])
+def test_nothing_is_wider_than_the_terminal_or_cut_at_80_columns(args):
+    out, _ = _run(args, 80)
+    assert "\u2026" not in out  # rich's ellipsis: a cell cut to fit
+    if "--verbose" not in args:  # the breakdown table is printed whole, wider than the terminal if need be
+        assert max(len(line) for line in out.splitlines()) <= 80, out
 
-    doc = json.loads(out.output)
-    assert doc["training"]["headroom"] == 0.3
-    assert any("at most 70% of memory (30% headroom, --headroom)" in a for a in doc["assumptions"])
-    assert CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--headroom", "1"]).exit_code == 2
+
+def test_a_wide_terminal_shows_every_column_and_the_range():
+    out, doc = _run(QWEN, 200)
+    assert max(len(line) for line in out.splitlines()) <= 200 and "\u2026" not in out
+    for header in ("peak GiB", "% of GPU", "mbs", "ckpt", "CPU GiB/node", "step s", "tok/s", "MFU", "comm %", "offload %"):
+        assert header in out
+    low = doc["candidates"][-1]["memory_range"]["low"]
+    assert f"({low / GIB:.1f}-" in out and "Not shown" not in out
+    narrow, _ = _run(QWEN, 80)
+    assert "Not shown at 80 columns: range" in narrow and "MFU" in narrow.split("Not shown")[1]
+
+
+def test_the_breakdown_bars_reasons_and_assumptions_are_behind_verbose():
+    out, doc = _run(QWEN, 120)
+    assert "Where the memory goes" not in out and "Assumptions:" not in out
+    assert f"--verbose: memory per component, bars, {len(doc['why'])} reasons, {len(doc['assumptions'])} assumptions" in out
+    verbose, _ = _run([*QWEN, "--verbose"], 120)
+    assert "Where the memory goes" in verbose and "Assumptions:" in verbose and "margin policy" in verbose
+    assert all(line in verbose for line in doc["why"][:1]) and "% of 79.15 GiB" in verbose
+
+
+def test_mesh_candidates_are_named_by_their_mesh_in_the_table_and_the_bars():
+    wide, _ = _run(MESH, 200)
+    for name in MESH_NAMES:
+        assert re.search(rf"^{re.escape(name)}( \*)?\s", wide, re.M), name
+    assert "zero3 cp 8 *" in wide and "Recommendation: zero3 (torch) on mesh cp 8" in wide
+    narrow, _ = _run(MESH, 80)
+    assert "zero3 cp8 *" in narrow and "zero3 dp2 cp2 tp2 " in narrow and "mesh names: dp" in narrow
+    verbose, _ = _run([*MESH, "--verbose"], 200)
+    bars = [line for line in verbose.splitlines() if line.endswith("% of 79.18 GiB")]
+    assert [line.split(" ", 1)[0] for line in bars if not line.startswith(" ")] == ["zero3"]  # the longest name
+    starts = {re.match(r"^ *(.+?) [#.|]", line).end() for line in bars}
+    assert len(bars) == len(STRATEGY_ROWS) + len(MESH_NAMES) and len(starts) == 1  # bars start in one column
+    for name in MESH_NAMES:
+        assert any(line.lstrip().startswith(name + " ") for line in bars), name

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from tests.cli._main import run_main
 
@@ -27,11 +28,16 @@ def test_plan_traces_by_default_and_no_trace_keeps_the_llama_like_note(tmp_path,
     model = _model_dir(tmp_path, OPT)
     args = ["plan", "--model", model, "--gpus", "1xH100", "--strategy", "ddp", "--seq-len", "64",
             "--activation-checkpointing", "off", "--json"]
-    code, out, _ = run_main(args, capsys)
+    code, out, err = run_main(args, capsys)
     assert code == 0
-    notes = json.loads(out)["assumptions"]
+    notes = json.loads(out)["assumptions"]  # stdout is the one JSON document: the progress went to stderr
     assert any("activations traced on fake tensors" in n for n in notes)
     assert list((tmp_path / "cache" / "dp-advisor" / "profiles").iterdir())  # cached for the next plan
+    # Tracing takes seconds: one line when it starts, one with how long it took.
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "tracing" in lines[0] and re.fullmatch(r"advisor: traced in \d+\.\d s", lines[1]), err
+    code, out, err = run_main(args, capsys)  # from the cache: nothing to wait for, nothing said
+    assert code == 0 and err == "" and json.loads(out)["assumptions"] == notes
     code, out, _ = run_main([*args, "--no-trace"], capsys)
     notes = json.loads(out)["assumptions"]
     assert code == 0

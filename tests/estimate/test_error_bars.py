@@ -82,7 +82,7 @@ def test_table_shows_the_range_beside_the_peak():
     only: low 78.56 x 0.9739 x 0.9446 + 1 = 73.3, high 78.56 x 1.019 x 1.1535 + 1 = 93.3."""
     from rich.console import Console
 
-    from advisor.cli.render import plan_table
+    from advisor.cli.plan_view import plan_table
     from advisor.units import GIB
 
     p = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3", micro_batch_size=1, activation_checkpointing="off")

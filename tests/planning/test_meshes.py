@@ -93,7 +93,8 @@ def test_bad_degrees_one_line_exit_2(capsys, args, constraint):
     assert "validation error" not in lines[0]
 
 
-def test_table_and_recommendation_line_name_the_mesh(capsys):
+def test_table_and_recommendation_line_name_the_mesh(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # full mesh names (a narrow terminal shortens them: tests/cli/test_render.py)
     code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"], capsys)
     assert code == 0
     assert "zero3 cp 8 *" in out and "Recommendation: zero3 (torch) on mesh cp 8" in out

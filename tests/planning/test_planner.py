@@ -151,7 +151,7 @@ def test_cli_nothing_fits_exit_3():
 
 
 def test_cli_table_mentions_recommendation_and_assumptions():
-    result = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"])
+    result = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--verbose"])
     assert result.exit_code == 0
     # zero3 no longer fits 2 A100s with the CUDA context (tests/planning/test_plan_cases.py): offload.
     assert "Recommendation: zero3_offload" in result.output and "A100-80GB-SXM" in result.output

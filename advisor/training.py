@@ -11,8 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from advisor.calibration import allocator_overhead
-from advisor.estimate.error_bars import Margin
+from advisor.calibration import Margin, allocator_overhead
 from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.units import GIB

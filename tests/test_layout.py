@@ -6,6 +6,8 @@
 - ``wrappers`` depends on ``advisor`` (it asks the planner); ``advisor`` reaches ``wrappers`` only
   from ``advisor.simulate``, which runs the exact recipe ``wrap()`` runs. ``wrappers`` never
   imports the simulator or the CLI.
+- Inside ``advisor`` every import, lazy ones included, points down ``LAYERS`` (or stays inside its
+  own layer); imports under ``if TYPE_CHECKING:`` are annotations, not edges.
 """
 
 from __future__ import annotations
@@ -23,10 +25,61 @@ TORCH_ALLOWED = {"advisor/model/meta.py"}
 HEAVY = ("torch", "transformers", "accelerate", "peft", "deepspeed", "lightning")
 
 
+# advisor's layers, lowest first: a module may import its own layer and those before it.
+LAYERS = (
+    ("profiles",),
+    ("advisor.units", "advisor.precision", "advisor.calibration"),
+    ("advisor.model",),
+    ("advisor.training",),
+    ("advisor.strategies", "advisor.mesh"),
+    ("advisor.hardware",),
+    ("advisor.estimate",),
+    ("advisor.simulate",),
+    ("advisor.planning",),
+    ("advisor.export",),
+    ("advisor.cli",),
+    ("advisor",),  # the package's own __init__ (the public API) sits on top
+)
+
+
+def _layer(module: str) -> int | None:
+    """The index in LAYERS of the longest prefix naming ``module``'s layer, or None outside advisor."""
+    best = None
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node of ``tree`` except what sits under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING":
+                stack.extend(child.orelse)
+                continue
+            stack.append(child)
+
+
+def back_edges(modules: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs of advisor modules where the import points up ``LAYERS``."""
+    return sorted((src, dst) for src, names in modules.items() for dst in names
+                  if _layer(src) is not None and _layer(dst) is not None and _layer(dst) > _layer(src))
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 def _imports(path: Path) -> set[str]:
-    """Every module a file imports, at any depth (lazy imports inside functions included)."""
+    """Every module a file imports at run time, at any depth (lazy imports inside functions included)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -47,6 +100,24 @@ def _top(name: str) -> str:
 def test_planning_layers_never_import_heavy_libraries(path):
     heavy = sorted(n for n in _imports(path) if _top(n) in HEAVY)
     assert heavy == [], f"{path.relative_to(ROOT)} imports {heavy}"
+
+
+def test_every_import_in_advisor_points_down_the_layers():
+    modules = {_module_name(p): _imports(p) for p in _files("advisor")}
+    assert all(_layer(name) is not None for name in modules), [n for n in modules if _layer(n) is None]
+    assert back_edges(modules) == []
+
+
+def test_a_planted_back_edge_is_found():
+    """The check itself: an estimator importing the planner, or the calibration edge importing an
+    estimator (the cycle this layout removed), is reported; a lazy import counts, a TYPE_CHECKING one not."""
+    planted = ast.parse("def f():\n    from advisor.planning.api import plan\n"
+                        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from advisor.cli.main import main\n")
+    names = {n.module for n in _runtime_nodes(planted) if isinstance(n, ast.ImportFrom)}
+    assert names == {"advisor.planning.api", "typing"}
+    assert back_edges({"advisor.estimate.memory": names}) == [("advisor.estimate.memory", "advisor.planning.api")]
+    assert back_edges({"advisor.calibration": {"advisor.estimate.error_bars"}}) == [
+        ("advisor.calibration", "advisor.estimate.error_bars")]
 
 
 def test_advisor_reaches_wrappers_only_from_the_simulator():

@@ -14,7 +14,7 @@ import click
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
-from advisor.estimate.error_bars import Margin
+from advisor.calibration import Margin
 from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
                                Quantization)
 from advisor.simulate.profile_cache import default_cache_dir

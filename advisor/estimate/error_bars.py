@@ -14,43 +14,11 @@ Two measured spreads compose (independent multiplicative errors):
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
-StrategyKind = Literal["replicated", "sharded", "offload"]
-Variant = Literal["plain", "checkpointing", "lora", "qlora", "loss_kernel"]
-Margin = Literal["low", "expected", "high"]
+from advisor.calibration import ErrorBound, ErrorTable, Margin  # the table's types live with its loader
 
-
-class ErrorBound(BaseModel):
-    """Measured relative error of the truth against the estimate (truth / estimate - 1) for one kind."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    family: str = Field(default="*", description="model_type the row covers, or * for any.")
-    strategy_kind: StrategyKind | Literal["*"] = Field(default="*", description="replicated, sharded, offload or *.")
-    variant: Variant | Literal["*"] = Field(default="*", description="plain, checkpointing, lora, qlora, loss_kernel or *.")
-    low: float = Field(le=0, description="Lowest truth/estimate - 1 measured (<= 0).")
-    high: float = Field(ge=0, description="Highest truth/estimate - 1 measured (>= 0).")
-    cases: int = Field(ge=0, description="How many measured cases the bounds come from (0: a stated default).")
-    source: str = Field(description="Which measurement the bounds come from.")
-
-    def matches(self, family: str, kind: str, variant: str) -> bool:
-        return (self.family in ("*", family) and self.strategy_kind in ("*", kind)
-                and self.variant in ("*", variant))
-
-    @property
-    def wildcard(self) -> bool:
-        return self.family == "*" and self.strategy_kind == "*" and self.variant == "*"
-
-
-class ErrorTable(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    allocator_low: float = Field(le=0, description="Reserved over its calibrated prediction - 1, 10th percentile.")
-    allocator_high: float = Field(ge=0, description="Reserved over its calibrated prediction - 1, 90th percentile.")
-    rows: tuple[ErrorBound, ...] = Field(description="Measured bounds by kind; a row of all * is the default.")
+__all__ = ["ErrorBound", "ErrorTable", "Margin", "MemoryRange", "memory_range", "relative_bounds"]
 
 
 class MemoryRange(BaseModel):

@@ -8,11 +8,15 @@ checkpointing and training settings, and returns both breakdowns and the error. 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.planning.api import Plan
 from advisor.estimate.memory import MemoryBreakdown
 from advisor.simulate.step import Progress, SimulatedStep, simulate
+
+if TYPE_CHECKING:  # the simulator sits below the planner: it reads a Plan, never imports one at run time
+    from advisor.planning.api import Plan
 
 
 class Verification(BaseModel):

@@ -14,12 +14,9 @@ once, here (``advisor.model.config_keys.check_config``).
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
-from urllib.parse import urlparse
 
 from advisor.model.architectures import count_from_config
 from advisor.model.config_keys import check_config
@@ -36,8 +33,9 @@ ConfigFetcher = Callable[[str], dict]
 def download_hub_config(repo_id: str) -> dict:
     """Fetch ``config.json`` (only) from the Hub through ``huggingface_hub``'s cache.
 
-    The cache is tried first; the network only when the file is not cached, ``HF_HUB_OFFLINE`` is
-    not set and the Hub's host resolves (so an offline machine fails at once instead of retrying).
+    The cache is tried first; the network only when the file is not cached and huggingface_hub is not
+    in its own offline mode (``HF_HUB_OFFLINE``, as the hub library read it), so an offline machine
+    fails at once with one line instead of retrying.
     """
     try:
         from huggingface_hub import constants, hf_hub_download
@@ -46,22 +44,13 @@ def download_hub_config(repo_id: str) -> dict:
     try:
         path = hf_hub_download(repo_id, "config.json", local_files_only=True)
     except Exception:  # not cached (or a bad id): go online if we can
-        if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes") or not _hub_resolves(constants.ENDPOINT):
+        if constants.HF_HUB_OFFLINE:
             raise ValueError(_unresolved(repo_id, "not in the hub cache and the Hub is unreachable")) from None
         try:
             path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
         except Exception as err:  # network, auth, 404: one clean line for the user
             raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
     return json.loads(Path(path).read_text())
-
-
-def _hub_resolves(endpoint: str) -> bool:
-    host = urlparse(endpoint).hostname or ""
-    try:
-        socket.getaddrinfo(host, 443)
-    except (OSError, UnicodeError):
-        return False
-    return True
 
 
 def _unresolved(name: str, why: str) -> str:

@@ -47,6 +47,7 @@ def test_gpus_lists_profiles():
 def test_bad_input_one_line_exit_2(args, capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # what the hub read at import
     code, out, err = run_main(args, capsys)
     assert code == 2
     assert err.startswith("advisor: error:") and err.count("\n") == 1, err

@@ -49,6 +49,7 @@ def test_hub_unreachable_names_bundled_ids():
 def test_real_hub_client_offline_is_clean(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)  # what the hub read at import
     with pytest.raises(ValueError, match="local directory"):
         resolve_model("nobody/definitely-not-cached")
 

@@ -1,9 +1,10 @@
 """Search strategies x micro-batch x checkpointing, choose one, and explain the choice.
 
 The choice starts from size thresholds (under 1B parameters: ddp; 1-10B: zero3; over 10B: zero3
-with CPU offload considered), checks the default against memory, escalates along
-``strategies.ESCALATION`` when it does not fit (checkpointing and smaller micro-batches first,
-within each strategy; offload only when nothing on the GPU fits), then applies the margin policy
+with CPU offload considered), checks the default against memory, and when it does not fit takes the
+fastest GPU-only strategy that fits, on either side of the default (checkpointing and smaller
+micro-batches first, within each strategy); offload only when nothing on the GPUs alone fits, along
+``strategies.ESCALATION`` from the default. Then it applies the margin policy
 (``prefer_practical``: among plans within ``SAME_SPEED`` of that choice's tokens/s, one that leaves
 ``TrainingConfig.headroom`` of memory free wins, then the one that communicates least; the reason
 gives both plans' memory shares and step times), lists cheaper strategies that also fit, and when
@@ -287,8 +288,10 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
     speed = chosen.step_time.tokens_per_s
     # Peers are as fast within SAME_SPEED either way: a much faster plan is --policy fastest's business,
     # and calling it "as fast" would misstate the numbers printed beside it.
+    # A GPU-only choice has GPU-only peers: offload is for when nothing fits on the GPUs alone.
     peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
-             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed]
+             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed
+             and (_offloads(chosen) or not _offloads(c))]
     if len(peers) < 2:
         return chosen, None
 
@@ -328,9 +331,7 @@ def choose(
     default, rationale = default_strategy(spec)
     why = [f"Default from size: {default} ({rationale})."]
     start = ESCALATION.index(default)
-    chosen = next((by_name[n] for n in ESCALATION[start:] if n in by_name and by_name[n].fits), None)
-    if chosen is None:
-        chosen = next((c for c in (by_name.get(n) for n in ESCALATION[:start]) if c and c.fits), None)
+    chosen = _escalate(by_name, default, fitting)
     if chosen is None:
         why.append(_does_not_fit(by_name[default]))
         last = ESCALATION[-1]
@@ -347,8 +348,11 @@ def choose(
     else:
         why.append(_does_not_fit(by_name[default]))
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
+        on_gpu = [c for c in fitting if c.strategy in ESCALATION and not _offloads(c)]
+        among = (f" (the fastest of {len(on_gpu)} that fit on the GPUs alone: "
+                 f"{size_choice.step_time.tokens_per_s:,.0f} tokens/s)" if len(on_gpu) > 1 else "")
         why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
-                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}.")
+                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}{among}.")
     if offload_note is not None:
         why.append(offload_note)
     reason_lines = why[1:]
@@ -370,6 +374,20 @@ def choose(
                          for c in cheaper)
     why.extend(alternatives)
     return _recommend(chosen, " ".join(reason_lines), alternatives), why
+
+
+def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: list[Candidate]) -> Candidate | None:
+    """The size default when it fits; otherwise the fastest GPU-only candidate that fits (``prefer_practical``
+    then applies the headroom policy among those as fast), whichever side of the default it lies;
+    offload only when no GPU-only candidate fits, the first along ``ESCALATION`` from the default."""
+    if default in by_name and by_name[default].fits:
+        return by_name[default]
+    on_gpu = [c for c in fitting if c.strategy in ESCALATION and not _offloads(c) and c.step_time is not None]
+    if on_gpu:  # ties keep the one that communicates least
+        return max(on_gpu, key=lambda c: (round(c.step_time.tokens_per_s, 6), -ESCALATION.index(c.strategy)))
+    start = ESCALATION.index(default)
+    order = [*ESCALATION[start:], *ESCALATION[:start]]
+    return next((by_name[n] for n in order if n in by_name and by_name[n].fits), None)
 
 
 def _offloads(cand: Candidate) -> bool:

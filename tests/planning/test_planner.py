@@ -185,3 +185,13 @@ def test_fitting_candidates_carry_step_time():
         assert (c.step_time_s is not None) == c.fits
         if c.fits:
             assert 0 < c.step_time.mfu < 1 and c.step_time.tokens_per_s > 0
+
+
+def test_gpu_only_plan_before_offload_on_either_side_of_the_default():
+    """Issue 19: Qwen2.5-7B LoRA 16 in pure bf16 on one RTX 4090. The size default, zero3, does not fit
+    (FSDP's gathered units and its buffers on top of a whole model on one GPU), ddp does: the plan
+    recommended zero3_offload because the escalation only looked past the default."""
+    p = plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, precision="bf16")
+    assert not p.candidate("zero3").fits and p.candidate("ddp").fits
+    assert p.recommendation.strategy in ("ddp", "zero1", "zero2")
+    assert any(line.startswith("fell back to") for line in p.why)

@@ -293,7 +293,9 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
     if training.micro_batch_size is None:
-        notes.append("micro-batch 'auto': the largest that fits, searched up to 64 per GPU")
+        notes.append(f"micro-batch 'auto': the largest that leaves {training.headroom:.0%} of memory free at the "
+                     f"{training.margin} end of its range (--headroom), searched up to 64 per GPU; micro-batch 1 "
+                     "when none does and it fits")
     return notes
 
 

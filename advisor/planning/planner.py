@@ -168,10 +168,22 @@ def evaluate_candidate(
         return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
                                   checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
-    def fits(mem: MemoryBreakdown, mode: str) -> bool:
-        if _range(spec, at[mode], impl, mem).at(training.margin) > capacity:  # --margin picks the end
+    def fits(mem: MemoryBreakdown, mode: str, limit: float = capacity) -> bool:
+        if _range(spec, at[mode], impl, mem).at(training.margin) > limit:  # --margin picks the end
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
+
+    # --micro-batch auto stops at (1 - headroom) of memory: a batch that fills the GPU to the last GiB
+    # is within the estimate's error of an out-of-memory failure. The smallest micro-batch may still use
+    # more (whether a plan fits is the capacity test alone); a pinned micro-batch is the user's choice.
+    roomy_limit = capacity * (1 - training.headroom) if training.micro_batch_size is None else capacity
+
+    def largest(mode: str) -> tuple[int | None, bool]:
+        """The largest micro-batch within the headroom, else the smallest that fits; and whether it is roomy."""
+        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
+        if micro is not None:
+            return micro, True
+        return (min(choices), False) if fits(memory(min(choices), mode), mode) else (None, False)
 
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
@@ -183,7 +195,7 @@ def evaluate_candidate(
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
-        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode), choices)
+        micro, is_roomy = largest(mode)
         if micro is not None:
             mem = memory(micro, mode)
             accumulation = _accumulation(training, dp_world, micro)
@@ -194,11 +206,12 @@ def evaluate_candidate(
                                      memory_range=_range(spec, at[mode], impl, mem),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
                                      step_time=timing))
-            if mode == "off":
+            if mode == "off" and is_roomy:
                 break  # no recompute and it fits: nothing to gain from checkpointing
     if fitting:
-        # Memory first (each mode at the largest micro-batch it fits), then step time: the most tokens/s;
-        # a tie keeps the one that recomputes less (the order tried).
+        # Memory first (each mode at the largest micro-batch it fits within the headroom, else at the
+        # smallest), then step time: the most tokens/s; a tie keeps the one that recomputes less (the
+        # order tried). Checkpointing without recompute is tried further when it only fits past the headroom.
         return max(fitting, key=lambda c: (round(c.step_time.tokens_per_s, 6), -fitting.index(c)))
     # Nothing fits: report the smallest configuration, the one closest to fitting.
     micro, mode = min(choices), modes[-1]
@@ -279,9 +292,9 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
 
     The margin policy: a plan fits when its peak plus runtime overhead is at most the GPU's memory;
     one that also leaves ``headroom`` free is comfortable. Comfortable plans come first, and among
-    them the one that communicates least (``ESCALATION`` order). When none is comfortable the
-    size-threshold choice stands: the auto micro-batch fills every candidate to 95-99% of memory,
-    and gaps that small are within the estimate's accuracy.
+    them the one that communicates least (``ESCALATION`` order). When none is comfortable (the auto
+    micro-batch stops at the headroom, so only a plan at micro-batch 1 or a pinned one can be past it)
+    the size-threshold choice stands.
     """
     if chosen.step_time is None:
         return chosen, None

@@ -54,3 +54,19 @@ def test_offload_only_when_no_gpu_only_candidate_fits(job):
         return
     on_gpu = [c.strategy for c in result.candidates if c.fits and not _offloads(c)]
     assert not on_gpu, f"{chosen.strategy} recommended while {on_gpu} fit on the GPUs alone"
+
+
+@_SETTINGS
+@given(jobs())
+def test_auto_micro_batch_stays_within_the_headroom(job):
+    """Past micro-batch 1 (below which there is nothing to give up), every fitting candidate's automatic
+    micro-batch leaves ``headroom`` of the GPU free at the ``--margin`` end of its range."""
+    job.pop("micro_batch_size", None)
+    result = plan(job.pop("model"), job.pop("gpus"), trace=False, **job)
+    training = result.training
+    for c in result.candidates:
+        if c.fits and c.micro_batch_size > 1:
+            used = c.memory_range.at(training.margin)
+            assert used <= (1 - training.headroom) * c.capacity_bytes, (
+                f"{c.strategy} micro-batch {c.micro_batch_size}: {used / 2**30:.2f} GiB at the {training.margin} end "
+                f"of {c.capacity_bytes / 2**30:.2f} GiB with headroom {training.headroom}")

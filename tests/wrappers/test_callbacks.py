@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -99,3 +100,18 @@ def test_lightning_fit_runs_the_check(tmp_path, capsys):
     # The plan saw the Llama inside the LightningModule, not an opaque module.
     assert callback.verdict.plan.model.model_type == "llama"
     assert "ddp on 1xH100, micro-batch 2, seq 16, fp32" in capsys.readouterr().out
+
+
+def test_strict_advice_leaves_the_headroom():
+    """The advice is a plan with --micro-batch auto, which stops at 90% of the GPU (headroom 0.1): it
+    proposed micro-batch 16 at 23.1 of 23.5 GiB (98%) before. 200,000 tokens per sample: the fp32 logits
+    and their loss (128 x ~22 bytes a token) make micro-batch 64 need 51 GiB."""
+    from advisor.training import TrainingConfig
+    from wrappers.callbacks import check
+
+    verdict = check(_model(), strategy="ddp", training=TrainingConfig(seq_len=200_000, micro_batch_size=64,
+                                                                      precision="fp32"),
+                    world_size=1, gpus="1xRTX4090")
+    advice = next(line for line in verdict.lines if line.startswith("advisor: advice:"))
+    share = int(re.search(r"per GPU \((\d+)%\) at micro-batch (\d+)", advice).group(1))
+    assert verdict.fits is False and 80 <= share <= 90

@@ -24,7 +24,8 @@ from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
-                                      evaluate_candidate, smallest_fit)
+                                      evaluate_candidate, offloads, smallest_fit)
+from advisor.planning.remedies import find_remedies, offload_line
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -132,6 +133,23 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
     return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): --loss chunked "
             f"would save {saved['chunked'] / GIB:.1f} GiB and --loss fused {saved['fused'] / GIB:.1f} GiB of its "
             f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
+
+
+def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+                   recommendation: Recommendation | None, why: list[str]) -> tuple[Recommendation | None, list[str]]:
+    """The ranked remedies (``advisor.planning.remedies``) on the recommendation; when it offloads, the best
+    one opens the 'why'; when nothing fits, the three best are why lines."""
+    chosen = None if recommendation is None else next(
+        c for c in candidates if c.strategy == recommendation.strategy and c.mesh is None)
+    remedies = find_remedies(spec, hw, training, candidates, chosen)
+    if not remedies:
+        return recommendation, why
+    if recommendation is None:
+        return None, why + [f"with {r.name}{'' if r.keeps_math else ' (changes the mathematics)'}, {r.strategy} fits "
+                            f"{'on the GPUs alone' if r.fits else 'with CPU offload'}: {r.step_s:.2f} s/step, "
+                            f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
+    line = offload_line(remedies, chosen) if offloads(chosen) else None
+    return recommendation.model_copy(update={"remedies": remedies}), ([line] if line else []) + why
 
 
 def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
@@ -399,6 +417,8 @@ def plan(
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)
+    if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
+        recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     smallest = None if recommendation else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:

@@ -68,6 +68,20 @@ class Candidate(_Frozen):
                                       "data parallelism alone over every GPU.")
 
 
+class Remedy(_Frozen):
+    """One changed knob and the plan it leads to."""
+
+    name: str = Field(description="The change as the CLI spells it, e.g. '--loss fused' or '--gpus 4xA100-80GB-SXM'.")
+    keeps_math: bool = Field(description="True: the same training mathematics (same model, optimizer, dtypes and "
+                             "global batch); False: it changes what or how the model trains.")
+    saved_gib: float = Field(description="Per-GPU memory it saves on the reference candidate at the same micro-batch "
+                             "and checkpointing (negative: it costs memory).")
+    strategy: StrategyName | None = Field(default=None, description="The strategy the re-plan chooses.")
+    step_s: float | None = Field(default=None, description="Seconds per optimizer step of that plan.")
+    tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
+    fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")
+
+
 class Recommendation(_Frozen):
     strategy: StrategyName
     engine: str
@@ -78,6 +92,9 @@ class Recommendation(_Frozen):
     reason: str
     alternatives: tuple[str, ...] = ()
     mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
+    remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
+                                         "size default unfit or runs below a useful MFU, ranked "
+                                         "(advisor.planning.remedies).")
 
 
 class SmallestFit(_Frozen):
@@ -304,7 +321,7 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
     # A GPU-only choice has GPU-only peers: offload is for when nothing fits on the GPUs alone.
     peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
              and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed
-             and (_offloads(chosen) or not _offloads(c))]
+             and (offloads(chosen) or not offloads(c))]
     if len(peers) < 2:
         return chosen, None
 
@@ -361,7 +378,7 @@ def choose(
     else:
         why.append(_does_not_fit(by_name[default]))
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
-        on_gpu = [c for c in fitting if c.strategy in ESCALATION and not _offloads(c)]
+        on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c)]
         among = (f" (the fastest of {len(on_gpu)} that fit on the GPUs alone: "
                  f"{size_choice.step_time.tokens_per_s:,.0f} tokens/s)" if len(on_gpu) > 1 else "")
         why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
@@ -395,7 +412,7 @@ def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: lis
     offload only when no GPU-only candidate fits, the first along ``ESCALATION`` from the default."""
     if default in by_name and by_name[default].fits:
         return by_name[default]
-    on_gpu = [c for c in fitting if c.strategy in ESCALATION and not _offloads(c) and c.step_time is not None]
+    on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c) and c.step_time is not None]
     if on_gpu:  # ties keep the one that communicates least
         return max(on_gpu, key=lambda c: (round(c.step_time.tokens_per_s, 6), -ESCALATION.index(c.strategy)))
     start = ESCALATION.index(default)
@@ -403,7 +420,8 @@ def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: lis
     return next((by_name[n] for n in order if n in by_name and by_name[n].fits), None)
 
 
-def _offloads(cand: Candidate) -> bool:
+def offloads(cand: Candidate) -> bool:
+    """The candidate keeps parameters or optimizer state on the CPU."""
     impl = STRATEGIES[cand.strategy].on(cand.engine)
     return impl.offload_params or impl.offload_optimizer
 
@@ -411,9 +429,9 @@ def _offloads(cand: Candidate) -> bool:
 def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, str | None]:
     """Escalation reaches offload only when nothing fits on the GPUs alone; once there, the offload
     variants differ mostly in how large a micro-batch they leave room for, so take the fastest."""
-    if not _offloads(chosen) or chosen.step_time is None:
+    if not offloads(chosen) or chosen.step_time is None:
         return chosen, None
-    peers = [c for c in fitting if _offloads(c) and c.step_time is not None and c.mesh is None]
+    peers = [c for c in fitting if offloads(c) and c.step_time is not None and c.mesh is None]
     best = max(peers, key=lambda c: c.step_time.tokens_per_s)
     if best is chosen or best.step_time.tokens_per_s <= chosen.step_time.tokens_per_s * (1 + SAME_SPEED):
         return chosen, None
@@ -493,3 +511,26 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                            message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
     return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
                        "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")
+
+
+def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
+    """The fewest GPUs, more than ``above``, for which ``fits_at`` holds: any count up to ``per_node`` (one
+    node), whole nodes beyond. Per-GPU memory of a sharded strategy falls as GPUs are added, so the test
+    is monotone and a bisection finds the first count (an exponential search bounds it first)."""
+    within = list(range(above + 1, per_node + 1))
+    if within and fits_at(within[-1]):
+        lo, hi = 0, len(within) - 1  # within[hi] fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits_at(within[mid]) else (mid + 1, hi)
+        return within[lo]
+    low = max(1, above // per_node)  # node counts up to `low` are known not to fit (or not above)
+    high = low + 1
+    while not fits_at(high * per_node):
+        low, high = high, high * 2
+        if high > max_nodes:
+            return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits_at(mid * per_node) else (mid, high)
+    return high * per_node

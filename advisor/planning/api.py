@@ -130,8 +130,12 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
              for kernel in ("chunked", "fused")}
     if max(saved.values()) < 0.1 * total:
         return []
-    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): --loss chunked "
-            f"would save {saved['chunked'] / GIB:.1f} GiB and --loss fused {saved['fused'] / GIB:.1f} GiB of its "
+    # Only savings: a kernel whose own buffers outweigh the logits it drops (fused under a quantised base)
+    # is left out rather than quoted as a negative saving.
+    savings = [(kernel, bytes_ / GIB) for kernel, bytes_ in saved.items() if bytes_ >= 0.05 * GIB]
+    listed = " and ".join(f"--loss {kernel}{' would save' if i == 0 else ''} {gib:.1f} GiB"
+                          for i, (kernel, gib) in enumerate(savings))
+    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
             f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
 
 

@@ -390,8 +390,10 @@ def choose(
         why.append(comparison)
         reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
+        checked = ("checked only when --cpu-memory-gib is given" if chosen.cpu_capacity_bytes is None else
+                   f"of {_gib(chosen.cpu_capacity_bytes)} given by --cpu-memory-gib")
         why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
-                   "states (checked only when --cpu-memory-gib is given).")
+                   f"states ({checked}).")
     if chosen.selective_checkpointing:
         why.append("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
                    "without it no micro-batch fits, and it recomputes less than full checkpointing.")

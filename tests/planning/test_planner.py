@@ -196,3 +196,13 @@ def test_gpu_only_plan_before_offload_on_either_side_of_the_default():
     assert not p.candidate("zero3").fits and p.candidate("ddp").fits
     assert p.recommendation.strategy in ("ddp", "zero1", "zero2")
     assert any(line.startswith("fell back to") for line in p.why)
+
+
+def test_cpu_ram_line_says_whether_it_was_checked():
+    """Qwen2.5-7B on 2 A100s offloads; the CPU RAM line said 'checked only when --cpu-memory-gib is given'
+    even when it was given."""
+    given = plan("Qwen/Qwen2.5-7B", "2xA100", cpu_memory_gib=1024)
+    line = next(line for line in given.why if "of CPU RAM per node" in line)
+    assert "of 1024.0 GiB given by --cpu-memory-gib" in line and "checked only when" not in line
+    unchecked = plan("Qwen/Qwen2.5-7B", "2xA100")
+    assert any("(checked only when --cpu-memory-gib is given)" in line for line in unchecked.why)

@@ -23,8 +23,9 @@ from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
-from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
-                                      evaluate_candidate, offloads, smallest_fit)
+from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, choose, choose_fastest,
+                                      evaluate_candidate, offloads)
+from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.remedies import find_remedies, offload_line
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
@@ -154,6 +155,19 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
                             f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
     line = offload_line(remedies, chosen) if offloads(chosen) else None
     return recommendation.model_copy(update={"remedies": remedies}), ([line] if line else []) + why
+
+
+def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> TrainingConfig:
+    """A GPU with no bf16 (no bf16 rate in profiles/gpus.json: V100, T4): a pinned bf16 precision is a
+    ValueError; the default bf16-mixed becomes fp16-mixed, said in one line."""
+    if hw.gpu.bf16_tflops is not None or training.precision_info.compute_dtype != "bfloat16":
+        return training
+    if "precision" in training.model_fields_set:
+        raise ValueError(f"--precision {training.precision}: the {hw.gpu.name} has no bf16 (profiles/gpus.json); "
+                         "use --precision fp16-mixed or fp32")
+    notes.append(f"precision fp16-mixed: the {hw.gpu.name} has no bf16, so the default bf16-mixed is planned as "
+                 "fp16-mixed (fp32 master weights, fp16 compute with loss scaling); --precision fp32 to change")
+    return training.model_copy(update={"precision": "fp16-mixed"})
 
 
 def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
@@ -387,6 +401,7 @@ def plan(
         notes.append(_check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    training = _without_bf16(hw, training, notes)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names)
@@ -410,6 +425,9 @@ def plan(
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+        if strategy and not candidates[0].available:  # bad input, not a plan that does not fit
+            raise ValueError(f"--strategy {names[0]} cannot run with the {training.engine} engine here: "
+                             f"{candidates[0].unavailable_reason}")
         if tracing and spec.traced and _needs_checkpointing(candidates):
             spec = _traced(spec, config, training, checkpointing=True, **trace_with)
             candidates = [evaluate_candidate(spec, hw, training, name) for name in names]

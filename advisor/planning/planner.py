@@ -7,19 +7,17 @@ micro-batches first, within each strategy); offload only when nothing on the GPU
 ``strategies.ESCALATION`` from the default. Then it applies the margin policy
 (``prefer_practical``: among plans within ``SAME_SPEED`` of that choice's tokens/s, one that leaves
 ``TrainingConfig.headroom`` of memory free wins, then the one that communicates least; the reason
-gives both plans' memory shares and step times), lists cheaper strategies that also fit, and when
-nothing fits finds the smallest number of these GPUs that would. Pure functions of
+gives both plans' memory shares and step times), and lists cheaper strategies that also fit
+(``advisor.planning.smallest`` finds the fewest GPUs that would fit when nothing does). Pure functions of
 validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
-from advisor.hardware.cluster import Hardware, resize
+from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
@@ -95,13 +93,6 @@ class Recommendation(_Frozen):
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "
                                          "(advisor.planning.remedies).")
-
-
-class SmallestFit(_Frozen):
-    num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
-    strategy: StrategyName | None = None
-    mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
-    message: str
 
 
 def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
@@ -477,62 +468,3 @@ def _does_not_fit(cand: Candidate) -> str:
     return (f"{cand.strategy} does not fit: needs {_gib(mem.total)} per GPU of {_gib(cand.capacity_bytes)} "
             f"even at micro-batch {cand.micro_batch_size}"
             f"{' with checkpointing' if cand.activation_checkpointing else ''}.")
-
-
-def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
-                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
-                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
-    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits; with
-    ``meshes`` (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes too."""
-    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
-    per_node = hardware.gpu.default_gpus_per_node if hardware.nodes > 1 else max(hardware.gpus_per_node, 1)
-
-    def at(count: int) -> Hardware:
-        nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
-        return resize(hardware, nodes=nodes, gpus_per_node=per)
-
-    counts = [c for c in list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
-              if c > hardware.world_size]
-    found = [(count, order, name) for order, name in enumerate(strategies)
-             for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
-             if count is not None]
-    if meshes is not None:
-        limit = min((count for count, _, _ in found), default=None)
-        for count in counts:
-            if limit is not None and count >= limit:
-                break
-            fitting = next((m for m in meshes(at(count))
-                            if evaluate_candidate(spec, at(count), relaxed, "zero3", m).fits), None)
-            if fitting is not None:
-                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
-                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
-                                           f"{fitting.label} at micro-batch 1.")
-    if found:
-        count, _, name = min(found)
-        return SmallestFit(num_gpus=count, strategy=name,
-                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
-    return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
-                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")
-
-
-def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
-    """The fewest GPUs, more than ``above``, for which ``fits_at`` holds: any count up to ``per_node`` (one
-    node), whole nodes beyond. Per-GPU memory of a sharded strategy falls as GPUs are added, so the test
-    is monotone and a bisection finds the first count (an exponential search bounds it first)."""
-    within = list(range(above + 1, per_node + 1))
-    if within and fits_at(within[-1]):
-        lo, hi = 0, len(within) - 1  # within[hi] fits
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fits_at(within[mid]) else (mid + 1, hi)
-        return within[lo]
-    low = max(1, above // per_node)  # node counts up to `low` are known not to fit (or not above)
-    high = low + 1
-    while not fits_at(high * per_node):
-        low, high = high, high * 2
-        if high > max_nodes:
-            return None
-    while high - low > 1:
-        mid = (low + high) // 2
-        low, high = (low, mid) if fits_at(mid * per_node) else (mid, high)
-    return high * per_node

@@ -20,12 +20,13 @@ from typing import Any, Callable, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
-from advisor.hardware.cluster import Hardware, resize
+from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, default_strategy, evaluate_candidate,
-                                      offloads, smallest_count)
+                                      offloads)
+from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -183,7 +184,7 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
 def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[_Change]:
     """The fewest GPUs of this kind on which zero3 fits on the GPUs alone (micro-batch 1)."""
     relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
-    per_node = hw.gpu.default_gpus_per_node if hw.nodes > 1 else max(hw.gpus_per_node, hw.gpu.default_gpus_per_node)
+    per_node = server_size(hw)
     count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hw, n, per_node), relaxed, "zero3").fits,
                            above=hw.world_size, per_node=per_node)
     if count is None or (training.global_batch_size is not None and training.global_batch_size % count):
@@ -192,12 +193,6 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
     label = f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
         f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
     return [_Change(name=f"--gpus {label}", keeps_math=True, hardware=bigger)]
-
-
-def at_count(hw: Hardware, count: int, per_node: int) -> Hardware:
-    """``hw`` resized to ``count`` GPUs: one node up to ``per_node``, whole nodes beyond."""
-    nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
-    return resize(hw, nodes=nodes, gpus_per_node=per)
 
 
 def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:

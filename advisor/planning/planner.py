@@ -163,11 +163,22 @@ def evaluate_candidate(
         training.activation_checkpointing]
     at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
 
+    estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice
+
     def memory(micro: int, mode: str) -> MemoryBreakdown:
-        if mesh is not None:
-            return estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
-                                        checkpointing=mode != "off")
-        return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
+        if (micro, mode) not in estimated:
+            estimated[micro, mode] = (
+                estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                     checkpointing=mode != "off") if mesh is not None else
+                estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off"))
+        return estimated[micro, mode]
+
+    spans: dict[int, MemoryRange] = {}  # keyed by the breakdown's id: each one is kept in `estimated`
+
+    def span(mem: MemoryBreakdown, mode: str) -> MemoryRange:
+        if id(mem) not in spans:
+            spans[id(mem)] = _range(spec, at[mode], impl, mem)
+        return spans[id(mem)]
 
     def timing_of(micro: int, mode: str, accumulation: int) -> StepTime:
         if mesh is not None:
@@ -177,7 +188,7 @@ def evaluate_candidate(
                                   checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
     def fits(mem: MemoryBreakdown, mode: str, limit: float = capacity) -> bool:
-        if _range(spec, at[mode], impl, mem).at(training.margin) > limit:  # --margin picks the end
+        if span(mem, mode).at(training.margin) > limit:  # --margin picks the end
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
 
@@ -199,7 +210,7 @@ def evaluate_candidate(
         return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
-                         memory_bytes=lightest, memory_range=_range(spec, at[modes[-1]], impl, lightest),
+                         memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
@@ -211,7 +222,7 @@ def evaluate_candidate(
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
-                                     memory_range=_range(spec, at[mode], impl, mem),
+                                     memory_range=span(mem, mode),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
                                      step_time=timing))
             if mode == "off" and is_roomy:
@@ -227,7 +238,7 @@ def evaluate_candidate(
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
                      gradient_accumulation_steps=_accumulation(training, dp_world, micro),
-                     memory_bytes=mem, memory_range=_range(spec, at[mode], impl, mem),
+                     memory_bytes=mem, memory_range=span(mem, mode),
                      cpu_memory_bytes=_cpu_per_node(mem, hardware))
 
 

@@ -115,3 +115,19 @@ def test_strict_advice_leaves_the_headroom():
     advice = next(line for line in verdict.lines if line.startswith("advisor: advice:"))
     share = int(re.search(r"per GPU \((\d+)%\) at micro-batch (\d+)", advice).group(1))
     assert verdict.fits is False and 80 <= share <= 90
+
+
+def test_strict_advice_lists_the_remedies_the_plan_lists():
+    """Qwen2.5-7B zero3 on two A100s does not fit (79.6 of 79.2 GiB); the open plan offloads, and the
+    advice carries the same ranked remedies as `advisor plan` (the first: three A100s, no offload)."""
+    from advisor.planning.api import plan
+    from advisor.training import TrainingConfig
+    from wrappers.callbacks import check
+
+    verdict = check("Qwen/Qwen2.5-7B", strategy="zero3", training=TrainingConfig(micro_batch_size=1), world_size=2,
+                    gpus="2xA100")
+    first = plan("Qwen/Qwen2.5-7B", "2xA100").recommendation.remedies[0]
+    remedies = [line for line in verdict.lines if line.startswith("advisor: remedies")]
+    assert verdict.fits is False and remedies
+    assert remedies[0].startswith(f"advisor: remedies that keep the mathematics: {first.name}: saves "
+                                  f"{first.saved_gib:.1f} GiB per GPU; then {first.strategy} on the GPUs alone")

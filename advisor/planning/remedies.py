@@ -106,7 +106,10 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     changed = training.model_copy(update=change.update)
     pinned = training.model_copy(update={"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
                                          "activation_checkpointing": _mode(ref), **change.update})
-    same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
+    try:
+        same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
+    except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
+        return None
     if same.memory_bytes is None:
         return None
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB

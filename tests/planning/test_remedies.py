@@ -76,3 +76,13 @@ def test_json_carries_the_remedies_and_the_table_prints_them():
     out = runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"]).output
     assert "Remedies that keep the mathematics:" in out and "Remedies that change the mathematics:" in out
     assert f"  - --gpus 3xA100-80GB-SXM: saves {first['saved_gib']:.1f} GiB per GPU; then zero3 on the GPUs alone" in out
+
+
+def test_a_size_only_model_gets_remedies_without_the_mesh_ones():
+    """--params 70B on two nodes offloads; --hybrid needs attention heads the size does not give, so that
+    remedy is skipped, not an error (the README's command exited 2 with the mesh estimator's refusal)."""
+    from advisor.model.sources import resolve_size
+
+    p = plan(resolve_size("70B"), "2x8xH100", seq_len=4096)
+    names = [r.name for r in p.recommendation.remedies]
+    assert names and not any(name.startswith("--hybrid") for name in names)

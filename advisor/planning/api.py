@@ -108,7 +108,7 @@ def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) ->
 def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                 recommendation: Recommendation | None) -> list[str]:
     """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
-    if training.loss != "hf" or not shape_of(spec).vocab_size:
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:  # none: data parallelism blocked
         return []
     if recommendation is None:
         for kernel in ("chunked", "fused"):

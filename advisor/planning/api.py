@@ -24,7 +24,7 @@ from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, choose, choose_fastest,
-                                      evaluate_candidate, offloads)
+                                      default_strategy, evaluate_candidate, offloads)
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.remedies import find_remedies, offload_line
 from advisor.strategies import STRATEGIES, get_strategy
@@ -153,7 +153,7 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
         return None, why + [f"with {r.name}{'' if r.keeps_math else ' (changes the mathematics)'}, {r.strategy} fits "
                             f"{'on the GPUs alone' if r.fits else 'with CPU offload'}: {r.step_s:.2f} s/step, "
                             f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
-    line = offload_line(remedies, chosen) if offloads(chosen) else None
+    line = offload_line(remedies, chosen, reference=default_strategy(spec)[0]) if offloads(chosen) else None
     return recommendation.model_copy(update={"remedies": remedies}), ([line] if line else []) + why
 
 

@@ -44,7 +44,7 @@ OFFLOAD: tuple[StrategyName, ...] = ("zero2_offload", "zero3_offload")
 
 
 class _Change(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     keeps_math: bool
@@ -75,9 +75,9 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     reason = remedy_reason(spec, candidates, chosen)
     if reason is None:
         return ()
-    default = next(c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None)
-    ref = chosen if default.fits and chosen is not None else default
-    if not ref.available or ref.memory_bytes is None:
+    default = next((c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None), None)
+    ref = chosen if default is None or (default.fits and chosen is not None) else default
+    if ref is None or not ref.available or ref.memory_bytes is None:
         return ()
     on_gpu_now = chosen is not None and not offloads(chosen)
     current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
@@ -227,18 +227,16 @@ def _last_true(values: list[int], test: Callable[[int], bool]) -> int | None:
     return best
 
 
-def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate) -> str | None:
-    """The first 'why' line of a plan that offloads: the best remedy, in numbers."""
-    fitting = [r for r in remedies if r.fits]
-    best = next(iter(fitting or remedies), None)
-    if best is None or chosen.step_time is None:
+def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> str | None:
+    """The first 'why' line of a plan that offloads: the best remedy (the first that runs on the GPUs
+    alone, else the first), in numbers; ``reference`` is the candidate its saving is measured on."""
+    best = next((r for r in remedies if r.fits), remedies[0] if remedies else None)
+    if best is None or best.tokens_per_s is None or chosen.step_time is None:
         return None
     now = chosen.step_time.tokens_per_s
-    saving = f", saving {best.saved_gib:.1f} GiB per GPU" if best.saved_gib >= 0.05 else ""
     kind = "keeps the mathematics" if best.keeps_math else "changes the mathematics"
-    if best.tokens_per_s is None:
-        return f"{chosen.strategy} offloads to the CPU; the best remedy found, {best.name} ({kind}){saving}, still fits nothing."
-    where = "on the GPUs alone" if best.fits else "still offloading"
-    return (f"{chosen.strategy} offloads to the CPU ({now:,.0f} tokens/s); {best.name} ({kind}) would run "
-            f"{best.strategy} {where} at {best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s "
-            f"({best.tokens_per_s / now:.1f}x){saving}.")
+    where = "runs on the GPUs alone" if best.fits else "still offloads but runs"
+    saving = f"; it saves {best.saved_gib:.1f} GiB per GPU on {reference}" if best.saved_gib >= MIN_SAVED_GIB else ""
+    return (f"{chosen.strategy} offloads to the CPU ({now:,.0f} tokens/s); with {best.name} ({kind}), {best.strategy} "
+            f"{where} at {best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / now:.1f}x)"
+            f"{saving}.")

@@ -24,8 +24,8 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, default_strategy, evaluate_candidate,
-                                      offloads)
+from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, choose_fastest, default_strategy,
+                                      evaluate_candidate, offloads)
 from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
@@ -128,11 +128,15 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
 
 
 def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
-    """The planner's choice over the GPU-only strategies, and the offload ones only when none of those fits."""
+    """The planner's choice (under the config's policy) over the GPU-only strategies, and the offload ones
+    only when none of those fits."""
     candidates = [evaluate_candidate(spec, hw, training, name) for name in GPU_ONLY]
     if not any(c.fits for c in candidates):
         candidates += [evaluate_candidate(spec, hw, training, name) for name in OFFLOAD]
-    rec, _ = choose(spec, candidates, headroom=training.headroom)
+    if training.policy == "fastest":
+        rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+    else:
+        rec, _ = choose(spec, candidates, headroom=training.headroom)
     if rec is None:
         return None
     return next(c for c in candidates if c.strategy == rec.strategy)

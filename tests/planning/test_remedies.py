@@ -29,7 +29,8 @@ def _kwargs(name: str) -> dict:
 CASES = [("Qwen/Qwen2.5-7B", "2xA100", {}), ("mistralai/Mixtral-8x7B-v0.1", "8xH100", {}),
          ("Qwen/Qwen2.5-3B", "4xV100", {"precision": "fp16-mixed"}),
          # GPU-only but below a useful MFU: 70B over 100 Gb/s Ethernet between 4 nodes
-         ("meta-llama/Llama-3.1-70B", "4x8xH100", {"interconnect": "eth-100g"})]
+         ("meta-llama/Llama-3.1-70B", "4x8xH100", {"interconnect": "eth-100g"}),
+         ("Qwen/Qwen2.5-7B", "2xA100", {"policy": "fastest"})]
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), CASES)

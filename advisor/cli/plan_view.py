@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
+from advisor.planning.remedies import remedy_line, remedy_sections
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
 
@@ -100,6 +101,8 @@ def reason_sentence(plan) -> str:
     reason that does more than give a candidate's fit figures (``zero3 does not fit: needs 79.6 GiB``,
     ``zero2 rather than zero3: ...``); when all do (the size default fits), the first why line."""
     rec = plan.recommendation
+    if rec.remedies and rec.strategy.endswith("_offload") and plan.why:
+        return plan.why[0]  # an offloading plan's first reason names the best remedy in numbers
     if rec.mesh is not None:
         opened = [i for i, line in enumerate(plan.why) if line.startswith(f"mesh {rec.mesh.label} (")]
         if opened and opened[0] > 0:
@@ -321,7 +324,12 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
         console.print(line, highlight=False)
     console.print()
     console.print(plan_table(plan, width=console.width, console=console), highlight=False)
+    remedies = plan.recommendation.remedies if plan.recommendation is not None else ()
     if not verbose:
+        if remedies:
+            console.print("[bold]Remedies[/] (the best 3; --verbose lists all):", highlight=False)
+            console.print(_bullets([f"{remedy_line(r)}{'' if r.keeps_math else ' (changes the mathematics)'}"
+                                    for r in remedies[:3]]), highlight=False)
         console.print(f"--verbose: memory per component, bars, {len(plan.why)} reasons, "
                       f"{len(plan.assumptions)} assumptions.", highlight=False)
         return
@@ -337,7 +345,7 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     for line in memory_bars(plan, width=_bar_width(plan, console.width)):
         console.print(line, highlight=False)
     console.print()
-    for heading, lines in (("Why", plan.why), ("Assumptions", plan.assumptions)):
+    for heading, lines in (("Why", plan.why), *remedy_sections(remedies), ("Assumptions", plan.assumptions)):
         console.print(f"[bold]{heading}:[/]", highlight=False)
         console.print(_bullets(lines), highlight=False)
 

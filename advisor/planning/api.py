@@ -23,8 +23,10 @@ from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
-from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
-                                      evaluate_candidate, smallest_fit)
+from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, choose, choose_fastest,
+                                      default_strategy, evaluate_candidate, offloads)
+from advisor.planning.smallest import SmallestFit, smallest_fit
+from advisor.planning.remedies import find_remedies, offload_line
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -106,7 +108,7 @@ def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) ->
 def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                 recommendation: Recommendation | None) -> list[str]:
     """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
-    if training.loss != "hf" or not shape_of(spec).vocab_size:
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:  # none: data parallelism blocked
         return []
     if recommendation is None:
         for kernel in ("chunked", "fused"):
@@ -129,9 +131,43 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
              for kernel in ("chunked", "fused")}
     if max(saved.values()) < 0.1 * total:
         return []
-    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): --loss chunked "
-            f"would save {saved['chunked'] / GIB:.1f} GiB and --loss fused {saved['fused'] / GIB:.1f} GiB of its "
+    # Only savings: a kernel whose own buffers outweigh the logits it drops (fused under a quantised base)
+    # is left out rather than quoted as a negative saving.
+    savings = [(kernel, bytes_ / GIB) for kernel, bytes_ in saved.items() if bytes_ >= 0.05 * GIB]
+    listed = " and ".join(f"--loss {kernel}{' would save' if i == 0 else ''} {gib:.1f} GiB"
+                          for i, (kernel, gib) in enumerate(savings))
+    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
             f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
+
+
+def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+                   recommendation: Recommendation | None, why: list[str]) -> tuple[Recommendation | None, list[str]]:
+    """The ranked remedies (``advisor.planning.remedies``) on the recommendation; when it offloads, the best
+    one opens the 'why'; when nothing fits, the three best are why lines."""
+    chosen = None if recommendation is None else next(
+        c for c in candidates if c.strategy == recommendation.strategy and c.mesh is None)
+    remedies = find_remedies(spec, hw, training, candidates, chosen)
+    if not remedies:
+        return recommendation, why
+    if recommendation is None:
+        return None, why + [f"with {r.name}{'' if r.keeps_math else ' (changes the mathematics)'}, {r.strategy} fits "
+                            f"{'on the GPUs alone' if r.fits else 'with CPU offload'}: {r.step_s:.2f} s/step, "
+                            f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
+    line = offload_line(remedies, chosen, reference=default_strategy(spec)[0]) if offloads(chosen) else None
+    return recommendation.model_copy(update={"remedies": remedies}), ([line] if line else []) + why
+
+
+def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> TrainingConfig:
+    """A GPU with no bf16 (no bf16 rate in profiles/gpus.json: V100, T4): a pinned bf16 precision is a
+    ValueError; the default bf16-mixed becomes fp16-mixed, said in one line."""
+    if hw.gpu.bf16_tflops is not None or training.precision_info.compute_dtype != "bfloat16":
+        return training
+    if "precision" in training.model_fields_set:
+        raise ValueError(f"--precision {training.precision}: the {hw.gpu.name} has no bf16 (profiles/gpus.json); "
+                         "use --precision fp16-mixed or fp32")
+    notes.append(f"precision fp16-mixed: the {hw.gpu.name} has no bf16, so the default bf16-mixed is planned as "
+                 "fp16-mixed (fp32 master weights, fp16 compute with loss scaling); --precision fp32 to change")
+    return training.model_copy(update={"precision": "fp16-mixed"})
 
 
 def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
@@ -294,7 +330,9 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
     if training.micro_batch_size is None:
-        notes.append("micro-batch 'auto': the largest that fits, searched up to 64 per GPU")
+        notes.append(f"micro-batch 'auto': the largest that leaves {training.headroom:.0%} of memory free at the "
+                     f"{training.margin} end of its range (--headroom), searched up to 64 per GPU; micro-batch 1 "
+                     "when none does and it fits")
     return notes
 
 
@@ -367,6 +405,7 @@ def plan(
         notes.append(_check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    training = _without_bf16(hw, training, notes)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names,
@@ -391,6 +430,9 @@ def plan(
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
+        if strategy and not candidates[0].available:  # bad input, not a plan that does not fit
+            raise ValueError(f"--strategy {names[0]} cannot run with the {training.engine} engine here: "
+                             f"{candidates[0].unavailable_reason}")
         if tracing and spec.traced and _needs_checkpointing(candidates):
             spec = _traced(spec, config, training, checkpointing=True, **trace_with)
             candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
@@ -402,6 +444,8 @@ def plan(
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)
+    if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
+        recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     smallest = None if recommendation else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:

@@ -1,24 +1,23 @@
 """Search strategies x micro-batch x checkpointing, choose one, and explain the choice.
 
 The choice starts from size thresholds (under 1B parameters: ddp; 1-10B: zero3; over 10B: zero3
-with CPU offload considered), checks the default against memory, escalates along
-``strategies.ESCALATION`` when it does not fit (checkpointing and smaller micro-batches first,
-within each strategy; offload only when nothing on the GPU fits), then applies the margin policy
+with CPU offload considered), checks the default against memory, and when it does not fit takes the
+fastest GPU-only strategy that fits, on either side of the default (checkpointing and smaller
+micro-batches first, within each strategy); offload only when nothing on the GPUs alone fits, along
+``strategies.ESCALATION`` from the default. Then it applies the margin policy
 (``prefer_practical``: among plans within ``SAME_SPEED`` of that choice's tokens/s, one that leaves
 ``TrainingConfig.headroom`` of memory free wins, then the one that communicates least; the reason
-gives both plans' memory shares and step times), lists cheaper strategies that also fit, and when
-nothing fits finds the smallest number of these GPUs that would. Pure functions of
+gives both plans' memory shares and step times), and lists cheaper strategies that also fit
+(``advisor.planning.smallest`` finds the fewest GPUs that would fit when nothing does). Pure functions of
 validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
-from advisor.hardware.cluster import Hardware, resize
+from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
@@ -67,6 +66,20 @@ class Candidate(_Frozen):
                                       "data parallelism alone over every GPU.")
 
 
+class Remedy(_Frozen):
+    """One changed knob and the plan it leads to."""
+
+    name: str = Field(description="The change as the CLI spells it, e.g. '--loss fused' or '--gpus 4xA100-80GB-SXM'.")
+    keeps_math: bool = Field(description="True: the same training mathematics (same model, optimizer, dtypes and "
+                             "global batch); False: it changes what or how the model trains.")
+    saved_gib: float = Field(description="Per-GPU memory it saves on the reference candidate at the same micro-batch "
+                             "and checkpointing (negative: it costs memory).")
+    strategy: StrategyName | None = Field(default=None, description="The strategy the re-plan chooses.")
+    step_s: float | None = Field(default=None, description="Seconds per optimizer step of that plan.")
+    tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
+    fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")
+
+
 class Recommendation(_Frozen):
     strategy: StrategyName
     engine: str
@@ -77,13 +90,9 @@ class Recommendation(_Frozen):
     reason: str
     alternatives: tuple[str, ...] = ()
     mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
-
-
-class SmallestFit(_Frozen):
-    num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
-    strategy: StrategyName | None = None
-    mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
-    message: str
+    remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
+                                         "size default unfit or runs below a useful MFU, ranked "
+                                         "(advisor.planning.remedies).")
 
 
 def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
@@ -154,11 +163,22 @@ def evaluate_candidate(
         training.activation_checkpointing]
     at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
 
+    estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice
+
     def memory(micro: int, mode: str) -> MemoryBreakdown:
-        if mesh is not None:
-            return estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
-                                        checkpointing=mode != "off")
-        return estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off")
+        if (micro, mode) not in estimated:
+            estimated[micro, mode] = (
+                estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
+                                     checkpointing=mode != "off") if mesh is not None else
+                estimate_memory(spec, hardware, at[mode], impl, micro_batch_size=micro, checkpointing=mode != "off"))
+        return estimated[micro, mode]
+
+    spans: dict[int, MemoryRange] = {}  # keyed by the breakdown's id: each one is kept in `estimated`
+
+    def span(mem: MemoryBreakdown, mode: str) -> MemoryRange:
+        if id(mem) not in spans:
+            spans[id(mem)] = _range(spec, at[mode], impl, mem)
+        return spans[id(mem)]
 
     def timing_of(micro: int, mode: str, accumulation: int) -> StepTime:
         if mesh is not None:
@@ -167,10 +187,22 @@ def evaluate_candidate(
         return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
                                   checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
 
-    def fits(mem: MemoryBreakdown, mode: str) -> bool:
-        if _range(spec, at[mode], impl, mem).at(training.margin) > capacity:  # --margin picks the end
+    def fits(mem: MemoryBreakdown, mode: str, limit: float = capacity) -> bool:
+        if span(mem, mode).at(training.margin) > limit:  # --margin picks the end
             return False
         return cpu_capacity is None or mem.cpu_bytes * hardware.gpus_per_node <= cpu_capacity
+
+    # --micro-batch auto stops at (1 - headroom) of memory: a batch that fills the GPU to the last GiB
+    # is within the estimate's error of an out-of-memory failure. The smallest micro-batch may still use
+    # more (whether a plan fits is the capacity test alone); a pinned micro-batch is the user's choice.
+    roomy_limit = capacity * (1 - training.headroom) if training.micro_batch_size is None else capacity
+
+    def largest(mode: str) -> tuple[int | None, bool]:
+        """The largest micro-batch within the headroom, else the smallest that fits; and whether it is roomy."""
+        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
+        if micro is not None:
+            return micro, True
+        return (min(choices), False) if fits(memory(min(choices), mode), mode) else (None, False)
 
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
@@ -178,11 +210,11 @@ def evaluate_candidate(
         return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
-                         memory_bytes=lightest, memory_range=_range(spec, at[modes[-1]], impl, lightest),
+                         memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware))
     fitting: list[Candidate] = []
     for mode in modes:
-        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode), choices)
+        micro, is_roomy = largest(mode)
         if micro is not None:
             mem = memory(micro, mode)
             accumulation = _accumulation(training, dp_world, micro)
@@ -190,14 +222,15 @@ def evaluate_candidate(
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
-                                     memory_range=_range(spec, at[mode], impl, mem),
+                                     memory_range=span(mem, mode),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
                                      step_time=timing))
-            if mode == "off":
+            if mode == "off" and is_roomy:
                 break  # no recompute and it fits: nothing to gain from checkpointing
     if fitting:
-        # Memory first (each mode at the largest micro-batch it fits), then step time: the most tokens/s;
-        # a tie keeps the one that recomputes less (the order tried).
+        # Memory first (each mode at the largest micro-batch it fits within the headroom, else at the
+        # smallest), then step time: the most tokens/s; a tie keeps the one that recomputes less (the
+        # order tried). Checkpointing without recompute is tried further when it only fits past the headroom.
         return max(fitting, key=lambda c: (round(c.step_time.tokens_per_s, 6), -fitting.index(c)))
     # Nothing fits: report the smallest configuration, the one closest to fitting.
     micro, mode = min(choices), modes[-1]
@@ -205,7 +238,7 @@ def evaluate_candidate(
     return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
                      selective_checkpointing=mode == "selective",
                      gradient_accumulation_steps=_accumulation(training, dp_world, micro),
-                     memory_bytes=mem, memory_range=_range(spec, at[mode], impl, mem),
+                     memory_bytes=mem, memory_range=span(mem, mode),
                      cpu_memory_bytes=_cpu_per_node(mem, hardware))
 
 
@@ -278,17 +311,19 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
 
     The margin policy: a plan fits when its peak plus runtime overhead is at most the GPU's memory;
     one that also leaves ``headroom`` free is comfortable. Comfortable plans come first, and among
-    them the one that communicates least (``ESCALATION`` order). When none is comfortable the
-    size-threshold choice stands: the auto micro-batch fills every candidate to 95-99% of memory,
-    and gaps that small are within the estimate's accuracy.
+    them the one that communicates least (``ESCALATION`` order). When none is comfortable (the auto
+    micro-batch stops at the headroom, so only a plan at micro-batch 1 or a pinned one can be past it)
+    the size-threshold choice stands.
     """
     if chosen.step_time is None:
         return chosen, None
     speed = chosen.step_time.tokens_per_s
     # Peers are as fast within SAME_SPEED either way: a much faster plan is --policy fastest's business,
     # and calling it "as fast" would misstate the numbers printed beside it.
+    # A GPU-only choice has GPU-only peers: offload is for when nothing fits on the GPUs alone.
     peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
-             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed]
+             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed
+             and (offloads(chosen) or not offloads(c))]
     if len(peers) < 2:
         return chosen, None
 
@@ -328,9 +363,7 @@ def choose(
     default, rationale = default_strategy(spec)
     why = [f"Default from size: {default} ({rationale})."]
     start = ESCALATION.index(default)
-    chosen = next((by_name[n] for n in ESCALATION[start:] if n in by_name and by_name[n].fits), None)
-    if chosen is None:
-        chosen = next((c for c in (by_name.get(n) for n in ESCALATION[:start]) if c and c.fits), None)
+    chosen = _escalate(by_name, default, fitting)
     if chosen is None:
         why.append(_does_not_fit(by_name[default]))
         last = ESCALATION[-1]
@@ -347,8 +380,11 @@ def choose(
     else:
         why.append(_does_not_fit(by_name[default]))
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
+        on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c)]
+        among = (f" (the fastest of {len(on_gpu)} that fit on the GPUs alone: "
+                 f"{size_choice.step_time.tokens_per_s:,.0f} tokens/s)" if len(on_gpu) > 1 else "")
         why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
-                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}.")
+                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}{among}.")
     if offload_note is not None:
         why.append(offload_note)
     reason_lines = why[1:]
@@ -356,8 +392,10 @@ def choose(
         why.append(comparison)
         reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
+        checked = ("checked only when --cpu-memory-gib is given" if chosen.cpu_capacity_bytes is None else
+                   f"of {_gib(chosen.cpu_capacity_bytes)} given by --cpu-memory-gib")
         why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
-                   "states (checked only when --cpu-memory-gib is given).")
+                   f"states ({checked}).")
     if chosen.selective_checkpointing:
         why.append("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
                    "without it no micro-batch fits, and it recomputes less than full checkpointing.")
@@ -372,7 +410,22 @@ def choose(
     return _recommend(chosen, " ".join(reason_lines), alternatives), why
 
 
-def _offloads(cand: Candidate) -> bool:
+def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: list[Candidate]) -> Candidate | None:
+    """The size default when it fits; otherwise the fastest GPU-only candidate that fits (``prefer_practical``
+    then applies the headroom policy among those as fast), whichever side of the default it lies;
+    offload only when no GPU-only candidate fits, the first along ``ESCALATION`` from the default."""
+    if default in by_name and by_name[default].fits:
+        return by_name[default]
+    on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c) and c.step_time is not None]
+    if on_gpu:  # ties keep the one that communicates least
+        return max(on_gpu, key=lambda c: (round(c.step_time.tokens_per_s, 6), -ESCALATION.index(c.strategy)))
+    start = ESCALATION.index(default)
+    order = [*ESCALATION[start:], *ESCALATION[:start]]
+    return next((by_name[n] for n in order if n in by_name and by_name[n].fits), None)
+
+
+def offloads(cand: Candidate) -> bool:
+    """The candidate keeps parameters or optimizer state on the CPU."""
     impl = STRATEGIES[cand.strategy].on(cand.engine)
     return impl.offload_params or impl.offload_optimizer
 
@@ -380,9 +433,9 @@ def _offloads(cand: Candidate) -> bool:
 def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, str | None]:
     """Escalation reaches offload only when nothing fits on the GPUs alone; once there, the offload
     variants differ mostly in how large a micro-batch they leave room for, so take the fastest."""
-    if not _offloads(chosen) or chosen.step_time is None:
+    if not offloads(chosen) or chosen.step_time is None:
         return chosen, None
-    peers = [c for c in fitting if _offloads(c) and c.step_time is not None and c.mesh is None]
+    peers = [c for c in fitting if offloads(c) and c.step_time is not None and c.mesh is None]
     best = max(peers, key=lambda c: c.step_time.tokens_per_s)
     if best is chosen or best.step_time.tokens_per_s <= chosen.step_time.tokens_per_s * (1 + SAME_SPEED):
         return chosen, None
@@ -426,39 +479,3 @@ def _does_not_fit(cand: Candidate) -> str:
     return (f"{cand.strategy} does not fit: needs {_gib(mem.total)} per GPU of {_gib(cand.capacity_bytes)} "
             f"even at micro-batch {cand.micro_batch_size}"
             f"{' with checkpointing' if cand.activation_checkpointing else ''}.")
-
-
-def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
-                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
-                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
-    """The fewest GPUs of this kind (whole nodes beyond one) on which a sharded strategy fits; with
-    ``meshes`` (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes too."""
-    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
-    per_node = hardware.gpu.default_gpus_per_node if hardware.nodes > 1 else max(hardware.gpus_per_node, 1)
-
-    def at(count: int) -> Hardware:
-        nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
-        return resize(hardware, nodes=nodes, gpus_per_node=per)
-
-    counts = [c for c in list(range(1, per_node + 1)) + [per_node * 2**k for k in range(1, 15)]
-              if c > hardware.world_size]
-    found = [(count, order, name) for order, name in enumerate(strategies)
-             for count in [next((c for c in counts if evaluate_candidate(spec, at(c), relaxed, name).fits), None)]
-             if count is not None]
-    if meshes is not None:
-        limit = min((count for count, _, _ in found), default=None)
-        for count in counts:
-            if limit is not None and count >= limit:
-                break
-            fitting = next((m for m in meshes(at(count))
-                            if evaluate_candidate(spec, at(count), relaxed, "zero3", m).fits), None)
-            if fitting is not None:
-                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
-                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
-                                           f"{fitting.label} at micro-batch 1.")
-    if found:
-        count, _, name = min(found)
-        return SmallestFit(num_gpus=count, strategy=name,
-                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
-    return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
-                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")

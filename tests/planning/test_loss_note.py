@@ -29,3 +29,20 @@ def test_nothing_fits_says_which_kernel_would():
     assert plan.recommendation is None
     assert any(line.startswith("nothing fits with the hf loss") and "with --loss fused, " in line and "fits at micro-batch 1" in line
                for line in plan.why)
+
+
+def test_a_kernel_that_saves_nothing_is_not_quoted_as_a_negative_saving():
+    """QLoRA of Qwen2.5-7B on one RTX 4090 at micro-batch 1: the fused kernel's own buffers outweigh the
+    logits it drops, and the note printed '--loss fused -0.7 GiB'. Only savings are quoted."""
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, quantize="nf4")
+    note = next(line for line in plan.why if line.startswith("the loss decides the peak"))
+    assert "--loss chunked would save" in note and "--loss fused" not in note
+    assert not re.search(r"-\d", note)
+
+
+def test_no_data_parallel_candidates_no_loss_note():
+    """--global-batch 64 at micro-batch 8 on 16 GPUs cannot be split by data parallelism alone and no mesh
+    fits: the loss note looked up the size default among no candidates (KeyError, exit 1)."""
+    plan = advisor.plan("meta-llama/Llama-2-70b-hf", "2x8xH100", seq_len=2048, micro_batch_size=8,
+                        global_batch_size=64)
+    assert plan.recommendation is None and not any(line.startswith("nothing fits with the hf loss") for line in plan.why)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import warnings
 from types import SimpleNamespace
 
@@ -99,3 +100,34 @@ def test_lightning_fit_runs_the_check(tmp_path, capsys):
     # The plan saw the Llama inside the LightningModule, not an opaque module.
     assert callback.verdict.plan.model.model_type == "llama"
     assert "ddp on 1xH100, micro-batch 2, seq 16, fp32" in capsys.readouterr().out
+
+
+def test_strict_advice_leaves_the_headroom():
+    """The advice is a plan with --micro-batch auto, which stops at 90% of the GPU (headroom 0.1): it
+    proposed micro-batch 16 at 23.1 of 23.5 GiB (98%) before. 200,000 tokens per sample: the fp32 logits
+    and their loss (128 x ~22 bytes a token) make micro-batch 64 need 51 GiB."""
+    from advisor.training import TrainingConfig
+    from wrappers.callbacks import check
+
+    verdict = check(_model(), strategy="ddp", training=TrainingConfig(seq_len=200_000, micro_batch_size=64,
+                                                                      precision="fp32"),
+                    world_size=1, gpus="1xRTX4090")
+    advice = next(line for line in verdict.lines if line.startswith("advisor: advice:"))
+    share = int(re.search(r"per GPU \((\d+)%\) at micro-batch (\d+)", advice).group(1))
+    assert verdict.fits is False and 80 <= share <= 90
+
+
+def test_strict_advice_lists_the_remedies_the_plan_lists():
+    """Qwen2.5-7B zero3 on two A100s does not fit (79.6 of 79.2 GiB); the open plan offloads, and the
+    advice carries the same ranked remedies as `advisor plan` (the first: three A100s, no offload)."""
+    from advisor.planning.api import plan
+    from advisor.training import TrainingConfig
+    from wrappers.callbacks import check
+
+    verdict = check("Qwen/Qwen2.5-7B", strategy="zero3", training=TrainingConfig(micro_batch_size=1), world_size=2,
+                    gpus="2xA100")
+    first = plan("Qwen/Qwen2.5-7B", "2xA100").recommendation.remedies[0]
+    remedies = [line for line in verdict.lines if line.startswith("advisor: remedies")]
+    assert verdict.fits is False and remedies
+    assert remedies[0].startswith(f"advisor: remedies that keep the mathematics: {first.name}: saves "
+                                  f"{first.saved_gib:.1f} GiB per GPU; then {first.strategy} on the GPUs alone")

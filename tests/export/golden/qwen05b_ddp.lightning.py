@@ -1,5 +1,5 @@
-# Lightning strategy written by dp-advisor: ddp on torch (DistributedDataParallel) for Qwen/Qwen2.5-0.5B on 2 x A100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
-# DataLoader batch_size per device: 9.
+# Lightning strategy written by dp-advisor: ddp on torch (DistributedDataParallel) for Qwen/Qwen2.5-0.5B on 2 x A100-80GB-SXM: micro-batch 8, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
+# DataLoader batch_size per device: 8.
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DDPStrategy
 

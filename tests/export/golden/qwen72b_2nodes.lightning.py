@@ -1,6 +1,6 @@
-# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 10, gradient accumulation 1, activation checkpointing on, precision bf16-mixed, hybrid sharding (HSDP).
+# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing on, precision bf16-mixed, hybrid sharding (HSDP).
 # Hybrid sharding (HSDP): one node's share of the model states fits, so parameters are sharded over the 8 GPUs of each node and replicated over the 2 nodes (only the gradient all-reduce crosses nodes). --hybrid off to disable.
-# DataLoader batch_size per device: 10.
+# DataLoader batch_size per device: 9.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
 # (configure_model can run more than once: skip it when the model is already sharded.)
 import torch

@@ -1,0 +1,268 @@
+"""Remedies: what would change a plan that offloads, does not fit, or runs below a useful MFU.
+
+Each remedy is one changed knob, re-planned with the planner's own estimate (``evaluate_candidate`` and
+``choose``), never a guessed factor: the GiB it saves on the reference candidate (the size default
+when it does not fit, else the chosen plan) at the same micro-batch and checkpointing, and the step
+time and tokens/s of the plan the change leads to. Changes that keep the mathematics (optimizer
+implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, hybrid
+sharding, more GPUs of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
+bf16, a shorter sequence). Rendering belongs to the CLI; the sentence that names the best remedy when
+the plan offloads is built here from the same numbers (``offload_line``).
+
+Cost is bounded: a re-plan evaluates the four GPU-only strategies, and the two offload ones only when
+none of those fits; the sequence search and the GPU-count search are bisections on one strategy.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.estimate.activations import shape_of
+from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims
+from advisor.model.lora import LoraConfig, with_lora
+from advisor.model.spec import ModelSpec
+from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, choose_fastest, default_strategy,
+                                      evaluate_candidate, offloads)
+from advisor.planning.smallest import at_count, server_size, smallest_count
+from advisor.strategies import STRATEGIES, StrategyName
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+# Below this share of the peak the plan mostly waits (exposed communication or offload). Published
+# well-tuned runs reach 38-58% (benchmarks/results/throughput_validation.md: llm-foundry MPT-30B on
+# 8 x H100 38%, torchtitan Llama 3 8B on 64 x A100 58%); half the lowest of them is the line drawn here.
+USEFUL_MFU = 0.20
+LORA_RANK = 16  # PEFT's examples and the README's use the rank 16 most often
+MIN_SAVED_GIB = 0.05  # the smallest saving printed (one decimal) as more than nothing
+# Knobs that act on memory alone: when one saves nothing on the reference it cannot change the plan.
+MEMORY_KNOBS = {"loss", "activation_checkpointing"}
+GPU_ONLY: tuple[StrategyName, ...] = ("ddp", "zero1", "zero2", "zero3")
+OFFLOAD: tuple[StrategyName, ...] = ("zero2_offload", "zero3_offload")
+
+
+class _Change(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    keeps_math: bool
+    update: dict[str, Any] = {}
+    spec: ModelSpec | None = None
+    hardware: Hardware | None = None
+    mesh: ParallelDims | None = None
+
+
+def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidate | None) -> str | None:
+    """Why remedies are listed (None: the plan needs none): no fit, offload, or a low MFU."""
+    default = next((c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None), None)
+    if chosen is None:
+        return "nothing fits"
+    if offloads(chosen):
+        return "offload"
+    if default is not None and not default.fits:
+        return "size default does not fit"
+    if chosen.step_time is not None and chosen.step_time.mfu < USEFUL_MFU:
+        return "low MFU"
+    return None
+
+
+def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+                  chosen: Candidate | None) -> tuple[Remedy, ...]:
+    """The remedies that help, ranked: those that keep the mathematics first; within each group the ones
+    that fit on the GPUs alone, then the most tokens/s."""
+    reason = remedy_reason(spec, candidates, chosen)
+    if reason is None:
+        return ()
+    default = next((c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None), None)
+    ref = chosen if default is None or (default.fits and chosen is not None) else default
+    if ref is None or not ref.available or ref.memory_bytes is None:
+        return ()
+    on_gpu_now = chosen is not None and not offloads(chosen)
+    current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
+    found = []
+    for change in _changes(spec, hw, training, ref, reason):
+        remedy = _apply(spec, hw, training, ref, change)
+        if remedy is not None and _helps(remedy, on_gpu_now=on_gpu_now, current=current):
+            found.append(remedy)
+    return tuple(sorted(found, key=lambda r: (not r.keeps_math, not r.fits, -(r.tokens_per_s or 0), -r.saved_gib)))
+
+
+def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
+    if remedy.fits and not on_gpu_now:
+        return True
+    faster = remedy.tokens_per_s is not None and remedy.tokens_per_s > current * (1 + SAME_SPEED)
+    return faster and (remedy.fits or not on_gpu_now)
+
+
+def _mode(cand: Candidate) -> str:
+    return "selective" if cand.selective_checkpointing else "on" if cand.activation_checkpointing else "off"
+
+
+def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, change: _Change) -> Remedy | None:
+    """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
+    new_spec, new_hw = change.spec or spec, change.hardware or hw
+    changed = training.model_copy(update=change.update)
+    pinned = training.model_copy(update={"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
+                                         "activation_checkpointing": _mode(ref), **change.update})
+    try:
+        same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
+    except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
+        return None
+    if same.memory_bytes is None:
+        return None
+    saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
+    if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
+        return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
+    if change.mesh is not None:  # hybrid sharding: the mesh candidate is the plan
+        result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
+        result = result if result.fits else None
+    else:
+        result = replan(new_spec, new_hw, changed)
+    step = result.step_time if result is not None else None
+    return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
+                  strategy=result.strategy if result is not None else None,
+                  step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
+                  fits=result is not None and not offloads(result))
+
+
+def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
+    """The planner's choice (under the config's policy) over the GPU-only strategies, and the offload ones
+    only when none of those fits."""
+    candidates = [evaluate_candidate(spec, hw, training, name) for name in GPU_ONLY]
+    if not any(c.fits for c in candidates):
+        candidates += [evaluate_candidate(spec, hw, training, name) for name in OFFLOAD]
+    if training.policy == "fastest":
+        rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+    else:
+        rec, _ = choose(spec, candidates, headroom=training.headroom)
+    if rec is None:
+        return None
+    return next(c for c in candidates if c.strategy == rec.strategy)
+
+
+def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str) -> list[_Change]:
+    memory_bound = reason != "low MFU"
+    keep = [*optimizer_impl_changes(training)]
+    if training.loss == "hf" and shape_of(spec).vocab_size:
+        keep += [_Change(name=f"--loss {kernel}", keeps_math=True, update={"loss": kernel})
+                 for kernel in ("chunked", "fused")]
+    if training.activation_checkpointing in ("on", "off"):
+        keep.append(_Change(name="--activation-checkpointing selective", keeps_math=True,
+                            update={"activation_checkpointing": "selective"}))
+    if training.micro_batch_size is not None and training.micro_batch_size > 1:
+        accumulation = (training.global_batch_size or training.micro_batch_size * hw.world_size) // hw.world_size
+        keep.append(_Change(name=f"--micro-batch 1 --global-batch {accumulation * hw.world_size}", keeps_math=True,
+                            update={"micro_batch_size": 1, "global_batch_size": accumulation * hw.world_size}))
+    if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
+        keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
+            dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
+    if memory_bound:
+        keep += _more_gpus(spec, hw, training)
+    change = []
+    if training.optimizer in ("adamw", "adam") and spec.trainable_params:
+        change.append(_Change(name="--optimizer adamw-8bit", keeps_math=False, update={"optimizer": "adamw-8bit"}))
+    if training.lora is None and training.quantize is None and spec.trainable_params == spec.total_params:
+        try:
+            lora = LoraConfig(rank=LORA_RANK)
+            change.append(_Change(name=f"--lora {LORA_RANK}", keeps_math=False, update={"lora": lora},
+                                  spec=with_lora(spec, lora)))
+        except ValueError:  # no block linears known for this model: no LoRA to plan
+            pass
+    if training.precision in ("bf16-mixed", "fp32") and hw.gpu.bf16_tflops is not None:
+        change.append(_Change(name="--precision bf16", keeps_math=False, update={"precision": "bf16"}))
+    if memory_bound:
+        change += _shorter_sequence(spec, hw, training, ref)
+    return keep + change
+
+
+def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
+    """Hook for ``--optimizer-impl`` (issue 19, item 2; another branch adds it): once ``TrainingConfig`` has an
+    ``optimizer_impl`` field, each other implementation it allows is tried; until then there is nothing to try."""
+    field = TrainingConfig.model_fields.get("optimizer_impl")
+    if field is None:
+        return []
+    current = getattr(training, "optimizer_impl")
+    return [_Change(name=f"--optimizer-impl {impl}", keeps_math=True, update={"optimizer_impl": impl})
+            for impl in get_args(field.annotation) if impl != current]
+
+
+def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[_Change]:
+    """The fewest GPUs of this kind on which zero3 fits on the GPUs alone (micro-batch 1)."""
+    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
+    per_node = server_size(hw)
+    count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hw, n, per_node), relaxed, "zero3").fits,
+                           above=hw.world_size, per_node=per_node)
+    if count is None or (training.global_batch_size is not None and training.global_batch_size % count):
+        return []
+    bigger = at_count(hw, count, per_node)
+    label = f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
+        f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
+    return [_Change(name=f"--gpus {label}", keeps_math=True, hardware=bigger)]
+
+
+def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
+    """The longest sequence (a multiple of 128, or a power of two below 128) at which the reference
+    strategy fits on the GPUs alone at micro-batch 1, when shorter than the one asked for."""
+    strategy = ref.strategy if not offloads(ref) else "zero3"
+    lengths = [n for n in range(128, training.seq_len, 128)] or [2**k for k in range(training.seq_len.bit_length())
+                                                                if 2**k < training.seq_len]
+
+    def fits(length: int) -> bool:
+        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        return evaluate_candidate(spec, hw, at, strategy).fits
+
+    longest = _last_true(lengths, fits)
+    if longest is None:
+        return []
+    return [_Change(name=f"--seq-len {longest}", keeps_math=False, update={"seq_len": longest})]
+
+
+def _last_true(values: list[int], test: Callable[[int], bool]) -> int | None:
+    """The last value passing a test that holds up to some point and fails after it, by bisection."""
+    lo, hi, best = 0, len(values) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if test(values[mid]):
+            best, lo = values[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> str | None:
+    """The first 'why' line of a plan that offloads: the best remedy (the first that runs on the GPUs
+    alone, else the first), in numbers; ``reference`` is the candidate its saving is measured on."""
+    best = next((r for r in remedies if r.fits), remedies[0] if remedies else None)
+    if best is None or best.tokens_per_s is None or chosen.step_time is None:
+        return None
+    now = chosen.step_time.tokens_per_s
+    kind = "keeps the mathematics" if best.keeps_math else "changes the mathematics"
+    where = "runs on the GPUs alone" if best.fits else "still offloads but runs"
+    saving = f"; it saves {best.saved_gib:.1f} GiB per GPU on {reference}" if best.saved_gib >= MIN_SAVED_GIB else ""
+    return (f"{chosen.strategy} offloads to the CPU ({now:,.0f} tokens/s); with {best.name} ({kind}), {best.strategy} "
+            f"{where} at {best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / now:.1f}x)"
+            f"{saving}.")
+
+
+def remedy_line(remedy) -> str:
+    """``--loss fused: saves 2.2 GiB per GPU; then zero3 on the GPUs alone, 1.03 s/step, 11,942 tokens/s``."""
+    if remedy.saved_gib >= 0.05:
+        memory = f"saves {remedy.saved_gib:.1f} GiB per GPU"
+    elif remedy.saved_gib <= -0.05:
+        memory = f"uses {-remedy.saved_gib:.1f} GiB more per GPU"
+    else:
+        memory = "same memory"
+    if remedy.strategy is None:
+        return f"{remedy.name}: {memory}; still nothing fits"
+    where = "on the GPUs alone" if remedy.fits else "with CPU offload"
+    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
+            f"{remedy.tokens_per_s:,.0f} tokens/s")
+
+
+def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
+    """The remedies in two groups, as the planner ranked them: those that keep the mathematics, then the others."""
+    groups = [("Remedies that keep the mathematics", [r for r in remedies if r.keeps_math]),
+              ("Remedies that change the mathematics", [r for r in remedies if not r.keeps_math])]
+    return [(header, [remedy_line(r) for r in group]) for header, group in groups if group]

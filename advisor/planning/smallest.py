@@ -1,0 +1,96 @@
+"""When nothing fits: the fewest GPUs of this kind that would.
+
+Counts are any number up to one server (the GPU's ``default_gpus_per_node``), whole servers beyond.
+Per-GPU memory of a sharded strategy falls as GPUs are added, so whether one fits is monotone in the
+count and a bisection finds the first count that fits (an exponential search over whole nodes bounds
+it first): the answer is the smallest count that fits, not the next power of two.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.hardware.cluster import Hardware, resize
+from advisor.mesh import ParallelDims
+from advisor.model.spec import ModelSpec
+from advisor.planning.planner import evaluate_candidate
+from advisor.strategies import StrategyName
+from advisor.training import TrainingConfig
+
+
+class SmallestFit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
+    strategy: StrategyName | None = None
+    mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
+    message: str
+
+
+def server_size(hardware: Hardware) -> int:
+    """GPUs per node when counting up: the cluster's own nodes when it has several, else a full server."""
+    if hardware.nodes > 1:
+        return hardware.gpu.default_gpus_per_node
+    return max(hardware.gpus_per_node, hardware.gpu.default_gpus_per_node)
+
+
+def at_count(hardware: Hardware, count: int, per_node: int) -> Hardware:
+    """``hardware`` resized to ``count`` GPUs: one node up to ``per_node``, whole nodes beyond."""
+    nodes, per = (1, count) if count <= per_node else (-(-count // per_node), per_node)
+    return resize(hardware, nodes=nodes, gpus_per_node=per)
+
+
+def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
+    """The fewest GPUs, more than ``above``, for which the monotone test ``fits_at`` holds: any count up to
+    ``per_node``, whole nodes beyond; None when not even ``max_nodes`` nodes do."""
+    within = list(range(above + 1, per_node + 1))
+    if within and fits_at(within[-1]):
+        lo, hi = 0, len(within) - 1  # within[hi] fits
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits_at(within[mid]) else (mid + 1, hi)
+        return within[lo]
+    low = max(1, above // per_node)  # node counts up to `low` do not fit (or are not above)
+    high = low + 1
+    while not fits_at(high * per_node):
+        low, high = high, high * 2
+        if high > max_nodes:
+            return None
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits_at(mid * per_node) else (mid, high)
+    return high * per_node
+
+
+def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
+                 strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
+                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
+    """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
+    (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer."""
+    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
+    per_node = server_size(hardware)
+    found = []
+    for order, name in enumerate(strategies):
+        count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits,
+                               above=hardware.world_size, per_node=per_node)
+        if count is not None:
+            found.append((count, order, name))
+    if meshes is not None:  # a mesh only matters below the data-parallel answer: counts below it, in order
+        limit = min((count for count, _, _ in found), default=None)
+        counts = [*range(hardware.world_size + 1, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
+        for count in (c for c in counts if c > hardware.world_size and (limit is None or c < limit)):
+            cluster = at_count(hardware, count, per_node)
+            fitting = next((m for m in meshes(cluster) if evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits),
+                           None)
+            if fitting is not None:
+                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
+                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
+                                           f"{fitting.label} at micro-batch 1.")
+    if found:
+        count, _, name = min(found)
+        return SmallestFit(num_gpus=count, strategy=name,
+                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
+    return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
+                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")

@@ -1,0 +1,59 @@
+"""Issue 19's message fixes: bf16 on GPUs without it, a pinned strategy the engine cannot run, and the
+smallest GPU count that really fits."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from advisor.cli.main import main
+from advisor.planning.api import plan
+
+
+def _run(args: list[str], capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("gpus", ["4xV100", "2xT4"])
+def test_default_precision_on_a_gpu_without_bf16_is_fp16_mixed(gpus):
+    """profiles/gpus.json gives V100 and T4 no bf16 rate (Volta and Turing have no bf16 tensor cores)."""
+    p = plan("Qwen/Qwen2.5-3B", gpus)
+    assert p.training.precision == "fp16-mixed"
+    notes = [line for line in p.assumptions if "no bf16" in line]
+    assert len(notes) == 1 and notes[0].startswith("precision fp16-mixed: the ")
+    assert not any(line.startswith("precision bf16-mixed (default)") for line in p.assumptions)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "bf16-mixed"])
+def test_pinned_bf16_on_a_gpu_without_it_is_bad_input(precision, capsys):
+    code, err = _run(["plan", "-m", "Qwen/Qwen2.5-3B", "-g", "4xV100", "--precision", precision], capsys)
+    assert code == 2 and f"--precision {precision}: the V100-16GB has no bf16" in err and "Traceback" not in err
+
+
+def test_a_pinned_strategy_the_engine_cannot_run_is_bad_input(capsys):
+    """It exited 3 with '4 x A100 would fit', as if more GPUs could make DeepSpeed run DataParallel."""
+    code, err = _run(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--strategy", "dp", "--engine", "deepspeed"],
+                     capsys)
+    assert code == 2 and "DeepSpeed has no single-process DataParallel mode" in err and "would fit" not in err
+
+
+def test_smallest_fit_within_a_server_is_not_a_power_of_two():
+    """Qwen2.5-7B (P = 7,615,616,512) with 8 GiB of CPU RAM, so nothing offloads. zero3's optimizer step
+    holds 16P/N of states plus AdamW's 4P/N temporary: 20P/2 = 76.2 GB does not fit two A100s (with the
+    allocator gap and context, 79.56 of 79.15 GiB: tests/planning/test_plan_cases.py), 20P/3 = 50.8 GB
+    (about 53.5 GiB with the gap and context) fits three. The old search tried 4, 8, 16 after 2."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", cpu_memory_gib=8)
+    assert p.recommendation is None
+    assert (p.smallest_fit.num_gpus, p.smallest_fit.strategy) == (3, "zero3")
+
+
+def test_smallest_fit_counts_whole_nodes_not_doublings():
+    """Llama-3.1-405B (P = 405,853,388,800), zero3_offload with 1500 GiB of CPU RAM per node: a node holds
+    8 ranks x 20P/N bytes of offloaded states (tests/planning/test_plan_cases.py), 160P/N. At 40 GPUs that
+    is 4P = 1,623 GB > 1500 GiB (1,611 GB); at 48, 3.33P = 1,353 GB fits. zero3 on the GPUs alone needs
+    16P/N <= 79 GiB, N >= 77. So 48 (six nodes); doubling whole nodes said 64."""
+    p = plan("meta-llama/Llama-3.1-405B", "8xA100", cpu_memory_gib=1500)
+    assert p.recommendation is None
+    assert (p.smallest_fit.num_gpus, p.smallest_fit.strategy) == (48, "zero3_offload")

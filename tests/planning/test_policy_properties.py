@@ -1,0 +1,72 @@
+"""Properties of the choice over randomly drawn jobs (bundled models, GPU kinds and counts, sequence,
+micro-batch, LoRA, precision). They are statements about the policy, so they compare the
+recommendation with the candidates' own fit flags and ranges: the estimate itself is tested elsewhere."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from advisor.hardware.catalog import load_catalog
+from advisor.planning.api import plan
+from advisor.strategies import STRATEGIES
+
+MODELS = ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-3B", "Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-14B",
+          "meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.1-8B", "google/gemma-2-2b", "openai-community/gpt2",
+          "mistralai/Mistral-7B-v0.1")
+GPUS = {g.name: g for g in load_catalog().gpus}
+
+
+def _offloads(candidate) -> bool:
+    impl = STRATEGIES[candidate.strategy].on(candidate.engine)
+    return impl.offload_params or impl.offload_optimizer
+
+
+@st.composite
+def jobs(draw) -> dict:
+    gpu = draw(st.sampled_from(sorted(GPUS)))
+    precision = draw(st.sampled_from(("bf16-mixed", "bf16", "fp16-mixed", "fp32")))
+    if GPUS[gpu].bf16_tflops is None and precision.startswith("bf16"):
+        precision = "fp16-mixed"  # a GPU without bf16 refuses a pinned bf16 (tested in test_plan_messages)
+    job = dict(model=draw(st.sampled_from(MODELS)), gpus=f"{draw(st.sampled_from((1, 2, 4, 8)))}x{gpu}",
+               seq_len=draw(st.sampled_from((512, 2048, 8192))), precision=precision)
+    micro = draw(st.sampled_from((None, None, 1, 4)))
+    if micro is not None:
+        job["micro_batch_size"] = micro
+    if draw(st.booleans()):
+        job["lora"] = 16
+    if draw(st.booleans()):
+        job["headroom"] = draw(st.sampled_from((0.0, 0.05, 0.2)))
+    if draw(st.booleans()):
+        job["margin"] = draw(st.sampled_from(("low", "high")))
+    return job
+
+
+_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@_SETTINGS
+@given(jobs())
+def test_offload_only_when_no_gpu_only_candidate_fits(job):
+    result = plan(job.pop("model"), job.pop("gpus"), trace=False, **job)
+    chosen = result.chosen
+    if chosen is None or not _offloads(chosen):
+        return
+    on_gpu = [c.strategy for c in result.candidates if c.fits and not _offloads(c)]
+    assert not on_gpu, f"{chosen.strategy} recommended while {on_gpu} fit on the GPUs alone"
+
+
+@_SETTINGS
+@given(jobs())
+def test_auto_micro_batch_stays_within_the_headroom(job):
+    """Past micro-batch 1 (below which there is nothing to give up), every fitting candidate's automatic
+    micro-batch leaves ``headroom`` of the GPU free at the ``--margin`` end of its range."""
+    job.pop("micro_batch_size", None)
+    result = plan(job.pop("model"), job.pop("gpus"), trace=False, **job)
+    training = result.training
+    for c in result.candidates:
+        if c.fits and c.micro_batch_size > 1:
+            used = c.memory_range.at(training.margin)
+            assert used <= (1 - training.headroom) * c.capacity_bytes, (
+                f"{c.strategy} micro-batch {c.micro_batch_size}: {used / 2**30:.2f} GiB at the {training.margin} end "
+                f"of {c.capacity_bytes / 2**30:.2f} GiB with headroom {training.headroom}")

@@ -106,8 +106,8 @@ def _fits_mark(candidate) -> str:
     return "[green]yes[/]" if candidate.fits else "[red]no[/]"
 
 
-_MOMENT_LABELS = {"end_of_forward": "end of fwd", "loss_backward": "loss bwd", "block_backward": "block bwd",
-                  "optimizer_step": "optim step"}
+_MOMENT_LABELS = {"start_of_forward": "start of fwd", "end_of_forward": "end of fwd", "loss_backward": "loss bwd",
+                  "block_backward": "block bwd", "end_of_backward": "end of bwd", "optimizer_step": "optim step"}
 _WHERE = {"none": "GPU", "optimizer": "CPU*", "all": "CPU"}
 
 

@@ -21,7 +21,7 @@ from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
-from advisor.planning.longest import longest_seq_len
+from advisor.planning.longest import longest_all, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
                                       evaluate_candidate, smallest_fit)
@@ -366,8 +366,8 @@ def plan(
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names)
-    tracing = trace and config is not None and not search_length
-    if tracing:
+    tracing = trace and config is not None
+    if tracing and not search_length:  # --seq-len max traces the lengths its search tries (below)
         spec = _traced(spec, config, training, checkpointing=False, **trace_with)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         dp_blocked = f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs"
@@ -377,8 +377,14 @@ def plan(
                           f"{training.micro_batch_size} x {hw.world_size} GPUs")
     longest = None
     if search_length:
-        longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
-        best = max((length for length in longest.values() if length), default=None)
+        if tracing and needs_trace(spec, training) is not None:
+            def retrace(current: ModelSpec, length: int) -> ModelSpec:
+                at = training.model_copy(update={"seq_len": length})
+                return _traced(current, config, at, checkpointing=True, **trace_with)
+
+            spec, longest, best = longest_traced(spec, hw, training, names, retrace=retrace)
+        else:
+            longest, best = longest_all(spec, hw, training, names)
         if best is None:
             raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
         training = training.model_copy(update={"seq_len": best})

@@ -5,9 +5,16 @@ whether a candidate fits is monotone in it and a binary search over the lengths 
 accepts finds the longest (about 22 evaluations of the analytic model per strategy). Checkpointing
 follows the training config (``auto``: whichever fits). The model's own context
 (``max_position_embeddings``) is not a cap: the plan notes when a length exceeds it.
+
+A family with no activation formula is traced at one length at a time (``advisor.planning.api``):
+``longest_traced`` searches with the Llama-like estimate, traces the length found, searches again
+with that profile scaled by tokens (``advisor.estimate.traced``), and repeats at each new length
+until the search returns the length it last traced, where the traced profile itself decides.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -31,3 +38,30 @@ def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+def longest_all(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
+                names: list[str]) -> tuple[dict[str, int | None], int | None]:
+    """Each strategy's longest length, and the longest of them (None: not one token fits)."""
+    longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
+    return longest, max((length for length in longest.values() if length), default=None)
+
+
+def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, names: list[str], *,
+                   retrace: Callable[[ModelSpec, int], ModelSpec],
+                   max_traces: int = 6) -> tuple[ModelSpec, dict[str, int | None], int | None]:
+    """``longest_all`` for a traced family: ``retrace(spec, length)`` returns the spec with profiles traced
+    at ``length`` added (the same spec when tracing fails); see the module docstring."""
+    longest, best = longest_all(spec, hw, training, names)
+    for _ in range(max_traces):
+        if best is None:
+            break
+        traced = retrace(spec, best)
+        if traced is spec:  # tracing failed (the plan notes it): the Llama-like search stands
+            break
+        spec = traced
+        longest, found = longest_all(spec, hw, training, names)
+        if found == best:  # the profile traced at this length fits it, and one token more does not
+            break
+        best = found
+    return spec, longest, best

@@ -154,7 +154,7 @@ def plan_table(plan) -> Table:
         table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
     for c in plan.candidates:
         name = f"[bold]{candidate_label(c)}[/] *" if _is_recommended(plan, c) else candidate_label(c)
-        seq = [f"{longest[c.strategy]:,}" if longest.get(c.strategy) else "-"] if longest else []
+        seq = [f"{longest[candidate_label(c)]:,}" if longest.get(candidate_label(c)) else "-"] if longest else []
         if not c.available:
             table.add_row(name, _fits_mark(c), *seq, *["-"] * 10)  # the reason is in the caption
             continue

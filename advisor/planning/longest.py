@@ -10,6 +10,11 @@ A family with no activation formula is traced at one length at a time (``advisor
 ``longest_traced`` searches with the Llama-like estimate, traces the length found, searches again
 with that profile scaled by tokens (``advisor.estimate.traced``), and repeats at each new length
 until the search returns the length it last traced, where the traced profile itself decides.
+
+Meshes (``longest_on_meshes``): context parallelism splits each sequence over its ranks and tensor
+parallelism splits the blocks, so a mesh can hold a sequence no data-parallel strategy can. Each mesh
+the planner would consider is searched the same way, over lengths its ring attention can split
+(multiples of 2 x cp: each rank holds two chunks, the load-balanced layout).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import evaluate_candidate
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
@@ -65,3 +71,36 @@ def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, name
             break
         best = found
     return spec, longest, best
+
+
+def _search(fits: Callable[[int], bool], *, step: int) -> int | None:
+    """The largest multiple of ``step`` up to MAX_SEQ_LEN for which ``fits`` (monotone) holds; None if none."""
+    low, high = 1, MAX_SEQ_LEN // step
+    if not fits(low * step):
+        return None
+    if fits(high * step):
+        return high * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle * step) else (low, middle)
+    return low * step
+
+
+def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
+                    mesh: ParallelDims) -> int | None:
+    """The longest ``seq_len`` at which ``strategy`` fits one sample per data-parallel rank on ``mesh``."""
+
+    def fits(length: int) -> bool:
+        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        return evaluate_candidate(spec, hw, at, strategy, mesh).fits
+
+    return _search(fits, step=2 * mesh.cp)
+
+
+def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
+                      meshes: Callable[[TrainingConfig], list[ParallelDims]]) -> dict[str, int | None]:
+    """Per mesh (keyed ``strategy mesh-label``, as the plan labels its candidates), its longest length.
+    ``meshes(training)`` lists the meshes the planner would consider; they are listed at a length every
+    context-parallel degree of the node divides (the planner keeps a degree only where it divides)."""
+    probe = training.model_copy(update={"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
+    return {f"{strategy} {mesh.label}": longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}

@@ -162,7 +162,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
 def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                          mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
                          loss_parallel: bool = False, sequence_parallel: bool = False) -> MemoryBreakdown:
-    """The worst rank's peak on ``mesh`` (module docstring); the four moments of ``memory_at_moments``."""
+    """The worst rank's peak on ``mesh`` (module docstring); the moments of ``memory_at_moments``."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
     shard_world = mesh.dp_shard * mesh.cp  # FSDP2's mesh: torchtitan's dp_shard_cp

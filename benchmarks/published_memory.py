@@ -95,7 +95,7 @@ def estimate(case: dict, **overhead: float) -> Estimate:
     shift, peak = 0, mem.peak_allocated
     if case.get("publisher_code"):  # what the publisher's code held beyond our recipe, at each moment
         extra = publisher_code.extra_bytes(case, plan.model, plan.training)
-        peak = max(value + extra[name] for name, value in mem.moments.items())
+        peak = max(value + extra.get(name, 0) for name, value in mem.moments.items())
         shift = int((peak - mem.peak_allocated) * (1 + plan.training.fragmentation))  # through the allocator gap
     return Estimate(peak, mem.reserved + shift, outside, span.low - outside + shift, span.high - outside + shift)
 

@@ -106,7 +106,7 @@ def breakdown(case: dict) -> dict:
     spec, training = plan.model, plan.training
 
     def peak(extra: dict[str, int]) -> float:
-        return max(value + extra[name] for name, value in moments.items()) / GIB
+        return max(value + extra.get(name, 0) for name, value in moments.items()) / GIB
 
     extra = extra_bytes(case, spec, training)
     rest, head_dq, _, kept = parts(case, spec, training)

@@ -3,7 +3,11 @@
 meta-device counts + traced profiles) and cached (both read from the cache directory), each in a fresh
 process, next to a bundled Llama-family model planned the same way (the torch-free fast path).
 
-Run: python benchmarks/trace_speed.py [--repeat 3] [--split]
+Run: python benchmarks/trace_speed.py [--repeat 3] [--split] [--rope]
+
+``--rope``: instead, a config with ``rope_scaling`` (allenai/OLMo-2-0425-1B's shape, linear scaling x2),
+cold and then cached. transformers edits that dict in place while it validates the config; before the
+cache key was taken from the config as given, every plan traced again (issue 20, item 5).
 Goal (issue 13): under 5 s cold and under 0.5 s cached. Each figure is the median wall time and the
 child's CPU time (user + system). The load average is printed with them: other jobs on a shared machine
 slow every cold import alike, so compare with the baselines measured in the same run (the bundled path,
@@ -27,6 +31,10 @@ from pathlib import Path
 OPT_1_3B = dict(model_type="opt", architectures=["OPTForCausalLM"], hidden_size=2048, ffn_dim=8192,
                 num_hidden_layers=24, num_attention_heads=32, vocab_size=50272, max_position_embeddings=2048,
                 word_embed_proj_dim=2048, do_layer_norm_before=True)
+
+OLMO2_1B_ROPE = dict(model_type="olmo2", architectures=["Olmo2ForCausalLM"], hidden_size=2048, intermediate_size=8192,
+                     num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, vocab_size=100352,
+                     max_position_embeddings=4096, rope_scaling={"rope_type": "linear", "factor": 2.0})
 
 
 def timed(cmd: list[str], env: dict) -> tuple[float, float]:
@@ -74,9 +82,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--split", action="store_true", help="Also time a cold plan's parts in one process.")
+    parser.add_argument("--rope", action="store_true", help="Time a rope_scaling config, cold then cached.")
     args = parser.parse_args()
     exe = shutil.which("advisor")
     cli = [exe] if exe else [sys.executable, "-m", "advisor.cli.main"]
+    if args.rope:
+        return rope(cli, args.repeat)
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "opt-1.3b"
         model.mkdir()
@@ -105,6 +116,23 @@ def main() -> None:
     for i in range(args.repeat if args.split else 0):
         print(f"cold plan's parts, run {i + 1}:", flush=True)
         subprocess.run([sys.executable, "-c", SPLIT, json.dumps(OPT_1_3B)], check=True)
+
+
+def rope(cli: list[str], repeat: int) -> None:
+    """A rope_scaling config planned cold (count + trace) and then again from the cache, ``repeat`` times."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "olmo2-1b-rope"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(OLMO2_1B_ROPE))
+        plan = [*cli, "plan", "--model", str(model), "--gpus", "2xH100", "--seq-len", "1024"]
+        cold, cached = [], []
+        for i in range(repeat):
+            env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / f"cache{i}")}
+            cold.append(timed(plan, env))
+            cached.append(timed(plan, env))
+    print(f"olmo2-1b rope_scaling plan, cold:        {median(cold)}")
+    print(f"olmo2-1b rope_scaling plan, cached:      {median(cached)}  (goal 0.5 s; traced again before the fix)")
+    print(f"median of {repeat}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

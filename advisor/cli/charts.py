@@ -2,7 +2,7 @@
 
 - ``timeline_svg``: one GPU's memory over the simulated step (``advisor simulate --timeline``), one
   stacked column per segment of the step (``advisor.simulate.timeline``), phase bands above, block
-  numbers below, and the analytic estimate's four moments as dashed lines over the part of the step
+  numbers below, and the analytic estimate's moments as dashed lines over the part of the step
   each describes.
 - ``plan_svg``: per-GPU memory of every candidate of a plan (strategies, and meshes by their mesh) as
   stacked horizontal bars, one row each, with the GPU's capacity (``advisor plan --chart``).
@@ -28,9 +28,11 @@ PHASE_NAMES = {"forward": "forward", "loss": "loss", "backward": "backward", "op
 PHASE_FILL = {"forward": "#e8f0f8", "loss": "#fbeee0", "backward": "#f3e8f5", "optimizer_step": "#eaf4e6"}
 # Which segments each analytic moment describes (advisor.estimate.memory docstring).
 MOMENTS = {
+    "start_of_forward": ("start of forward", "#4d4d4d", "3 2"),
     "end_of_forward": ("end of forward", "#1b1b1b", "8 4"),
     "loss_backward": ("loss backward", "#7b3294", "4 3"),
     "block_backward": ("block backward", "#a6611a", "10 3 2 3"),
+    "end_of_backward": ("end of backward", "#0571b0", "6 2 2 2"),
     "optimizer_step": ("optimizer step", "#008837", "2 3"),
 }
 WIDTH, HEIGHT = 1200, 600
@@ -52,7 +54,12 @@ def _widths(segments: tuple[Segment, ...], plot_width: float) -> list[float]:
 def _moment_spans(segments: tuple[Segment, ...]) -> dict[str, list[int]]:
     spans: dict[str, list[int]] = {name: [] for name in MOMENTS}
     for i, s in enumerate(segments):
-        if s.phase == "loss":
+        if s.phase == "forward" and s.block == 0:
+            spans["start_of_forward"].append(i)
+        elif s.phase == "backward" and s.block is None and i + 1 < len(segments) \
+                and segments[i + 1].phase == "optimizer_step":
+            spans["end_of_backward"].append(i)
+        elif s.phase == "loss":
             spans["end_of_forward" if s.label == "loss" else "loss_backward"].append(i)
         elif s.phase == "backward" and s.block is not None:
             spans["block_backward"].append(i)
@@ -72,7 +79,7 @@ def timeline_svg(timeline: Timeline, *, title: str, moments: dict[str, int] | No
     body = [text(LEFT, 26, title, size=15, weight="bold"),
             text(LEFT, 46, "One GPU's memory over the simulated step: each column is the live memory at the highest "
                  "point of one part of the step;", size=11, fill="#555"),
-            text(LEFT, 61, "dashed lines: the analytic estimate's four moments, drawn over the part of the step "
+            text(LEFT, 61, "dashed lines: the analytic estimate's moments, drawn over the part of the step "
                  "each describes.", size=11, fill="#555"),
             y_axis(scale, left=LEFT, right=right, label="GiB per GPU")]
     body += _phase_bands(segs, xs, widths, top=TOP - 22)

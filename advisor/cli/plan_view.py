@@ -26,8 +26,8 @@ from advisor.planning.remedies import remedy_line, remedy_sections
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
 
-_MOMENT_LABELS = {"end_of_forward": "end of fwd", "loss_backward": "loss bwd", "block_backward": "block bwd",
-                  "optimizer_step": "optim step"}
+_MOMENT_LABELS = {"start_of_forward": "start of fwd", "end_of_forward": "end of fwd", "loss_backward": "loss bwd",
+                  "block_backward": "block bwd", "end_of_backward": "end of bwd", "optimizer_step": "optim step"}
 _WHERE = {"none": "GPU", "optimizer": "CPU*", "all": "CPU"}
 # Short mesh dimension names for a narrow table (``dp`` is dp_shard, as in ``ParallelDims.label``'s ``dp 8``).
 _SHORT_DIMS = {"dp_replicate": "rep", "dp_shard": "dp", "cp": "cp", "tp": "tp"}

@@ -1,19 +1,27 @@
 """Per-GPU memory of one steady-state training step: the worst rank's peak, split by category.
 
 ``estimate_memory(spec, hardware, training, strategy, micro_batch_size=, checkpointing=)`` is a
-pure function returning integer bytes. The peak is the largest of four moments of the step:
+pure function returning integer bytes. The peak is the largest of the moments of the step:
 
+- start of forward (FSDP2): the first block's forward, while the root's all-gather output is still
+  held (FSDP2 frees an all-gather's output when the next one is waited on) beside the unsharded root,
+  and the first block's all-gather output and its copy into the unsharded parameters;
 - end of forward: model states at rest + saved activations + the logits, their fp32 copy and the
   saved log-softmax output + what the strategy holds during compute;
 - loss backward: the same, with the logits freed (the loop keeps only the loss) and three fp32
   N x V tensors (log-softmax output, NLL gradient, log-softmax gradient) live;
 - a block's backward: saved activations (+ the recomputed block under checkpointing), the block's
   backward temporaries, and the strategy's backward buffers (FSDP2: unsharded block and its
-  gradients, the reduce-scatter input in fp32);
+  gradients, the reduce-scatter input in fp32; only the block's trainable weights have gradients);
+- end of backward (FSDP2): every block's gradient shard exists, and the root (embeddings, final norm,
+  head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
+  the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's
+  reduce-scatter input) or the root's reduce-scatter (its bf16 gradients and their fp32 copy);
 - optimizer step: model states + full (or sharded) gradients + the optimizer's temporaries.
 
-What the strategy holds: autocast weight copies and DDP buckets; FSDP2's unsharded root (never
-resharded), all unsharded blocks (ZeRO-2) or the block being gathered (ZeRO-3). Every moment is
+What the strategy holds (``advisor.estimate.strategy_buffers``): autocast weight copies and DDP
+buckets; FSDP2's unsharded root (never resharded), all unsharded blocks (ZeRO-2) or the block being
+gathered (ZeRO-3). Every moment is
 checked against PyTorch's own execution of the step (``advisor.simulate.step``,
 ``benchmarks/accuracy.py``: 30 cases, 5 architectures, within 5%).
 
@@ -44,6 +52,7 @@ from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, e
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
+from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
 from advisor.hardware.cluster import Hardware
@@ -52,7 +61,12 @@ from advisor.model.llava import ClipTowerFacts
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
-PeakMoment = Literal["end_of_forward", "loss_backward", "block_backward", "optimizer_step"]
+PeakMoment = Literal["start_of_forward", "end_of_forward", "loss_backward", "block_backward", "end_of_backward",
+                     "optimizer_step"]
+# The moments every strategy has; start_of_forward and end_of_backward hold more than these only under
+# FSDP2 (elsewhere the optimizer step holds all the end of backward does, and more), so they are
+# estimated there alone.
+CORE_MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
 
 
 class MemoryBreakdown(BaseModel):
@@ -76,8 +90,9 @@ class MemoryBreakdown(BaseModel):
     peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
         description="When the peak happens (coarse; kept for old readers, see peak_moment).")
     peak_moment: PeakMoment = Field(
-        description="Which of the four moments of the step is the peak: end_of_forward, loss_backward, "
-                    "block_backward or optimizer_step. params..temporary above are what is live then.")
+        description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
+                    "loss_backward, block_backward, end_of_backward (FSDP2) or optimizer_step. "
+                    "params..temporary above are what is live then.")
     states_params: int = Field(ge=0, description="Model states at rest, per rank: parameters "
                                "(on the CPU when states_on_cpu is 'all').")
     states_grads: int = Field(ge=0, description="Model states at rest, per rank: gradients (on the CPU "
@@ -87,11 +102,15 @@ class MemoryBreakdown(BaseModel):
     states_on_cpu: Literal["none", "optimizer", "all"] = Field(
         description="What rests on the CPU: 'none' (all on the GPU), 'optimizer' (gradients and optimizer "
                     "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
-    # peak_allocated at each of the four moments (the largest is peak_moment's); the timeline chart
-    # marks all four. None where a breakdown was not built by estimate_memory.
+    # peak_allocated at each moment (the largest is peak_moment's); the timeline chart marks them.
+    # None where a breakdown was not built by estimate_memory, or the moment is not estimated.
+    at_start_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated in the first "
+                                            "block's forward (FSDP2; None elsewhere).")
     at_end_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of forward.")
     at_loss_backward: int | None = Field(default=None, ge=0, description="peak_allocated in the loss's backward.")
     at_block_backward: int | None = Field(default=None, ge=0, description="peak_allocated in a block's backward.")
+    at_end_of_backward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of "
+                                           "backward (FSDP2; None elsewhere).")
     at_optimizer_step: int | None = Field(default=None, ge=0, description="peak_allocated in the optimizer step.")
 
     @computed_field  # type: ignore[prop-decorator]
@@ -101,9 +120,12 @@ class MemoryBreakdown(BaseModel):
 
     @property
     def moments(self) -> dict[str, int] | None:
-        """The four moments' peak_allocated by name (``PeakMoment``), or None where not estimated."""
+        """The estimated moments' peak_allocated by name (``PeakMoment``), in step order, or None where
+        not estimated."""
         values = {name: getattr(self, f"at_{name}") for name in get_args(PeakMoment)}
-        return None if None in values.values() else values
+        if any(values[name] is None for name in CORE_MOMENTS):
+            return None
+        return {name: value for name, value in values.items() if value is not None}
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -142,95 +164,6 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
 
 
 recipe_dtypes = _recipe_dtypes  # public name for the planner's tracing edge (advisor.planning.api)
-
-
-def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
-    """(one block, number of blocks, everything outside the blocks)."""
-    if spec.layer_params is not None and spec.num_layers:
-        # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
-        inside = spec.layer_params * spec.num_layers - spec.dense_layer_saving
-        return spec.layer_params, spec.num_layers, spec.total_params - inside
-    shape = shape_of(spec)
-    outside = 2 * shape.vocab_size * shape.hidden_size
-    layers = shape.num_layers
-    return max(1, (spec.total_params - outside) // layers), layers, outside
-
-
-class StrategyBuffers(BaseModel):
-    """Bytes a strategy holds beyond model states and activations, at each moment of the step."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    persistent: int = Field(description="Held the whole step (DDP buckets, DeepSpeed IPG bucket).")
-    at_loss: int = Field(description="Held while the loss is differentiated.")
-    in_backward: int = Field(description="Held while a block runs backward.")
-    at_forward_end: int | None = Field(default=None, description="Held at the end of forward, if not at_loss.")
-
-
-def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
-                      checkpointing: bool = False) -> StrategyBuffers:
-    """What the strategy holds beyond states and activations (FSDP2 figures from
-    torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
-    layer, n_layers, outside = _block_params(spec)
-    if training.engine == "deepspeed":
-        from advisor.estimate.buckets import deepspeed_buckets  # DeepSpeed's buckets load only for that engine
-
-        buckets = deepspeed_buckets(spec)
-        # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
-        bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)
-        # Gathered parameters, capped by stage3_max_live_parameters. On
-        # the GPU the rank's own partition is part of the gathered tensor, so at most the whole
-        # model is resident, as under ZeRO-2; offloaded partitions live on the CPU.
-        own = 0 if impl.offload_params else spec.total_params // world
-        gathered = spec.total_params - own
-        live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
-        return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
-    pb = training.param_bytes
-    if impl.shard_params:
-        ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
-        reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
-        root = ub * outside  # FSDP2 never reshards the root after forward (FSDPState._lazy_init)
-        h2d = pb * layer // world if impl.offload_params else 0
-        if impl.reshard_after_forward:
-            # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
-            # block's backward, that block is unsharded and the next one is being gathered.
-            at_loss, blocks_bwd = ub * layer, 2 * ub * layer
-        else:
-            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
-            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
-        # Backward of one block: its unsharded gradients (param dtype) and the reduce-scatter input
-        # (reduce_dtype).
-        grads = ub * layer + reduce_b * layer
-        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d)
-    buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
-    if not training.mixed:
-        return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
-    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
-                                                               layer, checkpointing)
-    return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
-
-
-def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:
-    """Bytes of the bf16 weight copies autocast makes, at the end of forward, in the loss backward and
-    in a block's backward. Autocast caches the copy of a weight that requires grad until the autocast
-    region ends (aten/src/ATen/autocast_mode.cpp cached_cast: leaf tensors that require grad), which
-    is after the loss; a frozen weight's copy is made anew at each use. Either lives on only where
-    autograd saved it for the input gradient: everywhere without checkpointing; under checkpointing
-    only at the head (blocks save their input alone and recompute one block at a time).
-    Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results)."""
-    head = _head_params(spec)
-    full = spec.trainable_params >= spec.total_params
-    cached = blocks + head if full else min(spec.trainable_params, blocks)
-    saved_blocks = layer if checkpointing else blocks
-    forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
-    at_loss = head + (0 if checkpointing else blocks)
-    return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
-
-
-def _head_params(spec: ModelSpec) -> int:
-    if spec.vocab_size and spec.hidden_size:
-        return spec.vocab_size * spec.hidden_size
-    return 0
 
 
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
@@ -315,7 +248,7 @@ def estimate_memory(
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0) -> MemoryBreakdown:
-    """The four moments of the step from one rank's states, activations and strategy buffers; the
+    """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
     dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``)."""
@@ -347,7 +280,16 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
-    moment, parts = max(moments.items(), key=lambda item: sum(item[1].values()))
+    if buffers.at_forward_start is not None:  # FSDP2: the first block's forward (module docstring)
+        moments["start_of_forward"] = dict(base, activations=0,
+                                           temporary=buffers.persistent + buffers.at_forward_start)
+    if buffers.at_backward_end is not None:  # FSDP2: the blocks' gradient shards and the root's backward
+        shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
+        moments["end_of_backward"] = dict(base, grads=rest_grads + shards, activations=0,
+                                          temporary=buffers.persistent + buffers.at_backward_end)
+    moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
+    # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).
+    moment, parts = max(moments.items(), key=lambda item: (sum(item[1].values()), item[0] in CORE_MOMENTS))
     phase = "optimizer_step" if moment == "optimizer_step" else "forward_backward"
     peak = sum(parts.values())
     cpu = 0

@@ -77,7 +77,9 @@ def _tp_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: Efficien
     shape = shape_of(spec)
     activation = micro_batch_size * training.seq_len // mesh.cp * shape.hidden_size * training.compute_bytes
     passes = 3 if checkpointing else 2  # forward, backward, and the recomputed forward
-    one = sum(group_collective_s(op, activation, hw, eff, size=mesh.tp, stride=1, count=2)
+    # Two all-gathers and two reduce-scatters of the whole b x s x h activation per block and pass: each
+    # op's bytes are both collectives' (group_collective_s times nbytes, count only adds latencies).
+    one = sum(group_collective_s(op, 2 * activation, hw, eff, size=mesh.tp, stride=1, count=2)
               for op in ("all_gather", "reduce_scatter"))
     return passes * shape.num_layers * one
 

@@ -46,8 +46,8 @@ from __future__ import annotations
 import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
-from advisor.estimate.memory import (FP32, MemoryBreakdown, StrategyBuffers, _block_params, _recipe_dtypes,
-                                     _strategy_buffers, memory_at_moments, model_states)
+from advisor.estimate.memory import FP32, MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
+from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.lora import selective_kept_linears
@@ -162,7 +162,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
 def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                          mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
                          loss_parallel: bool = False, sequence_parallel: bool = False) -> MemoryBreakdown:
-    """The worst rank's peak on ``mesh`` (module docstring); the four moments of ``memory_at_moments``."""
+    """The worst rank's peak on ``mesh`` (module docstring); the moments of ``memory_at_moments``."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
     shard_world = mesh.dp_shard * mesh.cp  # FSDP2's mesh: torchtitan's dp_shard_cp
@@ -174,6 +174,5 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
-        buffers = StrategyBuffers(persistent=buffers.persistent, at_loss=buffers.at_loss,
-                                  in_backward=buffers.in_backward + ring, at_forward_end=buffers.at_forward_end)
+        buffers = buffers.model_copy(update=dict(in_backward=buffers.in_backward + ring))
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world)

@@ -244,7 +244,7 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
                       q: QuantizedBase, *, checkpointing: bool):
     """The strategy's buffers over packed blocks and the adapters' gradients (``quantized_buffers``)."""
     from advisor.estimate.buckets import deepspeed_buckets
-    from advisor.estimate.memory import StrategyBuffers, _block_params  # memory.py imports this module lazily
+    from advisor.estimate.strategy_buffers import StrategyBuffers, _block_params
 
     trainable = spec.trainable_params
     on_gpu_constants = q.constant_bytes if impl.offload_params else 0

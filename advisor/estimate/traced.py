@@ -9,7 +9,7 @@ same way for both. Pure: no torch, no file access.
 from __future__ import annotations
 
 from advisor.estimate.activations import ActivationEstimate, Dtypes
-from advisor.model.block_profile import BlockProfile, CheckpointMode, ProfileKey
+from advisor.model.block_profile import Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
 
@@ -22,8 +22,50 @@ def profile_key(dtypes: Dtypes, training: TrainingConfig, *, checkpointing: bool
                       checkpointing=mode, seq_len=training.seq_len, attention=training.attention, loss=training.loss)
 
 
+_MOMENTS = ("saved", "forward_peak", "loss_peak", "block_peak", "recompute")
+
+
 def find_profile(spec: ModelSpec, key: ProfileKey) -> BlockProfile | None:
-    return next((p for p in spec.traced if p.key == key), None)
+    """The profile traced for ``key``; for a length no profile was traced at (the ``--seq-len max``
+    search steps through lengths before it traces the one it found), one made from those traced with
+    the same recipe at other lengths: linear in the length between (or beyond) the two nearest, each
+    coefficient on its own (a sliding-window mask grows as s^2, the saved tensors as s); from a single
+    one, its per-sample terms scaled by the tokens (memory is linear in b x s under SDPA)."""
+    exact = next((p for p in spec.traced if p.key == key), None)
+    if exact is not None:
+        return exact
+    same = sorted((p for p in spec.traced if p.key.model_copy(update={"seq_len": key.seq_len}) == key),
+                  key=lambda p: abs(p.key.seq_len - key.seq_len))
+    if not same:
+        return None
+    if len(same) == 1:
+        return _scaled(same[0], key)
+    return _interpolated(same[0], same[1], key)
+
+
+def _scaled(profile: BlockProfile, key: ProfileKey) -> BlockProfile:
+    ratio = key.seq_len / profile.key.seq_len
+
+    def scale(b: Bilinear) -> Bilinear:
+        return b.model_copy(update=dict(per_sample=round(b.per_sample * ratio),
+                                        per_layer_sample=round(b.per_layer_sample * ratio)))
+
+    return profile.model_copy(update=dict(key=key, layer_saved_per_sample=round(profile.layer_saved_per_sample * ratio),
+                                          **{name: scale(getattr(profile, name)) for name in _MOMENTS}))
+
+
+def _interpolated(a: BlockProfile, b: BlockProfile, key: ProfileKey) -> BlockProfile:
+    t = (key.seq_len - a.key.seq_len) / (b.key.seq_len - a.key.seq_len)
+
+    def line(x: int, y: int) -> int:
+        return round(x + (y - x) * t)
+
+    def blend(x: Bilinear, y: Bilinear) -> Bilinear:
+        return Bilinear(**{field: line(getattr(x, field), getattr(y, field)) for field in Bilinear.model_fields})
+
+    return a.model_copy(update=dict(key=key, layer_saved_per_sample=max(0, line(a.layer_saved_per_sample,
+                                                                                   b.layer_saved_per_sample)),
+                                    **{name: blend(getattr(a, name), getattr(b, name)) for name in _MOMENTS}))
 
 
 def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_batch_size: int,
@@ -31,7 +73,7 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
     """The profile's moments at ``num_layers`` blocks and ``micro_batch_size``: each moment's measured
     peak less the saved bytes is what the formula calls that moment's transient."""
     at = dict(num_layers=num_layers, micro_batch_size=micro_batch_size)
-    saved = profile.saved.at(**at)
+    saved = max(0, profile.saved.at(**at))  # a profile made for a far length (find_profile) may extrapolate below 0
     block_excess = max(0, profile.block_peak.at(**at) - saved)
     recompute = min(block_excess, max(0, profile.recompute.at(**at)))
     key = profile.key

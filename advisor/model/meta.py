@@ -10,6 +10,7 @@ embeddings, components only when it has identical repeated blocks.
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, Any
 
 from advisor.model.config_keys import config_value
@@ -20,7 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _config_dict(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if not k.startswith("_advisor")}
+    """A deep copy of the config's own fields: transformers edits nested dicts in place (it adds
+    ``rope_theta`` to ``rope_scaling`` while validating), and the caller's dict keys the caches
+    (``advisor.model.spec_cache.config_digest``), so transformers never sees it."""
+    return copy.deepcopy({k: v for k, v in cfg.items() if not k.startswith("_advisor")})
 
 
 def _one_line(err: BaseException) -> str:

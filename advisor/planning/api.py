@@ -21,7 +21,8 @@ from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count
-from advisor.planning.longest import longest_seq_len
+from advisor.mesh import MESH_STRATEGIES
+from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, choose, choose_fastest,
                                       default_strategy, evaluate_candidate, offloads)
@@ -44,7 +45,8 @@ class Plan(BaseModel):
     assumptions: tuple[str, ...]
     smallest_fit: SmallestFit | None = None
     longest_seq_len: dict[str, int | None] | None = Field(
-        default=None, description="--seq-len max: per strategy, the longest sequence that fits at micro-batch 1.")
+        default=None, description="--seq-len max: per strategy (and per mesh, keyed 'zero3 cp 8 x tp 2'), the "
+                                   "longest sequence that fits at micro-batch 1.")
 
     @property
     def fits(self) -> bool:
@@ -410,8 +412,8 @@ def plan(
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names,
                       progress=progress)
-    tracing = trace and config is not None and not search_length
-    if tracing:
+    tracing = trace and config is not None
+    if tracing and not search_length:  # --seq-len max traces the lengths its search tries (below)
         spec = _traced(spec, config, training, checkpointing=False, **trace_with)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         dp_blocked = f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs"
@@ -421,8 +423,22 @@ def plan(
                           f"{training.micro_batch_size} x {hw.world_size} GPUs")
     longest = None
     if search_length:
-        longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
-        best = max((length for length in longest.values() if length), default=None)
+        traced_family = needs_trace(spec, training) is not None
+        if tracing and traced_family:
+            def retrace(current: ModelSpec, length: int) -> ModelSpec:
+                at = training.model_copy(update={"seq_len": length})
+                return _traced(current, config, at, checkpointing=True, **trace_with)
+
+            spec, longest, best = longest_traced(spec, hw, training, names, retrace=retrace)
+        else:
+            longest, best = longest_all(spec, hw, training, names)
+        on_mesh = names[0] if strategy else MESH_STRATEGIES[0]
+        # And on the meshes the planner would consider; not for a family with no formula, whose mesh
+        # estimate does not read the traced profile (advisor.estimate.model_parallel).
+        if on_mesh in MESH_STRATEGIES and not traced_family:
+            on_meshes = longest_on_meshes(spec, hw, training, on_mesh, lambda at: enumerate_meshes(spec, hw, at, pins))
+            longest.update(on_meshes)
+            best = max((length for length in longest.values() if length), default=None)
         if best is None:
             raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
         training = training.model_copy(update={"seq_len": best})

@@ -5,11 +5,24 @@ whether a candidate fits is monotone in it and a binary search over the lengths 
 accepts finds the longest (about 22 evaluations of the analytic model per strategy). Checkpointing
 follows the training config (``auto``: whichever fits). The model's own context
 (``max_position_embeddings``) is not a cap: the plan notes when a length exceeds it.
+
+A family with no activation formula is traced at one length at a time (``advisor.planning.api``):
+``longest_traced`` searches with the Llama-like estimate, traces the length found, searches again
+with that profile scaled by tokens (``advisor.estimate.traced``), and repeats at each new length
+until the search returns the length it last traced, where the traced profile itself decides.
+
+Meshes (``longest_on_meshes``): context parallelism splits each sequence over its ranks and tensor
+parallelism splits the blocks, so a mesh can hold a sequence no data-parallel strategy can. Each mesh
+the planner would consider is searched the same way, over lengths its ring attention can split
+(multiples of 2 x cp: each rank holds two chunks, the load-balanced layout).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import evaluate_candidate
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
@@ -31,3 +44,63 @@ def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
     return low
+
+
+def longest_all(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
+                names: list[str]) -> tuple[dict[str, int | None], int | None]:
+    """Each strategy's longest length, and the longest of them (None: not one token fits)."""
+    longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
+    return longest, max((length for length in longest.values() if length), default=None)
+
+
+def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, names: list[str], *,
+                   retrace: Callable[[ModelSpec, int], ModelSpec],
+                   max_traces: int = 6) -> tuple[ModelSpec, dict[str, int | None], int | None]:
+    """``longest_all`` for a traced family: ``retrace(spec, length)`` returns the spec with profiles traced
+    at ``length`` added (the same spec when tracing fails); see the module docstring."""
+    longest, best = longest_all(spec, hw, training, names)
+    for _ in range(max_traces):
+        if best is None:
+            break
+        traced = retrace(spec, best)
+        if traced is spec:  # tracing failed (the plan notes it): the Llama-like search stands
+            break
+        spec = traced
+        longest, found = longest_all(spec, hw, training, names)
+        if found == best:  # the profile traced at this length fits it, and one token more does not
+            break
+        best = found
+    return spec, longest, best
+
+
+def _search(fits: Callable[[int], bool], *, step: int) -> int | None:
+    """The largest multiple of ``step`` up to MAX_SEQ_LEN for which ``fits`` (monotone) holds; None if none."""
+    low, high = 1, MAX_SEQ_LEN // step
+    if not fits(low * step):
+        return None
+    if fits(high * step):
+        return high * step
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle * step) else (low, middle)
+    return low * step
+
+
+def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
+                    mesh: ParallelDims) -> int | None:
+    """The longest ``seq_len`` at which ``strategy`` fits one sample per data-parallel rank on ``mesh``."""
+
+    def fits(length: int) -> bool:
+        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        return evaluate_candidate(spec, hw, at, strategy, mesh).fits
+
+    return _search(fits, step=2 * mesh.cp)
+
+
+def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
+                      meshes: Callable[[TrainingConfig], list[ParallelDims]]) -> dict[str, int | None]:
+    """Per mesh (keyed ``strategy mesh-label``, as the plan labels its candidates), its longest length.
+    ``meshes(training)`` lists the meshes the planner would consider; they are listed at a length every
+    context-parallel degree of the node divides (the planner keeps a degree only where it divides)."""
+    probe = training.model_copy(update={"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
+    return {f"{strategy} {mesh.label}": longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}

@@ -10,6 +10,7 @@ passes the path in; the library never looks it up itself. ``cache_dir=None``: no
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -64,15 +65,18 @@ def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | No
     out = {}
     built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
     layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing
+    # Every file name from the config as given, before the tracer hands any of it to transformers
+    # (which edits nested dicts in place: rope_scaling gains rope_theta), and the tracer gets a copy.
+    paths = {key: cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None for key in keys}
     for key in sorted(keys, key=lambda k: k.checkpointing != "off"):
         dtypes = (key.residual_bytes, key.compute_bytes, key.input_casts)
-        path = cache_path(cache_dir, cfg, key, versions) if cache_dir is not None else None
+        path = paths[key]
         profile = _read(path, key) if path is not None else None
         if profile is None:
             on_miss()
             from advisor.simulate.profile import trace_profile  # only on a cache miss: a hit never loads the tracer
 
-            profile = trace_profile(cfg, key, layer_saved=layer_saved.get(dtypes), built=built)
+            profile = trace_profile(copy.deepcopy(cfg), key, layer_saved=layer_saved.get(dtypes), built=built)
             if path is not None:
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)

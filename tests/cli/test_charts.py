@@ -73,8 +73,9 @@ def test_moment_markers_are_the_analytic_moments(timeline_run):
     doc, text, _ = timeline_run
     root = _svg(text)
     lines = {line.get("data-moment"): line for line in root.findall(".//svg:line[@class='moment']", NS)}
-    moments = {name: doc["analytic"][f"at_{name}"] for name in ("end_of_forward", "loss_backward", "block_backward",
-                                                                 "optimizer_step")}
+    moments = {name: doc["analytic"][f"at_{name}"] for name in ("start_of_forward", "end_of_forward", "loss_backward",
+                                                                 "block_backward", "end_of_backward", "optimizer_step")
+               if doc["analytic"][f"at_{name}"] is not None}
     assert {name: int(line.get("data-bytes")) for name, line in lines.items()} == moments
     # The largest moment is the estimate's peak; a higher figure is drawn higher.
     assert max(moments.values()) == doc["analytic"]["peak_allocated"]

@@ -3,7 +3,7 @@ agree, with the sizes worked by hand (Qwen2.5-7B: hidden 3584)."""
 
 from __future__ import annotations
 
-from advisor.estimate.memory import _strategy_buffers
+from advisor.estimate.strategy_buffers import _strategy_buffers
 from advisor.export.deepspeed import build_deepspeed
 from advisor.model.sources import resolve_model
 from advisor.planning.api import plan

@@ -1,0 +1,152 @@
+"""What a strategy holds beyond the model states and the activations, at each moment of the step:
+DDP's buckets, autocast's weight copies, FSDP2's unsharded root and blocks, their all-gather outputs,
+gradients and reduce-scatter inputs, DeepSpeed's IPG bucket and live parameters. Split from
+``advisor.estimate.memory``, which adds these to the states and activations at each moment (its module
+docstring lists the moments); a quantised base recomputes them in ``advisor.estimate.quantized``.
+Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.estimate.activations import shape_of
+from advisor.estimate.states import FP32
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+
+def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
+    """(one block, number of blocks, everything outside the blocks)."""
+    if spec.layer_params is not None and spec.num_layers:
+        # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
+        inside = spec.layer_params * spec.num_layers - spec.dense_layer_saving
+        return spec.layer_params, spec.num_layers, spec.total_params - inside
+    shape = shape_of(spec)
+    outside = 2 * shape.vocab_size * shape.hidden_size
+    layers = shape.num_layers
+    return max(1, (spec.total_params - outside) // layers), layers, outside
+
+
+class StrategyBuffers(BaseModel):
+    """Bytes a strategy holds beyond model states and activations, at each moment of the step."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    persistent: int = Field(description="Held the whole step (DDP buckets, DeepSpeed IPG bucket).")
+    at_loss: int = Field(description="Held while the loss is differentiated.")
+    in_backward: int = Field(description="Held while a block runs backward.")
+    at_forward_end: int | None = Field(default=None, description="Held at the end of forward, if not at_loss.")
+    at_forward_start: int | None = Field(default=None, description="Held in the first block's forward (FSDP2); "
+                                         "None: not a moment of its own.")
+    at_backward_end: int | None = Field(default=None, description="Held at the end of backward beyond the "
+                                        "gradient shards (FSDP2); None: not a moment of its own.")
+    grads_at_backward_end: int = Field(default=0, description="Gradient shards at the end of backward "
+                                       "(FSDP2: the blocks'; the root's is being reduce-scattered).")
+
+
+def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
+                      checkpointing: bool = False) -> StrategyBuffers:
+    """What the strategy holds beyond states and activations (FSDP2 figures from
+    torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
+    layer, n_layers, outside = _block_params(spec)
+    if training.engine == "deepspeed":
+        from advisor.estimate.buckets import deepspeed_buckets  # DeepSpeed's buckets load only for that engine
+
+        buckets = deepspeed_buckets(spec)
+        # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
+        bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)
+        # Gathered parameters, capped by stage3_max_live_parameters. On
+        # the GPU the rank's own partition is part of the gathered tensor, so at most the whole
+        # model is resident, as under ZeRO-2; offloaded partitions live on the CPU.
+        own = 0 if impl.offload_params else spec.total_params // world
+        gathered = spec.total_params - own
+        live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
+        return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
+    pb = training.param_bytes
+    if impl.shard_params:
+        ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
+        reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
+        root = ub * outside  # FSDP2 never reshards the root after forward (FSDPState._lazy_init)
+        h2d = pb * layer // world if impl.offload_params else 0
+        if impl.reshard_after_forward:
+            # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
+            # block's backward, that block is unsharded and the next one is being gathered.
+            at_loss, blocks_bwd = ub * layer, 2 * ub * layer
+        else:
+            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
+            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
+        block_t, root_t = _trainable_split(spec, layer, n_layers)
+        # Backward of one block: the gradients of its trainable weights (param dtype) and their
+        # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
+        per_block_t = layer if root_t >= outside else min(layer, -(-block_t // n_layers))
+        grads = (ub + reduce_b) * per_block_t
+        # The first block's forward: the root unsharded and its all-gather output not yet freed (FSDP2
+        # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
+        # wait_for_unshard), the block's all-gather output and its copy-out.
+        forward_start = 2 * root + 2 * ub * layer + h2d
+        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d,
+                               at_forward_start=forward_start,
+                               at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
+                                                                  last_block_rs=reduce_b * per_block_t),
+                               grads_at_backward_end=-(-pb * block_t // world))
+    buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
+    if not training.mixed:
+        return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
+    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
+                                                               layer, checkpointing)
+    return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
+
+
+def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:
+    """(trainable parameters in the blocks, trainable parameters in the root). Training spreads over the
+    blocks first: LoRA's adapters live there, and ``--trainable-params`` leaves whole tensors trainable
+    across the blocks (``advisor.simulate.model.freeze_to``); a full fine-tune trains the root too."""
+    blocks = layer * n_layers - spec.dense_layer_saving
+    if spec.trainable_params >= spec.total_params:
+        return blocks, spec.total_params - blocks
+    inside = min(spec.trainable_params, blocks)
+    return inside, spec.trainable_params - inside
+
+
+def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, reduce_b: int,
+                       last_block_rs: int) -> int:
+    """FSDP2's buffers at the end of backward, beyond the blocks' gradient shards: the larger of the
+    embedding's backward (the unsharded root, the head's gradient waiting in autograd's input buffer,
+    the embedding's gradient, and under tied weights their out-of-place sum; the last block's
+    reduce-scatter input, freed only when the next reduce-scatter is waited on) and the root's own
+    reduce-scatter (its unsharded gradients and their reduce_dtype copy: _fsdp_collectives.py
+    foreach_reduce). Measured on the simulated step (tests/estimate/test_backward_end.py)."""
+    reduce_root = (ub + reduce_b) * root_t
+    if root_t < outside:  # a frozen (or partly frozen) root: no embedding gradient is computed
+        return reduce_root
+    head = _head_params(spec)
+    embedding = spec.embedding_params if spec.embedding_params is not None else head
+    tied = bool(spec.tied_embeddings) or spec.head_params == 0
+    head_grad = embedding if tied else (spec.head_params if spec.head_params is not None else head)
+    embedding_backward = ub * outside + ub * (head_grad + embedding + (embedding if tied else 0)) + last_block_rs
+    return max(reduce_root, embedding_backward)
+
+
+def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:
+    """Bytes of the bf16 weight copies autocast makes, at the end of forward, in the loss backward and
+    in a block's backward. Autocast caches the copy of a weight that requires grad until the autocast
+    region ends (aten/src/ATen/autocast_mode.cpp cached_cast: leaf tensors that require grad), which
+    is after the loss; a frozen weight's copy is made anew at each use. Either lives on only where
+    autograd saved it for the input gradient: everywhere without checkpointing; under checkpointing
+    only at the head (blocks save their input alone and recompute one block at a time).
+    Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results)."""
+    head = _head_params(spec)
+    full = spec.trainable_params >= spec.total_params
+    cached = blocks + head if full else min(spec.trainable_params, blocks)
+    saved_blocks = layer if checkpointing else blocks
+    forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
+    at_loss = head + (0 if checkpointing else blocks)
+    return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+
+
+def _head_params(spec: ModelSpec) -> int:
+    if spec.vocab_size and spec.hidden_size:
+        return spec.vocab_size * spec.hidden_size
+    return 0

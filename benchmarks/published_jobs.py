@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import advisor
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig
+from advisor.model.sources import resolve
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -186,10 +187,10 @@ class Verdict(NamedTuple):
 
 def judge(job: Job) -> Verdict:
     try:
-        pinned = plan_pinned(job)
-        unpinned = plan_unpinned(job)
-    except (ValueError, LookupError, OSError) as err:  # a model the resolver cannot read, a planner error
+        resolve(job.model)
+    except (ValueError, LookupError, OSError) as err:  # a model the resolver cannot read: skipped, reason printed
         return Verdict(job, skipped=f"{type(err).__name__}: {' '.join(str(err).split())[:160]}")
+    pinned, unpinned = plan_pinned(job), plan_unpinned(job)  # a planner error here is a finding: let it raise
     cand = pinned_candidate(job, pinned)
     mem = cand.memory_bytes
     rec, chosen = unpinned.recommendation, unpinned.chosen

@@ -12,7 +12,7 @@ Mixture-of-experts families whose layers differ (Qwen-MoE, DeepSeek) are counted
 from __future__ import annotations
 
 from advisor.model.bundled import ArchitectureInfo, load_architectures
-from advisor.model.config_keys import config_value as _get
+from advisor.model.config_keys import config_flag, config_value as _get
 from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
                                  qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts)
 from advisor.model.hybrid import jamba_parts
@@ -27,7 +27,7 @@ def _dtype(cfg: dict) -> str | None:
 
 
 def _tied(cfg: dict, info: ArchitectureInfo) -> bool:
-    return bool(cfg.get("tie_word_embeddings", info.tie_word_embeddings))
+    return config_flag(cfg, "tie_word_embeddings", info.tie_word_embeddings)
 
 
 def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
@@ -41,8 +41,8 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
     head_dim = _get(cfg, "head_dim", default=h // n_heads)
     qkv_bias, o_bias = info.qkv_bias, info.o_bias
     if info.bias_key and info.bias_key in cfg:
-        qkv_bias = o_bias = bool(cfg[info.bias_key])
-    mlp_bias = bool(cfg.get(info.mlp_bias_key, False)) if info.mlp_bias_key else False
+        qkv_bias = o_bias = config_flag(cfg, info.bias_key, False)
+    mlp_bias = config_flag(cfg, info.mlp_bias_key, False) if info.mlp_bias_key else False
     q_out, kv_out = n_heads * head_dim, n_kv * head_dim
     attention = h * (q_out + 2 * kv_out) + q_out * h
     attention += (q_out + 2 * kv_out) * qkv_bias + h * o_bias

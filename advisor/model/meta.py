@@ -59,7 +59,9 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
 
     config = _build_config(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
     archs = getattr(config, "architectures", None) or []
-    model_cls = getattr(transformers, archs[0], None) if archs else None
+    model_cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    if model_cls is not None and not (isinstance(model_cls, type) and issubclass(model_cls, transformers.PreTrainedModel)):
+        raise ValueError(f"config's \"architectures\" names {archs[0]}, which is not a transformers model class")
     try:
         with torch.device("meta"):
             if model_cls is not None:
@@ -68,7 +70,7 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
                 return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
             except ValueError:
                 return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError) as err:
+    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError, AttributeError) as err:
         # A config transformers accepted but its model cannot be built from (inconsistent sizes).
         name = model_cls.__name__ if model_cls is not None else config.model_type
         raise ValueError(f"transformers cannot build {name} from this config: {_one_line(err)}") from None

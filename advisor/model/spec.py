@@ -128,6 +128,7 @@ class ModelSpec(BaseModel):
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
+MAX_PARAMS = 10**15  # a thousand times the largest published models: a bound, so no count overflows a float
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
@@ -136,7 +137,10 @@ def parse_count(text: str, *, what: str = "--params") -> int:
     match = _SIZE.match(text or "")
     if match is None:
         raise ValueError(f"cannot read {what} '{(text or '')[:40]}': expected a number like 7.5B, 350M or 125000")
-    value = round(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    number = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if not number <= MAX_PARAMS:  # also inf, from a mantissa of 400 digits
+        raise ValueError(f"{what} '{text.strip()[:40]}' is more than {MAX_PARAMS:.0e} parameters")
+    value = round(number)
     if value < 1:
         raise ValueError(f"{what} must be at least 1")
     return value

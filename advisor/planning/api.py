@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.memory import image_tokens
@@ -106,8 +106,8 @@ def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) ->
 def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                 recommendation: Recommendation | None) -> list[str]:
     """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
-    if training.loss != "hf" or not shape_of(spec).vocab_size:
-        return []
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:
+        return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
     if recommendation is None:
         for kernel in ("chunked", "fused"):
             other = training.model_copy(update={"loss": kernel})
@@ -297,6 +297,19 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
     return notes
 
 
+def training_from_options(options: dict[str, Any]) -> TrainingConfig:
+    """``TrainingConfig(**options)``: the user's options, so a rejected value is a one-line ValueError
+    naming the option (a ``ValidationError`` reaching the CLI is a bug of ours: exit code 1)."""
+    try:
+        return TrainingConfig(**options)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "options"
+        shown = repr(first.get("input"))
+        raise ValueError(f"{where.replace('_', '-')}: {first['msg']} (got {shown[:40]})"
+                         + (f"; and {len(err.errors()) - 1} more" if len(err.errors()) > 1 else "")) from None
+
+
 def plan(
     model: Any,
     gpus: str | Hardware = "2xA100",
@@ -334,7 +347,7 @@ def plan(
     if search_length:
         options = {**options, "seq_len": 1, "micro_batch_size": 1}
     if training is None:
-        training = TrainingConfig(**options)
+        training = training_from_options(options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
     spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)

@@ -11,8 +11,10 @@ Mixture-of-experts families whose layers differ (Qwen-MoE, DeepSeek) are counted
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from advisor.model.bundled import ArchitectureInfo, load_architectures
-from advisor.model.config_keys import config_flag, config_value as _get
+from advisor.model.config_keys import CONFIG_KEYS, PER_LAYER_FACTS, config_flag, config_value as _get
 from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
                                  qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts)
 from advisor.model.hybrid import jamba_parts
@@ -153,6 +155,22 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     info = load_architectures().get(cfg.get("model_type", ""))
     if info is None:
         return None
+    for sub in (cfg, cfg.get("text_config") or {}):
+        listed = [key for fact in PER_LAYER_FACTS for key in CONFIG_KEYS[fact] if isinstance(sub.get(key), list)]
+        if listed:  # Gemma 3n's per-layer widths: families counted on the meta device, not these formulas
+            raise ValueError(f"config for '{name}': \"{listed[0]}\" is a per-layer list; {cfg['model_type']} "
+                             "takes one value for every layer")
+    try:
+        return _count(cfg, info, name=name, source=source)
+    except (TypeError, ZeroDivisionError) as err:  # pure arithmetic on config values: one is missing or wrong
+        raise ValueError(f"config for '{name}': cannot count a {cfg['model_type']} from it ({err})") from None
+    except ValidationError as err:  # e.g. 64 wide with 10^10 heads: a head 0 wide (transformers refuses it too)
+        problem = err.errors()[0]
+        raise ValueError(f"config for '{name}': its sizes give no valid {cfg['model_type']}: "
+                         f"{'.'.join(map(str, problem['loc']))} {problem['msg'].lower()} (got {problem.get('input')!r:.40})") from None
+
+
+def _count(cfg: dict, info: ArchitectureInfo, *, name: str, source: Source) -> ModelSpec | None:
     architecture = architecture_of(cfg)
     if info.formula in ("t5", "bart", "mamba", "jamba"):  # advisor.model.kinds, advisor.model.hybrid
         parts = {"t5": t5_parts, "bart": bart_parts, "mamba": mamba_parts, "jamba": jamba_parts}[info.formula](cfg, architecture)

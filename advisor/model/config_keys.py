@@ -34,14 +34,14 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 # Facts that must be whole numbers, and the least each may be: 0 where a config uses 0 for "none"
-# (no token types, a dense model's num_experts). Only the facts in _PER_LAYER_FACTS may be lists
+# (no token types, a dense model's num_experts). Only the facts in PER_LAYER_FACTS may be lists
 # (per-layer widths, as in Gemma 3n's intermediate_size), checked element by element.
 _INTEGER_FACTS: dict[str, int] = {
     "hidden_size": 1, "num_layers": 1, "num_attention_heads": 1, "num_kv_heads": 1, "head_dim": 1,
     "intermediate_size": 1, "vocab_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0,
     "num_experts": 0, "num_experts_per_token": 0,
 }
-_PER_LAYER_FACTS = ("intermediate_size", "num_attention_heads", "num_kv_heads")
+PER_LAYER_FACTS = ("intermediate_size", "num_attention_heads", "num_kv_heads")
 
 # Other keys the counting formulas and the simulator read, typed as transformers 5's strict config
 # dataclasses type them (``LlamaConfig.tie_word_embeddings: bool``, ``DeepseekV3Config.qk_rope_head_dim:
@@ -63,6 +63,9 @@ _WIDTH_KEYS: dict[str, int] = {  # key -> least value
     "projection_dim": 1, "num_nextn_predict_layers": 0,
 }
 _LISTABLE_WIDTHS = ("image_size", "conv_kernel")  # (height, width); one kernel per conv layer (Wav2Vec2)
+_NULLABLE = ("q_lora_rank",)  # DeepSeek-V2-Lite: no query compression
+_INDEX_LIST_KEYS = ("mlp_only_layers", "fullatt_block_indexes")
+_SUB_CONFIGS = ("text_config", "vision_config", "encoder_config", "decoder_config", "audio_config")
 _AUTO_KEYS = ("time_step_rank", "mamba_dt_rank")  # a positive integer or "auto" (Mamba, Jamba)
 _TEXT_KEYS = ("model_type", "hidden_act", "activation_function", "feed_forward_proj", "dtype", "torch_dtype",
               "vision_feature_select_strategy", "scoring_func", "topk_method")
@@ -71,6 +74,10 @@ _FRACTION_KEYS = ("activation_dropout", "attention_dropout", "attn_pdrop", "atte
 # Per-layer loops (the meta device builds every block; the hybrid pattern lists them) are bounded: the
 # deepest published models have a few hundred blocks and a few hundred experts.
 MAX_LAYERS = 10_000
+MAX_WIDTH = 2**24  # widths, heads, vocabularies: the largest published are near 2**18
+MAX_LENGTH = 2**40  # max_position_embeddings
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+_INTEGER_KEYS = tuple(key for fact in _INTEGER_FACTS for key in CONFIG_KEYS[fact])
 MAX_EXPERTS = 65_536
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
                "num_decoder_layers", "depth")
@@ -98,11 +105,13 @@ def _check_values(cfg: dict, name: str, prefix: str = "") -> None:
             value = cfg.get(key)
             if value is None:
                 continue
-            listed = isinstance(value, list) and value and fact in _PER_LAYER_FACTS
+            listed = isinstance(value, list) and value and fact in PER_LAYER_FACTS
             if any(_bad(v, minimum) for v in (value if listed else [value])):
                 fail(key, value, "a positive integer" if minimum else "a whole number, 0 or more")
     for key, value in cfg.items():
         if value is None:
+            if key in _WIDTH_KEYS and key not in _NULLABLE:
+                fail(key, value, "a number (the counting formulas have no default for it)")
             continue
         if key in _FLAG_KEYS and not isinstance(value, bool):
             fail(key, value, "true or false")
@@ -118,6 +127,10 @@ def _check_values(cfg: dict, name: str, prefix: str = "") -> None:
             fail(key, value, "a probability between 0 and 1")
         elif key == "architectures" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             fail(key, value, "a list of class names")
+        elif key in _INDEX_LIST_KEYS and not (isinstance(value, list) and not any(_bad(v, 0) for v in value)):
+            fail(key, value, "a list of layer indices")
+        elif key.endswith("_config") and key in _SUB_CONFIGS and not isinstance(value, dict):
+            fail(key, value, "an object (a nested config)")
     _check_bounds(cfg, fail)
 
 
@@ -130,6 +143,11 @@ def _check_bounds(cfg: dict, fail: Any) -> None:
         value = cfg.get(key)
         if isinstance(value, int) and value > MAX_EXPERTS:
             fail(key, value, f"at most {MAX_EXPERTS:,} experts")
+    for key, value in cfg.items():
+        limit = MAX_LENGTH if key in _LENGTH_KEYS else MAX_WIDTH
+        if (key in _WIDTH_KEYS or key in _INTEGER_KEYS) and any(
+                isinstance(v, int) and v > limit for v in (value if isinstance(value, list) else [value])):
+            fail(key, value, f"at most {limit:,}")
 
 
 def _bad(value: Any, minimum: int) -> bool:

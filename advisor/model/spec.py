@@ -23,6 +23,7 @@ from advisor.model.llava import ClipTowerFacts
 from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
+MAX_PARAMS = 10**15  # a thousand times the largest published models: a bound, so no count overflows a float
 Source = Literal["bundled", "local", "hub", "params", "module"]
 CountMethod = Literal["formula", "meta_device", "module", "given"]
 
@@ -35,7 +36,7 @@ class ModelSpec(BaseModel):
     count_method: CountMethod = Field(description="How the counts were obtained.")
     architecture: str | None = Field(default=None, description="Model class, e.g. Qwen2ForCausalLM.")
     model_type: str | None = Field(default=None, description="Hugging Face model_type.")
-    total_params: int = Field(gt=0, description="All parameters, shared ones counted once.")
+    total_params: int = Field(gt=0, le=MAX_PARAMS, description="All parameters, shared ones counted once.")
     trainable_params: int = Field(ge=0, description="Parameters that receive gradients.")
     embedding_params: int | None = Field(default=None, ge=0, description="Input token embeddings.")
     layer_params: int | None = Field(default=None, ge=0, description="One transformer block.")
@@ -128,7 +129,6 @@ class ModelSpec(BaseModel):
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
-MAX_PARAMS = 10**15  # a thousand times the largest published models: a bound, so no count overflows a float
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 

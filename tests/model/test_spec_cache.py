@@ -149,3 +149,51 @@ def test_a_poisoned_profile_is_traced_again(tmp_path):
     text = path.read_text().replace('"per_layer_sample": 4', '"per_layer_sample": 0')
     path.write_text(text)
     assert profile_cache._read(path, key) is None
+
+
+# -- fuzz: whatever the entry file holds, the plan's count is the counter's ---------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                     max_leaves=12)
+
+
+@st.composite
+def _entry_damage(draw):
+    kind = draw(st.sampled_from(["bytes", "json", "edit", "flip"]))
+    if kind == "bytes":
+        return kind, draw(st.binary(max_size=200))
+    if kind == "json":
+        return kind, draw(_JSON)
+    if kind == "edit":  # one field of the real entry changed, the envelope kept
+        return kind, (draw(st.sampled_from(["total_params", "trainable_params", "name", "source", "schema", "sha256",
+                                            "kind", "count_method"])), draw(_JSON))
+    return kind, draw(st.integers(min_value=0, max_value=10**6))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(_entry_damage())
+def test_any_damage_to_an_entry_is_a_miss_never_a_wrong_count(tmp_path_factory, damage):
+    cache = tmp_path_factory.mktemp("cache")
+    counter = _Counter()
+    cached_spec(CFG, name="m", cache_dir=cache, count=counter)
+    path = _entry_file(cache)
+    kind, value = damage
+    if kind == "bytes":
+        path.write_bytes(value)
+    elif kind == "json":
+        path.write_text(json.dumps(value))
+    elif kind == "edit":
+        doc = json.loads(path.read_text())
+        field, new = value
+        (doc if field in ("schema", "sha256", "kind") else doc["entry"])[field] = new
+        path.write_text(json.dumps(doc))
+    else:
+        data = bytearray(path.read_bytes())
+        data[value % len(data)] ^= 0x20
+        path.write_bytes(bytes(data))
+    spec = cached_spec(CFG, name="m", cache_dir=cache, count=counter)
+    assert spec.total_params == TOTAL and spec.trainable_params == TOTAL

@@ -166,3 +166,62 @@ def test_a_save_killed_between_its_renames_is_named_on_load(tmp_path, monkeypatc
     fresh = tiny_llama(1)
     load_checkpoint(fresh, tmp_path / "ckpt")
     torch.testing.assert_close(fresh.state_dict(), old.state_dict(), rtol=0, atol=0)
+
+
+# -- fuzz: a damaged or forged directory is refused or loads exactly what was saved; it never runs code -------
+
+import shutil  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+def _linear(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Linear(4, 3)
+
+
+@st.composite
+def _damage(draw):
+    kind = draw(st.sampled_from(["flip", "truncate", "drop", "add", "manifest", "payload"]))
+    return kind, draw(st.integers(min_value=0, max_value=10**6)), draw(st.binary(max_size=64))
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(_damage())
+def test_a_damaged_checkpoint_is_refused_or_exact(tmp_path_factory, damage):
+    root = tmp_path_factory.mktemp("fuzz")
+    saved = _linear(0)
+    save_checkpoint(saved, root / "ckpt", sharded=True)
+    directory, marker = root / "ckpt", root / "code-ran"
+    names = sorted(p.name for p in directory.iterdir())
+    kind, number, blob = damage
+    victim = directory / names[number % len(names)]
+    if kind == "flip":
+        data = bytearray(victim.read_bytes())
+        data[number % len(data)] ^= 1 << (number % 8)
+        victim.write_bytes(bytes(data))
+    elif kind == "truncate":
+        victim.write_bytes(victim.read_bytes()[: number % max(victim.stat().st_size, 1)])
+    elif kind == "drop":
+        victim.unlink()
+    elif kind == "add":
+        (directory / "__9_0.distcp").write_bytes(blob)
+    elif kind == "manifest":  # forge: the payload as .metadata, the manifest rewritten to match it
+        (directory / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+        manifest = json.loads((directory / MANIFEST).read_text())
+        size, sha = file_digest(directory / ".metadata")
+        manifest["files"][".metadata"] = {"bytes": size, "sha256": sha}
+        (directory / MANIFEST).write_text(json.dumps(manifest))
+    else:  # the payload pickled into a shard, manifest untouched
+        victim = next(directory.glob("*.distcp"))
+        victim.write_bytes(pickle.dumps(_Payload(marker)))
+    fresh = _linear(1)
+    try:
+        load_checkpoint(fresh, directory, sharded=True)
+    except ValueError:
+        pass
+    else:
+        torch.testing.assert_close(fresh.state_dict(), saved.state_dict(), rtol=0, atol=0)
+    assert not marker.exists()
+    shutil.rmtree(root)

@@ -60,7 +60,7 @@ _WIDTH_KEYS: dict[str, int] = {  # key -> least value
     "d_kv": 1, "d_ff": 1, "decoder_sparse_step": 1, "moe_intermediate_size": 1, "n_shared_experts": 0,
     "shared_expert_intermediate_size": 0, "first_k_dense_replace": 0, "image_size": 1, "moe_layer_freq": 1,
     "attn_layer_offset": 0, "attn_layer_period": 1, "expert_layer_offset": 0, "expert_layer_period": 1,
-    "projection_dim": 1, "num_nextn_predict_layers": 0,
+    "projection_dim": 1, "num_nextn_predict_layers": 0, "num_layers": 1,
 }
 _LISTABLE_WIDTHS = ("image_size", "conv_kernel")  # (height, width); one kernel per conv layer (Wav2Vec2)
 _NULLABLE = ("q_lora_rank",)  # DeepSeek-V2-Lite: no query compression

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from advisor.model.config_keys import config_value
 from advisor.model.spec import ModelSpec, Source
 
@@ -205,11 +207,16 @@ def spec_from_module(
     fields.update(_components(module, total))
     if fields.get("architecture") is None:
         fields["architecture"] = type(module).__name__
-    return ModelSpec(
-        name=name or fields["architecture"],
-        source=source,
-        count_method="module" if source == "module" else "meta_device",
-        total_params=total,
-        trainable_params=trainable,
-        **fields,
-    )
+    try:
+        return ModelSpec(
+            name=name or fields["architecture"],
+            source=source,
+            count_method="module" if source == "module" else "meta_device",
+            total_params=total,
+            trainable_params=trainable,
+            **fields,
+        )
+    except ValidationError as err:  # the module's own config says so (0 layers, a head 0 wide): its input, not ours
+        problem = err.errors()[0]
+        raise ValueError(f"{fields['architecture']}: its config gives no valid model: "
+                         f"{'.'.join(map(str, problem['loc']))} {problem['msg'].lower()} (got {problem.get('input')!r:.40})") from None

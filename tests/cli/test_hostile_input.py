@@ -138,3 +138,11 @@ def test_export_to_an_empty_name_is_refused(tmp_path, capsys, monkeypatch):
     assert code == 2 and "empty" in _one_line(err) and list(tmp_path.iterdir()) == []
     code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "-o", "newdir/"], capsys)
     assert code == 2 and "names a directory" in _one_line(err) and list(tmp_path.iterdir()) == []
+
+
+def test_t5_with_no_layers_is_refused(tmp_path, capsys):
+    """Found by the plan-level fuzz: T5 spells its depth ``num_layers``; 0 reached the meta device and a
+    ModelSpec that cannot hold it (exit 1)."""
+    cfg = {**load_bundled_config("google-t5/t5-large"), "num_layers": 0}
+    code, err = _plan_config(tmp_path, capsys, cfg)
+    assert code == 2 and '"num_layers" is 0; expected a positive integer' in _one_line(err)

@@ -222,6 +222,9 @@ def _load_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Opti
     elif optimizer is not None and not _broadcast(bool(state.get("optimizer", {}).get("state"))):
         _set_hyperparameters(optimizer, _broadcast(state.get("optimizer", {}).get("param_groups")))
     elif optimizer is not None:
+        groups = _broadcast(state.get("optimizer", {}).get("param_groups"))
+        if groups is not None and len(groups) == len(optimizer.param_groups):
+            _check_same_settings(optimizer, groups)
         set_optimizer_state_dict(model, optimizer, state.get("optimizer", {}), options=options)
     _restore_rank_rng(_broadcast(state.get("rng")), path)
 
@@ -233,8 +236,22 @@ def _set_hyperparameters(optimizer: torch.optim.Optimizer, groups: list[dict]) -
     if len(groups) != len(optimizer.param_groups):
         raise ValueError(f"the checkpoint's optimizer has {len(groups)} param groups, this one "
                          f"{len(optimizer.param_groups)}")
+    _check_same_settings(optimizer, groups)
     for group, saved in zip(optimizer.param_groups, groups):
         group.update({key: value for key, value in saved.items() if key != "params"})
+
+
+def _check_same_settings(optimizer: torch.optim.Optimizer, groups: list[dict]) -> None:
+    """Refuse a checkpoint written by another optimizer class: its hyper-parameter names differ (SGD's
+    ``momentum`` / ``dampening`` against AdamW's ``betas``), and copying them over would, for example,
+    set AdamW's learning rate to SGD's."""
+    ignored = {"params", "param_names"}
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, groups)):
+        theirs, ours = set(saved) - ignored, set(group) - ignored
+        if theirs != ours:
+            differ = sorted(theirs ^ ours)
+            raise ValueError(f"the checkpoint's optimizer is not a {type(optimizer).__name__}: param group {index} "
+                             f"differs in {', '.join(differ[:4])}; load it into the optimizer class that saved it")
 
 
 def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:

@@ -115,6 +115,10 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
     from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
         format_command, local_gpus, parse_config, run_launch
 
+    if script.startswith("-"):  # an option click did not know, taken for the script: accelerate's own
+        raise ValueError(f"{script} {' '.join(script_args[:1])}: advisor launch does not pass options to accelerate "
+                         "(the written config sets them, from the plan: use --processes with --cpu, --gpus "
+                         "otherwise); the script comes first, then its own arguments")
     options = _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes, script=script,
                        script_args=script_args)
     text, target = _export_text(params, "accelerate", options)

@@ -94,12 +94,13 @@ _DEFAULT_NOTES = {
 }
 
 
-def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) -> str:
+def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, micro_batch_size: int) -> str:
     """What --seq-len max found, and whether it is past the model's own context."""
     context = spec.max_position_embeddings
     beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
               "scaling or a longer-context checkpoint" if context and best > context else "")
-    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch 1, by search on the estimate; "
+    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
+            "the estimate; "
             f"the candidates are shown at the longest, {best:,} tokens{beyond}")
 
 
@@ -345,7 +346,7 @@ def plan(
     pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
     search_length = options.get("seq_len") == "max"
     if search_length:
-        options = {**options, "seq_len": 1, "micro_batch_size": 1}
+        options = {**options, "seq_len": 1, "micro_batch_size": options.get("micro_batch_size") or 1}
     if training is None:
         training = training_from_options(options)
     elif options:
@@ -393,9 +394,10 @@ def plan(
         longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
         best = max((length for length in longest.values() if length), default=None)
         if best is None:
-            raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
+            raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
+                             "advisor plan without --seq-len max")
         training = training.model_copy(update={"seq_len": best})
-        notes.append(_longest_note(spec, longest, best))
+        notes.append(_longest_note(spec, longest, best, training.micro_batch_size))
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]

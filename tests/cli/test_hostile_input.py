@@ -146,3 +146,14 @@ def test_t5_with_no_layers_is_refused(tmp_path, capsys):
     cfg = {**load_bundled_config("google-t5/t5-large"), "num_layers": 0}
     code, err = _plan_config(tmp_path, capsys, cfg)
     assert code == 2 and '"num_layers" is 0; expected a positive integer' in _one_line(err)
+
+
+def test_seq_len_max_keeps_the_micro_batch_asked_for():
+    """``--seq-len max --micro-batch 4`` planned micro-batch 1 without a word (issue 21, item 10)."""
+    from advisor.planning.api import plan
+
+    one = plan("Qwen/Qwen2.5-7B", gpus="8xH100", seq_len="max")
+    four = plan("Qwen/Qwen2.5-7B", gpus="8xH100", seq_len="max", micro_batch_size=4)
+    assert four.training.micro_batch_size == 4 and four.recommendation.micro_batch_size == 4
+    assert four.training.seq_len < one.training.seq_len
+    assert any("fits at micro-batch 4" in note for note in four.assumptions)

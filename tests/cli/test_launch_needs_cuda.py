@@ -98,3 +98,13 @@ def test_dry_run_writes_nothing(launched, monkeypatch, capsys, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
     code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "3", "train.py"], capsys)
     assert code == 0, err
+
+
+def test_accelerate_options_are_not_passed_through(launched, monkeypatch, capsys, tmp_path):
+    """``--num_processes 4`` ran 4 processes against a plan for 2 (issue 21, item 10)."""
+    _no_gpu(monkeypatch)
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--num_processes", "4", "train.py"],
+                        capsys)
+    line = err.strip().splitlines()
+    assert code == 2 and launched == [] and len(line) == 1 and "--num_processes 4: advisor launch does not pass" in line[0]
+    assert not (tmp_path / "accelerate_config.yaml").exists()

@@ -225,3 +225,20 @@ def test_a_damaged_checkpoint_is_refused_or_exact(tmp_path_factory, damage):
         torch.testing.assert_close(fresh.state_dict(), saved.state_dict(), rtol=0, atol=0)
     assert not marker.exists()
     shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("saved_with, loaded_into", [("sgd", "adamw"), ("adamw", "sgd")])
+def test_an_optimizer_checkpoint_of_another_class_is_refused(tmp_path, saved_with, loaded_into):
+    """An SGD checkpoint loaded into AdamW used to copy SGD's groups over AdamW's: lr 0.5 (issue 21, item 10)."""
+    build = {"sgd": lambda m: torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.0),
+             "adamw": lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3)}
+    model = _linear(0)
+    optimizer = build[saved_with](model)
+    model(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+    save_checkpoint(model, tmp_path / "ckpt.pt", sharded=False, optimizer=optimizer)
+    fresh = _linear(1)
+    fresh_optimizer = build[loaded_into](fresh)
+    with pytest.raises(ValueError, match=f"not a {type(fresh_optimizer).__name__}"):
+        load_checkpoint(fresh, tmp_path / "ckpt.pt", optimizer=fresh_optimizer)
+    assert fresh_optimizer.param_groups[0]["lr"] == (1e-3 if loaded_into == "adamw" else 0.5)

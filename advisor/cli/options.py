@@ -93,7 +93,7 @@ PLAN_OPTIONS: list[Callable] = [
                       "equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
-    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (with sequence parallelism)."),
+    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),

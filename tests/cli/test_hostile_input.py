@@ -157,3 +157,10 @@ def test_seq_len_max_keeps_the_micro_batch_asked_for():
     assert four.training.micro_batch_size == 4 and four.recommendation.micro_batch_size == 4
     assert four.training.seq_len < one.training.seq_len
     assert any("fits at micro-batch 4" in note for note in four.assumptions)
+
+
+def test_tp_help_does_not_promise_sequence_parallelism(capsys):
+    """The TP the planner models and wrap() applies keeps norms and block inputs whole (wrappers/tensor_parallel.py)."""
+    code, out, _ = run_main(["plan", "--help"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "(with sequence parallelism)" not in text and "no sequence parallelism" in text

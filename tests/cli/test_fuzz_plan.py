@@ -45,7 +45,7 @@ _ADDED = {"tie_word_embeddings": False, "attention_bias": False, "mlp_bias": Fal
 # No "explain" phase: it re-runs a failing example under a tracer, which makes importing torch (the
 # meta-device path) take minutes.
 _PHASES = (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink)
-SETTINGS = settings(max_examples=120, deadline=None, derandomize=True, database=None, phases=_PHASES,
+SETTINGS = settings(max_examples=400, deadline=None, derandomize=True, database=None, phases=_PHASES,
                     suppress_health_check=list(HealthCheck))
 
 
@@ -201,7 +201,7 @@ def command_lines(draw):
     return args
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None, phases=_PHASES,
+@settings(max_examples=400, deadline=None, derandomize=True, database=None, phases=_PHASES,
           suppress_health_check=list(HealthCheck))
 @given(command_lines())
 def test_hostile_options_exit_cleanly(capsys, monkeypatch, args):

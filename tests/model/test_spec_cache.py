@@ -174,7 +174,7 @@ def _entry_damage(draw):
     return kind, draw(st.integers(min_value=0, max_value=10**6))
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(_entry_damage())
 def test_any_damage_to_an_entry_is_a_miss_never_a_wrong_count(tmp_path_factory, damage):
     cache = tmp_path_factory.mktemp("cache")

@@ -187,7 +187,7 @@ def _damage(draw):
     return kind, draw(st.integers(min_value=0, max_value=10**6)), draw(st.binary(max_size=64))
 
 
-@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(_damage())
 def test_a_damaged_checkpoint_is_refused_or_exact(tmp_path_factory, damage):
     root = tmp_path_factory.mktemp("fuzz")

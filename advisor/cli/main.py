@@ -188,7 +188,8 @@ def _internal(err: BaseException) -> str:
     """One line for a bug in dp-advisor: the exception, its first line, and the innermost frame of ours."""
     import traceback
 
-    frames = [f for f in traceback.extract_tb(err.__traceback__) if "/advisor/" in f.filename or "/wrappers/" in f.filename]
+    frames = [frame for frame in traceback.extract_tb(err.__traceback__)
+              if "/advisor/" in frame.filename or "/wrappers/" in frame.filename]
     where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
     first = (str(err).strip().splitlines() or [""])[0][:200]
     return (f"internal error ({type(err).__name__}: {first}){where}; this is a bug in dp-advisor, not in your "

@@ -20,7 +20,7 @@ from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts,
 from advisor.model.hybrid import jamba_parts
 from advisor.model.llava import clip_tower, llava_text_config
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
-from advisor.model.spec import ModelSpec, Source
+from advisor.model.spec import ModelSpec, Source, validation_problem
 
 
 def _dtype(cfg: dict) -> str | None:
@@ -165,9 +165,8 @@ def count_from_config(cfg: dict, *, name: str, source: Source) -> ModelSpec | No
     except (TypeError, ZeroDivisionError) as err:  # pure arithmetic on config values: one is missing or wrong
         raise ValueError(f"config for '{name}': cannot count a {cfg['model_type']} from it ({err})") from None
     except ValidationError as err:  # e.g. 64 wide with 10^10 heads: a head 0 wide (transformers refuses it too)
-        problem = err.errors()[0]
         raise ValueError(f"config for '{name}': its sizes give no valid {cfg['model_type']}: "
-                         f"{'.'.join(map(str, problem['loc']))} {problem['msg'].lower()} (got {problem.get('input')!r:.40})") from None
+                         f"{validation_problem(err)}") from None
 
 
 def _count(cfg: dict, info: ArchitectureInfo, *, name: str, source: Source) -> ModelSpec | None:

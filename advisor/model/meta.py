@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from advisor.model.config_keys import config_value
-from advisor.model.spec import ModelSpec, Source
+from advisor.model.spec import ModelSpec, Source, validation_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -62,7 +62,8 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
     config = _build_config(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
     archs = getattr(config, "architectures", None) or []
     model_cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
-    if model_cls is not None and not (isinstance(model_cls, type) and issubclass(model_cls, transformers.PreTrainedModel)):
+    is_model = isinstance(model_cls, type) and issubclass(model_cls, transformers.PreTrainedModel)
+    if model_cls is not None and not is_model:
         raise ValueError(f"config's \"architectures\" names {archs[0]}, which is not a transformers model class")
     try:
         with torch.device("meta"):
@@ -217,6 +218,4 @@ def spec_from_module(
             **fields,
         )
     except ValidationError as err:  # the module's own config says so (0 layers, a head 0 wide): its input, not ours
-        problem = err.errors()[0]
-        raise ValueError(f"{fields['architecture']}: its config gives no valid model: "
-                         f"{'.'.join(map(str, problem['loc']))} {problem['msg'].lower()} (got {problem.get('input')!r:.40})") from None
+        raise ValueError(f"{fields['architecture']}: its config gives no valid model: {validation_problem(err)}") from None

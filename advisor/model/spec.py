@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
@@ -130,6 +130,14 @@ class ModelSpec(BaseModel):
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def validation_problem(err: ValidationError) -> str:
+    """The first problem of a pydantic ``ValidationError`` as one short line: where, what, and the value."""
+    problem = err.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "value"
+    more = f"; and {len(err.errors()) - 1} more" if len(err.errors()) > 1 else ""
+    return f"{where}: {problem['msg']} (got {repr(problem.get('input'))[:40]}){more}"
 
 
 def parse_count(text: str, *, what: str = "--params") -> int:

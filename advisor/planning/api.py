@@ -20,7 +20,7 @@ from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
-from advisor.model.spec import ModelSpec, parse_count
+from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.planning.longest import longest_seq_len
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, SmallestFit, choose, choose_fastest,
@@ -304,11 +304,8 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
     try:
         return TrainingConfig(**options)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "options"
-        shown = repr(first.get("input"))
-        raise ValueError(f"{where.replace('_', '-')}: {first['msg']} (got {shown[:40]})"
-                         + (f"; and {len(err.errors()) - 1} more" if len(err.errors()) > 1 else "")) from None
+        where, _, problem = validation_problem(err).partition(": ")
+        raise ValueError(f"{where.replace('_', '-')}: {problem}") from None
 
 
 def plan(

@@ -52,7 +52,8 @@ class TrainingConfig(BaseModel):
     headroom: float = Field(default=0.10, ge=0, lt=1, description="Share of GPU memory a comfortable plan leaves "
                             "free. Not a fit test (a plan fits when peak + runtime overhead <= memory): among plans "
                             "as fast as the chosen one, one that leaves this headroom is preferred.")
-    cpu_memory_gib: float | None = Field(default=None, gt=0, description="CPU RAM per node (offload check).")
+    cpu_memory_gib: float | None = Field(default=None, gt=0, le=2**20, allow_inf_nan=False,
+                                         description="CPU RAM per node (offload check).")
     target_len: int | None = Field(default=None, ge=1, le=MAX_SEQ_LEN, description="Decoder tokens per sample "
                                    "(encoder-decoder models); None: equal to seq_len.")
     images_per_sample: int = Field(default=0, ge=0, le=4096, description="Images in each sample (vision-language "

@@ -90,6 +90,28 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
     return Verdict(False, lines, exact)
 
 
+def _planned_world(gpus: str | None, launched: int) -> int:
+    """The world the check plans: the GPUs ``gpus=`` names (the cluster the run is for: a test on one CPU
+    process checks the 8-GPU job), else this launch's world size."""
+    if gpus is None:
+        return launched
+    from advisor.hardware.cluster import parse_gpus
+
+    try:
+        return parse_gpus(gpus).world_size
+    except ValueError:
+        return launched  # check() reports the bad gpus= itself
+
+
+def _checked(run: Any) -> Verdict:
+    """``run()``'s verdict; a configuration the planner refuses (a bad ``gpus=``, a batch it cannot split)
+    is reported, never raised out of ``trainer.train()``: the check advises, the run is the user's."""
+    try:
+        return run()
+    except ValueError as err:
+        return Verdict(None, [f"advisor: pre-flight: not checked: {err}"])
+
+
 def _finish(verdict: Verdict, *, strict: bool, rank_zero: bool) -> None:
     if rank_zero:
         print(verdict, flush=True)
@@ -115,8 +137,20 @@ def _hf_optimizer(args: Any) -> str:
 
 
 def _hf_checkpointing(args: Any) -> bool:
-    """transformers 5 renames ``gradient_checkpointing`` to ``activation_checkpointing``; either counts."""
-    return bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+    """transformers 5 renames ``gradient_checkpointing`` to ``activation_checkpointing``; either counts, and
+    so does FSDP's own (``fsdp_config["activation_checkpointing"]``, what our Trainer export writes)."""
+    fsdp_own = bool(getattr(args, "fsdp", None)) and bool(_fsdp_config(args).get("activation_checkpointing"))
+    return bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False)
+                or fsdp_own)
+
+
+def _fsdp_config(args: Any) -> dict:
+    """``args.fsdp_config`` as a dict with the ``fsdp_`` prefixes dropped (as ``TrainingArguments`` reads it)."""
+    config = getattr(args, "fsdp_config", None) or {}
+    if isinstance(config, str):
+        with open(config, encoding="utf-8") as handle:
+            config = json.load(handle)
+    return {(key[5:] if key.startswith("fsdp_") else key): value for key, value in dict(config).items()}
 
 
 def _deepspeed_strategy(config: Any) -> str:
@@ -131,24 +165,38 @@ def _deepspeed_strategy(config: Any) -> str:
 
 
 def hf_strategy(args: Any) -> tuple[str, str]:
-    """(strategy, engine) a ``TrainingArguments`` runs: its FSDP options, its DeepSpeed config, or DDP."""
+    """(strategy, engine) a ``TrainingArguments`` runs: its FSDP settings, its DeepSpeed config, or DDP.
+
+    transformers 5 turns every ``fsdp`` spelling into ``fsdp=True`` plus ``fsdp_config``
+    (``TrainingArguments._process_fsdp_args``): ``reshard_after_forward`` True (the default) is full
+    sharding, False is ``shard_grad_op`` (FSDP1 names the strategy instead), ``cpu_offload`` offloads.
+    The legacy string or list (``"full_shard offload"``) is read too."""
     if getattr(args, "deepspeed", None):
         return _deepspeed_strategy(args.deepspeed), "deepspeed"
-    options = " ".join(str(getattr(o, "value", o)) for o in (getattr(args, "fsdp", None) or []))
-    offload = "_offload" if "offload" in options else ""
-    if "full_shard" in options or "hybrid_shard" in options:
-        return f"zero3{offload}", "torch"
-    if "shard_grad_op" in options:
-        return f"zero2{offload}", "torch"
-    return "ddp", "torch"
+    fsdp = getattr(args, "fsdp", None)
+    if not fsdp:
+        return "ddp", "torch"
+    config = _fsdp_config(args)
+    if isinstance(fsdp, (str, list, tuple)):
+        items = fsdp.split() if isinstance(fsdp, str) else list(fsdp)
+        options = " ".join(str(getattr(o, "value", o)) for o in items)
+        if not any(name in options for name in ("full_shard", "hybrid_shard", "shard_grad_op", "offload")):
+            return "ddp", "torch"  # "auto_wrap" alone, "no_shard": no sharding asked for
+        grads_only, offload = "shard_grad_op" in options, "offload" in options
+    else:
+        reshard = config.get("reshard_after_forward", True)
+        grads_only = reshard is False or str(reshard).lower() in ("false", "shard_grad_op")
+        offload = bool(config.get("cpu_offload") or config.get("offload_params"))
+    return ("zero2" if grads_only else "zero3") + ("_offload" if offload else ""), "torch"
 
 
-def hf_training(args: Any, model: Any, seq_len: int | None) -> TrainingConfig:
+def hf_training(args: Any, model: Any, seq_len: int | None, *, world_size: int | None = None) -> TrainingConfig:
     """The ``TrainingConfig`` a ``TrainingArguments`` describes (the sequence length is not in it:
-    ``seq_len=``, else TRL's ``max_length`` / ``max_seq_length``, else 2048)."""
+    ``seq_len=``, else TRL's ``max_length`` / ``max_seq_length``, else 2048). ``world_size``: the GPUs
+    the run is planned for (default: this launch's)."""
     seq = seq_len or getattr(args, "max_length", None) or getattr(args, "max_seq_length", None) or _DEFAULT_SEQ_LEN
     micro = int(args.per_device_train_batch_size)
-    world = max(1, int(getattr(args, "world_size", 1)))
+    world = world_size or max(1, int(getattr(args, "world_size", 1)))
     return TrainingConfig(
         precision=_hf_precision(args, model), optimizer=_hf_optimizer(args), seq_len=int(seq),
         micro_batch_size=micro, global_batch_size=micro * int(args.gradient_accumulation_steps) * world,
@@ -166,9 +214,9 @@ class AdvisorCallback(TrainerCallback):
         self.verdict: Verdict | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
-        strategy, _ = hf_strategy(args)
-        self.verdict = check(model, strategy=strategy, training=hf_training(args, model, self.seq_len),
-                             world_size=max(1, int(getattr(args, "world_size", 1))), gpus=self.gpus)
+        world = _planned_world(self.gpus, max(1, int(getattr(args, "world_size", 1))))
+        self.verdict = _checked(lambda: check(model, strategy=hf_strategy(args)[0], world_size=world, gpus=self.gpus,
+                                              training=hf_training(args, model, self.seq_len, world_size=world)))
         _finish(self.verdict, strict=self.strict, rank_zero=bool(getattr(state, "is_world_process_zero", True)))
         return control
 
@@ -215,14 +263,18 @@ def _lightning_class() -> type:
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             strategy, engine = lightning_strategy(trainer.strategy)
-            world = max(1, int(trainer.world_size))
-            training = TrainingConfig(
-                precision=_LIGHTNING_PRECISION.get(str(trainer.precision), "fp32"), optimizer=self.optimizer,
-                seq_len=self.seq_len or _DEFAULT_SEQ_LEN, micro_batch_size=self.micro_batch_size, engine=engine,
-                activation_checkpointing="on" if self.checkpointing else "off",
-                global_batch_size=self.micro_batch_size * int(trainer.accumulate_grad_batches) * world)
-            self.verdict = check(_planned_module(pl_module), strategy=strategy, training=training, world_size=world,
-                                 gpus=self.gpus)
+            world = _planned_world(self.gpus, max(1, int(trainer.world_size)))
+
+            def run() -> Verdict:
+                training = TrainingConfig(
+                    precision=_LIGHTNING_PRECISION.get(str(trainer.precision), "fp32"), optimizer=self.optimizer,
+                    seq_len=self.seq_len or _DEFAULT_SEQ_LEN, micro_batch_size=self.micro_batch_size, engine=engine,
+                    activation_checkpointing="on" if self.checkpointing else "off",
+                    global_batch_size=self.micro_batch_size * int(trainer.accumulate_grad_batches) * world)
+                return check(_planned_module(pl_module), strategy=strategy, training=training, world_size=world,
+                             gpus=self.gpus)
+
+            self.verdict = _checked(run)
             _finish(self.verdict, strict=self.strict, rank_zero=bool(trainer.is_global_zero))
 
     return AdvisorLightningCallback

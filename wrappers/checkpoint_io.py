@@ -27,6 +27,13 @@ masks as an uninterrupted one. Consolidated: gathered into the file (``"rng"``, 
 rank); sharded: ``rng_rank{R}.pt`` next to the DCP files. Loading at another world size restores
 saved rank r's state on rank r where there is one, with a warning.
 
+Both are written aside and renamed into place once complete (a killed save leaves the previous
+checkpoint loadable), and neither replaces a path that is not a checkpoint. A sharded directory is
+sealed by a manifest of its files' hashes, written last, and ``load_checkpoint`` reads no byte of a
+directory whose manifest is missing or does not match; DCP's pickled ``.metadata`` is then read by
+an unpickler that builds only DCP's metadata classes (``wrappers.checkpoint_files``). A consolidated
+file is read with ``torch.load(weights_only=True)``, which runs nothing.
+
 Every function is collective: call it on every rank. Without a process group it works in one process.
 """
 
@@ -34,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +61,21 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 
+from wrappers.checkpoint_files import (
+    SafeLoadPlanner,
+    SafeReader,
+    aside_path,
+    file_digest,
+    interrupted_saves,
+    list_files,
+    read_dcp_metadata,
+    read_manifest,
+    replace_refusal,
+    swap_into_place,
+    verify_files,
+    write_file_durably,
+    write_manifest,
+)
 from wrappers.rng_state import capture_rng_state, restore_rng_state
 
 _ZERO_FILE = "zero1_optimizer_rank{rank}.pt"
@@ -68,6 +91,9 @@ def save_checkpoint(
     path = Path(path)
     if sharded is None:
         sharded = any(isinstance(p, DTensor) for p in model.parameters())
+    refusal = _broadcast(replace_refusal(path) if _rank() == 0 else None)  # every rank raises, none waits
+    if refusal is not None:
+        raise FileExistsError(refusal)
     if sharded:
         _save_sharded(model, path, optimizer)
     else:
@@ -82,6 +108,10 @@ def load_checkpoint(
     """Load what ``save_checkpoint`` wrote into ``model`` (and ``optimizer``), already wrapped, in
     place, and restore this rank's RNG state. ``sharded=None``: the layout found at ``path``."""
     path = Path(path)
+    left = _broadcast([str(p) for p in interrupted_saves(path)] if _rank() == 0 and not path.exists() else [])
+    if left:
+        raise ValueError(f"{path}: absent; a save was interrupted while replacing it and left the previous "
+                         f"checkpoint at {left[-1]} (rename it to {path.name} to load it)")
     if sharded is None:
         sharded = _broadcast(path.is_dir() if _rank() == 0 else None)
     if sharded:
@@ -122,6 +152,15 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def _gather_all(obj: Any) -> list:
+    """Every rank's ``obj``, on every rank."""
+    if not _distributed():
+        return [obj]
+    out: list = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def _world() -> int:
     return dist.get_world_size() if _distributed() else 1
 
@@ -160,7 +199,12 @@ def _save_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Opti
         state["optimizer"] = get_optimizer_state_dict(model, optimizer, options=options)
     if _rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, path)
+        partial = aside_path(path, "partial")
+        try:
+            write_file_durably(partial, lambda f: torch.save(state, f))
+            swap_into_place(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
 
 
 def _load_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
@@ -178,6 +222,9 @@ def _load_consolidated(model: nn.Module, path: Path, optimizer: torch.optim.Opti
     elif optimizer is not None and not _broadcast(bool(state.get("optimizer", {}).get("state"))):
         _set_hyperparameters(optimizer, _broadcast(state.get("optimizer", {}).get("param_groups")))
     elif optimizer is not None:
+        groups = _broadcast(state.get("optimizer", {}).get("param_groups"))
+        if groups is not None and len(groups) == len(optimizer.param_groups):
+            _check_same_settings(optimizer, groups)
         set_optimizer_state_dict(model, optimizer, state.get("optimizer", {}), options=options)
     _restore_rank_rng(_broadcast(state.get("rng")), path)
 
@@ -189,29 +236,91 @@ def _set_hyperparameters(optimizer: torch.optim.Optimizer, groups: list[dict]) -
     if len(groups) != len(optimizer.param_groups):
         raise ValueError(f"the checkpoint's optimizer has {len(groups)} param groups, this one "
                          f"{len(optimizer.param_groups)}")
+    _check_same_settings(optimizer, groups)
     for group, saved in zip(optimizer.param_groups, groups):
         group.update({key: value for key, value in saved.items() if key != "params"})
+
+
+def _check_same_settings(optimizer: torch.optim.Optimizer, groups: list[dict]) -> None:
+    """Refuse a checkpoint written by another optimizer class: its hyper-parameter names differ (SGD's
+    ``momentum`` / ``dampening`` against AdamW's ``betas``), and copying them over would, for example,
+    set AdamW's learning rate to SGD's."""
+    ignored = {"params", "param_names"}
+    for index, (group, saved) in enumerate(zip(optimizer.param_groups, groups)):
+        theirs, ours = set(saved) - ignored, set(group) - ignored
+        if theirs != ours:
+            differ = sorted(theirs ^ ours)
+            raise ValueError(f"the checkpoint's optimizer is not a {type(optimizer).__name__}: param group {index} "
+                             f"differs in {', '.join(differ[:4])}; load it into the optimizer class that saved it")
 
 
 def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
-    with _single_process_quietly():
-        dcp.save(state, checkpoint_id=path, no_dist=not _distributed())
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
-        local = {"world_size": optimizer.world_size, "optimizer": optimizer.optim.state_dict()}
-        torch.save(local, path / _ZERO_FILE.format(rank=optimizer.rank))
-    saved = {"world_size": _world(), "rng": capture_rng_state()}
-    torch.save(saved, path / _RNG_FILE.format(rank=_rank()))
+    partial = None
+    if _rank() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = aside_path(path, "partial")
+        partial.mkdir()
+    partial = Path(_broadcast(str(partial)))
+    try:
+        with _single_process_quietly():
+            dcp.save(state, checkpoint_id=partial, no_dist=not _distributed())
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            local = {"world_size": optimizer.world_size, "optimizer": optimizer.optim.state_dict()}
+            write_file_durably(partial / _ZERO_FILE.format(rank=optimizer.rank), lambda f: torch.save(local, f))
+        saved = {"world_size": _world(), "rng": capture_rng_state()}
+        write_file_durably(partial / _RNG_FILE.format(rank=_rank()), lambda f: torch.save(saved, f))
+        _barrier()
+        _seal(partial, path)
+    finally:
+        if _rank() == 0 and partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _seal(partial: Path, path: Path) -> None:
+    """Hash the finished files (each rank a share), write the manifest last, rename into place."""
+    names = _broadcast(list_files(partial) if _rank() == 0 else None)
+    digests: dict = {}
+    for share in _gather_all({name: file_digest(partial / name) for name in names[_rank()::_world()]}):
+        digests.update(share)
+    if _rank() == 0:
+        write_manifest(partial, digests, world_size=_world())
+        swap_into_place(partial, path)
+
+
+def _verify(path: Path) -> None:
+    """Raise ValueError on every rank unless ``path`` holds exactly what its manifest lists (each rank
+    hashes a share of the files)."""
+    expected: Any = None
+    if _rank() == 0:
+        try:
+            expected = read_manifest(path)
+            problems = verify_files(path, {".metadata": expected[".metadata"]})
+            if problems:
+                raise ValueError(f"{path}: the files differ from the manifest save_checkpoint wrote "
+                                 f"({problems[0]}); refusing to load it")
+            read_dcp_metadata(path / ".metadata")  # a forged manifest: still only DCP's own classes
+        except ValueError as error:
+            expected = str(error)
+    expected = _broadcast(expected)
+    if isinstance(expected, str):
+        raise ValueError(expected)
+    names = sorted(expected)[_rank()::_world()]
+    problems = [p for share in _gather_all(verify_files(path, {n: expected[n] for n in names})) for p in share]
+    if problems:
+        raise ValueError(f"{path}: the files differ from the manifest save_checkpoint wrote "
+                         f"({'; '.join(problems[:3])}); refusing to load it")
 
 
 def _load_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
+    _verify(path)  # before DCP reads a byte
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
         state["optimizer"] = get_optimizer_state_dict(model, optimizer)
     with _single_process_quietly():
-        dcp.load(state, checkpoint_id=path, no_dist=not _distributed())
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=not _distributed())
     set_model_state_dict(model, state["model"])
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         _load_zero_partition(optimizer, path)

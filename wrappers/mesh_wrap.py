@@ -24,6 +24,7 @@ from wrappers.launch_env import LaunchEnv
 from wrappers.loader import shard_loader
 from wrappers.materialize import materialize
 from wrappers.mesh import resolve_dims
+from wrappers.optim import param_group_names, rebuild_optimizer
 from wrappers.parallelize import apply_mesh, is_meta, model_from_config
 from wrappers.recipe import Recipe
 from wrappers.verify import group_problem, mesh_problems
@@ -71,7 +72,12 @@ def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp:
                     selective_checkpointing=recipe.selective_checkpointing, world_size=env.world_size, mesh=dims)
     if env.world_size == 1:
         if is_meta(model):
+            # to_empty() gives the meta parameters new Parameter objects: an optimizer built on the meta
+            # model would step tensors the model no longer holds. Rebuild it by name (no state to lose).
+            names = param_group_names(optimizer, model) if optimizer is not None else None
             materialize(model, device=env.device, checkpoint=checkpoint)
+            if optimizer is not None:
+                optimizer = rebuild_optimizer(optimizer, model.named_parameters(), group_param_names=names)
         elif checkpoint is not None:
             raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
         model.to(env.device)

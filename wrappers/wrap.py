@@ -173,6 +173,7 @@ def wrap(
     ``checkpoint`` or initialised (``wrappers.mesh_wrap``).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
+    _refuse_wrapped(model)
     env = env or read_launch_env()
     from wrappers.mesh_wrap import needs_mesh, wrap_on_mesh
 
@@ -225,6 +226,23 @@ def wrap(
         if loader is not None and env.distributed:
             loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
     return _finish(wrapped, new_optimizer if optimizer is not None else None, loader, decision, env, verbose)
+
+
+def _refuse_wrapped(model: Any) -> None:
+    """A model ``wrap()`` (or the user) already wrapped would be wrapped again: DDP(DDP(m)), FSDP2 over a
+    user's DDP, and the post-wrap check would look at the outer layer only. Refuse it, naming the layer."""
+    from torch.distributed.tensor import DTensor
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
+        layer = f"{type(model).__name__}: pass model.module, the bare model"
+    elif getattr(model, "advisor_decision", None) is not None:
+        layer = "by wrap() already; use the model it returned as it is"
+    elif isinstance(model, nn.Module) and any(isinstance(p, DTensor) for p in model.parameters()):
+        layer = "its parameters are DTensor shards (FSDP2 or tensor parallelism applied already)"
+    else:
+        return
+    raise ValueError(f"wrap(): the model is wrapped {layer}")
 
 
 def _finish(model: nn.Module, optimizer, loader, decision: Decision, env: LaunchEnv, verbose: bool) -> Any:

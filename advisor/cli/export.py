@@ -9,6 +9,7 @@ group in ``cli.py``; the export modules (PyYAML) are imported only when a comman
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,8 +50,7 @@ def _export_text(params: dict[str, Any], fmt: str, options):
     if not options.cpu:
         return export_text(_plan(params), fmt, options)
     from advisor.model.sources import resolve_model
-    from advisor.planning.api import resolve_trainable
-    from advisor.training import TrainingConfig
+    from advisor.planning.api import resolve_trainable, training_from_options
 
     ignored = [f"--{name}" for name in ("gpus", "nodes", "interconnect") if params.get(name)]
     if ignored:
@@ -59,7 +59,7 @@ def _export_text(params: dict[str, Any], fmt: str, options):
     kwargs = plan_kwargs(params, need_gpus=False)
     spec = resolve_trainable(resolve_model(kwargs["model"], trust_remote_code=kwargs["trust_remote_code"]),
                              kwargs["trainable_params"])
-    training = TrainingConfig(**{k: v for k, v in kwargs.items() if k not in _NOT_TRAINING})
+    training = training_from_options({k: v for k, v in kwargs.items() if k not in _NOT_TRAINING})
     return export_cpu_text(spec, training, fmt, options, strategy=kwargs["strategy"])
 
 
@@ -91,7 +91,9 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
         click.echo(text, nl=False)
         _echo_notes(target.notes)
         return
-    path = write_export(output or get_format(fmt).default_filename, text, force=force)
+    if output is not None and not output.strip():
+        raise ValueError("-o/--output is empty: give a file name, or - for stdout")
+    path = write_export(get_format(fmt).default_filename if output is None else output, text, force=force)
     _echo_notes(target.notes)
     click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} processes)")
 
@@ -101,7 +103,7 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
 @click.option("--config-file", default="accelerate_config.yaml", show_default=True,
               help="Where to write the accelerate config that is launched.")
 @click.option("--force", is_flag=True, help="Overwrite an existing, different config file.")
-@click.option("--dry-run", is_flag=True, help="Write the config and print the command; do not run it.")
+@click.option("--dry-run", is_flag=True, help="Print the command; write no config and run nothing.")
 @_CPU
 @_PROCESSES
 @click.argument("script")
@@ -111,26 +113,36 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
     """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
     from advisor.export.write import write_export
     from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
-        format_command, load_config, local_gpus, run_launch
+        format_command, local_gpus, parse_config, run_launch
 
+    if script.startswith("-"):  # an option click did not know, taken for the script: accelerate's own
+        raise ValueError(f"{script} {' '.join(script_args[:1])}: advisor launch does not pass options to accelerate "
+                         "(the written config sets them, from the plan: use --processes with --cpu, --gpus "
+                         "otherwise); the script comes first, then its own arguments")
     options = _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes, script=script,
                        script_args=script_args)
     text, target = _export_text(params, "accelerate", options)
-    path = write_export(config_file, text, force=force)
-    _echo_notes(target.notes)
-    command = build_launch_command(path, script, script_args)
-    refusal = cuda_refusal(load_config(path), local_gpus())
-    if dry_run:
-        missing = find_placeholders(load_config(path))
+    config = parse_config(text, where=config_file)
+    command = build_launch_command(config_file, script, script_args)
+    refusal = cuda_refusal(config, local_gpus())
+    if dry_run:  # writes nothing: the next launch with other options must not find a stale config
+        _echo_notes(target.notes)
+        missing = find_placeholders(config)
         if missing:
-            click.echo(f"advisor: note: fill in {', '.join(missing)} in {path} before launching", err=True)
+            click.echo(f"advisor: note: fill in {', '.join(missing)} in {config_file} before launching", err=True)
         if refusal:
             click.echo(f"advisor: note: advisor launch would refuse to run this here: {refusal}", err=True)
+        click.echo(f"advisor: note: --dry-run wrote nothing; advisor launch writes {config_file} (advisor export "
+                   "-o - shows it)", err=True)
         click.echo(format_command(command))
         return
-    check_launchable(path)
-    if refusal:
+    if refusal:  # before anything is written: a refused launch leaves the config on disk as it was
         raise ValueError(refusal)
+    if not Path(script).is_file():
+        raise ValueError(f"{script}: no such file (the training script advisor launch runs)")
+    path = write_export(config_file, text, force=force)
+    _echo_notes(target.notes)
+    check_launchable(path)
     click.echo(f"advisor: running {format_command(command)}", err=True)
     code = run_launch(command, config_path=path)
     if code:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from importlib import import_module
+from pathlib import Path
 
 import click
 
@@ -14,6 +15,7 @@ from advisor.cli.options import plan_kwargs, plan_options
 
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_FITS = 3
+EXIT_INTERNAL = 1
 
 
 def _fail(message: str, code: int) -> None:
@@ -181,20 +183,41 @@ def models() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: turn bad input into one line and exit code 2, never a traceback."""
+    """Entry point: turn bad input into one line and exit code 2, our own bugs into one line and exit
+    code 1, Ctrl-C into one line and exit code 130; never a traceback."""
+    from pydantic import ValidationError
+
     try:
         code = cli.main(args=argv, prog_name="advisor", standalone_mode=False)
-    except click.exceptions.Abort:
-        _fail("aborted", 130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail("interrupted", 130)
     except click.UsageError as err:
         hint = f" (see advisor {err.ctx.command_path.split(' ', 1)[-1]} --help)" if err.ctx and " " in err.ctx.command_path else " (see advisor --help)"
         _fail(err.format_message() + hint, EXIT_BAD_INPUT)
     except click.ClickException as err:
         _fail(err.format_message(), EXIT_BAD_INPUT)
+    except ValidationError as err:  # the user's input is validated (and reworded) at the edges: this is ours
+        _fail(_internal(err), EXIT_INTERNAL)
     except (ValueError, OSError) as err:
         _fail(str(err), EXIT_BAD_INPUT)
+    except RecursionError as err:
+        _fail(_internal(err), EXIT_INTERNAL)
+    except Exception as err:  # noqa: BLE001 - a bug: one line that says where, not a traceback
+        _fail(_internal(err), EXIT_INTERNAL)
     if isinstance(code, int) and code:
         sys.exit(code)
+
+
+def _internal(err: BaseException) -> str:
+    """One line for a bug in dp-advisor: the exception, its first line, and the innermost frame of ours."""
+    import traceback
+
+    frames = [frame for frame in traceback.extract_tb(err.__traceback__)
+              if "/advisor/" in frame.filename or "/wrappers/" in frame.filename]
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    first = (str(err).strip().splitlines() or [""])[0][:200]
+    return (f"internal error ({type(err).__name__}: {first}){where}; this is a bug in dp-advisor, not in your "
+            "input: please report it with the command line")
 
 
 def console() -> None:

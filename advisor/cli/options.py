@@ -25,6 +25,17 @@ def _choice(names) -> click.Choice:
     return click.Choice(tuple(names), case_sensitive=False)
 
 
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses ``nan`` and ``inf`` (a NaN compares false with both bounds,
+    so FloatRange lets it through; ``inf`` then overflows ``int(gib * GIB)`` in the planner)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if number != number or number in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 def _micro_batch(value: str | None) -> int | None:
     if value is None or value.strip().lower() == "auto":
         return None
@@ -61,7 +72,7 @@ PLAN_OPTIONS: list[Callable] = [
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
     click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
-    click.option("--lora-dropout", type=click.FloatRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
+    click.option("--lora-dropout", type=FiniteRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
     click.option("--quantize", type=_choice(get_args(Quantization)),
                  help="QLoRA: base weights in bitsandbytes nf4, fp4 or int8 (needs --lora)."),
     click.option("--double-quant/--no-double-quant", "double_quant", default=None,
@@ -73,16 +84,16 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--loss", type=_choice(get_args(LossKernel)),
                  help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
-    click.option("--reserve-gib", type=click.FloatRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
-    click.option("--context-gib", type=click.FloatRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1, an assumption)."),
+    click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
+    click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1, an assumption)."),
     click.option("--margin", type=_choice(get_args(Margin)),
                  help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
-    click.option("--headroom", type=click.FloatRange(0, 1, max_open=True),
+    click.option("--headroom", type=FiniteRange(0, 1, max_open=True),
                  help="Share of GPU memory a comfortable plan leaves free (default 0.1); preferred among "
                       "equally fast plans."),
-    click.option("--cpu-memory-gib", type=click.FloatRange(0, min_open=True), help="CPU RAM per node, for offload."),
+    click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
-    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (with sequence parallelism)."),
+    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),

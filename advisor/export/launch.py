@@ -62,9 +62,14 @@ def find_placeholders(config: Mapping[str, Any]) -> list[str]:
 
 def load_config(config_path: str | os.PathLike[str]) -> dict[str, Any]:
     with open(config_path, encoding="utf-8") as handle:
-        loaded = yaml.safe_load(handle)
+        return parse_config(handle.read(), where=config_path)
+
+
+def parse_config(text: str, *, where: str | os.PathLike[str]) -> dict[str, Any]:
+    """An accelerate config's YAML text as a mapping (before it is written, or as read back)."""
+    loaded = yaml.safe_load(text)
     if not isinstance(loaded, dict):
-        raise ValueError(f"{config_path} is not an accelerate config (expected a YAML mapping)")
+        raise ValueError(f"{where} is not an accelerate config (expected a YAML mapping)")
     return loaded
 
 

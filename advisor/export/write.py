@@ -23,16 +23,21 @@ from pathlib import Path
 def check_destination(path: str | os.PathLike[str], *, force: bool = False, example: str = "chart.svg") -> Path:
     """What ``write_export`` would refuse, checked before a long computation produces the text: an
     existing file without ``force`` is refused here even if the new text would turn out identical."""
-    target = _writable(Path(path), example=example)
+    target = _writable(path, example=example)
     if target.exists() and not force:
         raise ValueError(f"{target} already exists; pass --force to overwrite it")
     return target
 
 
-def _writable(target: Path, *, example: str = "accelerate_config.yaml") -> Path:
-    """``target`` unless it is a directory, a link, a non-regular file or in a missing directory."""
-    if target.is_dir():
-        raise ValueError(f"{target} is a directory; give a file name, e.g. {target / example}")
+def _writable(path: str | os.PathLike[str], *, example: str = "accelerate_config.yaml") -> Path:
+    """``path`` unless it is empty, a directory (or names one with a trailing slash), a link, a non-regular
+    file or in a missing directory."""
+    text = os.fspath(path)
+    if not str(text).strip():
+        raise ValueError("the file name is empty: give a file name, or - for stdout")
+    target = Path(text)
+    if str(text).endswith(("/", os.sep)) or target.is_dir():  # Path drops the slash: "newdir/" -> "newdir"
+        raise ValueError(f"{text} names a directory; give a file name, e.g. {target / example}")
     if target.is_symlink():
         raise ValueError(f"{target} is a symbolic link; give the file it points to, or -o - for stdout")
     if target.exists():
@@ -47,7 +52,7 @@ def _writable(target: Path, *, example: str = "accelerate_config.yaml") -> Path:
 
 def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
     """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file."""
-    target = _writable(Path(path))
+    target = _writable(path)
     if target.exists():
         if _same_content(target, text):
             return target

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from pydantic import ValidationError
+
 from advisor.model.bundled import ArchitectureInfo, load_architectures
-from advisor.model.config_keys import config_value as _get
+from advisor.model.config_keys import CONFIG_KEYS, PER_LAYER_FACTS, config_flag, config_value as _get
 from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
                                  qwen_vl_vision_facts, qwen_vl_vision_params, t5_parts)
 from advisor.model.hybrid import jamba_parts
 from advisor.model.llava import clip_tower, llava_text_config
 from advisor.model.moe import deepseek_parts, qwen_moe_parts
-from advisor.model.spec import ModelSpec, Source
+from advisor.model.spec import ModelSpec, Source, validation_problem
 
 
 def _dtype(cfg: dict) -> str | None:
@@ -29,7 +31,7 @@ def _dtype(cfg: dict) -> str | None:
 
 
 def _tied(cfg: dict, info: ArchitectureInfo) -> bool:
-    return bool(cfg.get("tie_word_embeddings", info.tie_word_embeddings))
+    return config_flag(cfg, "tie_word_embeddings", info.tie_word_embeddings)
 
 
 def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
@@ -43,8 +45,8 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
     head_dim = _get(cfg, "head_dim", default=h // n_heads)
     qkv_bias, o_bias = info.qkv_bias, info.o_bias
     if info.bias_key and info.bias_key in cfg:
-        qkv_bias = o_bias = bool(cfg[info.bias_key])
-    mlp_bias = bool(cfg.get(info.mlp_bias_key, False)) if info.mlp_bias_key else False
+        qkv_bias = o_bias = config_flag(cfg, info.bias_key, False)
+    mlp_bias = config_flag(cfg, info.mlp_bias_key, False) if info.mlp_bias_key else False
     q_out, kv_out = n_heads * head_dim, n_kv * head_dim
     attention = h * (q_out + 2 * kv_out) + q_out * h
     attention += (q_out + 2 * kv_out) * qkv_bias + h * o_bias
@@ -157,6 +159,22 @@ def count_from_config(cfg: dict, *, name: str, source: Source,
     info = load_architectures().get(cfg.get("model_type", ""))
     if info is None:
         return None
+    for sub in (cfg, cfg.get("text_config") or {}):
+        listed = [key for fact in PER_LAYER_FACTS for key in CONFIG_KEYS[fact] if isinstance(sub.get(key), list)]
+        if listed:  # Gemma 3n's per-layer widths: families counted on the meta device, not these formulas
+            raise ValueError(f"config for '{name}': \"{listed[0]}\" is a per-layer list; {cfg['model_type']} "
+                             "takes one value for every layer")
+    try:
+        return _count(cfg, info, name=name, source=source, behaviours=behaviours or {})
+    except (TypeError, ZeroDivisionError) as err:  # pure arithmetic on config values: one is missing or wrong
+        raise ValueError(f"config for '{name}': cannot count a {cfg['model_type']} from it ({err})") from None
+    except ValidationError as err:  # e.g. 64 wide with 10^10 heads: a head 0 wide (transformers refuses it too)
+        raise ValueError(f"config for '{name}': its sizes give no valid {cfg['model_type']}: "
+                         f"{validation_problem(err)}") from None
+
+
+def _count(cfg: dict, info: ArchitectureInfo, *, name: str, source: Source,
+           behaviours: Mapping[str, str]) -> ModelSpec | None:
     architecture = architecture_of(cfg)
     if info.formula in ("t5", "bart", "mamba", "jamba"):  # advisor.model.kinds, advisor.model.hybrid
         parts = {"t5": t5_parts, "bart": bart_parts, "mamba": mamba_parts, "jamba": jamba_parts}[info.formula](cfg, architecture)
@@ -175,7 +193,7 @@ def count_from_config(cfg: dict, *, name: str, source: Source,
             parts["image_token_pixels"] = vision.get("patch_size", 14) * vision.get("spatial_merge_size", 2)
             parts["vision"] = (qwen2_vl_vision_facts if qwen2 else qwen_vl_vision_facts)(vision)
     elif info.formula == "llava":  # advisor.model.llava: the language model's own formula, the tower 'other'
-        return _llava(cfg, name=name, source=source, architecture=architecture, behaviours=behaviours or {})
+        return _llava(cfg, name=name, source=source, architecture=architecture, behaviours=behaviours)
     elif info.formula == "qwen_moe":
         parts = qwen_moe_parts(cfg, info)
     elif info.formula == "deepseek":

@@ -34,13 +34,53 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 # Facts that must be whole numbers, and the least each may be: 0 where a config uses 0 for "none"
-# (no token types, a dense model's num_experts). A list (per-layer widths, as in Gemma 3n's
-# intermediate_size) is checked element by element.
+# (no token types, a dense model's num_experts). Only the facts in PER_LAYER_FACTS may be lists
+# (per-layer widths, as in Gemma 3n's intermediate_size), checked element by element.
 _INTEGER_FACTS: dict[str, int] = {
     "hidden_size": 1, "num_layers": 1, "num_attention_heads": 1, "num_kv_heads": 1, "head_dim": 1,
     "intermediate_size": 1, "vocab_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0,
     "num_experts": 0, "num_experts_per_token": 0,
 }
+PER_LAYER_FACTS = ("intermediate_size", "num_attention_heads", "num_kv_heads")
+
+# Other keys the counting formulas and the simulator read, typed as transformers 5's strict config
+# dataclasses type them (``LlamaConfig.tie_word_embeddings: bool``, ``DeepseekV3Config.qk_rope_head_dim:
+# int``, ``Qwen2_5_VLVisionConfig.out_hidden_size: int``): a string "false" is not a flag, ``true`` is not
+# a width. Checked here because the formula path never builds a transformers config.
+_FLAG_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "qkv_bias", "use_bias", "use_conv_bias",
+              "norm_topk_prob", "mamba_proj_bias", "mamba_conv_bias", "multimodal_projector_bias",
+              "add_final_layer_norm", "is_encoder_decoder", "tie_encoder_decoder")
+_WIDTH_KEYS: dict[str, int] = {  # key -> least value
+    "qk_rope_head_dim": 0, "qk_nope_head_dim": 0, "v_head_dim": 1, "kv_lora_rank": 1, "q_lora_rank": 1,
+    "out_hidden_size": 1, "patch_size": 1, "spatial_merge_size": 1, "temporal_patch_size": 1, "in_chans": 1,
+    "in_channels": 1, "depth": 1, "embed_dim": 1, "d_model": 1, "n_group": 1, "topk_group": 1, "state_size": 1,
+    "relative_attention_num_buckets": 1, "num_decoder_layers": 1, "num_channels": 1, "mamba_expand": 1,
+    "mamba_d_state": 1, "mamba_d_conv": 1, "expand": 1, "conv_kernel": 1, "encoder_layers": 0, "decoder_layers": 1,
+    "encoder_ffn_dim": 1, "decoder_ffn_dim": 1, "encoder_attention_heads": 1, "decoder_attention_heads": 1,
+    "d_kv": 1, "d_ff": 1, "decoder_sparse_step": 1, "moe_intermediate_size": 1, "n_shared_experts": 0,
+    "shared_expert_intermediate_size": 0, "first_k_dense_replace": 0, "image_size": 1, "moe_layer_freq": 1,
+    "attn_layer_offset": 0, "attn_layer_period": 1, "expert_layer_offset": 0, "expert_layer_period": 1,
+    "projection_dim": 1, "num_nextn_predict_layers": 0, "num_layers": 1,
+}
+_LISTABLE_WIDTHS = ("image_size", "conv_kernel")  # (height, width); one kernel per conv layer (Wav2Vec2)
+_NULLABLE = ("q_lora_rank",)  # DeepSeek-V2-Lite: no query compression
+_INDEX_LIST_KEYS = ("mlp_only_layers", "fullatt_block_indexes")
+_SUB_CONFIGS = ("text_config", "vision_config", "encoder_config", "decoder_config", "audio_config")
+_AUTO_KEYS = ("time_step_rank", "mamba_dt_rank")  # a positive integer or "auto" (Mamba, Jamba)
+_TEXT_KEYS = ("model_type", "hidden_act", "activation_function", "feed_forward_proj", "dtype", "torch_dtype",
+              "vision_feature_select_strategy", "scoring_func", "topk_method")
+_FRACTION_KEYS = ("activation_dropout", "attention_dropout", "attn_pdrop", "attention_probs_dropout_prob",
+                  "hidden_dropout_prob", "resid_pdrop", "embd_pdrop", "dropout", "dropout_rate")
+# Per-layer loops (the meta device builds every block; the hybrid pattern lists them) are bounded: the
+# deepest published models have a few hundred blocks and a few hundred experts.
+MAX_LAYERS = 10_000
+MAX_WIDTH = 2**24  # widths, heads, vocabularies: the largest published are near 2**18
+MAX_LENGTH = 2**40  # max_position_embeddings
+_LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
+_INTEGER_KEYS = tuple(key for fact in _INTEGER_FACTS for key in CONFIG_KEYS[fact])
+MAX_EXPERTS = 65_536
+_LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+               "num_decoder_layers", "depth")
 
 
 def _lookup(config: Any, key: str) -> Any:
@@ -57,14 +97,57 @@ def config_value(config: Any, fact: str, default: Any = None) -> Any:
 
 
 def _check_values(cfg: dict, name: str, prefix: str = "") -> None:
+    def fail(key: str, value: Any, expected: str) -> None:
+        raise ValueError(f"config for '{name}': \"{prefix}{key}\" is {_show(value)}; expected {expected}")
+
     for fact, minimum in _INTEGER_FACTS.items():
         for key in CONFIG_KEYS[fact]:
             value = cfg.get(key)
             if value is None:
                 continue
-            if any(_bad(v, minimum) for v in (value if isinstance(value, list) and value else [value])):
-                expected = "a positive integer" if minimum else "a whole number, 0 or more"
-                raise ValueError(f"config for '{name}': \"{prefix}{key}\" is {_show(value)}; expected {expected}")
+            listed = isinstance(value, list) and value and fact in PER_LAYER_FACTS
+            if any(_bad(v, minimum) for v in (value if listed else [value])):
+                fail(key, value, "a positive integer" if minimum else "a whole number, 0 or more")
+    for key, value in cfg.items():
+        if value is None:
+            if key in _WIDTH_KEYS and key not in _NULLABLE:
+                fail(key, value, "a number (the counting formulas have no default for it)")
+            continue
+        if key in _FLAG_KEYS and not isinstance(value, bool):
+            fail(key, value, "true or false")
+        elif key in _WIDTH_KEYS and _bad(value, _WIDTH_KEYS[key]) and not (
+                key in _LISTABLE_WIDTHS and isinstance(value, list) and value and not any(_bad(v, 1) for v in value)):
+            fail(key, value, "a positive integer" if _WIDTH_KEYS[key] else "a whole number, 0 or more")
+        elif key in _AUTO_KEYS and value != "auto" and _bad(value, 1):
+            fail(key, value, 'a positive integer or "auto"')
+        elif key in _TEXT_KEYS and not isinstance(value, str):
+            fail(key, value, "a string")
+        elif key in _FRACTION_KEYS and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                            and 0 <= value <= 1):
+            fail(key, value, "a probability between 0 and 1")
+        elif key == "architectures" and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            fail(key, value, "a list of class names")
+        elif key in _INDEX_LIST_KEYS and not (isinstance(value, list) and not any(_bad(v, 0) for v in value)):
+            fail(key, value, "a list of layer indices")
+        elif key.endswith("_config") and key in _SUB_CONFIGS and not isinstance(value, dict):
+            fail(key, value, "an object (a nested config)")
+    _check_bounds(cfg, fail)
+
+
+def _check_bounds(cfg: dict, fail: Any) -> None:
+    for key in _LAYER_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, int) and value > MAX_LAYERS:
+            fail(key, value, f"at most {MAX_LAYERS:,} blocks (the deepest published models have a few hundred)")
+    for key in CONFIG_KEYS["num_experts"]:
+        value = cfg.get(key)
+        if isinstance(value, int) and value > MAX_EXPERTS:
+            fail(key, value, f"at most {MAX_EXPERTS:,} experts")
+    for key, value in cfg.items():
+        limit = MAX_LENGTH if key in _LENGTH_KEYS else MAX_WIDTH
+        if (key in _WIDTH_KEYS or key in _INTEGER_KEYS) and any(
+                isinstance(v, int) and v > limit for v in (value if isinstance(value, list) else [value])):
+            fail(key, value, f"at most {limit:,}")
 
 
 def _bad(value: Any, minimum: int) -> bool:
@@ -74,6 +157,16 @@ def _bad(value: Any, minimum: int) -> bool:
 def _show(value: Any) -> str:
     text = repr(value) if not isinstance(value, str) else f'"{value}"'
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def config_flag(cfg: dict, key: str, default: bool) -> bool:
+    """A true/false config key (``check_config`` has rejected any other type); ``default`` when absent or null."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValueError(f'config: "{key}" is {_show(value)}; expected true or false')
+    return value
 
 
 def check_config(cfg: Any, *, name: str) -> dict:

@@ -17,6 +17,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.model.config_keys import config_flag
 from advisor.model.kinds import SsmFacts
 from advisor.model.moe import MoeFacts
 
@@ -41,7 +42,7 @@ def _jamba_mixer(cfg: dict, h: int, inner: int, state: int, kernel: int, rank: i
     """``JambaMambaMixer``: in_proj (h -> 2 d), depthwise conv1d (d x K, bias with mamba_conv_bias),
     x_proj (d -> R + 2 N), dt_proj (R -> d, bias), A_log (d x N), D (d), out_proj (d -> h), biases on
     in_proj / out_proj with mamba_proj_bias, and RMSNorms on dt (R), B and C (N each)."""
-    pb, cb = bool(cfg.get("mamba_proj_bias", False)), bool(cfg.get("mamba_conv_bias", True))
+    pb, cb = config_flag(cfg, "mamba_proj_bias", False), config_flag(cfg, "mamba_conv_bias", True)
     return (h * 2 * inner + 2 * inner * pb + inner * kernel + inner * cb + inner * (rank + 2 * state)
             + rank * inner + inner + inner * state + inner + inner * h + h * pb + rank + 2 * state)
 
@@ -73,7 +74,7 @@ def jamba_parts(cfg: dict, architecture: str | None) -> dict | None:
     is_moe = tuple(experts > 1 and i % periods[2] == periods[3] for i in range(n_layers))
     blocks = tuple(2 * h + (attention if a else mixer) + (moe if e else mlp) for a, e in zip(is_attn, is_moe))
     largest = max(blocks)
-    tied = bool(cfg.get("tie_word_embeddings", False))
+    tied = config_flag(cfg, "tie_word_embeddings", False)
     n_dense = is_moe.count(False)
     return dict(embedding_params=vocab * h, layer_params=largest, head_params=0 if tied else vocab * h,
                 other_params=h, tied_embeddings=tied, num_layers=n_layers, hidden_size=h,

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.model.config_keys import config_value as _get
+from advisor.model.config_keys import config_flag, config_value as _get
 
 
 class SsmFacts(BaseModel):
@@ -157,13 +157,13 @@ def mamba_parts(cfg: dict, architecture: str | None) -> dict | None:
     if not _whole(h, inner, state, kernel) or not (rank == "auto" or _whole(rank)):
         return None
     rank = math.ceil(h / 16) if rank == "auto" else rank
-    bias, conv_bias = bool(cfg.get("use_bias", False)), bool(cfg.get("use_conv_bias", True))
+    bias, conv_bias = config_flag(cfg, "use_bias", False), config_flag(cfg, "use_conv_bias", True)
     vocab, n_layers = _get(cfg, "vocab_size", default=50280), _get(cfg, "num_layers", default=32)
     if not _whole(vocab, n_layers):
         return None
     mixer = h * 2 * inner + 2 * inner * bias + inner * kernel + inner * conv_bias
     mixer += inner * (rank + 2 * state) + rank * inner + inner + inner * state + inner + inner * h + h * bias
-    tied = bool(cfg.get("tie_word_embeddings", True))
+    tied = config_flag(cfg, "tie_word_embeddings", True)
     return dict(embedding_params=vocab * h, layer_params=mixer + h, head_params=0 if tied else vocab * h,
                 other_params=h, tied_embeddings=tied, num_layers=n_layers, hidden_size=h,
                 intermediate_size=inner, vocab_size=vocab,

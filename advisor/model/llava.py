@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.model.bundled import load_architectures
+from advisor.model.config_keys import config_flag
 
 
 class ClipTowerFacts(BaseModel):
@@ -87,7 +88,7 @@ def clip_tower(cfg: dict, *, output_keeps_tower: str | None = None) -> tuple[int
     embeddings = w + channels * patch * patch * w + (patches + 1) * w
     layer = 4 * (w * w + w) + (w * inter + inter) + (inter * w + w) + 2 * 2 * w
     tower = embeddings + 2 * 2 * w + n * layer
-    bias = bool(cfg.get("multimodal_projector_bias", True))
+    bias = config_flag(cfg, "multimodal_projector_bias", True)
     feed = w * len(layers)
     projector = feed * out + out * bias + out * out + out * bias
     # hidden_states holds the embeddings and every layer's output (n + 1 entries): index i needs i layers.

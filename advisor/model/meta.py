@@ -13,8 +13,10 @@ from __future__ import annotations
 import copy
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from advisor.model.config_keys import config_value
-from advisor.model.spec import ModelSpec, Source
+from advisor.model.spec import ModelSpec, Source, validation_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -63,7 +65,10 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
 
     config = _build_config(cfg, trust_remote_code=trust_remote_code, local_dir=local_dir)
     archs = getattr(config, "architectures", None) or []
-    model_cls = getattr(transformers, archs[0], None) if archs else None
+    model_cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    is_model = isinstance(model_cls, type) and issubclass(model_cls, transformers.PreTrainedModel)
+    if model_cls is not None and not is_model:
+        raise ValueError(f"config's \"architectures\" names {archs[0]}, which is not a transformers model class")
     try:
         with torch.device("meta"):
             if model_cls is not None:
@@ -72,7 +77,7 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
                 return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
             except ValueError:
                 return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
-    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError) as err:
+    except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError, AttributeError) as err:
         # A config transformers accepted but its model cannot be built from (inconsistent sizes).
         name = model_cls.__name__ if model_cls is not None else config.model_type
         raise ValueError(f"transformers cannot build {name} from this config: {_one_line(err)}") from None
@@ -207,11 +212,14 @@ def spec_from_module(
     fields.update(_components(module, total))
     if fields.get("architecture") is None:
         fields["architecture"] = type(module).__name__
-    return ModelSpec(
-        name=name or fields["architecture"],
-        source=source,
-        count_method="module" if source == "module" else "meta_device",
-        total_params=total,
-        trainable_params=trainable,
-        **fields,
-    )
+    try:
+        return ModelSpec(
+            name=name or fields["architecture"],
+            source=source,
+            count_method="module" if source == "module" else "meta_device",
+            total_params=total,
+            trainable_params=trainable,
+            **fields,
+        )
+    except ValidationError as err:  # the module's own config says so (0 layers, a head 0 wide): its input, not ours
+        raise ValueError(f"{fields['architecture']}: its config gives no valid model: {validation_problem(err)}") from None

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.model.bundled import ArchitectureInfo
-from advisor.model.config_keys import config_value as _get
+from advisor.model.config_keys import config_flag, config_value as _get
 
 
 class MoeFacts(BaseModel):
@@ -65,9 +65,9 @@ def _qwen_attention(cfg: dict, info: ArchitectureInfo, h: int, n_heads: int) -> 
     head_dim = _get(cfg, "head_dim", default=h // n_heads)
     q_out, kv_out = n_heads * head_dim, n_kv * head_dim
     if info.bias_key == "qkv_bias":  # Qwen2-MoE: q, k, v biases, none on o_proj
-        qkv_bias, o_bias = bool(cfg.get("qkv_bias", True)), False
+        qkv_bias, o_bias = config_flag(cfg, "qkv_bias", True), False
     else:  # Qwen3-MoE: attention_bias on all four
-        qkv_bias = o_bias = bool(cfg.get("attention_bias", False))
+        qkv_bias = o_bias = config_flag(cfg, "attention_bias", False)
     params = h * (q_out + 2 * kv_out) + q_out * h + (q_out + 2 * kv_out) * qkv_bias + h * o_bias
     return params + 2 * head_dim * info.qk_norm
 
@@ -110,7 +110,7 @@ def qwen_moe_parts(cfg: dict, info: ArchitectureInfo) -> dict | None:
                                if num_dense else 0, dense_intermediate_size=inter if num_dense else 0,
                                shared_intermediate_size=cfg.get(info.shared_expert_key) or 0 if info.shared_expert_key else 0,
                                shared_gate=bool(info.shared_expert_key), router="softmax",
-                               normalized_top_k=bool(cfg.get("norm_topk_prob", False)),
+                               normalized_top_k=config_flag(cfg, "norm_topk_prob", False),
                                weights_in_compute_dtype=True))
 
 
@@ -121,7 +121,7 @@ def _mla_attention(cfg: dict, h: int, n_heads: int) -> int:
     kv up-projection to nope-keys and values for every head, and o_proj."""
     q_rank, kv_rank = cfg.get("q_lora_rank"), cfg["kv_lora_rank"]
     rope, nope, v_dim = cfg["qk_rope_head_dim"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
-    bias = bool(cfg.get("attention_bias", False))
+    bias = config_flag(cfg, "attention_bias", False)
     qk = n_heads * (nope + rope)
     q = h * qk if q_rank is None else h * q_rank + q_rank * bias + q_rank + q_rank * qk
     kv = h * (kv_rank + rope) + (kv_rank + rope) * bias + kv_rank + kv_rank * n_heads * (nope + v_dim)
@@ -155,7 +155,7 @@ def deepseek_parts(cfg: dict, info: ArchitectureInfo) -> dict | None:
                                dense_intermediate_size=cfg["intermediate_size"] if num_dense else 0,
                                shared_intermediate_size=moe_inter * (cfg["n_shared_experts"] or 0),
                                router="sigmoid" if cfg.get("model_type") == "deepseek_v3" else "softmax",
-                               normalized_top_k=bool(cfg.get("norm_topk_prob", False)),
+                               normalized_top_k=config_flag(cfg, "norm_topk_prob", False),
                                num_groups=cfg.get("n_group") or 1, topk_groups=cfg.get("topk_group") or 1),
                   mla=MlaFacts(**{k: cfg.get(k) for k in MlaFacts.model_fields}))
 
@@ -163,7 +163,7 @@ def deepseek_parts(cfg: dict, info: ArchitectureInfo) -> dict | None:
 def _parts(cfg: dict, info: ArchitectureInfo, *, h: int, n_layers: int, vocab: int, moe_layer: int,
            expert: int, experts: int, active: int, expert_inter: int, heads: int, head_dim: int, kv_heads: int,
            moe: MoeFacts, mla: MlaFacts | None = None) -> dict:
-    tied = bool(cfg.get("tie_word_embeddings", info.tie_word_embeddings))
+    tied = config_flag(cfg, "tie_word_embeddings", info.tie_word_embeddings)
     return dict(
         embedding_params=vocab * h,
         layer_params=moe_layer,

@@ -25,6 +25,7 @@ from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
 from advisor.model.spec_cache import cached_spec
 from advisor.model.bundled import bundled_model_ids, find_bundled_model, load_bundled_config
 
+_MAX_CONFIG_BYTES = 64 * 2**20  # the largest published config.json files are tens of kB
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
 
 ConfigFetcher = Callable[[str], dict]
@@ -50,7 +51,10 @@ def download_hub_config(repo_id: str) -> dict:
             path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
         except Exception as err:  # network, auth, 404: one clean line for the user
             raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
-    return json.loads(Path(path).read_text())
+    try:
+        return _parse_json(Path(path).read_text())
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read {repo_id}'s config.json: {err}") from None
 
 
 def _unresolved(name: str, why: str) -> str:
@@ -66,9 +70,19 @@ def _read_local(path: Path) -> tuple[dict, str]:
     if not file.is_file():
         raise ValueError(f"{path} has no config.json")
     try:
-        return json.loads(file.read_text()), str(file.parent)
-    except (OSError, json.JSONDecodeError) as err:
+        if file.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ValueError(f"{file.stat().st_size:,} bytes, more than a config.json holds")
+        return _parse_json(file.read_text()), str(file.parent)
+    except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {file}: {err}") from None
+
+
+def _parse_json(text: str) -> Any:
+    """``json.loads``, with nesting deeper than the interpreter's recursion limit as a ValueError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def spec_from_config(
@@ -89,6 +103,17 @@ def spec_from_config(
         return spec_from_module(module, name=name, source=source)
 
     return cached_spec(cfg, name=name, cache_dir=None if trust_remote_code else cache_dir, count=count)
+
+
+def _local_path(name: str) -> Path | None:
+    """``name`` as an existing path (``~`` expanded), or None (``~nouser/x``: no such home, not a path)."""
+    if len(name) >= 4096 or "\0" in name:
+        return None
+    try:
+        path = Path(name).expanduser()
+        return path if path.exists() else None
+    except (RuntimeError, OSError, ValueError):  # expanduser: "Could not determine home directory"
+        return None
 
 
 class Resolved(NamedTuple):
@@ -131,8 +156,9 @@ def resolve(
     name = model.strip()
     if not name:
         raise ValueError(_unresolved("", "empty name"))
-    if len(name) < 4096 and Path(name).expanduser().exists():
-        cfg, local_dir = _read_local(Path(name).expanduser())
+    local = _local_path(name)
+    if local is not None:
+        cfg, local_dir = _read_local(local)
         spec = spec_from_config(cfg, name=name, source="local", trust_remote_code=trust_remote_code,
                                 local_dir=local_dir, cache_dir=cache_dir)
         return Resolved(spec, cfg)

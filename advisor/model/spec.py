@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
@@ -23,6 +23,7 @@ from advisor.model.llava import ClipTowerFacts
 from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 
+MAX_PARAMS = 10**15  # a thousand times the largest published models: a bound, so no count overflows a float
 Source = Literal["bundled", "local", "hub", "params", "module"]
 CountMethod = Literal["formula", "meta_device", "module", "given"]
 
@@ -35,7 +36,7 @@ class ModelSpec(BaseModel):
     count_method: CountMethod = Field(description="How the counts were obtained.")
     architecture: str | None = Field(default=None, description="Model class, e.g. Qwen2ForCausalLM.")
     model_type: str | None = Field(default=None, description="Hugging Face model_type.")
-    total_params: int = Field(gt=0, description="All parameters, shared ones counted once.")
+    total_params: int = Field(gt=0, le=MAX_PARAMS, description="All parameters, shared ones counted once.")
     trainable_params: int = Field(ge=0, description="Parameters that receive gradients.")
     embedding_params: int | None = Field(default=None, ge=0, description="Input token embeddings.")
     layer_params: int | None = Field(default=None, ge=0, description="One transformer block.")
@@ -131,12 +132,23 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
+def validation_problem(err: ValidationError) -> str:
+    """The first problem of a pydantic ``ValidationError`` as one short line: where, what, and the value."""
+    problem = err.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"]) or "value"
+    more = f"; and {len(err.errors()) - 1} more" if len(err.errors()) > 1 else ""
+    return f"{where}: {problem['msg']} (got {repr(problem.get('input'))[:40]}){more}"
+
+
 def parse_count(text: str, *, what: str = "--params") -> int:
     """``7.5B`` -> 7_500_000_000; ``350M``, ``1.2T``, ``125000``."""
     match = _SIZE.match(text or "")
     if match is None:
         raise ValueError(f"cannot read {what} '{(text or '')[:40]}': expected a number like 7.5B, 350M or 125000")
-    value = round(float(match.group(1)) * _SCALE[match.group(2).lower()])
+    number = float(match.group(1)) * _SCALE[match.group(2).lower()]
+    if not number <= MAX_PARAMS:  # also inf, from a mantissa of 400 digits
+        raise ValueError(f"{what} '{text.strip()[:40]}' is more than {MAX_PARAMS:.0e} parameters")
+    value = round(number)
     if value < 1:
         raise ValueError(f"{what} must be at least 1")
     return value

@@ -4,7 +4,9 @@ A family with no counting formula is counted on the meta device (``advisor.model
 imports torch and transformers: seconds per plan. The counts depend only on the config and the
 transformers version, so a plan keeps them in the user's cache directory (the CLI passes
 ``advisor.simulate.profile_cache.default_cache_dir()``), and the next plan of the same config
-reads them without importing either library. ``config_digest`` is the one hash of a config that
+reads them without importing either library. Entries are read and written by
+``advisor.model.cache_entry`` (regular files only, atomic writes, a checksum): a damaged or edited
+entry is counted again, never trusted. ``config_digest`` is the one hash of a config that
 the spec and profile caches share (the name fields are left out: a renamed copy hits the cache).
 """
 
@@ -17,6 +19,7 @@ from importlib.metadata import distribution
 from pathlib import Path
 from typing import Callable
 
+from advisor.model.cache_entry import read_entry, write_entry
 from advisor.model.spec import ModelSpec
 
 _IGNORED = ("_name_or_path", "transformers_version")
@@ -53,15 +56,20 @@ def cached_spec(cfg: dict, *, name: str, cache_dir: Path | None, count: Callable
     """``count()``'s spec for ``cfg``, from ``cache_dir`` when an earlier plan counted it."""
     if cache_dir is None:
         return count()
-    path = cache_dir / "specs" / f"{cfg.get('model_type', 'model')}-{config_digest(cfg, versions=library_versions())}.json"
-    try:
-        return ModelSpec.model_validate_json(path.read_text()).model_copy(update={"name": name})
-    except (OSError, ValueError):
-        pass  # absent or unreadable: count again
+    path = cache_dir / "specs" / f"{cache_file_stem(cfg)}-{config_digest(cfg, versions=library_versions())}.json"
+    entry = read_entry(path, kind="spec")  # advisor.model.cache_entry: regular files only, checksummed
+    if entry is not None:
+        try:
+            return ModelSpec.model_validate({**entry, "name": name})
+        except ValueError:
+            pass  # another schema: count again
     spec = count()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(spec.model_dump_json(indent=1))
-    except OSError:
-        pass  # a read-only cache costs only speed
+    write_entry(path, spec.model_dump(mode="json"), kind="spec")
     return spec
+
+
+def cache_file_stem(cfg: dict) -> str:
+    """The config's ``model_type`` when it is a plain name, for a readable file name; else ``model``."""
+    model_type = cfg.get("model_type")
+    return model_type if isinstance(model_type, str) and model_type.replace("_", "").replace("-", "").isalnum() \
+        and len(model_type) <= 64 else "model"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.memory import image_tokens
@@ -20,7 +20,7 @@ from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
-from advisor.model.spec import ModelSpec, parse_count
+from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
@@ -98,20 +98,21 @@ _DEFAULT_NOTES = {
 }
 
 
-def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int) -> str:
+def _longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, micro_batch_size: int) -> str:
     """What --seq-len max found, and whether it is past the model's own context."""
     context = spec.max_position_embeddings
     beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
               "scaling or a longer-context checkpoint" if context and best > context else "")
-    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch 1, by search on the estimate; "
+    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
+            "the estimate; "
             f"the candidates are shown at the longest, {best:,} tokens{beyond}")
 
 
 def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                 recommendation: Recommendation | None) -> list[str]:
     """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
-    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:  # none: data parallelism blocked
-        return []
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:
+        return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
     if recommendation is None:
         for kernel in ("chunked", "fused"):
             other = training.model_copy(update={"loss": kernel})
@@ -338,6 +339,16 @@ def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> lis
     return notes
 
 
+def training_from_options(options: dict[str, Any]) -> TrainingConfig:
+    """``TrainingConfig(**options)``: the user's options, so a rejected value is a one-line ValueError
+    naming the option (a ``ValidationError`` reaching the CLI is a bug of ours: exit code 1)."""
+    try:
+        return TrainingConfig(**options)
+    except ValidationError as err:
+        where, _, problem = validation_problem(err).partition(": ")
+        raise ValueError(f"{where.replace('_', '-')}: {problem}") from None
+
+
 def plan(
     model: Any,
     gpus: str | Hardware = "2xA100",
@@ -376,9 +387,9 @@ def plan(
     pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
     search_length = options.get("seq_len") == "max"
     if search_length:
-        options = {**options, "seq_len": 1, "micro_batch_size": 1}
+        options = {**options, "seq_len": 1, "micro_batch_size": options.get("micro_batch_size") or 1}
     if training is None:
-        training = TrainingConfig(**options)
+        training = training_from_options(options)
     elif options:
         raise ValueError(f"pass either training= or options, not both ({', '.join(options)})")
     spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
@@ -440,9 +451,10 @@ def plan(
             longest.update(on_meshes)
             best = max((length for length in longest.values() if length), default=None)
         if best is None:
-            raise ValueError("not even one token fits on these GPUs at micro-batch 1; see advisor plan without --seq-len max")
+            raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
+                             "advisor plan without --seq-len max")
         training = training.model_copy(update={"seq_len": best})
-        notes.append(_longest_note(spec, longest, best))
+        notes.append(_longest_note(spec, longest, best, training.micro_batch_size))
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]

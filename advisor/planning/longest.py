@@ -29,10 +29,13 @@ from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
 
 def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str) -> int | None:
-    """The longest ``seq_len`` at which ``strategy`` fits one sample per GPU; None if not even one token."""
+    """The longest ``seq_len`` at which ``strategy`` fits ``training``'s micro-batch (default one sample) per
+    GPU; None if not even one token."""
+    micro_batch_size = training.micro_batch_size or 1
 
     def fits(length: int) -> bool:
-        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        at = training.model_copy(update={"seq_len": length, "micro_batch_size": micro_batch_size,
+                                         "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy).fits
 
     if not fits(1):
@@ -88,10 +91,13 @@ def _search(fits: Callable[[int], bool], *, step: int) -> int | None:
 
 def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
                     mesh: ParallelDims) -> int | None:
-    """The longest ``seq_len`` at which ``strategy`` fits one sample per data-parallel rank on ``mesh``."""
+    """The longest ``seq_len`` at which ``strategy`` fits the micro-batch asked for (one sample when none was)
+    per data-parallel rank on ``mesh``."""
+    micro_batch_size = training.micro_batch_size or 1
 
     def fits(length: int) -> bool:
-        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        at = training.model_copy(update={"seq_len": length, "micro_batch_size": micro_batch_size,
+                                         "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy, mesh).fits
 
     return _search(fits, step=2 * mesh.cp)

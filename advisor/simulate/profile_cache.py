@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable
 
 from advisor.model.block_profile import BlockProfile, ProfileKey
-from advisor.model.spec_cache import config_digest, library_versions
+from advisor.model.cache_entry import read_entry, write_entry
+from advisor.model.spec_cache import cache_file_stem, config_digest, library_versions
 
 
 def default_cache_dir() -> Path:
@@ -28,15 +29,16 @@ def default_cache_dir() -> Path:
 
 def cache_path(cache_dir: Path, cfg: dict, key: ProfileKey, versions: dict) -> Path:
     digest = config_digest(cfg, key=key.model_dump(), versions=versions)
-    return cache_dir / "profiles" / f"{cfg.get('model_type', 'model')}-{digest}.json"
+    return cache_dir / "profiles" / f"{cache_file_stem(cfg)}-{digest}.json"
 
 
 def _read(path: Path, key: ProfileKey) -> BlockProfile | None:
+    entry = read_entry(path, kind="profile")  # advisor.model.cache_entry: regular files only, checksummed
     try:
-        profile = BlockProfile.model_validate_json(path.read_text())
-    except (OSError, ValueError):
-        return None  # absent, or written by another version: trace again
-    return profile if profile.key == key else None
+        profile = BlockProfile.model_validate(entry) if entry is not None else None
+    except ValueError:
+        return None  # written by another version: trace again
+    return profile if profile is not None and profile.key == key else None
 
 
 def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None,
@@ -78,11 +80,7 @@ def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | No
 
             profile = trace_profile(copy.deepcopy(cfg), key, layer_saved=layer_saved.get(dtypes), built=built)
             if path is not None:
-                try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(profile.model_dump_json(indent=1))
-                except OSError:
-                    pass  # a read-only cache costs only speed
+                write_entry(path, profile.model_dump(mode="json"), kind="profile")
         layer_saved.setdefault(dtypes, profile.layer_saved_per_sample)
         out[key] = profile
     return tuple(out[key] for key in keys)

@@ -86,6 +86,7 @@ def test_cpu_refuses_a_strategy_it_cannot_run(no_gpu, capsys):
 
 
 def test_launch_cpu_without_gpus_runs_the_processes_asked_for(no_gpu, tmp_path, capsys):
+    (tmp_path / "train.py").write_text("")  # launch refuses a script that is not there
     code, _, err = _run(["launch", *SMALL, "--cpu", "--processes", "3", "train.py"], capsys)
     assert code == 0, err
     assert no_gpu == [["accelerate", "launch", "--config_file", "accelerate_config.yaml", "train.py"]]

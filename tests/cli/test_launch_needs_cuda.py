@@ -21,6 +21,7 @@ ZERO3 = ["launch", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy
 def launched(tmp_path, monkeypatch):
     """Run in tmp_path; record launches instead of running them."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")  # launch refuses a script that is not there
     calls = []
     monkeypatch.setattr(launch_module, "run_launch", lambda command, **kw: calls.append(command) or 0)
     return calls
@@ -70,3 +71,40 @@ def test_cpu_config_launches_without_a_gpu(launched, monkeypatch, capsys):
     code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--cpu", "train.py"], capsys)
     assert code == 0, err
     assert len(launched) == 1
+
+
+def test_a_refused_launch_leaves_the_config_file_as_it_was(launched, monkeypatch, capsys, tmp_path):
+    """Even with --force: the refusal comes before anything is written (issue 21, item 18)."""
+    _no_gpu(monkeypatch)
+    (tmp_path / "mine.yaml").write_text("the user's config\n")
+    code, _, err = _run([*ZERO3, "--config-file", "mine.yaml", "--force", "train.py"], capsys)
+    assert code == 2 and "runs FSDP on 2 CUDA GPUs" in err
+    assert (tmp_path / "mine.yaml").read_text() == "the user's config\n"
+
+
+def test_a_missing_script_is_refused_before_anything_is_written(launched, monkeypatch, capsys, tmp_path):
+    _no_gpu(monkeypatch)
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "nonexistent.py"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and launched == [] and len(lines) == 1 and "nonexistent.py: no such file" in lines[0]
+    assert not (tmp_path / "accelerate_config.yaml").exists()
+
+
+def test_dry_run_writes_nothing(launched, monkeypatch, capsys, tmp_path):
+    """So that the README's next line, a launch with other options, does not meet a stale config."""
+    _no_gpu(monkeypatch)
+    code, out, _ = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--dry-run", "train.py"], capsys)
+    assert code == 0 and out.strip().endswith("accelerate launch --config_file accelerate_config.yaml train.py")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "3", "train.py"], capsys)
+    assert code == 0, err
+
+
+def test_accelerate_options_are_not_passed_through(launched, monkeypatch, capsys, tmp_path):
+    """``--num_processes 4`` ran 4 processes against a plan for 2 (issue 21, item 10)."""
+    _no_gpu(monkeypatch)
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--num_processes", "4", "train.py"],
+                        capsys)
+    line = err.strip().splitlines()
+    assert code == 2 and launched == [] and len(line) == 1 and "--num_processes 4: advisor launch does not pass" in line[0]
+    assert not (tmp_path / "accelerate_config.yaml").exists()

@@ -49,10 +49,16 @@ def test_dry_run_prints_the_exact_command_and_passes_script_options_through(in_t
     assert result.exit_code == 0, result.output
     assert result.stdout.strip().splitlines()[-1] == (
         "accelerate launch --config_file accelerate_config.yaml train.py --model mine --lr 3e-4 --dry-run")
-    assert yaml.safe_load((in_tmp / "accelerate_config.yaml").read_text())["distributed_type"] == "MULTI_GPU"
+    assert not (in_tmp / "accelerate_config.yaml").exists()  # a dry run writes nothing (issue 21, item 18)
+    exported = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "-o", "-"])
+    assert yaml.safe_load(exported.stdout)["distributed_type"] == "MULTI_GPU"
 
 
-def test_launch_refuses_unfilled_placeholders(in_tmp):
+def test_launch_refuses_unfilled_placeholders(in_tmp, monkeypatch):
+    import advisor.hardware.local_gpus as local_gpus_module
+
+    monkeypatch.setattr(local_gpus_module, "detect_local_gpus", lambda **kw: "8xNVIDIA H100 80GB HBM3")
+    (in_tmp / "train.py").write_text("")
     result = CliRunner().invoke(cli, ["launch", "--model", "Qwen/Qwen2.5-72B", "--gpus", "8xH100", "--nodes", "2",
                                       "train.py"])
     assert isinstance(result.exception, ValueError)
@@ -111,7 +117,7 @@ def test_export_refuses_when_nothing_fits(in_tmp):
 
 def test_export_directory_output_is_refused(in_tmp):
     result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "-o", str(in_tmp)])
-    assert isinstance(result.exception, ValueError) and "is a directory" in str(result.exception)
+    assert isinstance(result.exception, ValueError) and "names a directory" in str(result.exception)
 
 
 def test_export_size_only_model(in_tmp):
@@ -156,6 +162,8 @@ def test_advisor_launch_cpu_runs_a_real_two_process_job(in_tmp, monkeypatch, cap
     """advisor launch --cpu: the CLI writes the config and the command; run_launch runs it (with a deadline)."""
     for key, value in _worker_env().items():
         monkeypatch.setenv(key, value)
+    exported = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "-o", "accelerate_config.yaml"])
+    assert exported.exit_code == 0, exported.output  # a dry run writes nothing: export writes the config
     result = CliRunner().invoke(cli, ["launch", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--cpu", "--dry-run", str(SCRIPT)])
     assert result.exit_code == 0, result.output
     command = result.stdout.strip().splitlines()[-1].split()

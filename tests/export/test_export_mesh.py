@@ -83,5 +83,8 @@ def test_launch_dry_run_on_a_mesh_config(tmp_path, capsys):
     code, out, err = run_main(["launch", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "32768",
                                "--tp", "2", "--cp", "2", "--config-file", str(config), "--dry-run", "train.py"], capsys)
     assert code == 0, err
-    assert "accelerate launch --config_file" in out
+    assert "accelerate launch --config_file" in out and not config.exists()  # a dry run writes nothing
+    code, _, err = run_main(["export", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "32768",
+                             "--tp", "2", "--cp", "2", "-o", str(config)], capsys)
+    assert code == 0, err
     assert load_config_from_file(str(config)).parallelism_config["parallelism_config_tp_size"] == 2

@@ -32,7 +32,7 @@ def test_identical_content_is_not_an_overwrite(tmp_path):
 
 
 def test_directory_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="is a directory"):
+    with pytest.raises(ValueError, match="names a directory"):
         write_export(tmp_path, "x: 1\n", force=True)
 
 
@@ -146,3 +146,12 @@ def test_symlink_is_refused_and_left_alone(tmp_path):
                 write_export(path, "x: 1\n", force=True)
             assert path.is_symlink()
     assert real.read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("name", ["newdir/", ""])
+def test_a_trailing_slash_or_an_empty_name_is_refused(tmp_path, monkeypatch, name):
+    """``Path("newdir/")`` is ``newdir``: the slash is checked on the string (issue 21, item 18)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="names a directory" if name else "empty"):
+        write_export(name, "text")
+    assert list(tmp_path.iterdir()) == []

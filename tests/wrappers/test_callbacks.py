@@ -131,3 +131,49 @@ def test_strict_advice_lists_the_remedies_the_plan_lists():
     assert verdict.fits is False and remedies
     assert remedies[0].startswith(f"advisor: remedies that keep the mathematics: {first.name}: saves "
                                   f"{first.saved_gib:.1f} GiB per GPU; then {first.strategy} on the GPUs alone")
+
+
+def test_readme_callback_on_eight_gpus_with_batch_two_does_not_raise(tmp_path, capsys):
+    """The README's ``AdvisorCallback(seq_len=64, gpus="8xH100", strict=True)`` run at per-device batch 2
+    on one CPU process: the check plans the 8-GPU job (global batch 2 x 8 = 16), it does not raise
+    "--global-batch 2 is not divisible by 8 GPUs" out of ``trainer.train()`` (issue 21, item 14)."""
+    callback = AdvisorCallback(seq_len=64, gpus="8xH100", strict=True)
+    trainer = _trainer(tmp_path, callback)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert trainer.state.global_step == 3 and callback.verdict.fits is True
+    assert callback.verdict.plan.training.global_batch_size == 16
+    assert "ddp on 8xH100, micro-batch 2, seq 64" in capsys.readouterr().out
+
+
+def test_a_check_the_planner_refuses_is_reported_not_raised(tmp_path, capsys):
+    callback = AdvisorCallback(seq_len=64, gpus="8xNOPE", strict=True)
+    trainer = _trainer(tmp_path, callback)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.train()
+    assert trainer.state.global_step == 3 and callback.verdict.fits is None
+    assert "advisor: pre-flight: not checked:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3", "zero3_offload"])
+def test_our_trainer_export_is_read_back_as_its_strategy(capsys, strategy):
+    """``fsdp: true`` plus ``fsdp_config`` (what transformers 5 turns every spelling into, and what
+    ``advisor export --format trainer-args`` writes): was a TypeError, or read as ddp."""
+    import json
+
+    from tests.cli._main import run_main
+
+    code, out, err = run_main(["export", "-m", "Qwen/Qwen2.5-7B", "-g", "8xH100", "--strategy", strategy,
+                               "--format", "trainer-args", "-o", "-"], capsys)
+    assert code == 0, err
+    exported = json.loads(out)
+    assert exported["fsdp"] is True
+    assert hf_strategy(SimpleNamespace(deepspeed=None, **exported)) == (strategy, "torch")
+
+
+def test_fsdp_checkpointing_in_fsdp_config_counts():
+    args = SimpleNamespace(deepspeed=None, fsdp=True, fsdp_config={"fsdp_activation_checkpointing": True},
+                           per_device_train_batch_size=1, gradient_accumulation_steps=1, world_size=1)
+    assert hf_training(args, _model(), seq_len=16).activation_checkpointing == "on"

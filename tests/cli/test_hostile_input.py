@@ -1,0 +1,166 @@
+"""Hostile input found by issue 21 (items 8, 16 and 18): each ends as one line on stderr with exit
+code 2 (the user's input), 3 (nothing fits) or 1 (a bug of ours), never a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from advisor.model.bundled import load_bundled_config
+from tests.cli._main import run_main
+from tests.conftest import TINY_CONFIGS
+
+LLAMA = TINY_CONFIGS["llama_gqa_untied"]
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _plan_config(tmp_path, capsys, cfg: dict, *extra: str) -> tuple[int, str]:
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    code, _, err = run_main(["plan", "-m", str(tmp_path), "-g", "2xA100", *extra], capsys)
+    return code, err
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({"hidden_size": [2048]}, '"hidden_size" is [2048]; expected a positive integer'),
+    ({"model_type": ["llama"]}, '"model_type" is [\'llama\']; expected a string'),
+    ({"num_hidden_layers": 10**6}, "at most 10,000 blocks"),
+    ({"num_hidden_layers": 10**9}, "at most 10,000 blocks"),
+    ({"tie_word_embeddings": "false"}, '"tie_word_embeddings" is "false"; expected true or false'),
+    ({"attention_bias": "false"}, '"attention_bias" is "false"; expected true or false'),
+    ({"architectures": "LlamaForCausalLM"}, "expected a list of class names"),
+])
+def test_a_wrongly_typed_config_value_is_refused(tmp_path, capsys, change, expected):
+    code, err = _plan_config(tmp_path, capsys, {**LLAMA, **change})
+    assert code == 2 and expected in _one_line(err)
+
+
+def test_a_class_that_is_not_a_model_is_refused(tmp_path, capsys):
+    cfg = {**TINY_CONFIGS["gpt_neox_fallback"], "architectures": ["Trainer"]}  # the meta-device path
+    code, err = _plan_config(tmp_path, capsys, cfg)
+    assert code == 2 and "names Trainer, which is not a transformers model class" in _one_line(err)
+
+
+def test_deepseek_qk_rope_head_dim_true_is_refused(tmp_path, capsys):
+    cfg = {**load_bundled_config("deepseek-ai/DeepSeek-V3"), "qk_rope_head_dim": True}
+    code, err = _plan_config(tmp_path, capsys, cfg)
+    assert code == 2 and '"qk_rope_head_dim" is True; expected a whole number' in _one_line(err)
+
+
+def test_a_negative_vision_width_is_refused(tmp_path, capsys):
+    cfg = load_bundled_config("Qwen/Qwen2.5-VL-7B-Instruct")
+    cfg = {**cfg, "vision_config": {**cfg["vision_config"], "out_hidden_size": -3584}}
+    code, err = _plan_config(tmp_path, capsys, cfg)
+    assert code == 2 and '"vision_config.out_hidden_size" is -3584; expected a positive integer' in _one_line(err)
+
+
+def test_json_nested_100k_deep_is_refused(tmp_path, capsys):
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run_main(["plan", "-m", str(tmp_path), "-g", "2xA100"], capsys)
+    assert code == 2 and "nested too deeply" in _one_line(err)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--cpu-memory-gib", "inf"], "--cpu-memory-gib"),
+    (["--headroom", "nan"], "not a finite number"),
+    (["--params", "1" + "0" * 400], "more than 1e+15 parameters"),
+    (["-m", "~nouser/x"], "cannot load model '~nouser/x'"),
+])
+def test_hostile_options_are_one_line(capsys, args, expected):
+    base = ["plan", "-g", "2xA100"] + ([] if args[0] in ("-m", "--params") else ["-m", "Qwen/Qwen2.5-0.5B"])
+    code, _, err = run_main(base + args, capsys)
+    assert code == 2 and expected in _one_line(err)
+
+
+def test_torchtitan_70b_preset_plans_without_a_traceback(capsys):
+    """Data parallelism alone is blocked (64 is not a multiple of micro-batch 8 x 64 GPUs) and only the
+    pinned mesh is left; the loss-kernel note used to ask the planner about the empty DP list."""
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-70B", "-g", "8x8xA100", "--seq-len", "8192",
+                               "--global-batch", "64", "--strategy", "zero3", "--tp", "8", "--micro-batch", "8",
+                               "--activation-checkpointing", "on"], capsys)
+    assert code in (0, 3) and "Traceback" not in err and "dp_shard 8 x tp 8" in out
+
+
+def test_an_internal_validation_error_is_exit_1_not_bad_input(capsys, monkeypatch):
+    """A pydantic error from inside the library is our bug: exit 1 and a short report, not exit 2."""
+    import advisor.planning.api as api
+    from advisor.training import TrainingConfig
+
+    def broken(*args, **kwargs):
+        return TrainingConfig.model_validate({"seq_len": -1})
+
+    monkeypatch.setattr(api, "resolve", broken)
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100"], capsys)
+    line = _one_line(err)
+    assert code == 1 and "internal error (ValidationError" in line and "test_hostile_input.py" not in line
+
+
+def test_a_bad_option_value_is_still_exit_2_through_the_library(capsys):
+    from advisor.planning.api import plan
+
+    with pytest.raises(ValueError, match=r"^seq-len: Input should be greater than or equal to 1 \(got 0\)"):
+        plan("Qwen/Qwen2.5-0.5B", gpus="2xA100", seq_len=0)
+
+
+def test_ctrl_c_during_start_up_is_one_line_and_exit_130():
+    """The installed script's entry imports the command inside its handler (advisor.cli.entry)."""
+    script = ("import builtins\nreal = builtins.__import__\n"
+              "def interrupted(name, *args, **kwargs):\n"
+              "    if name == 'advisor.cli.main':\n        raise KeyboardInterrupt\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = interrupted\n"
+              "from advisor.cli.entry import console\nconsole()\n")
+    done = subprocess.run([sys.executable, "-c", script, "plan"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and done.stderr == "advisor: interrupted\n"
+
+
+def test_ctrl_c_while_a_command_runs_is_one_line_and_exit_130(capsys, monkeypatch):
+    import advisor.planning.api as api
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(api, "resolve", interrupted)
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100"], capsys)
+    assert code == 130 and _one_line(err) == "advisor: error: interrupted"
+
+
+def test_export_to_an_empty_name_is_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "-o", ""], capsys)
+    assert code == 2 and "empty" in _one_line(err) and list(tmp_path.iterdir()) == []
+    code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "-o", "newdir/"], capsys)
+    assert code == 2 and "names a directory" in _one_line(err) and list(tmp_path.iterdir()) == []
+
+
+def test_t5_with_no_layers_is_refused(tmp_path, capsys):
+    """Found by the plan-level fuzz: T5 spells its depth ``num_layers``; 0 reached the meta device and a
+    ModelSpec that cannot hold it (exit 1)."""
+    cfg = {**load_bundled_config("google-t5/t5-large"), "num_layers": 0}
+    code, err = _plan_config(tmp_path, capsys, cfg)
+    assert code == 2 and '"num_layers" is 0; expected a positive integer' in _one_line(err)
+
+
+def test_seq_len_max_keeps_the_micro_batch_asked_for():
+    """``--seq-len max --micro-batch 4`` planned micro-batch 1 without a word (issue 21, item 10)."""
+    from advisor.planning.api import plan
+
+    one = plan("Qwen/Qwen2.5-7B", gpus="8xH100", seq_len="max")
+    four = plan("Qwen/Qwen2.5-7B", gpus="8xH100", seq_len="max", micro_batch_size=4)
+    assert four.training.micro_batch_size == 4 and four.recommendation.micro_batch_size == 4
+    assert four.training.seq_len < one.training.seq_len
+    assert any("fits at micro-batch 4" in note for note in four.assumptions)
+
+
+def test_tp_help_does_not_promise_sequence_parallelism(capsys):
+    """The TP the planner models and wrap() applies keeps norms and block inputs whole (wrappers/tensor_parallel.py)."""
+    code, out, _ = run_main(["plan", "--help"], capsys)
+    text = " ".join(out.split())
+    assert code == 0 and "(with sequence parallelism)" not in text and "no sequence parallelism" in text

@@ -259,8 +259,34 @@ def _needs_checkpointing(candidates: list[Candidate]) -> bool:
     return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
+def _recipe_note(training: TrainingConfig) -> str | None:
+    """What the recipe (or --optimizer-impl) sets, when either was given (the default recipe says nothing,
+    so plans read as before recipes existed)."""
+    if "recipe" not in training.model_fields_set and training.optimizer_impl is None:
+        return None
+    recipe = training.recipe
+    impl = training.optimizer_implementation
+    how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
+    base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
+            "fp32 (PEFT's autocast_adapter_dtype)" if recipe.frozen_base == "compute" else
+            "frozen base in the precision's parameter dtype")
+    return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
+            f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
+            "(sources: profiles/recipes.json)")
+
+
+_IMPL_TEMPORARIES = {
+    "fused": "one kernel updates weights and moments in place, no step temporary",
+    "foreach": "one temporary the size of the optimizer's second moment, sqrt(v), during the step",
+    "for-loop": "one tensor at a time: two temporaries the size of the largest trainable tensor",
+}
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
+    recipe = _recipe_note(training)
+    if recipe is not None:
+        notes.append(recipe)
     for field, text in _DEFAULT_NOTES.items():
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))

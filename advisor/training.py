@@ -112,6 +112,20 @@ class TrainingConfig(BaseModel):
         return self.optimizer_impl or self.recipe.optimizer_impl
 
     @property
+    def low_precision_base(self) -> bool:
+        """A LoRA model's frozen base is held in the compute dtype (bf16 under bf16-mixed), the adapters in
+        the parameter dtype: the recipe loads the base as the checkpoint's dtype (``frozen_base: compute``)
+        and PEFT upcasts only the adapters. The torch engine under mixed precision; a quantised base
+        has its own bytes (``advisor.estimate.quantized``) and DeepSpeed casts the whole module."""
+        return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
+                and self.recipe.frozen_base == "compute")
+
+    @property
+    def frozen_param_bytes(self) -> int:
+        """Bytes of one frozen base parameter of a LoRA model on the torch engine (see ``low_precision_base``)."""
+        return self.compute_bytes if self.low_precision_base else self.param_bytes
+
+    @property
     def precision_info(self) -> PrecisionInfo:
         """The precision table's row: bytes, dtypes and every framework's spelling."""
         return precision_info(self.precision)

@@ -138,6 +138,8 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
         return Dtypes(residual=2, compute=2, input_casts=False)  # the whole module cast: no autocast
     if impl.shard_params:  # FSDP2's MixedPrecisionPolicy casts parameters, not buffers
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
+    if training.low_precision_base:  # autocast over a bf16 base: a bf16 residual; fp32 adapters cast their input
+        return Dtypes(residual=2, compute=2, input_casts=True, buffer=4)
     return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 
@@ -205,8 +207,11 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
-    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
-                                                               layer, checkpointing)
+    if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
+        forward_end, at_loss, in_backward = _adapter_casts(spec, n_layers, checkpointing)
+    else:
+        forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
+                                                                   layer, checkpointing)
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
 
 
@@ -225,6 +230,15 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
     return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+
+
+def _adapter_casts(spec: ModelSpec, n_layers: int, checkpointing: bool) -> tuple[int, int, int]:
+    """The bf16 copies autocast makes of fp32 adapters over a bf16 base (cached until autocast ends, then
+    kept where autograd saved them): all of them at the end of forward; without checkpointing they
+    live on through backward, with it one block's are remade at a time."""
+    adapters = 2 * spec.trainable_params
+    per_block = adapters // max(1, n_layers)
+    return adapters, 0 if checkpointing else adapters, per_block if checkpointing else adapters
 
 
 def _head_params(spec: ModelSpec) -> int:

@@ -101,18 +101,19 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
     pb = training.param_bytes
     p, t = spec.total_params, spec.trainable_params
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
+    stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)
     largest = pb * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
     if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
         # Each tensor is sharded on dim 0: the largest local shard is about 1/world of the largest tensor.
         temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=-(-largest // world))
-        return ModelStates(params=-(-pb * p // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
+        return ModelStates(params=-(-stored // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
                            step_temporary=temp, on_cpu=impl.offload_params)
     if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice of whole tensors
         share = max(-(-opt // world), _largest_tensor_bytes(spec, opt))
         temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=largest)
-        return ModelStates(params=pb * p, grads=pb * t, optimizer=share, step_temporary=temp, on_cpu=False)
+        return ModelStates(params=stored, grads=pb * t, optimizer=share, step_temporary=temp, on_cpu=False)
     temp = optimizer_step_temporary(training, trainable_bytes=pb * t, largest_bytes=largest)
-    return ModelStates(params=pb * p, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
+    return ModelStates(params=stored, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
 
 
 def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:

@@ -166,14 +166,21 @@ def _live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _lora_note(base: ModelSpec, lora: LoraConfig, *, quantized: bool = False) -> str:
+def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
-    dtypes = "" if quantized else "; every weight is held in the precision's parameter dtype"
+    if training.quantize is not None:
+        dtypes = ""
+    elif training.low_precision_base:
+        dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
+                  f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
+                  f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
+    else:
+        dtypes = "; every weight is held in the precision's parameter dtype"
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
             f"PEFT counts them); {activations}{dtypes}")
 
@@ -382,7 +389,7 @@ def plan(
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        notes.append(_lora_note(spec, training.lora, quantized=training.quantize is not None))
+        notes.append(_lora_note(spec, training.lora, training))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

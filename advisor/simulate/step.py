@@ -292,7 +292,11 @@ def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, 
 
     # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
     # swapped in place, so they are made in bf16 and the recipe's cast is a no-op (see _wrap).
-    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None)
+    # A LoRA base held in the compute dtype (the recipe's frozen_base, TrainingConfig.low_precision_base):
+    # frozen weights in bf16, PEFT's adapters in fp32 (autocast_adapter_dtype).
+    frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
+    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None,
+                frozen_dtype=frozen)
     trainable = freeze_to(net, None if training.lora is not None else trainable_params)
     if trainable == 0:
         raise ValueError("no parameter would train: raise --trainable-params")

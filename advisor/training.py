@@ -9,19 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from advisor.calibration import Margin, allocator_overhead
 from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
+from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, get_recipe
 from advisor.units import GIB
 
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
-Engine = Literal["torch", "deepspeed"]
 Checkpointing = Literal["auto", "on", "off", "selective"]
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
-LossKernel = Literal["hf", "chunked", "fused"]
 Quantization = Literal["nf4", "fp4", "int8"]
 MAX_SEQ_LEN = 1 << 22  # the longest --seq-len accepted (4M tokens)
 
@@ -67,6 +66,30 @@ class TrainingConfig(BaseModel):
                                           "(4-bit, bnb_4bit_quant_type) or int8 (LLM.int8); needs lora.")
     double_quant: bool = Field(default=True, description="4-bit: quantise the absmax too "
                                "(bnb_4bit_use_double_quant, QLoRA's default).")
+    # The default recipe is left out of the JSON so plans made before recipes existed read the same.
+    recipe: Recipe = Field(default_factory=lambda: get_recipe(DEFAULT_RECIPE),
+                           exclude_if=lambda recipe: recipe.name == DEFAULT_RECIPE,
+                           description="The training stack (profiles/recipes.json): its optimizer implementation, "
+                                       "frozen-base dtype, default loss and engine.")
+    optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
+                                                 description="fused, foreach or for-loop; None: the recipe's "
+                                                             "(optimizer_implementation).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recipe_defaults(cls, data: object) -> object:
+        """A recipe given by name is loaded; it sets the engine and the loss unless they are given."""
+        if not isinstance(data, dict) or data.get("recipe") is None:
+            return data
+        recipe = data["recipe"] if isinstance(data["recipe"], Recipe) else get_recipe(str(data["recipe"]))
+        filled = {"engine": recipe.engine, "loss": recipe.loss, **data, "recipe": recipe}
+        if filled["engine"] not in recipe.engines:
+            raise ValueError(f"recipe {recipe.name} runs on {' or '.join(recipe.engines)}, not --engine {filled['engine']}")
+        return filled
+
+    @field_serializer("recipe")
+    def _recipe_name(self, recipe: Recipe) -> str:
+        return recipe.name
 
     @field_validator("lora", mode="before")
     @classmethod
@@ -82,6 +105,25 @@ class TrainingConfig(BaseModel):
                     f"--global-batch {self.global_batch_size} is smaller than --micro-batch {self.micro_batch_size}"
                 )
         return self
+
+    @property
+    def optimizer_implementation(self) -> OptimizerImpl:
+        """How the optimizer steps: ``optimizer_impl`` when given, else the recipe's."""
+        return self.optimizer_impl or self.recipe.optimizer_impl
+
+    @property
+    def low_precision_base(self) -> bool:
+        """A LoRA model's frozen base is held in the compute dtype (bf16 under bf16-mixed), the adapters in
+        the parameter dtype: the recipe loads the base as the checkpoint's dtype (``frozen_base: compute``)
+        and PEFT upcasts only the adapters. The torch engine under mixed precision; a quantised base
+        has its own bytes (``advisor.estimate.quantized``) and DeepSpeed casts the whole module."""
+        return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
+                and self.recipe.frozen_base == "compute")
+
+    @property
+    def frozen_param_bytes(self) -> int:
+        """Bytes of one frozen base parameter of a LoRA model on the torch engine (see ``low_precision_base``)."""
+        return self.compute_bytes if self.low_precision_base else self.param_bytes
 
     @property
     def precision_info(self) -> PrecisionInfo:

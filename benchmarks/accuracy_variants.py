@@ -106,7 +106,7 @@ def write(rows: list[dict], *, write_files: bool = True) -> str:
         writer.writeheader()
         writer.writerows(rows)
     lines = ["# LoRA and loss kernels: the estimate against PyTorch's execution", "",
-             "Simulated: one measured step (bf16-mixed, AdamW foreach, SDPA; PEFT's adapters; wrappers.losses) on",
+             "Simulated: one measured step (bf16-mixed, AdamW foreach, SDPA; PEFT's adapters over a bf16 base; wrappers.losses) on",
              f"fake tensors under a fake process group. GiB. Analytic vs simulated: {summary}.", "",
              "| model | strategy | GPUs | mb | seq | ckpt | LoRA | loss | simulated | analytic | err |",
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: | ---: |"]

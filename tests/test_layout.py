@@ -28,7 +28,7 @@ HEAVY = ("torch", "transformers", "accelerate", "peft", "deepspeed", "lightning"
 # advisor's layers, lowest first: a module may import its own layer and those before it.
 LAYERS = (
     ("profiles",),
-    ("advisor.units", "advisor.precision", "advisor.calibration"),
+    ("advisor.units", "advisor.precision", "advisor.calibration", "advisor.recipes"),
     ("advisor.model",),
     ("advisor.training",),
     ("advisor.strategies", "advisor.mesh"),

@@ -44,6 +44,22 @@ def constructor_kwargs(optimizer_class: type[torch.optim.Optimizer], settings: M
     return {key: value for key, value in settings.items() if key in accepted}
 
 
+def optimizer_implementation(optimizer: torch.optim.Optimizer | None) -> str | None:
+    """How ``optimizer`` steps, read from its ``defaults`` (torch/optim/adam.py): ``fused=True`` runs the
+    fused kernel, ``foreach=True`` the multi-tensor one, ``foreach=False`` the per-tensor loop. None
+    where neither flag was set (torch then picks foreach on CUDA, the torch recipe's default) or where
+    the optimizer has no such flags."""
+    if optimizer is None:
+        return None
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return "fused"
+    foreach = defaults.get("foreach")
+    if foreach is None:
+        return None
+    return "foreach" if foreach else "for-loop"
+
+
 def param_group_names(optimizer: torch.optim.Optimizer, model: nn.Module) -> list[list[str]]:
     """Canonical names of each group's parameters, looked up in ``model`` by identity.
 

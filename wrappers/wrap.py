@@ -38,6 +38,7 @@ from advisor.strategies import StrategyName
 from advisor.training import Engine, Precision
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import shard_loader
+from wrappers.optim import optimizer_implementation
 from wrappers.precision import apply_autocast, precision_dtypes
 from wrappers.prepare_accelerate import prepare_with_accelerate
 from wrappers.recipe import Recipe, apply_recipe
@@ -95,9 +96,12 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = No
 
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
            precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
-           seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None) -> Decision:
+           seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None,
+           optimizer_impl: str | None = None) -> Decision:
     """The strategy for this model and launch (pure but for the planner's data files). ``live``: the
-    module ``spec`` describes, planned as itself where GPUs are visible (a PEFT model is recognised)."""
+    module ``spec`` describes, planned as itself where GPUs are visible (a PEFT model is recognised).
+    ``optimizer_impl``: how the handed optimizer steps (``wrappers.optim.optimizer_implementation``);
+    None plans with the torch recipe's."""
     if not env.distributed and strategy not in (None, "dp"):
         raise ValueError(f"wrap(strategy={strategy!r}) needs one process per GPU: start the script with "
                          "`advisor launch` (or torchrun)")
@@ -108,7 +112,8 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                         reason=f"one process and {where}: nothing to parallelise; the same script runs anywhere")
     if env.num_gpus:
         options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                                          strategy=strategy or ("dp" if not env.distributed else None)).items()
+                                          strategy=strategy or ("dp" if not env.distributed else None),
+                                          optimizer_impl=optimizer_impl).items()
                    if v is not None}
         if activation_checkpointing is not None:
             options["activation_checkpointing"] = (
@@ -190,7 +195,8 @@ def wrap(
         return prepared[0] if len(prepared) == 1 else prepared
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
-                      micro_batch_size=micro_batch_size, live=model)
+                      micro_batch_size=micro_batch_size, live=model,
+                      optimizer_impl=optimizer_implementation(optimizer))
     if decision.mesh is not None and not decision.mesh.is_data_parallel_only:
         # The plan needs more than data parallelism (TP / CP / HSDP): apply its mesh.
         checkpointing = "selective" if decision.selective_checkpointing else decision.activation_checkpointing

@@ -13,6 +13,7 @@ from typing import Any, Callable, get_args
 import click
 
 from advisor.precision import PRECISIONS
+from advisor.recipes import OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
 from advisor.calibration import Margin
 from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
@@ -77,6 +78,11 @@ PLAN_OPTIONS: list[Callable] = [
                  help="QLoRA: base weights in bitsandbytes nf4, fp4 or int8 (needs --lora)."),
     click.option("--double-quant/--no-double-quant", "double_quant", default=None,
                  help="4-bit: quantise the absmax too (bnb_4bit_use_double_quant; default on)."),
+    click.option("--recipe", type=_choice(get_args(RecipeName)),
+                 help="The training stack (profiles/recipes.json): torch (default), trainer, lightning, torchtitan "
+                      "or deepspeed; sets the optimizer implementation, frozen-base dtype, loss and engine."),
+    click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
+                 help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -117,6 +123,8 @@ _TRAINING_FIELDS = {
     "image_size": "image_size",
     "global_batch": "global_batch_size",
     "activation_checkpointing": "activation_checkpointing",
+    "recipe": "recipe",
+    "optimizer_impl": "optimizer_impl",
     "engine": "engine",
     "policy": "policy",
     "attention": "attention",

@@ -160,6 +160,8 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
         return Dtypes(residual=2, compute=2, input_casts=False)  # the whole module cast: no autocast
     if impl.shard_params:  # FSDP2's MixedPrecisionPolicy casts parameters, not buffers
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
+    if training.low_precision_base:  # autocast over a bf16 base: a bf16 residual; fp32 adapters cast their input
+        return Dtypes(residual=2, compute=2, input_casts=True, buffer=4)
     return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 

@@ -4,9 +4,22 @@ with activations and buffers into the step's moments).
 
 torch (the recipe ``wrap()`` runs): mixed precision keeps fp32 parameters; FSDP2 shards parameters,
 gradients and optimizer state together; ZeroRedundancyOptimizer shards only the optimizer state, never
-splitting a tensor; AdamW's foreach step allocates one state-sized temporary (``sqrt(v)``,
-torch/optim/adam.py ``_multi_tensor_adam``). deepspeed: 2 bytes/param weights, 2 grads and K=12 (fp32
-master + Adam), the ZeRO paper's accounting (Rajbhandari et al. 2020, section 3/5).
+splitting a tensor. deepspeed: 2 bytes/param weights, 2 grads and K=12 (fp32 master + Adam), the ZeRO
+paper's accounting (Rajbhandari et al. 2020, section 3/5).
+
+The Adam/AdamW step's temporaries follow the implementation (``TrainingConfig.optimizer_implementation``,
+the recipe's unless --optimizer-impl), read from torch/optim/adam.py (torch 2.13):
+
+- foreach (``_multi_tensor_adam``): ``torch._foreach_sqrt(exp_avg_sqs)`` allocates one temporary the
+  size of the second moment, divided and added to in place, alive until the update is applied;
+- fused (``_fused_adam``: ``torch._fused_adamw_``): one multi-tensor kernel updates the parameters and
+  both moments in place; nothing the size of a state is allocated (the step counters are 0-d tensors);
+- for-loop (``_single_tensor_adam``): one tensor at a time, ``denom = (exp_avg_sq.sqrt() /
+  bias_correction2_sqrt).add_(eps)``: the square root and the quotient of the largest tensor coexist,
+  two temporaries of its size (its local shard under FSDP2).
+
+Each is checked against the simulator running ``torch.optim.AdamW(fused=True / foreach=True /
+foreach=False)`` (tests/estimate/test_optimizer_impl.py, benchmarks/optimizer_impl.py).
 """
 
 from __future__ import annotations
@@ -50,26 +63,57 @@ def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_by
     return state_bytes * 2 * t // width
 
 
-def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int) -> int:
-    """Temporaries of the foreach optimizer step over ``trainable_bytes`` of fp32 parameters."""
-    if training.optimizer in ("adam", "adamw", "adafactor"):
-        return trainable_bytes  # _foreach_sqrt(exp_avg_sq) / factored variance estimate
-    return 0
+def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int, largest_bytes: int = 0) -> int:
+    """Temporaries of the optimizer step over ``trainable_bytes`` of fp32 state per rank, of which the
+    largest single tensor holds ``largest_bytes`` (see the module docstring for each implementation)."""
+    if training.optimizer == "adafactor":
+        return trainable_bytes  # factored variance estimate (torch.optim.Adafactor has no fused kernel)
+    if training.optimizer not in ("adam", "adamw"):
+        return 0
+    impl = training.optimizer_implementation
+    if impl == "fused":
+        return 0
+    if impl == "for-loop":
+        return 2 * largest_bytes  # sqrt(v) and sqrt(v) / bias_correction2_sqrt of one tensor
+    return trainable_bytes  # foreach: _foreach_sqrt(exp_avg_sqs)
+
+
+def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
+    """Elements of the largest trainable tensor: an adapter matrix under LoRA (``r x max(in, out)`` of its
+    widest target), else the token embedding or the head, else the widest block linear."""
+    from advisor.model.lora import block_linears, target_names  # LoRA's tables load only when asked
+
+    t = spec.trainable_params
+    try:
+        linears = block_linears(spec)
+    except ValueError:  # a family whose linears are not listed: the embedding, or all that trains
+        linears = {}
+    widest = max((i * o for shapes in linears.values() for i, o in shapes), default=0)
+    if training.lora is not None and linears:
+        dims = [max(i, o) for name in target_names(spec, training.lora) for i, o in linears.get(name, [])]
+        return min(t, training.lora.rank * max(dims, default=0)) or t
+    if t >= spec.total_params:
+        return max(spec.embedding_params or 0, spec.head_params or 0, widest) or t
+    return min(t, widest) or t
 
 
 def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
     pb = training.param_bytes
     p, t = spec.total_params, spec.trainable_params
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
-    temp = optimizer_step_temporary(training, trainable_bytes=pb * t)
+    stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)
+    largest = pb * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
     if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
-        return ModelStates(params=-(-pb * p // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
-                           step_temporary=-(-temp // world), on_cpu=impl.offload_params)
-    if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice
+        # Each tensor is sharded on dim 0: the largest local shard is about 1/world of the largest tensor.
+        temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=-(-largest // world))
+        return ModelStates(params=-(-stored // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
+                           step_temporary=temp, on_cpu=impl.offload_params)
+    if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice of whole tensors
         share = max(-(-opt // world), _largest_tensor_bytes(spec, opt))
-        return ModelStates(params=pb * p, grads=pb * t, optimizer=share, step_temporary=-(-temp // world),
-                           on_cpu=False)
-    return ModelStates(params=pb * p, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
+        temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=largest)
+        return ModelStates(params=stored, grads=pb * t, optimizer=share, step_temporary=temp, on_cpu=False)
+    temp = optimizer_step_temporary(training, trainable_bytes=pb * t, largest_bytes=largest)
+    return ModelStates(params=stored, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
 
 
 def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:
@@ -88,7 +132,9 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     params = pb * p // world if impl.shard_params else pb * p
     grads = pb * t // world if impl.shard_grads else pb * t
     opt = k_bytes // world if impl.shard_optimizer else k_bytes
-    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t) // (world if impl.shard_optimizer else 1)
+    share = world if impl.shard_optimizer else 1
+    largest = FP32 * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
+    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share))
     return ModelStates(params=params, grads=grads, optimizer=opt, step_temporary=temp,
                        on_cpu=impl.offload_params, cpu_only_optimizer=impl.offload_optimizer and not impl.offload_params)
 

@@ -94,8 +94,11 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
-    forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
-                                                               layer, checkpointing)
+    if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
+        forward_end, at_loss, in_backward = _adapter_casts(spec, n_layers, checkpointing)
+    else:
+        forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
+                                                                   layer, checkpointing)
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
 
 
@@ -150,3 +153,12 @@ def _head_params(spec: ModelSpec) -> int:
     if spec.vocab_size and spec.hidden_size:
         return spec.vocab_size * spec.hidden_size
     return 0
+
+
+def _adapter_casts(spec: ModelSpec, n_layers: int, checkpointing: bool) -> tuple[int, int, int]:
+    """The bf16 copies autocast makes of fp32 adapters over a bf16 base (cached until autocast ends, then
+    kept where autograd saved them): all of them at the end of forward; without checkpointing they
+    live on through backward, with it one block's are remade at a time."""
+    adapters = 2 * spec.trainable_params
+    per_block = adapters // max(1, n_layers)
+    return adapters, 0 if checkpointing else adapters, per_block if checkpointing else adapters

@@ -205,14 +205,21 @@ def _live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _lora_note(base: ModelSpec, lora: LoraConfig, *, quantized: bool = False) -> str:
+def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
-    dtypes = "" if quantized else "; every weight is held in the precision's parameter dtype"
+    if training.quantize is not None:
+        dtypes = ""
+    elif training.low_precision_base:
+        dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
+                  f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
+                  f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
+    else:
+        dtypes = "; every weight is held in the precision's parameter dtype"
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
             f"PEFT counts them); {activations}{dtypes}")
 
@@ -299,8 +306,34 @@ def _needs_checkpointing(candidates: list[Candidate]) -> bool:
     return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
+def _recipe_note(training: TrainingConfig) -> str | None:
+    """What the recipe (or --optimizer-impl) sets, when either was given (the default recipe says nothing,
+    so plans read as before recipes existed)."""
+    if "recipe" not in training.model_fields_set and training.optimizer_impl is None:
+        return None
+    recipe = training.recipe
+    impl = training.optimizer_implementation
+    how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
+    base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
+            "fp32 (PEFT's autocast_adapter_dtype)" if recipe.frozen_base == "compute" else
+            "frozen base in the precision's parameter dtype")
+    return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
+            f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
+            "(sources: profiles/recipes.json)")
+
+
+_IMPL_TEMPORARIES = {
+    "fused": "one kernel updates weights and moments in place, no step temporary",
+    "foreach": "one temporary the size of the optimizer's second moment, sqrt(v), during the step",
+    "for-loop": "one tensor at a time: two temporaries the size of the largest trainable tensor",
+}
+
+
 def _assumptions(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
+    recipe = _recipe_note(training)
+    if recipe is not None:
+        notes.append(recipe)
     for field, text in _DEFAULT_NOTES.items():
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
@@ -411,7 +444,7 @@ def plan(
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        notes.append(_lora_note(spec, training.lora, quantized=training.quantize is not None))
+        notes.append(_lora_note(spec, training.lora, training))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

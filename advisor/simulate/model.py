@@ -48,11 +48,13 @@ def simulation_config(cfg: dict, *, attention: str) -> dict:
     return out
 
 
-def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "torch.dtype | None" = None) -> None:
+def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "torch.dtype | None" = None,
+                frozen_dtype: "torch.dtype | None" = None) -> None:
     """Give every meta parameter and buffer storage on ``device``, in place, keeping sharing (tied
     embeddings stay one tensor). Call it under a ``FakeTensorMode`` for fake tensors. Real tensors
     get small random values so that the step stays finite. ``dtype`` casts floating parameters
-    (pure bf16: ``Module.to`` cannot swap fake parameters in place)."""
+    (pure bf16: ``Module.to`` cannot swap fake parameters in place); ``frozen_dtype`` casts only the
+    frozen ones (a LoRA base loaded in bf16, its adapters in fp32)."""
     import torch
 
     made: dict[int, torch.Tensor] = {}
@@ -63,7 +65,8 @@ def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "to
             if id(param) not in made:
                 # From the shape, not empty_like: the meta model may come from outside the fake mode
                 # (a PEFT model is built there), and fake mode takes no real tensor as an input.
-                data = torch.empty(param.shape, device=device, dtype=dtype or param.dtype)
+                wanted = (frozen_dtype if not param.requires_grad else None) or dtype or param.dtype
+                data = torch.empty(param.shape, device=device, dtype=wanted)
                 if real:
                     torch.nn.init.normal_(data, std=0.02)
                 made[id(param)] = torch.nn.Parameter(data, requires_grad=param.requires_grad)

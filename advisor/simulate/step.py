@@ -84,6 +84,7 @@ class SimulatedStep(BaseModel):
     seq_len: int
     precision: str
     optimizer_name: str = Field(description="adamw, adam, sgd or sgd-momentum.")
+    optimizer_impl: str = Field(default="foreach", description="fused, foreach or for-loop: the torch.optim flag run.")
     checkpointing: bool
     tensors: Literal["fake", "real"] = Field(description="Fake tensors (no memory) or real ones.")
     device: str = Field(description="Where the step ran (cpu: see module docstring).")
@@ -178,6 +179,7 @@ def simulate(
     return SimulatedStep(
         model=name, strategy=strategy, world_size=world_size, micro_batch_size=micro_batch_size,
         seq_len=training.seq_len, precision=training.precision, optimizer_name=training.optimizer,
+        optimizer_impl=training.optimizer_implementation,
         checkpointing=checkpointing, tensors="real" if real_tensors else "fake", device="cpu",
         total_params=sum(p.numel() for p in _unique_params(net)), trainable_params=trainable,
         **measured, peak_phase=_phase(phases), top_modules=top, notes=tuple(notes),
@@ -290,7 +292,11 @@ def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, 
 
     # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
     # swapped in place, so they are made in bf16 and the recipe's cast is a no-op (see _wrap).
-    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None)
+    # A LoRA base held in the compute dtype (the recipe's frozen_base, TrainingConfig.low_precision_base):
+    # frozen weights in bf16, PEFT's adapters in fp32 (autocast_adapter_dtype).
+    frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
+    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None,
+                frozen_dtype=frozen)
     trainable = freeze_to(net, None if training.lora is not None else trainable_params)
     if trainable == 0:
         raise ValueError("no parameter would train: raise --trainable-params")
@@ -314,16 +320,22 @@ def _with_lora(net: Any, cfg: dict, lora: Any) -> Any:
     return wrapped.base_model.model
 
 
+# torch.optim's flags for each implementation (torch/optim/adam.py: fused=True runs _fused_adam,
+# foreach=True _multi_tensor_adam, foreach=False _single_tensor_adam).
+_IMPL_FLAGS = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
+
+
 def _optimizer(net: Any, training: TrainingConfig) -> Any:
-    """The recipe's optimizer: the foreach implementation, as on a GPU."""
+    """The recipe's optimizer in its implementation (``training.optimizer_implementation``), as on a GPU."""
     import torch
 
     params = [p for p in _unique_params(net) if p.requires_grad]
+    flags = _IMPL_FLAGS[training.optimizer_implementation]
     if training.optimizer in ("adamw", "adam"):
         cls = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-4, foreach=True)
+        return cls(params, lr=1e-4, **flags)
     momentum = 0.9 if training.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=1e-4, momentum=momentum, foreach=True)
+    return torch.optim.SGD(params, lr=1e-4, momentum=momentum, **flags)
 
 
 def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,

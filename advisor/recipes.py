@@ -1,0 +1,90 @@
+"""Recipes: the training stacks users run (``profiles/recipes.json``), one validated row each.
+
+A recipe holds the facts of a stack that change memory and time and that the user does not spell
+out: the optimizer's implementation (fused / foreach / for-loop, and so its step temporaries), the
+dtype a LoRA/QLoRA frozen base is held in, the default loss, the engine it runs on. Every fact cites
+the framework source it was read from (the JSON's ``sources``). ``--recipe NAME`` picks a row;
+``TrainingConfig.recipe`` carries it to the estimators, the simulator and ``wrap()``, which read its
+fields instead of branching on framework names.
+
+This module is the edge where the file is read (as ``advisor.calibration``); the Literal types the
+rows use live here so ``advisor.training`` and the rows agree on one spelling.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from profiles import PROFILES_DIR
+
+Engine = Literal["torch", "deepspeed"]
+LossKernel = Literal["hf", "chunked", "fused"]
+OptimizerImpl = Literal["fused", "foreach", "for-loop"]
+FrozenBase = Literal["compute", "param"]
+RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
+DEFAULT_RECIPE: RecipeName = "torch"
+_FACTS = ("optimizer_impl", "frozen_base", "loss", "engine")
+
+
+class Recipe(BaseModel):
+    """One training stack's facts (see the module docstring); each one has a cited source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: RecipeName
+    summary: str = Field(description="One line: what the stack is.")
+    engine: Engine = Field(description="The engine it runs on unless --engine says otherwise.")
+    engines: tuple[Engine, ...] = Field(min_length=1, description="Engines the stack can drive.")
+    optimizer_impl: OptimizerImpl = Field(description="How its AdamW/Adam steps: fused (one kernel, in place), "
+                                          "foreach (one state-sized temporary), for-loop (per-tensor temporaries).")
+    frozen_base: FrozenBase = Field(description="dtype of a LoRA/QLoRA frozen base under mixed precision: compute "
+                                    "(loaded in bf16/fp16, as from_pretrained's dtype='auto' does) or param "
+                                    "(the precision's parameter dtype, fp32). Adapters stay in the parameter dtype.")
+    loss: LossKernel = Field(description="The loss kernel it runs unless --loss says otherwise.")
+    sources: dict[str, str] = Field(description="Fact name -> the framework source it was read from.")
+
+    def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
+        return hash(self.name)
+
+    @model_validator(mode="after")
+    def _cited(self) -> "Recipe":
+        missing = [fact for fact in _FACTS if not self.sources.get(fact)]
+        if missing:
+            raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")
+        if self.engine not in self.engines:
+            raise ValueError(f"recipe {self.name}: engine {self.engine} is not among its engines {self.engines}")
+        return self
+
+
+class RecipeTable(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str
+    recipes: tuple[Recipe, ...]
+
+    @model_validator(mode="after")
+    def _every_name_once(self) -> "RecipeTable":
+        names = [r.name for r in self.recipes]
+        if sorted(names) != sorted(get_args(RecipeName)):
+            raise ValueError(f"recipes.json must hold each of {get_args(RecipeName)} once, holds {names}")
+        return self
+
+
+@lru_cache(maxsize=1)
+def load_recipes() -> dict[str, Recipe]:
+    """Every recipe by name, validated (``profiles/recipes.json``)."""
+    table = RecipeTable.model_validate(json.loads((PROFILES_DIR / "recipes.json").read_text()))
+    return {r.name: r for r in table.recipes}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``; ValueError naming the choices otherwise."""
+    recipes = load_recipes()
+    key = name.strip().lower()
+    if key not in recipes:
+        raise ValueError(f"unknown recipe '{name[:40]}'; choose one of {', '.join(recipes)}")
+    return recipes[key]

@@ -1,0 +1,56 @@
+"""The optimizer step's temporaries by implementation (``advisor.estimate.states``), worked by hand
+on a tiny Llama: fused allocates none, foreach one second-moment-sized temporary, for-loop two of the
+largest trainable tensor (its local shard under FSDP2). The simulator's check is in
+tests/simulate/test_optimizer_impl.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.estimate.memory import model_states
+from advisor.model.lora import with_lora
+from advisor.model.sources import spec_from_config
+from advisor.strategies import get_strategy
+from advisor.training import TrainingConfig
+
+TINY = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=176,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+            max_position_embeddings=1024, tie_word_embeddings=False, _name_or_path="tiny-llama")
+# Per block: q 64x64, k 64x32, v 64x32, o 64x64, gate/up/down 3 x 64x176, two norms of 64.
+BLOCK = 64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 176 + 2 * 64  # 46,208
+PARAMS = 2 * 512 * 64 + 2 * BLOCK + 64  # embedding and head, two blocks, final norm: 158,016
+EMBEDDING = 512 * 64  # the largest tensor: 32,768
+
+
+def _temp(impl: str, strategy: str, world: int, **training) -> int:
+    config = TrainingConfig(optimizer_impl=impl, **training)
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    if config.lora is not None:
+        spec = with_lora(spec, config.lora)
+    return model_states(spec, config, get_strategy(strategy).on("torch"), world).step_temporary
+
+
+def test_tiny_llama_count_is_the_hand_count():
+    assert spec_from_config(TINY, name="tiny", source="local").total_params == PARAMS == 158_016
+
+
+@pytest.mark.parametrize("strategy, world, foreach, for_loop", [
+    ("ddp", 2, 4 * PARAMS, 2 * 4 * EMBEDDING),
+    ("zero2", 2, 4 * PARAMS // 2, 2 * 4 * EMBEDDING // 2),
+    ("zero3", 4, 4 * PARAMS // 4, 2 * 4 * EMBEDDING // 4),
+])
+def test_step_temporary_by_implementation(strategy, world, foreach, for_loop):
+    assert _temp("fused", strategy, world) == 0
+    assert _temp("foreach", strategy, world) == foreach
+    assert _temp("for-loop", strategy, world) == for_loop
+
+
+def test_for_loop_under_lora_is_the_widest_adapter():
+    """r=8 on q_proj and v_proj: lora_A 8x64 and lora_B 64x8 (q), 32x8 (v): the largest holds 512."""
+    assert _temp("for-loop", "ddp", 2, lora=8) == 2 * 4 * 8 * 64
+
+
+def test_recipe_sets_the_implementation_unless_given():
+    assert TrainingConfig().optimizer_implementation == "foreach"
+    assert TrainingConfig(recipe="trainer").optimizer_implementation == "fused"
+    assert TrainingConfig(recipe="trainer", optimizer_impl="for-loop").optimizer_implementation == "for-loop"

@@ -1,0 +1,48 @@
+"""The recipe table (profiles/recipes.json): every row validated and cited, and the facts that the
+installed frameworks can show checked against them."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.recipes import get_recipe, load_recipes
+from advisor.training import TrainingConfig
+
+
+def test_every_stack_is_a_cited_row():
+    recipes = load_recipes()
+    assert set(recipes) == {"torch", "trainer", "lightning", "torchtitan", "deepspeed"}
+    for recipe in recipes.values():
+        assert {"optimizer_impl", "frozen_base", "loss", "engine"} <= set(recipe.sources)
+
+
+def test_trainer_row_matches_transformers_default_optimizer():
+    transformers = pytest.importorskip("transformers")
+    args = transformers.TrainingArguments(output_dir="unused", report_to=[])
+    assert args.optim == "adamw_torch_fused"
+    assert get_recipe("trainer").optimizer_impl == "fused"
+
+
+def test_torch_row_matches_torch_optim_default():
+    """torch.optim.AdamW with neither flag: foreach where the device has foreach kernels, never fused."""
+    torch = pytest.importorskip("torch")
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+
+    fused, _ = _default_to_fused_or_foreach([torch.zeros(2)], False, use_fused=False)
+    assert fused is False
+    assert get_recipe("torch").optimizer_impl == "foreach"
+
+
+def test_recipe_sets_engine_and_refuses_one_it_cannot_drive():
+    assert TrainingConfig(recipe="deepspeed").engine == "deepspeed"
+    assert TrainingConfig(recipe="trainer", engine="deepspeed").engine == "deepspeed"
+    with pytest.raises(ValueError, match="torchtitan runs on torch"):
+        TrainingConfig(recipe="torchtitan", engine="deepspeed")
+    with pytest.raises(ValueError, match="unknown recipe"):
+        TrainingConfig(recipe="keras")
+
+
+def test_default_recipe_stays_out_of_the_json():
+    assert "recipe" not in TrainingConfig().model_dump(mode="json")
+    assert TrainingConfig(recipe="trainer").model_dump(mode="json")["recipe"] == "trainer"
+    assert TrainingConfig.model_validate(TrainingConfig(recipe="trainer").model_dump()).recipe.name == "trainer"

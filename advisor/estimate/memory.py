@@ -190,14 +190,24 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
     )
+    tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
+    if not tower:
+        return est
+    return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
+
+
+def vision_tower_bytes(spec: ModelSpec, training: TrainingConfig, dtypes: Dtypes, *, micro_batch_size: int) -> int:
+    """What the vision tower (and Llava's projector) of one micro-batch leaves saved for backward, with
+    autocast's saved weight copies: 0 without a tower, without images, or with the tower frozen."""
+    images = image_tokens(spec, training)
     frozen_tower = training.lora is not None and not tower_adapter_params(spec, training.lora)
     if spec.vision is None or not images or frozen_tower:  # a frozen tower saves nothing
-        return est
+        return 0
     tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images,
                                                   residual=dtypes.residual, input_casts=dtypes.input_casts)
     if dtypes.input_casts and isinstance(spec.vision, ClipTowerFacts):  # autocast's saved bf16 weight copies
         tower += clip_weight_casts(spec.vision)
-    return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
+    return tower
 
 
 def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:

@@ -26,6 +26,19 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   are sequence shards. CP splits the sequence: every per-token activation is divided by ``cp``
   (SDPA/flash attention has no s^2 term, so nothing else depends on the sequence).
   Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py).
+- Images (vision-language models, ``--images-per-sample``): the image tokens join the language
+  model's sequence, as in the data-parallel estimate (``advisor.estimate.memory.image_tokens``), so
+  CP splits text and image tokens alike, ``ceil((seq_len + image tokens) / cp)`` a rank (a length
+  that does not split evenly is padded). The vision tower is not on the mesh: transformers' TP plans
+  for Llava and Qwen2.5-VL name only the language model's layers (``model.language_model.layers.*``
+  and its embedding; the head), so the tower's (and projector's) weights are replicated over tp
+  and, like the other parameters outside the blocks, sharded by FSDP2 over dp_shard x cp; CP shards
+  the language model's sequence, not the images. Every TP and CP rank therefore runs the whole
+  tower over all of its micro-batch's images and keeps its activations whole
+  (``advisor.estimate.memory.vision_tower_bytes``, the data-parallel figure, not divided by tp or
+  cp). CP as counted here splits the sequence after the image features are merged into it:
+  transformers' VLMs check that the image placeholders in ``input_ids`` match the features, so
+  sharding ``input_ids`` before the model (torch ``context_parallel`` buffers) fails there.
 - Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
   ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
@@ -46,7 +59,8 @@ from __future__ import annotations
 import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
-from advisor.estimate.memory import FP32, MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
+from advisor.estimate.memory import (FP32, MemoryBreakdown, _recipe_dtypes, image_tokens, memory_at_moments,
+                                     model_states, vision_tower_bytes)
 from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
@@ -120,14 +134,19 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                      sequence_parallel: bool = False) -> ActivationEstimate:
     """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
     (``cp``), less, under sequence parallelism, the shards of the norms and block inputs (module
-    docstring); without it (what ``wrap()`` runs) those stay whole on every TP rank."""
+    docstring); without it (what ``wrap()`` runs) those stay whole on every TP rank. Image tokens are
+    part of the sequence; the vision tower's activations are whole on every rank (module docstring)."""
     shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
     tp = mesh.tp
+    rank_len = _rank_seq_len(spec, training, mesh)
+    tower = vision_tower_bytes(spec, training, dt, micro_batch_size=micro_batch_size)
     selective = checkpointing and training.activation_checkpointing == "selective"
     kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
-                               seq_len=training.seq_len // mesh.cp, checkpointing=checkpointing, eager=False,
+                               seq_len=rank_len, checkpointing=checkpointing, eager=False,
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
+    if tower:  # replicated tower: its activations whole on every TP and CP rank
+        est = est.model_copy(update=dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
         return est
     if loss_parallel:  # vocabulary-parallel cross-entropy: each rank keeps V/tp of every logit row
@@ -136,7 +155,7 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                          returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
     if not sequence_parallel:
         return est
-    tokens = micro_batch_size * training.seq_len // mesh.cp
+    tokens = micro_batch_size * rank_len
     h, layers = shape.hidden_size, shape.num_layers
     # Sequence parallelism: each RMSNorm's fp32 input and normalised output are sequence shards.
     norm_shard = tokens * 2 * (FP32 + dt.residual) * h * (tp - 1) // tp
@@ -149,12 +168,17 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
 
 
+def _rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:
+    """The language model's tokens a sample puts on one CP rank: text and image tokens, split by cp."""
+    return _ceil(training.seq_len + image_tokens(spec, training), mesh.cp)
+
+
 def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims, *, micro_batch_size: int) -> int:
     """Ring attention in a block's backward: two key/value chunks and two of their gradients in flight."""
     if mesh.cp == 1:
         return 0
     shape = _tp_shape(spec, 1)
-    chunk = (micro_batch_size * training.seq_len // mesh.cp * 2 * (shape.num_kv_heads // mesh.tp)
+    chunk = (micro_batch_size * _rank_seq_len(spec, training, mesh) * 2 * (shape.num_kv_heads // mesh.tp)
              * shape.head_dim * training.compute_bytes)  # K and V of one chunk
     return 2 * chunk + 2 * chunk
 

@@ -20,7 +20,7 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, evaluate_candidate
+from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, batch_split_problem, evaluate_candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -110,6 +110,29 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     return meshes
 
 
+def keeping_global_batch(training: TrainingConfig, meshes: list[ParallelDims]
+                         ) -> tuple[list[ParallelDims], list[ParallelDims]]:
+    """The meshes that keep the asked global batch (micro-batch x data-parallel ranks x accumulation =
+    global batch: ``planner.batch_split_problem``), and those refused for it. A mesh never rounds the
+    batch: with --micro-batch and --global-batch pinned, its dp degree must divide them."""
+    kept = [m for m in meshes if batch_split_problem(training, m.dp) is None]
+    return kept, [m for m in meshes if m not in kept]
+
+
+def _batch_refusal(training: TrainingConfig, refused: list[ParallelDims], dp_blocked: str | None) -> str:
+    """One line: why neither data parallelism nor any mesh tried keeps the global batch."""
+    degrees = sorted({m.dp for m in refused}, reverse=True)
+    micro = training.micro_batch_size
+    lead = f"{dp_blocked}, nor" if dp_blocked else f"--global-batch {training.global_batch_size} is not"
+    if micro is None:
+        tried = f"nor divisible by the data-parallel ranks of any mesh tried (dp {', '.join(map(str, degrees))})"
+        tried = tried if dp_blocked else tried.removeprefix("nor ")
+        return f"{dp_blocked + ', ' if dp_blocked else lead + ' '}{tried}; change --global-batch"
+    steps = ", ".join(f"dp {dp}: {micro * dp}" for dp in degrees)
+    return (f"{lead} a multiple of micro-batch {micro} x the data-parallel ranks of any mesh tried ({steps} samples "
+            "a micro-step); a mesh keeps the global batch or is not a candidate: change --global-batch or --micro-batch")
+
+
 def evaluate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, meshes: list[ParallelDims], *,
                     strategy: str | None = None) -> list[Candidate]:
     """Each mesh evaluated with FSDP2 (``strategy`` when the user named a sharded one)."""
@@ -145,6 +168,11 @@ def forcing_limit(spec: ModelSpec, dp_candidates: list[Candidate], training: Tra
     if training.global_batch_size is not None and training.global_batch_size % world:
         return (f"the global batch: {training.global_batch_size} samples cannot give each of {world} GPUs whole "
                 "micro-batches, so some GPUs must share a sample (tensor or context parallelism)")
+    if batch_split_problem(training, world) is not None:  # --micro-batch pinned: micro x world does not divide it
+        micro = training.micro_batch_size
+        return (f"the global batch: {training.global_batch_size} samples are not a whole number of micro-steps of "
+                f"micro-batch {micro} x {world} GPUs ({micro * world} samples), so fewer data-parallel ranks must "
+                "take them (tensor or context parallelism)")
     sharded = [c for c in dp_candidates if c.available and c.memory_bytes is not None
                and STRATEGIES[c.strategy].on(c.engine).shard_params and c.strategy == "zero3"]
     if not sharded:
@@ -230,8 +258,9 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         if dp_blocked:
             raise ValueError(dp_blocked)
         return [], dp_choice, dp_why
-    meshes = [m for m in enumerate_meshes(spec, hw, training, pins)
-              if training.global_batch_size is None or training.global_batch_size % m.dp == 0]
+    meshes, refused = keeping_global_batch(training, enumerate_meshes(spec, hw, training, pins))
+    if not meshes and refused and (dp_blocked or pins.any):
+        raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
     candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)

@@ -105,6 +105,21 @@ def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
     return "zero3", f"{billions:.3g}B parameters (> 10B): full sharding, CPU offload considered"
 
 
+def batch_split_problem(training: TrainingConfig, dp_world: int) -> str | None:
+    """Why ``dp_world`` data-parallel ranks cannot keep the requested global batch (micro-batch x ranks x
+    accumulation = global batch, in whole micro-batches), or None when they can or none was asked."""
+    total = training.global_batch_size
+    if total is None:
+        return None
+    if total % dp_world:
+        return f"--global-batch {total} is not divisible by {dp_world} data-parallel ranks"
+    micro = training.micro_batch_size
+    if micro is not None and total % (micro * dp_world):
+        return (f"--global-batch {total} is not a multiple of micro-batch {micro} x {dp_world} data-parallel ranks "
+                f"({micro * dp_world} samples a micro-step)")
+    return None
+
+
 def _accumulation(training: TrainingConfig, world: int, micro: int) -> int | None:
     if training.global_batch_size is None:
         return None
@@ -153,6 +168,9 @@ def evaluate_candidate(
         return Candidate(**base, available=False, unavailable_reason=quantized_reason)
     if impl.single_process and hardware.nodes > 1:
         return Candidate(**base, available=False, unavailable_reason="DataParallel is one process: one node only")
+    batch_problem = batch_split_problem(training, dp_world)
+    if batch_problem is not None:  # the step must keep the asked global batch, never round it down
+        return Candidate(**base, available=False, unavailable_reason=batch_problem)
     if mesh is not None:  # the model-parallel estimators load only when a mesh is evaluated
         from advisor.estimate.mesh_time import estimate_mesh_step_time
         from advisor.estimate.model_parallel import estimate_mesh_memory

@@ -90,14 +90,19 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     kwargs.pop("logits_to_keep", None)
+    shift_labels, num_items = kwargs.pop("shift_labels", None), kwargs.pop("num_items_in_batch", None)
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
-    targets = causal_targets(labels)
+    # transformers' ForCausalLMLoss contract: shift_labels as given (context parallelism shifts before
+    # sharding), and a sum divided by num_items_in_batch when given.
+    targets = causal_targets(labels) if shift_labels is None else shift_labels
     if self._advisor_loss == "fused":
         loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, targets)
     else:
         loss = chunked_cross_entropy(hidden, self.lm_head, targets)
+    if num_items is not None:
+        loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
 

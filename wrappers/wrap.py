@@ -17,6 +17,9 @@ then the loop must call ``accelerator.backward(loss)`` (DeepSpeed scales and ste
 the accelerator at ``model.advisor_accelerator``. That path checks too: accelerate must run as many
 processes as the launch started, with the plugin the config asks for, and the decision records the
 precision accelerate really runs.
+
+``wrappers.finish()`` ends the script: a barrier, then the process group destroyed; a group ``wrap()``
+created is also destroyed at exit if the script does not call it (``wrappers.process_group``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import warnings
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
@@ -40,6 +42,7 @@ from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import shard_loader
 from wrappers.precision import apply_autocast, precision_dtypes
+from wrappers.process_group import init_launch_group
 from wrappers.prepare_accelerate import prepare_with_accelerate
 from wrappers.recipe import Recipe, apply_recipe
 from wrappers.verify import verify_applied
@@ -129,11 +132,8 @@ def _stored_precision(model: nn.Module) -> Precision | None:
 
 
 def _ensure_process_group(env: LaunchEnv) -> None:
-    if env.distributed and not dist.is_initialized():
-        backend = "nccl" if env.num_gpus else "gloo"
-        if env.num_gpus:
-            torch.cuda.set_device(env.local_rank)
-        dist.init_process_group(backend)
+    if env.distributed:
+        init_launch_group(env)
 
 
 def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: str | None,

@@ -6,6 +6,8 @@
 Layout, one module per concern (torchtitan's one-file-per-technique):
 
 - ``wrap.py``: ``wrap()`` (decide, apply, verify, shard the loader, log once on rank 0);
+  ``process_group.py``: the group ``wrap()`` creates, destroyed at exit, and ``finish()`` (the last
+  call of a script: barrier, then the group destroyed);
   ``launch_env.py``: the one place the launcher's environment is read; ``loader.py``:
   ``DistributedSampler`` sharding with automatic ``set_epoch``; ``verify.py``: the check that the
   applied model is what the decision claims (process group, wrapping, sharding, dtypes);
@@ -41,12 +43,13 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from wrappers.process_group import finish
 from wrappers.wrap import Decision, wrap
 
 if TYPE_CHECKING:  # pragma: no cover
     from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
 
-__all__ = ["Decision", "load_checkpoint", "save_checkpoint", "wrap"]
+__all__ = ["Decision", "finish", "load_checkpoint", "save_checkpoint", "wrap"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,9 @@ the same call torchtitan and FSDP's own tests use. Hugging Face's ``gradient_che
 not used, so a model from anywhere is treated alike. Apply it before ``fully_shard`` (torchtitan
 order): FSDP then shards the wrapper and its recomputation re-gathers the block's parameters.
 
-Which modules are blocks is decided in ``blocks.py``.
+Which modules are blocks is decided in ``blocks.py``. ``apply_requested_checkpointing`` is the call for
+``wrap()``'s ``activation_checkpointing`` argument on the paths that apply no recipe (one process, and
+accelerate's ``prepare``); it returns what was applied, for the decision to report.
 
 ``selective=True`` keeps some op outputs instead of recomputing them, with torchtitan's per-op policy
 (``torchtitan/models/llama3/infra/parallelize.py``, ``_apply_ac_to_transformer_block``): the outputs
@@ -27,6 +29,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as _ckpt
+
+from wrappers.blocks import find_blocks
 
 
 def _attention_ops() -> set:
@@ -82,3 +86,14 @@ def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Modu
         id(m._checkpoint_wrapped_module): m for m in model.modules() if isinstance(m, _ckpt.CheckpointWrapper)
     }
     return [wrappers[id(block)] for block in blocks]
+
+
+def apply_requested_checkpointing(model: nn.Module, asked: bool | str | None) -> tuple[bool, bool]:
+    """Checkpoint ``model``'s blocks as ``asked`` (``True``: full, ``"selective"``, ``None``/``False``:
+    nothing). Returns what was applied, ``(activation_checkpointing, selective_checkpointing)``: nothing
+    for a model without blocks (``apply_activation_checkpointing`` warns)."""
+    if not asked:
+        return False, False
+    selective = asked == "selective"
+    applied = bool(apply_activation_checkpointing(model, blocks=find_blocks(model), selective=selective))
+    return applied, applied and selective

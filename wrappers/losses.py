@@ -7,7 +7,8 @@ handed back in the backward).
 ``use_loss_kernel(model, "chunked" | "fused")`` replaces a Hugging Face ``*ForCausalLM``'s forward
 (on the instance) so that ``model(input_ids=..., labels=...).loss`` computes the same loss as
 transformers' ``ForCausalLMLoss`` (labels shifted by one, ``-100`` ignored, mean over the counted
-tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. The root module
+tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. On a PEFT model
+(before or after ``get_peft_model``) the kernel goes on the wrapped causal LM. The root module
 still runs its own forward, so FSDP2's and DDP's hooks on it fire as usual. The planner's memory
 model for each kernel is in ``advisor.estimate.activations_loss``.
 """
@@ -89,14 +90,19 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     kwargs.pop("logits_to_keep", None)
+    shift_labels, num_items = kwargs.pop("shift_labels", None), kwargs.pop("num_items_in_batch", None)
     hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
-    targets = causal_targets(labels)
+    # transformers' ForCausalLMLoss contract: shift_labels as given (context parallelism shifts before
+    # sharding), and a sum divided by num_items_in_batch when given.
+    targets = causal_targets(labels) if shift_labels is None else shift_labels
     if self._advisor_loss == "fused":
         loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, targets)
     else:
         loss = chunked_cross_entropy(hidden, self.lm_head, targets)
+    if num_items is not None:
+        loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
 
@@ -105,10 +111,20 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
     compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns ``model``."""
     if kernel == "hf":
         return model
-    head = getattr(model, "lm_head", None)
-    if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(model, "model"):
+    causal_lm = _causal_lm(model)
+    head = getattr(causal_lm, "lm_head", None)
+    if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(causal_lm, "model"):
         raise ValueError(f"loss kernel {kernel!r} needs a causal LM with .model and a bias-free .lm_head; "
-                         f"{type(model).__name__} has none")
-    model._advisor_loss = kernel
-    model.forward = types.MethodType(_forward, model)
+                         f"{type(causal_lm).__name__} has none")
+    causal_lm._advisor_loss = kernel
+    causal_lm.forward = types.MethodType(_forward, causal_lm)
     return model
+
+
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The ``*ForCausalLM`` whose forward the kernel replaces. A PEFT model's ``.model`` resolves (through
+    its ``__getattr__``) to the whole causal LM, not the decoder, so the kernel goes on the wrapped LM:
+    PEFT's ``LoraModel.forward`` calls ``self.model.forward``, the instance attribute patched here, and
+    a kernel set before ``get_peft_model`` is found the same way."""
+    get_base_model = getattr(model, "get_base_model", None)
+    return get_base_model() if callable(get_base_model) else model

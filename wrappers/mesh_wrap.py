@@ -50,12 +50,9 @@ def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
 
 
 def _ensure_group(env: LaunchEnv) -> None:
-    import torch.distributed as dist
+    from wrappers.process_group import init_launch_group
 
-    if not dist.is_initialized():
-        if env.num_gpus:
-            torch.cuda.set_device(env.local_rank)
-        dist.init_process_group("nccl" if env.num_gpus else "gloo")
+    init_launch_group(env)
 
 
 def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp: int, hybrid: int, checkpoint,

@@ -15,17 +15,24 @@ without a plugin: DDP).
 The precision: the parameters' dtype after ``prepare`` and accelerate's autocast dtype
 (``accelerator.mixed_precision``, spelled as in ``advisor.precision``'s ``accelerate`` column)
 name one row of the precision table.
+
+Activation checkpointing: what ``wrap(activation_checkpointing=...)`` asks is applied to the model before
+``prepare`` (the exports send selective checkpointing here, as no config key carries it). An FSDP
+config's own ``fsdp_activation_checkpointing`` (full, per block) is switched off then, with a warning,
+so blocks are not checkpointed twice; without a request it is what runs, and the decision reports it.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import warnings
+from typing import Any, Literal, NamedTuple
 
 import torch
 from torch import nn
 
 from advisor.precision import PRECISIONS, Precision
 from advisor.strategies import STRATEGIES, StrategyName
+from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv
 from wrappers.precision import precision_dtypes, precision_named
 
@@ -39,6 +46,8 @@ class Prepared(NamedTuple):
     precision: Precision
     strategy: StrategyName | None  # the row of the strategy table accelerate runs, None: no such row
     runs_as: str  # e.g. "FSDP on 2 processes"
+    activation_checkpointing: bool  # applied, by wrap() before prepare or by accelerate's FSDP plugin
+    selective_checkpointing: bool
 
 
 def _strategy_with(engine: str, **fields: bool) -> StrategyName | None:
@@ -140,12 +149,33 @@ def _wrapping_problem(model: nn.Module, distributed_type: str, num_processes: in
     return f"the prepared model is a {type(model).__name__}, not {' or '.join(sorted(expected))}"
 
 
-def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -> Prepared:
+def _apply_checkpointing(model: nn.Module, accelerator: Any,
+                         asked: bool | Literal["selective"] | None) -> tuple[bool, bool]:
+    """Checkpointing before ``prepare``: the one asked for (the FSDP plugin's own turned off), else the
+    plugin's. Returns what will run, ``(activation_checkpointing, selective_checkpointing)``."""
+    fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)
+    plugin_checkpoints = bool(getattr(fsdp_plugin, "activation_checkpointing", False))
+    if asked:
+        if plugin_checkpoints:
+            warnings.warn(f"wrap(activation_checkpointing={asked!r}) replaces the accelerate config's "
+                          "fsdp_activation_checkpointing (full, per block)", stacklevel=3)
+            fsdp_plugin.activation_checkpointing = False
+        return apply_requested_checkpointing(model, asked)
+    if plugin_checkpoints and asked is False:
+        warnings.warn("wrap(activation_checkpointing=False) is ignored: the accelerate config sets "
+                      "fsdp_activation_checkpointing, which accelerate applies", stacklevel=3)
+    return plugin_checkpoints, False
+
+
+def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None, *,
+                            checkpointing: bool | Literal["selective"] | None = None) -> Prepared:
     """``Accelerator().prepare(*objects)``, checked against ``env`` and the ``plugin`` ("fsdp",
-    "deepspeed" or None) the launch asks for; ``RuntimeError`` on a mismatch."""
+    "deepspeed" or None) the launch asks for; ``RuntimeError`` on a mismatch. ``checkpointing``: the
+    activation checkpointing to apply to the model (``objects[0]``) first."""
     from accelerate import Accelerator
 
     accelerator = Accelerator()
+    checkpointing = _apply_checkpointing(objects[0], accelerator, checkpointing)
     prepared = accelerator.prepare(*objects)
     prepared = prepared if isinstance(prepared, tuple) else (prepared,)
     kind = str(getattr(accelerator.distributed_type, "value", accelerator.distributed_type))
@@ -164,4 +194,5 @@ def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None) -
                            f"{model_problem}; the decision would not describe the model that trains.")
     precision = running_precision(prepared[0], accelerator.mixed_precision, kind)
     strategy = accelerate_strategy(kind, accelerator.state)
-    return Prepared(prepared, accelerator, precision, strategy, f"{kind} on {accelerator.num_processes} process(es)")
+    return Prepared(prepared, accelerator, precision, strategy, f"{kind} on {accelerator.num_processes} process(es)",
+                    *checkpointing)

@@ -26,7 +26,12 @@ Context parallelism is not a module transform in PyTorch: ``context_parallel(cp_
 is entered around each step's forward and backward, shards the sequence buffers and replaces SDPA
 with ring attention. Its ring kernels are CUDA's flash / memory-efficient SDPA
 (``torch.distributed.tensor.experimental._context_parallel._attention``); on CPU ``context_parallel_step``
-raises ``ValueError`` instead of pretending.
+raises ``ValueError`` instead of pretending. The step's buffers come from
+``prepare_context_parallel_input`` (torchtitan's ``prepare_context_parallel_input`` in
+``torchtitan/distributed/context_parallel/api.py``: positions sharded with the tokens, labels shifted
+before sharding): a rank holds chunks of the sequence that are not contiguous (the head-tail split),
+so a model left to shift labels would pair a chunk's last token with the next chunk held by the rank,
+and default positions would restart at 0 in every shard.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -149,8 +155,9 @@ def context_parallel_step(cp_mesh: DeviceMesh, buffers: Sequence[torch.Tensor],
                           seq_dims: Sequence[int]) -> contextlib.AbstractContextManager:
     """The context to run one step's forward and backward under CP (a no-op for cp == 1).
 
-    ``buffers`` are the sequence-shaped tensors of the step (input ids, labels, position ids); they
-    are sharded in place along ``seq_dims``. The model must use SDPA with a causal mask and no
+    ``buffers`` are the sequence-shaped tensors of the step, sharded in place along ``seq_dims``: pass
+    ``prepare_context_parallel_input(...).buffers`` and ``.seq_dims`` (ids, positions and labels shifted
+    before sharding; see the module docstring for why raw labels are wrong). The model must use SDPA with a causal mask and no
     explicit attention mask. ``ValueError`` on a CPU mesh: PyTorch's ring attention is CUDA-only.
     """
     if cp_mesh.size() == 1:
@@ -163,3 +170,47 @@ def context_parallel_step(cp_mesh: DeviceMesh, buffers: Sequence[torch.Tensor],
     from torch.distributed.tensor.experimental import context_parallel
 
     return context_parallel(cp_mesh, buffers=list(buffers), buffer_seq_dims=list(seq_dims))
+
+
+class ContextParallelInput(NamedTuple):
+    """One step's sequence tensors for CP, all ``(batch, seq)``, aligned token by token: ``buffers`` for
+    ``context_parallel_step`` (sharded together, in place), ``model_kwargs`` for the model's forward."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    shift_labels: torch.Tensor  # what each position predicts: labels shifted left by one, -100 last
+    num_items_in_batch: torch.Tensor  # counted targets of the whole (unsharded) batch / cp
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        return [self.input_ids, self.position_ids, self.shift_labels]
+
+    @property
+    def seq_dims(self) -> list[int]:
+        return [1, 1, 1]
+
+    @property
+    def model_kwargs(self) -> dict[str, torch.Tensor]:
+        """transformers' ``ForCausalLMLoss`` takes ``shift_labels`` as they are (``labels`` only switches
+        the loss on) and divides the summed loss by ``num_items_in_batch``; so does ``wrappers.losses``."""
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids, "labels": self.shift_labels,
+                "shift_labels": self.shift_labels, "num_items_in_batch": self.num_items_in_batch}
+
+
+def prepare_context_parallel_input(input_ids: torch.Tensor, labels: torch.Tensor | None = None, *, cp: int,
+                                   position_ids: torch.Tensor | None = None) -> ContextParallelInput:
+    """The step's tensors, ready for ``cp``-way sharding: explicit positions (``0 .. seq-1`` unless
+    given), labels (``input_ids`` unless given) shifted here, before any shard boundary exists, and
+    the loss's divisor: each CP rank sums its shard's losses and FSDP averages gradients over the
+    ``cp`` ranks, so dividing by ``count / cp`` gives the mean over the whole sequence (also when a
+    shard holds more ``-100`` than another). New tensors: ``context_parallel`` resizes them in place."""
+    from wrappers.losses import causal_targets
+
+    if input_ids.ndim != 2:
+        raise ValueError(f"prepare_context_parallel_input: input_ids must be (batch, seq), not {tuple(input_ids.shape)}")
+    labels = input_ids if labels is None else labels
+    if position_ids is None:
+        position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+    shift_labels = causal_targets(labels).contiguous()
+    count = (shift_labels != -100).sum().clamp(min=1)
+    return ContextParallelInput(input_ids.clone(), position_ids.clone(), shift_labels, count / cp)

@@ -17,6 +17,9 @@ then the loop must call ``accelerator.backward(loss)`` (DeepSpeed scales and ste
 the accelerator at ``model.advisor_accelerator``. That path checks too: accelerate must run as many
 processes as the launch started, with the plugin the config asks for, and the decision records the
 precision accelerate really runs.
+
+``wrappers.finish()`` ends the script: a barrier, then the process group destroyed; a group ``wrap()``
+created is also destroyed at exit if the script does not call it (``wrappers.process_group``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import warnings
 from typing import Any, Literal
 
 import torch
-import torch.distributed as dist
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
@@ -36,10 +38,12 @@ from advisor.model.spec import ModelSpec
 from advisor.planning.planner import default_strategy
 from advisor.strategies import StrategyName
 from advisor.training import Engine, Precision
+from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import shard_loader
 from wrappers.optim import optimizer_implementation
 from wrappers.precision import apply_autocast, precision_dtypes
+from wrappers.process_group import init_launch_group
 from wrappers.prepare_accelerate import prepare_with_accelerate
 from wrappers.recipe import Recipe, apply_recipe
 from wrappers.verify import verify_applied
@@ -133,20 +137,21 @@ def _stored_precision(model: nn.Module) -> Precision | None:
 
 
 def _ensure_process_group(env: LaunchEnv) -> None:
-    if env.distributed and not dist.is_initialized():
-        backend = "nccl" if env.num_gpus else "gloo"
-        if env.num_gpus:
-            torch.cuda.set_device(env.local_rank)
-        dist.init_process_group(backend)
+    if env.distributed:
+        init_launch_group(env)
 
 
-def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: str | None) -> tuple:
-    """Accelerate prepares; the decision records the precision and process count accelerate really runs."""
-    prepared = prepare_with_accelerate(objects, env, plugin)
+def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: str | None,
+                             checkpointing: bool | Literal["selective"] | None) -> tuple:
+    """Accelerate prepares; the decision records the precision, process count and checkpointing that
+    accelerate really runs."""
+    prepared = prepare_with_accelerate(objects, env, plugin, checkpointing=checkpointing)
     model = prepared.objects[0]
     model.advisor_accelerator = prepared.accelerator
     model.advisor_decision = Decision(strategy=prepared.strategy, engine="accelerate", precision=prepared.precision,
-                                      activation_checkpointing=False, world_size=prepared.accelerator.num_processes,
+                                      activation_checkpointing=prepared.activation_checkpointing,
+                                      selective_checkpointing=prepared.selective_checkpointing,
+                                      world_size=prepared.accelerator.num_processes,
                                       reason=f"{why}; accelerate runs {prepared.runs_as}")
     return prepared.objects
 
@@ -191,7 +196,7 @@ def wrap(
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
         plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
-        prepared = _prepare_with_accelerate(passed, why, env, plugin)
+        prepared = _prepare_with_accelerate(passed, why, env, plugin, activation_checkpointing)
         return prepared[0] if len(prepared) == 1 else prepared
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
@@ -209,6 +214,9 @@ def wrap(
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype
         wrapped, new_optimizer = model.to(env.device, dtype), optimizer  # ``to`` keeps parameter identity
+        applied_ckpt, selective = apply_requested_checkpointing(wrapped, activation_checkpointing)
+        decision = Decision(**{**dict(decision), "activation_checkpointing": applied_ckpt,
+                                 "selective_checkpointing": selective})
         apply_autocast(wrapped, decision.precision, env.device.type)
         verify_applied(wrapped, optimizer, strategy=None, precision=decision.precision, world_size=env.world_size)
     else:

@@ -64,8 +64,11 @@ def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
                      "stream whole on every TP rank), logits gathered, a tied embedding replicated over tp.")
     if mesh.cp > 1:
         notes.append(f"Context parallelism {mesh.cp} needs SDPA attention and the forward inside "
-                     "accelerator.maybe_context_parallel(buffers=[input_ids, labels, position_ids], "
-                     f"buffer_seq_dims=[1, 1, 1]); sequences must be a multiple of {2 * mesh.cp} tokens.")
+                     "accelerator.maybe_context_parallel(buffers=[input_ids, shift_labels, position_ids], "
+                     "buffer_seq_dims=[1, 1, 1]) with labels shifted and positions made before it (a shard's chunks "
+                     "are not neighbours; wrappers.tensor_parallel.prepare_context_parallel_input builds them) and "
+                     f"model(..., labels=shift_labels, shift_labels=shift_labels); sequences must be a multiple of "
+                     f"{2 * mesh.cp} tokens.")
     if fmt == "trainer-args":
         notes.append("parallelism_config holds accelerate ParallelismConfig arguments: build "
                      "TrainingArguments(..., parallelism_config=ParallelismConfig(**args.pop(\"parallelism_config\"))).")

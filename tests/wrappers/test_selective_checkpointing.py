@@ -84,3 +84,58 @@ def test_auto_takes_selective_when_it_is_faster_than_full():
     full = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=8192, activation_checkpointing="on")
     assert not off.candidate("zero2").fits
     assert zero2.step_time.tokens_per_s > full.candidate("zero2").step_time.tokens_per_s
+
+
+def _checkpoint_flavours(model) -> list[str]:
+    """Each CheckpointWrapper's flavour: "selective" when it carries the per-op policy, else "full"."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
+    from wrappers.checkpointing import selective_context
+
+    return ["selective" if m.checkpoint_fn.keywords.get("context_fn") is selective_context else "full"
+            for m in model.modules() if isinstance(m, CheckpointWrapper)]
+
+
+def _one_process_env():
+    from wrappers.launch_env import LaunchEnv
+
+    return LaunchEnv(world_size=1, rank=0, local_rank=0, local_world_size=1, num_gpus=0, gpu_name=None,
+                     accelerate_plugin=None)
+
+
+@pytest.mark.parametrize("asked, flavour", [(True, "full"), ("selective", "selective")])
+def test_one_process_applies_the_checkpointing_its_decision_reports(asked, flavour):
+    """One process without a GPU: the model is returned unwrapped, but the checkpointing asked for is
+    applied to its 2 blocks (the decision used to report it while nothing was wrapped)."""
+    from wrappers import wrap
+
+    model = wrap(tiny_llama(), activation_checkpointing=asked, env=_one_process_env(), verbose=False)
+    assert _checkpoint_flavours(model) == [flavour, flavour]
+    decision = model.advisor_decision
+    assert (decision.activation_checkpointing, decision.selective_checkpointing) == (True, flavour == "selective")
+
+
+@pytest.mark.parametrize("asked, flavour", [(True, "full"), ("selective", "selective")])
+def test_accelerate_applies_the_checkpointing_asked_for(asked, flavour):
+    """engine="accelerate" (the branch an accelerate launch takes): the export tells the user to ask wrap()
+    for selective checkpointing, so wrap() applies it before prepare and the decision says so (it used to
+    drop it and report none). The model still trains: one step through accelerator.backward."""
+    from wrappers import wrap
+
+    model = tiny_llama()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = wrap(model, optimizer, engine="accelerate", activation_checkpointing=asked,
+                            env=_one_process_env(), verbose=False)
+    assert _checkpoint_flavours(model) == [flavour, flavour]
+    decision = model.advisor_decision
+    assert (decision.activation_checkpointing, decision.selective_checkpointing) == (True, flavour == "selective")
+    ids = global_batch(0)
+    model.advisor_accelerator.backward(model(input_ids=ids, labels=ids).loss)
+    optimizer.step()
+
+
+def test_accelerate_without_checkpointing_reports_none():
+    from wrappers import wrap
+
+    model = wrap(tiny_llama(), engine="accelerate", env=_one_process_env(), verbose=False)
+    assert _checkpoint_flavours(model) == [] and not model.advisor_decision.activation_checkpointing

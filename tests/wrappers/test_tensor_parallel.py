@@ -125,3 +125,81 @@ def test_wrap_follows_a_plan_that_needs_a_mesh():
     decision = decide(resolve_model("meta-llama/Llama-3.1-8B"), env, seq_len=131072, micro_batch_size=1)
     assert decision.mesh is not None and decision.mesh.cp > 1
     assert decision.mesh.world_size == 8
+
+
+def _shard_like_context_parallel(rank: int, world_size: int) -> None:
+    """Rank ``rank`` of a cp 2 mesh: shard with torch's own rule (what ``context_parallel`` does inside:
+    the default head-tail load balancer, then a Shard(seq) split) and check against the hand-worked
+    split, and the loss the ranks average against the whole sequence's."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental._context_parallel._attention import _context_parallel_buffers
+    from torch.distributed.tensor.experimental._context_parallel._load_balancer import (
+        _create_default_load_balancer,
+    )
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    from tests.wrappers._dist import tiny_llama
+    from wrappers.tensor_parallel import prepare_context_parallel_input
+
+    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("cp",))
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15, 16, 17]])
+    batch = prepare_context_parallel_input(ids, cp=world_size)
+    balancer = _create_default_load_balancer(ids.shape[1], world_size, "cpu")
+    shard_ids, shard_pos, shard_targets = _context_parallel_buffers(mesh, batch.buffers, batch.seq_dims, balancer)
+    # Head-tail: chunks of 2 tokens, rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2.
+    expected = {0: ([10, 11, 16, 17], [0, 1, 6, 7], [11, 12, 17, -100]),
+                1: ([12, 13, 14, 15], [2, 3, 4, 5], [13, 14, 15, 16])}[rank]
+    assert (shard_ids[0].tolist(), shard_pos[0].tolist(), shard_targets[0].tolist()) == expected
+    # The pairs (position, target) of both shards together are the unsharded batch's, each once.
+    pairs = [None, None]
+    dist.all_gather_object(pairs, list(zip(shard_pos[0].tolist(), shard_targets[0].tolist())))
+    assert sorted(pairs[0] + pairs[1]) == list(zip(range(8), [11, 12, 13, 14, 15, 16, 17, -100]))
+
+    # The loss: ring attention gives each rank the whole sequence's logits at its positions; the
+    # ranks' losses (sums over count / cp) average, as FSDP averages gradients, to the whole mean.
+    torch.manual_seed(0)
+    logits = tiny_llama()(input_ids=torch.randint(0, 128, (1, 8))).logits.detach()
+    shard_logits = logits[:, shard_pos[0]]
+    vocab = logits.shape[-1]
+    whole = ForCausalLMLoss(logits, ids, vocab)
+    mine = ForCausalLMLoss(shard_logits, shard_targets, vocab, shift_labels=shard_targets,
+                           num_items_in_batch=batch.num_items_in_batch)
+    dist.all_reduce(mine, op=dist.ReduceOp.AVG)
+    torch.testing.assert_close(mine, whole)
+    # The old recipe (ids and labels sharded, the model shifting): another loss.
+    old = ForCausalLMLoss(shard_logits, shard_ids, vocab)
+    dist.all_reduce(old, op=dist.ReduceOp.AVG)
+    assert not torch.allclose(old, whole)
+
+
+def test_context_parallel_input_keeps_positions_and_targets_aligned():
+    """cp 2 over 8 tokens ``10..17``. The documented step used to shard ``[ids, labels]`` only: rank 0
+    held ids ``10 11 16 17`` and labels the same, so transformers' shift inside the model trained
+    11 -> 16 (chunks 0 and 3 are not neighbours) and dropped 17's target, rank 1 trained 15 -> nothing,
+    and both ranks ran RoPE at positions 0..3 (rank 0's tokens sit at 0, 1, 6, 7). With
+    ``prepare_context_parallel_input`` positions travel with the tokens and targets are shifted before
+    sharding, so the shards' (position, target) pairs are the whole sequence's and the averaged loss
+    is its mean."""
+    from tests.wrappers._dist import run_distributed
+
+    run_distributed(_shard_like_context_parallel)
+
+
+@pytest.mark.parametrize("kernel", ["hf", "fused"])
+def test_context_parallel_kwargs_give_the_models_own_loss(kernel):
+    """cp 1 (nothing sharded): ``model(**batch.model_kwargs)`` with pre-shifted labels is the loss of
+    ``model(input_ids=ids, labels=ids)``, through transformers' loss and through the fused kernel; at
+    cp 2 the divisor halves, so each rank's sum counts for half the whole mean."""
+    from tests.wrappers._dist import global_batch, tiny_llama
+    from wrappers.losses import use_loss_kernel
+    from wrappers.tensor_parallel import prepare_context_parallel_input
+
+    ids = global_batch(0)
+    labels = ids.clone()
+    labels[:, :3] = -100
+    model = use_loss_kernel(tiny_llama(), kernel)
+    expected = tiny_llama()(input_ids=ids, labels=labels).loss
+    torch.testing.assert_close(model(**prepare_context_parallel_input(ids, labels, cp=1).model_kwargs).loss, expected)
+    doubled = model(**prepare_context_parallel_input(ids, labels, cp=2).model_kwargs).loss
+    torch.testing.assert_close(doubled, 2 * expected)

@@ -136,7 +136,7 @@ def _micro_batch_choices(training: TrainingConfig, world: int) -> list[int]:
     return [m for m in range(min(per_rank, AUTO_MICRO_BATCH_CAP), 0, -1) if per_rank % m == 0]
 
 
-def _largest_fitting(fits_at, choices: list[int]) -> int | None:
+def largest_fitting(fits_at, choices: list[int]) -> int | None:
     """Largest choice that fits, by bisection (memory grows with the micro-batch)."""
     ascending = sorted(choices)
     lo, hi, best = 0, len(ascending) - 1, None
@@ -217,7 +217,7 @@ def evaluate_candidate(
 
     def largest(mode: str) -> tuple[int | None, bool]:
         """The largest micro-batch within the headroom, else the smallest that fits; and whether it is roomy."""
-        micro = _largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
+        micro = largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
         if micro is not None:
             return micro, True
         return (min(choices), False) if fits(memory(min(choices), mode), mode) else (None, False)

@@ -25,7 +25,7 @@ from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, choose_fastest, default_strategy,
-                                      evaluate_candidate, offloads)
+                                      evaluate_candidate, largest_fitting, offloads)
 from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
@@ -214,22 +214,10 @@ def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
         at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy).fits
 
-    longest = _last_true(lengths, fits)
+    longest = largest_fitting(fits, lengths)
     if longest is None:
         return []
     return [_Change(name=f"--seq-len {longest}", keeps_math=False, update={"seq_len": longest})]
-
-
-def _last_true(values: list[int], test: Callable[[int], bool]) -> int | None:
-    """The last value passing a test that holds up to some point and fails after it, by bisection."""
-    lo, hi, best = 0, len(values) - 1, None
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if test(values[mid]):
-            best, lo = values[mid], mid + 1
-        else:
-            hi = mid - 1
-    return best
 
 
 def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> str | None:

@@ -4,24 +4,33 @@ simulator runs it (``advisor.simulate.step.cuda_dropout``)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import torch
 
 from advisor.simulate.step import cuda_dropout
 
 
 def saved_forward_bytes(model: torch.nn.Module, **inputs) -> int:
+    """Counted once the forward has returned, with its output still held: only what the graph keeps
+    (a tensor saved by a branch the output does not depend on is freed, and its address may be reused
+    by a later one: counting at pack time by address was order- and allocator-dependent)."""
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
+    aliases = []
 
     def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in weights:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
+        alias = tensor.detach()  # a handle that lives exactly as long as the graph keeps the tensor
+        aliases.append(weakref.ref(alias))
+        return alias
 
     with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(**inputs)
-    return sum(saved.values())
+        out = model(**inputs)
+    gc.collect()
+    alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in aliases)
+             if t is not None and t.untyped_storage().data_ptr() not in weights}
+    del out
+    return sum(alive.values())
 
 
 def qwen_tower_saved_bytes(tower_class: type, config, dtype: torch.dtype, grid: int) -> int:

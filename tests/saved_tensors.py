@@ -12,10 +12,11 @@ import torch
 from advisor.simulate.step import cuda_dropout
 
 
-def saved_forward_bytes(model: torch.nn.Module, **inputs) -> int:
+def saved_forward_bytes(model: torch.nn.Module, *, autocast: bool = False, **inputs) -> int:
     """Counted once the forward has returned, with its output still held: only what the graph keeps
     (a tensor saved by a branch the output does not depend on is freed, and its address may be reused
-    by a later one: counting at pack time by address was order- and allocator-dependent)."""
+    by a later one: counting at pack time by address was order- and allocator-dependent). ``autocast``:
+    the forward under CPU autocast to bf16 (weights kept in their own dtype)."""
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     aliases = []
 
@@ -24,7 +25,8 @@ def saved_forward_bytes(model: torch.nn.Module, **inputs) -> int:
         aliases.append(weakref.ref(alias))
         return alias
 
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         out = model(**inputs)
     gc.collect()
     alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in aliases)

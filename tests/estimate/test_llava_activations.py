@@ -4,9 +4,6 @@ without images: the difference is the tower's and the projector's share; and the
 
 from __future__ import annotations
 
-import gc
-import weakref
-
 import pytest
 import torch
 import transformers
@@ -14,7 +11,7 @@ import transformers
 from advisor.estimate.activations_llava import clip_per_image, clip_saved
 from advisor.model.llava import clip_tower
 from advisor.model.releases import installed_behaviours
-from advisor.simulate.step import cuda_dropout
+from tests.saved_tensors import saved_forward_bytes
 
 TEXT = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
             intermediate_size=128, vocab_size=1000, tie_word_embeddings=False)
@@ -30,27 +27,6 @@ KEEPS = installed_behaviours().get("llava_output_keeps_vision_tower")
 TOWER = clip_tower(CONFIG, output_keeps_tower=KEEPS)[1]
 
 
-def _alive_after_forward(model: torch.nn.Module, *, autocast: bool = False, **inputs) -> int:
-    """Bytes of distinct non-parameter storages autograd still holds once the forward has returned.
-    The hook keeps a detached alias (no grad_fn), so a node saving its own output makes no cycle."""
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    refs = []
-
-    def pack(tensor):
-        alias = tensor.detach()
-        refs.append(weakref.ref(alias))
-        return alias
-
-    with cuda_dropout(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
-            torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = model(**inputs)
-    gc.collect()
-    alive = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (r() for r in refs)
-             if t is not None and t.untyped_storage().data_ptr() not in weights}
-    del out
-    return sum(alive.values())
-
-
 def _forward_bytes(dtype: torch.dtype, images: int, *, autocast: bool = False) -> int:
     config = transformers.LlavaConfig(**CONFIG)
     for sub in (config, config.text_config, config.vision_config):
@@ -62,7 +38,7 @@ def _forward_bytes(dtype: torch.dtype, images: int, *, autocast: bool = False) -
     if images:
         ids[:, 10:10 + 64 * images] = 999  # the <image> placeholders the features replace
         pixels["pixel_values"] = torch.randn(images, 3, 32, 32, dtype=dtype)
-    return _alive_after_forward(model, autocast=autocast, input_ids=ids, labels=ids, **pixels)
+    return saved_forward_bytes(model, autocast=autocast, input_ids=ids, labels=ids, **pixels)
 
 
 @pytest.mark.parametrize("dtype,cb", [(torch.bfloat16, 2), (torch.float32, 4)])

@@ -11,6 +11,12 @@ from advisor.cli.options import plan_kwargs, plan_options
 from advisor.units import GIB
 
 
+def _checkpointing_suffix(result) -> str:
+    """`` +SAC`` for selective activation checkpointing, `` +AC`` for full recomputation."""
+    if not result.activation_checkpointing:
+        return ""
+    return " +SAC" if result.selective_checkpointing else " +AC"
+
 
 def _table(comparison):
     from rich.table import Table
@@ -25,7 +31,7 @@ def _table(comparison):
         step = r.step
         micro = f"{r.micro_batch_size}" + (f" x{r.gradient_accumulation_steps}" if r.gradient_accumulation_steps > 1 else "")
         table.add_row(
-            r.label, str(r.world_size), r.strategy + (" +AC" if r.activation_checkpointing else ""), micro,
+            r.label, str(r.world_size), r.strategy + _checkpointing_suffix(r), micro,
             f"{r.memory_per_gpu_bytes / GIB:.1f}/{r.capacity_bytes / GIB:.0f}", f"{step.step_s:.2f}",
             f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}", f"{r.gpu_hours_per_billion_tokens:,.1f}",
         )

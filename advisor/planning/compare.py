@@ -34,6 +34,8 @@ class ClusterResult(_Frozen):
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     activation_checkpointing: bool | None = None
+    selective_checkpointing: bool | None = Field(default=None, description="Checkpointing is selective (AC covers "
+                                                 "part of each block), not full recomputation.")
     memory_per_gpu_bytes: int | None = Field(default=None, description="Estimated peak per GPU.")
     capacity_bytes: int
     step: StepTime | None = None
@@ -71,16 +73,17 @@ def split_gpus(text: str) -> list[str]:
 
 
 def time_recommendation(result: Plan) -> StepTime | None:
-    """Step time of the plan's recommended candidate (None when nothing fits), on the plan's own hardware."""
-    rec = result.recommendation
-    if rec is None:
+    """Step time of the plan's recommended candidate (None when nothing fits), as the planner timed it: its own
+    checkpointing mode (selective or full), micro-batch, accumulation and mesh. Re-timing it here from a bool
+    timed selective checkpointing as full recomputation (issue 21 item 10)."""
+    if result.recommendation is None:
         return None
     cand = result.chosen
-    if rec.mesh is not None:  # timed on its mesh by the planner (advisor.estimate.mesh_time)
+    if cand.step_time is not None:
         return cand.step_time
-    hardware = result.hardware
-    impl = STRATEGIES[rec.strategy].on(result.training.engine)
-    return estimate_step_time(result.model, hardware, result.training, impl, micro_batch_size=cand.micro_batch_size,
+    impl = STRATEGIES[cand.strategy].on(result.training.engine)
+    return estimate_step_time(result.model, result.hardware, result.training, impl,
+                              micro_batch_size=cand.micro_batch_size,
                               checkpointing=bool(cand.activation_checkpointing),
                               gradient_accumulation_steps=cand.gradient_accumulation_steps or 1)
 
@@ -96,7 +99,8 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     return ClusterResult(
         **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,
-        activation_checkpointing=bool(cand.activation_checkpointing), memory_per_gpu_bytes=cand.memory_bytes.total,
+        activation_checkpointing=bool(cand.activation_checkpointing),
+        selective_checkpointing=bool(cand.selective_checkpointing), memory_per_gpu_bytes=cand.memory_bytes.total,
         step=step, gpu_hours_per_billion_tokens=hours, message=rec.reason,
     )
 

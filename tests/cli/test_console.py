@@ -3,6 +3,7 @@ flushing, skipping the interpreter's teardown; the exit codes and output stay th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -41,3 +42,18 @@ def test_the_script_exits_normally_when_torch_was_never_imported():
     done = subprocess.run([sys.executable, "-c", "from advisor.cli.main import console; console()", "plan", "--model",
                            "Qwen/Qwen2.5-0.5B", "--gpus", "0xH100"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.startswith("advisor: error:")
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGPIPE"), reason="no SIGPIPE on this platform")
+def test_a_reader_that_closes_the_pipe_ends_the_script_as_it_ends_cat():
+    """``advisor plan ... | head -1``: the script dies of SIGPIPE (the shell's 141), with nothing on stderr, as
+    ``cat`` does. Before, click turned the BrokenPipeError into a silent exit 1, a failure to ``set -o pipefail``."""
+    import signal
+
+    script = ("import sys; from advisor.cli.entry import console; sys.argv = ['advisor', 'plan', '--model', "
+              "'Qwen/Qwen2.5-0.5B', '--gpus', '2xA100']; console()")
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader has gone before the first line is written
+    done = subprocess.run([sys.executable, "-c", script], stdout=writer, stderr=subprocess.PIPE, text=True, timeout=120)
+    os.close(writer)
+    assert done.returncode == -signal.SIGPIPE and done.stderr == ""

@@ -11,7 +11,9 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
   ``launch_env.py``: the one place the launcher's environment is read; ``loader.py``:
   ``DistributedSampler`` sharding with automatic ``set_epoch``; ``verify.py``: the check that the
   applied model is what the decision claims (process group, wrapping, sharding, dtypes);
-  ``prepare_accelerate.py``: the ``Accelerator().prepare`` path, checked the same way.
+  ``prepare_accelerate.py``: the ``Accelerator().prepare`` path, checked the same way;
+  ``measured.py``: on CUDA, the peak allocated and reserved memory of steps 2-3, printed beside the
+  plan's figures (``wrap()`` and the Trainer / Lightning callbacks).
 - ``recipe.py``: ``Recipe`` (strategy, precision, activation checkpointing, offload), the strategy
   table ``STRATEGIES`` (each strategy's ``Applier``), ``apply_recipe`` (the one call ``wrap()`` and
   the simulator make) and ``autocast_context`` for the training loop.

@@ -24,6 +24,7 @@ from advisor.planning.api import Plan, plan
 from advisor.precision import PRECISIONS
 from advisor.training import TrainingConfig
 from advisor.units import GIB
+from wrappers import measured
 
 _HF_OPTIMIZERS = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("sgd", "sgd"), ("adam", "adamw"))
 _DEFAULT_SEQ_LEN = 2048
@@ -32,8 +33,9 @@ _DEFAULT_SEQ_LEN = 2048
 class Verdict:
     """What the check found: whether the trainer's own configuration fits, and the lines to print."""
 
-    def __init__(self, fits: bool | None, lines: list[str], plan: Plan | None = None) -> None:
+    def __init__(self, fits: bool | None, lines: list[str], plan: Plan | None = None, planned: Any = None) -> None:
         self.fits, self.lines, self.plan = fits, lines, plan
+        self.planned = planned  # the MemoryBreakdown of the configuration the trainer runs, when estimated
 
     def __str__(self) -> str:
         return "\n".join(self.lines)
@@ -68,7 +70,7 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
     if row.fits and row.memory_bytes is not None:
         used = row.memory_bytes.total / GIB
         return Verdict(True, [f"advisor: pre-flight: {where}, {what}: {used:.1f} of {row.capacity_bytes / GIB:.1f} "
-                              "GiB per GPU: fits"], exact)
+                              "GiB per GPU: fits"], exact, row.memory_bytes)
     lines = [f"advisor: pre-flight: {where}, {what}: does not fit"
              + (f" ({row.memory_bytes.total / GIB:.1f} of {row.capacity_bytes / GIB:.1f} GiB per GPU)"
                 if row.memory_bytes is not None else f" ({row.unavailable_reason})" if row.unavailable_reason else "")]
@@ -87,7 +89,7 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
         lines.append(f"advisor: advice: {open_plan.smallest_fit.message}")
     else:
         lines.append("advisor: advice: nothing fits on these GPUs; see `advisor plan` for the numbers")
-    return Verdict(False, lines, exact)
+    return Verdict(False, lines, exact, row.memory_bytes)
 
 
 def _planned_world(gpus: str | None, launched: int) -> int:
@@ -117,6 +119,14 @@ def _finish(verdict: Verdict, *, strict: bool, rank_zero: bool) -> None:
         print(verdict, flush=True)
     if strict and verdict.fits is False:
         raise RuntimeError(" ".join(verdict.lines))
+
+
+def _watch(device: Any, verdict: Verdict, rank_zero: bool) -> measured.StepMemory | None:
+    """Measure steps 2-3 on a CUDA device and print the line beside the verdict's figures (rank 0)."""
+    source = measured.device_memory_source(device)
+    if source is None:
+        return None
+    return measured.StepMemory(source, verdict.planned, lambda line: print(line, flush=True) if rank_zero else None)
 
 
 # --- Hugging Face Trainer -------------------------------------------------------------------------
@@ -212,12 +222,20 @@ class AdvisorCallback(TrainerCallback):
     def __init__(self, *, seq_len: int | None = None, gpus: str | None = None, strict: bool = False) -> None:
         self.seq_len, self.gpus, self.strict = seq_len, gpus, strict
         self.verdict: Verdict | None = None
+        self.memory: measured.StepMemory | None = None  # steps 2-3 measured on CUDA (wrappers.measured)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> Any:
         world = _planned_world(self.gpus, max(1, int(getattr(args, "world_size", 1))))
         self.verdict = _checked(lambda: check(model, strategy=hf_strategy(args)[0], world_size=world, gpus=self.gpus,
                                               training=hf_training(args, model, self.seq_len, world_size=world)))
-        _finish(self.verdict, strict=self.strict, rank_zero=bool(getattr(state, "is_world_process_zero", True)))
+        rank_zero = bool(getattr(state, "is_world_process_zero", True))
+        _finish(self.verdict, strict=self.strict, rank_zero=rank_zero)
+        self.memory = _watch(getattr(args, "device", None), self.verdict, rank_zero)
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if self.memory is not None:
+            self.memory.step_done()
         return control
 
 
@@ -260,6 +278,8 @@ def _lightning_class() -> type:
             self.micro_batch_size, self.seq_len, self.gpus = micro_batch_size, seq_len, gpus
             self.strict, self.optimizer, self.checkpointing = strict, optimizer, activation_checkpointing
             self.verdict: Verdict | None = None
+            self.memory: measured.StepMemory | None = None
+            self._steps_seen = 0
 
         def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             strategy, engine = lightning_strategy(trainer.strategy)
@@ -276,6 +296,15 @@ def _lightning_class() -> type:
 
             self.verdict = _checked(run)
             _finish(self.verdict, strict=self.strict, rank_zero=bool(trainer.is_global_zero))
+            self.memory = _watch(getattr(trainer.strategy, "root_device", None), self.verdict,
+                                 bool(trainer.is_global_zero))
+            self._steps_seen = int(trainer.global_step)
+
+        def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+            # An optimizer step ends where the global step moves (a batch is not a step under accumulation).
+            while self.memory is not None and self._steps_seen < int(trainer.global_step):
+                self._steps_seen += 1
+                self.memory.step_done()
 
     return AdvisorLightningCallback
 

@@ -38,6 +38,7 @@ from advisor.model.spec import ModelSpec
 from advisor.planning.planner import default_strategy
 from advisor.strategies import StrategyName
 from advisor.training import Engine, Precision
+from wrappers import measured
 from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import shard_loader
@@ -260,9 +261,18 @@ def _refuse_wrapped(model: Any) -> None:
 
 
 def _finish(model: nn.Module, optimizer, loader, decision: Decision, env: LaunchEnv, verbose: bool) -> Any:
-    """Attach the decision, log it once, and return what was passed in order."""
+    """Attach the decision, log it once, watch the memory of steps 2-3 on CUDA (``wrappers.measured``:
+    one line beside the plan's figures, at ``model.advisor_memory``), and return what was passed in order."""
     model.advisor_decision = decision
     if verbose and env.rank == 0:
         print(decision.summary(), file=sys.stderr, flush=True)
+
+    def report(line: str) -> None:
+        if verbose and env.rank == 0:
+            print(line, file=sys.stderr, flush=True)
+
+    model.advisor_memory = measured.watch_optimizer(optimizer, measured.device_memory_source(env.device),
+                                                    measured.planned_breakdown(decision.plan, decision.strategy),
+                                                    report)
     result = [model] + ([optimizer] if optimizer is not None else []) + ([loader] if loader is not None else [])
     return result[0] if len(result) == 1 else tuple(result)

@@ -48,3 +48,29 @@ def shard_loader(loader: DataLoader, *, num_replicas: int, rank: int) -> DataLoa
         worker_init_fn=loader.worker_init_fn,
         persistent_workers=loader.persistent_workers if loader.num_workers > 0 else False,
     )
+
+
+def _tokens_per_sample(sample: object) -> int | None:
+    """The last dimension of a sample's token ids: ``input_ids`` of a dict, else its first tensor."""
+    if isinstance(sample, dict):
+        sample = sample.get("input_ids", next(iter(sample.values()), None))
+    elif isinstance(sample, (tuple, list)) and sample:
+        sample = sample[0]
+    shape = getattr(sample, "shape", None)
+    return int(shape[-1]) if shape else None
+
+
+def loader_shape(loader: DataLoader | None) -> tuple[int | None, int | None]:
+    """(samples per batch on each rank, tokens per sample) the loader will feed: its ``batch_size`` (which a
+    ``DistributedSampler`` keeps per rank), and the token count of the dataset's first sample (a map-style
+    dataset's item 0; a collate function that pads further is not seen). None where the loader does not say."""
+    if loader is None:
+        return None, None
+    seq_len = None
+    dataset = getattr(loader, "dataset", None)
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        try:
+            seq_len = _tokens_per_sample(dataset[0]) if len(dataset) else None
+        except Exception:  # noqa: BLE001 - a dataset that cannot be indexed cheaply is read as "not said"
+            seq_len = None
+    return getattr(loader, "batch_size", None), seq_len

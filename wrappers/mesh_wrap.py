@@ -1,12 +1,13 @@
 """The mesh branch of ``wrap()``: TP / CP / HSDP on a ``ParallelDims`` mesh and meta-device models.
 
-``wrap()`` comes here when it is given ``mesh=`` (a ``ParallelDims`` or its dict), ``tp`` / ``cp`` /
-``hybrid`` degrees, ``checkpoint=``, a transformers config, or a model built on the meta device. It
+``wrap()`` comes here when it is given ``mesh=`` (a ``ParallelDims`` or its dict) or ``tp`` / ``cp`` /
+``hybrid`` degrees (applied as given), when its plan needs a mesh (TP, CP, HSDP), or when a sharded plan
+(zero2 / zero3) is applied to a model built on the meta device or a transformers config. It
 builds the meshes, applies ``parallelize.apply_mesh`` (TP, checkpointing, FSDP2 or HSDP, then each
 rank's shard materialised), checks what was built (process group, every parameter's placement on
 every mesh dimension; ``RuntimeError`` otherwise, as ``verify_applied`` does for the DP family) and
 shards the loader over the data-parallel ranks only (TP and CP ranks of one replica read the same
-batch). The FSDP2 strategy is ``zero3`` unless another sharded one is asked for.
+batch). The FSDP2 strategy is the plan's, ``zero3`` for a pinned mesh unless another sharded one is asked for.
 
 One process with a meta model or config: nothing to shard, so the model is materialised whole on
 the device (the safetensors path still reads tensor by tensor).
@@ -30,14 +31,8 @@ from wrappers.recipe import Recipe
 from wrappers.verify import group_problem, mesh_problems
 
 
-def _is_config(model: object) -> bool:
+def is_config(model: object) -> bool:
     return not isinstance(model, nn.Module) and hasattr(model, "model_type") and hasattr(model, "to_dict")
-
-
-def needs_mesh(model: object, *, mesh, tp: int, cp: int, hybrid: int, checkpoint) -> bool:
-    """Whether ``wrap()`` takes the mesh branch (see the module docstring)."""
-    return (mesh is not None or (tp, cp, hybrid) != (1, 1, 1) or checkpoint is not None or _is_config(model)
-            or (isinstance(model, nn.Module) and is_meta(model)))
 
 
 def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
@@ -55,10 +50,25 @@ def _ensure_group(env: LaunchEnv) -> None:
     init_launch_group(env)
 
 
+def materialize_whole(model: nn.Module, optimizer, *, env: LaunchEnv, checkpoint) -> tuple:
+    """(model, optimizer) with a meta-device model materialised whole on this rank's device, from the
+    safetensors directory ``checkpoint`` or initialised; the optimizer rebuilt over the new parameters."""
+    if is_meta(model):
+        # to_empty() gives the meta parameters new Parameter objects: an optimizer built on the meta
+        # model would step tensors the model no longer holds. Rebuild it by name (no state to lose).
+        names = param_group_names(optimizer, model) if optimizer is not None else None
+        materialize(model, device=env.device, checkpoint=checkpoint)
+        if optimizer is not None:
+            optimizer = rebuild_optimizer(optimizer, model.named_parameters(), group_param_names=names)
+    elif checkpoint is not None:
+        raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
+    return model.to(env.device), optimizer
+
+
 def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp: int, hybrid: int, checkpoint,
                  strategy: StrategyName | None, precision: Precision | None, activation_checkpointing) -> tuple:
     """(model, optimizer, loader, the Decision's fields) after applying the mesh."""
-    if _is_config(model):
+    if is_config(model):
         model = model_from_config(model)
     dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
     _check_dims(dims, model, env)
@@ -68,16 +78,7 @@ def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp:
     decision = dict(engine="torch", precision=recipe.precision, activation_checkpointing=recipe.activation_checkpointing,
                     selective_checkpointing=recipe.selective_checkpointing, world_size=env.world_size, mesh=dims)
     if env.world_size == 1:
-        if is_meta(model):
-            # to_empty() gives the meta parameters new Parameter objects: an optimizer built on the meta
-            # model would step tensors the model no longer holds. Rebuild it by name (no state to lose).
-            names = param_group_names(optimizer, model) if optimizer is not None else None
-            materialize(model, device=env.device, checkpoint=checkpoint)
-            if optimizer is not None:
-                optimizer = rebuild_optimizer(optimizer, model.named_parameters(), group_param_names=names)
-        elif checkpoint is not None:
-            raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
-        model.to(env.device)
+        model, optimizer = materialize_whole(model, optimizer, env=env, checkpoint=checkpoint)
         reason = "one process: nothing to shard; the meta-device model was materialised whole"
         return model, optimizer, loader, dict(decision, strategy=None, reason=reason)
     _ensure_group(env)

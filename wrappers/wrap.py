@@ -1,8 +1,8 @@
 """``wrap(model, optimizer, loader)``: plan for the live model and this launch, then apply the plan.
 
-The flow: read the launch once (``read_launch_env``), decide (``decide``: the planner's
+The flow: read the launch once (``read_launch_env``), decide (``plan_wrap``: the planner's
 recommendation when GPUs are visible, the size-threshold default on CPU where there is no GPU
-memory to check), apply it (``apply_recipe``, the same call the simulator makes), check that the
+memory to check; the same for a model on the meta device, at the batch the loader feeds), apply it (``apply_recipe``, the same call the simulator makes), check that the
 result is what the decision claims (``verify_applied``: process group of the launch's size, the
 wrapping and sharding, the dtypes; ``RuntimeError`` otherwise), shard the loader, and attach the
 decision to the returned model (``model.advisor_decision``). Rank 0 prints the decision once.
@@ -32,7 +32,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from advisor.mesh import ParallelDims
+from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import default_strategy
@@ -41,8 +41,9 @@ from advisor.training import Engine, Precision
 from wrappers import measured
 from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv, read_launch_env
-from wrappers.loader import shard_loader
+from wrappers.loader import loader_shape, shard_loader
 from wrappers.optim import optimizer_implementation
+from wrappers.parallelize import is_meta, model_from_config
 from wrappers.precision import apply_autocast, precision_dtypes
 from wrappers.process_group import init_launch_group
 from wrappers.prepare_accelerate import prepare_with_accelerate
@@ -69,8 +70,12 @@ class Decision(BaseModel):
     world_size: int
     reason: str
     plan: Any = Field(default=None, description="The advisor Plan, when GPUs let us check memory.")
-    mesh: ParallelDims | None = Field(default=None, description="The device mesh applied (TP, CP, HSDP); None: "
-                                      "data parallelism over the world.")
+    mesh: ParallelDims | None = Field(default=None, description="The device mesh applied: TP, CP, HSDP, or data "
+                                      "parallelism alone (dp_shard = world size).")
+    micro_batch_size: int | None = Field(default=None, description="Samples per rank per forward the plan is for: "
+                                         "the loader's batch_size, else the plan's choice; None: not planned.")
+    seq_len: int | None = Field(default=None, description="Tokens per sample the plan is for: the loader's first "
+                                "sample, else the seq_len given, else the planner's default.")
 
     def summary(self) -> str:
         ckpt = (f", {'selective ' if self.selective_checkpointing else ''}activation checkpointing"
@@ -131,6 +136,33 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                     reason=f"{rationale}; no GPU visible, so memory was not checked")
 
 
+def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, strategy: StrategyName | None = None,
+              precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
+              seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
+    """The Decision ``wrap()`` applies, without applying it: the model planned the same way whatever its device
+    (a meta-device model by its shapes, a live one as itself, so PEFT adapters are seen), at the batch the
+    loader feeds (its ``batch_size`` and the first sample's tokens) unless ``micro_batch_size`` / ``seq_len``
+    say otherwise, with the optimizer's implementation; data parallelism is the mesh with tp = cp = 1."""
+    read_batch, read_seq = loader_shape(loader)
+    micro_batch_size, seq_len = micro_batch_size or read_batch, seq_len or read_seq
+    meta = is_meta(model)
+    decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
+                      activation_checkpointing=activation_checkpointing, seq_len=seq_len,
+                      micro_batch_size=micro_batch_size, live=None if meta else model,
+                      optimizer_impl=optimizer_implementation(optimizer))
+    return _with_batch(decision, micro_batch_size, seq_len, env)
+
+
+def _with_batch(decision: Decision, micro_batch_size: int | None, seq_len: int | None, env: LaunchEnv) -> Decision:
+    """The decision with its mesh (data parallelism over the world where the plan has no other) and the batch
+    it was planned at: the plan's own when it ran, else what the loader feeds."""
+    plan = decision.plan
+    if plan is not None and plan.recommendation is not None:
+        micro_batch_size, seq_len = plan.recommendation.micro_batch_size, plan.training.seq_len
+    mesh = decision.mesh or ParallelDims.data_parallel(env.world_size)
+    return Decision(**{**dict(decision), "mesh": mesh, "micro_batch_size": micro_batch_size, "seq_len": seq_len})
+
+
 def _stored_precision(model: nn.Module) -> Precision | None:
     """``"bf16"`` for a model stored in bf16 (it will compute in bf16 whatever autocast says), else None."""
     stored = {p.dtype for p in model.parameters() if p.is_floating_point()}
@@ -178,39 +210,50 @@ def wrap(
 ) -> Any:
     """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
 
+    The model is planned by ``plan_wrap`` whatever its device (a meta-device model or a transformers config
+    by its shapes) at the loader's batch; the plan is then applied on its mesh (TP, CP, HSDP, or data
+    parallelism alone). A meta model is materialised from the safetensors directory ``checkpoint`` or
+    initialised: shard by shard under a sharded plan (``wrappers.mesh_wrap``), whole under DDP / ZeRO-1.
     ``mesh`` (a ``ParallelDims`` or its dict, e.g. a plan's), or ``tp`` / ``cp`` / ``hybrid``
-    (dp_replicate), apply TP, CP and FSDP2/HSDP on a device mesh; a model on the meta device (or a
-    transformers config) is materialised shard by shard, from the safetensors directory
-    ``checkpoint`` or initialised (``wrappers.mesh_wrap``).
+    (dp_replicate), pin a device mesh, applied as given without a memory check.
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
     env = env or read_launch_env()
-    from wrappers.mesh_wrap import needs_mesh, wrap_on_mesh
+    from wrappers.mesh_wrap import is_config, materialize_whole, wrap_on_mesh
 
-    if needs_mesh(model, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint):
+    if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
+        # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
         model, optimizer, loader, decision = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint,
             strategy=strategy, precision=precision, activation_checkpointing=activation_checkpointing)
         return _finish(model, optimizer, loader, Decision(**decision), env, verbose)
+    if is_config(model):
+        model = model_from_config(model)
+    if checkpoint is not None and not is_meta(model):
+        raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
     passed = [obj for obj in (model, optimizer, loader) if obj is not None]
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
         plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
         prepared = _prepare_with_accelerate(passed, why, env, plugin, activation_checkpointing)
         return prepared[0] if len(prepared) == 1 else prepared
-    decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
-                      activation_checkpointing=activation_checkpointing, seq_len=seq_len,
-                      micro_batch_size=micro_batch_size, live=model,
-                      optimizer_impl=optimizer_implementation(optimizer))
-    if decision.mesh is not None and not decision.mesh.is_data_parallel_only:
-        # The plan needs more than data parallelism (TP / CP / HSDP): apply its mesh.
+    decision = plan_wrap(model, env, optimizer=optimizer, loader=loader, strategy=strategy, precision=precision,
+                         activation_checkpointing=activation_checkpointing, seq_len=seq_len,
+                         micro_batch_size=micro_batch_size)
+    # One path, whatever the model's device: the plan is applied on its mesh when it needs one, by FSDP2
+    # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
+    # whole with the DP-family recipe.
+    needs_mesh = not decision.mesh.is_data_parallel_only
+    if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         checkpointing = "selective" if decision.selective_checkpointing else decision.activation_checkpointing
         model, optimizer, loader, fields = wrap_on_mesh(
-            model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=None,
+            model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
             strategy=decision.strategy, precision=decision.precision, activation_checkpointing=checkpointing)
-        return _finish(model, optimizer, loader, Decision(**{**fields, "reason": decision.reason,
-                                                             "plan": decision.plan}), env, verbose)
+        kept = {k: getattr(decision, k) for k in ("reason", "plan", "micro_batch_size", "seq_len")}
+        return _finish(model, optimizer, loader, Decision(**{**fields, **kept}), env, verbose)
+    if is_meta(model) or checkpoint is not None:
+        model, optimizer = materialize_whole(model, optimizer, env=env, checkpoint=checkpoint)
     if decision.strategy is None:
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype

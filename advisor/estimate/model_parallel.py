@@ -36,9 +36,11 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   the language model's sequence, not the images. Every TP and CP rank therefore runs the whole
   tower over all of its micro-batch's images and keeps its activations whole
   (``advisor.estimate.memory.vision_tower_bytes``, the data-parallel figure, not divided by tp or
-  cp). CP as counted here splits the sequence after the image features are merged into it:
-  transformers' VLMs check that the image placeholders in ``input_ids`` match the features, so
-  sharding ``input_ids`` before the model (torch ``context_parallel`` buffers) fails there.
+  cp). CP with images is counted here but refused by the planner (``advisor.planning.meshes``
+  ``check_pins`` and the search): transformers' VLMs check that the image
+  placeholders in ``input_ids`` match the features, so sharding ``input_ids`` before the model (torch
+  ``context_parallel`` buffers) fails there, and the search offers no such mesh. A text-only batch of
+  a VLM (no images) splits like any decoder's.
 - Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
   ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs

@@ -60,6 +60,10 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
 
     strategy = STRATEGIES["zero3"].on(training.engine)
     check_mesh_support(spec, training, strategy, mesh)
+    if mesh.cp > 1 and training.images_per_sample:
+        raise ValueError(f"--cp {mesh.cp} cannot run with images: transformers' vision-language models check the "
+                         "image placeholders in input_ids against the image features, and context parallelism "
+                         "shards input_ids before the model; use --tp or zero3 for image batches")
     mesh.check_node(hw.gpus_per_node)
     problem = launch_rule(mesh)
     if problem:
@@ -93,8 +97,8 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     meshes = []
     for tp in tps:
         cps = [pins.cp] if pins.cp else [c for c in _powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]
-        if training.attention == "eager" and not pins.cp:
-            cps = [1]
+        if (training.attention == "eager" or training.images_per_sample) and not pins.cp:
+            cps = [1]  # ring attention needs SDPA, and cannot shard a VLM's input_ids (check_pins)
         for cp in cps:
             if world % (tp * cp):
                 continue
@@ -293,8 +297,9 @@ def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
             dp_blocked: str | None) -> tuple[Recommendation | None, list[str]]:
     """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
     if best is None:
-        return None, ([f"No mesh fits either (tried {len(meshes)}: tp, cp and HSDP degrees inside a node)."]
-                      if meshes else [])
+        tried = ("tp and HSDP degrees inside a node; no cp: context parallelism cannot shard a vision-language "
+                 "model's input_ids" if training.images_per_sample else "tp, cp and HSDP degrees inside a node")
+        return None, ([f"No mesh fits either (tried {len(meshes)}: {tried})."] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     return mesh_recommendation(spec, hw, training, best,
                                opening=f"Data parallelism alone cannot run this: the limit is {limit}.")

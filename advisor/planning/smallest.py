@@ -92,5 +92,11 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         count, _, name = min(found)
         return SmallestFit(num_gpus=count, strategy=name,
                            message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
+    remedies = ["shorten --seq-len"]
+    if training.images_per_sample:
+        remedies.append("use fewer or smaller images")
+    if training.activation_checkpointing == "off":
+        remedies.append("enable checkpointing (--activation-checkpointing on)")
+    tried = "" if training.activation_checkpointing == "off" else " (with activation checkpointing)"
     return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
-                       "a GPU, or offloaded states exceed CPU RAM; shorten --seq-len or enable checkpointing.")
+                       f"a GPU{tried}, or offloaded states exceed CPU RAM; {' or '.join(remedies)}.")

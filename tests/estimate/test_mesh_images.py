@@ -46,10 +46,27 @@ def test_more_images_need_more_memory_on_a_mesh():
     64 images a sample add 48 x 1,369 = 65,712 language-model tokens and 48 x 5,476 patches of tower over 16
     images, so every mesh at the same micro-batch needs more memory; before, the mesh plans were the same
     at 0, 16 and 64 images."""
-    options = dict(image_size=1024, micro_batch_size=1, activation_checkpointing="on", tp=2, cp=2)
+    options = dict(image_size=1024, micro_batch_size=1, activation_checkpointing="on", tp=2, cp=1)
     totals = {}
     for images in (0, 16, 64):
         result = plan("Qwen/Qwen2.5-VL-7B-Instruct", "8xH100", images_per_sample=images, **options)
         (cand,) = [c for c in result.candidates if c.mesh is not None]
         totals[images] = cand.memory_bytes.total
     assert totals[0] < totals[16] < totals[64]
+
+
+def test_context_parallelism_is_neither_searched_nor_accepted_with_images(capsys):
+    """Issue 21: the planner recommended dp_shard 2 x cp 4 for Qwen2.5-VL-7B with 4 images at seq 65,536, a mesh
+    wrap() cannot run (transformers checks the image placeholders in input_ids against the features, and CP
+    shards input_ids before the model). Searched meshes have cp 1 with images; a pinned --cp is exit 2."""
+    from tests.cli._main import run_main
+
+    job = dict(image_size=448, images_per_sample=4, seq_len=65_536)
+    result = plan("Qwen/Qwen2.5-VL-7B-Instruct", "8xH100", **job)
+    assert result.recommendation is None or result.recommendation.mesh is None or result.recommendation.mesh.cp == 1
+    assert "no cp: context parallelism cannot shard" in " ".join(result.why)
+    text_only = plan("Qwen/Qwen2.5-VL-7B-Instruct", "8xH100", seq_len=65_536)
+    assert text_only.recommendation.mesh is not None and text_only.recommendation.mesh.cp > 1  # no images: CP runs
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-VL-7B-Instruct", "-g", "8xH100", "--image-size", "448",
+                             "--images-per-sample", "4", "--cp", "2"], capsys)
+    assert code == 2 and "--cp 2 cannot run with images" in err and len(err.strip().splitlines()) == 1

@@ -57,3 +57,18 @@ def test_smallest_fit_counts_whole_nodes_not_doublings():
     p = plan("meta-llama/Llama-3.1-405B", "8xA100", cpu_memory_gib=1500)
     assert p.recommendation is None
     assert (p.smallest_fit.num_gpus, p.smallest_fit.strategy) == (48, "zero3_offload")
+
+
+@pytest.mark.parametrize("checkpointing", ["auto", "off"])
+def test_nothing_fits_names_only_remedies_not_yet_tried(checkpointing):
+    """Qwen2.5-VL-7B with 64 images of 1,024 x 1,024 pixels a sample fits no count of H100s. The message used to
+    say "enable checkpointing" when checkpointing had been tried (auto); it names it only when it was off, and
+    the images, which are what make the sample large."""
+    from advisor.planning.api import plan
+
+    result = plan("Qwen/Qwen2.5-VL-7B-Instruct", "8xH100", image_size=1024, images_per_sample=64,
+                  activation_checkpointing=checkpointing)
+    text = " ".join(result.why)
+    assert result.recommendation is None and "use fewer or smaller images" in text
+    assert ("enable checkpointing" in text) == (checkpointing == "off")
+    assert ("(with activation checkpointing)" in text) == (checkpointing != "off")

@@ -1,21 +1,17 @@
-"""Strategy semantics in one table: what each strategy shards or offloads, which engine runs it
-and how, and what it costs to talk. Everything else (estimators, planner, exporters, ``wrap``)
-reads this table instead of branching on strategy names.
-
-Sources: ZeRO (Rajbhandari et al., 2020) for the stages and their communication (ZeRO-1/2 move
-the same bytes as DDP's all-reduce, ZeRO-3 1.5x); PyTorch docs for DistributedDataParallel,
-ZeroRedundancyOptimizer and FSDP2 ``fully_shard`` (FULL_SHARD = ZeRO-3, SHARD_GRAD_OP = ZeRO-2);
-FSDP2's ``CPUOffloadPolicy`` offloads parameters, gradients and optimizer state together; DeepSpeed
-docs for ``offload_optimizer`` / ``offload_param``.
+"""Strategy semantics in one table (``profiles/strategies.json``): what each strategy shards or
+offloads, and which engine runs it and how. Everything else (estimators, planner, exporters, ``wrap``)
+reads this table instead of branching on strategy names; the sources are cited in the data file.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from advisor.training import Engine
+from profiles import PROFILES_DIR
 
 StrategyName = Literal["dp", "ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 
@@ -46,143 +42,42 @@ class Strategy(BaseModel):
 
     name: StrategyName
     summary: str = Field(description="One line for tables and help.")
-    comm_factor: float = Field(description="Bytes moved per step per GPU, in model-gradient sizes (ring).")
-    engines: dict[str, Implementation] = Field(description="engine name -> implementation.")
+    engines: dict[Engine, Implementation] = Field(description="engine name -> implementation.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_names(cls, data: dict) -> dict:
+        """The data file keys each implementation by its engine; the object repeats it."""
+        engines = {name: {"engine": name, **row} for name, row in (data.get("engines") or {}).items()}
+        return {**data, "engines": engines}
 
     def on(self, engine: Engine) -> Implementation:
         return self.engines[engine]
 
 
-def _unavailable(engine: Engine, reason: str) -> Implementation:
-    return Implementation(engine=engine, available=False, reason=reason)
+class _StrategyTable(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    description: str
+    strategies: tuple[Strategy, ...]
+
+    @model_validator(mode="after")
+    def _every_strategy_on_every_engine(self) -> "_StrategyTable":
+        names = tuple(s.name for s in self.strategies)
+        if sorted(names) != sorted(get_args(StrategyName)) or len(set(names)) != len(names):
+            raise ValueError(f"strategies.json must hold each of {get_args(StrategyName)} once, holds {names}")
+        for s in self.strategies:
+            if set(s.engines) != set(get_args(Engine)):
+                raise ValueError(f"strategies.json: {s.name} must say how each of {get_args(Engine)} runs it")
+        return self
 
 
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s
-    for s in (
-        Strategy(
-            name="dp",
-            summary="torch.nn.DataParallel: one process, GPU0 gathers outputs and holds the optimizer",
-            comm_factor=2.0,
-            engines={
-                "torch": Implementation(engine="torch", runs_as="torch.nn.DataParallel", single_process=True),
-                "deepspeed": _unavailable("deepspeed", "DeepSpeed has no single-process DataParallel mode"),
-            },
-        ),
-        Strategy(
-            name="ddp",
-            summary="replicate everything, all-reduce gradients (bucketed, overlapped with backward)",
-            comm_factor=2.0,
-            engines={
-                "torch": Implementation(engine="torch", runs_as="DistributedDataParallel"),
-                "deepspeed": Implementation(engine="deepspeed", runs_as="DeepSpeed ZeRO stage 0"),
-            },
-        ),
-        Strategy(
-            name="zero1",
-            summary="shard optimizer state",
-            comm_factor=2.0,
-            engines={
-                "torch": Implementation(
-                    engine="torch", runs_as="DDP + ZeroRedundancyOptimizer", shard_optimizer=True
-                ),
-                "deepspeed": Implementation(engine="deepspeed", runs_as="DeepSpeed ZeRO stage 1", shard_optimizer=True),
-            },
-        ),
-        Strategy(
-            name="zero2",
-            summary="shard optimizer state and gradients (reduce-scatter)",
-            comm_factor=2.0,
-            engines={
-                "torch": Implementation(
-                    engine="torch",
-                    runs_as="FSDP2 fully_shard(reshard_after_forward=False)",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                ),
-                "deepspeed": Implementation(
-                    engine="deepspeed", runs_as="DeepSpeed ZeRO stage 2", shard_optimizer=True, shard_grads=True
-                ),
-            },
-        ),
-        Strategy(
-            name="zero3",
-            summary="shard parameters too (all-gather per block, 1.5x the communication)",
-            comm_factor=3.0,
-            engines={
-                "torch": Implementation(
-                    engine="torch",
-                    runs_as="FSDP2 fully_shard(reshard_after_forward=True)",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                    reshard_after_forward=True,
-                ),
-                "deepspeed": Implementation(
-                    engine="deepspeed",
-                    runs_as="DeepSpeed ZeRO stage 3",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                    reshard_after_forward=True,
-                ),
-            },
-        ),
-        Strategy(
-            name="zero2_offload",
-            summary="ZeRO-2 with optimizer state and step on the CPU",
-            comm_factor=2.0,
-            engines={
-                # FSDP2's CPUOffloadPolicy cannot offload the optimizer alone: it moves sharded
-                # parameters, gradients and optimizer state to the CPU together.
-                "torch": Implementation(
-                    engine="torch",
-                    runs_as="FSDP2 fully_shard(reshard_after_forward=False, offload_policy=CPUOffloadPolicy())",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                    offload_optimizer=True,
-                    offload_params=True,
-                ),
-                "deepspeed": Implementation(
-                    engine="deepspeed",
-                    runs_as="DeepSpeed ZeRO stage 2 + offload_optimizer(cpu)",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    offload_optimizer=True,
-                ),
-            },
-        ),
-        Strategy(
-            name="zero3_offload",
-            summary="ZeRO-3 with parameters and optimizer state on the CPU",
-            comm_factor=3.0,
-            engines={
-                "torch": Implementation(
-                    engine="torch",
-                    runs_as="FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                    reshard_after_forward=True,
-                    offload_optimizer=True,
-                    offload_params=True,
-                ),
-                "deepspeed": Implementation(
-                    engine="deepspeed",
-                    runs_as="DeepSpeed ZeRO stage 3 + offload_param(cpu) + offload_optimizer(cpu)",
-                    shard_optimizer=True,
-                    shard_grads=True,
-                    shard_params=True,
-                    reshard_after_forward=True,
-                    offload_optimizer=True,
-                    offload_params=True,
-                ),
-            },
-        ),
-    )
-}
+def _load() -> dict[str, Strategy]:
+    table = _StrategyTable.model_validate(json.loads((PROFILES_DIR / "strategies.json").read_text()))
+    return {s.name: s for s in table.strategies}
+
+
+STRATEGIES: dict[str, Strategy] = _load()
 
 
 def get_strategy(name: str) -> Strategy:

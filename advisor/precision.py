@@ -46,6 +46,7 @@ class PrecisionInfo(BaseModel):
 
 
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP32 = DTYPE_BYTES["float32"]  # bytes of one float32 element: master weights, optimizer moments, fp32 buffers
 
 PRECISIONS: dict[str, PrecisionInfo] = {
     p.name: p

@@ -37,8 +37,8 @@ from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 
-FP32 = 4
 INT64 = 8
 
 

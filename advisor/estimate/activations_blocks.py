@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_ssm import mamba_mixer_per_token
 from advisor.model.moe import MoeFacts
+from advisor.precision import FP32
 
 if TYPE_CHECKING:  # the input models live with the composition that builds them
     from advisor.estimate.activations import ActivationShape, Adapters, Dtypes
 
-FP32 = 4
 BOOL = 1
 
 

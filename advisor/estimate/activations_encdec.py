@@ -46,7 +46,8 @@ from __future__ import annotations
 
 from typing import Any
 
-FP32 = 4
+from advisor.precision import FP32
+
 BOOL = 1
 INT64 = 8
 

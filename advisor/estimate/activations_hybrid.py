@@ -21,8 +21,8 @@ from __future__ import annotations
 from advisor.estimate.activations_blocks import attention_per_token, decoder_layer_per_token
 from advisor.estimate.activations_ssm import SSM_NOTE, mamba_mixer_per_token
 from advisor.model.hybrid import HybridFacts
+from advisor.precision import FP32
 
-FP32 = 4
 
 JAMBA_NOTE = ("Jamba: attention layers as the decoder's, feed-forward as a dense gated MLP or the MoE block "
               "(dropless top-k, weights unnormalised), Mamba layers as " + SSM_NOTE.removeprefix("Mamba: ")

@@ -31,8 +31,8 @@ image plus 20,525,056 of weight copies, as counted here.
 from __future__ import annotations
 
 from advisor.model.llava import ClipTowerFacts
+from advisor.precision import FP32
 
-FP32 = 4
 
 LLAVA_NOTE = ("Llava: activations are the language model's over the text tokens plus the image tokens of "
               "--images-per-sample (default 0; (side / patch)^2 an image, 576 for llava-1.5: each image is resized to "

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from advisor.precision import FP32
+
 if TYPE_CHECKING:
     from advisor.estimate.activations import Dtypes
-
-FP32 = 4
 
 LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
 

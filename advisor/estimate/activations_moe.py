@@ -23,8 +23,8 @@ balance, and the load balance matters only for expert parallelism, which is not 
 from __future__ import annotations
 
 from advisor.model.moe import MlaFacts, MoeFacts
+from advisor.precision import FP32
 
-FP32 = 4
 INT64 = 8
 
 MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "

@@ -19,8 +19,8 @@ state); checked in ``tests/estimate/test_ssm_activations.py``. Pure functions, i
 from __future__ import annotations
 
 from advisor.model.kinds import SsmFacts
+from advisor.precision import FP32
 
-FP32 = 4
 
 SSM_NOTE = ("Mamba: activations of transformers' reference PyTorch scan (mamba_ssm / causal_conv1d not installed), "
             "which keeps every step's state; the fused CUDA kernels save far less and are not modelled")

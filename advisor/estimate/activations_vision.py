@@ -28,8 +28,8 @@ from __future__ import annotations
 from advisor.estimate.activations_llava import LLAVA_NOTE, clip_saved, llava_release_note
 from advisor.model.kinds import VisionFacts
 from advisor.model.llava import ClipTowerFacts
+from advisor.precision import FP32
 
-FP32 = 4
 
 VISION_NOTE = ("vision-language model: activations are the language model's over the text tokens plus the image "
                "tokens of --images-per-sample (default 0), and the vision tower's over each image's patches (merge^2 "

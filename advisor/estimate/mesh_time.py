@@ -104,7 +104,7 @@ def _ring_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: Effici
 def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
                   eff: EfficiencyProfile, mesh: ParallelDims) -> _Traffic:
     local = tp_rank_spec(spec, mesh.tp)
-    gather = 4 if training.precision == "fp32" else 2
+    gather = training.compute_bytes
     grad = training.param_bytes
     blocks = shape_of(spec).num_layers + 1
     size, stride = mesh.dp_shard * mesh.cp, mesh.tp

@@ -71,12 +71,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.model.bundled import load_architectures
 from advisor.model.lora import block_linears
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 from advisor.strategies import Implementation
 
 if TYPE_CHECKING:  # the planner's types; memory.py imports this module lazily
     from advisor.training import TrainingConfig
 
-FP32 = 4
 BLOCKSIZE_4BIT = 64  # bitsandbytes quantize_4bit default blocksize (Params4bit, Linear4bit)
 BLOCKSIZE_NESTED = 256  # quantize_blockwise(absmax, blocksize=256) under compress_statistics
 
@@ -179,7 +179,7 @@ def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implem
     the model states with the packed parameters, and the strategy's buffers recomputed over them."""
     q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
     deepspeed = training.engine == "deepspeed"
-    adapter_bytes = (4 if training.precision == "fp32" else 2) if deepspeed else training.param_bytes
+    adapter_bytes = training.compute_bytes if deepspeed else training.param_bytes
     params = quantized_param_bytes(spec, training, impl, world, q, adapter_bytes=adapter_bytes)
     if impl.offload_params:
         params -= q.constant_bytes  # the constants stay on the GPU: counted with the buffers

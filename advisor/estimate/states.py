@@ -27,10 +27,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
-FP32 = 4
 
 
 class ModelStates(BaseModel):
@@ -126,7 +126,7 @@ def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:
 def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
     """ZeRO paper accounting: 2 bytes weights, 2 grads, K = 12 (fp32 master 4 + Adam 8)."""
     p, t = spec.total_params, spec.trainable_params
-    pb = 4 if training.precision == "fp32" else 2
+    pb = training.compute_bytes
     master = 0 if pb == 4 else FP32 * t
     k_bytes = master + optimizer_state_bytes(spec, training, state_bytes=FP32)
     params = pb * p // world if impl.shard_params else pb * p

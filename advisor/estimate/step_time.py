@@ -164,14 +164,16 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
 
 
 def peak_tflops(gpu: GpuProfile, training: TrainingConfig) -> tuple[float, str | None]:
-    """Dense peak for the training precision, and a note when a fallback was used."""
-    if training.precision == "fp32":
+    """Dense peak for the training precision (the precision table's ``peak_rate``), and a note when a
+    fallback was used."""
+    rate = training.precision_info.peak_rate
+    if rate == "fp32":
         return gpu.fp32_tflops, None
-    if training.precision == "fp16-mixed":
+    if rate == "fp16":
         return (gpu.fp16_tflops or gpu.fp32_tflops), None
     if gpu.bf16_tflops is None:
-        rate = gpu.fp16_tflops or gpu.fp32_tflops
-        return rate, f"{gpu.name} has no bf16 tensor cores: timed at its fp16 rate (use --precision fp16-mixed)"
+        fallback = gpu.fp16_tflops or gpu.fp32_tflops
+        return fallback, f"{gpu.name} has no bf16 tensor cores: timed at its fp16 rate (use --precision fp16-mixed)"
     return gpu.bf16_tflops, None
 
 
@@ -212,8 +214,8 @@ class _Traffic(_Frozen):
 
 def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, int]:
     """(gathered parameter bytes, reduced gradient bytes) per element."""
-    gather = 4 if training.precision == "fp32" else 2
-    grad = training.param_bytes if impl.engine == "torch" else (4 if training.precision == "fp32" else 2)
+    gather = training.compute_bytes
+    grad = training.param_bytes if impl.engine == "torch" else training.compute_bytes
     return gather, grad
 
 

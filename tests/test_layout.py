@@ -28,7 +28,7 @@ HEAVY = ("torch", "transformers", "accelerate", "peft", "deepspeed", "lightning"
 # advisor's layers, lowest first: a module may import its own layer and those before it.
 LAYERS = (
     ("profiles",),
-    ("advisor.units", "advisor.precision", "advisor.calibration", "advisor.recipes"),
+    ("advisor.units", "advisor.precision", "advisor.calibration", "advisor.recipes", "advisor.frozen"),
     ("advisor.model",),
     ("advisor.training",),
     ("advisor.strategies", "advisor.mesh"),
@@ -156,3 +156,15 @@ def test_importing_the_planning_packages_and_planning_loads_no_torch():
                             timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
+
+
+def test_copies_of_frozen_models_are_validated():
+    """``model_copy(update=...)`` skips validation (issue 21 item 18): every copy with changed fields goes
+    through ``advisor.frozen.validated_copy``, so a value the type refuses cannot travel on in a copy."""
+    offenders = []
+    for folder in ("advisor", "wrappers"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if "model_copy(update" in line and not line.lstrip().startswith(("#", "``")):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}")
+    assert offenders == [], offenders

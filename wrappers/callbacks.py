@@ -20,6 +20,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from advisor.frozen import validated_copy
 from advisor.planning.api import Plan, plan
 from advisor.precision import PRECISIONS
 from advisor.training import TrainingConfig
@@ -75,7 +76,7 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
              + (f" ({row.memory_bytes.total / GIB:.1f} of {row.capacity_bytes / GIB:.1f} GiB per GPU)"
                 if row.memory_bytes is not None else f" ({row.unavailable_reason})" if row.unavailable_reason else "")]
     open_plan = plan(model, gpus, nodes=nodes,
-                     training=training.model_copy(update={"activation_checkpointing": "auto", "micro_batch_size": None}))
+                     training=validated_copy(training, {"activation_checkpointing": "auto", "micro_batch_size": None}))
     advice = open_plan.recommendation
     if advice is not None:
         mesh = f" on mesh {advice.mesh.label}" if advice.mesh is not None else ""

@@ -54,6 +54,7 @@ from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
+from advisor.frozen import validated_copy
 from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -193,7 +194,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
         return est
-    return est.model_copy(update={"saved_bytes": est.saved_bytes + tower})
+    return validated_copy(est, {"saved_bytes": est.saved_bytes + tower})
 
 
 def vision_tower_bytes(spec: ModelSpec, training: TrainingConfig, dtypes: Dtypes, *, micro_batch_size: int) -> int:

@@ -64,6 +64,7 @@ from advisor.estimate.activations import ActivationEstimate, ActivationShape, es
 from advisor.estimate.memory import (FP32, MemoryBreakdown, _recipe_dtypes, image_tokens, memory_at_moments,
                                      model_states, vision_tower_bytes)
 from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.lora import selective_kept_linears
@@ -114,7 +115,7 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     vocab_tp = 1 if spec.tied_embeddings else tp
     other = max(0, outside - embedding - head)
     total = layer_tp * num_layers + _ceil(embedding, vocab_tp) + _ceil(head, vocab_tp) + other
-    return spec.model_copy(update=dict(
+    return validated_copy(spec, dict(
         total_params=total, trainable_params=total, layer_params=layer_tp,
         embedding_params=_ceil(embedding, vocab_tp) if spec.embedding_params is not None else None,
         head_params=_ceil(head, vocab_tp) if spec.head_params is not None else None))
@@ -126,7 +127,7 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
     shape = shape_of(spec)
     if tp == 1:
         return shape
-    return shape.model_copy(update=dict(num_attention_heads=shape.num_attention_heads // tp,
+    return validated_copy(shape, dict(num_attention_heads=shape.num_attention_heads // tp,
                                         num_kv_heads=shape.num_kv_heads // tp,
                                         intermediate_size=_ceil(shape.intermediate_size, tp)))
 
@@ -148,11 +149,11 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                seq_len=rank_len, checkpointing=checkpointing, eager=False,
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
     if tower:  # replicated tower: its activations whole on every TP and CP rank
-        est = est.model_copy(update=dict(saved_bytes=est.saved_bytes + tower))
+        est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
         return est
     if loss_parallel:  # vocabulary-parallel cross-entropy: each rank keeps V/tp of every logit row
-        est = est.model_copy(update=dict(logits_bytes=_ceil(est.logits_bytes, tp),
+        est = validated_copy(est, dict(logits_bytes=_ceil(est.logits_bytes, tp),
                                          loss_transient_bytes=_ceil(est.loss_transient_bytes, tp),
                                          returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
     if not sequence_parallel:
@@ -166,7 +167,7 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         saved = est.saved_bytes - layers * tokens * dt.residual * h * (tp - 1) // tp
     else:
         saved = est.saved_bytes - layers * norm_shard
-    return est.model_copy(update=dict(saved_bytes=saved, layer_bytes=layer,
+    return validated_copy(est, dict(saved_bytes=saved, layer_bytes=layer,
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
 
 
@@ -200,5 +201,5 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
-        buffers = buffers.model_copy(update=dict(in_backward=buffers.in_backward + ring))
+        buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world)

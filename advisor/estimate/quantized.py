@@ -68,6 +68,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures
 from advisor.model.lora import block_linears
 from advisor.model.spec import ModelSpec
@@ -183,7 +184,7 @@ def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implem
     params = quantized_param_bytes(spec, training, impl, world, q, adapter_bytes=adapter_bytes)
     if impl.offload_params:
         params -= q.constant_bytes  # the constants stay on the GPU: counted with the buffers
-    states = states.model_copy(update={"params": params})
+    states = validated_copy(states, {"params": params})
     buffers = quantized_buffers(spec, training, impl, world, q, checkpointing=checkpointing,
                                 tokens=micro_batch_size * training.seq_len)
     return states, buffers, dequantized_temporary_bytes(training, q)
@@ -236,7 +237,7 @@ def quantized_buffers(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
     if not kept:
         return buffers
     forward_end = buffers.at_loss if buffers.at_forward_end is None else buffers.at_forward_end
-    return buffers.model_copy(update={"at_loss": buffers.at_loss + kept, "in_backward": buffers.in_backward + kept_bwd,
+    return validated_copy(buffers, {"at_loss": buffers.at_loss + kept, "in_backward": buffers.in_backward + kept_bwd,
                                       "at_forward_end": forward_end + kept})
 
 

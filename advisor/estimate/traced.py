@@ -9,6 +9,7 @@ same way for both. Pure: no torch, no file access.
 from __future__ import annotations
 
 from advisor.estimate.activations import ActivationEstimate, Dtypes
+from advisor.frozen import validated_copy
 from advisor.model.block_profile import Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
@@ -34,7 +35,7 @@ def find_profile(spec: ModelSpec, key: ProfileKey) -> BlockProfile | None:
     exact = next((p for p in spec.traced if p.key == key), None)
     if exact is not None:
         return exact
-    same = sorted((p for p in spec.traced if p.key.model_copy(update={"seq_len": key.seq_len}) == key),
+    same = sorted((p for p in spec.traced if validated_copy(p.key, {"seq_len": key.seq_len}) == key),
                   key=lambda p: abs(p.key.seq_len - key.seq_len))
     if not same:
         return None
@@ -47,10 +48,10 @@ def _scaled(profile: BlockProfile, key: ProfileKey) -> BlockProfile:
     ratio = key.seq_len / profile.key.seq_len
 
     def scale(b: Bilinear) -> Bilinear:
-        return b.model_copy(update=dict(per_sample=round(b.per_sample * ratio),
+        return validated_copy(b, dict(per_sample=round(b.per_sample * ratio),
                                         per_layer_sample=round(b.per_layer_sample * ratio)))
 
-    return profile.model_copy(update=dict(key=key, layer_saved_per_sample=round(profile.layer_saved_per_sample * ratio),
+    return validated_copy(profile, dict(key=key, layer_saved_per_sample=round(profile.layer_saved_per_sample * ratio),
                                           **{name: scale(getattr(profile, name)) for name in _MOMENTS}))
 
 
@@ -63,7 +64,7 @@ def _interpolated(a: BlockProfile, b: BlockProfile, key: ProfileKey) -> BlockPro
     def blend(x: Bilinear, y: Bilinear) -> Bilinear:
         return Bilinear(**{field: line(getattr(x, field), getattr(y, field)) for field in Bilinear.model_fields})
 
-    return a.model_copy(update=dict(key=key, layer_saved_per_sample=max(0, line(a.layer_saved_per_sample,
+    return validated_copy(a, dict(key=key, layer_saved_per_sample=max(0, line(a.layer_saved_per_sample,
                                                                                    b.layer_saved_per_sample)),
                                     **{name: blend(getattr(a, name), getattr(b, name)) for name in _MOMENTS}))
 
@@ -109,6 +110,6 @@ def trace_keys(training: TrainingConfig, dtypes: list[Dtypes]) -> list[ProfileKe
         training.activation_checkpointing]
     keys = [profile_key(d, training, checkpointing=c) for d in dtypes for c in modes]
     if training.activation_checkpointing == "auto":  # the planner tries selective and full
-        selective = training.model_copy(update={"activation_checkpointing": "selective"})
+        selective = validated_copy(training, {"activation_checkpointing": "selective"})
         keys += [profile_key(d, selective, checkpointing=True) for d in dtypes]
     return list(dict.fromkeys(keys))

@@ -24,6 +24,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.planning.api import Plan
 from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import estimate_memory
@@ -231,7 +232,7 @@ def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, 
     why = _why_not(rec.strategy, rec.engine, fmt)
     hw = hardware_of(plan)
     for strategy, engine in _fallbacks(rec.strategy, rec.engine, fmt):
-        training = plan.training.model_copy(update={"engine": engine})
+        training = validated_copy(plan.training, {"engine": engine})
         cand = evaluate_candidate(plan.model, hw, training, strategy)
         if cand.available and cand.fits:
             note = (f"{why}. Exported the nearest that fits instead: {strategy} on {engine} ({cand.runs_as}), "
@@ -245,7 +246,7 @@ def hybrid_fits(plan: Plan, strategy: StrategyName, engine: Engine, *, micro_bat
                 activation_checkpointing: bool) -> bool:
     """Whether sharding over one node's GPUs only still fits, at this micro-batch and checkpointing."""
     one_node = hardware_of(plan, nodes=1)
-    training = plan.training.model_copy(update={"engine": engine})
+    training = validated_copy(plan.training, {"engine": engine})
     impl = STRATEGIES[strategy].on(engine)
     mem = estimate_memory(plan.model, one_node, training, impl, micro_batch_size=micro_batch_size,
                           checkpointing=activation_checkpointing)

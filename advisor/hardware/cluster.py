@@ -18,6 +18,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.frozen import validated_copy
 from advisor.hardware.catalog import Catalog, GpuProfile, Interconnect, load_catalog
 
 MAX_GPUS_PER_NODE = 64
@@ -84,7 +85,7 @@ def resize(hardware: Hardware, *, nodes: int | None = None, gpus_per_node: int |
             catalog = catalog or load_catalog()
             link = catalog.defaults.inter_node_link.get(hardware.gpu.name, catalog.defaults.fallback_inter_node_link)
             inter = catalog.interconnect(link)
-    return hardware.model_copy(update={"nodes": nodes, "gpus_per_node": per, "inter_node_link": inter})
+    return validated_copy(hardware, {"nodes": nodes, "gpus_per_node": per, "inter_node_link": inter})
 
 
 def _normalise(name: str) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from advisor.frozen import validated_copy
 from advisor.model.bundled import ArchitectureInfo, load_architectures
 from advisor.model.config_keys import CONFIG_KEYS, PER_LAYER_FACTS, config_flag, config_value as _get
 from advisor.model.kinds import (bart_parts, mamba_parts, qwen2_vl_vision_facts, qwen2_vl_vision_params,
@@ -224,7 +225,7 @@ def _llava(cfg: dict, *, name: str, source: Source, architecture: str | None,
     parts.update(vision=tower[1], tokens_per_image=tower[1].image_tokens)
     spec = _spec(cfg, parts, text_info, name=name, source=source, architecture=architecture)
     # FSDP units: the language model's blocks, then the tower's (CLIPEncoderLayer)
-    return spec.model_copy(update={"block_classes": (*spec.block_classes, tower[1].block_class)})
+    return validated_copy(spec, {"block_classes": (*spec.block_classes, tower[1].block_class)})
 
 
 def _spec(cfg: dict, parts: dict, info: ArchitectureInfo, *, name: str, source: Source,

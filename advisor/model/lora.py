@@ -22,6 +22,7 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures
 from advisor.model.spec import ModelSpec
 
@@ -205,7 +206,7 @@ def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
         update["layer_params"] = spec.layer_params + (added - tower) // spec.num_layers
     if tower and spec.other_params is not None:
         update["other_params"] = spec.other_params + tower
-    return spec.model_copy(update=update)
+    return validated_copy(spec, update)
 
 
 def lora_of(model: object) -> LoraConfig | None:

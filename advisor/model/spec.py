@@ -17,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from advisor.frozen import validated_copy
 from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
 from advisor.model.llava import ClipTowerFacts
@@ -125,7 +126,7 @@ class ModelSpec(BaseModel):
 
     def with_trainable(self, trainable_params: int) -> "ModelSpec":
         """The same model with only ``trainable_params`` receiving gradients (frozen backbone, LoRA)."""
-        return self.model_copy(update={"trainable_params": trainable_params})
+        return validated_copy(self, {"trainable_params": trainable_params})
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]?)\s*$", re.IGNORECASE)

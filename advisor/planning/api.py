@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 from advisor.estimate.activations import shape_of
 from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
 from advisor.model.sources import resolve, resolve_model
@@ -115,7 +116,7 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
         return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
     if recommendation is None:
         for kernel in ("chunked", "fused"):
-            other = training.model_copy(update={"loss": kernel})
+            other = validated_copy(training, {"loss": kernel})
             alternative = [evaluate_candidate(spec, hw, other, c.strategy) for c in candidates]
             only = alternative[0].strategy if len(alternative) == 1 else None  # --strategy: that one alone
             chosen, _ = choose(spec, alternative, only=only)
@@ -127,9 +128,9 @@ def _loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candida
         return []
     chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
     mode = "selective" if chosen.selective_checkpointing else "on" if chosen.activation_checkpointing else "off"
-    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size, "activation_checkpointing": mode})
+    fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "activation_checkpointing": mode})
     total = chosen.memory_bytes.total
-    saved = {kernel: total - evaluate_candidate(spec, hw, fixed.model_copy(update={"loss": kernel}),
+    saved = {kernel: total - evaluate_candidate(spec, hw, validated_copy(fixed, {"loss": kernel}),
                                                 chosen.strategy).memory_bytes.total
              for kernel in ("chunked", "fused")}
     if max(saved.values()) < 0.1 * total:
@@ -157,7 +158,7 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
                             f"{'on the GPUs alone' if r.fits else 'with CPU offload'}: {r.step_s:.2f} s/step, "
                             f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
     line = offload_line(remedies, chosen, reference=default_strategy(spec)[0]) if offloads(chosen) else None
-    return recommendation.model_copy(update={"remedies": remedies}), ([line] if line else []) + why
+    return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
 
 
 def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> TrainingConfig:
@@ -170,7 +171,7 @@ def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> T
                          "use --precision fp16-mixed or fp32")
     notes.append(f"precision fp16-mixed: the {hw.gpu.name} has no bf16, so the default bf16-mixed is planned as "
                  "fp16-mixed (fp32 master weights, fp16 compute with loss scaling); --precision fp32 to change")
-    return training.model_copy(update={"precision": "fp16-mixed"})
+    return validated_copy(training, {"precision": "fp16-mixed"})
 
 
 def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
@@ -298,7 +299,7 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
         notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at "
                      "this sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder "
                      "instead")
-    return spec.model_copy(update={"traced": spec.traced + profiles})
+    return validated_copy(spec, {"traced": spec.traced + profiles})
 
 
 def _needs_checkpointing(candidates: list[Candidate]) -> bool:
@@ -435,12 +436,12 @@ def plan(
         spec, counted = resolve_model(model.config.to_dict(), trust_remote_code=trust_remote_code), False
         if training.quantize not in (None, quantized[0]):
             raise ValueError(f"quantize={training.quantize} given for a model loaded in {quantized[0]}; leave it out")
-        training = training.model_copy(update={"quantize": quantized[0], "double_quant": quantized[1]})
+        training = validated_copy(training, {"quantize": quantized[0], "double_quant": quantized[1]})
     if live is not None:
         if training.lora is not None and training.lora != live:
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
                              "adapters; leave lora= out")
-        training = training.model_copy(update={"lora": live})
+        training = validated_copy(training, {"lora": live})
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
@@ -470,7 +471,7 @@ def plan(
         traced_family = needs_trace(spec, training) is not None
         if tracing and traced_family:
             def retrace(current: ModelSpec, length: int) -> ModelSpec:
-                at = training.model_copy(update={"seq_len": length})
+                at = validated_copy(training, {"seq_len": length})
                 return _traced(current, config, at, checkpointing=True, **trace_with)
 
             spec, longest, best = longest_traced(spec, hw, training, names, retrace=retrace)
@@ -486,7 +487,7 @@ def plan(
         if best is None:
             raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
                              "advisor plan without --seq-len max")
-        training = training.model_copy(update={"seq_len": best})
+        training = validated_copy(training, {"seq_len": best})
         notes.append(_longest_note(spec, longest, best, training.micro_batch_size))
     candidates, recommendation, why = [], None, []
     if dp_blocked is None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -34,7 +35,7 @@ def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
     micro_batch_size = training.micro_batch_size or 1
 
     def fits(length: int) -> bool:
-        at = training.model_copy(update={"seq_len": length, "micro_batch_size": micro_batch_size,
+        at = validated_copy(training, {"seq_len": length, "micro_batch_size": micro_batch_size,
                                          "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy).fits
 
@@ -96,7 +97,7 @@ def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
     micro_batch_size = training.micro_batch_size or 1
 
     def fits(length: int) -> bool:
-        at = training.model_copy(update={"seq_len": length, "micro_batch_size": micro_batch_size,
+        at = validated_copy(training, {"seq_len": length, "micro_batch_size": micro_batch_size,
                                          "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy, mesh).fits
 
@@ -108,5 +109,5 @@ def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, s
     """Per mesh (keyed ``strategy mesh-label``, as the plan labels its candidates), its longest length.
     ``meshes(training)`` lists the meshes the planner would consider; they are listed at a length every
     context-parallel degree of the node divides (the planner keeps a degree only where it divides)."""
-    probe = training.model_copy(update={"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
+    probe = validated_copy(training, {"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
     return {f"{strategy} {mesh.label}": longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}

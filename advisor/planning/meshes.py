@@ -17,6 +17,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from advisor.estimate.activations import shape_of
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
@@ -204,14 +205,14 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
     mesh = chosen.mesh
     assert mesh is not None and chosen.memory_bytes is not None and chosen.step_time is not None
     mode = "selective" if chosen.selective_checkpointing else ("on" if chosen.activation_checkpointing else "off")
-    fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
+    fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
                                         "activation_checkpointing": mode})
     lines = []
     for dim in ("tp", "cp", "dp_replicate"):
         degree = getattr(mesh, dim)
         if degree == 1:
             continue
-        without = mesh.model_copy(update={dim: 1, "dp_shard": mesh.dp_shard * degree})
+        without = validated_copy(mesh, {dim: 1, "dp_shard": mesh.dp_shard * degree})
         other = evaluate_candidate(spec, hw, fixed, chosen.strategy, without if not without.is_data_parallel_only
                                    else None)
         saved = other.memory_bytes.total - chosen.memory_bytes.total
@@ -332,7 +333,7 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
     alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
                    f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
                    f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
-    return rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
+    return validated_copy(rec, {"alternatives": (alternative,)}), why + [f"{alternative}."]
 
 
 def _pins_text(pins: MeshPins) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
@@ -179,7 +180,7 @@ def evaluate_candidate(
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
     modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": ["off", "selective", "on"]}[
         training.activation_checkpointing]
-    at = {mode: training.model_copy(update={"activation_checkpointing": mode}) for mode in modes}
+    at = {mode: validated_copy(training, {"activation_checkpointing": mode}) for mode in modes}
 
     estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice
 

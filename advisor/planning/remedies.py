@@ -20,6 +20,7 @@ from typing import Any, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
@@ -106,8 +107,8 @@ def _mode(cand: Candidate) -> str:
 def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, change: _Change) -> Remedy | None:
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
-    changed = training.model_copy(update=change.update)
-    pinned = training.model_copy(update={"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
+    changed = validated_copy(training, change.update)
+    pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
                                          "activation_checkpointing": _mode(ref), **change.update})
     try:
         same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
@@ -191,7 +192,7 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
 
 def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[_Change]:
     """The fewest GPUs of this kind on which zero3 fits on the GPUs alone (micro-batch 1)."""
-    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
+    relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
     count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hw, n, per_node), relaxed, "zero3").fits,
                            above=hw.world_size, per_node=per_node)
@@ -211,7 +212,7 @@ def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
                                                                 if 2**k < training.seq_len]
 
     def fits(length: int) -> bool:
-        at = training.model_copy(update={"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
+        at = validated_copy(training, {"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
         return evaluate_candidate(spec, hw, at, strategy).fits
 
     longest = largest_fitting(fits, lengths)

@@ -12,6 +12,7 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, resize
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -69,7 +70,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
     (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer."""
-    relaxed = training.model_copy(update={"micro_batch_size": 1, "global_batch_size": None})
+    relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     found = []
     for order, name in enumerate(strategies):

@@ -25,6 +25,7 @@ import contextlib
 import weakref
 from typing import Any
 
+from advisor.frozen import validated_copy
 from advisor.model.block_profile import Bilinear, BlockProfile, ProfileKey
 from advisor.model.config_keys import CONFIG_KEYS
 
@@ -301,7 +302,7 @@ def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None,
     if key.checkpointing == "off":
         layer_saved = two[0]["layer_saved"]
     elif layer_saved is None:
-        off = key.model_copy(update={"checkpointing": "off"})
+        off = validated_copy(key, {"checkpointing": "off"})
         layer_saved = _measure(cfg, off, num_layers=2, micro_batch_size=1, built=built)["layer_saved"]
 
     def solve(name: str) -> Bilinear:

@@ -21,6 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
+
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporary")
 SegmentPhase = Literal["forward", "loss", "backward", "optimizer_step"]
 
@@ -100,7 +102,7 @@ class TimelineRecorder:
             self._segments.append(Segment(phase=phase, label=label, block=block, peak=peak, end=end))
         elif last is not None and last.phase == phase:
             bigger = peak if peak.total > last.peak.total else last.peak
-            self._segments[-1] = last.model_copy(update={"peak": bigger, "end": end})
+            self._segments[-1] = validated_copy(last, {"peak": bigger, "end": end})
         else:
             return  # carry the highest point into the next segment
         self._high = end.model_dump()

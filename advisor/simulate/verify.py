@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.memory import MemoryBreakdown
+from advisor.frozen import validated_copy
 from advisor.simulate.step import Progress, SimulatedStep, simulate
 
 if TYPE_CHECKING:  # the simulator sits below the planner: it reads a Plan, never imports one at run time
@@ -61,7 +62,7 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     mode = "selective" if candidate.selective_checkpointing else plan.training.activation_checkpointing
     simulated = simulate(
         spec.name, world_size=plan.hardware.world_size, strategy=name,
-        training=plan.training.model_copy(update={"activation_checkpointing": mode}),
+        training=validated_copy(plan.training, {"activation_checkpointing": mode}),
         micro_batch_size=candidate.micro_batch_size, checkpointing=bool(candidate.activation_checkpointing),
         trainable_params=trainable, real_tensors=real_tensors, progress=progress, timeline=timeline,
     )

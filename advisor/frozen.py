@@ -19,6 +19,6 @@ def validated_copy(model: M, update: Mapping[str, Any]) -> M:
     """``model`` with the fields in ``update`` replaced, validated as a new instance of its type. The fields
     the original was given explicitly stay the ones marked as given (plus ``update``'s), as ``model_copy``
     keeps them: the plan's assumptions say "(default)" of every field the user did not set."""
-    copy = type(model).model_validate({**dict(model), **update})
+    copy = type(model).model_validate({**model.__dict__, **update})
     object.__setattr__(copy, "__pydantic_fields_set__", set(model.model_fields_set) | set(update))
     return copy

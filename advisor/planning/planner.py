@@ -14,6 +14,8 @@ validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 
 from __future__ import annotations
 
+import functools
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
@@ -150,6 +152,11 @@ def largest_fitting(fits_at, choices: list[int]) -> int | None:
     return best
 
 
+@functools.lru_cache(maxsize=256)  # the search asks for the same few copies once per strategy and mesh
+def _training_at(training: TrainingConfig, mode: str) -> TrainingConfig:
+    return validated_copy(training, {"activation_checkpointing": mode})
+
+
 def evaluate_candidate(
     spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName,
     mesh: ParallelDims | None = None,
@@ -180,7 +187,7 @@ def evaluate_candidate(
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
     modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": ["off", "selective", "on"]}[
         training.activation_checkpointing]
-    at = {mode: validated_copy(training, {"activation_checkpointing": mode}) for mode in modes}
+    at = {mode: _training_at(training, mode) for mode in modes}
 
     estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice
 

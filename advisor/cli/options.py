@@ -12,6 +12,7 @@ from typing import Any, Callable, get_args
 
 import click
 
+from advisor.mesh import PP_SCHEDULES
 from advisor.precision import PRECISIONS
 from advisor.recipes import OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
@@ -101,6 +102,14 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
+    click.option("--pp", type=click.IntRange(1, 1024), help="Pin the pipeline-parallel degree (stages across nodes "
+                 "first; it must divide the layers)."),
+    click.option("--pp-schedule", type=_choice(PP_SCHEDULES), help="Pipeline schedule: "
+                 f"{', '.join(PP_SCHEDULES)} (default 1f1b)."),
+    click.option("--virtual-stages", type=click.IntRange(1, 64), help="Model chunks per pipeline rank "
+                 "(interleaved_1f1b; zbv and dualpipev run 2)."),
+    click.option("--ep", type=click.IntRange(1, 1024), help="Pin the expert-parallel degree (MoE: routed experts "
+                 "split over ep ranks of dp_shard x cp)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
@@ -173,9 +182,11 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         value = options.get(cli_name)
         if value is not None:
             kwargs[field] = value.lower() if isinstance(value, str) else value
-    for degree in ("tp", "cp"):
+    for degree in ("tp", "cp", "pp", "virtual_stages", "ep"):
         if options.get(degree) is not None:
             kwargs[degree] = options[degree]
+    if options.get("pp_schedule") is not None:
+        kwargs["pp_schedule"] = options["pp_schedule"].lower()
     if isinstance(options.get("hybrid"), int):
         kwargs["hybrid"] = options["hybrid"]
     if kwargs["strategy"] is not None:

@@ -25,11 +25,11 @@ What rank i of p holds:
   needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer.
   Token ids are saved on the first rank only, the labels, the final norm and the logits on the last;
   each rank keeps its receive buffers for one activation and one gradient (b x s/cp x h).
-- Experts under ``ep`` (torchtitan's placement, expert tensor parallelism 1): each rank holds E/ep
-  routed experts of each of its MoE layers, whole (not split by tp), sharded by FSDP2 over the
-  expert data-parallel group dp_shard x cp / ep, so a rank's share of the expert states is the same
-  1/(dp_shard x cp) as without ep, while FSDP's unsharded block holds E/ep experts instead of E
-  (the memory ep buys). The all-to-all dispatch and combine of a block hold the send and receive
+- Experts under ``ep`` (torchtitan's placement with expert tensor parallelism = tp, ep carved out of
+  dp_shard x cp): each rank holds E/ep routed experts of each of its MoE layers, split by tp like the
+  other block weights, sharded by FSDP2 over the expert data-parallel group dp_shard x cp / ep, so a
+  rank's share of the expert states is the same 1/(tp x dp_shard x cp) as without ep, while FSDP's
+  unsharded block holds E/ep experts instead of E (the memory ep buys). The all-to-all dispatch and combine of a block hold the send and receive
   buffers of k x tokens rows of width h while it runs. Dropless routing sends k x tokens rows in all;
   how they fall on the ep ranks is the routing's balance: the busiest rank's extra rows are
   ``imbalance_bytes`` (``profiles/expert_parallel.json``), the top of the error range, not part of
@@ -51,7 +51,8 @@ from advisor.estimate.activations_blocks import rms_norm_per_token
 from advisor.estimate.memory import MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
 from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_support, mesh_activations,
                                              ring_buffer_bytes, tp_rank_spec)
-from advisor.estimate.strategy_buffers import _strategy_buffers
+from advisor.estimate.states import ModelStates
+from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -60,6 +61,7 @@ from advisor.training import TrainingConfig
 from profiles import PROFILES_DIR
 
 INT64 = 8
+DEFAULT_MICRO_BATCHES_PER_RANK = 4  # num_micro_batches: a choice, not a fact
 
 
 class ScheduleFacts(BaseModel):
@@ -144,13 +146,12 @@ def _expert_params(spec: ModelSpec) -> int:
 def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int, embedding: bool, head: bool,
                 expert_divisor: int | None) -> ModelSpec:
     """The parameters one (pipeline, TP) rank holds, as a spec the state and buffer formulas read.
-    ``expert_divisor``: None keeps the experts as TP splits them; an integer holds the routed experts
-    whole (expert tensor parallelism 1) and divides them by it (ep for FSDP's unsharded block, 1 for
-    the states, which FSDP shards over dp_shard x cp either way)."""
+    ``expert_divisor``: None keeps the routed experts as TP splits them (what the states read: FSDP
+    shards them over dp_shard x cp with or without ep); ep: FSDP's unsharded block, E/ep experts."""
     local = tp_rank_spec(spec, mesh.tp)
     layer = local.layer_params or 0
-    if expert_divisor is not None and spec.num_experts:
-        layer = layer - _ceil(_expert_params(spec), mesh.tp) + _ceil(_expert_params(spec), expert_divisor)
+    if expert_divisor is not None and spec.num_experts:  # E/ep experts, each split by tp (ETP = TP)
+        layer = layer - _ceil(_expert_params(spec), mesh.tp) + _ceil(_expert_params(spec), mesh.tp * expert_divisor)
     moe = spec.moe
     dense_here = 0
     if moe is not None and moe.num_dense_layers:
@@ -163,8 +164,9 @@ def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int,
     emb = (local.embedding_params or 0) if embedding else 0
     vocab_head = local.embedding_params if spec.tied_embeddings else local.head_params
     head_params = (vocab_head or 0) if head else 0
-    other = max(0, local.total_params - (local.layer_params or 0) * (spec.num_layers or 0) + spec.dense_layer_saving
-                - (local.embedding_params or 0) - (local.head_params or 0)) if head else 0
+    outside = spec.total_params - (spec.layer_params or 0) * (spec.num_layers or 0) + spec.dense_layer_saving \
+        - (spec.embedding_params or 0) - (spec.head_params or 0)  # the final norm (replicated over tp)
+    other = (spec.other_params if spec.other_params is not None else max(0, outside)) if head else 0
     total = max(1, layers * layer - saving + emb + head_params + other)
     return local.model_copy(update=dict(
         total_params=total, trainable_params=total, layer_params=layer, num_layers=layers, moe=moe,
@@ -189,9 +191,17 @@ def _stage_activations(spec: ModelSpec, training: TrainingConfig, impl: Implemen
                        checkpointing: bool) -> ActivationEstimate:
     """One micro-batch through this rank's layers: token ids on the first rank only, the labels, the
     final norm and the loss path on the last only."""
-    moe = spec.moe
-    if moe is not None and moe.num_dense_layers:
-        moe = moe.model_copy(update=dict(num_dense_layers=max(0, min(start + layers, moe.num_dense_layers) - start)))
+    dense = spec.moe.num_dense_layers if spec.moe is not None else 0
+    dense_here = max(0, min(start + layers, dense) - start)
+    return _cut_activations(spec, training, impl, mesh.model_copy(update=dict(pp=1, ep=1, pp_layers=None)),
+                            layers, dense_here, embedding, head, micro_batch_size, checkpointing)
+
+
+@functools.lru_cache(maxsize=1024)  # the search asks for the same cut at many ranks and micro-batches
+def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims,
+                     layers: int, dense_here: int, embedding: bool, head: bool, micro_batch_size: int,
+                     checkpointing: bool) -> ActivationEstimate:
+    moe = spec.moe.model_copy(update=dict(num_dense_layers=dense_here)) if spec.moe is not None else None
     cut = spec.model_copy(update=dict(num_layers=layers, moe=moe))
     est = mesh_activations(cut, training, impl, mesh, micro_batch_size=micro_batch_size,
                            checkpointing=checkpointing)
@@ -226,6 +236,56 @@ def _placement(mesh: ParallelDims, rank: int, v_shape: bool) -> tuple[bool, bool
     return rank == 0, rank == last
 
 
+def _pipelined_fsdp(buffers: StrategyBuffers, held: ModelSpec, training: TrainingConfig, impl: Implementation,
+                    shard_world: int) -> StrategyBuffers:
+    """FSDP2 under ``torch.distributed.pipelining``: every backward but the step's last runs with
+    ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``
+    (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``; the reduce-scatter waits
+    for ``perform_reduce_grad``), so from the first backward on the rank holds its stage unsharded and
+    its gradients accumulated unsharded in the reduce dtype (FSDPParam ``unsharded_accumulated_grad``)."""
+    if not impl.shard_params or shard_world == 1 or training.engine != "torch":
+        return buffers
+    ub = 2 if training.mixed else training.param_bytes
+    reduce_b = 4 if training.mixed else training.param_bytes
+    whole = (ub + reduce_b) * held.total_params
+    fresh = ub * (held.layer_params or 0)  # one block's new gradients before they are accumulated
+    return buffers.model_copy(update=dict(at_loss=whole, at_forward_end=whole, in_backward=whole + fresh,
+                                          at_backward_end=None))
+
+
+@functools.lru_cache(maxsize=256)
+def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, rank: int,
+                 start: int, layers: int, checkpointing: bool) -> tuple[ModelStates, StrategyBuffers]:
+    """States and strategy buffers of one pipeline rank (they do not depend on the micro-batch)."""
+    facts = load_schedules()[mesh.pp_schedule]
+    embedding, head = _placement(mesh, rank, facts.v_shape)
+    where = dict(start=start, layers=layers, embedding=embedding, head=head)
+    ep_experts = mesh.ep > 1 and bool(spec.num_experts)
+    shard_world = mesh.dp_shard * mesh.cp
+    at_rest = _stage_spec(spec, mesh, **where, expert_divisor=None)
+    states = model_states(at_rest, training, impl, shard_world)
+    if facts.param_copies > 1:
+        states = states.model_copy(update=dict(params=states.params * facts.param_copies))
+    held = _stage_spec(spec, mesh, **where, expert_divisor=mesh.ep) if ep_experts else at_rest
+    buffers = _strategy_buffers(held, training, impl, shard_world, checkpointing=checkpointing)
+    if held is not at_rest:  # gradient shards are the states' share
+        grads_end = _strategy_buffers(at_rest, training, impl, shard_world,
+                                      checkpointing=checkpointing).grads_at_backward_end
+        buffers = buffers.model_copy(update=dict(grads_at_backward_end=grads_end))
+    if mesh.pp > 1:
+        buffers = _pipelined_fsdp(buffers, held, training, impl, shard_world)
+    return states, buffers
+
+
+def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:
+    """Micro-batches per step and pipeline: the gradient accumulation the global batch gives, else
+    ``DEFAULT_MICRO_BATCHES_PER_RANK`` x pp (a choice: Narayanan et al. 2021 want m >> p; 4 p keeps
+    the 1F1B bubble (p - 1)/m under 25%)."""
+    if accumulation is not None:
+        return accumulation
+    return DEFAULT_MICRO_BATCHES_PER_RANK * mesh.pp if mesh.pp > 1 else 1
+
+
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                              mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
                              num_micro_batches: int) -> PipelineMemory:
@@ -233,30 +293,21 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
     mesh.check_layers(num_layers=spec.num_layers, num_experts=spec.num_experts)
-    facts = load_schedules()[mesh.pp_schedule] if mesh.pp > 1 else load_schedules()["1f1b"]
+    facts = load_schedules()[mesh.pp_schedule]
     shard_world = mesh.dp_shard * mesh.cp
     dt = _recipe_dtypes(training, impl)
     tokens = micro_batch_size * _rank_seq_len(spec, training, mesh)
     h = spec.hidden_size or 0
     ep_experts = mesh.ep > 1 and bool(spec.num_experts)
     k = spec.num_experts_per_token or 0
+    dense = spec.moe.num_dense_layers if spec.moe else 0
+    ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     stages, start = [], 0
     for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
-        embedding, head = _placement(mesh, rank, facts.v_shape)
-        where = dict(start=start, layers=layers, embedding=embedding, head=head)
-        held = spec_for_states = _stage_spec(spec, mesh, **where, expert_divisor=1 if ep_experts else None)
-        states = model_states(spec_for_states, training, impl, shard_world)
-        if facts.param_copies > 1:
-            states = states.model_copy(update=dict(params=states.params * facts.param_copies))
-        if ep_experts:  # FSDP's unsharded block: E/ep experts
-            held = _stage_spec(spec, mesh, **where, expert_divisor=mesh.ep)
-        buffers = _strategy_buffers(held, training, impl, shard_world, checkpointing=checkpointing)
-        if held is not spec_for_states:
-            grads_end = _strategy_buffers(spec_for_states, training, impl, shard_world,
-                                          checkpointing=checkpointing).grads_at_backward_end
-            buffers = buffers.model_copy(update=dict(grads_at_backward_end=grads_end))
-        one = _stage_activations(spec, training, impl, mesh, **where, micro_batch_size=micro_batch_size,
-                                 checkpointing=checkpointing)
+        embedding, head = _placement(mesh, rank, facts.v_shape and mesh.pp > 1)
+        states, buffers = _stage_fixed(spec, training, impl, mesh, rank, start, layers, checkpointing)
+        one = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=embedding,
+                                 head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
         count = in_flight(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
                           chunks=mesh.chunks_per_rank) if mesh.pp > 1 else Fraction(1)
         saved = int(one.saved_bytes * count)
@@ -264,10 +315,8 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
             saved += facts.w_held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
         acts = one.model_copy(update=dict(saved_bytes=saved))
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
-        moe_layers = layers - ((spec.moe.num_dense_layers if spec.moe else 0) and
-                               max(0, min(start + layers, spec.moe.num_dense_layers) - start))
+        moe_layers = layers - max(0, min(start + layers, dense) - start)
         a2a = 2 * k * tokens * h * dt.compute if ep_experts and moe_layers else 0  # send + receive of one exchange
-        ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
         buffers = buffers.model_copy(update=dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
         memory = memory_at_moments(states, acts, buffers, training, impl, world=shard_world)

@@ -286,10 +286,34 @@ def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:
     return DEFAULT_MICRO_BATCHES_PER_RANK * mesh.pp if mesh.pp > 1 else 1
 
 
+def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
+                       every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
+    """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
+    (``every_rank=False``, the search) the one with the most in flight among ranks that hold the same
+    layers, embedding, head and dense layers, since a rank's peak grows with what it holds in flight."""
+    dense = spec.moe.num_dense_layers if spec.moe else 0
+    rows, start = [], 0
+    for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
+        count = in_flight(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
+                          chunks=mesh.chunks_per_rank) if mesh.pp > 1 else Fraction(1)
+        rows.append((rank, start, layers, count))
+        start += layers
+    if every_rank:
+        return rows
+    chosen: dict[tuple, tuple[int, int, int, Fraction]] = {}
+    for row in rows:
+        rank, start, layers, count = row
+        key = (layers, _placement(mesh, rank, facts.v_shape and mesh.pp > 1), max(0, min(start + layers, dense) - start))
+        if key not in chosen or count > chosen[key][3]:
+            chosen[key] = row
+    return sorted(chosen.values())
+
+
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                              mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
-                             num_micro_batches: int) -> PipelineMemory:
-    """Each pipeline rank's peak on ``mesh`` (module docstring). Without pp (ep alone) one stage."""
+                             num_micro_batches: int, every_rank: bool = True) -> PipelineMemory:
+    """Each pipeline rank's peak on ``mesh`` (module docstring). Without pp (ep alone) one stage.
+    ``every_rank=False`` (the search): only the ranks that can be the worst (``_ranks_to_estimate``)."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)
     mesh.check_layers(num_layers=spec.num_layers, num_experts=spec.num_experts)
@@ -302,14 +326,12 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
     k = spec.num_experts_per_token or 0
     dense = spec.moe.num_dense_layers if spec.moe else 0
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
-    stages, start = [], 0
-    for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
+    stages = []
+    for rank, start, layers, count in _ranks_to_estimate(spec, mesh, facts, num_micro_batches, every_rank):
         embedding, head = _placement(mesh, rank, facts.v_shape and mesh.pp > 1)
         states, buffers = _stage_fixed(spec, training, impl, mesh, rank, start, layers, checkpointing)
         one = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=embedding,
                                  head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-        count = in_flight(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
-                          chunks=mesh.chunks_per_rank) if mesh.pp > 1 else Fraction(1)
         saved = int(one.saved_bytes * count)
         if mesh.pp > 1 and facts.w_deferred:
             saved += facts.w_held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
@@ -327,5 +349,4 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
             imbalance = int(rows * per_row * (1 if checkpointing else moe_layers) * float(max(count, 1)))
         stages.append(StageMemory(rank=rank, num_layers=layers, embedding=embedding, head=head,
                                   in_flight=float(count), imbalance_bytes=imbalance, memory=memory))
-        start += layers
     return PipelineMemory(stages=tuple(stages))

@@ -20,8 +20,8 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
-from advisor.planning.pipeline_meshes import (expert_share, pipeline_meshes, pipeline_search_reason, stage_line,
-                                              without_pp_line)
+from advisor.planning.pipeline_meshes import (expert_share, pipeline_meshes, pipeline_search_reason,
+                                              pipeline_summary_line, stage_line, without_pp_line)
 from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, batch_split_problem, evaluate_candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
@@ -323,6 +323,8 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         raise ValueError(dp_blocked)
     if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
         dp_why = dp_why + [f"Pipeline/expert meshes searched: {searched}."]
+    elif searched is not None and best is not None:
+        dp_why = dp_why + [line for line in (pipeline_summary_line(candidates, searched),) if line]
     if dp_offloads and best is None and searched is not None and not pins.any:
         return candidates, dp_choice, dp_why + _no_gpu_only(candidates, searched)
     if dp_offloads and best is not None and not pins.any and training.policy != "fastest":

@@ -7,9 +7,11 @@ have to cross nodes); routed experts hold most of an MoE model's parameters and 
 alone offloads or fails; or ``--policy fastest``. The meshes tried are the ones a practitioner
 would (torchtitan's layout): pp a power of two outermost, at most 16 and with at least two layers a
 rank, layers split evenly or, where pp does not divide them, whole layers with the extra ones on the
-middle ranks; tp the node's width or half of it (dividing the heads; MoE models also tp 1); ep for MoE models the largest
+middle ranks; tp the node's width for a dense model (pipeline stages once TP fills the node), for an MoE model also
+half of it and 1 (dividing the heads); ep for MoE models the largest
 power of two dividing the experts and dp_shard x cp inside a node with tp, and the largest overall;
-schedule 1F1B (and ZB-V under ``--policy fastest``). FSDP2 (zero3) shards the rest.
+schedule 1F1B (the others when pinned: the search stays under 100 ms for 405B on 1024 GPUs). FSDP2
+(zero3) shards the rest.
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
         return []
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    widths = (1, g // 2, g) if spec.num_experts else (g // 2, g)  # MoE: ep alone (tp 1) too
+    widths = (1, g // 2, g) if spec.num_experts else (g,)  # dense: pipeline once TP fills the node; MoE: ep alone too
     tps = [tp] if tp else sorted({t for t in widths if t >= 1 and heads % t == 0 and kv % t == 0})
     pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
-    schedules = [schedule] if schedule else (["1f1b", "zbv"] if training.policy == "fastest" else ["1f1b"])
+    schedules = [schedule] if schedule else ["1f1b"]  # the others when pinned (--pp-schedule)
     cp = cp or 1
     meshes: list[ParallelDims] = []
     for t in tps:
@@ -125,3 +127,21 @@ def without_pp_line(candidates: list[Candidate]) -> str | None:
                 f"{best.step_time.step_s:.2f} s/step, {best.step_time.tokens_per_s:,.0f} tokens/s")
     closest = min(plain, key=lambda c: c.memory_bytes.total)
     return f"best mesh without pp/ep: none fits (the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)})"
+
+
+def pipeline_summary_line(candidates: list[Candidate], searched: str) -> str | None:
+    """Pipeline/expert meshes were searched and none chosen: the best of them, in numbers."""
+    staged = [c for c in candidates if c.mesh is not None and (c.mesh.pp > 1 or c.mesh.ep > 1)
+              and c.memory_bytes is not None]
+    if not staged:
+        return None
+    fitting = [c for c in staged if c.fits and c.step_time is not None]
+    if fitting:
+        c = max(fitting, key=lambda c: c.step_time.tokens_per_s)
+        return (f"Pipeline/expert meshes searched ({searched}); the fastest, {c.mesh.label}, fits at "
+                f"{_gib(c.memory_bytes.total)} on its worst rank but is slower: {c.step_time.step_s:.2f} s/step, "
+                f"{c.step_time.tokens_per_s:,.0f} tokens/s.")
+    c = min(staged, key=lambda c: c.memory_bytes.total)
+    worst = max(range(len(c.stage_peaks or (0,))), key=lambda i: (c.stage_peaks or (0,))[i])
+    return (f"Pipeline/expert meshes searched ({searched}); none fits: the closest, {c.mesh.label}, needs "
+            f"{_gib(c.memory_bytes.total)} on its worst rank (rank {worst}) of {_gib(c.capacity_bytes)}.")

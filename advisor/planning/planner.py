@@ -201,7 +201,7 @@ def evaluate_candidate(
         if (micro, mode) not in estimated and pipelined:  # every pipeline rank; the worst decides
             stages[micro, mode] = estimate_pipeline_memory(
                 spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
-                num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)))
+                num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)), every_rank=False)
             estimated[micro, mode] = stages[micro, mode].worst.memory
         if (micro, mode) not in estimated:
             estimated[micro, mode] = (
@@ -250,10 +250,15 @@ def evaluate_candidate(
 
     def staged(cand: Candidate) -> Candidate:
         """A pipeline mesh's candidate with every rank's peak (the worst is its memory_bytes)."""
-        found = next((pm for pm in stages.values() if pm.worst.memory is cand.memory_bytes), None)
+        found = next((key for key, pm in stages.items() if pm.worst.memory is cand.memory_bytes), None)
         if found is None:
             return cand
-        return cand.model_copy(update={"stage_peaks": tuple(s.memory.total for s in found.stages)})
+        (micro, mode), every = found, None
+        every = estimate_pipeline_memory(  # every rank, for the plan to show
+            spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
+            num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)))
+        assert every.worst.memory == cand.memory_bytes, "the search's worst rank is not the worst rank"
+        return cand.model_copy(update={"stage_peaks": tuple(s.memory.total for s in every.stages)})
 
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute

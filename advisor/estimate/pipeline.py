@@ -115,6 +115,8 @@ class StageMemory(BaseModel):
     embedding: bool = Field(description="Holds the token embedding.")
     head: bool = Field(description="Holds the final norm, the head and the loss.")
     in_flight: float = Field(ge=0, description="Micro-batches of activations held at the peak.")
+    activation_bytes: int = Field(ge=0, description="Saved activations held at the peak: in_flight x one "
+                                  "micro-batch through the rank's layers, plus the deferred W passes' inputs.")
     imbalance_bytes: int = Field(default=0, ge=0, description="Extra routed-expert activations on the busiest ep "
                                  "rank at the assumed routing imbalance (the top of the error range).")
     memory: MemoryBreakdown
@@ -223,7 +225,7 @@ def split_layers(num_layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] |
     if num_layers % (pp * chunks) == 0 or parts or units < pp:
         return None
     base, extra = divmod(units, pp)
-    order = sorted(range(pp), key=lambda r: (r in (0, pp - 1), abs(r - (pp - 1) / 2)))
+    order = sorted(range(pp), key=lambda r: (r in (0, pp - 1), abs(r - (pp - 1) / 2), -r))  # rank 0 holds most in flight
     counts = [base] * pp
     for r in order[:extra]:
         counts[r] += 1
@@ -348,5 +350,6 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
             per_row = dt.compute * (2 * h + 4 * (spec.intermediate_size or 0))
             imbalance = int(rows * per_row * (1 if checkpointing else moe_layers) * float(max(count, 1)))
         stages.append(StageMemory(rank=rank, num_layers=layers, embedding=embedding, head=head,
-                                  in_flight=float(count), imbalance_bytes=imbalance, memory=memory))
+                                  in_flight=float(count), activation_bytes=saved, imbalance_bytes=imbalance,
+                                  memory=memory))
     return PipelineMemory(stages=tuple(stages))

@@ -180,7 +180,7 @@ class ParallelDims(BaseModel):
             elif num_layers % (self.pp * chunks):
                 what = f"pp {self.pp} x {chunks} chunks = {self.pp * chunks}" if chunks > 1 else f"--pp {self.pp}"
                 raise ValueError(f"{what} does not divide the model's {num_layers} layers; give an uneven "
-                                 "split (pp_layers) or another degree")
+                                 "split (--pp-layers) or another degree")
         if self.ep > 1:
             if not num_experts:
                 raise ValueError(f"--ep {self.ep} needs a mixture-of-experts model; this one has no routed experts")

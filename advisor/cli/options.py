@@ -108,6 +108,8 @@ PLAN_OPTIONS: list[Callable] = [
                  f"{', '.join(PP_SCHEDULES)} (default 1f1b)."),
     click.option("--virtual-stages", type=click.IntRange(1, 64), help="Model chunks per pipeline rank "
                  "(interleaved_1f1b; zbv and dualpipev run 2)."),
+    click.option("--pp-layers", callback=lambda ctx, param, value: _pp_layers(value),
+                 help="Decoder layers per pipeline rank, first to last, e.g. 15,16,15,15 (an uneven split)."),
     click.option("--ep", type=click.IntRange(1, 1024), help="Pin the expert-parallel degree (MoE: routed experts "
                  "split over ep ranks of dp_shard x cp)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
@@ -185,6 +187,8 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
     for degree in ("tp", "cp", "pp", "virtual_stages", "ep"):
         if options.get(degree) is not None:
             kwargs[degree] = options[degree]
+    if options.get("pp_layers") is not None:
+        kwargs["pp_layers"] = options["pp_layers"]
     if options.get("pp_schedule") is not None:
         kwargs["pp_schedule"] = options["pp_schedule"].lower()
     if isinstance(options.get("hybrid"), int):
@@ -204,6 +208,20 @@ def _seq_len(value: str | None) -> int | str | None:
     if not 1 <= length <= MAX_SEQ_LEN:
         raise click.BadParameter(f"must be between 1 and {MAX_SEQ_LEN:,}", param_hint="--seq-len")
     return length
+
+
+def _pp_layers(value: str | None) -> tuple[int, ...] | None:
+    """``--pp-layers 15,16,15,15``: decoder layers per pipeline rank."""
+    if value is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected layer counts separated by commas, got '{value[:40]}'",
+                                 param_hint="--pp-layers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("every rank needs at least one layer", param_hint="--pp-layers")
+    return counts
 
 
 def _hybrid(value: str | None) -> int | str | None:

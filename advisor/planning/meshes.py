@@ -39,6 +39,7 @@ class MeshPins(BaseModel):
     pp: int | None = Field(default=None, ge=1, description="Pipeline stages.")
     pp_schedule: str | None = Field(default=None, description="Pipeline schedule (advisor.mesh.PP_SCHEDULES).")
     virtual_stages: int | None = Field(default=None, ge=1, description="Model chunks per pipeline rank.")
+    pp_layers: tuple[int, ...] | None = Field(default=None, description="Decoder layers per pipeline rank.")
     ep: int | None = Field(default=None, ge=1, description="Expert-parallel degree.")
 
     @property
@@ -48,7 +49,7 @@ class MeshPins(BaseModel):
     @property
     def pipelined(self) -> bool:
         """--pp, --pp-schedule, --virtual-stages or --ep given."""
-        return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.ep))
+        return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.pp_layers, self.ep))
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -81,10 +82,10 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
 
 def _check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """--pp / --pp-schedule / --virtual-stages / --ep: ValueError naming the constraint."""
-    world, pp, ep = hw.world_size, pins.pp or 1, pins.ep or 1
+    world, pp, ep = hw.world_size, pins.pp or (len(pins.pp_layers) if pins.pp_layers else 1), pins.ep or 1
     try:  # pp against the layers and ep against the experts first: they hold whatever the GPUs
         ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
-                     world_size=pp).model_copy(update={"ep": ep}).check_layers(
+                     pp_layers=pins.pp_layers, world_size=pp).model_copy(update={"ep": ep}).check_layers(
             num_layers=spec.num_layers, num_experts=spec.num_experts)
     except ValidationError as err:
         raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
@@ -94,7 +95,7 @@ def _check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig
                          f"{fixed} does not divide the {world} GPUs")
     try:
         mesh = ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
-                            dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
+                            pp_layers=pins.pp_layers, dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
                             tp=pins.tp or 1, world_size=world)
         mesh = ParallelDims.model_validate({**dict(mesh), "ep": ep})
     except ValidationError as err:
@@ -312,7 +313,8 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                                       dp_offloads=dp_offloads)
     if searched is not None:  # pipeline and expert meshes join (advisor.planning.pipeline_meshes)
         more, refused_more = keeping_global_batch(training, pipeline_meshes(
-            spec, hw, training, pp=pins.pp, ep=pins.ep, schedule=pins.pp_schedule,
+            spec, hw, training, pp=pins.pp or (len(pins.pp_layers) if pins.pp_layers else None), ep=pins.ep,
+            schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
             virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp))
         meshes, refused = meshes + more, refused + refused_more
         candidates += evaluate_meshes(spec, hw, training, more, strategy=strategy)
@@ -416,6 +418,8 @@ def _no_gpu_only(candidates: list[Candidate], searched: str) -> list[str]:
 def _pins_text(pins: MeshPins) -> str:
     parts = [f"--{flag} {value}" for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate),
                                                       ("pp", pins.pp), ("pp-schedule", pins.pp_schedule),
-                                                      ("virtual-stages", pins.virtual_stages), ("ep", pins.ep))
+                                                      ("virtual-stages", pins.virtual_stages),
+                                                      ("pp-layers", ",".join(map(str, pins.pp_layers or ())) or None),
+                                                      ("ep", pins.ep))
              if value is not None]
     return ", ".join(parts)

@@ -72,7 +72,8 @@ def _eps(spec: ModelSpec, shard: int, tp: int, g: int) -> list[int]:
 
 def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, pp: int | None = None,
                     ep: int | None = None, schedule: str | None = None, virtual_stages: int | None = None,
-                    tp: int | None = None, cp: int | None = None) -> list[ParallelDims]:
+                    pp_layers: tuple[int, ...] | None = None, tp: int | None = None,
+                    cp: int | None = None) -> list[ParallelDims]:
     """Meshes with pp > 1 or ep > 1 (module docstring); pinned degrees fix their dimension."""
     shape = shape_of(spec)
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
@@ -94,7 +95,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
             for name in schedules if q > 1 else ["1f1b"]:
                 v = virtual_stages or (2 if name in ("zbv", "dualpipev") else 1)
                 chunks = 2 if name in ("zbv", "dualpipev") else v
-                split = split_layers(layers, q, chunks) if q > 1 else None
+                split = pp_layers or (split_layers(layers, q, chunks) if q > 1 else None)
                 if q > 1 and split is None and layers % (q * chunks):
                     continue
                 for e in ([ep] if ep else _eps(spec, shard * cp, t, g)):

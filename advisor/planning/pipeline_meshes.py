@@ -17,9 +17,8 @@ schedule 1F1B (the others when pinned: the search stays under 100 ms for 405B on
 from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.pipeline import split_layers
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import ParallelDims, split_layers
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import Candidate
 from advisor.training import TrainingConfig

@@ -255,7 +255,10 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
                                    else None)
         saved = other.memory_bytes.total - chosen.memory_bytes.total
         time = ""
-        if other.step_time is not None:
+        if other.step_time is not None and dim == "pp":  # a step holds m micro-batches: compare throughput
+            time = (f", {chosen.step_time.tokens_per_s:,.0f} vs {other.step_time.tokens_per_s:,.0f} tokens/s "
+                    "without it")
+        elif other.step_time is not None:
             delta = chosen.step_time.step_s - other.step_time.step_s
             time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
         elif not other.fits:

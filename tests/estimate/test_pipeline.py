@@ -178,3 +178,21 @@ def test_expert_parallelism_by_hand():
     assert one.memory.states_total == two.memory.states_total
     assert one.memory.at_block_backward - two.memory.at_block_backward == 491_520 - 8_192
     assert (one.imbalance_bytes, two.imbalance_bytes) == (0, 10_240)
+
+
+def test_all_to_all_and_p2p_on_the_links_they_cross():
+    """H100 nodes: NVLink 4 at 450 GB/s a direction, InfiniBand NDR 50 GB/s a port, one port a GPU
+    (profiles/interconnects.json), 0.8 of each reached (profiles/efficiency.json); latencies 2 and 5 us.
+    An all-to-all of 64 MiB on 8 ranks of one node sends 7/8 of it over NVLink:
+    7/8 x 67,108,864 / (450e9 x 0.8) + 2e-6 = 165.12 us. On 16 ranks over two nodes (stride 1) 7/16 over
+    NVLink and 8/16 over the GPU's NIC: 7/16 x 67,108,864 / 360e9 + 2e-6 + 8/16 x 67,108,864 / 40e9 + 5e-6.
+    A point-to-point send of 64 MiB between pipeline ranks 8 apart crosses the NIC: 67,108,864 / 40e9 + 5e-6."""
+    from advisor.estimate.pipeline_time import all_to_all_s, p2p_hop_s
+    from advisor.hardware.efficiency import load_efficiency
+
+    eff, hw, mib64 = load_efficiency(), parse_gpus("2x8xH100"), 64 * 2**20
+    assert all_to_all_s(mib64, hw, eff, size=8, stride=1) == pytest.approx(7 / 8 * mib64 / 360e9 + 2e-6)
+    assert all_to_all_s(mib64, hw, eff, size=16, stride=1) == pytest.approx(
+        7 / 16 * mib64 / 360e9 + 2e-6 + 8 / 16 * mib64 / 40e9 + 5e-6)
+    assert p2p_hop_s(mib64, hw, eff, stride=8) == pytest.approx(mib64 / 40e9 + 5e-6)
+    assert p2p_hop_s(mib64, hw, eff, stride=4) == pytest.approx(mib64 / 360e9 + 2e-6)

@@ -301,10 +301,12 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
+    pp_lines: list[str] = []  # what the pipeline/expert search found, in numbers
     if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
-        dp_why = dp_why + [f"Pipeline/expert meshes searched: {searched}."]
+        pp_lines = [f"Pipeline/expert meshes searched: {searched}."]
     elif searched is not None and best is not None:
-        dp_why = dp_why + [line for line in (pipeline_summary_line(candidates, searched),) if line]
+        pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
+    dp_why = dp_why + pp_lines
     if dp_offloads and best is None and searched is not None and not pins.any:
         return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
     if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
@@ -318,7 +320,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         rec, why = _faster(spec, hw, training, best, dp_best, candidates)
         if rec is None:
             return candidates, dp_choice, dp_why + why
-        return candidates, rec, why
+        return candidates, rec, why + pp_lines
     return candidates, rec, dp_why + why
 
 

@@ -9,7 +9,9 @@ would: tp a divisor of the GPUs in a node that divides the attention and key/val
 power of two with tp x cp inside a node that splits the sequence into 2 x cp chunks, and on several
 nodes HSDP with one replica per node. Every mesh runs FSDP2 (``zero3``, torchtitan's default) on
 the dp_shard x cp ranks. The 'why' names the limit that forced the mesh and what each degree buys,
-in GiB per GPU and seconds per step, against the same mesh without that degree.
+in GiB per GPU and seconds per step, against the same mesh without that degree. Pipeline- and
+expert-parallel meshes (pp, ep) join the search when ``advisor.planning.pipeline_meshes`` says why
+(pins, nothing here fits, experts dominate, or ``--policy fastest``); the worst pipeline rank decides fit.
 """
 
 from __future__ import annotations

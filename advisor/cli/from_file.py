@@ -54,7 +54,7 @@ def apply_config_file(path: str, options: dict[str, Any]) -> tuple[dict[str, Any
     config = read_config_file(path)
     merged, overridden, derived = dict(options), [], []
     for option, setting in config.settings.items():
-        if option in _CLUSTER:
+        if option in _CLUSTER or option == "global_batch":
             continue
         typed = options.get(option)
         if typed is None:
@@ -62,6 +62,7 @@ def apply_config_file(path: str, options: dict[str, Any]) -> tuple[dict[str, Any
         elif str(typed).lower() != str(setting).lower():
             overridden.append(Override(option=option, file_value=str(setting), given=str(typed)))
     _apply_count(config, merged, overridden)
+    _apply_global_batch(config, merged, overridden, derived)
     _apply_accumulation(config, merged, overridden, derived)
     return merged, FromFile(config=config, overridden=tuple(overridden), derived=tuple(derived))
 
@@ -96,6 +97,29 @@ def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Ov
         overridden.append(Override(option="num_gpus", file_value=f"{world} processes", given=gpus))
 
 
+def _data_parallel(merged: dict[str, Any]) -> int:
+    return max(_world_size(merged) // ((merged.get("tp") or 1) * (merged.get("cp") or 1)), 1)
+
+
+def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: list[Override],
+                        derived: list[str]) -> None:
+    """The file's global batch (DeepSpeed's train_batch_size, torchtitan's global_batch_size); when it is
+    one micro-batch per data-parallel GPU it says no accumulation, the plan's default, and is not pinned."""
+    total = config.settings.get("global_batch")
+    if total is None:
+        return
+    if merged.get("global_batch") is not None:
+        if str(merged["global_batch"]) != str(total):
+            overridden.append(Override(option="global_batch", file_value=str(total), given=str(merged["global_batch"])))
+        return
+    micro = merged.get("micro_batch")
+    if micro is not None and str(micro).strip().isdigit() and int(micro) * _data_parallel(merged) == int(total):
+        derived.append(f"global batch {total} = micro-batch {micro} x {_data_parallel(merged)} data-parallel GPUs: "
+                       "no gradient accumulation")
+        return
+    merged["global_batch"] = int(total)
+
+
 def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: list[Override],
                         derived: list[str]) -> None:
     """Gradient accumulation in the file: ``--global-batch = micro-batch x steps x data-parallel GPUs``."""
@@ -111,8 +135,8 @@ def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: 
         derived.append(f"gradient accumulation {steps} is not used: the file gives no micro-batch (give "
                        "--micro-batch, or --global-batch)")
         return
-    data_parallel = _world_size(merged) // ((merged.get("tp") or 1) * (merged.get("cp") or 1))
-    merged["global_batch"] = int(micro) * int(steps) * max(data_parallel, 1)
+    data_parallel = _data_parallel(merged)
+    merged["global_batch"] = int(micro) * int(steps) * data_parallel
     derived.append(f"--global-batch {merged['global_batch']} = micro-batch {micro} x gradient accumulation "
                    f"{steps} x {data_parallel} data-parallel GPUs")
 

@@ -280,13 +280,17 @@ def read_trainer(r: Reader, base: Path) -> None:
             r.take("optim", optim, "optimizer_impl", impl)
     elif optim is not None:
         r.notes.append(f"optim {optim} is not modelled: planned with --optimizer's default")
-    for key in ("gradient_checkpointing", "activation_checkpointing"):
-        on = r.flag(key)
-        if on is not None:
-            r.take(key, on, "activation_checkpointing", "on" if on else "off")
     if r.flag("use_liger_kernel"):
         r.take("use_liger_kernel", True, "loss", "fused")
-    _trainer_fsdp(r)
+    fsdp_checkpointing = _trainer_fsdp(r)
+    # Checkpointing is on when any of its keys says so: with FSDP, fsdp_config's own flag is the one that
+    # counts and the top-level one is false (transformers issue 30404; advisor export writes it that way).
+    said = {key: r.flag(key) for key in ("gradient_checkpointing", "activation_checkpointing")}
+    said["fsdp_config.activation_checkpointing"] = fsdp_checkpointing
+    given = {key: on for key, on in said.items() if on is not None}
+    if given:
+        key = next((k for k, on in given.items() if on), next(iter(given)))
+        r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
     _trainer_deepspeed(r, base)
     if r.section("parallelism_config") is not None:
         for field, option in (("dp_replicate_size", "hybrid"), ("tp_size", "tp"), ("cp_size", "cp")):
@@ -297,17 +301,18 @@ def read_trainer(r: Reader, base: Path) -> None:
     r.take(_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 
-def _trainer_fsdp(r: Reader) -> None:
+def _trainer_fsdp(r: Reader) -> bool | None:
+    """FSDP from ``fsdp`` / ``fsdp_config``; returns fsdp_config's activation_checkpointing (None: not given)."""
     raw = r.raw("fsdp")
     if raw is None or raw is False or raw == "" or raw == []:
-        return
+        return None
     if not isinstance(raw, (bool, str, list)):
         raise r.fail("fsdp", "must be true, a string such as 'full_shard auto_wrap', or a list of such words")
     words = _words(raw).lower().split()
     if "no_shard" in words:
         r.take("fsdp", raw, "engine", "torch")
         r.take("fsdp", raw, "strategy", "ddp")
-        return
+        return None
     config = r.raw("fsdp_config")
     if isinstance(config, str):
         r.notes.append(f"fsdp_config {config[:40]} is a file: not read (its keys may change the plan)")
@@ -330,13 +335,11 @@ def _trainer_fsdp(r: Reader) -> None:
         r.notes.append("fsdp_config.version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
     _fsdp_strategy(r, key, reshard=reshard, offload=offload, value=value)
     checkpointing = sub.flag("activation_checkpointing")
-    if checkpointing is not None:
-        r.take("fsdp_config.activation_checkpointing", checkpointing, "activation_checkpointing",
-               "on" if checkpointing else "off")
     if any(w.startswith("hybrid_shard") for w in words):
         r.notes.append("fsdp hybrid_shard: replicas across nodes are planned with --hybrid N (the Trainer "
                        "arguments do not say how many nodes)")
     r.nested.extend(sub.unread())
+    return checkpointing
 
 
 def _words(raw: Any) -> str:

@@ -16,6 +16,8 @@ imported only for a YAML file; ``tomllib`` is the standard library's.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -196,3 +198,53 @@ def strategy_for(engine: str, *, shard_optimizer: bool, shard_grads: bool, shard
         if impl.available and not impl.single_process and all(getattr(impl, k) == v for k, v in wanted.items()):
             return name
     return None
+
+
+def fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: str) -> None:
+    """FSDP2 on the torch engine: the strategy of this resharding and offload, with ``key`` as its source."""
+    r.take(key, value, "engine", "torch")
+    name = strategy_for("torch", shard_optimizer=True, shard_grads=True, shard_params=True,
+                        reshard_after_forward=reshard, offload_optimizer=offload, offload_params=offload)
+    assert name is not None, (reshard, offload)  # FSDP2 runs all four (advisor/strategies.py)
+    r.take(key, value, "strategy", name)
+
+
+def take_batch(r: Reader, *, micro: str | None = None, accumulation: str | None = None, total: str | None = None) -> None:
+    """The micro-batch, accumulation steps and global batch at these keys, each a positive integer."""
+    for key, option in ((micro, "micro_batch"), (accumulation, "gradient_accumulation"), (total, "global_batch")):
+        if key is not None:
+            number = r.integer(key, low=1)
+            if number is not None:
+                r.take(key, number, option, number)
+
+
+def take_precision(r: Reader, framework: str, bf16_key: str, fp16_key: str) -> None:
+    """bf16 / fp16 switches: one true sets that mixed precision; only falses given set fp32."""
+    bf16, fp16 = r.flag(bf16_key), r.flag(fp16_key)
+    if bf16 and fp16:
+        raise r.fail(bf16_key, f"and {fp16_key} are both true")
+    if bf16 or fp16:
+        key = bf16_key if bf16 else fp16_key
+        r.take(key, True, "precision", precision_for(framework, "bf16" if bf16 else "fp16"))
+    elif bf16 is False or fp16 is False:
+        r.take(bf16_key if bf16 is False else fp16_key, False, "precision", precision_for(framework, None))  # type: ignore[arg-type]
+
+
+def beside(path: str, base: Path, r: Reader) -> Path:
+    """A config file named inside another: relative to that file's folder, then to the working directory."""
+    for candidate in (base / path, Path(path)):
+        if candidate.is_file():
+            return candidate
+    raise ValueError(f"--from {r.where}: the DeepSpeed config it names, {path[:80]}, is not a file (looked beside "
+                     "it and in the working directory)")
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON file that holds a mapping; anything else is a one-line ValueError."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"--from {path}: not a readable JSON file ({' '.join(str(err).split())[:120]})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
+    return doc

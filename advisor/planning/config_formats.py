@@ -26,11 +26,11 @@ Which keys each reads, and what they mean, from the frameworks' own definitions:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from advisor.planning.config_file import ConfigFile, Reader, precision_for, strategy_for
+from advisor.planning.config_file import (ConfigFile, Reader, beside, fsdp_strategy, load_json, precision_for,
+                                          strategy_for, take_batch, take_precision)
 
 _OFFLOAD_DEVICES = {"none": None, "cpu": "cpu", "nvme": "nvme"}
 # FSDP sharding names and accelerate's numbers for them -> (reshard_after_forward, hybrid); None: NO_SHARD.
@@ -43,14 +43,6 @@ _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None), "paged_adamw_8bit": ("adamw-8bit", None),
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 _FORMAT = "(file format)"
-
-
-def _fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: str) -> None:
-    r.take(key, value, "engine", "torch")
-    name = strategy_for("torch", shard_optimizer=True, shard_grads=True, shard_params=True,
-                        reshard_after_forward=reshard, offload_optimizer=offload, offload_params=offload)
-    assert name is not None, (reshard, offload)  # FSDP2 runs all four (advisor/strategies.py)
-    r.take(key, value, "strategy", name)
 
 
 def _zero_strategy(r: Reader, key: str, value: str, *, stage: int, optimizer: str | None, params: str | None) -> None:
@@ -76,25 +68,6 @@ def _zero_strategy(r: Reader, key: str, value: str, *, stage: int, optimizer: st
     r.take(key, value, "strategy", name)  # type: ignore[arg-type]
 
 
-def _batch(r: Reader, *, micro: str | None = None, accumulation: str | None = None, total: str | None = None) -> None:
-    for key, option in ((micro, "micro_batch"), (accumulation, "gradient_accumulation"), (total, "global_batch")):
-        if key is not None:
-            number = r.integer(key, low=1)
-            if number is not None:
-                r.take(key, number, option, number)
-
-
-def _precision_flags(r: Reader, framework: str, bf16_key: str, fp16_key: str) -> None:
-    bf16, fp16 = r.flag(bf16_key), r.flag(fp16_key)
-    if bf16 and fp16:
-        raise r.fail(bf16_key, f"and {fp16_key} are both true")
-    if bf16 or fp16:
-        key = bf16_key if bf16 else fp16_key
-        r.take(key, True, "precision", precision_for(framework, "bf16" if bf16 else "fp16"))
-    elif bf16 is False or fp16 is False:
-        r.take(bf16_key if bf16 is False else fp16_key, False, "precision", precision_for(framework, None))  # type: ignore[arg-type]
-
-
 def read_deepspeed(r: Reader) -> None:
     """A DeepSpeed config (standalone, accelerate's deepspeed_config_file, or the Trainer's ``deepspeed``)."""
     if r.section("zero_optimization") is not None:
@@ -112,8 +85,8 @@ def read_deepspeed(r: Reader) -> None:
         if stage is not None:
             _zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
     bf16_key = "bfloat16.enabled" if "bfloat16" in r.doc else "bf16.enabled"
-    _precision_flags(r, "deepspeed", bf16_key, "fp16.enabled")
-    _batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")
+    take_precision(r, "deepspeed", bf16_key, "fp16.enabled")
+    take_batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")
     if r.section("optimizer") is not None:
         kind = r.text("optimizer.type")
         if kind is not None and kind.lower() in ("adam", "adamw"):
@@ -147,7 +120,7 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
         return
     offload = bool(r.flag("fsdp_config.fsdp_offload_params"))
     reshard, hybrid = sharding
-    _fsdp_strategy(r, key, reshard=reshard, offload=offload, value=str(r.raw(key) or "FSDP"))
+    fsdp_strategy(r, key, reshard=reshard, offload=offload, value=str(r.raw(key) or "FSDP"))
     if hybrid and machines > 1:
         r.take(key, "HYBRID_SHARD", "hybrid", machines)
     elif hybrid:
@@ -158,7 +131,7 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
     r.section("deepspeed_config")
     path = r.text("deepspeed_config.deepspeed_config_file")
     if path:
-        sub = _merge(r, _load_json(_beside(path, base, r)), f"{Path(path).name}:")
+        sub = _merge(r, load_json(beside(path, base, r)), f"{Path(path).name}:")
         r.take("deepspeed_config.deepspeed_config_file", path, "recipe", "deepspeed" if "optimizer" in sub.doc else "torch")
         return
     stage = r.integer("deepspeed_config.zero_stage")
@@ -169,7 +142,7 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
         _zero_strategy(r, "deepspeed_config.zero_stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
     else:
         r.take("distributed_type", "DEEPSPEED", "engine", "deepspeed")
-    _batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")
+    take_batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")
     r.take("distributed_type", "DEEPSPEED", "recipe", "torch")  # the script's own torch optimizer
 
 
@@ -220,7 +193,7 @@ def read_torchtitan(r: Reader) -> None:
     reshard = r.choice("parallelism.fsdp_reshard_after_forward", {"default": True, "always": True, "never": False})
     key = "parallelism.data_parallel_shard_degree"
     if shard is None or shard == -1 or shard > 1:
-        _fsdp_strategy(r, key, reshard=reshard is not False, offload=False, value=str(shard if shard is not None else -1))
+        fsdp_strategy(r, key, reshard=reshard is not False, offload=False, value=str(shard if shard is not None else -1))
         if replicate > 1:
             r.take("parallelism.data_parallel_replicate_degree", replicate, "hybrid", replicate)
     elif replicate > 1:
@@ -231,7 +204,7 @@ def read_torchtitan(r: Reader) -> None:
     else:
         r.notes.append("data_parallel_shard_degree -1 takes the GPUs left: their count comes from --gpus")
     batch_key = "training.local_batch_size" if "local_batch_size" in r.doc.get("training", {}) else "training.batch_size"
-    _batch(r, micro=batch_key)
+    take_batch(r, micro=batch_key)
     total = r.integer("training.global_batch_size", low=-1)
     if total is not None and total > 0:
         r.take("training.global_batch_size", total, "global_batch", total)
@@ -269,8 +242,8 @@ def _torchtitan_optimizer(r: Reader) -> None:
 
 
 def read_trainer(r: Reader, base: Path) -> None:
-    _batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
-    _precision_flags(r, "trainer", "bf16", "fp16")
+    take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
+    take_precision(r, "trainer", "bf16", "fp16")
     optim = r.text("optim")
     optim = optim.lower() if optim is not None else None
     if optim in _TRAINER_OPTIM:
@@ -333,7 +306,7 @@ def _trainer_fsdp(r: Reader) -> bool | None:
     offload = bool(sub.flag("cpu_offload")) or bool(sub.flag("offload_params")) or "offload" in words
     if sub.raw("version") not in (None, 2):
         r.notes.append("fsdp_config.version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
-    _fsdp_strategy(r, key, reshard=reshard, offload=offload, value=value)
+    fsdp_strategy(r, key, reshard=reshard, offload=offload, value=value)
     checkpointing = sub.flag("activation_checkpointing")
     if any(w.startswith("hybrid_shard") for w in words):
         r.notes.append("fsdp hybrid_shard: replicas across nodes are planned with --hybrid N (the Trainer "
@@ -351,7 +324,7 @@ def _trainer_deepspeed(r: Reader, base: Path) -> None:
     if raw is None or raw == "":
         return
     if isinstance(raw, str):
-        doc, prefix = _load_json(_beside(raw, base, r)), f"{Path(raw).name}:"
+        doc, prefix = load_json(beside(raw, base, r)), f"{Path(raw).name}:"
     elif isinstance(raw, dict):
         doc, prefix = raw, "deepspeed."
     else:
@@ -369,25 +342,6 @@ def _merge(r: Reader, doc: dict[str, Any], prefix: str) -> Reader:
     r.notes.extend(sub.notes)
     r.nested.extend(sub.unread())
     return sub
-
-
-def _beside(path: str, base: Path, r: Reader) -> Path:
-    """A config file named inside another: relative to that file's folder, then to the working directory."""
-    for candidate in (base / path, Path(path)):
-        if candidate.is_file():
-            return candidate
-    raise ValueError(f"--from {r.where}: the DeepSpeed config it names, {path[:80]}, is not a file (looked beside "
-                     "it and in the working directory)")
-
-
-def _load_json(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"--from {path}: not a readable JSON file ({' '.join(str(err).split())[:120]})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
-    return doc
 
 
 _TRAINER_KEYS = ("per_device_train_batch_size", "output_dir", "optim", "fsdp", "deepspeed", "gradient_checkpointing",
@@ -427,7 +381,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
             raise ValueError(f"--from {path}: not valid TOML ({' '.join(str(err).split())[:120]})") from None
         kind = "torchtitan"
     elif suffix == ".json":
-        doc = _load_json(path)
+        doc = load_json(path)
         kind = _json_format(doc, path)
     else:
         raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate .yaml, a DeepSpeed "

@@ -47,12 +47,14 @@ def flag(option: str) -> str:
     return "--gpus" if option == "num_gpus" else f"--{option.replace('_', '-')}"
 
 
-def apply_config_file(path: str, options: dict[str, Any]) -> tuple[dict[str, Any], FromFile]:
-    """``options`` (parsed CLI values, None where not typed) with the file's settings filled in."""
+def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = True) -> tuple[dict[str, Any], FromFile]:
+    """``options`` (parsed CLI values, None where not typed) with the file's settings filled in, and
+    ``from_file`` cleared (it has been applied). ``need_gpus=False`` (the ``--cpu`` test config) leaves
+    the GPUs alone: the file's process count and accumulation are not applied."""
     from advisor.planning.config_formats import read_config_file
 
     config = read_config_file(path)
-    merged, overridden, derived = dict(options), [], []
+    merged, overridden, derived = {**options, "from_file": None}, [], []
     for option, setting in config.settings.items():
         if option in _CLUSTER or option == "global_batch":
             continue
@@ -61,9 +63,10 @@ def apply_config_file(path: str, options: dict[str, Any]) -> tuple[dict[str, Any
             merged[option] = str(setting) if option == "micro_batch" else setting
         elif str(typed).lower() != str(setting).lower():
             overridden.append(Override(option=option, file_value=str(setting), given=str(typed)))
-    _apply_count(config, merged, overridden)
-    _apply_global_batch(config, merged, overridden, derived)
-    _apply_accumulation(config, merged, overridden, derived)
+    if need_gpus or merged.get("gpus") is not None:
+        _apply_count(config, merged, overridden)
+        _apply_global_batch(config, merged, overridden, derived)
+        _apply_accumulation(config, merged, overridden, derived)
     return merged, FromFile(config=config, overridden=tuple(overridden), derived=tuple(derived))
 
 

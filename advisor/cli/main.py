@@ -80,11 +80,6 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 
 @cli.command()
 @plan_options
-@click.option("--from", "from_file", metavar="FILE",
-              help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a "
-                   "TrainingArguments JSON. It sets the recipe and every knob it fixes (strategy, engine, "
-                   "precision, batch, checkpointing, optimizer, degrees); options given here win over the file. "
-                   "--gpus NAME without a count takes the file's process count.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
 @click.option("--chart", "chart_file", metavar="FILE", help="Also write the per-strategy bars (FILE.svg, or .html).")
@@ -105,7 +100,7 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
     from advisor.planning.api import plan as make_plan
 
     read = None
-    if from_file is not None:
+    if from_file is not None:  # a shared plan option; read here too so the values taken can be shown
         from advisor.cli.from_file import apply_config_file
 
         options, read = apply_config_file(from_file, options)

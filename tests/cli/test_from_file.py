@@ -216,3 +216,14 @@ def test_plan_from_a_yaml_loads_neither_torch_nor_transformers():
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "HEAVY:"
+
+
+def test_export_reads_the_file_too(capsys):
+    # --from is a shared plan option: an accelerate DeepSpeed-plugin config written as a DeepSpeed JSON
+    code, out, err = run_main(["export", "-m", "Qwen/Qwen2.5-1.5B", "-g", "A100", "--format", "deepspeed-json",
+                               "-o", "-", "--from", str(CONFIGS / "accelerate_deepspeed_zero3_offload.yaml")], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["zero_optimization"]["stage"] == 3 and doc["fp16"]["enabled"] is True
+    assert doc["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert doc["train_batch_size"] == 2 * doc["train_micro_batch_size_per_gpu"]  # 2 processes, accumulation 1

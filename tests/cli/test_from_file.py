@@ -227,3 +227,37 @@ def test_export_reads_the_file_too(capsys):
     assert doc["zero_optimization"]["stage"] == 3 and doc["fp16"]["enabled"] is True
     assert doc["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert doc["train_batch_size"] == 2 * doc["train_micro_batch_size_per_gpu"]  # 2 processes, accumulation 1
+
+
+# Random documents over the keys the readers look at, with values of every JSON type: reading one is a
+# settings object or a one-line ValueError, never another exception (which the CLI would call a bug).
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_KEYS = ["zero_optimization", "stage", "offload_optimizer", "offload_param", "device", "bf16", "fp16", "enabled",
+         "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer", "type",
+         "params", "torch_adam", "per_device_train_batch_size", "optim", "fsdp", "fsdp_config", "version",
+         "reshard_after_forward", "cpu_offload", "activation_checkpointing", "gradient_checkpointing", "deepspeed",
+         "use_liger_kernel", "parallelism_config", "tp_size", "dp_replicate_size", "cpu_offload"]
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=True), st.text(max_size=8),
+                    st.sampled_from(["auto", "cpu", "nvme", "none", "true", "adamw_torch_fused", "full_shard offload",
+                                     "AdamW", "Lamb", "SHARD_GRAD_OP", "3"]))
+_DOCS = st.recursive(_VALUES, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.sampled_from(_KEYS), inner, max_size=5)),
+                     max_leaves=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.dictionaries(st.sampled_from(_KEYS), _DOCS, min_size=1, max_size=6),
+       suffix=st.sampled_from([".json", ".yaml"]))
+def test_any_document_reads_or_is_a_value_error(doc, suffix, tmp_path):
+    import yaml
+
+    path = tmp_path / f"config{suffix}"
+    path.write_text(json.dumps(doc) if suffix == ".json" else yaml.safe_dump({"distributed_type": "DEEPSPEED",
+                                                                              "deepspeed_config": doc}))
+    try:
+        config = read_config_file(path)
+    except ValueError as err:
+        assert "\n" not in str(err) and str(err).startswith("--from ")
+        return
+    assert all(isinstance(v.setting, (int, str)) for v in config.values)

@@ -144,6 +144,15 @@ def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: 
                    f"{steps} x {data_parallel} data-parallel GPUs")
 
 
+def summary_lines(done: FromFile) -> list[str]:
+    """What --from did in a few lines, for the commands that do not print the plan (export, simulate, ...)."""
+    config = done.config
+    taken = ", ".join(f"{flag(v.option)} {v.setting}" for v in config.values if v.option != "gradient_accumulation")
+    lines = [f"--from {config.path} ({config.title}): {taken or 'nothing the plan uses'}"]
+    lines += [f"--from: {o.given} given overrides the file's {flag(o.option)} {o.file_value}" for o in done.overridden]
+    return lines + list(done.derived) + list(config.notes)
+
+
 def from_file_doc(done: FromFile) -> dict[str, Any]:
     """The ``from_file`` section of ``advisor plan --json``."""
     config = done.config

@@ -150,9 +150,11 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
     ``need_gpus=False`` (the ``--cpu`` test config, which makes no GPU plan) leaves ``gpus`` as given,
     possibly None, instead of detecting this machine's GPUs."""
     if options.get("from_file"):  # --from FILE: its settings under the options typed (advisor/cli/from_file.py)
-        from advisor.cli.from_file import apply_config_file
+        from advisor.cli.from_file import apply_config_file, summary_lines
 
-        options, _ = apply_config_file(options["from_file"], options, need_gpus=need_gpus)
+        options, done = apply_config_file(options["from_file"], options, need_gpus=need_gpus)
+        for line in summary_lines(done):  # `advisor plan` prints them in full; the other commands on stderr
+            click.echo(f"advisor: note: {line}", err=True)
     model, params = options.get("model"), options.get("params")
     if (model is None) == (params is None):
         raise click.UsageError("give exactly one of --model or --params")

@@ -120,7 +120,9 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
         return
     offload = bool(r.flag("fsdp_config.fsdp_offload_params"))
     reshard, hybrid = sharding
-    fsdp_strategy(r, key, reshard=reshard, offload=offload, value=str(r.raw(key) or "FSDP"))
+    said = r.raw(key)
+    fsdp_strategy(r, key, reshard=reshard, offload=offload,
+                  value=str(said).lower() if isinstance(said, bool) else str(said if said is not None else "FSDP"))
     if hybrid and machines > 1:
         r.take(key, "HYBRID_SHARD", "hybrid", machines)
     elif hybrid:
@@ -166,6 +168,9 @@ def read_accelerate(r: Reader, base: Path) -> None:
         r.notes.append("mixed_precision fp8 is not modelled: planned with --precision's default")
     elif mixed is not None:
         r.take("mixed_precision", mixed, "precision", precision_for("accelerate", mixed))
+    if r.section("parallelism_config") is not None:  # accelerate's ParallelismConfig (FSDP2 / TP / CP mesh)
+        _degrees(r, "parallelism_config.parallelism_config_", {"dp_replicate_size": "hybrid", "tp_size": "tp",
+                                                              "cp_size": "cp"}, implied="dp_shard_size")
     if kind != "DEEPSPEED":
         r.take("distributed_type", kind, "recipe", "torch")
     if kind == "MULTI_GPU":
@@ -175,6 +180,16 @@ def read_accelerate(r: Reader, base: Path) -> None:
         _accelerate_fsdp(r, machines)
     elif kind == "DEEPSPEED":
         _accelerate_deepspeed(r, base)
+
+
+def _degrees(r: Reader, prefix: str, options: dict[str, str], *, implied: str) -> None:
+    """Mesh degrees above 1 pin --hybrid (replicas), --tp, --cp; 1 is data parallelism alone, the default.
+    ``implied`` (the shard degree) follows from the GPU count and the others."""
+    for field, option in options.items():
+        number = r.integer(prefix + field, low=1)
+        if number is not None and number > 1:
+            r.take(prefix + field, number, option, number)
+    r.raw(prefix + implied)
 
 
 def read_torchtitan(r: Reader) -> None:
@@ -266,11 +281,8 @@ def read_trainer(r: Reader, base: Path) -> None:
         r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
     _trainer_deepspeed(r, base)
     if r.section("parallelism_config") is not None:
-        for field, option in (("dp_replicate_size", "hybrid"), ("tp_size", "tp"), ("cp_size", "cp")):
-            number = r.integer(f"parallelism_config.{field}", low=1)
-            if number is not None and (option != "hybrid" or number > 1):
-                r.take(f"parallelism_config.{field}", number, option, number)
-        r.read.add("parallelism_config.dp_shard_size")  # the rest of the ranks: follows from the others
+        _degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
+                 implied="dp_shard_size")
     r.take(_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 

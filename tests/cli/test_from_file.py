@@ -261,3 +261,43 @@ def test_any_document_reads_or_is_a_value_error(doc, suffix, tmp_path):
         assert "\n" not in str(err) and str(err).startswith("--from ")
         return
     assert all(isinstance(v.setting, (int, str)) for v in config.values)
+
+
+def test_a_torchtitan_mesh_and_the_newer_keys(tmp_path):
+    # torchtitan's current spelling (job_config.py): local_batch_size, mixed_precision_param, implementation;
+    # 2 replicas x 4 shards x tp 2 = 16 GPUs, FSDP without resharding after forward
+    path = tmp_path / "job.toml"
+    path.write_text('[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n'
+                    'tensor_parallel_degree = 2\nfsdp_reshard_after_forward = "never"\n'
+                    '[training]\nlocal_batch_size = 2\nglobal_batch_size = 64\nseq_len = 4096\n'
+                    'mixed_precision_param = "float32"\n[activation_checkpoint]\nmode = "full"\n'
+                    '[optimizer]\nname = "AdamW"\nimplementation = "foreach"\n')
+    assert read_config_file(path).settings == {
+        "tp": 2, "engine": "torch", "strategy": "zero2", "hybrid": 2, "num_gpus": 16, "micro_batch": 2,
+        "global_batch": 64, "seq_len": 4096, "precision": "fp32", "activation_checkpointing": "on",
+        "optimizer": "adamw", "optimizer_impl": "foreach", "recipe": "torchtitan"}
+
+
+def test_trainer_arguments_with_deepspeed_inline_and_an_optim(tmp_path):
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "fp16": True,
+                                "optim": "adamw_torch", "gradient_checkpointing": True,
+                                "deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                                              "train_micro_batch_size_per_gpu": "auto"}}))
+    config = read_config_file(path)
+    assert config.settings == {"micro_batch": 4, "gradient_accumulation": 8, "precision": "fp16-mixed",
+                               "optimizer": "adamw", "optimizer_impl": "foreach", "activation_checkpointing": "on",
+                               "engine": "deepspeed", "strategy": "zero2_offload", "recipe": "trainer"}
+    assert "deepspeed.train_micro_batch_size_per_gpu (auto: left to the plan)" in config.not_read
+
+
+def test_an_accelerate_mesh_is_read_back(tmp_path, capsys):
+    # 8B at 131,072 tokens on 8 x H100 only fits on a context-parallel mesh (cp 8): the export says so in
+    # parallelism_config, and reading it back pins the same mesh.
+    args = ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"]
+    written = _plan(capsys, *args)
+    code, _, err = run_main(["export", *args, "-o", str(tmp_path / "cp.yaml")], capsys)
+    assert code == 0, err
+    read_back = _plan(capsys, *args, "--from", str(tmp_path / "cp.yaml"))
+    assert read_back["recommendation"]["mesh"] == written["recommendation"]["mesh"]
+    assert read_back["recommendation"]["strategy"] == written["recommendation"]["strategy"] == "zero3"

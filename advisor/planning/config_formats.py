@@ -105,7 +105,8 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
     key, sharding = "fsdp_config.fsdp_sharding_strategy", r.choice("fsdp_config.fsdp_sharding_strategy", _SHARDING)
     raw = r.raw("fsdp_config.fsdp_reshard_after_forward")
     if isinstance(raw, bool) or (isinstance(raw, str) and raw.lower() in ("true", "false")):
-        key, sharding = "fsdp_config.fsdp_reshard_after_forward", (r.flag("fsdp_config.fsdp_reshard_after_forward"), False)
+        hybrid = bool(sharding and sharding[1])  # HYBRID_SHARD still says replicate across machines
+        key, sharding = "fsdp_config.fsdp_reshard_after_forward", (r.flag("fsdp_config.fsdp_reshard_after_forward"), hybrid)
     elif raw is not None:  # FSDP1 spelt its sharding strategy here too (accelerate >= 1.6)
         key, sharding = "fsdp_config.fsdp_reshard_after_forward", r.choice("fsdp_config.fsdp_reshard_after_forward", _SHARDING)
     elif sharding is None and r.raw(key) is None:
@@ -124,7 +125,8 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
     fsdp_strategy(r, key, reshard=reshard, offload=offload,
                   value=str(said).lower() if isinstance(said, bool) else str(said if said is not None else "FSDP"))
     if hybrid and machines > 1:
-        r.take(key, "HYBRID_SHARD", "hybrid", machines)
+        where = "fsdp_config.fsdp_sharding_strategy" if "fsdp_sharding_strategy" in r.doc["fsdp_config"] else key
+        r.take(where, str(r.raw(where)), "hybrid", machines)
     elif hybrid:
         r.notes.append("HYBRID_SHARD on one machine shards within it, as FULL_SHARD does")
 

@@ -301,3 +301,13 @@ def test_an_accelerate_mesh_is_read_back(tmp_path, capsys):
     read_back = _plan(capsys, *args, "--from", str(tmp_path / "cp.yaml"))
     assert read_back["recommendation"]["mesh"] == written["recommendation"]["mesh"]
     assert read_back["recommendation"]["strategy"] == written["recommendation"]["strategy"] == "zero3"
+
+
+def test_hybrid_shard_over_two_machines_replicates_across_them(tmp_path):
+    # HYBRID_SHARD: shard within each of the 2 machines, replicate across them (dp_replicate 2); FSDP2's
+    # reshard_after_forward false makes it ZeRO-2-like; 16 processes over 2 machines = 8 per node
+    path = tmp_path / "hsdp.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 16\nnum_machines: 2\nfsdp_config:\n"
+                    "  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_reshard_after_forward: false\n")
+    assert read_config_file(path).settings == {"num_gpus": 16, "nodes": 2, "recipe": "torch", "engine": "torch",
+                                               "strategy": "zero2", "hybrid": 2}

@@ -81,6 +81,8 @@ def test_command_runs_as_written(line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(advisor.export.launch, "local_gpus", lambda: None)
     (tmp_path / "train.py").write_text("print('trained')\n")
+    for example in (ROOT / "docs" / "examples").glob("*"):  # the configs the docs' `--from` lines read
+        (tmp_path / example.name).write_text(example.read_text())
     (tmp_path / "tiny").mkdir()
     with pytest.raises(SystemExit) as exited:
         main(_on_a_tiny_config(shlex.split(line, comments=True), tmp_path / "tiny")[1:])

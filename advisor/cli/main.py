@@ -85,18 +85,25 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @click.option("--chart", "chart_file", metavar="FILE", help="Also write the per-strategy bars (FILE.svg, or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print memory per component, bars, every reason and assumption.")
-def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbose: bool, **options) -> None:
+def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbose: bool, from_file: str | None,
+         **options) -> None:
     """Estimate per-GPU memory of every strategy and recommend one that fits.
 
     \b
     advisor plan --model Qwen/Qwen2.5-7B --gpus 2xA100
     advisor plan --params 70B --gpus 2x8xH100 --seq-len 4096 --json
     advisor plan -m meta-llama/Llama-3.1-8B -g 4xA10G --trainable-params 1% --strategy zero3
+    advisor plan -m Qwen/Qwen2.5-7B -g A100 --from accelerate_config.yaml
 
     Exit code 3 when nothing fits (the output says how many of these GPUs would).
     """
     from advisor.planning.api import plan as make_plan
 
+    read = None
+    if from_file is not None:  # a shared plan option; read here too so the values taken can be shown
+        from advisor.cli.from_file import apply_config_file
+
+        options, read = apply_config_file(from_file, options)
     kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
     tracing = TraceProgress(str(kwargs.get("model") or "the model"))
     result = make_plan(**kwargs, progress=tracing)
@@ -112,10 +119,18 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
         doc = result.model_dump(mode="json")
         if checked is not None:
             doc["verification"] = checked.model_dump(mode="json")
+        if read is not None:
+            from advisor.cli.from_file import from_file_doc
+
+            doc["from_file"] = from_file_doc(read)
         click.echo(json.dumps(doc, indent=2))
     else:
         from advisor.cli.plan_view import print_plan
 
+        if read is not None:
+            from advisor.cli.from_file import render_from_file
+
+            render_from_file(read)
         print_plan(result, verbose=verbose)
         if checked is not None:
             from advisor.cli.simulate import print_verification

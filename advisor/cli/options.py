@@ -114,6 +114,11 @@ PLAN_OPTIONS: list[Callable] = [
                  "split over ep ranks of dp_shard x cp)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
+    click.option("--from", "from_file", metavar="FILE",
+                 help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a "
+                      "TrainingArguments JSON. It sets the recipe and every knob it fixes (strategy, engine, "
+                      "precision, batch, checkpointing, optimizer, degrees); options given here win over the "
+                      "file. --gpus NAME without a count takes the file's process count."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
                  "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),
 ]
@@ -155,6 +160,12 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
 
     ``need_gpus=False`` (the ``--cpu`` test config, which makes no GPU plan) leaves ``gpus`` as given,
     possibly None, instead of detecting this machine's GPUs."""
+    if options.get("from_file"):  # --from FILE: its settings under the options typed (advisor/cli/from_file.py)
+        from advisor.cli.from_file import apply_config_file, summary_lines
+
+        options, done = apply_config_file(options["from_file"], options, need_gpus=need_gpus)
+        for line in summary_lines(done):  # `advisor plan` prints them in full; the other commands on stderr
+            click.echo(f"advisor: note: {line}", err=True)
     model, params = options.get("model"), options.get("params")
     if (model is None) == (params is None):
         raise click.UsageError("give exactly one of --model or --params")

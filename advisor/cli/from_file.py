@@ -1,0 +1,187 @@
+"""``advisor plan --from FILE``: the settings a training config fixes, merged under the options typed.
+
+The file is read by ``advisor.planning.config_formats.read_config_file`` (pure: no click); here its
+settings become the plan options the user did not type, so an explicit option always wins over the
+file (and the override is reported). Two settings need the cluster: the file's process count fills in
+a ``--gpus NAME`` given without one (``--gpus A100`` + ``num_processes: 8`` plans 8 x A100), and a
+gradient accumulation becomes ``--global-batch`` once the micro-batch and the data-parallel size are
+known. ``render_from_file`` prints one line per value taken; ``from_file_doc`` is the ``--json`` section.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+from pydantic import BaseModel, ConfigDict
+
+from advisor.planning.config_file import ConfigFile
+
+# Settings that are not one plan option: the cluster size, and accumulation (it becomes --global-batch).
+_CLUSTER = ("num_gpus", "nodes", "gradient_accumulation")
+_HAS_COUNT = re.compile(r"^\s*\d+\s*x", re.I)
+
+
+class Override(BaseModel):
+    """A value the file gives that an option typed on the command line replaced."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    option: str
+    file_value: str
+    given: str
+
+
+class FromFile(BaseModel):
+    """What ``--from`` did: the file read, the values overridden, and the settings worked out from it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    config: ConfigFile
+    overridden: tuple[Override, ...]
+    derived: tuple[str, ...]
+
+
+def flag(option: str) -> str:
+    return "--gpus" if option == "num_gpus" else f"--{option.replace('_', '-')}"
+
+
+def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = True) -> tuple[dict[str, Any], FromFile]:
+    """``options`` (parsed CLI values, None where not typed) with the file's settings filled in, and
+    ``from_file`` cleared (it has been applied). ``need_gpus=False`` (the ``--cpu`` test config) leaves
+    the GPUs alone: the file's process count and accumulation are not applied."""
+    from advisor.planning.config_formats import read_config_file
+
+    config = read_config_file(path)
+    merged, overridden, derived = {**options, "from_file": None}, [], []
+    for option, setting in config.settings.items():
+        if option in _CLUSTER or option == "global_batch":
+            continue
+        typed = options.get(option)
+        if typed is None:
+            merged[option] = str(setting) if option == "micro_batch" else setting
+        elif str(typed).lower() != str(setting).lower():
+            overridden.append(Override(option=option, file_value=str(setting), given=str(typed)))
+    if need_gpus or merged.get("gpus") is not None:
+        _apply_count(config, merged, overridden)
+        _apply_global_batch(config, merged, overridden, derived)
+        _apply_accumulation(config, merged, overridden, derived)
+    return merged, FromFile(config=config, overridden=tuple(overridden), derived=tuple(derived))
+
+
+def _gpus(merged: dict[str, Any]) -> str:
+    if merged.get("gpus") is None:
+        from advisor.cli.options import _local_gpus
+
+        merged["gpus"] = _local_gpus()
+    return merged["gpus"]
+
+
+def _world_size(merged: dict[str, Any]) -> int:
+    from advisor.hardware.cluster import parse_gpus
+
+    return parse_gpus(_gpus(merged), nodes=merged.get("nodes"), interconnect=merged.get("interconnect")).world_size
+
+
+def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Override]) -> None:
+    """The file's process count: fills in ``--gpus NAME``; a count typed in ``--gpus`` wins."""
+    settings = config.settings
+    world, nodes = settings.get("num_gpus"), settings.get("nodes")
+    if world is None:
+        return
+    gpus = _gpus(merged)
+    if not _HAS_COUNT.match(gpus):
+        per_node = int(world) // int(nodes or 1)
+        merged["gpus"] = f"{per_node}x{gpus.strip()}"
+        if nodes is not None and merged.get("nodes") is None:
+            merged["nodes"] = nodes
+    elif _world_size(merged) != world:
+        overridden.append(Override(option="num_gpus", file_value=f"{world} processes", given=gpus))
+
+
+def _data_parallel(merged: dict[str, Any]) -> int:
+    return max(_world_size(merged) // ((merged.get("tp") or 1) * (merged.get("cp") or 1)), 1)
+
+
+def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: list[Override],
+                        derived: list[str]) -> None:
+    """The file's global batch (DeepSpeed's train_batch_size, torchtitan's global_batch_size); when it is
+    one micro-batch per data-parallel GPU it says no accumulation, the plan's default, and is not pinned."""
+    total = config.settings.get("global_batch")
+    if total is None:
+        return
+    if merged.get("global_batch") is not None:
+        if str(merged["global_batch"]) != str(total):
+            overridden.append(Override(option="global_batch", file_value=str(total), given=str(merged["global_batch"])))
+        return
+    micro = merged.get("micro_batch")
+    if micro is not None and str(micro).strip().isdigit() and int(micro) * _data_parallel(merged) == int(total):
+        derived.append(f"global batch {total} = micro-batch {micro} x {_data_parallel(merged)} data-parallel GPUs: "
+                       "no gradient accumulation")
+        return
+    merged["global_batch"] = int(total)
+
+
+def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: list[Override],
+                        derived: list[str]) -> None:
+    """Gradient accumulation in the file: ``--global-batch = micro-batch x steps x data-parallel GPUs``."""
+    steps = config.settings.get("gradient_accumulation")
+    if steps is None or int(steps) == 1 or "global_batch" in config.settings:
+        return  # one step is the plan's default; a global batch in the file already says it
+    if merged.get("global_batch") is not None and "global_batch" not in config.settings:
+        overridden.append(Override(option="gradient_accumulation", file_value=str(steps),
+                                   given=f"--global-batch {merged['global_batch']}"))
+        return
+    micro = merged.get("micro_batch")
+    if micro is None or not str(micro).strip().isdigit():
+        derived.append(f"gradient accumulation {steps} is not used: the file gives no micro-batch (give "
+                       "--micro-batch, or --global-batch)")
+        return
+    data_parallel = _data_parallel(merged)
+    merged["global_batch"] = int(micro) * int(steps) * data_parallel
+    derived.append(f"--global-batch {merged['global_batch']} = micro-batch {micro} x gradient accumulation "
+                   f"{steps} x {data_parallel} data-parallel GPUs")
+
+
+def summary_lines(done: FromFile) -> list[str]:
+    """What --from did in a few lines, for the commands that do not print the plan (export, simulate, ...)."""
+    config = done.config
+    taken = ", ".join(f"{flag(v.option)} {v.setting}" for v in config.values if v.option != "gradient_accumulation")
+    lines = [f"--from {config.path} ({config.title}): {taken or 'nothing the plan uses'}"]
+    lines += [f"--from: {o.given} given overrides the file's {flag(o.option)} {o.file_value}" for o in done.overridden]
+    return lines + list(done.derived) + list(config.notes)
+
+
+def from_file_doc(done: FromFile) -> dict[str, Any]:
+    """The ``from_file`` section of ``advisor plan --json``."""
+    config = done.config
+    return {"path": config.path, "format": config.format,
+            "values": [v.model_dump() for v in config.values],
+            "overridden": [o.model_dump() for o in done.overridden],
+            "derived": list(done.derived), "not_read": list(config.not_read), "notes": list(config.notes)}
+
+
+def render_from_file(done: FromFile) -> None:
+    """One line per value taken (several options set by one key share its line), then what was not read."""
+    config = done.config
+    click.echo(f"From {config.path} ({config.title}):")
+    lines: dict[tuple[str, str], list[str]] = {}
+    replaced = {o.option: o.given for o in done.overridden}
+    for value in config.values:
+        setting = f"{flag(value.option)} {value.setting}"
+        if value.option == "gradient_accumulation":
+            setting = f"gradient accumulation {value.setting}"
+        if value.option in replaced:
+            setting += f" (overridden: {replaced[value.option]} given)"
+        lines.setdefault((value.key, value.value), []).append(setting)
+    for (key, shown), settings in lines.items():
+        click.echo(f"  {key}: {shown} -> {', '.join(settings)}")
+    for line in done.derived:
+        click.echo(f"  {line}")
+    if config.not_read:
+        click.echo(f"  not read ({len(config.not_read)}, no effect on the plan or not modelled): "
+                   f"{', '.join(config.not_read)}")
+    for note in config.notes:
+        click.echo(f"  note: {note}")
+    click.echo("")

@@ -1,0 +1,313 @@
+"""``advisor plan --from FILE``: the frameworks' own example configs are read into the knobs they fix
+(expected values read off each document by hand, see tests/cli/configs/SOURCES.md), the plan follows
+them, options typed on the command line win, bad files are one line and exit 2, and a plan exported
+to accelerate YAML, DeepSpeed JSON or Trainer arguments is reproduced when read back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.planning.config_formats import read_config_file
+from tests.cli._main import run_main
+
+CONFIGS = Path(__file__).parent / "configs"
+
+# What each document says, read by hand (not by the code under test): the knobs it fixes.
+EXPECTED = {
+    # distributed_type FSDP, FULL_SHARD (reshard after forward), no offload, bf16, 2 processes, no checkpointing
+    "accelerate_fsdp.yaml": ("accelerate", {"num_gpus": 2, "precision": "bf16-mixed", "recipe": "torch",
+                                            "activation_checkpointing": "off", "engine": "torch", "strategy": "zero3"}),
+    # DEEPSPEED plugin: zero_stage 3, optimizer and params offloaded to cpu, fp16, 2 processes, accumulation 1
+    "accelerate_deepspeed_zero3_offload.yaml": ("accelerate", {
+        "num_gpus": 2, "precision": "fp16-mixed", "engine": "deepspeed", "strategy": "zero3_offload",
+        "gradient_accumulation": 1, "recipe": "torch"}),
+    # stage 3 + offload_optimizer cpu + offload_param cpu, fp16 enabled, AdamW in the config, batch sizes auto
+    "ds_zero3_offload_accelerate.json": ("deepspeed", {
+        "engine": "deepspeed", "strategy": "zero3_offload", "precision": "fp16-mixed", "gradient_accumulation": 1,
+        "optimizer": "adamw", "recipe": "deepspeed"}),
+    # DeepSpeed's ZeRO-Infinity example: stage 3 with both offloaded to cpu, nothing else
+    "ds_zero_infinity.json": ("deepspeed", {"engine": "deepspeed", "strategy": "zero3_offload", "recipe": "deepspeed"}),
+    # FSDP over all GPUs (shard degree -1), batch 1 x 8192 tokens, selective AC, AdamW
+    "torchtitan_llama3_8b.toml": ("torchtitan", {
+        "engine": "torch", "strategy": "zero3", "micro_batch": 1, "seq_len": 8192,
+        "activation_checkpointing": "selective", "optimizer": "adamw", "recipe": "torchtitan"}),
+    # per-device batch 16, bf16, fsdp=True with reshard_after_forward true, no offload, FSDP checkpointing on
+    "trainer_fsdp.json": ("trainer", {"micro_batch": 16, "precision": "bf16-mixed", "engine": "torch",
+                                      "strategy": "zero3", "activation_checkpointing": "on", "recipe": "trainer"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_documented_example_is_read_into_the_knobs_it_fixes(name):
+    config = read_config_file(CONFIGS / name)
+    fmt, settings = EXPECTED[name]
+    assert config.format == fmt
+    assert config.settings == settings
+    assert all(v.key and v.value for v in config.values)
+
+
+def test_auto_values_and_keys_with_no_effect_are_listed_not_taken():
+    config = read_config_file(CONFIGS / "ds_zero3_offload_accelerate.json")
+    assert "train_micro_batch_size_per_gpu (auto: left to the plan)" in config.not_read
+    assert {"scheduler.*", "steps_per_print", "gradient_clipping"} <= set(config.not_read)
+    assert "micro_batch" not in config.settings
+
+
+def _plan(capsys, *args: str) -> dict:
+    code, out, err = run_main(["plan", *args, "--json"], capsys)
+    assert code in (0, 3), err
+    return json.loads(out)
+
+
+# (fixture, model, gpus): a plan for each; --gpus names the GPU and the count comes from the file when it has one.
+PLANS = [("accelerate_fsdp.yaml", "Qwen/Qwen2.5-1.5B", "A100"),
+         ("accelerate_deepspeed_zero3_offload.yaml", "Qwen/Qwen2.5-1.5B", "A100"),
+         ("ds_zero3_offload_accelerate.json", "Qwen/Qwen2.5-1.5B", "4xA100"),
+         ("ds_zero_infinity.json", "Qwen/Qwen2.5-1.5B", "4xA100"),
+         ("torchtitan_llama3_8b.toml", "meta-llama/Llama-3.1-8B", "8xH100"),
+         ("trainer_fsdp.json", "Qwen/Qwen2.5-0.5B", "2xA100")]
+
+
+@pytest.mark.parametrize("name,model,gpus", PLANS)
+def test_the_plan_follows_the_file(name, model, gpus, capsys):
+    doc = _plan(capsys, "--model", model, "--gpus", gpus, "--from", str(CONFIGS / name))
+    settings = EXPECTED[name][1]
+    rec, training = doc["recommendation"], doc["training"]
+    assert rec is not None, doc["why"]
+    assert (rec["strategy"], rec["engine"]) == (settings["strategy"], settings["engine"])
+    assert training.get("recipe", "torch") == settings["recipe"]
+    for option, field in (("precision", "precision"), ("seq_len", "seq_len"), ("optimizer", "optimizer")):
+        if option in settings:
+            assert training[field] == settings[option]
+    if "micro_batch" in settings:
+        assert rec["micro_batch_size"] == settings["micro_batch"]
+    if "activation_checkpointing" in settings:
+        on, selective = rec["activation_checkpointing"], rec["selective_checkpointing"]
+        assert {"on": (True, False), "off": (False, False), "selective": (True, True)}[
+            settings["activation_checkpointing"]] == (on, selective)
+    if "num_gpus" in settings:
+        assert doc["hardware"]["world_size"] == settings["num_gpus"]
+    section = doc["from_file"]
+    assert section["format"] == EXPECTED[name][0]
+    assert {v["option"]: v["setting"] for v in section["values"]} == settings
+
+
+def test_the_text_output_has_a_line_per_value_taken(capsys):
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-1.5B", "-g", "A100", "--from",
+                               str(CONFIGS / "accelerate_fsdp.yaml")], capsys)
+    assert code == 0, err
+    head = out.split("\n\n")[0].splitlines()
+    assert head[0].startswith("From ") and "accelerate config" in head[0]
+    assert "  num_processes: 2 -> --gpus 2" in head
+    assert "  mixed_precision: bf16 -> --precision bf16-mixed" in head
+    assert "  fsdp_config.fsdp_sharding_strategy: FULL_SHARD -> --engine torch, --strategy zero3" in head
+    assert "  fsdp_config.fsdp_activation_checkpointing: false -> --activation-checkpointing off" in head
+    assert any(line.startswith("  not read (7,") and "fsdp_use_orig_params" in line for line in head)
+
+
+def test_options_typed_win_over_the_file(capsys):
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--micro-batch", "2", "--precision", "fp32",
+                "--from", str(CONFIGS / "trainer_fsdp.json"))
+    assert doc["recommendation"]["micro_batch_size"] == 2 and doc["training"]["precision"] == "fp32"
+    overridden = {o["option"]: (o["file_value"], o["given"]) for o in doc["from_file"]["overridden"]}
+    assert overridden == {"micro_batch": ("16", "2"), "precision": ("bf16-mixed", "fp32")}
+
+
+def test_a_gpu_count_typed_wins_over_num_processes(capsys):
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-1.5B", "-g", "4xA100", "--from", str(CONFIGS / "accelerate_fsdp.yaml"))
+    assert doc["hardware"]["world_size"] == 4
+    assert doc["from_file"]["overridden"] == [{"option": "num_gpus", "file_value": "2 processes", "given": "4xA100"}]
+
+
+def test_gradient_accumulation_becomes_the_global_batch(tmp_path, capsys):
+    # micro-batch 2 x 4 accumulation steps x 4 GPUs = 32 samples per optimizer step (worked by hand)
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4,
+                                "zero_optimization": {"stage": 2}, "bf16": {"enabled": True}}))
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-0.5B", "-g", "4xA100", "--from", str(path))
+    assert doc["training"]["global_batch_size"] == 32
+    assert doc["recommendation"]["gradient_accumulation_steps"] == 4
+    assert (doc["recommendation"]["strategy"], doc["recommendation"]["engine"]) == ("zero2", "deepspeed")
+
+
+def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
+    (tmp_path / "ds.json").write_text((CONFIGS / "ds_zero3_offload_accelerate.json").read_text())
+    (tmp_path / "acc.yaml").write_text("distributed_type: DEEPSPEED\ndeepspeed_config:\n  deepspeed_config_file: ds.json\n"
+                                       "num_processes: 2\n")
+    config = read_config_file(tmp_path / "acc.yaml")
+    assert config.settings == {"num_gpus": 2, "engine": "deepspeed", "strategy": "zero3_offload",
+                               "precision": "fp16-mixed", "gradient_accumulation": 1, "optimizer": "adamw",
+                               "recipe": "deepspeed"}  # the JSON names an optimizer: DeepSpeed's, not the script's
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("missing.json", None, "no such file"),
+    ("run.ini", "[x]\n", "unknown format"),
+    ("bad.json", "{not json", "not a readable JSON file"),
+    ("other.json", '{"foo": 1}', "neither a DeepSpeed config"),
+    ("list.json", "[1, 2]", "not a mapping"),
+    ("bad.yaml", "a: [1,\n", "not valid YAML"),
+    ("bad.toml", "x = \n", "not valid TOML"),
+    ("stage.json", '{"zero_optimization": {"stage": "three"}}', "zero_optimization.stage must be an integer"),
+    ("stage4.json", '{"zero_optimization": {"stage": 4}}', "must be 0, 1, 2 or 3"),
+    ("flag.json", '{"bf16": {"enabled": "yes"}}', "bf16.enabled must be true or false"),
+    ("both.json", '{"bf16": {"enabled": true}, "fp16": {"enabled": true}}', "are both true"),
+    ("device.json", '{"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}', "must be one of none, cpu, nvme"),
+    ("mega.yaml", "distributed_type: MEGATRON_LM\n", "MEGATRON_LM is not planned"),
+    ("cpu.yaml", "distributed_type: MULTI_GPU\nuse_cpu: true\n", "a CPU run"),
+    ("procs.yaml", "num_processes: 3\nnum_machines: 2\n", "not divisible by num_machines"),
+    ("pp.toml", "[parallelism]\npipeline_parallel_degree = 2\n", "does not plan pipeline parallelism"),
+    ("batch.json", '{"per_device_train_batch_size": "16"}', "per_device_train_batch_size must be an integer"),
+    ("clash.json", '{"per_device_train_batch_size": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 8}}', "disagree"),
+    ("nods.json", '{"per_device_train_batch_size": 4, "deepspeed": "nowhere.json"}', "is not a file"),
+])
+def test_a_bad_file_is_one_line_and_exit_2(name, text, message, tmp_path, capsys):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+# Round trip: plan, export, read the export back with only the model and GPUs; the recommendation is the
+# one that wrote the file. Each format with the recipe of its stack (a DeepSpeed JSON runs DeepSpeed).
+ROUND_TRIPS = [("accelerate", "yaml", ["-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"]),
+               ("accelerate", "yaml", ["-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100"]),
+               ("accelerate", "yaml", ["-m", "Qwen/Qwen2.5-7B", "-g", "4xA100", "--activation-checkpointing", "on"]),
+               ("deepspeed-json", "json", ["-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--recipe", "deepspeed"]),
+               ("deepspeed-json", "json", ["-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--recipe", "deepspeed"]),
+               ("deepspeed-json", "json", ["-m", "Qwen/Qwen2.5-0.5B", "-g", "4xA100", "--recipe", "deepspeed",
+                                           "--micro-batch", "2", "--global-batch", "32", "--precision", "fp16-mixed"]),
+               ("trainer-args", "json", ["-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--recipe", "trainer"]),
+               ("trainer-args", "json", ["-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--recipe", "trainer"]),
+               ("trainer-args", "json", ["-m", "Qwen/Qwen2.5-7B", "-g", "4xA100", "--recipe", "trainer",
+                                         "--activation-checkpointing", "on", "--micro-batch", "2",
+                                         "--global-batch", "16"])]
+
+
+def _recommended(doc: dict) -> tuple:
+    rec, training = doc["recommendation"], doc["training"]
+    return (rec["strategy"], rec["engine"], rec["micro_batch_size"], rec["gradient_accumulation_steps"],
+            training["precision"], rec["activation_checkpointing"], rec["selective_checkpointing"],
+            training.get("recipe", "torch"), rec["mesh"])
+
+
+@pytest.mark.parametrize("fmt,suffix,args", ROUND_TRIPS, ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_a_plan_read_back_from_its_export_is_the_plan_that_wrote_it(fmt, suffix, args, tmp_path, capsys):
+    written = _plan(capsys, *args)
+    path = tmp_path / f"exported.{suffix}"
+    code, _, err = run_main(["export", *args, "--format", fmt, "-o", str(path)], capsys)
+    assert code == 0, err
+    read_back = _plan(capsys, *args[:4], "--from", str(path))  # the model and the GPUs only
+    assert _recommended(read_back) == _recommended(written)
+    assert read_back["from_file"]["overridden"] == []
+
+
+def test_plan_from_a_yaml_loads_neither_torch_nor_transformers():
+    check = ("import sys\nfrom advisor.cli.main import main\n"
+             f"main(['plan', '-m', 'Qwen/Qwen2.5-0.5B', '-g', 'A100', '--from', {str(CONFIGS / 'accelerate_fsdp.yaml')!r}])\n"
+             "print('HEAVY:' + ','.join(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "HEAVY:"
+
+
+def test_export_reads_the_file_too(capsys):
+    # --from is a shared plan option: an accelerate DeepSpeed-plugin config written as a DeepSpeed JSON
+    code, out, err = run_main(["export", "-m", "Qwen/Qwen2.5-1.5B", "-g", "A100", "--format", "deepspeed-json",
+                               "-o", "-", "--from", str(CONFIGS / "accelerate_deepspeed_zero3_offload.yaml")], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["zero_optimization"]["stage"] == 3 and doc["fp16"]["enabled"] is True
+    assert doc["zero_optimization"]["offload_param"]["device"] == "cpu"
+    assert doc["train_batch_size"] == 2 * doc["train_micro_batch_size_per_gpu"]  # 2 processes, accumulation 1
+
+
+# Random documents over the keys the readers look at, with values of every JSON type: reading one is a
+# settings object or a one-line ValueError, never another exception (which the CLI would call a bug).
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_KEYS = ["zero_optimization", "stage", "offload_optimizer", "offload_param", "device", "bf16", "fp16", "enabled",
+         "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer", "type",
+         "params", "torch_adam", "per_device_train_batch_size", "optim", "fsdp", "fsdp_config", "version",
+         "reshard_after_forward", "cpu_offload", "activation_checkpointing", "gradient_checkpointing", "deepspeed",
+         "use_liger_kernel", "parallelism_config", "tp_size", "dp_replicate_size", "cpu_offload"]
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=True), st.text(max_size=8),
+                    st.sampled_from(["auto", "cpu", "nvme", "none", "true", "adamw_torch_fused", "full_shard offload",
+                                     "AdamW", "Lamb", "SHARD_GRAD_OP", "3"]))
+_DOCS = st.recursive(_VALUES, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                      st.dictionaries(st.sampled_from(_KEYS), inner, max_size=5)),
+                     max_leaves=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=st.dictionaries(st.sampled_from(_KEYS), _DOCS, min_size=1, max_size=6),
+       suffix=st.sampled_from([".json", ".yaml"]))
+def test_any_document_reads_or_is_a_value_error(doc, suffix, tmp_path):
+    import yaml
+
+    path = tmp_path / f"config{suffix}"
+    path.write_text(json.dumps(doc) if suffix == ".json" else yaml.safe_dump({"distributed_type": "DEEPSPEED",
+                                                                              "deepspeed_config": doc}))
+    try:
+        config = read_config_file(path)
+    except ValueError as err:
+        assert "\n" not in str(err) and str(err).startswith("--from ")
+        return
+    assert all(isinstance(v.setting, (int, str)) for v in config.values)
+
+
+def test_a_torchtitan_mesh_and_the_newer_keys(tmp_path):
+    # torchtitan's current spelling (job_config.py): local_batch_size, mixed_precision_param, implementation;
+    # 2 replicas x 4 shards x tp 2 = 16 GPUs, FSDP without resharding after forward
+    path = tmp_path / "job.toml"
+    path.write_text('[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4\n'
+                    'tensor_parallel_degree = 2\nfsdp_reshard_after_forward = "never"\n'
+                    '[training]\nlocal_batch_size = 2\nglobal_batch_size = 64\nseq_len = 4096\n'
+                    'mixed_precision_param = "float32"\n[activation_checkpoint]\nmode = "full"\n'
+                    '[optimizer]\nname = "AdamW"\nimplementation = "foreach"\n')
+    assert read_config_file(path).settings == {
+        "tp": 2, "engine": "torch", "strategy": "zero2", "hybrid": 2, "num_gpus": 16, "micro_batch": 2,
+        "global_batch": 64, "seq_len": 4096, "precision": "fp32", "activation_checkpointing": "on",
+        "optimizer": "adamw", "optimizer_impl": "foreach", "recipe": "torchtitan"}
+
+
+def test_trainer_arguments_with_deepspeed_inline_and_an_optim(tmp_path):
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 4, "gradient_accumulation_steps": 8, "fp16": True,
+                                "optim": "adamw_torch", "gradient_checkpointing": True,
+                                "deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+                                              "train_micro_batch_size_per_gpu": "auto"}}))
+    config = read_config_file(path)
+    assert config.settings == {"micro_batch": 4, "gradient_accumulation": 8, "precision": "fp16-mixed",
+                               "optimizer": "adamw", "optimizer_impl": "foreach", "activation_checkpointing": "on",
+                               "engine": "deepspeed", "strategy": "zero2_offload", "recipe": "trainer"}
+    assert "deepspeed.train_micro_batch_size_per_gpu (auto: left to the plan)" in config.not_read
+
+
+def test_an_accelerate_mesh_is_read_back(tmp_path, capsys):
+    # 8B at 131,072 tokens on 8 x H100 only fits on a context-parallel mesh (cp 8): the export says so in
+    # parallelism_config, and reading it back pins the same mesh.
+    args = ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"]
+    written = _plan(capsys, *args)
+    code, _, err = run_main(["export", *args, "-o", str(tmp_path / "cp.yaml")], capsys)
+    assert code == 0, err
+    read_back = _plan(capsys, *args, "--from", str(tmp_path / "cp.yaml"))
+    assert read_back["recommendation"]["mesh"] == written["recommendation"]["mesh"]
+    assert read_back["recommendation"]["strategy"] == written["recommendation"]["strategy"] == "zero3"
+
+
+def test_hybrid_shard_over_two_machines_replicates_across_them(tmp_path):
+    # HYBRID_SHARD: shard within each of the 2 machines, replicate across them (dp_replicate 2); FSDP2's
+    # reshard_after_forward false makes it ZeRO-2-like; 16 processes over 2 machines = 8 per node
+    path = tmp_path / "hsdp.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 16\nnum_machines: 2\nfsdp_config:\n"
+                    "  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_reshard_after_forward: false\n")
+    assert read_config_file(path).settings == {"num_gpus": 16, "nodes": 2, "recipe": "torch", "engine": "torch",
+                                               "strategy": "zero2", "hybrid": 2}

@@ -48,7 +48,9 @@ class MeshPins(BaseModel):
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.tp, self.cp, self.dp_replicate)) or self.pipelined
+        """A mesh is pinned: some degree above 1 (or a pipeline/expert option). ``--tp 1 --cp 1`` alone pins
+        data parallelism, which the data-parallel family plans; each 1 still limits the mesh search."""
+        return any(v is not None and v > 1 for v in (self.tp, self.cp, self.dp_replicate)) or self.pipelined
 
     @property
     def pipelined(self) -> bool:

@@ -98,3 +98,15 @@ def test_table_and_recommendation_line_name_the_mesh(capsys, monkeypatch):
     code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "131072"], capsys)
     assert code == 0
     assert "zero3 cp 8 *" in out and "Recommendation: zero3 (torch) on mesh cp 8" in out
+
+
+def test_degrees_pinned_to_one_plan_data_parallelism():
+    """``--tp 1 --cp 1 --strategy zero3`` (what an exported DP plan reads back as) said "No mesh with the pinned
+    degrees fits" although zero3 fits: degrees of 1 pin data parallelism alone, the data-parallel plan."""
+    from advisor.planning.api import plan
+
+    job = dict(seq_len=8192, strategy="zero3")
+    pinned = plan("meta-llama/Llama-3.1-8B", "8xH100", tp=1, cp=1, **job).recommendation
+    free = plan("meta-llama/Llama-3.1-8B", "8xH100", **job).recommendation
+    assert pinned is not None and pinned.mesh is None
+    assert (pinned.strategy, pinned.micro_batch_size) == (free.strategy, free.micro_batch_size) == ("zero3", 1)

@@ -6,7 +6,8 @@ Lightning ``Trainer``.
 
 At train begin the callback reads what the trainer will really run (the live model, PEFT adapters
 included; the per-device batch, gradient accumulation and world size; the precision flags;
-gradient checkpointing; the optimizer; FSDP or DeepSpeed settings), plans it with
+gradient checkpointing; the optimizer and its implementation; FSDP or DeepSpeed settings), plans it
+with its own framework's recipe row (``trainer`` or ``lightning``, ``profiles/recipes.json``) with
 ``advisor.plan`` for the GPUs this process sees (or ``gpus=``), prints the verdict once (rank 0),
 and with ``strict=True`` raises ``RuntimeError`` with the planner's advice before the first step
 instead of an out-of-memory error an hour later. Without a visible GPU and no ``gpus=`` there is
@@ -147,6 +148,14 @@ def _hf_optimizer(args: Any) -> str:
     return next((ours for key, ours in _HF_OPTIMIZERS if key in name), "adamw")
 
 
+def _hf_optimizer_impl(args: Any) -> str | None:
+    """How the Trainer's AdamW steps (transformers/trainer_optimizer.py): ``adamw_torch_fused`` is
+    ``torch.optim.AdamW(fused=True)``, ``adamw_torch`` the torch default (foreach on CUDA); None: another
+    optimizer, or the trainer recipe's default."""
+    name = str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", ""))).lower()
+    return {"adamw_torch_fused": "fused", "adamw_torch": "foreach"}.get(name)
+
+
 def _hf_checkpointing(args: Any) -> bool:
     """transformers 5 renames ``gradient_checkpointing`` to ``activation_checkpointing``; either counts, and
     so does FSDP's own (``fsdp_config["activation_checkpointing"]``, what our Trainer export writes)."""
@@ -208,11 +217,12 @@ def hf_training(args: Any, model: Any, seq_len: int | None, *, world_size: int |
     seq = seq_len or getattr(args, "max_length", None) or getattr(args, "max_seq_length", None) or _DEFAULT_SEQ_LEN
     micro = int(args.per_device_train_batch_size)
     world = world_size or max(1, int(getattr(args, "world_size", 1)))
+    optimizer = _hf_optimizer(args)
     return TrainingConfig(
-        precision=_hf_precision(args, model), optimizer=_hf_optimizer(args), seq_len=int(seq),
+        recipe="trainer", precision=_hf_precision(args, model), optimizer=optimizer, seq_len=int(seq),
         micro_batch_size=micro, global_batch_size=micro * int(args.gradient_accumulation_steps) * world,
         activation_checkpointing="on" if _hf_checkpointing(args) else "off",
-        engine=hf_strategy(args)[1],
+        engine=hf_strategy(args)[1], optimizer_impl=_hf_optimizer_impl(args) if optimizer == "adamw" else None,
     )
 
 
@@ -288,7 +298,8 @@ def _lightning_class() -> type:
 
             def run() -> Verdict:
                 training = TrainingConfig(
-                    precision=_LIGHTNING_PRECISION.get(str(trainer.precision), "fp32"), optimizer=self.optimizer,
+                    recipe="lightning", precision=_LIGHTNING_PRECISION.get(str(trainer.precision), "fp32"),
+                    optimizer=self.optimizer,
                     seq_len=self.seq_len or _DEFAULT_SEQ_LEN, micro_batch_size=self.micro_batch_size, engine=engine,
                     activation_checkpointing="on" if self.checkpointing else "off",
                     global_batch_size=self.micro_batch_size * int(trainer.accumulate_grad_batches) * world)

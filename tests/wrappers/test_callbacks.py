@@ -74,6 +74,16 @@ def test_trainer_settings_are_read_as_the_trainer_runs_them(tmp_path):
     assert hf_strategy(SimpleNamespace(deepspeed=None, fsdp=None)) == ("ddp", "torch")
 
 
+@pytest.mark.parametrize("optim, impl", [("adamw_torch_fused", "fused"), ("adamw_torch", "foreach")])
+def test_the_trainer_is_planned_with_its_own_recipe_and_optimizer_implementation(tmp_path, optim, impl):
+    """Issue 19 item 1: the callback plans with the ``trainer`` recipe row (fused AdamW by default, as
+    TrainingArguments' default optim is adamw_torch_fused) and the implementation ``optim`` names."""
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, optim=optim, use_cpu=True,
+                             report_to=[])
+    training = hf_training(args, _model(), seq_len=16)
+    assert (training.recipe.name, training.optimizer_implementation) == ("trainer", impl)
+
+
 def test_lightning_fit_runs_the_check(tmp_path, capsys):
     lightning = pytest.importorskip("lightning")
     from wrappers.callbacks import AdvisorLightningCallback
@@ -97,8 +107,9 @@ def test_lightning_fit_runs_the_check(tmp_path, capsys):
         warnings.simplefilter("ignore")
         trainer.fit(Module(), torch.utils.data.DataLoader(_Tokens(16), batch_size=2))
     assert trainer.global_step == 2 and callback.verdict.fits is True
-    # The plan saw the Llama inside the LightningModule, not an opaque module.
+    # The plan saw the Llama inside the LightningModule, not an opaque module, with Lightning's recipe row.
     assert callback.verdict.plan.model.model_type == "llama"
+    assert callback.verdict.plan.training.recipe.name == "lightning"
     assert "ddp on 1xH100, micro-batch 2, seq 16, fp32" in capsys.readouterr().out
 
 

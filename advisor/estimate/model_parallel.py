@@ -114,9 +114,23 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     # plan (it cannot be placed twice): replicated over tp, sharded by FSDP over dp only.
     vocab_tp = 1 if spec.tied_embeddings else tp
     other = max(0, outside - embedding - head)
-    total = layer_tp * num_layers + _ceil(embedding, vocab_tp) + _ceil(head, vocab_tp) + other
+
+    def split(params: int) -> int:
+        return _ceil(max(0, params - norms), tp) + norms
+
+    update: dict = {}
+    saving = 0
+    if spec.moe is not None and spec.moe.num_dense_layers:  # DeepSeek's dense layers: smaller blocks, split too
+        dense_tp = split(spec.moe.dense_layer_params)
+        update["moe"] = validated_copy(spec.moe, dict(dense_layer_params=dense_tp))
+        saving = spec.moe.num_dense_layers * (layer_tp - dense_tp)
+    if spec.hybrid is not None:  # Jamba: every block of the stack, each split (the spec's saving reads these)
+        blocks = tuple(split(b) for b in spec.hybrid.block_params)
+        update["hybrid"] = validated_copy(spec.hybrid, dict(block_params=blocks))
+        saving = len(blocks) * layer_tp - sum(blocks)
+    total = layer_tp * num_layers - saving + _ceil(embedding, vocab_tp) + _ceil(head, vocab_tp) + other
     return validated_copy(spec, dict(
-        total_params=total, trainable_params=total, layer_params=layer_tp,
+        update, total_params=total, trainable_params=total, layer_params=layer_tp,
         embedding_params=_ceil(embedding, vocab_tp) if spec.embedding_params is not None else None,
         head_params=_ceil(head, vocab_tp) if spec.head_params is not None else None))
 

@@ -164,6 +164,17 @@ def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int,
         saving = dense_here * (layer - dense_params)
     else:
         saving = 0
+    hybrid = local.hybrid
+    if hybrid is not None:  # Jamba: this stage's own blocks (as tp_rank_spec split them), E/ep experts under ep
+        here = slice(start, start + layers)
+        blocks = list(hybrid.block_params[here])
+        if expert_divisor is not None and spec.num_experts:
+            experts_tp = _ceil(_expert_params(spec), mesh.tp)
+            kept = _ceil(_expert_params(spec), mesh.tp * expert_divisor)
+            blocks = [b - experts_tp + kept if sparse else b for b, sparse in zip(blocks, hybrid.expert_layers[here])]
+        hybrid = validated_copy(hybrid, dict(block_params=tuple(blocks), attention_layers=hybrid.attention_layers[here],
+                                             expert_layers=hybrid.expert_layers[here]))
+        saving = layers * layer - sum(blocks)
     emb = (local.embedding_params or 0) if embedding else 0
     vocab_head = local.embedding_params if spec.tied_embeddings else local.head_params
     head_params = (vocab_head or 0) if head else 0
@@ -172,7 +183,7 @@ def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int,
     other = (spec.other_params if spec.other_params is not None else max(0, outside)) if head else 0
     total = max(1, layers * layer - saving + emb + head_params + other)
     return validated_copy(local, dict(
-        total_params=total, trainable_params=total, layer_params=layer, num_layers=layers, moe=moe,
+        total_params=total, trainable_params=total, layer_params=layer, num_layers=layers, moe=moe, hybrid=hybrid,
         embedding_params=emb, head_params=head_params if head else None, other_params=other,
         tied_embeddings=False, vocab_size=spec.vocab_size if head else None))
 

@@ -129,3 +129,19 @@ def test_memory_never_rises_when_tp_or_cp_doubles(tp, cp, which, ckpt, micro, se
                                  checkpointing=ckpt)
     norms = spec.hidden_size * (2 * spec.num_layers + 1)
     assert after.total <= before.total + 21 * norms
+
+
+@pytest.mark.parametrize("model", ["deepseek-ai/DeepSeek-V3", "ai21labs/Jamba-v0.1", "meta-llama/Llama-3.1-8B"])
+def test_a_tp_rank_holds_its_share_of_every_block_dense_ones_included(model):
+    """tp ranks together hold the model once, plus the norms every rank keeps whole (two per block and the final
+    one, ``other``): tp x rank = total + (tp - 1) x norms, up to the ceilings. DeepSeek-V3's 3 dense layers were
+    counted as MoE layers (15.5B parameters too many on each of 2 ranks); the rank's spec now passes its own
+    validator (its components sum to its total)."""
+    from advisor.model.sources import resolve_model
+
+    spec = resolve_model(model)
+    tp = 2
+    rank = tp_rank_spec(spec, tp)
+    norms = 2 * spec.hidden_size * spec.num_layers + (spec.other_params or 0)
+    ceilings = 3 * spec.num_layers + 2  # at most one element of rounding per split tensor group
+    assert abs(tp * rank.total_params - (spec.total_params + (tp - 1) * norms)) <= tp * ceilings

@@ -92,6 +92,7 @@ def ep_results() -> list[dict]:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_ep2_block_matches_one_process(ep_results, family):
     reference_out, reference_grads = _run(moe_block(family), slice(None))
+    worst = 0.0
     for rank, result in enumerate(ep_results):
         got = result[family]
         assert got["local"] == 2  # 4 experts over 2 ranks
@@ -100,6 +101,9 @@ def test_ep2_block_matches_one_process(ep_results, family):
         for name, grad in got["grads"].items():
             expected = reference_grads[name][local] if name.startswith("experts.") else reference_grads[name]
             torch.testing.assert_close(grad, expected, rtol=RTOL, atol=ATOL, msg=f"{family} rank {rank} {name}")
+            worst = max(worst, (grad - expected).abs().max().item())
+        worst = max(worst, (got["out"] - reference_out[rank : rank + 1]).abs().max().item())
+    print(f"{family}: max |diff| {worst:.2e} (outputs and gradients)")
 
 
 def test_gpt_oss_experts_are_refused():

@@ -3,9 +3,9 @@ each stage sharded with FSDP2 over the data-parallel dimension of a 2-D ``["pp",
 
 The shape is torchtitan's (``pipeline_llama`` then ``parallelize_llama`` on each part):
 
-1. ``split_decoder``: stage ``s`` of ``num_stages`` holds decoder layers ``layers_per_stage`` apart
-   (an even split unless given), the token embedding on the first stage, the final norm and the
-   LM head on the last. Layers keep their index in the original model, so every parameter keeps its
+1. ``split_decoder``: stage ``s`` of ``num_stages`` holds a contiguous run of decoder layers (an
+   even split, or ``layers_per_stage``), the token embedding on the first stage, the final norm and
+   the LM head on the last. Layers keep their index in the original model, so every parameter keeps its
    name (``model.layers.5.mlp.up_proj.weight``): a checkpoint of the stages is a checkpoint of the
    model. Tied input and output embeddings are refused (they would live on two stages).
 2. Stages are placed on the ranks of the ``pp`` dimension: loop style (stage ``s`` on rank
@@ -20,9 +20,11 @@ The shape is torchtitan's (``pipeline_llama`` then ``parallelize_llama`` on each
 
 What runs here is checked on CPU over gloo (``tests/wrappers/test_pipeline.py``); which schedules
 run there is in ``SCHEDULES``' ``cpu_checked``. Supported models: Hugging Face causal LMs of the
-Llama shape (``model.model.{embed_tokens, layers, norm, rotary_emb}`` and ``model.lm_head``; Llama,
-Mistral and Qwen2/Qwen3 with full attention, the MoE decoders Mixtral and Qwen2-MoE), not sliding-window
-layers (each stage would need the sliding mask) nor models with layer-specific rotary embeddings.
+Llama shape (``model.model.{embed_tokens, layers, norm, rotary_emb}`` and ``model.lm_head``, one
+rotary embedding for all layers); the stages chained in one process reproduce the whole model's
+logits exactly for Llama, Qwen2 and Mixtral (the test), trained in a pipeline: Llama. Refused:
+tied embeddings, sliding-window layers (each stage would need the sliding mask), other shapes.
+A MoE decoder's router auxiliary loss is not added (the stages return logits only).
 
 Not here: tensor or context parallelism inside a stage, activation checkpointing of the stages, and
 the planner's choice of schedule (``advisor``); ``apply_pipeline`` is told the degrees.

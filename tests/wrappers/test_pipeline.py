@@ -209,8 +209,21 @@ def test_pipeline_checkpoint_loads_into_one_process_model(pipeline_results, chec
         assert torch.equal(param.detach(), saved[name]), name
 
 
-def test_stages_compose_to_the_whole_model():
-    model = tiny_llama()
+def _tiny_decoder(family: str) -> torch.nn.Module:
+    if family == "llama":
+        return tiny_llama()
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen2Config
+
+    common = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64, tie_word_embeddings=False)
+    config = Qwen2Config(**common) if family == "qwen2" else MixtralConfig(**common, num_local_experts=4)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mixtral"])
+def test_stages_compose_to_the_whole_model(family):
+    model = _tiny_decoder(family).eval()
     ids = global_batch(0)
     expected = model(input_ids=ids).logits
     hidden = ids

@@ -17,11 +17,16 @@ gradient collects every rank's tokens. It runs on gloo (CPU) and NCCL.
 Which implementations shard: transformers >= 5 stores the experts of Mixtral, Qwen2-MoE, Qwen3-MoE,
 OLMoE, DeepSeek-V2 and DeepSeek-V3 (and the other ``@use_experts_implementation`` classes with the
 default layout) as one module with 3-D ``gate_up_proj`` ``[E, 2I, H]`` (gate then up, concatenated)
-and ``down_proj`` ``[E, H, I]``, no biases, called as ``experts(hidden, top_k_index, top_k_weights)``:
-those shard here, whatever their router does (DeepSeek's group-limited routing is in the replicated
-router). Refused, with the reason (``expert_layout_problem``): transposed or biased experts (GPT-OSS),
-interleaved gate/up, expert-norm variants, and expert lists of separate MLP modules (transformers < 5
-and DeepSeek's remote code, whose own ``ep_size`` path is inference-only).
+and ``down_proj`` ``[E, H, I]``, no biases, the default ``act(gate) * up``, called as
+``experts(hidden, top_k_index, top_k_weights)``: those shard here, whatever their router does
+(DeepSeek's group-limited routing is in the replicated router, as are Qwen2-MoE's and DeepSeek's
+shared experts). Parity is tested for Mixtral, Qwen2-MoE and DeepSeek-V3 blocks; transformers 5.23's
+Qwen3-MoE, OLMoE, DeepSeek-V2, Qwen3-Next, Jamba, GraniteMoe, GLM-4-MoE, MiniMax and ERNIE-4.5-MoE
+experts pass the layout check. Refused, with the reason (``expert_layout_problem``): transposed or
+biased experts (GPT-OSS, Llama 4's ``[E, H, 2I]``), their own gate (``_apply_gate``: GPT-OSS,
+DeepSeek-V4), LongCat-Flash (its two projections count different experts), and expert lists of
+separate MLP modules (transformers < 5 and DeepSeek's remote code, whose own ``ep_size`` path is
+inference-only).
 
 Not here: composing with FSDP2 over the expert data-parallel group (``dp_shard / ep``, torchtitan's
 ``edp``) and its gradient scaling, token-dropping capacity factors, load-balancing losses.
@@ -53,6 +58,11 @@ def expert_layout_problem(experts: nn.Module) -> str | None:
     extra = sorted({n for n, _ in experts.named_parameters()} - {"gate_up_proj", "down_proj"})
     if extra:
         return f"{type(experts).__name__} has further parameters ({', '.join(extra)})"
+    gate = getattr(type(experts), "_apply_gate", None)
+    if gate is not None and gate.__name__ != "_default_apply_gate":
+        return f"{type(experts).__name__} gates its experts its own way (_apply_gate), not act(gate) * up"
+    if not hasattr(experts, "act_fn"):
+        return f"{type(experts).__name__} has no act_fn"
     return None
 
 
@@ -76,7 +86,8 @@ class ExpertParallelExperts(nn.Module):
         self.down_proj = nn.Parameter(experts.down_proj.detach()[local].clone())
         self.act_fn = experts.act_fn
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
         top_k = top_k_index.shape[1]
         flat_experts = top_k_index.reshape(-1)
         order = torch.argsort(flat_experts, stable=True)  # (token, choice) pairs grouped by expert

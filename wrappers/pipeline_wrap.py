@@ -59,7 +59,8 @@ def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
             raise ValueError("pp_layers gives one count per pipeline rank; with several stages per rank give an "
                              "even split")
         layers = dims.pp_layers
-    pipeline = apply_pipeline(model, build_pipeline_mesh(pp=dims.pp, dp_shard=dims.dp_shard, device_type=env.device.type),
+    mesh_2d = build_pipeline_mesh(pp=dims.pp, dp_shard=dims.dp_shard, device_type=env.device.type)
+    pipeline = apply_pipeline(model, mesh_2d,
                               schedule=dims.pp_schedule, virtual_stages=chunks, num_microbatches=num_microbatches,
                               device=env.device, layers_per_stage=layers)
     result: list = [pipeline]

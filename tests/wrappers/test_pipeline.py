@@ -170,7 +170,8 @@ def test_pp2_dp2_matches_one_process(pipeline_results, reference, schedule):
         params = result[schedule]["params"]
         seen.update(params)
         for name, value in params.items():
-            torch.testing.assert_close(value, reference[name], rtol=RTOL, atol=ATOL, msg=f"{schedule} rank {rank} {name}")
+            torch.testing.assert_close(value, reference[name], rtol=RTOL, atol=ATOL,
+                                       msg=f"{schedule} rank {rank} {name}")
     assert seen == set(reference)  # every parameter lives on some stage
     print(f"{schedule}: max |diff| {max(_max_diff(r[schedule]['params'], reference) for r in pipeline_results):.2e}")
 

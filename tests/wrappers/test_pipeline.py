@@ -251,6 +251,11 @@ def test_layer_split_and_placement_rules():
         schedule_row("1f1b", virtual_stages=2)
     with pytest.raises(ValueError, match="not one of"):
         schedule_row("pipedream", virtual_stages=1)
+    with pytest.raises(ValueError, match="has no such schedule class"):
+        schedule_row("zb_h2", virtual_stages=1)
+    with pytest.raises(ValueError, match="exactly two stages per rank"):
+        schedule_row("zbv", virtual_stages=3)
+    assert schedule_row("zb_h1", virtual_stages=1).class_name == "ScheduleInterleavedZeroBubble"
 
 
 def test_wrap_refuses_a_pipeline_mesh_and_names_the_entry():

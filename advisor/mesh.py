@@ -204,3 +204,18 @@ class ParallelDims(BaseModel):
             f"tp {self.tp} x cp {self.cp} = {self.model_parallel} ranks span more than one node "
             f"({gpus_per_node} GPUs per node); keep TP and CP inside a node"
         )
+
+
+def split_layers(num_layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] | None:
+    """An uneven split for the search when pp x chunks does not divide the layers: whole chunks per rank,
+    the extra ones on the middle ranks (the first and last ranks carry the embedding and the head).
+    None when the split is even (or impossible: fewer chunks than ranks)."""
+    units, parts = divmod(num_layers, chunks)
+    if num_layers % (pp * chunks) == 0 or parts or units < pp:
+        return None
+    base, extra = divmod(units, pp)
+    order = sorted(range(pp), key=lambda r: (r in (0, pp - 1), abs(r - (pp - 1) / 2), -r))  # rank 0 holds most in flight
+    counts = [base] * pp
+    for r in order[:extra]:
+        counts[r] += 1
+    return tuple(c * chunks for c in counts)

@@ -348,6 +348,12 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     for line in memory_bars(plan, width=_bar_width(plan, console.width)):
         console.print(line, highlight=False)
     console.print()
+    staged = [c for c in plan.candidates if getattr(c, "stage_peaks", None)]
+    if staged:  # pipeline meshes: every rank's peak, the worst decides the fit
+        console.print("[bold]Per-stage peaks[/] (GiB per GPU, pipeline rank 0 first):", highlight=False)
+        console.print(_bullets([f"{candidate_label(c)}: {', '.join(f'{p / GIB:.1f}' for p in c.stage_peaks)}"
+                                for c in staged]), highlight=False)
+        console.print()
     for heading, lines in (("Why", plan.why), *remedy_sections(remedies), ("Assumptions", plan.assumptions)):
         console.print(f"[bold]{heading}:[/]", highlight=False)
         console.print(_bullets(lines), highlight=False)

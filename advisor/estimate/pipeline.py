@@ -54,7 +54,7 @@ from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_su
 from advisor.estimate.states import ModelStates
 from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import ParallelDims, split_layers  # noqa: F401 (split_layers: re-exported)
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -215,21 +215,6 @@ def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         drop += tokens * (INT64 + rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0))
         est = est.model_copy(update=dict(logits_bytes=0, loss_transient_bytes=0, returned_logits_bytes=0))
     return est.model_copy(update=dict(saved_bytes=max(0, est.saved_bytes - drop)))
-
-
-def split_layers(num_layers: int, pp: int, chunks: int = 1) -> tuple[int, ...] | None:
-    """An uneven split for the search when pp x chunks does not divide the layers: whole chunks per rank,
-    the extra ones on the middle ranks (the first and last ranks carry the embedding and the head).
-    None when the split is even (or impossible: fewer chunks than ranks)."""
-    units, parts = divmod(num_layers, chunks)
-    if num_layers % (pp * chunks) == 0 or parts or units < pp:
-        return None
-    base, extra = divmod(units, pp)
-    order = sorted(range(pp), key=lambda r: (r in (0, pp - 1), abs(r - (pp - 1) / 2), -r))  # rank 0 holds most in flight
-    counts = [base] * pp
-    for r in order[:extra]:
-        counts[r] += 1
-    return tuple(c * chunks for c in counts)
 
 
 def _placement(mesh: ParallelDims, rank: int, v_shape: bool) -> tuple[bool, bool]:

@@ -26,6 +26,8 @@ reuses). The step is the slowest pipeline rank's:
 - FSDP2 under pipelining gathers each stage once per step and reduce-scatters its gradients once,
   after the last backward (torch/distributed/pipelining/stage.py ``perform_reduce_grad``; see
   ``advisor.estimate.pipeline``): the gather hides under the first forward, the reduce-scatter is exposed.
+  With ep alone (no pp) FSDP2 runs per micro-batch as on any mesh (``advisor.estimate.mesh_time``),
+  over the rank's E/ep experts.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from __future__ import annotations
 from advisor.estimate.activations import shape_of
 from advisor.estimate.mesh_time import _ring_s, _tp_s, group_collective_s
 from advisor.estimate.pipeline import _stage_spec, load_schedules
-from advisor.estimate.step_time import GB, TFLOPS, StepTime, count_flops, peak_tflops
+from advisor.estimate.step_time import (GB, TFLOPS, StepTime, _exposed, _total, _Traffic, count_flops,
+                                        peak_tflops)
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.mesh import ParallelDims
@@ -137,7 +140,15 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     if mesh.dp_replicate > 1:
         replicate = group_collective_s("all_reduce", training.param_bytes * held.total_params / size, hardware, eff,
                                        size=mesh.dp_replicate, stride=size * mesh.tp, count=1)
-    fsdp_exposed = max(0.0, gather - fwd_s) + scatter + replicate
+    if p > 1:
+        fsdp_exposed = max(0.0, gather - fwd_s) + scatter + replicate
+        fsdp_total = gather + scatter + replicate
+    else:  # ep alone: FSDP2 per micro-batch as on any mesh (advisor.estimate.mesh_time), over E/ep experts
+        backward = scatter + (gather if impl.reshard_after_forward else 0.0)
+        traffic = _Traffic(fwd=gather, bwd=backward, last_bwd=replicate)
+        fsdp_exposed = _exposed(traffic, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=m,
+                                overlap=eff.communication.overlap_fraction)
+        fsdp_total = _total(traffic, m)
     compute = m * (fwd_s + bwd_s)
     exposed = m * (tp_s + ring_exposed) + p2p_exposed + a2a_exposed + fsdp_exposed
     cost = eff.optimizer_step
@@ -152,7 +163,7 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
                  f"{p2p_exposed:.3f} s" + (f", expert all-to-all {a2a_total:.2f} s ({a2a_exposed:.2f} s exposed)"
                                            if a2a_total else ""))
     return StepTime(
-        compute_s=compute, communication_s=m * (tp_s + ring_s) + p2p_total + a2a_total + gather + scatter + replicate,
+        compute_s=compute, communication_s=m * (tp_s + ring_s) + p2p_total + a2a_total + fsdp_total,
         exposed_communication_s=exposed, offload_s=0.0, exposed_offload_s=0.0, optimizer_s=optimizer,
         step_s=step, micro_batch_size=micro_batch_size, gradient_accumulation_steps=m,
         world_size=hardware.world_size, tokens_per_gpu=max(1, replica_tokens * m // gpus_per_replica),

@@ -9,7 +9,9 @@ would: tp a divisor of the GPUs in a node that divides the attention and key/val
 power of two with tp x cp inside a node that splits the sequence into 2 x cp chunks, and on several
 nodes HSDP with one replica per node. Every mesh runs FSDP2 (``zero3``, torchtitan's default) on
 the dp_shard x cp ranks. The 'why' names the limit that forced the mesh and what each degree buys,
-in GiB per GPU and seconds per step, against the same mesh without that degree.
+in GiB per GPU and seconds per step, against the same mesh without that degree. Pipeline- and
+expert-parallel meshes (pp, ep) join the search when ``advisor.planning.pipeline_meshes`` says why
+(pins, nothing here fits, experts dominate, or ``--policy fastest``); the worst pipeline rank decides fit.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
-from advisor.planning.pipeline_meshes import (expert_share, pipeline_meshes, pipeline_search_reason,
-                                              pipeline_summary_line, stage_line, without_pp_line)
+from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
+                                              pipeline_search_reason, pipeline_summary_line, stage_line,
+                                              without_pp_line)
 from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, batch_split_problem, evaluate_candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
@@ -60,7 +63,7 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
     """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
     world = hw.world_size
     if pins.pipelined:
-        return _check_pipeline_pins(spec, hw, training, pins)
+        return check_pipeline_pins(spec, hw, training, pins)
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
     if world % fixed:
         try:  # ParallelDims's own message, printing every factor
@@ -78,32 +81,6 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
     problem = launch_rule(mesh)
     if problem:
         raise ValueError(problem)
-
-
-def _check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
-    """--pp / --pp-schedule / --virtual-stages / --ep: ValueError naming the constraint."""
-    world, pp, ep = hw.world_size, pins.pp or (len(pins.pp_layers) if pins.pp_layers else 1), pins.ep or 1
-    try:  # pp against the layers and ep against the experts first: they hold whatever the GPUs
-        ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
-                     pp_layers=pins.pp_layers, world_size=pp).model_copy(update={"ep": ep}).check_layers(
-            num_layers=spec.num_layers, num_experts=spec.num_experts)
-    except ValidationError as err:
-        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
-    fixed = pp * (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
-    if world % fixed:
-        raise ValueError(f"pp {pp} x tp {pins.tp or 1} x cp {pins.cp or 1} x dp_replicate {pins.dp_replicate or 1} = "
-                         f"{fixed} does not divide the {world} GPUs")
-    try:
-        mesh = ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
-                            pp_layers=pins.pp_layers, dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
-                            tp=pins.tp or 1, world_size=world)
-        mesh = ParallelDims.model_validate({**dict(mesh), "ep": ep})
-    except ValidationError as err:
-        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
-    from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
-
-    check_mesh_support(spec, training, STRATEGIES["zero3"].on(training.engine), mesh)
-    mesh.check_node(hw.gpus_per_node)
 
 
 def launch_rule(mesh: ParallelDims) -> str | None:
@@ -255,7 +232,10 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
                                    else None)
         saved = other.memory_bytes.total - chosen.memory_bytes.total
         time = ""
-        if other.step_time is not None:
+        if other.step_time is not None and dim == "pp":  # a step holds m micro-batches: compare throughput
+            time = (f", {chosen.step_time.tokens_per_s:,.0f} vs {other.step_time.tokens_per_s:,.0f} tokens/s "
+                    "without it")
+        elif other.step_time is not None:
             delta = chosen.step_time.step_s - other.step_time.step_s
             time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
         elif not other.fits:
@@ -323,12 +303,14 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
+    pp_lines: list[str] = []  # what the pipeline/expert search found, in numbers
     if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
-        dp_why = dp_why + [f"Pipeline/expert meshes searched: {searched}."]
+        pp_lines = [f"Pipeline/expert meshes searched: {searched}."]
     elif searched is not None and best is not None:
-        dp_why = dp_why + [line for line in (pipeline_summary_line(candidates, searched),) if line]
+        pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
+    dp_why = dp_why + pp_lines
     if dp_offloads and best is None and searched is not None and not pins.any:
-        return candidates, dp_choice, dp_why + _no_gpu_only(candidates, searched)
+        return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
     if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
         dp_choice = None  # a GPU-only mesh beats offloading the experts' states
     if pins.any:
@@ -340,7 +322,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         rec, why = _faster(spec, hw, training, best, dp_best, candidates)
         if rec is None:
             return candidates, dp_choice, dp_why + why
-        return candidates, rec, why
+        return candidates, rec, why + pp_lines
     return candidates, rec, dp_why + why
 
 
@@ -401,18 +383,6 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
 def _offloads(rec: Recommendation) -> bool:
     impl = STRATEGIES[rec.strategy].on(rec.engine)
     return impl.offload_params or impl.offload_optimizer
-
-
-def _no_gpu_only(candidates: list[Candidate], searched: str) -> list[str]:
-    """Why no GPU-only mesh replaces the offloading choice, in numbers."""
-    tried = [c for c in candidates if c.memory_bytes is not None and c.mesh is not None]
-    if not tried:
-        return []
-    c = min(tried, key=lambda c: (c.memory_bytes.total, c.mesh.ep == 1))
-    m = c.memory_bytes
-    return [f"No GPU-only mesh fits ({searched}): the closest, {c.mesh.label}, needs {_gib(m.total)} per GPU of "
-            f"{_gib(c.capacity_bytes)} on its worst rank at micro-batch {c.micro_batch_size}, of which the model "
-            f"states alone (parameters, gradients, optimizer) are {_gib(m.states_total)}."]
 
 
 def _pins_text(pins: MeshPins) -> str:

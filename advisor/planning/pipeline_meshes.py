@@ -16,14 +16,21 @@ schedule 1F1B (the others when pinned: the search stays under 100 ms for 405B on
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
 from advisor.estimate.activations import shape_of
-from advisor.estimate.pipeline import split_layers
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import ParallelDims, split_layers
 from advisor.model.spec import ModelSpec
 from advisor.planning.planner import Candidate
+from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 from advisor.units import GIB
+
+if TYPE_CHECKING:
+    from advisor.planning.meshes import MeshPins
 
 MAX_PP = 16
 
@@ -108,7 +115,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
 
 def stage_line(c: Candidate) -> str | None:
     """'per-stage peaks: rank 0 70.1, rank 1 68.2 .. GiB (worst rank 0)' for a pipeline candidate."""
-    if not c.stage_peaks:
+    if not c.stage_peaks or len(c.stage_peaks) < 2:  # ep alone: one stage, its peak is the plan's
         return None
     peaks = ", ".join(f"{p / GIB:.1f}" for p in c.stage_peaks)
     worst = max(range(len(c.stage_peaks)), key=lambda i: c.stage_peaks[i])
@@ -146,3 +153,41 @@ def pipeline_summary_line(candidates: list[Candidate], searched: str) -> str | N
     worst = max(range(len(c.stage_peaks or (0,))), key=lambda i: (c.stage_peaks or (0,))[i])
     return (f"Pipeline/expert meshes searched ({searched}); none fits: the closest, {c.mesh.label}, needs "
             f"{_gib(c.memory_bytes.total)} on its worst rank (rank {worst}) of {_gib(c.capacity_bytes)}.")
+
+
+def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
+    """--pp / --pp-schedule / --virtual-stages / --ep: ValueError naming the constraint."""
+    world, pp, ep = hw.world_size, pins.pp or (len(pins.pp_layers) if pins.pp_layers else 1), pins.ep or 1
+    try:  # pp against the layers and ep against the experts first: they hold whatever the GPUs
+        ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                     pp_layers=pins.pp_layers, world_size=pp).model_copy(update={"ep": ep}).check_layers(
+            num_layers=spec.num_layers, num_experts=spec.num_experts)
+    except ValidationError as err:
+        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    fixed = pp * (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
+    if world % fixed:
+        raise ValueError(f"pp {pp} x tp {pins.tp or 1} x cp {pins.cp or 1} x dp_replicate {pins.dp_replicate or 1} = "
+                         f"{fixed} does not divide the {world} GPUs")
+    try:
+        mesh = ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                            pp_layers=pins.pp_layers, dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed,
+                            cp=pins.cp or 1, tp=pins.tp or 1, world_size=world)
+        mesh = ParallelDims.model_validate({**dict(mesh), "ep": ep})
+    except ValidationError as err:
+        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
+
+    check_mesh_support(spec, training, STRATEGIES["zero3"].on(training.engine), mesh)
+    mesh.check_node(hw.gpus_per_node)
+
+
+def no_gpu_only_lines(candidates: list[Candidate], searched: str) -> list[str]:
+    """Why no GPU-only mesh replaces the offloading choice, in numbers."""
+    tried = [c for c in candidates if c.memory_bytes is not None and c.mesh is not None]
+    if not tried:
+        return []
+    c = min(tried, key=lambda c: (c.memory_bytes.total, c.mesh.ep == 1))
+    m = c.memory_bytes
+    return [f"No GPU-only mesh fits ({searched}): the closest, {c.mesh.label}, needs {_gib(m.total)} per GPU of "
+            f"{_gib(c.capacity_bytes)} on its worst rank at micro-batch {c.micro_batch_size}, of which the model "
+            f"states alone (parameters, gradients, optimizer) are {_gib(m.states_total)}."]

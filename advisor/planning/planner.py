@@ -258,7 +258,11 @@ def evaluate_candidate(
             spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
             num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)))
         assert every.worst.memory == cand.memory_bytes, "the search's worst rank is not the worst rank"
-        return cand.model_copy(update={"stage_peaks": tuple(s.memory.total for s in every.stages)})
+        # A pipeline step runs m micro-batches (the schedule's n_microbatches) even without a global batch.
+        update = {"stage_peaks": tuple(s.memory.total for s in every.stages)}
+        if mesh.pp > 1:
+            update["gradient_accumulation_steps"] = num_micro_batches(mesh, _accumulation(training, dp_world, micro))
+        return cand.model_copy(update=update)
 
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute

@@ -150,3 +150,49 @@ def test_bubble_per_schedule(tiny, schedule, v, bubble_per_micro):
     bubble = t.step_s - t.compute_s - t.exposed_communication_s - t.optimizer_s
     assert bubble == pytest.approx(bubble_per_micro * t.compute_s / 8, rel=1e-9, abs=1e-15)
     assert t.gradient_accumulation_steps == 8
+
+
+# Tiny Mixtral: the tiny Llama's attention (12,288) + router 64*4 = 256 + 4 experts of 3*64*128 = 24,576
+# + two norms 128 = 110,976 a block.
+TINY_MOE = dict(TINY, model_type="mixtral", architectures=["MixtralForCausalLM"], num_hidden_layers=2,
+                num_local_experts=4, num_experts_per_tok=2)
+
+
+def test_expert_parallelism_by_hand():
+    """ep 2 on dp_shard 2 (2 GPUs, no pp), micro-batch 1 of 16 tokens, checkpointing, bf16 FSDP2.
+    States: the same 1/2 of every parameter with or without ep. A block's backward: FSDP2's two
+    unsharded blocks (bf16), the block's bf16 gradients and fp32 reduce-scatter input, 2 + 2 + 2 + 4 = 10
+    bytes per block parameter, now over 2 of the 4 experts: 10 x 2 x 24,576 = 491,520 bytes fewer; the
+    all-to-all holds the send and receive buffers of k x tokens rows of h: 2 x 2 x 16 x 64 x 2 = 8,192
+    bytes more. Routing imbalance (1.25, profiles/expert_parallel.json): 0.25 x 2 x 16 = 8 more rows on
+    the busiest rank, each the routed expert's saved bytes 2 x (2 x 64 + 4 x 128) = 1,280: 10,240."""
+    spec = count_from_config(dict(TINY_MOE), name="tiny-mixtral", source="local")
+    assert (spec.layer_params, spec.expert_params) == (110_976, 24_576)
+
+    def stage(ep):
+        mesh = ParallelDims(dp_shard=2, ep=ep, world_size=2)
+        return estimate_pipeline_memory(spec, parse_gpus("2xH100"), TRAINING, ZERO3, mesh, micro_batch_size=1,
+                                        checkpointing=True, num_micro_batches=1).stages[0]
+
+    one, two = stage(1), stage(2)
+    assert one.memory.states_total == two.memory.states_total
+    assert one.memory.at_block_backward - two.memory.at_block_backward == 491_520 - 8_192
+    assert (one.imbalance_bytes, two.imbalance_bytes) == (0, 10_240)
+
+
+def test_all_to_all_and_p2p_on_the_links_they_cross():
+    """H100 nodes: NVLink 4 at 450 GB/s a direction, InfiniBand NDR 50 GB/s a port, one port a GPU
+    (profiles/interconnects.json), 0.8 of each reached (profiles/efficiency.json); latencies 2 and 5 us.
+    An all-to-all of 64 MiB on 8 ranks of one node sends 7/8 of it over NVLink:
+    7/8 x 67,108,864 / (450e9 x 0.8) + 2e-6 = 165.12 us. On 16 ranks over two nodes (stride 1) 7/16 over
+    NVLink and 8/16 over the GPU's NIC: 7/16 x 67,108,864 / 360e9 + 2e-6 + 8/16 x 67,108,864 / 40e9 + 5e-6.
+    A point-to-point send of 64 MiB between pipeline ranks 8 apart crosses the NIC: 67,108,864 / 40e9 + 5e-6."""
+    from advisor.estimate.pipeline_time import all_to_all_s, p2p_hop_s
+    from advisor.hardware.efficiency import load_efficiency
+
+    eff, hw, mib64 = load_efficiency(), parse_gpus("2x8xH100"), 64 * 2**20
+    assert all_to_all_s(mib64, hw, eff, size=8, stride=1) == pytest.approx(7 / 8 * mib64 / 360e9 + 2e-6)
+    assert all_to_all_s(mib64, hw, eff, size=16, stride=1) == pytest.approx(
+        7 / 16 * mib64 / 360e9 + 2e-6 + 8 / 16 * mib64 / 40e9 + 5e-6)
+    assert p2p_hop_s(mib64, hw, eff, stride=8) == pytest.approx(mib64 / 40e9 + 5e-6)
+    assert p2p_hop_s(mib64, hw, eff, stride=4) == pytest.approx(mib64 / 360e9 + 2e-6)

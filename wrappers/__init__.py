@@ -27,6 +27,11 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
   CUDA-only context-parallel step), ``parallelize.py`` (``apply_mesh``: TP, checkpointing, FSDP2 or
   HSDP, then materialisation), ``materialize.py`` (a meta model's shards loaded from safetensors
   slices or initialised), ``mesh_wrap.py`` (``wrap()``'s mesh branch).
+- ``pipeline.py`` (``apply_pipeline``: a decoder split into stages by layer, run by a
+  ``torch.distributed.pipelining`` schedule, FSDP2 over dp_shard), ``pipeline_wrap.py``
+  (``wrap_pipeline``: a plan's pp mesh applied, since a pipeline is stepped by its schedule and so
+  is not ``wrap()``'s model), ``experts.py`` (``apply_expert_parallel``: an MoE block's experts
+  sharded over an ep group, all-to-all dispatch and combine).
 - ``blocks.py`` (``find_blocks``), ``checkpointing.py`` (``apply_activation_checkpointing``),
   ``optim.py`` (``rebuild_optimizer`` after FSDP2 replaced the parameters),
   ``checkpoint_io.py`` (``save_checkpoint`` / ``load_checkpoint``, consolidated or sharded, with
@@ -50,14 +55,18 @@ from wrappers.wrap import Decision, wrap
 
 if TYPE_CHECKING:  # pragma: no cover
     from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
+    from wrappers.pipeline_wrap import wrap_pipeline
 
-__all__ = ["Decision", "finish", "load_checkpoint", "save_checkpoint", "wrap"]
+__all__ = ["Decision", "finish", "load_checkpoint", "save_checkpoint", "wrap", "wrap_pipeline"]
+_LAZY = {"load_checkpoint": "wrappers.checkpoint_io", "save_checkpoint": "wrappers.checkpoint_io",
+         "wrap_pipeline": "wrappers.pipeline_wrap"}
 
 
 def __getattr__(name: str) -> Any:
     """``load_checkpoint`` and ``save_checkpoint`` on first use (PEP 562): ``checkpoint_io`` imports
     torch.distributed's checkpoint and optimizer modules (about 0.6 s, TorchScript compiles), which the
-    tracer (``advisor.simulate.profile``, through ``wrappers.blocks``) never needs."""
-    if name in ("load_checkpoint", "save_checkpoint"):
-        return getattr(import_module("wrappers.checkpoint_io"), name)
+    tracer (``advisor.simulate.profile``, through ``wrappers.blocks``) never needs; ``wrap_pipeline``
+    likewise (``torch.distributed.pipelining``)."""
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'wrappers' has no attribute {name!r}")

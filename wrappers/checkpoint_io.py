@@ -79,6 +79,10 @@ from wrappers.checkpoint_files import (
 from wrappers.rng_state import capture_rng_state, restore_rng_state
 
 _ZERO_FILE = "zero1_optimizer_rank{rank}.pt"
+# Sharded optimizer state is saved flattened (``param_groups.<name>.lr``, one key per parameter, as
+# torchtitan does): nested ``param_groups`` lists are one object per rank, and where ranks hold
+# different parameters (pipeline stages) DCP kept one rank's list and the others loaded it.
+_SHARDED_OPTIMIZER = StateDictOptions(flatten_optimizer_state_dict=True)
 _RNG_FILE = "rng_rank{rank}.pt"
 
 
@@ -257,7 +261,7 @@ def _check_same_settings(optimizer: torch.optim.Optimizer, groups: list[dict]) -
 def _save_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer | None) -> None:
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer, options=_SHARDED_OPTIMIZER)
     partial = None
     if _rank() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -318,14 +322,14 @@ def _load_sharded(model: nn.Module, path: Path, optimizer: torch.optim.Optimizer
     _verify(path)  # before DCP reads a byte
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
     if optimizer is not None and not isinstance(optimizer, ZeroRedundancyOptimizer):
-        state["optimizer"] = get_optimizer_state_dict(model, optimizer)
+        state["optimizer"] = get_optimizer_state_dict(model, optimizer, options=_SHARDED_OPTIMIZER)
     with _single_process_quietly():
         dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner(), no_dist=not _distributed())
     set_model_state_dict(model, state["model"])
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         _load_zero_partition(optimizer, path)
     elif optimizer is not None:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        set_optimizer_state_dict(model, optimizer, state["optimizer"], options=_SHARDED_OPTIMIZER)
     _load_rank_rng(path)
 
 

@@ -44,6 +44,16 @@ def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
                          "SDPA kernels only); use cp=1 on CPU")
 
 
+def _refuse_pipeline_and_experts(dims: ParallelDims) -> None:
+    """``wrap()`` returns a model for a ``loss.backward()`` loop; a pipeline's step is its schedule's."""
+    if dims.pp > 1:
+        raise ValueError(f"mesh {dims.label} pipelines the model: a schedule runs each step, not loss.backward(); "
+                         "use wrappers.wrap_pipeline(model, optimizer, loader, mesh=..., num_microbatches=N)")
+    if dims.ep > 1:
+        raise ValueError(f"mesh {dims.label}: expert parallelism under FSDP2 is not built into wrap(); "
+                         "wrappers.experts.apply_expert_parallel shards the experts over a group on its own")
+
+
 def _ensure_group(env: LaunchEnv) -> None:
     from wrappers.process_group import init_launch_group
 
@@ -71,6 +81,7 @@ def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp:
     if is_config(model):
         model = model_from_config(model)
     dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
+    _refuse_pipeline_and_experts(dims)
     _check_dims(dims, model, env)
     recipe = Recipe(strategy=strategy or "zero3", precision=precision or "fp32",
                     activation_checkpointing=bool(activation_checkpointing),

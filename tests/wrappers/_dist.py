@@ -52,10 +52,35 @@ def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: 
     os._exit(0)
 
 
+def _collecting_entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
+    """``_entry`` that saves what ``fn`` returns to ``args[0]/rank{rank}.pt`` (``args[0]``: a directory)."""
+    out_dir, rest = args[0], args[1:]
+
+    def save_result(rank: int, world_size: int, *inner: Any) -> None:
+        torch.save(fn(rank, world_size, *inner), os.path.join(out_dir, f"rank{rank}.pt"))
+
+    save_result.__name__ = fn.__name__
+    _entry(rank, save_result, world_size, port, rest)
+
+
+def collect_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> list:
+    """``run_distributed``, returning what ``fn`` returned on each rank (torch-saveable), in rank order.
+    One spawn can so run several scenarios and the parent assert each in its own test."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        _spawn(_collecting_entry, fn, (out_dir, *args), world_size, timeout_s)
+        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
 def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; raise if any rank fails or hangs."""
+    _spawn(_entry, fn, args, world_size, timeout_s)
+
+
+def _spawn(entry: Callable[..., None], fn: Callable[..., Any], args: tuple, world_size: int, timeout_s: float) -> None:
     context = mp.start_processes(
-        _entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False, start_method="spawn"
+        entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False, start_method="spawn"
     )
     deadline = time.monotonic() + timeout_s
     try:

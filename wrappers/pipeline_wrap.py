@@ -1,0 +1,73 @@
+"""``wrap_pipeline``: a plan's pipeline mesh applied to a live model, the launch read once.
+
+``wrap()`` returns a model for a plain ``loss = model(...); loss.backward(); optimizer.step()``
+loop. A pipeline cannot be driven that way: the schedule runs forward and backward of every
+micro-batch itself, and the loss exists on the last stage only. So a mesh with ``pp > 1`` has its
+own entry, returning the ``Pipeline`` in the model's place:
+
+    pipeline, optimizer, loader = wrap_pipeline(model, optimizer, loader, mesh=plan.mesh, num_microbatches=8)
+    for ids in loader:
+        loss = pipeline.step(ids)          # the mean loss on the last stage's ranks, None elsewhere
+        optimizer.step(); optimizer.zero_grad()
+
+``wrap(mesh=...)`` with ``pp > 1`` says so in its error. The optimizer is rebuilt on this rank's
+parameters (FSDP2 replaced them; the other stages' are not here), each group keeping its settings;
+the loader is sharded over the data-parallel ranks only (the stages of one pipeline read the same
+batch). Checkpoints: ``save_checkpoint(pipeline.rank_model, path, optimizer=optimizer)``.
+
+Built: pp x dp_shard. Not built (refused with the reason): TP, CP or HSDP inside the stages, and
+expert parallelism composed with the pipeline's FSDP2 (``wrappers.experts`` shards experts alone).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from advisor.mesh import ParallelDims
+from wrappers.launch_env import LaunchEnv, read_launch_env
+from wrappers.loader import shard_loader
+from wrappers.mesh import resolve_dims
+from wrappers.optim import param_group_names, rebuild_optimizer
+from wrappers.pipeline import Pipeline, apply_pipeline, build_pipeline_mesh
+from wrappers.process_group import init_launch_group
+
+
+def _check_pipeline_dims(dims: ParallelDims) -> None:
+    if dims.pp == 1:
+        raise ValueError(f"wrap_pipeline: mesh {dims.label} has no pipeline (pp 1); use wrap()")
+    inner = {name: getattr(dims, name) for name in ("dp_replicate", "cp", "tp", "ep") if getattr(dims, name) > 1}
+    if inner:
+        listed = ", ".join(f"{name} {degree}" for name, degree in inner.items())
+        raise ValueError(f"wrap_pipeline runs pp x dp_shard; {listed} inside the stages is not built yet")
+
+
+def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
+                  loader: torch.utils.data.DataLoader | None = None, *, mesh: ParallelDims | dict,
+                  num_microbatches: int, env: LaunchEnv | None = None) -> tuple:
+    """Split ``model`` into the stages of ``mesh`` (its ``pp``, ``pp_schedule``, ``virtual_stages``,
+    ``pp_layers``), FSDP2 over ``dp_shard``; returns (pipeline, optimizer, loader) for what was passed."""
+    env = env or read_launch_env()
+    dims = resolve_dims(mesh, world_size=env.world_size)
+    _check_pipeline_dims(dims)
+    init_launch_group(env)
+    names = param_group_names(optimizer, model) if optimizer is not None else None
+    chunks = dims.chunks_per_rank
+    layers = None
+    if dims.pp_layers is not None:
+        if chunks > 1:
+            raise ValueError("pp_layers gives one count per pipeline rank; with several stages per rank give an "
+                             "even split")
+        layers = dims.pp_layers
+    mesh_2d = build_pipeline_mesh(pp=dims.pp, dp_shard=dims.dp_shard, device_type=env.device.type)
+    pipeline = apply_pipeline(model, mesh_2d,
+                              schedule=dims.pp_schedule, virtual_stages=chunks, num_microbatches=num_microbatches,
+                              device=env.device, layers_per_stage=layers)
+    result: list = [pipeline]
+    if optimizer is not None:
+        here = dict(pipeline.rank_model.named_parameters())
+        groups = [[name for name in group if name in here] for group in names]
+        result.append(rebuild_optimizer(optimizer, here, group_param_names=groups))
+    if loader is not None:
+        result.append(shard_loader(loader, num_replicas=dims.dp, rank=pipeline.mesh["dp_shard"].get_local_rank()))
+    return tuple(result)

@@ -28,7 +28,10 @@ def default_cache_dir() -> Path:
 
 
 def cache_path(cache_dir: Path, cfg: dict, key: ProfileKey, versions: dict) -> Path:
-    digest = config_digest(cfg, key=key.model_dump(), versions=versions)
+    dumped = key.model_dump()
+    if key.adapters is None:  # a full fine-tune's key as before adapters were traced: its cached files still match
+        dumped.pop("adapters")
+    digest = config_digest(cfg, key=dumped, versions=versions)
     return cache_dir / "profiles" / f"{cache_file_stem(cfg)}-{digest}.json"
 
 

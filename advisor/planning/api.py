@@ -220,13 +220,13 @@ def _live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig) -> str:
+def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, traced: bool) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
                    "activations traced with PEFT's adapters on the frozen model (see the traced-activations line)"
-                   if base.linears is not None and training.quantize is None else
+                   if base.linears is not None and traced and training.quantize is None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
     if training.quantize is not None:
@@ -461,9 +461,9 @@ def plan(
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        if not counted and trace and config is not None:
+        if not counted and config is not None:
             spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
-        notes.append(_lora_note(spec, training.lora, training))
+        notes.append(_lora_note(spec, training.lora, training, traced=trace))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

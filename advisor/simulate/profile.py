@@ -14,6 +14,10 @@ of forward, the peak of the loss backward, the bytes live when the top block's b
 its incoming gradient: what every block saved) and the peak of the blocks' backward. One block's
 saved tensors are counted with ``torch.autograd.graph.saved_tensors_hooks`` (storages once).
 
+A LoRA / DoRA key (``ProfileKey.adapters``) traces the model with PEFT's own adapters on the frozen
+base, added as the simulator adds them; the base in bf16 and the adapters in fp32 where the recipe holds
+the base in the compute dtype (autocast over a bf16 residual).
+
 The same context as the simulator (``advisor.simulate.step``): no attention dropout, CUDA's fused
 dropout, CUDA's autocast fp32 list, no packed-sequence detection. Imports torch; the planning path
 calls it only for a family without a formula. Profiles are cached as JSON (``profile_cache``).

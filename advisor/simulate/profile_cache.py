@@ -68,7 +68,7 @@ def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | No
                       on_miss: Callable[[], None]) -> tuple[BlockProfile, ...]:
     versions = library_versions()
     out = {}
-    built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
+    built: dict = {}  # meta models by (blocks, checkpointing, adapters), shared by the keys
     layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing
     # Every file name from the config as given, before the tracer hands any of it to transformers
     # (which edits nested dicts in place: rope_scaling gains rope_theta), and the tracer gets a copy.

@@ -21,11 +21,10 @@ CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 # (config dir, targets, DoRA): PEFT's default targets where it has one (phi, OPT, Falcon; StarCoder2 has none),
 # all-linear, and names PEFT matches by suffix (a last name, or a longer one: "self_attn.dense").
 CASES = [
-    ("phi-2", None, False), ("phi-2", "all-linear", False), ("phi-2", ("self_attn.dense", "fc2"), True),
-    ("opt-1.3b", None, False), ("opt-1.3b", ("out_proj", "fc1"), False), ("opt-1.3b", "all-linear", True),
-    ("falcon-7b", None, False), ("falcon-7b", "all-linear", False), ("falcon-7b", ("dense_4h_to_h",), True),
-    ("starcoder2-3b", ("q_proj", "v_proj"), False), ("starcoder2-3b", "all-linear", False),
-    ("starcoder2-3b", ("c_fc", "lm_head"), True),
+    ("phi-2", None, False), ("phi-2", ("self_attn.dense", "fc2"), True),
+    ("opt-1.3b", None, False), ("opt-1.3b", "all-linear", True),
+    ("falcon-7b", None, False), ("falcon-7b", "all-linear", False),
+    ("starcoder2-3b", ("q_proj", "v_proj"), False), ("starcoder2-3b", ("c_fc", "lm_head"), True),
 ]
 
 
@@ -83,7 +82,6 @@ def test_block_targets_are_the_matched_names_in_one_block(built):
 
 def test_starcoder2_has_no_peft_default():
     """PEFT asks for target_modules on a model_type its table does not list; so do we, with the names."""
-    _, spec = None, None
     from advisor.model.lora import default_targets
     from advisor.model.linear_layout import LinearLayer, LinearLayout
     from advisor.model.spec import spec_from_size

@@ -42,6 +42,8 @@ class LinearLayout(BaseModel):
 
     layers: tuple[LinearLayer, ...] = Field(description="In module order.")
     output: str | None = Field(default=None, description="Qualified name of the output head; None: none.")
+    stacked_experts: bool = Field(default=False, description="The model keeps mixture-of-experts weights in "
+                                  "stacked 3-D parameters (transformers 5), which PEFT's all-linear also adapts.")
 
     @property
     def short_names(self) -> tuple[str, ...]:

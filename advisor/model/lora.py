@@ -160,6 +160,9 @@ def matched_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[LinearLayer, ...
     layout = spec.linears
     assert layout is not None, "matched_linears needs the recorded linear layers"
     if lora.targets == ALL_LINEAR:
+        if layout.stacked_experts:  # PEFT adds parameter adapters on them (target_parameters): not counted here
+            raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet (PEFT also adapts its "
+                             f"stacked expert weights); name the targets (some of: {', '.join(layout.short_names)})")
         return tuple(layer for layer in layout.layers if layer.name != layout.output)
     names = lora.targets or default_targets(spec)
     unknown = [name for name in names if not any(_peft_match(layer.name, name) for layer in layout.layers)]

@@ -35,7 +35,8 @@ def linear_layout(net: Any) -> LinearLayout:
     get_output = getattr(net, "get_output_embeddings", None)
     head = get_output() if callable(get_output) else None
     output = next((name for name, module in net.named_modules() if module is head), None) if head is not None else None
-    return LinearLayout(layers=tuple(layers), output=output)
+    stacked = any(param.dim() == 3 for param in net.parameters())
+    return LinearLayout(layers=tuple(layers), output=output, stacked_experts=stacked)
 
 
 def recorded_linears(cfg: dict, *, cache_dir: Path | None) -> LinearLayout:

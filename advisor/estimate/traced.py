@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from advisor.estimate.activations import ActivationEstimate, Dtypes
 from advisor.frozen import validated_copy
-from advisor.model.block_profile import Bilinear, BlockProfile, CheckpointMode, ProfileKey
+from advisor.model.block_profile import AdapterKey, Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
 
@@ -19,8 +19,13 @@ def profile_key(dtypes: Dtypes, training: TrainingConfig, *, checkpointing: bool
     mode: CheckpointMode = "off"
     if checkpointing:
         mode = "selective" if training.activation_checkpointing == "selective" else "on"
+    lora = training.lora
+    adapters = None if lora is None else AdapterKey(
+        rank=lora.rank, targets=(lora.targets,) if isinstance(lora.targets, str) else lora.targets, dora=lora.dora,
+        dropout=lora.dropout)
     return ProfileKey(residual_bytes=dtypes.residual, compute_bytes=dtypes.compute, input_casts=dtypes.input_casts,
-                      checkpointing=mode, seq_len=training.seq_len, attention=training.attention, loss=training.loss)
+                      checkpointing=mode, seq_len=training.seq_len, attention=training.attention, loss=training.loss,
+                      adapters=adapters)
 
 
 _MOMENTS = ("saved", "forward_peak", "loss_peak", "block_peak", "recompute")
@@ -92,14 +97,17 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
 
 def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
     """Why this plan should trace the model (None: the formula applies, or tracing cannot help).
-    Full fine-tunes of a language model whose family has no activation formula."""
+    Full fine-tunes and LoRA (PEFT's adapters traced with the model) of a language model whose family has
+    no activation formula."""
     from advisor.estimate.activations import activation_family
 
     if not spec.has_architecture or spec.model_type is None or activation_family(spec.model_type) is not None:
         return None
     if spec.encdec is not None:  # T5, BART: both stacks have a formula (advisor.estimate.activations_encdec)
         return None
-    if training.lora is not None or spec.trainable_params < spec.total_params:
+    if training.quantize is not None:
+        return None  # a quantised base's dequantised weights are not traced
+    if training.lora is None and spec.trainable_params < spec.total_params:
         return None  # frozen weights save less; the traced profile is measured with every weight training
     return f"no activation formula for model_type {spec.model_type}"
 

@@ -46,6 +46,18 @@ class Bilinear(BaseModel):
                    per_layer=per_layer, per_layer_sample=per_layer_sample)
 
 
+class AdapterKey(BaseModel):
+    """The LoRA / DoRA adapters a traced profile ran with (PEFT's own, on the frozen model)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(gt=0)
+    targets: tuple[str, ...] | None = Field(description="PEFT's target_modules ('all-linear' as the one name); "
+                                            "None: PEFT's default for the model_type.")
+    dora: bool = Field(default=False)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+
+
 class ProfileKey(BaseModel):
     """What a traced profile depends on besides the config: the recipe's dtypes and the step's shape."""
 
@@ -58,6 +70,8 @@ class ProfileKey(BaseModel):
     seq_len: int = Field(ge=1)
     attention: str = Field(description="sdpa or eager.")
     loss: str = Field(description="Loss kernel (hf, chunked, fused).")
+    adapters: AdapterKey | None = Field(default=None, description="LoRA on a frozen base; None: every weight "
+                                        "trains. Left out of the cache key when None (profiles cached before it).")
 
 
 class BlockProfile(BaseModel):

@@ -44,6 +44,13 @@ def load_architectures() -> dict[str, ArchitectureInfo]:
 
 
 @functools.cache
+def load_peft_lora_targets() -> dict[str, tuple[str, ...]]:
+    """PEFT's default LoRA targets per ``model_type`` (``profiles/peft_lora_targets.json``)."""
+    raw = json.loads((PROFILES_DIR / "peft_lora_targets.json").read_text())["targets"]
+    return {k: tuple(v) for k, v in raw.items()}
+
+
+@functools.cache
 def bundled_model_ids() -> tuple[str, ...]:
     """Hub ids of the bundled configs (``profiles/models/<org>/<name>.json``)."""
     return tuple(sorted(f"{p.parent.name}/{p.stem}" for p in MODELS_DIR.glob("*/*.json")))

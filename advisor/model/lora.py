@@ -12,6 +12,14 @@ from the same shape fields the parameter-count formulas use (``advisor.model.arc
 counts are checked against PEFT's own trainable count on the model built on the meta device in
 ``tests/model/test_lora.py``.
 
+For a family no formula lists (phi, OPT, Falcon, StarCoder2, ...), the model's linear layers are
+recorded on the meta device (``ModelSpec.linears``, ``advisor.simulate.linears``) and the targets
+resolved against their qualified names as PEFT resolves them (``peft.tuners.tuners_utils.
+check_target_module_exists``: a name equal to the target or ending in ``.TARGET``; ``all-linear``:
+every ``nn.Linear`` / ``Conv1D`` but the module ``get_output_embeddings()`` returns,
+``_maybe_include_all_linear_layers``); PEFT's default targets for those families come from
+``profiles/peft_lora_targets.json``.
+
 The adapters are added to the block's parameters, so the spec's total grows by the adapters and
 only they are trainable: the base weights are frozen (no gradients, no optimizer state).
 """
@@ -23,7 +31,8 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
-from advisor.model.bundled import load_architectures
+from advisor.model.bundled import load_architectures, load_peft_lora_targets
+from advisor.model.linear_layout import LinearLayer
 from advisor.model.spec import ModelSpec
 
 ALL_LINEAR = "all-linear"
@@ -49,6 +58,11 @@ class LoraConfig(BaseModel):
 def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     """The linear layers of one block by their last name: ``{name: [(in, out), ...]}`` (a name can
     repeat, as GPT-2's two ``c_proj``). ValueError when the family's layers are not known here."""
+    if spec.linears is not None:  # recorded on the meta device: block 0's layers
+        recorded: dict[str, list[tuple[int, int]]] = {}
+        for layer in spec.linears.first_block():
+            recorded.setdefault(layer.short_name, []).append((layer.in_features, layer.out_features))
+        return recorded
     info = load_architectures().get(spec.model_type or "")
     needed = (spec.hidden_size, spec.num_attention_heads, spec.intermediate_size, spec.num_layers)
     if info is None or None in needed:
@@ -105,6 +119,8 @@ class AdapterInput(NamedTuple):
 
 def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
     """The block's linear layers ``lora`` adapts (its targets, PEFT's default, or every one)."""
+    if spec.linears is not None:
+        return tuple(dict.fromkeys(layer.short_name for layer in matched_linears(spec, lora) if layer.block))
     linears = block_linears(spec)
     if lora.targets == ALL_LINEAR:
         info = load_architectures()[spec.model_type]
@@ -135,17 +151,42 @@ def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
 _OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder")}
 
 
+def _peft_match(name: str, target: str) -> bool:
+    return name == target or name.endswith(f".{target}")
+
+
+def matched_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[LinearLayer, ...]:
+    """The recorded linear layers (``spec.linears``) PEFT puts an adapter on, by PEFT's rules (module
+    docstring). ValueError naming a target no linear layer matches, with the model's linear layers."""
+    layout = spec.linears
+    assert layout is not None, "matched_linears needs the recorded linear layers"
+    if lora.targets == ALL_LINEAR:
+        if layout.stacked_experts:  # PEFT adds parameter adapters on them (target_parameters): not counted here
+            raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet (PEFT also adapts its "
+                             f"stacked expert weights); name the targets (some of: {', '.join(layout.short_names)})")
+        return tuple(layer for layer in layout.layers if layer.name != layout.output)
+    names = lora.targets or default_targets(spec)
+    unknown = [name for name in names if not any(_peft_match(layer.name, name) for layer in layout.layers)]
+    if unknown:
+        raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its linear layers are: "
+                         f"{', '.join(layout.short_names)} (or all-linear)")
+    return tuple(layer for layer in layout.layers if any(_peft_match(layer.name, name) for name in names))
+
+
 def linear_names(spec: ModelSpec) -> tuple[str, ...]:
     """Every linear layer's PEFT-matchable name in the model, blocks first, without repeats."""
+    if spec.linears is not None:
+        return spec.linears.short_names
     info = load_architectures()[spec.model_type]
     return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ())]))
 
 
 def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
     """Each adapted linear's input width and source in one block, for the activation model; None
-    where the block's sources are not modelled (GPT-2, BERT, mixture-of-experts blocks)."""
-    info = load_architectures()[spec.model_type]
-    if info.formula != "decoder" or info.moe:
+    where the block's sources are not modelled (GPT-2, BERT, mixture-of-experts blocks, a family with
+    no formula: its activations are traced with the adapters instead)."""
+    info = load_architectures().get(spec.model_type or "")
+    if info is None or info.formula != "decoder" or info.moe:
         return None
     linears = block_linears(spec)
     return tuple(AdapterInput(fan_in, INPUT_SOURCE[name]) for name in target_names(spec, lora)
@@ -154,15 +195,21 @@ def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...
 
 def default_targets(spec: ModelSpec) -> tuple[str, ...]:
     info = load_architectures().get(spec.model_type or "")
-    if info is None or not info.lora_targets:
+    targets = info.lora_targets if info is not None else load_peft_lora_targets().get(spec.model_type or "")
+    if not targets:
+        names = linear_names(spec) if spec.linears is not None else tuple(block_linears(spec)) if info else ()
+        some = f", or some of: {', '.join(names)}" if names else ""
         raise ValueError(f"PEFT has no default LoRA targets for {spec.model_type or spec.name}: "
-                         f"pass --lora-targets (e.g. all-linear, or some of: {', '.join(block_linears(spec))})")
-    return tuple(info.lora_targets)
+                         f"pass --lora-targets (e.g. all-linear{some})")
+    return tuple(targets)
+
+
+def _adapter_size(lora: LoraConfig, fan_in: int, fan_out: int) -> int:
+    return lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
 
 
 def _adapters(lora: LoraConfig, linears: dict[str, list[tuple[int, int]]], names: tuple[str, ...]) -> int:
-    return sum(lora.rank * (fan_in + fan_out) + (fan_out if lora.dora else 0)
-               for name in names for fan_in, fan_out in linears.get(name, ()))
+    return sum(_adapter_size(lora, fan_in, fan_out) for name in names for fan_in, fan_out in linears.get(name, ()))
 
 
 def tower_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
@@ -193,6 +240,8 @@ def tower_adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
 
 def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
     """Adapter parameters over the whole model (every block, and a Llava's vision tower)."""
+    if spec.linears is not None:
+        return sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched_linears(spec, lora))
     per_block = _adapters(lora, block_linears(spec), target_names(spec, lora))
     return per_block * spec.num_layers + tower_adapter_params(spec, lora)
 
@@ -200,12 +249,28 @@ def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
 def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
     """``spec`` with the adapters added to every block (a Llava tower's to ``other_params``) and only
     the adapters trainable."""
+    if spec.linears is not None:
+        return _with_recorded_lora(spec, lora)
     added, tower = adapter_params(spec, lora), tower_adapter_params(spec, lora)
     update = {"total_params": spec.total_params + added, "trainable_params": added}
     if spec.layer_params is not None:
         update["layer_params"] = spec.layer_params + (added - tower) // spec.num_layers
     if tower and spec.other_params is not None:
         update["other_params"] = spec.other_params + tower
+    return validated_copy(spec, update)
+
+
+def _with_recorded_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
+    """``with_lora`` from the recorded linear layers: the blocks' adapters spread over the blocks, any
+    outside them (an adapted output head) or left over by unequal blocks to ``other_params``."""
+    matched = matched_linears(spec, lora)
+    added = sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched)
+    update = {"total_params": spec.total_params + added, "trainable_params": added}
+    if spec.layer_params is not None and spec.other_params is not None and spec.num_layers:
+        in_blocks = sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched if layer.block)
+        per_block = in_blocks // spec.num_layers
+        update.update(layer_params=spec.layer_params + per_block,
+                      other_params=spec.other_params + added - per_block * spec.num_layers)
     return validated_copy(spec, update)
 
 

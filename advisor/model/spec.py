@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from advisor.frozen import validated_copy
 from advisor.model.block_profile import BlockProfile
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
+from advisor.model.linear_layout import LinearLayout
 from advisor.model.llava import ClipTowerFacts
 from advisor.model.hybrid import HybridFacts
 from advisor.model.moe import MlaFacts, MoeFacts
@@ -74,6 +75,9 @@ class ModelSpec(BaseModel):
     traced: tuple[BlockProfile, ...] = Field(
         default=(), exclude=True, description="Activation profiles measured by tracing the model (families "
         "with no activation formula; advisor.simulate.profile), one per recipe and shape.")
+    linears: LinearLayout | None = Field(
+        default=None, exclude=True, description="The model's linear layers, recorded on the meta device for LoRA "
+        "on a family whose layers no formula lists (advisor.simulate.linears); None: not recorded.")
 
     @model_validator(mode="after")
     def _check(self) -> "ModelSpec":

@@ -17,7 +17,8 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
-from advisor.model.lora import LoraConfig, adapter_inputs, default_targets, lora_of, target_names, with_lora
+from advisor.model.lora import (LoraConfig, adapter_inputs, block_linears, default_targets, lora_of, target_names,
+                                with_lora)
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
@@ -189,6 +190,20 @@ def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | No
     return live
 
 
+def _with_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
+    """The spec with its linear layers recorded on the meta device (``advisor.simulate.linears``) when no
+    formula lists its family's, so LoRA can count its adapters; unchanged otherwise."""
+    try:
+        block_linears(spec)
+        return spec
+    except ValueError:
+        if not spec.has_architecture or (trust_remote_code and config.get("auto_map")):
+            raise  # a size only, or a model that ships its own code: not built here
+    from advisor.simulate.linears import recorded_linears  # imports torch on a cache miss only
+
+    return validated_copy(spec, {"linears": recorded_linears(config, cache_dir=cache_dir)})
+
+
 def _live_quantization(model: Any) -> tuple[str, bool] | None:
     """``(scheme, double_quant)`` of a live model transformers loaded with bitsandbytes (duck-typed on
     ``config.quantization_config``, a ``BitsAndBytesConfig`` or its dict; a PEFT model forwards
@@ -206,11 +221,13 @@ def _live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
-def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig) -> str:
+def _lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, traced: bool) -> str:
     targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
         lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
+                   "activations traced with PEFT's adapters on the frozen model (see the traced-activations line)"
+                   if base.linears is not None and traced and training.quantize is None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
     if training.quantize is not None:
@@ -452,7 +469,9 @@ def plan(
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
-        notes.append(_lora_note(spec, training.lora, training))
+        if not counted and config is not None:
+            spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+        notes.append(_lora_note(spec, training.lora, training, traced=trace))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

@@ -14,6 +14,10 @@ of forward, the peak of the loss backward, the bytes live when the top block's b
 its incoming gradient: what every block saved) and the peak of the blocks' backward. One block's
 saved tensors are counted with ``torch.autograd.graph.saved_tensors_hooks`` (storages once).
 
+A LoRA / DoRA key (``ProfileKey.adapters``) traces the model with PEFT's own adapters on the frozen
+base, added as the simulator adds them; the base in bf16 and the adapters in fp32 where the recipe holds
+the base in the compute dtype (autocast over a bf16 residual).
+
 The same context as the simulator (``advisor.simulate.step``): no attention dropout, CUDA's fused
 dropout, CUDA's autocast fp32 list, no packed-sequence detection. Imports torch; the planning path
 calls it only for a family without a formula. Profiles are cached as JSON (``profile_cache``).
@@ -26,7 +30,7 @@ import weakref
 from typing import Any
 
 from advisor.frozen import validated_copy
-from advisor.model.block_profile import Bilinear, BlockProfile, ProfileKey
+from advisor.model.block_profile import AdapterKey, Bilinear, BlockProfile, ProfileKey
 from advisor.model.config_keys import CONFIG_KEYS
 
 # Config keys that list one entry per layer (Gemma 3's sliding/full attention pattern, ...).
@@ -149,11 +153,25 @@ def _build(cfg: dict, key: ProfileKey, num_layers: int) -> Any:
 
     net = build_meta_model(simulation_config(with_layers(cfg, num_layers), attention=key.attention))
     use_loss_kernel(net, key.loss)
+    if key.adapters is not None:  # PEFT's own adapters, as the simulator adds them (advisor.simulate.step)
+        net = _with_adapters(net, key.adapters)
     net.train()
     if key.checkpointing != "off":
         with _quiet():
             apply_activation_checkpointing(net, blocks=find_blocks(net), selective=key.checkpointing == "selective")
     return net
+
+
+def _with_adapters(net: Any, adapters: AdapterKey) -> Any:
+    """PEFT's LoRA / DoRA on the meta model (the base frozen), the inner model returned as a training
+    script's forward runs it."""
+    import peft
+
+    targets = adapters.targets
+    wrapped = peft.get_peft_model(net, peft.LoraConfig(
+        r=adapters.rank, target_modules=targets[0] if targets == ("all-linear",) else list(targets) if targets else None,
+        use_dora=adapters.dora, lora_dropout=adapters.dropout))
+    return wrapped.base_model.model
 
 
 @contextlib.contextmanager
@@ -178,11 +196,16 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
     from advisor.simulate.step import _unpacked_batches, cuda_dropout
 
     built = {} if built is None else built
-    if (num_layers, key.checkpointing) not in built:
-        built[num_layers, key.checkpointing] = _build(cfg, key, num_layers)
-    net = built[num_layers, key.checkpointing]
+    if (num_layers, key.checkpointing, key.adapters) not in built:
+        built[num_layers, key.checkpointing, key.adapters] = _build(cfg, key, num_layers)
+    net = built[num_layers, key.checkpointing, key.adapters]
+    # A bf16 residual under autocast is a LoRA base held in bf16 with fp32 adapters (the recipe's frozen_base);
+    # otherwise every weight in the residual's dtype.
+    bf16_base = key.residual_bytes == 2 and key.input_casts
     with FakeTensorMode(), _unpacked_batches(), cuda_dropout(), _quiet():
-        materialize(net, device="cpu", real=False, dtype=torch.bfloat16 if key.residual_bytes == 2 else torch.float32)
+        materialize(net, device="cpu", real=False,
+                    dtype=torch.bfloat16 if key.residual_bytes == 2 and not bf16_base else torch.float32,
+                    frozen_dtype=torch.bfloat16 if bf16_base else None)
         params = [p for p in net.parameters()] + [b for b in net.buffers()]
         log = _LiveLog({p.untyped_storage()._cdata for p in params})
         saved, grads, handles, hooks = _watch(net, params, log, count_saved=key.checkpointing == "off")

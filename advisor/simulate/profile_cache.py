@@ -28,7 +28,10 @@ def default_cache_dir() -> Path:
 
 
 def cache_path(cache_dir: Path, cfg: dict, key: ProfileKey, versions: dict) -> Path:
-    digest = config_digest(cfg, key=key.model_dump(), versions=versions)
+    dumped = key.model_dump()
+    if key.adapters is None:  # a full fine-tune's key as before adapters were traced: its cached files still match
+        dumped.pop("adapters")
+    digest = config_digest(cfg, key=dumped, versions=versions)
     return cache_dir / "profiles" / f"{cache_file_stem(cfg)}-{digest}.json"
 
 
@@ -65,7 +68,7 @@ def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | No
                       on_miss: Callable[[], None]) -> tuple[BlockProfile, ...]:
     versions = library_versions()
     out = {}
-    built: dict = {}  # meta models by (blocks, checkpointing), shared by the keys
+    built: dict = {}  # meta models by (blocks, checkpointing, adapters), shared by the keys
     layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing
     # Every file name from the config as given, before the tracer hands any of it to transformers
     # (which edits nested dicts in place: rope_scaling gains rope_theta), and the tracer gets a copy.

@@ -15,8 +15,7 @@ from typing import Any
 import click
 
 from advisor.cli.options import plan_kwargs, plan_options
-
-FORMAT_NAMES = ("accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning")
+from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: no yaml import)
 
 def _plan(params: dict[str, Any]):
     """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options)."""

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.export.target import (
     DEFAULT_PORT, GRADIENT_CLIPPING, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget, resolve_target,
@@ -153,3 +154,12 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
             comment = "a free TCP port on the main node, the same on every node"
         lines.append(f"{line}  # {comment}" if comment else line)
     return "\n".join(lines) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_accelerate, render_accelerate
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return accelerate_text(target, options)

@@ -78,3 +78,12 @@ def render_deepspeed(plan: Plan, options: ExportOptions | None = None) -> str:
 
 def deepspeed_text(target: ExportTarget, model: ModelSpec) -> str:
     return json.dumps(deepspeed_doc(target, model), indent=2) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_deepspeed, render_deepspeed
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return deepspeed_text(target, model)

@@ -26,6 +26,7 @@ connector): fp16-mixed has no loss scaler there, which the header says.
 from __future__ import annotations
 
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.precision import PRECISIONS
 
@@ -168,3 +169,12 @@ def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
 
 def render_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
     return build_lightning(plan, options)
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_lightning, render_lightning
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return lightning_text(target)

@@ -29,6 +29,7 @@ from advisor.hardware.cluster import Hardware, resize
 from advisor.estimate.memory import estimate_memory
 from advisor.export.quantization import quantization_notes
 from advisor.planning.planner import evaluate_candidate
+from advisor.export.formats import FormatName, Runs, get_format_row
 from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -36,7 +37,6 @@ from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.training import Engine, LossKernel, TrainingConfig
 
-FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
 
 def _torch_without_launcher(impl: Implementation) -> bool:
@@ -50,21 +50,19 @@ def _launcher_expresses(impl: Implementation) -> bool:
     return impl.available and not _torch_without_launcher(impl)
 
 
-# What each format can express, read from the strategy table's Implementation fields (never a
-# second table of pairs). torchrun launches any script, so anything available; a DeepSpeed JSON is
-# DeepSpeed only.
-_EXPRESSES: dict[str, Callable[[Implementation], bool]] = {
-    "accelerate": _launcher_expresses,
-    "trainer-args": _launcher_expresses,
-    "lightning": _launcher_expresses,
-    "deepspeed-json": lambda impl: impl.available and impl.engine == "deepspeed",
-    "torchrun": lambda impl: impl.available,
+# What each kind of format (the format table's ``runs`` column) can express, read from the strategy
+# table's Implementation fields (never a second table of pairs). torchrun launches any script, so
+# anything available; a DeepSpeed JSON is DeepSpeed only.
+_EXPRESSES: dict[Runs, Callable[[Implementation], bool]] = {
+    "launcher": _launcher_expresses,
+    "deepspeed": lambda impl: impl.available and impl.engine == "deepspeed",
+    "any": lambda impl: impl.available,
 }
 
 
 def expresses(fmt: str, strategy: str, engine: str) -> bool:
     """Whether format ``fmt`` can write ``strategy`` on ``engine``."""
-    return _EXPRESSES[fmt](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
+    return _EXPRESSES[get_format_row(fmt).runs](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
 
 
 def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
@@ -208,7 +206,7 @@ def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName,
     start = ESCALATION.index(strategy) if strategy in ESCALATION else 0
     order: list[tuple[str, str]] = []
     engines = [engine, "deepspeed" if engine == "torch" else "torch"]
-    if fmt == "deepspeed-json":
+    if get_format_row(fmt).runs == "deepspeed":
         engines = ["deepspeed"]
     elif _torch_without_launcher(STRATEGIES[strategy].on(engine)):  # type: ignore[arg-type]
         engines = [engine]  # dp, torch zero1: stay on torch (DDP, then FSDP); the note offers deepspeed
@@ -261,7 +259,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
     plan's bf16 autocast is not emulated). FSDP and DeepSpeed are refused: accelerate 1.15 enables
     them only on accelerators. ``strategy`` is the one the user asked for, if any.
     """
-    if fmt == "deepspeed-json" or training.engine != "torch" or strategy not in (None, "ddp"):
+    if get_format_row(fmt).runs == "deepspeed" or training.engine != "torch" or strategy not in (None, "ddp"):
         asked = f"--strategy {strategy}" if strategy not in (None, "ddp") else (
             "--engine deepspeed" if training.engine != "torch" else "--format deepspeed-json")
         raise ValueError(f"--cpu makes a gloo test config for ddp only (accelerate 1.15 enables FSDP and DeepSpeed "
@@ -278,8 +276,8 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         accum = training.global_batch_size // (micro * processes)
     notes = ["CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
              "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True)."]
-    if fmt == "lightning":  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
-        notes = [f"CPU test config: Lightning starts the {processes} processes itself (DDP on gloo)."]
+    if get_format_row(fmt).cpu_note:  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
+        notes = [get_format_row(fmt).cpu_note.format(processes=processes)]
     if training.micro_batch_size is None:
         notes.append("Micro-batch 1 per process (--micro-batch to change): the CPU test checks the script's "
                      "distributed wiring, not the GPU plan's batch.")

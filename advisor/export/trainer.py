@@ -69,3 +69,12 @@ def render_trainer_args(plan: Plan, options: ExportOptions | None = None) -> str
 
 def trainer_text(target: ExportTarget, model: ModelSpec) -> str:
     return json.dumps(trainer_doc(target, model), indent=2) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_trainer_args, render_trainer_args
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return trainer_text(target, model)

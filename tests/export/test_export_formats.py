@@ -116,3 +116,17 @@ def test_trainer_args_for_deepspeed_inline_the_deepspeed_config():
     assert set(doc) <= {f.name for f in dataclasses.fields(TrainingArguments)}
     assert doc["deepspeed"] == build_deepspeed(plan)
     assert doc["per_device_train_batch_size"] == doc["deepspeed"]["train_micro_batch_size_per_gpu"]
+
+
+def test_the_format_table_is_the_one_list():
+    # One row per format: the CLI's --format choices, the renderers and the recipes all come from it.
+    from advisor.cli.export import export
+    from advisor.export.formats import FORMAT_TABLE
+    from advisor.recipes import load_recipes
+
+    choices = next(p for p in export.params if p.name == "fmt").type.choices
+    assert tuple(choices) == tuple(row.name for row in FORMAT_TABLE) == tuple(FORMATS)
+    assert {row.name: row.recipe for row in FORMAT_TABLE} == {
+        "accelerate": "trainer", "deepspeed-json": "deepspeed", "torchrun": "torch", "trainer-args": "trainer",
+        "lightning": "lightning"}
+    assert all(row.recipe in load_recipes() for row in FORMAT_TABLE)

@@ -31,7 +31,7 @@ _NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "
 
 def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, script: str = "train.py",
              script_args: tuple[str, ...] = ()):
-    """Export options; ``--hybrid N`` pins the plan's mesh instead (the export follows the mesh)."""
+    """Export options; ``--hybrid N`` pins the plan's mesh (the export writes it), ``on|off`` check it."""
     from advisor.export import ExportOptions
 
     hybrid = hybrid if isinstance(hybrid, str) else "auto"

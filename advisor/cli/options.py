@@ -102,7 +102,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
-                 help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
+                 help="N: pin HSDP replicas (dp_replicate) in the plan. on/off (export): check that the plan is / is not "
+                      "hybrid-sharded; the export writes the plan."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
                  "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),
 ]

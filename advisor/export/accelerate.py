@@ -100,11 +100,6 @@ def accelerate_doc(target: ExportTarget) -> dict[str, Any]:
         }
         if mesh.cp > 1:
             doc["parallelism_config"]["parallelism_config_cp_backend"] = "torch"
-    elif target.hybrid:
-        doc["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": target.num_nodes,
-            "parallelism_config_dp_shard_size": target.gpus_per_node,
-        }
     doc.update({
         "machine_rank": PLACEHOLDER_RANK if target.multi_node else 0,
         "mixed_precision": target.precision_info.accelerate,

@@ -67,10 +67,10 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                               "\"parallelism_config\")))."),
     ExportFormatRow(name="lightning", summary="Lightning strategy snippet (Python)",
                     default_filename="lightning_strategy.py", module="advisor.export.lightning", recipe="lightning",
-                    runs="launcher", mesh_dims=(),
+                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard"),
                     cpu_note="CPU test config: Lightning starts the {processes} processes itself (DDP on gloo).",
-                    mesh_gap="Lightning's ModelParallelStrategy needs the script's own parallelize function; use "
-                             "--format accelerate or torchrun"),
+                    mesh_gap="Lightning's ModelParallelStrategy needs the script's own parallelize function for "
+                             "tp/cp (the snippet writes FSDP2 and HSDP only); use --format accelerate or torchrun"),
 )
 
 FORMAT_ROWS: dict[str, ExportFormatRow] = {row.name: row for row in FORMAT_TABLE}

@@ -1,14 +1,14 @@
 """What an export writes: the plan's recommendation turned into one concrete, checked target.
 
+An export renders the plan's recommendation: its strategy, engine, micro-batch, checkpointing
+and mesh (``ParallelDims``, HSDP's dp_replicate included) are written as the plan chose them; no
+estimate is made here and nothing is decided again (``--hybrid N`` pins HSDP in the plan itself).
 A format can express only some (strategy, engine) pairs: accelerate has no ZeroRedundancyOptimizer
 or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only (read from the strategy table's
-``Implementation`` fields, not listed here). ``resolve_target`` keeps the
-recommendation when the format can express it; otherwise it re-evaluates the nearest pairs the
-format can express with the planner (same model, GPUs and training options) and takes the first
-that fits, saying so in ``notes``. It also decides hybrid sharding (HSDP): on several nodes, a
-torch FSDP target is sharded within each node and replicated across nodes when one node's share of
-the model states still fits at the chosen micro-batch (all-gathers stay on the fast intra-node
-link; only the gradient all-reduce crosses nodes; Zhao et al. 2023, "PyTorch FSDP", section 3.2).
+``Implementation`` fields and the format table's ``runs`` column, ``advisor.export.formats``).
+``resolve_target`` keeps the recommendation when the format can express it; otherwise it takes the
+nearest candidate the plan itself evaluated that fits and that the format can express, saying so in
+``notes``.
 
 The CPU test config (``--cpu``, ``cpu_target``) is not derived from a GPU plan: DDP on gloo, fp32,
 ``--processes`` processes, the micro-batch the user gave (else 1).
@@ -26,7 +26,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan
 from advisor.hardware.cluster import Hardware, resize
-from advisor.estimate.memory import estimate_memory
 from advisor.export.quantization import quantization_notes
 from advisor.planning.planner import evaluate_candidate
 from advisor.export.formats import FormatName, Runs, get_format_row
@@ -92,7 +91,8 @@ class ExportOptions(BaseModel):
 
     cpu: bool = Field(default=False, description="A CPU-only test config: DDP on gloo, fp32, one machine.")
     processes: int = Field(default=2, ge=1, le=1024, description="Processes of the CPU test config.")
-    hybrid: Hybrid = Field(default="auto", description="HSDP on several nodes: auto (when one node's share fits).")
+    hybrid: Hybrid = Field(default="auto", description="A check, not a choice: on / off refuse a plan that is not / "
+                           "is hybrid-sharded (the plan decides HSDP; --hybrid N pins it there); auto writes the plan.")
     script: str = Field(default="train.py", description="Training script named in launcher commands.")
     script_args: tuple[str, ...] = Field(default=(), description="Arguments for the training script.")
 
@@ -111,7 +111,6 @@ class ExportTarget(BaseModel):
     precision: Precision = Field(description="What runs: the plan's precision; fp32 for a CPU test config.")
     num_nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1, description="Processes per node (one per GPU; --processes for --cpu).")
-    hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each "
@@ -130,6 +129,11 @@ class ExportTarget(BaseModel):
     def data_parallel_size(self) -> int:
         """Ranks that take distinct micro-batches: the mesh's dp_replicate x dp_shard, else every rank."""
         return self.world_size if self.mesh is None else self.mesh.dp
+
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: the plan's mesh shards within dp_shard and replicates over dp_replicate."""
+        return self.mesh is not None and self.mesh.hybrid
 
     @property
     def multi_node(self) -> bool:
@@ -220,7 +224,14 @@ def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName,
     return seen
 
 
+def _planned(plan: Plan, strategy: str, engine: str):
+    """The plan's own data-parallel candidate for this pair, or None when the plan did not evaluate it."""
+    return next((c for c in plan.candidates if c.strategy == strategy and c.engine == engine and c.mesh is None), None)
+
+
 def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, int | None, list[str]]:
+    """The recommendation, or, when ``fmt`` cannot express it, the nearest candidate the plan evaluated
+    that fits (no estimate is made here: the plan's own numbers are written)."""
     rec = plan.recommendation
     assert rec is not None
     if expresses(fmt, rec.strategy, rec.engine):
@@ -228,26 +239,22 @@ def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, 
             rec.gradient_accumulation_steps, []
     why = _why_not(rec.strategy, rec.engine, fmt)
     hw = hardware_of(plan)
-    for strategy, engine in _fallbacks(rec.strategy, rec.engine, fmt):
-        training = plan.training.model_copy(update={"engine": engine})
-        cand = evaluate_candidate(plan.model, hw, training, strategy)
-        if cand.available and cand.fits:
+    fallbacks = _fallbacks(rec.strategy, rec.engine, fmt)
+    for strategy, engine in fallbacks:
+        cand = _planned(plan, strategy, engine)
+        if cand is None and engine != plan.training.engine:  # other engine: until exports plan with their recipe
+            cand = evaluate_candidate(plan.model, hw, plan.training.model_copy(update={"engine": engine}), strategy)
+        if cand is not None and cand.available and cand.fits:
             note = (f"{why}. Exported the nearest that fits instead: {strategy} on {engine} ({cand.runs_as}), "
                     f"micro-batch {cand.micro_batch_size}.")
             return strategy, engine, cand.micro_batch_size, bool(cand.activation_checkpointing), \
                 cand.gradient_accumulation_steps, [note]
+    asked = _asked_strategy(plan)
+    if asked is not None and fallbacks:  # --strategy pinned: the plan evaluated nothing else to write
+        strategy, engine = fallbacks[0]
+        other = f" --engine {engine}" if engine != plan.training.engine else ""
+        raise ValueError(f"{why}; the plan evaluated only --strategy {asked}: plan it with --strategy {strategy}{other}")
     raise ValueError(f"{why}, and no strategy {fmt} can express fits; try another --format")
-
-
-def hybrid_fits(plan: Plan, strategy: StrategyName, engine: Engine, *, micro_batch_size: int,
-                activation_checkpointing: bool) -> bool:
-    """Whether sharding over one node's GPUs only still fits, at this micro-batch and checkpointing."""
-    one_node = hardware_of(plan, nodes=1)
-    training = plan.training.model_copy(update={"engine": engine})
-    impl = STRATEGIES[strategy].on(engine)
-    mem = estimate_memory(plan.model, one_node, training, impl, micro_batch_size=micro_batch_size,
-                          checkpointing=activation_checkpointing)
-    return mem.total <= one_node.gpu_memory_bytes
 
 
 def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, options: ExportOptions, *,
@@ -286,7 +293,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
     return ExportTarget(
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
-        precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
+        precision="fp32", num_nodes=1, gpus_per_node=processes, cpu=True, model_name=model.name,
         block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
         loss=training.loss,
     )
@@ -306,35 +313,38 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
     if options.cpu:
         return cpu_target(plan.model, plan.training, fmt, options, strategy=_asked_strategy(plan))
     require_recommendation(plan)
+    _check_hybrid(plan, options)
     if plan.recommendation.mesh is not None:
         return _mesh_target(plan, fmt)
     strategy, engine, micro, ckpt, accum, notes = _substitute(plan, fmt)
     impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
-    hybrid = False
     torch_fsdp = engine == "torch" and impl.shard_params
-    if options.hybrid != "off" and hw.nodes > 1 and torch_fsdp:
-        hybrid = hybrid_fits(plan, strategy, engine, micro_batch_size=micro, activation_checkpointing=ckpt)
-        if hybrid:
-            notes.append(f"Hybrid sharding (HSDP): one node's share of the model states fits, so parameters are "
-                         f"sharded over the {hw.gpus_per_node} GPUs of each node and replicated over the "
-                         f"{hw.nodes} nodes (only the gradient all-reduce crosses nodes). --hybrid off to disable.")
-        elif options.hybrid == "on":
-            raise ValueError(f"--hybrid on: {strategy} sharded over one node's {hw.gpus_per_node} GPUs does not fit "
-                             f"at micro-batch {micro}; use --hybrid auto or off")
-    elif options.hybrid == "on":
-        raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy (zero2, zero3, *_offload)")
     notes += quantization_notes(plan.training, engine=engine, impl=impl)
     if not plan.model.block_classes and torch_fsdp:
         notes.append("The model's block class is unknown: FSDP wraps by size (SIZE_BASED_WRAP) instead of per block.")
     return ExportTarget(
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
-        gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
+        gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
         loss=plan.training.loss,
     )
+
+
+def _check_hybrid(plan: Plan, options: ExportOptions) -> None:
+    """``--hybrid on|off`` checks the plan's HSDP instead of deciding it: the export writes the plan."""
+    rec = plan.recommendation
+    hybrid = rec.mesh is not None and rec.mesh.hybrid
+    label = rec.mesh.label if rec.mesh is not None else f"dp {plan.hardware.world_size}"
+    if options.hybrid == "on" and not hybrid:
+        raise ValueError(f"--hybrid on: the plan ({rec.strategy}, mesh {label}) is not hybrid-sharded and the export "
+                         f"writes the plan; pin replicas in the plan with --hybrid N (e.g. --hybrid "
+                         f"{plan.hardware.nodes}: one per node)")
+    if options.hybrid == "off" and hybrid:
+        raise ValueError(f"--hybrid off: the plan chose mesh {label} and the export writes the plan; "
+                         "pin --hybrid 1 to plan without replicas")
 
 
 def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
@@ -350,7 +360,7 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
     return ExportTarget(
         strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
-        precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, hybrid=False, cpu=False,
+        precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
         notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
         loss=plan.training.loss, mesh=mesh,

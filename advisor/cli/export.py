@@ -17,11 +17,20 @@ import click
 from advisor.cli.options import plan_kwargs, plan_options
 from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: no yaml import)
 
-def _plan(params: dict[str, Any]):
-    """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options)."""
+def _plan(params: dict[str, Any], fmt: str, *, announce: bool):
+    """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
+    on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
+    from advisor.export.formats import get_format_row
     from advisor.planning.api import plan
 
-    return plan(**plan_kwargs(params))
+    kwargs = plan_kwargs(params)
+    if "recipe" not in kwargs:
+        kwargs["recipe"] = get_format_row(fmt).recipe
+        if announce:  # advisor launch keeps its one-line refusals
+            click.echo(f"advisor: note: planned with recipe {kwargs['recipe']}, the stack that runs --format {fmt} "
+                       f"(advisor plan ... --recipe {kwargs['recipe']} shows this plan; --recipe to choose another)",
+                       err=True)
+    return plan(**kwargs)
 
 
 # plan() arguments that are not TrainingConfig fields
@@ -42,12 +51,12 @@ def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, scri
                          script_args=tuple(script_args))
 
 
-def _export_text(params: dict[str, Any], fmt: str, options):
+def _export_text(params: dict[str, Any], fmt: str, options, *, announce: bool = False):
     """The file text and target: from the plan, or for ``--cpu`` the CPU test config (no GPU plan)."""
     from advisor.export import export_cpu_text, export_text
 
     if not options.cpu:
-        return export_text(_plan(params), fmt, options)
+        return export_text(_plan(params, fmt, announce=announce), fmt, options)
     from advisor.model.sources import resolve_model
     from advisor.planning.api import resolve_trainable, training_from_options
 
@@ -85,7 +94,8 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
     from advisor.export import get_format
     from advisor.export.write import write_export
 
-    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes))
+    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes),
+                                announce=True)
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)

@@ -41,6 +41,8 @@ class ExportFormatRow(BaseModel):
     mesh_gap: str = Field(default="", description="Why it cannot carry the other dimensions, and what to use.")
     cp_as: Literal["ring", "ulysses"] = Field(default="ring", description="How it runs cp: ring attention, or "
                                               "DeepSpeed's Ulysses sequence parallelism (splits attention by heads).")
+    optimizer_key: bool = Field(default=False, description="The file names the optimizer (TrainingArguments.optim); "
+                                "else a note names the constructor the plan assumed.")
     mesh_note: str = Field(default="", description="What the script must do with the mesh in this format, if anything.")
     cpu_note: str = Field(default="", description="The --cpu test config's first note when the format starts its "
                           "own processes ({processes} is filled in); empty: the launcher's note.")
@@ -61,7 +63,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                     mesh_dims=("dp_replicate", "dp_shard", "cp", "tp")),
     ExportFormatRow(name="trainer-args", summary="Hugging Face TrainingArguments keys (JSON)",
                     default_filename="training_args.json", module="advisor.export.trainer", recipe="trainer",
-                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
+                    runs="launcher", optimizer_key=True, mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
                     mesh_note="parallelism_config holds accelerate ParallelismConfig arguments: build "
                               "TrainingArguments(..., parallelism_config=ParallelismConfig(**args.pop("
                               "\"parallelism_config\")))."),

@@ -25,16 +25,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan
-from advisor.hardware.cluster import Hardware, resize
 from advisor.export.quantization import quantization_notes
-from advisor.planning.planner import evaluate_candidate
 from advisor.export.formats import FormatName, Runs, get_format_row
 from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.training import Engine, LossKernel, TrainingConfig
+from advisor.export.optimizer import optimizer_note, trainer_optim
+from advisor.recipes import OptimizerImpl
+from advisor.training import Engine, LossKernel, Optimizer, TrainingConfig
 
 Hybrid = Literal["auto", "on", "off"]
 
@@ -118,6 +118,9 @@ class ExportTarget(BaseModel):
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
+    optimizer: Optimizer = Field(default="adamw", description="The plan's optimizer (--optimizer).")
+    optimizer_impl: OptimizerImpl = Field(default="foreach", description="How it steps (the plan's recipe or "
+                                          "--optimizer-impl): the trainer-args optim name follows it.")
     mesh: ParallelDims | None = Field(default=None, description="The plan's device mesh (tp/cp/HSDP); None: "
                                       "data parallelism alone.")
 
@@ -200,11 +203,6 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
     return notes
 
 
-def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Hardware:
-    """The plan's hardware as a validated object (optionally resized), for re-evaluation."""
-    return resize(plan.hardware, nodes=nodes, gpus_per_node=gpus_per_node)
-
-
 def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName, Engine]]:
     """Nearest expressible pairs, closest first: same strategy on the other engine, then escalation."""
     start = ESCALATION.index(strategy) if strategy in ESCALATION else 0
@@ -238,12 +236,13 @@ def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, 
         return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
             rec.gradient_accumulation_steps, []
     why = _why_not(rec.strategy, rec.engine, fmt)
-    hw = hardware_of(plan)
-    fallbacks = _fallbacks(rec.strategy, rec.engine, fmt)
+    fallbacks = [pair for pair in _fallbacks(rec.strategy, rec.engine, fmt) if pair[1] == rec.engine]
+    if not fallbacks:  # another engine: the plan has no candidate of it, and the export estimates nothing
+        recipe = get_format_row(fmt).recipe
+        raise ValueError(f"{why}: plan it with --recipe {recipe} (advisor export does for --format {fmt} unless "
+                         f"--recipe or --engine is given)")
     for strategy, engine in fallbacks:
         cand = _planned(plan, strategy, engine)
-        if cand is None and engine != plan.training.engine:  # other engine: until exports plan with their recipe
-            cand = evaluate_candidate(plan.model, hw, plan.training.model_copy(update={"engine": engine}), strategy)
         if cand is not None and cand.available and cand.fits:
             note = (f"{why}. Exported the nearest that fits instead: {strategy} on {engine} ({cand.runs_as}), "
                     f"micro-batch {cand.micro_batch_size}.")
@@ -295,8 +294,28 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, cpu=True, model_name=model.name,
         block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
-        loss=training.loss,
+        loss=training.loss, **_optimizer(training),
     )
+
+
+def _optimizer(training: TrainingConfig) -> dict:
+    """The ExportTarget fields of the plan's optimizer."""
+    return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation}
+
+
+def _stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
+    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
+    row, recipe = get_format_row(fmt), training.recipe.name
+    notes = []
+    if recipe != row.recipe:
+        notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
+                     f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
+                     f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
+    opt, impl = training.optimizer, training.optimizer_implementation
+    if row.optimizer_key:
+        note = trainer_optim(opt, impl)[1]
+        return notes + ([note] if note else [])
+    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]
 
 
 def _asked_strategy(plan: Plan) -> str | None:
@@ -328,8 +347,9 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
-            plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
-        loss=plan.training.loss,
+            plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))
+            + _stack_notes(plan.training, fmt, engine=engine)),
+        loss=plan.training.loss, **_optimizer(plan.training),
     )
 
 
@@ -362,6 +382,7 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
-        loss=plan.training.loss, mesh=mesh,
+        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)
+                    + _stack_notes(plan.training, fmt, engine=engine)),
+        loss=plan.training.loss, mesh=mesh, **_optimizer(plan.training),
     )

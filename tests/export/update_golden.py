@@ -26,9 +26,12 @@ def golden_files() -> dict[Path, str]:
     """Golden path -> expected text, for every shared plan and every format."""
     files = {}
     for name, args in PLANS.items():
-        plan = make_plan(**args)
+        plans = {}  # each format is planned with its own recipe row, as `advisor export` plans it
         for fmt in FORMATS.values():
-            files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plan, None)
+            recipe = args.get("recipe", fmt.row.recipe)
+            if recipe not in plans:
+                plans[recipe] = make_plan(**{**args, "recipe": recipe})
+            files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plans[recipe], None)
     return files
 
 

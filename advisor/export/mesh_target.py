@@ -30,7 +30,10 @@ from advisor.strategies import STRATEGIES
 def mesh_unavailable(fmt: str, mesh: ParallelDims, *, num_attention_heads: int | None) -> str | None:
     """Why ``fmt`` cannot carry ``mesh``, or None when it can (the format table's ``mesh_dims``, ``cp_as``)."""
     row = get_format_row(fmt)
-    missing = [dim for dim in mesh.shape if dim not in row.mesh_dims]
+    used = [*mesh.shape, *(["ep"] if getattr(mesh, "ep", 1) > 1 else [])]
+    missing = [dim for dim in used if dim not in row.mesh_dims]
+    if set(missing) & {"pp", "ep"}:
+        return f"the {fmt} format cannot express mesh {mesh.label} (pipeline / expert parallelism): {row.pp_ep_gap}"
     if missing:
         return f"the {fmt} format cannot express mesh {mesh.label}: {row.mesh_gap}"
     if row.cp_as == "ulysses" and mesh.cp > 1 and (num_attention_heads is None or num_attention_heads % mesh.cp):
@@ -41,9 +44,11 @@ def mesh_unavailable(fmt: str, mesh: ParallelDims, *, num_attention_heads: int |
 
 def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
     """What the script must do for the mesh in this format, one line each."""
+    pipeline = [("pp", mesh.pp)] if getattr(mesh, "pp", 1) > 1 else []
+    experts = [("ep", mesh.ep)] if getattr(mesh, "ep", 1) > 1 else []
     dims = ", ".join(f"{name} {degree}" for name, degree in
-                     (("dp_replicate", mesh.dp_replicate), ("dp_shard", mesh.dp_shard), ("cp", mesh.cp),
-                      ("tp", mesh.tp)))
+                     (*pipeline, ("dp_replicate", mesh.dp_replicate), ("dp_shard", mesh.dp_shard), ("cp", mesh.cp),
+                      ("tp", mesh.tp), *experts))
     notes = [f"Device mesh {mesh.label} ({dims}; FSDP2 shards over dp_shard x cp, torchtitan's layout)."]
     if get_format_row(fmt).cp_as == "ulysses":
         notes.append(

@@ -56,6 +56,7 @@ _EXPRESSES: dict[Runs, Callable[[Implementation], bool]] = {
     "launcher": _launcher_expresses,
     "deepspeed": lambda impl: impl.available and impl.engine == "deepspeed",
     "any": lambda impl: impl.available,
+    "fsdp2": lambda impl: impl.available and impl.engine == "torch" and not _torch_without_launcher(impl),
 }
 
 
@@ -75,6 +76,8 @@ def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
         return (f"{strategy} on the torch engine ({impl.runs_as}) has no {fmt} config: it has no "
                 f"ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
                 f"({exact.runs_as})")
+    if get_format_row(fmt).runs == "fsdp2":
+        return f"{fmt} runs torch DDP and FSDP2 only; the plan used engine {engine} ({impl.runs_as})"
     return f"{fmt} runs only DeepSpeed; the plan used engine {engine}"
 
 
@@ -118,6 +121,9 @@ class ExportTarget(BaseModel):
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
+    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
+    seq_len: int = Field(default=2048, ge=1, description="Tokens per sample (the plan's --seq-len).")
+    global_batch_size: int | None = Field(default=None, description="The plan's --global-batch, if given.")
     optimizer: Optimizer = Field(default="adamw", description="The plan's optimizer (--optimizer).")
     optimizer_impl: OptimizerImpl = Field(default="foreach", description="How it steps (the plan's recipe or "
                                           "--optimizer-impl): the trainer-args optim name follows it.")
@@ -265,6 +271,9 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
     plan's bf16 autocast is not emulated). FSDP and DeepSpeed are refused: accelerate 1.15 enables
     them only on accelerators. ``strategy`` is the one the user asked for, if any.
     """
+    if not get_format_row(fmt).cpu_test:
+        raise ValueError(f"--cpu: the {fmt} format has no CPU test config (torchtitan trains on GPUs); use --format "
+                         "accelerate or torchrun to test the script on CPU")
     if get_format_row(fmt).runs == "deepspeed" or training.engine != "torch" or strategy not in (None, "ddp"):
         asked = f"--strategy {strategy}" if strategy not in (None, "ddp") else (
             "--engine deepspeed" if training.engine != "torch" else "--format deepspeed-json")
@@ -294,13 +303,15 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
         precision="fp32", num_nodes=1, gpus_per_node=processes, cpu=True, model_name=model.name,
         block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
-        loss=training.loss, **_optimizer(training),
+        loss=training.loss, selective_checkpointing=training.activation_checkpointing == "selective",
+        **_optimizer(training),
     )
 
 
 def _optimizer(training: TrainingConfig) -> dict:
     """The ExportTarget fields of the plan's optimizer."""
-    return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation}
+    return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation,
+            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size}
 
 
 def _stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
@@ -312,9 +323,11 @@ def _stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
                      f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
     opt, impl = training.optimizer, training.optimizer_implementation
-    if row.optimizer_key:
+    if row.optimizer_key == "trainer":
         note = trainer_optim(opt, impl)[1]
         return notes + ([note] if note else [])
+    if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
+        return notes
     return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]
 
 
@@ -349,7 +362,8 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))
             + _stack_notes(plan.training, fmt, engine=engine)),
-        loss=plan.training.loss, **_optimizer(plan.training),
+        loss=plan.training.loss, selective_checkpointing=plan.recommendation.selective_checkpointing,
+        **_optimizer(plan.training),
     )
 
 
@@ -384,5 +398,6 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
         notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)
                     + _stack_notes(plan.training, fmt, engine=engine)),
-        loss=plan.training.loss, mesh=mesh, **_optimizer(plan.training),
+        loss=plan.training.loss, mesh=mesh, selective_checkpointing=rec.selective_checkpointing,
+        **_optimizer(plan.training),
     )

@@ -17,7 +17,7 @@ from advisor.export.write import write_export
 
 
 def test_registry_names_every_format_once():
-    assert list(FORMATS) == ["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
+    assert list(FORMATS) == ["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning", "torchtitan"]
     assert len({f.default_filename for f in FORMATS.values()}) == len(FORMATS)
     with pytest.raises(ValueError, match="unknown export format"):
         get_format("yaml")
@@ -135,7 +135,7 @@ def test_the_format_table_is_the_one_list():
     assert tuple(choices) == tuple(row.name for row in FORMAT_TABLE) == tuple(FORMATS)
     assert {row.name: row.recipe for row in FORMAT_TABLE} == {
         "accelerate": "trainer", "deepspeed-json": "deepspeed", "torchrun": "torch", "trainer-args": "trainer",
-        "lightning": "lightning"}
+        "lightning": "lightning", "torchtitan": "torchtitan"}
     assert all(row.recipe in load_recipes() for row in FORMAT_TABLE)
 
 

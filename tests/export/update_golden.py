@@ -19,7 +19,7 @@ from advisor.export import FORMATS  # noqa: E402
 
 GOLDEN = HERE / "golden"
 SUFFIX = {"accelerate": "accelerate.yaml", "deepspeed-json": "ds_config.json", "torchrun": "torchrun.sh",
-          "trainer-args": "training_args.json", "lightning": "lightning.py"}
+          "trainer-args": "training_args.json", "lightning": "lightning.py", "torchtitan": "torchtitan.toml"}
 
 
 def golden_files() -> dict[Path, str]:
@@ -29,9 +29,12 @@ def golden_files() -> dict[Path, str]:
         plans = {}  # each format is planned with its own recipe row, as `advisor export` plans it
         for fmt in FORMATS.values():
             recipe = args.get("recipe", fmt.row.recipe)
-            if recipe not in plans:
-                plans[recipe] = make_plan(**{**args, "recipe": recipe})
-            files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plans[recipe], None)
+            try:
+                if recipe not in plans:
+                    plans[recipe] = make_plan(**{**args, "recipe": recipe})
+                files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plans[recipe], None)
+            except ValueError:  # a format that cannot write this plan (torchtitan: no DeepSpeed) has no golden file
+                assert fmt.name == "torchtitan" and args.get("engine") == "deepspeed", (name, fmt.name)
     return files
 
 

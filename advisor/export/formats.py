@@ -49,6 +49,8 @@ class ExportFormatRow(BaseModel):
     pp_ep_gap: str = Field(default="", description="Why it cannot carry pipeline or expert parallelism (when "
                            "mesh_dims lacks pp / ep).")
     mesh_note: str = Field(default="", description="What the script must do with the mesh in this format, if anything.")
+    selective_key: bool = Field(default=False, description="It has a key for selective (per-op) activation "
+                                "checkpointing; else a note says to ask wrap() for it.")
     cpu_test: bool = Field(default=True, description="It can write the --cpu gloo test config.")
     cpu_note: str = Field(default="", description="The --cpu test config's first note when the format starts its "
                           "own processes ({processes} is filled in); empty: the launcher's note.")
@@ -93,7 +95,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                              "tp/cp (the snippet writes FSDP2 and HSDP only); use --format accelerate or torchrun"),
     ExportFormatRow(name="torchtitan", summary="torchtitan job config (TOML, torchtitan <= 0.2.2)",
                     default_filename="torchtitan_job.toml", module="advisor.export.torchtitan", recipe="torchtitan",
-                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False,
+                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )
 

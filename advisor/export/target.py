@@ -360,7 +360,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
-            plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))
+            plan.training, selective=plan.recommendation.selective_checkpointing and not get_format_row(fmt).selective_key)
             + _stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, selective_checkpointing=plan.recommendation.selective_checkpointing,
         **_optimizer(plan.training),
@@ -396,7 +396,8 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)
+        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing
+                                            and not get_format_row(fmt).selective_key)
                     + _stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, mesh=mesh, selective_checkpointing=rec.selective_checkpointing,
         **_optimizer(plan.training),

@@ -151,7 +151,7 @@ def torchtitan_text(target: ExportTarget, model: ModelSpec) -> str:
              "torchtitan.train --job.config_file THIS_FILE",
              f"# [model] is yours to add: the torchtitan model name, flavor and hf_assets_path matching "
              f"{target.model_name} (the plan counted that model's layers and shapes)."]
-    lines += [f"# {note}" for note in target.notes if not (target.selective_checkpointing and "Selective" in note)]
+    lines += [f"# {note}" for note in target.notes]
     for section, keys in doc.items():
         lines += ["", f"[{section}]"] + [f"{key} = {_toml_value(value)}" for key, value in keys.items()]
     return "\n".join(lines) + "\n"

@@ -100,6 +100,8 @@ def test_v_schedule_puts_the_first_and_last_chunk_on_rank_zero():
     assert [len([n for n in part if n.startswith("layers.")]) for part in par["module_fqns_per_model_part"]] \
         == [8, 8, 8, 8]
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    notes = export_text(_pp_plan("zbv", activation_checkpointing="selective"), "torchtitan")[1].notes
+    assert not any("Selective activation checkpointing has no config key" in note for note in notes)
 
 
 def test_expert_parallel_plan_writes_ep():

@@ -17,20 +17,25 @@ import click
 from advisor.cli.options import plan_kwargs, plan_options
 from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: no yaml import)
 
-def _plan(params: dict[str, Any], fmt: str, *, announce: bool):
+def _plan(params: dict[str, Any], fmt: str):
     """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
     on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
     from advisor.export.formats import get_format_row
     from advisor.planning.api import plan
 
     kwargs = plan_kwargs(params)
-    if "recipe" not in kwargs:
-        kwargs["recipe"] = get_format_row(fmt).recipe
-        if announce:  # advisor launch keeps its one-line refusals
-            click.echo(f"advisor: note: planned with recipe {kwargs['recipe']}, the stack that runs --format {fmt} "
-                       f"(advisor plan ... --recipe {kwargs['recipe']} shows this plan; --recipe to choose another)",
-                       err=True)
+    kwargs.setdefault("recipe", get_format_row(fmt).recipe)
     return plan(**kwargs)
+
+
+def _recipe_note(params: dict[str, Any], fmt: str) -> None:
+    """After a successful export: which recipe planned it, when the format chose it (bad input stays one line)."""
+    from advisor.export.formats import get_format_row
+
+    if params.get("recipe") is None:
+        recipe = get_format_row(fmt).recipe
+        click.echo(f"advisor: note: planned with recipe {recipe}, the stack that runs --format {fmt} (advisor plan "
+                   f"... --recipe {recipe} shows this plan; --recipe to choose another)", err=True)
 
 
 # plan() arguments that are not TrainingConfig fields
@@ -51,12 +56,12 @@ def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, scri
                          script_args=tuple(script_args))
 
 
-def _export_text(params: dict[str, Any], fmt: str, options, *, announce: bool = False):
+def _export_text(params: dict[str, Any], fmt: str, options):
     """The file text and target: from the plan, or for ``--cpu`` the CPU test config (no GPU plan)."""
     from advisor.export import export_cpu_text, export_text
 
     if not options.cpu:
-        return export_text(_plan(params, fmt, announce=announce), fmt, options)
+        return export_text(_plan(params, fmt), fmt, options)
     from advisor.model.sources import resolve_model
     from advisor.planning.api import resolve_trainable, training_from_options
 
@@ -94,16 +99,19 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
     from advisor.export import get_format
     from advisor.export.write import write_export
 
-    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes),
-                                announce=True)
+    text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes))
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)
+        if not cpu:
+            _recipe_note(params, fmt)
         return
     if output is not None and not output.strip():
         raise ValueError("-o/--output is empty: give a file name, or - for stdout")
     path = write_export(get_format(fmt).default_filename if output is None else output, text, force=force)
     _echo_notes(target.notes)
+    if not cpu:
+        _recipe_note(params, fmt)
     click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} processes)")
 
 

@@ -11,7 +11,8 @@ one (``advisor.estimate.states``). The exported run must step the same way, so:
   ``adafactor`` is transformers' Adafactor; ``adamw_bnb_8bit`` bitsandbytes' 8-bit AdamW. A for-loop
   AdamW and plain Adam have no ``optim`` name (``_get_adamw_torch`` passes no ``foreach`` and ignores
   ``optim_args``): the note says to hand the Trainer the optimizer (``Trainer(optimizers=(opt, None))``).
-- Every other format carries no optimizer key: a note names the constructor the plan assumed.
+- Every other format carries no optimizer key: a note names the constructor the plan assumed
+  (``stack_notes``, which also says when the plan used another recipe than the format's row).
 
 Pure functions: no torch or transformers import.
 """
@@ -20,8 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.export.formats import get_format_row
 from advisor.recipes import OptimizerImpl
-from advisor.training import Optimizer
+from advisor.training import Optimizer, TrainingConfig
 
 _SGD_MOMENTUM = 0.9  # what the plan's sgd-momentum means (advisor.simulate.step runs the same)
 
@@ -66,3 +68,20 @@ def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: 
                  "fused step)" if engine == "deepspeed" and opt in ("adam", "adamw") and impl == "fused" else "")
     return (f"Optimizer: the plan assumes {optimizer_constructor(opt, impl)} (recipe {recipe}, {impl} step); "
             f"build it so in the script{deepspeed}.")
+
+
+def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
+    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
+    row, recipe = get_format_row(fmt), training.recipe.name
+    notes = []
+    if recipe != row.recipe:
+        notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
+                     f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
+                     f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
+    opt, impl = training.optimizer, training.optimizer_implementation
+    if row.optimizer_key == "trainer":
+        note = trainer_optim(opt, impl)[1]
+        return notes + ([note] if note else [])
+    if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
+        return notes
+    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]

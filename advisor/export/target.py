@@ -32,7 +32,7 @@ from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.export.optimizer import optimizer_note, trainer_optim
+from advisor.export.optimizer import stack_notes
 from advisor.recipes import OptimizerImpl
 from advisor.training import Engine, LossKernel, Optimizer, TrainingConfig
 
@@ -314,23 +314,6 @@ def _optimizer(training: TrainingConfig) -> dict:
             "seq_len": training.seq_len, "global_batch_size": training.global_batch_size}
 
 
-def _stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
-    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
-    row, recipe = get_format_row(fmt), training.recipe.name
-    notes = []
-    if recipe != row.recipe:
-        notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
-                     f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
-                     f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
-    opt, impl = training.optimizer, training.optimizer_implementation
-    if row.optimizer_key == "trainer":
-        note = trainer_optim(opt, impl)[1]
-        return notes + ([note] if note else [])
-    if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
-        return notes
-    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]
-
-
 def _asked_strategy(plan: Plan) -> str | None:
     """The strategy the user asked for (``--strategy``: the plan evaluated only it), else None."""
     return plan.candidates[0].strategy if len(plan.candidates) == 1 else None
@@ -361,7 +344,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=plan.recommendation.selective_checkpointing and not get_format_row(fmt).selective_key)
-            + _stack_notes(plan.training, fmt, engine=engine)),
+            + stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, selective_checkpointing=plan.recommendation.selective_checkpointing,
         **_optimizer(plan.training),
     )
@@ -398,7 +381,7 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
         notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing
                                             and not get_format_row(fmt).selective_key)
-                    + _stack_notes(plan.training, fmt, engine=engine)),
+                    + stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, mesh=mesh, selective_checkpointing=rec.selective_checkpointing,
         **_optimizer(plan.training),
     )

@@ -15,14 +15,27 @@ from typing import Any
 import click
 
 from advisor.cli.options import plan_kwargs, plan_options
+from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: no yaml import)
 
-FORMAT_NAMES = ("accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning")
-
-def _plan(params: dict[str, Any]):
-    """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options)."""
+def _plan(params: dict[str, Any], fmt: str):
+    """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
+    on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
+    from advisor.export.formats import get_format_row
     from advisor.planning.api import plan
 
-    return plan(**plan_kwargs(params))
+    kwargs = plan_kwargs(params)
+    kwargs.setdefault("recipe", get_format_row(fmt).recipe)
+    return plan(**kwargs)
+
+
+def _recipe_note(params: dict[str, Any], fmt: str) -> None:
+    """After a successful export: which recipe planned it, when the format chose it (bad input stays one line)."""
+    from advisor.export.formats import get_format_row
+
+    if params.get("recipe") is None:
+        recipe = get_format_row(fmt).recipe
+        click.echo(f"advisor: note: planned with recipe {recipe}, the stack that runs --format {fmt} (advisor plan "
+                   f"... --recipe {recipe} shows this plan; --recipe to choose another)", err=True)
 
 
 # plan() arguments that are not TrainingConfig fields
@@ -32,7 +45,7 @@ _NOT_TRAINING = ("model", "gpus", "nodes", "interconnect", "trainable_params", "
 
 def _options(*, cpu: bool, hybrid: str | int | None, processes: int | None, script: str = "train.py",
              script_args: tuple[str, ...] = ()):
-    """Export options; ``--hybrid N`` pins the plan's mesh instead (the export follows the mesh)."""
+    """Export options; ``--hybrid N`` pins the plan's mesh (the export writes it), ``on|off`` check it."""
     from advisor.export import ExportOptions
 
     hybrid = hybrid if isinstance(hybrid, str) else "auto"
@@ -48,7 +61,7 @@ def _export_text(params: dict[str, Any], fmt: str, options):
     from advisor.export import export_cpu_text, export_text
 
     if not options.cpu:
-        return export_text(_plan(params), fmt, options)
+        return export_text(_plan(params, fmt), fmt, options)
     from advisor.model.sources import resolve_model
     from advisor.planning.api import resolve_trainable, training_from_options
 
@@ -90,11 +103,15 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)
+        if not cpu:
+            _recipe_note(params, fmt)
         return
     if output is not None and not output.strip():
         raise ValueError("-o/--output is empty: give a file name, or - for stdout")
     path = write_export(get_format(fmt).default_filename if output is None else output, text, force=force)
     _echo_notes(target.notes)
+    if not cpu:
+        _recipe_note(params, fmt)
     click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} processes)")
 
 

@@ -113,7 +113,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--ep", type=click.IntRange(1, 1024), help="Pin the expert-parallel degree (MoE: routed experts "
                  "split over ep ranks of dp_shard x cp)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
-                 help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
+                 help="N: pin HSDP replicas (dp_replicate) in the plan. on/off (export): check that the plan is / is not "
+                      "hybrid-sharded; the export writes the plan."),
     click.option("--from", "from_file", metavar="FILE",
                  help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a "
                       "TrainingArguments JSON. It sets the recipe and every knob it fixes (strategy, engine, "

@@ -1,25 +1,22 @@
-"""Export a plan as a launcher or framework config: one module per format, registered here.
+"""Export a plan as a launcher or framework config: one module per format, one row per format.
 
-``FORMATS`` maps a format name (the CLI's ``--format`` choices) to its builder (plan -> dict, list
-or str), its renderer (plan -> file text), its target renderer (resolved target -> file text) and
-its default file name. What gets written is decided once in ``target.py`` (``resolve_target`` for
-a plan, ``cpu_target`` for the CPU test config, which needs no GPU plan); files are written by
-``write.py``. Importing this package imports PyYAML
-(through ``accelerate.py``); ``advisor plan`` never imports it.
+The formats are the rows of ``advisor.export.formats.FORMAT_TABLE`` (name, what it can express, its
+mesh support, its recipe, its module); ``FORMATS`` joins each row with its module's ``build`` (plan ->
+dict, list or str), ``render`` (plan -> file text) and ``render_target`` (resolved target -> file text).
+What gets written is decided once in ``target.py`` (``resolve_target`` for a plan, ``cpu_target`` for the
+CPU test config, which needs no GPU plan); files are written by ``write.py``. Importing this package
+imports PyYAML (through ``accelerate.py``); ``advisor plan`` never imports it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from advisor.export.accelerate import accelerate_text, build_accelerate, render_accelerate
-from advisor.export.deepspeed import build_deepspeed, deepspeed_text, render_deepspeed
-from advisor.export.lightning import build_lightning, lightning_text, render_lightning
-from advisor.export.target import ExportOptions, ExportTarget, FormatName, cpu_target, resolve_target
-from advisor.export.torchrun import build_torchrun, render_torchrun, torchrun_text
-from advisor.export.trainer import build_trainer_args, render_trainer_args, trainer_text
+from advisor.export.formats import FORMAT_TABLE, ExportFormatRow, get_format_row
+from advisor.export.target import ExportOptions, ExportTarget, cpu_target, resolve_target
 from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.training import TrainingConfig
@@ -30,41 +27,37 @@ TargetRenderer = Callable[[ExportTarget, ModelSpec, ExportOptions | None], str]
 
 @dataclass(frozen=True)
 class ExportFormat:
-    name: FormatName
+    """A format table row with its module's renderers."""
+
+    row: ExportFormatRow
     build: Callable[[Plan, ExportOptions | None], Any]
     render: Callable[[Plan, ExportOptions | None], str]
     render_target: TargetRenderer
-    default_filename: str
-    summary: str
+
+    @property
+    def name(self) -> str:
+        return self.row.name
+
+    @property
+    def default_filename(self) -> str:
+        return self.row.default_filename
+
+    @property
+    def summary(self) -> str:
+        return self.row.summary
 
 
-FORMATS: dict[str, ExportFormat] = {
-    f.name: f
-    for f in (
-        ExportFormat("accelerate", build_accelerate, render_accelerate,
-                     lambda target, model, options: accelerate_text(target, options), "accelerate_config.yaml",
-                     "accelerate launch --config_file YAML"),
-        ExportFormat("deepspeed-json", build_deepspeed, render_deepspeed,
-                     lambda target, model, options: deepspeed_text(target, model), "ds_config.json",
-                     "DeepSpeed JSON config"),
-        ExportFormat("torchrun", build_torchrun, render_torchrun,
-                     lambda target, model, options: torchrun_text(target, options), "launch.sh",
-                     "torchrun command line (shell)"),
-        ExportFormat("trainer-args", build_trainer_args, render_trainer_args,
-                     lambda target, model, options: trainer_text(target, model), "training_args.json",
-                     "Hugging Face TrainingArguments keys (JSON)"),
-        ExportFormat("lightning", build_lightning, render_lightning,
-                     lambda target, model, options: lightning_text(target), "lightning_strategy.py",
-                     "Lightning strategy snippet (Python)"),
-    )
-}
+def _join(row: ExportFormatRow) -> ExportFormat:
+    module = importlib.import_module(row.module)
+    return ExportFormat(row, module.build, module.render, module.render_target)
+
+
+FORMATS: dict[str, ExportFormat] = {row.name: _join(row) for row in FORMAT_TABLE}
 
 
 def get_format(name: str) -> ExportFormat:
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise ValueError(f"unknown export format '{name[:40]}'; choose from {', '.join(FORMATS)}") from None
+    """The format called ``name``; ValueError naming the choices otherwise."""
+    return FORMATS[get_format_row(name).name]
 
 
 def export_text(plan: Plan, fmt: str, options: ExportOptions | None = None) -> tuple[str, ExportTarget]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.export.target import (
     DEFAULT_PORT, GRADIENT_CLIPPING, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget, resolve_target,
@@ -99,11 +100,6 @@ def accelerate_doc(target: ExportTarget) -> dict[str, Any]:
         }
         if mesh.cp > 1:
             doc["parallelism_config"]["parallelism_config_cp_backend"] = "torch"
-    elif target.hybrid:
-        doc["parallelism_config"] = {
-            "parallelism_config_dp_replicate_size": target.num_nodes,
-            "parallelism_config_dp_shard_size": target.gpus_per_node,
-        }
     doc.update({
         "machine_rank": PLACEHOLDER_RANK if target.multi_node else 0,
         "mixed_precision": target.precision_info.accelerate,
@@ -153,3 +149,12 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
             comment = "a free TCP port on the main node, the same on every node"
         lines.append(f"{line}  # {comment}" if comment else line)
     return "\n".join(lines) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_accelerate, render_accelerate
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return accelerate_text(target, options)

@@ -5,9 +5,8 @@ Keys from the DeepSpeed config reference (deepspeed.ai/docs/config-json): batch 
 ``fp16``, ``gradient_clipping`` and ``zero_optimization`` (stage, offload_optimizer, offload_param,
 overlap_comm, contiguous_gradients, bucket sizes). Every value is concrete, never ``"auto"``: the
 file works with plain DeepSpeed, and accelerate's ``DeepSpeedPlugin(hf_ds_config=...)`` reads
-stage and offload devices back from it. A plan made for the torch engine is translated through
-``resolve_target`` (DeepSpeed's ZeRO-2 keeps whole parameters, unlike FSDP2's, so the target is
-re-checked against memory). Activation checkpointing is the model's own
+stage and offload devices back from it. The plan must be a DeepSpeed plan (``advisor export`` plans this
+format with the ``deepspeed`` recipe); a torch plan is refused rather than re-estimated here. Activation checkpointing is the model's own
 (``gradient_checkpointing_enable()``), not DeepSpeed's ``activation_checkpointing`` section, which
 serves Megatron-style models.
 """
@@ -78,3 +77,12 @@ def render_deepspeed(plan: Plan, options: ExportOptions | None = None) -> str:
 
 def deepspeed_text(target: ExportTarget, model: ModelSpec) -> str:
     return json.dumps(deepspeed_doc(target, model), indent=2) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_deepspeed, render_deepspeed
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return deepspeed_text(target, model)

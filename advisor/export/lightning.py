@@ -26,6 +26,7 @@ connector): fp16-mixed has no loss scaler there, which the header says.
 from __future__ import annotations
 
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.precision import PRECISIONS
 
@@ -57,11 +58,11 @@ def _shard_function(target: ExportTarget) -> list[str]:
     lines = ["", "", known if target.block_classes else unknown, "", "",
              "def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:",
              '    """FSDP2: fully_shard each BLOCK_CLASSES module, then the root. Call it in configure_model()."""']
-    if target.hybrid:
-        lines += [f"    # HSDP: replicate over the {target.num_nodes} nodes, shard over each node's "
-                  f"{target.gpus_per_node} GPUs.",
-                  f"    mesh = init_device_mesh(device_mesh.device_type, ({target.num_nodes}, "
-                  f"{target.gpus_per_node}), mesh_dim_names=(\"replicate\", \"shard\"))"]
+    if target.hybrid:  # the plan's mesh: dp_replicate replicas, each sharded over dp_shard ranks
+        mesh = target.mesh
+        lines += [f"    # HSDP: replicate over {mesh.dp_replicate} groups, shard over {mesh.dp_shard} ranks in each.",
+                  f"    mesh = init_device_mesh(device_mesh.device_type, ({mesh.dp_replicate}, "
+                  f"{mesh.dp_shard}), mesh_dim_names=(\"replicate\", \"shard\"))"]
     else:
         lines.append('    mesh = device_mesh["data_parallel"]')
     if info.name == "bf16":
@@ -168,3 +169,12 @@ def build_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
 
 def render_lightning(plan: Plan, options: ExportOptions | None = None) -> str:
     return build_lightning(plan, options)
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_lightning, render_lightning
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return lightning_text(target)

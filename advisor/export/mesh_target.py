@@ -22,34 +22,35 @@ Pure functions: no file access, no torch or yaml import.
 
 from __future__ import annotations
 
+from advisor.export.formats import get_format_row
 from advisor.mesh import ParallelDims
 from advisor.strategies import STRATEGIES
 
 
 def mesh_unavailable(fmt: str, mesh: ParallelDims, *, num_attention_heads: int | None) -> str | None:
-    """Why ``fmt`` cannot carry ``mesh``, or None when it can."""
-    if fmt in ("accelerate", "trainer-args", "torchrun"):
-        return None
-    if fmt == "lightning":
-        return (f"the lightning format does not write mesh {mesh.label}: Lightning's ModelParallelStrategy needs the "
-                "script's own parallelize function; use --format accelerate or torchrun")
-    if mesh.tp > 1 or mesh.dp_replicate > 1:
-        return (f"deepspeed-json cannot express mesh {mesh.label}: DeepSpeed has no tensor parallelism or hybrid "
-                "sharding equivalent to FSDP2's here (only Ulysses sequence parallelism, for cp); use --format "
-                "accelerate or torchrun")
-    if num_attention_heads is None or num_attention_heads % mesh.cp:
-        return (f"deepspeed-json: Ulysses sequence parallelism (DeepSpeed's equivalent of --cp {mesh.cp}) splits "
+    """Why ``fmt`` cannot carry ``mesh``, or None when it can (the format table's ``mesh_dims``, ``cp_as``)."""
+    row = get_format_row(fmt)
+    used = [*mesh.shape, *(["ep"] if getattr(mesh, "ep", 1) > 1 else [])]
+    missing = [dim for dim in used if dim not in row.mesh_dims]
+    if set(missing) & {"pp", "ep"}:
+        return f"the {fmt} format cannot express mesh {mesh.label} (pipeline / expert parallelism): {row.pp_ep_gap}"
+    if missing:
+        return f"the {fmt} format cannot express mesh {mesh.label}: {row.mesh_gap}"
+    if row.cp_as == "ulysses" and mesh.cp > 1 and (num_attention_heads is None or num_attention_heads % mesh.cp):
+        return (f"{fmt}: Ulysses sequence parallelism (DeepSpeed's equivalent of --cp {mesh.cp}) splits "
                 f"attention by heads, and {mesh.cp} does not divide the model's {num_attention_heads} heads")
     return None
 
 
 def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
     """What the script must do for the mesh in this format, one line each."""
+    pipeline = [("pp", mesh.pp)] if getattr(mesh, "pp", 1) > 1 else []
+    experts = [("ep", mesh.ep)] if getattr(mesh, "ep", 1) > 1 else []
     dims = ", ".join(f"{name} {degree}" for name, degree in
-                     (("dp_replicate", mesh.dp_replicate), ("dp_shard", mesh.dp_shard), ("cp", mesh.cp),
-                      ("tp", mesh.tp)))
+                     (*pipeline, ("dp_replicate", mesh.dp_replicate), ("dp_shard", mesh.dp_shard), ("cp", mesh.cp),
+                      ("tp", mesh.tp), *experts))
     notes = [f"Device mesh {mesh.label} ({dims}; FSDP2 shards over dp_shard x cp, torchtitan's layout)."]
-    if fmt == "deepspeed-json":
+    if get_format_row(fmt).cp_as == "ulysses":
         notes.append(
             f"Ulysses sequence parallelism of degree {mesh.cp} stands in for the plan's ring-attention cp {mesh.cp} "
             "(DeepSpeed has no ring attention): in the script, Accelerator(parallelism_config=ParallelismConfig("
@@ -69,15 +70,14 @@ def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
                      "are not neighbours; wrappers.tensor_parallel.prepare_context_parallel_input builds them) and "
                      f"model(..., labels=shift_labels, shift_labels=shift_labels); sequences must be a multiple of "
                      f"{2 * mesh.cp} tokens.")
-    if fmt == "trainer-args":
-        notes.append("parallelism_config holds accelerate ParallelismConfig arguments: build "
-                     "TrainingArguments(..., parallelism_config=ParallelismConfig(**args.pop(\"parallelism_config\"))).")
+    if get_format_row(fmt).mesh_note:
+        notes.append(get_format_row(fmt).mesh_note)
     return notes
 
 
 def mesh_engine(fmt: str, strategy: str) -> tuple[str, str]:
     """(strategy, engine) that ``fmt`` writes for a mesh plan's FSDP2 ``strategy``."""
-    if fmt == "deepspeed-json":
+    if get_format_row(fmt).runs == "deepspeed":
         return "zero3", "deepspeed"  # ZeRO-3 is what FSDP2's zero3 is on DeepSpeed
     assert STRATEGIES[strategy].on("torch").shard_params, strategy
     return strategy, "torch"

@@ -1,14 +1,14 @@
 """What an export writes: the plan's recommendation turned into one concrete, checked target.
 
+An export renders the plan's recommendation: its strategy, engine, micro-batch, checkpointing
+and mesh (``ParallelDims``, HSDP's dp_replicate included) are written as the plan chose them; no
+estimate is made here and nothing is decided again (``--hybrid N`` pins HSDP in the plan itself).
 A format can express only some (strategy, engine) pairs: accelerate has no ZeroRedundancyOptimizer
 or single-process DataParallel, a DeepSpeed JSON is DeepSpeed only (read from the strategy table's
-``Implementation`` fields, not listed here). ``resolve_target`` keeps the
-recommendation when the format can express it; otherwise it re-evaluates the nearest pairs the
-format can express with the planner (same model, GPUs and training options) and takes the first
-that fits, saying so in ``notes``. It also decides hybrid sharding (HSDP): on several nodes, a
-torch FSDP target is sharded within each node and replicated across nodes when one node's share of
-the model states still fits at the chosen micro-batch (all-gathers stay on the fast intra-node
-link; only the gradient all-reduce crosses nodes; Zhao et al. 2023, "PyTorch FSDP", section 3.2).
+``Implementation`` fields and the format table's ``runs`` column, ``advisor.export.formats``).
+``resolve_target`` keeps the recommendation when the format can express it; otherwise it takes the
+nearest candidate the plan itself evaluated that fits and that the format can express, saying so in
+``notes``.
 
 The CPU test config (``--cpu``, ``cpu_target``) is not derived from a GPU plan: DDP on gloo, fp32,
 ``--processes`` processes, the micro-batch the user gave (else 1).
@@ -24,20 +24,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.frozen import validated_copy
 from advisor.planning.api import Plan
-from advisor.hardware.cluster import Hardware, resize
-from advisor.estimate.memory import estimate_memory
 from advisor.export.quantization import quantization_notes
-from advisor.planning.planner import evaluate_candidate
+from advisor.export.formats import FormatName, Runs, get_format_row
 from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
-from advisor.training import Engine, LossKernel, TrainingConfig
+from advisor.export.optimizer import stack_notes
+from advisor.recipes import OptimizerImpl
+from advisor.training import Engine, LossKernel, Optimizer, TrainingConfig
 
-FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
 Hybrid = Literal["auto", "on", "off"]
 
 def _torch_without_launcher(impl: Implementation) -> bool:
@@ -51,21 +49,20 @@ def _launcher_expresses(impl: Implementation) -> bool:
     return impl.available and not _torch_without_launcher(impl)
 
 
-# What each format can express, read from the strategy table's Implementation fields (never a
-# second table of pairs). torchrun launches any script, so anything available; a DeepSpeed JSON is
-# DeepSpeed only.
-_EXPRESSES: dict[str, Callable[[Implementation], bool]] = {
-    "accelerate": _launcher_expresses,
-    "trainer-args": _launcher_expresses,
-    "lightning": _launcher_expresses,
-    "deepspeed-json": lambda impl: impl.available and impl.engine == "deepspeed",
-    "torchrun": lambda impl: impl.available,
+# What each kind of format (the format table's ``runs`` column) can express, read from the strategy
+# table's Implementation fields (never a second table of pairs). torchrun launches any script, so
+# anything available; a DeepSpeed JSON is DeepSpeed only.
+_EXPRESSES: dict[Runs, Callable[[Implementation], bool]] = {
+    "launcher": _launcher_expresses,
+    "deepspeed": lambda impl: impl.available and impl.engine == "deepspeed",
+    "any": lambda impl: impl.available,
+    "fsdp2": lambda impl: impl.available and impl.engine == "torch" and not _torch_without_launcher(impl),
 }
 
 
 def expresses(fmt: str, strategy: str, engine: str) -> bool:
     """Whether format ``fmt`` can write ``strategy`` on ``engine``."""
-    return _EXPRESSES[fmt](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
+    return _EXPRESSES[get_format_row(fmt).runs](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
 
 
 def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
@@ -79,6 +76,8 @@ def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
         return (f"{strategy} on the torch engine ({impl.runs_as}) has no {fmt} config: it has no "
                 f"ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed "
                 f"({exact.runs_as})")
+    if get_format_row(fmt).runs == "fsdp2":
+        return f"{fmt} runs torch DDP and FSDP2 only; the plan used engine {engine} ({impl.runs_as})"
     return f"{fmt} runs only DeepSpeed; the plan used engine {engine}"
 
 
@@ -95,7 +94,8 @@ class ExportOptions(BaseModel):
 
     cpu: bool = Field(default=False, description="A CPU-only test config: DDP on gloo, fp32, one machine.")
     processes: int = Field(default=2, ge=1, le=1024, description="Processes of the CPU test config.")
-    hybrid: Hybrid = Field(default="auto", description="HSDP on several nodes: auto (when one node's share fits).")
+    hybrid: Hybrid = Field(default="auto", description="A check, not a choice: on / off refuse a plan that is not / "
+                           "is hybrid-sharded (the plan decides HSDP; --hybrid N pins it there); auto writes the plan.")
     script: str = Field(default="train.py", description="Training script named in launcher commands.")
     script_args: tuple[str, ...] = Field(default=(), description="Arguments for the training script.")
 
@@ -114,7 +114,6 @@ class ExportTarget(BaseModel):
     precision: Precision = Field(description="What runs: the plan's precision; fp32 for a CPU test config.")
     num_nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1, description="Processes per node (one per GPU; --processes for --cpu).")
-    hybrid: bool = Field(description="Shard within a node, replicate across nodes (FSDP HSDP).")
     cpu: bool = Field(description="CPU-only test config.")
     model_name: str
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each "
@@ -122,6 +121,12 @@ class ExportTarget(BaseModel):
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
+    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
+    seq_len: int = Field(default=2048, ge=1, description="Tokens per sample (the plan's --seq-len).")
+    global_batch_size: int | None = Field(default=None, description="The plan's --global-batch, if given.")
+    optimizer: Optimizer = Field(default="adamw", description="The plan's optimizer (--optimizer).")
+    optimizer_impl: OptimizerImpl = Field(default="foreach", description="How it steps (the plan's recipe or "
+                                          "--optimizer-impl): the trainer-args optim name follows it.")
     mesh: ParallelDims | None = Field(default=None, description="The plan's device mesh (tp/cp/HSDP); None: "
                                       "data parallelism alone.")
 
@@ -133,6 +138,11 @@ class ExportTarget(BaseModel):
     def data_parallel_size(self) -> int:
         """Ranks that take distinct micro-batches: the mesh's dp_replicate x dp_shard, else every rank."""
         return self.world_size if self.mesh is None else self.mesh.dp
+
+    @property
+    def hybrid(self) -> bool:
+        """HSDP: the plan's mesh shards within dp_shard and replicates over dp_replicate."""
+        return self.mesh is not None and self.mesh.hybrid
 
     @property
     def multi_node(self) -> bool:
@@ -199,17 +209,12 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
     return notes
 
 
-def hardware_of(plan: Plan, *, nodes: int | None = None, gpus_per_node: int | None = None) -> Hardware:
-    """The plan's hardware as a validated object (optionally resized), for re-evaluation."""
-    return resize(plan.hardware, nodes=nodes, gpus_per_node=gpus_per_node)
-
-
 def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName, Engine]]:
     """Nearest expressible pairs, closest first: same strategy on the other engine, then escalation."""
     start = ESCALATION.index(strategy) if strategy in ESCALATION else 0
     order: list[tuple[str, str]] = []
     engines = [engine, "deepspeed" if engine == "torch" else "torch"]
-    if fmt == "deepspeed-json":
+    if get_format_row(fmt).runs == "deepspeed":
         engines = ["deepspeed"]
     elif _torch_without_launcher(STRATEGIES[strategy].on(engine)):  # type: ignore[arg-type]
         engines = [engine]  # dp, torch zero1: stay on torch (DDP, then FSDP); the note offers deepspeed
@@ -223,34 +228,38 @@ def _fallbacks(strategy: str, engine: str, fmt: str) -> list[tuple[StrategyName,
     return seen
 
 
+def _planned(plan: Plan, strategy: str, engine: str):
+    """The plan's own data-parallel candidate for this pair, or None when the plan did not evaluate it."""
+    return next((c for c in plan.candidates if c.strategy == strategy and c.engine == engine and c.mesh is None), None)
+
+
 def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, int | None, list[str]]:
+    """The recommendation, or, when ``fmt`` cannot express it, the nearest candidate the plan evaluated
+    that fits (no estimate is made here: the plan's own numbers are written)."""
     rec = plan.recommendation
     assert rec is not None
     if expresses(fmt, rec.strategy, rec.engine):
         return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
             rec.gradient_accumulation_steps, []
     why = _why_not(rec.strategy, rec.engine, fmt)
-    hw = hardware_of(plan)
-    for strategy, engine in _fallbacks(rec.strategy, rec.engine, fmt):
-        training = validated_copy(plan.training, {"engine": engine})
-        cand = evaluate_candidate(plan.model, hw, training, strategy)
-        if cand.available and cand.fits:
+    fallbacks = [pair for pair in _fallbacks(rec.strategy, rec.engine, fmt) if pair[1] == rec.engine]
+    if not fallbacks:  # another engine: the plan has no candidate of it, and the export estimates nothing
+        recipe = get_format_row(fmt).recipe
+        raise ValueError(f"{why}: plan it with --recipe {recipe} (advisor export does for --format {fmt} unless "
+                         f"--recipe or --engine is given)")
+    for strategy, engine in fallbacks:
+        cand = _planned(plan, strategy, engine)
+        if cand is not None and cand.available and cand.fits:
             note = (f"{why}. Exported the nearest that fits instead: {strategy} on {engine} ({cand.runs_as}), "
                     f"micro-batch {cand.micro_batch_size}.")
             return strategy, engine, cand.micro_batch_size, bool(cand.activation_checkpointing), \
                 cand.gradient_accumulation_steps, [note]
+    asked = _asked_strategy(plan)
+    if asked is not None and fallbacks:  # --strategy pinned: the plan evaluated nothing else to write
+        strategy, engine = fallbacks[0]
+        other = f" --engine {engine}" if engine != plan.training.engine else ""
+        raise ValueError(f"{why}; the plan evaluated only --strategy {asked}: plan it with --strategy {strategy}{other}")
     raise ValueError(f"{why}, and no strategy {fmt} can express fits; try another --format")
-
-
-def hybrid_fits(plan: Plan, strategy: StrategyName, engine: Engine, *, micro_batch_size: int,
-                activation_checkpointing: bool) -> bool:
-    """Whether sharding over one node's GPUs only still fits, at this micro-batch and checkpointing."""
-    one_node = hardware_of(plan, nodes=1)
-    training = validated_copy(plan.training, {"engine": engine})
-    impl = STRATEGIES[strategy].on(engine)
-    mem = estimate_memory(plan.model, one_node, training, impl, micro_batch_size=micro_batch_size,
-                          checkpointing=activation_checkpointing)
-    return mem.total <= one_node.gpu_memory_bytes
 
 
 def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, options: ExportOptions, *,
@@ -262,7 +271,10 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
     plan's bf16 autocast is not emulated). FSDP and DeepSpeed are refused: accelerate 1.15 enables
     them only on accelerators. ``strategy`` is the one the user asked for, if any.
     """
-    if fmt == "deepspeed-json" or training.engine != "torch" or strategy not in (None, "ddp"):
+    if not get_format_row(fmt).cpu_test:
+        raise ValueError(f"--cpu: the {fmt} format has no CPU test config (torchtitan trains on GPUs); use --format "
+                         "accelerate or torchrun to test the script on CPU")
+    if get_format_row(fmt).runs == "deepspeed" or training.engine != "torch" or strategy not in (None, "ddp"):
         asked = f"--strategy {strategy}" if strategy not in (None, "ddp") else (
             "--engine deepspeed" if training.engine != "torch" else "--format deepspeed-json")
         raise ValueError(f"--cpu makes a gloo test config for ddp only (accelerate 1.15 enables FSDP and DeepSpeed "
@@ -279,8 +291,8 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         accum = training.global_batch_size // (micro * processes)
     notes = ["CPU test config: launched by torch.distributed.run on gloo; scripts using Accelerator need "
              "ACCELERATE_USE_CPU=true (advisor launch sets it) or Accelerator(cpu=True)."]
-    if fmt == "lightning":  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
-        notes = [f"CPU test config: Lightning starts the {processes} processes itself (DDP on gloo)."]
+    if get_format_row(fmt).cpu_note:  # Lightning starts its own processes; DDPStrategy picks gloo on CPU
+        notes = [get_format_row(fmt).cpu_note.format(processes=processes)]
     if training.micro_batch_size is None:
         notes.append("Micro-batch 1 per process (--micro-batch to change): the CPU test checks the script's "
                      "distributed wiring, not the GPU plan's batch.")
@@ -289,10 +301,17 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
     return ExportTarget(
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
-        precision="fp32", num_nodes=1, gpus_per_node=processes, hybrid=False, cpu=True, model_name=model.name,
+        precision="fp32", num_nodes=1, gpus_per_node=processes, cpu=True, model_name=model.name,
         block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
-        loss=training.loss,
+        loss=training.loss, selective_checkpointing=training.activation_checkpointing == "selective",
+        **_optimizer(training),
     )
+
+
+def _optimizer(training: TrainingConfig) -> dict:
+    """The ExportTarget fields of the plan's optimizer."""
+    return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation,
+            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size}
 
 
 def _asked_strategy(plan: Plan) -> str | None:
@@ -309,35 +328,40 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
     if options.cpu:
         return cpu_target(plan.model, plan.training, fmt, options, strategy=_asked_strategy(plan))
     require_recommendation(plan)
+    _check_hybrid(plan, options)
     if plan.recommendation.mesh is not None:
         return _mesh_target(plan, fmt)
     strategy, engine, micro, ckpt, accum, notes = _substitute(plan, fmt)
     impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
-    hybrid = False
     torch_fsdp = engine == "torch" and impl.shard_params
-    if options.hybrid != "off" and hw.nodes > 1 and torch_fsdp:
-        hybrid = hybrid_fits(plan, strategy, engine, micro_batch_size=micro, activation_checkpointing=ckpt)
-        if hybrid:
-            notes.append(f"Hybrid sharding (HSDP): one node's share of the model states fits, so parameters are "
-                         f"sharded over the {hw.gpus_per_node} GPUs of each node and replicated over the "
-                         f"{hw.nodes} nodes (only the gradient all-reduce crosses nodes). --hybrid off to disable.")
-        elif options.hybrid == "on":
-            raise ValueError(f"--hybrid on: {strategy} sharded over one node's {hw.gpus_per_node} GPUs does not fit "
-                             f"at micro-batch {micro}; use --hybrid auto or off")
-    elif options.hybrid == "on":
-        raise ValueError("--hybrid on needs several nodes and a torch FSDP strategy (zero2, zero3, *_offload)")
     notes += quantization_notes(plan.training, engine=engine, impl=impl)
     if not plan.model.block_classes and torch_fsdp:
         notes.append("The model's block class is unknown: FSDP wraps by size (SIZE_BASED_WRAP) instead of per block.")
     return ExportTarget(
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
-        gpus_per_node=hw.gpus_per_node, hybrid=hybrid, cpu=options.cpu, model_name=plan.model.name,
+        gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
-            plan.training, selective=bool(plan.recommendation and plan.recommendation.selective_checkpointing))),
-        loss=plan.training.loss,
+            plan.training, selective=plan.recommendation.selective_checkpointing and not get_format_row(fmt).selective_key)
+            + stack_notes(plan.training, fmt, engine=engine)),
+        loss=plan.training.loss, selective_checkpointing=plan.recommendation.selective_checkpointing,
+        **_optimizer(plan.training),
     )
+
+
+def _check_hybrid(plan: Plan, options: ExportOptions) -> None:
+    """``--hybrid on|off`` checks the plan's HSDP instead of deciding it: the export writes the plan."""
+    rec = plan.recommendation
+    hybrid = rec.mesh is not None and rec.mesh.hybrid
+    label = rec.mesh.label if rec.mesh is not None else f"dp {plan.hardware.world_size}"
+    if options.hybrid == "on" and not hybrid:
+        raise ValueError(f"--hybrid on: the plan ({rec.strategy}, mesh {label}) is not hybrid-sharded and the export "
+                         f"writes the plan; pin replicas in the plan with --hybrid N (e.g. --hybrid "
+                         f"{plan.hardware.nodes}: one per node)")
+    if options.hybrid == "off" and hybrid:
+        raise ValueError(f"--hybrid off: the plan chose mesh {label} and the export writes the plan; "
+                         "pin --hybrid 1 to plan without replicas")
 
 
 def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
@@ -353,8 +377,11 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
     return ExportTarget(
         strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
-        precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, hybrid=False, cpu=False,
+        precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing)),
-        loss=plan.training.loss, mesh=mesh,
+        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing
+                                            and not get_format_row(fmt).selective_key)
+                    + stack_notes(plan.training, fmt, engine=engine)),
+        loss=plan.training.loss, mesh=mesh, selective_checkpointing=rec.selective_checkpointing,
+        **_optimizer(plan.training),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 
+from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
 from advisor.export.target import (
     DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget, resolve_target,
@@ -51,3 +52,12 @@ def torchrun_text(target: ExportTarget, options: ExportOptions | None = None) ->
         lines.append("# CPU test: the script must use the gloo backend.")
     lines += ["set -euo pipefail", shlex.join(argv) + ' "$@"']
     return "\n".join(lines) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_torchrun, render_torchrun
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return torchrun_text(target, options)

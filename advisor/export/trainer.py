@@ -6,7 +6,9 @@ reads (``version``, ``reshard_after_forward``, ``cpu_offload``, ``activation_che
 ``cpu_ram_efficient_loading``); with FSDP, checkpointing is FSDP's own flag (the top-level one adds
 an all-gather in backward, transformers issue 30404). DeepSpeed is the DeepSpeed config inlined
 under ``deepspeed``. ``activation_checkpointing`` replaces the deprecated ``gradient_checkpointing``
-alias in transformers 5. Hybrid sharding has no Trainer key with FSDP2: use the accelerate config.
+alias in transformers 5. ``optim`` names the optimizer step the plan counted (``advisor.export.optimizer``:
+``adamw_torch_fused`` for fused AdamW, ``adamw_torch`` for foreach). A mesh (HSDP, tp, cp) is
+``parallelism_config``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from advisor.planning.api import Plan
 from advisor.export.deepspeed import deepspeed_doc
+from advisor.export.optimizer import trainer_optim
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
 from advisor.model.spec import ModelSpec
 
@@ -34,6 +37,7 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         "fp16": flag == "fp16",
         "activation_checkpointing": target.activation_checkpointing and not target.fsdp,
     }
+    args.update(trainer_optim(target.optimizer, target.optimizer_impl)[0])  # the step the plan counted
     if target.cpu:
         args["use_cpu"] = True
     if target.loss == "fused":
@@ -69,3 +73,12 @@ def render_trainer_args(plan: Plan, options: ExportOptions | None = None) -> str
 
 def trainer_text(target: ExportTarget, model: ModelSpec) -> str:
     return json.dumps(trainer_doc(target, model), indent=2) + "\n"
+
+
+# The format table's interface (advisor.export.formats: this module is a row's ``module``).
+build, render = build_trainer_args, render_trainer_args
+
+
+def render_target(target: ExportTarget, model: ModelSpec, options: ExportOptions | None = None) -> str:
+    """The file text for a resolved target (``advisor.export.export_text``)."""
+    return trainer_text(target, model)

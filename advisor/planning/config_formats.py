@@ -147,7 +147,12 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
     else:
         r.take("distributed_type", "DEEPSPEED", "engine", "deepspeed")
     take_batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")
-    r.take("distributed_type", "DEEPSPEED", "recipe", "torch")  # the script's own torch optimizer
+    r.take("distributed_type", "DEEPSPEED", "recipe", ACCELERATE_RECIPE)  # the script's own torch optimizer
+
+
+# An accelerate config runs the stack the accelerate export plans with (advisor/export/formats.py's row:
+# the Trainer through accelerate, fused AdamW), so reading our own export back reproduces its plan.
+ACCELERATE_RECIPE = "trainer"
 
 
 def read_accelerate(r: Reader, base: Path) -> None:
@@ -174,7 +179,7 @@ def read_accelerate(r: Reader, base: Path) -> None:
         _degrees(r, "parallelism_config.parallelism_config_", {"dp_replicate_size": "hybrid", "tp_size": "tp",
                                                               "cp_size": "cp"}, implied="dp_shard_size")
     if kind != "DEEPSPEED":
-        r.take("distributed_type", kind, "recipe", "torch")
+        r.take("distributed_type", kind, "recipe", ACCELERATE_RECIPE)
     if kind == "MULTI_GPU":
         r.take("distributed_type", kind, "engine", "torch")
         r.take("distributed_type", kind, "strategy", "ddp")

@@ -14,6 +14,7 @@ from advisor.export import ExportOptions, resolve_target
 from advisor.export.accelerate import build_accelerate, render_accelerate
 from advisor.export.write import write_export
 from advisor.model.sources import resolve_size
+from advisor.mesh import ParallelDims
 from advisor.strategies import STRATEGIES
 
 SMALL = "Qwen/Qwen2.5-0.5B"  # every strategy fits on 2 x A100, so each one can be requested
@@ -62,6 +63,10 @@ def test_every_strategy_round_trips_through_accelerates_loader(tmp_path, strateg
         return
     plan = make_plan(SMALL, "8xA100" if nodes > 1 else "2xA100", nodes=nodes if nodes > 1 else None,
                      strategy=strategy, engine=engine)
+    if (strategy, engine) in {("dp", "torch"), ("zero1", "torch")}:  # pinned, so the plan has nothing else to write
+        with pytest.raises(ValueError, match="has no accelerate config.*plan it with --strategy ddp$"):
+            build_accelerate(plan)
+        return
     built = build_accelerate(plan)
     loaded = load_config_from_file(str(_write(tmp_path, plan)))
     assert isinstance(loaded, ClusterConfig)
@@ -70,11 +75,6 @@ def test_every_strategy_round_trips_through_accelerates_loader(tmp_path, strateg
         assert as_dict[key] == value, key
     assert (loaded.num_processes, loaded.num_machines) == ((16, 2) if nodes > 1 else (2, 1))
     assert loaded.distributed_type == DISTRIBUTED_TYPE[strategy, engine]
-    if (strategy, engine) in {("dp", "torch"), ("zero1", "torch")}:
-        target = resolve_target(plan, "accelerate")
-        assert target.strategy == "ddp"
-        assert "has no accelerate config" in target.notes[0]
-        assert "# " + target.notes[0] in render_accelerate(plan)
 
 
 def test_fsdp2_config_is_what_accelerates_fsdp_plugin_reads(tmp_path, monkeypatch):
@@ -135,29 +135,48 @@ def test_two_nodes_have_marked_placeholders_that_accelerate_refuses_until_filled
     assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "8", 0)
 
 
-def test_hybrid_sharding_when_one_nodes_share_fits(tmp_path, monkeypatch):
+def test_two_node_export_writes_the_plan_not_its_own_hybrid_sharding():
+    # The export used to switch to HSDP (2 x 8) by its own rule whenever one node's share "fit" at the
+    # expected estimate (ignoring --margin): for 72B it wrote a hybrid-sharded zero3_offload the plan never
+    # evaluated (with --hybrid 2 nothing fits: 24 GPUs would), for 7B an HSDP zero2 where the plan chose
+    # zero2 over all 16 GPUs. Now the export writes the plan's strategy and mesh.
+    for args in (PLANS["qwen72b_2nodes"], dict(model="Qwen/Qwen2.5-7B", gpus="8xH100", nodes=2)):
+        plan = make_plan(**args)
+        assert plan.recommendation.mesh is None
+        target = resolve_target(plan, "accelerate")
+        assert (target.strategy, target.hybrid, target.mesh) == (plan.recommendation.strategy, False, None)
+        doc = build_accelerate(plan)
+        assert "parallelism_config" not in doc and doc["num_processes"] == 16
+    # --policy fastest evaluates the HSDP mesh and chooses dp 16: the export keeps that choice too.
+    fastest = make_plan("Qwen/Qwen2.5-7B", "8xH100", nodes=2, policy="fastest")
+    assert any(c.mesh is not None and c.mesh.dp_replicate == 2 for c in fastest.candidates)
+    assert fastest.recommendation.mesh is None and not resolve_target(fastest, "accelerate").hybrid
+
+
+def test_hybrid_plan_exports_its_mesh(tmp_path, monkeypatch):
     from accelerate.parallelism_config import ParallelismConfig
 
-    plan = make_plan(**PLANS["qwen72b_2nodes"])
-    assert resolve_target(plan, "accelerate").hybrid
+    plan = make_plan("Qwen/Qwen2.5-7B", "8xH100", nodes=2, hybrid=2)  # --hybrid 2 pins HSDP in the plan
+    assert plan.recommendation.mesh == ParallelDims(dp_replicate=2, dp_shard=8, world_size=16)
+    target = resolve_target(plan, "accelerate")
+    assert (target.strategy, target.mesh, target.hybrid) == (plan.recommendation.strategy, plan.recommendation.mesh,
+                                                             True)
     path = _write(tmp_path, plan)
     _fill_placeholders(path)
     for key, value in _launcher_env(path)[1].items():
         monkeypatch.setenv(key, value)
     config = ParallelismConfig()
     assert (config.dp_replicate_size, config.dp_shard_size, config.total_size) == (2, 8, 16)
-    assert "parallelism_config" not in build_accelerate(plan, ExportOptions(hybrid="off"))
+    assert resolve_target(plan, "accelerate", ExportOptions(hybrid="on")).hybrid
+    with pytest.raises(ValueError, match="--hybrid off: the plan chose mesh dp_replicate 2 x dp_shard 8"):
+        resolve_target(plan, "accelerate", ExportOptions(hybrid="off"))
 
 
-def test_no_hybrid_when_one_nodes_share_does_not_fit():
-    # 32B zero3 on 2 x 8 A100-80GB fits only with its states sharded over all 16 GPUs.
-    plan = make_plan("Qwen/Qwen2.5-32B", "8xA100", nodes=2, strategy="zero3", micro_batch_size=1)
-    assert plan.recommendation is not None and not resolve_target(plan, "accelerate").hybrid
-    assert "parallelism_config" not in build_accelerate(plan)
-    with pytest.raises(ValueError, match="does not fit"):
+def test_hybrid_switch_checks_the_plan_and_never_decides():
+    plan = make_plan(**PLANS["qwen72b_2nodes"])
+    with pytest.raises(ValueError, match="not hybrid-sharded.*--hybrid 2"):
         resolve_target(plan, "accelerate", ExportOptions(hybrid="on"))
-    with pytest.raises(ValueError, match="needs several nodes"):
-        resolve_target(make_plan(SMALL, strategy="zero3"), "accelerate", ExportOptions(hybrid="on"))
+    assert "parallelism_config" not in build_accelerate(plan, ExportOptions(hybrid="off"))
 
 
 def test_cpu_config_for_ddp_and_refused_for_sharded(tmp_path):

@@ -17,7 +17,7 @@ from advisor.export.write import write_export
 
 
 def test_registry_names_every_format_once():
-    assert list(FORMATS) == ["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning"]
+    assert list(FORMATS) == ["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning", "torchtitan"]
     assert len({f.default_filename for f in FORMATS.values()}) == len(FORMATS)
     with pytest.raises(ValueError, match="unknown export format"):
         get_format("yaml")
@@ -48,12 +48,19 @@ def test_deepspeed_json_loads_into_accelerates_deepspeed_plugin(tmp_path, strate
     assert doc["bf16"] == {"enabled": True} and doc["fp16"] == {"enabled": False}
 
 
-def test_deepspeed_json_from_a_torch_plan_is_translated_and_rechecked():
+def test_deepspeed_json_from_a_torch_plan_is_refused_not_re_estimated():
+    # It used to re-run the estimator on the DeepSpeed engine and write what that found; the plan had no
+    # DeepSpeed candidate, so nothing the user saw. Now the format's own recipe plans it (the CLI's default).
     plan = make_plan(**PLANS["qwen7b_2xa100_zero3"])
-    target = resolve_target(plan, "deepspeed-json")
-    assert (target.strategy, target.engine) == ("zero3", "deepspeed")
-    assert "runs only DeepSpeed" in target.notes[0]
-    assert build_deepspeed(plan)["zero_optimization"]["stage"] == 3
+    with pytest.raises(ValueError, match="runs only DeepSpeed; the plan used engine torch: plan it with --recipe "
+                                         "deepspeed"):
+        resolve_target(plan, "deepspeed-json")
+    deepspeed = make_plan(**PLANS["qwen7b_2xa100_zero3"], recipe="deepspeed")
+    target = resolve_target(deepspeed, "deepspeed-json")
+    rec = deepspeed.recommendation
+    assert (target.strategy, target.engine, target.micro_batch_size) == (rec.strategy, "deepspeed", rec.micro_batch_size)
+    assert not any("instead" in note for note in target.notes)
+    assert build_deepspeed(deepspeed)["zero_optimization"]["stage"] == 3
 
 
 def test_deepspeed_fp16_has_a_dynamic_loss_scale():
@@ -116,3 +123,61 @@ def test_trainer_args_for_deepspeed_inline_the_deepspeed_config():
     assert set(doc) <= {f.name for f in dataclasses.fields(TrainingArguments)}
     assert doc["deepspeed"] == build_deepspeed(plan)
     assert doc["per_device_train_batch_size"] == doc["deepspeed"]["train_micro_batch_size_per_gpu"]
+
+
+def test_the_format_table_is_the_one_list():
+    # One row per format: the CLI's --format choices, the renderers and the recipes all come from it.
+    from advisor.cli.export import export
+    from advisor.export.formats import FORMAT_TABLE
+    from advisor.recipes import load_recipes
+
+    choices = next(p for p in export.params if p.name == "fmt").type.choices
+    assert tuple(choices) == tuple(row.name for row in FORMAT_TABLE) == tuple(FORMATS)
+    assert {row.name: row.recipe for row in FORMAT_TABLE} == {
+        "accelerate": "trainer", "deepspeed-json": "deepspeed", "torchrun": "torch", "trainer-args": "trainer",
+        "lightning": "lightning", "torchtitan": "torchtitan"}
+    assert all(row.recipe in load_recipes() for row in FORMAT_TABLE)
+
+
+@pytest.mark.parametrize("optimizer,impl,optim", [
+    # Hand-read from transformers 5.23 trainer_optimizer.py (_get_adamw_torch: fused=True only for
+    # adamw_torch_fused; adamw_torch is torch.optim.AdamW's default, foreach on CUDA) and OptimizerNames.
+    ("adamw", "fused", {"optim": "adamw_torch_fused"}),
+    ("adamw", "foreach", {"optim": "adamw_torch"}),
+    ("adamw", "for-loop", {}),
+    ("adam", "fused", {}),
+    ("sgd-momentum", "foreach", {"optim": "sgd", "optim_args": "momentum=0.9"}),
+    ("adamw-8bit", "fused", {"optim": "adamw_bnb_8bit"}),
+])
+def test_trainer_optim_is_the_plans_optimizer_step(optimizer, impl, optim):
+    from transformers import TrainingArguments
+    from transformers.training_args import OptimizerNames
+
+    plan = make_plan("Qwen/Qwen2.5-0.5B", optimizer=optimizer, optimizer_impl=impl, recipe="trainer")
+    target = resolve_target(plan, "trainer-args")
+    doc = build_trainer_args(plan)
+    assert {k: doc[k] for k in ("optim", "optim_args") if k in doc} == optim
+    if optim:
+        assert OptimizerNames(optim["optim"])
+        assert TrainingArguments(output_dir="out", use_cpu=True, optim=optim["optim"]).optim == optim["optim"]
+    else:  # no optim name: the note says to hand the Trainer the optimizer
+        assert any("Trainer(optimizers=(optimizer, None))" in note for note in target.notes)
+
+
+def test_cli_export_plans_each_format_with_its_recipe():
+    from click.testing import CliRunner
+
+    from advisor.cli.main import cli
+
+    def export(*args):
+        result = CliRunner().invoke(cli, ["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "-o", "-", *args])
+        assert result.exit_code == 0, result.output
+        return result
+
+    trainer = export("--format", "trainer-args")
+    assert json.loads(trainer.stdout)["optim"] == "adamw_torch_fused"  # recipe trainer: fused AdamW
+    assert "Planned with recipe" not in trainer.stderr
+    torch = export("--format", "trainer-args", "--recipe", "torch")  # the user's recipe wins, and is named
+    assert json.loads(torch.stdout)["optim"] == "adamw_torch"
+    assert "Planned with recipe torch; the trainer-args file runs the trainer stack" in torch.stderr
+    assert "recipe lightning, foreach step" in export("--format", "lightning").stdout

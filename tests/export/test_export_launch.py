@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from export_plans import PLANS, make_plan
 
 from advisor.cli.export import export, launch
-from advisor.export import ExportOptions, export_text
+from advisor.export import get_format, ExportOptions, export_text
 from advisor.export.write import write_export
 from advisor.export.launch import build_launch_command, check_launchable, find_placeholders, launch_env, run_launch
 
@@ -83,9 +83,9 @@ def test_cpu_config_sets_accelerate_use_cpu_for_the_workers():
 def test_export_writes_refuses_overwrite_and_forces(in_tmp):
     args = ["export", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "-o", "cfg.yaml"]
     first = CliRunner().invoke(cli, args)
-    # zero2_offload: the flagship offloads since the 1 GiB CUDA context, and both offload variants run micro-batch
-    # 3 within the 10% headroom (tests/planning/test_plan_cases.py).
-    assert first.exit_code == 0 and "wrote cfg.yaml (accelerate: zero2_offload on torch, 2 processes)" in first.stdout
+    # zero3, not the torch recipe's zero2_offload: the accelerate format plans with the trainer recipe, whose fused
+    # AdamW step holds no state-sized temporary, so zero3 fits on the GPUs (issue 19's README case).
+    assert first.exit_code == 0 and "wrote cfg.yaml (accelerate: zero3 on torch, 2 processes)" in first.stdout
     (in_tmp / "cfg.yaml").write_text("edited\n")
     second = CliRunner().invoke(cli, args)
     assert isinstance(second.exception, ValueError) and "--force" in str(second.exception)
@@ -99,14 +99,18 @@ def test_export_every_format_to_its_default_file(in_tmp):
                       ("trainer-args", "training_args.json"), ("lightning", "lightning_strategy.py")]:
         result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--format", fmt])
         assert result.exit_code == 0, result.output
-        assert (in_tmp / name).read_text() == export_text(make_plan("Qwen/Qwen2.5-0.5B"), fmt)[0]
+        recipe = get_format(fmt).row.recipe  # the CLI plans each format with its own recipe row
+        assert (in_tmp / name).read_text() == export_text(make_plan("Qwen/Qwen2.5-0.5B", recipe=recipe), fmt)[0]
 
 
-def test_export_substitution_note_goes_to_stderr(in_tmp):
+def test_export_of_a_pinned_strategy_it_cannot_write_names_the_one_to_plan(in_tmp):
+    # --strategy zero1 on torch: the plan evaluated nothing else, and the export estimates nothing, so exit 2
+    # naming what to plan instead (it used to re-run the estimator and write DDP).
     result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-3B", "--gpus", "2xA100", "--strategy", "zero1", "-o", "-"])
-    assert result.exit_code == 0
-    assert "advisor: note: zero1 on the torch engine" in result.stderr and "--engine deepspeed" in result.stderr
-    assert yaml.safe_load(result.stdout)["distributed_type"] == "MULTI_GPU"
+    assert isinstance(result.exception, ValueError) and not result.stdout
+    message = str(result.exception)
+    assert message.startswith("zero1 on the torch engine") and "--engine deepspeed" in message
+    assert message.endswith("plan it with --strategy ddp")
 
 
 def test_export_refuses_when_nothing_fits(in_tmp):

@@ -174,25 +174,35 @@ def test_exported_cpu_ddp_strategy_trains_on_two_gloo_ranks(tmp_path, llama_dir)
     assert lines == [f"rank={r} world=2 units= meshes=[] stored=torch.float32 param_dtype= steps=2" for r in (0, 1)]
 
 
-def _shard_hybrid(rank: int, world_size: int, source: str) -> None:
-    """HSDP: the exported shard_model builds a (nodes, gpus per node) mesh, replicate then shard."""
+def _shard_hybrid(source: str, world_size: int) -> set:
+    """HSDP: run the exported shard_model on a 4-rank mesh in this process (torch's fake process group: the
+    mesh and placements are built as on 4 ranks, no collective runs); the placements of its parameters."""
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from tests.wrappers._dist import tiny_llama
 
     namespace: dict = {}
     exec(source.split("\nstrategy = ")[0], namespace)
-    model = tiny_llama()
-    lightning_mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
-    namespace["shard_model"](model, lightning_mesh)
-    meshes = {(p.device_mesh.mesh_dim_names, tuple(p.device_mesh.shape), p.placements) for p in model.parameters()
-              if isinstance(p, DTensor)}
-    assert meshes == {(("replicate", "shard"), (2, 1), (Replicate(), Shard(0)))}, meshes
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        model = tiny_llama()
+        lightning_mesh = init_device_mesh("cpu", (world_size, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        namespace["shard_model"](model, lightning_mesh)
+        return {(p.device_mesh.mesh_dim_names, tuple(p.device_mesh.shape), p.placements) for p in model.parameters()
+                if isinstance(p, DTensor)}
+    finally:
+        dist.destroy_process_group()
 
 
 def test_hybrid_export_shards_within_a_node_and_replicates_across(llama_dir):
-    # 2 nodes x 1 GPU: the tiny model's states fit on one node, so --hybrid auto chooses HSDP.
-    source = build_lightning(plan(llama_dir, "1xA100", nodes=2, strategy="zero3"))
-    assert 'init_device_mesh(device_mesh.device_type, (2, 1), mesh_dim_names=("replicate", "shard"))' in source
-    run_distributed(_shard_hybrid, source, world_size=2)
+    from torch.distributed.tensor import Replicate, Shard
+
+    # 2 nodes x 2 GPUs with --hybrid 2: the plan's mesh is dp_replicate 2 x dp_shard 2, and the snippet builds it.
+    hsdp = plan(llama_dir, "2xA100", nodes=2, strategy="zero3", hybrid=2)
+    assert hsdp.recommendation.mesh.label == "dp_replicate 2 x dp_shard 2"
+    source = build_lightning(hsdp)
+    assert 'init_device_mesh(device_mesh.device_type, (2, 2), mesh_dim_names=("replicate", "shard"))' in source
+    assert _shard_hybrid(source, 4) == {(("replicate", "shard"), (2, 2), (Replicate(), Shard(0)))}

@@ -73,7 +73,7 @@ def test_precision_spellings_in_each_format(precision, trainer, deepspeed, light
     plan = make_plan("Qwen/Qwen2.5-0.5B", precision=precision, strategy="ddp")
     args = build_trainer_args(plan)
     assert (args["bf16"], args["fp16"]) == trainer
-    ds = build_deepspeed(plan)
+    ds = build_deepspeed(make_plan("Qwen/Qwen2.5-0.5B", precision=precision, strategy="ddp", engine="deepspeed"))
     assert (ds["bf16"]["enabled"], ds["fp16"]["enabled"]) == deepspeed
     assert f'precision="{lightning}",' in build_lightning(plan)
 

@@ -1,5 +1,5 @@
-# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing on, precision bf16-mixed, hybrid sharding (HSDP).
-# Hybrid sharding (HSDP): one node's share of the model states fits, so parameters are sharded over the 8 GPUs of each node and replicated over the 2 nodes (only the gradient all-reduce crosses nodes). --hybrid off to disable.
+# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
+# Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 9.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
 # (configure_model can run more than once: skip it when the model is already sharded.)
@@ -9,7 +9,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper,
 )
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 
@@ -18,8 +18,7 @@ BLOCK_CLASSES = ("Qwen2DecoderLayer",)  # one FSDP unit each, matched by class n
 
 def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Module:
     """FSDP2: fully_shard each BLOCK_CLASSES module, then the root. Call it in configure_model()."""
-    # HSDP: replicate over the 2 nodes, shard over each node's 8 GPUs.
-    mesh = init_device_mesh(device_mesh.device_type, (2, 8), mesh_dim_names=("replicate", "shard"))
+    mesh = device_mesh["data_parallel"]
 
     def is_block(module: torch.nn.Module) -> bool:
         return type(module).__name__ in BLOCK_CLASSES

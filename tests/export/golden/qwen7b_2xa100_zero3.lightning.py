@@ -1,4 +1,5 @@
 # Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
+# Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 1.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
 # (configure_model can run more than once: skip it when the model is already sharded.)

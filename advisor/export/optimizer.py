@@ -1,0 +1,87 @@
+"""The plan's optimizer as each format spells it: the Trainer's ``optim`` name, or a note for the script.
+
+The plan's memory counts the optimizer (``--optimizer``) and how AdamW/Adam steps (the recipe's
+``optimizer_impl``, or ``--optimizer-impl``): a fused step holds no state-sized temporary, a foreach step
+one (``advisor.estimate.states``). The exported run must step the same way, so:
+
+- ``trainer-args`` writes ``optim`` (transformers 5.x ``OptimizerNames``; ``trainer_optimizer.py``):
+  ``adamw_torch_fused`` is ``torch.optim.AdamW(fused=True)``; ``adamw_torch`` is ``torch.optim.AdamW``
+  with its defaults, which steps foreach on CUDA (``torch/optim/optimizer.py``
+  ``_default_to_fused_or_foreach``); ``sgd`` is ``torch.optim.SGD`` (momentum from ``optim_args``);
+  ``adafactor`` is transformers' Adafactor; ``adamw_bnb_8bit`` bitsandbytes' 8-bit AdamW. A for-loop
+  AdamW and plain Adam have no ``optim`` name (``_get_adamw_torch`` passes no ``foreach`` and ignores
+  ``optim_args``): the note says to hand the Trainer the optimizer (``Trainer(optimizers=(opt, None))``).
+- Every other format carries no optimizer key: a note names the constructor the plan assumed
+  (``stack_notes``, which also says when the plan used another recipe than the format's row).
+
+Pure functions: no torch or transformers import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.export.formats import get_format_row
+from advisor.recipes import OptimizerImpl
+from advisor.training import Optimizer, TrainingConfig
+
+_SGD_MOMENTUM = 0.9  # what the plan's sgd-momentum means (advisor.simulate.step runs the same)
+
+
+def optimizer_constructor(opt: Optimizer, impl: OptimizerImpl) -> str:
+    """The constructor the plan assumed, as the script would write it."""
+    flag = {"fused": "fused=True", "foreach": "foreach=True", "for-loop": "foreach=False"}[impl]
+    return {
+        "adamw": f"torch.optim.AdamW(params, {flag})",
+        "adam": f"torch.optim.Adam(params, {flag})",
+        "sgd": "torch.optim.SGD(params)",
+        "sgd-momentum": f"torch.optim.SGD(params, momentum={_SGD_MOMENTUM})",
+        "adafactor": "transformers.optimization.Adafactor(params, scale_parameter=False, relative_step=False)",
+        "adamw-8bit": "bitsandbytes.optim.AdamW8bit(params)",
+    }[opt]
+
+
+def trainer_optim(opt: Optimizer, impl: OptimizerImpl) -> tuple[dict[str, Any], str | None]:
+    """``TrainingArguments`` keys for the plan's optimizer, and a note when no key expresses it."""
+    if opt == "adamw" and impl == "fused":
+        return {"optim": "adamw_torch_fused"}, None
+    if opt == "adamw" and impl == "foreach":
+        return {"optim": "adamw_torch"}, None
+    if opt in ("sgd", "sgd-momentum"):
+        keys: dict[str, Any] = {"optim": "sgd"}
+        if opt == "sgd-momentum":
+            keys["optim_args"] = f"momentum={_SGD_MOMENTUM}"
+        return keys, None
+    if opt == "adafactor":
+        return {"optim": "adafactor"}, None
+    if opt == "adamw-8bit":
+        return {"optim": "adamw_bnb_8bit"}, None
+    return {}, (f"The plan assumes {optimizer_constructor(opt, impl)}, which has no TrainingArguments optim name "
+                f"(the Trainer's default is adamw_torch_fused): build it in the script and pass "
+                f"Trainer(optimizers=(optimizer, None)).")
+
+
+def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: str) -> str:
+    """For formats with no optimizer key: what the script must build so the run is the one planned."""
+    deepspeed = (" (on DeepSpeed, an \"optimizer\" section of type AdamW in the JSON runs its FusedAdam when the "
+                 "optimizer is not offloaded: the same "
+                 "fused step)" if engine == "deepspeed" and opt in ("adam", "adamw") and impl == "fused" else "")
+    return (f"Optimizer: the plan assumes {optimizer_constructor(opt, impl)} (recipe {recipe}, {impl} step); "
+            f"build it so in the script{deepspeed}.")
+
+
+def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
+    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
+    row, recipe = get_format_row(fmt), training.recipe.name
+    notes = []
+    if recipe != row.recipe:
+        notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
+                     f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
+                     f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
+    opt, impl = training.optimizer, training.optimizer_implementation
+    if row.optimizer_key == "trainer":
+        note = trainer_optim(opt, impl)[1]
+        return notes + ([note] if note else [])
+    if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
+        return notes
+    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]

@@ -85,7 +85,9 @@ def test_torchtitan_70b_preset_plans_without_a_traceback(capsys):
     code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-70B", "-g", "8x8xA100", "--seq-len", "8192",
                                "--global-batch", "64", "--strategy", "zero3", "--tp", "8", "--micro-batch", "8",
                                "--activation-checkpointing", "on"], capsys)
-    assert code in (0, 3) and "Traceback" not in err and "dp_shard 8 x tp 8" in out
+    # The closest mesh is named (with pipeline stages searched too, pp 8 x tp 8 holds less than dp_shard 8 x tp 8).
+    assert code in (0, 3) and "Traceback" not in err and "No mesh with the pinned degrees fits" in out
+    assert "x tp 8, needs" in out
 
 
 def test_an_internal_validation_error_is_exit_1_not_bad_input(capsys, monkeypatch):

@@ -35,6 +35,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 GB = 10**9
 # Published kinds compared with the estimate's reserved; allocated and active ones with its peak allocated.
 RESERVED_KINDS = ("reserved", "unspecified")
+# Kinds that say only whether the run fitted: its figure is the GPU's memory, set against the plan's total.
+BOUNDARY_KINDS = ("trained", "oom")
 SPLIT_NOTE = "every other row (0, 2, 4, ...) of gpu_truth.csv then gpu_truth_variants.csv"
 
 
@@ -55,7 +57,7 @@ class Estimate(NamedTuple):
         active against the peak allocated (no range: the range is of reserved memory)."""
         if kind in RESERVED_KINDS:
             return "reserved", self.reserved, self.low, self.high
-        if kind == "nvidia-smi":
+        if kind == "nvidia-smi" or kind in BOUNDARY_KINDS:
             return "total", self.reserved + self.outside, self.low + self.outside, self.high + self.outside
         return "allocated", self.allocated, 0, 0
 
@@ -64,6 +66,8 @@ def plan_of(case: dict, **overhead: float):
     """The plan of one published case at its stated settings (``overhead``: reserve_gib / fragmentation /
     context_gib instead of the defaults)."""
     lora = case.get("lora")
+    if case.get("stack"):
+        overhead = {"recipe": case["stack"], **overhead}
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))

@@ -71,6 +71,9 @@ def plan_of(case: dict, **overhead: float):
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))
+    for key in ("optimizer_impl", "attention"):  # set where the source's stack differs from the recipe's default
+        if case.get(key):
+            options[key] = case[key]
     if case.get("quantize"):
         options.update(quantize=case["quantize"], double_quant=case.get("double_quant", True))
     if lora:
@@ -205,18 +208,70 @@ SYSTEMATIC = [
 ]
 
 
+MEASURED = {"allocated": ("allocated", "active"), "reserved": RESERVED_KINDS, "nvidia-smi": ("nvidia-smi",)}
+
+
+def source_of(case: dict) -> str:
+    """The publisher a case comes from: its id's first word (litgpt, torchtitan, hfblog, ...)."""
+    return case["id"].split("-")[0]
+
+
+def _errors_line(errs: list[float]) -> str:
+    absolute = [abs(e) for e in errs]
+    return f"median {statistics.median(absolute):.1f}%, max {max(absolute):.1f}% (n {len(errs)})"
+
+
+def _group_line(name: str, measured: list[tuple[dict, float]], ranged: list[tuple[dict, bool]],
+                boundary: list[tuple[dict, float]]) -> str:
+    """One source's or stack's line: |error| per measured kind (expressible cases), how often the range holds
+    the published figure, and the verdicts on runs that trained and runs that ran out of memory."""
+    parts = [f"{len(measured) + len(boundary)} cases"]
+    for label, kinds in MEASURED.items():
+        errs = [e for c, e in measured if c["kind"] in kinds and not c["not_expressible"]]
+        if errs:
+            parts.append(f"{label} {_errors_line(errs)}")
+    flagged = sum(bool(c["not_expressible"]) for c, _ in measured)
+    if flagged:
+        parts.append(f"{flagged} with settings we cannot express left out of the errors")
+    if ranged:
+        parts.append(f"range holds {sum(r for _, r in ranged)} of {len(ranged)}")
+    trained = [e <= 0 for c, e in boundary if c["kind"] == "trained"]
+    oom = [e > 0 for c, e in boundary if c["kind"] == "oom"]
+    if trained:
+        parts.append(f"trained runs judged to fit {sum(trained)} of {len(trained)}")
+    if oom:
+        parts.append(f"OOM runs judged not to fit {sum(oom)} of {len(oom)}")
+    return f"  - {name}: " + "; ".join(parts)
+
+
+def by_source_and_stack(measured: list[tuple[dict, float]], ranged: list[tuple[dict, bool]],
+                        boundary: list[tuple[dict, float]]) -> list[str]:
+    """Per source and per stack (recipe): median and max |error| for allocated, reserved and nvidia-smi
+    figures, the range's hit rate, and the fit verdicts of the trained / OOM rows (total against the GPU)."""
+    lines = []
+    for title, key in (("source", source_of), ("stack (recipe)", lambda c: c["stack"])):
+        names = sorted({key(c) for c, _ in measured + boundary})
+        lines.append(f"By {title} ({len(names)}):")
+        lines += [_group_line(name, [m for m in measured if key(m[0]) == name], [r for r in ranged if key(r[0]) == name],
+                              [b for b in boundary if key(b[0]) == name]) for name in names]
+    lines.append(f"- all: " + _group_line("every case", measured, ranged, boundary)[4:])
+    return lines
+
+
 def _row(case: dict) -> tuple[str, float, bool | None]:
     """One case's table row, its error (%) and whether the published figure lies in the estimate's
     range (None where the figure is not of reserved memory)."""
     est = estimate(case)
     truth = published_bytes(case)
     compared, value, low, high = est.compared(case["kind"])
-    inside = (low <= truth <= high) if high else None
+    inside = (low <= truth <= high) if high and case["kind"] not in BOUNDARY_KINDS else None
     err = _pct(value, truth)
     missing = "; ".join(case["not_expressible"] + [f"~ {a}" for a in case.get("approximated", [])]
                         + [f"+ {name}" for name in case.get("publisher_code", [])]) or "-"
     span = f"{low / GIB:.1f}-{high / GIB:.1f}" if high else "-"
     shown = "-" if inside is None else "yes" if inside else "no"
+    if case["kind"] in BOUNDARY_KINDS:  # the run's outcome against the estimate's verdict (total vs the GPU)
+        shown = f"{case['kind']}; judged {'fits' if value <= truth else 'does not fit'}"
     row = (f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {est.allocated / GIB:.2f} | {est.reserved / GIB:.2f} | "
            f"{span} | {shown} | {compared} | {err:+.1f}% | {missing} |")
     return row, err, inside
@@ -264,15 +319,19 @@ def report(cases: list[dict]) -> str:
     lines = ["| case | kind | published | est. allocated | est. reserved | range | inside | compared | error | "
              "not expressible (~ approximated, + publisher code added) |",
              "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | ---: | --- |"]
-    clean, flagged, ranged = [], [], []
+    clean, flagged, ranged, boundary = [], [], [], []
     for case in cases:
         row, err, inside = _row(case)
-        (flagged if case["not_expressible"] else clean).append((case, err))
+        if case["kind"] in BOUNDARY_KINDS:
+            boundary.append((case, err))
+        else:
+            (flagged if case["not_expressible"] else clean).append((case, err))
         if inside is not None:
-            ranged.append(inside)
+            ranged.append((case, inside))
         lines.append(row)
         print(row, flush=True)
-    return "\n".join(_head(clean, flagged, ranged) + lines) + "\n"
+    return "\n".join(_head(clean, flagged, [r for _, r in ranged]) + by_source_and_stack(clean + flagged, ranged, boundary)
+                     + [""] + lines) + "\n"
 
 
 def main() -> None:

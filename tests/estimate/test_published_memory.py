@@ -142,3 +142,16 @@ def test_boundary_rows_are_judged_against_the_gpu_they_ran_on():
     label, total, _, _ = estimate(case).compared(case["kind"])
     assert label == "total" and published_bytes(case) == int(23.65 * 2**30)
     assert total > 1_557_611_200 * 16 > published_bytes(case) * 0.98
+
+
+def test_deepspeed_zero2_oom_request_is_the_flat_fp32_partition():
+    """LLaMA-Factory #1221 (ZeRO-2, 8 GPUs) failed asking for 3.14 GiB inside torch's AdamW
+    (exp_avg_sq.sqrt()): DeepSpeed's stage_1_and_2.py hands the optimizer one flat fp32 partition, so
+    a single-tensor temporary is 4 bytes x 6,738,415,616 / 8 = 3,369,207,808 B = 3.14 GiB, the message's
+    request, where the estimate counts the largest parameter / 8 (the DeepSpeed lines of
+    benchmarks/results/published_memory.md)."""
+    case = _case("lfissue1221-llama7b-zero2-8xv100-oom")
+    plan = plan_of(case)
+    assert plan.model.total_params == 6_738_415_616
+    partition = 4 * plan.model.total_params // 8
+    assert round(partition / 2**30, 2) == 3.14

@@ -10,7 +10,10 @@ report the error per case, then the error of ``reserved`` against the published 
 published reserved (or unspecified) figure, ``total`` (reserved + that outside part) with an nvidia-smi
 one, and the peak allocated with a published allocated (or active) one. Cases whose run used settings we
 cannot express (torch.compile, float8, a loss we have no kernel for, ...) are estimated without them and
-summarised apart. A case's ``publisher_code`` adds, at each moment of the step, what that publisher's own
+summarised apart. A ``trained`` or ``oom`` case says only that the run fitted or ran out of memory: its
+figure is the GPU's memory, and the estimate is judged by its ``total`` against it. Each case is planned
+with its ``stack`` (a recipe of ``profiles/recipes.json``); the report gives the error per source and per
+stack. A case's ``publisher_code`` adds, at each moment of the step, what that publisher's own
 code or pinned library held beyond our recipe (``benchmarks/publisher_code.py``).
 """
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, get_args
 
 import click
 
+from advisor.mesh import PP_SCHEDULES
 from advisor.precision import PRECISIONS
 from advisor.recipes import OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
@@ -101,6 +102,16 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
+    click.option("--pp", type=click.IntRange(1, 1024), help="Pin the pipeline-parallel degree (stages across nodes "
+                 "first; it must divide the layers)."),
+    click.option("--pp-schedule", type=_choice(PP_SCHEDULES), help="Pipeline schedule: "
+                 f"{', '.join(PP_SCHEDULES)} (default 1f1b)."),
+    click.option("--virtual-stages", type=click.IntRange(1, 64), help="Model chunks per pipeline rank "
+                 "(interleaved_1f1b; zbv and dualpipev run 2)."),
+    click.option("--pp-layers", callback=lambda ctx, param, value: _pp_layers(value),
+                 help="Decoder layers per pipeline rank, first to last, e.g. 15,16,15,15 (an uneven split)."),
+    click.option("--ep", type=click.IntRange(1, 1024), help="Pin the expert-parallel degree (MoE: routed experts "
+                 "split over ep ranks of dp_shard x cp)."),
     click.option("--hybrid", callback=lambda ctx, param, value: _hybrid(value),
                  help="N: pin HSDP replicas (dp_replicate). auto/on/off: HSDP in exported data-parallel configs."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
@@ -173,9 +184,13 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         value = options.get(cli_name)
         if value is not None:
             kwargs[field] = value.lower() if isinstance(value, str) else value
-    for degree in ("tp", "cp"):
+    for degree in ("tp", "cp", "pp", "virtual_stages", "ep"):
         if options.get(degree) is not None:
             kwargs[degree] = options[degree]
+    if options.get("pp_layers") is not None:
+        kwargs["pp_layers"] = options["pp_layers"]
+    if options.get("pp_schedule") is not None:
+        kwargs["pp_schedule"] = options["pp_schedule"].lower()
     if isinstance(options.get("hybrid"), int):
         kwargs["hybrid"] = options["hybrid"]
     if kwargs["strategy"] is not None:
@@ -193,6 +208,20 @@ def _seq_len(value: str | None) -> int | str | None:
     if not 1 <= length <= MAX_SEQ_LEN:
         raise click.BadParameter(f"must be between 1 and {MAX_SEQ_LEN:,}", param_hint="--seq-len")
     return length
+
+
+def _pp_layers(value: str | None) -> tuple[int, ...] | None:
+    """``--pp-layers 15,16,15,15``: decoder layers per pipeline rank."""
+    if value is None:
+        return None
+    try:
+        counts = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected layer counts separated by commas, got '{value[:40]}'",
+                                 param_hint="--pp-layers") from None
+    if not counts or min(counts) < 1:
+        raise click.BadParameter("every rank needs at least one layer", param_hint="--pp-layers")
+    return counts
 
 
 def _hybrid(value: str | None) -> int | str | None:

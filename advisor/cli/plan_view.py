@@ -30,7 +30,7 @@ _MOMENT_LABELS = {"start_of_forward": "start of fwd", "end_of_forward": "end of 
                   "block_backward": "block bwd", "end_of_backward": "end of bwd", "optimizer_step": "optim step"}
 _WHERE = {"none": "GPU", "optimizer": "CPU*", "all": "CPU"}
 # Short mesh dimension names for a narrow table (``dp`` is dp_shard, as in ``ParallelDims.label``'s ``dp 8``).
-_SHORT_DIMS = {"dp_replicate": "rep", "dp_shard": "dp", "cp": "cp", "tp": "tp"}
+_SHORT_DIMS = {"pp": "pp", "dp_replicate": "rep", "dp_shard": "dp", "cp": "cp", "tp": "tp"}
 
 
 def plan_title(plan) -> str:
@@ -48,7 +48,10 @@ def candidate_label(candidate, *, short: bool = False) -> str:
     if mesh is None:
         return candidate.strategy
     if short and not mesh.is_data_parallel_only:
-        return f"{candidate.strategy} " + " ".join(f"{_SHORT_DIMS[n]}{d}" for n, d in mesh.shape.items())
+        text = " ".join(f"{_SHORT_DIMS[n]}{d}" for n, d in mesh.shape.items())
+        if mesh.pp > 1 and mesh.pp_schedule != "1f1b":
+            text = text.replace(f"pp{mesh.pp}", f"pp{mesh.pp}({mesh.pp_schedule})", 1)
+        return f"{candidate.strategy} {text}" + (f" ep{mesh.ep}" if mesh.ep > 1 else "")
     return f"{candidate.strategy} {mesh.label}"
 
 
@@ -345,6 +348,12 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     for line in memory_bars(plan, width=_bar_width(plan, console.width)):
         console.print(line, highlight=False)
     console.print()
+    staged = [c for c in plan.candidates if getattr(c, "stage_peaks", None)]
+    if staged:  # pipeline meshes: every rank's peak, the worst decides the fit
+        console.print("[bold]Per-stage peaks[/] (GiB per GPU, pipeline rank 0 first):", highlight=False)
+        console.print(_bullets([f"{candidate_label(c)}: {', '.join(f'{p / GIB:.1f}' for p in c.stage_peaks)}"
+                                for c in staged]), highlight=False)
+        console.print()
     for heading, lines in (("Why", plan.why), *remedy_sections(remedies), ("Assumptions", plan.assumptions)):
         console.print(f"[bold]{heading}:[/]", highlight=False)
         console.print(_bullets(lines), highlight=False)

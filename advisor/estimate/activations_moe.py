@@ -17,7 +17,8 @@ token a norm, left out as in the dense count) (``tests/estimate/test_moe_activat
 Assumptions, stated in the plan notes (``MOE_NOTE``): the implementations are dropless (every token
 goes to its k experts; there is no capacity factor and no dropped token, unlike Switch/GShard's
 capacity-limited routing), so the routed activations are exactly k x tokens rows whatever the
-balance, and the load balance matters only for expert parallelism, which is not modelled.
+balance, and the load balance matters only for expert parallelism (``advisor.estimate.pipeline``: the busiest
+ep rank's extra rows are the top of the error range).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ INT64 = 8
 
 MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "
             "experts whatever the balance; no capacity factor, no dropped tokens); router probabilities in fp32; "
-            "experts are replicated or FSDP-sharded like any weight (expert parallelism is not modelled); checked "
+            "experts are replicated or FSDP-sharded like any weight, or split over ep ranks on a mesh with ep; checked "
             "against the simulator with bf16 weights (FSDP2, pure bf16): autocast over fp32 experts is not "
             "simulated (the CPU's grouped matmul takes bf16 only)")
 MLA_NOTE = ("multi-head latent attention: keys and values are expanded per head before attention, so attention "

@@ -395,6 +395,11 @@ def plan(
     tp: int | None = None,
     cp: int | None = None,
     hybrid: int | None = None,
+    pp: int | None = None,
+    pp_schedule: str | None = None,
+    virtual_stages: int | None = None,
+    pp_layers: tuple[int, ...] | None = None,
+    ep: int | None = None,
     trace: bool = True,
     cache_dir: Path | None = None,
     progress: Callable[[float | None], None] | None = None,
@@ -407,7 +412,8 @@ def plan(
 
     ``options`` are ``TrainingConfig`` fields (optimizer, precision, seq_len, micro_batch_size,
     global_batch_size, activation_checkpointing, engine, attention, reserve_gib, policy, ...);
-    a misspelled one is an error. ``tp``, ``cp`` and ``hybrid`` (dp_replicate) pin mesh degrees
+    a misspelled one is an error. ``tp``, ``cp``, ``hybrid`` (dp_replicate), ``pp`` (with ``pp_schedule``,
+    ``virtual_stages``, ``pp_layers``) and ``ep`` pin mesh degrees
     (``advisor.planning.meshes``); meshes are also searched when data parallelism alone cannot run.
 
     ``trace``: for a family with no activation formula, measure its activations by tracing the model on
@@ -417,7 +423,8 @@ def plan(
     ``progress``: called with None when a trace starts (not on a cache hit) and with its seconds when it
     ends, so a caller can say why this plan takes seconds (the CLI prints it on stderr).
     """
-    pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid)
+    pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid, pp=pp, pp_schedule=pp_schedule,
+                    virtual_stages=virtual_stages, pp_layers=pp_layers, ep=ep)
     search_length = options.get("seq_len") == "max"
     if search_length:
         options = {**options, "seq_len": 1, "micro_batch_size": options.get("micro_batch_size") or 1}

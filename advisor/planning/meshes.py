@@ -20,6 +20,9 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.spec import ModelSpec
+from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
+                                              pipeline_search_reason, pipeline_summary_line, stage_line,
+                                              without_pp_line)
 from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, batch_split_problem, evaluate_candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
@@ -34,10 +37,20 @@ class MeshPins(BaseModel):
     tp: int | None = Field(default=None, ge=1, description="Tensor-parallel degree.")
     cp: int | None = Field(default=None, ge=1, description="Context-parallel degree.")
     dp_replicate: int | None = Field(default=None, ge=1, description="HSDP replicas.")
+    pp: int | None = Field(default=None, ge=1, description="Pipeline stages.")
+    pp_schedule: str | None = Field(default=None, description="Pipeline schedule (advisor.mesh.PP_SCHEDULES).")
+    virtual_stages: int | None = Field(default=None, ge=1, description="Model chunks per pipeline rank.")
+    pp_layers: tuple[int, ...] | None = Field(default=None, description="Decoder layers per pipeline rank.")
+    ep: int | None = Field(default=None, ge=1, description="Expert-parallel degree.")
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.tp, self.cp, self.dp_replicate))
+        return any(v is not None for v in (self.tp, self.cp, self.dp_replicate)) or self.pipelined
+
+    @property
+    def pipelined(self) -> bool:
+        """--pp, --pp-schedule, --virtual-stages or --ep given."""
+        return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.pp_layers, self.ep))
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -47,6 +60,8 @@ def _powers_of_two(limit: int) -> list[int]:
 def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
     world = hw.world_size
+    if pins.pipelined:
+        return check_pipeline_pins(spec, hw, training, pins)
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
     if world % fixed:
         try:  # ParallelDims's own message, printing every factor
@@ -155,7 +170,7 @@ def best_mesh(candidates: list[Candidate]) -> Candidate | None:
         return None
     top = max(_tokens_per_s(c) for c in fitting)
     peers = [c for c in fitting if _tokens_per_s(c) >= (1 - SAME_SPEED) * top]
-    return min(peers, key=lambda c: (c.mesh.model_parallel, c.mesh.dp_replicate, -_tokens_per_s(c)))
+    return min(peers, key=lambda c: (c.mesh.model_parallel * c.mesh.pp, c.mesh.dp_replicate, -_tokens_per_s(c)))
 
 
 def _gib(n: int) -> str:
@@ -203,16 +218,22 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
     fixed = training.model_copy(update={"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
                                         "activation_checkpointing": mode})
     lines = []
-    for dim in ("tp", "cp", "dp_replicate"):
+    for dim in ("pp", "ep", "tp", "cp", "dp_replicate"):
         degree = getattr(mesh, dim)
         if degree == 1:
             continue
-        without = mesh.model_copy(update={dim: 1, "dp_shard": mesh.dp_shard * degree})
+        folded = {"pp": {"pp_layers": None, "virtual_stages": 1}, "ep": {"dp_shard": mesh.dp_shard}}.get(dim, {})
+        without = mesh.model_copy(update={dim: 1, "dp_shard": mesh.dp_shard * degree, **folded})
+        if dim != "ep" and (without.dp_shard * without.cp) % without.ep:
+            continue
         other = evaluate_candidate(spec, hw, fixed, chosen.strategy, without if not without.is_data_parallel_only
                                    else None)
         saved = other.memory_bytes.total - chosen.memory_bytes.total
         time = ""
-        if other.step_time is not None:
+        if other.step_time is not None and dim == "pp":  # a step holds m micro-batches: compare throughput
+            time = (f", {chosen.step_time.tokens_per_s:,.0f} vs {other.step_time.tokens_per_s:,.0f} tokens/s "
+                    "without it")
+        elif other.step_time is not None:
             delta = chosen.step_time.step_s - other.step_time.step_s
             time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
         elif not other.fits:
@@ -224,7 +245,7 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
 
 
 def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate, *,
-                        opening: str) -> tuple[Recommendation, list[str]]:
+                        opening: str, candidates: list[Candidate] | None = None) -> tuple[Recommendation, list[str]]:
     """The recommendation for a mesh candidate and the lines of 'why'."""
     m = chosen.memory_bytes
     step = chosen.step_time
@@ -236,6 +257,8 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
            f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}{ckpt}, "
            f"{step.step_s:.2f} s/step ({step.tokens_per_s:,.0f} tokens/s, MFU {step.mfu:.0%})."]
     why += [f"{line}." for line in degree_effects(spec, hw, training, chosen)]
+    why += [f"{line}." for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and
+            chosen.stage_peaks]
     rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
                          activation_checkpointing=bool(chosen.activation_checkpointing),
                          selective_checkpointing=chosen.selective_checkpointing,
@@ -250,28 +273,49 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                        ) -> tuple[list[Candidate], Recommendation | None, list[str]]:
     """Mesh candidates, the recommendation and the 'why', given the data-parallel family's choice
     (module docstring: when meshes are searched and when one wins)."""
+    dp_offloads = dp_choice is not None and _offloads(dp_choice)
     if pins.any:
         check_pins(spec, hw, training, pins)
-    elif dp_choice is not None and (training.policy != "fastest" or strategy):
+    elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
+            dp_offloads and not strategy and expert_share(spec) > 0.5):
         return [], dp_choice, dp_why
     elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
         if dp_blocked:
             raise ValueError(dp_blocked)
         return [], dp_choice, dp_why
-    meshes, refused = keeping_global_batch(training, enumerate_meshes(spec, hw, training, pins))
+    meshes, refused = keeping_global_batch(training, [] if pins.pipelined else enumerate_meshes(spec, hw, training, pins))
+    candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
+    best = best_mesh(candidates)
+    closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
+    searched = pipeline_search_reason(spec, training, pinned=pins.pipelined, best=best, closest=closest,
+                                      dp_offloads=dp_offloads)
+    if searched is not None:  # pipeline and expert meshes join (advisor.planning.pipeline_meshes)
+        more, refused_more = keeping_global_batch(training, pipeline_meshes(
+            spec, hw, training, pp=pins.pp or (len(pins.pp_layers) if pins.pp_layers else None), ep=pins.ep,
+            schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
+            virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp))
+        meshes, refused = meshes + more, refused + refused_more
+        candidates += evaluate_meshes(spec, hw, training, more, strategy=strategy)
+        best = best_mesh(candidates)
     if not meshes and refused and (dp_blocked or pins.any):
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
-    candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
-    best = best_mesh(candidates)
+    if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
+        dp_why = dp_why + [f"Pipeline/expert meshes searched: {searched}."]
+    elif searched is not None and best is not None:
+        dp_why = dp_why + [line for line in (pipeline_summary_line(candidates, searched),) if line]
+    if dp_offloads and best is None and searched is not None and not pins.any:
+        return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
+    if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
+        dp_choice = None  # a GPU-only mesh beats offloading the experts' states
     if pins.any:
         rec, why = _pinned(spec, hw, training, candidates, best, pins)
     elif dp_choice is None:
-        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked)
+        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked, candidates)
     else:
         dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        rec, why = _faster(spec, hw, training, best, dp_best)
+        rec, why = _faster(spec, hw, training, best, dp_best, candidates)
         if rec is None:
             return candidates, dp_choice, dp_why + why
         return candidates, rec, why
@@ -285,18 +329,20 @@ def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates:
         extra = (f": the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)} per GPU at "
                  f"micro-batch {closest.micro_batch_size}" if closest else "")
         return None, [f"No mesh with the pinned degrees fits{extra}."]
-    return mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.")
+    return mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.",
+                               candidates=candidates)
 
 
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
-            dp_blocked: str | None) -> tuple[Recommendation | None, list[str]]:
+            dp_blocked: str | None, candidates: list[Candidate] | None = None
+            ) -> tuple[Recommendation | None, list[str]]:
     """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
     if best is None:
         return None, ([f"No mesh fits either (tried {len(meshes)}: tp, cp and HSDP degrees inside a node)."]
                       if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
-    return mesh_recommendation(spec, hw, training, best,
+    return mesh_recommendation(spec, hw, training, best, candidates=candidates,
                                opening=f"Data parallelism alone cannot run this: the limit is {limit}.")
 
 
@@ -305,7 +351,7 @@ def _checkpointing_word(c: Candidate) -> str:
 
 
 def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
-            dp_best: Candidate) -> tuple[Recommendation | None, list[str]]:
+            dp_best: Candidate, candidates: list[Candidate] | None = None) -> tuple[Recommendation | None, list[str]]:
     """``--policy fastest`` with a data-parallel choice: the mesh when faster by more than SAME_SPEED
     (its recommendation and the why, the DP choice side by side), else None and one line."""
     if best is None or _tokens_per_s(best) <= (1 + SAME_SPEED) * _tokens_per_s(dp_best):
@@ -323,14 +369,23 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
                f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
                f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
                f"{ckpt_note}).")
-    rec, why = mesh_recommendation(spec, hw, training, best, opening=opening)
+    rec, why = mesh_recommendation(spec, hw, training, best, opening=opening, candidates=candidates)
     alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
                    f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
                    f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
     return rec.model_copy(update={"alternatives": (alternative,)}), why + [f"{alternative}."]
 
 
+def _offloads(rec: Recommendation) -> bool:
+    impl = STRATEGIES[rec.strategy].on(rec.engine)
+    return impl.offload_params or impl.offload_optimizer
+
+
 def _pins_text(pins: MeshPins) -> str:
-    parts = [f"--{flag} {value}" for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate))
+    parts = [f"--{flag} {value}" for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate),
+                                                      ("pp", pins.pp), ("pp-schedule", pins.pp_schedule),
+                                                      ("virtual-stages", pins.virtual_stages),
+                                                      ("pp-layers", ",".join(map(str, pins.pp_layers or ())) or None),
+                                                      ("ep", pins.ep))
              if value is not None]
     return ", ".join(parts)

@@ -14,7 +14,7 @@ validated inputs; ``advisor.planning.api.plan`` wires them to names and strings.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.hardware.cluster import Hardware
@@ -64,6 +64,15 @@ class Candidate(_Frozen):
     step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
     mesh: ParallelDims | None = Field(default=None, description="The device mesh (tp/cp/HSDP degrees); None: "
                                       "data parallelism alone over every GPU.")
+    stage_peaks: tuple[int, ...] | None = Field(default=None, description="Pipeline/expert meshes: each pipeline "
+                                                "rank's peak (bytes, total), rank 0 first; the worst is memory_bytes.")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):  # plans without pp/ep keep their JSON byte-identical
+        data = handler(self)
+        if self.stage_peaks is None and isinstance(data, dict):
+            data.pop("stage_peaks", None)
+        return data
 
 
 class Remedy(_Frozen):
@@ -161,6 +170,8 @@ def evaluate_candidate(
     base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
                 cpu_capacity_bytes=cpu_capacity, mesh=mesh)
     dp_world = hardware.world_size if mesh is None else mesh.dp  # ranks that take distinct micro-batches
+    pipelined = mesh is not None and (mesh.pp > 1 or mesh.ep > 1)
+    stages: dict[tuple[int, str], object] = {}  # pipeline meshes: every rank's memory (advisor.estimate.pipeline)
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
     quantized_reason = quantization_unavailable(impl, training.quantize)
@@ -174,6 +185,9 @@ def evaluate_candidate(
     if mesh is not None:  # the model-parallel estimators load only when a mesh is evaluated
         from advisor.estimate.mesh_time import estimate_mesh_step_time
         from advisor.estimate.model_parallel import estimate_mesh_memory
+    if pipelined:
+        from advisor.estimate.pipeline import estimate_pipeline_memory, num_micro_batches
+        from advisor.estimate.pipeline_time import estimate_pipeline_step_time
 
     # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
@@ -184,6 +198,11 @@ def evaluate_candidate(
     estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice
 
     def memory(micro: int, mode: str) -> MemoryBreakdown:
+        if (micro, mode) not in estimated and pipelined:  # every pipeline rank; the worst decides
+            stages[micro, mode] = estimate_pipeline_memory(
+                spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
+                num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)), every_rank=False)
+            estimated[micro, mode] = stages[micro, mode].worst.memory
         if (micro, mode) not in estimated:
             estimated[micro, mode] = (
                 estimate_mesh_memory(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
@@ -196,9 +215,16 @@ def evaluate_candidate(
     def span(mem: MemoryBreakdown, mode: str) -> MemoryRange:
         if id(mem) not in spans:
             spans[id(mem)] = _range(spec, at[mode], impl, mem)
+            worst = next((pm.worst for pm in stages.values() if pm.worst.memory is mem), None)
+            if worst is not None and worst.imbalance_bytes:  # routing imbalance: the top of the range
+                spans[id(mem)] = spans[id(mem)].model_copy(update={"high": spans[id(mem)].high + worst.imbalance_bytes})
         return spans[id(mem)]
 
     def timing_of(micro: int, mode: str, accumulation: int) -> StepTime:
+        if pipelined:
+            return estimate_pipeline_step_time(
+                spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
+                num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)))
         if mesh is not None:
             return estimate_mesh_step_time(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
                                            checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
@@ -222,14 +248,30 @@ def evaluate_candidate(
             return micro, True
         return (min(choices), False) if fits(memory(min(choices), mode), mode) else (None, False)
 
+    def staged(cand: Candidate) -> Candidate:
+        """A pipeline mesh's candidate with every rank's peak (the worst is its memory_bytes)."""
+        found = next((key for key, pm in stages.items() if pm.worst.memory is cand.memory_bytes), None)
+        if found is None:
+            return cand
+        (micro, mode), every = found, None
+        every = estimate_pipeline_memory(  # every rank, for the plan to show
+            spec, hardware, at[mode], impl, mesh, micro_batch_size=micro, checkpointing=mode != "off",
+            num_micro_batches=num_micro_batches(mesh, _accumulation(training, dp_world, micro)))
+        assert every.worst.memory == cand.memory_bytes, "the search's worst rank is not the worst rank"
+        # A pipeline step runs m micro-batches (the schedule's n_microbatches) even without a global batch.
+        update = {"stage_peaks": tuple(s.memory.total for s in every.stages)}
+        if mesh.pp > 1:
+            update["gradient_accumulation_steps"] = num_micro_batches(mesh, _accumulation(training, dp_world, micro))
+        return cand.model_copy(update=update)
+
     choices = _micro_batch_choices(training, dp_world)
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
     if not fits(lightest, modes[-1]):  # nothing fits: report it, the configuration closest to fitting
-        return Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
+        return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
                          memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
-                         cpu_memory_bytes=_cpu_per_node(lightest, hardware))
+                         cpu_memory_bytes=_cpu_per_node(lightest, hardware)))
     fitting: list[Candidate] = []
     for mode in modes:
         micro, is_roomy = largest(mode)
@@ -249,15 +291,15 @@ def evaluate_candidate(
         # Memory first (each mode at the largest micro-batch it fits within the headroom, else at the
         # smallest), then step time: the most tokens/s; a tie keeps the one that recomputes less (the
         # order tried). Checkpointing without recompute is tried further when it only fits past the headroom.
-        return max(fitting, key=lambda c: (round(c.step_time.tokens_per_s, 6), -fitting.index(c)))
+        return staged(max(fitting, key=lambda c: (round(c.step_time.tokens_per_s, 6), -fitting.index(c))))
     # Nothing fits: report the smallest configuration, the one closest to fitting.
     micro, mode = min(choices), modes[-1]
     mem = memory(micro, mode)
-    return Candidate(**base, available=True, fits=False, micro_batch_size=micro, activation_checkpointing=mode != "off",
-                     selective_checkpointing=mode == "selective",
-                     gradient_accumulation_steps=_accumulation(training, dp_world, micro),
-                     memory_bytes=mem, memory_range=span(mem, mode),
-                     cpu_memory_bytes=_cpu_per_node(mem, hardware))
+    return staged(Candidate(**base, available=True, fits=False, micro_batch_size=micro,
+                            activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                            gradient_accumulation_steps=_accumulation(training, dp_world, micro),
+                            memory_bytes=mem, memory_range=span(mem, mode),
+                            cpu_memory_bytes=_cpu_per_node(mem, hardware)))
 
 
 def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem: MemoryBreakdown) -> MemoryRange:

@@ -1,0 +1,340 @@
+"""Per-stage memory under pipeline (and expert) parallelism, schedule-aware.
+
+    estimate_pipeline_memory(spec, hardware, training, impl, mesh, *, micro_batch_size, checkpointing,
+                             num_micro_batches) -> PipelineMemory   # .stages[i].memory, .worst
+
+Every pipeline rank gets its own ``MemoryBreakdown`` (the same moments as the data-parallel and mesh
+estimates, ``advisor.estimate.memory.memory_at_moments``); the worst rank decides whether a plan
+fits. Time under a pipeline is ``advisor.estimate.pipeline_time``; choosing one is
+``advisor.planning.meshes``. What belongs here: what one pipeline rank holds. What does not: the
+per-rank TP/CP shares (``advisor.estimate.model_parallel``, reused), the schedules' facts
+(``profiles/pipeline_schedules.json``, loaded by ``load_schedules``).
+
+What rank i of p holds:
+
+- Parameters: its own decoder layers (``ParallelDims.stage_layers``; MoE dense layers where they
+  fall, DeepSeek's first three on rank 0), per TP rank as ``tp_rank_spec`` splits them; the
+  embedding on the rank with the first chunk, the final norm and the head on the rank with the last
+  one (rank p - 1; rank 0 under the V schedules, whose first and last chunks share a rank). Tied
+  embeddings are held on both ranks (Megatron and torchtitan keep a copy on each and sum their
+  gradients). FSDP2 shards them over dp_shard x cp, as on a mesh without pp.
+- Activations: one micro-batch through the rank's layers (``mesh_activations`` of a spec cut to
+  them), times the micro-batches the schedule keeps in flight on that rank (the table's
+  ``in_flight``: GPipe m, 1F1B p - i, interleaved Megatron's warm-up, ZB-H2 2 (p - i) - 1, ZB-V p,
+  DualPipeV p + 1/2), plus, under the schedules that defer the weight-gradient pass (W), what W
+  needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer.
+  Token ids are saved on the first rank only, the labels, the final norm and the logits on the last;
+  each rank keeps its receive buffers for one activation and one gradient (b x s/cp x h).
+- Experts under ``ep`` (torchtitan's placement with expert tensor parallelism = tp, ep carved out of
+  dp_shard x cp): each rank holds E/ep routed experts of each of its MoE layers, split by tp like the
+  other block weights, sharded by FSDP2 over the expert data-parallel group dp_shard x cp / ep, so a
+  rank's share of the expert states is the same 1/(tp x dp_shard x cp) as without ep, while FSDP's
+  unsharded block holds E/ep experts instead of E (the memory ep buys). The all-to-all dispatch and combine of a block hold the send and receive
+  buffers of k x tokens rows of width h while it runs. Dropless routing sends k x tokens rows in all;
+  how they fall on the ep ranks is the routing's balance: the busiest rank's extra rows are
+  ``imbalance_bytes`` (``profiles/expert_parallel.json``), the top of the error range, not part of
+  the expected figure.
+
+Pure functions of frozen inputs, integer bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from fractions import Fraction
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.estimate.activations import ActivationEstimate, shape_of
+from advisor.estimate.activations_blocks import rms_norm_per_token
+from advisor.estimate.memory import MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
+from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_support, mesh_activations,
+                                             ring_buffer_bytes, tp_rank_spec)
+from advisor.estimate.states import ModelStates
+from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
+from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims, split_layers  # noqa: F401 (split_layers: re-exported)
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+from profiles import PROFILES_DIR
+
+INT64 = 8
+DEFAULT_MICRO_BATCHES_PER_RANK = 4  # num_micro_batches: a choice, not a fact
+
+
+class ScheduleFacts(BaseModel):
+    """One row of ``profiles/pipeline_schedules.json`` (its ``_doc`` defines the units)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    in_flight: str = Field(description="Rank micro-batches in flight on rank i (formula as written in the source).")
+    bubble_coefficient: float = Field(ge=0, description="bubble = c x (p - 1) / v x (t_F + t_B) of one micro-batch.")
+    w_deferred: bool = Field(description="The weight-gradient pass runs apart from the input-gradient pass.")
+    w_held: int = Field(ge=0, description="Micro-batches whose W inputs are held beyond those in flight.")
+    param_copies: int = Field(ge=1, description="Copies of the rank's share of the parameters.")
+    v_shape: bool = Field(description="Two chunks per rank in a V: the first and last chunk on rank 0.")
+    torch_class: str = Field(description="torch.distributed.pipelining schedule class.")
+    source: str
+
+
+@functools.cache
+def load_schedules() -> dict[str, ScheduleFacts]:
+    """The schedule table by name (read once)."""
+    rows = json.loads((PROFILES_DIR / "pipeline_schedules.json").read_text())["schedules"]
+    return {row["name"]: ScheduleFacts(**row) for row in rows}
+
+
+def in_flight(schedule: str, *, rank: int, pp: int, micro_batches: int, chunks: int = 1) -> Fraction:
+    """Rank micro-batches whose activations rank ``rank`` holds at its peak (the table's ``in_flight``)."""
+    m, p, i, v = micro_batches, pp, rank, chunks
+    if schedule == "gpipe":
+        return Fraction(m)
+    if schedule in ("1f1b", "zb_h1"):
+        return Fraction(min(m, p - i))
+    if schedule == "interleaved_1f1b":  # Megatron's warm-up chunks + the steady one, in chunks of 1/v
+        return Fraction(min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1), v)
+    if schedule == "zb_h2":
+        return Fraction(min(m, 2 * (p - i) - 1))
+    if schedule == "zbv":
+        return Fraction(min(m, p))
+    if schedule == "dualpipev":
+        return min(Fraction(m), Fraction(2 * p + 1, 2))
+    raise ValueError(f"unknown pipeline schedule {schedule}")
+
+
+class StageMemory(BaseModel):
+    """One pipeline rank: what it holds and its peak."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rank: int = Field(ge=0, description="Pipeline rank (0 holds the embedding).")
+    num_layers: int = Field(ge=1, description="Decoder layers on this rank (all its chunks).")
+    embedding: bool = Field(description="Holds the token embedding.")
+    head: bool = Field(description="Holds the final norm, the head and the loss.")
+    in_flight: float = Field(ge=0, description="Micro-batches of activations held at the peak.")
+    activation_bytes: int = Field(ge=0, description="Saved activations held at the peak: in_flight x one "
+                                  "micro-batch through the rank's layers, plus the deferred W passes' inputs.")
+    imbalance_bytes: int = Field(default=0, ge=0, description="Extra routed-expert activations on the busiest ep "
+                                 "rank at the assumed routing imbalance (the top of the error range).")
+    memory: MemoryBreakdown
+
+
+class PipelineMemory(BaseModel):
+    """Every pipeline rank's memory; the worst decides fit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stages: tuple[StageMemory, ...]
+
+    @property
+    def worst(self) -> StageMemory:
+        return max(self.stages, key=lambda s: (s.memory.total, -s.rank))
+
+
+@functools.cache
+def routing_imbalance() -> float:
+    """Busiest ep rank's routed rows over the mean (``profiles/expert_parallel.json``)."""
+    return float(json.loads((PROFILES_DIR / "expert_parallel.json").read_text())["routing_imbalance"]["value"])
+
+
+def _expert_params(spec: ModelSpec) -> int:
+    """Routed experts of one MoE layer (E x one expert)."""
+    return (spec.num_experts or 0) * (spec.expert_params or 0)
+
+
+def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int, embedding: bool, head: bool,
+                expert_divisor: int | None) -> ModelSpec:
+    """The parameters one (pipeline, TP) rank holds, as a spec the state and buffer formulas read.
+    ``expert_divisor``: None keeps the routed experts as TP splits them (what the states read: FSDP
+    shards them over dp_shard x cp with or without ep); ep: FSDP's unsharded block, E/ep experts."""
+    local = tp_rank_spec(spec, mesh.tp)
+    layer = local.layer_params or 0
+    if expert_divisor is not None and spec.num_experts:  # E/ep experts, each split by tp (ETP = TP)
+        layer = layer - _ceil(_expert_params(spec), mesh.tp) + _ceil(_expert_params(spec), mesh.tp * expert_divisor)
+    moe = spec.moe
+    dense_here = 0
+    if moe is not None and moe.num_dense_layers:
+        dense_here = max(0, min(start + layers, moe.num_dense_layers) - start)
+        dense_params = _ceil(moe.dense_layer_params, mesh.tp)
+        moe = moe.model_copy(update=dict(num_dense_layers=dense_here, dense_layer_params=dense_params))
+        saving = dense_here * (layer - dense_params)
+    else:
+        saving = 0
+    emb = (local.embedding_params or 0) if embedding else 0
+    vocab_head = local.embedding_params if spec.tied_embeddings else local.head_params
+    head_params = (vocab_head or 0) if head else 0
+    outside = spec.total_params - (spec.layer_params or 0) * (spec.num_layers or 0) + spec.dense_layer_saving \
+        - (spec.embedding_params or 0) - (spec.head_params or 0)  # the final norm (replicated over tp)
+    other = (spec.other_params if spec.other_params is not None else max(0, outside)) if head else 0
+    total = max(1, layers * layer - saving + emb + head_params + other)
+    return local.model_copy(update=dict(
+        total_params=total, trainable_params=total, layer_params=layer, num_layers=layers, moe=moe,
+        embedding_params=emb, head_params=head_params if head else None, other_params=other,
+        tied_embeddings=False, vocab_size=spec.vocab_size if head else None))
+
+
+def _w_bytes_per_token(spec: ModelSpec, training: TrainingConfig, impl: Implementation, tp: int) -> int:
+    """What a deferred W pass needs of one layer, per token: the linear layers' inputs (q/k/v's and
+    gate/up's normalised inputs, o_proj's and down_proj's) and their output gradients, on one TP rank."""
+    shape, cb = shape_of(spec), _recipe_dtypes(training, impl).compute
+    h, inter = shape.hidden_size, shape.intermediate_size
+    k = shape.num_experts_per_token or 1
+    q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    inputs = 2 * h + (q + k * inter) // tp
+    grads = (q + 2 * kv + 2 * k * inter) // tp + 2 * h
+    return cb * (inputs + grads)
+
+
+def _stage_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
+                       start: int, layers: int, embedding: bool, head: bool, micro_batch_size: int,
+                       checkpointing: bool) -> ActivationEstimate:
+    """One micro-batch through this rank's layers: token ids on the first rank only, the labels, the
+    final norm and the loss path on the last only."""
+    dense = spec.moe.num_dense_layers if spec.moe is not None else 0
+    dense_here = max(0, min(start + layers, dense) - start)
+    return _cut_activations(spec, training, impl, mesh.model_copy(update=dict(pp=1, ep=1, pp_layers=None)),
+                            layers, dense_here, embedding, head, micro_batch_size, checkpointing)
+
+
+@functools.lru_cache(maxsize=1024)  # the search asks for the same cut at many ranks and micro-batches
+def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims,
+                     layers: int, dense_here: int, embedding: bool, head: bool, micro_batch_size: int,
+                     checkpointing: bool) -> ActivationEstimate:
+    moe = spec.moe.model_copy(update=dict(num_dense_layers=dense_here)) if spec.moe is not None else None
+    cut = spec.model_copy(update=dict(num_layers=layers, moe=moe))
+    est = mesh_activations(cut, training, impl, mesh, micro_batch_size=micro_batch_size,
+                           checkpointing=checkpointing)
+    dt = _recipe_dtypes(training, impl)
+    tokens = micro_batch_size * _rank_seq_len(spec, training, mesh)
+    h = spec.hidden_size or 0
+    drop = 0 if embedding else tokens * INT64  # token ids (the embedding's backward)
+    if not head:  # labels, the final norm's saved tensors and the head's input cast
+        drop += tokens * (INT64 + rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0))
+        est = est.model_copy(update=dict(logits_bytes=0, loss_transient_bytes=0, returned_logits_bytes=0))
+    return est.model_copy(update=dict(saved_bytes=max(0, est.saved_bytes - drop)))
+
+
+def _placement(mesh: ParallelDims, rank: int, v_shape: bool) -> tuple[bool, bool]:
+    """(holds the embedding, holds the head) on pipeline rank ``rank``."""
+    last = 0 if v_shape else mesh.pp - 1
+    return rank == 0, rank == last
+
+
+def _pipelined_fsdp(buffers: StrategyBuffers, held: ModelSpec, training: TrainingConfig, impl: Implementation,
+                    shard_world: int) -> StrategyBuffers:
+    """FSDP2 under ``torch.distributed.pipelining``: every backward but the step's last runs with
+    ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``
+    (torch/distributed/pipelining/stage.py ``backward_maybe_with_nosync``; the reduce-scatter waits
+    for ``perform_reduce_grad``), so from the first backward on the rank holds its stage unsharded and
+    its gradients accumulated unsharded in the reduce dtype (FSDPParam ``unsharded_accumulated_grad``)."""
+    if not impl.shard_params or shard_world == 1 or training.engine != "torch":
+        return buffers
+    ub = 2 if training.mixed else training.param_bytes
+    reduce_b = 4 if training.mixed else training.param_bytes
+    whole = (ub + reduce_b) * held.total_params
+    fresh = ub * (held.layer_params or 0)  # one block's new gradients before they are accumulated
+    return buffers.model_copy(update=dict(at_loss=whole, at_forward_end=whole, in_backward=whole + fresh,
+                                          at_backward_end=None))
+
+
+@functools.lru_cache(maxsize=256)
+def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, rank: int,
+                 start: int, layers: int, checkpointing: bool) -> tuple[ModelStates, StrategyBuffers]:
+    """States and strategy buffers of one pipeline rank (they do not depend on the micro-batch)."""
+    facts = load_schedules()[mesh.pp_schedule]
+    embedding, head = _placement(mesh, rank, facts.v_shape)
+    where = dict(start=start, layers=layers, embedding=embedding, head=head)
+    ep_experts = mesh.ep > 1 and bool(spec.num_experts)
+    shard_world = mesh.dp_shard * mesh.cp
+    at_rest = _stage_spec(spec, mesh, **where, expert_divisor=None)
+    states = model_states(at_rest, training, impl, shard_world)
+    if facts.param_copies > 1:
+        states = states.model_copy(update=dict(params=states.params * facts.param_copies))
+    held = _stage_spec(spec, mesh, **where, expert_divisor=mesh.ep) if ep_experts else at_rest
+    buffers = _strategy_buffers(held, training, impl, shard_world, checkpointing=checkpointing)
+    if held is not at_rest:  # gradient shards are the states' share
+        grads_end = _strategy_buffers(at_rest, training, impl, shard_world,
+                                      checkpointing=checkpointing).grads_at_backward_end
+        buffers = buffers.model_copy(update=dict(grads_at_backward_end=grads_end))
+    if mesh.pp > 1:
+        buffers = _pipelined_fsdp(buffers, held, training, impl, shard_world)
+    return states, buffers
+
+
+def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:
+    """Micro-batches per step and pipeline: the gradient accumulation the global batch gives, else
+    ``DEFAULT_MICRO_BATCHES_PER_RANK`` x pp (a choice: Narayanan et al. 2021 want m >> p; 4 p keeps
+    the 1F1B bubble (p - 1)/m under 25%)."""
+    if accumulation is not None:
+        return accumulation
+    return DEFAULT_MICRO_BATCHES_PER_RANK * mesh.pp if mesh.pp > 1 else 1
+
+
+def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
+                       every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
+    """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
+    (``every_rank=False``, the search) the one with the most in flight among ranks that hold the same
+    layers, embedding, head and dense layers, since a rank's peak grows with what it holds in flight."""
+    dense = spec.moe.num_dense_layers if spec.moe else 0
+    rows, start = [], 0
+    for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
+        count = in_flight(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
+                          chunks=mesh.chunks_per_rank) if mesh.pp > 1 else Fraction(1)
+        rows.append((rank, start, layers, count))
+        start += layers
+    if every_rank:
+        return rows
+    chosen: dict[tuple, tuple[int, int, int, Fraction]] = {}
+    for row in rows:
+        rank, start, layers, count = row
+        key = (layers, _placement(mesh, rank, facts.v_shape and mesh.pp > 1), max(0, min(start + layers, dense) - start))
+        if key not in chosen or count > chosen[key][3]:
+            chosen[key] = row
+    return sorted(chosen.values())
+
+
+def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
+                             mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
+                             num_micro_batches: int, every_rank: bool = True) -> PipelineMemory:
+    """Each pipeline rank's peak on ``mesh`` (module docstring). Without pp (ep alone) one stage.
+    ``every_rank=False`` (the search): only the ranks that can be the worst (``_ranks_to_estimate``)."""
+    assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
+    check_mesh_support(spec, training, impl, mesh)
+    mesh.check_layers(num_layers=spec.num_layers, num_experts=spec.num_experts)
+    facts = load_schedules()[mesh.pp_schedule]
+    shard_world = mesh.dp_shard * mesh.cp
+    dt = _recipe_dtypes(training, impl)
+    tokens = micro_batch_size * _rank_seq_len(spec, training, mesh)
+    h = spec.hidden_size or 0
+    ep_experts = mesh.ep > 1 and bool(spec.num_experts)
+    k = spec.num_experts_per_token or 0
+    dense = spec.moe.num_dense_layers if spec.moe else 0
+    ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
+    stages = []
+    for rank, start, layers, count in _ranks_to_estimate(spec, mesh, facts, num_micro_batches, every_rank):
+        embedding, head = _placement(mesh, rank, facts.v_shape and mesh.pp > 1)
+        states, buffers = _stage_fixed(spec, training, impl, mesh, rank, start, layers, checkpointing)
+        one = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=embedding,
+                                 head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
+        saved = int(one.saved_bytes * count)
+        if mesh.pp > 1 and facts.w_deferred:
+            saved += facts.w_held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
+        acts = one.model_copy(update=dict(saved_bytes=saved))
+        p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
+        moe_layers = layers - max(0, min(start + layers, dense) - start)
+        a2a = 2 * k * tokens * h * dt.compute if ep_experts and moe_layers else 0  # send + receive of one exchange
+        buffers = buffers.model_copy(update=dict(persistent=buffers.persistent + p2p,
+                                                 in_backward=buffers.in_backward + ring + a2a))
+        memory = memory_at_moments(states, acts, buffers, training, impl, world=shard_world)
+        imbalance = 0
+        if ep_experts and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
+            rows = k * tokens * (routing_imbalance() - 1)
+            per_row = dt.compute * (2 * h + 4 * (spec.intermediate_size or 0))
+            imbalance = int(rows * per_row * (1 if checkpointing else moe_layers) * float(max(count, 1)))
+        stages.append(StageMemory(rank=rank, num_layers=layers, embedding=embedding, head=head,
+                                  in_flight=float(count), activation_bytes=saved, imbalance_bytes=imbalance,
+                                  memory=memory))
+    return PipelineMemory(stages=tuple(stages))

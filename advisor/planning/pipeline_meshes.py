@@ -1,0 +1,193 @@
+"""Pipeline- and expert-parallel meshes: when the search adds them, which, and the 'why' lines.
+
+``advisor.planning.meshes`` searches DP x TP x CP (+HSDP) first. Meshes with pp and/or ep join when
+one of these holds (``pipeline_search_reason``, which names it): the user pinned --pp or --ep; no
+mesh of tp, cp and HSDP fits (TP and CP stay inside a node, so this is also the case where TP would
+have to cross nodes); routed experts hold most of an MoE model's parameters and data parallelism
+alone offloads or fails; or ``--policy fastest``. The meshes tried are the ones a practitioner
+would (torchtitan's layout): pp a power of two outermost, at most 16 and with at least two layers a
+rank, layers split evenly or, where pp does not divide them, whole layers with the extra ones on the
+middle ranks; tp the node's width for a dense model (pipeline stages once TP fills the node), for an MoE model also
+half of it and 1 (dividing the heads); ep for MoE models the largest
+power of two dividing the experts and dp_shard x cp inside a node with tp, and the largest overall;
+schedule 1F1B (the others when pinned: the search stays under 100 ms for 405B on 1024 GPUs). FSDP2
+(zero3) shards the rest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from advisor.estimate.activations import shape_of
+from advisor.hardware.cluster import Hardware
+from advisor.mesh import ParallelDims, split_layers
+from advisor.model.spec import ModelSpec
+from advisor.planning.planner import Candidate
+from advisor.strategies import STRATEGIES
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+if TYPE_CHECKING:
+    from advisor.planning.meshes import MeshPins
+
+MAX_PP = 16
+
+
+def expert_share(spec: ModelSpec) -> float:
+    """Share of the parameters in routed experts (0 for a dense model)."""
+    if not spec.num_experts or not spec.expert_params or not spec.num_sparse_layers:
+        return 0.0
+    return spec.num_sparse_layers * spec.num_experts * spec.expert_params / spec.total_params
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def pipeline_search_reason(spec: ModelSpec, training: TrainingConfig, *, pinned: bool, best: Candidate | None,
+                           closest: Candidate | None, dp_offloads: bool) -> str | None:
+    """Why pp/ep meshes are searched (one sentence with its numbers), or None when they are not."""
+    if pinned:
+        return "pipeline/expert degrees pinned"
+    share = expert_share(spec)
+    if share > 0.5:
+        return (f"routed experts hold {share:.0%} of the {spec.total_params / 1e9:.1f}B parameters, so expert "
+                "parallelism was searched")
+    if best is None:
+        if closest is None or closest.memory_bytes is None:
+            return "no mesh of tp, cp and HSDP inside a node was tried"
+        return (f"no mesh of tp, cp and HSDP inside a node fits: the closest, {closest.mesh.label}, needs "
+                f"{_gib(closest.memory_bytes.total)} per GPU of {_gib(closest.capacity_bytes)}, and TP across "
+                "nodes would put its collectives on the network, so pipeline stages were searched")
+    if training.policy == "fastest":
+        return "policy fastest: pipeline and expert meshes were searched too"
+    return None
+
+
+def _eps(spec: ModelSpec, shard: int, tp: int, g: int) -> list[int]:
+    experts = spec.num_experts or 0
+    if not experts:
+        return [1]
+    fitting = [e for e in (1 << k for k in range(1, experts.bit_length())) if experts % e == 0 and shard % e == 0]
+    if not fitting:
+        return [1]
+    inside = [e for e in fitting if e * tp <= g]
+    return sorted(({max(inside)} if inside else set()) | {max(fitting)})
+
+
+def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, pp: int | None = None,
+                    ep: int | None = None, schedule: str | None = None, virtual_stages: int | None = None,
+                    pp_layers: tuple[int, ...] | None = None, tp: int | None = None,
+                    cp: int | None = None) -> list[ParallelDims]:
+    """Meshes with pp > 1 or ep > 1 (module docstring); pinned degrees fix their dimension."""
+    shape = shape_of(spec)
+    if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
+            or spec.trainable_params < spec.total_params:
+        return []
+    g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
+    heads, kv = shape.num_attention_heads, shape.num_kv_heads
+    widths = (1, g // 2, g) if spec.num_experts else (g,)  # dense: pipeline once TP fills the node; MoE: ep alone too
+    tps = [tp] if tp else sorted({t for t in widths if t >= 1 and heads % t == 0 and kv % t == 0})
+    pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
+    schedules = [schedule] if schedule else ["1f1b"]  # the others when pinned (--pp-schedule)
+    cp = cp or 1
+    meshes: list[ParallelDims] = []
+    for t in tps:
+        for q in pps:
+            if world % (q * t * cp):
+                continue
+            shard = world // (q * t * cp)
+            for name in schedules if q > 1 else ["1f1b"]:
+                v = virtual_stages or (2 if name in ("zbv", "dualpipev") else 1)
+                chunks = 2 if name in ("zbv", "dualpipev") else v
+                split = pp_layers or (split_layers(layers, q, chunks) if q > 1 else None)
+                if q > 1 and split is None and layers % (q * chunks):
+                    continue
+                for e in ([ep] if ep else _eps(spec, shard * cp, t, g)):
+                    if q == 1 and e == 1 or (shard * cp) % e:
+                        continue
+                    meshes.append(ParallelDims(pp=q, pp_schedule=name, virtual_stages=v, pp_layers=split, ep=e,
+                                               dp_shard=shard, cp=cp, tp=t, world_size=world))
+    return meshes
+
+
+def stage_line(c: Candidate) -> str | None:
+    """'per-stage peaks: rank 0 70.1, rank 1 68.2 .. GiB (worst rank 0)' for a pipeline candidate."""
+    if not c.stage_peaks:
+        return None
+    peaks = ", ".join(f"{p / GIB:.1f}" for p in c.stage_peaks)
+    worst = max(range(len(c.stage_peaks)), key=lambda i: c.stage_peaks[i])
+    return f"per-stage peaks (GiB, rank 0 first): {peaks}; the worst, rank {worst}, decides the fit"
+
+
+def without_pp_line(candidates: list[Candidate]) -> str | None:
+    """The best mesh without pp/ep, beside a pipeline choice."""
+    plain = [c for c in candidates if c.mesh is not None and c.mesh.pp == 1 and c.mesh.ep == 1
+             and c.memory_bytes is not None]
+    if not plain:
+        return None
+    fitting = [c for c in plain if c.fits and c.step_time is not None]
+    if fitting:
+        best = max(fitting, key=lambda c: c.step_time.tokens_per_s)
+        return (f"best mesh without pp/ep: {best.mesh.label}, {_gib(best.memory_bytes.total)} per GPU, "
+                f"{best.step_time.step_s:.2f} s/step, {best.step_time.tokens_per_s:,.0f} tokens/s")
+    closest = min(plain, key=lambda c: c.memory_bytes.total)
+    return f"best mesh without pp/ep: none fits (the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)})"
+
+
+def pipeline_summary_line(candidates: list[Candidate], searched: str) -> str | None:
+    """Pipeline/expert meshes were searched and none chosen: the best of them, in numbers."""
+    staged = [c for c in candidates if c.mesh is not None and (c.mesh.pp > 1 or c.mesh.ep > 1)
+              and c.memory_bytes is not None]
+    if not staged:
+        return None
+    fitting = [c for c in staged if c.fits and c.step_time is not None]
+    if fitting:
+        c = max(fitting, key=lambda c: c.step_time.tokens_per_s)
+        return (f"Pipeline/expert meshes searched ({searched}); the fastest, {c.mesh.label}, fits at "
+                f"{_gib(c.memory_bytes.total)} on its worst rank but is slower: {c.step_time.step_s:.2f} s/step, "
+                f"{c.step_time.tokens_per_s:,.0f} tokens/s.")
+    c = min(staged, key=lambda c: c.memory_bytes.total)
+    worst = max(range(len(c.stage_peaks or (0,))), key=lambda i: (c.stage_peaks or (0,))[i])
+    return (f"Pipeline/expert meshes searched ({searched}); none fits: the closest, {c.mesh.label}, needs "
+            f"{_gib(c.memory_bytes.total)} on its worst rank (rank {worst}) of {_gib(c.capacity_bytes)}.")
+
+
+def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
+    """--pp / --pp-schedule / --virtual-stages / --ep: ValueError naming the constraint."""
+    world, pp, ep = hw.world_size, pins.pp or (len(pins.pp_layers) if pins.pp_layers else 1), pins.ep or 1
+    try:  # pp against the layers and ep against the experts first: they hold whatever the GPUs
+        ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                     pp_layers=pins.pp_layers, world_size=pp).model_copy(update={"ep": ep}).check_layers(
+            num_layers=spec.num_layers, num_experts=spec.num_experts)
+    except ValidationError as err:
+        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    fixed = pp * (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
+    if world % fixed:
+        raise ValueError(f"pp {pp} x tp {pins.tp or 1} x cp {pins.cp or 1} x dp_replicate {pins.dp_replicate or 1} = "
+                         f"{fixed} does not divide the {world} GPUs")
+    try:
+        mesh = ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                            pp_layers=pins.pp_layers, dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed,
+                            cp=pins.cp or 1, tp=pins.tp or 1, world_size=world)
+        mesh = ParallelDims.model_validate({**dict(mesh), "ep": ep})
+    except ValidationError as err:
+        raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+    from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
+
+    check_mesh_support(spec, training, STRATEGIES["zero3"].on(training.engine), mesh)
+    mesh.check_node(hw.gpus_per_node)
+
+
+def no_gpu_only_lines(candidates: list[Candidate], searched: str) -> list[str]:
+    """Why no GPU-only mesh replaces the offloading choice, in numbers."""
+    tried = [c for c in candidates if c.memory_bytes is not None and c.mesh is not None]
+    if not tried:
+        return []
+    c = min(tried, key=lambda c: (c.memory_bytes.total, c.mesh.ep == 1))
+    m = c.memory_bytes
+    return [f"No GPU-only mesh fits ({searched}): the closest, {c.mesh.label}, needs {_gib(m.total)} per GPU of "
+            f"{_gib(c.capacity_bytes)} on its worst rank at micro-batch {c.micro_batch_size}, of which the model "
+            f"states alone (parameters, gradients, optimizer) are {_gib(m.states_total)}."]

@@ -1,0 +1,81 @@
+"""Pipeline and expert meshes in the search: when they join, the pins, the per-stage peaks, the 'why'."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.sources import resolve_model
+from advisor.planning.api import plan
+from advisor.planning.pipeline_meshes import expert_share, pipeline_meshes
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+from tests.cli._main import run_main
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--pp", "3"],
+     "--pp 3 does not divide the model's 32 layers"),
+    (["--model", "mistralai/Mixtral-8x7B-v0.1", "--gpus", "8xH100", "--ep", "3"],
+     "--ep 3 does not divide the model's 8 experts"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--ep", "2"], "needs a mixture-of-experts model"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--pp", "2", "--virtual-stages", "2"],
+     "virtual stages 2 need an interleaved schedule"),
+    (["--model", "mistralai/Mixtral-8x7B-v0.1", "--gpus", "8xH100", "--tp", "4", "--ep", "4"],
+     "ep 4 must divide dp_shard 2 x cp 1 = 2"),
+])
+def test_bad_degrees_exit_2_with_one_line(capsys, args, message):
+    code, out, err = run_main(["plan", *args], capsys)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_plans_without_pp_or_ep_keep_their_json_keys(capsys):
+    code, out, _ = run_main(["plan", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--seq-len",
+                             "131072", "--json"], capsys)
+    doc = json.loads(out)
+    meshes = [c for c in doc["candidates"] if c.get("mesh")]
+    assert code == 0 and meshes and not any("stage_peaks" in c for c in doc["candidates"])
+    assert not any("pp" in c["mesh"] or "ep" in c["mesh"] for c in meshes)
+
+
+def test_search_offers_pipeline_stages_at_node_width_with_uneven_splits():
+    spec = resolve_model("meta-llama/Llama-3.1-405B")
+    meshes = pipeline_meshes(spec, parse_gpus("16x8xH100"), TrainingConfig(seq_len=8192))
+    assert [(m.pp, m.tp, m.dp_shard) for m in meshes] == [(2, 8, 8), (4, 8, 4), (8, 8, 2), (16, 8, 1)]
+    assert all(sum(m.stage_layers(126)) == 126 for m in meshes)
+    assert meshes[2].pp_layers == (15, 16, 16, 16, 16, 16, 16, 15)
+
+
+def test_405b_fastest_shows_every_stage_and_why_pp_loses():
+    result = plan("meta-llama/Llama-3.1-405B", "16x8xH100", seq_len=8192, policy="fastest")
+    staged = [c for c in result.candidates if c.stage_peaks]
+    assert {c.mesh.pp for c in staged} == {2, 4, 8, 16}
+    for c in staged:  # the worst stage decides the fit
+        assert len(c.stage_peaks) == c.mesh.pp and max(c.stage_peaks) == c.memory_bytes.total
+    assert result.recommendation.mesh.pp == 1
+    assert any(line.startswith("Pipeline/expert meshes searched (policy fastest") for line in result.why)
+
+
+def test_mixtral_on_8_h100_has_no_gpu_only_plan_and_says_why_in_numbers():
+    """Routed experts are 97% of Mixtral-8x7B; sharded over all 8 GPUs its states alone are
+    46,702,792,704 x (4 + 4 + 8) bytes / 8 = 93,405,585,408 bytes = 87.0 GiB > 79.2 GiB, whatever ep."""
+    spec = resolve_model("mistralai/Mixtral-8x7B-v0.1")
+    assert expert_share(spec) > 0.95
+    result = plan("mistralai/Mixtral-8x7B-v0.1", "8xH100")
+    assert result.recommendation.strategy == "zero3_offload"
+    assert any(c.mesh is not None and c.mesh.ep == 8 for c in result.candidates)
+    line = next(line for line in result.why if line.startswith("No GPU-only mesh fits"))
+    assert "model states alone (parameters, gradients, optimizer) are 87.0 GiB" in line
+    assert 46_702_792_704 * 16 // 8 == 93_405_585_408 and round(93_405_585_408 / GIB, 1) == 87.0
+
+
+def test_pinned_pipeline_and_experts_on_deepseek_v3():
+    result = plan("deepseek-ai/DeepSeek-V3", "32x8xH100", pp=16, ep=16, pp_schedule="1f1b", pp_layers=(3,) + (4,) * 14 + (2,))
+    rec = result.recommendation
+    assert rec is not None and (rec.mesh.pp, rec.mesh.ep) == (16, 16)
+    chosen = next(c for c in result.candidates if c.mesh == rec.mesh and c.fits)
+    assert len(chosen.stage_peaks) == 16 and max(chosen.stage_peaks) == chosen.memory_bytes.total
+    assert any(line.startswith("per-stage peaks (GiB, rank 0 first)") for line in result.why)
+    assert any(line.startswith("pp 16 ") for line in result.why)  # what the degree buys

@@ -260,9 +260,10 @@ class _LiveBytes:
         self.at_peak = {"params": 0, "grads": 0, "optimizer": 0}
         self._refs: dict[int, Any] = {}
         self._param_storages = self._storages(params)
-        self._opt_storages = self._storages(t for state in opt.state.values() for t in state.values())
+        states = [t for state in opt.state.values() for t in state.values()] if opt is not None else []
+        self._opt_storages = self._storages(states)
         self.track_existing(params)
-        self.track_existing(t for state in opt.state.values() for t in state.values())
+        self.track_existing(states)
 
     @staticmethod
     def _storages(tensors: Any) -> dict[int, int]:

@@ -257,6 +257,31 @@ def table(rows: list[dict]) -> list[str]:
         "| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
 
 
+NOTES = """## What the estimate cannot express here (and what the simulator stands in for)
+
+- GPT-2's architecture under pp: `estimate_pipeline_memory` refuses it (`check_mesh_support`: a Llama-like gated
+  decoder only), so the paper's models are estimated as Llama-shaped proxies of equal parameter count.
+- Eager (non-flash) attention on any mesh: `mesh_activations` calls `estimate_activations(..., eager=False)`, so
+  `--attention eager` is silently the SDPA figure (1.5B proxy, stage 1, 1F1B: 12.58 GiB of activations under
+  both); Megatron at the paper's commit ran its fused softmax without flash attention (s^2 terms: for the 1.5B
+  model 5 a s^2 b = 0.70 GiB a layer a micro-batch in fp16, 21 layer-micro-batches on stage 1).
+- Gradients at a pipeline stage's peak: with dp_shard 1 the pipeline estimate books no gradients at its peak
+  moment (stage 1 of the 1.5B proxy: grads 0), while after a stage's first backward every later pass runs with
+  its gradients allocated (simulated: 0.71 GiB of fp32 gradients at the 1F1B peak of the same stage; the small
+  Llama's 1F1B stage 0 misses 6.9 MiB, its 1.58 M parameters' fp32 gradients).
+- ZB-H1's deferred W on later stages: the table's `w_held` 1 on every rank, where the paper's ZB-H1 (Figure 3) delays
+  W by i passes on stage i, so stage i holds up to i W stashes (small Llama, stage 3: simulated 58.5 MiB,
+  estimated 40.6). Not the worst stage, so the worst-stage error is unaffected.
+- Megatron's fp16 O2 recipe (fp16 parameters and gradients, fp32 master copy): the estimate's fp16-mixed keeps fp32
+  parameters and autocast copies (the same 16 bytes a parameter, different activation dtypes); attention dropout
+  (the simulator runs attention dropout 0, as CUDA's flash kernels cost nothing for it).
+- The auto-searched ZB-1p / ZB-2p orders: replayed as ZB-H1 / ZB-H2, the handcrafted schedules of the same
+  memory limit (p M_B, 2p M_B).
+- Not compared: pith-train's DualPipeV per-stage measurements (Qwen3-30B-A3B, pp 4 x ep 8: 62.3 and 58.0 GiB)
+  whose FSDP split, recompute and compile settings the source does not state (kept in the file, marked).
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-simulate", action="store_true", help="skip parts 1 and 3 (the simulator)")
@@ -283,6 +308,7 @@ def main() -> None:
         lines += ["", "## Simulator vs the paper, Table 4 (GPT-2 shapes on fake tensors, the worst stage, m = 2p)", ""]
         lines += summary(sim_pub) + [""] + table(sim_pub)
         csv_rows += [dict(part="simulator-vs-published", **r) for r in sim_pub]
+    lines += ["", NOTES]
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "accuracy_pipeline.md").write_text("\n".join(lines) + "\n")
     with (RESULTS / "accuracy_pipeline.csv").open("w", newline="") as f:

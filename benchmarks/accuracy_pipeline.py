@@ -205,8 +205,13 @@ def simulate_vs_published(pub: Published, only: set[str] | None = None) -> list[
                          states_gib=round((sim.params + sim.grads + sim.optimizer) / GIB, 2),
                          err_pct=round(100 * (sim.peak_bytes - published) / published, 1), wall_s=sim.wall_s))
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-        with (RESULTS / "accuracy_pipeline_sim.csv").open("a", newline="") as f:
-            csv.DictWriter(f, fieldnames=list(rows[-1])).writerow(rows[-1])
+        path = RESULTS / "accuracy_pipeline_sim.csv"
+        new = not path.exists()
+        with path.open("a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[-1]))
+            if new:
+                writer.writeheader()
+            writer.writerow(rows[-1])
     return rows
 
 

@@ -9,7 +9,9 @@ would: tp a divisor of the GPUs in a node that divides the attention and key/val
 power of two with tp x cp inside a node that splits the sequence into 2 x cp chunks, and on several
 nodes HSDP with one replica per node. Every mesh runs FSDP2 (``zero3``, torchtitan's default) on
 the dp_shard x cp ranks. The 'why' names the limit that forced the mesh and what each degree buys,
-in GiB per GPU and seconds per step, against the same mesh without that degree.
+in GiB per GPU and seconds per step, against the same mesh without that degree. Pipeline- and
+expert-parallel meshes (pp, ep) join the search when ``advisor.planning.pipeline_meshes`` says why
+(pins, nothing here fits, experts dominate, or ``--policy fastest``); the worst pipeline rank decides fit.
 """
 
 from __future__ import annotations
@@ -301,10 +303,12 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
+    pp_lines: list[str] = []  # what the pipeline/expert search found, in numbers
     if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
-        dp_why = dp_why + [f"Pipeline/expert meshes searched: {searched}."]
+        pp_lines = [f"Pipeline/expert meshes searched: {searched}."]
     elif searched is not None and best is not None:
-        dp_why = dp_why + [line for line in (pipeline_summary_line(candidates, searched),) if line]
+        pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
+    dp_why = dp_why + pp_lines
     if dp_offloads and best is None and searched is not None and not pins.any:
         return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
     if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
@@ -318,7 +322,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         rec, why = _faster(spec, hw, training, best, dp_best, candidates)
         if rec is None:
             return candidates, dp_choice, dp_why + why
-        return candidates, rec, why
+        return candidates, rec, why + pp_lines
     return candidates, rec, dp_why + why
 
 

@@ -115,7 +115,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
 
 def stage_line(c: Candidate) -> str | None:
     """'per-stage peaks: rank 0 70.1, rank 1 68.2 .. GiB (worst rank 0)' for a pipeline candidate."""
-    if not c.stage_peaks:
+    if not c.stage_peaks or len(c.stage_peaks) < 2:  # ep alone: one stage, its peak is the plan's
         return None
     peaks = ", ".join(f"{p / GIB:.1f}" for p in c.stage_peaks)
     worst = max(range(len(c.stage_peaks)), key=lambda i: c.stage_peaks[i])

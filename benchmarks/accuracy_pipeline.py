@@ -14,10 +14,10 @@ Writes ``benchmarks/results/accuracy_pipeline.md`` and ``.csv``.
    parameter count (MLP width 8h/3 gated, so 3 x h x 8h/3 = 2 x h x 4h), said so in the table.
 3. Simulator vs the paper: the real GPT-2 shapes on fake tensors, one stage a run with m = 2p
    micro-batches (every schedule's warm-up is full by then; the paper prints the same memory for every
-   m). The stage is the worst by counting layer-micro-batches held: interleaved, stage 0 (one layer a
-   chunk, the most chunks in flight: 2(p-1) + (v-1)p + 1); the others, stage 1 (a full stage, one
-   layer more than stage 0's, with p - 1 or 2p - 3 in flight against p or 2p - 1: 3 x 7 > 2 x 8 for
-   the 1.5B model, and so on). The simulator is slow on a shared CPU: rows are appended to
+   m). The stage is the worst by counting layer-micro-batches held: stage 1 (a full stage, one layer
+   more than stage 0's, with p - 1 or 2p - 3 in flight against p or 2p - 1: 3 x 7 > 2 x 8 for the
+   1.5B model, and so on); interleaved, the larger of stages 0 and 1 (stage 0 has the most chunks in
+   flight, 2(p-1) + (v-1)p + 1, but its first chunk is empty). The simulator is slow on a shared CPU: rows are appended to
    ``accuracy_pipeline_sim.csv`` as they finish.
 
 The paper's figure is taken as GiB (Megatron prints MB = 2^20) and compared with the estimate's
@@ -62,6 +62,7 @@ class Row(_Frozen):
     num_stages: int = Field(ge=2)
     virtual_stages: int = Field(ge=1)
     layers_per_stage: tuple[int, ...] | None
+    layers_per_chunk: tuple[int, ...] | None = Field(description="Interleaved: layers of each chunk, pipeline order.")
     micro_batch_size: int = Field(ge=1)
     num_microbatches: tuple[int, ...] = Field(min_length=1)
     seq_len: int = Field(ge=1)
@@ -80,8 +81,12 @@ class Row(_Frozen):
         if self.gpus != self.num_stages * self.tp * self.dp:
             raise ValueError(f"{self.id}: gpus {self.gpus} != stages x tp x dp")
         interleaved = self.schedule == "interleaved-1f1b"
-        if interleaved == (self.layers_per_stage is not None) or (self.virtual_stages > 1) != interleaved:
-            raise ValueError(f"{self.id}: an interleaved row gives virtual_stages and no layers_per_stage, others the reverse")
+        if interleaved != (self.layers_per_chunk is not None) or interleaved == (self.layers_per_stage is not None) \
+                or (self.virtual_stages > 1) != interleaved:
+            raise ValueError(f"{self.id}: an interleaved row gives virtual_stages and layers_per_chunk, others "
+                             "layers_per_stage")
+        if self.layers_per_chunk is not None and len(self.layers_per_chunk) != self.num_stages * self.virtual_stages:
+            raise ValueError(f"{self.id}: layers_per_chunk needs num_stages x virtual_stages entries")
         if self.layers_per_stage is not None and len(self.layers_per_stage) != self.num_stages:
             raise ValueError(f"{self.id}: layers_per_stage needs one entry a stage")
         return self
@@ -114,8 +119,8 @@ class Published(_Frozen):
             layers = cfg["n_layer"]
             if row.layers_per_stage is not None and sum(row.layers_per_stage) != layers:
                 raise ValueError(f"{row.id}: layers_per_stage sums to {sum(row.layers_per_stage)}, not {layers}")
-            if row.layers_per_stage is None and row.num_stages * row.virtual_stages < layers:
-                raise ValueError(f"{row.id}: {row.num_stages} x {row.virtual_stages} chunks hold fewer than {layers} layers")
+            if row.layers_per_chunk is not None and sum(row.layers_per_chunk) != layers:
+                raise ValueError(f"{row.id}: layers_per_chunk sums to {sum(row.layers_per_chunk)}, not {layers}")
         return self
 
 
@@ -157,11 +162,6 @@ def estimate_stages(cfg: dict, *, training, schedule: str, num_stages: int, virt
                                     checkpointing=False, num_micro_batches=num_microbatches)
 
 
-def interleaved_layers(row: Row, num_layers: int) -> tuple[int, ...]:
-    """One layer a chunk, padded to p x v chunks (the assumption in the published file)."""
-    return (1,) * (row.num_stages * row.virtual_stages) if row.num_stages * row.virtual_stages >= num_layers else ()
-
-
 def estimate_vs_published(pub: Published) -> list[dict]:
     rows = []
     for row in pub.rows:
@@ -169,8 +169,8 @@ def estimate_vs_published(pub: Published) -> list[dict]:
         run = pub.runs["zero-bubble"]
         training = training_for(run, row.seq_len)
         layers = row.layers_per_stage
-        if layers is None:  # interleaved: the estimator splits evenly; pad to p x v layers as the run did
-            cfg = {**cfg, "n_layer": row.num_stages * row.virtual_stages}
+        if layers is None:  # interleaved: the estimate splits chunks evenly (no empty chunk): one layer each,
+            cfg = {**cfg, "n_layer": row.num_stages * row.virtual_stages}  # two more than the run's
         est = estimate_stages(llama_proxy(cfg), training=training, schedule=SCHEDULES[row.schedule][0],
                               num_stages=row.num_stages, virtual_stages=row.virtual_stages, layers=layers,
                               micro_batch_size=row.micro_batch_size, num_microbatches=min(row.num_microbatches))
@@ -193,12 +193,15 @@ def simulate_vs_published(pub: Published, only: set[str] | None = None) -> list[
             continue
         cfg = pub.models[row.model]
         training = training_for(pub.runs["zero-bubble"], row.seq_len)
-        chunks = row.layers_per_stage or interleaved_layers(row, cfg["n_layer"])
+        chunks = row.layers_per_stage or row.layers_per_chunk
         m = 2 * row.num_stages
-        stage = 0 if row.schedule == "interleaved-1f1b" else 1
-        sim = simulate_stage(cfg, schedule=SCHEDULES[row.schedule][1], stage=stage, num_stages=row.num_stages,
-                             virtual_stages=row.virtual_stages, num_microbatches=m,
-                             micro_batch_size=row.micro_batch_size, training=training, layers_per_chunk=tuple(chunks))
+        sims = [simulate_stage(cfg, schedule=SCHEDULES[row.schedule][1], stage=stage, num_stages=row.num_stages,
+                               virtual_stages=row.virtual_stages, num_microbatches=m,
+                               micro_batch_size=row.micro_batch_size, training=training,
+                               layers_per_chunk=tuple(chunks))
+                for stage in ((0, 1) if row.schedule == "interleaved-1f1b" else (1,))]
+        sim = max(sims, key=lambda s: s.peak_bytes)
+        stage = sim.stage
         published = row.memory_gb * GIB
         rows.append(dict(id=row.id, schedule=row.schedule, published_gib=row.memory_gb,
                          simulated_gib=round(sim.peak_bytes / GIB, 2), stage=stage,
@@ -287,11 +290,48 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
 """
 
 
+def _numbers(row: dict) -> dict:
+    out = {}
+    for key, value in row.items():
+        try:
+            out[key] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except (ValueError, AttributeError):
+            out[key] = value
+    return out
+
+
+def _reuse(pub: Published) -> tuple[list[dict], list[dict]]:
+    """Parts 1 and 3 from the last run's CSVs; part-3 rows missing there are simulated now."""
+    with (RESULTS / "accuracy_pipeline.csv").open() as f:
+        sim_est = [{k: v for k, v in _numbers(r).items() if k in SIM_EST_KEYS}
+                   for r in csv.DictReader(f) if r["part"] == "estimate-vs-simulator"]
+    with (RESULTS / "accuracy_pipeline_sim.csv").open() as f:
+        done = [_numbers(r) for r in csv.DictReader(f)]
+    missing = {row.id for row in pub.rows if "-m" not in row.id} - {r["id"] for r in done}
+    if missing:
+        done += simulate_vs_published(pub, missing)
+    order = [row.id for row in pub.rows]
+    return sim_est, sorted(done, key=lambda r: order.index(r["id"]))
+
+
+SIM_EST_KEYS = ("schedule", "stage", "in_flight_est", "in_flight_sim", "simulated_mib", "estimated_mib", "err_pct",
+                "peak_pass")
+
+
+def _simulated_sections(sim_est: list[dict], sim_pub: list[dict]) -> list[str]:
+    lines = ["", "## Estimate vs simulator, every stage (small Llama-like: h 256, 8 layers, p 4, m 8, b 2, s 128, bf16-mixed)", ""]
+    lines += summary(sim_est) + [""] + table(sim_est)
+    lines += ["", "## Simulator vs the paper, Table 4 (GPT-2 shapes on fake tensors, the worst stage, m = 2p)", ""]
+    return lines + summary(sim_pub) + [""] + table(sim_pub)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-simulate", action="store_true", help="skip parts 1 and 3 (the simulator)")
     parser.add_argument("--only", nargs="*", help="part 3: these row ids only")
     parser.add_argument("--no-published-simulation", action="store_true", help="skip part 3")
+    parser.add_argument("--reuse", action="store_true", help="take parts 1 and 3 from the last run's CSVs and "
+                        "simulate only the part-3 rows missing from accuracy_pipeline_sim.csv")
     args = parser.parse_args()
     pub = load_published()
     est_pub = estimate_vs_published(pub)
@@ -304,6 +344,12 @@ def main() -> None:
     lines += summary(table4) + [""] + table(table4) + ["", "## Estimate vs the paper, Table 12 (m <= p)", ""]
     lines += summary([r for r in est_pub if r not in table4]) + [""] + table([r for r in est_pub if r not in table4])
     csv_rows = [dict(part="estimate-vs-published", **r) for r in est_pub]
+    if args.reuse:
+        sim_est, sim_pub = _reuse(pub)
+        args.no_simulate = True
+        lines += _simulated_sections(sim_est, sim_pub)
+        csv_rows += [dict(part="estimate-vs-simulator", **r) for r in sim_est]
+        csv_rows += [dict(part="simulator-vs-published", **r) for r in sim_pub]
     if not args.no_simulate:
         sim_est = estimate_vs_simulator()
         lines += ["", "## Estimate vs simulator, every stage (small Llama-like: h 256, 8 layers, p 4, m 8, b 2, s 128, bf16-mixed)", ""]

@@ -53,6 +53,18 @@ def test_table_3_settings():
             assert row.layers_per_stage[0] == row.layers_per_stage[-1] == middle - 1
 
 
+def test_interleaved_chunks_follow_megatrons_padding():
+    # get_offset at the paper's commit: layers padded to a multiple of p, one layer a chunk, the first and
+    # the last chunk left empty: 22 layers on p 8 -> 24 chunks (v 3), 62 on p 32 -> 64 chunks (v 2).
+    for row in PUBLISHED.rows:
+        if row.schedule != "interleaved-1f1b":
+            continue
+        layers = PUBLISHED.models[row.model]["n_layer"]
+        padded = -(-layers // row.num_stages) * row.num_stages
+        assert row.virtual_stages == padded // row.num_stages
+        assert row.layers_per_chunk == (0,) + (1,) * (padded - 2) + (0,)
+
+
 def test_schema_rejects_a_misspelled_key():
     raw = json.loads(accuracy_pipeline.PUBLISHED.read_text())
     raw["rows"][0]["micro_batch"] = raw["rows"][0].pop("micro_batch_size")

@@ -283,6 +283,8 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
 - Megatron's fp16 O2 recipe (fp16 parameters and gradients, fp32 master copy): the estimate's fp16-mixed keeps fp32
   parameters and autocast copies (the same 16 bytes a parameter, different activation dtypes); attention dropout
   (the simulator runs attention dropout 0, as CUDA's flash kernels cost nothing for it).
+- Empty chunks: the paper's 1F1B-I leaves its first and last chunk empty (layers padded to a multiple of p); the
+  estimate's interleaved split is even, so it is given p x v one-layer chunks, two layers more than the run.
 - The auto-searched ZB-1p / ZB-2p orders: replayed as ZB-H1 / ZB-H2, the handcrafted schedules of the same
   memory limit (p M_B, 2p M_B).
 - Not compared: pith-train's DualPipeV per-stage measurements (Qwen3-30B-A3B, pp 4 x ep 8: 62.3 and 58.0 GiB)

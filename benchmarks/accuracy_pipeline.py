@@ -305,7 +305,7 @@ def _numbers(row: dict) -> dict:
 def _reuse(pub: Published) -> tuple[list[dict], list[dict]]:
     """Parts 1 and 3 from the last run's CSVs; part-3 rows missing there are simulated now."""
     with (RESULTS / "accuracy_pipeline.csv").open() as f:
-        sim_est = [{k: v for k, v in _numbers(r).items() if k in SIM_EST_KEYS}
+        sim_est = [{k: _numbers(r)[k] for k in SIM_EST_KEYS}
                    for r in csv.DictReader(f) if r["part"] == "estimate-vs-simulator"]
     with (RESULTS / "accuracy_pipeline_sim.csv").open() as f:
         done = [_numbers(r) for r in csv.DictReader(f)]

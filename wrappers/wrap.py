@@ -35,7 +35,7 @@ from torch import nn
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import default_strategy
+from advisor.planning.policy import default_strategy
 from advisor.strategies import StrategyName
 from advisor.training import Engine, Precision
 from wrappers import measured

@@ -21,7 +21,7 @@ from xml.sax.saxutils import escape
 from advisor.cli.plan_view import candidate_label, recommended_candidate
 from advisor.cli.svg import COLORS, LABELS, Scale, attr, document, gib, legend, text, x_axis, y_axis
 from advisor.planning.api import Plan
-from advisor.planning.planner import Candidate
+from advisor.planning.candidates import Candidate
 from advisor.simulate.timeline import CATEGORIES, Segment, Timeline
 
 PHASE_NAMES = {"forward": "forward", "loss": "loss", "backward": "backward", "optimizer_step": "optimizer step"}

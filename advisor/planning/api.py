@@ -26,8 +26,8 @@ from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
-from advisor.planning.planner import (SAME_SPEED, Candidate, Recommendation, choose, choose_fastest,
-                                      default_strategy, evaluate_candidate, offloads)
+from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
+from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.remedies import find_remedies, offload_line
 from advisor.strategies import STRATEGIES, get_strategy

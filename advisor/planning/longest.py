@@ -25,7 +25,7 @@ from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import evaluate_candidate
+from advisor.planning.candidates import evaluate_candidate
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
 

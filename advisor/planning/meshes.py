@@ -26,7 +26,8 @@ from advisor.model.spec import ModelSpec
 from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
                                               pipeline_search_reason, pipeline_summary_line, stage_line,
                                               without_pp_line)
-from advisor.planning.planner import SAME_SPEED, Candidate, Recommendation, batch_split_problem, evaluate_candidate
+from advisor.planning.candidates import Candidate, Recommendation, batch_split_problem, evaluate_candidate
+from advisor.planning.policy import SAME_SPEED
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 from advisor.units import GIB

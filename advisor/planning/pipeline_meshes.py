@@ -24,7 +24,7 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims, split_layers
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import Candidate
+from advisor.planning.candidates import Candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 from advisor.units import GIB

@@ -25,8 +25,8 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import (SAME_SPEED, Candidate, Remedy, choose, choose_fastest, default_strategy,
-                                      evaluate_candidate, largest_fitting, offloads)
+from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting
+from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig

@@ -16,7 +16,7 @@ from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, resize
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
-from advisor.planning.planner import evaluate_candidate
+from advisor.planning.candidates import evaluate_candidate
 from advisor.strategies import StrategyName
 from advisor.training import TrainingConfig
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import advisor
-from advisor.planning.planner import evaluate_candidate
+from advisor.planning.candidates import evaluate_candidate
 from advisor.strategies import STRATEGIES
 
 

@@ -11,7 +11,8 @@ import pytest
 from advisor.estimate.memory import MemoryBreakdown
 from advisor.estimate.step_time import StepTime
 from advisor.planning.api import plan
-from advisor.planning.planner import Candidate, prefer_practical
+from advisor.planning.candidates import Candidate
+from advisor.planning.policy import prefer_practical
 
 CAPACITY = 100 * 2**30  # a round 100 GiB GPU: a total of N GiB is N% of memory
 

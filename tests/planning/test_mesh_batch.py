@@ -9,7 +9,7 @@ from advisor.hardware.cluster import parse_gpus
 from advisor.mesh import ParallelDims
 from advisor.model.sources import resolve_model
 from advisor.planning.api import plan
-from advisor.planning.planner import evaluate_candidate
+from advisor.planning.candidates import evaluate_candidate
 from advisor.training import TrainingConfig
 from tests.cli._main import run_main
 

@@ -136,7 +136,7 @@ def plan_pinned(job: Job):
     """The published setup, every knob it states pinned (recipe and optimizer_impl: see module docstring).
     The global batch is left out: it does not change the fit, and with a pinned tp whose mesh does not fit,
     a global batch that data parallelism alone cannot split makes advisor.plan raise KeyError('zero3') in
-    _loss_notes (no data-parallel candidates to choose from; reported in benchmarks/results/published_jobs.md)."""
+    loss_notes (advisor.planning.notes; no data-parallel candidates to choose from; reported in benchmarks/results/published_jobs.md)."""
     fixed = {k: v for k, v in _fixed(job).items() if k != "global_batch_size"}
     options = dict(fixed, micro_batch_size=job.micro_batch_size, loss=job.loss, engine=job.engine,
                    activation_checkpointing=job.activation_checkpointing)

@@ -1,0 +1,178 @@
+"""The plan's notes and assumptions: every default the planner chose, the recipe's facts, the allocator
+overhead, LoRA's counting, what ``--seq-len max`` found and what another loss kernel would save, each
+as one sentence whose numbers come from the candidates (``advisor.planning.api.plan`` collects them).
+"""
+
+from __future__ import annotations
+
+from advisor.estimate.activations import shape_of
+from advisor.estimate.memory import image_tokens
+from advisor.frozen import validated_copy
+from advisor.hardware.cluster import Hardware
+from advisor.model.lora import LoraConfig, adapter_inputs, default_targets
+from advisor.model.spec import ModelSpec
+from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
+from advisor.planning.policy import SAME_SPEED, choose
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+DEFAULT_NOTES = {
+    "optimizer": "optimizer {v} (default; --optimizer to change)",
+    "precision": "precision {v} (default): fp32 master weights, bf16 compute",
+    "seq_len": "sequence length {v} tokens (default; --seq-len)",
+    "engine": "engine {v} (default): DDP / ZeroRedundancyOptimizer / FSDP2",
+    "attention": "attention {v}: no s^2 term (eager attention would add one; fp32 with grouped-query attention runs CUDA's math kernel and is counted like eager)",
+}
+
+
+def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, micro_batch_size: int) -> str:
+    """What --seq-len max found, and whether it is past the model's own context."""
+    context = spec.max_position_embeddings
+    beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
+              "scaling or a longer-context checkpoint" if context and best > context else "")
+    return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
+            "the estimate; "
+            f"the candidates are shown at the longest, {best:,} tokens{beyond}")
+
+
+def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
+                recommendation: Recommendation | None) -> list[str]:
+    """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:
+        return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
+    if recommendation is None:
+        for kernel in ("chunked", "fused"):
+            other = validated_copy(training, {"loss": kernel})
+            alternative = [evaluate_candidate(spec, hw, other, c.strategy) for c in candidates]
+            only = alternative[0].strategy if len(alternative) == 1 else None  # --strategy: that one alone
+            chosen, _ = choose(spec, alternative, only=only)
+            if chosen is not None:
+                best = next(c for c in alternative if c.strategy == chosen.strategy)
+                return [f"nothing fits with the hf loss (full logits and their fp32 copy); with --loss {kernel}, "
+                        f"{best.strategy} fits at micro-batch {best.micro_batch_size} "
+                        f"({best.memory_bytes.total / GIB:.1f} GiB per GPU)"]
+        return []
+    chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
+    mode = "selective" if chosen.selective_checkpointing else "on" if chosen.activation_checkpointing else "off"
+    fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "activation_checkpointing": mode})
+    total = chosen.memory_bytes.total
+    saved = {kernel: total - evaluate_candidate(spec, hw, validated_copy(fixed, {"loss": kernel}),
+                                                chosen.strategy).memory_bytes.total
+             for kernel in ("chunked", "fused")}
+    if max(saved.values()) < 0.1 * total:
+        return []
+    # Only savings: a kernel whose own buffers outweigh the logits it drops (fused under a quantised base)
+    # is left out rather than quoted as a negative saving.
+    savings = [(kernel, bytes_ / GIB) for kernel, bytes_ in saved.items() if bytes_ >= 0.05 * GIB]
+    listed = " and ".join(f"--loss {kernel}{' would save' if i == 0 else ''} {gib:.1f} GiB"
+                          for i, (kernel, gib) in enumerate(savings))
+    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
+            f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
+
+
+def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, traced: bool) -> str:
+    targets = ", ".join(lora.targets) if isinstance(lora.targets, tuple) else (
+        lora.targets or f"{', '.join(default_targets(base))} (PEFT's default for {base.model_type})")
+    activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
+                   "dropout mask" if adapter_inputs(base, lora) is not None else
+                   "activations traced with PEFT's adapters on the frozen model (see the traced-activations line)"
+                   if base.linears is not None and traced and training.quantize is None else
+                   f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
+                   "blocks are not modelled yet)")
+    if training.quantize is not None:
+        dtypes = ""
+    elif training.low_precision_base:
+        dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
+                  f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
+                  f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
+    else:
+        dtypes = "; every weight is held in the precision's parameter dtype"
+    return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
+            f"PEFT counts them); {activations}{dtypes}")
+
+
+def overhead_notes(training: TrainingConfig) -> list[str]:
+    """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
+    calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
+    gap = (f"runtime overhead per GPU: the allocator's gap, {training.fragmentation:.1%} of the peak + "
+           f"{training.reserve_gib:g} GiB, "
+           + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
+              "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")
+           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib:g} "
+             "GiB for the CUDA context and NCCL buffers outside the allocator ("
+           + ("an assumption, not measured: --context-gib" if "context_gib" not in training.model_fields_set
+              else "as given") + "); total = reserved + that, compared with the GPU's memory")
+    margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
+              "fits; the range (low-high) comes from the measured errors of estimates of its kind (model family, "
+              "LoRA or loss kernel, on real H100s; +-15% for families not measured) and the allocator gap's spread "
+              "(profiles/memory_error.json)")
+    if "margin" not in training.model_fields_set:
+        margin += ("; default expected: the calibrated best estimate, with the --headroom policy preferring plans "
+                   "that leave room; --margin high when an out-of-memory failure costs more than a smaller batch")
+    return [gap, margin]
+
+
+def recipe_note(training: TrainingConfig) -> str | None:
+    """What the recipe (or --optimizer-impl) sets, when either was given (the default recipe says nothing,
+    so plans read as before recipes existed)."""
+    if "recipe" not in training.model_fields_set and training.optimizer_impl is None:
+        return None
+    recipe = training.recipe
+    impl = training.optimizer_implementation
+    how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
+    base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
+            "fp32 (PEFT's autocast_adapter_dtype)" if recipe.frozen_base == "compute" else
+            "frozen base in the precision's parameter dtype")
+    return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
+            f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
+            "(sources: profiles/recipes.json)")
+
+
+_IMPL_TEMPORARIES = {
+    "fused": "one kernel updates weights and moments in place, no step temporary",
+    "foreach": "one temporary the size of the optimizer's second moment, sqrt(v), during the step",
+    "for-loop": "one tensor at a time: two temporaries the size of the largest trainable tensor",
+}
+
+
+def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
+    notes = list(hw.assumptions)
+    recipe = recipe_note(training)
+    if recipe is not None:
+        notes.append(recipe)
+    for field, text in DEFAULT_NOTES.items():
+        if field not in training.model_fields_set:
+            notes.append(text.format(v=getattr(training, field)))
+    notes.extend(overhead_notes(training))
+    fit_rule = ("margin policy: a plan fits when the --margin end of its total (peak + runtime overhead) is at most "
+                "the GPU's memory")
+    if training.policy == "thresholds":
+        notes.append(f"{fit_rule}; among plans within {SAME_SPEED:.0%} of the chosen one's tokens/s, one using at "
+                     f"most {1 - training.headroom:.0%} of memory ({training.headroom:.0%} headroom, --headroom) is "
+                     "preferred, then the one that communicates least")
+    else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
+        notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
+    if spec.encdec is None and training.target_len is not None:
+        notes.append(f"--target-len {training.target_len} ignored: {spec.name[:60]} is not an encoder-decoder model")
+    elif spec.encdec is not None and "target_len" not in training.model_fields_set:
+        notes.append(f"target length {training.seq_len} tokens: equal to --seq-len (default; --target-len for the "
+                     "decoder's own length)")
+    if training.images_per_sample:
+        per_image = image_tokens(spec, training) // training.images_per_sample
+        how = ("every image resized to the vision tower's side" + (
+                   f"; --image-size {training.image_size} does not apply" if "image_size" in training.model_fields_set
+                   else "") if spec.tokens_per_image is not None else
+               f"{training.image_size} x {training.image_size} pixels assumed, --image-size; one token per "
+               f"{spec.image_token_pixels} x {spec.image_token_pixels} pixels")
+        notes.append(f"images: {training.images_per_sample} per sample x {per_image} tokens ({how}) added to the "
+                     f"{training.seq_len} text tokens")
+    shape_note = shape_of(spec).note  # size only, no formula for the family, or no token embeddings
+    if shape_note and not spec.traced:
+        notes.append(shape_note)
+    if spec.trainable_params < spec.total_params:
+        notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
+    if training.micro_batch_size is None:
+        notes.append(f"micro-batch 'auto': the largest that leaves {training.headroom:.0%} of memory free at the "
+                     f"{training.margin} end of its range (--headroom), searched up to 64 per GPU; micro-batch 1 "
+                     "when none does and it fits")
+    return notes

@@ -74,7 +74,8 @@ class ScheduleFacts(BaseModel):
     in_flight: str = Field(description="Rank micro-batches in flight on rank i (formula as written in the source).")
     bubble_coefficient: float = Field(ge=0, description="bubble = c x (p - 1) / v x (t_F + t_B) of one micro-batch.")
     w_deferred: bool = Field(description="The weight-gradient pass runs apart from the input-gradient pass.")
-    w_held: int = Field(ge=0, description="Micro-batches whose W inputs are held beyond those in flight.")
+    w_held: str = Field(description="Micro-batches whose W inputs rank i holds beyond those in flight (formula as "
+                        "written in the source; ``w_held`` evaluates it).")
     param_copies: int = Field(ge=1, description="Copies of the rank's share of the parameters.")
     v_shape: bool = Field(description="Two chunks per rank in a V: the first and last chunk on rank 0.")
     torch_class: str = Field(description="torch.distributed.pipelining schedule class.")
@@ -104,6 +105,17 @@ def in_flight(schedule: str, *, rank: int, pp: int, micro_batches: int, chunks: 
     if schedule == "dualpipev":
         return min(Fraction(m), Fraction(2 * p + 1, 2))
     raise ValueError(f"unknown pipeline schedule {schedule}")
+
+
+def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int) -> int:
+    """Micro-batches whose deferred W inputs rank ``rank`` holds at its peak (the table's ``w_held``):
+    the one whose B is running, plus, under ZB-H1, the ``i`` W passes stage i delays (Qi et al. 2024,
+    Figure 3: stage i runs W i passes behind its B, so the last stages fill the drain with W)."""
+    if not load_schedules()[schedule].w_deferred:
+        return 0
+    if schedule == "zb_h1":
+        return min(micro_batches, rank + 1)
+    return 1
 
 
 class StageMemory(BaseModel):
@@ -275,6 +287,41 @@ def _pipelined_fsdp(buffers: StrategyBuffers, held: ModelSpec, training: Trainin
                                           at_backward_end=None))
 
 
+def _forward_after_first_backward(facts: ScheduleFacts, count: Fraction, num_micro_batches: int) -> bool:
+    """Whether the rank runs a forward after its first backward, so that it peaks, with ``count`` in
+    flight, after that backward: every schedule but GPipe once m exceeds what the warm-up holds."""
+    return facts.name != "gpipe" and count < num_micro_batches
+
+
+def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: StrategyBuffers, training: TrainingConfig,
+                     impl: Implementation, *, shard_world: int, count: Fraction, chunks: int, w_saved: int,
+                     forward_follows: bool) -> tuple[Fraction, int, MemoryBreakdown]:
+    """(micro-batches in flight, saved bytes, moments) at the rank's peak. In a pipeline every pass after a
+    rank's first backward runs with its gradients allocated (accumulated over the step's micro-batches).
+    FSDP2 over dp_shard x cp > 1 books them as its unsharded accumulators (``_pipelined_fsdp``); with one
+    shard they are the states' gradients (fp32 under mixed precision), which the data-parallel moments
+    book only at the optimizer step. Where a forward follows the first backward the rank peaks after it,
+    ``count`` in flight, gradients allocated; where none does (GPipe, m within the warm-up) the peak is
+    the larger of the first backward (``count`` in flight, no gradients yet) and the second (one chunk
+    micro-batch fewer, gradients allocated)."""
+
+    def at(in_flight_now: Fraction, grads: int) -> tuple[Fraction, int, MemoryBreakdown]:
+        saved = int(one.saved_bytes * in_flight_now) + w_saved
+        acts = validated_copy(one, dict(saved_bytes=saved))
+        return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
+                                                       held_grads=grads)
+
+    if shard_world > 1:
+        return at(count, 0)
+    if forward_follows:
+        return at(count, states.grads)
+    first = at(count, 0)
+    if count <= Fraction(1, chunks):  # one backward only
+        return first
+    second = at(count - Fraction(1, chunks), states.grads)
+    return second if second[2].peak_allocated > first[2].peak_allocated else first
+
+
 @functools.lru_cache(maxsize=256)
 def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, rank: int,
                  start: int, layers: int, checkpointing: bool) -> tuple[ModelStates, StrategyBuffers]:
@@ -311,8 +358,10 @@ def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:
 def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
                        every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
     """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
-    (``every_rank=False``, the search) the one with the most in flight among ranks that hold the same
-    layers, embedding, head and dense layers, since a rank's peak grows with what it holds in flight."""
+    (``every_rank=False``, the search), among ranks that hold the same layers, embedding, head and dense
+    layers, those that no other holds at least as much as: micro-batches in flight, deferred W passes
+    (ZB-H1's grow with the rank) and a forward after the first backward (gradients with all in flight,
+    ``_held_grads_peak``), since a rank's peak grows with each."""
     dense = spec.moe.num_dense_layers if spec.moe else 0
     rows, start = [], 0
     for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
@@ -322,13 +371,18 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
         start += layers
     if every_rank:
         return rows
-    chosen: dict[tuple, tuple[int, int, int, Fraction]] = {}
+    chosen: dict[tuple, dict[tuple, tuple[int, int, int, Fraction]]] = {}
     for row in rows:
         rank, start, layers, count = row
         key = (layers, _placement(mesh, rank, facts.v_shape and mesh.pp > 1), max(0, min(start + layers, dense) - start))
-        if key not in chosen or count > chosen[key][3]:
-            chosen[key] = row
-    return sorted(chosen.values())
+        held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches) if mesh.pp > 1 else 0
+        chosen.setdefault(key, {}).setdefault(
+            (count, held, _forward_after_first_backward(facts, count, num_micro_batches)), row)
+    kept = []
+    for group in chosen.values():
+        kept += [row for held, row in group.items()
+                 if not any(other != held and all(o >= h for o, h in zip(other, held)) for other in group)]
+    return sorted(kept)
 
 
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
@@ -354,16 +408,24 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         states, buffers = _stage_fixed(spec, training, impl, mesh, rank, start, layers, checkpointing)
         one = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=embedding,
                                  head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-        saved = int(one.saved_bytes * count)
+        w_saved = 0
         if mesh.pp > 1 and facts.w_deferred:
-            saved += facts.w_held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
-        acts = validated_copy(one, dict(saved_bytes=saved))
+            held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches)
+            w_saved = held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
         moe_layers = layers - max(0, min(start + layers, dense) - start)
         a2a = 2 * k * tokens * h * dt.compute if ep_experts and moe_layers else 0  # send + receive of one exchange
         buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
-        memory = memory_at_moments(states, acts, buffers, training, impl, world=shard_world)
+        if mesh.pp > 1:
+            count, saved, memory = _held_grads_peak(
+                states, one, buffers, training, impl, shard_world=shard_world, count=count,
+                chunks=mesh.chunks_per_rank, w_saved=w_saved,
+                forward_follows=_forward_after_first_backward(facts, count, num_micro_batches))
+        else:
+            saved = int(one.saved_bytes * count)
+            memory = memory_at_moments(states, validated_copy(one, dict(saved_bytes=saved)), buffers, training, impl,
+                                       world=shard_world)
         imbalance = 0
         if ep_experts and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
             rows = k * tokens * (routing_imbalance() - 1)

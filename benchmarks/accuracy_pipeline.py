@@ -4,6 +4,7 @@ stage simulator (``advisor.simulate.pipeline_stage``) and against published meas
 
     PYTHONPATH=$PWD python benchmarks/accuracy_pipeline.py               # all three parts
     PYTHONPATH=$PWD python benchmarks/accuracy_pipeline.py --no-simulate  # the estimate against the paper only
+    PYTHONPATH=$PWD python benchmarks/accuracy_pipeline.py --reuse-published-simulation  # part 3 from its CSV
 
 Writes ``benchmarks/results/accuracy_pipeline.md`` and ``.csv``.
 
@@ -332,6 +333,8 @@ def main() -> None:
     parser.add_argument("--no-simulate", action="store_true", help="skip parts 1 and 3 (the simulator)")
     parser.add_argument("--only", nargs="*", help="part 3: these row ids only")
     parser.add_argument("--no-published-simulation", action="store_true", help="skip part 3")
+    parser.add_argument("--reuse-published-simulation", action="store_true", help="part 3 from the last run's "
+                        "accuracy_pipeline_sim.csv (the simulator does not read the estimate); parts 1 and 2 run")
     parser.add_argument("--reuse", action="store_true", help="take parts 1 and 3 from the last run's CSVs and "
                         "simulate only the part-3 rows missing from accuracy_pipeline_sim.csv")
     args = parser.parse_args()
@@ -357,7 +360,10 @@ def main() -> None:
         lines += ["", "## Estimate vs simulator, every stage (small Llama-like: h 256, 8 layers, p 4, m 8, b 2, s 128, bf16-mixed)", ""]
         lines += summary(sim_est) + [""] + table(sim_est)
         csv_rows += [dict(part="estimate-vs-simulator", **r) for r in sim_est]
-        sim_pub = [] if args.no_published_simulation else simulate_vs_published(pub, set(args.only) if args.only else None)
+        if args.reuse_published_simulation:
+            sim_pub = _reuse(pub)[1]
+        else:
+            sim_pub = [] if args.no_published_simulation else simulate_vs_published(pub, set(args.only) if args.only else None)
         lines += ["", "## Simulator vs the paper, Table 4 (GPT-2 shapes on fake tensors, the worst stage, m = 2p)", ""]
         lines += summary(sim_pub) + [""] + table(sim_pub)
         csv_rows += [dict(part="simulator-vs-published", **r) for r in sim_pub]

@@ -108,14 +108,18 @@ def in_flight(schedule: str, *, rank: int, pp: int, micro_batches: int, chunks: 
 
 
 def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int) -> int:
-    """Micro-batches whose deferred W inputs rank ``rank`` holds at its peak (the table's ``w_held``):
-    the one whose B is running, plus, under ZB-H1, the ``i`` W passes stage i delays (Qi et al. 2024,
-    Figure 3: stage i runs W i passes behind its B, so the last stages fill the drain with W)."""
-    if not load_schedules()[schedule].w_deferred:
+    """Micro-batches whose deferred W inputs rank ``rank`` holds beside those in flight when a B starts (the
+    table's ``w_held``): those whose B has run and whose W has not. ZB-H2 runs each W right after its B: none.
+    ZB-H1 runs stage i's W i passes behind its B (Qi et al. 2024, Figure 3): i. The running B's own W inputs
+    are not counted: they are saved activations of a micro-batch in flight, and its output gradients replace
+    the activations B frees layer by layer (simulated, small Llama p 4: ZB-H2's last stage peaks at 1F1B's
+    figure to the byte)."""
+    facts = load_schedules()[schedule]
+    if not facts.w_deferred:
         return 0
-    if schedule == "zb_h1":
-        return min(micro_batches, rank + 1)
-    return 1
+    if schedule == "zb_h1":  # the table's "min(m - 1, i)"
+        return min(micro_batches - 1, rank)
+    return int(facts.w_held)  # a constant: ZB-H2 0; ZB-V, DualPipeV 1 (no simulated order to count them on)
 
 
 class StageMemory(BaseModel):

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import ActivationEstimate, shape_of
 from advisor.estimate.activations_blocks import rms_norm_per_token
+from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.memory import MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
 from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_support, mesh_activations,
                                              ring_buffer_bytes, tp_rank_spec)
@@ -299,7 +300,7 @@ def _forward_after_first_backward(facts: ScheduleFacts, count: Fraction, num_mic
 
 def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: StrategyBuffers, training: TrainingConfig,
                      impl: Implementation, *, shard_world: int, count: Fraction, chunks: int, w_saved: int,
-                     forward_follows: bool) -> tuple[Fraction, int, MemoryBreakdown]:
+                     loss_kept: int, forward_follows: bool) -> tuple[Fraction, int, MemoryBreakdown]:
     """(micro-batches in flight, saved bytes, moments) at the rank's peak. In a pipeline every pass after a
     rank's first backward runs with its gradients allocated (accumulated over the step's micro-batches).
     FSDP2 over dp_shard x cp > 1 books them as its unsharded accumulators (``_pipelined_fsdp``); with one
@@ -307,10 +308,11 @@ def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: Stra
     book only at the optimizer step. Where a forward follows the first backward the rank peaks after it,
     ``count`` in flight, gradients allocated; where none does (GPipe, m within the warm-up) the peak is
     the larger of the first backward (``count`` in flight, no gradients yet) and the second (one chunk
-    micro-batch fewer, gradients allocated)."""
+    micro-batch fewer, gradients allocated). ``loss_kept``: what the loss keeps of each in-flight micro-batch
+    beside the one whose loss the moments count (the last stage's, ``activations_loss.loss_kept_bytes``)."""
 
     def at(in_flight_now: Fraction, grads: int) -> tuple[Fraction, int, MemoryBreakdown]:
-        saved = int(one.saved_bytes * in_flight_now) + w_saved
+        saved = int(one.saved_bytes * in_flight_now) + w_saved + int(loss_kept * max(0, in_flight_now - 1))
         acts = validated_copy(one, dict(saved_bytes=saved))
         return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
                                                        held_grads=grads)
@@ -422,9 +424,15 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
         if mesh.pp > 1:
+            # The last chunk's micro-batches in flight each keep their loss's saved tensors. Only a rank with
+            # one chunk holds more than one of them: interleaved and V schedules run the last chunk's
+            # backward right after its forward.
+            loss_kept = 0
+            if head and mesh.chunks_per_rank == 1 and not facts.v_shape:
+                loss_kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=h, dt=dt)
             count, saved, memory = _held_grads_peak(
                 states, one, buffers, training, impl, shard_world=shard_world, count=count,
-                chunks=mesh.chunks_per_rank, w_saved=w_saved,
+                chunks=mesh.chunks_per_rank, w_saved=w_saved, loss_kept=loss_kept,
                 forward_follows=_forward_after_first_backward(facts, count, num_micro_batches))
         else:
             saved = int(one.saved_bytes * count)

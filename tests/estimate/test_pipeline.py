@@ -84,8 +84,10 @@ def test_v_schedules_are_balanced_and_capped_by_m():
 @pytest.mark.parametrize("schedule, expected", [
     # pp 4 (one block a rank), m 8: in flight x one micro-batch (ONE_LAYER above). GPipe holds all 8 at
     # its first backward, 7 at its second, by then with the rank's fp32 gradients (rank 0: 4 x 53,376 =
-    # 213,504 bytes, far more than one micro-batch's 3,200), so its peak is the second: 7 each.
-    ("gpipe", [7 * 3_200, 7 * 3_072, 7 * 3_072, 7 * 11_392]),
+    # 213,504 bytes, far more than one micro-batch's 3,200), so its peak is the second: 7 each. The last rank
+    # computes each micro-batch's loss in its forward: the 6 whose backward has not begun each keep the fp32
+    # log-softmax output, 16 tokens x 256 x 4 = 16,384 (the running one's is the moments' loss term).
+    ("gpipe", [7 * 3_200, 7 * 3_072, 7 * 3_072, 7 * 11_392 + 6 * 16_384]),
     ("1f1b", [4 * 3_200, 3 * 3_072, 2 * 3_072, 1 * 11_392]),
     # ZB-H2 runs each W right after its B: when a B starts no W is pending, and the running B's W inputs are
     # its own saved activations (its output gradients replace what it frees), so nothing beyond 2 (p - i) - 1.

@@ -288,7 +288,14 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
   stage 0), the simulator plain autocast over fp32 weights (fp32 residual stream and the 16-bit input casts
   saved: 7.01 MiB a micro-batch on stage 0 where the estimate counts 5.76; autocast's cache of the blocks'
   16-bit weights, 3.0 MiB, for the whole step). The two differences offset each other on the schedules with
-  few micro-batches in flight; GPipe (8 in flight) shows the activation side (-7.5% median).
+  few micro-batches in flight; GPipe (8 in flight) shows the activation side (-7.5% median). Run both in pure
+  bf16 (the same dtypes on both sides; not a table here) and a micro-batch's saved activations agree (GPipe,
+  stage 0: 5.76 MiB estimated, 5.73 simulated; the last stage 7.13 and 7.11), and what is left is the
+  one-shard FSDP2 buffers alone (1F1B +18.6% to +27.9%, 7.2-7.7 MiB of temporaries the simulator has not).
+  Three recipes meet at dp_shard 1 and the estimate matches none exactly: the simulator and torchtitan run no
+  FSDP there; `wrappers.pipeline` runs FSDP2 over a one-rank mesh with reshard_after_forward=False (the whole
+  stage unsharded and its accumulated gradients, what `_pipelined_fsdp` books for dp_shard > 1); the estimate
+  books FSDP2's ZeRO-3 buffers at a world of one (the root and two blocks unsharded) and the stage's gradients.
 - Megatron's fp16 O2 recipe (fp16 parameters and gradients, fp32 master copy): the estimate's fp16-mixed keeps fp32
   parameters and autocast copies (the same 16 bytes a parameter, different activation dtypes); attention dropout
   (the simulator runs attention dropout 0, as CUDA's flash kernels cost nothing for it).

@@ -22,9 +22,13 @@ What rank i of p holds:
   them), times the micro-batches the schedule keeps in flight on that rank (the table's
   ``in_flight``: GPipe m, 1F1B p - i, interleaved Megatron's warm-up, ZB-H2 2 (p - i) - 1, ZB-V p,
   DualPipeV p + 1/2), plus, under the schedules that defer the weight-gradient pass (W), what W
-  needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer.
-  Token ids are saved on the first rank only, the labels, the final norm and the logits on the last;
-  each rank keeps its receive buffers for one activation and one gradient (b x s/cp x h).
+  needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer
+  (those deferred when a B starts: ZB-H1 i on rank i, ZB-H2 none). Token ids are saved on the first
+  rank only, the labels, the final norm and the logits on the last, where each in-flight micro-batch
+  also keeps its loss's saved tensors (the loss runs in its forward); each rank keeps its receive
+  buffers for one activation and one gradient (b x s/cp x h).
+- Gradients: every pass after a rank's first backward runs with the rank's gradients allocated
+  (``_held_grads_peak``).
 - Experts under ``ep`` (torchtitan's placement with expert tensor parallelism = tp, ep carved out of
   dp_shard x cp): each rank holds E/ep routed experts of each of its MoE layers, split by tp like the
   other block weights, sharded by FSDP2 over the expert data-parallel group dp_shard x cp / ep, so a

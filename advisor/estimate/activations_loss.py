@@ -46,3 +46,13 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes)
         kept = grad_input + head * dt.residual
         return max(in_loop, at_end), 2 * kept
     return tokens * vocab * (dt.compute + 2 * FP32), tokens * vocab * 3 * FP32
+
+
+def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes") -> int:
+    """What the loss path keeps for its backward once the forward has returned the loss (``loss_bytes``'
+    kernels): hf and chunked the fp32 log-softmax output of every logit; fused the input gradient and the
+    head's gradient its forward computed. A pipeline's last stage computes the loss in each micro-batch's
+    forward, so each of its micro-batches in flight keeps this until its backward."""
+    if kernel == "fused":
+        return tokens * hidden * dt.residual + vocab * hidden * dt.residual
+    return tokens * vocab * FP32

@@ -260,11 +260,13 @@ def estimate_memory(
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
-                      dequantized: int = 0) -> MemoryBreakdown:
+                      dequantized: int = 0, held_grads: int = 0) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
-    dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``)."""
+    dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``).
+    ``held_grads``: gradients already allocated during forward and backward (a pipeline rank's own,
+    from its first backward on: ``advisor.estimate.pipeline``)."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -277,7 +279,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     gpu_grads = 0 if cpu_side else states.grads
     # DeepSpeed keeps a flat gradient buffer at rest; the torch engines allocate gradients in backward.
     rest_grads = gpu_grads if training.engine == "deepspeed" and not impl.shard_grads else 0
-    base = dict(params=gpu_params, grads=rest_grads, optimizer=gpu_opt)
+    base = dict(params=gpu_params, grads=rest_grads + held_grads, optimizer=gpu_opt)
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.
         "end_of_forward": dict(base, activations=acts.saved_bytes + logits,
@@ -298,7 +300,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                                            temporary=buffers.persistent + buffers.at_forward_start)
     if buffers.at_backward_end is not None:  # FSDP2: the blocks' gradient shards and the root's backward
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
-        moments["end_of_backward"] = dict(base, grads=rest_grads + shards, activations=0,
+        moments["end_of_backward"] = dict(base, grads=rest_grads + max(shards, held_grads), activations=0,
                                           temporary=buffers.persistent + buffers.at_backward_end)
     moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
     # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).

@@ -24,7 +24,10 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   output and the matmul saves the gathered tensor (Megatron instead re-gathers it in backward;
   torch does not), 2 x hidden per token per block, and under checkpointing the saved block inputs
   are sequence shards. CP splits the sequence: every per-token activation is divided by ``cp``
-  (SDPA/flash attention has no s^2 term, so nothing else depends on the sequence).
+  (SDPA/flash attention has no s^2 term, so nothing else depends on the sequence). Eager attention
+  (``--attention eager``) saves its b x heads x s x s scores (the fp32 softmax output and its
+  compute-dtype copy, ``advisor.estimate.activations_blocks.attention_per_token``) as in the
+  data-parallel estimate, for the rank's heads/tp; with cp it is refused (``check_mesh_support``).
   Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py).
 - Images (vision-language models, ``--images-per-sample``): the image tokens join the language
   model's sequence, as in the data-parallel estimate (``advisor.estimate.memory.image_tokens``), so
@@ -51,9 +54,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value
   gradients, two more chunks. Counted in a block's backward, the moment both exist.
 
-Supported here: Llama-like decoders (and MoE, its experts split by ``tp``) with SDPA attention,
-full fine-tuning on the torch engine's FSDP2 strategies. Everything else is refused with the
-constraint named (``check_mesh_support``). Pure functions, integer bytes.
+Supported here: Llama-like decoders (and MoE, its experts split by ``tp``) with SDPA attention (or
+eager, without cp), full fine-tuning on the torch engine's FSDP2 strategies. Everything else is refused
+with the constraint named (``check_mesh_support``). Pure functions, integer bytes.
 """
 
 from __future__ import annotations
@@ -160,7 +163,8 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     selective = checkpointing and training.activation_checkpointing == "selective"
     kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
-                               seq_len=rank_len, checkpointing=checkpointing, eager=False,
+                               seq_len=rank_len, checkpointing=checkpointing,
+                               eager=training.attention == "eager",
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))

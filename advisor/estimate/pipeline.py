@@ -22,9 +22,13 @@ What rank i of p holds:
   them), times the micro-batches the schedule keeps in flight on that rank (the table's
   ``in_flight``: GPipe m, 1F1B p - i, interleaved Megatron's warm-up, ZB-H2 2 (p - i) - 1, ZB-V p,
   DualPipeV p + 1/2), plus, under the schedules that defer the weight-gradient pass (W), what W
-  needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer.
-  Token ids are saved on the first rank only, the labels, the final norm and the logits on the last;
-  each rank keeps its receive buffers for one activation and one gradient (b x s/cp x h).
+  needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer
+  (those deferred when a B starts: ZB-H1 i on rank i, ZB-H2 none). Token ids are saved on the first
+  rank only, the labels, the final norm and the logits on the last, where each in-flight micro-batch
+  also keeps its loss's saved tensors (the loss runs in its forward); each rank keeps its receive
+  buffers for one activation and one gradient (b x s/cp x h).
+- Gradients: every pass after a rank's first backward runs with the rank's gradients allocated
+  (``_held_grads_peak``).
 - Experts under ``ep`` (torchtitan's placement with expert tensor parallelism = tp, ep carved out of
   dp_shard x cp): each rank holds E/ep routed experts of each of its MoE layers, split by tp like the
   other block weights, sharded by FSDP2 over the expert data-parallel group dp_shard x cp / ep, so a
@@ -48,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import ActivationEstimate, shape_of
 from advisor.estimate.activations_blocks import rms_norm_per_token
+from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.memory import MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
 from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_support, mesh_activations,
                                              ring_buffer_bytes, tp_rank_spec)
@@ -74,7 +79,8 @@ class ScheduleFacts(BaseModel):
     in_flight: str = Field(description="Rank micro-batches in flight on rank i (formula as written in the source).")
     bubble_coefficient: float = Field(ge=0, description="bubble = c x (p - 1) / v x (t_F + t_B) of one micro-batch.")
     w_deferred: bool = Field(description="The weight-gradient pass runs apart from the input-gradient pass.")
-    w_held: int = Field(ge=0, description="Micro-batches whose W inputs are held beyond those in flight.")
+    w_held: str = Field(description="Micro-batches whose W inputs rank i holds beyond those in flight (formula as "
+                        "written in the source; ``w_held`` evaluates it).")
     param_copies: int = Field(ge=1, description="Copies of the rank's share of the parameters.")
     v_shape: bool = Field(description="Two chunks per rank in a V: the first and last chunk on rank 0.")
     torch_class: str = Field(description="torch.distributed.pipelining schedule class.")
@@ -104,6 +110,21 @@ def in_flight(schedule: str, *, rank: int, pp: int, micro_batches: int, chunks: 
     if schedule == "dualpipev":
         return min(Fraction(m), Fraction(2 * p + 1, 2))
     raise ValueError(f"unknown pipeline schedule {schedule}")
+
+
+def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int) -> int:
+    """Micro-batches whose deferred W inputs rank ``rank`` holds beside those in flight when a B starts (the
+    table's ``w_held``): those whose B has run and whose W has not. ZB-H2 runs each W right after its B: none.
+    ZB-H1 runs stage i's W i passes behind its B (Qi et al. 2024, Figure 3): i. The running B's own W inputs
+    are not counted: they are saved activations of a micro-batch in flight, and its output gradients replace
+    the activations B frees layer by layer (simulated, small Llama p 4: ZB-H2's last stage peaks at 1F1B's
+    figure to the byte)."""
+    facts = load_schedules()[schedule]
+    if not facts.w_deferred:
+        return 0
+    if schedule == "zb_h1":  # the table's "min(m - 1, i)"
+        return min(micro_batches - 1, rank)
+    return int(facts.w_held)  # a constant: ZB-H2 0; ZB-V, DualPipeV 1 (no simulated order to count them on)
 
 
 class StageMemory(BaseModel):
@@ -275,6 +296,42 @@ def _pipelined_fsdp(buffers: StrategyBuffers, held: ModelSpec, training: Trainin
                                           at_backward_end=None))
 
 
+def _forward_after_first_backward(facts: ScheduleFacts, count: Fraction, num_micro_batches: int) -> bool:
+    """Whether the rank runs a forward after its first backward, so that it peaks, with ``count`` in
+    flight, after that backward: every schedule but GPipe once m exceeds what the warm-up holds."""
+    return facts.name != "gpipe" and count < num_micro_batches
+
+
+def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: StrategyBuffers, training: TrainingConfig,
+                     impl: Implementation, *, shard_world: int, count: Fraction, chunks: int, w_saved: int,
+                     loss_kept: int, forward_follows: bool) -> tuple[Fraction, int, MemoryBreakdown]:
+    """(micro-batches in flight, saved bytes, moments) at the rank's peak. In a pipeline every pass after a
+    rank's first backward runs with its gradients allocated (accumulated over the step's micro-batches).
+    FSDP2 over dp_shard x cp > 1 books them as its unsharded accumulators (``_pipelined_fsdp``); with one
+    shard they are the states' gradients (fp32 under mixed precision), which the data-parallel moments
+    book only at the optimizer step. Where a forward follows the first backward the rank peaks after it,
+    ``count`` in flight, gradients allocated; where none does (GPipe, m within the warm-up) the peak is
+    the larger of the first backward (``count`` in flight, no gradients yet) and the second (one chunk
+    micro-batch fewer, gradients allocated). ``loss_kept``: what the loss keeps of each in-flight micro-batch
+    beside the one whose loss the moments count (the last stage's, ``activations_loss.loss_kept_bytes``)."""
+
+    def at(in_flight_now: Fraction, grads: int) -> tuple[Fraction, int, MemoryBreakdown]:
+        saved = int(one.saved_bytes * in_flight_now) + w_saved + int(loss_kept * max(0, in_flight_now - 1))
+        acts = validated_copy(one, dict(saved_bytes=saved))
+        return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
+                                                       held_grads=grads)
+
+    if shard_world > 1:
+        return at(count, 0)
+    if forward_follows:
+        return at(count, states.grads)
+    first = at(count, 0)
+    if count <= Fraction(1, chunks):  # one backward only
+        return first
+    second = at(count - Fraction(1, chunks), states.grads)
+    return second if second[2].peak_allocated > first[2].peak_allocated else first
+
+
 @functools.lru_cache(maxsize=256)
 def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, rank: int,
                  start: int, layers: int, checkpointing: bool) -> tuple[ModelStates, StrategyBuffers]:
@@ -311,8 +368,10 @@ def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:
 def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
                        every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
     """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
-    (``every_rank=False``, the search) the one with the most in flight among ranks that hold the same
-    layers, embedding, head and dense layers, since a rank's peak grows with what it holds in flight."""
+    (``every_rank=False``, the search), among ranks that hold the same layers, embedding, head and dense
+    layers, those that no other holds at least as much as: micro-batches in flight, deferred W passes
+    (ZB-H1's grow with the rank) and a forward after the first backward (gradients with all in flight,
+    ``_held_grads_peak``), since a rank's peak grows with each."""
     dense = spec.moe.num_dense_layers if spec.moe else 0
     rows, start = [], 0
     for rank, layers in enumerate(mesh.stage_layers(spec.num_layers or 1)):
@@ -322,13 +381,18 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
         start += layers
     if every_rank:
         return rows
-    chosen: dict[tuple, tuple[int, int, int, Fraction]] = {}
+    chosen: dict[tuple, dict[tuple, tuple[int, int, int, Fraction]]] = {}
     for row in rows:
         rank, start, layers, count = row
         key = (layers, _placement(mesh, rank, facts.v_shape and mesh.pp > 1), max(0, min(start + layers, dense) - start))
-        if key not in chosen or count > chosen[key][3]:
-            chosen[key] = row
-    return sorted(chosen.values())
+        held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches) if mesh.pp > 1 else 0
+        chosen.setdefault(key, {}).setdefault(
+            (count, held, _forward_after_first_backward(facts, count, num_micro_batches)), row)
+    kept = []
+    for group in chosen.values():
+        kept += [row for held, row in group.items()
+                 if not any(other != held and all(o >= h for o, h in zip(other, held)) for other in group)]
+    return sorted(kept)
 
 
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
@@ -354,16 +418,30 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         states, buffers = _stage_fixed(spec, training, impl, mesh, rank, start, layers, checkpointing)
         one = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=embedding,
                                  head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-        saved = int(one.saved_bytes * count)
+        w_saved = 0
         if mesh.pp > 1 and facts.w_deferred:
-            saved += facts.w_held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
-        acts = validated_copy(one, dict(saved_bytes=saved))
+            held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches)
+            w_saved = held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
         moe_layers = layers - max(0, min(start + layers, dense) - start)
         a2a = 2 * k * tokens * h * dt.compute if ep_experts and moe_layers else 0  # send + receive of one exchange
         buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
-        memory = memory_at_moments(states, acts, buffers, training, impl, world=shard_world)
+        if mesh.pp > 1:
+            # The last chunk's micro-batches in flight each keep their loss's saved tensors. Only a rank with
+            # one chunk holds more than one of them: interleaved and V schedules run the last chunk's
+            # backward right after its forward.
+            loss_kept = 0
+            if head and mesh.chunks_per_rank == 1 and not facts.v_shape:
+                loss_kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=h, dt=dt)
+            count, saved, memory = _held_grads_peak(
+                states, one, buffers, training, impl, shard_world=shard_world, count=count,
+                chunks=mesh.chunks_per_rank, w_saved=w_saved, loss_kept=loss_kept,
+                forward_follows=_forward_after_first_backward(facts, count, num_micro_batches))
+        else:
+            saved = int(one.saved_bytes * count)
+            memory = memory_at_moments(states, validated_copy(one, dict(saved_bytes=saved)), buffers, training, impl,
+                                       world=shard_world)
         imbalance = 0
         if ep_experts and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
             rows = k * tokens * (routing_imbalance() - 1)

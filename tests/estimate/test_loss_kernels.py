@@ -49,3 +49,16 @@ def test_chunked_and_fused_drop_the_full_logits():
     hf, chunked, fused = (_estimate(loss, "zero3", False).peak_allocated for loss in ("hf", "chunked", "fused"))
     assert hf - chunked == 458_752_000
     assert fused < chunked
+
+
+def test_what_each_loss_keeps_for_its_backward_by_hand():
+    """After the forward (a pipeline's last stage, per micro-batch in flight): hf and chunked the fp32
+    log-softmax, 2,048 tokens x 32,000 x 4 = 262,144,000 bytes; fused the input gradient (2,048 x 256 x 2 =
+    1,048,576, bf16 residual) and the head's gradient (32,000 x 256 x 2 = 16,384,000)."""
+    from advisor.estimate.activations import Dtypes
+    from advisor.estimate.activations_loss import loss_kept_bytes
+
+    dt = Dtypes(residual=2, compute=2, input_casts=False)
+    kept = {kernel: loss_kept_bytes(kernel, tokens=2_048, vocab=32_000, hidden=256, dt=dt)
+            for kernel in ("hf", "chunked", "fused")}
+    assert kept == {"hf": 262_144_000, "chunked": 262_144_000, "fused": 1_048_576 + 16_384_000}

@@ -78,6 +78,18 @@ def test_without_sequence_parallelism_the_norms_stay_whole(tiny):
     assert layer == 16 * 1_736
 
 
+def test_eager_attention_keeps_its_scores_on_a_tp_mesh(tiny):
+    """--attention eager under tp 2 (no SP): the rank's 2 heads (q width 32) save q and repeated k, v
+    (3 x 2 x 32 = 192), the fp32 softmax output and its bf16 copy over 16 keys a head (2 x 16 x (4 + 2)
+    = 192) and the AV output (2 x 32 = 64): 448 a token, where SDPA saves 200. Norms 1,024 and MLP 512
+    as above: 1,984. The scores are the rank's heads only: at tp 1 they are 4 x 16 x 6 = 384."""
+    eager = TrainingConfig(seq_len=16, attention="eager")
+    layer = {tp: mesh_activations(tiny, eager, ZERO3, _mesh(tp, tp=tp), micro_batch_size=1,
+                                  checkpointing=False).layer_bytes for tp in (1, 2)}
+    assert layer[2] == 16 * 1_984
+    assert layer[1] == 16 * (2_448 - 400 + 3 * 2 * 64 + 384 + 2 * 64)
+
+
 def test_a_tied_embedding_is_replicated_over_tp():
     # wrappers.tensor_parallel leaves a tied embedding/head out of the plan: 16,384 whole on each TP rank.
     spec = count_from_config(dict(TINY, tie_word_embeddings=True), name="tiny-tied", source="local")

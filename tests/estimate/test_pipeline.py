@@ -82,29 +82,74 @@ def test_v_schedules_are_balanced_and_capped_by_m():
 
 
 @pytest.mark.parametrize("schedule, expected", [
-    # pp 4 (one block a rank), m 8: in flight x one micro-batch (ONE_LAYER above).
-    ("gpipe", [8 * 3_200, 8 * 3_072, 8 * 3_072, 8 * 11_392]),
+    # pp 4 (one block a rank), m 8: in flight x one micro-batch (ONE_LAYER above). GPipe holds all 8 at
+    # its first backward, 7 at its second, by then with the rank's fp32 gradients (rank 0: 4 x 53,376 =
+    # 213,504 bytes, far more than one micro-batch's 3,200), so its peak is the second: 7 each. The last rank
+    # computes each micro-batch's loss in its forward: the 6 whose backward has not begun each keep the fp32
+    # log-softmax output, 16 tokens x 256 x 4 = 16,384 (the running one's is the moments' loss term).
+    ("gpipe", [7 * 3_200, 7 * 3_072, 7 * 3_072, 7 * 11_392 + 6 * 16_384]),
     ("1f1b", [4 * 3_200, 3 * 3_072, 2 * 3_072, 1 * 11_392]),
-    # ZB-H2 also holds one deferred W pass a rank: per token and block the linears' inputs (q/k/v's and
-    # gate/up's normalised input 64, o_proj's 64, down_proj's 128) and their output gradients
-    # (q 64 + k 32 + v 32, o 64, gate 128 + up 128, down 64), 2 bytes each: 2 x (64+64+64+128 + 64+64+64+256)
-    # = 1,664 bytes, x 16 tokens = 26,624.
-    ("zb_h2", [7 * 3_200 + 26_624, 5 * 3_072 + 26_624, 3 * 3_072 + 26_624, 1 * 11_392 + 26_624]),
+    # ZB-H2 runs each W right after its B: when a B starts no W is pending, and the running B's W inputs are
+    # its own saved activations (its output gradients replace what it frees), so nothing beyond 2 (p - i) - 1.
+    ("zb_h2", [7 * 3_200, 5 * 3_072, 3 * 3_072, 1 * 11_392]),
 ])
 def test_saved_activations_per_stage_by_hand(tiny, schedule, expected):
     assert ONE_LAYER == {"first": 3_200, "middle": 3_072, "last": 11_392}
     assert [s.activation_bytes for s in _stages(tiny, 4, schedule)] == expected
 
 
+# What a deferred W pass holds of one block, per token: the linears' inputs (q/k/v's and gate/up's normalised
+# input 64, o_proj's 64, down_proj's 128) and their output gradients (q 64 + k 32 + v 32, o 64, gate 128 +
+# up 128, down 64), 2 bytes each: 2 x (64+64+64+128 + 64+64+64+256) = 1,664 bytes, x 16 tokens = 26,624.
+W_STASH = 26_624
+
+
+def test_zb_h1_holds_the_w_passes_it_defers(tiny):
+    """ZB-H1 delays stage i's W by i passes (Qi et al. 2024, Figure 3): when a B starts rank i holds p - i
+    micro-batches in flight and the W inputs of the i whose W it deferred."""
+    assert [s.activation_bytes for s in _stages(tiny, 4, "zb_h1")] == [
+        4 * 3_200, 3 * 3_072 + 1 * W_STASH, 2 * 3_072 + 2 * W_STASH, 1 * 11_392 + 3 * W_STASH]
+
+
+@pytest.mark.parametrize("schedule", ["zb_h1", "zb_h2"])
+@pytest.mark.parametrize("pp, m", [(2, 1), (2, 8), (4, 3), (4, 8), (6, 12)])
+def test_w_held_is_what_the_simulated_order_holds(schedule, pp, m):
+    """The W stashes when a B starts, counted on the order the stage simulator replays
+    (advisor.simulate.pipeline_order): the micro-batches whose B has run and whose W has not."""
+    from advisor.estimate.pipeline import w_held
+    from advisor.simulate.pipeline_order import stage_order
+
+    for rank in range(pp):
+        order = stage_order(schedule.replace("_", "-"), stage=rank, num_stages=pp, num_microbatches=m)
+        done_b = done_w = most = 0
+        for step in order:
+            if step.kind == "B":
+                most = max(most, done_b - done_w)
+                done_b += 1
+            done_w += step.kind == "W"
+        assert w_held(schedule, rank=rank, pp=pp, micro_batches=m) == most
+
+
+def test_gradients_are_held_after_the_first_backward(tiny):
+    """dp_shard 1 (whole fp32 states): 1F1B's ranks peak at a backward after their first, every gradient
+    allocated: rank 0 4 x (36,992 + 16,384) = 213,504 bytes, rank 1 4 x 36,992 = 147,968, the last rank
+    4 x (36,992 + 16,384 + 64) = 213,760. With m = 4 rank 0's warm-up holds every micro-batch and no forward
+    follows its first backward: its second (3 in flight, gradients allocated) is still the larger here."""
+    assert [s.memory.grads for s in _stages(tiny, 4, "1f1b")] == [213_504, 147_968, 147_968, 213_760]
+    first = _stages(tiny, 4, "1f1b", m=4)[0]
+    assert (first.in_flight, first.memory.grads, first.activation_bytes) == (3, 213_504, 3 * 3_200)
+
+
 def test_v_shape_puts_embedding_and_head_on_rank_zero(tiny):
     """ZB-V on pp 2 (two chunks a rank, one block each): rank 0 holds chunks 0 and 3, so the
     embedding, the head and the final norm: 2 blocks + 16,384 + 16,384 + 64 = 106,816 parameters;
     rank 1 two blocks alone, 73,984. In flight: p = 2 micro-batches on both, rank 0's one through its
-    two blocks = 16 x (2 x 128 + 64 + 8 + 8 + 512) = 16 x 848 = 13,568, plus the W inputs of 2 blocks (2 x 26,624)."""
+    two blocks = 16 x (2 x 128 + 64 + 8 + 8 + 512) = 16 x 848 = 13,568, plus the table's one deferred W pass
+    through 2 blocks (2 x W_STASH)."""
     first, second = _stages(tiny, 2, "zbv")
     assert (first.embedding, first.head, second.embedding, second.head) == (True, True, False, False)
     assert (first.memory.states_params, second.memory.states_params) == (4 * 106_816, 4 * 73_984)
-    assert first.activation_bytes == 2 * 13_568 + 2 * 26_624
+    assert first.activation_bytes == 2 * 13_568 + 2 * W_STASH
 
 
 def test_worst_stage_is_the_reported_peak(tiny):

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.mesh_time import _ring_s, _tp_s, group_collective_s
-from advisor.estimate.pipeline import _stage_spec, layers_cut, load_schedules
+from advisor.estimate.pipeline import _stage_spec, layers_cut
+from advisor.estimate.pipeline_schedules import load_schedules
 from advisor.estimate.step_time import (GB, TFLOPS, StepTime, _exposed, _total, _Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware

@@ -28,7 +28,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from advisor.estimate.pipeline import load_schedules, num_micro_batches
+from advisor.estimate.pipeline_schedules import load_schedules, num_micro_batches
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec

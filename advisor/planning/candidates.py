@@ -170,7 +170,8 @@ def evaluate_candidate(
         from advisor.estimate.mesh_time import estimate_mesh_step_time
         from advisor.estimate.model_parallel import estimate_mesh_memory
     if pipelined:
-        from advisor.estimate.pipeline import estimate_pipeline_memory, num_micro_batches
+        from advisor.estimate.pipeline import estimate_pipeline_memory
+        from advisor.estimate.pipeline_schedules import num_micro_batches
         from advisor.estimate.pipeline_time import estimate_pipeline_step_time
 
     # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the

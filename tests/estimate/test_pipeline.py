@@ -6,7 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from advisor.estimate.pipeline import estimate_pipeline_memory, in_flight, split_layers
+from advisor.estimate.pipeline import estimate_pipeline_memory, split_layers
+from advisor.estimate.pipeline_schedules import in_flight
 from advisor.estimate.pipeline_time import estimate_pipeline_step_time
 from advisor.hardware.cluster import parse_gpus
 from advisor.mesh import ParallelDims
@@ -116,7 +117,7 @@ def test_zb_h1_holds_the_w_passes_it_defers(tiny):
 def test_w_held_is_what_the_simulated_order_holds(schedule, pp, m):
     """The W stashes when a B starts, counted on the order the stage simulator replays
     (advisor.simulate.pipeline_order): the micro-batches whose B has run and whose W has not."""
-    from advisor.estimate.pipeline import w_held
+    from advisor.estimate.pipeline_schedules import w_held
     from advisor.simulate.pipeline_order import stage_order
 
     for rank in range(pp):

@@ -56,7 +56,7 @@ def _reloaded(plan) -> dict:
 def test_schedule_table_agrees_with_torch():
     from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
-    from advisor.estimate.pipeline import load_schedules
+    from advisor.estimate.pipeline_schedules import load_schedules
 
     multi = set(torchtitan_keys()["multi_stage_schedules"])
     for facts in load_schedules().values():

@@ -237,9 +237,11 @@ _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
-    target_len: int | None = None,
+    target_len: int | None = None, head_grads: bool = True,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
+    ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
+    trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
     fine-tune count, an overestimate, and the plan says so)."""
     if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
@@ -271,7 +273,8 @@ def estimate_activations(
         recompute = layer - tokens * kept
     else:
         saved, recompute = layers_total + outside, 0
-    logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
+    logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
+                              head_trains=head_grads and adapters is None)
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)

@@ -140,6 +140,8 @@ def reestimate(row: dict) -> dict:
         fields = estimate_fields(candidate)
     except ValueError as exc:
         return dict(row, status="unsupported", message=str(exc).splitlines()[0][:300])
+    except Exception as exc:  # noqa: BLE001
+        return dict(row, status="error", message=f"planner: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     if row["status"] != "ok":  # newly supported: simulate it now
         return run_case(case)
     return dict(row, **fields, err_pct=round(100 * (fields["est_bytes"] - row["sim_bytes"]) / row["sim_bytes"], 3))

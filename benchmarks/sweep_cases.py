@@ -184,15 +184,16 @@ def known_gap(case: dict) -> str | None:
         return "--loss fused on a head wrappers.losses refuses (no .lm_head or a biased one): planned, not runnable"
     if job["lora"] is not None and case["kind"] == "traced":
         return "LoRA on a traced family: the planner cannot count its adapters (issue 20, item 3)"
-    if family == "mixtral" and job["precision"] != "bf16":
-        return ("Mixtral's experts run torch._grouped_mm, which takes bf16 only: under autocast (ddp) or fp32 "
-                "the step raises; planned, not runnable")
+    if family == "mixtral" and (job["precision"] in ("fp32", "fp16-mixed") or
+                                (job["strategy"] == "ddp" and job["precision"] != "bf16")):
+        return ("Mixtral's experts run torch._grouped_mm, which takes bf16 only: fp32, fp16 and DDP's autocast "
+                "(the fp32 weights reach it uncast) raise; planned, not runnable (FSDP2 bf16-mixed casts, and runs)")
     if job["lora"] is not None and job["lora"]["dora"]:
         return ("DoRA: the estimate's per-target weight-norm buffers do not follow the step (+179.5% under full "
                 "checkpointing on FSDP2 fp32, -2.5% selective): not diagnosed")
     if job["checkpointing"] == "selective" and job["loss"] != "chunked" and job["tp"] == 1:
-        return ("selective checkpointing: the block backward is over-estimated at long sequences over small "
-                "vocabularies (+9.1% qwen3 s8192 v1664, +11.2% qwen2 s4096 v3328): not diagnosed")
+        return ("selective checkpointing (hf and fused losses): the block backward is off by -13.2% to +11.2% "
+                "(+9.1% qwen3 s8192 v1664, +11.2% qwen2 s4096 v3328): not diagnosed")
     if job["loss"] == "fused" and (job["tp"] > 1 or case["kind"] == "traced"):
         return ("fused loss on a TP mesh (+5.6%, gemma tp 2) or a traced family (-19.9%, granite under FSDP2 "
                 "at s256, where the estimate's start of forward decides): not diagnosed")

@@ -60,6 +60,7 @@ class ActivationShape(BaseModel):
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
+    sliding_window: int | None = Field(default=None, description="Attention span of every layer (tokens); None: full.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -195,6 +196,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             moe=spec.moe,
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
+            sliding_window=spec.sliding_window if family == "decoder" else None,
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             note=note,

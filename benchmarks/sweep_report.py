@@ -73,7 +73,11 @@ def summarise(rows: list[dict], *, worst: int = 15) -> str:
              f"% of the simulated peak: median {total['median']:.2f}%, p90 {total['p90']:.2f}%, "
              f"max {total['max']:.2f}% (goal per group: p90 <= {P90_GOAL:g}%, max <= {MAX_GOAL:g}%).", "",
              "Regenerate: `PYTHONPATH=$PWD python benchmarks/sweep.py --seed S --cases N` (appends to "
-             "benchmarks/results/sweep.jsonl, skips cases already there); `--reestimate` re-scores every row.", "",
+             "benchmarks/results/sweep.jsonl, skips cases already there); `--reestimate` re-scores every row; "
+             "`python benchmarks/sweep_case.py ID` replays one case with its timeline beside the estimate's moments.", "",
+             "Not in the sweep: dp, zero1 and the offload strategies (the simulator does not run them: "
+             "`advisor.simulate.step.not_simulated`) and context parallelism (ring attention needs CUDA). "
+             "Simulated: one rank's measured step on fake tensors (CPU), the reference the estimate is held to.", "",
              "| group | value | n | median | p90 | max | mean signed | goal |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for group, value, s in group_table(ok):

@@ -61,6 +61,8 @@ class ActivationShape(BaseModel):
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
     sliding_window: int | None = Field(default=None, description="Attention span of every layer (tokens); None: full.")
+    attn_softcap: bool = Field(default=False, description="Soft-capped attention scores (Gemma 2; eager only).")
+    logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -197,6 +199,8 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
             sliding_window=spec.sliding_window if family == "decoder" else None,
+            attn_softcap=spec.attn_softcap and family == "decoder",
+            logit_softcap=spec.logit_softcap and family == "decoder",
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             note=note,
@@ -277,6 +281,10 @@ def estimate_activations(
         saved, recompute = layers_total + outside, 0
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
+    if shape.logit_softcap and loss_kernel == "hf":
+        # Gemma 2's head: tanh(logits / cap) is saved (tanh's backward reads its output) until the loss's
+        # gradient reaches it. Measured: +33,554,432 bytes = 2048 tokens x 8192 x 2 (bf16-mixed).
+        logits, loss = logits + tokens * vocab * dt.compute, loss + tokens * vocab * dt.compute
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)

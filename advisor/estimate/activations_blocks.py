@@ -86,6 +86,8 @@ def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eag
         # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
         # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
         attn = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len + cb * q
+        if shape.attn_softcap:  # Gemma 2: tanh(scores / cap) saved per head and key (tanh's backward reads it)
+            attn += cb * shape.num_attention_heads * seq_len
     else:
         # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)

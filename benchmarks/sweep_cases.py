@@ -182,7 +182,9 @@ def known_gap(case: dict) -> str | None:
                 "measured on an H100: activations_blocks.cuda_math_sdpa), the CPU's flash kernel saves none")
     if family == "gemma2":
         return ("gemma2 (eager): a sliding-window mask beside the full one, b x s x s fp32, is not in the formula "
-                "(16,840,044 bytes at s 2048, -3.0%); the soft-capping tanh outputs are")
+                "(16,840,044 bytes at s 2048, -3.0%), nor eager attention's s^2 backward temporaries (softmax and "
+                "tanh gradients: -14% to -26% where a block's backward decides at s 2048-8192); the soft-capping "
+                "tanh outputs saved in forward are")
     if window is not None and job["seq_len"] > window and job["checkpointing"] != "off":
         return ("sliding window shorter than the sequence under checkpointing: -3.2% on a 2-layer Mistral at "
                 "s 2048 (window 1024, bf16-mixed, full checkpointing): not diagnosed")

@@ -137,6 +137,8 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     base = 2 * FP32 * h + 3 * cb * I
     if eager:
         base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
+            base += cb * shape.num_attention_heads * seq_len
     else:
         base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
         base += window_mask_per_token(shape, dt, seq_len=seq_len)

@@ -37,3 +37,13 @@ def test_softcapping_adds_what_the_simulated_step_adds(attn, final):
     measured = SIMULATED[(attn, final)] - SIMULATED[(None, None)]
     assert _peak(attn, final) - _peak(None, None) == measured
     assert measured == (2 * 4 * 2048 * 2048 * 2 if attn else 0) + (2048 * 8192 * 2 if final else 0)
+
+
+def test_config_class_defaults_apply():
+    # Gemma2Config soft-caps by default (50.0 and 30.0): a config that leaves the keys out is capped.
+    from advisor.model.sources import spec_from_config
+
+    bare = {k: v for k, v in _config(None, None).items() if not k.endswith("softcapping")}
+    spec = spec_from_config(bare, name="g", source="local")
+    assert spec.attn_softcap and spec.logit_softcap
+    assert not spec_from_config(_config(None, None), name="g", source="local").attn_softcap

@@ -188,8 +188,9 @@ def known_gap(case: dict) -> str | None:
     if window is not None and job["seq_len"] > window and job["checkpointing"] != "off":
         return ("sliding window shorter than the sequence under checkpointing: -3.2% on a 2-layer Mistral at "
                 "s 2048 (window 1024, bf16-mixed, full checkpointing): not diagnosed")
-    if job["loss"] == "fused" and family in ("gpt_neox", "phi", "falcon"):
-        return "--loss fused on a head wrappers.losses refuses (no .lm_head or a biased one): planned, not runnable"
+    if job["loss"] != "hf" and family in ("gpt_neox", "phi", "falcon", "gpt2"):
+        return ("--loss chunked/fused on a model wrappers.losses refuses (no .model, no .lm_head or a biased one): "
+                "advisor plan plans it, wrap() and the simulator cannot run it")
     if job["lora"] is not None and case["kind"] == "traced":
         return "LoRA on a traced family: the planner cannot count its adapters (issue 20, item 3)"
     if family == "mixtral" and (job["precision"] in ("fp32", "fp16-mixed") or

@@ -60,6 +60,9 @@ class ActivationShape(BaseModel):
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
     mla: MlaFacts | None = Field(default=None, description="Multi-head latent attention (DeepSeek).")
     qk_norm: bool = Field(default=False, description="Per-head RMSNorm on q and k (Qwen3).")
+    sliding_window: int | None = Field(default=None, description="Attention span of every layer (tokens); None: full.")
+    attn_softcap: bool = Field(default=False, description="Soft-capped attention scores (Gemma 2; eager only).")
+    logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -195,6 +198,9 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             moe=spec.moe,
             mla=spec.mla,
             qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
+            sliding_window=spec.sliding_window if family == "decoder" else None,
+            attn_softcap=spec.attn_softcap and family == "decoder",
+            logit_softcap=spec.logit_softcap and family == "decoder",
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             note=note,
@@ -237,9 +243,11 @@ _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
-    target_len: int | None = None,
+    target_len: int | None = None, head_grads: bool = True,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
+    ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
+    trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
     fine-tune count, an overestimate, and the plan says so)."""
     if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
@@ -271,7 +279,12 @@ def estimate_activations(
         recompute = layer - tokens * kept
     else:
         saved, recompute = layers_total + outside, 0
-    logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt)
+    logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
+                              head_trains=head_grads and adapters is None)
+    if shape.logit_softcap and loss_kernel == "hf":
+        # Gemma 2's head: tanh(logits / cap) is saved (tanh's backward reads its output) until the loss's
+        # gradient reaches it. Measured: +33,554,432 bytes = 2048 tokens x 8192 x 2 (bf16-mixed).
+        logits, loss = logits + tokens * vocab * dt.compute, loss + tokens * vocab * dt.compute
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)

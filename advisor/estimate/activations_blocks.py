@@ -62,6 +62,17 @@ def cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
     return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
 
 
+def window_mask_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -> int:
+    """A sliding window shorter than the sequence: transformers hands SDPA a boolean (b, 1, s, s) mask
+    (``masking_utils.sdpa_mask``; no ``is_causal`` shortcut), which SDPA turns into an additive mask in
+    the query's dtype (``convert_boolean_attn_mask``) and saves for backward in every layer: s bytes of
+    the compute dtype per token and layer. Measured (advisor.simulate, Mistral layout, s = 2048, window
+    1024, bf16-mixed): 2 layers save 17,301,504 bytes more than without the window, 2 x 2 x 2048^2 and
+    524,288 of small tensors (``tests/estimate/test_sliding_window.py``)."""
+    window = shape.sliding_window
+    return seq_len * dt.compute if window is not None and seq_len > window else 0
+
+
 def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """Bytes one token leaves saved in a Llama-style block's attention (q, k, v to the output; the
     norm before it and the input casts are the block's). Latent attention: ``advisor.estimate.activations_moe``."""
@@ -75,11 +86,14 @@ def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eag
         # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
         # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
         attn = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len + cb * q
+        if shape.attn_softcap:  # Gemma 2: tanh(scores / cap) saved per head and key (tanh's backward reads it)
+            attn += cb * shape.num_attention_heads * seq_len
     else:
         # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
         # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
         attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+        attn += window_mask_per_token(shape, dt, seq_len=seq_len)
     if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
         attn += (FP32 + cb) * (q + kv)
     return attn
@@ -123,8 +137,11 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     base = 2 * FP32 * h + 3 * cb * I
     if eager:
         base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
+            base += cb * shape.num_attention_heads * seq_len
     else:
         base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+        base += window_mask_per_token(shape, dt, seq_len=seq_len)
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
     if ad.dropout:

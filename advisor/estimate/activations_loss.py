@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
 
 
-def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes) -> tuple[int, int]:
+def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
+               head_trains: bool = True) -> tuple[int, int]:
     """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
 
     hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
@@ -30,11 +31,21 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes)
     (fp32, softmax in place, its low-precision copy; under autocast also a low-precision copy of the
     fp32 head) while the forward computes the input gradient (residual dtype) and the head's
     gradient (an fp32 accumulator, then the head's dtype), which are kept for backward; backward
-    makes a scaled copy of each."""
+    makes a scaled copy of each.
+
+    chunked, when the head trains (not under LoRA): its weight is used once per chunk, so backward
+    sums one head-sized gradient per chunk (compute dtype: the autocast cast of the weight is cached,
+    FSDP2's unsharded parameter is in the compute dtype). At the second chunk's head backward autograd
+    holds the first gradient, the second and their sum (``InputBuffer::accumulate``, out of place),
+    while the log-softmax of the two chunks done is freed: ``all chunks - 2 chunks + 3 x head`` fp32
+    and compute bytes, measured by the simulator (``tests/estimate/test_loss_chunked.py``)."""
     per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
     if kernel == "chunked":
-        return (tokens * vocab * FP32 + per_chunk * (dt.compute + FP32),
-                tokens * vocab * FP32 + per_chunk * 2 * FP32)
+        backward = tokens * vocab * FP32 + per_chunk * 2 * FP32
+        if head_trains and tokens >= 2:
+            head_grads = 3 * vocab * hidden * dt.compute
+            backward = max(backward, tokens * vocab * FP32 - 2 * per_chunk * FP32 + head_grads)
+        return tokens * vocab * FP32 + per_chunk * (dt.compute + FP32), backward
     if kernel == "fused":
         head = vocab * hidden
         grad_input = tokens * hidden * dt.residual

@@ -165,7 +165,8 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
-                               loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp))
+                               loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp),
+                               head_grads=tp == 1)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:

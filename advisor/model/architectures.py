@@ -82,6 +82,9 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
         num_experts_per_token=num_active,
         expert_params=expert if info.moe else None,
         max_position_embeddings=cfg.get("max_position_embeddings"),
+        sliding_window=(cfg.get("sliding_window") or None) if info.window_every_layer else None,
+        attn_softcap=bool(cfg.get("attn_logit_softcapping", info.softcapping)),
+        logit_softcap=bool(cfg.get("final_logit_softcapping", info.softcapping)),
     )
 
 

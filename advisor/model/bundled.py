@@ -32,6 +32,11 @@ class ArchitectureInfo(_Frozen):
     moe: bool = Field(default=False, description="Sparse mixture-of-experts MLP.")
     shared_expert_key: str | None = Field(default=None, description="Config key of a gated shared expert's width (Qwen2-MoE).")
     fused_projections: bool = Field(default=False, description="One qkv_proj and one gate_up_proj per block.")
+    softcapping: bool = Field(default=False, description="The config class soft-caps attention scores and "
+                              "logits unless the config sets attn_logit_softcapping / final_logit_softcapping "
+                              "to null (transformers' Gemma2Config: 50.0 and 30.0).")
+    window_every_layer: bool = Field(default=False, description="The config's sliding_window applies to every "
+                                     "layer (transformers' Mistral, Mixtral, Phi-3 attention).")
     lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
     config_defaults: dict[str, dict[str, int | str]] | None = Field(
         default=None, description="Class defaults of sub-configs a config.json may omit (Llava: text_config, vision_config).")

@@ -69,6 +69,13 @@ class ModelSpec(BaseModel):
     encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
     hybrid: HybridFacts | None = Field(default=None, description="Per-layer attention / Mamba and MoE / MLP pattern (Jamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
+    sliding_window: int | None = Field(default=None, ge=1, exclude_if=lambda window: window is None,
+                                       description="Sliding-window attention span of every layer (tokens); "
+                                                   "None: full causal attention.")
+    attn_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
+                               description="Attention scores soft-capped, cap * tanh(scores / cap) (Gemma 2).")
+    logit_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
+                                description="Output logits soft-capped, cap * tanh(logits / cap) (Gemma 2).")
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
                                            "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")

@@ -79,3 +79,17 @@ def test_pinned_pipeline_and_experts_on_deepseek_v3():
     assert len(chosen.stage_peaks) == 16 and max(chosen.stage_peaks) == chosen.memory_bytes.total
     assert any(line.startswith("per-stage peaks (GiB, rank 0 first)") for line in result.why)
     assert any(line.startswith("pp 16 ") for line in result.why)  # what the degree buys
+
+
+def test_the_parallelism_docs_figures():
+    """docs/parallelism.md quotes these plans (tests/test_readme.py runs its commands for their exit codes)."""
+    from advisor.planning.api import plan
+
+    titan = plan("meta-llama/Llama-3.1-405B", "16x8xH100", seq_len=8192)
+    assert titan.recommendation.mesh.label == "dp_shard 16 x cp 2 x tp 4"
+    fastest = plan("meta-llama/Llama-3.1-405B", "16x8xH100", seq_len=8192, policy="fastest")
+    assert fastest.recommendation.mesh.pp == 1 and not any(c.fits for c in fastest.candidates if c.mesh and c.mesh.pp > 1)
+    deepseek = plan("deepseek-ai/DeepSeek-V3", "32x8xH100").recommendation
+    assert deepseek.mesh.label == "dp_shard 256 (ep 8)"
+    mixtral = plan("mistralai/Mixtral-8x7B-v0.1", "8xH100")
+    assert mixtral.recommendation.strategy == "zero3_offload" and "--gpus 2x8xH100" in mixtral.why[0]

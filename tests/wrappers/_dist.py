@@ -85,6 +85,8 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, tim
 # torch's seed reset as a fresh interpreter has it, so scenarios see what separate spawns saw. A
 # failing scenario is recorded and the next one runs; each test then asserts its own scenario.
 
+# What the fork server imports once (it is started on the first call, before any rank).
+_PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama", "tests.wrappers._dist"]
 # torch's default seed in a fresh interpreter (torch/csrc: default_rng_seed_val).
 _FRESH_TORCH_SEED = 67280421310721
 
@@ -134,9 +136,12 @@ def run_scenarios(
     """Run every ``name: (fn, *args)`` of ``scenarios`` in one set of ``world_size`` gloo ranks, each in
     its own process group; ``timeout_s`` bounds each scenario (a hang is killed and reported)."""
     items = [(name, entry[0], tuple(entry[1:])) for name, entry in scenarios.items()]
+    # Ranks are forked from one server process that imported torch and transformers once for the
+    # whole session (a fresh interpreter each, as under spawn, without paying the imports each time).
+    mp.set_forkserver_preload(_PRELOAD)
     with tempfile.TemporaryDirectory(prefix="scenarios-") as result_dir:
         context = mp.start_processes(_scenario_entry, args=(items, world_size, free_port(), result_dir),
-                                     nprocs=world_size, join=False, start_method="spawn")
+                                     nprocs=world_size, join=False, start_method="forkserver")
         died = None
         deadline, seen = time.monotonic() + timeout_s, 0
         try:

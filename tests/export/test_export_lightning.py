@@ -4,7 +4,8 @@ with blocks matched by class name; executed for real with Lightning.
 Before this, the file used Lightning's FSDP1 ``FSDPStrategy`` under a header saying FSDP2, and for
 Llava imported ``LlamaDecoderLayer`` from ``modeling_llava`` (ImportError). Here the exported file is
 executed: a two-rank gloo ``Trainer.fit`` on a tiny Llama (Lightning launches the second rank), and
-its ``shard_model`` on a tiny Llava in a two-rank gloo group.
+its ``shard_model`` on a tiny Llava in a two-rank gloo group. The ``shard_model`` scenarios run once,
+in one pair of gloo processes (``gloo_runs``); each test asserts its own.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from export_plans import PLANS, make_plan
 from advisor.export import ExportOptions
 from advisor.export.lightning import build_lightning
 from advisor.planning.api import plan
-from tests.wrappers._dist import run_distributed
+from tests.wrappers._dist import ScenarioResults, run_scenarios
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "lightning_fit_script.py"
@@ -42,16 +43,29 @@ def _llava_config() -> transformers.LlavaConfig:
                                     architectures=["LlavaForConditionalGeneration"])
 
 
-@pytest.fixture
-def llama_dir(tmp_path):
-    transformers.LlamaConfig(**TINY_LLAMA).save_pretrained(tmp_path / "llama")
-    return str(tmp_path / "llama")
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llama")
+    transformers.LlamaConfig(**TINY_LLAMA).save_pretrained(path)
+    return str(path)
 
 
-@pytest.fixture
-def llava_dir(tmp_path):
-    _llava_config().save_pretrained(tmp_path / "llava")
-    return str(tmp_path / "llava")
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("llava")
+    _llava_config().save_pretrained(path)
+    return str(path)
+
+
+def _llava_source(llava_dir: str) -> str:
+    return build_lightning(plan(llava_dir, "2xA100", strategy="zero3"))
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(llama_dir, llava_dir) -> ScenarioResults:
+    """The exported ``shard_model`` of the Llava plan below on 2 ranks, in the session's gloo processes (the
+    HSDP snippet runs in this process on torch's fake process group: ``_shard_hybrid``)."""
+    return run_scenarios({"llava": (_shard_llava, _llava_source(llava_dir))})
 
 
 def _calls(source: str) -> dict[str, dict[str, str]]:
@@ -129,15 +143,15 @@ def _shard_llava(rank: int, world_size: int, source: str) -> None:
     assert all(p.grad is not None for p in model.model.vision_tower.encoder.layers[0].parameters())
 
 
-def test_llava_export_imports_and_shards_the_language_and_vision_blocks(llava_dir):
-    source = build_lightning(plan(llava_dir, "2xA100", strategy="zero3"))
+def test_llava_export_imports_and_shards_the_language_and_vision_blocks(llava_dir, gloo_runs):
+    source = _llava_source(llava_dir)
     assert 'BLOCK_CLASSES = ("LlamaDecoderLayer", "CLIPEncoderLayer")' in source and "modeling_llava" not in source
     namespace: dict = {}
     exec(_executable(source), namespace)  # the old file raised ImportError here
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     assert isinstance(namespace["trainer"].strategy, ModelParallelStrategy)
-    run_distributed(_shard_llava, source, world_size=2)
+    gloo_runs.check("llava")  # _shard_llava on this source
 
 
 def _fit(tmp_path: Path, source: str, model_dir: str) -> list[str]:

@@ -5,6 +5,10 @@ calling ``fn(rank, world_size, *args)`` inside an initialised gloo process group
 module-level function (it is pickled by name). An exception in any rank fails the caller with that
 rank's traceback; a rank that hangs is killed at the deadline and the caller gets ``TimeoutError``.
 
+``run_scenarios({name: (fn, *args), ...})`` runs a module's scenarios in one such spawn (spawning is
+the expensive part), each in its own process group, and returns every scenario's per-rank errors: a
+module-scoped fixture calls it once and each test asserts its own scenario (``results.check(name)``).
+
 It also holds the workload every wrappers test trains: a tiny Llama built from a config in code,
 seeded identically everywhere, and a fixed global batch that ranks split evenly.
 """
@@ -12,10 +16,14 @@ seeded identically everywhere, and a fixed global batch that ranks split evenly.
 from __future__ import annotations
 
 import datetime
+import gc
+import json
 import os
 import socket
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +100,108 @@ def _spawn(entry: Callable[..., None], fn: Callable[..., Any], args: tuple, worl
             if process.is_alive():
                 process.kill()
             process.join(timeout=5)
+
+
+# --- Several scenarios in one spawn -------------------------------------------------------------------
+#
+# Spawning is the expensive part of a gloo test (two fresh interpreters importing torch and
+# transformers: about 10 s of CPU on 2 cores). ``run_scenarios`` spawns one set of processes for a whole
+# module and runs each scenario there in its own process group (a fresh group on the same store), with
+# torch's seed reset as a fresh interpreter has it, so scenarios see what separate spawns saw. A
+# failing scenario is recorded and the next one runs; each test then asserts its own scenario.
+
+# What the fork server imports once (it is started on the first call, before any rank).
+_PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama", "tests.wrappers._dist"]
+# torch's default seed in a fresh interpreter (torch/csrc: default_rng_seed_val).
+_FRESH_TORCH_SEED = 67280421310721
+
+
+def _scenario_entry(rank: int, scenarios: list, world_size: int, port: int, result_dir: str) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0, timeout=_COLLECTIVE_TIMEOUT)
+    with open(f"{result_dir}/rank{rank}.jsonl", "a", encoding="utf-8") as results:
+        for index, (name, fn, args) in enumerate(scenarios):
+            torch.manual_seed(_FRESH_TORCH_SEED)
+            error = None
+            try:
+                dist.init_process_group("gloo", store=dist.PrefixStore(f"scenario{index}", store), rank=rank,
+                                        world_size=world_size, timeout=_COLLECTIVE_TIMEOUT)
+                try:
+                    fn(rank, world_size, *args)
+                    dist.barrier()  # no rank leaves while another still needs it
+                finally:
+                    dist.destroy_process_group()
+            except BaseException:  # noqa: BLE001 - recorded for the scenario's own test
+                error = traceback.format_exc()
+            results.write(json.dumps({"name": name, "error": error}) + "\n")
+            results.flush()
+            gc.collect()
+    # Leave without C++ static destructors (see _entry): failures are in the results file.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+class ScenarioResults:
+    """What each rank reported per scenario; ``check(name)`` fails the calling test with its ranks' errors."""
+
+    def __init__(self, errors: dict[str, dict[int, str]]) -> None:
+        self.errors = errors
+
+    def check(self, name: str) -> None:
+        failed = self.errors[name]
+        if failed:
+            report = "\n".join(f"--- rank {rank} ---\n{error}" for rank, error in sorted(failed.items()))
+            raise AssertionError(f"scenario {name!r} failed:\n{report}")
+
+
+def run_scenarios(
+    scenarios: dict[str, tuple], *, world_size: int = 2, timeout_s: float = 150.0
+) -> ScenarioResults:
+    """Run every ``name: (fn, *args)`` of ``scenarios`` in one set of ``world_size`` gloo ranks, each in
+    its own process group; ``timeout_s`` bounds each scenario (a hang is killed and reported)."""
+    items = [(name, entry[0], tuple(entry[1:])) for name, entry in scenarios.items()]
+    # Ranks are forked from one server process that imported torch and transformers once for the
+    # whole session (a fresh interpreter each, as under spawn, without paying the imports each time).
+    mp.set_forkserver_preload(_PRELOAD)
+    with tempfile.TemporaryDirectory(prefix="scenarios-") as result_dir:
+        context = mp.start_processes(_scenario_entry, args=(items, world_size, free_port(), result_dir),
+                                     nprocs=world_size, join=False, start_method="forkserver")
+        died = None
+        deadline, seen = time.monotonic() + timeout_s, 0
+        try:
+            while not context.join(timeout=1.0):
+                done = sum(len(_read_results(result_dir, r)) for r in range(world_size))
+                if done != seen:  # progress: the next scenario gets its own time
+                    deadline, seen = time.monotonic() + timeout_s, done
+                if time.monotonic() > deadline:
+                    died = f"timed out: no scenario finished within {timeout_s:.0f}s"
+                    break
+        except mp.ProcessException as error:  # a rank died outside a scenario (a signal, a C++ abort)
+            died = f"a rank exited early: {error}"
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join(timeout=5)
+        errors: dict[str, dict[int, str]] = {name: {} for name, _, _ in items}
+        for rank in range(world_size):
+            reported = _read_results(result_dir, rank)
+            for name, _, _ in items:
+                if name not in reported:
+                    errors[name][rank] = died or "the rank ended before this scenario"
+                elif reported[name] is not None:
+                    errors[name][rank] = reported[name]
+    return ScenarioResults(errors)
+
+
+def _read_results(result_dir: str, rank: int) -> dict[str, str | None]:
+    try:
+        with open(f"{result_dir}/rank{rank}.jsonl", encoding="utf-8") as results:
+            lines = [json.loads(line) for line in results if line.endswith("\n")]
+    except FileNotFoundError:
+        return {}
+    return {line["name"]: line["error"] for line in lines}
 
 
 GLOBAL_BATCH = 4

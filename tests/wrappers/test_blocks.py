@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tests.wrappers._dist import run_distributed, tiny_llama
+from tests.wrappers._dist import run_scenarios, tiny_llama
 from torch import nn
 
 from wrappers.blocks import block_class_names, find_blocks
@@ -116,4 +116,4 @@ def _shard_jamba(rank: int, world_size: int) -> None:
 
 
 def test_wrap_shards_both_kinds_of_jamba_layer():
-    run_distributed(_shard_jamba, world_size=1)
+    run_scenarios({"jamba": (_shard_jamba,)}, world_size=1).check("jamba")

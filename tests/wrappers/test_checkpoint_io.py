@@ -1,7 +1,9 @@
 """Checkpoints reload through our loader and through the consumer's own (``torch.load``, DCP).
 
 The per-strategy round trips on 2 ranks live in ``test_strategies.py``; here: one process without a
-process group, and a ZeRO-3 checkpoint written by 2 ranks read back by a single plain process.
+process group, and a ZeRO-3 checkpoint written by 2 ranks read back by a single plain process. The
+module's 2-rank scenarios run once, in one pair of gloo processes (``gloo_runs`` below); each test
+asserts its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from tests.wrappers._dist import build_adamw, global_batch, run_distributed, tiny_llama
+from tests.wrappers._dist import ScenarioResults, build_adamw, global_batch, run_scenarios, tiny_llama
 
 from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
 from wrappers.recipe import Recipe, apply_recipe
@@ -65,8 +67,9 @@ def _save_zero3_worker(rank: int, world_size: int, tmp_dir: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # DCP's own loader, one process
-def test_zero3_checkpoints_from_two_ranks_load_in_one_plain_process(tmp_path):
-    run_distributed(_save_zero3_worker, str(tmp_path))
+def test_zero3_checkpoints_from_two_ranks_load_in_one_plain_process(gloo_runs, gloo_dirs):
+    gloo_runs.check("zero3_save")
+    tmp_path = gloo_dirs["zero3_save"]
     expected = tiny_llama(0).state_dict()
     from_dcp = tiny_llama(1)
     with pytest.warns(UserWarning, match="RNG states were saved by 2 ranks and load on 1"):
@@ -134,9 +137,28 @@ def test_resume_with_dropout_repeats_the_losses_in_one_process(tmp_path, sharded
     assert (tmp_path / "ckpt").is_dir() == sharded
 
 
-@pytest.mark.parametrize("strategy, save_sharded", [("ddp", False), ("zero3", None)], ids=["ddp", "zero3-default"])
-def test_resume_with_dropout_repeats_the_losses_on_two_ranks(tmp_path, strategy, save_sharded):
-    run_distributed(_resume, str(tmp_path), save_sharded, strategy)
+RESUMES = {"ddp": False, "zero3": None}  # strategy: save_sharded (zero3 left to the default)
+
+
+@pytest.fixture(scope="module")
+def gloo_dirs(tmp_path_factory) -> dict[str, Path]:
+    """One folder per 2-rank scenario of this module."""
+    return {name: tmp_path_factory.mktemp(name) for name in ["zero3_save", *(f"resume_{s}" for s in RESUMES)]}
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(gloo_dirs) -> ScenarioResults:
+    """The module's 2-rank scenarios, run once in one pair of gloo processes."""
+    scenarios = {"zero3_save": (_save_zero3_worker, str(gloo_dirs["zero3_save"]))}
+    for strategy, save_sharded in RESUMES.items():
+        scenarios[f"resume_{strategy}"] = (_resume, str(gloo_dirs[f"resume_{strategy}"]), save_sharded, strategy)
+    return run_scenarios(scenarios)
+
+
+@pytest.mark.parametrize("strategy, save_sharded", list(RESUMES.items()), ids=["ddp", "zero3-default"])
+def test_resume_with_dropout_repeats_the_losses_on_two_ranks(gloo_runs, gloo_dirs, strategy, save_sharded):
+    gloo_runs.check(f"resume_{strategy}")
+    tmp_path = gloo_dirs[f"resume_{strategy}"]
     # zero3 left to the default: an FSDP2 model saves sharded, one file per rank's RNG state
     assert (tmp_path / "ckpt").is_dir() == (strategy == "zero3")
 

@@ -1,11 +1,12 @@
 """``wrap(mesh=...)`` for real: 4 gloo ranks on CPU, a tiny Llama built on the meta device and loaded
 from a ``save_pretrained`` directory, against one process training on the whole batch.
 
-One spawn per mesh (spawning is the expensive part) checks in turn: the weights each rank loaded
+One scenario per mesh checks in turn: the weights each rank loaded
 from safetensors are exactly ``from_pretrained``'s; every parameter's placement and local shape on
 each mesh dimension (worked by hand below); parity after 3 AdamW steps; the loader split over the
 data-parallel ranks only; a sharded (DCP) checkpoint round trip over the 2-D mesh, continued one step
-bit for bit; and the initialise path (same values on every replica, whatever the mesh).
+bit for bit; and the initialise path (same values on every replica, whatever the mesh). Both meshes
+run in one set of 4 processes (spawning is the expensive part), each in its own process group.
 
 Tolerance: atol 1e-5 (rtol 1e-5). Gradients differ from one process's by float32 rounding in the
 reduction order (4 one-sample means reduced by reduce-scatter / all-reduce and, under TP, partial
@@ -21,7 +22,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from tests.wrappers._dist import GLOBAL_BATCH, build_adamw, global_batch, reference_params, run_distributed, tiny_llama
+from tests.wrappers._dist import (
+    GLOBAL_BATCH, ScenarioResults, build_adamw, global_batch, reference_params, run_scenarios, tiny_llama,
+)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader
@@ -167,6 +170,13 @@ def pretrained(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def gloo_runs(pretrained, tmp_path_factory) -> ScenarioResults:
+    """Both meshes, run once in one set of 4 gloo processes."""
+    scenarios = {kind: (_mesh_worker, kind, pretrained, str(tmp_path_factory.mktemp(kind))) for kind in MESHES}
+    return run_scenarios(scenarios, world_size=4, timeout_s=300)
+
+
 @pytest.mark.parametrize("kind", sorted(MESHES))
-def test_mesh_wrap_loads_shards_trains_and_checkpoints(kind, pretrained, tmp_path):
-    run_distributed(_mesh_worker, kind, pretrained, str(tmp_path), world_size=4, timeout_s=300)
+def test_mesh_wrap_loads_shards_trains_and_checkpoints(kind, gloo_runs):
+    gloo_runs.check(kind)

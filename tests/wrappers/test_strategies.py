@@ -1,8 +1,10 @@
 """Every strategy, for real: 2 gloo ranks on CPU against one process training on the whole batch.
 
-Each strategy runs in one pair of processes (spawning is the expensive part), which checks in turn:
+Each strategy is one scenario, which checks in turn:
 parity after 3 AdamW steps, that the state really is sharded, activation checkpointing parity, and
 consolidated and sharded checkpoint round trips (parameters identical, optimizer state restored).
+Every scenario of the module runs in one pair of processes (spawning is the expensive part), each in
+its own process group; each test asserts its own scenario's result.
 
 Tolerance: rtol 1e-5, atol 1e-6. The reduction order differs (two half-batch means averaged by
 all-reduce or reduce-scatter against one full-batch mean), so gradients agree to float32 rounding,
@@ -16,7 +18,9 @@ import math
 import pytest
 import torch
 import torch.distributed as dist
-from tests.wrappers._dist import build_adamw, global_batch, rank_batch, reference_params, run_distributed, tiny_llama
+from tests.wrappers._dist import (
+    ScenarioResults, build_adamw, global_batch, rank_batch, reference_params, run_scenarios, tiny_llama,
+)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
 
@@ -24,6 +28,7 @@ from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
 from wrappers.recipe import Applied, Recipe, apply_recipe, autocast_context
 
 NUM_STEPS = 3
+STRATEGIES = ["ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
 RTOL, ATOL = 1e-5, 1e-6
 # Share of the whole each of 2 ranks may hold: ZeroRedundancyOptimizer partitions whole tensors.
 HALF_SLACK = 0.15
@@ -135,9 +140,9 @@ def _strategy_worker(rank: int, world_size: int, strategy: str, tmp_dir: str) ->
         _assert_close(_full_params(other.model, expected), continued, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"])
-def test_strategy_matches_single_process(strategy, tmp_path):
-    run_distributed(_strategy_worker, strategy, str(tmp_path))
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_strategy_matches_single_process(strategy, gloo_runs):
+    gloo_runs.check(strategy)
 
 
 def _precision_worker(rank: int, world_size: int) -> None:
@@ -163,5 +168,14 @@ def _precision_worker(rank: int, world_size: int) -> None:
         assert all(not torch.equal(before[n], after[n]) for n in before)
 
 
-def test_mixed_and_pure_precision_train():
-    run_distributed(_precision_worker)
+def test_mixed_and_pure_precision_train(gloo_runs):
+    gloo_runs.check("precision")
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(tmp_path_factory) -> ScenarioResults:
+    """Every scenario of this module, run once in one pair of gloo processes."""
+    scenarios = {strategy: (_strategy_worker, strategy, str(tmp_path_factory.mktemp(strategy)))
+                 for strategy in STRATEGIES}
+    scenarios["precision"] = (_precision_worker,)
+    return run_scenarios(scenarios)

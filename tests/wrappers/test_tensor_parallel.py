@@ -181,9 +181,9 @@ def test_context_parallel_input_keeps_positions_and_targets_aligned():
     ``prepare_context_parallel_input`` positions travel with the tokens and targets are shifted before
     sharding, so the shards' (position, target) pairs are the whole sequence's and the averaged loss
     is its mean."""
-    from tests.wrappers._dist import run_distributed
+    from tests.wrappers._dist import run_scenarios
 
-    run_distributed(_shard_like_context_parallel)
+    run_scenarios({"cp": (_shard_like_context_parallel,)}).check("cp")
 
 
 @pytest.mark.parametrize("kernel", ["hf", "fused"])

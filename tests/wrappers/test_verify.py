@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.wrappers._dist import build_adamw, free_port, global_batch, run_distributed, tiny_llama
+from tests.wrappers._dist import ScenarioResults, build_adamw, free_port, global_batch, run_scenarios, tiny_llama
 from wrappers import wrap
 from wrappers.launch_env import LaunchEnv
 from wrappers.precision import apply_autocast, precision_named
@@ -167,8 +167,8 @@ def _verify_fsdp_only(model: torch.nn.Module, world_size: int) -> None:
         raise RuntimeError("; ".join(problems))
 
 
-def test_wrapping_other_than_claimed_is_an_error_on_two_ranks():
-    run_distributed(_mismatch_worker)
+def test_wrapping_other_than_claimed_is_an_error_on_two_ranks(gloo_runs):
+    gloo_runs.check("mismatch")
 
 
 def _wrap_ddp_bf16_worker(rank: int, world_size: int) -> None:
@@ -180,8 +180,14 @@ def _wrap_ddp_bf16_worker(rank: int, world_size: int) -> None:
     assert model(input_ids=ids).logits.dtype == torch.bfloat16  # autocast through the DDP wrapper
 
 
-def test_wrap_ddp_mixed_precision_passes_its_own_check():
-    run_distributed(_wrap_ddp_bf16_worker)
+def test_wrap_ddp_mixed_precision_passes_its_own_check(gloo_runs):
+    gloo_runs.check("ddp_bf16")
+
+
+@pytest.fixture(scope="module")
+def gloo_runs() -> ScenarioResults:
+    """The module's 2-rank scenarios, run once in one pair of gloo processes."""
+    return run_scenarios({"mismatch": (_mismatch_worker,), "ddp_bf16": (_wrap_ddp_bf16_worker,)})
 
 
 # --- The accelerate path -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """wrap() end to end on CPU: 2 gloo ranks train like one process on the whole batch, the loader is
-sharded, the decision is reachable, and one process without a GPU gets its model back unchanged."""
+sharded, the decision is reachable, and one process without a GPU gets its model back unchanged.
+The 2-rank strategies run once, in one pair of gloo processes (``gloo_runs``); each test asserts its own."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.utils.data import DataLoader, TensorDataset
 
-from tests.wrappers._dist import GLOBAL_BATCH, build_adamw, global_batch, reference_params, run_distributed, tiny_llama
+from tests.wrappers._dist import (
+    GLOBAL_BATCH, ScenarioResults, build_adamw, global_batch, reference_params, run_scenarios, tiny_llama,
+)
 from wrappers import wrap
 from wrappers.launch_env import LaunchEnv, read_launch_env
 
 NUM_STEPS = 3
+STRATEGIES = [None, "zero1", "zero3"]
 
 
 def _dataset() -> TensorDataset:
@@ -43,9 +47,16 @@ def _train_with_wrap(rank: int, world_size: int, strategy: str | None, expected:
         torch.testing.assert_close(state[name], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{strategy} {name}: {m}")
 
 
-@pytest.mark.parametrize("strategy", [None, "zero1", "zero3"])
-def test_wrap_trains_like_one_process(strategy):
-    run_distributed(_train_with_wrap, strategy, reference_params(NUM_STEPS))
+@pytest.fixture(scope="module")
+def gloo_runs() -> ScenarioResults:
+    """Every strategy below, run once in one pair of gloo processes."""
+    expected = reference_params(NUM_STEPS)
+    return run_scenarios({str(strategy): (_train_with_wrap, strategy, expected) for strategy in STRATEGIES})
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_wrap_trains_like_one_process(strategy, gloo_runs):
+    gloo_runs.check(str(strategy))
 
 
 def test_one_process_without_gpu_returns_model_unchanged(capsys):

@@ -1,5 +1,6 @@
 """wrap() on a PEFT LoRA model: 2 gloo ranks under ddp, zero2 and zero3 train the adapters exactly as
-one process does on the whole batch, the frozen base stays untouched, and the plan knows it is LoRA."""
+one process does on the whole batch, the frozen base stays untouched, and the plan knows it is LoRA.
+The three strategies run once, in one pair of gloo processes (``gloo_runs``); each test asserts its own."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from tests.wrappers._dist import global_batch, rank_batch, run_distributed, tiny_llama
+from tests.wrappers._dist import ScenarioResults, global_batch, rank_batch, run_scenarios, tiny_llama
 
 peft = pytest.importorskip("peft")
 
 NUM_STEPS = 3
+STRATEGIES = ["ddp", "zero2", "zero3"]
 
 
 def lora_llama() -> torch.nn.Module:
@@ -67,11 +69,22 @@ def _train(rank: int, world_size: int, strategy: str, expected: dict, checkpoint
         torch.testing.assert_close(loaded[names[name]], state[names[name]], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])
-def test_lora_trains_like_one_process_and_checkpoints(strategy, tmp_path):
-    expected = _reference()
+@pytest.fixture(scope="module")
+def expected() -> dict[str, torch.Tensor]:
+    return _reference()
+
+
+@pytest.fixture(scope="module")
+def gloo_runs(expected, tmp_path_factory) -> ScenarioResults:
+    """Every strategy below, run once in one pair of gloo processes."""
+    return run_scenarios({strategy: (_train, strategy, expected, str(tmp_path_factory.mktemp(strategy) / "checkpoint"))
+                          for strategy in STRATEGIES})
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_lora_trains_like_one_process_and_checkpoints(strategy, expected, gloo_runs):
     assert any(not torch.equal(expected[n], lora_llama().state_dict()[n]) for n in expected if "lora_B" in n)
-    run_distributed(_train, strategy, expected, str(tmp_path / "checkpoint"))
+    gloo_runs.check(strategy)
 
 
 def test_wrap_plans_a_peft_model_as_lora():

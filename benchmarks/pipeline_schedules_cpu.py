@@ -15,7 +15,7 @@ import sys
 import time
 
 import torch
-from tests.wrappers._dist import collect_distributed
+from tests.wrappers._dist import collect_distributed, reference_params
 from tests.wrappers.test_pipeline import DP, MICROBATCHES, NUM_STEPS, PP, _full_params, _train, build_adamw, tiny_llama
 
 
@@ -38,16 +38,9 @@ def _ranks(rank: int, world_size: int, runs: list[tuple[str, int]]) -> dict:
 def main(args: list[str]) -> None:
     runs = [(arg.split(":")[0], int(arg.split(":")[1])) for arg in args]
     results = collect_distributed(_ranks, runs, world_size=PP * DP, timeout_s=600)
-    model = tiny_llama()
-    optimizer = build_adamw(model)
-    for step in range(NUM_STEPS):
-        from tests.wrappers.test_pipeline import global_batch
+    from tests.wrappers.test_pipeline import global_batch
 
-        ids = global_batch(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    reference = dict(model.named_parameters())
+    reference = reference_params(NUM_STEPS, model_fn=tiny_llama, batch_fn=global_batch)
     for key in results[0]:
         diff = max((r[key]["params"][n] - reference[n]).abs().max().item() for r in results for n in r[key]["params"])
         print(f"{key}: max |diff| {diff:.2e} vs one process; {max(r[key]['seconds'] for r in results):.1f} s")

@@ -245,12 +245,16 @@ def build_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
     )
 
 
-def reference_params(num_steps: int) -> dict[str, torch.Tensor]:
-    """One process, no process group, the whole batch each step: what every strategy must reproduce."""
-    model = tiny_llama()
-    optimizer = build_adamw(model)
+def reference_params(num_steps: int, *, model_fn: Callable[[], torch.nn.Module] | None = None,
+                     batch_fn: Callable[[int], torch.Tensor] | None = None,
+                     optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+                     ) -> dict[str, torch.Tensor]:
+    """One process, no process group, the whole batch each step: what every strategy must reproduce
+    (``tiny_llama``, ``global_batch`` and ``build_adamw`` unless a test trains another workload)."""
+    model = (model_fn or tiny_llama)()
+    optimizer = (optimizer_fn or build_adamw)(model)
     for step in range(num_steps):
-        ids = global_batch(step)
+        ids = (batch_fn or global_batch)(step)
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -30,7 +30,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from tests.wrappers._dist import collect_distributed
+from tests.wrappers._dist import collect_distributed, reference_params
 
 from advisor.mesh import ParallelDims
 from wrappers.pipeline import (
@@ -149,14 +149,7 @@ def pipeline_results(checkpoint_dir) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference() -> dict[str, torch.Tensor]:
     """One process, no process group, the whole batch each step."""
-    model = tiny_llama()
-    optimizer = build_adamw(model)
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return reference_params(NUM_STEPS, model_fn=tiny_llama, batch_fn=global_batch)
 
 
 def _max_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from tests.wrappers._dist import ScenarioResults, global_batch, rank_batch, run_scenarios, tiny_llama
+from tests.wrappers._dist import ScenarioResults, rank_batch, reference_params, run_scenarios, tiny_llama
 
 peft = pytest.importorskip("peft")
 
@@ -28,14 +28,7 @@ def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
 
 
 def _reference() -> dict[str, torch.Tensor]:
-    model = lora_llama()
-    optimizer = _adamw(model)
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return reference_params(NUM_STEPS, model_fn=lora_llama, optimizer_fn=_adamw)
 
 
 def _train(rank: int, world_size: int, strategy: str, expected: dict, checkpoint: str) -> None:

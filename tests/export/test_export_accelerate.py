@@ -44,8 +44,13 @@ def _fill_placeholders(path):
 
 
 def _launcher_env(path):
-    """What `accelerate launch --config_file path` would export to the workers (no process started)."""
-    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    """What `accelerate launch --config_file path` would export to the workers (no process started). The port is
+    a free one: accelerate checks that its port is unused, and under pytest-xdist a real two-process launch in
+    another worker may hold the config's 29500 at that moment."""
+    from tests.wrappers._dist import free_port
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "--main_process_port", str(free_port()),
+                                               "train.py"])
     args, defaults, mp_from_config = _validate_launch_command(args)
     if args.use_deepspeed:
         fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mp_from_config else [])

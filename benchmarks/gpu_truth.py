@@ -51,6 +51,10 @@ def _init_group(world: int) -> None:
         dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
 
 
+# torch.optim.AdamW's keywords for each implementation (the torch recipe's default on CUDA is foreach)
+IMPL_KWARGS = {"fused": {"fused": True}, "foreach": {"foreach": True}, "for-loop": {"foreach": False}}
+
+
 class Peaks(NamedTuple):
     """The first step also creates Adam's state; DDP rebuilds its gradient buckets in the second
     step's forward (in the order gradients arrived); the third is the steady state. The simulator
@@ -63,7 +67,8 @@ class Peaks(NamedTuple):
 
 
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
-            snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf") -> "Peaks":
+            snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf",
+            optimizer_impl: str = "foreach") -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
     (``benchmarks/peak_snapshot.py`` reads it)."""
@@ -102,7 +107,8 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             net = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(targets))).base_model.model
         materialize(net, device="cuda", real=True)
         net.train()
-        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5, foreach=True)
+        opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
+                                **IMPL_KWARGS[optimizer_impl])
         recipe = Recipe(strategy=strategy, precision="bf16-mixed", activation_checkpointing=bool(ckpt),
                         selective_checkpointing=ckpt == "selective")
         applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)

@@ -135,8 +135,16 @@ def _watch(device: Any, verdict: Verdict, rank_zero: bool) -> measured.StepMemor
 
 
 def _hf_precision(args: Any, model: Any) -> str:
+    """``bf16=True`` is autocast over the model as loaded. transformers 5 loads a bf16 checkpoint in bf16
+    (``from_pretrained(dtype="auto")``) and neither Trainer nor accelerate upcasts it for DDP or one GPU,
+    so weights that train in bf16 are pure bf16 (bf16 gradients and AdamW state, no fp32 master):
+    measured on an H100, 15.1 GiB where bf16-mixed over fp32 weights is 19.6
+    (``benchmarks/results/gpu_stacks.md``). FSDP (accelerate upcasts to fp32 under mixed precision) and
+    DeepSpeed (fp32 master in its optimizer) stay bf16-mixed; a PEFT model's fp32 adapters too."""
     if getattr(args, "bf16", False):
-        return "bf16-mixed"
+        trains_bf16 = [str(p.dtype) == "torch.bfloat16" for p in model.parameters() if p.requires_grad]
+        plain = hf_strategy(args) == ("ddp", "torch")
+        return "bf16" if plain and trains_bf16 and all(trains_bf16) else "bf16-mixed"
     if getattr(args, "fp16", False):
         return "fp16-mixed"
     first = next(iter(model.parameters()), None)

@@ -96,8 +96,10 @@ class StepMemory:
 
 def planned_breakdown(plan: Any, strategy: str | None) -> Any | None:
     """The plan's memory for the candidate the run applies (its ``MemoryBreakdown``), or None."""
-    if plan is None or strategy is None:
+    if plan is None:
         return None
+    if strategy is None:  # the model left unchanged on one GPU: the plan of the plain model
+        return getattr(plan.chosen, "memory_bytes", None)
     chosen = plan.chosen if plan.recommendation is not None and plan.recommendation.strategy == strategy else None
     row = chosen if chosen is not None else plan.candidate(strategy)
     return getattr(row, "memory_bytes", None)

@@ -126,6 +126,13 @@ def _apply_dp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.O
 
 
 def _apply_ddp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim.Optimizer | None]:
+    group = ctx.process_group if ctx.process_group is not None else dist.group.WORLD
+    if dist.get_world_size(group) == 1:
+        # One rank has nothing to all-reduce; DDP would only add its buckets (a copy of the gradients).
+        # Every stack runs one GPU as the plain model (accelerate, Lightning), and so does this.
+        if not any(p.is_meta for p in model.parameters()):
+            model.to(ctx.device)
+        return model, ctx.optimizer
     return apply_ddp(model, device=ctx.device, process_group=ctx.process_group), ctx.optimizer
 
 

@@ -86,6 +86,16 @@ class Decision(BaseModel):
         return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"
 
 
+def _plan_one_gpu(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = None) -> Any:
+    """The plan of the unchanged model on its one GPU (the plain model, in the precision it keeps), for
+    the figures the measured steps are printed beside; None when nothing fits (the run is the user's)."""
+    one = {**options, "strategy": "ddp", "precision": options.get("precision", "fp32")}
+    try:
+        return _plan_on_gpus(spec, env, one, live).plan
+    except ValueError:
+        return None
+
+
 def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = None) -> Decision:
     """Ask the planner, with the GPUs this launch really has; about ``live`` itself when given, so a
     PEFT model is planned as LoRA (its adapters' activations), not as a partly frozen model."""
@@ -115,19 +125,20 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
     if not env.distributed and strategy not in (None, "dp"):
         raise ValueError(f"wrap(strategy={strategy!r}) needs one process per GPU: start the script with "
                          "`advisor launch` (or torchrun)")
+    options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                                      strategy=strategy or ("dp" if not env.distributed else None),
+                                      optimizer_impl=optimizer_impl).items()
+               if v is not None}
+    if activation_checkpointing is not None:
+        options["activation_checkpointing"] = (
+            "selective" if activation_checkpointing == "selective" else "on" if activation_checkpointing else "off")
     if not env.distributed and env.num_gpus <= 1:
         where = "one GPU" if env.num_gpus else "no GPU"
         return Decision(strategy=None, engine="torch", precision=precision or "fp32",
                         activation_checkpointing=bool(activation_checkpointing), world_size=1,
-                        reason=f"one process and {where}: nothing to parallelise; the same script runs anywhere")
+                        reason=f"one process and {where}: nothing to parallelise; the same script runs anywhere",
+                        plan=_plan_one_gpu(spec, env, options, live) if env.num_gpus else None)
     if env.num_gpus:
-        options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                                          strategy=strategy or ("dp" if not env.distributed else None),
-                                          optimizer_impl=optimizer_impl).items()
-                   if v is not None}
-        if activation_checkpointing is not None:
-            options["activation_checkpointing"] = (
-                "selective" if activation_checkpointing == "selective" else "on" if activation_checkpointing else "off")
         return _plan_on_gpus(spec, env, options, live)
     chosen, rationale = (strategy, "requested") if strategy else default_strategy(spec)
     return Decision(strategy=chosen, engine="torch", precision=precision or "fp32",

@@ -245,7 +245,7 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
                       q: QuantizedBase, *, checkpointing: bool):
     """The strategy's buffers over packed blocks and the adapters' gradients (``quantized_buffers``)."""
     from advisor.estimate.buckets import deepspeed_buckets
-    from advisor.estimate.strategy_buffers import StrategyBuffers, _block_params
+    from advisor.estimate.strategy_buffers import StrategyBuffers, _block_params, ddp_bucket_bytes
 
     trainable = spec.trainable_params
     on_gpu_constants = q.constant_bytes if impl.offload_params else 0
@@ -269,7 +269,7 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
         root = ub * outside
         return StrategyBuffers(persistent=on_gpu_constants, at_loss=root + at_loss + h2d,
                                in_backward=root + blocks_bwd + grads + h2d)
-    buckets = pb * trainable  # DDP gradient buckets: the adapters' gradients
+    buckets = ddp_bucket_bytes(pb * trainable, impl, world)  # DDP gradient buckets: the adapters' gradients
     # Autocast caches bf16 copies of the weights that require grad (the adapters) until the loss;
     # the quantised and the compute-dtype weights need no cast.
     casts = training.compute_bytes * trainable if training.mixed else 0

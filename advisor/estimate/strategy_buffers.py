@@ -91,7 +91,7 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t),
                                grads_at_backward_end=-(-pb * block_t // world))
-    buckets = 0 if impl.single_process else pb * spec.trainable_params  # DDP gradient buckets
+    buckets = ddp_bucket_bytes(pb * spec.trainable_params, impl, world)
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
     if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
@@ -100,6 +100,15 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
                                                                    layer, checkpointing)
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
+
+
+def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
+    """DDP's gradient buckets, a second copy of the trainable gradients (``gradient_as_bucket_view=False``),
+    or none: DataParallel has no buckets, and one GPU runs as the plain model in every stack (accelerate's
+    ``prepare_model`` wraps DDP only for several processes, Lightning runs one device under
+    ``SingleDeviceStrategy``, ``wrappers.recipe`` leaves a one-rank group unwrapped). Measured on an H100
+    through Hugging Face Trainer (``benchmarks/results/gpu_stacks.md``: no DDP wrapper at one GPU)."""
+    return 0 if impl.single_process or world == 1 else grad_bytes
 
 
 def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:

@@ -151,7 +151,11 @@ def evaluate_candidate(
     impl = STRATEGIES[name].on(training.engine)
     capacity = hardware.gpu_memory_bytes
     cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
-    base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=impl.runs_as,
+    runs_as = impl.runs_as
+    if hardware.world_size == 1 and impl.engine == "torch" and not (impl.single_process or impl.shard_optimizer
+                                                                     or impl.shard_params):
+        runs_as = "the plain model (one GPU: no DDP wrapper, as every stack runs it)"
+    base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=runs_as,
                 cpu_capacity_bytes=cpu_capacity, mesh=mesh)
     dp_world = hardware.world_size if mesh is None else mesh.dp  # ranks that take distinct micro-batches
     pipelined = mesh is not None and (mesh.pp > 1 or mesh.ep > 1)

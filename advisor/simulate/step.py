@@ -24,7 +24,8 @@ Why the CPU, and what differs from a GPU:
 - DDP's communication buckets are allocated outside the measured step and its ``model.to`` cannot
   swap fake parameters, so under ``ddp`` the plain model (under autocast) runs the step and DDP's
   buckets (one copy of the trainable gradients, ``gradient_as_bucket_view=False``) are added to
-  ``temporary`` by arithmetic; ``notes`` says so.
+  ``temporary`` by arithmetic; ``notes`` says so. One rank runs the plain model (``wrappers.recipe``
+  applies no DDP to a one-rank group, as accelerate and Lightning do not): no buckets.
 
 Imports torch; the planning path never imports this module.
 """
@@ -165,13 +166,13 @@ def simulate(
         tell("measured step")
         tracker = _tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
-        recorder = _recorder(net, tracker, impl) if timeline else None
+        recorder = _recorder(net, tracker, impl, world_size) if timeline else None
         with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext():
             _no_grad_hooks_on_frozen(tracker, net)
             step(lambda phase: _mark(phase, phases, tracker, recorder))
         measured = _breakdown(tracker)
         top = _top_modules(tracker)
-    if not impl.shard_params:  # replicated: DDP's buckets, see the module docstring
+    if not impl.shard_params and world_size > 1:  # replicated: DDP's buckets, see the module docstring
         buckets = _ddp_bucket_bytes(net)
         measured["temporary"] += buckets
         notes.append(f"DDP buckets added by arithmetic: {buckets:,} bytes (one copy of the trainable "
@@ -422,13 +423,13 @@ def _no_grad_hooks_on_frozen(tracker: Any, net: Any) -> None:
             handles[param] = (_NoHook(), _NoHook())
 
 
-def _recorder(net: Any, tracker: Any, impl: Implementation) -> Any:
+def _recorder(net: Any, tracker: Any, impl: Implementation, world_size: int) -> Any:
     """A timeline recorder reading the tracker's live bytes by category; under DDP the buckets (added to
     ``temporary`` by arithmetic, see the module docstring) are live throughout the step."""
     from advisor.simulate.timeline import CategoryBytes, TimelineRecorder, segment_stops
     from wrappers.blocks import find_blocks
 
-    buckets = 0 if impl.shard_params else _ddp_bucket_bytes(net)
+    buckets = 0 if impl.shard_params or world_size == 1 else _ddp_bucket_bytes(net)
     return TimelineRecorder(lambda: _live(tracker), segment_stops(net, find_blocks(net)),
                             extra=CategoryBytes(temporary=buckets))
 

@@ -1,0 +1,219 @@
+"""The stacks users run, measured on a real CUDA GPU: Hugging Face ``Trainer`` (its default fused AdamW,
+fp32 or bf16-loaded weights, PEFT LoRA over a bf16 base), ``wrappers.wrap()`` in a plain loop, and the
+three AdamW implementations under the torch recipe.
+
+Run (on a machine with one CUDA GPU): ``python benchmarks/gpu_stacks.py --out DIR``. Each case builds its
+model from a bundled config with random weights on the GPU and trains three steps; the peaks of steps 2-3
+(allocated and reserved) are what the plan is compared with. ``Trainer`` and ``wrap()`` cases also carry the
+line the product itself prints (``wrappers.measured``: the ``AdvisorCallback`` / ``wrap()`` watcher) and
+the figures it planned on the spot. Writes ``DIR/gpu_stacks.jsonl``, one JSON object per case; the
+estimate is recomputed here later by ``benchmarks/gpu_stacks_report.py`` (so a change of the estimate
+re-scores the stored measurements without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import platform
+import sys
+import traceback
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEVICE = "cuda"  # a CPU smoke run of the script replaces it
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import accuracy  # noqa: E402  (the bundled model keys)
+
+# (name, model key, micro-batch, seq, checkpointing, weights dtype, LoRA rank, Trainer optim)
+TRAINER_CASES = [
+    ("trainer-fp32w", "qwen0.5b", 4, 1024, False, "float32", None, "adamw_torch_fused"),
+    ("trainer-fp32w-foreach", "qwen0.5b", 4, 1024, False, "float32", None, "adamw_torch"),
+    ("trainer-fp32w-ckpt", "qwen0.5b", 8, 2048, True, "float32", None, "adamw_torch_fused"),
+    ("trainer-fp32w", "llama1b", 2, 2048, True, "float32", None, "adamw_torch_fused"),
+    ("trainer-bf16w", "qwen0.5b", 4, 1024, False, "bfloat16", None, "adamw_torch_fused"),
+    ("trainer-bf16w", "llama1b", 4, 2048, False, "bfloat16", None, "adamw_torch_fused"),
+    ("trainer-lora", "llama1b", 4, 2048, False, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-ckpt", "qwen0.5b", 8, 2048, True, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora", "mha350m", 4, 2048, False, "bfloat16", 16, "adamw_torch_fused"),
+]
+# (model key, strategy, world, micro-batch, seq, checkpointing, AdamW implementation): the torch recipe
+IMPL_CASES = [
+    ("qwen0.5b", "ddp", 2, 1, 256, False, "fused"), ("qwen0.5b", "ddp", 2, 1, 256, False, "for-loop"),
+    ("qwen0.5b", "ddp", 2, 1, 256, False, "foreach"), ("qwen0.5b", "zero3", 8, 1, 256, False, "fused"),
+    ("mha350m", "zero3", 4, 1, 256, False, "foreach"), ("mha350m", "ddp", 2, 2, 1024, False, "fused"),
+    ("llama1b", "zero3", 8, 1, 1024, True, "fused"), ("qwen0.5b", "zero3", 8, 1, 256, True, "foreach"),
+]
+# (model key, micro-batch, seq, checkpointing): wrap() in one process, its own plan and watcher
+WRAP_CASES = [("qwen0.5b", 4, 1024, False), ("llama1b", 2, 2048, True)]
+
+
+def _clean() -> None:
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _model(key: str, dtype: str, lora_rank: int | None):
+    import torch
+
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.model import materialize, resolve_config
+
+    cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation="sdpa")
+    net = build_meta_model(cfg)
+    materialize(net, device=DEVICE, real=True)
+    if dtype == "bfloat16":
+        net.to(torch.bfloat16)  # what from_pretrained(dtype="auto") gives for a bf16 checkpoint
+    if lora_rank is not None:
+        import peft
+
+        net = peft.get_peft_model(net, peft.LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, task_type="CAUSAL_LM"))
+    return net, cfg
+
+
+class _Tokens:
+    def __init__(self, vocab: int, seq: int, n: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str, rank: int | None,
+                 optim: str, workdir: Path) -> dict:
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from wrappers.callbacks import AdvisorCallback
+
+    _clean()
+    net, cfg = _model(key, dtype, rank)
+    peaks: dict = {}
+
+    class Peaks(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            if state.global_step == 1:
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == 3:
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+            return control
+
+    args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=3,
+                             bf16=True, optim=optim, gradient_checkpointing=ckpt, report_to=[], save_strategy="no",
+                             logging_steps=100, dataloader_num_workers=0, remove_unused_columns=False,
+                             learning_rate=1e-5, disable_tqdm=True, use_cpu=DEVICE == "cpu")
+    advisor = AdvisorCallback(seq_len=seq, gpus="1xH100")
+    trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 3 * mb),
+                      callbacks=[advisor, Peaks()])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trainer.train()
+    planned = advisor.verdict.planned if advisor.verdict is not None else None
+    row = dict(kind="trainer", name=name, model=key, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+               weights=dtype, lora_rank=rank, optim=optim, allocated=peaks.get("allocated"),
+               reserved=peaks.get("reserved"),
+               product_line=advisor.memory.line if advisor.memory is not None else None,
+               product_verdict=[ln for ln in printed.getvalue().splitlines() if ln.startswith("advisor")],
+               planned_allocated=getattr(planned, "peak_allocated", None),
+               planned_reserved=getattr(planned, "reserved", None),
+               wrapped=type(trainer.model_wrapped).__name__,
+               param_dtypes=sorted({str(p.dtype) for p in net.parameters()}),
+               trainable=sum(p.numel() for p in net.parameters() if p.requires_grad))
+    del trainer, net
+    return row
+
+
+def wrap_case(key: str, mb: int, seq: int, ckpt: bool) -> dict:
+    import torch
+
+    from wrappers import wrap
+    from wrappers.launch_env import read_launch_env
+
+    _clean()
+    net, cfg = _model(key, "float32", None)
+    ids = torch.randint(0, cfg["vocab_size"], (mb, seq), device=DEVICE)
+    loader = torch.utils.data.DataLoader(_Tokens(cfg["vocab_size"], seq, 4 * mb), batch_size=mb)
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        model, optimizer, loader = wrap(net, torch.optim.AdamW(net.parameters(), lr=1e-5), loader, activation_checkpointing=ckpt, seq_len=seq,
+                                        env=read_launch_env({}))
+        for _ in range(3):
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    memory = getattr(model, "advisor_memory", None)
+    row = dict(kind="wrap", model=key, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+               product_line=memory.line if memory is not None else None,
+               printed=[ln for ln in printed.getvalue().splitlines() if "Warning" not in ln and "warn(" not in ln][:16],
+               optimizer_defaults={k: v for k, v in optimizer.defaults.items() if k in ("fused", "foreach")})
+    del model, optimizer, net
+    return row
+
+
+def impl_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool, impl: str) -> dict:
+    import gpu_truth
+
+    peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, optimizer_impl=impl)
+    return dict(kind="impl", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+                optimizer_impl=impl, step1=peaks.step1, allocated=peaks.step2, step3=peaks.step3,
+                reserved=peaks.reserved)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
+    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl), comma-separated")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_stacks: no CUDA device", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    import peft
+    import transformers
+
+    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl"}
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
+               peft=peft.__version__, python=platform.python_version())
+    jobs = []
+    if "impl" in groups:
+        jobs += [(impl_case, c) for c in IMPL_CASES]
+    if "trainer" in groups:
+        jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_CASES]
+    if "wrap" in groups:
+        jobs += [(wrap_case, c) for c in WRAP_CASES]
+    with open(args.out / "gpu_stacks.jsonl", "a") as fh:
+        for fn, case in jobs:
+            try:
+                row = fn(*case)
+            except Exception as err:  # one broken case must not cost the others' device time
+                row = dict(kind=fn.__name__, case=[str(c) for c in case], error=f"{type(err).__name__}: {err}",
+                           trace=traceback.format_exc()[-1500:])
+            row["env"] = env
+            fh.write(json.dumps(row) + "\n")
+            fh.flush()
+            print(json.dumps({k: v for k, v in row.items() if k not in ("env", "trace")}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,7 +36,9 @@ compare on one footing.
 Model states follow the engine (``advisor.estimate.states``). What the strategy holds beyond
 them, torch engine: DDP keeps a second copy of the gradients in its buckets
 (``gradient_as_bucket_view=False``); autocast keeps bf16 copies of the weights for backward; FSDP2
-all-gathers bf16 blocks.
+all-gathers bf16 blocks. Deepspeed engine under a recipe with DeepSpeed's ZeRO facts (the deepspeed row):
+ZeRO's IPG buffers, flat gradient partition and the step's copies (``advisor.estimate.zero_buffers``), and
+its flat states get no allocator gap (``_flat_bytes``).
 
 A quantised base (``--quantize``, QLoRA): ``advisor.estimate.quantized`` replaces the parameter bytes
 and the strategy's buffers, and adds one dequantised linear to a block's backward.
@@ -341,7 +343,9 @@ def _flat_bytes(parts: dict[str, int], moment: str, training: TrainingConfig, im
     the ZeRO-2 step's allocations (Llama-2-7B, one rank of two, H100; benchmarks/zero2_step_replay.py)
     peaked at 75.31 GiB allocated and 75.63 GiB reserved: a gap of 0.4%, not the calibrated 10.4%, which
     was fitted on torch runs of many tensors. Elsewhere: 0 (the calibrated gap applies to the whole peak)."""
-    from advisor.estimate.zero_buffers import zero_facts
+    if training.engine != "deepspeed" or training.recipe.zero is None:
+        return 0
+    from advisor.estimate.zero_buffers import zero_facts  # loaded only for a ZeRO recipe
 
     if zero_facts(training, impl) is None:
         return 0

@@ -28,6 +28,37 @@ FrozenBase = Literal["compute", "param"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 _FACTS = ("optimizer_impl", "frozen_base", "loss", "engine")
+_ZERO_FACTS = ("ipg_buffers_overlap_comm", "ipg_buffers_stage3", "partition_grads_in_backward", "step_grad_copies",
+               "sub_group_size", "stage3_grad_buffer")
+
+
+class ZeroFacts(BaseModel):
+    """What DeepSpeed's ZeRO optimizers allocate beyond the ZeRO paper's 2 + 2 + 12 bytes a parameter
+    (``advisor.estimate.zero_buffers`` turns them into bytes). Bucket sizes are not here: the export
+    writes them and ``advisor.estimate.buckets.deepspeed_buckets`` owns them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ipg_buffers_overlap_comm: int = Field(ge=1, description="ZeRO-1/2 IPG buffers of reduce_bucket_size elements "
+                                          "in backward with overlap_comm on (our export's setting).")
+    ipg_buffers_stage3: int = Field(ge=1, description="ZeRO-3 IPG buffers of reduce_bucket_size elements, "
+                                    "held from initialisation on.")
+    partition_grads_in_backward: bool = Field(description="ZeRO-2 holds the rank's gradient partition flat "
+                                              "(contiguous gradients) from its first gradient in backward.")
+    step_grad_copies: bool = Field(description="The step flattens the gradient partition into a new tensor "
+                                   "and casts it to fp32, and the optimizer steps that one flat tensor.")
+    sub_group_size: int = Field(gt=0, description="ZeRO-3 steps the partition in sub-groups of this many "
+                                "elements (DeepSpeed's default; our export leaves it unset).")
+    stage3_grad_buffer: bool = Field(description="ZeRO-3 holds the gradient partition in one flat buffer "
+                                     "allocated at initialisation (never freed).")
+    sources: dict[str, str] = Field(description="Fact name -> the DeepSpeed source it was read from.")
+
+    @model_validator(mode="after")
+    def _cited(self) -> "ZeroFacts":
+        missing = [fact for fact in _ZERO_FACTS if not self.sources.get(fact)]
+        if missing:
+            raise ValueError(f"zero facts: no source for {', '.join(missing)}")
+        return self
 
 
 class Recipe(BaseModel):
@@ -46,6 +77,8 @@ class Recipe(BaseModel):
                                     "(the precision's parameter dtype, fp32). Adapters stay in the parameter dtype.")
     loss: LossKernel = Field(description="The loss kernel it runs unless --loss says otherwise.")
     sources: dict[str, str] = Field(description="Fact name -> the framework source it was read from.")
+    zero: ZeroFacts | None = Field(default=None, description="DeepSpeed ZeRO's own buffers, read from its source; "
+                                   "None: the ZeRO paper's accounting alone.")
 
     def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
         return hash(self.name)

@@ -124,7 +124,8 @@ def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:
 
 
 def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
-    """ZeRO paper accounting: 2 bytes weights, 2 grads, K = 12 (fp32 master 4 + Adam 8)."""
+    """ZeRO paper accounting: 2 bytes weights, 2 grads, K = 12 (fp32 master 4 + Adam 8); a recipe with
+    DeepSpeed's own facts steps as ``advisor.estimate.zero_buffers`` reads them."""
     p, t = spec.total_params, spec.trainable_params
     pb = training.compute_bytes
     master = 0 if pb == 4 else FP32 * t
@@ -135,6 +136,11 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     share = world if impl.shard_optimizer else 1
     largest = FP32 * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
     temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share))
+    from advisor.estimate.zero_buffers import zero_facts, zero_step_temporary  # a recipe with DeepSpeed's facts
+
+    facts = zero_facts(training, impl)
+    if facts is not None:
+        temp = zero_step_temporary(spec, training, impl, world, facts)
     return ModelStates(params=params, grads=grads, optimizer=opt, step_temporary=temp,
                        on_cpu=impl.offload_params, cpu_only_optimizer=impl.offload_optimizer and not impl.offload_params)
 

@@ -53,6 +53,11 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     layer, n_layers, outside = _block_params(spec)
     if training.engine == "deepspeed":
         from advisor.estimate.buckets import deepspeed_buckets  # DeepSpeed's buckets load only for that engine
+        from advisor.estimate.zero_buffers import zero_facts, zero_strategy_buffers
+
+        facts = zero_facts(training, impl)
+        if facts is not None:  # the recipe carries DeepSpeed's own buffers (profiles/recipes.json)
+            return zero_strategy_buffers(spec, training, impl, world, facts)
 
         buckets = deepspeed_buckets(spec)
         # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).

@@ -94,7 +94,9 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
 def overhead_notes(training: TrainingConfig) -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
-    gap = (f"runtime overhead per GPU: the allocator's gap, {training.fragmentation:.1%} of the peak + "
+    # A ZeRO recipe's flat states and step copies get no gap (advisor.estimate.memory._flat_bytes).
+    flat = " less ZeRO's flat states and step copies" if training.engine == "deepspeed" and training.recipe.zero else ""
+    gap = (f"runtime overhead per GPU: the allocator's gap, {training.fragmentation:.1%} of the peak{flat} + "
            f"{training.reserve_gib:g} GiB, "
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
               "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")

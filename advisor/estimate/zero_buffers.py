@@ -1,0 +1,85 @@
+"""DeepSpeed ZeRO's own buffers, for a recipe whose row carries ``zero`` facts (``advisor.recipes.ZeroFacts``:
+the deepspeed row of ``profiles/recipes.json``, each fact cited there from DeepSpeed's source). Without
+those facts (a torch-side recipe handed to DeepSpeed) the estimate keeps the ZeRO paper's accounting
+(``advisor.estimate.states``, ``advisor.estimate.strategy_buffers``).
+
+What the facts add to the resting states (2 bytes a parameter, 2 a gradient, 12 of optimizer state):
+
+- ZeRO-1/2 backward: the IPG buffers (``reduce_bucket_size`` elements each in the parameters' dtype,
+  two with overlap_comm as our export writes it), allocated at the first gradient and released at the
+  end of backward; ZeRO-2 also holds the rank's gradient partition flat (contiguous gradients) from its
+  first gradient on: the worst rank is the last, which owns the head's end of the flat buffer.
+- ZeRO-3: one IPG buffer, kept from initialisation; the gradient partition's flat buffer, never freed
+  (so held in forward and backward too; the step's moment counts it as the gradients).
+- The step (no optimizer offload): the gradient partition is flattened into a new tensor and cast to
+  fp32 while the partition's views still hold the flat gradients; then the optimizer steps that one flat
+  fp32 tensor, so a foreach or for-loop AdamW's temporaries are partition-sized (ZeRO-3: sub-group
+  sized, ``sub_group_size`` elements at most).
+
+Bucket sizes come from ``advisor.estimate.buckets.deepspeed_buckets``, which the export writes, so an
+exported run is the run planned. Pure: no torch import.
+"""
+
+from __future__ import annotations
+
+from advisor.estimate.buckets import deepspeed_buckets
+from advisor.estimate.states import FP32, optimizer_step_temporary
+from advisor.estimate.strategy_buffers import StrategyBuffers
+from advisor.model.spec import ModelSpec
+from advisor.recipes import ZeroFacts
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+
+def zero_facts(training: TrainingConfig, impl: Implementation) -> ZeroFacts | None:
+    """The recipe's ZeRO facts where they apply: the deepspeed engine at ZeRO stage 1 or more."""
+    if training.engine != "deepspeed" or not impl.shard_optimizer:
+        return None
+    return training.recipe.zero
+
+
+def _partition_elements(spec: ModelSpec, world: int) -> int:
+    """Trainable elements in one rank's partition (DeepSpeed pads the flat buffer to split evenly)."""
+    return -(-spec.trainable_params // world)
+
+
+def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,
+                          facts: ZeroFacts) -> StrategyBuffers:
+    """What ZeRO holds beyond the states and activations at each moment of forward and backward."""
+    cb = training.compute_bytes  # the module is cast to bf16/fp16: gradients and IPG buffers in that dtype
+    buckets = deepspeed_buckets(spec)
+    if impl.shard_params:  # ZeRO-3
+        ipg = facts.ipg_buffers_stage3 * cb * buckets.reduce_elements
+        grads = cb * _partition_elements(spec, world) if facts.stage3_grad_buffer and not impl.offload_optimizer else 0
+        # Gathered parameters, capped by stage3_max_live_parameters (and kept while reused within
+        # stage3_max_reuse_distance, 1e9 elements by default); the rank's own partition is part of the
+        # gathered tensor. Offloaded partitions live on the CPU.
+        own = 0 if impl.offload_params else spec.total_params // world
+        live = cb * min(spec.total_params - own, buckets.max_live_parameters)
+        return StrategyBuffers(persistent=ipg, at_loss=live + grads, in_backward=live + grads)
+    ipg = facts.ipg_buffers_overlap_comm * cb * buckets.reduce_elements
+    # With the optimizer offloaded, copy_grads_in_partition sends each gradient to the CPU instead.
+    partition = (cb * _partition_elements(spec, world)
+                 if facts.partition_grads_in_backward and impl.shard_grads and not impl.offload_optimizer else 0)
+    return StrategyBuffers(persistent=0, at_loss=0, in_backward=ipg + partition)
+
+
+def zero_step_temporary(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,
+                        facts: ZeroFacts) -> int:
+    """Bytes the ZeRO step holds beyond the resting states (whose gradients are the rank's partition,
+    or all of them under ZeRO-1): the larger of the cast (the flat copy and its fp32 cast beside the
+    partition's views) and the optimizer's step over the flat fp32 tensor (its fp32 gradient and the
+    implementation's temporaries)."""
+    if not facts.step_grad_copies:
+        return 0
+    cb = training.compute_bytes
+    elements = _partition_elements(spec, world)
+    if impl.shard_params:  # ZeRO-3 steps sub-group by sub-group; the gradient buffer stays
+        elements = min(elements, facts.sub_group_size)
+    flat = cb * elements
+    fp32 = FP32 * elements if cb != FP32 else 0  # .to(fp32) of an fp32 tensor is the tensor itself
+    stepped = fp32 or flat  # the fp32 gradient the optimizer reads
+    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * elements, largest_bytes=FP32 * elements)
+    # ZeRO-1/2 free the partition's views once cast (stage_1_and_2.py step); ZeRO-3 keeps its buffer.
+    freed = 0 if impl.shard_params else cb * elements
+    return max(flat + fp32, stepped - freed + temp, 0)

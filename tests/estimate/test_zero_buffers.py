@@ -1,0 +1,144 @@
+"""DeepSpeed ZeRO's own buffers under the deepspeed recipe (advisor/estimate/zero_buffers.py), with byte
+counts worked by hand from DeepSpeed's rules (stage_1_and_2.py / stage3.py at edaa722, cited in
+profiles/recipes.json) and checked against the published runs of profiles/published_memory.json.
+
+Qwen2.5-7B: P = T = 7,615,616,512 parameters, hidden 3584, so the exported reduce_bucket_size is
+3584^2 = 12,845,056 elements. bf16: 2 bytes a parameter, gradient and IPG element."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from advisor.estimate.memory import estimate_memory
+from advisor.estimate.states import model_states
+from advisor.estimate.strategy_buffers import _strategy_buffers
+from advisor.export.deepspeed import build_deepspeed
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.sources import resolve_model
+from advisor.planning.api import plan
+from advisor.strategies import STRATEGIES
+from advisor.training import TrainingConfig
+from profiles import PROFILES_DIR
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from published_memory import estimate, published_bytes  # noqa: E402
+
+CASES = {c["id"]: c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"]}
+
+P = 7_615_616_512
+BUCKET = 12_845_056  # 3584^2
+HALF = 3_807_808_256  # P / 2: one rank's partition on 2 GPUs
+EIGHTH = 951_952_064  # P / 8
+
+
+@pytest.fixture(scope="module")
+def qwen7b():
+    return resolve_model("Qwen/Qwen2.5-7B")
+
+
+def _ds(impl: str | None = None) -> TrainingConfig:
+    return TrainingConfig(recipe="deepspeed", optimizer_impl=impl)
+
+
+def test_zero2_backward_holds_two_ipg_buffers_and_the_flat_gradient_partition(qwen7b):
+    """setup_buckets: buf_0 and, with overlap_comm (which the export writes), buf_1, each 12,845,056 bf16
+    elements = 2 x 2 x 12,845,056 = 51,380,224 B; copy_grads_in_partition: the rank's partition flat,
+    2 x 3,807,808,256 = 7,615,616,512 B. Both appear in backward only (the IPG buffers are released at
+    its end, the partition freed by the step), so nothing is held at the loss or at rest."""
+    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero2"].on("deepspeed"), 2)
+    assert buffers.in_backward == 51_380_224 + 7_615_616_512 == 7_666_996_736
+    assert buffers.persistent == 0 and buffers.at_loss == 0
+    zero = build_deepspeed(plan("Qwen/Qwen2.5-7B", "8xA100", recipe="deepspeed", strategy="zero2"))["zero_optimization"]
+    assert zero["overlap_comm"] is True and zero["contiguous_gradients"] is True
+    assert zero["reduce_bucket_size"] == BUCKET
+
+
+def test_zero1_backward_holds_the_ipg_buffers_only(qwen7b):
+    """ZeRO-1 keeps its gradients as the ZeRO paper counts them (whole, 2 B each) and adds the two IPG
+    buffers its hooks fill (overlap_comm): 51,380,224 B in backward."""
+    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero1"].on("deepspeed"), 2)
+    assert buffers.in_backward == 51_380_224 and buffers.persistent == 0
+
+
+@pytest.mark.parametrize("impl, expected", [
+    # fused: the cast is the peak: flat bf16 copy 2 x 3,807,808,256 + its fp32 cast 4 x 3,807,808,256.
+    ("fused", 7_615_616_512 + 15_231_233_024),
+    # foreach over the one flat fp32 partition: fp32 grad 15,231,233,024 - the freed bf16 partition
+    # 7,615,616,512 + one partition-sized temporary 15,231,233,024 = 22,846,849,536 (ties the cast).
+    ("foreach", 22_846_849_536),
+    # for-loop: two partition-sized temporaries (sqrt and the quotient): 7,615,616,512 + 2 x 15,231,233,024.
+    ("for-loop", 38_078_082_560),
+])
+def test_zero2_step_casts_the_flat_partition_and_steps_it_whole(qwen7b, impl, expected):
+    states = model_states(qwen7b, _ds(impl), STRATEGIES["zero2"].on("deepspeed"), 2)
+    assert states.step_temporary == expected
+
+
+def test_zero2_peak_at_the_step_is_twelve_bytes_a_parameter_on_two_gpus(qwen7b):
+    """2P (bf16 weights) + 12P/2 (master, m, v) + the cast moment's 2P/2 views + 2P/2 flat copy + 4P/2
+    fp32 = 2P + 20P/2 = 12 x 7,615,616,512 = 91,387,398,144 B (the ZeRO paper's 2 + 2/N + 12/N gives
+    9P = 68,540,548,608)."""
+    hardware = parse_gpus("2xA100-80GB-SXM")
+    mem = estimate_memory(qwen7b, hardware, _ds(), STRATEGIES["zero2"].on("deepspeed"), micro_batch_size=1,
+                          checkpointing=True)
+    assert mem.at_optimizer_step == 12 * P == 91_387_398_144
+
+
+def test_zero3_holds_its_gradient_buffer_and_one_ipg_buffer_throughout(qwen7b):
+    """stage3.py: one IPG buffer from initialisation (2 x 12,845,056 = 25,690,112 B) and the flat gradient
+    partition grad_partitions_flat_buffer (2 x 951,952,064 = 1,903,904,128 B on 8 GPUs), beside the
+    gathered parameters (2 x 1e9 = stage3_max_live_parameters, under the 6,663,664,448 others')."""
+    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero3"].on("deepspeed"), 8)
+    assert buffers.persistent == 25_690_112
+    assert buffers.at_loss == buffers.in_backward == 2_000_000_000 + 1_903_904_128
+
+
+@pytest.mark.parametrize("world, impl, expected", [
+    (8, "fused", 6 * EIGHTH),  # one sub-group of 951,952,064: bf16 flat copy 2 + fp32 cast 4 bytes each
+    (2, "fused", 6_000_000_000),  # 3,807,808,256 per rank, stepped in sub-groups of 1e9 (sub_group_size)
+    (2, "for-loop", 12_000_000_000),  # fp32 grad 4e9 + two sub-group temporaries 2 x 4e9
+])
+def test_zero3_step_is_sub_group_sized(qwen7b, world, impl, expected):
+    states = model_states(qwen7b, _ds(impl), STRATEGIES["zero3"].on("deepspeed"), world)
+    assert states.step_temporary == expected
+
+
+def test_a_torch_recipe_on_deepspeed_keeps_the_zero_paper_accounting(qwen7b):
+    """Only the deepspeed row carries DeepSpeed's facts: the torch recipe's plan is unchanged (one IPG
+    bucket at rest, 2 x 12,845,056 B; the fused step allocates nothing)."""
+    training = TrainingConfig(engine="deepspeed", optimizer_impl="fused")
+    buffers = _strategy_buffers(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2)
+    assert buffers.persistent == 25_690_112 and buffers.in_backward == 0
+    assert model_states(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2).step_temporary == 0
+
+
+def test_published_zero2_oom_is_judged_not_to_fit_and_zero3_run_to_fit():
+    """LLaMA-Factory #1221 (LLaMA-7B, fp16, 8 x V100 32 GB, torch's for-loop AdamW): ZeRO-2 ran out of
+    memory in the optimizer step ('28.28 GiB already allocated', asking for 3.14 GiB more: 31.42 GiB);
+    the same job trained under ZeRO-3. The step's peak, P = 6,738,415,616: weights 2P = 13,476,831,232 +
+    master, m, v 12P/8 = 10,107,623,424 + the fp32 gradient 4P/8 = 3,369,207,808 + two partition-sized
+    temporaries 8P/8 = 6,738,415,616 = 33,692,078,080 B = 31.38 GiB, against 31.42 GiB in the message."""
+    oom = CASES["lfissue1221-llama7b-zero2-8xv100-oom"]
+    est = estimate(oom)
+    assert est.allocated == 33_692_078_080
+    assert abs(est.allocated / (31.42 * 2**30) - 1) < 0.01  # the message's allocated + request
+    assert est.compared("oom")[1] > published_bytes(oom)  # judged not to fit
+    trained = CASES["lfissue1221-llama7b-zero3-8xv100"]
+    assert estimate(trained).compared("trained")[1] < published_bytes(trained)
+
+
+def test_zero_flat_states_get_no_allocator_gap():
+    """A plain-torch replay of the ZeRO-2 step's allocations (benchmarks/zero2_step_replay.py: Llama-2-7B,
+    one rank of two) on an H100 80GB peaked at 75.31 GiB allocated and 75.63 GiB reserved. The estimate's
+    reserved at that step is the peak + 0.256 GiB (the calibrated fixed part), not 1.104 x the peak
+    (83.40 GiB, over the card): within 1% of the measured 75.63 GiB, and the run is judged to fit."""
+    p = plan("meta-llama/Llama-2-7b-hf", "2xA100", recipe="deepspeed", strategy="zero2", seq_len=256,
+             micro_batch_size=1)
+    mem = p.candidates[0].memory_bytes
+    assert mem.peak_moment == "optimizer_step" and mem.peak_allocated == 12 * 6_738_415_616
+    assert abs(mem.reserved / (75.63 * 2**30) - 1) < 0.01
+    assert p.candidates[0].fits

@@ -188,3 +188,23 @@ def test_fsdp_checkpointing_in_fsdp_config_counts():
     args = SimpleNamespace(deepspeed=None, fsdp=True, fsdp_config={"fsdp_activation_checkpointing": True},
                            per_device_train_batch_size=1, gradient_accumulation_steps=1, world_size=1)
     assert hf_training(args, _model(), seq_len=16).activation_checkpointing == "on"
+
+
+def test_weights_loaded_in_bf16_are_planned_as_pure_bf16(tmp_path):
+    """transformers 5 loads a bf16 checkpoint in bf16 (``from_pretrained(dtype="auto")``) and ``bf16=True`` only
+    adds autocast: without FSDP or DeepSpeed the weights train in bf16 (measured on an H100 through Trainer: 15.07
+    GiB allocated, the bf16-mixed plan said 21.35; benchmarks/results/gpu_stacks.md). fp32 weights, a PEFT model's
+    fp32 adapters over a bf16 base, and FSDP (accelerate upcasts to fp32) stay bf16-mixed."""
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=2, bf16=True, use_cpu=True,
+                             report_to=[])
+    assert hf_training(args, _model().to(torch.bfloat16), seq_len=16).precision == "bf16"
+    assert hf_training(args, _model(), seq_len=16).precision == "bf16-mixed"
+    adapters = _model().to(torch.bfloat16)
+    for name, param in adapters.named_parameters():  # a PEFT model: fp32 trainable adapters, frozen bf16 base
+        param.requires_grad_(name.endswith("q_proj.weight"))
+        if param.requires_grad:
+            param.data = param.data.float()
+    assert hf_training(args, adapters, seq_len=16).precision == "bf16-mixed"
+    fsdp = SimpleNamespace(bf16=True, fp16=False, fsdp=True, fsdp_config={"reshard_after_forward": True},
+                           deepspeed=None, per_device_train_batch_size=2, gradient_accumulation_steps=1, optim="")
+    assert hf_training(fsdp, _model().to(torch.bfloat16), seq_len=16).precision == "bf16-mixed"

@@ -90,3 +90,20 @@ def test_precision_dtypes_come_from_the_precision_table(monkeypatch):
     with autocast_context("bf16-mixed", "cpu"):
         x = torch.randn(2, 2)
         assert (x @ x).dtype == torch.float16
+
+
+def test_ddp_on_one_rank_is_the_plain_model():
+    """A one-rank group has nothing to all-reduce: the recipe leaves the model unwrapped, as accelerate and
+    Lightning run one GPU, and the estimate counts no DDP buckets there (issue 19 item 6)."""
+    import torch.distributed as dist
+
+    from wrappers.recipe import Recipe, apply_recipe
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 4)
+        applied = apply_recipe(model, Recipe(strategy="ddp", precision="fp32"), device="cpu")
+        assert applied.model is model
+    finally:
+        dist.destroy_process_group()

@@ -140,3 +140,19 @@ def tiny_training():
     batches = torch.randint(0, 128, (8, 16))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(batches), batch_size=4)
     return {"model": model, "optimizer": optimizer, "loader": loader}
+
+
+def test_the_readme_accuracy_rows_are_the_reports_figures():
+    """The README's real-GPU rows quote the reports' summaries (which the benchmarks write): a figure
+    changed in one place and not the other fails here."""
+    readme = (ROOT / "README.md").read_text()
+    truth = (ROOT / "benchmarks/results/gpu_truth.md").read_text()
+    stacks = (ROOT / "benchmarks/results/gpu_stacks.md").read_text()
+    med, top = re.search(r"analytic vs GPU \(second step\): median \|error\| ([0-9.]+)%, max ([0-9.]+)%", truth).groups()
+    assert f"| allocated vs a real H100 (`max_memory_allocated`) | 30 | {med}% | {top}% |" in readme
+    found = re.search(r"reserved \(Trainer and wrap\(\) rows\): median \|err\| ([0-9.]+)%, max ([0-9.]+)% over (\d+); "
+                      r"the one-GPU stacks alone \(Trainer and wrap\(\) rows\): allocated median \|err\| ([0-9.]+)%, "
+                      r"max ([0-9.]+)% over (\d+)", stacks)
+    r_med, r_max, n, a_med, a_max, n2 = found.groups()
+    assert f"on one H100: allocated | {n2} | {a_med}% | {a_max}% |" in readme
+    assert f"| the same runs: reserved (`max_memory_reserved`) | {n} | {r_med}% | {r_max}% |" in readme

@@ -113,7 +113,8 @@ def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
     ``prepare_model`` wraps DDP only for several processes, Lightning runs one device under
     ``SingleDeviceStrategy``, ``wrappers.recipe`` leaves a one-rank group unwrapped). Measured on an H100
     through Hugging Face Trainer (``benchmarks/results/gpu_stacks.md``: no DDP wrapper at one GPU)."""
-    return 0 if impl.single_process or world == 1 else grad_bytes
+    plain = world == 1 and not impl.shard_optimizer  # ZeroRedundancyOptimizer's recipe wraps DDP at any size
+    return 0 if impl.single_process or plain else grad_bytes
 
 
 def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:

@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    cuda_math_sdpa, decoder_layer_per_token, encoder_layer_per_token,
-    frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token,
-    selective_kept_per_token,
+    cuda_math_sdpa, decoder_layer_per_token, eager_backward_per_token, eager_masks_bytes, eager_remaining_per_token,
+    encoder_layer_per_token, frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token,
+    outside_norm_per_token, selective_kept_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
@@ -63,6 +63,9 @@ class ActivationShape(BaseModel):
     sliding_window: int | None = Field(default=None, description="Attention span of every layer (tokens); None: full.")
     attn_softcap: bool = Field(default=False, description="Soft-capped attention scores (Gemma 2; eager only).")
     logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
+    sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
+                                 "in fp32 with (1 + weight) (Gemma 2: four a block).")
+    eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -126,6 +129,14 @@ def activation_family(model_type: str | None) -> str | None:
 def _info_qk_norm(model_type: str | None) -> bool:
     info = load_architectures().get(model_type or "")
     return info is not None and info.qk_norm
+
+
+def _info_block_extras(model_type: str | None) -> dict:
+    """Gemma 2's four norms a block and its two eager masks (``profiles/architectures.json``)."""
+    info = load_architectures().get(model_type or "")
+    if info is None or info.formula != "decoder":
+        return {}
+    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks)
 
 
 def _size_shape(total_params: int) -> dict:
@@ -204,6 +215,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             note=note,
+            **(_info_block_extras(spec.model_type) if family == "decoder" else {}),
         )
     guess = _size_shape(spec.total_params)
     if spec.source == "params":
@@ -234,6 +246,22 @@ def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: in
     return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
 
 
+def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adapters | None, *, seq_len: int,
+                              layer_per_token: int) -> int | None:
+    """A Llama-style block's eager softmax backward, beyond its saved tensors, a token
+    (``activations_blocks.eager_backward_per_token``); None for blocks it does not describe (latent
+    attention, Jamba's layers, the other families)."""
+    if shape.family != "decoder" or shape.mla is not None or shape.hybrid is not None:
+        return None
+    remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
+    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
+        first = adapters.model_copy(update={"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
+        none = adapters.model_copy(update={"inputs": ()})
+        remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
+                      - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
+    return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)
+
+
 # One saved-bytes-per-token formula per family with a block formula (activations_blocks.py); 'encdec'
 # (both stacks, activations_encdec.py) and 'none' (not modelled) are composed apart in estimate_activations.
 _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_token, "bert": encoder_layer_per_token,
@@ -259,7 +287,8 @@ def estimate_activations(
             checkpointing=checkpointing, eager=eager))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
-    if adapters is not None and shape.family == "decoder" and not shape.num_experts:
+    frozen = adapters is not None and shape.family == "decoder" and not shape.num_experts
+    if frozen:
         layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
                                                         eager=eager or cuda_math_sdpa(shape, dt))
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
@@ -270,6 +299,8 @@ def estimate_activations(
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
+    attention_backward = _eager_attention_backward(shape, dt, adapters if frozen else None, seq_len=seq_len,
+                                                   layer_per_token=layer // tokens) if eager else None
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
@@ -277,6 +308,8 @@ def estimate_activations(
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
+        if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
+            saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute = layers_total + outside, 0
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
@@ -288,6 +321,8 @@ def estimate_activations(
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
+        backward_temp = max(backward_temp, tokens * attention_backward)
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,

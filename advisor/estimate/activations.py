@@ -247,13 +247,19 @@ def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: in
 
 
 def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adapters | None, *, seq_len: int,
-                              layer_per_token: int) -> int | None:
+                              layer_per_token: int, outside_per_token: int, checkpointing: bool) -> int | None:
     """A Llama-style block's eager softmax backward, beyond its saved tensors, a token
     (``activations_blocks.eager_backward_per_token``); None for blocks it does not describe (latent
-    attention, Jamba's layers, the other families)."""
+    attention, Jamba's layers, the other families). By then the final norm, the head's input and the
+    labels (``outside_per_token``, less the token ids and the RoPE tables the blocks still read) were
+    freed by their backward; under checkpointing a block's fp32 input is the tensor the checkpoint kept
+    (counted once, in ``saved_bytes``), which the recomputed norm reads instead of a copy of its own."""
     if shape.family != "decoder" or shape.mla is not None or shape.hybrid is not None:
         return None
     remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
+    if checkpointing and dt.residual == FP32:
+        remaining -= FP32 * shape.hidden_size
+    remaining -= outside_per_token - INT64 - (0 if shape.hybrid else 2 * dt.residual * shape.head_dim)
     if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
         first = adapters.model_copy(update={"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
         none = adapters.model_copy(update={"inputs": ()})
@@ -299,13 +305,17 @@ def estimate_activations(
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
-    attention_backward = _eager_attention_backward(shape, dt, adapters if frozen else None, seq_len=seq_len,
-                                                   layer_per_token=layer // tokens) if eager else None
+    attention_backward = _eager_attention_backward(
+        shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
+        outside_per_token=outside // tokens, checkpointing=checkpointing) if eager else None
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
+        if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
+            # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
+            kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
         if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end

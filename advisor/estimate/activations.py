@@ -259,7 +259,7 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
     if checkpointing and dt.residual == FP32:
         remaining -= FP32 * shape.hidden_size
-    remaining -= outside_per_token - INT64 - (0 if shape.hybrid else 2 * dt.residual * shape.head_dim)
+    remaining -= outside_per_token - INT64 - 2 * dt.residual * shape.head_dim
     if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
         first = adapters.model_copy(update={"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
         none = adapters.model_copy(update={"inputs": ()})

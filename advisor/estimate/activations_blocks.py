@@ -1,9 +1,10 @@
 """What one token leaves saved in one block, per family: the per-token formulas that
 ``advisor.estimate.activations.estimate_activations`` multiplies by tokens and layers.
 
-Here: the Llama-style decoder block (RMSNorm, attention, gated or MoE MLP), its frozen-base LoRA
-form, the GPT-2 / BERT block, the GPT-NeoX block, the Mamba block, what the final norm and head
-keep outside the blocks, and what selective checkpointing keeps. Not here: the shape a spec maps
+Here: the Llama-style decoder block (RMSNorm, attention, gated or MoE MLP; Gemma 2's four norms),
+its frozen-base LoRA form, eager attention's masks and softmax backward, the GPT-2 / BERT block,
+the GPT-NeoX block, the Mamba block, what the final norm and head keep outside the blocks, and
+what selective checkpointing keeps. Not here: the shape a spec maps
 to and the composition over layers, checkpointing and the loss (``activations.py``), the loss path
 (``activations_loss.py``), MoE, latent-attention, Mamba-mixer, Jamba, encoder-decoder and vision
 pieces (``activations_moe.py``, ``activations_ssm.py``, ``activations_hybrid.py``,

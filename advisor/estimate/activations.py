@@ -331,6 +331,8 @@ def estimate_activations(
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
+        backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
         backward_temp = max(backward_temp, tokens * attention_backward)
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0

@@ -32,6 +32,7 @@ from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_to
 from advisor.estimate.activations_loss import loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
 from advisor.estimate.activations_vision import vision_note
+from advisor.frozen import validated_copy
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
@@ -261,8 +262,8 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
         remaining -= FP32 * shape.hidden_size
     remaining -= outside_per_token - INT64 - 2 * dt.residual * shape.head_dim
     if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
-        first = adapters.model_copy(update={"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
-        none = adapters.model_copy(update={"inputs": ()})
+        first = validated_copy(adapters, {"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
+        none = validated_copy(adapters, {"inputs": ()})
         remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
                       - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
     return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)

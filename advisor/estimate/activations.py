@@ -336,6 +336,9 @@ def estimate_activations(
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
         backward_temp = max(backward_temp, tokens * attention_backward)
+    if attention_backward is not None and not checkpointing:  # the model's forward holds the eager masks through
+        # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
+        logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,

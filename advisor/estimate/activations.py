@@ -23,15 +23,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    cuda_math_sdpa, decoder_layer_per_token, encoder_layer_per_token,
-    frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token,
-    selective_kept_per_token,
+    cuda_math_sdpa, decoder_layer_per_token, eager_backward_per_token, eager_masks_bytes, eager_remaining_per_token,
+    encoder_layer_per_token, frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token,
+    outside_norm_per_token, selective_kept_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
 from advisor.estimate.activations_vision import vision_note
+from advisor.frozen import validated_copy
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
@@ -63,6 +64,9 @@ class ActivationShape(BaseModel):
     sliding_window: int | None = Field(default=None, description="Attention span of every layer (tokens); None: full.")
     attn_softcap: bool = Field(default=False, description="Soft-capped attention scores (Gemma 2; eager only).")
     logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
+    sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
+                                 "in fp32 with (1 + weight) (Gemma 2: four a block).")
+    eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -126,6 +130,14 @@ def activation_family(model_type: str | None) -> str | None:
 def _info_qk_norm(model_type: str | None) -> bool:
     info = load_architectures().get(model_type or "")
     return info is not None and info.qk_norm
+
+
+def _info_block_extras(model_type: str | None) -> dict:
+    """Gemma 2's four norms a block and its two eager masks (``profiles/architectures.json``)."""
+    info = load_architectures().get(model_type or "")
+    if info is None or info.formula != "decoder":
+        return {}
+    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks)
 
 
 def _size_shape(total_params: int) -> dict:
@@ -204,6 +216,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             note=note,
+            **(_info_block_extras(spec.model_type) if family == "decoder" else {}),
         )
     guess = _size_shape(spec.total_params)
     if spec.source == "params":
@@ -234,6 +247,28 @@ def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: in
     return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
 
 
+def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adapters | None, *, seq_len: int,
+                              layer_per_token: int, outside_per_token: int, checkpointing: bool) -> int | None:
+    """A Llama-style block's eager softmax backward, beyond its saved tensors, a token
+    (``activations_blocks.eager_backward_per_token``); None for blocks it does not describe (latent
+    attention, Jamba's layers, the other families). By then the final norm, the head's input and the
+    labels (``outside_per_token``, less the token ids and the RoPE tables the blocks still read) were
+    freed by their backward; under checkpointing a block's fp32 input is the tensor the checkpoint kept
+    (counted once, in ``saved_bytes``), which the recomputed norm reads instead of a copy of its own."""
+    if shape.family != "decoder" or shape.mla is not None or shape.hybrid is not None:
+        return None
+    remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
+    if checkpointing and dt.residual == FP32:
+        remaining -= FP32 * shape.hidden_size
+    remaining -= outside_per_token - INT64 - 2 * dt.residual * shape.head_dim
+    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
+        first = validated_copy(adapters, {"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
+        none = validated_copy(adapters, {"inputs": ()})
+        remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
+                      - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
+    return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)
+
+
 # One saved-bytes-per-token formula per family with a block formula (activations_blocks.py); 'encdec'
 # (both stacks, activations_encdec.py) and 'none' (not modelled) are composed apart in estimate_activations.
 _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_token, "bert": encoder_layer_per_token,
@@ -259,7 +294,8 @@ def estimate_activations(
             checkpointing=checkpointing, eager=eager))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
-    if adapters is not None and shape.family == "decoder" and not shape.num_experts:
+    frozen = adapters is not None and shape.family == "decoder" and not shape.num_experts
+    if frozen:
         layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
                                                         eager=eager or cuda_math_sdpa(shape, dt))
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
@@ -270,13 +306,21 @@ def estimate_activations(
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
+    attention_backward = _eager_attention_backward(
+        shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
+        outside_per_token=outside // tokens, checkpointing=checkpointing) if eager else None
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here).
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
+        if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
+            # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
+            kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
         recompute = layer - tokens * kept
+        if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
+            saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute = layers_total + outside, 0
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
@@ -288,6 +332,13 @@ def estimate_activations(
     # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
     # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
     backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
+        backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
+    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
+        backward_temp = max(backward_temp, tokens * attention_backward)
+    if attention_backward is not None and not checkpointing:  # the model's forward holds the eager masks through
+        # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
+        logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,

@@ -1,9 +1,10 @@
 """What one token leaves saved in one block, per family: the per-token formulas that
 ``advisor.estimate.activations.estimate_activations`` multiplies by tokens and layers.
 
-Here: the Llama-style decoder block (RMSNorm, attention, gated or MoE MLP), its frozen-base LoRA
-form, the GPT-2 / BERT block, the GPT-NeoX block, the Mamba block, what the final norm and head
-keep outside the blocks, and what selective checkpointing keeps. Not here: the shape a spec maps
+Here: the Llama-style decoder block (RMSNorm, attention, gated or MoE MLP; Gemma 2's four norms),
+its frozen-base LoRA form, eager attention's masks and softmax backward, the GPT-2 / BERT block,
+the GPT-NeoX block, the Mamba block, what the final norm and head keep outside the blocks, and
+what selective checkpointing keeps. Not here: the shape a spec maps
 to and the composition over layers, checkpointing and the loss (``activations.py``), the loss path
 (``activations_loss.py``), MoE, latent-attention, Mamba-mixer, Jamba, encoder-decoder and vision
 pieces (``activations_moe.py``, ``activations_ssm.py``, ``activations_hybrid.py``,
@@ -73,6 +74,76 @@ def window_mask_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -
     return seq_len * dt.compute if window is not None and seq_len > window else 0
 
 
+def sandwich_norms_per_token(shape: ActivationShape, dt: Dtypes, *, frozen: bool = False) -> int:
+    """What Gemma 2's four-norm block saves beyond the two norms ``rms_norm_per_token`` counts
+    (transformers 5.23 modeling_gemma2.py ``Gemma2RMSNorm``: ``x.float()``, ``x * rsqrt(...)``, then
+    ``* (1.0 + weight.float())`` and ``type_as(x)``). The norms after attention and after the MLP read
+    the compute-dtype projection output: its fp32 copy (saved by ``pow`` and ``mul``; the output itself
+    in fp32) and the fp32 normalised tensor (saved by ``* (1 + weight)``, which a frozen weight does not
+    need), 2 x 4 bytes a channel each. The norms before attention and the MLP keep the normalised
+    tensor in fp32 where Llama's keeps it in the residual dtype: 4 - residual bytes more a channel.
+    Measured with a live-bytes trace of a fake-tensor step (bf16-mixed): 32 h a token in a block's
+    norms where the two-norm count gives 16 h."""
+    if not shape.sandwich_norms:
+        return 0
+    h = shape.hidden_size
+    if frozen:
+        return 2 * FP32 * h
+    return 2 * 2 * FP32 * h + 2 * (FP32 - dt.residual) * h
+
+
+def eager_masks_bytes(shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int) -> int:
+    """The additive float masks eager attention reads: ``masking_utils.eager_mask`` turns the boolean
+    mask into 0 / -inf in the embeddings' dtype (the residual dtype), b x 1 x s x s, never skipped for
+    eager (``allow_is_causal_skip=False``); Gemma 2 builds a full and a sliding-window one
+    (``ActivationShape.eager_masks``). The model's forward holds them while the blocks run; under
+    checkpointing each block's recomputation needs its mask, so they live until the blocks' backward
+    ends (the checkpoint keeps its inputs). ``attention + mask`` saves neither."""
+    return shape.eager_masks * micro_batch_size * seq_len * seq_len * dt.residual
+
+
+def eager_backward_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, layer: int,
+                             remaining: int) -> int:
+    """Bytes a token adds, beyond its block's saved tensors (``layer`` of them a token), when eager
+    attention's softmax runs backward: the autograd graph of ``eager_attention_forward`` (transformers
+    5.23: ``matmul``, ``* scaling``, soft-capping ``/ cap``, ``tanh``, ``* cap``, ``+ mask``,
+    ``softmax(dtype=float32)``, ``.to(query.dtype)``, ``matmul``) run backward. The second matmul's
+    backward frees the compute-dtype probabilities and the value it saved and leaves the gradient of
+    the value (heads x head_dim) waiting for ``v_proj``; ``to``'s backward casts the probabilities'
+    gradient to fp32; ``_softmax_backward_data`` then writes an fp32 gradient of the scores beside it:
+    2 x 4 bytes per score, while the softmax output it reads is still saved. Everything the block saved
+    after the softmax (the MLP, the norms after attention, ``o_proj``'s input) was freed by then; what
+    the block still holds is ``remaining`` (the input norm, the q/k/v casts, q and k, the softmax output,
+    the soft-capping tanh). With the two residual-stream gradients of the block (its output's and the
+    one flowing to its input). The later steps (``tanh``'s backward and the casts) hold at most one fp32
+    and two compute-dtype scores' worth. Measured with a live-bytes trace of a fake-tensor step (Gemma 2,
+    bf16-mixed, s 1024): the step's peak is this moment of the top block."""
+    scores = shape.num_attention_heads * seq_len
+    q = shape.num_attention_heads * shape.head_dim
+    temporaries = 2 * FP32 * scores + dt.compute * q + 2 * dt.residual * shape.hidden_size
+    return temporaries - (layer - remaining)
+
+
+def eager_remaining_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, frozen: bool) -> int:
+    """What a block still holds when its eager softmax runs backward (``eager_backward_per_token``): the
+    input norm's tensors, the q/k/v input casts, q and (repeated) k saved by ``matmul``, the fp32 softmax
+    output and the soft-capping tanh output, the q/k norms. A frozen base keeps only the norm's fp32 input
+    of the first three (LoRA adapters on q, k and v: ``frozen_decoder_layer_per_token``)."""
+    h, cb = shape.hidden_size, dt.compute
+    q = shape.num_attention_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    scores = shape.num_attention_heads * seq_len
+    if frozen:
+        norm = FP32 * h
+    else:
+        norm = rms_norm_per_token(h, dt) + (3 * cb * h if dt.input_casts else 0)
+        norm += (FP32 - dt.residual) * h if shape.sandwich_norms else 0
+    attn = 2 * cb * q + FP32 * scores + (cb * scores if shape.attn_softcap else 0)
+    if shape.qk_norm:
+        attn += (FP32 + cb) * (q + kv)
+    return norm + attn
+
+
 def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """Bytes one token leaves saved in a Llama-style block's attention (q, k, v to the output; the
     norm before it and the input casts are the block's). Latent attention: ``advisor.estimate.activations_moe``."""
@@ -105,7 +176,7 @@ def decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
     h, I = shape.hidden_size, shape.intermediate_size
     cb = dt.compute
-    norms = 2 * rms_norm_per_token(h, dt)
+    norms = 2 * rms_norm_per_token(h, dt) + sandwich_norms_per_token(shape, dt)
     casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
     attn = attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
     mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
@@ -134,7 +205,7 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
-    base = 2 * FP32 * h + 3 * cb * I
+    base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
     if eager:
         base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
         if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token

@@ -37,6 +37,8 @@ class ArchitectureInfo(_Frozen):
                               "to null (transformers' Gemma2Config: 50.0 and 30.0).")
     window_every_layer: bool = Field(default=False, description="The config's sliding_window applies to every "
                                      "layer (transformers' Mistral, Mixtral, Phi-3 attention).")
+    eager_masks: int = Field(default=1, ge=1, description="Additive b x s x s masks the model builds for eager "
+                             "attention (transformers' Gemma 2: a full and a sliding-window one, both always).")
     lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
     config_defaults: dict[str, dict[str, int | str]] | None = Field(
         default=None, description="Class defaults of sub-configs a config.json may omit (Llava: text_config, vision_config).")

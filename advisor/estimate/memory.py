@@ -55,7 +55,7 @@ from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
-from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
+from advisor.model.lora import adapter_inputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -190,6 +190,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
+        kept_tail_width=selective_kept_tail_width(spec),
     )
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
@@ -288,8 +289,9 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         # Loss backward: the log-softmax output and two fp32 N x V gradients.
         "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
                               temporary=buffers.persistent + buffers.at_loss + loss),
-        # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
-        "block_backward": dict(base, activations=acts.saved_bytes + acts.recompute_bytes,
+        # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
+        # labels and the final norm's saved tensors are gone (their backward ran first).
+        "block_backward": dict(base, activations=acts.saved_bytes - acts.outside_freed_bytes + acts.recompute_bytes,
                                temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
                                + dequantized),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,

@@ -25,7 +25,7 @@ from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
     cuda_math_sdpa, decoder_layer_per_token, encoder_layer_per_token,
     frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token,
-    outside_to_embedding_per_token, selective_kept_per_token, window_mask_input_per_token,
+    outside_to_embedding_per_token, selective_kept_per_token, window_mask_input_per_token, block_input_in_layer_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
@@ -287,7 +287,8 @@ def estimate_activations(
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         mask = tokens * window_mask_input_per_token(shape, seq_len=seq_len)  # every block's input too
         saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside + mask
-        recompute = layer - tokens * kept + (tokens * dt.compute * kept_tail_width if selective else 0)
+        recompute = layer - tokens * (kept + block_input_in_layer_per_token(shape, dt))
+        recompute += tokens * dt.compute * kept_tail_width if selective else 0
     else:
         saved, recompute = layers_total + outside, 0
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
@@ -301,7 +302,10 @@ def estimate_activations(
     # down_proj's saved input freed. Measured on the simulated step, op by op (a 256-wide Qwen2 block at
     # s 1024, bf16: 3,200 bytes a token over the recomputed block, tests/estimate/test_block_backward.py).
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
-    backward_temp = tokens * (dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
+    # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
+    wide = 1 if shape.family == "gpt_neox" else 2
+    backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,

@@ -217,6 +217,18 @@ def mamba_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, e
         dt.compute, hidden=shape.hidden_size, inner=shape.intermediate_size, ssm=shape.ssm, seq_len=seq_len)
 
 
+def block_input_in_layer_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """The block's own input where the block's count holds it as a saved tensor: the first LayerNorm's
+    input (GPT-2, BERT, GPT-NeoX), or the first RMSNorm's ``x.to(float32)``, which is ``x`` itself when
+    the residual stream is fp32. Under checkpointing it is the block input checkpointing keeps, not a
+    tensor the recomputation makes again (measured on the simulated step: a 384-wide fp32 GPT-NeoX block
+    under selective checkpointing recomputes 24,592 bytes a token where its count less the kept attention
+    output gave 26,112: its 1,536-byte input and 16 of LayerNorm statistics)."""
+    if shape.family in ("gpt2", "bert", "gpt_neox"):
+        return dt.residual * shape.hidden_size
+    return FP32 * shape.hidden_size if dt.residual == FP32 and shape.family in ("decoder", "mamba") else 0
+
+
 def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """What a token keeps outside the blocks until the embedding's backward: the rotary cos/sin tables
     every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,

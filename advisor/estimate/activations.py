@@ -104,6 +104,8 @@ class ActivationEstimate(BaseModel):
     recompute_bytes: int = Field(default=0, description="What a checkpointed block's backward recomputes: the "
                                  "whole block, less what selective checkpointing kept.")
     backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
+    block_kept_bytes: int = Field(default=0, description="What one block's backward frees of saved_bytes (its input "
+                                  "and kept tensors under checkpointing, its saved tensors without); 0: not known.")
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
                                      "the labels and the final norm's tensors (their backward runs first).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
@@ -286,11 +288,12 @@ def estimate_activations(
         # ``_StopRecomputationError``: it ends at the last tensor backward reads), which stay kept.
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         mask = tokens * window_mask_input_per_token(shape, seq_len=seq_len)  # every block's input too
-        saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside + mask
+        block_kept = tokens * (dt.residual * h + kept)
+        saved = shape.num_layers * block_kept + outside + mask
         recompute = layer - tokens * (kept + block_input_in_layer_per_token(shape, dt))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
     else:
-        saved, recompute = layers_total + outside, 0
+        saved, recompute, block_kept = layers_total + outside, 0, layer
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     if shape.logit_softcap and loss_kernel == "hf":
@@ -309,4 +312,5 @@ def estimate_activations(
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,
-                              recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding)
+                              recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
+                              block_kept_bytes=block_kept)

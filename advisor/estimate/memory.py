@@ -52,7 +52,7 @@ from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, e
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
-from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
+from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers, block_backward_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
 from advisor.model.lora import adapter_inputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
@@ -249,6 +249,7 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    buffers = block_backward_buffers(spec, training, impl, world, buffers)
     dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
     if training.quantize is not None:
         from advisor.estimate.quantized import apply_quantization
@@ -257,6 +258,17 @@ def estimate_memory(
                                                           checkpointing=checkpointing,
                                                           micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized)
+
+
+def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int) -> int:
+    """What a lower block's backward holds beyond the top block's, at the worst of them: each finished
+    block frees what it saved and leaves its gradients (``StrategyBuffers.per_block_done``), so the
+    blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
+    n = buffers.num_blocks
+    if n < 2 or not buffers.per_block_done or not acts.block_kept_bytes or held_grads:
+        return 0
+    step = buffers.per_block_done - acts.block_kept_bytes
+    return max(0, buffers.below_top + step, buffers.below_top + (n - 1) * step)
 
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
@@ -293,7 +305,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         # labels and the final norm's saved tensors are gone (their backward ran first).
         "block_backward": dict(base, activations=acts.saved_bytes - acts.outside_freed_bytes + acts.recompute_bytes,
                                temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
-                               + dequantized),
+                               + dequantized + _lower_blocks(acts, buffers, held_grads)),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

@@ -272,13 +272,16 @@ def estimate_activations(
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
-        to_embedding = tokens * 2 * dt.residual * shape.head_dim
+        # A frozen base's blocks' backward is not read op by op yet: nothing counted as freed before it.
+        to_embedding = outside
+        frozen = True
     else:
         layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
         to_embedding = tokens * (INT64 + outside_to_embedding_per_token(shape, dt))
+        frozen = False
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
@@ -290,7 +293,7 @@ def estimate_activations(
         mask = tokens * window_mask_input_per_token(shape, seq_len=seq_len)  # every block's input too
         block_kept = tokens * (dt.residual * h + kept)
         saved = shape.num_layers * block_kept + outside + mask
-        recompute = layer - tokens * (kept + block_input_in_layer_per_token(shape, dt))
+        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
     else:
         saved, recompute, block_kept = layers_total + outside, 0, layer
@@ -307,8 +310,10 @@ def estimate_activations(
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
     # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
     # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
+    # A frozen base with LoRA (not read op by op yet) keeps the earlier count: both residual gradients.
     wide = 1 if shape.family == "gpt_neox" else 2
-    backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    residual_grads = 2 if frozen else 1
+    backward_temp = tokens * (residual_grads * dt.residual * h + wide * dt.compute * shape.intermediate_size)
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,

@@ -66,7 +66,7 @@ import functools
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.memory import (FP32, MemoryBreakdown, _recipe_dtypes, image_tokens, memory_at_moments,
                                      model_states, vision_tower_bytes)
-from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers
+from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers, block_backward_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
@@ -220,6 +220,8 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
                             checkpointing=checkpointing, loss_parallel=loss_parallel,
                             sequence_parallel=sequence_parallel)
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
+    if mesh.tp == 1:  # the blocks' backward gradients as data parallelism holds them (not read under TP yet)
+        buffers = block_backward_buffers(local, training, impl, shard_world, buffers)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
         buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))

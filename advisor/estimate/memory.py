@@ -10,9 +10,13 @@ pure function returning integer bytes. The peak is the largest of the moments of
   saved log-softmax output + what the strategy holds during compute;
 - loss backward: the same, with the logits freed (the loop keeps only the loss) and three fp32
   N x V tensors (log-softmax output, NLL gradient, log-softmax gradient) live;
-- a block's backward: saved activations (+ the recomputed block under checkpointing), the block's
-  backward temporaries, and the strategy's backward buffers (FSDP2: unsharded block and its
-  gradients, the reduce-scatter input in fp32; only the block's trainable weights have gradients);
+- a block's backward: saved activations (+ the recomputed block under checkpointing; the labels and the
+  final norm's tensors already freed), the block's backward temporaries, and the strategy's backward
+  buffers (FSDP2: unsharded block and its gradients, the reduce-scatter input in fp32; only the block's
+  trainable weights have gradients). For a full fine-tune of a dense formula family on the torch
+  engine the gradients are read as the step holds them (``strategy_buffers.block_backward_buffers``):
+  the head's and down_proj's at the top block, and each finished block's (DDP) or their shards (FSDP2)
+  below it, so the top, next or bottom block decides;
 - end of backward (FSDP2): every block's gradient shard exists, and the root (embeddings, final norm,
   head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
   the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's

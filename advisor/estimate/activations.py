@@ -25,7 +25,8 @@ from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
     cuda_math_sdpa, decoder_layer_per_token, encoder_layer_per_token,
     frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token,
-    outside_to_embedding_per_token, selective_kept_per_token, window_mask_input_per_token, block_input_in_layer_per_token,
+    outside_to_embedding_per_token, selective_kept_per_token, window_mask_input_per_token,
+    block_input_in_layer_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token

@@ -77,7 +77,8 @@ def test_block_backward_under_zero2_matches_the_simulated_step(seq_len, simulate
 def test_selective_keeps_and_hands_back_by_hand():
     from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 
-    shape, dt = shape_of(spec_from_config(QWEN2, name="q", source="local")), Dtypes(residual=2, compute=2, input_casts=False)
+    shape = shape_of(spec_from_config(QWEN2, name="q", source="local"))
+    dt = Dtypes(residual=2, compute=2, input_casts=False)
 
     def acts(selective: bool):
         return estimate_activations(shape, dt, micro_batch_size=1, seq_len=1024, checkpointing=True, eager=False,

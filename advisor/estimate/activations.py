@@ -23,9 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    cuda_math_sdpa, decoder_layer_per_token, eager_backward_per_token, eager_masks_bytes, eager_remaining_per_token,
-    encoder_layer_per_token, frozen_decoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token,
-    outside_norm_per_token, selective_kept_per_token,
+    block_input_in_layer_per_token, cuda_math_sdpa, decoder_layer_per_token, eager_backward_per_token,
+    eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_decoder_layer_per_token,
+    mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
+    selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
@@ -108,6 +109,10 @@ class ActivationEstimate(BaseModel):
     recompute_bytes: int = Field(default=0, description="What a checkpointed block's backward recomputes: the "
                                  "whole block, less what selective checkpointing kept.")
     backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
+    block_kept_bytes: int = Field(default=0, description="What one block's backward frees of saved_bytes (its input "
+                                  "and kept tensors under checkpointing, its saved tensors without); 0: not known.")
+    outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
+                                     "the labels and the final norm's tensors (their backward runs first).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
@@ -278,9 +283,12 @@ _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
-    target_len: int | None = None, head_grads: bool = True,
+    kept_tail_width: int = 0, target_len: int | None = None, head_grads: bool = True,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
+    ``kept_width``: the output features of the matrix products selective checkpointing keeps in a block;
+    ``kept_tail_width``: those of them past the last tensor the block's backward reads (Llama's
+    ``down_proj``), which the recomputation never reaches and so never hands back.
     ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
     trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -301,37 +309,58 @@ def estimate_activations(
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
+        # A frozen base's blocks' backward is not read op by op yet: nothing counted as freed before it.
+        to_embedding = outside
+        frozen = True
     else:
         layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
+        to_embedding = tokens * (INT64 + outside_to_embedding_per_token(shape, dt))
+    # The memory model frees ``outside - to_embedding`` before any block's backward (``outside_freed_bytes``);
+    # the eager softmax moment discounts only what a frozen base's count frees there (its to_embedding is outside).
     attention_backward = _eager_attention_backward(
         shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
-        outside_per_token=outside // tokens, checkpointing=checkpointing) if eager else None
+        outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if eager else None
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
-        # in backward (``layer_bytes``, added by the memory model at that moment, not here).
+        # in backward (``layer_bytes``, added by the memory model at that moment, not here). Under
+        # selective checkpointing the recomputation takes the kept tensors back and drops those backward
+        # does not read (q, o), except the ones past its early stop (torch.utils.checkpoint
+        # ``_StopRecomputationError``: it ends at the last tensor backward reads), which stay kept.
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
             kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
-        saved = tokens * shape.num_layers * (dt.residual * h + kept) + outside
-        recompute = layer - tokens * kept
+        # SDPA's boolean window mask is every block's input too; eager's masks are whole, counted below
+        mask = 0 if attention_backward is not None else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
+        block_kept = tokens * (dt.residual * h + kept)
+        saved = shape.num_layers * block_kept + outside + mask
+        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
+        recompute += tokens * dt.compute * kept_tail_width if selective else 0
         if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
-        saved, recompute = layers_total + outside, 0
+        saved, recompute, block_kept = layers_total + outside, 0, layer
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     if shape.logit_softcap and loss_kernel == "hf":
         # Gemma 2's head: tanh(logits / cap) is saved (tanh's backward reads its output) until the loss's
         # gradient reaches it. Measured: +33,554,432 bytes = 2048 tokens x 8192 x 2 (bf16-mixed).
         logits, loss = logits + tokens * vocab * dt.compute, loss + tokens * vocab * dt.compute
-    # Inside a block's backward: the incoming and outgoing residual gradients and the MLP's
-    # gradients w.r.t. its two widest intermediates (the peak of a gated MLP's backward).
-    backward_temp = tokens * (2 * dt.residual * h + 2 * dt.compute * shape.intermediate_size)
+    # Inside a block's backward, at its peak (the gated MLP's product rule): the incoming residual gradient
+    # and the MLP's gradients w.r.t. its two widest intermediates, the product's own input gradient and
+    # down_proj's saved input freed. Measured on the simulated step, op by op (a 256-wide Qwen2 block at
+    # s 1024, bf16: 3,200 bytes a token over the recomputed block, tests/estimate/test_block_backward.py).
+    # The outgoing residual gradient is made later, once the MLP's tensors are gone.
+    # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
+    # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
+    # A frozen base with LoRA (not read op by op yet) keeps the earlier count: both residual gradients.
+    wide = 1 if shape.family == "gpt_neox" else 2
+    residual_grads = 2 if frozen else 1
+    backward_temp = tokens * (residual_grads * dt.residual * h + wide * dt.compute * shape.intermediate_size)
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -342,4 +371,5 @@ def estimate_activations(
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned,
-                              recompute_bytes=max(0, recompute))
+                              recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
+                              block_kept_bytes=block_kept)

@@ -69,9 +69,21 @@ def window_mask_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -
     the query's dtype (``convert_boolean_attn_mask``) and saves for backward in every layer: s bytes of
     the compute dtype per token and layer. Measured (advisor.simulate, Mistral layout, s = 2048, window
     1024, bf16-mixed): 2 layers save 17,301,504 bytes more than without the window, 2 x 2 x 2048^2 and
-    524,288 of small tensors (``tests/estimate/test_sliding_window.py``)."""
+    524,288 of small tensors (``tests/estimate/test_sliding_window.py``). A window as long as the
+    sequence is no shortcut either: transformers skips the mask only while the keys are fewer than the
+    window (``masking_utils._ignore_causal_mask_sdpa``: ``kv_length >= local_attention_size`` keeps it)."""
     window = shape.sliding_window
-    return seq_len * dt.compute if window is not None and seq_len > window else 0
+    return seq_len * dt.compute if window is not None and seq_len >= window else 0
+
+
+def window_mask_input_per_token(shape: ActivationShape, *, seq_len: int) -> int:
+    """The boolean (b, 1, s, s) mask itself, s bytes a token, made once before the blocks and handed to
+    each: under checkpointing it is an input of every checkpointed block, so it stays until the first
+    block's backward (without checkpointing nothing saves it: SDPA saves its additive copy,
+    ``window_mask_per_token``). Measured (advisor.simulate, Mistral layout, s 1024, window 512, selective
+    checkpointing): the mask is built in three s^2 boolean steps of which one, 1,048,576 bytes, stays."""
+    window = shape.sliding_window
+    return seq_len * BOOL if window is not None and seq_len >= window else 0
 
 
 def sandwich_norms_per_token(shape: ActivationShape, dt: Dtypes, *, frozen: bool = False) -> int:
@@ -276,19 +288,40 @@ def mamba_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, e
         dt.compute, hidden=shape.hidden_size, inner=shape.intermediate_size, ssm=shape.ssm, seq_len=seq_len)
 
 
+def block_input_in_layer_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """The block's own input where the block's count holds it as a saved tensor: the first LayerNorm's
+    input (GPT-2, BERT, GPT-NeoX), or the first RMSNorm's ``x.to(float32)``, which is ``x`` itself when
+    the residual stream is fp32. Under checkpointing it is the block input checkpointing keeps, not a
+    tensor the recomputation makes again (measured on the simulated step: a 384-wide fp32 GPT-NeoX block
+    under selective checkpointing recomputes 24,592 bytes a token where its count less the kept attention
+    output gave 26,112: its 1,536-byte input and 16 of LayerNorm statistics)."""
+    if shape.family in ("gpt2", "bert", "gpt_neox"):
+        return dt.residual * shape.hidden_size
+    return FP32 * shape.hidden_size if dt.residual == FP32 and shape.family in ("decoder", "mamba") else 0
+
+
+def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """What a token keeps outside the blocks until the embedding's backward: the rotary cos/sin tables
+    every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,
+    BERT). The rest of ``outside_norm_per_token`` (the final norm's tensors, the head's input) is freed
+    when the final norm's backward has run, before any block's backward."""
+    if shape.family == "decoder":
+        return 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
+    if shape.family == "gpt_neox":
+        return 2 * dt.residual * shape.head_dim
+    return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
+
+
 def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     h = shape.hidden_size
-    if shape.family == "mamba":  # final RMSNorm and the head's input cast; no rotary tables
-        return rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0)
-    if shape.family == "decoder":
-        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba has none).
-        rope = 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
-        return rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + rope
+    to_embedding = outside_to_embedding_per_token(shape, dt)
+    if shape.family in ("mamba", "decoder"):
+        # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba and
+        # Mamba have none).
+        return rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + to_embedding
     # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
     # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
-    dropout = BOOL * h if shape.family in ("gpt2", "bert") else 0
-    rotary = 2 * dt.residual * shape.head_dim if shape.family == "gpt_neox" else 0
-    return dt.residual * h + dt.compute * h + dropout + rotary
+    return dt.residual * h + dt.compute * h + to_embedding
 
 
 def selective_kept_per_token(shape: ActivationShape, dt: Dtypes, kept_width: int) -> int:

@@ -10,9 +10,13 @@ pure function returning integer bytes. The peak is the largest of the moments of
   saved log-softmax output + what the strategy holds during compute;
 - loss backward: the same, with the logits freed (the loop keeps only the loss) and three fp32
   N x V tensors (log-softmax output, NLL gradient, log-softmax gradient) live;
-- a block's backward: saved activations (+ the recomputed block under checkpointing), the block's
-  backward temporaries, and the strategy's backward buffers (FSDP2: unsharded block and its
-  gradients, the reduce-scatter input in fp32; only the block's trainable weights have gradients);
+- a block's backward: saved activations (+ the recomputed block under checkpointing; the labels and the
+  final norm's tensors already freed), the block's backward temporaries, and the strategy's backward
+  buffers (FSDP2: unsharded block and its gradients, the reduce-scatter input in fp32; only the block's
+  trainable weights have gradients). For a full fine-tune of a dense formula family on the torch
+  engine the gradients are read as the step holds them (``strategy_buffers.block_backward_buffers``):
+  the head's and down_proj's at the top block, and each finished block's (DDP) or their shards (FSDP2)
+  below it, so the top, next or bottom block decides;
 - end of backward (FSDP2): every block's gradient shard exists, and the root (embeddings, final norm,
   head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
   the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's
@@ -54,10 +58,10 @@ from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, e
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
-from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
+from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers, block_backward_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
-from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
+from advisor.model.lora import adapter_inputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -192,6 +196,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
+        kept_tail_width=selective_kept_tail_width(spec),
     )
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
@@ -250,6 +255,7 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    buffers = block_backward_buffers(spec, training, impl, world, buffers)
     dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
     if training.quantize is not None:
         from advisor.estimate.quantized import apply_quantization
@@ -261,6 +267,17 @@ def estimate_memory(
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params)
+
+
+def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int) -> int:
+    """What a lower block's backward holds beyond the top block's, at the worst of them: each finished
+    block frees what it saved and leaves its gradients (``StrategyBuffers.per_block_done``), so the
+    blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
+    n = buffers.num_blocks
+    if n < 2 or not buffers.per_block_done or not acts.block_kept_bytes or held_grads:
+        return 0
+    step = buffers.per_block_done - acts.block_kept_bytes
+    return max(0, buffers.below_top + step, buffers.below_top + (n - 1) * step)
 
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
@@ -294,10 +311,11 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         # Loss backward: the log-softmax output and two fp32 N x V gradients.
         "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
                               temporary=buffers.persistent + buffers.at_loss + loss),
-        # A block's backward: its recomputed activations (checkpointing) and its backward temporaries.
-        "block_backward": dict(base, activations=acts.saved_bytes + acts.recompute_bytes,
+        # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
+        # labels and the final norm's saved tensors are gone (their backward ran first).
+        "block_backward": dict(base, activations=acts.saved_bytes - acts.outside_freed_bytes + acts.recompute_bytes,
                                temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
-                               + dequantized),
+                               + dequantized + _lower_blocks(acts, buffers, held_grads)),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

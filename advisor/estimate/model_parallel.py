@@ -66,11 +66,11 @@ import functools
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.memory import (FP32, MemoryBreakdown, _recipe_dtypes, image_tokens, memory_at_moments,
                                      model_states, vision_tower_bytes)
-from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers
+from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers, block_backward_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
-from advisor.model.lora import selective_kept_linears
+from advisor.model.lora import selective_kept_linears, selective_kept_tail_width
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -162,10 +162,12 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     tower = vision_tower_bytes(spec, training, dt, micro_batch_size=micro_batch_size)
     selective = checkpointing and training.activation_checkpointing == "selective"
     kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
+    tail = selective_kept_tail_width(spec) if selective else 0
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
                                loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp),
+                               kept_tail_width=_ceil(tail, tp),
                                head_grads=tp == 1)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
@@ -218,6 +220,8 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
                             checkpointing=checkpointing, loss_parallel=loss_parallel,
                             sequence_parallel=sequence_parallel)
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
+    if mesh.tp == 1:  # the blocks' backward gradients as data parallelism holds them (not read under TP yet)
+        buffers = block_backward_buffers(local, training, impl, shard_world, buffers)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
         buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))

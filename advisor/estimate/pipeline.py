@@ -212,7 +212,8 @@ def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     drop = 0 if embedding else tokens * INT64  # token ids (the embedding's backward)
     if not head:  # labels, the final norm's saved tensors and the head's input cast
         drop += tokens * (INT64 + rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0))
-        est = validated_copy(est, dict(logits_bytes=0, loss_transient_bytes=0, returned_logits_bytes=0))
+        est = validated_copy(est, dict(logits_bytes=0, loss_transient_bytes=0, returned_logits_bytes=0,
+                                         outside_freed_bytes=0))
     return validated_copy(est, dict(saved_bytes=max(0, est.saved_bytes - drop)))
 
 

@@ -84,6 +84,9 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
     recompute = min(block_excess, max(0, profile.recompute.at(**at)))
     key = profile.key
     tokens = micro_batch_size * key.seq_len
+    # What one block's backward frees: a block's share of the saved bytes (the line's step per block).
+    block_kept = saved - max(0, profile.saved.at(num_layers=num_layers - 1, micro_batch_size=micro_batch_size)) \
+        if num_layers > 1 else 0
     return ActivationEstimate(
         saved_bytes=saved,
         logits_bytes=max(0, profile.forward_peak.at(**at) - saved),
@@ -92,6 +95,7 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
         recompute_bytes=recompute,
         backward_temp_bytes=block_excess - recompute,
         returned_logits_bytes=tokens * vocab_size * key.compute_bytes if key.loss == "hf" else 0,
+        block_kept_bytes=max(0, block_kept),
     )
 
 

@@ -26,12 +26,12 @@ def _config(model_type: str = "gemma2", heads: int = 4, kv_heads: int = 2, head_
 
 
 def _memory(cfg: dict, **training):
-    result = plan(cfg, gpus="1xH100", strategy="ddp", micro_batch_size=1, seq_len=2048, attention="eager",
+    result = plan(cfg, gpus="2xH100", strategy="ddp", micro_batch_size=1, seq_len=2048, attention="eager",
                   optimizer="sgd", **training)
     return result.candidate("ddp").memory_bytes
 
 
-# Peaks measured by advisor.simulate.step.simulate (ddp, 1 rank, s 2048, eager, sgd, fake tensors; torch 2.13,
+# Peaks measured by advisor.simulate.step.simulate (ddp, rank 0 of 2 with its buckets, s 2048, eager, sgd, fake tensors; torch 2.13,
 # transformers 5.23), every one in a block's backward. Before the softmax backward was modelled the
 # estimate was 16-43% below each (e.g. gemma2 bf16-mixed: 339,319,296 at the loss; checkpointed: 166,336,000).
 LORA = LoraConfig(rank=8, targets=("q_proj", "v_proj"))

@@ -18,12 +18,12 @@ def _config(attn: float | None, final: float | None) -> dict:
 
 
 def _peak(attn: float | None, final: float | None) -> int:
-    result = plan(_config(attn, final), gpus="1xH100", strategy="ddp", micro_batch_size=1, seq_len=2048,
+    result = plan(_config(attn, final), gpus="2xH100", strategy="ddp", micro_batch_size=1, seq_len=2048,
                   precision="bf16-mixed", attention="eager", activation_checkpointing="off")
     return result.candidate("ddp").memory_bytes.peak_allocated
 
 
-# Peaks measured by advisor.simulate.step.simulate (ddp, 1 rank, bf16-mixed, eager, s 2048, fake tensors;
+# Peaks measured by advisor.simulate.step.simulate (ddp, rank 0 of 2 with its buckets, bf16-mixed, eager, s 2048, fake tensors;
 # torch 2.13, transformers 5.23). Every case was 16,840,044 bytes above the estimate (-2.5% to -3.0%), once
 # read as a second (sliding-window) mask: it is Gemma 2's norms after attention and after the MLP (an fp32
 # copy of the projection's output and the fp32 normalised tensor each: 2 layers x 2048 tokens x 4 x 4 x 256

@@ -191,8 +191,6 @@ def known_gap(case: dict) -> str | None:
     if job["loss"] != "hf" and family in ("gpt_neox", "phi", "falcon", "gpt2"):
         return ("--loss chunked/fused on a model wrappers.losses refuses (no .model, no .lm_head or a biased one): "
                 "advisor plan plans it, wrap() and the simulator cannot run it")
-    if job["lora"] is not None and case["kind"] == "traced":
-        return "LoRA on a traced family: the planner cannot count its adapters (issue 20, item 3)"
     if family == "mixtral" and (job["precision"] in ("fp32", "fp16-mixed") or
                                 (job["strategy"] == "ddp" and job["precision"] != "bf16")):
         return ("Mixtral's experts run torch._grouped_mm, which takes bf16 only: fp32, fp16 and DDP's autocast "

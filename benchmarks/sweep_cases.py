@@ -204,8 +204,8 @@ def known_gap(case: dict) -> str | None:
                 "loss decides it is exact, so the excess is in the recomputed block and its kept tensors "
                 "(recompute_bytes, selective_kept_per_token), not the loss path; one Mistral -13.2%: not diagnosed")
     if job["loss"] == "fused" and (job["tp"] > 1 or case["kind"] == "traced"):
-        return ("fused loss on a TP mesh (+5.6%, gemma tp 2) or a traced family (-19.9%, granite under FSDP2 "
-                "at s256, where the estimate's start of forward decides): not diagnosed")
+        return ("fused loss on a TP mesh (+5.6%, gemma tp 2) or a traced family (full fine-tunes: +10.7% gemma3_text "
+                "zero2, -6.6% stablelm zero3 at the end of forward): not diagnosed")
     if family == "mixtral" and job["checkpointing"] == "off":
         return ("Mixtral block backward: +9.8% at a block's backward (565.0 MB estimated, 514.9 MB simulated, "
                 "4 experts top-2, s 4096): the MoE backward temporaries are over-counted: not diagnosed")

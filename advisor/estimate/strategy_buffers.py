@@ -44,6 +44,9 @@ class StrategyBuffers(BaseModel):
                                         "gradient shards (FSDP2); None: not a moment of its own.")
     grads_at_backward_end: int = Field(default=0, description="Gradient shards at the end of backward "
                                        "(FSDP2: the blocks'; the root's is being reduce-scattered).")
+    at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
+                                          "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
+                                          "None: not a moment of its own.")
 
 
 def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
@@ -86,8 +89,13 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
         # wait_for_unshard), the block's all-gather output and its copy-out.
         forward_start = 2 * root + 2 * ub * layer + h2d
+        # ZeRO-3 asks fully_shard(reshard_after_forward=True) of the root too, which torch >= 2.8 respects
+        # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
+        # again in its pre-backward, so the loss backward begins with its all-gather output and its
+        # unsharded copy (the output is freed before the last block's prefetch).
+        backward_start = 2 * root + h2d if impl.reshard_after_forward else None
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d,
-                               at_forward_start=forward_start,
+                               at_forward_start=forward_start, at_backward_start=backward_start,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t),
                                grads_at_backward_end=-(-pb * block_t // world))

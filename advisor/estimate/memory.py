@@ -256,9 +256,9 @@ def estimate_memory(
         states, buffers, dequantized = apply_quantization(spec, training, impl, world, states,
                                                           checkpointing=checkpointing,
                                                           micro_batch_size=micro_batch_size)
-    dtypes = _recipe_dtypes(training, impl)
-    kept = loss_kept_bytes(training.loss, tokens=micro_batch_size * (training.target_len or training.seq_len), vocab=spec.vocab_size or 0,
-                           hidden=spec.hidden_size or 0, dt=dtypes)
+    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
+    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
+                           dt=_recipe_dtypes(training, impl))
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              loss_kept=kept)
 

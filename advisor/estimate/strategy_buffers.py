@@ -71,7 +71,7 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     if impl.shard_params:
         ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
-        root = ub * outside  # FSDP2 never reshards the root after forward (FSDPState._lazy_init)
+        root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a

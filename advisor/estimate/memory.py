@@ -56,7 +56,7 @@ from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
-from advisor.model.lora import adapter_inputs, selective_kept_linears, tower_adapter_params
+from advisor.model.lora import adapter_inputs, dora_outputs, selective_kept_linears, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -232,7 +232,8 @@ def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:
     inputs = adapter_inputs(spec, training.lora)
     if inputs is None:
         return None
-    return Adapters(rank=training.lora.rank, dropout=training.lora.dropout > 0, inputs=tuple(inputs))
+    return Adapters(rank=training.lora.rank, dropout=training.lora.dropout > 0, inputs=tuple(inputs),
+                    dora_outputs=dora_outputs(spec, training.lora))
 
 
 def estimate_memory(

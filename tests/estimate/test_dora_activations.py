@@ -77,7 +77,8 @@ def test_dora_adds_two_outputs_per_target_by_hand(targets, dt):
     assert _counted(targets, dt, dora=True) - _counted(targets, dt, dora=False) == BY_HAND[targets, dt.compute]
 
 
-@pytest.mark.parametrize(("targets", "dt"), [(QV, FP32_WEIGHTS), ("all-linear", BF16)], ids=["q_v-fp32", "all-linear-bf16"])
+@pytest.mark.parametrize(("targets", "dt"), [(QV, FP32_WEIGHTS), ("all-linear", BF16)],
+                         ids=["q_v-fp32", "all-linear-bf16"])
 def test_dora_adds_what_autograd_saves(targets, dt):
     """What autograd saves in a block per token with DoRA less with LoRA (the slope between batch 1 and 2)."""
     bf16 = dt.compute == 2

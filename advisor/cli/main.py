@@ -151,7 +151,7 @@ class TraceProgress:
     def __call__(self, seconds: float | None) -> None:
         if seconds is None and not self.started:
             self.started = True
-            click.echo(f"advisor: tracing {self.model}'s activations on fake tensors (its family has no formula; "
+            click.echo(f"advisor: tracing {self.model}'s activations on fake tensors (no formula covers this job; "
                        "cached for the next plan)...", err=True)
         elif seconds is not None:
             self.seconds += seconds

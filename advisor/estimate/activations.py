@@ -97,6 +97,8 @@ class Adapters(BaseModel):
     rank: int = Field(ge=1)
     dropout: bool
     inputs: tuple[tuple[int, str], ...] = Field(description="(in_features, source) per adapted linear in a block.")
+    dora_outputs: tuple[int, ...] = Field(default=(), description="DoRA: out_features per adapted linear in a "
+                                          "block (empty for plain LoRA).")
 
 
 class ActivationEstimate(BaseModel):

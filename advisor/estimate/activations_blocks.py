@@ -236,6 +236,10 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     else:
         shared = {source: fan_in for fan_in, source in ad.inputs if source != "attention"}
         adapters += sum(width[source] * fan_in for source, fan_in in shared.items())
+    # DoRA (peft/tuners/lora/dora.py DoraLinearLayer.forward, peft 0.21): (m / ||W + sBA|| - 1) * base_result
+    # + (m / ||W + sBA||) * lora_result * s saves both products' tensor operands for the magnitude's gradient:
+    # the base layer's output and the adapter's, one out_features-wide tensor each per target.
+    adapters += sum(2 * cb * fan_out for fan_out in ad.dora_outputs)
     return base + adapters
 
 

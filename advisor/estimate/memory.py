@@ -56,12 +56,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_llava import clip_weight_casts
+from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers, block_backward_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
-from advisor.model.lora import adapter_inputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
+from advisor.model.lora import adapter_inputs, dora_outputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -238,7 +239,8 @@ def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:
     inputs = adapter_inputs(spec, training.lora)
     if inputs is None:
         return None
-    return Adapters(rank=training.lora.rank, dropout=training.lora.dropout > 0, inputs=tuple(inputs))
+    return Adapters(rank=training.lora.rank, dropout=training.lora.dropout > 0, inputs=tuple(inputs),
+                    dora_outputs=dora_outputs(spec, training.lora))
 
 
 def estimate_memory(
@@ -265,8 +267,11 @@ def estimate_memory(
                                                           micro_batch_size=micro_batch_size)
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
+    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
+    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
+                           dt=_recipe_dtypes(training, impl))
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params)
+                             flat_param_bytes=flat_params, loss_kept=kept)
 
 
 def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int) -> int:
@@ -282,14 +287,16 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
-                      dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None) -> MemoryBreakdown:
+                      dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
+                      loss_kept: int = 0) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
     dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``).
     ``held_grads``: gradients already allocated during forward and backward (a pipeline rank's own,
     from its first backward on: ``advisor.estimate.pipeline``). ``flat_param_bytes``: the parameters a
-    ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap."""
+    ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
+    what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -319,6 +326,11 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
+    if buffers.at_backward_start is not None:  # FSDP2 ZeRO-3: the root gathered again as the loss backward begins
+        start = dict(base, activations=acts.saved_bytes + gathered + min(loss_kept, acts.logits_bytes),
+                     temporary=buffers.persistent + buffers.at_backward_start)
+        if sum(start.values()) > sum(moments["loss_backward"].values()):
+            moments["loss_backward"] = start
     if buffers.at_forward_start is not None:  # FSDP2: the first block's forward (module docstring)
         moments["start_of_forward"] = dict(base, activations=0,
                                            temporary=buffers.persistent + buffers.at_forward_start)

@@ -50,6 +50,9 @@ class StrategyBuffers(BaseModel):
     per_block_done: int = Field(default=0, description="Gradients each finished block leaves (DDP: its "
                                 "gradients; FSDP2: their shard): 0 where the lower blocks are not estimated.")
     num_blocks: int = Field(default=1, ge=1, description="Blocks whose backward runs one after another.")
+    at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
+                                          "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
+                                          "None: not a moment of its own.")
 
 
 def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
@@ -79,7 +82,7 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     if impl.shard_params:
         ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
-        root = ub * outside  # FSDP2 never reshards the root after forward (FSDPState._lazy_init)
+        root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
@@ -97,8 +100,13 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
         # wait_for_unshard), the block's all-gather output and its copy-out.
         forward_start = 2 * root + 2 * ub * layer + h2d
+        # ZeRO-3 asks fully_shard(reshard_after_forward=True) of the root too, which torch >= 2.8 respects
+        # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
+        # again in its pre-backward, so the loss backward begins with its all-gather output and its
+        # unsharded copy (the output is freed before the last block's prefetch).
+        backward_start = 2 * root + h2d if impl.reshard_after_forward else None
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d,
-                               at_forward_start=forward_start,
+                               at_forward_start=forward_start, at_backward_start=backward_start,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t),
                                grads_at_backward_end=-(-pb * block_t // world))

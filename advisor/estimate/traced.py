@@ -28,6 +28,9 @@ def profile_key(dtypes: Dtypes, training: TrainingConfig, *, checkpointing: bool
                       adapters=adapters)
 
 
+# Causal-LM families with an activation formula of their own that knows no frozen base (LoRA traces them).
+_FULL_FINE_TUNE_FORMULAS = ("gpt2", "gpt_neox")
+
 _MOMENTS = ("saved", "forward_peak", "loss_peak", "block_peak", "recompute")
 
 
@@ -102,10 +105,15 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
 def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
     """Why this plan should trace the model (None: the formula applies, or tracing cannot help).
     Full fine-tunes and LoRA (PEFT's adapters traced with the model) of a language model whose family has
-    no activation formula."""
+    no activation formula, and LoRA on GPT-2 and GPT-NeoX, whose own formulas count a full fine-tune's
+    activations (what a frozen base does not save, and the adapters' inputs, are modelled for Llama-like
+    blocks only: ``advisor.model.lora.adapter_inputs``; +43% on a GPT-NeoX at s 8192 in the sweep)."""
     from advisor.estimate.activations import activation_family
 
-    if not spec.has_architecture or spec.model_type is None or activation_family(spec.model_type) is not None:
+    if not spec.has_architecture or spec.model_type is None:
+        return None
+    family = activation_family(spec.model_type)
+    if family is not None and not (training.lora is not None and family in _FULL_FINE_TUNE_FORMULAS):
         return None
     if spec.encdec is not None:  # T5, BART: both stacks have a formula (advisor.estimate.activations_encdec)
         return None
@@ -113,6 +121,8 @@ def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
         return None  # a quantised base's dequantised weights are not traced
     if training.lora is None and spec.trainable_params < spec.total_params:
         return None  # frozen weights save less; the traced profile is measured with every weight training
+    if family is not None:
+        return f"LoRA on {spec.model_type}: its activation formula models a full fine-tune only"
     return f"no activation formula for model_type {spec.model_type}"
 
 

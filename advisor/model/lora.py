@@ -207,6 +207,15 @@ def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...
                  for fan_in, _ in linears[name])
 
 
+def dora_outputs(spec: ModelSpec, lora: LoraConfig) -> tuple[int, ...]:
+    """Each DoRA-adapted linear's out_features in one block, in ``adapter_inputs``' order (empty for LoRA
+    or where ``adapter_inputs`` is None)."""
+    if not lora.dora or adapter_inputs(spec, lora) is None:
+        return ()
+    linears = block_linears(spec)
+    return tuple(fan_out for name in target_names(spec, lora) for _, fan_out in linears[name])
+
+
 def default_targets(spec: ModelSpec) -> tuple[str, ...]:
     info = load_architectures().get(spec.model_type or "")
     targets = info.lora_targets if info is not None else load_peft_lora_targets().get(spec.model_type or "")

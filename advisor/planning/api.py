@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
 
+from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
@@ -195,6 +196,8 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
     why = needs_trace(spec, training)
     if why is None:
         return spec
+    # Without the trace: the family's own formula (LoRA on GPT-2 / GPT-NeoX), else a Llama-like decoder.
+    untraced = "its formula's full fine-tune" if activation_family(spec.model_type) else "a Llama-like decoder"
     if trust_remote_code and config.get("auto_map"):
         raise ValueError(f"traced activation profile not run for model_type {spec.model_type}: the tracer runs "
                          "transformers' own modeling code only, and this model ships its own (auto_map); pass "
@@ -213,12 +216,11 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
         profiles = traced_profiles(config, keys, cache_dir=cache_dir, progress=progress)
     except Exception as err:  # the modeling code cannot run this way (no causal-LM head, fake tensors...)
         notes.append(f"{why}: tracing it failed ({type(err).__name__}: {' '.join(str(err).split())[:160]}), so "
-                     "activations assume a Llama-like decoder")
+                     f"activations assume {untraced}")
         return spec
     if not spec.traced:
         notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at "
-                     "this sequence length and recipe; cached per config); --no-trace assumes a Llama-like decoder "
-                     "instead")
+                     f"this sequence length and recipe; cached per config); --no-trace assumes {untraced} instead")
     return validated_copy(spec, {"traced": spec.traced + profiles})
 
 
@@ -308,7 +310,7 @@ def plan(
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         if not counted and config is not None:
             spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
-        notes.append(lora_note(spec, training.lora, training, traced=trace))
+        notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

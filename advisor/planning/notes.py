@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.memory import image_tokens
+from advisor.estimate.traced import needs_trace
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets
@@ -76,7 +77,7 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
     activations = ("a frozen base saves only what input gradients need, plus each adapter's input, x·A and "
                    "dropout mask" if adapter_inputs(base, lora) is not None else
                    "activations traced with PEFT's adapters on the frozen model (see the traced-activations line)"
-                   if base.linears is not None and traced and training.quantize is None else
+                   if traced and needs_trace(base, training) is not None else
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
     if training.quantize is not None:

@@ -168,9 +168,10 @@ def _with_adapters(net: Any, adapters: AdapterKey) -> Any:
     import peft
 
     targets = adapters.targets
-    wrapped = peft.get_peft_model(net, peft.LoraConfig(
-        r=adapters.rank, target_modules=targets[0] if targets == ("all-linear",) else list(targets) if targets else None,
-        use_dora=adapters.dora, lora_dropout=adapters.dropout))
+    with _quiet():  # GPT-2's Conv1D: PEFT warns that it sets fan_in_fan_out itself
+        wrapped = peft.get_peft_model(net, peft.LoraConfig(
+            r=adapters.rank, target_modules=targets[0] if targets == ("all-linear",) else list(targets) if targets
+            else None, use_dora=adapters.dora, lora_dropout=adapters.dropout))
     return wrapped.base_model.model
 
 

@@ -41,7 +41,7 @@ CASES = [
 ]
 
 
-FINDINGS = "Findings. The optimizer-step moment (the column this benchmark is about) agrees within 0.01% for every implementation. The whole-step peak agrees within 0.4% except where the step's peak is the end of backward (the embedding's backward with nearly every gradient allocated: a tied embedding's gradient and its sum, FSDP2's root gradients), a moment the estimate does not model: -9.9% there. It predates the optimizer implementations (the foreach zero3 row shows -4.0% with the old default); the foreach temporary hid it in DDP, and a fused or for-loop step uncovers it at short sequences."
+FINDINGS = ("Findings. The optimizer-step moment (the column this benchmark is about) agrees within 0.01% for every implementation, and the whole-step peak within 0.8% except one row. The tied Qwen2.5-0.5B under DDP with a fused step peaks at the end of backward (the embedding's backward: every other gradient, the embedding's and the tied head's fp32 gradients beside the buckets; a foreach or for-loop step's temporaries exceed it). The estimate models it as a GPU runs it, the two gradients summed in place (torch/csrc/autograd/input_buffer.cpp `accumulate`), while the simulator holds a third, their out-of-place sum: a fake tensor is a tensor subclass, which autograd never sums in place. The difference is exactly 4 x 151,936 x 896 = 544,538,624 bytes (-4.96%). On an H100 this row measures 10,516,265,984 bytes: the estimate's 10,425,193,984 plus the 87 MiB every DDP row of benchmarks/results/gpu_stacks.md holds beyond it (65 MiB of them cuBLAS / cuBLASLt workspaces); the simulated 10,969,732,608 is 4.3% above the GPU.")
 
 
 def training(seq: int, impl: str, rank: int | None):

@@ -99,7 +99,9 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
                                                                   last_block_rs=reduce_b * per_block_t),
                                grads_at_backward_end=-(-pb * block_t // world))
     buckets = ddp_bucket_bytes(pb * spec.trainable_params, impl, world)
-    backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(spec, pb)
+    # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
+    cast_back = training.mixed and not training.low_precision_base
+    backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(spec, pb, cast_back)
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0, at_backward_end=backward_end,
                                grads_at_backward_end=grads_end)
@@ -151,28 +153,33 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     return max(reduce_root, embedding_backward)
 
 
-def _replicated_backward_end(spec: ModelSpec, pb: int) -> tuple[int | None, int]:
+def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple[int | None, int]:
     """(buffers, gradients) at the end of a replicated backward (DDP, torch ZeRO-1, one GPU's plain
     model): the embedding's backward, the step's last. Every other trainable gradient is accumulated in
-    the parameters' dtype ``pb`` (fp32 under bf16-mixed: autocast's cast node turns the head's bf16
-    gradient back to fp32) and the embedding's gradient is computed (in ``pb`` too: autocast leaves the
-    embedding in fp32). Under tied weights the head's gradient waits for it in autograd's input buffer,
-    and the engine sums the two in place into the head's (torch/csrc/autograd/input_buffer.cpp
-    ``accumulate``: ``old_var.add_(var)`` when the buffer holds the last reference to a plain tensor),
-    so two vocabulary-sized gradients are live, not three. DDP's buckets (``persistent``) are allocated
-    at construction; with ``gradient_as_bucket_view=False`` each gradient is copied into its bucket view
-    and back, allocating nothing. Measured on an H100 (Qwen2.5-0.5B, tied, DDP x2, micro-batch 1, seq
-    256, fused AdamW: 10,516,265,984 B allocated, the hand-worked moment + the 87 MiB every DDP row
-    holds beyond the estimate: tests/estimate/test_ddp_backward_end.py). The simulator holds a third
-    (fake tensors are tensor subclasses, which ``can_accumulate_inplace`` refuses: the sum is out of
-    place). Untied, this is every gradient, the optimizer step's without its temporaries. None where the
-    root is not wholly trainable (LoRA: the embedding gets no gradient)."""
+    the parameters' dtype ``pb`` and the embedding's gradient is computed (in ``pb`` too: autocast leaves
+    the embedding in fp32). Untied, that is every gradient: the optimizer step's figure without its
+    temporaries. Tied, the head's gradient waits in autograd's input buffer for the embedding's, and the
+    engine sums the two in place into the head's only when that is a plain tensor it holds the last
+    reference to (torch/csrc/autograd/input_buffer.cpp ``accumulate`` / ``can_accumulate_inplace``):
+    under autocast (``cast_back``) it is the fresh fp32 copy autocast's cast node returns, so two
+    vocabulary-sized gradients are live; without autocast (fp32, pure bf16, as under FSDP2's
+    MixedPrecisionPolicy) it is the matmul's transposed view, whose base holds a second reference, and the
+    sum is out of place: three. Checked with real tensors on the CPU (the summed gradient's data pointer
+    is the cast copy's under autocast, a new one without). DDP's buckets (``persistent``) are allocated at
+    construction; with ``gradient_as_bucket_view=False`` each gradient is copied into its bucket view
+    and back, allocating nothing. Measured on an H100 (Qwen2.5-0.5B, tied, bf16-mixed DDP x2,
+    micro-batch 1, seq 256, fused AdamW): 10,516,265,984 B allocated, this moment's 10,425,193,984 plus
+    the 87 MiB every DDP row there holds beyond the estimate (tests/estimate/test_ddp_backward_end.py).
+    The simulator always sums out of place (a fake tensor is a tensor subclass, which
+    ``can_accumulate_inplace`` refuses). None where the root is not wholly trainable (LoRA: the embedding
+    gets no gradient)."""
     if spec.trainable_params < spec.total_params:
         return None, 0
     head = _head_params(spec)
     embedding = spec.embedding_params if spec.embedding_params is not None else head
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
-    return pb * embedding * (2 if tied else 1), pb * (spec.trainable_params - embedding)
+    vocab_grads = (2 if cast_back else 3) if tied else 1
+    return pb * embedding * vocab_grads, pb * (spec.trainable_params - embedding)
 
 
 def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:

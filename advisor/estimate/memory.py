@@ -21,6 +21,9 @@ pure function returning integer bytes. The peak is the largest of the moments of
   head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
   the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's
   reduce-scatter input) or the root's reduce-scatter (its bf16 gradients and their fp32 copy);
+  replicated (DDP, torch ZeRO-1, one GPU), a full fine-tune: the embedding's backward, every other
+  gradient accumulated, the embedding's computed and, tied, the head's waiting to be summed into
+  (``strategy_buffers._replicated_backward_end``);
 - optimizer step: model states + full (or sharded) gradients + the optimizer's temporaries.
 
 What the strategy holds (``advisor.estimate.strategy_buffers``): autocast weight copies and DDP
@@ -71,9 +74,9 @@ from advisor.training import TrainingConfig
 
 PeakMoment = Literal["start_of_forward", "end_of_forward", "loss_backward", "block_backward", "end_of_backward",
                      "optimizer_step"]
-# The moments every strategy has; start_of_forward and end_of_backward hold more than these only under
-# FSDP2 (elsewhere the optimizer step holds all the end of backward does, and more), so they are
-# estimated there alone.
+# The moments every strategy has; start_of_forward holds more than these only under FSDP2, and
+# end_of_backward only under FSDP2 and for a replicated full fine-tune (a tied embedding's two gradients:
+# elsewhere the optimizer step holds all the end of backward does, and more), so they are estimated there alone.
 CORE_MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
 
 
@@ -99,7 +102,7 @@ class MemoryBreakdown(BaseModel):
         description="When the peak happens (coarse; kept for old readers, see peak_moment).")
     peak_moment: PeakMoment = Field(
         description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
-                    "loss_backward, block_backward, end_of_backward (FSDP2) or optimizer_step. "
+                    "loss_backward, block_backward, end_of_backward (FSDP2, replicated full fine-tunes) or optimizer_step. "
                     "params..temporary above are what is live then.")
     states_params: int = Field(ge=0, description="Model states at rest, per rank: parameters "
                                "(on the CPU when states_on_cpu is 'all').")
@@ -118,7 +121,7 @@ class MemoryBreakdown(BaseModel):
     at_loss_backward: int | None = Field(default=None, ge=0, description="peak_allocated in the loss's backward.")
     at_block_backward: int | None = Field(default=None, ge=0, description="peak_allocated in a block's backward.")
     at_end_of_backward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of "
-                                           "backward (FSDP2; None elsewhere).")
+                                           "backward (FSDP2 and replicated full fine-tunes; None elsewhere).")
     at_optimizer_step: int | None = Field(default=None, ge=0, description="peak_allocated in the optimizer step.")
 
     @computed_field  # type: ignore[prop-decorator]
@@ -334,7 +337,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     if buffers.at_forward_start is not None:  # FSDP2: the first block's forward (module docstring)
         moments["start_of_forward"] = dict(base, activations=0,
                                            temporary=buffers.persistent + buffers.at_forward_start)
-    if buffers.at_backward_end is not None:  # FSDP2: the blocks' gradient shards and the root's backward
+    if buffers.at_backward_end is not None:  # the embedding's (FSDP2: the root's) backward, other gradients kept
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
         moments["end_of_backward"] = dict(base, grads=rest_grads + max(shards, held_grads), activations=0,
                                           temporary=buffers.persistent + buffers.at_backward_end)

@@ -42,9 +42,11 @@ class StrategyBuffers(BaseModel):
     at_forward_start: int | None = Field(default=None, description="Held in the first block's forward (FSDP2); "
                                          "None: not a moment of its own.")
     at_backward_end: int | None = Field(default=None, description="Held at the end of backward beyond the "
-                                        "gradient shards (FSDP2); None: not a moment of its own.")
-    grads_at_backward_end: int = Field(default=0, description="Gradient shards at the end of backward "
-                                       "(FSDP2: the blocks'; the root's is being reduce-scattered).")
+                                        "gradients (FSDP2: the root's backward; replicated: the embedding's "
+                                        "gradient and a tied head's); None: not a moment of its own.")
+    grads_at_backward_end: int = Field(default=0, description="Gradients (shards) at the end of backward "
+                                       "(FSDP2: the blocks'; the root's is being reduce-scattered; replicated: "
+                                       "all but the embedding's).")
     below_top: int = Field(default=0, description="Held in a lower block's backward beyond the top block's "
                            "(FSDP2: the block above's unsharded gradients, until the next reduce-scatter).")
     per_block_done: int = Field(default=0, description="Gradients each finished block leaves (DDP: its "
@@ -111,14 +113,19 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
                                                                   last_block_rs=reduce_b * per_block_t),
                                grads_at_backward_end=-(-pb * block_t // world))
     buckets = ddp_bucket_bytes(pb * spec.trainable_params, impl, world)
+    # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
+    cast_back = training.mixed and not training.low_precision_base
+    backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(spec, pb, cast_back)
     if not training.mixed:
-        return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0)
+        return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0, at_backward_end=backward_end,
+                               grads_at_backward_end=grads_end)
     if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
         forward_end, at_loss, in_backward = _adapter_casts(spec, n_layers, checkpointing)
     else:
         forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
                                                                    layer, checkpointing)
-    return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end)
+    return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
+                           at_backward_end=backward_end, grads_at_backward_end=grads_end)
 
 
 def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
@@ -189,6 +196,35 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     head_grad = embedding if tied else (spec.head_params if spec.head_params is not None else head)
     embedding_backward = ub * outside + ub * (head_grad + embedding + (embedding if tied else 0)) + last_block_rs
     return max(reduce_root, embedding_backward)
+
+
+def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple[int | None, int]:
+    """(buffers, gradients) at the end of a replicated backward (DDP, torch ZeRO-1, one GPU's plain
+    model): the embedding's backward, the step's last. Every other trainable gradient is accumulated in
+    the parameters' dtype ``pb`` and the embedding's gradient is computed (in ``pb`` too: autocast leaves
+    the embedding in fp32). Untied, that is every gradient: the optimizer step's figure without its
+    temporaries. Tied, the head's gradient waits in autograd's input buffer for the embedding's, and the
+    engine sums the two in place into the head's only when that is a plain tensor it holds the last
+    reference to (torch/csrc/autograd/input_buffer.cpp ``accumulate`` / ``can_accumulate_inplace``):
+    under autocast (``cast_back``) it is the fresh fp32 copy autocast's cast node returns, so two
+    vocabulary-sized gradients are live; without autocast (fp32, pure bf16, as under FSDP2's
+    MixedPrecisionPolicy) it is the matmul's transposed view, whose base holds a second reference, and the
+    sum is out of place: three. Checked with real tensors on the CPU (the summed gradient's data pointer
+    is the cast copy's under autocast, a new one without). DDP's buckets (``persistent``) are allocated at
+    construction; with ``gradient_as_bucket_view=False`` each gradient is copied into its bucket view
+    and back, allocating nothing. Measured on an H100 (Qwen2.5-0.5B, tied, bf16-mixed DDP x2,
+    micro-batch 1, seq 256, fused AdamW): 10,516,265,984 B allocated, this moment's 10,425,193,984 plus
+    the 87 MiB every DDP row there holds beyond the estimate (tests/estimate/test_ddp_backward_end.py).
+    The simulator always sums out of place (a fake tensor is a tensor subclass, which
+    ``can_accumulate_inplace`` refuses). None where the root is not wholly trainable (LoRA: the embedding
+    gets no gradient)."""
+    if spec.trainable_params < spec.total_params:
+        return None, 0
+    head = _head_params(spec)
+    embedding = spec.embedding_params if spec.embedding_params is not None else head
+    tied = bool(spec.tied_embeddings) or spec.head_params == 0
+    vocab_grads = (2 if cast_back else 3) if tied else 1
+    return pb * embedding * vocab_grads, pb * (spec.trainable_params - embedding)
 
 
 def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:

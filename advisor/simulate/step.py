@@ -21,6 +21,17 @@ Why the CPU, and what differs from a GPU:
   the simulation runs the fused op (``torch.native_dropout``) as CUDA does.
 - Autocast's fp32 list differs: CUDA runs ``pow``, ``softmax``, ``layer_norm``, ``exp``... in fp32,
   the CPU does not. ``sim_autocast`` gives CPU autocast CUDA's fp32 policy during the simulation.
+- Two gradients meeting at one node (a tied embedding's, from the head and from the embedding; the
+  residual stream's branches) are summed out of place: autograd adds in place into the first only
+  for a plain tensor it holds the last reference to (torch/csrc/autograd/input_buffer.cpp
+  ``can_accumulate_inplace``), and a fake tensor is a tensor subclass (so is a real tensor the memory
+  tracker has seen: it sums out of place too). Where a GPU's first gradient qualifies, the GPU holds one
+  such gradient less: a tied head under autocast, whose gradient is the cast node's fresh fp32 copy
+  (without autocast it is a transposed view, summed out of place on a GPU as well). For a tied
+  Qwen2.5-0.5B under bf16-mixed DDP (micro-batch 1, seq 256, fused AdamW) the embedding's backward is
+  the peak and the simulated step is one fp32 vocabulary-sized tensor, 4 x 151,936 x 896 = 544,538,624
+  bytes, above the H100's (benchmarks/results/gpu_stacks.md; the estimate follows the GPU:
+  ``strategy_buffers._replicated_backward_end``).
 - DDP's communication buckets are allocated outside the measured step and its ``model.to`` cannot
   swap fake parameters, so under ``ddp`` the plain model (under autocast) runs the step and DDP's
   buckets (one copy of the trainable gradients, ``gradient_as_bucket_view=False``) are added to

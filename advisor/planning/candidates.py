@@ -293,7 +293,7 @@ def evaluate_candidate(
 
 def _range(spec: ModelSpec, training: TrainingConfig, mem: MemoryBreakdown) -> MemoryRange:
     """The total's low / expected / high from the measured errors of this kind of estimate
-    (``profiles/memory_error.json``: stack, tuning, model family; the reserved part scaled, the CUDA context
+    (``profiles/memory_error.json``: stack and tuning, the most specific with data; the reserved part scaled, the CUDA context
     added as it is)."""
     tuning = ("qlora" if training.quantize is not None else
               "lora" if training.lora is not None or spec.trainable_params < spec.total_params else "full")

@@ -17,11 +17,12 @@ Comparisons (truth / estimate - 1, one per measured figure):
   context and NCCL buffers the plan puts outside the allocator, so that the plan's range of its total, which adds
   that part unscaled, holds the figure exactly when the ratio lies in the row's bounds).
 
-Keys: what was measured (allocated, or reserved: the figure the plan's range is of), the stack (recipe), the
-tuning (full, LoRA, QLoRA) and the model family. A row is kept at each level of
-``advisor.calibration.KEY_LEVELS`` (most specific first) that has at least ``MIN_CASES`` comparisons; a plan
-takes the most specific row that matches it. The spread (``spread``): the lowest and highest ratio of the group
-(zero always inside). Keys without data take the default row: the measured kind over every source.
+Keys: what was measured (allocated, or reserved: the figure the plan's range is of), the stack (recipe) and the
+tuning (full, LoRA, QLoRA); each comparison also records the model family (not a key today). A row is kept at
+each level of ``advisor.calibration.KEY_LEVELS`` (most specific first) that has at least ``MIN_CASES``
+comparisons; a plan takes the most specific row that matches it. The spread (``spread``): the lowest and highest
+ratio of the group (zero always inside). Keys without data take the default row: the measured kind over every
+source.
 
 Why min-max and not the 5th-95th percentile, and why no family key: scored held out by source
 (``benchmarks/range_coverage.py``), the percentile trimmed exactly the extremes another source reaches (published
@@ -191,7 +192,7 @@ def build(found: list[Comparison] | None = None) -> dict:
     return {
         "description": "The range of a memory estimate: truth / estimate - 1 of every measured comparison "
                        "(our H100 runs, the H100 stacks, the expressible published cases), by what was measured, "
-                       "stack (recipe), tuning and family; a plan takes the most specific row that matches it "
+                       "stack (recipe) and tuning; a plan takes the most specific row that matches it "
                        f"(levels: advisor.calibration.KEY_LEVELS; a row needs {MIN_CASES} comparisons). Spread: "
                        "the lowest and highest ratio of the group, zero inside. "
                        "Built by benchmarks/error_table.py; read by advisor.calibration.",

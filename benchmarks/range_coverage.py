@@ -82,7 +82,7 @@ def lines(found: list | None = None) -> list[str]:
         "## The range, held out by source",
         "",
         "A plan's `memory_range` comes from `profiles/memory_error.json` (`python benchmarks/error_table.py`: every "
-        "measured comparison, keyed by what was measured, stack, tuning and family; the rule is in that script's "
+        "measured comparison, keyed by what was measured, stack and tuning; the rule is in that script's "
         "docstring). Below, each source's comparisons are scored with a table built without that source "
         "(`benchmarks/range_coverage.py`); the range holds a figure when truth / estimate - 1 lies in the row's "
         "low..high. Widths are high - low in points of the estimate.",

@@ -44,8 +44,9 @@ class Candidate(_Frozen):
     selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
     memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
-                                              "from the measured errors of estimates of this kind "
-                                              "(applied to the reserved part; the CUDA context is added as assumed).")
+                                              "from the lowest and highest measured reserved / estimate of this stack "
+                                              "and tuning (profiles/memory_error.json, benchmarks/error_table.py; "
+                                              "applied to the reserved part; the CUDA context is added as assumed).")
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")

@@ -13,40 +13,49 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from profiles import PROFILES_DIR
 
-StrategyKind = Literal["replicated", "sharded", "offload"]
-Variant = Literal["plain", "checkpointing", "lora", "qlora", "loss_kernel"]
+Measured = Literal["allocated", "reserved"]
+Tuning = Literal["full", "lora", "qlora"]
 Margin = Literal["low", "expected", "high"]
+# The keys a row of the error table may have, most specific first: a plan takes the first level with a row
+# that matches it (benchmarks/error_table.py keeps a row only where it has enough comparisons). The last,
+# no key but the measured kind, is the default: every comparison of that kind.
+KEY_LEVELS: tuple[tuple[str, ...], ...] = (("recipe", "tuning"), ("tuning",), ())
 
 
 class ErrorBound(BaseModel):
-    """Measured relative error of the truth against the estimate (truth / estimate - 1) for one kind."""
+    """Measured relative error of the truth against the estimate (truth / estimate - 1) for one key."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    family: str = Field(default="*", description="model_type the row covers, or * for any.")
-    strategy_kind: StrategyKind | Literal["*"] = Field(default="*", description="replicated, sharded, offload or *.")
-    variant: Variant | Literal["*"] = Field(default="*", description="plain, checkpointing, lora, qlora, loss_kernel or *.")
-    low: float = Field(le=0, description="Lowest truth/estimate - 1 measured (<= 0).")
-    high: float = Field(ge=0, description="Highest truth/estimate - 1 measured (>= 0).")
-    cases: int = Field(ge=0, description="How many measured cases the bounds come from (0: a stated default).")
-    source: str = Field(description="Which measurement the bounds come from.")
-
-    def matches(self, family: str, kind: str, variant: str) -> bool:
-        return (self.family in ("*", family) and self.strategy_kind in ("*", kind)
-                and self.variant in ("*", variant))
+    measured: Measured = Field(default="reserved", description="What the truth measured: peak allocated, or "
+                               "reserved (torch.cuda.max_memory_reserved, or nvidia-smi less the CUDA context).")
+    recipe: str = Field(default="*", description="Training stack (profiles/recipes.json) the row covers, or *.")
+    tuning: Tuning | Literal["*"] = Field(default="*", description="full, lora, qlora or *.")
+    family: str = Field(default="*", description="model_type the row covers, or *.")
+    low: float = Field(le=0, description="Low end of truth/estimate - 1 (<= 0).")
+    high: float = Field(ge=0, description="High end of truth/estimate - 1 (>= 0).")
+    cases: int = Field(ge=0, description="How many measured comparisons the bounds come from.")
+    source: str = Field(description="Which measurements the bounds come from.")
 
     @property
-    def wildcard(self) -> bool:
-        return self.family == "*" and self.strategy_kind == "*" and self.variant == "*"
+    def level(self) -> tuple[str, ...]:
+        return tuple(name for name in ("recipe", "tuning", "family") if getattr(self, name) != "*")
 
 
 class ErrorTable(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    allocator_low: float = Field(le=0, description="Reserved over its calibrated prediction - 1, 10th percentile.")
-    allocator_high: float = Field(ge=0, description="Reserved over its calibrated prediction - 1, 90th percentile.")
-    rows: tuple[ErrorBound, ...] = Field(description="Measured bounds by kind; a row of all * is the default.")
+    rows: tuple[ErrorBound, ...] = Field(description="Measured bounds by key; the rows with no key are the defaults.")
 
+    def bound(self, *, measured: Measured, recipe: str, tuning: Tuning, family: str) -> ErrorBound:
+        """The most specific row (``KEY_LEVELS`` order) matching this estimate."""
+        values = {"recipe": recipe, "tuning": tuning, "family": family}
+        for level in KEY_LEVELS:
+            for row in self.rows:
+                if (row.measured == measured and row.level == level
+                        and all(getattr(row, name) == values[name] for name in level)):
+                    return row
+        raise ValueError(f"the error table has no default row for {measured}")
 
 
 class AllocatorOverhead(BaseModel):
@@ -65,4 +74,4 @@ def allocator_overhead() -> AllocatorOverhead:
 @lru_cache(maxsize=1)
 def error_table() -> ErrorTable:
     data = json.loads((PROFILES_DIR / "memory_error.json").read_text())
-    return ErrorTable.model_validate({key: data[key] for key in ("allocator_low", "allocator_high", "rows")})
+    return ErrorTable.model_validate({"rows": data["rows"]})

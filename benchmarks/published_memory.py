@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import advisor
 import publisher_code
+import range_coverage
 from advisor.model.lora import LoraConfig
 from advisor.units import GIB
 from profiles import PROFILES_DIR
@@ -341,7 +342,8 @@ def _head(clean: list[tuple[dict, float]], flagged: list[tuple[dict, float]], ra
         *_by_group(clean),
         f"- cases with settings we cannot express (estimated without them): {_summary([e for _, e in flagged])}",
         f"- every case: {_summary([e for _, e in clean + flagged])}",
-        f"- published reserved, unspecified and nvidia-smi figures inside the estimate's low-high range: "
+        f"- published reserved, unspecified and nvidia-smi figures inside the plan's low-high range (in sample: the "
+        f"table was built from these cases too; held out by source: the section after the per-source lines): "
         f"{sum(ranged)} of {len(ranged)}",
         "",
         *SYSTEMATIC,
@@ -364,7 +366,7 @@ def report(cases: list[dict]) -> str:
         lines.append(row)
         print(row, flush=True)
     return "\n".join(_head(clean, flagged, [r for _, r in ranged]) + by_source_and_stack(clean + flagged, ranged, boundary)
-                     + [""] + lines) + "\n"
+                     + [""] + range_coverage.lines() + lines) + "\n"
 
 
 def main() -> None:

@@ -1,22 +1,19 @@
 """Error bars on a memory estimate: a low / expected / high range from the errors measured for
 estimates of the same kind. Pure functions over a small frozen error table; the table itself is
-data (``profiles/memory_error.json``, built by ``benchmarks/error_table.py`` from the measured
-comparisons in ``benchmarks/results/``) and is loaded at the edge (``advisor.calibration``).
+data (``profiles/memory_error.json``, built by ``benchmarks/error_table.py`` from every measured
+comparison: our H100 runs, the H100 stacks and the expressible published cases) and is loaded at the
+edge (``advisor.calibration``).
 
-Two measured spreads compose (independent multiplicative errors):
-
-- the estimated peak allocated against the real GPU's ``max_memory_allocated`` (gpu_truth: the
-  analytic estimate vs an H100, by model family and by variant: LoRA, loss kernels), with a wide
-  default row for families no measurement covers;
-- the allocator gap: measured reserved over the calibrated prediction from measured allocated
-  (``profiles/allocator_overhead.json``), 10th to 90th percentile of its residuals.
+The range is of reserved memory (what the caching allocator holds) measured directly: truth / estimate - 1
+of measured reserved (or nvidia-smi less the CUDA context) against the estimated ``reserved``, keyed by
+stack (recipe), tuning (full / LoRA / QLoRA) and model family, the most specific key with data first.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.calibration import ErrorBound, ErrorTable, Margin  # the table's types live with its loader
+from advisor.calibration import ErrorBound, ErrorTable, Margin, Measured, Tuning  # the table's types live with its loader
 
 __all__ = ["ErrorBound", "ErrorTable", "Margin", "MemoryRange", "memory_range", "relative_bounds"]
 
@@ -34,14 +31,12 @@ class MemoryRange(BaseModel):
         return getattr(self, margin)
 
 
-def relative_bounds(table: ErrorTable, *, family: str, strategy_kind: str, variant: str) -> tuple[float, float]:
-    """(low, high) relative bounds on the total: the envelope of every measured row this estimate
-    belongs to (the default row when none does), composed with the allocator gap's spread."""
-    rows = [r for r in table.rows if not r.wildcard and r.matches(family, strategy_kind, variant)]
-    if not rows:
-        rows = [r for r in table.rows if r.wildcard]
-    low, high = min(r.low for r in rows), max(r.high for r in rows)
-    return (1 + low) * (1 + table.allocator_low) - 1, (1 + high) * (1 + table.allocator_high) - 1
+def relative_bounds(table: ErrorTable, *, family: str, recipe: str, tuning: Tuning,
+                    measured: Measured = "reserved") -> tuple[float, float]:
+    """(low, high) relative bounds of ``measured`` memory: the most specific measured row this estimate
+    belongs to (stack, tuning, family; the measured kind's default row when none is)."""
+    row = table.bound(measured=measured, recipe=recipe, tuning=tuning, family=family)
+    return row.low, row.high
 
 
 def memory_range(total: int, bounds: tuple[float, float], *, unmeasured: int = 0) -> MemoryRange:

@@ -44,8 +44,9 @@ class Candidate(_Frozen):
     selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     memory_bytes: MemoryBreakdown | None = None
     memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
-                                              "from the measured errors of estimates of this kind "
-                                              "(applied to the reserved part; the CUDA context is added as assumed).")
+                                              "from the lowest and highest measured reserved / estimate of this stack "
+                                              "and tuning (profiles/memory_error.json, benchmarks/error_table.py; "
+                                              "applied to the reserved part; the CUDA context is added as assumed).")
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
@@ -203,7 +204,7 @@ def evaluate_candidate(
 
     def span(mem: MemoryBreakdown, mode: str) -> MemoryRange:
         if id(mem) not in spans:
-            spans[id(mem)] = _range(spec, at[mode], impl, mem)
+            spans[id(mem)] = _range(spec, at[mode], mem)
             worst = next((pm.worst for pm in stages.values() if pm.worst.memory is mem), None)
             if worst is not None and worst.imbalance_bytes:  # routing imbalance: the top of the range
                 spans[id(mem)] = validated_copy(spans[id(mem)], {"high": spans[id(mem)].high + worst.imbalance_bytes})
@@ -291,16 +292,14 @@ def evaluate_candidate(
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))
 
 
-def _range(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mem: MemoryBreakdown) -> MemoryRange:
+def _range(spec: ModelSpec, training: TrainingConfig, mem: MemoryBreakdown) -> MemoryRange:
     """The total's low / expected / high from the measured errors of this kind of estimate
-    (``profiles/memory_error.json``: model family, strategy kind, variant)."""
-    kind = "offload" if impl.offload_params or impl.offload_optimizer else (
-        "sharded" if impl.shard_params or impl.shard_grads else "replicated")
-    variant = ("qlora" if training.quantize is not None else
-               "lora" if training.lora is not None or spec.trainable_params < spec.total_params else
-               "loss_kernel" if training.loss != "hf" else
-               "checkpointing" if training.activation_checkpointing != "off" else "plain")
-    bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", strategy_kind=kind, variant=variant)
+    (``profiles/memory_error.json``: stack and tuning, the most specific with data; the reserved part scaled, the CUDA context
+    added as it is)."""
+    tuning = ("qlora" if training.quantize is not None else
+              "lora" if training.lora is not None or spec.trainable_params < spec.total_params else "full")
+    bounds = relative_bounds(error_table(), family=spec.model_type or "*unknown*", recipe=training.recipe.name,
+                             tuning=tuning)
     return memory_range(mem.total, bounds, unmeasured=mem.outside_allocator)
 
 

@@ -106,9 +106,10 @@ def overhead_notes(training: TrainingConfig) -> list[str]:
            + ("an assumption, not measured: --context-gib" if "context_gib" not in training.model_fields_set
               else "as given") + "); total = reserved + that, compared with the GPU's memory")
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
-              "fits; the range (low-high) comes from the measured errors of estimates of its kind (model family, "
-              "LoRA or loss kernel, on real H100s; +-15% for families not measured) and the allocator gap's spread "
-              "(profiles/memory_error.json)")
+              "fits; the range (low-high) is the lowest to highest measured reserved / estimate of its kind (its stack "
+              "and full / LoRA / QLoRA where 8 or more were measured, else its tuning, else every comparison), from "
+              "our H100 runs and the published real-GPU cases (profiles/memory_error.json, benchmarks/error_table.py; held-out "
+              "coverage in benchmarks/results/published_memory.md)")
     if "margin" not in training.model_fields_set:
         margin += ("; default expected: the calibrated best estimate, with the --headroom policy preferring plans "
                    "that leave room; --margin high when an out-of-memory failure costs more than a smaller batch")

@@ -260,7 +260,7 @@ def estimate_memory(
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
     buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
-    buffers = block_backward_buffers(spec, training, impl, world, buffers)
+    buffers = block_backward_buffers(spec, training, impl, world, buffers, checkpointing=checkpointing)
     dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
     if training.quantize is not None:
         from advisor.estimate.quantized import apply_quantization

@@ -221,7 +221,7 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
                             sequence_parallel=sequence_parallel)
     buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     if mesh.tp == 1:  # the blocks' backward gradients as data parallelism holds them (not read under TP yet)
-        buffers = block_backward_buffers(local, training, impl, shard_world, buffers)
+        buffers = block_backward_buffers(local, training, impl, shard_world, buffers, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
         buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))

@@ -139,7 +139,7 @@ def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
 
 
 def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,
-                           buffers: StrategyBuffers) -> StrategyBuffers:
+                           buffers: StrategyBuffers, *, checkpointing: bool = False) -> StrategyBuffers:
     """``buffers`` with the gradients of the blocks' backward as the step holds them, for a full fine-tune
     of a dense model on the torch engine (DDP or FSDP2, nothing offloaded); unchanged elsewhere. At the
     top block's peak (its MLP's backward) the gradients are the head's (FSDP2: the unsharded root's;
@@ -164,7 +164,12 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         return validated_copy(buffers, dict(in_backward=buffers.in_backward - old_grads + ub * live,
                                               below_top=ub * layer, per_block_done=-(-pb * layer // world),
                                               num_blocks=n_layers))
-    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer,
+    # DDP under autocast: a finished block also frees the bf16 copies of its weights that autograd saved for
+    # its input gradient (``_autocast_weight_casts``: every block's without checkpointing, one recomputed
+    # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
+    # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
+    casts = training.compute_bytes * layer if training.mixed and not checkpointing else 0
+    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
                                           num_blocks=n_layers))
 
 

@@ -50,6 +50,29 @@ IMPL_CASES = [
     ("mha350m", "zero3", 4, 1, 256, False, "foreach"), ("mha350m", "ddp", 2, 2, 1024, False, "fused"),
     ("llama1b", "zero3", 8, 1, 1024, True, "fused"), ("qwen0.5b", "zero3", 8, 1, 256, True, "foreach"),
 ]
+# Gemma 2 2B as its config.json gives it (google/gemma-2-2b): eager attention with soft-capping, four norms a
+# block, a 256k tied vocabulary. Registered beside accuracy.MODELS by ``register_models``.
+GEMMA2_2B = dict(
+    model_type="gemma2", architectures=["Gemma2ForCausalLM"], hidden_size=2304, intermediate_size=9216,
+    num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4, head_dim=256, vocab_size=256000,
+    max_position_embeddings=8192, sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+    query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
+    _name_or_path="hand/gemma-2-2b",
+)
+EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B}
+# (model key, strategy, world, micro-batch, seq, checkpointing): eager attention, the torch recipe (foreach AdamW)
+EAGER_CASES = [
+    ("gemma2-2b", "zero3", 8, 1, 2048, False), ("gemma2-2b", "zero3", 8, 1, 4096, True),
+    ("gemma2-2b", "zero2", 8, 1, 1024, False), ("mha350m", "zero3", 8, 1, 4096, False),
+    ("mha350m", "ddp", 2, 1, 4096, True),
+]
+
+
+def register_models() -> None:
+    """Add the configs only this benchmark measures to ``accuracy.MODELS`` (the report's estimate reads them)."""
+    accuracy.MODELS.update(EXTRA_MODELS)
+
+
 # (model key, micro-batch, seq, checkpointing): wrap() in one process, its own plan and watcher
 WRAP_CASES = [("qwen0.5b", 4, 1024, False), ("llama1b", 2, 2048, True)]
 
@@ -176,10 +199,19 @@ def impl_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool
                 reserved=peaks.reserved)
 
 
+def eager_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> dict:
+    import gpu_truth
+
+    peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, attention="eager")
+    return dict(kind="eager", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                checkpointing=ckpt, optimizer_impl="foreach", step1=peaks.step1, allocated=peaks.step2,
+                step3=peaks.step3, reserved=peaks.reserved)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
-    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl), comma-separated")
+    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -190,7 +222,8 @@ def main() -> int:
     import peft
     import transformers
 
-    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl"}
+    register_models()
+    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl", "eager"}
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                peft=peft.__version__, python=platform.python_version())
@@ -201,6 +234,8 @@ def main() -> int:
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_CASES]
     if "wrap" in groups:
         jobs += [(wrap_case, c) for c in WRAP_CASES]
+    if "eager" in groups:
+        jobs += [(eager_case, c) for c in EAGER_CASES]
     with open(args.out / "gpu_stacks.jsonl", "a") as fh:
         for fn, case in jobs:
             try:

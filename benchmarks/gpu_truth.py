@@ -68,7 +68,7 @@ class Peaks(NamedTuple):
 
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf",
-            optimizer_impl: str = "foreach") -> "Peaks":
+            optimizer_impl: str = "foreach", attention: str = "sdpa") -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
     (``benchmarks/peak_snapshot.py`` reads it)."""
@@ -85,7 +85,7 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
     from wrappers.losses import use_loss_kernel
     from wrappers.recipe import Recipe, apply_recipe, autocast_context
 
-    cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation="sdpa")
+    cfg = dict(resolve_config(accuracy.MODELS[key])[1], use_cache=False, attn_implementation=attention)
     # The previous case's model and optimizer die when its measure() returns, some of them in reference
     # cycles: collect them and hand their cached blocks back, so neither counts in this case's peaks.
     gc.collect()

@@ -116,9 +116,27 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
     if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(causal_lm, "model"):
         raise ValueError(f"loss kernel {kernel!r} needs a causal LM with .model and a bias-free .lm_head; "
                          f"{type(causal_lm).__name__} has none")
+    transform = _logit_transform(getattr(causal_lm, "config", None))
+    if transform:
+        raise ValueError(f"loss kernel {kernel!r} computes the loss on the head's raw output; "
+                         f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
     causal_lm._advisor_loss = kernel
     causal_lm.forward = types.MethodType(_forward, causal_lm)
     return model
+
+
+def _logit_transform(config: object) -> str:
+    """What a model does to its logits before the loss, which the kernels do not repeat: Gemma 2's final
+    soft-capping (``final_logit_softcapping``), Cohere's ``logit_scale``, Granite's ``logits_scaling``;
+    an empty string when the head's output is the logits."""
+    found = []
+    if getattr(config, "final_logit_softcapping", None):
+        found.append(f"final_logit_softcapping={config.final_logit_softcapping}")
+    for key in ("logit_scale", "logits_scaling"):
+        value = getattr(config, key, None)
+        if isinstance(value, (int, float)) and value != 1:
+            found.append(f"{key}={value}")
+    return ", ".join(found)
 
 
 def _causal_lm(model: nn.Module) -> nn.Module:

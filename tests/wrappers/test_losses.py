@@ -69,3 +69,16 @@ def _loss_and_grads_trainable(model, ids, labels):
     loss = model(input_ids=ids, labels=labels).loss
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("key, value", [("final_logit_softcapping", 30.0), ("logit_scale", 0.0625),
+                                        ("logits_scaling", 8.0)])
+def test_a_model_that_transforms_its_logits_is_refused(key, value):
+    """Gemma 2 soft-caps its logits, Cohere and Granite scale them before the loss; the kernels take the head's
+    raw output, so they would train on a different loss: refused in one line, as a biased head is."""
+    model = tiny_llama(0)
+    setattr(model.config, key, value)
+    with pytest.raises(ValueError, match=f"transforms its logits first \\({key}="):
+        use_loss_kernel(model, "chunked")
+    setattr(model.config, key, 1 if key != "final_logit_softcapping" else None)
+    assert use_loss_kernel(model, "chunked") is model

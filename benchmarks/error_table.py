@@ -84,9 +84,6 @@ def _truth_rows() -> list[Comparison]:
     from advisor.model.lora import with_lora
     from advisor.strategies import get_strategy
 
-    from advisor.recipes import get_recipe
-
-    fp32_base = get_recipe("torch").model_copy(update={"frozen_base": "param"})
     out = []
     for name in ("gpu_truth.csv", "gpu_truth_variants.csv"):
         with open(RESULTS / name) as handle:
@@ -95,9 +92,6 @@ def _truth_rows() -> list[Comparison]:
                 ckpt = "selective" if r["checkpointing"] == "selective" else r["checkpointing"] == "True"
                 config = accuracy_variants.training(int(r["seq_len"]), None if rank is None else (rank, None, 0.0),
                                                     r.get("loss") or "hf", ckpt)
-                # gpu_truth.py builds its models in float32 and wraps them with PEFT: the frozen base rests in
-                # float32, not in the torch recipe's compute dtype (the recipe follows from_pretrained's dtype='auto').
-                config = config.model_copy(update={"recipe": fp32_base})
                 spec = accuracy.spec_for(accuracy.MODELS[r["model"]])
                 spec = with_lora(spec, config.lora) if config.lora else spec
                 mem = estimate_memory(spec, parse_gpus(f"{r['world']}xH100"), config,

@@ -106,6 +106,11 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             targets = default_targets(spec_from_config(cfg, name=key, source="local"))
             net = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(targets))).base_model.model
         materialize(net, device="cuda", real=True)
+        if lora_rank is not None:  # the frozen base in bf16, the adapters in fp32: how PEFT users load it, and
+            # what the torch recipe plans (profiles/recipes.json frozen_base: compute)
+            for param in net.parameters():
+                if not param.requires_grad:
+                    param.data = param.data.to(torch.bfloat16)
         net.train()
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
                                 **IMPL_KWARGS[optimizer_impl])

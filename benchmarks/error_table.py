@@ -10,7 +10,7 @@ Comparisons (truth / estimate - 1, one per measured figure):
   ``max_memory_allocated`` against the estimated peak allocated, measured ``max_memory_reserved`` against the
   estimated ``reserved`` (torch recipe);
 - ``h100-stacks``: Trainer / PEFT / ``wrap()`` on the H100 (``benchmarks/results/gpu_stacks.jsonl``, planned as
-  ``benchmarks/gpu_stacks_report.py`` plans them; the fake-group ``impl`` rows give allocated only);
+  ``benchmarks/gpu_stacks_report.py`` plans them; the fake-group ``impl`` and ``eager`` rows give allocated only);
 - each published source of ``profiles/published_memory.json`` (its id's first word), the cases whose settings we
   can express, planned as ``benchmarks/published_memory.py`` plans them: allocated and active figures against the
   peak allocated; reserved, unspecified and nvidia-smi figures against ``reserved`` (nvidia-smi less the CUDA
@@ -120,7 +120,8 @@ def _stack_rows() -> list[Comparison]:
                       f"s{row['seq_len']}", recipe=recipe, tuning="lora" if row.get("lora_rank") else "full",
                       family=accuracy.spec_for(accuracy.MODELS[row["model"]]).model_type or "unknown")
         out.append(Comparison(measured="allocated", ratio=row["allocated"] / mem.peak_allocated - 1, **common))
-        if row["kind"] != "impl":  # the impl rows share one allocator over a fake group's run: allocated only
+        # impl and eager rows run a fake group's rank 0 after materialising the whole model: allocated only
+        if row["kind"] in ("trainer", "wrap"):
             out.append(Comparison(measured="reserved", ratio=row["reserved"] / mem.reserved - 1, **common))
     return out
 

@@ -25,6 +25,7 @@ Engine = Literal["torch", "deepspeed"]
 LossKernel = Literal["hf", "chunked", "fused"]
 OptimizerImpl = Literal["fused", "foreach", "for-loop"]
 FrozenBase = Literal["compute", "param"]
+ZeroGrad = Literal["before_forward", "before_backward"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 _FACTS = ("optimizer_impl", "frozen_base", "loss", "engine")
@@ -79,6 +80,9 @@ class Recipe(BaseModel):
     sources: dict[str, str] = Field(description="Fact name -> the framework source it was read from.")
     zero: ZeroFacts | None = Field(default=None, description="DeepSpeed ZeRO's own buffers, read from its source; "
                                    "None: the ZeRO paper's accounting alone.")
+    zero_grad: ZeroGrad = Field(default="before_forward", description="When the loop frees the previous step's "
+                                "gradients: before the forward (after the optimizer step, or first thing in the "
+                                "step), or only before the backward, so they live through the forward and the loss.")
 
     def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
         return hash(self.name)
@@ -86,6 +90,8 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _cited(self) -> "Recipe":
         missing = [fact for fact in _FACTS if not self.sources.get(fact)]
+        if self.zero_grad != "before_forward" and not self.sources.get("zero_grad"):
+            missing.append("zero_grad")
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")
         if self.engine not in self.engines:

@@ -121,7 +121,7 @@ def _stack_rows() -> list[Comparison]:
                       family=accuracy.spec_for(accuracy.MODELS[row["model"]]).model_type or "unknown")
         out.append(Comparison(measured="allocated", ratio=row["allocated"] / mem.peak_allocated - 1, **common))
         # impl and eager rows run a fake group's rank 0 after materialising the whole model: allocated only
-        if row["kind"] in ("trainer", "wrap"):
+        if row["kind"] in ("trainer", "wrap", "lightning"):
             out.append(Comparison(measured="reserved", ratio=row["reserved"] / mem.reserved - 1, **common))
     return out
 

@@ -199,6 +199,64 @@ def impl_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool
                 reserved=peaks.reserved)
 
 
+# (model key, micro-batch, seq, checkpointing): a Lightning Trainer on one GPU (bf16-mixed, AdamW from
+# configure_optimizers), with AdvisorLightningCallback's plan and its measured line
+LIGHTNING_CASES = [("qwen0.5b", 4, 1024, False), ("llama1b", 2, 2048, True)]
+
+
+def lightning_case(key: str, mb: int, seq: int, ckpt: bool) -> dict:
+    import lightning
+    import torch
+
+    from wrappers.callbacks import AdvisorLightningCallback
+
+    _clean()
+    net, cfg = _model(key, "float32", None)
+    if ckpt:
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+    class Module(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = net
+
+        def training_step(self, batch, index):
+            return self.model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-5)
+
+    peaks: dict = {}
+
+    class Peaks(lightning.Callback):
+        def on_train_batch_end(self, trainer, *args, **kwargs):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            if trainer.global_step == 1:
+                torch.cuda.reset_peak_memory_stats()
+            elif trainer.global_step == 3 and "allocated" not in peaks:
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+
+    advisor = AdvisorLightningCallback(micro_batch_size=mb, seq_len=seq, gpus="1xH100", activation_checkpointing=ckpt)
+    loader = torch.utils.data.DataLoader(_Tokens(cfg["vocab_size"], seq, 3 * mb), batch_size=mb)
+    trainer = lightning.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, precision="bf16-mixed",
+                                max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False, callbacks=[advisor, Peaks()])
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        trainer.fit(Module(), loader)
+    planned = advisor.verdict.planned if advisor.verdict is not None else None
+    row = dict(kind="lightning", model=key, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+               allocated=peaks.get("allocated"), reserved=peaks.get("reserved"),
+               product_line=advisor.memory.line if advisor.memory is not None else None,
+               product_verdict=[ln for ln in printed.getvalue().splitlines() if ln.startswith("advisor")],
+               planned_allocated=getattr(planned, "peak_allocated", None),
+               planned_reserved=getattr(planned, "reserved", None), strategy=type(trainer.strategy).__name__)
+    del trainer, net
+    return row
+
+
 def eager_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> dict:
     import gpu_truth
 
@@ -211,7 +269,7 @@ def eager_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: boo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
-    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager), comma-separated")
+    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -223,7 +281,7 @@ def main() -> int:
     import transformers
 
     register_models()
-    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl", "eager"}
+    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl", "eager", "lightning"}
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                peft=peft.__version__, python=platform.python_version())
@@ -236,6 +294,8 @@ def main() -> int:
         jobs += [(wrap_case, c) for c in WRAP_CASES]
     if "eager" in groups:
         jobs += [(eager_case, c) for c in EAGER_CASES]
+    if "lightning" in groups:
+        jobs += [(lightning_case, c) for c in LIGHTNING_CASES]
     with open(args.out / "gpu_stacks.jsonl", "a") as fh:
         for fn, case in jobs:
             try:

@@ -49,3 +49,13 @@ def test_ddp_by_adamw_implementation_within_one_percent_of_the_h100(row):
     embedding's gradients, every block's autocast copies freed), for-loop and foreach the optimizer step."""
     planned = gpu_stacks_report.estimate(row).peak_allocated
     assert abs(planned - row["allocated"]) / row["allocated"] < 0.01
+
+
+def test_lightning_holds_the_last_gradients_through_the_forward():
+    """Lightning's closure runs training_step before zero_grad (recipe row ``zero_grad: before_backward``): the
+    previous step's gradients live through the forward. Qwen2.5-0.5B, bf16-mixed, micro-batch 4, seq 1024 on the
+    H100: 20.32 GiB where Trainer peaks at 19.61; the plan within 1% (it was 4.0% low before the fact was read).
+    Under checkpointing (Llama-3.2-1B) the plan is 7.0% high: not diagnosed (benchmarks/results/gpu_stacks.md)."""
+    row = next(r for r in gpu_stacks_report.load() if r["kind"] == "lightning" and r["model"] == "qwen0.5b")
+    planned = gpu_stacks_report.estimate(row).peak_allocated
+    assert abs(planned - row["allocated"]) / row["allocated"] < 0.01

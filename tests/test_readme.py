@@ -150,8 +150,8 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     stacks = (ROOT / "benchmarks/results/gpu_stacks.md").read_text()
     med, top = re.search(r"analytic vs GPU \(second step\): median \|error\| ([0-9.]+)%, max ([0-9.]+)%", truth).groups()
     assert f"| allocated vs a real H100 (`max_memory_allocated`) | 30 | {med}% | {top}% |" in readme
-    found = re.search(r"reserved \(Trainer and wrap\(\) rows\): median \|err\| ([0-9.]+)%, max ([0-9.]+)% over (\d+); "
-                      r"the one-GPU stacks alone \(Trainer and wrap\(\) rows\): allocated median \|err\| ([0-9.]+)%, "
+    found = re.search(r"reserved \(Trainer, Lightning and wrap\(\) rows\): median \|err\| ([0-9.]+)%, max ([0-9.]+)% over (\d+); "
+                      r"the one-GPU stacks alone \(Trainer, Lightning and wrap\(\) rows\): allocated median \|err\| ([0-9.]+)%, "
                       r"max ([0-9.]+)% over (\d+)", stacks)
     r_med, r_max, n, a_med, a_max, n2 = found.groups()
     assert f"on one H100: allocated | {n2} | {a_med}% | {a_max}% |" in readme

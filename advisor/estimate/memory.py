@@ -313,9 +313,12 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     # DeepSpeed keeps a flat gradient buffer at rest; the torch engines allocate gradients in backward.
     rest_grads = gpu_grads if training.engine == "deepspeed" and not impl.shard_grads else 0
     base = dict(params=gpu_params, grads=rest_grads + held_grads, optimizer=gpu_opt)
+    # A loop that frees the previous step's gradients only before the backward (Lightning's closure) holds them
+    # through the forward and the loss.
+    stale = gpu_grads if training.recipe.zero_grad == "before_backward" and training.engine == "torch" else 0
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.
-        "end_of_forward": dict(base, activations=acts.saved_bytes + logits,
+        "end_of_forward": dict(base, grads=base["grads"] + stale, activations=acts.saved_bytes + logits,
                                temporary=buffers.persistent + (buffers.at_loss if buffers.at_forward_end is None
                                                                else buffers.at_forward_end)),
         # Loss backward: the log-softmax output and two fp32 N x V gradients.
@@ -335,7 +338,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         if sum(start.values()) > sum(moments["loss_backward"].values()):
             moments["loss_backward"] = start
     if buffers.at_forward_start is not None:  # FSDP2: the first block's forward (module docstring)
-        moments["start_of_forward"] = dict(base, activations=0,
+        moments["start_of_forward"] = dict(base, grads=base["grads"] + stale, activations=0,
                                            temporary=buffers.persistent + buffers.at_forward_start)
     if buffers.at_backward_end is not None:  # the embedding's (FSDP2: the root's) backward, other gradients kept
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU

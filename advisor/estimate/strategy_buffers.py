@@ -134,8 +134,14 @@ def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
     ``prepare_model`` wraps DDP only for several processes, Lightning runs one device under
     ``SingleDeviceStrategy``, ``wrappers.recipe`` leaves a one-rank group unwrapped). Measured on an H100
     through Hugging Face Trainer (``benchmarks/results/gpu_stacks.md``: no DDP wrapper at one GPU)."""
-    plain = world == 1 and not impl.shard_optimizer  # ZeroRedundancyOptimizer's recipe wraps DDP at any size
-    return 0 if impl.single_process or plain else grad_bytes
+    return 0 if impl.single_process or runs_plain(impl, world) else grad_bytes
+
+
+def runs_plain(impl: Implementation, world: int) -> bool:
+    """A replicated torch strategy on one GPU runs as the plain model (no DDP wrapper, ``ddp_bucket_bytes``);
+    ZeroRedundancyOptimizer's recipe wraps DDP at any size, and DataParallel and FSDP2 are not DDP."""
+    return world == 1 and impl.engine == "torch" and not (impl.single_process or impl.shard_optimizer
+                                                          or impl.shard_params)
 
 
 def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,

@@ -18,6 +18,7 @@ from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.estimate.quantized import quantization_unavailable
 from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
+from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
 from advisor.strategies import STRATEGIES, Implementation, StrategyName
 from advisor.training import TrainingConfig
@@ -152,10 +153,8 @@ def evaluate_candidate(
     impl = STRATEGIES[name].on(training.engine)
     capacity = hardware.gpu_memory_bytes
     cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
-    runs_as = impl.runs_as
-    if hardware.world_size == 1 and impl.engine == "torch" and not (impl.single_process or impl.shard_optimizer
-                                                                     or impl.shard_params):
-        runs_as = "the plain model (one GPU: no DDP wrapper, as every stack runs it)"
+    runs_as = ("the plain model (one GPU: no DDP wrapper, as every stack runs it)"
+               if runs_plain(impl, hardware.world_size) else impl.runs_as)
     base = dict(strategy=name, engine=training.engine, capacity_bytes=capacity, runs_as=runs_as,
                 cpu_capacity_bytes=cpu_capacity, mesh=mesh)
     dp_world = hardware.world_size if mesh is None else mesh.dp  # ranks that take distinct micro-batches

@@ -14,7 +14,9 @@ once, here (``advisor.model.config_keys.check_config``).
 from __future__ import annotations
 
 import json
+import logging
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -47,14 +49,44 @@ def download_hub_config(repo_id: str) -> dict:
     except Exception:  # not cached (or a bad id): go online if we can
         if constants.HF_HUB_OFFLINE:
             raise ValueError(_unresolved(repo_id, "not in the hub cache and the Hub is unreachable")) from None
+        unreachable = _hub_unreachable(repo_id)
+        if unreachable is not None:
+            raise ValueError(_unresolved(repo_id, unreachable)) from None
         try:
-            path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
+            with _hub_quiet():
+                path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
         except Exception as err:  # network, auth, 404: one clean line for the user
             raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
     try:
         return _parse_json(Path(path).read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {repo_id}'s config.json: {err}") from None
+
+
+def _hub_unreachable(repo_id: str) -> str | None:
+    """Why the Hub cannot be reached, from one request without retries (None: it answered, whatever the
+    status). ``hf_hub_download`` retries a failed connection five times with backoff (about 23 s in
+    huggingface_hub 1.x-2.x) and logs each try; a machine with no route to the Hub should hear so at once."""
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    try:
+        get_session().head(hf_hub_url(repo_id, "config.json"), headers=build_hf_headers(), timeout=10)
+    except Exception as err:  # no route, DNS, TLS, timeout: the download would only retry it
+        return f"the Hub is unreachable: {type(err).__name__}"
+    return None
+
+
+@contextmanager
+def _hub_quiet():
+    """huggingface_hub's own warnings (each retry) off for one call: the user gets our one line."""
+    hub_logger = logging.getLogger("huggingface_hub")
+    level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub_logger.setLevel(level)
 
 
 def _unresolved(name: str, why: str) -> str:

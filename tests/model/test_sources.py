@@ -90,3 +90,48 @@ def test_hub_client_asks_for_config_json_only(monkeypatch, tmp_path):
     spec = resolve_model("someone/cached-gpt2")
     assert spec.total_params == 124_439_808
     assert calls == [("someone/cached-gpt2", "config.json", {"local_files_only": True})]
+
+
+def _stub_hub(monkeypatch, *, head):
+    """huggingface_hub with nothing cached: ``head`` stands in for the one probing request."""
+    import huggingface_hub
+    import huggingface_hub.utils
+
+    downloads = []
+
+    def fake_download(repo_id, filename, **kwargs):
+        downloads.append(kwargs)
+        if kwargs.get("local_files_only"):
+            raise FileNotFoundError("not cached")
+        raise OSError("404")
+
+    class Session:
+        def head(self, url, **kwargs):
+            return head(url)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.utils, "get_session", lambda: Session())
+    return downloads
+
+
+def test_an_unreachable_hub_fails_at_once_without_the_downloads_retries(monkeypatch):
+    """No route to the Hub: one request, no retrying download (huggingface_hub retries five times with
+    backoff, about 23 s measured here before this check), and the line says the Hub is unreachable."""
+    def no_route(url):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    downloads = _stub_hub(monkeypatch, head=no_route)
+    with pytest.raises(ValueError, match=r"^cannot load model 'someone/absent' \(the Hub is unreachable: "
+                                         r"ConnectionError\)"):
+        resolve_model("someone/absent")
+    assert downloads == [{"local_files_only": True}]
+
+
+def test_a_reachable_hub_downloads_config_json(monkeypatch):
+    heads = []
+    downloads = _stub_hub(monkeypatch, head=heads.append)
+    with pytest.raises(ValueError, match=r"\(OSError\)"):
+        resolve_model("someone/absent")
+    assert len(heads) == 1 and heads[0].endswith("/someone/absent/resolve/main/config.json")
+    assert downloads == [{"local_files_only": True}, {"etag_timeout": 10}]

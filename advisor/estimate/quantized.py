@@ -250,6 +250,13 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
     trainable = spec.trainable_params
     on_gpu_constants = q.constant_bytes if impl.offload_params else 0
     if training.engine == "deepspeed":
+        from advisor.estimate.zero_buffers import zero_facts, zero_strategy_buffers  # DeepSpeed's own buffers
+
+        facts = zero_facts(training, impl)
+        if facts is not None:  # the recipe's ZeRO facts, over the packed base (ZeRO-3 gathers it packed)
+            packed = q.packed_bytes + training.compute_bytes * (spec.total_params - q.params)
+            zero = zero_strategy_buffers(spec, training, impl, world, facts, packed_bytes=packed)
+            return validated_copy(zero, {"persistent": zero.persistent + on_gpu_constants})
         buckets = deepspeed_buckets(spec)
         bucket = 2 * min(trainable, buckets.reduce_elements)
         stored = q.packed_bytes + 2 * (spec.total_params - q.params)

@@ -44,8 +44,12 @@ def _partition_elements(spec: ModelSpec, world: int) -> int:
 
 
 def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,
-                          facts: ZeroFacts) -> StrategyBuffers:
-    """What ZeRO holds beyond the states and activations at each moment of forward and backward."""
+                          facts: ZeroFacts, *, packed_bytes: int | None = None) -> StrategyBuffers:
+    """What ZeRO holds beyond the states and activations at each moment of forward and backward.
+
+    ``packed_bytes``: a quantised base's parameters as ZeRO-3 stores and gathers them (the packed 4-bit
+    weights viewed as the compute dtype, ``bnb_4bit_quant_storage``, plus the rest: ``advisor.estimate.
+    quantized.stored_param_bytes``); None: every parameter in the compute dtype."""
     cb = training.compute_bytes  # the module is cast to bf16/fp16: gradients and IPG buffers in that dtype
     buckets = deepspeed_buckets(spec)
     if impl.shard_params:  # ZeRO-3
@@ -54,8 +58,12 @@ def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Imple
         # Gathered parameters, capped by stage3_max_live_parameters (and kept while reused within
         # stage3_max_reuse_distance, 1e9 elements by default); the rank's own partition is part of the
         # gathered tensor. Offloaded partitions live on the CPU.
-        own = 0 if impl.offload_params else spec.total_params // world
-        live = cb * min(spec.total_params - own, buckets.max_live_parameters)
+        if packed_bytes is None:
+            own = 0 if impl.offload_params else spec.total_params // world
+            live = cb * min(spec.total_params - own, buckets.max_live_parameters)
+        else:  # stage3_max_live_parameters counts elements of the storage dtype, the compute dtype here
+            own = 0 if impl.offload_params else packed_bytes // world
+            live = min(packed_bytes - own, cb * buckets.max_live_parameters)
         return StrategyBuffers(persistent=ipg, at_loss=live + grads, in_backward=live + grads)
     ipg = facts.ipg_buffers_overlap_comm * cb * buckets.reduce_elements
     # With the optimizer offloaded, copy_grads_in_partition sends each gradient to the CPU instead.

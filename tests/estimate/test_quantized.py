@@ -162,3 +162,29 @@ def test_fsdp_gathers_the_packed_weights():
     times = {quant: estimate_step_time(spec, hw, TrainingConfig(lora=64, quantize=quant), impl, micro_batch_size=1,
                                        checkpointing=True).communication_s for quant in (None, "nf4")}
     assert 0.2 < times["nf4"] / times[None] < 0.35  # 3.76 / 13.48 = 0.28 for the gathers
+
+
+def test_qlora_under_deepspeed_holds_zeros_own_buffers_over_the_packed_base():
+    """The deepspeed recipe's ZeRO facts (profiles/recipes.json, from DeepSpeed's source) apply to a
+    quantised base too. Llama-2-7B, LoRA r64 (q_proj, v_proj: 33,554,432 adapters), nf4, bf16, 2 GPUs,
+    worked by hand: IPG buffers of reduce_bucket_size = hidden^2 = 16,777,216 bf16 elements (33,554,432 B);
+    the adapters' gradient partition 2 x 33,554,432 / 2 = 33,554,432 B. ZeRO-3 gathers the packed base:
+    6,476,005,376 quantised weights at half a byte (3,238,002,688 B) plus the other 295,964,672 parameters
+    (embeddings, head, norms, adapters) at 2 B: 3,829,932,032 B, of which another rank holds half."""
+    from advisor.estimate.quantized import quantized_buffers
+    from advisor.model.lora import with_lora
+    from advisor.strategies import get_strategy
+    from advisor.training import TrainingConfig
+
+    training = TrainingConfig(lora=64, quantize="nf4", precision="bf16-mixed", recipe="deepspeed")
+    spec = with_lora(resolve_model("meta-llama/Llama-2-7b-hf"), training.lora)
+    q = quantized_base(spec, "nf4")
+
+    def buffers(strategy):
+        impl = get_strategy(strategy).on("deepspeed")
+        return quantized_buffers(spec, training, impl, 2, q, checkpointing=True)
+
+    zero2, zero3 = buffers("zero2"), buffers("zero3")
+    assert (zero2.persistent, zero2.at_loss, zero2.in_backward) == (0, 0, 2 * 33_554_432 + 33_554_432)
+    assert zero3.persistent == 33_554_432  # one IPG buffer, kept from initialisation
+    assert zero3.at_loss == zero3.in_backward == 3_829_932_032 // 2 + 33_554_432

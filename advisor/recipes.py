@@ -28,9 +28,30 @@ FrozenBase = Literal["compute", "param"]
 ZeroGrad = Literal["before_forward", "before_backward"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
+ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
 _FACTS = ("optimizer_impl", "frozen_base", "loss", "engine")
 _ZERO_FACTS = ("ipg_buffers_overlap_comm", "ipg_buffers_stage3", "partition_grads_in_backward", "step_grad_copies",
                "sub_group_size", "stage3_grad_buffer")
+
+
+class ZeroSettings(BaseModel):
+    """DeepSpeed ``zero_optimization`` values a user's own config fixes (``advisor plan --from`` a DeepSpeed
+    JSON or an accelerate file: ``advisor.planning.config_formats``). A field left None takes the
+    planner's value, the one our DeepSpeed export writes (``advisor.estimate.buckets``: accelerate's
+    ``"auto"`` fill, ``overlap_comm`` on). What a launcher's file runs when it writes none of them:
+    ``zero_config_defaults``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reduce_bucket_size: int | None = Field(default=None, gt=0, description="Elements reduced per IPG bucket.")
+    allgather_bucket_size: int | None = Field(default=None, gt=0, description="Elements all-gathered at a time "
+                                              "(ZeRO-1/2).")
+    stage3_prefetch_bucket_size: int | None = Field(default=None, ge=0, description="Elements prefetched (ZeRO-3).")
+    stage3_max_live_parameters: int | None = Field(default=None, gt=0, description="Gathered elements kept "
+                                                   "(ZeRO-3).")
+    sub_group_size: int | None = Field(default=None, gt=0, description="Elements the ZeRO-3 step takes at once.")
+    overlap_comm: bool | None = Field(default=None, description="ZeRO-1/2: a second IPG buffer overlaps the "
+                                      "reduce with backward.")
 
 
 class ZeroFacts(BaseModel):
@@ -127,3 +148,12 @@ def get_recipe(name: str) -> Recipe:
     if key not in recipes:
         raise ValueError(f"unknown recipe '{name[:40]}'; choose one of {', '.join(recipes)}")
     return recipes[key]
+
+
+@lru_cache(maxsize=None)
+def zero_config_defaults(source: ZeroDefaultsSource) -> ZeroSettings:
+    """The ZeRO values a run gets from ``source`` when its file fixes none (profiles/zero_defaults.json):
+    DeepSpeed's own config defaults, what accelerate's inline ``deepspeed_config`` leaves to them, or
+    Lightning's ``DeepSpeedStrategy`` keyword defaults."""
+    rows = json.loads((PROFILES_DIR / "zero_defaults.json").read_text())["defaults"]
+    return ZeroSettings(**rows[source]["values"])

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from advisor.calibration import Margin, allocator_overhead
 from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
-from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, get_recipe
+from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
 from advisor.units import GIB
 
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
@@ -71,6 +71,9 @@ class TrainingConfig(BaseModel):
                            exclude_if=lambda recipe: recipe.name == DEFAULT_RECIPE,
                            description="The training stack (profiles/recipes.json): its optimizer implementation, "
                                        "frozen-base dtype, default loss and engine.")
+    zero: ZeroSettings | None = Field(default=None, exclude_if=lambda zero: zero is None,
+                                      description="DeepSpeed bucket sizes and overlap a user's config fixes; None: "
+                                                  "the planner's (what advisor export writes).")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")

@@ -20,11 +20,10 @@ from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: 
 def _plan(params: dict[str, Any], fmt: str):
     """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
     on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
-    from advisor.export.formats import get_format_row
+    from advisor.export.formats import format_plan_options
     from advisor.planning.api import plan
 
-    kwargs = plan_kwargs(params)
-    kwargs.setdefault("recipe", get_format_row(fmt).recipe)
+    kwargs = format_plan_options(fmt, plan_kwargs(params))
     return plan(**kwargs)
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.model.spec import ModelSpec
+from advisor.recipes import ZeroSettings
 
 MAX_LIVE_PARAMETERS = 10**9  # DeepSpeed's default stage3_max_live_parameters
 
@@ -24,11 +25,18 @@ class DeepSpeedBuckets(BaseModel):
 
     reduce_elements: int = Field(gt=0, description="reduce_bucket_size: gradients reduced per bucket (IPG buffer).")
     allgather_elements: int = Field(gt=0, description="allgather_bucket_size (ZeRO-1/2).")
-    prefetch_elements: int = Field(gt=0, description="stage3_prefetch_bucket_size (ZeRO-3).")
+    prefetch_elements: int = Field(ge=0, description="stage3_prefetch_bucket_size (ZeRO-3).")
     max_live_parameters: int = Field(gt=0, description="stage3_max_live_parameters (ZeRO-3).")
 
 
-def deepspeed_buckets(spec: ModelSpec) -> DeepSpeedBuckets:
+def deepspeed_buckets(spec: ModelSpec, settings: ZeroSettings | None = None) -> DeepSpeedBuckets:
+    """The bucket sizes of a DeepSpeed run of ``spec``: the ones a user's config fixes (``settings``,
+    ``TrainingConfig.zero``), the rest filled as accelerate fills ``"auto"`` (module docstring)."""
     hidden_sq = (spec.hidden_size or shape_of(spec).hidden_size) ** 2
-    return DeepSpeedBuckets(reduce_elements=hidden_sq, allgather_elements=hidden_sq,
-                            prefetch_elements=hidden_sq * 9 // 10, max_live_parameters=MAX_LIVE_PARAMETERS)
+    given = settings or ZeroSettings()
+    reduce = given.reduce_bucket_size or hidden_sq
+    return DeepSpeedBuckets(
+        reduce_elements=reduce, allgather_elements=given.allgather_bucket_size or reduce,
+        prefetch_elements=hidden_sq * 9 // 10 if given.stage3_prefetch_bucket_size is None
+        else given.stage3_prefetch_bucket_size,
+        max_live_parameters=given.stage3_max_live_parameters or MAX_LIVE_PARAMETERS)

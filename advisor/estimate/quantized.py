@@ -257,7 +257,7 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
             packed = q.packed_bytes + training.compute_bytes * (spec.total_params - q.params)
             zero = zero_strategy_buffers(spec, training, impl, world, facts, packed_bytes=packed)
             return validated_copy(zero, {"persistent": zero.persistent + on_gpu_constants})
-        buckets = deepspeed_buckets(spec)
+        buckets = deepspeed_buckets(spec, training.zero)
         bucket = 2 * min(trainable, buckets.reduce_elements)
         stored = q.packed_bytes + 2 * (spec.total_params - q.params)
         own = 0 if impl.offload_params else stored // world

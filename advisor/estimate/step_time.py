@@ -230,7 +230,7 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     else:  # one collective per DeepSpeed reduce bucket (the size our exported configs write)
         from advisor.estimate.buckets import deepspeed_buckets  # loaded only for that engine
 
-        buckets = max(1, math.ceil(trainable / deepspeed_buckets(spec).reduce_elements))
+        buckets = max(1, math.ceil(trainable / deepspeed_buckets(spec, training.zero).reduce_elements))
 
     def run(op: Collective, nbytes: float, count: int) -> float:
         return collective_s(op, nbytes, hw, eff, count=count)

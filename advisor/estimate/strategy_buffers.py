@@ -70,7 +70,7 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         if facts is not None:  # the recipe carries DeepSpeed's own buffers (profiles/recipes.json)
             return zero_strategy_buffers(spec, training, impl, world, facts)
 
-        buckets = deepspeed_buckets(spec)
+        buckets = deepspeed_buckets(spec, training.zero)
         # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
         bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)
         # Gathered parameters, capped by stage3_max_live_parameters. On

@@ -17,7 +17,8 @@ What the facts add to the resting states (2 bytes a parameter, 2 a gradient, 12 
   sized, ``sub_group_size`` elements at most).
 
 Bucket sizes come from ``advisor.estimate.buckets.deepspeed_buckets``, which the export writes, so an
-exported run is the run planned. Pure: no torch import.
+exported run is the run planned; a user's own config (``TrainingConfig.zero``, read by ``--from``) fixes
+them, ``overlap_comm`` (one IPG buffer without it, buf_0 alone) and ``sub_group_size`` instead. Pure: no torch import.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Imple
     weights viewed as the compute dtype, ``bnb_4bit_quant_storage``, plus the rest: ``advisor.estimate.
     quantized.stored_param_bytes``); None: every parameter in the compute dtype."""
     cb = training.compute_bytes  # the module is cast to bf16/fp16: gradients and IPG buffers in that dtype
-    buckets = deepspeed_buckets(spec)
+    buckets = deepspeed_buckets(spec, training.zero)
     if impl.shard_params:  # ZeRO-3
         ipg = facts.ipg_buffers_stage3 * cb * buckets.reduce_elements
         grads = cb * _partition_elements(spec, world) if facts.stage3_grad_buffer and not impl.offload_optimizer else 0
@@ -65,7 +66,8 @@ def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Imple
             own = 0 if impl.offload_params else packed_bytes // world
             live = min(packed_bytes - own, cb * buckets.max_live_parameters)
         return StrategyBuffers(persistent=ipg, at_loss=live + grads, in_backward=live + grads)
-    ipg = facts.ipg_buffers_overlap_comm * cb * buckets.reduce_elements
+    overlap = training.zero is None or training.zero.overlap_comm is not False  # our export writes it on
+    ipg = (facts.ipg_buffers_overlap_comm if overlap else 1) * cb * buckets.reduce_elements
     # With the optimizer offloaded, copy_grads_in_partition sends each gradient to the CPU instead.
     partition = (cb * _partition_elements(spec, world)
                  if facts.partition_grads_in_backward and impl.shard_grads and not impl.offload_optimizer else 0)
@@ -83,7 +85,7 @@ def zero_step_temporary(spec: ModelSpec, training: TrainingConfig, impl: Impleme
     cb = training.compute_bytes
     elements = _partition_elements(spec, world)
     if impl.shard_params:  # ZeRO-3 steps sub-group by sub-group; the gradient buffer stays
-        elements = min(elements, facts.sub_group_size)
+        elements = min(elements, (training.zero and training.zero.sub_group_size) or facts.sub_group_size)
     flat = cb * elements
     fp32 = FP32 * elements if cb != FP32 else 0  # .to(fp32) of an fp32 tensor is the tensor itself
     stepped = fp32 or flat  # the fp32 gradient the optimizer reads

@@ -20,17 +20,21 @@ from advisor.planning.api import Plan
 from advisor.export.target import GRADIENT_CLIPPING, ExportOptions, ExportTarget, resolve_target
 from advisor.estimate.buckets import deepspeed_buckets
 from advisor.model.spec import ModelSpec
+from advisor.recipes import ZeroSettings
 
 
-def _zero_optimization(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
+def _zero_optimization(target: ExportTarget, model: ModelSpec, settings: ZeroSettings | None) -> dict[str, Any]:
     impl = target.impl
     zero: dict[str, Any] = {"stage": target.zero_stage}
-    # The bucket sizes the memory and step-time estimates assumed (one function owns them).
-    buckets = deepspeed_buckets(model)
+    # The bucket sizes the memory and step-time estimates assumed (one function owns them), with those
+    # the user's own config fixed (``--from``).
+    buckets = deepspeed_buckets(model, settings)
     if target.zero_stage >= 1:
         # Overlap the reduce with backward and keep gradients in one buffer (DeepSpeed's recommended
         # settings for ZeRO-2/3; ZeRO paper section 7 on fragmentation).
-        zero.update({"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": buckets.reduce_elements})
+        overlap = settings is None or settings.overlap_comm is not False
+        zero.update({"overlap_comm": overlap, "contiguous_gradients": True,
+                     "reduce_bucket_size": buckets.reduce_elements})
     if target.zero_stage in (1, 2):
         zero.update({"allgather_partitions": True, "allgather_bucket_size": buckets.allgather_elements, "reduce_scatter": True})
     if impl.offload_optimizer:
@@ -41,6 +45,8 @@ def _zero_optimization(target: ExportTarget, model: ModelSpec) -> dict[str, Any]
         zero["stage3_prefetch_bucket_size"] = buckets.prefetch_elements
         zero["stage3_max_live_parameters"] = buckets.max_live_parameters
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if settings is not None and settings.sub_group_size is not None:
+            zero["sub_group_size"] = settings.sub_group_size
     return zero
 
 
@@ -60,7 +66,7 @@ def deepspeed_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         "gradient_clipping": GRADIENT_CLIPPING,
         "bf16": {"enabled": block == "bf16"},
         "fp16": {"enabled": block == "fp16"},
-        "zero_optimization": _zero_optimization(target, model),
+        "zero_optimization": _zero_optimization(target, model, target.zero),
         "steps_per_print": 100,
         "wall_clock_breakdown": False,
     }

@@ -12,11 +12,11 @@ Adding a format is one row here and one module. Pure data: no file access, no to
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.recipes import RecipeName
+from advisor.recipes import RecipeName, ZeroDefaultsSource, zero_config_defaults
 
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning", "torchtitan"]
 # Which (strategy, engine) pairs a format writes (``advisor.export.target.expresses`` reads the strategy
@@ -54,13 +54,17 @@ class ExportFormatRow(BaseModel):
     cpu_test: bool = Field(default=True, description="It can write the --cpu gloo test config.")
     cpu_note: str = Field(default="", description="The --cpu test config's first note when the format starts its "
                           "own processes ({processes} is filled in); empty: the launcher's note.")
+    zero_defaults: ZeroDefaultsSource | None = Field(default=None, description="A file that cannot carry DeepSpeed's "
+                                                     "bucket sizes and overlap runs these defaults "
+                                                     "(profiles/zero_defaults.json), so its plan assumes them; None: "
+                                                     "the file writes the plan's.")
 
 
 # Mesh facts from the consumers' own code (advisor.export.mesh_target's docstring cites them).
 FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="accelerate", summary="accelerate launch --config_file YAML",
                     default_filename="accelerate_config.yaml", module="advisor.export.accelerate", recipe="trainer",
-                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
+                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"), zero_defaults="accelerate",
                     pp_ep_gap="accelerate 1.15's ParallelismConfig has dp_replicate, dp_shard, tp and cp sizes only (no pipeline "
                               "or expert degree); use --format torchtitan"),
     ExportFormatRow(name="deepspeed-json", summary="DeepSpeed JSON config", default_filename="ds_config.json",
@@ -87,7 +91,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                               "\"parallelism_config\")))."),
     ExportFormatRow(name="lightning", summary="Lightning strategy snippet (Python)",
                     default_filename="lightning_strategy.py", module="advisor.export.lightning", recipe="lightning",
-                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard"),
+                    runs="launcher", mesh_dims=("dp_replicate", "dp_shard"), zero_defaults="lightning",
                     cpu_note="CPU test config: Lightning starts the {processes} processes itself (DDP on gloo).",
                     pp_ep_gap="Lightning's ModelParallelStrategy has data_parallel_size and tensor_parallel_size only; "
                               "use --format torchtitan",
@@ -110,3 +114,15 @@ def get_format_row(name: str) -> ExportFormatRow:
         return FORMAT_ROWS[name]
     except KeyError:
         raise ValueError(f"unknown export format '{name[:40]}'; choose from {', '.join(FORMAT_NAMES)}") from None
+
+
+def format_plan_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The ``plan()`` options an export in format ``name`` plans with, so the exported run is the run that
+    was planned: the format's recipe row unless ``recipe`` is given, and where its file cannot carry
+    DeepSpeed's bucket sizes, the defaults the run will get (``zero``, read on the deepspeed engine only)
+    unless given."""
+    row = get_format_row(name)
+    planned = {**options, "recipe": options.get("recipe") or row.recipe}
+    if row.zero_defaults is not None and planned.get("zero") is None:
+        planned["zero"] = zero_config_defaults(row.zero_defaults)
+    return planned

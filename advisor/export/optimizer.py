@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.export.formats import get_format_row
-from advisor.recipes import OptimizerImpl
+from advisor.recipes import OptimizerImpl, zero_config_defaults
 from advisor.training import Optimizer, TrainingConfig
 
 _SGD_MOMENTUM = 0.9  # what the plan's sgd-momentum means (advisor.simulate.step runs the same)
@@ -78,6 +78,8 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
         notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
                      f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
+    if engine == "deepspeed" and row.zero_defaults is not None:
+        notes.append(_zero_defaults_note(training, row.zero_defaults))
     opt, impl = training.optimizer, training.optimizer_implementation
     if row.optimizer_key == "trainer":
         note = trainer_optim(opt, impl)[1]
@@ -85,3 +87,15 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
     if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
         return notes
     return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]
+
+
+def _zero_defaults_note(training: TrainingConfig, source: str) -> str:
+    """The DeepSpeed sizes a file that cannot set them runs with, and whether the plan assumed them."""
+    zero = training.zero
+    if zero is None or zero != zero_config_defaults(source):
+        return (f"This file does not set DeepSpeed's bucket sizes or overlap_comm, so the run gets {source}'s defaults "
+                f"(profiles/zero_defaults.json), not the sizes this plan assumed: plan it with advisor export, which "
+                f"does, or use --format deepspeed-json.")
+    return (f"DeepSpeed runs with {source}'s defaults, which this file does not set and the plan assumed "
+            f"(profiles/zero_defaults.json): reduce_bucket_size {zero.reduce_bucket_size:,}, overlap_comm "
+            f"{str(zero.overlap_comm).lower()}; --format deepspeed-json writes and plans smaller buckets.")

@@ -34,6 +34,7 @@ from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.export.optimizer import stack_notes
 from advisor.recipes import OptimizerImpl
+from advisor.recipes import ZeroSettings
 from advisor.training import Engine, LossKernel, Optimizer, TrainingConfig
 
 Hybrid = Literal["auto", "on", "off"]
@@ -129,6 +130,8 @@ class ExportTarget(BaseModel):
                                           "--optimizer-impl): the trainer-args optim name follows it.")
     mesh: ParallelDims | None = Field(default=None, description="The plan's device mesh (tp/cp/HSDP); None: "
                                       "data parallelism alone.")
+    zero: ZeroSettings | None = Field(default=None, description="DeepSpeed sizes the user's own config fixed "
+                                      "(the plan's TrainingConfig.zero); None: the planner's.")
 
     @property
     def world_size(self) -> int:
@@ -311,7 +314,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
 def _optimizer(training: TrainingConfig) -> dict:
     """The ExportTarget fields of the plan's optimizer."""
     return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation,
-            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size}
+            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size, "zero": training.zero}
 
 
 def _asked_strategy(plan: Plan) -> str | None:

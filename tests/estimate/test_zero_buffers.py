@@ -107,6 +107,28 @@ def test_zero3_step_is_sub_group_sized(qwen7b, world, impl, expected):
     assert states.step_temporary == expected
 
 
+def test_a_users_own_bucket_sizes_and_overlap_decide_the_ipg_buffers(qwen7b):
+    """A config that fixes reduce_bucket_size 5e8 (DeepSpeed's default) and leaves overlap_comm off
+    (its ZeRO-1/2 default): buf_0 alone, 2 x 500,000,000 = 1,000,000,000 B, beside the flat partition
+    7,615,616,512 B; with overlap_comm on, two: 2,000,000,000 B. ZeRO-3 keeps its one IPG buffer of
+    that size and steps in the config's sub_group_size (2e8: bf16 flat copy 2 + fp32 cast 4 bytes each
+    under the fused step). The export writes the same values back."""
+    def buffers(strategy, world=2, **zero):
+        return _strategy_buffers(qwen7b, TrainingConfig(recipe="deepspeed", zero=zero),
+                                 STRATEGIES[strategy].on("deepspeed"), world)
+
+    assert buffers("zero2", reduce_bucket_size=500_000_000, overlap_comm=False).in_backward == 8_615_616_512
+    assert buffers("zero2", reduce_bucket_size=500_000_000).in_backward == 9_615_616_512
+    assert buffers("zero3", 8, reduce_bucket_size=500_000_000).persistent == 1_000_000_000
+    training = TrainingConfig(recipe="deepspeed", optimizer_impl="fused", zero={"sub_group_size": 200_000_000})
+    assert model_states(qwen7b, training, STRATEGIES["zero3"].on("deepspeed"), 8).step_temporary == 1_200_000_000
+    zero = {"reduce_bucket_size": 500_000_000, "overlap_comm": False, "sub_group_size": 200_000_000}
+    written = build_deepspeed(plan("Qwen/Qwen2.5-7B", "8xA100", strategy="zero3", recipe="deepspeed",
+                                   zero=zero))["zero_optimization"]
+    assert (written["reduce_bucket_size"], written["overlap_comm"], written["sub_group_size"]) == (
+        500_000_000, False, 200_000_000)
+
+
 def test_a_torch_recipe_on_deepspeed_keeps_the_zero_paper_accounting(qwen7b):
     """Only the deepspeed row carries DeepSpeed's facts: the torch recipe's plan is unchanged (one IPG
     bucket at rest, 2 x 12,845,056 B; the fused step allocates nothing)."""
@@ -142,3 +164,18 @@ def test_zero_flat_states_get_no_allocator_gap():
     assert mem.peak_moment == "optimizer_step" and mem.peak_allocated == 12 * 6_738_415_616
     assert abs(mem.reserved / (75.63 * 2**30) - 1) < 0.01
     assert p.candidates[0].fits
+
+
+def test_an_accelerate_export_plans_the_deepspeed_defaults_its_file_runs(qwen7b):
+    """accelerate's inline deepspeed_config carries no bucket size or overlap_comm, so DeepSpeed's defaults
+    run (reduce_bucket_size 5e8, overlap_comm off for ZeRO-2: profiles/zero_defaults.json) and the export
+    plans them: buf_0 alone, 2 x 500,000,000 B, beside the flat partition 2 x 951,952,064 B on 8 GPUs.
+    A DeepSpeed JSON writes the plan's own sizes (two buffers of 3584^2)."""
+    from advisor.export.formats import format_plan_options
+
+    def backward(fmt):
+        options = format_plan_options(fmt, {"recipe": "deepspeed"})
+        return _strategy_buffers(qwen7b, TrainingConfig(**options), STRATEGIES["zero2"].on("deepspeed"), 8).in_backward
+
+    assert backward("accelerate") == 1_000_000_000 + 1_903_904_128
+    assert backward("deepspeed-json") == 2 * 2 * BUCKET + 1_903_904_128

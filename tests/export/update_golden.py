@@ -16,6 +16,7 @@ sys.path.insert(0, str(HERE.parents[1]))
 from export_plans import PLANS, make_plan  # noqa: E402
 
 from advisor.export import FORMATS  # noqa: E402
+from advisor.export.formats import format_plan_options  # noqa: E402
 
 GOLDEN = HERE / "golden"
 SUFFIX = {"accelerate": "accelerate.yaml", "deepspeed-json": "ds_config.json", "torchrun": "torchrun.sh",
@@ -26,13 +27,14 @@ def golden_files() -> dict[Path, str]:
     """Golden path -> expected text, for every shared plan and every format."""
     files = {}
     for name, args in PLANS.items():
-        plans = {}  # each format is planned with its own recipe row, as `advisor export` plans it
+        plans = {}  # each format is planned with its own recipe row and ZeRO sizes, as `advisor export` plans it
         for fmt in FORMATS.values():
-            recipe = args.get("recipe", fmt.row.recipe)
+            options = format_plan_options(fmt.name, args)
+            key = (options["recipe"], options.get("zero"))
             try:
-                if recipe not in plans:
-                    plans[recipe] = make_plan(**{**args, "recipe": recipe})
-                files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plans[recipe], None)
+                if key not in plans:
+                    plans[key] = make_plan(**options)
+                files[GOLDEN / f"{name}.{SUFFIX[fmt.name]}"] = fmt.render(plans[key], None)
             except ValueError:  # a format that cannot write this plan (torchtitan: no DeepSpeed) has no golden file
                 assert fmt.name == "torchtitan" and args.get("engine") == "deepspeed", (name, fmt.name)
     return files

@@ -104,6 +104,9 @@ class Recipe(BaseModel):
     zero_grad: ZeroGrad = Field(default="before_forward", description="When the loop frees the previous step's "
                                 "gradients: before the forward (after the optimizer step, or first thing in the "
                                 "step), or only before the backward, so they live through the forward and the loss.")
+    autocast_cache: bool = Field(default=True, description="Its autocast keeps the bf16 copy of each weight that "
+                                 "requires grad until the autocast region ends (torch.autocast's default "
+                                 "cache_enabled=True); False: a copy lives only where autograd saved it.")
 
     def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
         return hash(self.name)
@@ -113,6 +116,8 @@ class Recipe(BaseModel):
         missing = [fact for fact in _FACTS if not self.sources.get(fact)]
         if self.zero_grad != "before_forward" and not self.sources.get("zero_grad"):
             missing.append("zero_grad")
+        if not self.autocast_cache and not self.sources.get("autocast_cache"):
+            missing.append("autocast_cache")
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")
         if self.engine not in self.engines:

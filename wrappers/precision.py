@@ -48,10 +48,14 @@ def precision_named(param_dtype: torch.dtype, compute_dtype: torch.dtype | None)
     raise ValueError(f"no precision stores parameters in {param_dtype} and autocasts to {compute_dtype}")
 
 
-def autocast_context(precision: Precision, device_type: str) -> contextlib.AbstractContextManager:
-    """``torch.autocast(device_type, dtype)`` for a mixed precision, else ``contextlib.nullcontext()``."""
+def autocast_context(precision: Precision, device_type: str, *, cache_enabled: bool = True
+                     ) -> contextlib.AbstractContextManager:
+    """``torch.autocast(device_type, dtype)`` for a mixed precision, else ``contextlib.nullcontext()``;
+    ``cache_enabled=False`` as Lightning's precision plugin enters it (its recipe's ``autocast_cache``)."""
     compute = precision_dtypes(precision).compute_dtype
-    return contextlib.nullcontext() if compute is None else torch.autocast(device_type, dtype=compute)
+    if compute is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=compute, cache_enabled=cache_enabled)
 
 
 class _AutocastHooks:

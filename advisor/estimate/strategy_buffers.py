@@ -124,6 +124,8 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
     else:
         forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
                                                                    layer, checkpointing)
+    if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
+        forward_end = at_loss
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
                            at_backward_end=backward_end, grads_at_backward_end=grads_end)
 

@@ -383,21 +383,29 @@ def _mesh_outside_fake_mode() -> Any:
 
 def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,
              labels: Any = None) -> Callable:
-    """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True)."""
+    """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True); a recipe whose loop frees the
+    gradients only before the backward (``zero_grad: before_backward``, Lightning's closure) runs
+    forward, zero_grad, backward, step, so the previous step's gradients live through the forward."""
     from wrappers.recipe import autocast_context
+
+    late_zero_grad = training.recipe.zero_grad == "before_backward"
 
     def step(mark: Callable[[str], None] | None) -> None:
         mark = mark or (lambda phase: None)
         # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
-        cast = contextlib.nullcontext() if impl.shard_params else autocast_context(training.precision, "cpu")
+        cast = contextlib.nullcontext() if impl.shard_params else autocast_context(
+            training.precision, "cpu", cache_enabled=training.recipe.autocast_cache)
         with cast:
             loss = net(input_ids=ids, labels=ids if labels is None else labels).loss
         mark("forward")
+        if late_zero_grad:
+            opt.zero_grad(set_to_none=True)
         loss.backward()
         del loss
         mark("backward")
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        if not late_zero_grad:
+            opt.zero_grad(set_to_none=True)
         mark("optimizer_step")
 
     return step

@@ -104,6 +104,12 @@ class Recipe(BaseModel):
     zero_grad: ZeroGrad = Field(default="before_forward", description="When the loop frees the previous step's "
                                 "gradients: before the forward (after the optimizer step, or first thing in the "
                                 "step), or only before the backward, so they live through the forward and the loss.")
+    tp_sequence_parallel: bool = Field(default=False, description="Its tensor parallelism shards the norms and the "
+                                       "residual stream along the sequence (Korthikanti et al. 2022); False: the "
+                                       "norms and block inputs are whole on every TP rank (transformers' TP plans).")
+    tp_loss_parallel: bool = Field(default=False, description="Its TP head keeps the logits vocabulary-sharded into "
+                                   "a vocabulary-parallel cross-entropy; False: gathered over the vocabulary "
+                                   "(transformers' colwise_gather_output head).")
     autocast_cache: bool = Field(default=True, description="Its autocast keeps the bf16 copy of each weight that "
                                  "requires grad until the autocast region ends (torch.autocast's default "
                                  "cache_enabled=True); False: a copy lives only where autograd saved it.")
@@ -118,6 +124,8 @@ class Recipe(BaseModel):
             missing.append("zero_grad")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
+        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel")
+                    if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")
         if self.engine not in self.engines:

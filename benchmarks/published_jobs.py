@@ -13,10 +13,10 @@ For each job, three questions (issue 19, "Must show"):
 (c) speed: where a speed was published (or derived from a published time), our estimated tokens/s per
     GPU of that recommendation must not be below it (the ratio is reported).
 
-The recipe column (torch / trainer / lightning / torchtitan / deepspeed) and the optimizer implementation
-are recorded in the JSON for the planner's recipe table; ``TrainingConfig`` on this branch has neither field,
-so every job is planned with the default recipe and the recipe is only printed. Models the resolver
-cannot read are skipped with the reason printed.
+Each job is planned with the recipe of the stack that ran it (torch / trainer / lightning / torchtitan /
+deepspeed: ``profiles/recipes.json``) and its optimizer implementation where the source states one, pinned
+and unpinned alike: torchtitan's TP meshes run sequence parallelism and a vocabulary-parallel loss, a
+Trainer job steps fused AdamW. Models the resolver cannot read are skipped with the reason printed.
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ def hardware_of(job: Job) -> Hardware:
 
 def _fixed(job: Job) -> dict:
     """What the user fixes: the mathematics of the job (unpinned plans keep only these)."""
-    options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer)
+    options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=job.recipe,
+                   engine=job.engine)
+    if job.optimizer_impl is not None:
+        options["optimizer_impl"] = job.optimizer_impl
     if job.lora is not None:
         targets = job.lora.targets if isinstance(job.lora.targets, str) else tuple(job.lora.targets)
         options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)
@@ -138,7 +141,7 @@ def plan_pinned(job: Job):
     a global batch that data parallelism alone cannot split makes advisor.plan raise KeyError('zero3') in
     loss_notes (advisor.planning.notes; no data-parallel candidates to choose from; reported in benchmarks/results/published_jobs.md)."""
     fixed = {k: v for k, v in _fixed(job).items() if k != "global_batch_size"}
-    options = dict(fixed, micro_batch_size=job.micro_batch_size, loss=job.loss, engine=job.engine,
+    options = dict(fixed, micro_batch_size=job.micro_batch_size, loss=job.loss,
                    activation_checkpointing=job.activation_checkpointing)
     mesh = dict(tp=job.tp if job.tp > 1 else None, cp=job.cp if job.cp > 1 else None)
     return advisor.plan(job.model, hardware_of(job), strategy=job.strategy, **mesh, **options)
@@ -251,8 +254,8 @@ def _markdown(table: list[dict], verdicts: list[Verdict], line: str) -> str:
              "(every job cited there). fits: the published setup, pinned, at the default margin (GiB: our total / "
              "the GPU's memory). recommended: the unpinned plan (strategy, micro-batch, checkpointing: sac selective, "
              "ac full). pinned_tok_s_gpu: our tokens/s per GPU of the published setup itself (where it fits). offload_ok: the recommendation does not offload where the job did not (or the job offloaded). "
-             "ratio: our estimated tokens/s per GPU of the recommendation over the published one. Recipes are recorded, "
-             "not yet planned with (every job uses the default recipe).", "",
+             "ratio: our estimated tokens/s per GPU of the recommendation over the published one. Every job is planned "
+             "with its recipe row (profiles/recipes.json) and stated optimizer implementation.", "",
              f"**{line}**", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[k]) for k in head) + " |" for r in table]

@@ -22,10 +22,6 @@ from advisor.model.sources import resolve  # noqa: E402
 
 PANEL = published_jobs.load_panel()
 KNOWN_MISFITS = {
-    "torchtitan-70b-fsdp32-tp8": "the planner's tp meshes keep full logits and unsharded block inputs (398 GiB); "
-                                 "torchtitan runs loss_parallel and sequence parallelism, which the estimator has "
-                                 "(loss_parallel=, sequence_parallel=) but advisor.plan never passes",
-    "torchtitan-405b-fsdp16-tp8": "as torchtitan-70b-fsdp32-tp8 (140 GiB)",
     "torchtune-8b-full-4090": "paged 8-bit AdamW with optimizer_in_bwd: the state pages to CPU memory, which no "
                               "strategy models (67 GiB on a 24 GB card)",
     "litgpt-mistral-7b-lora-a10g": "peak allocated within 2% of the published 20.66 GB, but the calibrated allocator "

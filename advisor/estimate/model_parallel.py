@@ -15,8 +15,8 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   they shard parameters like data-parallel ranks); ``dp_replicate`` replicas hold copies (HSDP).
   Gradients and optimizer state follow the parameters.
 - Activations. Inside a block the attention heads and the MLP's inner width are split by ``tp``.
-  Without sequence parallelism (``sequence_parallel=False``, the default: transformers' TP plans,
-  hence ``wrap()`` and the exported configs, have none) the norms, the residual stream and the
+  Without sequence parallelism (``sequence_parallel=False``, every recipe but torchtitan's:
+  transformers' TP plans, hence ``wrap()`` and the accelerate/Trainer configs, have none) the norms, the residual stream and the
   inputs of the column-parallel linears are whole on every TP rank, as at tp 1. With it
   (torchtitan, Korthikanti et al. 2022, section 4.2.2) the norms and the residual stream between
   blocks are split along the sequence; what stays whole is the input of the column-parallel
@@ -47,8 +47,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
 - Loss. The logits are gathered over the vocabulary: transformers' TP plans write the head as
   ``colwise_gather_output`` (``LlamaForCausalLM._tp_plan``), so each rank holds its tokens' full
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
-  run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it
-  (the published torchtitan anchors use it; the planner does not, since the exports run HF models).
+  run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it, and
+  by default the recipe decides (``Recipe.tp_loss_parallel``, with ``tp_sequence_parallel``: the
+  torchtitan row runs both, the stacks on transformers' TP plans neither).
 - Ring attention (torch ``context_parallel``, torch/distributed/tensor/experimental/_attention.py,
   ``_templated_ring_attention``): each step computes on one key/value chunk while the next one is
   received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value
@@ -150,12 +151,18 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
 
 
 def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
-                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool = False,
-                     sequence_parallel: bool = False) -> ActivationEstimate:
+                     micro_batch_size: int, checkpointing: bool, loss_parallel: bool | None = None,
+                     sequence_parallel: bool | None = None) -> ActivationEstimate:
     """One rank's activations: the decoder count for its heads and MLP width (``tp``) and its tokens
     (``cp``), less, under sequence parallelism, the shards of the norms and block inputs (module
     docstring); without it (what ``wrap()`` runs) those stay whole on every TP rank. Image tokens are
-    part of the sequence; the vision tower's activations are whole on every rank (module docstring)."""
+    part of the sequence; the vision tower's activations are whole on every rank (module docstring).
+    ``loss_parallel`` / ``sequence_parallel`` None: as the recipe's TP runs (``tp_loss_parallel``,
+    ``tp_sequence_parallel``: torchtitan's row, where the other stacks run transformers' TP plans)."""
+    if loss_parallel is None:
+        loss_parallel = training.recipe.tp_loss_parallel
+    if sequence_parallel is None:
+        sequence_parallel = training.recipe.tp_sequence_parallel
     shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
     tp = mesh.tp
     rank_len = _rank_seq_len(spec, training, mesh)
@@ -209,7 +216,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
 
 def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                          mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
-                         loss_parallel: bool = False, sequence_parallel: bool = False) -> MemoryBreakdown:
+                         loss_parallel: bool | None = None, sequence_parallel: bool | None = None) -> MemoryBreakdown:
     """The worst rank's peak on ``mesh`` (module docstring); the moments of ``memory_at_moments``."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
     check_mesh_support(spec, training, impl, mesh)

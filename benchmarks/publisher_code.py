@@ -1,8 +1,10 @@
 """What a publisher's training code held beyond the recipe the planner models, added per case of
-``profiles/published_memory.json`` (its ``publisher_code`` list) to the estimate at each of the four
-moments of the step (``benchmarks/published_memory.py``). Never in the planner: each is a setting of
-that code or of the library version it pinned; today's transformers + PEFT + bitsandbytes >= 0.43.2
-recipe does none of them. Sources (repository, path, commit) in the JSON's ``publisher_code`` key.
+``profiles/published_memory.json`` (its ``publisher_code`` list) to the estimate at each moment of the
+step (``benchmarks/published_memory.py``). Never in the planner: each is a setting of that code or of the
+library version it pinned; today's transformers + PEFT + bitsandbytes >= 0.43.2 recipe does none of them
+(FSDP1's ``no_sync`` gradients remain in today's Lightning Fabric ``FSDPStrategy``, which litgpt's full
+fine-tune still runs; not in our ``lightning`` recipe). Sources (repository, path, commit, line) in the
+JSON's ``publisher_code`` key.
 
 - ``litgpt_untied_head``: litgpt's checkpoint conversion copies a tied embedding into its own
   ``lm_head.weight``, so a tied model holds a second V x C matrix (bf16, or 4-bit with the next one).
@@ -20,6 +22,19 @@ recipe does none of them. Sources (repository, path, commit) in the JSON's ``pub
   final norm's output (the head chunks are views of it); LoRA dropout gives the adapters their own
   copies, so nothing else saves these. This iteration's are held from the forward through the step,
   the previous iteration's until the forward returns (assumed padded to the same length).
+- ``lightning_fsdp1_no_sync``: Lightning 2.1 Fabric's ``FSDPStrategy`` is FSDP1 with
+  ``use_orig_params=True``, and litgpt's LoRA loop wraps every micro-step but the last of its
+  accumulation (128 / micro-batch of them) in ``fabric.no_backward_sync``, which is FSDP1's
+  ``no_sync()``. Each Block is one ``FlatParameter`` holding its frozen base and its adapters, so the
+  flat parameter requires a gradient and autograd returns the gradient of the whole unit: every view's
+  gradient (the frozen weights' too), concatenated by ``torch.split``'s backward into a new tensor of
+  the unit's size, in the parameter dtype (bf16-true: bf16). Under ``no_sync`` that unsharded gradient
+  is kept in ``.grad`` and accumulated in place until the synchronising micro-step reduce-scatters it,
+  so from the second micro-step on every block's whole unsharded gradient is held (Llama-2-7B: 32 x
+  202,514,432 x 2 bytes = 12.96 GB a rank), and a block's backward ends with its views' gradients and
+  their concatenation beside them (2 x 405 MB) once its recomputed activations are gone; in its MLP the
+  frozen down projection's weight gradient is already there. After the synchronising micro-step the
+  optimizer sees each unit's sharded flat gradient, the frozen part included.
 """
 
 from __future__ import annotations
@@ -30,7 +45,9 @@ from advisor.training import TrainingConfig
 from advisor.units import GIB
 
 MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
-KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input"}
+FSDP1_NO_SYNC = "lightning_fsdp1_no_sync"
+KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input",
+         FSDP1_NO_SYNC}
 
 
 def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
@@ -48,12 +65,58 @@ def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previo
     inputs left out (a short batch before the longest). ValueError for a name this module does not
     know or a combination it does not model."""
     rest, head_dq, block_dq, kept = parts(case, spec, training)
-    return {
+    extra = {
         # this iteration's kept inputs and the previous one's (freed when `logits` is rebound); last head chunk
         "end_of_forward": rest + (2 if previous_iteration else 1) * kept + head_dq,
         "loss_backward": rest + kept + head_dq,  # the head chunks' backward dequantise again
         "block_backward": rest + kept + block_dq,
         "optimizer_step": rest + kept,  # the graph lives on through the step (``logits``)
+    }
+    if FSDP1_NO_SYNC in case.get("publisher_code", []):
+        for name, value in fsdp1_no_sync_bytes(case, spec, training).items():
+            extra[name] = extra.get(name, 0) + value
+    return extra
+
+
+def fsdp1_no_sync_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """``lightning_fsdp1_no_sync`` (module docstring) at each moment of an accumulating micro-step, beyond
+    the FSDP2 zero3 estimate of the same job (which already counts the sharded parameters, the unsharded
+    root, the block in backward and the one being gathered, as FSDP1 with ``limit_all_gathers`` and
+    backward prefetch holds them), and at the step that follows the synchronising one. ValueError where
+    the case is not a LoRA of the blocks under zero3 with every block checkpointed, in one dtype."""
+    from advisor.estimate.memory import _activations  # the recomputed block the split moment frees
+    from advisor.estimate.strategy_buffers import _block_params
+    from advisor.strategies import get_strategy
+
+    if (case["strategy"] != "zero3" or case["activation_checkpointing"] != "on" or training.lora is None
+            or training.quantize is not None or training.mixed):
+        raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled for a bf16-true/fp32-true LoRA under zero3 "
+                         "with every block checkpointed")
+    layer, n_layers, _ = _block_params(spec)
+    if spec.trainable_params > layer * n_layers:
+        raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled with every trainable parameter in the blocks")
+    world = 1
+    for count in case["gpus"].split("x")[:-1]:
+        world *= int(count)
+    pb = training.param_bytes
+    unit = pb * layer  # one Block's unsharded flat gradient, frozen base included
+    held = n_layers * unit  # every Block's, accumulated over the previous micro-steps
+    # The estimate's gradients of one block's adapters and their reduce-scatter input (strategy_buffers: (ub +
+    # reduce_b) x a block's trainable parameters, both the param dtype here); under no_sync there is neither.
+    counted = 2 * pb * -(-spec.trainable_params // n_layers)
+    acts = _activations(spec, training, get_strategy("zero3").on("torch"),
+                        micro_batch_size=case["micro_batch_size"], checkpointing=True)
+    # The block's backward: in its MLP the frozen down projection's weight gradient (the first computed), or
+    # at its end every view's gradient and their concatenation, its recomputed activations freed.
+    in_mlp = pb * (spec.intermediate_size or 0) * (spec.hidden_size or 0)
+    at_split = 2 * unit - acts.recompute_bytes - acts.backward_temp_bytes - counted
+    shards = -(-pb * spec.trainable_params // world)  # what the estimate holds as gradient shards
+    return {
+        "start_of_forward": held, "end_of_forward": held, "loss_backward": held,
+        "block_backward": held + max(in_mlp, at_split),
+        "end_of_backward": held - shards,
+        # after the synchronising micro-step: each unit's sharded flat gradient, the frozen part included
+        "optimizer_step": n_layers * unit // world - shards,
     }
 
 
@@ -113,7 +176,7 @@ def breakdown(case: dict) -> dict:
     quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != "bnb_ctx_keeps_input"]}
     return dict(id=case["id"], published=pm.published_bytes(case) / GIB, before=max(moments.values()) / GIB,
                 rest=rest / GIB, head_dq=head_dq / GIB, kept=kept / GIB, after=peak(extra),
-                moment=max(moments, key=lambda name: moments[name] + extra[name]),
+                moment=max(moments, key=lambda name: moments[name] + extra.get(name, 0)),
                 one_iteration=peak(extra_bytes(case, spec, training, previous_iteration=False)),
                 without_kept=peak(extra_bytes(quiet, spec, training)))
 
@@ -126,6 +189,8 @@ def main() -> None:
     from profiles import PROFILES_DIR
 
     cases = [c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"] if c.get("publisher_code")]
+    fsdp1 = [c for c in cases if FSDP1_NO_SYNC in c["publisher_code"]]
+    cases = [c for c in cases if c not in fsdp1]
     print("| case | published | estimate before | gap | head at rest | head dequantised | kept inputs / iteration "
           "| after (winning moment) | error before -> after | kept: this iteration only | no kept inputs |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
@@ -135,6 +200,20 @@ def main() -> None:
         print(f"| {r['id']} | {r['published']:.2f} | {r['before']:.2f} | {r['published'] - r['before']:+.2f} | {r['rest']:+.2f} | "
               f"{r['head_dq']:.2f} | {r['kept']:.2f} | {r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} | "
               f"{err(r['one_iteration'])} | {err(r['without_kept'])} |")
+    if fsdp1:
+        print()
+        print("| case | published | estimate before (moment) | unsharded flat gradients held "
+              "| block's backward beyond them | after (winning moment) | error before -> after |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for case in fsdp1:
+        r = breakdown(case)
+        plan = __import__("published_memory").plan_of(case)
+        moments = plan.candidate(case["strategy"]).memory_bytes.moments
+        extra = fsdp1_no_sync_bytes(case, plan.model, plan.training)
+        err = lambda v: f"{100 * (v - r['published']) / r['published']:+.1f}%"  # noqa: E731
+        print(f"| {r['id']} | {r['published']:.2f} | {r['before']:.2f} ({max(moments, key=moments.get)}) | "
+              f"{extra['loss_backward'] / GIB:.2f} | {(extra['block_backward'] - extra['loss_backward']) / GIB:+.2f} | "
+              f"{r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} |")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,11 @@ Why the CPU, and what differs from a GPU:
   on fake ``cpu`` tensors.
 - SDPA: the CPU picks its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) as CUDA
   picks flash: it saves q, k, v, the output and an fp32 log-sum-exp, natively for GQA. Attention
-  dropout would send the CPU to the math kernel, so it is set to 0 (``sim_model``).
+  dropout would send the CPU to the math kernel, so it is set to 0 (``model.simulation_config``).
 - Dropout: the CPU saves a noise tensor in the input's dtype, CUDA's fused kernel a bool mask;
   the simulation runs the fused op (``torch.native_dropout``) as CUDA does.
 - Autocast's fp32 list differs: CUDA runs ``pow``, ``softmax``, ``layer_norm``, ``exp``... in fp32,
-  the CPU does not. ``sim_autocast`` gives CPU autocast CUDA's fp32 policy during the simulation.
+  the CPU does not. ``autocast.cuda_fp32_policy`` gives CPU autocast CUDA's fp32 policy during the simulation.
 - Two gradients meeting at one node (a tied embedding's, from the head and from the embedding; the
   residual stream's branches) are summed out of place: autograd adds in place into the first only
   for a plain tensor it holds the last reference to (torch/csrc/autograd/input_buffer.cpp
@@ -37,6 +37,9 @@ Why the CPU, and what differs from a GPU:
   buckets (one copy of the trainable gradients, ``gradient_as_bucket_view=False``) are added to
   ``temporary`` by arithmetic; ``notes`` says so. One rank runs the plain model (``wrappers.recipe``
   applies no DDP to a one-rank group, as accelerate and Lightning do not): no buckets.
+
+The stand-ins themselves are in ``advisor.simulate.fake_env``, the tracker's reading in
+``advisor.simulate.measure``, building the model and its optimizer in ``advisor.simulate.model``.
 
 Imports torch; the planning path never imports this module.
 """

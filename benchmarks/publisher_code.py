@@ -39,7 +39,7 @@ JSON's ``publisher_code`` key.
 
 from __future__ import annotations
 
-from advisor.estimate.quantized import _linear_bytes, quantized_base
+from advisor.estimate.quantized import quantized_base, quantized_linear_bytes
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -144,7 +144,7 @@ def parts(case: dict, spec: ModelSpec, training: TrainingConfig) -> tuple[int, i
     dequantized = cb  # bytes per weight while a 4-bit linear is dequantised
     head_dq = 0
     if quantized and "lightning_bnb_every_linear" in names:
-        packed, constants = _linear_bytes(hidden, vocab, training.quantize, double_quant=training.double_quant)
+        packed, constants = quantized_linear_bytes(hidden, vocab, training.quantize, double_quant=training.double_quant)
         rest = packed + constants - counted
         if "lightning_fp16_quant_state" in names:
             dequantized = 2 + cb  # fp16 dequantize_4bit output, then its bf16 .to(A.dtype) copy

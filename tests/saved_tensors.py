@@ -1,6 +1,6 @@
 """One way to measure activations for the per-block tests: the bytes of distinct storages autograd
 saves in one training forward, parameters excluded, with CUDA's dropout emulated on the CPU as the
-simulator runs it (``advisor.simulate.step.cuda_dropout``)."""
+simulator runs it (``advisor.simulate.fake_env.cuda_dropout``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from advisor.simulate.step import cuda_dropout
+from advisor.simulate.fake_env import cuda_dropout
 
 
 def saved_forward_bytes(model: torch.nn.Module, *, autocast: bool = False, **inputs) -> int:

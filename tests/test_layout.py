@@ -8,6 +8,7 @@
   imports the simulator or the CLI.
 - Inside ``advisor`` every import, lazy ones included, points down ``LAYERS`` (or stays inside its
   own layer); imports under ``if TYPE_CHECKING:`` are annotations, not edges.
+- No module of ``advisor`` or ``wrappers`` imports a private (``_name``) name of another project module.
 """
 
 from __future__ import annotations
@@ -118,6 +119,62 @@ def test_a_planted_back_edge_is_found():
     assert back_edges({"advisor.estimate.memory": names}) == [("advisor.estimate.memory", "advisor.planning.api")]
     assert back_edges({"advisor.calibration": {"advisor.estimate.error_bars"}}) == [
         ("advisor.calibration", "advisor.estimate.error_bars")]
+
+
+PROJECT = ("advisor", "wrappers", "profiles", "benchmarks", "tests")
+
+
+def _absolute(module: str, node: ast.ImportFrom, *, package: bool) -> str:
+    """The module an ``ImportFrom`` in ``module`` names, relative imports resolved (``package``: ``module``
+    is a package's ``__init__``, so one dot is the module itself)."""
+    if node.level == 0:
+        return node.module or ""
+    base = module.split(".") if package else module.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def private_imports(tree: ast.AST, module: str, *, package: bool = False) -> list[str]:
+    """``module.name`` for each name starting with one underscore that ``tree`` (the source of ``module``)
+    imports from a module of this project: absolute or relative, at any depth (lazy imports inside
+    functions, and ``TYPE_CHECKING`` ones, included). What is imported counts, not the local alias."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _absolute(module, node, package=package)
+            if _top(source) in PROJECT:
+                found += [f"{source}.{alias.name}" for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name another module needs is public there (documented) or lives in the module it belongs to
+    (issue 22 item 5: ``_strategy_buffers``, ``_recipe_dtypes``, ``_RING_FACTOR``, the simulator's
+    fake-tensor helpers were imported across modules)."""
+    offenders = [f"{p.relative_to(ROOT)}: {name}" for p in _files("advisor", "wrappers")
+                 for name in private_imports(ast.parse(p.read_text()), _module_name(p),
+                                             package=p.name == "__init__.py")]
+    assert offenders == [], offenders
+
+
+def test_a_planted_private_import_is_found():
+    """The check itself: absolute, relative and lazy imports of a private name are reported; a public name
+    under a private alias, a dunder and a third-party private module are not."""
+    planted = ast.parse(
+        "from advisor.estimate.step_time import GB, _Traffic\n"
+        "from advisor.model.config_keys import config_value as _get\n"
+        "from wrappers import __version__\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "def f():\n"
+        "    from .memory import _recipe_dtypes\n"
+        "    from ..simulate.step import _fake_mode\n"
+        "    from . import _private_module\n")
+    assert private_imports(planted, "advisor.estimate.mesh_time") == [
+        "advisor.estimate.step_time._Traffic", "advisor.estimate.memory._recipe_dtypes",
+        "advisor.simulate.step._fake_mode", "advisor.estimate._private_module"]
+    assert private_imports(ast.parse("from .x import _y\n"), "advisor.simulate", package=True) == [
+        "advisor.simulate.x._y"]
 
 
 def test_advisor_reaches_wrappers_only_from_the_simulator():

@@ -51,7 +51,8 @@ def _group_size(group: dist.ProcessGroup | None) -> int:
     return group.size() if group is not None else dist.get_world_size()
 
 
-def _fsdp_problems(model: nn.Module, impl: Implementation, world_size: int, compute: torch.dtype | None) -> list[str]:
+def fsdp_problems(model: nn.Module, impl: Implementation, world_size: int, compute: torch.dtype | None) -> list[str]:
+    """What differs from FSDP2 as ``impl`` applies it over ``world_size`` ranks (empty: nothing)."""
     if not isinstance(model, FSDPModule):
         return [f"the model is a {type(model).__name__}, not sharded with FSDP2 fully_shard"]
     problems = []
@@ -110,7 +111,7 @@ def verify_applied(model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
         if world_size > 1:
             problems.append("the model was left unwrapped, so nothing synchronises the ranks")
     elif not problems:  # a wrong group makes the wrapping checks below meaningless
-        problems += (_fsdp_problems(model, impl, world_size, dtypes.compute_dtype) if impl.shard_params
+        problems += (fsdp_problems(model, impl, world_size, dtypes.compute_dtype) if impl.shard_params
                      else _replicated_problems(model, optimizer, impl, world_size, dtypes.compute_dtype))
     stored = {p.dtype for p in model.parameters() if p.is_floating_point()}
     if stored - {dtypes.param_dtype}:

@@ -72,9 +72,9 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
 
 def _gpus(merged: dict[str, Any]) -> str:
     if merged.get("gpus") is None:
-        from advisor.cli.options import _local_gpus
+        from advisor.cli.options import require_local_gpus
 
-        merged["gpus"] = _local_gpus()
+        merged["gpus"] = require_local_gpus()
     return merged["gpus"]
 
 

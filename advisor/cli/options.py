@@ -174,7 +174,7 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
     kwargs: dict[str, Any] = {
         "model": model if model is not None else _size_spec(params),
-        "gpus": options.get("gpus") or (_local_gpus() if need_gpus else None),
+        "gpus": options.get("gpus") or (require_local_gpus() if need_gpus else None),
         "nodes": options.get("nodes"),
         "interconnect": options.get("interconnect"),
         "trainable_params": options.get("trainable_params"),
@@ -267,7 +267,8 @@ def _lora(options: dict[str, Any]) -> Any:
     return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0)
 
 
-def _local_gpus() -> str:
+def require_local_gpus() -> str:
+    """The ``--gpus`` default: this machine's GPUs (said on stderr), or a usage error when it has none."""
     from advisor.hardware.local_gpus import detect_local_gpus
 
     detected = detect_local_gpus()

@@ -158,7 +158,7 @@ def _with_range(total: int, memory_range) -> str:
     return f"{gib(total)} ({memory_range.low / GIB:.1f}-{memory_range.high / GIB:.1f})"
 
 
-def _timing_cells(step) -> tuple[str, str, str, str, str]:
+def timing_cells(step) -> tuple[str, str, str, str, str]:
     """Step time, global tokens/s, MFU, and the shares of the step in exposed collectives and in offload."""
     if step is None:
         return "-", "-", "-", "-", "-"
@@ -170,7 +170,7 @@ def _timing_cells(step) -> tuple[str, str, str, str, str]:
 
 def _columns(plan, layout: _Layout) -> list[_Column]:
     longest = plan.longest_seq_len or {}
-    timing = lambda i: lambda c: _timing_cells(c.step_time)[i]  # noqa: E731
+    timing = lambda i: lambda c: timing_cells(c.step_time)[i]  # noqa: E731
     peak = ((lambda c: _with_range(c.memory_bytes.total, c.memory_range)) if layout.peak_range
             else (lambda c: gib(c.memory_bytes.total)))
     columns = [

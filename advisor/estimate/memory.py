@@ -62,7 +62,7 @@ from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
-from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers, block_backward_buffers
+from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import validated_copy
 from advisor.model.lora import adapter_inputs, dora_outputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
@@ -163,7 +163,7 @@ class MemoryBreakdown(BaseModel):
         return self.states_params + self.states_grads + self.states_optimizer
 
 
-def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
+def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     """Residual/compute widths under the engine's recipe (see module docstring)."""
     if training.precision == "fp32":
         return Dtypes(residual=4, compute=4, input_casts=False, buffer=4)
@@ -176,12 +176,9 @@ def _recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 
-recipe_dtypes = _recipe_dtypes  # public name for the planner's tracing edge (advisor.planning.api)
-
-
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
                  checkpointing: bool) -> ActivationEstimate:
-    dtypes = _recipe_dtypes(training, impl)
+    dtypes = recipe_dtypes(training, impl)
     # A traced profile of this recipe and shape (families without a formula) replaces the formula.
     profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
     if profile is not None and spec.num_layers:
@@ -259,7 +256,7 @@ def estimate_memory(
     world = hardware.world_size
     states = model_states(spec, training, impl, world)
     acts = _activations(spec, training, impl, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-    buffers = _strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
+    buffers = estimate_strategy_buffers(spec, training, impl, world, checkpointing=checkpointing)
     buffers = block_backward_buffers(spec, training, impl, world, buffers, checkpointing=checkpointing)
     dequantized = 0  # --quantize: packed base weights, their buffers, one dequantised linear in backward
     if training.quantize is not None:
@@ -272,7 +269,7 @@ def estimate_memory(
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
     tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
     kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
-                           dt=_recipe_dtypes(training, impl))
+                           dt=recipe_dtypes(training, impl))
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, loss_kept=kept)
 

@@ -33,8 +33,8 @@ import math
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
-from advisor.estimate.step_time import (GB, TFLOPS, Collective, StepTime, _RING_FACTOR, _Traffic, _exposed, _total,
-                                        count_flops, peak_tflops)
+from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
+                                        peak_tflops)
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.mesh import ParallelDims
@@ -53,7 +53,7 @@ def group_collective_s(op: Collective, nbytes: float, hw: Hardware, eff: Efficie
     g, comm = hw.gpus_per_node, eff.communication
     per_node = max(1, min(size, g // stride)) if stride < g else 1
     nodes = math.ceil(size / per_node)
-    factor = _RING_FACTOR[op]
+    factor = RING_FACTOR[op]
     intra = hw.intra_node_link
     seconds = 0.0
     if per_node > 1:
@@ -69,8 +69,8 @@ def group_collective_s(op: Collective, nbytes: float, hw: Hardware, eff: Efficie
     return seconds
 
 
-def _tp_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, mesh: ParallelDims, *,
-          micro_batch_size: int, checkpointing: bool) -> float:
+def tp_comm_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, mesh: ParallelDims, *,
+              micro_batch_size: int, checkpointing: bool) -> float:
     """Sequence-parallel all-gathers and reduce-scatters of one micro-batch, all blocks."""
     if mesh.tp == 1:
         return 0.0
@@ -84,8 +84,8 @@ def _tp_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: Efficien
     return passes * shape.num_layers * one
 
 
-def _ring_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, mesh: ParallelDims, *,
-            micro_batch_size: int, attention_s: float, checkpointing: bool) -> tuple[float, float]:
+def cp_ring_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, mesh: ParallelDims, *,
+              micro_batch_size: int, attention_s: float, checkpointing: bool) -> tuple[float, float]:
     """(all ring traffic, its part not hidden under attention) of one micro-batch, all blocks."""
     if mesh.cp == 1:
         return 0.0, 0.0
@@ -102,7 +102,7 @@ def _ring_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: Effici
 
 
 def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
-                  eff: EfficiencyProfile, mesh: ParallelDims) -> _Traffic:
+                  eff: EfficiencyProfile, mesh: ParallelDims) -> Traffic:
     local = tp_rank_spec(spec, mesh.tp)
     gather = training.compute_bytes
     grad = training.param_bytes
@@ -121,7 +121,7 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
         shard = grad * local.total_params / size
         last = group_collective_s("all_reduce", shard, hw, eff, size=mesh.dp_replicate,
                                   stride=size * mesh.tp, count=1)
-    return _Traffic(fwd=forward, bwd=backward, last_bwd=last)
+    return Traffic(fwd=forward, bwd=backward, last_bwd=last)
 
 
 def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
@@ -143,12 +143,12 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     fwd_s, bwd_s = flops.forward / split / rate, (flops.backward + flops.recompute) / split / rate
     attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
-    tp_s = _tp_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-    ring_s, ring_exposed = _ring_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size,
-                                   attention_s=attention_s, checkpointing=checkpointing)
+    tp_s = tp_comm_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
+    ring_s, ring_exposed = cp_ring_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size,
+                                     attention_s=attention_s, checkpointing=checkpointing)
     fsdp = _fsdp_traffic(spec, hardware, training, impl, eff, mesh)
     overlap = eff.communication.overlap_fraction
-    comm_exposed = (_exposed(fsdp, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
+    comm_exposed = (fsdp.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
                     + accumulation * (tp_s + ring_exposed))
     local = tp_rank_spec(spec, mesh.tp)
     cost = eff.optimizer_step
@@ -162,7 +162,7 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(
-        compute_s=compute, communication_s=_total(fsdp, accumulation) + accumulation * (tp_s + ring_s),
+        compute_s=compute, communication_s=fsdp.total_s(accumulation) + accumulation * (tp_s + ring_s),
         exposed_communication_s=comm_exposed, offload_s=0.0, exposed_offload_s=0.0, optimizer_s=optimizer,
         step_s=step, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
         world_size=hardware.world_size, tokens_per_gpu=tokens_gpu,

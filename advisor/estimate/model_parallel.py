@@ -65,9 +65,9 @@ from __future__ import annotations
 import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
-from advisor.estimate.memory import (FP32, MemoryBreakdown, _recipe_dtypes, image_tokens, memory_at_moments,
-                                     model_states, vision_tower_bytes)
-from advisor.estimate.strategy_buffers import _block_params, _strategy_buffers, block_backward_buffers
+from advisor.estimate.memory import (FP32, MemoryBreakdown, image_tokens, memory_at_moments, model_states,
+                                     recipe_dtypes, vision_tower_bytes)
+from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
@@ -77,7 +77,8 @@ from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 
-def _ceil(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
+    """``a / b`` rounded up, in integers: one rank's share of ``a`` split ``b`` ways."""
     return -(-a // b)
 
 
@@ -109,9 +110,9 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     matrices and the (vocabulary-parallel) embedding and head divided by ``tp``, norms whole."""
     if tp == 1:
         return spec
-    layer, num_layers, outside = _block_params(spec)
+    layer, num_layers, outside = block_params(spec)
     norms = 2 * (spec.hidden_size or 0)  # two RMSNorm weights per block, replicated
-    layer_tp = _ceil(max(0, layer - norms), tp) + norms
+    layer_tp = ceil_div(max(0, layer - norms), tp) + norms
     embedding = spec.embedding_params or 0
     head = spec.head_params or 0
     # A tied embedding and head are one parameter, which wrappers.tensor_parallel leaves out of the
@@ -120,7 +121,7 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     other = max(0, outside - embedding - head)
 
     def split(params: int) -> int:
-        return _ceil(max(0, params - norms), tp) + norms
+        return ceil_div(max(0, params - norms), tp) + norms
 
     update: dict = {}
     saving = 0
@@ -132,11 +133,11 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
         blocks = tuple(split(b) for b in spec.hybrid.block_params)
         update["hybrid"] = validated_copy(spec.hybrid, dict(block_params=blocks))
         saving = len(blocks) * layer_tp - sum(blocks)
-    total = layer_tp * num_layers - saving + _ceil(embedding, vocab_tp) + _ceil(head, vocab_tp) + other
+    total = layer_tp * num_layers - saving + ceil_div(embedding, vocab_tp) + ceil_div(head, vocab_tp) + other
     return validated_copy(spec, dict(
         update, total_params=total, trainable_params=total, layer_params=layer_tp,
-        embedding_params=_ceil(embedding, vocab_tp) if spec.embedding_params is not None else None,
-        head_params=_ceil(head, vocab_tp) if spec.head_params is not None else None))
+        embedding_params=ceil_div(embedding, vocab_tp) if spec.embedding_params is not None else None,
+        head_params=ceil_div(head, vocab_tp) if spec.head_params is not None else None))
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,7 +148,7 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
         return shape
     return validated_copy(shape, dict(num_attention_heads=shape.num_attention_heads // tp,
                                         num_kv_heads=shape.num_kv_heads // tp,
-                                        intermediate_size=_ceil(shape.intermediate_size, tp)))
+                                        intermediate_size=ceil_div(shape.intermediate_size, tp)))
 
 
 def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
@@ -163,9 +164,9 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         loss_parallel = training.recipe.tp_loss_parallel
     if sequence_parallel is None:
         sequence_parallel = training.recipe.tp_sequence_parallel
-    shape, dt = _tp_shape(spec, 1), _recipe_dtypes(training, impl)
+    shape, dt = _tp_shape(spec, 1), recipe_dtypes(training, impl)
     tp = mesh.tp
-    rank_len = _rank_seq_len(spec, training, mesh)
+    rank_len = rank_seq_len(spec, training, mesh)
     tower = vision_tower_bytes(spec, training, dt, micro_batch_size=micro_batch_size)
     selective = checkpointing and training.activation_checkpointing == "selective"
     kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
@@ -173,17 +174,17 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
-                               loss_kernel=training.loss, selective=selective, kept_width=_ceil(kept, tp),
-                               kept_tail_width=_ceil(tail, tp),
+                               loss_kernel=training.loss, selective=selective, kept_width=ceil_div(kept, tp),
+                               kept_tail_width=ceil_div(tail, tp),
                                head_grads=tp == 1)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
         return est
     if loss_parallel:  # vocabulary-parallel cross-entropy: each rank keeps V/tp of every logit row
-        est = validated_copy(est, dict(logits_bytes=_ceil(est.logits_bytes, tp),
-                                         loss_transient_bytes=_ceil(est.loss_transient_bytes, tp),
-                                         returned_logits_bytes=_ceil(est.returned_logits_bytes, tp)))
+        est = validated_copy(est, dict(logits_bytes=ceil_div(est.logits_bytes, tp),
+                                         loss_transient_bytes=ceil_div(est.loss_transient_bytes, tp),
+                                         returned_logits_bytes=ceil_div(est.returned_logits_bytes, tp)))
     if not sequence_parallel:
         return est
     tokens = micro_batch_size * rank_len
@@ -199,9 +200,9 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
 
 
-def _rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:
+def rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:
     """The language model's tokens a sample puts on one CP rank: text and image tokens, split by cp."""
-    return _ceil(training.seq_len + image_tokens(spec, training), mesh.cp)
+    return ceil_div(training.seq_len + image_tokens(spec, training), mesh.cp)
 
 
 def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims, *, micro_batch_size: int) -> int:
@@ -209,7 +210,7 @@ def ring_buffer_bytes(spec: ModelSpec, training: TrainingConfig, mesh: ParallelD
     if mesh.cp == 1:
         return 0
     shape = _tp_shape(spec, 1)
-    chunk = (micro_batch_size * _rank_seq_len(spec, training, mesh) * 2 * (shape.num_kv_heads // mesh.tp)
+    chunk = (micro_batch_size * rank_seq_len(spec, training, mesh) * 2 * (shape.num_kv_heads // mesh.tp)
              * shape.head_dim * training.compute_bytes)  # K and V of one chunk
     return 2 * chunk + 2 * chunk
 
@@ -226,7 +227,7 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     acts = mesh_activations(spec, training, impl, mesh, micro_batch_size=micro_batch_size,
                             checkpointing=checkpointing, loss_parallel=loss_parallel,
                             sequence_parallel=sequence_parallel)
-    buffers = _strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
+    buffers = estimate_strategy_buffers(local, training, impl, shard_world, checkpointing=checkpointing)
     if mesh.tp == 1:  # the blocks' backward gradients as data parallelism holds them (not read under TP yet)
         buffers = block_backward_buffers(local, training, impl, shard_world, buffers, checkpointing=checkpointing)
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)

@@ -54,11 +54,11 @@ from advisor.estimate.activations import ActivationEstimate, shape_of
 from advisor.estimate.activations_blocks import rms_norm_per_token
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.pipeline_schedules import ScheduleFacts, in_flight, load_schedules, w_held
-from advisor.estimate.memory import MemoryBreakdown, _recipe_dtypes, memory_at_moments, model_states
-from advisor.estimate.model_parallel import (_ceil, _rank_seq_len, check_mesh_support, mesh_activations,
+from advisor.estimate.memory import MemoryBreakdown, memory_at_moments, model_states, recipe_dtypes
+from advisor.estimate.model_parallel import (ceil_div, check_mesh_support, mesh_activations, rank_seq_len,
                                              ring_buffer_bytes, tp_rank_spec)
 from advisor.estimate.states import ModelStates
-from advisor.estimate.strategy_buffers import StrategyBuffers, _strategy_buffers
+from advisor.estimate.strategy_buffers import StrategyBuffers, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims, split_layers  # noqa: F401 (split_layers: re-exported)
@@ -110,20 +110,20 @@ def _expert_params(spec: ModelSpec) -> int:
     return (spec.num_experts or 0) * (spec.expert_params or 0)
 
 
-def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int, embedding: bool, head: bool,
-                expert_divisor: int | None) -> ModelSpec:
+def stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int, embedding: bool, head: bool,
+               expert_divisor: int | None) -> ModelSpec:
     """The parameters one (pipeline, TP) rank holds, as a spec the state and buffer formulas read.
     ``expert_divisor``: None keeps the routed experts as TP splits them (what the states read: FSDP
     shards them over dp_shard x cp with or without ep); ep: FSDP's unsharded block, E/ep experts."""
     local = tp_rank_spec(spec, mesh.tp)
     layer = local.layer_params or 0
     if expert_divisor is not None and spec.num_experts:  # E/ep experts, each split by tp (ETP = TP)
-        layer = layer - _ceil(_expert_params(spec), mesh.tp) + _ceil(_expert_params(spec), mesh.tp * expert_divisor)
+        layer = layer - ceil_div(_expert_params(spec), mesh.tp) + ceil_div(_expert_params(spec), mesh.tp * expert_divisor)
     moe = spec.moe
     dense_here = 0
     if moe is not None and moe.num_dense_layers:
         dense_here = max(0, min(start + layers, moe.num_dense_layers) - start)
-        dense_params = _ceil(moe.dense_layer_params, mesh.tp)
+        dense_params = ceil_div(moe.dense_layer_params, mesh.tp)
         moe = validated_copy(moe, dict(num_dense_layers=dense_here, dense_layer_params=dense_params))
         saving = dense_here * (layer - dense_params)
     else:
@@ -133,8 +133,8 @@ def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int,
         here = slice(start, start + layers)
         blocks = list(hybrid.block_params[here])
         if expert_divisor is not None and spec.num_experts:
-            experts_tp = _ceil(_expert_params(spec), mesh.tp)
-            kept = _ceil(_expert_params(spec), mesh.tp * expert_divisor)
+            experts_tp = ceil_div(_expert_params(spec), mesh.tp)
+            kept = ceil_div(_expert_params(spec), mesh.tp * expert_divisor)
             blocks = [b - experts_tp + kept if sparse else b for b, sparse in zip(blocks, hybrid.expert_layers[here])]
         hybrid = validated_copy(hybrid, dict(block_params=tuple(blocks), attention_layers=hybrid.attention_layers[here],
                                              expert_layers=hybrid.expert_layers[here]))
@@ -178,7 +178,7 @@ def layers_cut(spec: ModelSpec, layers: int, dense_layers: int | None = None) ->
 def _w_bytes_per_token(spec: ModelSpec, training: TrainingConfig, impl: Implementation, tp: int) -> int:
     """What a deferred W pass needs of one layer, per token: the linear layers' inputs (q/k/v's and
     gate/up's normalised inputs, o_proj's and down_proj's) and their output gradients, on one TP rank."""
-    shape, cb = shape_of(spec), _recipe_dtypes(training, impl).compute
+    shape, cb = shape_of(spec), recipe_dtypes(training, impl).compute
     h, inter = shape.hidden_size, shape.intermediate_size
     k = shape.num_experts_per_token or 1
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
@@ -206,8 +206,8 @@ def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     cut = layers_cut(spec, layers, dense_here)
     est = mesh_activations(cut, training, impl, mesh, micro_batch_size=micro_batch_size,
                            checkpointing=checkpointing)
-    dt = _recipe_dtypes(training, impl)
-    tokens = micro_batch_size * _rank_seq_len(spec, training, mesh)
+    dt = recipe_dtypes(training, impl)
+    tokens = micro_batch_size * rank_seq_len(spec, training, mesh)
     h = spec.hidden_size or 0
     drop = 0 if embedding else tokens * INT64  # token ids (the embedding's backward)
     if not head:  # labels, the final norm's saved tensors and the head's input cast
@@ -285,14 +285,14 @@ def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     where = dict(start=start, layers=layers, embedding=embedding, head=head)
     ep_experts = mesh.ep > 1 and bool(spec.num_experts)
     shard_world = mesh.dp_shard * mesh.cp
-    at_rest = _stage_spec(spec, mesh, **where, expert_divisor=None)
+    at_rest = stage_spec(spec, mesh, **where, expert_divisor=None)
     states = model_states(at_rest, training, impl, shard_world)
     if facts.param_copies > 1:
         states = validated_copy(states, dict(params=states.params * facts.param_copies))
-    held = _stage_spec(spec, mesh, **where, expert_divisor=mesh.ep) if ep_experts else at_rest
-    buffers = _strategy_buffers(held, training, impl, shard_world, checkpointing=checkpointing)
+    held = stage_spec(spec, mesh, **where, expert_divisor=mesh.ep) if ep_experts else at_rest
+    buffers = estimate_strategy_buffers(held, training, impl, shard_world, checkpointing=checkpointing)
     if held is not at_rest:  # gradient shards are the states' share
-        grads_end = _strategy_buffers(at_rest, training, impl, shard_world,
+        grads_end = estimate_strategy_buffers(at_rest, training, impl, shard_world,
                                       checkpointing=checkpointing).grads_at_backward_end
         buffers = validated_copy(buffers, dict(grads_at_backward_end=grads_end))
     if mesh.pp > 1:
@@ -340,8 +340,8 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
     mesh.check_layers(num_layers=spec.num_layers, num_experts=spec.num_experts)
     facts = load_schedules()[mesh.pp_schedule]
     shard_world = mesh.dp_shard * mesh.cp
-    dt = _recipe_dtypes(training, impl)
-    tokens = micro_batch_size * _rank_seq_len(spec, training, mesh)
+    dt = recipe_dtypes(training, impl)
+    tokens = micro_batch_size * rank_seq_len(spec, training, mesh)
     h = spec.hidden_size or 0
     ep_experts = mesh.ep > 1 and bool(spec.num_experts)
     k = spec.num_experts_per_token or 0

@@ -33,11 +33,10 @@ reuses). The step is the slowest pipeline rank's:
 from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.mesh_time import _ring_s, _tp_s, group_collective_s
-from advisor.estimate.pipeline import _stage_spec, layers_cut
+from advisor.estimate.mesh_time import cp_ring_s, group_collective_s, tp_comm_s
+from advisor.estimate.pipeline import layers_cut, stage_spec
 from advisor.estimate.pipeline_schedules import load_schedules
-from advisor.estimate.step_time import (GB, TFLOPS, StepTime, _exposed, _total, _Traffic, count_flops,
-                                        peak_tflops)
+from advisor.estimate.step_time import GB, TFLOPS, StepTime, Traffic, count_flops, peak_tflops
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.mesh import ParallelDims
@@ -103,9 +102,9 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     cut = layers_cut(spec, slowest)
     attention = 4 * slowest * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
-    tp_s = _tp_s(cut, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
-    ring_s, ring_exposed = _ring_s(cut, hardware, training, eff, mesh, micro_batch_size=micro_batch_size,
-                                   attention_s=attention_s, checkpointing=checkpointing)
+    tp_s = tp_comm_s(cut, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
+    ring_s, ring_exposed = cp_ring_s(cut, hardware, training, eff, mesh, micro_batch_size=micro_batch_size,
+                                     attention_s=attention_s, checkpointing=checkpointing)
     per_micro = fwd_s + bwd_s + tp_s + ring_exposed
     bubble = facts.bubble_coefficient * (p - 1) / v * per_micro if p > 1 else 0.0
     # Point-to-point: an activation and a gradient per chunk boundary and micro-batch.
@@ -128,7 +127,7 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
         hidden = m * (fwd_s + bwd_s) if mesh.pp_schedule == "dualpipev" else 0.0
         a2a_exposed = max(0.0, a2a_total - hidden)
     # FSDP2 under pipelining: one gather (hidden under the first forward) and one reduce-scatter a step.
-    held = _stage_spec(spec, mesh, start=0, layers=slowest, embedding=True, head=False,
+    held = stage_spec(spec, mesh, start=0, layers=slowest, embedding=True, head=False,
                        expert_divisor=mesh.ep if mesh.ep > 1 and spec.num_experts else None)
     size = mesh.dp_shard * mesh.cp
     gather_b = 4 if training.precision == "fp32" else 2
@@ -146,10 +145,10 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
         fsdp_total = gather + scatter + replicate
     else:  # ep alone: FSDP2 per micro-batch as on any mesh (advisor.estimate.mesh_time), over E/ep experts
         backward = scatter + (gather if impl.reshard_after_forward else 0.0)
-        traffic = _Traffic(fwd=gather, bwd=backward, last_bwd=replicate)
-        fsdp_exposed = _exposed(traffic, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=m,
+        traffic = Traffic(fwd=gather, bwd=backward, last_bwd=replicate)
+        fsdp_exposed = traffic.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=m,
                                 overlap=eff.communication.overlap_fraction)
-        fsdp_total = _total(traffic, m)
+        fsdp_total = traffic.total_s(m)
     compute = m * (fwd_s + bwd_s)
     exposed = m * (tp_s + ring_exposed) + p2p_exposed + a2a_exposed + fsdp_exposed
     cost = eff.optimizer_step

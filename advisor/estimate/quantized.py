@@ -95,7 +95,7 @@ class QuantizedBase(BaseModel):
     largest_linear_params: int = Field(ge=0, description="The largest quantised linear (dequantised one at a time).")
 
 
-def _linear_bytes(fan_in: int, fan_out: int, scheme: str, *, double_quant: bool) -> tuple[int, int]:
+def quantized_linear_bytes(fan_in: int, fan_out: int, scheme: str, *, double_quant: bool) -> tuple[int, int]:
     """(packed weight bytes, constant bytes) of one ``fan_in -> fan_out`` linear."""
     n = fan_in * fan_out
     if scheme == "int8":
@@ -115,7 +115,7 @@ def quantized_base(spec: ModelSpec, scheme: str, *, double_quant: bool = True) -
         raise ValueError(f"--quantize is modelled for dense decoder and GPT-2 models; {spec.name} "
                          f"({spec.model_type or 'size only'}) has linear layers this planner does not list")
     shapes = [shape for linears in block_linears(spec).values() for shape in linears]
-    per_layer = [_linear_bytes(i, o, scheme, double_quant=double_quant) for i, o in shapes]
+    per_layer = [quantized_linear_bytes(i, o, scheme, double_quant=double_quant) for i, o in shapes]
     layers = spec.num_layers
     return QuantizedBase(
         params=layers * sum(i * o for i, o in shapes),
@@ -206,10 +206,10 @@ def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
     included): only the checkpointed case is added there."""
     if training.quantize != "int8":
         return 0, 0
-    from advisor.estimate.memory import _recipe_dtypes  # memory.py imports this module lazily
+    from advisor.estimate.memory import recipe_dtypes  # memory.py imports this module lazily
     from advisor.model.lora import INPUT_SOURCE, target_names
 
-    dt = _recipe_dtypes(training, impl)
+    dt = recipe_dtypes(training, impl)
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": dt.compute, "mlp_act": dt.compute}
     linears = block_linears(spec)
     if not all(name in INPUT_SOURCE for name in linears):  # GPT-2: every linear reads its own input
@@ -230,8 +230,8 @@ def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
 def quantized_buffers(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int,
                       q: QuantizedBase, *, checkpointing: bool, tokens: int = 1):
     """What the strategy holds beyond states and activations when the base is quantised: the same
-    moments as ``memory._strategy_buffers``, over packed blocks and the adapters' gradients only,
-    plus the inputs LLM.int8 linears keep past checkpointing (``int8_kept_input_bytes``)."""
+    moments as ``strategy_buffers.estimate_strategy_buffers``, over packed blocks and the adapters'
+    gradients only, plus the inputs LLM.int8 linears keep past checkpointing (``int8_kept_input_bytes``)."""
     kept, kept_bwd = int8_kept_input_bytes(spec, training, impl, tokens=tokens, checkpointing=checkpointing)
     buffers = _strategy_moments(spec, training, impl, world, q, checkpointing=checkpointing)
     if not kept:
@@ -245,7 +245,7 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
                       q: QuantizedBase, *, checkpointing: bool):
     """The strategy's buffers over packed blocks and the adapters' gradients (``quantized_buffers``)."""
     from advisor.estimate.buckets import deepspeed_buckets
-    from advisor.estimate.strategy_buffers import StrategyBuffers, _block_params, ddp_bucket_bytes
+    from advisor.estimate.strategy_buffers import StrategyBuffers, block_params, ddp_bucket_bytes
 
     trainable = spec.trainable_params
     on_gpu_constants = q.constant_bytes if impl.offload_params else 0
@@ -264,10 +264,10 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
         live = min(stored - own, 2 * buckets.max_live_parameters) if impl.shard_params else 0
         return StrategyBuffers(persistent=bucket + on_gpu_constants, at_loss=live, in_backward=live)
     pb = training.param_bytes
-    if impl.shard_params:  # FSDP2 (memory._strategy_buffers), blocks gathered packed
+    if impl.shard_params:  # FSDP2 (strategy_buffers.estimate_strategy_buffers), blocks gathered packed
         ub = training.compute_bytes if training.mixed else pb
         reduce_b = FP32 if training.mixed else pb
-        _, n_layers, outside = _block_params(spec)
+        _, n_layers, outside = block_params(spec)
         block = gathered_block_bytes(spec, training, q, adapter_bytes=ub)
         h2d = gathered_block_bytes(spec, training, q, adapter_bytes=pb) // world if impl.offload_params else 0
         at_loss, blocks_bwd = (block, 2 * block) if impl.reshard_after_forward else (block * n_layers,) * 2

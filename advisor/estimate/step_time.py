@@ -55,7 +55,9 @@ from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
-_RING_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
+# Bytes each GPU sends per byte of payload in a ring collective, times (N-1)/N: an all-reduce is a
+# reduce-scatter then an all-gather (Patarasuk & Yuan 2009; nccl-tests doc/PERFORMANCE.md, bus bandwidth).
+RING_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
 GB = 1e9
 TFLOPS = 1e12
 
@@ -184,7 +186,7 @@ def collective_s(op: Collective, nbytes: float, hardware: Hardware, eff: Efficie
     if world == 1 or nbytes <= 0:
         return 0.0
     comm = eff.communication
-    factor = _RING_FACTOR[op]
+    factor = RING_FACTOR[op]
     g, n = hardware.gpus_per_node, hardware.nodes
     intra = hardware.intra_node_link
     intra_bw = intra.bandwidth_gbps * GB * comm.intra_node_efficiency
@@ -203,13 +205,23 @@ def pcie_s(nbytes: float, hardware: Hardware, eff: EfficiencyProfile) -> float:
     return nbytes / (link.bandwidth_gbps * GB * eff.offload.pcie_efficiency) if nbytes > 0 else 0.0
 
 
-class _Traffic(_Frozen):
-    """Seconds of transfers by when they can run."""
+class Traffic(_Frozen):
+    """Seconds of transfers by when they can run (read by the mesh and pipeline step times too)."""
 
     fwd: float = 0.0  # each micro-batch, hideable under forward
     bwd: float = 0.0  # each micro-batch, hideable under backward
     last_bwd: float = 0.0  # once per step, hideable under the last backward
     after_step: float = 0.0  # once per step, exposed
+
+    def exposed_s(self, *, fwd_s: float, bwd_s: float, accumulation: int, overlap: float) -> float:
+        """Seconds not hidden under ``overlap`` of each micro-batch's forward and backward compute."""
+        per_micro = max(0.0, self.fwd - overlap * fwd_s) + max(0.0, self.bwd - overlap * bwd_s)
+        last = max(0.0, self.bwd + self.last_bwd - overlap * bwd_s) - max(0.0, self.bwd - overlap * bwd_s)
+        return accumulation * per_micro + last + self.after_step
+
+    def total_s(self, accumulation: int) -> float:
+        """All the seconds of transfers of a step of ``accumulation`` micro-batches, hidden or not."""
+        return accumulation * (self.fwd + self.bwd) + self.last_bwd + self.after_step
 
 
 def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, int]:
@@ -220,7 +232,7 @@ def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, i
 
 
 def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
-                 eff: EfficiencyProfile) -> _Traffic:
+                 eff: EfficiencyProfile) -> Traffic:
     gather, grad = _dtype_bytes(training, impl)
     trainable = spec.trainable_params
     blocks = shape_of(spec).num_layers + 1  # one FSDP unit per block plus the root
@@ -241,21 +253,21 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
         backward = run("reduce_scatter", grad_bytes, blocks)
         if impl.reshard_after_forward:
             backward += run("all_gather", gathered, blocks)
-        return _Traffic(fwd=forward, bwd=backward)
+        return Traffic(fwd=forward, bwd=backward)
     if impl.shard_grads:  # DeepSpeed ZeRO-2: reduce-scatter each micro-batch, gather updated params
-        return _Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
+        return Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
     all_reduce = run("all_reduce", grad_bytes, buckets)
     if impl.shard_optimizer:  # ZeRO-1: owners broadcast updated parameters (torch: fp32; DeepSpeed: bf16)
         updated = (training.param_bytes if impl.engine == "torch" else gather) * trainable
-        return _Traffic(last_bwd=all_reduce, after_step=run("all_gather", updated, buckets))
-    return _Traffic(last_bwd=all_reduce)
+        return Traffic(last_bwd=all_reduce, after_step=run("all_gather", updated, buckets))
+    return Traffic(last_bwd=all_reduce)
 
 
 def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
-             eff: EfficiencyProfile) -> tuple[_Traffic, float]:
+             eff: EfficiencyProfile) -> tuple[Traffic, float]:
     """PCIe transfers and the CPU optimizer step (seconds) of the offloading strategies."""
     if not (impl.offload_params or impl.offload_optimizer):
-        return _Traffic(), 0.0
+        return Traffic(), 0.0
     world = hw.world_size
     gather, grad = _dtype_bytes(training, impl)
     trainable_shard = spec.trainable_params / world
@@ -265,20 +277,10 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
         stored = training.param_bytes if impl.engine == "torch" else gather
         up = pcie_s(stored_param_bytes(spec, training, bytes_per_param=stored) / world, hw, eff)
         down = pcie_s(grad * trainable_shard, hw, eff)
-        return _Traffic(fwd=up, bwd=down + (up if impl.reshard_after_forward else 0.0)), cpu_step
+        return Traffic(fwd=up, bwd=down + (up if impl.reshard_after_forward else 0.0)), cpu_step
     # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.
     down = pcie_s(grad * trainable_shard, hw, eff)
-    return _Traffic(bwd=down, after_step=pcie_s(gather * trainable_shard, hw, eff)), cpu_step
-
-
-def _exposed(traffic: _Traffic, *, fwd_s: float, bwd_s: float, accumulation: int, overlap: float) -> float:
-    per_micro = max(0.0, traffic.fwd - overlap * fwd_s) + max(0.0, traffic.bwd - overlap * bwd_s)
-    last = max(0.0, traffic.bwd + traffic.last_bwd - overlap * bwd_s) - max(0.0, traffic.bwd - overlap * bwd_s)
-    return accumulation * per_micro + last + traffic.after_step
-
-
-def _total(traffic: _Traffic, accumulation: int) -> float:
-    return accumulation * (traffic.fwd + traffic.bwd) + traffic.last_bwd + traffic.after_step
+    return Traffic(bwd=down, after_step=pcie_s(gather * trainable_shard, hw, eff)), cpu_step
 
 
 def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
@@ -291,16 +293,16 @@ def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
 
 
 def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
-                          micro_batch_size: int) -> _Traffic:
+                          micro_batch_size: int) -> Traffic:
     """nn.DataParallel: replicate from GPU0, gather logits to GPU0, reduce gradients to GPU0."""
     if hw.world_size == 1:
-        return _Traffic()
+        return Traffic()
     shape = shape_of(spec)
     replicate = collective_s("broadcast", training.param_bytes * spec.total_params, hw, eff)
     logits = training.compute_bytes * micro_batch_size * training.seq_len * shape.vocab_size * (hw.world_size - 1)
     gather = logits / (hw.intra_node_link.bandwidth_gbps * GB * eff.communication.intra_node_efficiency)
     reduce = collective_s("broadcast", training.param_bytes * spec.trainable_params, hw, eff)
-    return _Traffic(after_step=0.0, fwd=replicate + gather, bwd=reduce)
+    return Traffic(after_step=0.0, fwd=replicate + gather, bwd=reduce)
 
 
 def estimate_step_time(
@@ -332,12 +334,12 @@ def estimate_step_time(
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
-        comm_exposed = _total(comm, accumulation)  # DataParallel overlaps nothing
+        comm_exposed = comm.total_s(accumulation)  # DataParallel overlaps nothing
     else:
         comm = _collectives(spec, hardware, training, impl, eff)
-        comm_exposed = _exposed(comm, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
+        comm_exposed = comm.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
-    offload_exposed = _exposed(pcie, fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
+    offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
     optimizer = _optimizer_s(spec, hardware, training, impl, eff)
     compute = accumulation * (fwd_s + bwd_s)
     step = compute + comm_exposed + offload_exposed + optimizer
@@ -357,8 +359,8 @@ def estimate_step_time(
         notes.append(f"no published utilisation for {hardware.gpu.name}: assumed "
                      f"{eff.compute.default_max_utilisation:.0%} of peak for large matmuls")
     return StepTime(
-        compute_s=compute, communication_s=_total(comm, accumulation), exposed_communication_s=comm_exposed,
-        offload_s=_total(pcie, accumulation) + cpu_step, exposed_offload_s=offload_exposed, optimizer_s=optimizer,
+        compute_s=compute, communication_s=comm.total_s(accumulation), exposed_communication_s=comm_exposed,
+        offload_s=pcie.total_s(accumulation) + cpu_step, exposed_offload_s=offload_exposed, optimizer_s=optimizer,
         step_s=step, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
         world_size=hardware.world_size, tokens_per_gpu=tokens_gpu, tokens_per_s=tokens_gpu * hardware.world_size / step,
         model_flops_per_gpu=model_flops, hardware_flops_per_gpu=flops.hardware * accumulation, peak_tflops=peak,

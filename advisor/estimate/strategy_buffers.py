@@ -18,7 +18,7 @@ from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 
-def _block_params(spec: ModelSpec) -> tuple[int, int, int]:
+def block_params(spec: ModelSpec) -> tuple[int, int, int]:
     """(one block, number of blocks, everything outside the blocks)."""
     if spec.layer_params is not None and spec.num_layers:
         # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
@@ -57,11 +57,11 @@ class StrategyBuffers(BaseModel):
                                           "None: not a moment of its own.")
 
 
-def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
-                      checkpointing: bool = False) -> StrategyBuffers:
+def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *,
+                              checkpointing: bool = False) -> StrategyBuffers:
     """What the strategy holds beyond states and activations (FSDP2 figures from
     torch/distributed/fsdp/_fully_shard: _fsdp_param_group.py, _fsdp_collectives.py)."""
-    layer, n_layers, outside = _block_params(spec)
+    layer, n_layers, outside = block_params(spec)
     if training.engine == "deepspeed":
         from advisor.estimate.buckets import deepspeed_buckets  # DeepSpeed's buckets load only for that engine
         from advisor.estimate.zero_buffers import zero_facts, zero_strategy_buffers
@@ -162,7 +162,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     if (training.engine != "torch" or impl.single_process or impl.offload_params or impl.offload_optimizer
             or not full or spec.num_experts or spec.traced or not spec.intermediate_size or not spec.hidden_size):
         return buffers
-    layer, n_layers, _ = _block_params(spec)
+    layer, n_layers, _ = block_params(spec)
     pb = training.param_bytes
     live = spec.intermediate_size * spec.hidden_size + _head_params(spec)  # down_proj's and the head's
     if impl.shard_params:

@@ -66,7 +66,7 @@ def expresses(fmt: str, strategy: str, engine: str) -> bool:
     return _EXPRESSES[get_format_row(fmt).runs](STRATEGIES[strategy].on(engine))  # type: ignore[arg-type]
 
 
-def _why_not(strategy: str, engine: Engine, fmt: str) -> str:
+def why_not_expressed(strategy: str, engine: Engine, fmt: str) -> str:
     """Why ``fmt`` has no config for this pair, for the note that explains the substitute."""
     impl = STRATEGIES[strategy].on(engine)
     if impl.engine == "torch" and impl.single_process:
@@ -244,7 +244,7 @@ def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, 
     if expresses(fmt, rec.strategy, rec.engine):
         return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
             rec.gradient_accumulation_steps, []
-    why = _why_not(rec.strategy, rec.engine, fmt)
+    why = why_not_expressed(rec.strategy, rec.engine, fmt)
     fallbacks = [pair for pair in _fallbacks(rec.strategy, rec.engine, fmt) if pair[1] == rec.engine]
     if not fallbacks:  # another engine: the plan has no candidate of it, and the export estimates nothing
         recipe = get_format_row(fmt).recipe

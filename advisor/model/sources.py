@@ -48,15 +48,15 @@ def download_hub_config(repo_id: str) -> dict:
         path = hf_hub_download(repo_id, "config.json", local_files_only=True)
     except Exception:  # not cached (or a bad id): go online if we can
         if constants.HF_HUB_OFFLINE:
-            raise ValueError(_unresolved(repo_id, "not in the hub cache and the Hub is unreachable")) from None
+            raise ValueError(unresolved_message(repo_id, "not in the hub cache and the Hub is unreachable")) from None
         unreachable = _hub_unreachable(repo_id)
         if unreachable is not None:
-            raise ValueError(_unresolved(repo_id, unreachable)) from None
+            raise ValueError(unresolved_message(repo_id, unreachable)) from None
         try:
             with _hub_quiet():
                 path = hf_hub_download(repo_id, "config.json", etag_timeout=10)
         except Exception as err:  # network, auth, 404: one clean line for the user
-            raise ValueError(_unresolved(repo_id, type(err).__name__)) from None
+            raise ValueError(unresolved_message(repo_id, type(err).__name__)) from None
     try:
         return _parse_json(Path(path).read_text())
     except (OSError, ValueError) as err:
@@ -89,7 +89,7 @@ def _hub_quiet():
         hub_logger.setLevel(level)
 
 
-def _unresolved(name: str, why: str) -> str:
+def unresolved_message(name: str, why: str) -> str:
     sample = ", ".join(bundled_model_ids()[:6])
     return (
         f"cannot load model '{name[:80]}' ({why}); pass a local directory with config.json, "
@@ -187,7 +187,7 @@ def resolve(
         raise ValueError(f"cannot describe a model from {type(model).__name__}")
     name = model.strip()
     if not name:
-        raise ValueError(_unresolved("", "empty name"))
+        raise ValueError(unresolved_message("", "empty name"))
     local = _local_path(name)
     if local is not None:
         cfg, local_dir = _read_local(local)
@@ -201,7 +201,7 @@ def resolve(
     if _looks_like_size(name):
         return Resolved(resolve_size(name), None)
     if not _HUB_ID.match(name):
-        raise ValueError(_unresolved(name, "not a local path, bundled id, size or Hub id"))
+        raise ValueError(unresolved_message(name, "not a local path, bundled id, size or Hub id"))
     cfg = fetch_config(name)
     return Resolved(spec_from_config(cfg, name=name, source="hub", trust_remote_code=trust_remote_code,
                                      cache_dir=cache_dir), cfg)

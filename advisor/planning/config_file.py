@@ -3,10 +3,11 @@
 ``read_config_file(path)`` reads an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a Hugging Face
 ``TrainingArguments`` JSON and returns a ``ConfigFile``: each value it took (the file's key, what it says,
 the plan option it sets), the keys it did not read, and notes where the file says something the plan
-models only approximately. The per-format readers live in ``advisor.planning.config_formats``; this module
-holds the result type, the typed key reader every format uses, and the two reverse look-ups (precision and
-strategy) derived from the tables that define them (``advisor.precision.PRECISIONS``,
-``advisor.strategies.STRATEGIES``), so a file is read with the same facts an export is written with.
+models only approximately. The per-format readers live in ``advisor.planning.config_<format>``
+(``config_formats`` picks one); this module holds the result type, the typed key reader every format uses,
+the helpers several formats share, and the two reverse look-ups (precision and strategy) derived from the
+tables that define them (``advisor.precision.PRECISIONS``, ``advisor.strategies.STRATEGIES``), so a file is
+read with the same facts an export is written with.
 
 Settings are keyed by the ``advisor plan`` option they stand for (``strategy``, ``micro_batch``, ...); the
 CLI merges them under the options the user typed (``advisor.cli.from_file``). Bad input (no such file, a
@@ -29,6 +30,15 @@ FileFormat = Literal["accelerate", "deepspeed", "torchtitan", "trainer"]
 FORMAT_TITLES: dict[str, str] = {"accelerate": "accelerate config (YAML)", "deepspeed": "DeepSpeed config (JSON)",
                                  "torchtitan": "torchtitan job config (TOML)",
                                  "trainer": "Hugging Face TrainingArguments (JSON)"}
+# The key a setting is credited to when the file's format, not one of its keys, implies it (a torchtitan file
+# runs the torchtitan recipe).
+FILE_FORMAT = "(file format)"
+# FSDP1's sharding names (torch ShardingStrategy) and accelerate's numbers for them -> (reshard_after_forward,
+# hybrid); None: NO_SHARD. Read by the accelerate and TrainingArguments readers.
+SHARDING: dict[str, tuple[bool, bool] | None] = {
+    "FULL_SHARD": (True, False), "SHARD_GRAD_OP": (False, False), "NO_SHARD": None, "HYBRID_SHARD": (True, True),
+    "HYBRID_SHARD_ZERO2": (False, True), "_HYBRID_SHARD_ZERO2": (False, True),
+    "1": (True, False), "2": (False, False), "3": None, "4": (True, True), "5": (False, True)}
 
 
 class FileValue(BaseModel):
@@ -248,3 +258,13 @@ def load_json(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
     return doc
+
+
+def take_degrees(r: Reader, prefix: str, options: dict[str, str], *, implied: str) -> None:
+    """Mesh degrees above 1 pin --hybrid (replicas), --tp, --cp; 1 is data parallelism alone, the default.
+    ``implied`` (the shard degree) follows from the GPU count and the others."""
+    for field, option in options.items():
+        number = r.integer(prefix + field, low=1)
+        if number is not None and number > 1:
+            r.take(prefix + field, number, option, number)
+    r.raw(prefix + implied)

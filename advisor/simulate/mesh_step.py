@@ -58,9 +58,11 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from advisor.simulate.model import materialize, resolve_config
-    from advisor.simulate.step import (_breakdown, _cuda_autocast_policy, _fake_mode, _fake_process_group, _meta_model,
-                                       _optimizer, _unpacked_batches, cuda_dropout, net_vocab)
+    from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_mode, fake_process_group,
+                                           unpacked_batches)
+    from advisor.simulate.measure import breakdown
+    from advisor.simulate.model import (build_optimizer, materialize, meta_model, net_vocab, resolve_config,
+                                        unique_params)
     from wrappers.blocks import find_blocks
     from wrappers.checkpointing import apply_activation_checkpointing
     from wrappers.fsdp import apply_fsdp
@@ -69,14 +71,14 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
 
     start = time.perf_counter()
     name, cfg = resolve_config(model)
-    net = _meta_model(cfg, training)
+    net = meta_model(cfg, training)
     dims.check_model(num_attention_heads=net.config.num_attention_heads,
                      num_kv_heads=getattr(net.config, "num_key_value_heads", None) or net.config.num_attention_heads)
-    with _fake_process_group(dims.world_size):
+    with fake_process_group(dims.world_size):
         meshes = build_meshes(dims, device_type="cpu")
         # The contexts simulate() runs under: CUDA's autocast fp32 list, CUDA's dropout, and no
         # packed-sequence guess from fake position ids (which would build an s x s mask).
-        with _fake_mode(), _cuda_autocast_policy(training), _unpacked_batches(), cuda_dropout():
+        with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout():
             materialize(net, device="cpu", real=False)
             net.train()
             apply_tensor_parallel(net, meshes.tp)
@@ -86,7 +88,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
             with unset_fake_temporarily():
                 apply_fsdp(net, reshard_after_forward=True, precision=training.precision, cpu_offload=False,
                            mesh=meshes.fsdp)
-            opt = _optimizer(net, training)
+            opt = build_optimizer([p for p in unique_params(net) if p.requires_grad], training)
             ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
 
             def step() -> None:
@@ -99,6 +101,6 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
             tracker.track_inputs((ids,))
             with tracker:
                 step()
-            measured = _breakdown(tracker)
+            measured = breakdown(tracker)
     return MeshStep(model=name, mesh=dims, micro_batch_size=micro_batch_size, seq_len=training.seq_len,
                     **measured, wall_s=round(time.perf_counter() - start, 3))

@@ -1,19 +1,20 @@
-"""Building the model the simulator trains: its config, its tensors (fake or real, on the CPU) and
-which of its parameters train.
+"""Building the model the simulators train: its config, its tensors (fake or real, on the CPU), which
+of its parameters train (PEFT's adapters for LoRA), and the optimizer that steps them.
 
 What belongs here: turning a model name into a ``config.json`` dict, building the Hugging Face model
 from it on the meta device (``advisor.model.meta.build_meta_model``), then giving every parameter and
 buffer storage on the simulation device, under a ``FakeTensorMode`` (no memory) or for real (small
-models, to validate the fake run). What does not: wrapping, the training step, measuring
-(``advisor.simulate.step``).
+models, to validate the fake run). What does not: the CPU stand-ins (``advisor.simulate.fake_env``),
+wrapping and the training step (``advisor.simulate.step``), measuring (``advisor.simulate.measure``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from advisor.model.config_keys import CONFIG_KEYS, config_value
 from advisor.model.sources import resolve
+from advisor.training import TrainingConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -111,3 +112,62 @@ def freeze_to(model: "torch.nn.Module", trainable_params: int | None) -> int:
             p.requires_grad_(True)
             left += p.numel()
     return left
+
+
+def net_vocab(cfg: dict) -> int:
+    """The vocabulary the simulated batches draw token ids from (1000 for a config without one)."""
+    return cfg.get("vocab_size") or 1000
+
+
+def unique_params(net: Any) -> list:
+    """``net``'s parameters, a shared (tied) tensor once."""
+    return list(dict.fromkeys(net.parameters()))
+
+
+def meta_model(cfg: dict, training: TrainingConfig) -> Any:
+    """The model on the meta device, with PEFT's adapters when LoRA is asked for. Built outside the
+    fake mode: PEFT creates each adapter on the CPU and moves it to its base layer's device, a swap
+    that fake mode refuses."""
+    from advisor.model.meta import build_meta_model
+
+    from wrappers.losses import use_loss_kernel
+
+    net = build_meta_model(simulation_config(cfg, attention=training.attention))
+    use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
+    return net if training.lora is None else _with_lora(net, cfg, training.lora)
+
+
+def _with_lora(net: Any, cfg: dict, lora: Any) -> Any:
+    """PEFT's own adapters on the meta-device model (PEFT freezes the base); the PeftModel's inner
+    model is returned, which is what a training script's forward runs."""
+    try:
+        import peft
+    except ImportError:
+        raise ValueError("simulating --lora needs PEFT: pip install peft") from None
+    from advisor.model.lora import default_targets
+    from advisor.model.sources import spec_from_config
+
+    spec = spec_from_config(cfg, name=str(cfg.get("_name_or_path", "model")), source="local")
+    wrapped = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(
+        () if lora.targets else default_targets(spec))))
+    return wrapped.base_model.model
+
+
+# torch.optim's flags for each implementation (torch/optim/adam.py: fused=True runs _fused_adam,
+# foreach=True _multi_tensor_adam, foreach=False _single_tensor_adam).
+OPTIMIZER_FLAGS = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
+
+
+def build_optimizer(params: list, training: TrainingConfig) -> Any:
+    """The recipe's optimizer over ``params`` in its implementation (``training.optimizer_implementation``),
+    as on a GPU; ``ValueError`` for an optimizer the simulators do not run."""
+    import torch
+
+    flags = OPTIMIZER_FLAGS[training.optimizer_implementation]
+    if training.optimizer in ("adamw", "adam"):
+        cls = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
+        return cls(params, lr=1e-4, **flags)
+    if training.optimizer in ("sgd", "sgd-momentum"):
+        momentum = 0.9 if training.optimizer == "sgd-momentum" else 0.0
+        return torch.optim.SGD(params, lr=1e-4, momentum=momentum, **flags)
+    raise ValueError(f"simulate runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")

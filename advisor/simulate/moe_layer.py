@@ -47,13 +47,13 @@ def simulate_moe_layer(*, hidden: int, expert_intermediate: int, num_experts: in
         raise ValueError("balanced routing needs k x tokens divisible by the experts")
     import torch
 
-    from advisor.simulate.pipeline_stage import _LiveBytes
-    from advisor.simulate.step import _fake_mode
+    from advisor.simulate.fake_env import fake_mode
+    from advisor.simulate.measure import LiveBytes
 
     local = num_experts // ep
     rows = tokens * top_k
     dt = getattr(torch, dtype)
-    with _fake_mode():
+    with fake_mode():
         router = torch.nn.Parameter(torch.empty(num_experts, hidden, dtype=dt))
         gate = torch.nn.Parameter(torch.empty(local, expert_intermediate, hidden, dtype=dt))
         up = torch.nn.Parameter(torch.empty(local, expert_intermediate, hidden, dtype=dt))
@@ -62,7 +62,7 @@ def simulate_moe_layer(*, hidden: int, expert_intermediate: int, num_experts: in
         x = torch.empty(tokens, hidden, dtype=dt, requires_grad=True)
         # Rows in expert order (balanced): row r carries token r // k.
         order = torch.arange(rows) // top_k
-        live = _LiveBytes(params, None)
+        live = LiveBytes(params, None)
         live.track_existing([x, order])
         with live:
             base = live.total

@@ -8,8 +8,8 @@ schedule's order (``advisor.simulate.pipeline_order``) for two steps: forward of
 (keeping its autograd graph until its backward), the whole backward (BW), or the zero-bubble split
 into B (input gradient; the linear layers' inputs and output gradients kept) and W (weight
 gradients), then ``optimizer.step()`` and ``zero_grad``. The second step is measured op by op: every
-tensor storage an operation creates is counted until Python frees it (``_LiveBytes``, a dispatch
-mode; see there why not ``MemTracker``).
+tensor storage an operation creates is counted until Python frees it (``LiveBytes`` in
+``advisor.simulate.measure``, a dispatch mode; see there why not ``MemTracker``).
 
 What a stage receives and sends is made, not communicated: a non-first chunk's input is a fresh
 tensor of the hidden states' shape (the receive buffer), the gradient its backward starts from is
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -125,24 +124,24 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
          free_outputs: bool) -> tuple[int, dict[str, int], list[tuple[str, int, int]]]:
     import torch
 
-    from advisor.simulate.model import materialize
+    from advisor.simulate.fake_env import cuda_autocast_policy, cuda_dropout, fake_mode, unpacked_batches
+    from advisor.simulate.measure import LiveBytes
+    from advisor.simulate.model import build_optimizer, materialize, net_vocab
     from advisor.simulate.pipeline_chunks import WeightGradStore, build_chunk, defer_linears
-    from advisor.simulate.step import (_IMPL_FLAGS, _cuda_autocast_policy, _fake_mode, _unpacked_batches,
-                                       cuda_dropout, net_vocab)
 
     last_id = len(layers_per_chunk) - 1
     chunks = [build_chunk(cfg, num_layers=layers_per_chunk[c], first=c == 0, last=c == last_id,
                           attention=training.attention) for c in chunk_ids]
     store = WeightGradStore()
     info = training.precision_info
-    with _fake_mode(), _cuda_autocast_policy(training), _unpacked_batches(), cuda_dropout():
+    with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout():
         for chunk in chunks:
             materialize(chunk, device="cpu", real=False,
                         dtype=torch.bfloat16 if training.precision == "bf16" else None)
             defer_linears(chunk, store)
             chunk.train()
         params = list(dict.fromkeys(p for chunk in chunks for p in chunk.parameters()))
-        opt = _adam_or_sgd(params, training, _IMPL_FLAGS)
+        opt = build_optimizer(params, training)
         if info.mixed:
             store.compute_dtype = getattr(torch, info.compute_dtype)
         hidden = chunks[0].net.get_input_embeddings().embedding_dim
@@ -153,25 +152,13 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
         # Warm-up: one micro-batch through each chunk and an optimizer step, so that the optimizer
         # state exists in the measured step, as in a steady state.
         runner.step(tuple(StagePass(k, 0, c) for c in range(len(chunks)) for k in ("F", "BW")), opt, mark=None)
-        live = _LiveBytes(params, opt)
+        live = LiveBytes(params, opt)
         live.track_existing([ids])
         marks: list[tuple[str, int, int]] = []
         with live:
             runner.step(order, opt, mark=lambda label: marks.append((label, live.peak, live.total)))
         breakdown = live.breakdown()
     return sum(breakdown.values()), breakdown, marks
-
-
-def _adam_or_sgd(params: list, training: TrainingConfig, flags: dict) -> Any:
-    import torch
-
-    impl = flags[training.optimizer_implementation]
-    if training.optimizer in ("adamw", "adam"):
-        cls = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-4, **impl)
-    if training.optimizer in ("sgd", "sgd-momentum"):
-        return torch.optim.SGD(params, lr=1e-4, momentum=0.9 if training.optimizer == "sgd-momentum" else 0.0, **impl)
-    raise ValueError(f"the stage simulation runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")
 
 
 def _peak_pass(marks: list[tuple[str, int, int]]) -> str:
@@ -242,83 +229,3 @@ def _autocast_off():
 
     with torch.autocast("cpu", enabled=False):
         yield
-
-
-class _LiveBytes:
-    """Live tensor storage bytes, op by op (a ``TorchDispatchMode``), and their peak split by category.
-
-    Not ``MemTracker``: its module hooks (``ModTracker``) keep a module's leaf arguments and the
-    gradients reaching a root module's outputs alive (torch 2.13), and it refuses a root module called
-    twice in a step, which a pipeline stage does once per micro-batch. Storages are counted once (views
-    share them) and forgotten when Python frees them (a weak reference per storage, as MemTracker does).
-    """
-
-    def __init__(self, params: list, opt: Any) -> None:
-        self.params, self.opt = params, opt
-        self.sizes: dict[int, int] = {}
-        self.total = self.peak = 0
-        self.at_peak = {"params": 0, "grads": 0, "optimizer": 0}
-        self._refs: dict[int, Any] = {}
-        self._param_storages = self._storages(params)
-        states = [t for state in opt.state.values() for t in state.values()] if opt is not None else []
-        self._opt_storages = self._storages(states)
-        self.track_existing(params)
-        self.track_existing(states)
-
-    @staticmethod
-    def _storages(tensors: Any) -> dict[int, int]:
-        import torch
-
-        out: dict[int, int] = {}
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                st = t.untyped_storage()
-                out[st._cdata] = st.nbytes()
-        return out
-
-    def track_existing(self, tensors: Any) -> None:
-        import torch
-
-        for t in tensors:
-            if isinstance(t, torch.Tensor):
-                self._track(t.untyped_storage())
-
-    def _track(self, st: Any) -> None:
-        key = st._cdata
-        if key in self.sizes:
-            return
-        self.sizes[key] = st.nbytes()
-        self.total += self.sizes[key]
-        self._refs[key] = weakref.ref(st, lambda _, key=key: self._free(key))
-        if self.total > self.peak:
-            self.peak = self.total
-            grads = self._storages(p.grad for p in self.params if p.grad is not None)
-            self.at_peak = {"params": sum(self._param_storages.values()), "grads": sum(grads.values()),
-                            "optimizer": sum(self._opt_storages.values())}
-
-    def _free(self, key: int) -> None:
-        self.total -= self.sizes.pop(key, 0)
-        self._refs.pop(key, None)
-
-    def breakdown(self) -> dict[str, int]:
-        states = sum(self.at_peak.values())
-        return {**self.at_peak, "activations": self.peak - states, "temporary": 0}
-
-    def __enter__(self) -> "_LiveBytes":
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                outer.track_existing(tree_leaves(out))
-                return out
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)

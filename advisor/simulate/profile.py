@@ -2,7 +2,7 @@
 
 ``trace_profile(cfg, key)`` builds the model with two blocks on the meta device, gives it fake
 tensors (``FakeTensorMode``: shapes and dtypes, no storage) in the recipe's dtypes (bf16 weights, or
-fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory._recipe_dtypes``
+fp32 weights under autocast with CUDA's fp32 op list, as ``advisor.estimate.memory.recipe_dtypes``
 says), wraps its blocks for checkpointing when asked, and runs forward, loss and backward at
 micro-batch 1 and 2; the one-block points are derived from those steps (``one_block_less``), which
 halves the traced steps of a cold plan (benchmarks/results/trace_speed.md). A ``TorchDispatchMode``
@@ -184,8 +184,8 @@ def _quiet():
         yield
 
 
-def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: int,
-             built: dict | None = None) -> dict[str, int]:
+def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: int,
+                        built: dict | None = None) -> dict[str, int]:
     """One traced step at (num_layers, micro_batch_size): the phase peaks, and one block's saved bytes.
     ``built``: meta models already built, by (blocks, checkpointing), reused (``materialize`` gives
     them fresh fake storage in each step's mode)."""
@@ -194,7 +194,7 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
 
     from advisor.simulate.autocast import cuda_fp32_policy
     from advisor.simulate.model import materialize
-    from advisor.simulate.step import _unpacked_batches, cuda_dropout
+    from advisor.simulate.fake_env import cuda_dropout, unpacked_batches
 
     built = {} if built is None else built
     if (num_layers, key.checkpointing, key.adapters) not in built:
@@ -203,7 +203,7 @@ def _measure(cfg: dict, key: ProfileKey, *, num_layers: int, micro_batch_size: i
     # A bf16 residual under autocast is a LoRA base held in bf16 with fp32 adapters (the recipe's frozen_base);
     # otherwise every weight in the residual's dtype.
     bf16_base = key.residual_bytes == 2 and key.input_casts
-    with FakeTensorMode(), _unpacked_batches(), cuda_dropout(), _quiet():
+    with FakeTensorMode(), unpacked_batches(), cuda_dropout(), _quiet():
         materialize(net, device="cpu", real=False,
                     dtype=torch.bfloat16 if key.residual_bytes == 2 and not bf16_base else torch.float32,
                     frozen_dtype=torch.bfloat16 if bf16_base else None)
@@ -297,7 +297,7 @@ def _on_grad(out: Any, log: _LiveLog) -> None:
 
 
 def one_block_less(point: dict[str, int]) -> dict[str, int]:
-    """The moments of the same step with one block less, from a traced step (``_measure``'s output).
+    """The moments of the same step with one block less, from a traced step (``measure_traced_step``'s output).
 
     The blocks are one module repeated, each fed the output of the one below. Removing the top block
     removes what its forward left live (``top_block``: the storages it made, bar its output, which takes
@@ -321,13 +321,13 @@ def trace_profile(cfg: dict, key: ProfileKey, *, layer_saved: int | None = None,
     ``layer_saved``: one block's saved bytes per sample without checkpointing, when already traced
     (the profile without checkpointing has it); otherwise a checkpointed key traces one more step."""
     built = {} if built is None else built
-    two = [_measure(cfg, key, num_layers=2, micro_batch_size=b, built=built) for b in (1, 2)]
+    two = [measure_traced_step(cfg, key, num_layers=2, micro_batch_size=b, built=built) for b in (1, 2)]
     points = [one_block_less(two[0]), two[0], one_block_less(two[1]), two[1]]
     if key.checkpointing == "off":
         layer_saved = two[0]["layer_saved"]
     elif layer_saved is None:
         off = validated_copy(key, {"checkpointing": "off"})
-        layer_saved = _measure(cfg, off, num_layers=2, micro_batch_size=1, built=built)["layer_saved"]
+        layer_saved = measure_traced_step(cfg, off, num_layers=2, micro_batch_size=1, built=built)["layer_saved"]
 
     def solve(name: str) -> Bilinear:
         return Bilinear.solve(*(r[name] for r in points))

@@ -16,11 +16,11 @@ Why the CPU, and what differs from a GPU:
   on fake ``cpu`` tensors.
 - SDPA: the CPU picks its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) as CUDA
   picks flash: it saves q, k, v, the output and an fp32 log-sum-exp, natively for GQA. Attention
-  dropout would send the CPU to the math kernel, so it is set to 0 (``sim_model``).
+  dropout would send the CPU to the math kernel, so it is set to 0 (``model.simulation_config``).
 - Dropout: the CPU saves a noise tensor in the input's dtype, CUDA's fused kernel a bool mask;
   the simulation runs the fused op (``torch.native_dropout``) as CUDA does.
 - Autocast's fp32 list differs: CUDA runs ``pow``, ``softmax``, ``layer_norm``, ``exp``... in fp32,
-  the CPU does not. ``sim_autocast`` gives CPU autocast CUDA's fp32 policy during the simulation.
+  the CPU does not. ``autocast.cuda_fp32_policy`` gives CPU autocast CUDA's fp32 policy during the simulation.
 - Two gradients meeting at one node (a tied embedding's, from the head and from the embedding; the
   residual stream's branches) are summed out of place: autograd adds in place into the first only
   for a plain tensor it holds the last reference to (torch/csrc/autograd/input_buffer.cpp
@@ -38,6 +38,9 @@ Why the CPU, and what differs from a GPU:
   ``temporary`` by arithmetic; ``notes`` says so. One rank runs the plain model (``wrappers.recipe``
   applies no DDP to a one-rank group, as accelerate and Lightning do not): no buckets.
 
+The stand-ins themselves are in ``advisor.simulate.fake_env``, the tracker's reading in
+``advisor.simulate.measure``, building the model and its optimizer in ``advisor.simulate.model``.
+
 Imports torch; the planning path never imports this module.
 """
 
@@ -50,6 +53,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_mode, fake_process_group,
+                                       mesh_outside_fake_mode, unpacked_batches)
+from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, live_bytes, peak_total,
+                                      skip_frozen_grad_hooks, top_modules)
+from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
+                                    unique_params)
 from advisor.simulate.timeline import Timeline
 from advisor.strategies import STRATEGIES, Implementation, get_strategy
 from advisor.training import TrainingConfig
@@ -74,14 +83,6 @@ def not_simulated(impl: Implementation) -> str | None:
 SIMULATED_STRATEGIES = tuple(name for name, s in STRATEGIES.items() if not_simulated(s.on("torch")) is None)
 Progress = Callable[[str], None]
 STAGES = ("build", "wrap", "warm-up step", "measured step")
-
-
-class ModulePeak(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(description="Module path in the model.")
-    phase: Literal["forward", "backward"] = Field(description="When its peak happened.")
-    peak_bytes: int = Field(description="All live memory at the module's own peak.")
 
 
 class SimulatedStep(BaseModel):
@@ -120,17 +121,6 @@ class SimulatedStep(BaseModel):
         return self.params + self.grads + self.optimizer + self.activations + self.temporary
 
 
-# Tracker categories (``_MemRefType`` / ``_FSDPRefType`` values) -> our breakdown.
-_CATEGORY = {
-    "Parameter": "params", "Sharded Param": "params", "Buffer": "params",
-    "Gradient": "grads", "Sharded Grad": "grads",
-    "Optstate": "optimizer", "OptState": "optimizer",
-    "Activation": "activations", "Inputs": "activations", "Other": "activations",
-    "Temp": "temporary", "Unsharded Param": "temporary", "Unsharded Grad": "temporary",
-    "All Gather": "temporary", "Reduce Scatter": "temporary",
-}
-
-
 def simulate(
     model: str | dict,
     *,
@@ -154,15 +144,13 @@ def simulate(
     impl = _check(strategy, training, world_size)
     import torch
 
-    from advisor.simulate.model import resolve_config
-
     tell = progress or (lambda stage: None)
     start = time.perf_counter()
     name, cfg = resolve_config(model)
-    fake = contextlib.nullcontext() if real_tensors else _fake_mode()
+    fake = contextlib.nullcontext() if real_tensors else fake_mode()
     tell("build")
-    meta = _meta_model(cfg, training)
-    with _fake_process_group(world_size), fake, _cuda_autocast_policy(training), _unpacked_batches(), \
+    meta = meta_model(cfg, training)
+    with fake_process_group(world_size), fake, cuda_autocast_policy(training), unpacked_batches(), \
             cuda_dropout():
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
@@ -175,14 +163,14 @@ def simulate(
         tell("warm-up step")
         step(None)
         tell("measured step")
-        tracker = _tracker(net, opt, ids, impl)
+        tracker = build_tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         recorder = _recorder(net, tracker, impl, world_size) if timeline else None
         with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext():
-            _no_grad_hooks_on_frozen(tracker, net)
+            skip_frozen_grad_hooks(tracker, net)
             step(lambda phase: _mark(phase, phases, tracker, recorder))
-        measured = _breakdown(tracker)
-        top = _top_modules(tracker)
+        measured = breakdown(tracker)
+        top = top_modules(tracker)
     if not impl.shard_params and world_size > 1:  # replicated: DDP's buckets, see the module docstring
         buckets = _ddp_bucket_bytes(net)
         measured["temporary"] += buckets
@@ -193,14 +181,10 @@ def simulate(
         seq_len=training.seq_len, precision=training.precision, optimizer_name=training.optimizer,
         optimizer_impl=training.optimizer_implementation,
         checkpointing=checkpointing, tensors="real" if real_tensors else "fake", device="cpu",
-        total_params=sum(p.numel() for p in _unique_params(net)), trainable_params=trainable,
+        total_params=sum(p.numel() for p in unique_params(net)), trainable_params=trainable,
         **measured, peak_phase=_phase(phases), top_modules=top, notes=tuple(notes),
         wall_s=round(time.perf_counter() - start, 3), timeline=recorder.timeline() if recorder else None,
     )
-
-
-def net_vocab(cfg: dict) -> int:
-    return cfg.get("vocab_size") or 1000
 
 
 def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implementation:
@@ -218,88 +202,7 @@ def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implemen
     return impl
 
 
-def _fake_mode() -> Any:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    return FakeTensorMode()
-
-
-@contextlib.contextmanager
-def _fake_process_group(world_size: int):
-    """A fake default process group of ``world_size`` ranks (this process is rank 0)."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise ValueError("simulate needs its own (fake) process group; a process group is already initialised")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def _cuda_autocast_policy(training: TrainingConfig) -> Any:
-    from advisor.simulate.autocast import cuda_fp32_policy
-
-    return cuda_fp32_policy() if training.mixed else contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def cuda_dropout():
-    """On CUDA, ``F.dropout`` in training runs the fused ``native_dropout`` and saves a bool mask
-    (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``); on the CPU it multiplies by a
-    noise tensor in the input's dtype and saves that. Run CUDA's op (it has a CPU kernel)."""
-    import torch
-    import torch.nn.functional as F
-
-    original = F.dropout
-
-    def dropout(input, p=0.5, training=True, inplace=False):
-        if not training or p == 0.0 or inplace:
-            return original(input, p, training, inplace)
-        return torch.native_dropout(input, p, True)[0]
-
-    F.dropout = dropout
-    try:
-        yield
-    finally:
-        F.dropout = original
-
-
-@contextlib.contextmanager
-def _unpacked_batches():
-    """Hugging Face looks for packed sequences in ``position_ids`` (``masking_utils.
-    find_packed_sequence_indices``) and, unable to read a fake tensor's values, assumes packing and
-    builds an s x s mask, which sends SDPA to another kernel. Our batches hold one sequence per row,
-    for which a real run finds none: say so without reading values."""
-    from transformers import masking_utils
-
-    original = masking_utils.find_packed_sequence_indices
-    masking_utils.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        masking_utils.find_packed_sequence_indices = original
-
-
-def _meta_model(cfg: dict, training: TrainingConfig) -> Any:
-    """The model on the meta device, with PEFT's adapters when LoRA is asked for. Built outside the
-    fake mode: PEFT creates each adapter on the CPU and moves it to its base layer's device, a swap
-    that fake mode refuses."""
-    from advisor.model.meta import build_meta_model
-    from advisor.simulate.model import simulation_config
-
-    from wrappers.losses import use_loss_kernel
-
-    net = build_meta_model(simulation_config(cfg, attention=training.attention))
-    use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
-    return net if training.lora is None else _with_lora(net, cfg, training.lora)
-
-
 def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, real: bool) -> tuple[Any, int]:
-    from advisor.simulate.model import freeze_to, materialize
-
     import torch
 
     # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
@@ -316,46 +219,12 @@ def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, 
     return net, trainable
 
 
-def _with_lora(net: Any, cfg: dict, lora: Any) -> Any:
-    """PEFT's own adapters on the meta-device model (PEFT freezes the base); the PeftModel's inner
-    model is returned, which is what a training script's forward runs."""
-    try:
-        import peft
-    except ImportError:
-        raise ValueError("simulating --lora needs PEFT: pip install peft") from None
-    from advisor.model.lora import default_targets
-    from advisor.model.sources import spec_from_config
-
-    spec = spec_from_config(cfg, name=str(cfg.get("_name_or_path", "model")), source="local")
-    wrapped = peft.get_peft_model(net, peft.LoraConfig(**lora.peft_kwargs(
-        () if lora.targets else default_targets(spec))))
-    return wrapped.base_model.model
-
-
-# torch.optim's flags for each implementation (torch/optim/adam.py: fused=True runs _fused_adam,
-# foreach=True _multi_tensor_adam, foreach=False _single_tensor_adam).
-_IMPL_FLAGS = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
-
-
-def _optimizer(net: Any, training: TrainingConfig) -> Any:
-    """The recipe's optimizer in its implementation (``training.optimizer_implementation``), as on a GPU."""
-    import torch
-
-    params = [p for p in _unique_params(net) if p.requires_grad]
-    flags = _IMPL_FLAGS[training.optimizer_implementation]
-    if training.optimizer in ("adamw", "adam"):
-        cls = torch.optim.AdamW if training.optimizer == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-4, **flags)
-    momentum = 0.9 if training.optimizer == "sgd-momentum" else 0.0
-    return torch.optim.SGD(params, lr=1e-4, momentum=momentum, **flags)
-
-
 def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
           checkpointing: bool) -> tuple[Any, Any, list[str]]:
     """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring)."""
     from wrappers.recipe import Recipe, apply_recipe
 
-    opt = _optimizer(net, training)
+    opt = build_optimizer([p for p in unique_params(net) if p.requires_grad], training)
     notes: list[str] = []
     if not impl.shard_params:
         from wrappers.blocks import find_blocks
@@ -366,19 +235,8 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
         return net, opt, notes
     recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing,
                     selective_checkpointing=checkpointing and training.activation_checkpointing == "selective")
-    applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=_mesh_outside_fake_mode())
+    applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
-
-
-def _mesh_outside_fake_mode() -> Any:
-    """``DeviceMesh`` reads its rank list back with ``tolist()``, which a fake tensor cannot do: build
-    the mesh outside the fake mode (it holds a few integers) and hand it to ``apply_recipe``."""
-    import torch.distributed as dist
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    with unset_fake_temporarily():
-        return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")
 
 
 def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,
@@ -411,37 +269,6 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Imple
     return step
 
 
-def _tracker(net: Any, opt: Any, ids: Any, impl: Implementation) -> Any:
-    if not impl.shard_params:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
-        tracker.track_external(net, opt, ids)
-        return tracker
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-
-    tracker = FSDPMemTracker(net, opt)
-    tracker.track_inputs((ids,))
-    return tracker
-
-
-class _NoHook:
-    def remove(self) -> None:
-        pass
-
-
-def _no_grad_hooks_on_frozen(tracker: Any, net: Any) -> None:
-    """``MemTracker`` (torch 2.13) registers a gradient hook on every parameter of a module it enters,
-    which raises for a frozen one (LoRA, ``--trainable-params``). Marking the frozen ones as already
-    hooked (with handles whose ``remove`` does nothing) makes it skip them; they get no gradient."""
-    handles = getattr(tracker, "_param_to_grad_hook_handles", None)
-    if handles is None:
-        return
-    for param in _unique_params(net):
-        if not param.requires_grad:
-            handles[param] = (_NoHook(), _NoHook())
-
-
 def _recorder(net: Any, tracker: Any, impl: Implementation, world_size: int) -> Any:
     """A timeline recorder reading the tracker's live bytes by category; under DDP the buckets (added to
     ``temporary`` by arithmetic, see the module docstring) are live throughout the step."""
@@ -449,26 +276,18 @@ def _recorder(net: Any, tracker: Any, impl: Implementation, world_size: int) -> 
     from wrappers.blocks import find_blocks
 
     buckets = 0 if impl.shard_params or world_size == 1 else _ddp_bucket_bytes(net)
-    return TimelineRecorder(lambda: _live(tracker), segment_stops(net, find_blocks(net)),
+    return TimelineRecorder(lambda: live_bytes(tracker), segment_stops(net, find_blocks(net)),
                             extra=CategoryBytes(temporary=buckets))
 
 
 def _ddp_bucket_bytes(net: Any) -> int:
-    return sum(p.numel() * p.element_size() for p in _unique_params(net) if p.requires_grad)
+    return sum(p.numel() * p.element_size() for p in unique_params(net) if p.requires_grad)
 
 
 def _mark(phase: str, phases: dict[str, int], tracker: Any, recorder: Any) -> None:
-    phases[phase] = _peak_total(tracker)
+    phases[phase] = peak_total(tracker)
     if recorder is not None:
         recorder.mark(phase)
-
-
-def _live(tracker: Any) -> dict[str, int]:
-    return _by_category(tracker.get_tracker_snapshot("current"))
-
-
-def _peak_total(tracker: Any) -> int:
-    return sum(snap.get("Total", 0) for snap in tracker.get_tracker_snapshot("peak").values())
 
 
 def _phase(marks: dict[str, int]) -> Phase:
@@ -480,49 +299,3 @@ def _phase(marks: dict[str, int]) -> Phase:
         if marks.get(phase, 0) > previous:
             winner, previous = phase, marks[phase]
     return winner
-
-
-def _breakdown(tracker: Any) -> dict[str, int]:
-    return _by_category(tracker.get_tracker_snapshot("peak"))
-
-
-def _by_category(snapshot: dict) -> dict[str, int]:
-    out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporary"), 0)
-    for snap in snapshot.values():
-        for key, value in snap.items():
-            if key != "Total":
-                out[_CATEGORY[str(getattr(key, "value", key))]] += value
-    return out
-
-
-def _top_modules(tracker: Any, count: int = 5) -> tuple[ModulePeak, ...]:
-    """Modules below the root with the highest memory at their own peak."""
-    rows = []
-    for stats in tracker.memory_tracking.values():
-        if "." not in stats.mod_fqn:  # the root holds the global peak by definition
-            continue
-        for state, phase in (("Peak-Forward", "forward"), ("Peak Forward", "forward"),
-                             ("Peak-Backward", "backward"), ("Peak Backward", "backward")):
-            for snap in _snapshots(stats, state):
-                total = sum(dev.get("Total", 0) for dev in snap.values())
-                rows.append(ModulePeak(name=_clean_fqn(stats.mod_fqn), phase=phase, peak_bytes=total))
-    rows.sort(key=lambda r: (-r.peak_bytes, r.name))
-    seen: set[str] = set()
-    top = []
-    for row in rows:
-        if row.name not in seen:
-            seen.add(row.name)
-            top.append(row)
-    return tuple(top[:count])
-
-
-def _snapshots(stats: Any, state_value: str) -> list:
-    return next((snaps for state, snaps in stats.snapshots.items() if state.value == state_value), [])
-
-
-def _clean_fqn(fqn: str) -> str:
-    return fqn.replace("._checkpoint_wrapped_module", "").removeprefix("Global.")
-
-
-def _unique_params(net: Any) -> list:
-    return list(dict.fromkeys(net.parameters()))

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from advisor.cli.main import cli
-from advisor.cli.plan_view import _timing_cells, memory_table, plan_table, plan_title
+from advisor.cli.plan_view import memory_table, plan_table, plan_title, timing_cells
 from advisor.estimate.step_time import StepTime
 from advisor.planning.api import plan
 from advisor.units import GIB
@@ -52,7 +52,7 @@ def test_offload_is_not_counted_as_communication():
                     exposed_offload_s=0.5, optimizer_s=0.0, step_s=1.0, micro_batch_size=1,
                     gradient_accumulation_steps=1, world_size=2, tokens_per_gpu=2048, tokens_per_s=4096.0,
                     model_flops_per_gpu=1.0, hardware_flops_per_gpu=1.0, peak_tflops=1.0, utilisation=0.5, mfu=0.5)
-    assert _timing_cells(step) == ("1.00", "4,096", "50%", "10%", "50%")
+    assert timing_cells(step) == ("1.00", "4,096", "50%", "10%", "50%")
 
 
 def test_plan_tables_headers_and_rows():

@@ -3,7 +3,7 @@ agree, with the sizes worked by hand (Qwen2.5-7B: hidden 3584)."""
 
 from __future__ import annotations
 
-from advisor.estimate.strategy_buffers import _strategy_buffers
+from advisor.estimate.strategy_buffers import estimate_strategy_buffers
 from advisor.export.deepspeed import build_deepspeed
 from advisor.model.sources import resolve_model
 from advisor.planning.api import plan
@@ -20,7 +20,7 @@ def test_exported_json_writes_the_buckets_the_estimate_assumed():
     assert zero["allgather_bucket_size"] == HIDDEN_SQ
     spec = resolve_model("Qwen/Qwen2.5-7B")
     training = TrainingConfig(engine="deepspeed")
-    buffers = _strategy_buffers(spec, training, STRATEGIES["zero2"].on("deepspeed"), 8)
+    buffers = estimate_strategy_buffers(spec, training, STRATEGIES["zero2"].on("deepspeed"), 8)
     # The IPG buffer is one reduce bucket of bf16 gradients: 2 bytes x 3584^2, not 2 x 5e8.
     assert buffers.persistent == 2 * HIDDEN_SQ == 25_690_112
 

@@ -15,7 +15,7 @@ import pytest
 
 from advisor.estimate.memory import estimate_memory
 from advisor.estimate.states import model_states
-from advisor.estimate.strategy_buffers import _strategy_buffers
+from advisor.estimate.strategy_buffers import estimate_strategy_buffers
 from advisor.export.deepspeed import build_deepspeed
 from advisor.hardware.cluster import parse_gpus
 from advisor.model.sources import resolve_model
@@ -49,7 +49,7 @@ def test_zero2_backward_holds_two_ipg_buffers_and_the_flat_gradient_partition(qw
     elements = 2 x 2 x 12,845,056 = 51,380,224 B; copy_grads_in_partition: the rank's partition flat,
     2 x 3,807,808,256 = 7,615,616,512 B. Both appear in backward only (the IPG buffers are released at
     its end, the partition freed by the step), so nothing is held at the loss or at rest."""
-    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero2"].on("deepspeed"), 2)
+    buffers = estimate_strategy_buffers(qwen7b, _ds(), STRATEGIES["zero2"].on("deepspeed"), 2)
     assert buffers.in_backward == 51_380_224 + 7_615_616_512 == 7_666_996_736
     assert buffers.persistent == 0 and buffers.at_loss == 0
     zero = build_deepspeed(plan("Qwen/Qwen2.5-7B", "8xA100", recipe="deepspeed", strategy="zero2"))["zero_optimization"]
@@ -60,7 +60,7 @@ def test_zero2_backward_holds_two_ipg_buffers_and_the_flat_gradient_partition(qw
 def test_zero1_backward_holds_the_ipg_buffers_only(qwen7b):
     """ZeRO-1 keeps its gradients as the ZeRO paper counts them (whole, 2 B each) and adds the two IPG
     buffers its hooks fill (overlap_comm): 51,380,224 B in backward."""
-    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero1"].on("deepspeed"), 2)
+    buffers = estimate_strategy_buffers(qwen7b, _ds(), STRATEGIES["zero1"].on("deepspeed"), 2)
     assert buffers.in_backward == 51_380_224 and buffers.persistent == 0
 
 
@@ -92,7 +92,7 @@ def test_zero3_holds_its_gradient_buffer_and_one_ipg_buffer_throughout(qwen7b):
     """stage3.py: one IPG buffer from initialisation (2 x 12,845,056 = 25,690,112 B) and the flat gradient
     partition grad_partitions_flat_buffer (2 x 951,952,064 = 1,903,904,128 B on 8 GPUs), beside the
     gathered parameters (2 x 1e9 = stage3_max_live_parameters, under the 6,663,664,448 others')."""
-    buffers = _strategy_buffers(qwen7b, _ds(), STRATEGIES["zero3"].on("deepspeed"), 8)
+    buffers = estimate_strategy_buffers(qwen7b, _ds(), STRATEGIES["zero3"].on("deepspeed"), 8)
     assert buffers.persistent == 25_690_112
     assert buffers.at_loss == buffers.in_backward == 2_000_000_000 + 1_903_904_128
 
@@ -114,7 +114,7 @@ def test_a_users_own_bucket_sizes_and_overlap_decide_the_ipg_buffers(qwen7b):
     that size and steps in the config's sub_group_size (2e8: bf16 flat copy 2 + fp32 cast 4 bytes each
     under the fused step). The export writes the same values back."""
     def buffers(strategy, world=2, **zero):
-        return _strategy_buffers(qwen7b, TrainingConfig(recipe="deepspeed", zero=zero),
+        return estimate_strategy_buffers(qwen7b, TrainingConfig(recipe="deepspeed", zero=zero),
                                  STRATEGIES[strategy].on("deepspeed"), world)
 
     assert buffers("zero2", reduce_bucket_size=500_000_000, overlap_comm=False).in_backward == 8_615_616_512
@@ -133,7 +133,7 @@ def test_a_torch_recipe_on_deepspeed_keeps_the_zero_paper_accounting(qwen7b):
     """Only the deepspeed row carries DeepSpeed's facts: the torch recipe's plan is unchanged (one IPG
     bucket at rest, 2 x 12,845,056 B; the fused step allocates nothing)."""
     training = TrainingConfig(engine="deepspeed", optimizer_impl="fused")
-    buffers = _strategy_buffers(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2)
+    buffers = estimate_strategy_buffers(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2)
     assert buffers.persistent == 25_690_112 and buffers.in_backward == 0
     assert model_states(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2).step_temporary == 0
 
@@ -175,7 +175,7 @@ def test_an_accelerate_export_plans_the_deepspeed_defaults_its_file_runs(qwen7b)
 
     def backward(fmt):
         options = format_plan_options(fmt, {"recipe": "deepspeed"})
-        return _strategy_buffers(qwen7b, TrainingConfig(**options), STRATEGIES["zero2"].on("deepspeed"), 8).in_backward
+        return estimate_strategy_buffers(qwen7b, TrainingConfig(**options), STRATEGIES["zero2"].on("deepspeed"), 8).in_backward
 
     assert backward("accelerate") == 1_000_000_000 + 1_903_904_128
     assert backward("deepspeed-json") == 2 * 2 * BUCKET + 1_903_904_128

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.export.target import _why_not, expresses
+from advisor.export.target import expresses, why_not_expressed
 from advisor.strategies import STRATEGIES
 
 LAUNCHER_PAIRS = {
@@ -31,13 +31,13 @@ def test_expressible_pairs(fmt, expected):
 
 
 def test_why_not_names_what_runs_and_the_exact_alternative():
-    assert _why_not("dp", "torch", "accelerate") == (
+    assert why_not_expressed("dp", "torch", "accelerate") == (
         "dp (torch.nn.DataParallel, one process) has no accelerate config: launchers start one process per GPU; "
         "DDP keeps no more per GPU than DataParallel and is faster")
-    assert _why_not("zero1", "torch", "lightning") == (
+    assert why_not_expressed("zero1", "torch", "lightning") == (
         "zero1 on the torch engine (DDP + ZeroRedundancyOptimizer) has no lightning config: it has no "
         "ZeroRedundancyOptimizer option; for ZeRO-1 exactly, re-run with --engine deepspeed (DeepSpeed ZeRO stage 1)")
-    assert _why_not("zero2", "torch", "deepspeed-json") == "deepspeed-json runs only DeepSpeed; the plan used engine torch"
+    assert why_not_expressed("zero2", "torch", "deepspeed-json") == "deepspeed-json runs only DeepSpeed; the plan used engine torch"
 
 
 # --- precision spellings come from advisor.precision's table ------------------------------------

@@ -38,9 +38,9 @@ def test_hub_uses_fetcher_only_for_config():
 
 def test_hub_unreachable_names_bundled_ids():
     def offline(repo_id):
-        from advisor.model.sources import _unresolved
+        from advisor.model.sources import unresolved_message
 
-        raise ValueError(_unresolved(repo_id, "ConnectionError"))
+        raise ValueError(unresolved_message(repo_id, "ConnectionError"))
 
     with pytest.raises(ValueError, match="Qwen/Qwen2.5"):
         resolve_model("nobody/nothing", fetch_config=offline)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from advisor.model.block_profile import ProfileKey
-from advisor.simulate.profile import _measure, one_block_less
+from advisor.simulate.profile import measure_traced_step, one_block_less
 
 # Layouts of facebook/opt-125m, google/gemma-3-1b-pt (gemma3_text) and EleutherAI/gpt-j-6b, scaled down.
 TINY = {
@@ -38,8 +38,8 @@ def test_one_block_less_equals_a_traced_one_block_step(family, fp32, checkpointi
     key = _key(family, fp32=fp32, checkpointing=checkpointing)
     built: dict = {}
     for batch in (1, 2):
-        one = _measure(TINY[family], key, num_layers=1, micro_batch_size=batch, built=built)
-        two = _measure(TINY[family], key, num_layers=2, micro_batch_size=batch, built=built)
+        one = measure_traced_step(TINY[family], key, num_layers=1, micro_batch_size=batch, built=built)
+        two = measure_traced_step(TINY[family], key, num_layers=2, micro_batch_size=batch, built=built)
         derived = one_block_less(two)
         assert two["top_block"] > 0
         assert {m: derived[m] for m in MOMENTS} == {m: one[m] for m in MOMENTS}

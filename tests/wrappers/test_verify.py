@@ -160,9 +160,9 @@ def _mismatch_worker(rank: int, world_size: int) -> None:
 def _verify_fsdp_only(model: torch.nn.Module, world_size: int) -> None:
     """The sharding check alone (the group check would fire first with a claimed world of 4)."""
     from advisor.strategies import STRATEGIES
-    from wrappers.verify import _fsdp_problems
+    from wrappers.verify import fsdp_problems
 
-    problems = _fsdp_problems(model, STRATEGIES["zero3"].on("torch"), world_size, torch.bfloat16)
+    problems = fsdp_problems(model, STRATEGIES["zero3"].on("torch"), world_size, torch.bfloat16)
     if problems:
         raise RuntimeError("; ".join(problems))
 

@@ -1,0 +1,109 @@
+"""The accelerate YAML reader (``advisor plan --from accelerate_config.yaml``).
+
+Which keys it reads, and what they mean, from the framework's own definitions: accelerate YAML
+(``accelerate config``; accelerate/commands/config/config_args.py ``ClusterConfig`` and the ``fsdp_config`` /
+``deepspeed_config`` keys of accelerate/utils/dataclasses.py ``FullyShardedDataParallelPlugin`` /
+``DeepSpeedPlugin``): ``num_processes`` counts every process of every machine; ``fsdp_sharding_strategy``
+FULL_SHARD (1) / SHARD_GRAD_OP (2) / NO_SHARD (3) / HYBRID_SHARD (4) / HYBRID_SHARD_ZERO2 (5);
+``fsdp_reshard_after_forward`` is FSDP2's bool (or, for FSDP1, one of those names); ``fsdp_offload_params``
+offloads parameters, gradients and optimizer state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from advisor.planning.config_deepspeed import OFFLOAD_DEVICES, read_nested_deepspeed, take_zero_strategy
+from advisor.planning.config_file import (SHARDING, Reader, beside, fsdp_strategy, load_json, precision_for, take_batch,
+                                          take_degrees)
+
+# An accelerate config runs the stack the accelerate export plans with (advisor/export/formats.py's row:
+# the Trainer through accelerate, fused AdamW), so reading our own export back reproduces its plan.
+ACCELERATE_RECIPE = "trainer"
+
+
+def read_accelerate(r: Reader, base: Path) -> None:
+    kind = r.raw("distributed_type") or "NO"
+    if not isinstance(kind, str) or kind.upper() not in ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED"):
+        raise r.fail("distributed_type", f"{kind!s:.40} is not planned (dp-advisor plans NO, MULTI_GPU, FSDP and "
+                     "DEEPSPEED)")
+    kind = kind.upper()
+    if r.flag("use_cpu"):
+        raise r.fail("use_cpu", "is true: a CPU run (dp-advisor plans GPUs)")
+    processes, machines = r.integer("num_processes", low=1), r.integer("num_machines", low=1) or 1
+    if processes is not None:
+        if processes % machines:
+            raise r.fail("num_processes", f"{processes} is not divisible by num_machines {machines}")
+        r.take("num_processes", processes, "num_gpus", processes)
+        if machines > 1:
+            r.take("num_machines", machines, "nodes", machines)
+    mixed = r.choice("mixed_precision", {"no": "no", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"})
+    if mixed == "fp8":
+        r.notes.append("mixed_precision fp8 is not modelled: planned with --precision's default")
+    elif mixed is not None:
+        r.take("mixed_precision", mixed, "precision", precision_for("accelerate", mixed))
+    if r.section("parallelism_config") is not None:  # accelerate's ParallelismConfig (FSDP2 / TP / CP mesh)
+        take_degrees(r, "parallelism_config.parallelism_config_", {"dp_replicate_size": "hybrid", "tp_size": "tp",
+                                                              "cp_size": "cp"}, implied="dp_shard_size")
+    if kind != "DEEPSPEED":
+        r.take("distributed_type", kind, "recipe", ACCELERATE_RECIPE)
+    if kind == "MULTI_GPU":
+        r.take("distributed_type", kind, "engine", "torch")
+        r.take("distributed_type", kind, "strategy", "ddp")
+    elif kind == "FSDP":
+        _accelerate_fsdp(r, machines)
+    elif kind == "DEEPSPEED":
+        _accelerate_deepspeed(r, base)
+
+
+def _accelerate_fsdp(r: Reader, machines: int) -> None:
+    r.section("fsdp_config")
+    version = r.choice("fsdp_config.fsdp_version", {"1": 1, "2": 2})
+    if version == 1:
+        r.notes.append("fsdp_version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
+    key, sharding = "fsdp_config.fsdp_sharding_strategy", r.choice("fsdp_config.fsdp_sharding_strategy", SHARDING)
+    raw = r.raw("fsdp_config.fsdp_reshard_after_forward")
+    if isinstance(raw, bool) or (isinstance(raw, str) and raw.lower() in ("true", "false")):
+        hybrid = bool(sharding and sharding[1])  # HYBRID_SHARD still says replicate across machines
+        key, sharding = "fsdp_config.fsdp_reshard_after_forward", (r.flag("fsdp_config.fsdp_reshard_after_forward"), hybrid)
+    elif raw is not None:  # FSDP1 spelt its sharding strategy here too (accelerate >= 1.6)
+        key, sharding = "fsdp_config.fsdp_reshard_after_forward", r.choice("fsdp_config.fsdp_reshard_after_forward", SHARDING)
+    elif sharding is None and r.raw(key) is None:
+        key, sharding = "distributed_type", (True, False)  # accelerate's default: FULL_SHARD
+    checkpointing = r.flag("fsdp_config.fsdp_activation_checkpointing")
+    if checkpointing is not None:
+        r.take("fsdp_config.fsdp_activation_checkpointing", checkpointing, "activation_checkpointing",
+               "on" if checkpointing else "off")
+    if sharding is None:  # NO_SHARD: DDP
+        r.take(key, "NO_SHARD", "engine", "torch")
+        r.take(key, "NO_SHARD", "strategy", "ddp")
+        return
+    offload = bool(r.flag("fsdp_config.fsdp_offload_params"))
+    reshard, hybrid = sharding
+    said = r.raw(key)
+    fsdp_strategy(r, key, reshard=reshard, offload=offload,
+                  value=str(said).lower() if isinstance(said, bool) else str(said if said is not None else "FSDP"))
+    if hybrid and machines > 1:
+        where = "fsdp_config.fsdp_sharding_strategy" if "fsdp_sharding_strategy" in r.doc["fsdp_config"] else key
+        r.take(where, str(r.raw(where)), "hybrid", machines)
+    elif hybrid:
+        r.notes.append("HYBRID_SHARD on one machine shards within it, as FULL_SHARD does")
+
+
+def _accelerate_deepspeed(r: Reader, base: Path) -> None:
+    r.section("deepspeed_config")
+    path = r.text("deepspeed_config.deepspeed_config_file")
+    if path:
+        sub = read_nested_deepspeed(r, load_json(beside(path, base, r)), f"{Path(path).name}:")
+        r.take("deepspeed_config.deepspeed_config_file", path, "recipe", "deepspeed" if "optimizer" in sub.doc else "torch")
+        return
+    stage = r.integer("deepspeed_config.zero_stage")
+    devices = [r.choice(f"deepspeed_config.{k}", OFFLOAD_DEVICES) for k in ("offload_optimizer_device", "offload_param_device")]
+    if stage is not None:
+        if stage > 3:
+            raise r.fail("deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {stage}")
+        take_zero_strategy(r, "deepspeed_config.zero_stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
+    else:
+        r.take("distributed_type", "DEEPSPEED", "engine", "deepspeed")
+    take_batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")
+    r.take("distributed_type", "DEEPSPEED", "recipe", ACCELERATE_RECIPE)  # the script's own torch optimizer

@@ -1,0 +1,80 @@
+"""The DeepSpeed JSON reader (``advisor plan --from ds_config.json``), also run on the DeepSpeed config an
+accelerate YAML or a TrainingArguments JSON names.
+
+Which keys it reads, and what they mean, from the framework's own definitions: DeepSpeed JSON
+(deepspeed.ai/docs/config-json): ``zero_optimization.stage``, ``offload_optimizer`` / ``offload_param``
+devices, ``bf16`` / ``fp16`` blocks, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
+``train_batch_size``, ``optimizer.type``; ``"auto"`` is filled in by the Trainer or accelerate, so it is left
+to the plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from advisor.planning.config_file import Reader, strategy_for, take_batch, take_precision
+
+OFFLOAD_DEVICES = {"none": None, "cpu": "cpu", "nvme": "nvme"}  # offload_*.device -> the device planned for
+
+
+def take_zero_strategy(r: Reader, key: str, value: str, *, stage: int, optimizer: str | None, params: str | None) -> None:
+    """The strategy of a ZeRO stage and its offload devices (nvme is planned as CPU offload)."""
+    if "nvme" in (optimizer, params):
+        r.notes.append(f"{r.prefix}{key}: NVMe offload is planned as CPU offload (NVMe bandwidth is not modelled)")
+    flags = dict(shard_optimizer=stage >= 1, shard_grads=stage >= 2, shard_params=stage == 3,
+                 reshard_after_forward=stage == 3)
+    offload_optimizer, offload_params = optimizer is not None, params is not None and stage == 3
+    if params is not None and stage < 3:
+        r.notes.append(f"{r.prefix}{key}: offload_param needs ZeRO-3; DeepSpeed ignores it at stage {stage}")
+    name = strategy_for("deepspeed", **flags, offload_optimizer=offload_optimizer, offload_params=offload_params)
+    if name is None and stage == 3:  # ZeRO-3 with one of the two offloaded: the table offloads both
+        name = "zero3_offload"
+        r.notes.append(f"{r.prefix}{key}: ZeRO-3 with only {'offload_optimizer' if offload_optimizer else 'offload_param'} "
+                       "is planned as zero3_offload (both offloaded)")
+    if name is None:  # ZeRO-0/1 with offload_optimizer: DeepSpeed offloads from stage 1, the table from stage 2
+        name = strategy_for("deepspeed", **flags, offload_optimizer=False, offload_params=False)
+        r.notes.append(f"{r.prefix}{key}: offload_optimizer at stage {stage} is not modelled; planned without it")
+    value += "".join(f", {part} {device}" for part, device in (("offload_optimizer", optimizer), ("offload_param", params))
+                     if device is not None)
+    r.take(key, value, "engine", "deepspeed")
+    r.take(key, value, "strategy", name)  # type: ignore[arg-type]
+
+
+def read_deepspeed(r: Reader) -> None:
+    """A DeepSpeed config (standalone, accelerate's deepspeed_config_file, or the Trainer's ``deepspeed``)."""
+    if r.section("zero_optimization") is not None:
+        stage = r.integer("zero_optimization.stage")
+        if stage is not None and stage > 3:
+            raise r.fail("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage}")
+        devices = []
+        for part in ("offload_optimizer", "offload_param"):
+            device = None
+            if r.section(f"zero_optimization.{part}") is not None:
+                device = r.choice(f"zero_optimization.{part}.device", OFFLOAD_DEVICES)
+            devices.append(device)
+        if r.flag("zero_optimization.cpu_offload"):  # the old spelling of offload_optimizer: cpu
+            devices[0] = "cpu"
+        if stage is not None:
+            take_zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
+    bf16_key = "bfloat16.enabled" if "bfloat16" in r.doc else "bf16.enabled"
+    take_precision(r, "deepspeed", bf16_key, "fp16.enabled")
+    take_batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")
+    if r.section("optimizer") is not None:
+        kind = r.text("optimizer.type")
+        if kind is not None and kind.lower() in ("adam", "adamw"):
+            r.take("optimizer.type", kind, "optimizer", kind.lower())
+        elif kind is not None:
+            r.notes.append(f"{r.prefix}optimizer.type {kind} is not modelled: planned with --optimizer's default")
+        if r.flag("optimizer.params.torch_adam"):  # torch.optim.Adam(W) with its default, foreach on CUDA
+            r.take("optimizer.params.torch_adam", True, "optimizer_impl", "foreach")
+
+
+def read_nested_deepspeed(r: Reader, doc: dict[str, Any], prefix: str) -> Reader:
+    """Read a DeepSpeed config named inside another file and take its values into ``r``."""
+    sub = Reader(doc, where=r.where, prefix=prefix)
+    read_deepspeed(sub)
+    for value in sub.values:
+        r.take(value.key, value.value, value.option, value.setting)
+    r.notes.extend(sub.notes)
+    r.nested.extend(sub.unread())
+    return sub

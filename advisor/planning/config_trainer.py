@@ -1,0 +1,112 @@
+"""The Hugging Face TrainingArguments JSON reader (``advisor plan --from training_args.json``).
+
+Which keys it reads, and what they mean, from the framework's own definitions: TrainingArguments JSON
+(transformers/training_args.py): ``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``bf16`` /
+``fp16``, ``optim`` (transformers/trainer_optimizer.py maps ``adamw_torch`` to torch.optim.AdamW's default,
+foreach on CUDA, and ``adamw_torch_fused`` to fused=True), ``gradient_checkpointing``
+(``activation_checkpointing`` in transformers 5), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
+config inline or a path), ``use_liger_kernel``, ``parallelism_config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.planning.config_deepspeed import read_nested_deepspeed
+from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json, take_batch,
+                                          take_degrees, take_precision)
+
+_TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
+    "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
+    "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None), "paged_adamw_8bit": ("adamw-8bit", None),
+    "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
+
+
+def read_trainer(r: Reader, base: Path) -> None:
+    take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
+    take_precision(r, "trainer", "bf16", "fp16")
+    optim = r.text("optim")
+    optim = optim.lower() if optim is not None else None
+    if optim in _TRAINER_OPTIM:
+        optimizer, impl = _TRAINER_OPTIM[optim]
+        r.take("optim", optim, "optimizer", optimizer)
+        if impl is not None:
+            r.take("optim", optim, "optimizer_impl", impl)
+    elif optim is not None:
+        r.notes.append(f"optim {optim} is not modelled: planned with --optimizer's default")
+    if r.flag("use_liger_kernel"):
+        r.take("use_liger_kernel", True, "loss", "fused")
+    fsdp_checkpointing = _trainer_fsdp(r)
+    # Checkpointing is on when any of its keys says so: with FSDP, fsdp_config's own flag is the one that
+    # counts and the top-level one is false (transformers issue 30404; advisor export writes it that way).
+    said = {key: r.flag(key) for key in ("gradient_checkpointing", "activation_checkpointing")}
+    said["fsdp_config.activation_checkpointing"] = fsdp_checkpointing
+    given = {key: on for key, on in said.items() if on is not None}
+    if given:
+        key = next((k for k, on in given.items() if on), next(iter(given)))
+        r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
+    _trainer_deepspeed(r, base)
+    if r.section("parallelism_config") is not None:
+        take_degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
+                 implied="dp_shard_size")
+    r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
+
+
+def _trainer_fsdp(r: Reader) -> bool | None:
+    """FSDP from ``fsdp`` / ``fsdp_config``; returns fsdp_config's activation_checkpointing (None: not given)."""
+    raw = r.raw("fsdp")
+    if raw is None or raw is False or raw == "" or raw == []:
+        return None
+    if not isinstance(raw, (bool, str, list)):
+        raise r.fail("fsdp", "must be true, a string such as 'full_shard auto_wrap', or a list of such words")
+    words = _words(raw).lower().split()
+    if "no_shard" in words:
+        r.take("fsdp", raw, "engine", "torch")
+        r.take("fsdp", raw, "strategy", "ddp")
+        return None
+    config = r.raw("fsdp_config")
+    if isinstance(config, str):
+        r.notes.append(f"fsdp_config {config[:40]} is a file: not read (its keys may change the plan)")
+        config = None
+    elif config is not None and not isinstance(config, dict):
+        raise r.fail("fsdp_config", "must be a mapping of keys or a file path")
+    # TrainingArguments strips the fsdp_ prefix of fsdp_config keys (training_args.py _process_fsdp_args).
+    sub = Reader({k.removeprefix("fsdp_"): v for k, v in (config or {}).items()}, where=r.where, prefix="fsdp_config.")
+    key, value = "fsdp", _words(raw)
+    reshard = not any(w in ("shard_grad_op", "hybrid_shard_zero2") for w in words)
+    written = sub.raw("reshard_after_forward")
+    if written is not None:
+        key, value = "fsdp_config.reshard_after_forward", str(written).lower()
+        if isinstance(written, bool) or str(written).lower() in ("true", "false"):
+            reshard = bool(sub.flag("reshard_after_forward"))
+        else:  # FSDP1 spelt a sharding strategy here
+            reshard = (sub.choice("reshard_after_forward", SHARDING) or (False, False))[0]
+    offload = bool(sub.flag("cpu_offload")) or bool(sub.flag("offload_params")) or "offload" in words
+    if sub.raw("version") not in (None, 2):
+        r.notes.append("fsdp_config.version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
+    fsdp_strategy(r, key, reshard=reshard, offload=offload, value=value)
+    checkpointing = sub.flag("activation_checkpointing")
+    if any(w.startswith("hybrid_shard") for w in words):
+        r.notes.append("fsdp hybrid_shard: replicas across nodes are planned with --hybrid N (the Trainer "
+                       "arguments do not say how many nodes)")
+    r.nested.extend(sub.unread())
+    return checkpointing
+
+
+def _words(raw: Any) -> str:
+    return raw if isinstance(raw, str) else " ".join(map(str, raw)) if isinstance(raw, list) else str(raw).lower()
+
+
+def _trainer_deepspeed(r: Reader, base: Path) -> None:
+    raw = r.raw("deepspeed")
+    if raw is None or raw == "":
+        return
+    if isinstance(raw, str):
+        doc, prefix = load_json(beside(raw, base, r)), f"{Path(raw).name}:"
+    elif isinstance(raw, dict):
+        doc, prefix = raw, "deepspeed."
+    else:
+        raise r.fail("deepspeed", "must be a DeepSpeed config (a mapping) or the path of one")
+    read_nested_deepspeed(r, doc, prefix)
+    r.take("deepspeed", "DeepSpeed config", "engine", "deepspeed")

@@ -1,0 +1,95 @@
+"""The CPU stand-ins every simulator runs under: fake tensors, a fake process group, and CUDA's
+choices (autocast's fp32 list, fused dropout, no packed-sequence guess) made on the CPU.
+
+What belongs here: context managers that make a CPU step allocate what the same step allocates on a
+GPU, shared by the step (``advisor.simulate.step``), the mesh step, the pipeline stage, the MoE layer
+and the traced profiles. What does not: building the model (``advisor.simulate.model``), measuring
+(``advisor.simulate.measure``). Why each stand-in is needed: ``advisor.simulate.step``'s docstring.
+
+Imports torch (lazily); the planning path never imports this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from advisor.training import TrainingConfig
+
+
+def fake_mode() -> Any:
+    """A ``FakeTensorMode``: tensors with shapes and dtypes but no storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode()
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int):
+    """A fake default process group of ``world_size`` ranks (this process is rank 0)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise ValueError("simulate needs its own (fake) process group; a process group is already initialised")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def cuda_autocast_policy(training: TrainingConfig) -> Any:
+    """CUDA's autocast fp32 op list for CPU autocast under a mixed precision (``advisor.simulate.autocast``)."""
+    from advisor.simulate.autocast import cuda_fp32_policy
+
+    return cuda_fp32_policy() if training.mixed else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def cuda_dropout():
+    """On CUDA, ``F.dropout`` in training runs the fused ``native_dropout`` and saves a bool mask
+    (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``); on the CPU it multiplies by a
+    noise tensor in the input's dtype and saves that. Run CUDA's op (it has a CPU kernel)."""
+    import torch
+    import torch.nn.functional as F
+
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0 or inplace:
+            return original(input, p, training, inplace)
+        return torch.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+    try:
+        yield
+    finally:
+        F.dropout = original
+
+
+@contextlib.contextmanager
+def unpacked_batches():
+    """Hugging Face looks for packed sequences in ``position_ids`` (``masking_utils.
+    find_packed_sequence_indices``) and, unable to read a fake tensor's values, assumes packing and
+    builds an s x s mask, which sends SDPA to another kernel. Our batches hold one sequence per row,
+    for which a real run finds none: say so without reading values."""
+    from transformers import masking_utils
+
+    original = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = original
+
+
+def mesh_outside_fake_mode() -> Any:
+    """``DeviceMesh`` reads its rank list back with ``tolist()``, which a fake tensor cannot do: build
+    the mesh outside the fake mode (it holds a few integers) and hand it to ``apply_recipe``."""
+    import torch.distributed as dist
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    with unset_fake_temporarily():
+        return DeviceMesh.from_group(dist.group.WORLD, device_type="cpu")

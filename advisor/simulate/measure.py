@@ -1,0 +1,206 @@
+"""Measuring a simulated step: PyTorch's own memory tracker, read into our breakdown, and ``LiveBytes``,
+a counter of live tensor storage op by op where the tracker cannot follow the step.
+
+What belongs here: which tracker a strategy's step gets, the tracker categories mapped to
+``MemoryBreakdown``'s (params, grads, optimizer, activations, temporary), the modules with the
+highest peaks. What does not: running the step (``advisor.simulate.step``, ``mesh_step``,
+``pipeline_stage``, ``moe_layer``).
+
+Imports torch (lazily); the planning path never imports this module.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.simulate.model import unique_params
+from advisor.strategies import Implementation
+
+
+class ModulePeak(BaseModel):
+    """One module's own peak during the measured step (``SimulatedStep.top_modules``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Module path in the model.")
+    phase: Literal["forward", "backward"] = Field(description="When its peak happened.")
+    peak_bytes: int = Field(description="All live memory at the module's own peak.")
+
+
+# Tracker categories (``_MemRefType`` / ``_FSDPRefType`` values) -> our breakdown.
+_CATEGORY = {
+    "Parameter": "params", "Sharded Param": "params", "Buffer": "params",
+    "Gradient": "grads", "Sharded Grad": "grads",
+    "Optstate": "optimizer", "OptState": "optimizer",
+    "Activation": "activations", "Inputs": "activations", "Other": "activations",
+    "Temp": "temporary", "Unsharded Param": "temporary", "Unsharded Grad": "temporary",
+    "All Gather": "temporary", "Reduce Scatter": "temporary",
+}
+
+
+def build_tracker(net: Any, opt: Any, ids: Any, impl: Implementation) -> Any:
+    """PyTorch's tracker for the step: ``MemTracker`` for a replicated model, ``FSDPMemTracker`` under FSDP2."""
+    if not impl.shard_params:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(net, opt, ids)
+        return tracker
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    tracker = FSDPMemTracker(net, opt)
+    tracker.track_inputs((ids,))
+    return tracker
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def skip_frozen_grad_hooks(tracker: Any, net: Any) -> None:
+    """``MemTracker`` (torch 2.13) registers a gradient hook on every parameter of a module it enters,
+    which raises for a frozen one (LoRA, ``--trainable-params``). Marking the frozen ones as already
+    hooked (with handles whose ``remove`` does nothing) makes it skip them; they get no gradient."""
+    handles = getattr(tracker, "_param_to_grad_hook_handles", None)
+    if handles is None:
+        return
+    for param in unique_params(net):
+        if not param.requires_grad:
+            handles[param] = (_NoHook(), _NoHook())
+
+
+def live_bytes(tracker: Any) -> dict[str, int]:
+    """The tracker's live bytes now, by our category."""
+    return _by_category(tracker.get_tracker_snapshot("current"))
+
+
+def peak_total(tracker: Any) -> int:
+    """The tracker's peak so far, all categories and devices."""
+    return sum(snap.get("Total", 0) for snap in tracker.get_tracker_snapshot("peak").values())
+
+
+def breakdown(tracker: Any) -> dict[str, int]:
+    """The tracker's peak by our category (``SimulatedStep``'s fields)."""
+    return _by_category(tracker.get_tracker_snapshot("peak"))
+
+
+def _by_category(snapshot: dict) -> dict[str, int]:
+    out = dict.fromkeys(("params", "grads", "optimizer", "activations", "temporary"), 0)
+    for snap in snapshot.values():
+        for key, value in snap.items():
+            if key != "Total":
+                out[_CATEGORY[str(getattr(key, "value", key))]] += value
+    return out
+
+
+def top_modules(tracker: Any, count: int = 5) -> tuple[ModulePeak, ...]:
+    """Modules below the root with the highest memory at their own peak."""
+    rows = []
+    for stats in tracker.memory_tracking.values():
+        if "." not in stats.mod_fqn:  # the root holds the global peak by definition
+            continue
+        for state, phase in (("Peak-Forward", "forward"), ("Peak Forward", "forward"),
+                             ("Peak-Backward", "backward"), ("Peak Backward", "backward")):
+            for snap in _snapshots(stats, state):
+                total = sum(dev.get("Total", 0) for dev in snap.values())
+                rows.append(ModulePeak(name=_clean_fqn(stats.mod_fqn), phase=phase, peak_bytes=total))
+    rows.sort(key=lambda r: (-r.peak_bytes, r.name))
+    seen: set[str] = set()
+    top = []
+    for row in rows:
+        if row.name not in seen:
+            seen.add(row.name)
+            top.append(row)
+    return tuple(top[:count])
+
+
+def _snapshots(stats: Any, state_value: str) -> list:
+    return next((snaps for state, snaps in stats.snapshots.items() if state.value == state_value), [])
+
+
+def _clean_fqn(fqn: str) -> str:
+    return fqn.replace("._checkpoint_wrapped_module", "").removeprefix("Global.")
+
+
+class LiveBytes:
+    """Live tensor storage bytes, op by op (a ``TorchDispatchMode``), and their peak split by category.
+
+    Not ``MemTracker``: its module hooks (``ModTracker``) keep a module's leaf arguments and the
+    gradients reaching a root module's outputs alive (torch 2.13), and it refuses a root module called
+    twice in a step, which a pipeline stage does once per micro-batch. Storages are counted once (views
+    share them) and forgotten when Python frees them (a weak reference per storage, as MemTracker does).
+    """
+
+    def __init__(self, params: list, opt: Any) -> None:
+        self.params, self.opt = params, opt
+        self.sizes: dict[int, int] = {}
+        self.total = self.peak = 0
+        self.at_peak = {"params": 0, "grads": 0, "optimizer": 0}
+        self._refs: dict[int, Any] = {}
+        self._param_storages = self._storages(params)
+        states = [t for state in opt.state.values() for t in state.values()] if opt is not None else []
+        self._opt_storages = self._storages(states)
+        self.track_existing(params)
+        self.track_existing(states)
+
+    @staticmethod
+    def _storages(tensors: Any) -> dict[int, int]:
+        import torch
+
+        out: dict[int, int] = {}
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                st = t.untyped_storage()
+                out[st._cdata] = st.nbytes()
+        return out
+
+    def track_existing(self, tensors: Any) -> None:
+        import torch
+
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._track(t.untyped_storage())
+
+    def _track(self, st: Any) -> None:
+        key = st._cdata
+        if key in self.sizes:
+            return
+        self.sizes[key] = st.nbytes()
+        self.total += self.sizes[key]
+        self._refs[key] = weakref.ref(st, lambda _, key=key: self._free(key))
+        if self.total > self.peak:
+            self.peak = self.total
+            grads = self._storages(p.grad for p in self.params if p.grad is not None)
+            self.at_peak = {"params": sum(self._param_storages.values()), "grads": sum(grads.values()),
+                            "optimizer": sum(self._opt_storages.values())}
+
+    def _free(self, key: int) -> None:
+        self.total -= self.sizes.pop(key, 0)
+        self._refs.pop(key, None)
+
+    def breakdown(self) -> dict[str, int]:
+        states = sum(self.at_peak.values())
+        return {**self.at_peak, "activations": self.peak - states, "temporary": 0}
+
+    def __enter__(self) -> "LiveBytes":
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                outer.track_existing(tree_leaves(out))
+                return out
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)

@@ -44,6 +44,8 @@ class FromFile(BaseModel):
 
 
 def flag(option: str) -> str:
+    if option.startswith("zero."):  # no CLI flag: a DeepSpeed size the plan takes from the file
+        return f"DeepSpeed {option.removeprefix('zero.')}"
     return "--gpus" if option == "num_gpus" else f"--{option.replace('_', '-')}"
 
 

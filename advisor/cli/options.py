@@ -196,6 +196,10 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         value = options.get(cli_name)
         if value is not None:
             kwargs[field] = value.lower() if isinstance(value, str) else value
+    zero = {option.removeprefix("zero."): value for option, value in options.items()
+            if option.startswith("zero.") and value is not None}  # DeepSpeed sizes from --from (ZeroSettings)
+    if zero:
+        kwargs["zero"] = zero
     for degree in ("tp", "cp", "pp", "virtual_stages", "ep"):
         if options.get(degree) is not None:
             kwargs[degree] = options[degree]

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from advisor.planning.config_deepspeed import OFFLOAD_DEVICES, read_nested_deepspeed, take_zero_strategy
+from advisor.planning.config_deepspeed import OFFLOAD_DEVICES, read_nested_deepspeed, take_zero_strategy, zero_keys_read
 from advisor.planning.config_file import (SHARDING, Reader, beside, fsdp_strategy, load_json, precision_for, take_batch,
                                           take_degrees)
+from advisor.recipes import zero_config_defaults
 
 # An accelerate config runs the stack the accelerate export plans with (advisor/export/formats.py's row:
 # the Trainer through accelerate, fused AdamW), so reading our own export back reproduces its plan.
@@ -103,6 +104,11 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
         if stage > 3:
             raise r.fail("deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {stage}")
         take_zero_strategy(r, "deepspeed_config.zero_stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
+        defaults = zero_config_defaults("accelerate")  # the config accelerate builds sets no bucket size
+        for name in zero_keys_read(stage):
+            value = getattr(defaults, name)
+            r.take("deepspeed_config", "no deepspeed_config_file: accelerate leaves DeepSpeed's defaults",
+                   f"zero.{name}", str(value).lower() if isinstance(value, bool) else value)
     else:
         r.take("distributed_type", "DEEPSPEED", "engine", "deepspeed")
     take_batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")

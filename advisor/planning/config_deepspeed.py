@@ -4,8 +4,8 @@ accelerate YAML or a TrainingArguments JSON names.
 Which keys it reads, and what they mean, from the framework's own definitions: DeepSpeed JSON
 (deepspeed.ai/docs/config-json): ``zero_optimization.stage``, ``offload_optimizer`` / ``offload_param``
 devices, ``bf16`` / ``fp16`` blocks, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
-``train_batch_size``, ``optimizer.type``; ``"auto"`` is filled in by the Trainer or accelerate, so it is left
-to the plan.
+``train_batch_size``, ``optimizer.type``, the ZeRO bucket sizes and ``overlap_comm`` (``take_zero_sizes``);
+``"auto"`` is filled in by the Trainer or accelerate, so it is left to the plan.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.planning.config_file import Reader, strategy_for, take_batch, take_precision
+from advisor.recipes import zero_config_defaults
 
 OFFLOAD_DEVICES = {"none": None, "cpu": "cpu", "nvme": "nvme"}  # offload_*.device -> the device planned for
 
@@ -56,6 +57,7 @@ def read_deepspeed(r: Reader) -> None:
             devices[0] = "cpu"
         if stage is not None:
             take_zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
+            take_zero_sizes(r, stage)
     bf16_key = "bfloat16.enabled" if "bfloat16" in r.doc else "bf16.enabled"
     take_precision(r, "deepspeed", bf16_key, "fp16.enabled")
     take_batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")
@@ -67,6 +69,42 @@ def read_deepspeed(r: Reader) -> None:
             r.notes.append(f"{r.prefix}optimizer.type {kind} is not modelled: planned with --optimizer's default")
         if r.flag("optimizer.params.torch_adam"):  # torch.optim.Adam(W) with its default, foreach on CUDA
             r.take("optimizer.params.torch_adam", True, "optimizer_impl", "foreach")
+
+
+ZERO_SIZES = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+              "sub_group_size")
+
+
+def zero_keys_read(stage: int) -> tuple[str, ...]:
+    """The ``zero_optimization`` keys of ``advisor.recipes.ZeroSettings`` that DeepSpeed reads at ``stage``:
+    none at stage 0; the stage-3 sizes at stage 3 (which keeps its one IPG buffer with or without
+    overlap_comm); the all-gather bucket and overlap_comm below it; the reduce bucket at every stage."""
+    if stage == 0:
+        return ()
+    stage3 = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "sub_group_size")
+    return ("reduce_bucket_size",) + (stage3 if stage == 3 else ("allgather_bucket_size", "overlap_comm"))
+
+
+def take_zero_sizes(r: Reader, stage: int) -> None:
+    """The bucket sizes and overlap_comm under ``zero_optimization`` that ``stage`` reads (the plan's
+    ``zero`` settings): a number is taken, ``"auto"`` is left to the plan (the Trainer and accelerate fill it
+    from the hidden size, as the planner does), and a key the file leaves out runs at DeepSpeed's own
+    default (profiles/zero_defaults.json), which is taken and said so."""
+    defaults = zero_config_defaults("deepspeed")
+    for name in zero_keys_read(stage):
+        key = f"zero_optimization.{name}"
+        if name == "overlap_comm":
+            value = r.flag(key)
+            value = None if value is None else str(value).lower()
+        else:
+            value = r.integer(key, low=1 if name != "stage3_prefetch_bucket_size" else 0)
+        if value is not None:
+            r.take(key, value, f"zero.{name}", value)
+        elif f"{r.prefix}{key}" not in r.auto:
+            default = getattr(defaults, name)
+            shown = str(default).lower() if isinstance(default, bool) else f"{default:,}"
+            r.take(key, f"not set: DeepSpeed's default {shown}", f"zero.{name}",
+                   str(default).lower() if isinstance(default, bool) else default)
 
 
 def read_nested_deepspeed(r: Reader, doc: dict[str, Any], prefix: str) -> Reader:

@@ -17,21 +17,35 @@ from tests.cli._main import run_main
 
 CONFIGS = Path(__file__).parent / "configs"
 
+# DeepSpeed's ZeRO-3 defaults (deepspeed/runtime/zero/config.py at edaa722: reduce_bucket_size 5e8,
+# prefetch_bucket_size 5e7, max_live_parameters 1e9, sub_group_size 1e9), for a file that leaves them out.
+ZERO3_DEFAULTS = {"zero.reduce_bucket_size": 5 * 10**8, "zero.stage3_prefetch_bucket_size": 5 * 10**7,
+                  "zero.stage3_max_live_parameters": 10**9, "zero.sub_group_size": 10**9}
+
 # What each document says, read by hand (not by the code under test): the knobs it fixes.
 EXPECTED = {
     # distributed_type FSDP, FULL_SHARD (reshard after forward), no offload, bf16, 2 processes, no checkpointing
     "accelerate_fsdp.yaml": ("accelerate", {"num_gpus": 2, "precision": "bf16-mixed", "recipe": "trainer",
                                             "activation_checkpointing": "off", "engine": "torch", "strategy": "zero3"}),
-    # DEEPSPEED plugin: zero_stage 3, optimizer and params offloaded to cpu, fp16, 2 processes, accumulation 1
+    # DEEPSPEED plugin: zero_stage 3, optimizer and params offloaded to cpu, fp16, 2 processes, accumulation 1;
+    # no deepspeed_config_file, so the config accelerate builds has no bucket size: DeepSpeed's ZeRO-3 defaults
+    # (reduce 5e8, prefetch 5e7, max live 1e9, sub-group 1e9: deepspeed/runtime/zero/config.py)
     "accelerate_deepspeed_zero3_offload.yaml": ("accelerate", {
         "num_gpus": 2, "precision": "fp16-mixed", "engine": "deepspeed", "strategy": "zero3_offload",
-        "gradient_accumulation": 1, "recipe": "trainer"}),
-    # stage 3 + offload_optimizer cpu + offload_param cpu, fp16 enabled, AdamW in the config, batch sizes auto
+        **ZERO3_DEFAULTS, "gradient_accumulation": 1, "recipe": "trainer"}),
+    # stage 3 + offload_optimizer cpu + offload_param cpu, fp16 enabled, AdamW in the config, batch sizes auto;
+    # reduce_bucket_size and stage3_prefetch_bucket_size "auto" (left to the plan), sub_group_size and
+    # stage3_max_live_parameters 1e9
     "ds_zero3_offload_accelerate.json": ("deepspeed", {
-        "engine": "deepspeed", "strategy": "zero3_offload", "precision": "fp16-mixed", "gradient_accumulation": 1,
+        "engine": "deepspeed", "strategy": "zero3_offload", "zero.stage3_max_live_parameters": 10**9,
+        "zero.sub_group_size": 10**9, "precision": "fp16-mixed", "gradient_accumulation": 1,
         "optimizer": "adamw", "recipe": "deepspeed"}),
-    # DeepSpeed's ZeRO-Infinity example: stage 3 with both offloaded to cpu, nothing else
-    "ds_zero_infinity.json": ("deepspeed", {"engine": "deepspeed", "strategy": "zero3_offload", "recipe": "deepspeed"}),
+    # DeepSpeed's ZeRO-Infinity example: stage 3 with both offloaded to cpu; reduce and prefetch buckets 1e7,
+    # max live parameters and sub-group 1e9
+    "ds_zero_infinity.json": ("deepspeed", {"engine": "deepspeed", "strategy": "zero3_offload",
+                                            "zero.reduce_bucket_size": 10**7, "zero.stage3_prefetch_bucket_size": 10**7,
+                                            "zero.stage3_max_live_parameters": 10**9, "zero.sub_group_size": 10**9,
+                                            "recipe": "deepspeed"}),
     # FSDP over all GPUs (shard degree -1), batch 1 x 8192 tokens, selective AC, AdamW
     "torchtitan_llama3_8b.toml": ("torchtitan", {
         "engine": "torch", "strategy": "zero3", "micro_batch": 1, "seq_len": 8192,
@@ -141,6 +155,7 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
                                        "num_processes: 2\n")
     config = read_config_file(tmp_path / "acc.yaml")
     assert config.settings == {"num_gpus": 2, "engine": "deepspeed", "strategy": "zero3_offload",
+                               "zero.stage3_max_live_parameters": 10**9, "zero.sub_group_size": 10**9,
                                "precision": "fp16-mixed", "gradient_accumulation": 1, "optimizer": "adamw",
                                "recipe": "deepspeed"}  # the JSON names an optimizer: DeepSpeed's, not the script's
 
@@ -288,9 +303,12 @@ def test_trainer_arguments_with_deepspeed_inline_and_an_optim(tmp_path):
                                 "deepspeed": {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
                                               "train_micro_batch_size_per_gpu": "auto"}}))
     config = read_config_file(path)
+    # stage 2 with no bucket size or overlap_comm: DeepSpeed's defaults (5e8 each, overlap off below ZeRO-3)
     assert config.settings == {"micro_batch": 4, "gradient_accumulation": 8, "precision": "fp16-mixed",
                                "optimizer": "adamw", "optimizer_impl": "foreach", "activation_checkpointing": "on",
-                               "engine": "deepspeed", "strategy": "zero2_offload", "recipe": "trainer"}
+                               "engine": "deepspeed", "strategy": "zero2_offload", "zero.reduce_bucket_size": 5 * 10**8,
+                               "zero.allgather_bucket_size": 5 * 10**8, "zero.overlap_comm": "false",
+                               "recipe": "trainer"}
     assert "deepspeed.train_micro_batch_size_per_gpu (auto: left to the plan)" in config.not_read
 
 
@@ -314,3 +332,18 @@ def test_hybrid_shard_over_two_machines_replicates_across_them(tmp_path):
                     "  fsdp_sharding_strategy: HYBRID_SHARD\n  fsdp_reshard_after_forward: false\n")
     assert read_config_file(path).settings == {"num_gpus": 16, "nodes": 2, "recipe": "trainer", "engine": "torch",
                                                "strategy": "zero2", "hybrid": 2}
+
+
+def test_a_deepspeed_jsons_own_bucket_size_is_planned(tmp_path, capsys):
+    """Qwen2.5-7B (hidden 3584) ZeRO-2 with overlap_comm: reduce_bucket_size 2e8 in the file against "auto"
+    (the Trainer's fill, 3584^2 = 12,845,056): two bf16 IPG buffers each, so a block's backward holds
+    2 x 2 x (200,000,000 - 12,845,056) = 748,619,776 B more; every other moment is the same."""
+    peaks = {}
+    for size in ("auto", 200_000_000):
+        path = tmp_path / f"ds_{size}.json"
+        path.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": size},
+                                    "bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}))
+        doc = _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "8xA100", "--from", str(path))
+        peaks[size] = next(c for c in doc["candidates"] if c["strategy"] == "zero2")["memory_bytes"]
+    assert peaks[200_000_000]["at_block_backward"] - peaks["auto"]["at_block_backward"] == 748_619_776
+    assert peaks[200_000_000]["at_loss_backward"] == peaks["auto"]["at_loss_backward"]

@@ -1,6 +1,7 @@
 """The plan's notes and assumptions: every default the planner chose, the recipe's facts, the allocator
-overhead, LoRA's counting, what ``--seq-len max`` found and what another loss kernel would save, each
-as one sentence whose numbers come from the candidates (``advisor.planning.api.plan`` collects them).
+overhead, LoRA's counting and what ``--seq-len max`` found, each as one sentence whose numbers come from
+the candidates (``advisor.planning.api.plan`` collects them); what another loss kernel would save is a
+reason (``advisor.planning.reasons.LossPeak``), rendered with the others.
 """
 
 from __future__ import annotations

@@ -22,8 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from advisor.planning import reasons
-from advisor.planning.remedies import remedy_line, remedy_sections
-from advisor.planning.render import render, render_reason
+from advisor.planning.render import remedy_line, remedy_sections, render, render_reason
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
 

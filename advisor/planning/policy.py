@@ -36,7 +36,7 @@ def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
     return default.strategy, size_rationale(default)
 
 
-def size_default(spec: ModelSpec, kind: type[r._SizeBand] = r.SizeDefault) -> r._SizeBand:
+def size_default(spec: ModelSpec, kind: type[r.SizeBand] = r.SizeDefault) -> r.SizeBand:
     """The size-threshold default as a reason (``kind``: which sentence quotes it)."""
     n = spec.total_params
     band = "small" if n < SMALL_MODEL else "medium" if n <= LARGE_MODEL else "large"

@@ -28,7 +28,7 @@ from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
-from advisor.planning.render import MIN_SAVED_GIB
+from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
@@ -238,25 +238,3 @@ def remedy_fits(remedy: Remedy) -> r.RemedyFits:
     """Nothing fits: what one remedy leads to."""
     return r.RemedyFits(remedy=remedy.name, keeps_math=remedy.keeps_math, strategy=remedy.strategy, fits=remedy.fits,
                         step_s=remedy.step_s, tokens_per_s=remedy.tokens_per_s)
-
-
-def remedy_line(remedy) -> str:
-    """``--loss fused: saves 2.2 GiB per GPU; then zero3 on the GPUs alone, 1.03 s/step, 11,942 tokens/s``."""
-    if remedy.saved_gib >= 0.05:
-        memory = f"saves {remedy.saved_gib:.1f} GiB per GPU"
-    elif remedy.saved_gib <= -0.05:
-        memory = f"uses {-remedy.saved_gib:.1f} GiB more per GPU"
-    else:
-        memory = "same memory"
-    if remedy.strategy is None:
-        return f"{remedy.name}: {memory}; still nothing fits"
-    where = "on the GPUs alone" if remedy.fits else "with CPU offload"
-    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
-            f"{remedy.tokens_per_s:,.0f} tokens/s")
-
-
-def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
-    """The remedies in two groups, as the planner ranked them: those that keep the mathematics, then the others."""
-    groups = [("Remedies that keep the mathematics", [r for r in remedies if r.keeps_math]),
-              ("Remedies that change the mathematics", [r for r in remedies if not r.keeps_math])]
-    return [(header, [remedy_line(r) for r in group]) for header, group in groups if group]

@@ -3,7 +3,8 @@
 ``advisor.planning.reasons`` holds the numbers; this module only formats them (GiB with one decimal,
 shares as percentages, tokens/s with thousands separators). ``Plan.why``, ``Recommendation.reason`` and
 ``Recommendation.alternatives`` (read by ``wrap()``, the callbacks, ``compare`` and ``--json``) are
-rendered here, so the text is the same wherever it is printed.
+rendered here, so the text is the same wherever it is printed; so are the remedies' lines
+(``remedy_line``, from ``Remedy``'s own numbers).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _share(total: int, capacity: int) -> float:
     return total / capacity
 
 
-def size_rationale(x: r._SizeBand) -> str:
+def size_rationale(x: r.SizeBand) -> str:
     """``7.62B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)``."""
     billions = x.num_params / 1e9
     if x.band == "small":
@@ -355,3 +356,25 @@ def render_reason(reasons: tuple[r.Reason, ...]) -> str:
 def render_alternative(reason: r.Reason) -> str:
     """One of ``Recommendation.alternatives``: the sentence without its full stop."""
     return render(reason).removesuffix(".")
+
+
+def remedy_line(remedy) -> str:
+    """``--loss fused: saves 2.2 GiB per GPU; then zero3 on the GPUs alone, 1.03 s/step, 11,942 tokens/s``."""
+    if remedy.saved_gib >= MIN_SAVED_GIB:
+        memory = f"saves {remedy.saved_gib:.1f} GiB per GPU"
+    elif remedy.saved_gib <= -MIN_SAVED_GIB:
+        memory = f"uses {-remedy.saved_gib:.1f} GiB more per GPU"
+    else:
+        memory = "same memory"
+    if remedy.strategy is None:
+        return f"{remedy.name}: {memory}; still nothing fits"
+    where = "on the GPUs alone" if remedy.fits else "with CPU offload"
+    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
+            f"{remedy.tokens_per_s:,.0f} tokens/s")
+
+
+def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
+    """The remedies in two groups, as the planner ranked them: those that keep the mathematics, then the others."""
+    groups = [("Remedies that keep the mathematics", [x for x in remedies if x.keeps_math]),
+              ("Remedies that change the mathematics", [x for x in remedies if not x.keeps_math])]
+    return [(header, [remedy_line(x) for x in group]) for header, group in groups if group]

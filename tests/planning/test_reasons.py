@@ -224,11 +224,11 @@ _TEMPLATE = ("(1-10B)", "(< 1B)", "(> 10B)", "~1/3", "rank 0 first")  # fixed wo
 
 def _leaves(model):
     for name, value in model:
-        if isinstance(value, r._Reason):
+        if isinstance(value, r.ReasonModel):
             yield from _leaves(value)
         elif isinstance(value, tuple):
             for item in value:
-                yield from (_leaves(item) if isinstance(item, r._Reason) else [(name, item)])
+                yield from (_leaves(item) if isinstance(item, r.ReasonModel) else [(name, item)])
         else:
             yield name, value
 
@@ -290,3 +290,21 @@ def test_the_number_check_catches_a_figure_the_reason_does_not_hold():
     assert render(fits) == "zero3 fits: 68.0 GiB of 80.0 GiB per GPU (85%) at micro-batch 1."
     assert set(_NUMBER.findall(render(fits))) <= _shown(fits)
     assert not set(_NUMBER.findall(render(fits).replace("68.0", "67.0"))) <= _shown(fits)
+
+
+def test_kinds_no_readme_plan_reaches_render_as_before():
+    """Sentence families the plans above do not reach, with figures chosen to print round: the text the
+    planner built as strings before it returned reasons."""
+    assert render(r.Unavailable(strategy="dp", detail="DataParallel is one process: one node only")) == (
+        "dp is unavailable: DataParallel is one process: one node only.")
+    faster = r.FasterOffload(strategy="zero3_offload", tokens_per_s=1234.4, micro_batch_size=4,
+                             instead_of="zero2_offload", instead_tokens_per_s=1000.0, instead_micro_batch_size=2)
+    assert render(faster) == ("zero3_offload rather than zero2_offload: both offload, and zero3_offload runs 1,234 "
+                              "tokens/s (micro-batch 4) against 1,000 (micro-batch 2).")
+    peaks = r.StagePeaks(peaks_bytes=(70 * GIB, 72 * GIB + GIB // 2, 68 * GIB))
+    assert render(peaks) == "per-stage peaks (GiB, rank 0 first): 70.0, 72.5, 68.0; the worst, rank 1, decides the fit."
+    none = r.NoCountFits(checkpointing_tried=True, hints=("shorten --seq-len",))
+    assert render(none) == ("No number of these GPUs fits: one sample's activations alone exceed a GPU (with "
+                            "activation checkpointing), or offloaded states exceed CPU RAM; shorten --seq-len.")
+    also = r.AlsoFits(strategy="ddp", total_bytes=61 * GIB, capacity_bytes=100 * GIB, micro_batch_size=2, step_s=1.2)
+    assert render(also) == "ddp also fits (61% of memory, micro-batch 2, 1.20 s/step) and communicates less"

@@ -13,7 +13,6 @@ The planner decides; this module only lays out what it returned (``--json`` is t
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -22,7 +21,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from advisor.planning.remedies import remedy_line, remedy_sections
+from advisor.planning import reasons
+from advisor.planning.render import remedy_line, remedy_sections, render, render_reason
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
 
@@ -72,9 +72,8 @@ def answer_lines(plan) -> list[str]:
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
         lines = [f"[bold red]Nothing fits.[/] {found}".rstrip()]
-        found_line = plan.smallest_fit.message if plan.smallest_fit is not None else None
-        reasons = [w for w in plan.why if w != found_line and ("does not fit" in w or w.startswith("No "))]
-        return lines + ([f"[bold]Why:[/] {reasons[-1]}"] if reasons else [])
+        unfit = [x for x in plan.reasons if isinstance(x, _UNFIT)]
+        return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"
             if rec.activation_checkpointing else "")
     accum = (f", {rec.gradient_accumulation_steps} accumulation steps"
@@ -93,26 +92,28 @@ def answer_lines(plan) -> list[str]:
             f"[bold]Why:[/] {reason_sentence(plan)}"]
 
 
-_SENTENCE_END = re.compile(r"(?<=\.)\s+(?=[A-Za-z-])")
-_FIT_FIGURES = re.compile(r" fits: \d")  # "zero3 fits: 67.3 GiB of ...": figures the answer line already gives
+# Why nothing fits: a candidate's or a mesh's shortfall (the smallest count that would fit is said already).
+_UNFIT = (reasons.DoesNotFit, reasons.HighEndDoesNotFit, reasons.CpuRamDoesNotFit, reasons.SizeDefaultUnfit, reasons.NoMeshFits, reasons.NoPinnedMeshFits, reasons.NoGpuOnlyMesh)
+# Reasons that only give a candidate's fit figures, which the answer line already prints.
+_FIT_FIGURES = (reasons.DefaultFits, reasons.MeshFits, reasons.Escalated)
 
 
 def reason_sentence(plan) -> str:
-    """One line of why, chosen among the planner's own sentences (its reasons are sentences today; when
-    it returns them structured, pick by kind instead). On a mesh: the line that opens its case (what
-    forced a mesh, or the policy that chose it). Otherwise the first sentence of the recommendation's
-    reason that does more than give a candidate's fit figures (``zero3 does not fit: needs 79.6 GiB``,
-    ``zero2 rather than zero3: ...``); when all do (the size default fits), the first why line."""
+    """One line of why, picked by kind among the planner's reasons. An offloading plan: the best remedy in
+    numbers. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
+    Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
+    figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
+    size default fits), the first reason."""
     rec = plan.recommendation
-    if rec.remedies and rec.strategy.endswith("_offload") and plan.why:
-        return plan.why[0]  # an offloading plan's first reason names the best remedy in numbers
+    if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
+        return render(plan.reasons[0])  # an offloading plan's first reason names the best remedy in numbers
     if rec.mesh is not None:
-        opened = [i for i, line in enumerate(plan.why) if line.startswith(f"mesh {rec.mesh.label} (")]
+        opened = [i for i, x in enumerate(plan.reasons) if isinstance(x, reasons.MeshFits)]
         if opened and opened[0] > 0:
-            return plan.why[opened[0] - 1]
-    for sentence in _SENTENCE_END.split(rec.reason.strip()):
-        if sentence and not (_FIT_FIGURES.search(sentence) or sentence.startswith(("escalated to ", "fell back to "))):
-            return sentence
+            return render(plan.reasons[opened[0] - 1])
+    picked = next((x for x in rec.reasons if not isinstance(x, _FIT_FIGURES)), None)
+    if picked is not None:
+        return render_reason((picked,))
     return plan.why[0] if plan.why else rec.reason
 
 

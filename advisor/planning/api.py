@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_serializer, model_serializer
 
 from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
@@ -29,7 +29,9 @@ from advisor.planning.candidates import Candidate, Recommendation, evaluate_cand
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
-from advisor.planning.remedies import find_remedies, offload_line
+from advisor.planning.reasons import Reason
+from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
+from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -43,7 +45,8 @@ class Plan(BaseModel):
     training: TrainingConfig
     candidates: tuple[Candidate, ...]
     recommendation: Recommendation | None
-    why: tuple[str, ...]
+    reasons: tuple[Reason, ...] = Field(description="Why this recommendation (or why nothing fits), in the order a "
+                                        "reader meets them, with their numbers (advisor.planning.reasons).")
     assumptions: tuple[str, ...]
     smallest_fit: SmallestFit | None = None
     longest_seq_len: dict[str, int | None] | None = Field(
@@ -65,6 +68,24 @@ class Plan(BaseModel):
         if rec is None:
             return None
         return next(c for c in self.candidates if c.strategy == rec.strategy and c.mesh == rec.mesh)
+
+    @computed_field
+    @property
+    def why(self) -> tuple[str, ...]:
+        """The reasons as sentences (``advisor.planning.render``)."""
+        return tuple(render(reason) for reason in self.reasons)
+
+    @model_serializer(mode="wrap")
+    def _why_before_reasons(self, handler):  # JSON: 'why' where it always was, the structured 'reasons' after it
+        data = handler(self)
+        if not isinstance(data, dict) or "why" not in data:
+            return data
+        why, ordered = data.pop("why"), {}
+        for key, value in data.items():
+            if key == "reasons":
+                ordered["why"] = why
+            ordered[key] = value
+        return ordered
 
     @field_serializer("hardware")
     def _hardware_summary(self, hardware: Hardware) -> dict:
@@ -92,7 +113,8 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
 
 
 def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
-                   recommendation: Recommendation | None, why: list[str]) -> tuple[Recommendation | None, list[str]]:
+                   recommendation: Recommendation | None,
+                   why: list[Reason]) -> tuple[Recommendation | None, list[Reason]]:
     """The ranked remedies (``advisor.planning.remedies``) on the recommendation; when it offloads, the best
     one opens the 'why'; when nothing fits, the three best are why lines."""
     chosen = None if recommendation is None else next(
@@ -101,9 +123,7 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
     if not remedies:
         return recommendation, why
     if recommendation is None:
-        return None, why + [f"with {r.name}{'' if r.keeps_math else ' (changes the mathematics)'}, {r.strategy} fits "
-                            f"{'on the GPUs alone' if r.fits else 'with CPU offload'}: {r.step_s:.2f} s/step, "
-                            f"{r.tokens_per_s:,.0f} tokens/s" for r in remedies if r.strategy is not None][:3]
+        return None, why + [remedy_fits(r) for r in remedies if r.strategy is not None][:3]
     line = offload_line(remedies, chosen, reference=default_strategy(spec)[0]) if offloads(chosen) else None
     return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
 
@@ -354,7 +374,7 @@ def plan(
                              "advisor plan without --seq-len max")
         training = validated_copy(training, {"seq_len": best})
         notes.append(longest_note(spec, longest, best, training.micro_batch_size))
-    candidates, recommendation, why = [], None, []
+    candidates, recommendation, why = [], None, []  # why: the reasons (advisor.planning.reasons), in order
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
         if strategy and not candidates[0].available:  # bad input, not a plan that does not fit
@@ -376,12 +396,12 @@ def plan(
     smallest = None if recommendation else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:
-        why.append(smallest.message)
+        why.append(smallest.reason)
     if recommendation is None or recommendation.mesh is None:
         why.extend(loss_notes(spec, hw, training, candidates, recommendation))
     candidates += meshes
     return Plan(
         model=spec, hardware=hw, training=training, candidates=tuple(candidates),
-        recommendation=recommendation, why=tuple(why), assumptions=tuple(notes + assumptions_of(spec, hw, training)),
+        recommendation=recommendation, reasons=tuple(why), assumptions=tuple(notes + assumptions_of(spec, hw, training)),
         smallest_fit=smallest, longest_seq_len=longest,
     )

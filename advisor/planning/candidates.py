@@ -20,6 +20,7 @@ from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
+from advisor.planning.reasons import Reason
 from advisor.strategies import STRATEGIES, Implementation, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -89,6 +90,8 @@ class Recommendation(_Frozen):
     gradient_accumulation_steps: int | None = None
     reason: str
     alternatives: tuple[str, ...] = ()
+    reasons: tuple[Reason, ...] = Field(default=(), exclude=True, description="What ``reason`` says, as data "
+                                        "(advisor.planning.reasons; ``reason`` is their rendering).")
     mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence, TypeVar
 
 from advisor.estimate.step_time import StepTime
+from advisor.planning import reasons as r
 
 T = TypeVar("T")
 
@@ -31,7 +32,7 @@ def rank_by_time(candidates: Sequence[tuple[T, StepTime]]) -> list[tuple[T, Step
     return sorted(candidates, key=lambda item: -item[1].tokens_per_s)
 
 
-def _reasons(fast: StepTime, slow: StepTime, fast_name: str, slow_name: str, batch: int) -> list[str]:
+def _gaps(fast: StepTime, slow: StepTime, batch: int) -> list[r.Gap]:
     """The components that explain most of the gap, in seconds per global batch."""
     def per_batch(step: StepTime, seconds: float) -> float:
         return seconds * batch / step.samples_per_step
@@ -43,29 +44,26 @@ def _reasons(fast: StepTime, slow: StepTime, fast_name: str, slow_name: str, bat
         "optimizer step": (per_batch(fast, fast.optimizer_s), per_batch(slow, slow.optimizer_s)),
     }
     ranked = sorted(parts.items(), key=lambda kv: kv[1][0] - kv[1][1])
-    reasons = []
+    gaps: list[r.Gap] = []
     for label, (f, s) in ranked:
         if s - f < 0.05 * max(s, 1e-9) or s - f <= 0:
             continue
-        reasons.append(f"{slow_name} spends {s:.2f} s on {label} vs {f:.2f} s")
+        gaps.append(r.Spends(label=label, slow_s=s, fast_s=f))
     if fast.hardware_flops_per_gpu / fast.model_flops_per_gpu < slow.hardware_flops_per_gpu / slow.model_flops_per_gpu:
-        reasons.append(f"{slow_name} recomputes activations (one extra forward)")
+        gaps.append(r.Recomputes())
     if fast.micro_batch_size != slow.micro_batch_size:
-        reasons.append(f"micro-batch {fast.micro_batch_size} vs {slow.micro_batch_size}")
-    return reasons[:3]
+        gaps.append(r.MicroBatches(fast=fast.micro_batch_size, slow=slow.micro_batch_size))
+    return gaps[:3]
 
 
 def explain_tradeoff(fastest: tuple[str, StepTime], default: tuple[str, StepTime], *,
-                     global_batch_size: int | None = None) -> str:
-    """One sentence, in numbers: how much faster the fastest candidate is than the default, and why."""
+                     global_batch_size: int | None = None) -> r.Tradeoff:
+    """How much faster the fastest candidate is than the default, and why, in numbers."""
     (fast_name, fast), (slow_name, slow) = fastest, default
     batch = global_batch_size or slow.samples_per_step
     fast_s = time_per_global_batch_s(fast, global_batch_size=batch)
     slow_s = time_per_global_batch_s(slow, global_batch_size=batch)
-    if fast_name == slow_name or abs(slow_s - fast_s) < 1e-12:
-        return f"{fast_name} is the default and the fastest that fits ({fast_s:.2f} s per global batch of {batch})."
-    ratio = slow_s / fast_s
-    because = _reasons(fast, slow, fast_name, slow_name, batch)
-    why = f" because {'; '.join(because)}" if because else ""
-    return (f"{fast_name} is {ratio:.2f}x faster than {slow_name} ({fast_s:.2f} s vs {slow_s:.2f} s per global batch "
-            f"of {batch} samples; {fast.tokens_per_s:,.0f} vs {slow.tokens_per_s:,.0f} tokens/s){why}.")
+    same = fast_name == slow_name or abs(slow_s - fast_s) < 1e-12
+    return r.Tradeoff(fast=fast_name, slow=slow_name, fast_batch_s=fast_s, slow_batch_s=slow_s,
+                      global_batch_size=batch, fast_tokens_per_s=fast.tokens_per_s, slow_tokens_per_s=slow.tokens_per_s,
+                      gaps=() if same else tuple(_gaps(fast, slow, batch)))

@@ -26,11 +26,12 @@ from advisor.model.spec import ModelSpec
 from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
                                               pipeline_search_reason, pipeline_summary_line, stage_line,
                                               without_pp_line)
+from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Recommendation, batch_split_problem, evaluate_candidate
-from advisor.planning.policy import SAME_SPEED
+from advisor.planning.policy import SAME_SPEED, checkpointing
+from advisor.planning.render import render_alternative, render_reason
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
-from advisor.units import GIB
 
 
 class MeshPins(BaseModel):
@@ -183,43 +184,35 @@ def best_mesh(candidates: list[Candidate]) -> Candidate | None:
     return min(peers, key=lambda c: (c.mesh.model_parallel * c.mesh.pp, c.mesh.dp_replicate, -_tokens_per_s(c)))
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
 def forcing_limit(spec: ModelSpec, dp_candidates: list[Candidate], training: TrainingConfig,
-                  world: int) -> str:
+                  world: int) -> r.Limit:
     """Which limit keeps data parallelism alone from fitting, in numbers."""
     if training.global_batch_size is not None and training.global_batch_size % world:
-        return (f"the global batch: {training.global_batch_size} samples cannot give each of {world} GPUs whole "
-                "micro-batches, so some GPUs must share a sample (tensor or context parallelism)")
+        return r.BatchLimit(kind="batch-indivisible", global_batch_size=training.global_batch_size, world_size=world)
     if batch_split_problem(training, world) is not None:  # --micro-batch pinned: micro x world does not divide it
-        micro = training.micro_batch_size
-        return (f"the global batch: {training.global_batch_size} samples are not a whole number of micro-steps of "
-                f"micro-batch {micro} x {world} GPUs ({micro * world} samples), so fewer data-parallel ranks must "
-                "take them (tensor or context parallelism)")
+        return r.BatchLimit(kind="batch-micro-steps", global_batch_size=training.global_batch_size, world_size=world,
+                            micro_batch_size=training.micro_batch_size)
     sharded = [c for c in dp_candidates if c.available and c.memory_bytes is not None
                and STRATEGIES[c.strategy].on(c.engine).shard_params and c.strategy == "zero3"]
     if not sharded:
-        return "no data-parallel strategy fits"
+        return r.NoDataParallelFits()
     c = sharded[0]
     m = c.memory_bytes
-    ckpt = " with checkpointing" if c.activation_checkpointing else ""
     states = m.params + m.grads + m.optimizer
     if m.peak_moment in ("end_of_forward", "loss_backward") and m.activations + m.temporary >= states:
-        limit = (f"activations: {_gib(m.activations)} saved{ckpt} plus {_gib(m.temporary)} of logits and loss "
-                 "buffers for one sample")
+        kind = "activations-and-logits"
     elif m.peak_moment == "block_backward" and m.activations >= m.temporary and m.activations >= states:
-        limit = f"activations: {_gib(m.activations)} of one sample{ckpt}"
+        kind = "activations"
     elif m.peak_moment == "block_backward" and m.temporary >= states:
-        limit = f"the largest layer: {_gib(m.temporary)} of an unsharded block, its gradients and backward buffers"
+        kind = "largest-layer"
     else:
-        limit = f"the model states: {_gib(m.params + m.grads + m.optimizer)} per GPU"
-    return (f"{limit} (zero3 needs {_gib(m.total)} per GPU of {_gib(c.capacity_bytes)} at micro-batch "
-            f"{c.micro_batch_size}, peak at {m.peak_moment.replace('_', ' ')})")
+        kind = "model-states"
+    return r.MemoryLimit(kind=kind, activations_bytes=m.activations, temporary_bytes=m.temporary, states_bytes=states,
+                         checkpointing=checkpointing(c), total_bytes=m.total, capacity_bytes=c.capacity_bytes,
+                         micro_batch_size=c.micro_batch_size, peak_moment=m.peak_moment)
 
 
-def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate) -> list[str]:
+def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate) -> list[r.DegreeEffect]:
     """What each degree of ``chosen.mesh`` buys: memory and step time against the same mesh with
     that degree folded back into dp_shard, at the same micro-batch and checkpointing."""
     mesh = chosen.mesh
@@ -239,49 +232,43 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
             continue
         other = evaluate_candidate(spec, hw, fixed, chosen.strategy, without if not without.is_data_parallel_only
                                    else None)
-        saved = other.memory_bytes.total - chosen.memory_bytes.total
-        time = ""
-        if other.step_time is not None and dim == "pp":  # a step holds m micro-batches: compare throughput
-            time = (f", {chosen.step_time.tokens_per_s:,.0f} vs {other.step_time.tokens_per_s:,.0f} tokens/s "
-                    "without it")
-        elif other.step_time is not None:
-            delta = chosen.step_time.step_s - other.step_time.step_s
-            time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({other.step_time.step_s:.2f} s without it)"
-        elif not other.fits:
-            time = f"; without it micro-batch {chosen.micro_batch_size} at this checkpointing does not fit"
-        verb = "saves" if saved >= 0 else "costs"
-        lines.append(f"{dim} {degree} {verb} {_gib(abs(saved))} per GPU ({_gib(other.memory_bytes.total)} without "
-                     f"it){time}")
+        # a pp step holds m micro-batches: compare throughput; otherwise seconds per step
+        compare = ("tokens" if dim == "pp" else "step") if other.step_time is not None else (
+            "unfit" if not other.fits else "none")
+        lines.append(r.DegreeEffect(
+            dim=dim, degree=degree, total_bytes=chosen.memory_bytes.total, without_bytes=other.memory_bytes.total,
+            compare=compare, tokens_per_s=chosen.step_time.tokens_per_s, step_s=chosen.step_time.step_s,
+            without_tokens_per_s=other.step_time.tokens_per_s if other.step_time else None,
+            without_step_s=other.step_time.step_s if other.step_time else None,
+            micro_batch_size=chosen.micro_batch_size))
     return lines
 
 
 def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate, *,
-                        opening: str, candidates: list[Candidate] | None = None) -> tuple[Recommendation, list[str]]:
-    """The recommendation for a mesh candidate and the lines of 'why'."""
+                        opening: r.Reason, candidates: list[Candidate] | None = None,
+                        alternatives: tuple[r.Reason, ...] = ()) -> tuple[Recommendation, list[r.Reason]]:
+    """The recommendation for a mesh candidate and the reasons, ``opening`` first."""
     m = chosen.memory_bytes
     step = chosen.step_time
-    ckpt = {True: " with activation checkpointing", False: ""}[bool(chosen.activation_checkpointing)]
-    if chosen.selective_checkpointing:
-        ckpt = " with selective activation checkpointing"
-    why = [opening,
-           f"mesh {chosen.mesh.label} ({chosen.strategy}: FSDP2 over dp_shard x cp) fits: {_gib(m.total)} of "
-           f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}{ckpt}, "
-           f"{step.step_s:.2f} s/step ({step.tokens_per_s:,.0f} tokens/s, MFU {step.mfu:.0%})."]
-    why += [f"{line}." for line in degree_effects(spec, hw, training, chosen)]
-    why += [f"{line}." for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and
-            chosen.stage_peaks]
+    why: list[r.Reason] = [opening, r.MeshFits(
+        mesh_label=chosen.mesh.label, strategy=chosen.strategy, total_bytes=m.total,
+        capacity_bytes=chosen.capacity_bytes, micro_batch_size=chosen.micro_batch_size,
+        checkpointing=checkpointing(chosen), step_s=step.step_s, tokens_per_s=step.tokens_per_s, mfu=step.mfu)]
+    why += degree_effects(spec, hw, training, chosen)
+    why += [line for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and chosen.stage_peaks]
     rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
                          activation_checkpointing=bool(chosen.activation_checkpointing),
                          selective_checkpointing=chosen.selective_checkpointing,
-                         gradient_accumulation_steps=chosen.gradient_accumulation_steps, reason=" ".join(why[1:]),
-                         mesh=chosen.mesh)
-    return rec, why
+                         gradient_accumulation_steps=chosen.gradient_accumulation_steps, reasons=tuple(why[1:]),
+                         reason=render_reason(tuple(why[1:])),
+                         alternatives=tuple(render_alternative(a) for a in alternatives), mesh=chosen.mesh)
+    return rec, why + list(alternatives)
 
 
 def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, dp_candidates: list[Candidate],
-                       dp_choice: Recommendation | None, dp_why: list[str], pins: MeshPins,
+                       dp_choice: Recommendation | None, dp_why: list[r.Reason], pins: MeshPins,
                        strategy: str | None = None, dp_blocked: str | None = None,
-                       ) -> tuple[list[Candidate], Recommendation | None, list[str]]:
+                       ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason]]:
     """Mesh candidates, the recommendation and the 'why', given the data-parallel family's choice
     (module docstring: when meshes are searched and when one wins)."""
     dp_offloads = dp_choice is not None and _offloads(dp_choice)
@@ -312,9 +299,9 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
         raise ValueError(dp_blocked)
-    pp_lines: list[str] = []  # what the pipeline/expert search found, in numbers
+    pp_lines: list[r.Reason] = []  # what the pipeline/expert search found, in numbers
     if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
-        pp_lines = [f"Pipeline/expert meshes searched: {searched}."]
+        pp_lines = [r.PipelineSearched(cause=searched)]
     elif searched is not None and best is not None:
         pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
     dp_why = dp_why + pp_lines
@@ -336,58 +323,52 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
 
 
 def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
-            best: Candidate | None, pins: MeshPins) -> tuple[Recommendation | None, list[str]]:
+            best: Candidate | None, pins: MeshPins) -> tuple[Recommendation | None, list[r.Reason]]:
     if best is None:
         closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
-        extra = (f": the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)} per GPU at "
-                 f"micro-batch {closest.micro_batch_size}" if closest else "")
-        return None, [f"No mesh with the pinned degrees fits{extra}."]
-    return mesh_recommendation(spec, hw, training, best, opening=f"Pinned degrees: {_pins_text(pins)}.",
+        if closest is None:
+            return None, [r.NoPinnedMeshFits()]
+        return None, [r.NoPinnedMeshFits(mesh_label=closest.mesh.label, total_bytes=closest.memory_bytes.total,
+                                         micro_batch_size=closest.micro_batch_size)]
+    return mesh_recommendation(spec, hw, training, best, opening=r.PinnedDegrees(flags=_pins_flags(pins)),
                                candidates=candidates)
 
 
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
             dp_blocked: str | None, candidates: list[Candidate] | None = None
-            ) -> tuple[Recommendation | None, list[str]]:
+            ) -> tuple[Recommendation | None, list[r.Reason]]:
     """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
     if best is None:
-        tried = ("tp and HSDP degrees inside a node; no cp: context parallelism cannot shard a vision-language "
-                 "model's input_ids" if training.images_per_sample else "tp, cp and HSDP degrees inside a node")
-        return None, ([f"No mesh fits either (tried {len(meshes)}: {tried})."] if meshes else [])
+        return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample))] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     return mesh_recommendation(spec, hw, training, best, candidates=candidates,
-                               opening=f"Data parallelism alone cannot run this: the limit is {limit}.")
+                               opening=r.DataParallelCannot(limit=limit))
 
 
-def _checkpointing_word(c: Candidate) -> str:
-    return "selective" if c.selective_checkpointing else ("full" if c.activation_checkpointing else "no")
+def _timing(c: Candidate) -> r.MeshTiming:
+    return r.MeshTiming(total_bytes=c.memory_bytes.total, step_s=c.step_time.step_s,
+                        micro_batch_size=c.micro_batch_size, tokens_per_s=c.step_time.tokens_per_s,
+                        exposed_communication_s=c.step_time.exposed_communication_s, checkpointing=checkpointing(c))
 
 
 def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
-            dp_best: Candidate, candidates: list[Candidate] | None = None) -> tuple[Recommendation | None, list[str]]:
+            dp_best: Candidate, candidates: list[Candidate] | None = None
+            ) -> tuple[Recommendation | None, list[r.Reason]]:
     """``--policy fastest`` with a data-parallel choice: the mesh when faster by more than SAME_SPEED
     (its recommendation and the why, the DP choice side by side), else None and one line."""
     if best is None or _tokens_per_s(best) <= (1 + SAME_SPEED) * _tokens_per_s(dp_best):
-        return None, ([] if best is None else [
-            f"The fastest mesh, {best.mesh.label}, is not faster by more than {SAME_SPEED:.0%}: "
-            f"{_tokens_per_s(best):,.0f} vs {_tokens_per_s(dp_best):,.0f} tokens/s."])
-    a, b = best.step_time, dp_best.step_time
-    ckpt_note = ""
-    if _checkpointing_word(best) != _checkpointing_word(dp_best):
-        ckpt_note = (f"; the mesh fits with {_checkpointing_word(best)} checkpointing where {dp_best.strategy} "
-                     f"alone needs {_checkpointing_word(dp_best)}")
-    opening = (f"Policy fastest: mesh {best.mesh.label} is {_tokens_per_s(best) / _tokens_per_s(dp_best) - 1:.0%} "
-               f"faster than {dp_best.strategy} alone: {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
-               f"({a.step_s:.2f} s/step at micro-batch {best.micro_batch_size} vs {b.step_s:.2f} s at "
-               f"{dp_best.micro_batch_size}; {_gib(best.memory_bytes.total)} vs {_gib(dp_best.memory_bytes.total)} "
-               f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
-               f"{ckpt_note}).")
-    rec, why = mesh_recommendation(spec, hw, training, best, opening=opening, candidates=candidates)
-    alternative = (f"{dp_best.strategy} alone (data parallelism over all {hw.world_size} GPUs) also fits: "
-                   f"{_gib(dp_best.memory_bytes.total)} per GPU, {b.step_s:.2f} s/step at micro-batch "
-                   f"{dp_best.micro_batch_size}, {b.tokens_per_s:,.0f} tokens/s")
-    return validated_copy(rec, {"alternatives": (alternative,)}), why + [f"{alternative}."]
+        return None, ([] if best is None else [r.MeshNotFaster(
+            mesh_label=best.mesh.label, tokens_per_s=_tokens_per_s(best), dp_tokens_per_s=_tokens_per_s(dp_best),
+            same_speed=SAME_SPEED)])
+    opening = r.FastestMesh(mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best),
+                            dp=_timing(dp_best))
+    b = dp_best.step_time
+    alternative = r.DataParallelAlsoFits(strategy=dp_best.strategy, world_size=hw.world_size,
+                                         total_bytes=dp_best.memory_bytes.total, step_s=b.step_s,
+                                         micro_batch_size=dp_best.micro_batch_size, tokens_per_s=b.tokens_per_s)
+    return mesh_recommendation(spec, hw, training, best, opening=opening, candidates=candidates,
+                               alternatives=(alternative,))
 
 
 def _offloads(rec: Recommendation) -> bool:
@@ -395,11 +376,10 @@ def _offloads(rec: Recommendation) -> bool:
     return impl.offload_params or impl.offload_optimizer
 
 
-def _pins_text(pins: MeshPins) -> str:
-    parts = [f"--{flag} {value}" for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate),
+def _pins_flags(pins: MeshPins) -> tuple[tuple[str, str], ...]:
+    return tuple((flag, str(value)) for flag, value in (("tp", pins.tp), ("cp", pins.cp), ("hybrid", pins.dp_replicate),
                                                       ("pp", pins.pp), ("pp-schedule", pins.pp_schedule),
                                                       ("virtual-stages", pins.virtual_stages),
                                                       ("pp-layers", ",".join(map(str, pins.pp_layers or ())) or None),
                                                       ("ep", pins.ep))
-             if value is not None]
-    return ", ".join(parts)
+             if value is not None)

@@ -1,6 +1,7 @@
 """The plan's notes and assumptions: every default the planner chose, the recipe's facts, the allocator
-overhead, LoRA's counting, what ``--seq-len max`` found and what another loss kernel would save, each
-as one sentence whose numbers come from the candidates (``advisor.planning.api.plan`` collects them).
+overhead, LoRA's counting and what ``--seq-len max`` found, each as one sentence whose numbers come from
+the candidates (``advisor.planning.api.plan`` collects them); what another loss kernel would save is a
+reason (``advisor.planning.reasons.LossPeak``), rendered with the others.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.policy import SAME_SPEED, choose
 from advisor.training import TrainingConfig
@@ -37,7 +39,7 @@ def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, mic
 
 
 def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
-                recommendation: Recommendation | None) -> list[str]:
+                recommendation: Recommendation | None) -> list[r.LossPeak | r.LossWouldFit]:
     """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
     if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:
         return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
@@ -49,9 +51,8 @@ def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidat
             chosen, _ = choose(spec, alternative, only=only)
             if chosen is not None:
                 best = next(c for c in alternative if c.strategy == chosen.strategy)
-                return [f"nothing fits with the hf loss (full logits and their fp32 copy); with --loss {kernel}, "
-                        f"{best.strategy} fits at micro-batch {best.micro_batch_size} "
-                        f"({best.memory_bytes.total / GIB:.1f} GiB per GPU)"]
+                return [r.LossWouldFit(kernel=kernel, strategy=best.strategy, micro_batch_size=best.micro_batch_size,
+                                       total_bytes=best.memory_bytes.total)]
         return []
     chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
     mode = "selective" if chosen.selective_checkpointing else "on" if chosen.activation_checkpointing else "off"
@@ -64,11 +65,10 @@ def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidat
         return []
     # Only savings: a kernel whose own buffers outweigh the logits it drops (fused under a quantised base)
     # is left out rather than quoted as a negative saving.
-    savings = [(kernel, bytes_ / GIB) for kernel, bytes_ in saved.items() if bytes_ >= 0.05 * GIB]
-    listed = " and ".join(f"--loss {kernel}{' would save' if i == 0 else ''} {gib:.1f} GiB"
-                          for i, (kernel, gib) in enumerate(savings))
-    return [f"the loss decides the peak of {chosen.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
-            f"{total / GIB:.1f} GiB per GPU at micro-batch {chosen.micro_batch_size}"]
+    savings = tuple(r.LossSaving(kernel=kernel, saved_bytes=bytes_) for kernel, bytes_ in saved.items()
+                    if bytes_ >= 0.05 * GIB)
+    return [r.LossPeak(strategy=chosen.strategy, total_bytes=total, micro_batch_size=chosen.micro_batch_size,
+                       savings=savings)]
 
 
 def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, traced: bool) -> str:

@@ -24,10 +24,10 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims, split_layers
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
-from advisor.units import GIB
 
 if TYPE_CHECKING:
     from advisor.planning.meshes import MeshPins
@@ -42,27 +42,21 @@ def expert_share(spec: ModelSpec) -> float:
     return spec.num_sparse_layers * spec.num_experts * spec.expert_params / spec.total_params
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
-
-
 def pipeline_search_reason(spec: ModelSpec, training: TrainingConfig, *, pinned: bool, best: Candidate | None,
-                           closest: Candidate | None, dp_offloads: bool) -> str | None:
-    """Why pp/ep meshes are searched (one sentence with its numbers), or None when they are not."""
+                           closest: Candidate | None, dp_offloads: bool) -> r.SearchCause | None:
+    """Why pp/ep meshes are searched (with its numbers), or None when they are not."""
     if pinned:
-        return "pipeline/expert degrees pinned"
+        return r.SearchCause(kind="pinned")
     share = expert_share(spec)
     if share > 0.5:
-        return (f"routed experts hold {share:.0%} of the {spec.total_params / 1e9:.1f}B parameters, so expert "
-                "parallelism was searched")
+        return r.SearchCause(kind="experts", expert_share=share, num_params=spec.total_params)
     if best is None:
         if closest is None or closest.memory_bytes is None:
-            return "no mesh of tp, cp and HSDP inside a node was tried"
-        return (f"no mesh of tp, cp and HSDP inside a node fits: the closest, {closest.mesh.label}, needs "
-                f"{_gib(closest.memory_bytes.total)} per GPU of {_gib(closest.capacity_bytes)}, and TP across "
-                "nodes would put its collectives on the network, so pipeline stages were searched")
+            return r.SearchCause(kind="no-mesh-tried")
+        return r.SearchCause(kind="no-mesh-fits", mesh_label=closest.mesh.label,
+                             total_bytes=closest.memory_bytes.total, capacity_bytes=closest.capacity_bytes)
     if training.policy == "fastest":
-        return "policy fastest: pipeline and expert meshes were searched too"
+        return r.SearchCause(kind="policy-fastest")
     return None
 
 
@@ -113,16 +107,14 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     return meshes
 
 
-def stage_line(c: Candidate) -> str | None:
-    """'per-stage peaks: rank 0 70.1, rank 1 68.2 .. GiB (worst rank 0)' for a pipeline candidate."""
+def stage_line(c: Candidate) -> r.StagePeaks | None:
+    """Each pipeline rank's peak, for a pipeline candidate."""
     if not c.stage_peaks or len(c.stage_peaks) < 2:  # ep alone: one stage, its peak is the plan's
         return None
-    peaks = ", ".join(f"{p / GIB:.1f}" for p in c.stage_peaks)
-    worst = max(range(len(c.stage_peaks)), key=lambda i: c.stage_peaks[i])
-    return f"per-stage peaks (GiB, rank 0 first): {peaks}; the worst, rank {worst}, decides the fit"
+    return r.StagePeaks(peaks_bytes=c.stage_peaks)
 
 
-def without_pp_line(candidates: list[Candidate]) -> str | None:
+def without_pp_line(candidates: list[Candidate]) -> r.WithoutPipeline | None:
     """The best mesh without pp/ep, beside a pipeline choice."""
     plain = [c for c in candidates if c.mesh is not None and c.mesh.pp == 1 and c.mesh.ep == 1
              and c.memory_bytes is not None]
@@ -131,13 +123,13 @@ def without_pp_line(candidates: list[Candidate]) -> str | None:
     fitting = [c for c in plain if c.fits and c.step_time is not None]
     if fitting:
         best = max(fitting, key=lambda c: c.step_time.tokens_per_s)
-        return (f"best mesh without pp/ep: {best.mesh.label}, {_gib(best.memory_bytes.total)} per GPU, "
-                f"{best.step_time.step_s:.2f} s/step, {best.step_time.tokens_per_s:,.0f} tokens/s")
+        return r.WithoutPipeline(mesh_label=best.mesh.label, total_bytes=best.memory_bytes.total, fits=True,
+                                 step_s=best.step_time.step_s, tokens_per_s=best.step_time.tokens_per_s)
     closest = min(plain, key=lambda c: c.memory_bytes.total)
-    return f"best mesh without pp/ep: none fits (the closest, {closest.mesh.label}, needs {_gib(closest.memory_bytes.total)})"
+    return r.WithoutPipeline(mesh_label=closest.mesh.label, total_bytes=closest.memory_bytes.total, fits=False)
 
 
-def pipeline_summary_line(candidates: list[Candidate], searched: str) -> str | None:
+def pipeline_summary_line(candidates: list[Candidate], searched: r.SearchCause) -> r.PipelineSummary | None:
     """Pipeline/expert meshes were searched and none chosen: the best of them, in numbers."""
     staged = [c for c in candidates if c.mesh is not None and (c.mesh.pp > 1 or c.mesh.ep > 1)
               and c.memory_bytes is not None]
@@ -146,13 +138,12 @@ def pipeline_summary_line(candidates: list[Candidate], searched: str) -> str | N
     fitting = [c for c in staged if c.fits and c.step_time is not None]
     if fitting:
         c = max(fitting, key=lambda c: c.step_time.tokens_per_s)
-        return (f"Pipeline/expert meshes searched ({searched}); the fastest, {c.mesh.label}, fits at "
-                f"{_gib(c.memory_bytes.total)} on its worst rank but is slower: {c.step_time.step_s:.2f} s/step, "
-                f"{c.step_time.tokens_per_s:,.0f} tokens/s.")
+        return r.PipelineSummary(cause=searched, mesh_label=c.mesh.label, total_bytes=c.memory_bytes.total, fits=True,
+                                 step_s=c.step_time.step_s, tokens_per_s=c.step_time.tokens_per_s)
     c = min(staged, key=lambda c: c.memory_bytes.total)
     worst = max(range(len(c.stage_peaks or (0,))), key=lambda i: (c.stage_peaks or (0,))[i])
-    return (f"Pipeline/expert meshes searched ({searched}); none fits: the closest, {c.mesh.label}, needs "
-            f"{_gib(c.memory_bytes.total)} on its worst rank (rank {worst}) of {_gib(c.capacity_bytes)}.")
+    return r.PipelineSummary(cause=searched, mesh_label=c.mesh.label, total_bytes=c.memory_bytes.total, fits=False,
+                             worst_rank=worst, capacity_bytes=c.capacity_bytes)
 
 
 def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
@@ -184,13 +175,13 @@ def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     mesh.check_node(hw.gpus_per_node)
 
 
-def no_gpu_only_lines(candidates: list[Candidate], searched: str) -> list[str]:
+def no_gpu_only_lines(candidates: list[Candidate], searched: r.SearchCause) -> list[r.NoGpuOnlyMesh]:
     """Why no GPU-only mesh replaces the offloading choice, in numbers."""
     tried = [c for c in candidates if c.memory_bytes is not None and c.mesh is not None]
     if not tried:
         return []
     c = min(tried, key=lambda c: (c.memory_bytes.total, c.mesh.ep == 1))
     m = c.memory_bytes
-    return [f"No GPU-only mesh fits ({searched}): the closest, {c.mesh.label}, needs {_gib(m.total)} per GPU of "
-            f"{_gib(c.capacity_bytes)} on its worst rank at micro-batch {c.micro_batch_size}, of which the model "
-            f"states alone (parameters, gradients, optimizer) are {_gib(m.states_total)}."]
+    return [r.NoGpuOnlyMesh(cause=searched, mesh_label=c.mesh.label, total_bytes=m.total,
+                            capacity_bytes=c.capacity_bytes, micro_batch_size=c.micro_batch_size,
+                            states_bytes=m.states_total)]

@@ -15,11 +15,12 @@ come from ``advisor.planning.candidates``.
 from __future__ import annotations
 
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Recommendation
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
+from advisor.planning.render import render_alternative, render_reason, size_rationale
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
-from advisor.units import GIB
 
 # Throughputs within 3% count as the same speed: well inside the step-time model's error against
 # published runs (benchmarks/results/throughput_validation.md: within 25%), so a smaller gap is no
@@ -31,16 +32,19 @@ LARGE_MODEL = 10 * 10**9
 
 def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
     """The size-threshold default and its one-line rationale."""
-    billions = spec.total_params / 1e9
-    if spec.total_params < SMALL_MODEL:
-        return "ddp", f"{billions:.2g}B parameters (< 1B): replicas fit, DDP communicates least"
-    if spec.total_params <= LARGE_MODEL:
-        return "zero3", f"{billions:.3g}B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)"
-    return "zero3", f"{billions:.3g}B parameters (> 10B): full sharding, CPU offload considered"
+    default = size_default(spec)
+    return default.strategy, size_rationale(default)
 
 
-def _gib(n: int) -> str:
-    return f"{n / GIB:.1f} GiB"
+def size_default(spec: ModelSpec, kind: type[r.SizeBand] = r.SizeDefault) -> r.SizeBand:
+    """The size-threshold default as a reason (``kind``: which sentence quotes it)."""
+    n = spec.total_params
+    band = "small" if n < SMALL_MODEL else "medium" if n <= LARGE_MODEL else "large"
+    return kind(strategy="ddp" if band == "small" else "zero3", num_params=n, band=band)
+
+
+def checkpointing(cand: Candidate) -> r.Checkpointing:
+    return "selective" if cand.selective_checkpointing else "on" if cand.activation_checkpointing else "off"
 
 
 def choose_fastest(
@@ -51,43 +55,40 @@ def choose_fastest(
     fitting = [c for c in candidates if c.fits and c.step_time is not None]
     if not fitting:
         return choose(spec, candidates)
-    default, rationale = default_strategy(spec)
+    default = default_strategy(spec)[0]
     best = rank_by_time([(c, c.step_time) for c in fitting])[0][1].tokens_per_s
     # Ties (within 0.5%) go to the size default, then to the strategy that communicates least.
     tied = [c for c in fitting if c.step_time.tokens_per_s >= best * 0.995]
     fastest = min(tied, key=lambda c: (c.strategy != default, ESCALATION.index(c.strategy)
                                        if c.strategy in ESCALATION else -1))
-    rate = f"{fastest.step_time.tokens_per_s:,.0f} tokens/s (MFU {fastest.step_time.mfu:.0%})"
-    if len(fitting) > 1:
-        why = [f"Policy fastest: of {len(fitting)} candidates that fit, {fastest.strategy} is fastest: {rate}."]
-    else:
-        why = [f"Policy fastest: {fastest.strategy} is the only candidate that fits: {rate}."]
+    why: list[r.Reason] = [r.FastestPolicy(strategy=fastest.strategy, num_fitting=len(fitting),
+                                           tokens_per_s=fastest.step_time.tokens_per_s, mfu=fastest.step_time.mfu)]
     base = next((c for c in fitting if c.strategy == default), None)
     if base is not None and base.strategy != fastest.strategy:
         why.append(explain_tradeoff((fastest.strategy, fastest.step_time), (base.strategy, base.step_time),
                                     global_batch_size=global_batch_size))
     elif base is None:
-        why.append(f"The size default {default} ({rationale}) does not fit.")
+        why.append(size_default(spec, r.SizeDefaultUnfit))
     else:
-        why.append(f"It is also the size default ({rationale}).")
-    return _recommend(fastest, " ".join(why)), why
+        why.append(size_default(spec, r.AlsoSizeDefault))
+    return _recommend(fastest, tuple(why)), why
 
 
 def _share(cand: Candidate) -> float:
     return cand.memory_bytes.total / cand.capacity_bytes
 
 
-def _figures(cand: Candidate, *, first: bool) -> str:
-    """``zero2 71% of memory, 1.90 s/step at micro-batch 4 (35,000 tokens/s)``; the second of a pair
-    drops ``of memory``. Tokens/s is what compares candidates whose micro-batches differ."""
-    step = cand.step_time
-    return (f"{cand.strategy} {_share(cand):.0%}{' of memory' if first else ''}, {step.step_s:.2f} s/step at "
-            f"micro-batch {cand.micro_batch_size} ({step.tokens_per_s:,.0f} tokens/s)")
+def _figures(cand: Candidate) -> r.Figures:
+    """Memory share, step time and tokens/s (what compares candidates whose micro-batches differ)."""
+    return r.Figures(strategy=cand.strategy, total_bytes=cand.memory_bytes.total, capacity_bytes=cand.capacity_bytes,
+                     step_s=cand.step_time.step_s, micro_batch_size=cand.micro_batch_size,
+                     tokens_per_s=cand.step_time.tokens_per_s)
 
 
-def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: float) -> tuple[Candidate, str | None]:
+def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
+                     headroom: float) -> tuple[Candidate, r.MarginChoice | None]:
     """Among fitting candidates as fast as ``chosen`` (tokens/s within ``SAME_SPEED``), the one a
-    practitioner runs, and the sentence that says why in numbers (None when no peer is as fast).
+    practitioner runs, and the reason that says why in numbers (None when no peer is as fast).
 
     The margin policy: a plan fits when its peak plus runtime overhead is at most the GPU's memory;
     one that also leaves ``headroom`` free is comfortable. Comfortable plans come first, and among
@@ -115,16 +116,9 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *, headroom: f
 
     best = min(peers, key=key)
     runner_up = chosen if best is not chosen else min((c for c in peers if c is not best), key=key)
-    limit = f"{1 - headroom:.0%}"
-    if roomy(best) and not roomy(runner_up):
-        because = f"only {best.strategy} stays within {limit} of memory (the {headroom:.0%} headroom policy)"
-    elif roomy(best):
-        because = f"both stay within {limit} of memory and {best.strategy} communicates less"
-    else:
-        because = (f"neither stays within {limit} of memory (the {headroom:.0%} headroom policy), so the "
-                   "size-threshold choice stands")
-    return best, (f"{best.strategy} rather than {runner_up.strategy}: {_figures(best, first=True)} vs "
-                  f"{_figures(runner_up, first=False)}; as fast (within {SAME_SPEED:.0%}) and {because}.")
+    roomy_ = "chosen-only" if roomy(best) and not roomy(runner_up) else "both" if roomy(best) else "neither"
+    return best, r.MarginChoice(chosen=_figures(best), runner_up=_figures(runner_up), same_speed=SAME_SPEED,
+                                headroom=headroom, roomy=roomy_)
 
 
 def choose(
@@ -139,9 +133,11 @@ def choose(
         cand = by_name[only]
         if not cand.fits:
             return None, [_does_not_fit(cand)]
-        return _recommend(cand, f"{only} was requested and fits"), [f"{only} was requested; it fits."]
-    default, rationale = default_strategy(spec)
-    why = [f"Default from size: {default} ({rationale})."]
+        requested = r.Requested(strategy=only)
+        return _recommend(cand, (requested,)), [requested]
+    opening = size_default(spec)
+    default = opening.strategy
+    why: list[r.Reason] = [opening]
     start = ESCALATION.index(default)
     chosen = _escalate(by_name, default, fitting)
     if chosen is None:
@@ -153,18 +149,18 @@ def choose(
     chosen, offload_note = _fastest_offload(chosen, fitting)
     size_choice = chosen
     chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom)
+    figures = dict(strategy=size_choice.strategy, total_bytes=size_choice.memory_bytes.total,
+                   capacity_bytes=size_choice.capacity_bytes, micro_batch_size=size_choice.micro_batch_size,
+                   checkpointing=checkpointing(size_choice))
     if size_choice.strategy == default:
-        why.append(f"{default} fits: {_gib(size_choice.memory_bytes.total)} of {_gib(size_choice.capacity_bytes)} "
-                   f"per GPU ({_share(size_choice):.0%}) at micro-batch {size_choice.micro_batch_size}"
-                   f"{_with_checkpointing(size_choice)}.")
+        why.append(r.DefaultFits(**figures))
     else:
         why.append(_does_not_fit(by_name[default]))
         direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
         on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c)]
-        among = (f" (the fastest of {len(on_gpu)} that fit on the GPUs alone: "
-                 f"{size_choice.step_time.tokens_per_s:,.0f} tokens/s)" if len(on_gpu) > 1 else "")
-        why.append(f"{direction} to {size_choice.strategy}: {_gib(size_choice.memory_bytes.total)} of "
-                   f"{_gib(size_choice.capacity_bytes)} per GPU at micro-batch {size_choice.micro_batch_size}{among}.")
+        step = size_choice.step_time
+        why.append(r.Escalated(**figures, direction=direction, num_fitting_on_gpu=len(on_gpu),
+                               tokens_per_s=step.tokens_per_s if step is not None else None))
     if offload_note is not None:
         why.append(offload_note)
     reason_lines = why[1:]
@@ -172,22 +168,17 @@ def choose(
         why.append(comparison)
         reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
-        checked = ("checked only when --cpu-memory-gib is given" if chosen.cpu_capacity_bytes is None else
-                   f"of {_gib(chosen.cpu_capacity_bytes)} given by --cpu-memory-gib")
-        why.append(f"{chosen.strategy} needs {_gib(chosen.cpu_memory_bytes)} of CPU RAM per node for offloaded "
-                   f"states ({checked}).")
-    if chosen.selective_checkpointing:
-        why.append("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
-                   "without it no micro-batch fits, and it recomputes less than full checkpointing.")
-    elif chosen.activation_checkpointing:
-        why.append("Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute).")
+        why.append(r.CpuRam(strategy=chosen.strategy, cpu_bytes=chosen.cpu_memory_bytes,
+                            cpu_capacity_bytes=chosen.cpu_capacity_bytes))
+    if chosen.activation_checkpointing or chosen.selective_checkpointing:
+        why.append(r.CheckpointingOn(mode="selective" if chosen.selective_checkpointing else "on"))
     cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
-    alternatives = tuple(f"{c.strategy} also fits ({_share(c):.0%} of memory, micro-batch {c.micro_batch_size}"
-                         f"{f', {c.step_time.step_s:.2f} s/step' if c.step_time else ''}) and communicates less"
-                         for c in cheaper)
+    alternatives = tuple(r.AlsoFits(strategy=c.strategy, total_bytes=c.memory_bytes.total,
+                                    capacity_bytes=c.capacity_bytes, micro_batch_size=c.micro_batch_size,
+                                    step_s=c.step_time.step_s if c.step_time else None) for c in cheaper)
     why.extend(alternatives)
-    return _recommend(chosen, " ".join(reason_lines), alternatives), why
+    return _recommend(chosen, tuple(reason_lines), alternatives), why
 
 
 def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: list[Candidate]) -> Candidate | None:
@@ -210,7 +201,7 @@ def offloads(cand: Candidate) -> bool:
     return impl.offload_params or impl.offload_optimizer
 
 
-def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, str | None]:
+def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, r.FasterOffload | None]:
     """Escalation reaches offload only when nothing fits on the GPUs alone; once there, the offload
     variants differ mostly in how large a micro-batch they leave room for, so take the fastest."""
     if not offloads(chosen) or chosen.step_time is None:
@@ -219,18 +210,14 @@ def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candi
     best = max(peers, key=lambda c: c.step_time.tokens_per_s)
     if best is chosen or best.step_time.tokens_per_s <= chosen.step_time.tokens_per_s * (1 + SAME_SPEED):
         return chosen, None
-    return best, (f"{best.strategy} rather than {chosen.strategy}: both offload, and {best.strategy} runs "
-                  f"{best.step_time.tokens_per_s:,.0f} tokens/s (micro-batch {best.micro_batch_size}) against "
-                  f"{chosen.step_time.tokens_per_s:,.0f} (micro-batch {chosen.micro_batch_size}).")
+    return best, r.FasterOffload(strategy=best.strategy, tokens_per_s=best.step_time.tokens_per_s,
+                                 micro_batch_size=best.micro_batch_size, instead_of=chosen.strategy,
+                                 instead_tokens_per_s=chosen.step_time.tokens_per_s,
+                                 instead_micro_batch_size=chosen.micro_batch_size)
 
 
-def _with_checkpointing(cand: Candidate) -> str:
-    if not cand.activation_checkpointing:
-        return ""
-    return " with selective activation checkpointing" if cand.selective_checkpointing else " with activation checkpointing"
-
-
-def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
+def _recommend(cand: Candidate, reasons: tuple[r.Reason, ...], alternatives: tuple[r.Reason, ...] = ()
+               ) -> Recommendation:
     return Recommendation(
         strategy=cand.strategy,
         engine=cand.engine,
@@ -238,24 +225,23 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
         activation_checkpointing=bool(cand.activation_checkpointing),
         selective_checkpointing=cand.selective_checkpointing,
         gradient_accumulation_steps=cand.gradient_accumulation_steps,
-        reason=reason,
-        alternatives=alternatives,
+        reasons=reasons,
+        reason=render_reason(reasons),
+        alternatives=tuple(render_alternative(a) for a in alternatives),
         mesh=cand.mesh,
     )
 
 
-def _does_not_fit(cand: Candidate) -> str:
+def _does_not_fit(cand: Candidate) -> r.Reason:
     if not cand.available:
-        return f"{cand.strategy} is unavailable: {cand.unavailable_reason}."
+        return r.Unavailable(strategy=cand.strategy, detail=cand.unavailable_reason or "")
     mem, span = cand.memory_bytes, cand.memory_range
     cpu_fits = cand.cpu_capacity_bytes is None or (cand.cpu_memory_bytes or 0) <= cand.cpu_capacity_bytes
+    figures = dict(strategy=cand.strategy, total_bytes=mem.total, capacity_bytes=cand.capacity_bytes,
+                   micro_batch_size=cand.micro_batch_size, checkpointing=checkpointing(cand))
     if mem.total <= cand.capacity_bytes and span is not None and span.high > cand.capacity_bytes and cpu_fits:
-        return (f"{cand.strategy} does not fit at the high end of its range (--margin high): "
-                f"{_gib(span.high)} per GPU of {_gib(cand.capacity_bytes)} (expected {_gib(mem.total)}) even at "
-                f"micro-batch {cand.micro_batch_size}{' with checkpointing' if cand.activation_checkpointing else ''}.")
+        return r.HighEndDoesNotFit(**figures, high_bytes=span.high)
     if mem.total <= cand.capacity_bytes and cand.cpu_capacity_bytes is not None:
-        return (f"{cand.strategy} does not fit in CPU RAM: needs {_gib(cand.cpu_memory_bytes or 0)} per node "
-                f"of {_gib(cand.cpu_capacity_bytes)}.")
-    return (f"{cand.strategy} does not fit: needs {_gib(mem.total)} per GPU of {_gib(cand.capacity_bytes)} "
-            f"even at micro-batch {cand.micro_batch_size}"
-            f"{' with checkpointing' if cand.activation_checkpointing else ''}.")
+        return r.CpuRamDoesNotFit(strategy=cand.strategy, cpu_bytes=cand.cpu_memory_bytes or 0,
+                                  cpu_capacity_bytes=cand.cpu_capacity_bytes)
+    return r.DoesNotFit(**figures)

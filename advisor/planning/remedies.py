@@ -6,8 +6,8 @@ when it does not fit, else the chosen plan) at the same micro-batch and checkpoi
 time and tokens/s of the plan the change leads to. Changes that keep the mathematics (optimizer
 implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, hybrid
 sharding, more GPUs of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
-bf16, a shorter sequence). Rendering belongs to the CLI; the sentence that names the best remedy when
-the plan offloads is built here from the same numbers (``offload_line``).
+bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names the best remedy when
+the plan offloads is built here from the same numbers (``offload_line``, rendered by ``advisor.planning.render``).
 
 Cost is bounded: a re-plan evaluates the four GPU-only strategies, and the two offload ones only when
 none of those fits; the sequence search and the GPU-count search are bisections on one strategy.
@@ -25,8 +25,10 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
+from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
@@ -37,7 +39,6 @@ from advisor.units import GIB
 # 8 x H100 38%, torchtitan Llama 3 8B on 64 x A100 58%); half the lowest of them is the line drawn here.
 USEFUL_MFU = 0.20
 LORA_RANK = 16  # PEFT's examples and the README's use the rank 16 most often
-MIN_SAVED_GIB = 0.05  # the smallest saving printed (one decimal) as more than nothing
 # Knobs that act on memory alone: when one saves nothing on the reference it cannot change the plan.
 MEMORY_KNOBS = {"loss", "activation_checkpointing"}
 GPU_ONLY: tuple[StrategyName, ...] = ("ddp", "zero1", "zero2", "zero3")
@@ -221,38 +222,19 @@ def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
     return [_Change(name=f"--seq-len {longest}", keeps_math=False, update={"seq_len": longest})]
 
 
-def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> str | None:
-    """The first 'why' line of a plan that offloads: the best remedy (the first that runs on the GPUs
+def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> r.OffloadRemedy | None:
+    """The first reason of a plan that offloads: the best remedy (the first that runs on the GPUs
     alone, else the first), in numbers; ``reference`` is the candidate its saving is measured on."""
-    best = next((r for r in remedies if r.fits), remedies[0] if remedies else None)
+    best = next((x for x in remedies if x.fits), remedies[0] if remedies else None)
     if best is None or best.tokens_per_s is None or chosen.step_time is None:
         return None
-    now = chosen.step_time.tokens_per_s
-    kind = "keeps the mathematics" if best.keeps_math else "changes the mathematics"
-    where = "runs on the GPUs alone" if best.fits else "still offloads but runs"
-    saving = f"; it saves {best.saved_gib:.1f} GiB per GPU on {reference}" if best.saved_gib >= MIN_SAVED_GIB else ""
-    return (f"{chosen.strategy} offloads to the CPU ({now:,.0f} tokens/s); with {best.name} ({kind}), {best.strategy} "
-            f"{where} at {best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / now:.1f}x)"
-            f"{saving}.")
+    return r.OffloadRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name,
+                           keeps_math=best.keeps_math, remedy_strategy=best.strategy, remedy_fits=best.fits,
+                           remedy_step_s=best.step_s, remedy_tokens_per_s=best.tokens_per_s, saved_gib=best.saved_gib,
+                           reference=reference)
 
 
-def remedy_line(remedy) -> str:
-    """``--loss fused: saves 2.2 GiB per GPU; then zero3 on the GPUs alone, 1.03 s/step, 11,942 tokens/s``."""
-    if remedy.saved_gib >= 0.05:
-        memory = f"saves {remedy.saved_gib:.1f} GiB per GPU"
-    elif remedy.saved_gib <= -0.05:
-        memory = f"uses {-remedy.saved_gib:.1f} GiB more per GPU"
-    else:
-        memory = "same memory"
-    if remedy.strategy is None:
-        return f"{remedy.name}: {memory}; still nothing fits"
-    where = "on the GPUs alone" if remedy.fits else "with CPU offload"
-    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
-            f"{remedy.tokens_per_s:,.0f} tokens/s")
-
-
-def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
-    """The remedies in two groups, as the planner ranked them: those that keep the mathematics, then the others."""
-    groups = [("Remedies that keep the mathematics", [r for r in remedies if r.keeps_math]),
-              ("Remedies that change the mathematics", [r for r in remedies if not r.keeps_math])]
-    return [(header, [remedy_line(r) for r in group]) for header, group in groups if group]
+def remedy_fits(remedy: Remedy) -> r.RemedyFits:
+    """Nothing fits: what one remedy leads to."""
+    return r.RemedyFits(remedy=remedy.name, keeps_math=remedy.keeps_math, strategy=remedy.strategy, fits=remedy.fits,
+                        step_s=remedy.step_s, tokens_per_s=remedy.tokens_per_s)

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, resize
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import evaluate_candidate
+from advisor.planning.render import render
 from advisor.strategies import StrategyName
 from advisor.training import TrainingConfig
 
@@ -27,7 +29,14 @@ class SmallestFit(BaseModel):
     num_gpus: int | None = Field(description="Fewest GPUs of this kind that fit; None: no count does.")
     strategy: StrategyName | None = None
     mesh: ParallelDims | None = Field(default=None, description="The mesh it fits on; None: data parallelism alone.")
-    message: str
+    reason: r.SmallestFitFound | r.NoCountFits = Field(exclude=True, description="The answer as a reason "
+                                                       "(the plan's last 'why').")
+
+    @computed_field
+    @property
+    def message(self) -> str:
+        """The reason's sentence (JSON: 'message')."""
+        return render(self.reason)
 
 
 def server_size(hardware: Hardware) -> int:
@@ -86,18 +95,16 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
             fitting = next((m for m in meshes(cluster) if evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits),
                            None)
             if fitting is not None:
-                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting,
-                                   message=f"{count} x {hardware.gpu.name} would fit with zero3 on mesh "
-                                           f"{fitting.label} at micro-batch 1.")
+                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting, reason=r.SmallestFitFound(
+                    num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=fitting.label))
     if found:
         count, _, name = min(found)
         return SmallestFit(num_gpus=count, strategy=name,
-                           message=f"{count} x {hardware.gpu.name} would fit with {name} at micro-batch 1.")
+                           reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")
     if training.activation_checkpointing == "off":
         remedies.append("enable checkpointing (--activation-checkpointing on)")
-    tried = "" if training.activation_checkpointing == "off" else " (with activation checkpointing)"
-    return SmallestFit(num_gpus=None, message="No number of these GPUs fits: one sample's activations alone exceed "
-                       f"a GPU{tried}, or offloaded states exceed CPU RAM; {' or '.join(remedies)}.")
+    return SmallestFit(num_gpus=None, reason=r.NoCountFits(
+        checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies)))

@@ -11,6 +11,8 @@ import pytest
 from advisor.model.architectures import count_from_config
 from advisor.hardware.efficiency import load_efficiency
 from advisor.planning.fastest import explain_tradeoff, rank_by_time, time_per_global_batch_s
+from advisor.planning.reasons import MicroBatches, Recomputes, Spends
+from advisor.planning.render import render
 from advisor.hardware.cluster import parse_gpus
 from advisor.model.sources import resolve_model
 from advisor.estimate.step_time import StepTime, count_flops, estimate_step_time, matmul_params
@@ -272,9 +274,13 @@ def test_rank_and_explain():
     z3 = _step(step_s=3.0, micro=2, accum=2, compute_s=1.4, exposed_comm_s=1.5, hardware_flops=8.0)
     assert [name for name, _ in rank_by_time([("zero3", z3), ("zero2", z2)])] == ["zero2", "zero3"]
     assert time_per_global_batch_s(z3, global_batch_size=128) == 6.0  # two steps of 64
-    assert explain_tradeoff(("zero2", z2), ("zero3", z3)) == (
+    tradeoff = explain_tradeoff(("zero2", z2), ("zero3", z3))
+    assert (tradeoff.fast_batch_s, tradeoff.slow_batch_s, tradeoff.global_batch_size) == (2.0, 3.0, 64)
+    assert tradeoff.gaps == (Spends(label="exposed communication", slow_s=1.5, fast_s=0.5), Recomputes(),
+                             MicroBatches(fast=4, slow=2))
+    assert render(tradeoff) == (
         "zero2 is 1.50x faster than zero3 (2.00 s vs 3.00 s per global batch of 64 samples; 65,536 vs 43,691 "
         "tokens/s) because zero3 spends 1.50 s on exposed communication vs 0.50 s; zero3 recomputes activations "
         "(one extra forward); micro-batch 4 vs 2.")
-    assert explain_tradeoff(("zero3", z3), ("zero3", z3)) == (
+    assert render(explain_tradeoff(("zero3", z3), ("zero3", z3))) == (
         "zero3 is the default and the fastest that fits (3.00 s per global batch of 64).")

@@ -13,6 +13,7 @@ from advisor.estimate.step_time import StepTime
 from advisor.planning.api import plan
 from advisor.planning.candidates import Candidate
 from advisor.planning.policy import prefer_practical
+from advisor.planning.render import render
 
 CAPACITY = 100 * 2**30  # a round 100 GiB GPU: a total of N GiB is N% of memory
 
@@ -34,21 +35,27 @@ def _candidate(strategy: str, *, gib: int, step_s: float, micro: int = 1) -> Can
 
 def test_same_speed_prefers_the_plan_that_leaves_headroom():
     zero3, zero2 = _candidate("zero3", gib=95, step_s=1.9), _candidate("zero2", gib=71, step_s=1.9)
-    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    chosen, reason = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
     assert chosen is zero2
+    assert (reason.roomy, reason.chosen.strategy, reason.runner_up.strategy) == ("chosen-only", "zero2", "zero3")
+    assert (reason.chosen.total_bytes, reason.runner_up.total_bytes) == (71 * 2**30, 95 * 2**30)
+    assert (reason.chosen.step_s, reason.runner_up.step_s, reason.headroom, reason.same_speed) == (1.9, 1.9, 0.10, 0.03)
+    why = render(reason)
     assert why.startswith("zero2 rather than zero3: zero2 71% of memory, 1.90 s/step")
     assert "vs zero3 95%, 1.90 s/step" in why and "only zero2 stays within 90% of memory" in why
 
 
 def test_both_comfortable_less_communication_wins():
     zero3, ddp = _candidate("zero3", gib=60, step_s=1.0), _candidate("ddp", gib=80, step_s=1.0)
-    chosen, why = prefer_practical(zero3, [ddp, zero3], headroom=0.10)
-    assert chosen is ddp and "communicates less" in why
+    chosen, reason = prefer_practical(zero3, [ddp, zero3], headroom=0.10)
+    assert chosen is ddp and reason.roomy == "both" and "communicates less" in render(reason)
 
 
 def test_neither_comfortable_keeps_the_size_choice():
     zero3, zero2 = _candidate("zero3", gib=95, step_s=1.0), _candidate("zero2", gib=97, step_s=1.0)
-    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    chosen, reason = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    why = render(reason)
+    assert reason.roomy == "neither" and reason.runner_up.total_bytes == 97 * 2**30
     assert chosen is zero3 and "zero3 95% of memory" in why and "zero2 97%" in why
     assert "size-threshold choice stands" in why
 
@@ -71,8 +78,8 @@ def test_throughput_not_step_time_decides_speed():
     """Micro-batch 2 at 1.96 s/step is as fast as micro-batch 1 at 1.0 s/step (2% fewer tokens/s)."""
     zero3 = _candidate("zero3", gib=95, step_s=1.0)
     zero2 = _candidate("zero2", gib=80, step_s=1.96, micro=2)
-    chosen, why = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
-    assert chosen is zero2 and "micro-batch 2" in why
+    chosen, reason = prefer_practical(zero3, [zero2, zero3], headroom=0.10)
+    assert chosen is zero2 and reason.chosen.micro_batch_size == 2 and "micro-batch 2" in render(reason)
 
 
 def test_qwen7b_on_2xa100_keeps_zero3_and_says_both_fractions():

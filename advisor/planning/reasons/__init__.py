@@ -1,0 +1,44 @@
+"""The planner's reasons as data: one small frozen model per sentence family, with its numbers.
+
+The planner (``policy``, ``fastest``, ``meshes``, ``pipeline_meshes``, ``remedies``, ``notes``,
+``smallest``) returns these, in the order a reader should meet them; ``advisor.planning.render`` turns
+each into the sentence ``advisor plan`` prints, and nothing else formats them. Memory is in bytes,
+time in seconds, rates in tokens per second, shares as fractions: a test reads a reason's numbers and
+compares them with the plan's own candidates. ``Reason`` is the union, tagged by ``kind``.
+
+What is not a number stays a name (a strategy, a mesh label, a CLI flag) or, where it comes from a
+table as prose (why an engine cannot run a strategy), the table's own words.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Union
+
+from pydantic import Field
+
+from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
+from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits,
+    DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, Figures, MarginChoice,
+    CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
+    OffloadRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, Gap)
+from advisor.planning.reasons.mesh import (BatchLimit, MemoryLimit, NoDataParallelFits, DataParallelCannot, MeshFits,
+    DegreeEffect, StagePeaks, WithoutPipeline, SearchCause, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
+    PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, MeshTiming, FastestMesh, DataParallelAlsoFits, Limit)
+
+Reason = Annotated[Union[
+    SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
+    Unavailable, Escalated, FasterOffload, MarginChoice, CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy,
+    Tradeoff, OffloadRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, DataParallelCannot,
+    MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
+    PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
+], Field(discriminator="kind")]
+
+__all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "SizeDefault", "SizeDefaultUnfit",
+           "AlsoSizeDefault", "DefaultFits", "DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "Unavailable",
+           "Escalated", "FasterOffload", "Figures", "MarginChoice", "CpuRam", "CheckpointingOn", "AlsoFits",
+           "Requested", "FastestPolicy", "Spends", "Recomputes", "MicroBatches", "Tradeoff", "OffloadRemedy",
+           "RemedyFits", "LossSaving", "LossPeak", "LossWouldFit", "SmallestFitFound", "NoCountFits", "Gap",
+           "BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
+           "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",
+           "PinnedDegrees", "NoPinnedMeshFits", "NoMeshFits", "MeshNotFaster", "MeshTiming", "FastestMesh",
+           "DataParallelAlsoFits", "Limit"]

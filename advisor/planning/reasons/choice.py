@@ -1,0 +1,268 @@
+"""Reasons of the data-parallel choice (``policy``), ``--policy fastest`` (``fastest``), the remedies and the
+loss (``remedies``, ``notes``) and the smallest fit (``smallest``)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from advisor.planning.reasons.base import FitFigures, ReasonModel
+
+# --- the data-parallel choice (policy.choose) -------------------------------------------------------
+
+class SizeBand(ReasonModel):
+    strategy: str = Field(description="The size-threshold default.")
+    num_params: int = Field(description="The model's parameters.")
+    band: Literal["small", "medium", "large"] = Field(description="< 1B, 1-10B, > 10B parameters.")
+
+
+class SizeDefault(SizeBand):
+    """``Default from size: zero3 (7.62B parameters (1-10B): ...).``"""
+
+    kind: Literal["size-default"] = "size-default"
+
+
+class SizeDefaultUnfit(SizeBand):
+    """``--policy fastest``: ``The size default zero3 (...) does not fit.``"""
+
+    kind: Literal["size-default-unfit"] = "size-default-unfit"
+
+
+class AlsoSizeDefault(SizeBand):
+    """``--policy fastest``: ``It is also the size default (...).``"""
+
+    kind: Literal["also-size-default"] = "also-size-default"
+
+
+class DefaultFits(FitFigures):
+    """``zero3 fits: 68.4 GiB of 79.2 GiB per GPU (86%) at micro-batch 1.``"""
+
+    kind: Literal["default-fits"] = "default-fits"
+
+
+class DoesNotFit(FitFigures):
+    """``zero3 does not fit: needs 79.6 GiB per GPU of 79.2 GiB even at micro-batch 1 with checkpointing.``"""
+
+    kind: Literal["does-not-fit"] = "does-not-fit"
+
+
+class HighEndDoesNotFit(FitFigures):
+    """``--margin high``: the high end of the range is past the GPU although the expected total is not."""
+
+    kind: Literal["does-not-fit-high-end"] = "does-not-fit-high-end"
+    high_bytes: int = Field(description="The high end of the per-GPU range.")
+
+
+class CpuRamDoesNotFit(ReasonModel):
+    """``zero3_offload does not fit in CPU RAM: needs 900.0 GiB per node of 512.0 GiB.``"""
+
+    kind: Literal["does-not-fit-cpu-ram"] = "does-not-fit-cpu-ram"
+    strategy: str
+    cpu_bytes: int
+    cpu_capacity_bytes: int
+
+
+class Unavailable(ReasonModel):
+    """``dp is unavailable: DataParallel is one process: one node only.``"""
+
+    kind: Literal["unavailable"] = "unavailable"
+    strategy: str
+    detail: str = Field(description="Why, in the strategy table's (or the batch check's) words.")
+
+
+class Escalated(FitFigures):
+    """``escalated to zero2_offload: 69.0 GiB of 79.2 GiB per GPU at micro-batch 3``, or ``fell back to ddp: ...
+    (the fastest of 2 that fit on the GPUs alone: 1,427 tokens/s).``"""
+
+    kind: Literal["escalated"] = "escalated"
+    direction: Literal["escalated", "fell back"] = Field(description="Past the default in ESCALATION, or before it.")
+    num_fitting_on_gpu: int = Field(description="GPU-only candidates that fit (named when more than one).")
+    tokens_per_s: float | None
+
+
+class FasterOffload(ReasonModel):
+    """``zero3_offload rather than zero2_offload: both offload, and ...``"""
+
+    kind: Literal["faster-offload"] = "faster-offload"
+    strategy: str
+    tokens_per_s: float
+    micro_batch_size: int
+    instead_of: str
+    instead_tokens_per_s: float
+    instead_micro_batch_size: int
+
+
+class Figures(ReasonModel):
+    """One fitting candidate's figures, as a comparison quotes them."""
+
+    strategy: str
+    total_bytes: int
+    capacity_bytes: int
+    step_s: float
+    micro_batch_size: int
+    tokens_per_s: float
+
+
+class MarginChoice(ReasonModel):
+    """``zero2 rather than zero3: zero2 71% of memory, ... vs zero3 ...; as fast (within 3%) and ...``"""
+
+    kind: Literal["margin-choice"] = "margin-choice"
+    chosen: Figures
+    runner_up: Figures
+    same_speed: float = Field(description="Tokens/s within this fraction count as as fast.")
+    headroom: float = Field(description="The memory share a comfortable plan leaves free.")
+    roomy: Literal["chosen-only", "both", "neither"] = Field(description="Which stay within 1 - headroom.")
+
+
+class CpuRam(ReasonModel):
+    """``zero2_offload needs 141.9 GiB of CPU RAM per node for offloaded states (...).``"""
+
+    kind: Literal["cpu-ram"] = "cpu-ram"
+    strategy: str
+    cpu_bytes: int
+    cpu_capacity_bytes: int | None = Field(description="--cpu-memory-gib, when given.")
+
+
+class CheckpointingOn(ReasonModel):
+    """Checkpointing is on because nothing fits without it."""
+
+    kind: Literal["checkpointing-on"] = "checkpointing-on"
+    mode: Literal["on", "selective"]
+
+
+class AlsoFits(ReasonModel):
+    """``ddp also fits (61% of memory, micro-batch 2, 1.20 s/step) and communicates less``."""
+
+    kind: Literal["also-fits"] = "also-fits"
+    strategy: str
+    total_bytes: int
+    capacity_bytes: int
+    micro_batch_size: int
+    step_s: float | None
+
+
+class Requested(ReasonModel):
+    """``--strategy zero2`` and it fits."""
+
+    kind: Literal["requested"] = "requested"
+    strategy: str
+
+
+# --- --policy fastest (policy.choose_fastest, fastest.explain_tradeoff) -----------------------------
+
+class FastestPolicy(ReasonModel):
+    """``Policy fastest: of 4 candidates that fit, zero1 is fastest: 12,000 tokens/s (MFU 41%).``"""
+
+    kind: Literal["fastest"] = "fastest"
+    strategy: str
+    num_fitting: int
+    tokens_per_s: float
+    mfu: float
+
+
+class Spends(ReasonModel):
+    kind: Literal["spends"] = "spends"
+    label: str = Field(description="The step-time component.")
+    slow_s: float = Field(description="Seconds per global batch, the slower candidate.")
+    fast_s: float
+
+
+class Recomputes(ReasonModel):
+    kind: Literal["recomputes"] = "recomputes"
+
+
+class MicroBatches(ReasonModel):
+    kind: Literal["micro-batches"] = "micro-batches"
+    fast: int
+    slow: int
+
+
+Gap = Annotated[Union[Spends, Recomputes, MicroBatches], Field(discriminator="kind")]
+
+
+class Tradeoff(ReasonModel):
+    """``zero1 is 1.20x faster than zero3 (... per global batch of 64 samples; ...) because ...``"""
+
+    kind: Literal["tradeoff"] = "tradeoff"
+    fast: str
+    slow: str
+    fast_batch_s: float = Field(description="Seconds per global batch.")
+    slow_batch_s: float
+    global_batch_size: int
+    fast_tokens_per_s: float
+    slow_tokens_per_s: float
+    gaps: tuple[Gap, ...] = Field(description="What explains most of the gap (at most three).")
+
+
+# --- remedies and the loss (remedies, notes) ---------------------------------------------------------
+
+class OffloadRemedy(ReasonModel):
+    """The first line of a plan that offloads: the best remedy, in numbers."""
+
+    kind: Literal["offload-remedy"] = "offload-remedy"
+    strategy: str
+    tokens_per_s: float
+    remedy: str = Field(description="The change as the CLI spells it.")
+    keeps_math: bool
+    remedy_strategy: str
+    remedy_fits: bool = Field(description="The re-plan runs on the GPUs alone.")
+    remedy_step_s: float
+    remedy_tokens_per_s: float
+    saved_gib: float = Field(description="Remedy.saved_gib: GiB saved on the reference candidate.")
+    reference: str = Field(description="The candidate the saving is measured on.")
+
+
+class RemedyFits(ReasonModel):
+    """Nothing fits: ``with --lora 16 (changes the mathematics), zero3 fits on the GPUs alone: ...``"""
+
+    kind: Literal["remedy-fits"] = "remedy-fits"
+    remedy: str
+    keeps_math: bool
+    strategy: str
+    fits: bool
+    step_s: float
+    tokens_per_s: float
+
+
+class LossSaving(ReasonModel):
+    kernel: str
+    saved_bytes: int
+
+
+class LossPeak(ReasonModel):
+    """``the loss decides the peak of ddp (...): --loss chunked would save 2.2 GiB ... of its 21.3 GiB ...``"""
+
+    kind: Literal["loss-peak"] = "loss-peak"
+    strategy: str
+    total_bytes: int
+    micro_batch_size: int
+    savings: tuple[LossSaving, ...]
+
+
+class LossWouldFit(ReasonModel):
+    """``nothing fits with the hf loss (...); with --loss chunked, zero3 fits at micro-batch 1 (70.0 GiB per GPU)``"""
+
+    kind: Literal["loss-would-fit"] = "loss-would-fit"
+    kernel: str
+    strategy: str
+    micro_batch_size: int
+    total_bytes: int
+
+
+class SmallestFitFound(ReasonModel):
+    """``16 x H100-80GB-SXM would fit with zero3 at micro-batch 1.`` (on mesh ... when one is fewer)"""
+
+    kind: Literal["smallest-fit"] = "smallest-fit"
+    num_gpus: int
+    gpu: str
+    strategy: str
+    mesh_label: str | None = None
+
+
+class NoCountFits(ReasonModel):
+    """``No number of these GPUs fits: ...; shorten --seq-len.``"""
+
+    kind: Literal["no-count-fits"] = "no-count-fits"
+    checkpointing_tried: bool
+    hints: tuple[str, ...] = Field(description="What to change, as CLI advice.")

@@ -1,0 +1,197 @@
+"""Reasons of the mesh search (``meshes``, ``pipeline_meshes``): what forced a mesh, what it and each
+degree buy, and why pipeline or expert meshes were searched."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
+
+class BatchLimit(ReasonModel):
+    """The global batch cannot give every GPU whole micro-batches."""
+
+    kind: Literal["batch-indivisible", "batch-micro-steps"]
+    global_batch_size: int
+    world_size: int
+    micro_batch_size: int | None = None
+
+
+class MemoryLimit(ReasonModel):
+    """Zero3 alone does not fit, and which part of its peak decides it."""
+
+    kind: Literal["activations-and-logits", "activations", "largest-layer", "model-states"]
+    activations_bytes: int
+    temporary_bytes: int
+    states_bytes: int = Field(description="Parameters + gradients + optimizer state per GPU.")
+    checkpointing: Checkpointing
+    total_bytes: int
+    capacity_bytes: int
+    micro_batch_size: int
+    peak_moment: str
+
+
+class NoDataParallelFits(ReasonModel):
+    kind: Literal["no-data-parallel"] = "no-data-parallel"
+
+
+Limit = Annotated[Union[BatchLimit, MemoryLimit, NoDataParallelFits], Field(discriminator="kind")]
+
+
+class DataParallelCannot(ReasonModel):
+    """``Data parallelism alone cannot run this: the limit is ...``"""
+
+    kind: Literal["data-parallel-cannot"] = "data-parallel-cannot"
+    limit: Limit
+
+
+class MeshFits(FitFigures):
+    """``mesh cp 8 (zero3: FSDP2 over dp_shard x cp) fits: 77.0 GiB of 79.2 GiB per GPU at ...``"""
+
+    kind: Literal["mesh-fits"] = "mesh-fits"
+    mesh_label: str
+    step_s: float
+    tokens_per_s: float
+    mfu: float
+
+
+class DegreeEffect(ReasonModel):
+    """``cp 8 saves 425.5 GiB per GPU (502.5 GiB without it); ...``: one degree against the same mesh
+    with that degree folded into dp_shard, same micro-batch and checkpointing."""
+
+    kind: Literal["degree-effect"] = "degree-effect"
+    dim: str
+    degree: int
+    total_bytes: int = Field(description="The chosen mesh's per-GPU total.")
+    without_bytes: int = Field(description="The per-GPU total without this degree.")
+    compare: Literal["tokens", "step", "unfit", "none"] = Field(
+        description="What the time clause compares: tokens/s (pp), s/step, or that it does not fit without it.")
+    tokens_per_s: float | None = None
+    without_tokens_per_s: float | None = None
+    step_s: float | None = None
+    without_step_s: float | None = None
+    micro_batch_size: int
+
+
+class StagePeaks(ReasonModel):
+    """``per-stage peaks (GiB, rank 0 first): 70.1, 68.2; the worst, rank 0, decides the fit.``"""
+
+    kind: Literal["stage-peaks"] = "stage-peaks"
+    peaks_bytes: tuple[int, ...]
+
+
+class WithoutPipeline(ReasonModel):
+    """``best mesh without pp/ep: ...``, beside a pipeline choice."""
+
+    kind: Literal["without-pipeline"] = "without-pipeline"
+    mesh_label: str
+    total_bytes: int
+    fits: bool
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+
+
+class SearchCause(ReasonModel):
+    """Why pipeline/expert meshes joined the search."""
+
+    kind: Literal["pinned", "experts", "no-mesh-tried", "no-mesh-fits", "policy-fastest"]
+    expert_share: float | None = None
+    num_params: int | None = None
+    mesh_label: str | None = Field(default=None, description="The closest tp/cp/HSDP mesh (no-mesh-fits).")
+    total_bytes: int | None = None
+    capacity_bytes: int | None = None
+
+
+class PipelineSearched(ReasonModel):
+    """``Pipeline/expert meshes searched: <cause>.``"""
+
+    kind: Literal["pipeline-searched"] = "pipeline-searched"
+    cause: SearchCause
+
+
+class PipelineSummary(ReasonModel):
+    """Pipeline/expert meshes were searched and none chosen: the fastest that fits, or the closest."""
+
+    kind: Literal["pipeline-summary"] = "pipeline-summary"
+    cause: SearchCause
+    mesh_label: str
+    total_bytes: int
+    fits: bool
+    step_s: float | None = None
+    tokens_per_s: float | None = None
+    worst_rank: int | None = None
+    capacity_bytes: int | None = None
+
+
+class NoGpuOnlyMesh(ReasonModel):
+    """``No GPU-only mesh fits (<cause>): the closest, ..., of which the model states alone are ...``"""
+
+    kind: Literal["no-gpu-only-mesh"] = "no-gpu-only-mesh"
+    cause: SearchCause
+    mesh_label: str
+    total_bytes: int
+    capacity_bytes: int
+    micro_batch_size: int
+    states_bytes: int
+
+
+class PinnedDegrees(ReasonModel):
+    """``Pinned degrees: --tp 2, --cp 4.``"""
+
+    kind: Literal["pinned-degrees"] = "pinned-degrees"
+    flags: tuple[tuple[str, str], ...] = Field(description="(flag, value) as given, in the CLI's order.")
+
+
+class NoPinnedMeshFits(ReasonModel):
+    kind: Literal["no-pinned-mesh-fits"] = "no-pinned-mesh-fits"
+    mesh_label: str | None = Field(default=None, description="The closest mesh tried.")
+    total_bytes: int | None = None
+    micro_batch_size: int | None = None
+
+
+class NoMeshFits(ReasonModel):
+    kind: Literal["no-mesh-fits"] = "no-mesh-fits"
+    num_tried: int
+    images: bool = Field(description="Image batches: no cp was tried.")
+
+
+class MeshNotFaster(ReasonModel):
+    """``The fastest mesh, tp 2, is not faster by more than 3%: 1,000 vs 990 tokens/s.``"""
+
+    kind: Literal["mesh-not-faster"] = "mesh-not-faster"
+    mesh_label: str
+    tokens_per_s: float
+    dp_tokens_per_s: float
+    same_speed: float
+
+
+class MeshTiming(ReasonModel):
+    total_bytes: int
+    step_s: float
+    micro_batch_size: int
+    tokens_per_s: float
+    exposed_communication_s: float
+    checkpointing: Checkpointing
+
+
+class FastestMesh(ReasonModel):
+    """``Policy fastest: mesh tp 2 is 12% faster than zero3 alone: ...``"""
+
+    kind: Literal["fastest-mesh"] = "fastest-mesh"
+    mesh_label: str
+    dp_strategy: str
+    mesh: MeshTiming
+    dp: MeshTiming
+
+
+class DataParallelAlsoFits(ReasonModel):
+    """``zero3 alone (data parallelism over all 8 GPUs) also fits: ...``"""
+
+    kind: Literal["data-parallel-also-fits"] = "data-parallel-also-fits"
+    strategy: str
+    world_size: int
+    total_bytes: int
+    step_s: float
+    micro_batch_size: int
+    tokens_per_s: float

@@ -1,0 +1,380 @@
+"""The one place a reason becomes a sentence: ``render(reason) -> str``.
+
+``advisor.planning.reasons`` holds the numbers; this module only formats them (GiB with one decimal,
+shares as percentages, tokens/s with thousands separators). ``Plan.why``, ``Recommendation.reason`` and
+``Recommendation.alternatives`` (read by ``wrap()``, the callbacks, ``compare`` and ``--json``) are
+rendered here, so the text is the same wherever it is printed; so are the remedies' lines
+(``remedy_line``, from ``Remedy``'s own numbers).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from advisor.planning import reasons as r
+from advisor.units import GIB
+
+MIN_SAVED_GIB = 0.05  # the smallest saving printed (one decimal) as more than nothing
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _share(total: int, capacity: int) -> float:
+    return total / capacity
+
+
+def size_rationale(x: r.SizeBand) -> str:
+    """``7.62B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)``."""
+    billions = x.num_params / 1e9
+    if x.band == "small":
+        return f"{billions:.2g}B parameters (< 1B): replicas fit, DDP communicates least"
+    if x.band == "medium":
+        return f"{billions:.3g}B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)"
+    return f"{billions:.3g}B parameters (> 10B): full sharding, CPU offload considered"
+
+
+def _with_ckpt(mode: r.Checkpointing) -> str:
+    return "" if mode == "off" else " with checkpointing"
+
+
+def _with_which_ckpt(mode: r.Checkpointing) -> str:
+    return {"off": "", "on": " with activation checkpointing", "selective": " with selective activation checkpointing"}[mode]
+
+
+def _default_fits(x: r.DefaultFits) -> str:
+    return (f"{x.strategy} fits: {_gib(x.total_bytes)} of {_gib(x.capacity_bytes)} per GPU "
+            f"({_share(x.total_bytes, x.capacity_bytes):.0%}) at micro-batch {x.micro_batch_size}"
+            f"{_with_which_ckpt(x.checkpointing)}.")
+
+
+def _does_not_fit(x: r.DoesNotFit) -> str:
+    return (f"{x.strategy} does not fit: needs {_gib(x.total_bytes)} per GPU of {_gib(x.capacity_bytes)} "
+            f"even at micro-batch {x.micro_batch_size}{_with_ckpt(x.checkpointing)}.")
+
+
+def _high_end(x: r.HighEndDoesNotFit) -> str:
+    return (f"{x.strategy} does not fit at the high end of its range (--margin high): "
+            f"{_gib(x.high_bytes)} per GPU of {_gib(x.capacity_bytes)} (expected {_gib(x.total_bytes)}) even at "
+            f"micro-batch {x.micro_batch_size}{_with_ckpt(x.checkpointing)}.")
+
+
+def _escalated(x: r.Escalated) -> str:
+    among = (f" (the fastest of {x.num_fitting_on_gpu} that fit on the GPUs alone: {x.tokens_per_s:,.0f} tokens/s)"
+             if x.num_fitting_on_gpu > 1 else "")
+    return (f"{x.direction} to {x.strategy}: {_gib(x.total_bytes)} of {_gib(x.capacity_bytes)} per GPU at "
+            f"micro-batch {x.micro_batch_size}{among}.")
+
+
+def _faster_offload(x: r.FasterOffload) -> str:
+    return (f"{x.strategy} rather than {x.instead_of}: both offload, and {x.strategy} runs {x.tokens_per_s:,.0f} "
+            f"tokens/s (micro-batch {x.micro_batch_size}) against {x.instead_tokens_per_s:,.0f} (micro-batch "
+            f"{x.instead_micro_batch_size}).")
+
+
+def _figures(f: r.Figures, *, first: bool) -> str:
+    return (f"{f.strategy} {_share(f.total_bytes, f.capacity_bytes):.0%}{' of memory' if first else ''}, "
+            f"{f.step_s:.2f} s/step at micro-batch {f.micro_batch_size} ({f.tokens_per_s:,.0f} tokens/s)")
+
+
+def _margin(x: r.MarginChoice) -> str:
+    limit = f"{1 - x.headroom:.0%}"
+    best = x.chosen.strategy
+    because = {
+        "chosen-only": f"only {best} stays within {limit} of memory (the {x.headroom:.0%} headroom policy)",
+        "both": f"both stay within {limit} of memory and {best} communicates less",
+        "neither": (f"neither stays within {limit} of memory (the {x.headroom:.0%} headroom policy), so the "
+                    "size-threshold choice stands"),
+    }[x.roomy]
+    return (f"{best} rather than {x.runner_up.strategy}: {_figures(x.chosen, first=True)} vs "
+            f"{_figures(x.runner_up, first=False)}; as fast (within {x.same_speed:.0%}) and {because}.")
+
+
+def _cpu_ram(x: r.CpuRam) -> str:
+    checked = ("checked only when --cpu-memory-gib is given" if x.cpu_capacity_bytes is None else
+               f"of {_gib(x.cpu_capacity_bytes)} given by --cpu-memory-gib")
+    return f"{x.strategy} needs {_gib(x.cpu_bytes)} of CPU RAM per node for offloaded states ({checked})."
+
+
+def _checkpointing_on(x: r.CheckpointingOn) -> str:
+    if x.mode == "selective":
+        return ("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
+                "without it no micro-batch fits, and it recomputes less than full checkpointing.")
+    return "Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute)."
+
+
+def _also_fits(x: r.AlsoFits) -> str:
+    step = f", {x.step_s:.2f} s/step" if x.step_s is not None else ""
+    return (f"{x.strategy} also fits ({_share(x.total_bytes, x.capacity_bytes):.0%} of memory, micro-batch "
+            f"{x.micro_batch_size}{step}) and communicates less")
+
+
+def _fastest(x: r.FastestPolicy) -> str:
+    rate = f"{x.tokens_per_s:,.0f} tokens/s (MFU {x.mfu:.0%})"
+    if x.num_fitting > 1:
+        return f"Policy fastest: of {x.num_fitting} candidates that fit, {x.strategy} is fastest: {rate}."
+    return f"Policy fastest: {x.strategy} is the only candidate that fits: {rate}."
+
+
+def _gap(g: r.Gap, slow: str) -> str:
+    if isinstance(g, r.Spends):
+        return f"{slow} spends {g.slow_s:.2f} s on {g.label} vs {g.fast_s:.2f} s"
+    if isinstance(g, r.Recomputes):
+        return f"{slow} recomputes activations (one extra forward)"
+    return f"micro-batch {g.fast} vs {g.slow}"
+
+
+def _tradeoff(x: r.Tradeoff) -> str:
+    if x.fast == x.slow or abs(x.slow_batch_s - x.fast_batch_s) < 1e-12:
+        return (f"{x.fast} is the default and the fastest that fits ({x.fast_batch_s:.2f} s per global batch of "
+                f"{x.global_batch_size}).")
+    because = "; ".join(_gap(g, x.slow) for g in x.gaps)
+    why = f" because {because}" if because else ""
+    return (f"{x.fast} is {x.slow_batch_s / x.fast_batch_s:.2f}x faster than {x.slow} ({x.fast_batch_s:.2f} s vs "
+            f"{x.slow_batch_s:.2f} s per global batch of {x.global_batch_size} samples; {x.fast_tokens_per_s:,.0f} vs "
+            f"{x.slow_tokens_per_s:,.0f} tokens/s){why}.")
+
+
+def _offload_remedy(x: r.OffloadRemedy) -> str:
+    kind = "keeps the mathematics" if x.keeps_math else "changes the mathematics"
+    where = "runs on the GPUs alone" if x.remedy_fits else "still offloads but runs"
+    saving = f"; it saves {x.saved_gib:.1f} GiB per GPU on {x.reference}" if x.saved_gib >= MIN_SAVED_GIB else ""
+    return (f"{x.strategy} offloads to the CPU ({x.tokens_per_s:,.0f} tokens/s); with {x.remedy} ({kind}), "
+            f"{x.remedy_strategy} {where} at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
+            f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){saving}.")
+
+
+def _remedy_fits(x: r.RemedyFits) -> str:
+    return (f"with {x.remedy}{'' if x.keeps_math else ' (changes the mathematics)'}, {x.strategy} fits "
+            f"{'on the GPUs alone' if x.fits else 'with CPU offload'}: {x.step_s:.2f} s/step, "
+            f"{x.tokens_per_s:,.0f} tokens/s")
+
+
+def _loss_peak(x: r.LossPeak) -> str:
+    listed = " and ".join(f"--loss {s.kernel}{' would save' if i == 0 else ''} {s.saved_bytes / GIB:.1f} GiB"
+                          for i, s in enumerate(x.savings))
+    return (f"the loss decides the peak of {x.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
+            f"{x.total_bytes / GIB:.1f} GiB per GPU at micro-batch {x.micro_batch_size}")
+
+
+def _loss_would_fit(x: r.LossWouldFit) -> str:
+    return (f"nothing fits with the hf loss (full logits and their fp32 copy); with --loss {x.kernel}, "
+            f"{x.strategy} fits at micro-batch {x.micro_batch_size} ({x.total_bytes / GIB:.1f} GiB per GPU)")
+
+
+def _smallest(x: r.SmallestFitFound) -> str:
+    if x.mesh_label is not None:
+        return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} on mesh {x.mesh_label} at micro-batch 1."
+    return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} at micro-batch 1."
+
+
+def _no_count(x: r.NoCountFits) -> str:
+    tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
+    return ("No number of these GPUs fits: one sample's activations alone exceed "
+            f"a GPU{tried}, or offloaded states exceed CPU RAM; {' or '.join(x.hints)}.")
+
+
+def _limit(x: r.Limit) -> str:
+    if isinstance(x, r.NoDataParallelFits):
+        return "no data-parallel strategy fits"
+    if isinstance(x, r.BatchLimit):
+        if x.kind == "batch-indivisible":
+            return (f"the global batch: {x.global_batch_size} samples cannot give each of {x.world_size} GPUs whole "
+                    "micro-batches, so some GPUs must share a sample (tensor or context parallelism)")
+        micro = x.micro_batch_size
+        return (f"the global batch: {x.global_batch_size} samples are not a whole number of micro-steps of "
+                f"micro-batch {micro} x {x.world_size} GPUs ({micro * x.world_size} samples), so fewer data-parallel "
+                "ranks must take them (tensor or context parallelism)")
+    ckpt = _with_ckpt(x.checkpointing)
+    limit = {
+        "activations-and-logits": lambda: (f"activations: {_gib(x.activations_bytes)} saved{ckpt} plus "
+                                           f"{_gib(x.temporary_bytes)} of logits and loss buffers for one sample"),
+        "activations": lambda: f"activations: {_gib(x.activations_bytes)} of one sample{ckpt}",
+        "largest-layer": lambda: (f"the largest layer: {_gib(x.temporary_bytes)} of an unsharded block, its gradients "
+                                  "and backward buffers"),
+        "model-states": lambda: f"the model states: {_gib(x.states_bytes)} per GPU",
+    }[x.kind]()
+    return (f"{limit} (zero3 needs {_gib(x.total_bytes)} per GPU of {_gib(x.capacity_bytes)} at micro-batch "
+            f"{x.micro_batch_size}, peak at {x.peak_moment.replace('_', ' ')})")
+
+
+def _mesh_fits(x: r.MeshFits) -> str:
+    return (f"mesh {x.mesh_label} ({x.strategy}: FSDP2 over dp_shard x cp) fits: {_gib(x.total_bytes)} of "
+            f"{_gib(x.capacity_bytes)} per GPU at micro-batch {x.micro_batch_size}{_with_which_ckpt(x.checkpointing)}, "
+            f"{x.step_s:.2f} s/step ({x.tokens_per_s:,.0f} tokens/s, MFU {x.mfu:.0%}).")
+
+
+def _degree(x: r.DegreeEffect) -> str:
+    saved = x.without_bytes - x.total_bytes
+    time = ""
+    if x.compare == "tokens":
+        time = f", {x.tokens_per_s:,.0f} vs {x.without_tokens_per_s:,.0f} tokens/s without it"
+    elif x.compare == "step":
+        delta = x.step_s - x.without_step_s
+        time = f", {'+' if delta >= 0 else ''}{delta:.2f} s/step ({x.without_step_s:.2f} s without it)"
+    elif x.compare == "unfit":
+        time = f"; without it micro-batch {x.micro_batch_size} at this checkpointing does not fit"
+    verb = "saves" if saved >= 0 else "costs"
+    return f"{x.dim} {x.degree} {verb} {_gib(abs(saved))} per GPU ({_gib(x.without_bytes)} without it){time}."
+
+
+def _stage_peaks(x: r.StagePeaks) -> str:
+    peaks = ", ".join(f"{p / GIB:.1f}" for p in x.peaks_bytes)
+    worst = max(range(len(x.peaks_bytes)), key=lambda i: x.peaks_bytes[i])
+    return f"per-stage peaks (GiB, rank 0 first): {peaks}; the worst, rank {worst}, decides the fit."
+
+
+def _without_pp(x: r.WithoutPipeline) -> str:
+    if x.fits:
+        return (f"best mesh without pp/ep: {x.mesh_label}, {_gib(x.total_bytes)} per GPU, {x.step_s:.2f} s/step, "
+                f"{x.tokens_per_s:,.0f} tokens/s.")
+    return f"best mesh without pp/ep: none fits (the closest, {x.mesh_label}, needs {_gib(x.total_bytes)})."
+
+
+def cause_text(x: r.SearchCause) -> str:
+    """Why pipeline/expert meshes were searched, as the clause the lines quote."""
+    if x.kind == "pinned":
+        return "pipeline/expert degrees pinned"
+    if x.kind == "experts":
+        return (f"routed experts hold {x.expert_share:.0%} of the {x.num_params / 1e9:.1f}B parameters, so expert "
+                "parallelism was searched")
+    if x.kind == "no-mesh-tried":
+        return "no mesh of tp, cp and HSDP inside a node was tried"
+    if x.kind == "no-mesh-fits":
+        return (f"no mesh of tp, cp and HSDP inside a node fits: the closest, {x.mesh_label}, needs "
+                f"{_gib(x.total_bytes)} per GPU of {_gib(x.capacity_bytes)}, and TP across "
+                "nodes would put its collectives on the network, so pipeline stages were searched")
+    return "policy fastest: pipeline and expert meshes were searched too"
+
+
+def _pipeline_summary(x: r.PipelineSummary) -> str:
+    if x.fits:
+        return (f"Pipeline/expert meshes searched ({cause_text(x.cause)}); the fastest, {x.mesh_label}, fits at "
+                f"{_gib(x.total_bytes)} on its worst rank but is slower: {x.step_s:.2f} s/step, "
+                f"{x.tokens_per_s:,.0f} tokens/s.")
+    return (f"Pipeline/expert meshes searched ({cause_text(x.cause)}); none fits: the closest, {x.mesh_label}, needs "
+            f"{_gib(x.total_bytes)} on its worst rank (rank {x.worst_rank}) of {_gib(x.capacity_bytes)}.")
+
+
+def _no_gpu_only(x: r.NoGpuOnlyMesh) -> str:
+    return (f"No GPU-only mesh fits ({cause_text(x.cause)}): the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} "
+            f"per GPU of {_gib(x.capacity_bytes)} on its worst rank at micro-batch {x.micro_batch_size}, of which the "
+            f"model states alone (parameters, gradients, optimizer) are {_gib(x.states_bytes)}.")
+
+
+def _no_pinned(x: r.NoPinnedMeshFits) -> str:
+    extra = (f": the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} per GPU at micro-batch {x.micro_batch_size}"
+             if x.mesh_label is not None else "")
+    return f"No mesh with the pinned degrees fits{extra}."
+
+
+def _no_mesh(x: r.NoMeshFits) -> str:
+    tried = ("tp and HSDP degrees inside a node; no cp: context parallelism cannot shard a vision-language "
+             "model's input_ids" if x.images else "tp, cp and HSDP degrees inside a node")
+    return f"No mesh fits either (tried {x.num_tried}: {tried})."
+
+
+def _ckpt_word(mode: r.Checkpointing) -> str:
+    return {"selective": "selective", "on": "full", "off": "no"}[mode]
+
+
+def _fastest_mesh(x: r.FastestMesh) -> str:
+    a, b = x.mesh, x.dp
+    ckpt_note = ""
+    if _ckpt_word(a.checkpointing) != _ckpt_word(b.checkpointing):
+        ckpt_note = (f"; the mesh fits with {_ckpt_word(a.checkpointing)} checkpointing where {x.dp_strategy} "
+                     f"alone needs {_ckpt_word(b.checkpointing)}")
+    return (f"Policy fastest: mesh {x.mesh_label} is {a.tokens_per_s / b.tokens_per_s - 1:.0%} "
+            f"faster than {x.dp_strategy} alone: {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
+            f"({a.step_s:.2f} s/step at micro-batch {a.micro_batch_size} vs {b.step_s:.2f} s at "
+            f"{b.micro_batch_size}; {_gib(a.total_bytes)} vs {_gib(b.total_bytes)} "
+            f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
+            f"{ckpt_note}).")
+
+
+def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:
+    return (f"{x.strategy} alone (data parallelism over all {x.world_size} GPUs) also fits: "
+            f"{_gib(x.total_bytes)} per GPU, {x.step_s:.2f} s/step at micro-batch "
+            f"{x.micro_batch_size}, {x.tokens_per_s:,.0f} tokens/s.")
+
+
+_RENDER: dict[type, Callable] = {
+    r.SizeDefault: lambda x: f"Default from size: {x.strategy} ({size_rationale(x)}).",
+    r.SizeDefaultUnfit: lambda x: f"The size default {x.strategy} ({size_rationale(x)}) does not fit.",
+    r.AlsoSizeDefault: lambda x: f"It is also the size default ({size_rationale(x)}).",
+    r.DefaultFits: _default_fits,
+    r.DoesNotFit: _does_not_fit,
+    r.HighEndDoesNotFit: _high_end,
+    r.CpuRamDoesNotFit: lambda x: (f"{x.strategy} does not fit in CPU RAM: needs {_gib(x.cpu_bytes)} per node "
+                                   f"of {_gib(x.cpu_capacity_bytes)}."),
+    r.Unavailable: lambda x: f"{x.strategy} is unavailable: {x.detail}.",
+    r.Escalated: _escalated,
+    r.FasterOffload: _faster_offload,
+    r.MarginChoice: _margin,
+    r.CpuRam: _cpu_ram,
+    r.CheckpointingOn: _checkpointing_on,
+    r.AlsoFits: _also_fits,
+    r.Requested: lambda x: f"{x.strategy} was requested; it fits.",
+    r.FastestPolicy: _fastest,
+    r.Tradeoff: _tradeoff,
+    r.OffloadRemedy: _offload_remedy,
+    r.RemedyFits: _remedy_fits,
+    r.LossPeak: _loss_peak,
+    r.LossWouldFit: _loss_would_fit,
+    r.SmallestFitFound: _smallest,
+    r.NoCountFits: _no_count,
+    r.DataParallelCannot: lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
+    r.MeshFits: _mesh_fits,
+    r.DegreeEffect: _degree,
+    r.StagePeaks: _stage_peaks,
+    r.WithoutPipeline: _without_pp,
+    r.PipelineSearched: lambda x: f"Pipeline/expert meshes searched: {cause_text(x.cause)}.",
+    r.PipelineSummary: _pipeline_summary,
+    r.NoGpuOnlyMesh: _no_gpu_only,
+    r.PinnedDegrees: lambda x: f"Pinned degrees: {', '.join(f'--{flag} {value}' for flag, value in x.flags)}.",
+    r.NoPinnedMeshFits: _no_pinned,
+    r.NoMeshFits: _no_mesh,
+    r.MeshNotFaster: lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
+                                f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
+    r.FastestMesh: _fastest_mesh,
+    r.DataParallelAlsoFits: _dp_also_fits,
+}
+
+
+def render(reason: r.Reason) -> str:
+    """The sentence for one reason, as ``Plan.why`` lists it."""
+    return _RENDER[type(reason)](reason)
+
+
+def render_reason(reasons: tuple[r.Reason, ...]) -> str:
+    """``Recommendation.reason``: its reasons' sentences joined (a requested strategy says it in short)."""
+    return " ".join(f"{x.strategy} was requested and fits" if isinstance(x, r.Requested) else render(x)
+                    for x in reasons)
+
+
+def render_alternative(reason: r.Reason) -> str:
+    """One of ``Recommendation.alternatives``: the sentence without its full stop."""
+    return render(reason).removesuffix(".")
+
+
+def remedy_line(remedy) -> str:
+    """``--loss fused: saves 2.2 GiB per GPU; then zero3 on the GPUs alone, 1.03 s/step, 11,942 tokens/s``."""
+    if remedy.saved_gib >= MIN_SAVED_GIB:
+        memory = f"saves {remedy.saved_gib:.1f} GiB per GPU"
+    elif remedy.saved_gib <= -MIN_SAVED_GIB:
+        memory = f"uses {-remedy.saved_gib:.1f} GiB more per GPU"
+    else:
+        memory = "same memory"
+    if remedy.strategy is None:
+        return f"{remedy.name}: {memory}; still nothing fits"
+    where = "on the GPUs alone" if remedy.fits else "with CPU offload"
+    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
+            f"{remedy.tokens_per_s:,.0f} tokens/s")
+
+
+def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
+    """The remedies in two groups, as the planner ranked them: those that keep the mathematics, then the others."""
+    groups = [("Remedies that keep the mathematics", [x for x in remedies if x.keeps_math]),
+              ("Remedies that change the mathematics", [x for x in remedies if not x.keeps_math])]
+    return [(header, [remedy_line(x) for x in group]) for header, group in groups if group]

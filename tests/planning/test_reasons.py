@@ -1,0 +1,310 @@
+"""The planner's reasons carry the numbers their sentences print (issue 22 item 5, issue 19 item 5).
+
+For real plans (the README's first command and its variants), each reason's numbers are compared with
+figures worked by hand (parameter counts, the experts' share) or read from the plan's own candidates
+and capacity, or from a second plan with the one knob changed (what a saving is measured against).
+Then every number in every rendered sentence must be one the reason holds, or plain arithmetic of them
+(a share, a ratio, a difference): no sentence can print a figure its data does not carry.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from advisor.planning import reasons as r
+from advisor.planning.api import plan
+from advisor.planning.render import render
+from advisor.units import GIB
+
+QWEN_7B_PARAMS = 7_615_616_512  # Qwen2.5-7B's model card: 7.61B (embeddings 152064 x 3584, untied head)
+# LoRA rank 16 on PEFT's qwen2 default targets (q_proj, v_proj): per layer 16 x (3584 + 3584) for q and
+# 16 x (3584 + 512) for v (4 key/value heads of 128); 28 layers.
+QWEN_7B_LORA_16 = 28 * 16 * ((3584 + 3584) + (3584 + 512))
+LLAMA_8B_PARAMS = 8_030_261_248  # Llama 3.1 8B's published count
+# Mixtral-8x7B: 32 layers x 8 experts x 3 matrices of 4096 x 14336 (gate, up, down) in the experts.
+MIXTRAL_EXPERT_PARAMS = 32 * 8 * 3 * 4096 * 14336
+
+
+@pytest.fixture(scope="module")
+def qwen_2xa100():
+    return plan("Qwen/Qwen2.5-7B", "2xA100")
+
+
+@pytest.fixture(scope="module")
+def qwen_trainer():
+    return plan("Qwen/Qwen2.5-7B", "2xA100", recipe="trainer")
+
+
+@pytest.fixture(scope="module")
+def qwen_lora_4090():
+    return plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16)
+
+
+@pytest.fixture(scope="module")
+def mixtral():
+    return plan("mistralai/Mixtral-8x7B-v0.1", "8xH100")
+
+
+@pytest.fixture(scope="module")
+def llama_long():
+    return plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072)
+
+
+@pytest.fixture(scope="module")
+def pinned_zero2():
+    return plan("Qwen/Qwen2.5-0.5B", "2xA100", strategy="zero2")
+
+
+@pytest.fixture(scope="module")
+def llama_405b_fastest():
+    return plan("meta-llama/Llama-3.1-405B", "16x8xH100", seq_len=8192, policy="fastest")
+
+
+def _one(p, kind):
+    (found,) = [x for x in p.reasons if isinstance(x, kind)]
+    return found
+
+
+def test_readme_plan_offloads_and_says_why_in_the_candidates_numbers(qwen_2xa100):
+    p = qwen_2xa100
+    capacity = p.hardware.gpu_memory_bytes
+    opening = _one(p, r.SizeDefault)
+    assert (opening.strategy, opening.num_params, opening.band) == ("zero3", QWEN_7B_PARAMS, "medium")
+    unfit = _one(p, r.DoesNotFit)
+    zero3 = p.candidate("zero3")
+    assert (unfit.strategy, unfit.total_bytes, unfit.capacity_bytes) == ("zero3", zero3.memory_bytes.total, capacity)
+    assert unfit.total_bytes > unfit.capacity_bytes  # "does not fit" is true of its own numbers
+    assert (unfit.micro_batch_size, unfit.checkpointing) == (1, "on")
+    up = _one(p, r.Escalated)
+    chosen = p.chosen
+    assert (up.direction, up.strategy, up.total_bytes) == ("escalated", "zero2_offload", chosen.memory_bytes.total)
+    assert up.total_bytes <= capacity and up.micro_batch_size == chosen.micro_batch_size == 3
+    assert up.num_fitting_on_gpu == 0  # nothing fits on the GPUs alone: that is why it offloads
+    margin = _one(p, r.MarginChoice)
+    other = p.candidate("zero3_offload")
+    assert (margin.chosen.total_bytes, margin.runner_up.total_bytes) == (chosen.memory_bytes.total,
+                                                                          other.memory_bytes.total)
+    assert abs(margin.chosen.tokens_per_s / margin.runner_up.tokens_per_s - 1) <= margin.same_speed  # "as fast"
+    assert margin.roomy == "both" and max(margin.chosen.total_bytes, margin.runner_up.total_bytes) <= 0.9 * capacity
+    ram = _one(p, r.CpuRam)
+    assert (ram.cpu_bytes, ram.cpu_capacity_bytes) == (chosen.cpu_memory_bytes, None)
+    # The recommendation's reason is the shortfall, the escalation and the margin choice, in that order.
+    assert p.recommendation.reasons == (unfit, up, margin)
+    assert p.recommendation.reason == " ".join(render(x) for x in (unfit, up, margin))
+
+
+def test_offload_remedy_saving_is_the_difference_of_two_candidates(qwen_2xa100):
+    """'it saves 11.2 GiB per GPU on zero3': zero3 at the reference's micro-batch and checkpointing, with
+    and without the fused optimizer step."""
+    p = qwen_2xa100
+    best = _one(p, r.OffloadRemedy)
+    assert p.reasons[0] == best  # it opens the why
+    assert (best.remedy, best.reference, best.remedy_strategy, best.remedy_fits) == (
+        "--optimizer-impl fused", "zero3", "zero3", True)
+    assert best.tokens_per_s == p.chosen.step_time.tokens_per_s
+    fused = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer_impl="fused", micro_batch_size=1,
+                 activation_checkpointing="on", strategy="zero3").candidate("zero3")
+    saved = (p.candidate("zero3").memory_bytes.total - fused.memory_bytes.total) / GIB
+    assert best.saved_gib == pytest.approx(saved, abs=0.005)  # Remedy.saved_gib keeps two decimals
+    assert "it saves 11.2 GiB per GPU on zero3" in render(best)
+
+
+def test_loss_note_savings_are_other_kernels_at_the_same_micro_batch(qwen_2xa100):
+    p = qwen_2xa100
+    note = _one(p, r.LossPeak)
+    chosen = p.chosen
+    assert (note.strategy, note.total_bytes, note.micro_batch_size) == (
+        "zero2_offload", chosen.memory_bytes.total, chosen.micro_batch_size)
+    for saving in note.savings:
+        other = plan("Qwen/Qwen2.5-7B", "2xA100", loss=saving.kernel, micro_batch_size=3,
+                     activation_checkpointing="off", strategy="zero2_offload").candidate("zero2_offload")
+        assert saving.saved_bytes == chosen.memory_bytes.total - other.memory_bytes.total
+    assert [s.kernel for s in note.savings] == ["chunked", "fused"]
+
+
+def test_trainer_recipe_default_fits_with_its_share(qwen_trainer):
+    p = qwen_trainer
+    fits = _one(p, r.DefaultFits)
+    zero3 = p.candidate("zero3")
+    assert (fits.strategy, fits.total_bytes, fits.capacity_bytes) == (
+        "zero3", zero3.memory_bytes.total, p.hardware.gpu_memory_bytes)
+    assert fits.total_bytes <= fits.capacity_bytes and fits.micro_batch_size == 1 and fits.checkpointing == "off"
+    assert f"({fits.total_bytes / fits.capacity_bytes:.0%})" in render(fits) == p.recommendation.reason
+    assert [x.kind for x in p.reasons] == ["size-default", "default-fits"]
+
+
+def test_lora_on_one_4090_falls_back_to_the_fastest_of_two(qwen_lora_4090):
+    p = qwen_lora_4090
+    assert _one(p, r.SizeDefault).num_params == QWEN_7B_PARAMS + QWEN_7B_LORA_16
+    unfit = _one(p, r.DoesNotFit)
+    assert unfit.total_bytes == p.candidate("zero3").memory_bytes.total > p.hardware.gpu_memory_bytes
+    back = _one(p, r.Escalated)
+    # The policy escalates over ddp .. zero3_offload (strategies.ESCALATION); single-process dp also fits
+    # here but is never chosen, and the sentence's "2 that fit" does not count it.
+    on_gpu = [c.strategy for c in p.candidates if c.fits and c.strategy in ("ddp", "zero1", "zero2", "zero3")]
+    assert (back.direction, back.strategy, back.num_fitting_on_gpu) == ("fell back", "ddp", len(on_gpu))
+    assert sorted(on_gpu) == ["ddp", "zero1"]
+    assert back.tokens_per_s == max(p.candidate(s).step_time.tokens_per_s for s in on_gpu)
+    margin = _one(p, r.MarginChoice)
+    shares = [f.total_bytes / f.capacity_bytes for f in (margin.chosen, margin.runner_up)]
+    assert margin.roomy == "neither" and min(shares) > 0.9  # neither stays within 90%
+    assert margin.runner_up.total_bytes == p.candidate("zero1").memory_bytes.total
+    assert _one(p, r.CheckpointingOn).mode == "on" and p.chosen.activation_checkpointing
+
+
+def test_mixtral_offloads_and_no_gpu_only_mesh_fits(mixtral):
+    p = mixtral
+    assert _one(p, r.SizeDefault).band == "large"
+    best = _one(p, r.OffloadRemedy)
+    assert best.remedy == "--gpus 2x8xH100-80GB-SXM" and best.reference == "zero3"
+    on16 = plan("mistralai/Mixtral-8x7B-v0.1", "2x8xH100", micro_batch_size=1, activation_checkpointing="on",
+                strategy="zero3").candidate("zero3")
+    assert best.saved_gib == pytest.approx((p.candidate("zero3").memory_bytes.total - on16.memory_bytes.total) / GIB,
+                                           abs=0.005)
+    mesh = _one(p, r.NoGpuOnlyMesh)
+    assert mesh.cause.kind == "experts"
+    assert mesh.cause.expert_share == pytest.approx(MIXTRAL_EXPERT_PARAMS / p.model.total_params, rel=1e-12)
+    assert f"{mesh.cause.expert_share:.0%}" == "97%"  # 45.10B of 46.70B
+    closest = next(c for c in p.candidates if c.mesh is not None and c.mesh.label == mesh.mesh_label)
+    assert (mesh.total_bytes, mesh.states_bytes) == (closest.memory_bytes.total, closest.memory_bytes.states_total)
+    assert mesh.total_bytes > mesh.capacity_bytes == p.hardware.gpu_memory_bytes
+
+
+def test_long_sequence_mesh_names_the_limit_and_what_cp_buys(llama_long):
+    p = llama_long
+    assert _one(p, r.SizeDefault).num_params == LLAMA_8B_PARAMS
+    forced = _one(p, r.DataParallelCannot)
+    m = p.candidate("zero3").memory_bytes
+    limit = forced.limit
+    assert limit.kind == "activations-and-logits" and limit.activations_bytes + limit.temporary_bytes >= limit.states_bytes
+    assert (limit.activations_bytes, limit.temporary_bytes, limit.states_bytes, limit.total_bytes) == (
+        m.activations, m.temporary, m.params + m.grads + m.optimizer, m.total)
+    fits = _one(p, r.MeshFits)
+    assert (fits.mesh_label, fits.total_bytes, fits.checkpointing) == ("cp 8", p.chosen.memory_bytes.total, "selective")
+    assert (fits.step_s, fits.tokens_per_s) == (p.chosen.step_time.step_s, p.chosen.step_time.tokens_per_s)
+    cp = _one(p, r.DegreeEffect)
+    without = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072, micro_batch_size=1,
+                   activation_checkpointing="selective", strategy="zero3").candidate("zero3")
+    assert (cp.dim, cp.degree, cp.total_bytes, cp.without_bytes) == ("cp", 8, fits.total_bytes,
+                                                                      without.memory_bytes.total)
+    assert cp.compare == "unfit" and not without.fits
+    assert f"cp 8 saves {(cp.without_bytes - cp.total_bytes) / GIB:.1f} GiB per GPU" in render(cp)
+    assert p.recommendation.reasons == (fits, cp)
+
+
+def test_a_requested_strategy_says_so(pinned_zero2):
+    p = pinned_zero2
+    assert p.reasons[0] == r.Requested(strategy="zero2")
+    assert p.recommendation.reason == "zero2 was requested and fits" and p.why[0] == "zero2 was requested; it fits."
+    note = _one(p, r.LossPeak)
+    assert note.total_bytes == p.chosen.memory_bytes.total and note.micro_batch_size == p.chosen.micro_batch_size
+
+
+def test_405b_pipeline_summary_is_the_closest_staged_mesh(llama_405b_fastest):
+    p = llama_405b_fastest
+    summary = _one(p, r.PipelineSummary)
+    staged = [c for c in p.candidates if c.mesh is not None and (c.mesh.pp > 1 or c.mesh.ep > 1)]
+    assert not any(c.fits for c in staged) and not summary.fits and summary.cause.kind == "policy-fastest"
+    closest = min(staged, key=lambda c: c.memory_bytes.total)
+    assert (summary.mesh_label, summary.total_bytes) == (closest.mesh.label, closest.memory_bytes.total)
+    assert summary.total_bytes == max(closest.stage_peaks) == closest.stage_peaks[summary.worst_rank]
+    assert summary.total_bytes > summary.capacity_bytes
+    effects = [x for x in p.reasons if isinstance(x, r.DegreeEffect)]
+    assert [(x.dim, x.degree) for x in effects] == [("tp", 4), ("cp", 2)]
+    assert all(x.total_bytes == p.chosen.memory_bytes.total < x.without_bytes for x in effects)
+
+
+# --- every printed number is one the reason holds ------------------------------------------------------
+
+_NUMBER = re.compile(r"(?<![\w.\-/~])\d(?:[\d,]*\d)?(?:\.\d+)?")
+_TEMPLATE = ("(1-10B)", "(< 1B)", "(> 10B)", "~1/3", "rank 0 first")  # fixed words of a sentence, not figures
+
+
+def _leaves(model):
+    for name, value in model:
+        if isinstance(value, r.ReasonModel):
+            yield from _leaves(value)
+        elif isinstance(value, tuple):
+            for item in value:
+                yield from (_leaves(item) if isinstance(item, r.ReasonModel) else [(name, item)])
+        else:
+            yield name, value
+
+
+def _shown(reason) -> set[str]:
+    """The figures a sentence may print: each number as the renderer formats its kind, numbers inside
+    names (a mesh label, a flag), and the arithmetic a sentence does on them (a share, a ratio, a saving)."""
+    out: set[str] = set()
+    leaves = list(_leaves(reason))
+    nums = [(n, v) for n, v in leaves if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    for name, value in leaves:
+        if isinstance(value, str):
+            out |= set(_NUMBER.findall(value.replace("x", " ")))
+    for name, v in nums:
+        out |= {str(v), f"{v:,.0f}", f"{v:.2f}", f"{v:.1f}", f"{v:.0%}"[:-1], f"{1 - v:.0%}"[:-1]}
+        if name.endswith("bytes"):
+            out.add(f"{v / GIB:.1f}")
+        if name == "num_params":
+            out |= {f"{v / 1e9:.1f}", f"{v / 1e9:.2g}", f"{v / 1e9:.3g}"}
+    by = dict(nums)
+    pairs = [("total_bytes", "capacity_bytes"), ("remedy_tokens_per_s", "tokens_per_s"),
+             ("slow_batch_s", "fast_batch_s")]
+    for a, b in pairs:
+        if by.get(a) is not None and by.get(b):
+            out |= {f"{by[a] / by[b]:.0%}"[:-1], f"{by[a] / by[b]:.1f}", f"{by[a] / by[b]:.2f}"}
+    for f in (getattr(reason, "chosen", None), getattr(reason, "runner_up", None)):
+        if isinstance(f, r.Figures):
+            out.add(f"{f.total_bytes / f.capacity_bytes:.0%}"[:-1])
+    if isinstance(reason, r.DegreeEffect):
+        out.add(f"{abs(reason.without_bytes - reason.total_bytes) / GIB:.1f}")
+        if reason.step_s is not None and reason.without_step_s is not None:
+            out.add(f"{reason.step_s - reason.without_step_s:+.2f}".lstrip("+-"))
+    if isinstance(reason, r.FastestMesh):
+        out.add(f"{reason.mesh.tokens_per_s / reason.dp.tokens_per_s - 1:.0%}"[:-1])
+    if isinstance(reason, (r.DataParallelCannot,)) and isinstance(reason.limit, r.BatchLimit):
+        out.add(str((reason.limit.micro_batch_size or 0) * reason.limit.world_size))
+    if isinstance(reason, r.StagePeaks):
+        out |= {str(i) for i in range(len(reason.peaks_bytes))}  # "the worst, rank 1"
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["qwen_2xa100", "qwen_trainer", "qwen_lora_4090", "mixtral", "llama_long",
+                                     "pinned_zero2", "llama_405b_fastest"])
+def test_every_number_in_a_sentence_is_in_its_reason(fixture, request):
+    p = request.getfixturevalue(fixture)
+    assert len(p.why) == len(p.reasons) and p.why
+    for reason, sentence in zip(p.reasons, p.why):
+        text = sentence
+        for fixed in _TEMPLATE:
+            text = text.replace(fixed, "")
+        printed = set(_NUMBER.findall(text))
+        assert printed <= _shown(reason), (reason.kind, sentence, printed - _shown(reason))
+
+
+def test_the_number_check_catches_a_figure_the_reason_does_not_hold():
+    """The check above is not vacuous: a sentence with one figure changed fails it."""
+    fits = r.DefaultFits(strategy="zero3", total_bytes=68 * GIB, capacity_bytes=80 * GIB, micro_batch_size=1,
+                         checkpointing="off")
+    assert render(fits) == "zero3 fits: 68.0 GiB of 80.0 GiB per GPU (85%) at micro-batch 1."
+    assert set(_NUMBER.findall(render(fits))) <= _shown(fits)
+    assert not set(_NUMBER.findall(render(fits).replace("68.0", "67.0"))) <= _shown(fits)
+
+
+def test_kinds_no_readme_plan_reaches_render_as_before():
+    """Sentence families the plans above do not reach, with figures chosen to print round: the text the
+    planner built as strings before it returned reasons."""
+    assert render(r.Unavailable(strategy="dp", detail="DataParallel is one process: one node only")) == (
+        "dp is unavailable: DataParallel is one process: one node only.")
+    faster = r.FasterOffload(strategy="zero3_offload", tokens_per_s=1234.4, micro_batch_size=4,
+                             instead_of="zero2_offload", instead_tokens_per_s=1000.0, instead_micro_batch_size=2)
+    assert render(faster) == ("zero3_offload rather than zero2_offload: both offload, and zero3_offload runs 1,234 "
+                              "tokens/s (micro-batch 4) against 1,000 (micro-batch 2).")
+    peaks = r.StagePeaks(peaks_bytes=(70 * GIB, 72 * GIB + GIB // 2, 68 * GIB))
+    assert render(peaks) == "per-stage peaks (GiB, rank 0 first): 70.0, 72.5, 68.0; the worst, rank 1, decides the fit."
+    none = r.NoCountFits(checkpointing_tried=True, hints=("shorten --seq-len",))
+    assert render(none) == ("No number of these GPUs fits: one sample's activations alone exceed a GPU (with "
+                            "activation checkpointing), or offloaded states exceed CPU RAM; shorten --seq-len.")
+    also = r.AlsoFits(strategy="ddp", total_bytes=61 * GIB, capacity_bytes=100 * GIB, micro_batch_size=2, step_s=1.2)
+    assert render(also) == "ddp also fits (61% of memory, micro-batch 2, 1.20 s/step) and communicates less"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
@@ -21,10 +21,12 @@ from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
 from advisor.strategies import STRATEGIES, Implementation, StrategyName
-from advisor.training import TrainingConfig
+from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
 
 AUTO_MICRO_BATCH_CAP = 64
+# The two booleans --json readers know, derived from the one stored CheckpointMode.
+CHECKPOINT_KEYS = ("activation_checkpointing", "selective_checkpointing")
 
 
 
@@ -41,8 +43,9 @@ class Candidate(_Frozen):
     fits: bool = False
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
-    activation_checkpointing: bool | None = None
-    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
+    checkpointing: CheckpointMode | None = Field(default=None, exclude=True, description="How the step checkpoints "
+                                                 "its blocks; None: not evaluated (unavailable). The JSON carries "
+                                                 "it as activation_checkpointing and selective_checkpointing.")
     memory_bytes: MemoryBreakdown | None = None
     memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
                                               "from the lowest and highest measured reserved / estimate of this stack "
@@ -51,19 +54,37 @@ class Candidate(_Frozen):
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
-    step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
     step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
     mesh: ParallelDims | None = Field(default=None, description="The device mesh (tp/cp/HSDP degrees); None: "
                                       "data parallelism alone over every GPU.")
     stage_peaks: tuple[int, ...] | None = Field(default=None, description="Pipeline/expert meshes: each pipeline "
                                                 "rank's peak (bytes, total), rank 0 first; the worst is memory_bytes.")
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def activation_checkpointing(self) -> bool | None:
+        """The step recomputes its blocks (fully or selectively); None: not evaluated."""
+        return None if self.checkpointing is None else self.checkpointing != "off"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def selective_checkpointing(self) -> bool:
+        """The checkpointing is selective (per-op)."""
+        return self.checkpointing == "selective"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def step_time_s(self) -> float | None:
+        """Seconds per optimizer step (fitting candidates)."""
+        return None if self.step_time is None else self.step_time.step_s
+
     @model_serializer(mode="wrap")
     def _serialize(self, handler):  # plans without pp/ep keep their JSON byte-identical
         data = handler(self)
         if self.stage_peaks is None and isinstance(data, dict):
             data.pop("stage_peaks", None)
-        return data
+        return in_json_order(data, {"gradient_accumulation_steps": CHECKPOINT_KEYS,
+                                    "cpu_capacity_bytes": ("step_time_s",)})
 
 
 class Remedy(_Frozen):
@@ -84,8 +105,8 @@ class Recommendation(_Frozen):
     strategy: StrategyName
     engine: str
     micro_batch_size: int
-    activation_checkpointing: bool
-    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
+    checkpointing: CheckpointMode = Field(exclude=True, description="How the step checkpoints its blocks (the JSON "
+                                          "carries it as activation_checkpointing and selective_checkpointing).")
     gradient_accumulation_steps: int | None = None
     reason: str
     alternatives: tuple[str, ...] = ()
@@ -93,6 +114,37 @@ class Recommendation(_Frozen):
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "
                                          "(advisor.planning.remedies).")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def activation_checkpointing(self) -> bool:
+        """The step recomputes its blocks (fully or selectively)."""
+        return self.checkpointing != "off"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def selective_checkpointing(self) -> bool:
+        """The checkpointing is selective (per-op)."""
+        return self.checkpointing == "selective"
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        return in_json_order(handler(self), {"micro_batch_size": CHECKPOINT_KEYS})
+
+
+def in_json_order(data, after: dict[str, tuple[str, ...]]):
+    """``data`` (a model's dump) with each tuple of computed keys moved right after its key, where --json readers
+    have always found them (pydantic writes computed fields last); anything but a dict is returned as it is."""
+    if not isinstance(data, dict):
+        return data
+    moved = {key for keys in after.values() for key in keys}
+    ordered = {}
+    for key, value in data.items():
+        if key in moved:
+            continue
+        ordered[key] = value
+        ordered.update({k: data[k] for k in after.get(key, ()) if k in data})
+    return ordered
 
 
 def batch_split_problem(training: TrainingConfig, dp_world: int) -> str | None:
@@ -257,7 +309,7 @@ def evaluate_candidate(
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
     if not fits(lightest, modes[-1]):  # nothing fits: report it, the configuration closest to fitting
         return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
-                         activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
+                         checkpointing=modes[-1],
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
                          memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware)))
@@ -269,10 +321,10 @@ def evaluate_candidate(
             accumulation = _accumulation(training, dp_world, micro)
             timing = timing_of(micro, mode, accumulation or 1)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
-                                     activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                                     checkpointing=mode,
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
                                      memory_range=span(mem, mode),
-                                     cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                                     cpu_memory_bytes=_cpu_per_node(mem, hardware),
                                      step_time=timing))
             if mode == "off" and is_roomy:
                 break  # no recompute and it fits: nothing to gain from checkpointing
@@ -285,7 +337,7 @@ def evaluate_candidate(
     micro, mode = min(choices), modes[-1]
     mem = memory(micro, mode)
     return staged(Candidate(**base, available=True, fits=False, micro_batch_size=micro,
-                            activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                            checkpointing=mode,
                             gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))

@@ -224,9 +224,8 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
     that degree folded back into dp_shard, at the same micro-batch and checkpointing."""
     mesh = chosen.mesh
     assert mesh is not None and chosen.memory_bytes is not None and chosen.step_time is not None
-    mode = "selective" if chosen.selective_checkpointing else ("on" if chosen.activation_checkpointing else "off")
     fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
-                                        "activation_checkpointing": mode})
+                                        "activation_checkpointing": chosen.checkpointing})
     lines = []
     for dim in ("pp", "ep", "tp", "cp", "dp_replicate"):
         degree = getattr(mesh, dim)
@@ -260,9 +259,8 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     """The recommendation for a mesh candidate and the lines of 'why'."""
     m = chosen.memory_bytes
     step = chosen.step_time
-    ckpt = {True: " with activation checkpointing", False: ""}[bool(chosen.activation_checkpointing)]
-    if chosen.selective_checkpointing:
-        ckpt = " with selective activation checkpointing"
+    ckpt = {"off": "", "on": " with activation checkpointing",
+            "selective": " with selective activation checkpointing"}[chosen.checkpointing]
     why = [opening,
            f"mesh {chosen.mesh.label} ({chosen.strategy}: FSDP2 over dp_shard x cp) fits: {_gib(m.total)} of "
            f"{_gib(chosen.capacity_bytes)} per GPU at micro-batch {chosen.micro_batch_size}{ckpt}, "
@@ -271,8 +269,7 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     why += [f"{line}." for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and
             chosen.stage_peaks]
     rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
-                         activation_checkpointing=bool(chosen.activation_checkpointing),
-                         selective_checkpointing=chosen.selective_checkpointing,
+                         checkpointing=chosen.checkpointing,
                          gradient_accumulation_steps=chosen.gradient_accumulation_steps, reason=" ".join(why[1:]),
                          mesh=chosen.mesh)
     return rec, why
@@ -361,7 +358,7 @@ def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
 
 
 def _checkpointing_word(c: Candidate) -> str:
-    return "selective" if c.selective_checkpointing else ("full" if c.activation_checkpointing else "no")
+    return {"selective": "selective", "on": "full"}.get(c.checkpointing, "no")
 
 
 def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,

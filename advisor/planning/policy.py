@@ -225,9 +225,8 @@ def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candi
 
 
 def _with_checkpointing(cand: Candidate) -> str:
-    if not cand.activation_checkpointing:
-        return ""
-    return " with selective activation checkpointing" if cand.selective_checkpointing else " with activation checkpointing"
+    return {"off": "", "on": " with activation checkpointing",
+            "selective": " with selective activation checkpointing"}[cand.checkpointing]
 
 
 def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
@@ -235,8 +234,7 @@ def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ())
         strategy=cand.strategy,
         engine=cand.engine,
         micro_batch_size=cand.micro_batch_size,
-        activation_checkpointing=bool(cand.activation_checkpointing),
-        selective_checkpointing=cand.selective_checkpointing,
+        checkpointing=cand.checkpointing,
         gradient_accumulation_steps=cand.gradient_accumulation_steps,
         reason=reason,
         alternatives=alternatives,

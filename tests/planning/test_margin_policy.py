@@ -28,8 +28,7 @@ def _candidate(strategy: str, *, gib: int, step_s: float, micro: int = 1) -> Can
                     tokens_per_s=tokens / step_s, model_flops_per_gpu=1.0, hardware_flops_per_gpu=1.0,
                     peak_tflops=1.0, utilisation=0.5, mfu=0.5)
     return Candidate(strategy=strategy, engine="torch", available=True, fits=True, micro_batch_size=micro,
-                     activation_checkpointing=False, memory_bytes=memory, capacity_bytes=CAPACITY,
-                     step_time_s=step_s, step_time=step)
+                     checkpointing="off", memory_bytes=memory, capacity_bytes=CAPACITY, step_time=step)
 
 
 def test_same_speed_prefers_the_plan_that_leaves_headroom():

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer, model_validator
 
-from advisor.frozen import validated_copy
+from advisor.frozen import in_json_order, validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
@@ -25,8 +25,14 @@ from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
 
 AUTO_MICRO_BATCH_CAP = 64
-# The two booleans --json readers know, derived from the one stored CheckpointMode.
-CHECKPOINT_KEYS = ("activation_checkpointing", "selective_checkpointing")
+# The keys of a candidate and a recommendation in --json, in the order readers have always seen (some are
+# properties now, which pydantic would write last); a pipeline mesh's stage_peaks comes after them.
+CANDIDATE_KEYS = ("strategy", "engine", "available", "unavailable_reason", "runs_as", "fits", "micro_batch_size",
+                  "gradient_accumulation_steps", "activation_checkpointing", "selective_checkpointing", "memory_bytes",
+                  "memory_range", "capacity_bytes", "cpu_memory_bytes", "cpu_capacity_bytes", "step_time_s",
+                  "step_time", "mesh")
+RECOMMENDATION_KEYS = ("strategy", "engine", "micro_batch_size", "activation_checkpointing", "selective_checkpointing",
+                       "gradient_accumulation_steps", "reason", "alternatives", "mesh", "remedies")
 
 
 
@@ -83,8 +89,7 @@ class Candidate(_Frozen):
         data = handler(self)
         if self.stage_peaks is None and isinstance(data, dict):
             data.pop("stage_peaks", None)
-        return in_json_order(data, {"gradient_accumulation_steps": CHECKPOINT_KEYS,
-                                    "cpu_capacity_bytes": ("step_time_s",)})
+        return in_json_order(data, CANDIDATE_KEYS)
 
 
 class Remedy(_Frozen):
@@ -102,18 +107,42 @@ class Remedy(_Frozen):
 
 
 class Recommendation(_Frozen):
-    strategy: StrategyName
-    engine: str
-    micro_batch_size: int
-    checkpointing: CheckpointMode = Field(exclude=True, description="How the step checkpoints its blocks (the JSON "
-                                          "carries it as activation_checkpointing and selective_checkpointing).")
-    gradient_accumulation_steps: int | None = None
+    """The chosen candidate and why. What it runs (strategy, engine, micro-batch, checkpointing, accumulation,
+    mesh) is the candidate's, read from it."""
+
+    candidate: Candidate = Field(exclude=True, description="The recommended candidate; the JSON carries its "
+                                 "strategy, engine, micro-batch, checkpointing, accumulation and mesh.")
     reason: str
     alternatives: tuple[str, ...] = ()
-    mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "
                                          "(advisor.planning.remedies).")
+
+    @model_validator(mode="after")
+    def _evaluated(self) -> Recommendation:
+        if self.candidate.micro_batch_size is None or self.candidate.checkpointing is None:
+            raise ValueError(f"{self.candidate.strategy}: a recommendation needs an evaluated candidate")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def strategy(self) -> StrategyName:
+        return self.candidate.strategy
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def engine(self) -> str:
+        return self.candidate.engine
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def micro_batch_size(self) -> int:
+        return self.candidate.micro_batch_size
+
+    @property
+    def checkpointing(self) -> CheckpointMode:
+        """How the step checkpoints its blocks (the JSON carries activation_ and selective_checkpointing)."""
+        return self.candidate.checkpointing
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -127,24 +156,20 @@ class Recommendation(_Frozen):
         """The checkpointing is selective (per-op)."""
         return self.checkpointing == "selective"
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        return self.candidate.gradient_accumulation_steps
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mesh(self) -> ParallelDims | None:
+        """The device mesh; None: data parallelism alone."""
+        return self.candidate.mesh
+
     @model_serializer(mode="wrap")
     def _serialize(self, handler):
-        return in_json_order(handler(self), {"micro_batch_size": CHECKPOINT_KEYS})
-
-
-def in_json_order(data, after: dict[str, tuple[str, ...]]):
-    """``data`` (a model's dump) with each tuple of computed keys moved right after its key, where --json readers
-    have always found them (pydantic writes computed fields last); anything but a dict is returned as it is."""
-    if not isinstance(data, dict):
-        return data
-    moved = {key for keys in after.values() for key in keys}
-    ordered = {}
-    for key, value in data.items():
-        if key in moved:
-            continue
-        ordered[key] = value
-        ordered.update({k: data[k] for k in after.get(key, ()) if k in data})
-    return ordered
+        return in_json_order(handler(self), RECOMMENDATION_KEYS)
 
 
 def batch_split_problem(training: TrainingConfig, dp_world: int) -> str | None:

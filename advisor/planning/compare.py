@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
+from advisor.frozen import in_json_order
 from advisor.planning.api import Plan, plan
-from advisor.planning.candidates import CHECKPOINT_KEYS, in_json_order
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
 from advisor.training import CheckpointMode
@@ -28,6 +28,9 @@ class _Frozen(BaseModel):
 
 
 class ClusterResult(_Frozen):
+    """One cluster's row; ``--json`` keeps its keys in ``_KEYS``' order (the checkpointing booleans are
+    properties of ``checkpointing``)."""
+
     gpus: str = Field(description="The --gpus item as given.")
     label: str = Field(description="Resolved cluster, e.g. 2x8xH100-80GB-SXM.")
     world_size: int
@@ -58,7 +61,12 @@ class ClusterResult(_Frozen):
 
     @model_serializer(mode="wrap")
     def _serialize(self, handler):
-        return in_json_order(handler(self), {"gradient_accumulation_steps": CHECKPOINT_KEYS})
+        return in_json_order(handler(self), _KEYS)
+
+
+_KEYS = ("gpus", "label", "world_size", "fits", "strategy", "micro_batch_size", "gradient_accumulation_steps",
+         "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes", "capacity_bytes", "step",
+         "gpu_hours_per_billion_tokens", "message")
 
 
 class Comparison(_Frozen):

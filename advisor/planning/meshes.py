@@ -268,10 +268,7 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     why += [f"{line}." for line in degree_effects(spec, hw, training, chosen)]
     why += [f"{line}." for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and
             chosen.stage_peaks]
-    rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
-                         checkpointing=chosen.checkpointing,
-                         gradient_accumulation_steps=chosen.gradient_accumulation_steps, reason=" ".join(why[1:]),
-                         mesh=chosen.mesh)
+    rec = Recommendation(candidate=chosen, reason=" ".join(why[1:]))
     return rec, why
 
 

@@ -230,16 +230,7 @@ def _with_checkpointing(cand: Candidate) -> str:
 
 
 def _recommend(cand: Candidate, reason: str, alternatives: tuple[str, ...] = ()) -> Recommendation:
-    return Recommendation(
-        strategy=cand.strategy,
-        engine=cand.engine,
-        micro_batch_size=cand.micro_batch_size,
-        checkpointing=cand.checkpointing,
-        gradient_accumulation_steps=cand.gradient_accumulation_steps,
-        reason=reason,
-        alternatives=alternatives,
-        mesh=cand.mesh,
-    )
+    return Recommendation(candidate=cand, reason=reason, alternatives=alternatives)
 
 
 def _does_not_fit(cand: Candidate) -> str:

@@ -1,5 +1,6 @@
-"""One stored checkpointing mode, the --json readers' two booleans read from it: their keys stay where the
-JSON has always had them, with the values the plan had when it stored the two booleans itself."""
+"""Derived values are properties, and --json keeps its keys where readers have always found them: the two
+checkpointing booleans read the one stored mode, step_time_s the step time, a recommendation's strategy, batch,
+checkpointing and mesh its candidate, a breakdown's peak_phase its peak_moment."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ CANDIDATE_KEYS = ["strategy", "engine", "available", "unavailable_reason", "runs
                   "gradient_accumulation_steps", "activation_checkpointing", "selective_checkpointing",
                   "memory_bytes", "memory_range", "capacity_bytes", "cpu_memory_bytes", "cpu_capacity_bytes",
                   "step_time_s", "step_time", "mesh"]
+BREAKDOWN_KEYS = ["params", "grads", "optimizer", "activations", "temporary", "runtime_overhead", "outside_allocator",
+                  "cpu_bytes", "peak_phase", "peak_moment", "states_params", "states_grads", "states_optimizer",
+                  "states_on_cpu", "at_start_of_forward", "at_end_of_forward", "at_loss_backward", "at_block_backward",
+                  "at_end_of_backward", "at_optimizer_step", "peak_allocated", "total", "allocator_gap", "reserved",
+                  "states_total"]
 RECOMMENDATION_KEYS = ["strategy", "engine", "micro_batch_size", "activation_checkpointing", "selective_checkpointing",
                        "gradient_accumulation_steps", "reason", "alternatives", "mesh", "remedies"]
 
@@ -55,3 +61,23 @@ def test_compare_keeps_its_keys():
     assert list(row)[6:10] == ["gradient_accumulation_steps", "activation_checkpointing", "selective_checkpointing",
                                "memory_per_gpu_bytes"]
     assert (row["activation_checkpointing"], row["selective_checkpointing"]) == (True, True)
+
+
+def test_the_recommendation_reads_its_candidate(long_plan):
+    rec, chosen = long_plan.recommendation, long_plan.chosen
+    assert rec.candidate is chosen
+    assert (rec.strategy, rec.engine, rec.micro_batch_size, rec.gradient_accumulation_steps, rec.mesh) == (
+        "zero2", "torch", 1, None, None)
+    assert "candidate" not in long_plan.model_dump(mode="json")["recommendation"]
+
+
+def test_the_breakdown_keeps_its_keys_and_phase(long_plan):
+    doc = long_plan.model_dump(mode="json")
+    assert [list(c["memory_bytes"]) for c in doc["candidates"]] == [BREAKDOWN_KEYS] * len(doc["candidates"])
+    # The (peak_moment, peak_phase) pairs this plan's JSON had when peak_phase was a stored field.
+    assert {c["strategy"]: (c["memory_bytes"]["peak_moment"], c["memory_bytes"]["peak_phase"])
+            for c in doc["candidates"]} == {
+        "dp": ("loss_backward", "forward_backward"), "ddp": ("optimizer_step", "optimizer_step"),
+        "zero1": ("optimizer_step", "optimizer_step"), "zero2": ("loss_backward", "forward_backward"),
+        "zero3": ("loss_backward", "forward_backward"), "zero2_offload": ("loss_backward", "forward_backward"),
+        "zero3_offload": ("loss_backward", "forward_backward")}

@@ -86,8 +86,8 @@ class Decision(BaseModel):
         return self.checkpointing == "selective"
 
     def summary(self) -> str:
-        ckpt = (f", {'selective ' if self.selective_checkpointing else ''}activation checkpointing"
-                if self.activation_checkpointing else "")
+        ckpt = {"off": "", "on": ", activation checkpointing",
+                "selective": ", selective activation checkpointing"}[self.checkpointing]
         applied = self.strategy or "unchanged"
         if self.mesh is not None and not self.mesh.is_data_parallel_only:
             applied = f"{applied} on mesh {self.mesh.label}"

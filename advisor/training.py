@@ -12,13 +12,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
 from advisor.calibration import Margin, allocator_overhead
+from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
 from advisor.units import GIB
 
 Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
-Checkpointing = Literal["auto", "on", "off", "selective"]
+Checkpointing = Literal["auto", CheckpointMode]  # the request: auto lets the planner choose the mode
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
 Quantization = Literal["nf4", "fp4", "int8"]

@@ -114,8 +114,8 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         net.train()
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
                                 **IMPL_KWARGS[optimizer_impl])
-        recipe = Recipe(strategy=strategy, precision="bf16-mixed", activation_checkpointing=bool(ckpt),
-                        selective_checkpointing=ckpt == "selective")
+        recipe = Recipe(strategy=strategy, precision="bf16-mixed",
+                        checkpointing="selective" if ckpt == "selective" else "on" if ckpt else "off")
         applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
         if strategy == "ddp" and world > 1:

@@ -7,9 +7,10 @@ the same call torchtitan and FSDP's own tests use. Hugging Face's ``gradient_che
 not used, so a model from anywhere is treated alike. Apply it before ``fully_shard`` (torchtitan
 order): FSDP then shards the wrapper and its recomputation re-gathers the block's parameters.
 
-Which modules are blocks is decided in ``blocks.py``. ``apply_requested_checkpointing`` is the call for
-``wrap()``'s ``activation_checkpointing`` argument on the paths that apply no recipe (one process, and
-accelerate's ``prepare``); it returns what was applied, for the decision to report.
+Which modules are blocks is decided in ``blocks.py``. ``requested_mode`` reads ``wrap()``'s
+``activation_checkpointing`` argument once into the one spelling, ``advisor.training.CheckpointMode``;
+``apply_requested_checkpointing`` applies it on the paths that apply no recipe (one process, and
+accelerate's ``prepare``) and returns the mode applied, for the decision to report.
 
 ``selective=True`` keeps some op outputs instead of recomputing them, with torchtitan's per-op policy
 (``torchtitan/models/llama3/infra/parallelize.py``, ``_apply_ac_to_transformer_block``): the outputs
@@ -30,7 +31,10 @@ from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as _ckpt
 
+from advisor.training import CheckpointMode
 from wrappers.blocks import find_blocks
+
+_MODES: dict[object, CheckpointMode] = {True: "on", False: "off", "on": "on", "off": "off", "selective": "selective"}
 
 
 def _attention_ops() -> set:
@@ -88,12 +92,21 @@ def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Modu
     return [wrappers[id(block)] for block in blocks]
 
 
-def apply_requested_checkpointing(model: nn.Module, asked: bool | str | None) -> tuple[bool, bool]:
-    """Checkpoint ``model``'s blocks as ``asked`` (``True``: full, ``"selective"``, ``None``/``False``:
-    nothing). Returns what was applied, ``(activation_checkpointing, selective_checkpointing)``: nothing
-    for a model without blocks (``apply_activation_checkpointing`` warns)."""
-    if not asked:
-        return False, False
-    selective = asked == "selective"
-    applied = bool(apply_activation_checkpointing(model, blocks=find_blocks(model), selective=selective))
-    return applied, applied and selective
+def requested_mode(asked: bool | CheckpointMode | None) -> CheckpointMode | None:
+    """``wrap(activation_checkpointing=...)`` as a mode: ``True`` / ``"on"`` full, ``"selective"``, ``False`` /
+    ``"off"`` none; None: not asked (the plan decides). ValueError for anything else."""
+    if asked is None:
+        return None
+    if isinstance(asked, (bool, str)) and asked in _MODES:
+        return _MODES[asked]
+    raise ValueError(f"activation_checkpointing={asked!r}: expected True, False, 'on', 'off' or 'selective'")
+
+
+def apply_requested_checkpointing(model: nn.Module, asked: CheckpointMode | None) -> CheckpointMode:
+    """Checkpoint ``model``'s blocks as ``asked`` (``"on"``: full, ``"selective"``, ``None`` / ``"off"``:
+    nothing). Returns the mode applied: ``"off"`` for a model without blocks (``apply_activation_checkpointing``
+    warns)."""
+    if asked in (None, "off"):
+        return "off"
+    applied = apply_activation_checkpointing(model, blocks=find_blocks(model), selective=asked == "selective")
+    return asked if applied else "off"

@@ -20,7 +20,7 @@ from torch import nn
 
 from advisor.mesh import ParallelDims
 from advisor.strategies import StrategyName
-from advisor.training import Precision
+from advisor.training import CheckpointMode, Precision
 from wrappers.launch_env import LaunchEnv
 from wrappers.loader import shard_loader
 from wrappers.materialize import materialize
@@ -76,7 +76,8 @@ def materialize_whole(model: nn.Module, optimizer, *, env: LaunchEnv, checkpoint
 
 
 def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp: int, hybrid: int, checkpoint,
-                 strategy: StrategyName | None, precision: Precision | None, activation_checkpointing) -> tuple:
+                 strategy: StrategyName | None, precision: Precision | None,
+                 activation_checkpointing: CheckpointMode | None) -> tuple:
     """(model, optimizer, loader, the Decision's fields) after applying the mesh."""
     if is_config(model):
         model = model_from_config(model)
@@ -84,10 +85,9 @@ def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp:
     _refuse_pipeline_and_experts(dims)
     _check_dims(dims, model, env)
     recipe = Recipe(strategy=strategy or "zero3", precision=precision or "fp32",
-                    activation_checkpointing=bool(activation_checkpointing),
-                    selective_checkpointing=activation_checkpointing == "selective")
-    decision = dict(engine="torch", precision=recipe.precision, activation_checkpointing=recipe.activation_checkpointing,
-                    selective_checkpointing=recipe.selective_checkpointing, world_size=env.world_size, mesh=dims)
+                    checkpointing=activation_checkpointing or "off")
+    decision = dict(engine="torch", precision=recipe.precision, checkpointing=recipe.checkpointing,
+                    world_size=env.world_size, mesh=dims)
     if env.world_size == 1:
         model, optimizer = materialize_whole(model, optimizer, env=env, checkpoint=checkpoint)
         reason = "one process: nothing to shard; the meta-device model was materialised whole"

@@ -69,8 +69,8 @@ def apply_mesh(model: nn.Module, dims: ParallelDims, recipe: Recipe, *, device: 
     if recipe.precision == "bf16":
         model.to(torch.bfloat16)
     source, tp_modules = apply_tensor_parallel(model, meshes.tp)
-    if recipe.activation_checkpointing:
-        apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.selective_checkpointing)
+    if recipe.checkpointing != "off":
+        apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.checkpointing == "selective")
     spec = recipe.spec
     apply_fsdp(model, reshard_after_forward=spec.reshard_after_forward, precision=recipe.precision,
                cpu_offload=spec.cpu_offload, mesh=meshes.fsdp)

@@ -25,13 +25,14 @@ so blocks are not checkpointed twice; without a request it is what runs, and the
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from advisor.precision import PRECISIONS, Precision
 from advisor.strategies import STRATEGIES, StrategyName
+from advisor.training import CheckpointMode
 from wrappers.checkpointing import apply_requested_checkpointing
 from wrappers.launch_env import LaunchEnv
 from wrappers.precision import precision_dtypes, precision_named
@@ -46,8 +47,7 @@ class Prepared(NamedTuple):
     precision: Precision
     strategy: StrategyName | None  # the row of the strategy table accelerate runs, None: no such row
     runs_as: str  # e.g. "FSDP on 2 processes"
-    activation_checkpointing: bool  # applied, by wrap() before prepare or by accelerate's FSDP plugin
-    selective_checkpointing: bool
+    checkpointing: CheckpointMode  # applied, by wrap() before prepare or by accelerate's FSDP plugin
 
 
 def _strategy_with(engine: str, **fields: bool) -> StrategyName | None:
@@ -150,25 +150,25 @@ def _wrapping_problem(model: nn.Module, distributed_type: str, num_processes: in
 
 
 def _apply_checkpointing(model: nn.Module, accelerator: Any,
-                         asked: bool | Literal["selective"] | None) -> tuple[bool, bool]:
+                         asked: CheckpointMode | None) -> CheckpointMode:
     """Checkpointing before ``prepare``: the one asked for (the FSDP plugin's own turned off), else the
-    plugin's. Returns what will run, ``(activation_checkpointing, selective_checkpointing)``."""
+    plugin's (full, per block). Returns the mode that will run."""
     fsdp_plugin = getattr(accelerator.state, "fsdp_plugin", None)
     plugin_checkpoints = bool(getattr(fsdp_plugin, "activation_checkpointing", False))
-    if asked:
+    if asked in ("on", "selective"):
         if plugin_checkpoints:
             warnings.warn(f"wrap(activation_checkpointing={asked!r}) replaces the accelerate config's "
                           "fsdp_activation_checkpointing (full, per block)", stacklevel=3)
             fsdp_plugin.activation_checkpointing = False
         return apply_requested_checkpointing(model, asked)
-    if plugin_checkpoints and asked is False:
+    if plugin_checkpoints and asked == "off":
         warnings.warn("wrap(activation_checkpointing=False) is ignored: the accelerate config sets "
                       "fsdp_activation_checkpointing, which accelerate applies", stacklevel=3)
-    return plugin_checkpoints, False
+    return "on" if plugin_checkpoints else "off"
 
 
 def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None, *,
-                            checkpointing: bool | Literal["selective"] | None = None) -> Prepared:
+                            checkpointing: CheckpointMode | None = None) -> Prepared:
     """``Accelerator().prepare(*objects)``, checked against ``env`` and the ``plugin`` ("fsdp",
     "deepspeed" or None) the launch asks for; ``RuntimeError`` on a mismatch. ``checkpointing``: the
     activation checkpointing to apply to the model (``objects[0]``) first."""
@@ -195,4 +195,4 @@ def prepare_with_accelerate(objects: list, env: LaunchEnv, plugin: str | None, *
     precision = running_precision(prepared[0], accelerator.mixed_precision, kind)
     strategy = accelerate_strategy(kind, accelerator.state)
     return Prepared(prepared, accelerator, precision, strategy, f"{kind} on {accelerator.num_processes} process(es)",
-                    *checkpointing)
+                    checkpointing)

@@ -31,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from advisor.precision import Precision
 from advisor.strategies import STRATEGIES as PLAN_STRATEGIES
 from advisor.strategies import Implementation, StrategyName as Strategy
+from advisor.training import CheckpointMode
 from wrappers.blocks import find_blocks
 from wrappers.checkpointing import apply_activation_checkpointing
 from wrappers.ddp import apply_ddp
@@ -79,9 +80,9 @@ class Recipe(BaseModel):
 
     strategy: Strategy = Field(description="Data-parallel strategy; a key of STRATEGIES.")
     precision: Precision = Field(default="fp32", description="fp32, bf16-mixed, fp16-mixed or bf16 (pure).")
-    activation_checkpointing: bool = Field(default=False, description="Recompute each block in backward.")
-    selective_checkpointing: bool = Field(default=False, description="Checkpointing keeps attention outputs and "
-                                          "every other matrix product (torchtitan's per-op policy).")
+    checkpointing: CheckpointMode = Field(default="off", description="Recompute each block in backward: on (full), "
+                                          "off, or selective (keeps attention outputs and every other matrix "
+                                          "product: torchtitan's per-op policy).")
     cpu_offload: bool = Field(default=False, description="Parameters and optimizer state on CPU (FSDP2 offload).")
 
     @model_validator(mode="before")
@@ -189,8 +190,8 @@ def apply_recipe(
     bf16 = precision_dtypes("bf16").param_dtype
     if recipe.precision == "bf16" and any(p.dtype != bf16 for p in model.parameters()):
         model.to(bf16)  # in place: parameter identity is kept
-    if recipe.activation_checkpointing:
-        apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.selective_checkpointing)
+    if recipe.checkpointing != "off":
+        apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.checkpointing == "selective")
     ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group,
                    mesh=mesh)
     wrapped, new_optimizer = _APPLIERS[recipe.spec.applier](model, ctx)

@@ -37,9 +37,9 @@ from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.policy import default_strategy
 from advisor.strategies import StrategyName
-from advisor.training import Engine, Precision
+from advisor.training import CheckpointMode, Engine, Precision
 from wrappers import measured
-from wrappers.checkpointing import apply_requested_checkpointing
+from wrappers.checkpointing import apply_requested_checkpointing, requested_mode
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import loader_shape, shard_loader
 from wrappers.optim import optimizer_implementation
@@ -64,9 +64,8 @@ class Decision(BaseModel):
     strategy: StrategyName | None = Field(description="Applied strategy; None: model returned unchanged.")
     engine: Preparer = Field(description="Who prepared the model: the torch recipe or accelerate.")
     precision: Precision
-    activation_checkpointing: bool
-    selective_checkpointing: bool = Field(default=False, description="Checkpointing keeps attention outputs and "
-                                          "every other matmul (activation_checkpointing='selective').")
+    checkpointing: CheckpointMode = Field(description="Activation checkpointing applied: on (full), off, or "
+                                          "selective (keeps attention outputs and every other matmul).")
     world_size: int
     reason: str
     plan: Any = Field(default=None, description="The advisor Plan, when GPUs let us check memory.")
@@ -77,9 +76,18 @@ class Decision(BaseModel):
     seq_len: int | None = Field(default=None, description="Tokens per sample the plan is for: the loader's first "
                                 "sample, else the seq_len given, else the planner's default.")
 
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Blocks are recomputed in backward (fully or selectively)."""
+        return self.checkpointing != "off"
+
+    @property
+    def selective_checkpointing(self) -> bool:
+        return self.checkpointing == "selective"
+
     def summary(self) -> str:
-        ckpt = (f", {'selective ' if self.selective_checkpointing else ''}activation checkpointing"
-                if self.activation_checkpointing else "")
+        ckpt = {"off": "", "on": ", activation checkpointing",
+                "selective": ", selective activation checkpointing"}[self.checkpointing]
         applied = self.strategy or "unchanged"
         if self.mesh is not None and not self.mesh.is_data_parallel_only:
             applied = f"{applied} on mesh {self.mesh.label}"
@@ -108,14 +116,13 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = No
     rec = result.recommendation
     if rec is None:
         raise ValueError("wrap(): nothing fits on these GPUs. " + " ".join(result.why))
-    selective = rec.selective_checkpointing
     return Decision(strategy=rec.strategy, engine="torch", precision=result.training.precision,
-                    activation_checkpointing=rec.activation_checkpointing, selective_checkpointing=selective,
-                    world_size=env.world_size, reason=rec.reason, plan=result, mesh=rec.mesh)
+                    checkpointing=rec.checkpointing, world_size=env.world_size, reason=rec.reason, plan=result,
+                    mesh=rec.mesh)
 
 
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
-           precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
+           precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
            seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None,
            optimizer_impl: str | None = None) -> Decision:
     """The strategy for this model and launch (pure but for the planner's data files). ``live``: the
@@ -129,26 +136,25 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                                       strategy=strategy or ("dp" if not env.distributed else None),
                                       optimizer_impl=optimizer_impl).items()
                if v is not None}
-    if activation_checkpointing is not None:
-        options["activation_checkpointing"] = (
-            "selective" if activation_checkpointing == "selective" else "on" if activation_checkpointing else "off")
+    asked = requested_mode(activation_checkpointing)
+    if asked is not None:
+        options["activation_checkpointing"] = asked
     if not env.distributed and env.num_gpus <= 1:
         where = "one GPU" if env.num_gpus else "no GPU"
         return Decision(strategy=None, engine="torch", precision=precision or "fp32",
-                        activation_checkpointing=bool(activation_checkpointing), world_size=1,
+                        checkpointing=asked or "off", world_size=1,
                         reason=f"one process and {where}: nothing to parallelise; the same script runs anywhere",
                         plan=_plan_one_gpu(spec, env, options, live) if env.num_gpus else None)
     if env.num_gpus:
         return _plan_on_gpus(spec, env, options, live)
     chosen, rationale = (strategy, "requested") if strategy else default_strategy(spec)
     return Decision(strategy=chosen, engine="torch", precision=precision or "fp32",
-                    activation_checkpointing=bool(activation_checkpointing),
-                    selective_checkpointing=activation_checkpointing == "selective", world_size=env.world_size,
+                    checkpointing=asked or "off", world_size=env.world_size,
                     reason=f"{rationale}; no GPU visible, so memory was not checked")
 
 
 def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, strategy: StrategyName | None = None,
-              precision: Precision | None = None, activation_checkpointing: bool | Literal["selective"] | None = None,
+              precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
               seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
     """The Decision ``wrap()`` applies, without applying it: the model planned the same way whatever its device
     (a meta-device model by its shapes, a live one as itself, so PEFT adapters are seen), at the batch the
@@ -186,15 +192,14 @@ def _ensure_process_group(env: LaunchEnv) -> None:
 
 
 def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: str | None,
-                             checkpointing: bool | Literal["selective"] | None) -> tuple:
+                             checkpointing: CheckpointMode | None) -> tuple:
     """Accelerate prepares; the decision records the precision, process count and checkpointing that
     accelerate really runs."""
     prepared = prepare_with_accelerate(objects, env, plugin, checkpointing=checkpointing)
     model = prepared.objects[0]
     model.advisor_accelerator = prepared.accelerator
     model.advisor_decision = Decision(strategy=prepared.strategy, engine="accelerate", precision=prepared.precision,
-                                      activation_checkpointing=prepared.activation_checkpointing,
-                                      selective_checkpointing=prepared.selective_checkpointing,
+                                      checkpointing=prepared.checkpointing,
                                       world_size=prepared.accelerator.num_processes,
                                       reason=f"{why}; accelerate runs {prepared.runs_as}")
     return prepared.objects
@@ -208,7 +213,7 @@ def wrap(
     strategy: StrategyName | None = None,
     engine: Preparer = "torch",
     precision: Precision | None = None,
-    activation_checkpointing: bool | Literal["selective"] | None = None,
+    activation_checkpointing: bool | CheckpointMode | None = None,
     seq_len: int | None = None,
     micro_batch_size: int | None = None,
     verbose: bool = True,
@@ -230,6 +235,7 @@ def wrap(
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
+    activation_checkpointing = requested_mode(activation_checkpointing)
     env = env or read_launch_env()
     from wrappers.mesh_wrap import is_config, materialize_whole, wrap_on_mesh
 
@@ -257,10 +263,9 @@ def wrap(
     # whole with the DP-family recipe.
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
-        checkpointing = "selective" if decision.selective_checkpointing else decision.activation_checkpointing
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
-            strategy=decision.strategy, precision=decision.precision, activation_checkpointing=checkpointing)
+            strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing)
         kept = {k: getattr(decision, k) for k in ("reason", "plan", "micro_batch_size", "seq_len")}
         return _finish(model, optimizer, loader, Decision(**{**fields, **kept}), env, verbose)
     if is_meta(model) or checkpoint is not None:
@@ -269,9 +274,8 @@ def wrap(
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype
         wrapped, new_optimizer = model.to(env.device, dtype), optimizer  # ``to`` keeps parameter identity
-        applied_ckpt, selective = apply_requested_checkpointing(wrapped, activation_checkpointing)
-        decision = Decision(**{**dict(decision), "activation_checkpointing": applied_ckpt,
-                                 "selective_checkpointing": selective})
+        applied = apply_requested_checkpointing(wrapped, activation_checkpointing)
+        decision = Decision(**{**dict(decision), "checkpointing": applied})
         apply_autocast(wrapped, decision.precision, env.device.type)
         verify_applied(wrapped, optimizer, strategy=None, precision=decision.precision, world_size=env.world_size)
     else:
@@ -283,9 +287,7 @@ def wrap(
             warnings.warn("wrap(): fp16-mixed needs a gradient scaler (torch.amp.GradScaler) in your loop; "
                           "bf16-mixed does not", stacklevel=2)
         _ensure_process_group(env)
-        recipe = Recipe(strategy=decision.strategy, precision=decision.precision,
-                        activation_checkpointing=decision.activation_checkpointing,
-                        selective_checkpointing=decision.selective_checkpointing)
+        recipe = Recipe(strategy=decision.strategy, precision=decision.precision, checkpointing=decision.checkpointing)
         if recipe.spec.applier != "fsdp":  # FSDP2 casts with its MixedPrecisionPolicy instead
             apply_autocast(model, decision.precision, env.device.type)
         applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_llava import clip_weight_casts
@@ -64,7 +64,7 @@ from advisor.estimate.states import FP32, ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
-from advisor.frozen import validated_copy
+from advisor.frozen import in_json_order, validated_copy
 from advisor.model.lora import adapter_inputs, dora_outputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
@@ -78,6 +78,10 @@ PeakMoment = Literal["start_of_forward", "end_of_forward", "loss_backward", "blo
 # end_of_backward only under FSDP2 and for a replicated full fine-tune (a tied embedding's two gradients:
 # elsewhere the optimizer step holds all the end of backward does, and more), so they are estimated there alone.
 CORE_MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
+# The first keys of a breakdown in --json, in the order readers have always seen (peak_phase is a property now,
+# which pydantic would write last); the others follow as declared.
+_KEYS = ("params", "grads", "optimizer", "activations", "temporary", "runtime_overhead", "outside_allocator",
+         "cpu_bytes", "peak_phase", "peak_moment")
 
 
 class MemoryBreakdown(BaseModel):
@@ -98,8 +102,6 @@ class MemoryBreakdown(BaseModel):
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
-    peak_phase: Literal["forward_backward", "optimizer_step"] = Field(
-        description="When the peak happens (coarse; kept for old readers, see peak_moment).")
     peak_moment: PeakMoment = Field(
         description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
                     "loss_backward, block_backward, end_of_backward (FSDP2, replicated full fine-tunes) or optimizer_step. "
@@ -123,6 +125,16 @@ class MemoryBreakdown(BaseModel):
     at_end_of_backward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of "
                                            "backward (FSDP2 and replicated full fine-tunes; None elsewhere).")
     at_optimizer_step: int | None = Field(default=None, ge=0, description="peak_allocated in the optimizer step.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def peak_phase(self) -> Literal["forward_backward", "optimizer_step"]:
+        """When the peak happens (coarse; kept for old readers, see peak_moment)."""
+        return "optimizer_step" if self.peak_moment == "optimizer_step" else "forward_backward"
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        return in_json_order(handler(self), _KEYS)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -344,7 +356,6 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
     # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).
     moment, parts = max(moments.items(), key=lambda item: (sum(item[1].values()), item[0] in CORE_MOMENTS))
-    phase = "optimizer_step" if moment == "optimizer_step" else "forward_backward"
     peak = sum(parts.values())
     cpu = 0
     if states.on_cpu:
@@ -357,7 +368,6 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + training.context_bytes,
         outside_allocator=training.context_bytes,
         cpu_bytes=cpu,
-        peak_phase=phase,
         peak_moment=moment,
         states_params=states.params,
         states_grads=states.grads,

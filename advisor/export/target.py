@@ -35,7 +35,7 @@ from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyN
 from advisor.export.optimizer import stack_notes
 from advisor.recipes import OptimizerImpl
 from advisor.recipes import ZeroSettings
-from advisor.training import Engine, LossKernel, Optimizer, TrainingConfig
+from advisor.training import CheckpointMode, Engine, LossKernel, Optimizer, TrainingConfig
 
 Hybrid = Literal["auto", "on", "off"]
 
@@ -111,7 +111,8 @@ class ExportTarget(BaseModel):
     impl: Implementation = Field(description="The strategy-table row: what is sharded and offloaded.")
     micro_batch_size: int = Field(ge=1, description="Samples per GPU per forward pass.")
     gradient_accumulation_steps: int = Field(ge=1, description="Micro-batches per optimizer step.")
-    activation_checkpointing: bool
+    checkpointing: CheckpointMode = Field(description="Activation checkpointing of the exported candidate: on (full), "
+                                          "off or selective (per-op).")
     precision: Precision = Field(description="What runs: the plan's precision; fp32 for a CPU test config.")
     num_nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1, description="Processes per node (one per GPU; --processes for --cpu).")
@@ -122,7 +123,6 @@ class ExportTarget(BaseModel):
     gpu: str = Field(description="The GPU the plan is for; 'CPU' for a CPU test config.")
     notes: tuple[str, ...] = Field(default=(), description="Substitutions and caveats, one line each.")
     loss: LossKernel = Field(default="hf", description="The plan's loss kernel (--loss).")
-    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
     seq_len: int = Field(default=2048, ge=1, description="Tokens per sample (the plan's --seq-len).")
     global_batch_size: int | None = Field(default=None, description="The plan's --global-batch, if given.")
     optimizer: Optimizer = Field(default="adamw", description="The plan's optimizer (--optimizer).")
@@ -132,6 +132,15 @@ class ExportTarget(BaseModel):
                                       "data parallelism alone.")
     zero: ZeroSettings | None = Field(default=None, description="DeepSpeed sizes the user's own config fixed "
                                       "(the plan's TrainingConfig.zero); None: the planner's.")
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Blocks are recomputed in backward (fully or selectively)."""
+        return self.checkpointing != "off"
+
+    @property
+    def selective_checkpointing(self) -> bool:
+        return self.checkpointing == "selective"
 
     @property
     def world_size(self) -> int:
@@ -236,14 +245,13 @@ def _planned(plan: Plan, strategy: str, engine: str):
     return next((c for c in plan.candidates if c.strategy == strategy and c.engine == engine and c.mesh is None), None)
 
 
-def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, int | None, list[str]]:
+def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, CheckpointMode, int | None, list[str]]:
     """The recommendation, or, when ``fmt`` cannot express it, the nearest candidate the plan evaluated
     that fits (no estimate is made here: the plan's own numbers are written)."""
     rec = plan.recommendation
     assert rec is not None
     if expresses(fmt, rec.strategy, rec.engine):
-        return rec.strategy, rec.engine, rec.micro_batch_size, rec.activation_checkpointing, \
-            rec.gradient_accumulation_steps, []
+        return rec.strategy, rec.engine, rec.micro_batch_size, rec.checkpointing, rec.gradient_accumulation_steps, []
     why = why_not_expressed(rec.strategy, rec.engine, fmt)
     fallbacks = [pair for pair in _fallbacks(rec.strategy, rec.engine, fmt) if pair[1] == rec.engine]
     if not fallbacks:  # another engine: the plan has no candidate of it, and the export estimates nothing
@@ -255,8 +263,7 @@ def _substitute(plan: Plan, fmt: str) -> tuple[StrategyName, Engine, int, bool, 
         if cand is not None and cand.available and cand.fits:
             note = (f"{why}. Exported the nearest that fits instead: {strategy} on {engine} ({cand.runs_as}), "
                     f"micro-batch {cand.micro_batch_size}.")
-            return strategy, engine, cand.micro_batch_size, bool(cand.activation_checkpointing), \
-                cand.gradient_accumulation_steps, [note]
+            return strategy, engine, cand.micro_batch_size, cand.checkpointing, cand.gradient_accumulation_steps, [note]
     asked = _asked_strategy(plan)
     if asked is not None and fallbacks:  # --strategy pinned: the plan evaluated nothing else to write
         strategy, engine = fallbacks[0]
@@ -301,12 +308,12 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
                      "distributed wiring, not the GPU plan's batch.")
     if "precision" in training.model_fields_set and training.precision != "fp32":
         notes.append(f"--precision {training.precision} is not used: the CPU test config runs fp32.")
+    mode = "off" if training.activation_checkpointing == "auto" else training.activation_checkpointing  # no plan
     return ExportTarget(
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
-        gradient_accumulation_steps=accum, activation_checkpointing=training.activation_checkpointing in ("on", "selective"),
-        precision="fp32", num_nodes=1, gpus_per_node=processes, cpu=True, model_name=model.name,
-        block_classes=model.block_classes, gpu="CPU", notes=tuple(notes + _training_notes(training, selective=training.activation_checkpointing == "selective")),
-        loss=training.loss, selective_checkpointing=training.activation_checkpointing == "selective",
+        gradient_accumulation_steps=accum, checkpointing=mode, precision="fp32", num_nodes=1, gpus_per_node=processes,
+        cpu=True, model_name=model.name, block_classes=model.block_classes, gpu="CPU",
+        notes=tuple(notes + _training_notes(training, selective=mode == "selective")), loss=training.loss,
         **_optimizer(training),
     )
 
@@ -343,13 +350,12 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         notes.append("The model's block class is unknown: FSDP wraps by size (SIZE_BASED_WRAP) instead of per block.")
     return ExportTarget(
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
-        activation_checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
+        checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
-            plan.training, selective=plan.recommendation.selective_checkpointing and not get_format_row(fmt).selective_key)
+            plan.training, selective=ckpt == "selective" and not get_format_row(fmt).selective_key)
             + stack_notes(plan.training, fmt, engine=engine)),
-        loss=plan.training.loss, selective_checkpointing=plan.recommendation.selective_checkpointing,
-        **_optimizer(plan.training),
+        loss=plan.training.loss, **_optimizer(plan.training),
     )
 
 
@@ -379,12 +385,12 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
     notes = mesh_notes(fmt, mesh, seq_len=plan.training.seq_len)
     return ExportTarget(
         strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
-        gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, activation_checkpointing=rec.activation_checkpointing,
+        gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, checkpointing=rec.checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + _training_notes(plan.training, selective=rec.selective_checkpointing
+        notes=tuple(notes + _training_notes(plan.training, selective=rec.checkpointing == "selective"
                                             and not get_format_row(fmt).selective_key)
                     + stack_notes(plan.training, fmt, engine=engine)),
-        loss=plan.training.loss, mesh=mesh, selective_checkpointing=rec.selective_checkpointing,
+        loss=plan.training.loss, mesh=mesh,
         **_optimizer(plan.training),
     )

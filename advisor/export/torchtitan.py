@@ -36,6 +36,10 @@ from advisor.planning.api import Plan
 from profiles import PROFILES_DIR
 
 _OPTIMIZER = {"adamw": "AdamW", "adam": "Adam"}
+# [activation_checkpoint] per CheckpointMode (torchtitan config/job_config.py ActivationCheckpoint; selective with
+# its per-op policy, the one wrappers.checkpointing applies).
+_CHECKPOINT = {"off": {"mode": "none"}, "on": {"mode": "full"},
+               "selective": {"mode": "selective", "selective_ac_option": "op"}}
 
 
 @lru_cache(maxsize=1)
@@ -125,13 +129,10 @@ def torchtitan_doc(target: ExportTarget, model: ModelSpec) -> dict[str, dict[str
                                 "seq_len": target.seq_len, **precision}
     if target.impl.offload_params:
         training["enable_cpu_offload"] = True
-    checkpointing = {"mode": "full" if target.activation_checkpointing else "none"}
-    if target.selective_checkpointing:
-        checkpointing = {"mode": "selective", "selective_ac_option": "op"}  # torchtitan's per-op policy
     return {"job": {"description": f"dp-advisor plan: {target.summary}"}, "training": training,
             "parallelism": _parallelism(target, model),
             "optimizer": {"name": _OPTIMIZER[target.optimizer], "implementation": target.optimizer_impl},
-            "activation_checkpoint": checkpointing}
+            "activation_checkpoint": dict(_CHECKPOINT[target.checkpointing])}
 
 
 def _toml_value(value: Any) -> str:

@@ -15,7 +15,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-CheckpointMode = Literal["off", "on", "selective"]
+# How a step checkpoints its blocks: "on" (full recompute), "off", "selective" (attention outputs and every
+# other matmul kept; torchtitan's per-op policy). The one spelling: TrainingConfig's request adds "auto", and
+# every plan, export target and wrap() decision stores one of these (their two booleans are read from it).
+CheckpointMode = Literal["on", "off", "selective"]
 
 
 class Bilinear(BaseModel):

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import functools
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer, model_validator
 
-from advisor.frozen import validated_copy
+from advisor.frozen import in_json_order, validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
@@ -22,10 +22,18 @@ from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
 from advisor.planning.reasons import Reason
 from advisor.strategies import STRATEGIES, Implementation, StrategyName
-from advisor.training import TrainingConfig
+from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
 
 AUTO_MICRO_BATCH_CAP = 64
+# The keys of a candidate and a recommendation in --json, in the order readers have always seen (some are
+# properties now, which pydantic would write last); a pipeline mesh's stage_peaks comes after them.
+CANDIDATE_KEYS = ("strategy", "engine", "available", "unavailable_reason", "runs_as", "fits", "micro_batch_size",
+                  "gradient_accumulation_steps", "activation_checkpointing", "selective_checkpointing", "memory_bytes",
+                  "memory_range", "capacity_bytes", "cpu_memory_bytes", "cpu_capacity_bytes", "step_time_s",
+                  "step_time", "mesh")
+RECOMMENDATION_KEYS = ("strategy", "engine", "micro_batch_size", "activation_checkpointing", "selective_checkpointing",
+                       "gradient_accumulation_steps", "reason", "alternatives", "mesh", "remedies")
 
 
 
@@ -42,8 +50,9 @@ class Candidate(_Frozen):
     fits: bool = False
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
-    activation_checkpointing: bool | None = None
-    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
+    checkpointing: CheckpointMode | None = Field(default=None, exclude=True, description="How the step checkpoints "
+                                                 "its blocks; None: not evaluated (unavailable). The JSON carries "
+                                                 "it as activation_checkpointing and selective_checkpointing.")
     memory_bytes: MemoryBreakdown | None = None
     memory_range: MemoryRange | None = Field(default=None, description="Per-GPU total (bytes): low / expected / high "
                                               "from the lowest and highest measured reserved / estimate of this stack "
@@ -52,19 +61,36 @@ class Candidate(_Frozen):
     capacity_bytes: int = Field(description="Memory of one GPU.")
     cpu_memory_bytes: int | None = Field(default=None, description="CPU RAM per node for offloaded states.")
     cpu_capacity_bytes: int | None = Field(default=None, description="CPU RAM per node, when given.")
-    step_time_s: float | None = Field(default=None, description="Seconds per optimizer step (fitting candidates).")
     step_time: StepTime | None = Field(default=None, description="Compute/communication split, tokens/s, MFU.")
     mesh: ParallelDims | None = Field(default=None, description="The device mesh (tp/cp/HSDP degrees); None: "
                                       "data parallelism alone over every GPU.")
     stage_peaks: tuple[int, ...] | None = Field(default=None, description="Pipeline/expert meshes: each pipeline "
                                                 "rank's peak (bytes, total), rank 0 first; the worst is memory_bytes.")
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def activation_checkpointing(self) -> bool | None:
+        """The step recomputes its blocks (fully or selectively); None: not evaluated."""
+        return None if self.checkpointing is None else self.checkpointing != "off"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def selective_checkpointing(self) -> bool:
+        """The checkpointing is selective (per-op)."""
+        return self.checkpointing == "selective"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def step_time_s(self) -> float | None:
+        """Seconds per optimizer step (fitting candidates)."""
+        return None if self.step_time is None else self.step_time.step_s
+
     @model_serializer(mode="wrap")
     def _serialize(self, handler):  # plans without pp/ep keep their JSON byte-identical
         data = handler(self)
         if self.stage_peaks is None and isinstance(data, dict):
             data.pop("stage_peaks", None)
-        return data
+        return in_json_order(data, CANDIDATE_KEYS)
 
 
 class Remedy(_Frozen):
@@ -82,20 +108,71 @@ class Remedy(_Frozen):
 
 
 class Recommendation(_Frozen):
-    strategy: StrategyName
-    engine: str
-    micro_batch_size: int
-    activation_checkpointing: bool
-    selective_checkpointing: bool = Field(default=False, description="The checkpointing is selective (per-op).")
-    gradient_accumulation_steps: int | None = None
+    """The chosen candidate and why. What it runs (strategy, engine, micro-batch, checkpointing, accumulation,
+    mesh) is the candidate's, read from it."""
+
+    candidate: Candidate = Field(exclude=True, description="The recommended candidate; the JSON carries its "
+                                 "strategy, engine, micro-batch, checkpointing, accumulation and mesh.")
     reason: str
     alternatives: tuple[str, ...] = ()
     reasons: tuple[Reason, ...] = Field(default=(), exclude=True, description="What ``reason`` says, as data "
                                         "(advisor.planning.reasons; ``reason`` is their rendering).")
-    mesh: ParallelDims | None = Field(default=None, description="The device mesh; None: data parallelism alone.")
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "
                                          "(advisor.planning.remedies).")
+
+    @model_validator(mode="after")
+    def _evaluated(self) -> Recommendation:
+        if self.candidate.micro_batch_size is None or self.candidate.checkpointing is None:
+            raise ValueError(f"{self.candidate.strategy}: a recommendation needs an evaluated candidate")
+        return self
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def strategy(self) -> StrategyName:
+        return self.candidate.strategy
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def engine(self) -> str:
+        return self.candidate.engine
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def micro_batch_size(self) -> int:
+        return self.candidate.micro_batch_size
+
+    @property
+    def checkpointing(self) -> CheckpointMode:
+        """How the step checkpoints its blocks (the JSON carries activation_ and selective_checkpointing)."""
+        return self.candidate.checkpointing
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def activation_checkpointing(self) -> bool:
+        """The step recomputes its blocks (fully or selectively)."""
+        return self.checkpointing != "off"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def selective_checkpointing(self) -> bool:
+        """The checkpointing is selective (per-op)."""
+        return self.checkpointing == "selective"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def gradient_accumulation_steps(self) -> int | None:
+        return self.candidate.gradient_accumulation_steps
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def mesh(self) -> ParallelDims | None:
+        """The device mesh; None: data parallelism alone."""
+        return self.candidate.mesh
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        return in_json_order(handler(self), RECOMMENDATION_KEYS)
 
 
 def batch_split_problem(training: TrainingConfig, dp_world: int) -> str | None:
@@ -260,7 +337,7 @@ def evaluate_candidate(
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
     if not fits(lightest, modes[-1]):  # nothing fits: report it, the configuration closest to fitting
         return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
-                         activation_checkpointing=modes[-1] != "off", selective_checkpointing=modes[-1] == "selective",
+                         checkpointing=modes[-1],
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
                          memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware)))
@@ -272,10 +349,10 @@ def evaluate_candidate(
             accumulation = _accumulation(training, dp_world, micro)
             timing = timing_of(micro, mode, accumulation or 1)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
-                                     activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                                     checkpointing=mode,
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
                                      memory_range=span(mem, mode),
-                                     cpu_memory_bytes=_cpu_per_node(mem, hardware), step_time_s=timing.step_s,
+                                     cpu_memory_bytes=_cpu_per_node(mem, hardware),
                                      step_time=timing))
             if mode == "off" and is_roomy:
                 break  # no recompute and it fits: nothing to gain from checkpointing
@@ -288,7 +365,7 @@ def evaluate_candidate(
     micro, mode = min(choices), modes[-1]
     mem = memory(micro, mode)
     return staged(Candidate(**base, available=True, fits=False, micro_batch_size=micro,
-                            activation_checkpointing=mode != "off", selective_checkpointing=mode == "selective",
+                            checkpointing=mode,
                             gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
+from advisor.frozen import in_json_order
 from advisor.planning.api import Plan, plan
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
+from advisor.training import CheckpointMode
 
 BILLION = 1e9
 SECONDS_PER_HOUR = 3600.0
@@ -26,6 +28,9 @@ class _Frozen(BaseModel):
 
 
 class ClusterResult(_Frozen):
+    """One cluster's row; ``--json`` keeps its keys in ``_KEYS``' order (the checkpointing booleans are
+    properties of ``checkpointing``)."""
+
     gpus: str = Field(description="The --gpus item as given.")
     label: str = Field(description="Resolved cluster, e.g. 2x8xH100-80GB-SXM.")
     world_size: int
@@ -33,14 +38,35 @@ class ClusterResult(_Frozen):
     strategy: str | None = None
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
-    activation_checkpointing: bool | None = None
-    selective_checkpointing: bool | None = Field(default=None, description="Checkpointing is selective (AC covers "
-                                                 "part of each block), not full recomputation.")
+    checkpointing: CheckpointMode | None = Field(default=None, exclude=True, description="How the recommended step "
+                                                 "checkpoints its blocks; None: nothing fits. The JSON carries it as "
+                                                 "activation_checkpointing and selective_checkpointing.")
     memory_per_gpu_bytes: int | None = Field(default=None, description="Estimated peak per GPU.")
     capacity_bytes: int
     step: StepTime | None = None
     gpu_hours_per_billion_tokens: float | None = None
     message: str = Field(default="", description="Why nothing fits, or the recommendation's reason.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def activation_checkpointing(self) -> bool | None:
+        """The step recomputes its blocks (fully or selectively); None: nothing fits."""
+        return None if self.checkpointing is None else self.checkpointing != "off"
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def selective_checkpointing(self) -> bool | None:
+        """Checkpointing is selective (AC covers part of each block), not full recomputation; None: nothing fits."""
+        return None if self.checkpointing is None else self.checkpointing == "selective"
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler):
+        return in_json_order(handler(self), _KEYS)
+
+
+_KEYS = ("gpus", "label", "world_size", "fits", "strategy", "micro_batch_size", "gradient_accumulation_steps",
+         "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes", "capacity_bytes", "step",
+         "gpu_hours_per_billion_tokens", "message")
 
 
 class Comparison(_Frozen):
@@ -99,8 +125,7 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     return ClusterResult(
         **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,
-        activation_checkpointing=bool(cand.activation_checkpointing),
-        selective_checkpointing=bool(cand.selective_checkpointing), memory_per_gpu_bytes=cand.memory_bytes.total,
+        checkpointing=cand.checkpointing, memory_per_gpu_bytes=cand.memory_bytes.total,
         step=step, gpu_hours_per_billion_tokens=hours, message=rec.reason,
     )
 

@@ -217,9 +217,8 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
     that degree folded back into dp_shard, at the same micro-batch and checkpointing."""
     mesh = chosen.mesh
     assert mesh is not None and chosen.memory_bytes is not None and chosen.step_time is not None
-    mode = "selective" if chosen.selective_checkpointing else ("on" if chosen.activation_checkpointing else "off")
     fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
-                                        "activation_checkpointing": mode})
+                                        "activation_checkpointing": chosen.checkpointing})
     lines = []
     for dim in ("pp", "ep", "tp", "cp", "dp_replicate"):
         degree = getattr(mesh, dim)
@@ -256,12 +255,8 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         checkpointing=checkpointing(chosen), step_s=step.step_s, tokens_per_s=step.tokens_per_s, mfu=step.mfu)]
     why += degree_effects(spec, hw, training, chosen)
     why += [line for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and chosen.stage_peaks]
-    rec = Recommendation(strategy=chosen.strategy, engine=chosen.engine, micro_batch_size=chosen.micro_batch_size,
-                         activation_checkpointing=bool(chosen.activation_checkpointing),
-                         selective_checkpointing=chosen.selective_checkpointing,
-                         gradient_accumulation_steps=chosen.gradient_accumulation_steps, reasons=tuple(why[1:]),
-                         reason=render_reason(tuple(why[1:])),
-                         alternatives=tuple(render_alternative(a) for a in alternatives), mesh=chosen.mesh)
+    rec = Recommendation(candidate=chosen, reasons=tuple(why[1:]), reason=render_reason(tuple(why[1:])),
+                         alternatives=tuple(render_alternative(a) for a in alternatives))
     return rec, why + list(alternatives)
 
 

@@ -55,8 +55,8 @@ def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidat
                                        total_bytes=best.memory_bytes.total)]
         return []
     chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
-    mode = "selective" if chosen.selective_checkpointing else "on" if chosen.activation_checkpointing else "off"
-    fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "activation_checkpointing": mode})
+    fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size,
+                                      "activation_checkpointing": chosen.checkpointing})
     total = chosen.memory_bytes.total
     saved = {kernel: total - evaluate_candidate(spec, hw, validated_copy(fixed, {"loss": kernel}),
                                                 chosen.strategy).memory_bytes.total

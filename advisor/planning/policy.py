@@ -44,7 +44,8 @@ def size_default(spec: ModelSpec, kind: type[r.SizeBand] = r.SizeDefault) -> r.S
 
 
 def checkpointing(cand: Candidate) -> r.Checkpointing:
-    return "selective" if cand.selective_checkpointing else "on" if cand.activation_checkpointing else "off"
+    """The candidate's mode (``off`` for one never evaluated)."""
+    return cand.checkpointing or "off"
 
 
 def choose_fastest(
@@ -218,18 +219,8 @@ def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candi
 
 def _recommend(cand: Candidate, reasons: tuple[r.Reason, ...], alternatives: tuple[r.Reason, ...] = ()
                ) -> Recommendation:
-    return Recommendation(
-        strategy=cand.strategy,
-        engine=cand.engine,
-        micro_batch_size=cand.micro_batch_size,
-        activation_checkpointing=bool(cand.activation_checkpointing),
-        selective_checkpointing=cand.selective_checkpointing,
-        gradient_accumulation_steps=cand.gradient_accumulation_steps,
-        reasons=reasons,
-        reason=render_reason(reasons),
-        alternatives=tuple(render_alternative(a) for a in alternatives),
-        mesh=cand.mesh,
-    )
+    return Recommendation(candidate=cand, reasons=reasons, reason=render_reason(reasons),
+                          alternatives=tuple(render_alternative(a) for a in alternatives))
 
 
 def _does_not_fit(cand: Candidate) -> r.Reason:

@@ -101,16 +101,12 @@ def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
     return faster and (remedy.fits or not on_gpu_now)
 
 
-def _mode(cand: Candidate) -> str:
-    return "selective" if cand.selective_checkpointing else "on" if cand.activation_checkpointing else "off"
-
-
 def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, change: _Change) -> Remedy | None:
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
     changed = validated_copy(training, change.update)
     pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
-                                         "activation_checkpointing": _mode(ref), **change.update})
+                                         "activation_checkpointing": ref.checkpointing or "off", **change.update})
     try:
         same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
     except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)

@@ -233,8 +233,8 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
             apply_activation_checkpointing(net, blocks=find_blocks(net),
                                            selective=training.activation_checkpointing == "selective")
         return net, opt, notes
-    recipe = Recipe(strategy=strategy, precision=training.precision, activation_checkpointing=checkpointing,
-                    selective_checkpointing=checkpointing and training.activation_checkpointing == "selective")
+    mode = ("selective" if training.activation_checkpointing == "selective" else "on") if checkpointing else "off"
+    recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

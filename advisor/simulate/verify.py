@@ -59,7 +59,7 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
         raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
     partial = spec.trainable_params < spec.total_params and plan.training.lora is None  # LoRA: PEFT freezes
     trainable = spec.trainable_params if partial else None
-    mode = "selective" if candidate.selective_checkpointing else plan.training.activation_checkpointing
+    mode = "selective" if candidate.checkpointing == "selective" else plan.training.activation_checkpointing
     simulated = simulate(
         spec.name, world_size=plan.hardware.world_size, strategy=name,
         training=validated_copy(plan.training, {"activation_checkpointing": mode}),

@@ -21,7 +21,7 @@ CAPACITY = 100 * 2**30  # a round 100 GiB GPU: a total of N GiB is N% of memory
 def _candidate(strategy: str, *, gib: int, step_s: float, micro: int = 1) -> Candidate:
     tokens = micro * 2048 * 2  # two GPUs
     memory = MemoryBreakdown(params=0, grads=0, optimizer=0, activations=gib * 2**30, temporary=0,
-                             runtime_overhead=0, peak_phase="forward_backward", peak_moment="block_backward",
+                             runtime_overhead=0, peak_moment="block_backward",
                              states_params=0, states_grads=0, states_optimizer=0, states_on_cpu="none")
     step = StepTime(compute_s=step_s, communication_s=0, exposed_communication_s=0, offload_s=0,
                     exposed_offload_s=0, optimizer_s=0, step_s=step_s, micro_batch_size=micro,
@@ -29,8 +29,7 @@ def _candidate(strategy: str, *, gib: int, step_s: float, micro: int = 1) -> Can
                     tokens_per_s=tokens / step_s, model_flops_per_gpu=1.0, hardware_flops_per_gpu=1.0,
                     peak_tflops=1.0, utilisation=0.5, mfu=0.5)
     return Candidate(strategy=strategy, engine="torch", available=True, fits=True, micro_batch_size=micro,
-                     activation_checkpointing=False, memory_bytes=memory, capacity_bytes=CAPACITY,
-                     step_time_s=step_s, step_time=step)
+                     checkpointing="off", memory_bytes=memory, capacity_bytes=CAPACITY, step_time=step)
 
 
 def test_same_speed_prefers_the_plan_that_leaves_headroom():

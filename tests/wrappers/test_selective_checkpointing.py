@@ -103,16 +103,34 @@ def _one_process_env():
                      accelerate_plugin=None)
 
 
-@pytest.mark.parametrize("asked, flavour", [(True, "full"), ("selective", "selective")])
-def test_one_process_applies_the_checkpointing_its_decision_reports(asked, flavour):
+@pytest.mark.parametrize("asked, flavour, mode", [(True, "full", "on"), ("on", "full", "on"),
+                                                  ("selective", "selective", "selective")])
+def test_one_process_applies_the_checkpointing_its_decision_reports(asked, flavour, mode):
     """One process without a GPU: the model is returned unwrapped, but the checkpointing asked for is
-    applied to its 2 blocks (the decision used to report it while nothing was wrapped)."""
+    applied to its 2 blocks (the decision used to report it while nothing was wrapped). ``True`` and the
+    plan's spelling ``"on"`` ask for the same."""
     from wrappers import wrap
 
     model = wrap(tiny_llama(), activation_checkpointing=asked, env=_one_process_env(), verbose=False)
     assert _checkpoint_flavours(model) == [flavour, flavour]
     decision = model.advisor_decision
+    assert decision.checkpointing == mode
     assert (decision.activation_checkpointing, decision.selective_checkpointing) == (True, flavour == "selective")
+
+
+@pytest.mark.parametrize("asked", [False, "off"])
+def test_one_process_without_checkpointing_wraps_nothing(asked):
+    from wrappers import wrap
+
+    model = wrap(tiny_llama(), activation_checkpointing=asked, env=_one_process_env(), verbose=False)
+    assert _checkpoint_flavours(model) == [] and model.advisor_decision.checkpointing == "off"
+
+
+def test_an_unknown_checkpointing_request_is_refused():
+    from wrappers import wrap
+
+    with pytest.raises(ValueError, match="activation_checkpointing='full'"):
+        wrap(tiny_llama(), activation_checkpointing="full", env=_one_process_env(), verbose=False)
 
 
 @pytest.mark.parametrize("asked, flavour", [(True, "full"), ("selective", "selective")])

@@ -119,7 +119,7 @@ def _strategy_worker(rank: int, world_size: int, strategy: str, tmp_dir: str) ->
     _assert_close(trained, expected)
     _assert_sharding(applied, sum(t.numel() for t in expected.values()), world_size)
 
-    checkpointed = _build(recipe.model_copy(update={"activation_checkpointing": True}))
+    checkpointed = _build(Recipe(strategy=strategy, checkpointing="on"))
     for step in range(NUM_STEPS):
         _train_step(checkpointed, step, rank, world_size)
     _assert_close(_full_params(checkpointed.model, expected), trained)

@@ -187,9 +187,14 @@ def _stage_activations(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     final norm and the loss path on the last only."""
     dense = spec.moe.num_dense_layers if spec.moe is not None else 0
     dense_here = max(0, min(start + layers, dense) - start)
-    return _cut_activations(spec, training, impl, validated_copy(mesh, dict(
-        pp=1, ep=1, pp_layers=None, virtual_stages=1, world_size=mesh.world_size // mesh.pp)),
-                            layers, dense_here, embedding, head, micro_batch_size, checkpointing)
+    return _cut_activations(spec, training, impl, _one_stage_mesh(mesh), layers, dense_here, embedding, head,
+                            micro_batch_size, checkpointing)
+
+
+@functools.lru_cache(maxsize=256)
+def _one_stage_mesh(mesh: ParallelDims) -> ParallelDims:
+    """The mesh one pipeline rank's activations see: no pp, no ep."""
+    return validated_copy(mesh, dict(pp=1, ep=1, pp_layers=None, virtual_stages=1, world_size=mesh.world_size // mesh.pp))
 
 
 @functools.lru_cache(maxsize=1024)  # the search asks for the same cut at many ranks and micro-batches
@@ -293,8 +298,9 @@ def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     return states, buffers
 
 
+@functools.lru_cache(maxsize=256)  # the micro-batch search asks again for each micro-batch and mode
 def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
-                       every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
+                       every_rank: bool) -> tuple[tuple[int, int, int, Fraction], ...]:
     """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
     (``every_rank=False``, the search), among ranks that hold the same layers, embedding, head and dense
     layers, those that no other holds at least as much as: micro-batches in flight, deferred W passes
@@ -308,7 +314,7 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
         rows.append((rank, start, layers, count))
         start += layers
     if every_rank:
-        return rows
+        return tuple(rows)
     chosen: dict[tuple, dict[tuple, tuple[int, int, int, Fraction]]] = {}
     for row in rows:
         rank, start, layers, count = row
@@ -320,7 +326,7 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
     for group in chosen.values():
         kept += [row for held, row in group.items()
                  if not any(other != held and all(o >= h for o, h in zip(other, held)) for other in group)]
-    return sorted(kept)
+    return tuple(sorted(kept))
 
 
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,

@@ -93,7 +93,7 @@ class PipelineMemory(BaseModel):
 
     stages: tuple[StageMemory, ...]
 
-    @property
+    @functools.cached_property  # read again and again by the micro-batch search
     def worst(self) -> StageMemory:
         return max(self.stages, key=lambda s: (s.memory.total, -s.rank))
 
@@ -145,6 +145,7 @@ def _stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int,
         tied_embeddings=False, vocab_size=spec.vocab_size if head else None))
 
 
+@functools.lru_cache(maxsize=256)  # a validated spec is dear; the search cuts the same few at every micro-batch
 def layers_cut(spec: ModelSpec, layers: int, dense_layers: int | None = None) -> ModelSpec:
     """``spec`` cut to ``layers`` decoder layers (``dense_layers`` of them dense, for an MoE model with dense
     layers; default: as many as fit), for the activation formulas, which read the layer count. The parameter
@@ -259,7 +260,7 @@ def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: Stra
 
     def at(in_flight_now: Fraction, grads: int) -> tuple[Fraction, int, MemoryBreakdown]:
         saved = int(one.saved_bytes * in_flight_now) + w_saved + int(loss_kept * max(0, in_flight_now - 1))
-        acts = validated_copy(one, dict(saved_bytes=saved))
+        acts = one.model_copy(update=dict(saved_bytes=saved))  # hot: an integer we computed, not validated again
         return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
                                                        held_grads=grads)
 
@@ -361,7 +362,7 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         a2a = moe.dispatch if moe is not None and moe_layers else 0  # send + receive of one exchange
         if moe is not None and not checkpointing:  # the ep path's own index vectors, every MoE layer
             one = validated_copy(one, dict(saved_bytes=one.saved_bytes + moe_layers * moe.sort_indices_saved))
-        buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
+        buffers = buffers.model_copy(update=dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
         if mesh.pp > 1:
             # The last chunk's micro-batches in flight each keep their loss's saved tensors. Only a rank with

@@ -260,7 +260,7 @@ def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: Stra
 
     def at(in_flight_now: Fraction, grads: int) -> tuple[Fraction, int, MemoryBreakdown]:
         saved = int(one.saved_bytes * in_flight_now) + w_saved + int(loss_kept * max(0, in_flight_now - 1))
-        acts = one.model_copy(update=dict(saved_bytes=saved))  # hot: an integer we computed, not validated again
+        acts = validated_copy(one, dict(saved_bytes=saved))
         return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
                                                        held_grads=grads)
 
@@ -362,7 +362,7 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         a2a = moe.dispatch if moe is not None and moe_layers else 0  # send + receive of one exchange
         if moe is not None and not checkpointing:  # the ep path's own index vectors, every MoE layer
             one = validated_copy(one, dict(saved_bytes=one.saved_bytes + moe_layers * moe.sort_indices_saved))
-        buffers = buffers.model_copy(update=dict(persistent=buffers.persistent + p2p,
+        buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
         if mesh.pp > 1:
             # The last chunk's micro-batches in flight each keep their loss's saved tensors. Only a rank with

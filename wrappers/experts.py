@@ -8,7 +8,9 @@ replicated and runs on the rank's tokens; only the ``experts`` module is replace
    with ``all_to_all_single`` (the counts per expert first, then the hidden states);
 2. each rank runs its local experts on what it received (SwiGLU: ``down(act(gate) * up)``);
 3. combine: the outputs go back the same way, are weighted by the router's top-k weights and summed
-   per token, as the unsharded module does.
+   per token, as the unsharded module does (put back in (token, choice) order and summed over the k
+   choices, so the weighted rows are not saved for the backward; ``advisor.simulate.moe_layer`` runs
+   the same path on fake tensors).
 
 Both exchanges are ``torch.distributed._functional_collectives.all_to_all_single_autograd`` (what
 torchtitan's ``expert_parallel`` uses): its backward is the reverse all-to-all, so an expert's
@@ -103,9 +105,12 @@ class ExpertParallelExperts(nn.Module):
         local_expert = torch.repeat_interleave(expert_ids, recv_counts.reshape(-1))
         outputs = self._run_local(funcol.wait_tensor(received), local_expert)
         returned = funcol.wait_tensor(funcol.all_to_all_single_autograd(outputs, send_splits, recv_splits, self.group))
-        weights = top_k_weights.reshape(-1)[order].to(returned.dtype)
-        combined = torch.zeros_like(hidden_states)
-        return combined.index_add(0, token_of, (returned * weights[:, None]).to(hidden_states.dtype))
+        # Combine as transformers' grouped_mm_experts_forward does: weight the rows in the router's dtype, put
+        # them back in (token, choice) order and sum the k choices. Neither the index nor the sum saves the
+        # weighted rows for the backward (``index_add`` keeps its source: k x tokens rows of width h more).
+        weighted = returned * top_k_weights.reshape(-1)[order][:, None]
+        per_token = weighted[torch.argsort(order)].view(-1, top_k, weighted.shape[-1]).sum(dim=1)
+        return per_token.to(hidden_states.dtype)
 
     def _run_local(self, tokens: torch.Tensor, local_expert: torch.Tensor) -> torch.Tensor:
         """Each received row through its local expert; rows keep their order."""

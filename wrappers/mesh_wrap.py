@@ -47,8 +47,9 @@ def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
 def _refuse_pipeline_and_experts(dims: ParallelDims) -> None:
     """``wrap()`` returns a model for a ``loss.backward()`` loop; a pipeline's step is its schedule's."""
     if dims.pp > 1:
-        raise ValueError(f"mesh {dims.label} pipelines the model: a schedule runs each step, not loss.backward(); "
-                         "use wrappers.wrap_pipeline(model, optimizer, loader, mesh=..., num_microbatches=N)")
+        from wrappers.pipeline_wrap import pipeline_call  # (import kept out of the header)
+
+        raise ValueError(pipeline_call(dims))
     if dims.ep > 1:
         raise ValueError(f"mesh {dims.label}: expert parallelism under FSDP2 is not built into wrap(); "
                          "wrappers.experts.apply_expert_parallel shards the experts over a group on its own")

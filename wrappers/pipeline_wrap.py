@@ -10,7 +10,12 @@ own entry, returning the ``Pipeline`` in the model's place:
         loss = pipeline.step(ids)          # the mean loss on the last stage's ranks, None elsewhere
         optimizer.step(); optimizer.zero_grad()
 
-``wrap(mesh=...)`` with ``pp > 1`` says so in its error. The optimizer is rebuilt on this rank's
+``wrap(mesh=...)`` with ``pp > 1`` does not route here: it refuses in one line that spells out the
+call to make instead (``pipeline_call``), because it cannot keep its own contract for a pipeline. What
+``wrap()`` returns is driven by ``loss.backward()``, while a pipeline is driven by ``pipeline.step``
+(a caller's loop written for ``wrap()`` would break on the first batch), and the schedule needs the
+micro-batches per step, which neither ``wrap()``'s arguments nor a plan's mesh carry (it is the plan's
+``gradient_accumulation_steps``). The optimizer is rebuilt on this rank's
 parameters (FSDP2 replaced them; the other stages' are not here), each group keeping its settings;
 the loader is sharded over the data-parallel ranks only (the stages of one pipeline read the same
 batch). Checkpoints: ``save_checkpoint(pipeline.rank_model, path, optimizer=optimizer)``.
@@ -40,6 +45,21 @@ def _check_pipeline_dims(dims: ParallelDims) -> None:
     if inner:
         listed = ", ".join(f"{name} {degree}" for name, degree in inner.items())
         raise ValueError(f"wrap_pipeline runs pp x dp_shard; {listed} inside the stages is not built yet")
+
+
+def pipeline_call(dims: ParallelDims, num_microbatches: int | None = None) -> str:
+    """The one-line ``wrap_pipeline`` call for a pipeline mesh ``wrap()`` was given (module docstring);
+    ``num_microbatches``: the plan's gradient_accumulation_steps, else the planner's default (4 x pp)."""
+    from advisor.estimate.pipeline_schedules import num_micro_batches
+
+    degrees = ", ".join(f"{name}={value!r}" for name, value in dims if value != ParallelDims.model_fields[name].default)
+    m = num_microbatches or num_micro_batches(dims, None)
+    source = "the plan's gradient_accumulation_steps" if num_microbatches else (
+        "what the plan assumes without --global-batch; with it, the plan's gradient_accumulation_steps")
+    return (f"mesh {dims.label} pipelines the model: a schedule runs each step, not loss.backward(), so wrap() has "
+            f"no model to return; call pipeline, optimizer, loader = wrappers.wrap_pipeline(model, optimizer, loader, "
+            f"mesh=ParallelDims({degrees}), num_microbatches={m}) and loop loss = pipeline.step(batch) "
+            f"(num_microbatches {m}: {source})")
 
 
 def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,

@@ -33,11 +33,11 @@ What rank i of p holds:
   dp_shard x cp): each rank holds E/ep routed experts of each of its MoE layers, split by tp like the
   other block weights, sharded by FSDP2 over the expert data-parallel group dp_shard x cp / ep, so a
   rank's share of the expert states is the same 1/(tp x dp_shard x cp) as without ep, while FSDP's
-  unsharded block holds E/ep experts instead of E (the memory ep buys). The all-to-all dispatch and combine of a block hold the send and receive
-  buffers of k x tokens rows of width h while it runs. Dropless routing sends k x tokens rows in all;
-  how they fall on the ep ranks is the routing's balance: the busiest rank's extra rows are
-  ``imbalance_bytes`` (``profiles/expert_parallel.json``), the top of the error range, not part of
-  the expected figure.
+  unsharded block holds E/ep experts instead of E (the memory ep buys). What ep adds to one MoE layer
+  (``advisor.estimate.pipeline_experts``, checked against the simulator): the all-to-all's send and
+  receive buffers of k x tokens rows of width h while a block's backward runs, two int64 index
+  vectors of k x tokens entries saved per layer, and, as the top of the error range, the busiest
+  rank's extra rows (``imbalance_bytes``).
 
 Pure functions of frozen inputs, integer bytes.
 """
@@ -45,7 +45,6 @@ Pure functions of frozen inputs, integer bytes.
 from __future__ import annotations
 
 import functools
-import json
 from fractions import Fraction
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,6 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.estimate.activations import ActivationEstimate, shape_of
 from advisor.estimate.activations_blocks import rms_norm_per_token
 from advisor.estimate.activations_loss import loss_kept_bytes
+from advisor.estimate.pipeline_experts import moe_rank_bytes
 from advisor.estimate.pipeline_schedules import ScheduleFacts, in_flight, load_schedules, w_held
 from advisor.estimate.memory import MemoryBreakdown, memory_at_moments, model_states, recipe_dtypes
 from advisor.estimate.model_parallel import (ceil_div, check_mesh_support, mesh_activations, rank_seq_len,
@@ -65,7 +65,6 @@ from advisor.mesh import ParallelDims, split_layers  # noqa: F401 (split_layers:
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
-from profiles import PROFILES_DIR
 
 INT64 = 8
 
@@ -94,15 +93,9 @@ class PipelineMemory(BaseModel):
 
     stages: tuple[StageMemory, ...]
 
-    @property
+    @functools.cached_property  # read again and again by the micro-batch search
     def worst(self) -> StageMemory:
         return max(self.stages, key=lambda s: (s.memory.total, -s.rank))
-
-
-@functools.cache
-def routing_imbalance() -> float:
-    """Busiest ep rank's routed rows over the mean (``profiles/expert_parallel.json``)."""
-    return float(json.loads((PROFILES_DIR / "expert_parallel.json").read_text())["routing_imbalance"]["value"])
 
 
 def _expert_params(spec: ModelSpec) -> int:
@@ -152,6 +145,7 @@ def stage_spec(spec: ModelSpec, mesh: ParallelDims, *, start: int, layers: int, 
         tied_embeddings=False, vocab_size=spec.vocab_size if head else None))
 
 
+@functools.lru_cache(maxsize=256)  # a validated spec is dear; the search cuts the same few at every micro-batch
 def layers_cut(spec: ModelSpec, layers: int, dense_layers: int | None = None) -> ModelSpec:
     """``spec`` cut to ``layers`` decoder layers (``dense_layers`` of them dense, for an MoE model with dense
     layers; default: as many as fit), for the activation formulas, which read the layer count. The parameter
@@ -194,9 +188,14 @@ def _stage_activations(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     final norm and the loss path on the last only."""
     dense = spec.moe.num_dense_layers if spec.moe is not None else 0
     dense_here = max(0, min(start + layers, dense) - start)
-    return _cut_activations(spec, training, impl, validated_copy(mesh, dict(
-        pp=1, ep=1, pp_layers=None, virtual_stages=1, world_size=mesh.world_size // mesh.pp)),
-                            layers, dense_here, embedding, head, micro_batch_size, checkpointing)
+    return _cut_activations(spec, training, impl, _one_stage_mesh(mesh), layers, dense_here, embedding, head,
+                            micro_batch_size, checkpointing)
+
+
+@functools.lru_cache(maxsize=256)
+def _one_stage_mesh(mesh: ParallelDims) -> ParallelDims:
+    """The mesh one pipeline rank's activations see: no pp, no ep."""
+    return validated_copy(mesh, dict(pp=1, ep=1, pp_layers=None, virtual_stages=1, world_size=mesh.world_size // mesh.pp))
 
 
 @functools.lru_cache(maxsize=1024)  # the search asks for the same cut at many ranks and micro-batches
@@ -300,8 +299,9 @@ def _stage_fixed(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     return states, buffers
 
 
+@functools.lru_cache(maxsize=256)  # the micro-batch search asks again for each micro-batch and mode
 def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts, num_micro_batches: int,
-                       every_rank: bool) -> list[tuple[int, int, int, Fraction]]:
+                       every_rank: bool) -> tuple[tuple[int, int, int, Fraction], ...]:
     """(rank, first layer, layers, micro-batches in flight) of the ranks to estimate: all of them, or
     (``every_rank=False``, the search), among ranks that hold the same layers, embedding, head and dense
     layers, those that no other holds at least as much as: micro-batches in flight, deferred W passes
@@ -315,7 +315,7 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
         rows.append((rank, start, layers, count))
         start += layers
     if every_rank:
-        return rows
+        return tuple(rows)
     chosen: dict[tuple, dict[tuple, tuple[int, int, int, Fraction]]] = {}
     for row in rows:
         rank, start, layers, count = row
@@ -327,7 +327,7 @@ def _ranks_to_estimate(spec: ModelSpec, mesh: ParallelDims, facts: ScheduleFacts
     for group in chosen.values():
         kept += [row for held, row in group.items()
                  if not any(other != held and all(o >= h for o, h in zip(other, held)) for other in group)]
-    return sorted(kept)
+    return tuple(sorted(kept))
 
 
 def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
@@ -344,7 +344,7 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
     tokens = micro_batch_size * rank_seq_len(spec, training, mesh)
     h = spec.hidden_size or 0
     ep_experts = mesh.ep > 1 and bool(spec.num_experts)
-    k = spec.num_experts_per_token or 0
+    moe = moe_rank_bytes(spec, dt, ep=mesh.ep, tp=mesh.tp, tokens=tokens, param_bytes=0) if ep_experts else None
     dense = spec.moe.num_dense_layers if spec.moe else 0
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     stages = []
@@ -359,7 +359,9 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
             w_saved = held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
         moe_layers = layers - max(0, min(start + layers, dense) - start)
-        a2a = 2 * k * tokens * h * dt.compute if ep_experts and moe_layers else 0  # send + receive of one exchange
+        a2a = moe.dispatch if moe is not None and moe_layers else 0  # send + receive of one exchange
+        if moe is not None and not checkpointing:  # the ep path's own index vectors, every MoE layer
+            one = validated_copy(one, dict(saved_bytes=one.saved_bytes + moe_layers * moe.sort_indices_saved))
         buffers = validated_copy(buffers, dict(persistent=buffers.persistent + p2p,
                                                  in_backward=buffers.in_backward + ring + a2a))
         if mesh.pp > 1:
@@ -378,10 +380,8 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
             memory = memory_at_moments(states, validated_copy(one, dict(saved_bytes=saved)), buffers, training, impl,
                                        world=shard_world)
         imbalance = 0
-        if ep_experts and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
-            rows = k * tokens * (routing_imbalance() - 1)
-            per_row = dt.compute * (2 * h + 4 * (spec.intermediate_size or 0))
-            imbalance = int(rows * per_row * (1 if checkpointing else moe_layers) * float(max(count, 1)))
+        if moe is not None and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
+            imbalance = int(moe.imbalance * (1 if checkpointing else moe_layers) * float(max(count, 1)))
         stages.append(StageMemory(rank=rank, num_layers=layers, embedding=embedding, head=head,
                                   in_flight=float(count), activation_bytes=saved, imbalance_bytes=imbalance,
                                   memory=memory))

@@ -288,7 +288,10 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
             schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
             virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp))
         meshes, refused = meshes + more, refused + refused_more
-        candidates += evaluate_meshes(spec, hw, training, more, strategy=strategy)
+        from advisor.planning.pipeline_meshes import evaluate_pipeline_meshes  # (import kept out of the header)
+
+        candidates += evaluate_pipeline_meshes(more, lambda m: evaluate_meshes(spec, hw, training, [m], strategy=strategy),
+                                               dense=not spec.num_experts, prune=not pins.pipelined)
         best = best_mesh(candidates)
     if not meshes and refused and (dp_blocked or pins.any):
         raise ValueError(_batch_refusal(training, refused, dp_blocked))

@@ -6,16 +6,26 @@ mesh of tp, cp and HSDP fits (TP and CP stay inside a node, so this is also the 
 have to cross nodes); routed experts hold most of an MoE model's parameters and data parallelism
 alone offloads or fails; or ``--policy fastest``. The meshes tried are the ones a practitioner
 would (torchtitan's layout): pp a power of two outermost, at most 16 and with at least two layers a
-rank, layers split evenly or, where pp does not divide them, whole layers with the extra ones on the
-middle ranks; tp the node's width for a dense model (pipeline stages once TP fills the node), for an MoE model also
-half of it and 1 (dividing the heads); ep for MoE models the largest
-power of two dividing the experts and dp_shard x cp inside a node with tp, and the largest overall;
-schedule 1F1B (the others when pinned: the search stays under 100 ms for 405B on 1024 GPUs). FSDP2
-(zero3) shards the rest.
+rank, layers split evenly or, where pp does not divide them, whole layers (whole chunks) with the
+extra ones on the middle ranks; tp every degree that divides the node's width and the heads; cp 1;
+ep for MoE models the largest power of two dividing the experts and dp_shard x cp inside a node with
+tp, and the largest overall; the schedules ``wrap_pipeline`` runs with torch.distributed.pipelining's
+classes: 1F1B, and interleaved 1F1B with two chunks a rank where pp x 2 divides the layers
+(``wrap_pipeline`` splits several chunks a rank evenly only; the other schedules when pinned).
+FSDP2 (zero3) shards the rest. Not searched: cp with pp (``wrap_pipeline`` builds no cp inside a stage).
+
+``evaluate_pipeline_meshes`` skips the meshes another one tried shows cannot fit, so that the search
+for 405B on 1024 GPUs stays under 100 ms (``benchmarks/pipeline_speed.py``): an interleaved mesh
+whose 1F1B twin (same degrees) does not fit, since it keeps more micro-batches in flight on rank 0
+(2 (p - 1) + (v - 1) p + 1 chunks of 1/v, at least p rank micro-batches) with the same parameters;
+for a dense model, a narrower tp once a wider one at the same pp and schedule does not fit, since the
+stage a pipeline rank holds unsharded from its first backward on (FSDP2 under
+torch.distributed.pipelining, ``advisor.estimate.pipeline``) and its activations grow as 1/tp.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -33,6 +43,8 @@ if TYPE_CHECKING:
     from advisor.planning.meshes import MeshPins
 
 MAX_PP = 16
+SEARCHED_SCHEDULES = ("1f1b", "interleaved_1f1b")  # torch.distributed.pipelining classes wrap_pipeline runs
+SEARCHED_VIRTUAL_STAGES = 2  # chunks a rank under the searched interleaved schedule
 
 
 def expert_share(spec: ModelSpec) -> float:
@@ -82,10 +94,9 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks) are not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    widths = (1, g // 2, g) if spec.num_experts else (g,)  # dense: pipeline once TP fills the node; MoE: ep alone too
-    tps = [tp] if tp else sorted({t for t in widths if t >= 1 and heads % t == 0 and kv % t == 0})
+    tps = [tp] if tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
     pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
-    schedules = [schedule] if schedule else ["1f1b"]  # the others when pinned (--pp-schedule)
+    schedules = [schedule] if schedule else list(SEARCHED_SCHEDULES)  # the others when pinned (--pp-schedule)
     cp = cp or 1
     meshes: list[ParallelDims] = []
     for t in tps:
@@ -94,8 +105,11 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
                 continue
             shard = world // (q * t * cp)
             for name in schedules if q > 1 else ["1f1b"]:
-                v = virtual_stages or (2 if name in ("zbv", "dualpipev") else 1)
+                searched_v = SEARCHED_VIRTUAL_STAGES if name == "interleaved_1f1b" and not schedule else 1
+                v = virtual_stages or (2 if name in ("zbv", "dualpipev") else searched_v)
                 chunks = 2 if name in ("zbv", "dualpipev") else v
+                if searched_v > 1 and not virtual_stages and layers % (q * v):
+                    continue  # wrap_pipeline splits several stages a rank evenly only
                 split = pp_layers or (split_layers(layers, q, chunks) if q > 1 else None)
                 if q > 1 and split is None and layers % (q * chunks):
                     continue
@@ -105,6 +119,30 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
                     meshes.append(ParallelDims(pp=q, pp_schedule=name, virtual_stages=v, pp_layers=split, ep=e,
                                                dp_shard=shard, cp=cp, tp=t, world_size=world))
     return meshes
+
+
+def evaluate_pipeline_meshes(meshes: list[ParallelDims], evaluate: Callable[[ParallelDims], list[Candidate]], *,
+                             dense: bool, prune: bool = True) -> list[Candidate]:
+    """``evaluate`` each mesh but those a mesh already evaluated shows cannot fit (module docstring); the
+    candidates in the order of ``meshes``. ``prune=False`` (pinned degrees): every mesh."""
+    order = sorted(range(len(meshes)), key=lambda i: (meshes[i].pp_schedule != "1f1b", -meshes[i].tp))
+    done: dict[int, list[Candidate]] = {}
+    misfit_1f1b: set[tuple] = set()  # degrees whose 1F1B mesh does not fit
+    misfit_tp: dict[tuple, int] = {}  # (pp, schedule, cp) -> the widest tp that does not fit
+    for i in order:
+        m = meshes[i]
+        degrees, group = (m.pp, m.ep, m.dp_replicate, m.dp_shard, m.cp, m.tp), (m.pp, m.pp_schedule, m.cp)
+        dominated = (m.pp_schedule != "1f1b" and degrees in misfit_1f1b) or (dense and m.tp < misfit_tp.get(group, 0))
+        if prune and m.pp > 1 and dominated:
+            fits = False  # it does not fit: what dominates it does not (and the meshes it dominates do not either)
+        else:
+            done[i] = evaluate(m)
+            fits = any(c.fits for c in done[i])
+        if not fits:
+            if m.pp_schedule == "1f1b":
+                misfit_1f1b.add(degrees)
+            misfit_tp[group] = max(misfit_tp.get(group, 0), m.tp)
+    return [c for i in sorted(done) for c in done[i]]
 
 
 def stage_line(c: Candidate) -> r.StagePeaks | None:

@@ -24,10 +24,10 @@ _TYPES = {"int": int, "str": str, "bool": bool}
 
 
 def _pp_plan(schedule: str = "1f1b", **extra):
-    # 2 nodes x 8 H100, pp 2 pinned, micro-batch 2, global batch 32: the planner puts tp 8 inside each node
-    # (dp 1), so the pipeline runs 32 / 2 = 16 micro-batches a step.
-    return make_plan(LLAMA, "8xH100", nodes=2, pp=2, pp_schedule=schedule, micro_batch_size=2, global_batch_size=32,
-                     recipe="torchtitan", **extra)
+    # 2 nodes x 8 H100, pp 2 and tp 8 pinned (the search alone would take tp 2: faster), micro-batch 2, global
+    # batch 32: dp 1, so the pipeline runs 32 / 2 = 16 micro-batches a step.
+    return make_plan(LLAMA, "8xH100", nodes=2, pp=2, tp=8, pp_schedule=schedule, micro_batch_size=2,
+                     global_batch_size=32, recipe="torchtitan", **extra)
 
 
 def _check_keys(doc: dict) -> None:

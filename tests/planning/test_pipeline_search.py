@@ -7,9 +7,10 @@ import json
 import pytest
 
 from advisor.hardware.cluster import parse_gpus
+from advisor.mesh import ParallelDims
 from advisor.model.sources import resolve_model
 from advisor.planning.api import plan
-from advisor.planning.pipeline_meshes import expert_share, pipeline_meshes
+from advisor.planning.pipeline_meshes import evaluate_pipeline_meshes, expert_share, pipeline_meshes
 from advisor.training import TrainingConfig
 from advisor.units import GIB
 from tests.cli._main import run_main
@@ -40,12 +41,62 @@ def test_plans_without_pp_or_ep_keep_their_json_keys(capsys):
     assert not any("pp" in c["mesh"] or "ep" in c["mesh"] for c in meshes)
 
 
-def test_search_offers_pipeline_stages_at_node_width_with_uneven_splits():
+def test_search_offers_pipeline_stages_at_every_tp_of_the_node_with_uneven_splits():
+    """405B: 128 query and 8 key/value heads, so tp 1, 2, 4 and 8 divide the node and the heads; 126 layers,
+    so pp 2 splits evenly and pp 4, 8, 16 unevenly; 126 is not a multiple of pp x 2: no interleaved mesh
+    (wrap_pipeline splits two chunks a rank evenly only)."""
     spec = resolve_model("meta-llama/Llama-3.1-405B")
     meshes = pipeline_meshes(spec, parse_gpus("16x8xH100"), TrainingConfig(seq_len=8192))
-    assert [(m.pp, m.tp, m.dp_shard) for m in meshes] == [(2, 8, 8), (4, 8, 4), (8, 8, 2), (16, 8, 1)]
+    assert [(m.pp, m.tp, m.dp_shard) for m in meshes] == [
+        (q, t, 128 // (q * t)) for t in (1, 2, 4, 8) for q in (2, 4, 8, 16) if 128 // (q * t) >= 1]
+    assert {m.pp_schedule for m in meshes} == {"1f1b"}
     assert all(sum(m.stage_layers(126)) == 126 for m in meshes)
-    assert meshes[2].pp_layers == (15, 16, 16, 16, 16, 16, 16, 15)
+    assert next(m for m in meshes if (m.pp, m.tp) == (8, 8)).pp_layers == (15, 16, 16, 16, 16, 16, 16, 15)
+
+
+def test_interleaved_is_offered_where_pp_x_2_divides_the_layers():
+    """Qwen2.5-7B: 28 layers, 28 heads and 4 key/value heads (tp 1, 2, 4 on an 8-GPU node): interleaved 1F1B
+    (two chunks a rank) at pp 2 only (28 = 2 x 2 x 7; 4 x 2 and 8 x 2 do not divide 28)."""
+    spec = resolve_model("Qwen/Qwen2.5-7B")
+    meshes = pipeline_meshes(spec, parse_gpus("8xH100"), TrainingConfig())
+    interleaved = [(m.pp, m.tp, m.virtual_stages) for m in meshes if m.pp_schedule == "interleaved_1f1b"]
+    assert interleaved == [(2, 1, 2), (2, 2, 2), (2, 4, 2)]
+    assert sorted({m.tp for m in meshes}) == [1, 2, 4]
+
+
+def _mesh(pp, tp, schedule="1f1b"):
+    return ParallelDims(pp=pp, tp=tp, dp_shard=64 // (pp * tp), pp_schedule=schedule,
+                        virtual_stages=2 if schedule == "interleaved_1f1b" else 1, world_size=64)
+
+
+class _Fits:
+    def __init__(self, fits):
+        self.fits = fits
+
+
+def test_the_search_skips_meshes_a_misfit_dominates():
+    """1F1B fits at (pp 2, tp 8), (pp 4, tp 8), (pp 4, tp 4); interleaved at (pp 2, tp 8). Skipped (never
+    evaluated): 1F1B (pp 2, tp 2) once (pp 2, tp 4) did not fit (dense: the stage grows as 1/tp); the
+    interleaved twins of 1F1B meshes that do not fit ((2, 4), (2, 2), (4, 2)); interleaved (pp 4, tp 4) once
+    interleaved (pp 4, tp 8) did not fit. Pinned degrees: every mesh."""
+    fitting = {(2, 8, "1f1b"), (4, 8, "1f1b"), (4, 4, "1f1b"), (2, 8, "interleaved_1f1b")}
+    meshes = [_mesh(q, t, s) for t in (2, 4, 8) for q in (2, 4) for s in ("1f1b", "interleaved_1f1b")]
+    asked = []
+
+    def evaluate(m):
+        asked.append((m.pp, m.tp, m.pp_schedule))
+        return [_Fits((m.pp, m.tp, m.pp_schedule) in fitting)]
+
+    out = evaluate_pipeline_meshes(meshes, evaluate, dense=True)
+    assert asked == [(2, 8, "1f1b"), (4, 8, "1f1b"), (2, 4, "1f1b"), (4, 4, "1f1b"), (4, 2, "1f1b"),
+                     (2, 8, "interleaved_1f1b"), (4, 8, "interleaved_1f1b")]
+    assert len(out) == len(asked)
+    asked.clear()
+    evaluate_pipeline_meshes(meshes, evaluate, dense=True, prune=False)
+    assert len(asked) == len(meshes)
+    asked.clear()
+    evaluate_pipeline_meshes(meshes, evaluate, dense=False)  # MoE: ep changes with tp, so every tp is tried
+    assert (2, 2, "1f1b") in asked and (2, 4, "interleaved_1f1b") not in asked
 
 
 def test_405b_fastest_shows_every_stage_and_why_pp_loses():

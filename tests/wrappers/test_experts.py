@@ -71,8 +71,22 @@ def _run(block: torch.nn.Module, rows: slice) -> tuple[torch.Tensor, dict[str, t
     return out.detach(), {n: p.grad.detach().clone() for n, p in block.named_parameters()}
 
 
+def _saved_by_the_sharded_experts() -> int:
+    """Bytes autograd keeps from one forward of this rank's sharded Mixtral experts, on balanced routing: each
+    rank's token t picks experts 2t and 2t + 1 (mod 4), so every expert gets 3 rows from each rank and each
+    rank receives k x tokens = 12 rows, as many as it sends."""
+    from tests.saved_tensors import saved_forward_bytes
+
+    block = moe_block("mixtral")
+    apply_expert_parallel(block, dist.group.WORLD)
+    hidden = torch.randn(TOKENS_PER_RANK, HIDDEN, requires_grad=True)
+    chosen = torch.tensor([[(2 * t) % 4, (2 * t + 1) % 4] for t in range(TOKENS_PER_RANK)])
+    weights = torch.rand(TOKENS_PER_RANK, 2, requires_grad=True)  # the router's output: it has a gradient
+    return saved_forward_bytes(block.experts, hidden_states=hidden, top_k_index=chosen, top_k_weights=weights)
+
+
 def _ep_ranks(rank: int, world_size: int) -> dict:
-    results = {}
+    results = {"saved": _saved_by_the_sharded_experts()}
     for family in FAMILIES:
         block = moe_block(family)
         apply_expert_parallel(block, dist.group.WORLD)
@@ -104,6 +118,18 @@ def test_ep2_block_matches_one_process(ep_results, family):
             worst = max(worst, (grad - expected).abs().max().item())
         worst = max(worst, (got["out"] - reference_out[rank : rank + 1]).abs().max().item())
     print(f"{family}: max |diff| {worst:.2e} (outputs and gradients)")
+
+
+def test_the_sharded_experts_keep_what_the_simulator_counts(ep_results):
+    """The combine sums the k choices as transformers does and keeps no weighted rows (index_add kept its
+    source: 12 x 32 x 4 = 1,536 bytes more here). Per routed row, fp32, h 32, I 16: the sorted received row
+    (h), gate and up (2I), SiLU (I) and the product (I), the returned row (h), its router weight (4 bytes) and
+    five int64 indices (token of the row, sort by local expert and its inverse, expert order and its inverse).
+    advisor.simulate.moe_layer runs the same path (tests/simulate/test_moe_layer.py: its HELD less the router)."""
+    rows, h, inter = 2 * TOKENS_PER_RANK, HIDDEN, 16
+    per_row = 4 * (2 * h + 4 * inter) + 4 + 5 * 8
+    assert per_row * rows == 6672
+    assert [result["saved"] for result in ep_results] == [6672, 6672]
 
 
 def test_gpt_oss_experts_are_refused():

@@ -255,5 +255,11 @@ def test_wrap_refuses_a_pipeline_mesh_and_names_the_entry():
     from wrappers import wrap
 
     dims = ParallelDims(pp=PP, dp_shard=DP, world_size=PP * DP)
-    with pytest.raises(ValueError, match="use wrappers.wrap_pipeline"):
+    with pytest.raises(ValueError) as refused:
         wrap(tiny_llama(), mesh=dims, env=_env(0, PP * DP), verbose=False)
+    message = str(refused.value)
+    # The exact call, the mesh spelled out, and the planner's micro-batches without --global-batch: 4 x pp.
+    call = (f"wrappers.wrap_pipeline(model, optimizer, loader, mesh=ParallelDims(pp={PP}, dp_shard={DP}, "
+            f"world_size={PP * DP}), num_microbatches={4 * PP})")
+    assert call in message and "loss = pipeline.step(batch)" in message and "\n" not in message
+    assert eval(call.split("mesh=")[1].split("), ")[0] + ")") == dims  # the spelled-out mesh is the mesh

@@ -193,8 +193,8 @@ SYSTEMATIC = [
     "(`publisher_code`, benchmarks/publisher_code.py, sources in the JSON; `python benchmarks/publisher_code.py` "
     "prints each mechanism's bytes): bitsandbytes 0.42.0 (litgpt's pin) `MatMul4Bit` keeps every 4-bit "
     "linear's input in `ctx.tensors`, which backward never frees, and litgpt's loop keeps the graph through "
-    "`logits` until the next forward returns (1.63 GiB per iteration on Llama 3 8B, two iterations' worth at "
-    "the end of forward); Lightning's plugin quantises the output head too and from fp16, so each head chunk "
+    "`logits` until the next forward returns (1.62 GiB per iteration on Llama 3 8B, two iterations' worth at "
+    "the end of forward; none for the first block's first input, which needs no gradient); Lightning's plugin quantises the output head too and from fp16, so each head chunk "
     "is dequantised as an fp16 and a bf16 copy (1.96 GiB on Llama 3 8B); litgpt unties tied heads. None of "
     "this is today's recipe (bitsandbytes >= 0.43.2, transformers keeps the head in bf16): the planner is "
     "unchanged. The same untied head explains most of the tied models' litgpt LoRA gap (0.49-1.10 GiB).",
@@ -235,9 +235,13 @@ SYSTEMATIC = [
     "lazy CPU state dict, one unit unsharded at a time: under 8 GB). Today's litgpt LoRA runs FSDP2 "
     "(ModelParallelStrategy), which keeps only the adapters' gradients, but its full fine-tune still runs Fabric's "
     "FSDP1 FSDPStrategy under no_backward_sync: not in our lightning recipe, which reduce-scatters every micro-batch. "
-    "Its QLoRA rows are 21% "
-    "above the estimate, as the later litgpt QLoRA rows were before their publisher_code (bitsandbytes 0.41.1 keeps "
-    "each 4-bit input; lit-gpt quantised every Linear, the head too).",
+    "Its QLoRA rows (nf4, nf4-dq) were 20.5% / 21.0% above the estimate; the later rows' mechanisms are in the "
+    "code they ran (read at lit-gpt 8641822, Lightning 71aed751, bitsandbytes 0.41.1): 0.41.1's `MatMul4Bit` keeps "
+    "each 4-bit input in `ctx.tensors` as 0.42.0 does, Lightning's plugin swaps every `torch.nn.Linear` (the head "
+    "too) and quantises from fp16, and lit-gpt's loop keeps `logits` and `loss` until the next iteration's. One "
+    "thing differs: that loop forces the longest sample (1304 tokens) into iteration 0's batch, so at that length "
+    "no earlier graph is held (`litgpt_longest_first`; by the estimate a later batch passes it only above about "
+    "1,030 tokens). Now -4.4% / -4.5%, beside the same table's LoRA row at -3.5% without any publisher code.",
     "- LLaMA-Factory QLoRA (Llama-2-7B, A100 40GB, batch 1): within 1.4% up to 4k tokens, then +11% at 8k, +14% at "
     "16k, +20% at 32k (the table rounds to whole GB; if its 'GB' are GiB, +4% to +12%). The Unsloth rows beside them "
     "are 17-190% below the estimate: its kernels are not expressible.",

@@ -20,8 +20,16 @@ JSON's ``publisher_code`` key.
   Without checkpointing each block keeps the distinct inputs of its 4-bit linears (norm_1 output,
   the attention output that ``y.reshape`` copies, norm_2 output, the MLP's product) and the model the
   final norm's output (the head chunks are views of it); LoRA dropout gives the adapters their own
-  copies, so nothing else saves these. This iteration's are held from the forward through the step,
-  the previous iteration's until the forward returns (assumed padded to the same length).
+  copies, so nothing else saves these; the first block's first input is not kept (``MatMul4Bit`` keeps
+  ``A`` only when ``any(ctx.needs_input_grad[:2])``, and the frozen embedding's output normalised by a
+  frozen norm needs no gradient). This iteration's are held from the forward through the step, the
+  previous iteration's until the forward returns (assumed padded to the same length). bitsandbytes
+  0.41.1 (litgpt's 2023 resource tables) has the same lines.
+- ``litgpt_longest_first``: lit-gpt's 2023 ``finetune/lora.py`` forces the longest training sample into
+  iteration 0's batch and pads the batch to it, so at that length no earlier iteration's graph (and
+  none of its kept inputs) is held; later iterations keep the previous graph beside a random, shorter
+  batch (the 2024 loop draws every batch at random: there the previous iteration is taken at the same
+  length).
 - ``lightning_fsdp1_no_sync``: Lightning 2.1 Fabric's ``FSDPStrategy`` is FSDP1 with
   ``use_orig_params=True``, and litgpt's LoRA loop wraps every micro-step but the last of its
   accumulation (128 / micro-batch of them) in ``fabric.no_backward_sync``, which is FSDP1's
@@ -46,25 +54,30 @@ from advisor.units import GIB
 
 MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
 FSDP1_NO_SYNC = "lightning_fsdp1_no_sync"
+LONGEST_FIRST = "litgpt_longest_first"
 KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input",
-         FSDP1_NO_SYNC}
+         FSDP1_NO_SYNC, LONGEST_FIRST}
 
 
 def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
     """One iteration's ``MatMul4Bit`` inputs that ``bnb_ctx_keeps_input`` holds (module docstring), in
-    the compute dtype: per block 2 x hidden + heads x head_dim + intermediate, plus the final norm's."""
+    the compute dtype: per block 2 x hidden + heads x head_dim + intermediate, plus the final norm's,
+    less the first block's norm_1 output (it needs no gradient, so ``ctx.tensors`` is ``(None, None)``)."""
     hidden, inter = spec.hidden_size or 0, spec.intermediate_size or 0
     attention = (spec.num_attention_heads or 0) * (spec.head_dim or hidden // max(spec.num_attention_heads or 1, 1))
-    per_token = (spec.num_layers or 0) * (2 * hidden + attention + inter) + hidden
+    # + ln_f's output (hidden), - the first block's norm_1 output (hidden)
+    per_token = (spec.num_layers or 0) * (2 * hidden + attention + inter)
     return training.compute_bytes * tokens * per_token
 
 
 def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previous_iteration: bool = True) -> dict[str, int]:
     """Bytes the case's code held at each moment beyond the estimate (may be negative: a 4-bit head
-    where the estimate counts a bf16 one). ``previous_iteration=False``: the previous batch's kept
-    inputs left out (a short batch before the longest). ValueError for a name this module does not
-    know or a combination it does not model."""
+    where the estimate counts a bf16 one). ``previous_iteration=False`` (or ``litgpt_longest_first`` in
+    the case's list): the previous batch's kept inputs left out (no batch, or a shorter one, before the
+    longest). ValueError for a name this module does not know or a combination it does not model."""
     rest, head_dq, block_dq, kept = parts(case, spec, training)
+    if LONGEST_FIRST in case.get("publisher_code", []):
+        previous_iteration = False
     extra = {
         # this iteration's kept inputs and the previous one's (freed when `logits` is rebound); last head chunk
         "end_of_forward": rest + (2 if previous_iteration else 1) * kept + head_dq,
@@ -85,14 +98,14 @@ def fsdp1_no_sync_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -
     backward prefetch holds them), and at the step that follows the synchronising one. ValueError where
     the case is not a LoRA of the blocks under zero3 with every block checkpointed, in one dtype."""
     from advisor.estimate.memory import _activations  # the recomputed block the split moment frees
-    from advisor.estimate.strategy_buffers import _block_params
+    from advisor.estimate.strategy_buffers import block_params
     from advisor.strategies import get_strategy
 
     if (case["strategy"] != "zero3" or case["activation_checkpointing"] != "on" or training.lora is None
             or training.quantize is not None or training.mixed):
         raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled for a bf16-true/fp32-true LoRA under zero3 "
                          "with every block checkpointed")
-    layer, n_layers, _ = _block_params(spec)
+    layer, n_layers, _ = block_params(spec)
     if spec.trainable_params > layer * n_layers:
         raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled with every trainable parameter in the blocks")
     world = 1
@@ -131,6 +144,8 @@ def parts(case: dict, spec: ModelSpec, training: TrainingConfig) -> tuple[int, i
     quantized = training.quantize is not None
     if names & {"lightning_fp16_quant_state", "bnb_ctx_keeps_input"} and not {"lightning_bnb_every_linear"} <= names:
         raise ValueError(f"{case['id']}: the 4-bit head's mechanisms are modelled for Lightning's plugin only")
+    if LONGEST_FIRST in names and "bnb_ctx_keeps_input" not in names:
+        raise ValueError(f"{case['id']}: {LONGEST_FIRST} changes only what bnb_ctx_keeps_input holds")
     if "bnb_ctx_keeps_input" in names and (case["activation_checkpointing"] != "off"
                                             or not (training.lora and training.lora.dropout)):
         raise ValueError(f"{case['id']}: bnb_ctx_keeps_input is modelled without checkpointing, LoRA dropout on")
@@ -173,7 +188,7 @@ def breakdown(case: dict) -> dict:
 
     extra = extra_bytes(case, spec, training)
     rest, head_dq, _, kept = parts(case, spec, training)
-    quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != "bnb_ctx_keeps_input"]}
+    quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n not in ("bnb_ctx_keeps_input", LONGEST_FIRST)]}
     return dict(id=case["id"], published=pm.published_bytes(case) / GIB, before=max(moments.values()) / GIB,
                 rest=rest / GIB, head_dq=head_dq / GIB, kept=kept / GIB, after=peak(extra),
                 moment=max(moments, key=lambda name: moments[name] + extra.get(name, 0)),

@@ -30,6 +30,12 @@ JSON's ``publisher_code`` key.
   none of its kept inputs) is held; later iterations keep the previous graph beside a random, shorter
   batch (the 2024 loop draws every batch at random: there the previous iteration is taken at the same
   length).
+- ``hf_fp32_logits_held``: transformers < 4.46 ``LlamaForCausalLM.forward`` returns ``logits.float()``
+  (the bf16 logits die at once) and computes the loss on a shifted ``.contiguous()`` fp32 copy, and
+  Answer.AI's train.py keeps ``output`` until after ``optimizer.step()``: 4 bytes a logit live from the
+  loss through backward and the step, and the forward's loss peaks at 4 + 4 + 4 bytes a logit where
+  today's recipe holds 2 + 4 + 4 (``benchmarks/qlora_published.py`` adds the same to the Answer.AI
+  QLoRA cases).
 - ``lightning_fsdp1_no_sync``: Lightning 2.1 Fabric's ``FSDPStrategy`` is FSDP1 with
   ``use_orig_params=True``, and litgpt's LoRA loop wraps every micro-step but the last of its
   accumulation (128 / micro-batch of them) in ``fabric.no_backward_sync``, which is FSDP1's
@@ -55,8 +61,9 @@ from advisor.units import GIB
 MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
 FSDP1_NO_SYNC = "lightning_fsdp1_no_sync"
 LONGEST_FIRST = "litgpt_longest_first"
+FP32_LOGITS_HELD = "hf_fp32_logits_held"
 KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input",
-         FSDP1_NO_SYNC, LONGEST_FIRST}
+         FSDP1_NO_SYNC, LONGEST_FIRST, FP32_LOGITS_HELD}
 
 
 def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
@@ -85,10 +92,25 @@ def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previo
         "block_backward": rest + kept + block_dq,
         "optimizer_step": rest + kept,  # the graph lives on through the step (``logits``)
     }
+    if FP32_LOGITS_HELD in case.get("publisher_code", []):
+        for name, value in fp32_logits_held_bytes(case, spec).items():
+            extra[name] += value
     if FSDP1_NO_SYNC in case.get("publisher_code", []):
         for name, value in fsdp1_no_sync_bytes(case, spec, training).items():
             extra[name] = extra.get(name, 0) + value
     return extra
+
+
+def fp32_logits_held_bytes(case: dict, spec: ModelSpec) -> dict[str, int]:
+    """``hf_fp32_logits_held`` (module docstring) beyond the hf loss the estimate counts: per logit +2 bytes at
+    the end of the forward (fp32 logits, their shifted copy and the log-softmax, 12, against bf16 logits, their
+    fp32 copy and the log-softmax, 10), +4 from the loss's backward through the step (the returned fp32 logits).
+    ValueError unless the case plans the hf loss."""
+    if case["loss"] != "hf":
+        raise ValueError(f"{case['id']}: {FP32_LOGITS_HELD} is modelled beside the hf loss")
+    logits = case["micro_batch_size"] * case["seq_len"] * (spec.vocab_size or 0)
+    return {"end_of_forward": 2 * logits, "loss_backward": 4 * logits, "block_backward": 4 * logits,
+            "optimizer_step": 4 * logits}
 
 
 def fsdp1_no_sync_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -205,7 +227,8 @@ def main() -> None:
 
     cases = [c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"] if c.get("publisher_code")]
     fsdp1 = [c for c in cases if FSDP1_NO_SYNC in c["publisher_code"]]
-    cases = [c for c in cases if c not in fsdp1]
+    held = [c for c in cases if FP32_LOGITS_HELD in c["publisher_code"]]
+    cases = [c for c in cases if c not in fsdp1 and c not in held]
     print("| case | published | estimate before | gap | head at rest | head dequantised | kept inputs / iteration "
           "| after (winning moment) | error before -> after | kept: this iteration only | no kept inputs |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
@@ -229,6 +252,21 @@ def main() -> None:
         print(f"| {r['id']} | {r['published']:.2f} | {r['before']:.2f} ({max(moments, key=moments.get)}) | "
               f"{extra['loss_backward'] / GIB:.2f} | {(extra['block_backward'] - extra['loss_backward']) / GIB:+.2f} | "
               f"{r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} |")
+
+    if held:
+        print()
+        print("| case | kind | published | fp32 logits held (loss backward on) | compared before -> after | error before -> after |")
+        print("| --- | --- | ---: | ---: | --- | --- |")
+    for case in held:
+        import published_memory as pm
+
+        plan = pm.plan_of(case)
+        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != FP32_LOGITS_HELD]}
+        (_, before, _, _), (_, after, _, _) = (pm.estimate(c).compared(case["kind"]) for c in (quiet, case))
+        truth = pm.published_bytes(case)
+        err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
+        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {fp32_logits_held_bytes(case, plan.model)['loss_backward'] / GIB:.2f} | "
+              f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
 
 
 if __name__ == "__main__":

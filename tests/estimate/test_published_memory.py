@@ -60,13 +60,13 @@ def test_enough_expressible_cases_with_their_memory_kind():
 def test_expressible_full_and_lora_runs_within_the_published_error():
     """Published torchtitan (reserved), Answer.AI LoRA (reserved and allocated), litgpt LoRA (allocated),
     torchtune full (active) and PEFT DeepSpeed LoRA (nvidia-smi) runs, none of them tuned on: measured
-    median |error| 6.5% over 21 cases, every case within -33%..+9% (litgpt's tied models with the
-    head its conversion unties: publisher_code)
+    median |error| 3.3% over 21 cases, every case within -20.3%..+3.1% (with publisher_code: litgpt's tied
+    models with the head its conversion unties, Answer.AI's fp32 logits held through the step)
     (the low end: Answer.AI's CPU-offload batch-10 run, reserved near the 24 GB card's capacity)."""
     errors = [_error(c) for c in EXPRESSIBLE if not c.get("quantize") and not c["id"].startswith(LATER)]
     assert len(errors) >= 15
-    assert all(-0.35 <= e <= 0.10 for e in errors), errors
-    assert statistics.median(abs(e) for e in errors) <= 0.10
+    assert all(-0.25 <= e <= 0.05 for e in errors), errors
+    assert statistics.median(abs(e) for e in errors) <= 0.05
 
 
 def test_litgpt_qlora_runs_within_ten_percent_with_what_their_code_held():
@@ -151,6 +151,24 @@ def test_litgpt_2023_qlora_rows_within_five_percent_with_what_their_code_held():
     without = [_error({k: v for k, v in c.items() if k != "publisher_code"}) for c in cases]
     assert all(-0.05 <= e <= 0.0 for e in with_code), with_code
     assert all(e < -0.20 for e in without), without
+
+
+def test_answerai_fp32_logits_held_worked_by_hand():
+    """Answer.AI's CPU-offload LoRA run, Llama-2-7B, 10 x 2048 tokens: transformers < 4.46 returns an fp32 copy of
+    10 x 2048 x 32000 = 655,360,000 logits and train.py keeps it until after the step, 4 bytes each from the loss's
+    backward on; the forward's loss holds it, its shifted copy and the log-softmax (12 bytes) where the estimate
+    counts 10."""
+    case = _case("answerai-7b-lora-fsdp-offload-bs10")
+    plan = plan_of(case)
+    logits = 10 * 2048 * 32000
+    assert 4 * logits == 2_621_440_000
+    assert publisher_code.fp32_logits_held_bytes(case, plan.model) == {
+        "end_of_forward": 2 * logits, "loss_backward": 4 * logits, "block_backward": 4 * logits,
+        "optimizer_step": 4 * logits}
+    extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+    assert extra["loss_backward"] == extra["optimizer_step"] == 2_621_440_000
+    with pytest.raises(ValueError, match="hf loss"):
+        publisher_code.fp32_logits_held_bytes({**case, "loss": "chunked"}, plan.model)
 
 
 def test_litgpt_untied_head_adds_a_bf16_head_to_a_tied_model():

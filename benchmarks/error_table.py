@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 import sys
 import warnings
@@ -72,8 +73,9 @@ class Comparison(NamedTuple):
 
 def spread(ratios: list[float]) -> tuple[float, float]:
     """(low, high) of a group's ratios: the lowest and the highest, zero always inside (an estimate's range
-    holds the estimate), rounded to 4 decimals."""
-    return round(min(0.0, *ratios), 4), round(max(0.0, *ratios), 4)
+    holds the estimate), rounded outward to 4 decimals (so the group's own extremes stay inside)."""
+    low, high = min(0.0, *ratios), max(0.0, *ratios)
+    return math.floor(round(low * 1e4, 6)) / 1e4, math.ceil(round(high * 1e4, 6)) / 1e4
 
 
 def _truth_rows() -> list[Comparison]:

@@ -20,8 +20,22 @@ JSON's ``publisher_code`` key.
   Without checkpointing each block keeps the distinct inputs of its 4-bit linears (norm_1 output,
   the attention output that ``y.reshape`` copies, norm_2 output, the MLP's product) and the model the
   final norm's output (the head chunks are views of it); LoRA dropout gives the adapters their own
-  copies, so nothing else saves these. This iteration's are held from the forward through the step,
-  the previous iteration's until the forward returns (assumed padded to the same length).
+  copies, so nothing else saves these; the first block's first input is not kept (``MatMul4Bit`` keeps
+  ``A`` only when ``any(ctx.needs_input_grad[:2])``, and the frozen embedding's output normalised by a
+  frozen norm needs no gradient). This iteration's are held from the forward through the step, the
+  previous iteration's until the forward returns (assumed padded to the same length). bitsandbytes
+  0.41.1 (litgpt's 2023 resource tables) has the same lines.
+- ``litgpt_longest_first``: lit-gpt's 2023 ``finetune/lora.py`` forces the longest training sample into
+  iteration 0's batch and pads the batch to it, so at that length no earlier iteration's graph (and
+  none of its kept inputs) is held; later iterations keep the previous graph beside a random, shorter
+  batch (the 2024 loop draws every batch at random: there the previous iteration is taken at the same
+  length).
+- ``hf_fp32_logits_held``: transformers < 4.46 ``LlamaForCausalLM.forward`` returns ``logits.float()``
+  (the bf16 logits die at once) and computes the loss on a shifted ``.contiguous()`` fp32 copy, and
+  Answer.AI's train.py keeps ``output`` until after ``optimizer.step()``: 4 bytes a logit live from the
+  loss through backward and the step, and the forward's loss peaks at 4 + 4 + 4 bytes a logit where
+  today's recipe holds 2 + 4 + 4 (``benchmarks/qlora_published.py`` adds the same to the Answer.AI
+  QLoRA cases).
 - ``lightning_fsdp1_no_sync``: Lightning 2.1 Fabric's ``FSDPStrategy`` is FSDP1 with
   ``use_orig_params=True``, and litgpt's LoRA loop wraps every micro-step but the last of its
   accumulation (128 / micro-batch of them) in ``fabric.no_backward_sync``, which is FSDP1's
@@ -46,25 +60,31 @@ from advisor.units import GIB
 
 MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step")
 FSDP1_NO_SYNC = "lightning_fsdp1_no_sync"
+LONGEST_FIRST = "litgpt_longest_first"
+FP32_LOGITS_HELD = "hf_fp32_logits_held"
 KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input",
-         FSDP1_NO_SYNC}
+         FSDP1_NO_SYNC, LONGEST_FIRST, FP32_LOGITS_HELD}
 
 
 def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
     """One iteration's ``MatMul4Bit`` inputs that ``bnb_ctx_keeps_input`` holds (module docstring), in
-    the compute dtype: per block 2 x hidden + heads x head_dim + intermediate, plus the final norm's."""
+    the compute dtype: per block 2 x hidden + heads x head_dim + intermediate, plus the final norm's,
+    less the first block's norm_1 output (it needs no gradient, so ``ctx.tensors`` is ``(None, None)``)."""
     hidden, inter = spec.hidden_size or 0, spec.intermediate_size or 0
     attention = (spec.num_attention_heads or 0) * (spec.head_dim or hidden // max(spec.num_attention_heads or 1, 1))
-    per_token = (spec.num_layers or 0) * (2 * hidden + attention + inter) + hidden
+    # + ln_f's output (hidden), - the first block's norm_1 output (hidden)
+    per_token = (spec.num_layers or 0) * (2 * hidden + attention + inter)
     return training.compute_bytes * tokens * per_token
 
 
 def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previous_iteration: bool = True) -> dict[str, int]:
     """Bytes the case's code held at each moment beyond the estimate (may be negative: a 4-bit head
-    where the estimate counts a bf16 one). ``previous_iteration=False``: the previous batch's kept
-    inputs left out (a short batch before the longest). ValueError for a name this module does not
-    know or a combination it does not model."""
+    where the estimate counts a bf16 one). ``previous_iteration=False`` (or ``litgpt_longest_first`` in
+    the case's list): the previous batch's kept inputs left out (no batch, or a shorter one, before the
+    longest). ValueError for a name this module does not know or a combination it does not model."""
     rest, head_dq, block_dq, kept = parts(case, spec, training)
+    if LONGEST_FIRST in case.get("publisher_code", []):
+        previous_iteration = False
     extra = {
         # this iteration's kept inputs and the previous one's (freed when `logits` is rebound); last head chunk
         "end_of_forward": rest + (2 if previous_iteration else 1) * kept + head_dq,
@@ -72,10 +92,25 @@ def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previo
         "block_backward": rest + kept + block_dq,
         "optimizer_step": rest + kept,  # the graph lives on through the step (``logits``)
     }
+    if FP32_LOGITS_HELD in case.get("publisher_code", []):
+        for name, value in fp32_logits_held_bytes(case, spec).items():
+            extra[name] += value
     if FSDP1_NO_SYNC in case.get("publisher_code", []):
         for name, value in fsdp1_no_sync_bytes(case, spec, training).items():
             extra[name] = extra.get(name, 0) + value
     return extra
+
+
+def fp32_logits_held_bytes(case: dict, spec: ModelSpec) -> dict[str, int]:
+    """``hf_fp32_logits_held`` (module docstring) beyond the hf loss the estimate counts: per logit +2 bytes at
+    the end of the forward (fp32 logits, their shifted copy and the log-softmax, 12, against bf16 logits, their
+    fp32 copy and the log-softmax, 10), +4 from the loss's backward through the step (the returned fp32 logits).
+    ValueError unless the case plans the hf loss."""
+    if case["loss"] != "hf":
+        raise ValueError(f"{case['id']}: {FP32_LOGITS_HELD} is modelled beside the hf loss")
+    logits = case["micro_batch_size"] * case["seq_len"] * (spec.vocab_size or 0)
+    return {"end_of_forward": 2 * logits, "loss_backward": 4 * logits, "block_backward": 4 * logits,
+            "optimizer_step": 4 * logits}
 
 
 def fsdp1_no_sync_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -85,14 +120,14 @@ def fsdp1_no_sync_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -
     backward prefetch holds them), and at the step that follows the synchronising one. ValueError where
     the case is not a LoRA of the blocks under zero3 with every block checkpointed, in one dtype."""
     from advisor.estimate.memory import _activations  # the recomputed block the split moment frees
-    from advisor.estimate.strategy_buffers import _block_params
+    from advisor.estimate.strategy_buffers import block_params
     from advisor.strategies import get_strategy
 
     if (case["strategy"] != "zero3" or case["activation_checkpointing"] != "on" or training.lora is None
             or training.quantize is not None or training.mixed):
         raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled for a bf16-true/fp32-true LoRA under zero3 "
                          "with every block checkpointed")
-    layer, n_layers, _ = _block_params(spec)
+    layer, n_layers, _ = block_params(spec)
     if spec.trainable_params > layer * n_layers:
         raise ValueError(f"{case['id']}: {FSDP1_NO_SYNC} is modelled with every trainable parameter in the blocks")
     world = 1
@@ -131,6 +166,8 @@ def parts(case: dict, spec: ModelSpec, training: TrainingConfig) -> tuple[int, i
     quantized = training.quantize is not None
     if names & {"lightning_fp16_quant_state", "bnb_ctx_keeps_input"} and not {"lightning_bnb_every_linear"} <= names:
         raise ValueError(f"{case['id']}: the 4-bit head's mechanisms are modelled for Lightning's plugin only")
+    if LONGEST_FIRST in names and "bnb_ctx_keeps_input" not in names:
+        raise ValueError(f"{case['id']}: {LONGEST_FIRST} changes only what bnb_ctx_keeps_input holds")
     if "bnb_ctx_keeps_input" in names and (case["activation_checkpointing"] != "off"
                                             or not (training.lora and training.lora.dropout)):
         raise ValueError(f"{case['id']}: bnb_ctx_keeps_input is modelled without checkpointing, LoRA dropout on")
@@ -173,7 +210,7 @@ def breakdown(case: dict) -> dict:
 
     extra = extra_bytes(case, spec, training)
     rest, head_dq, _, kept = parts(case, spec, training)
-    quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != "bnb_ctx_keeps_input"]}
+    quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n not in ("bnb_ctx_keeps_input", LONGEST_FIRST)]}
     return dict(id=case["id"], published=pm.published_bytes(case) / GIB, before=max(moments.values()) / GIB,
                 rest=rest / GIB, head_dq=head_dq / GIB, kept=kept / GIB, after=peak(extra),
                 moment=max(moments, key=lambda name: moments[name] + extra.get(name, 0)),
@@ -190,7 +227,8 @@ def main() -> None:
 
     cases = [c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"] if c.get("publisher_code")]
     fsdp1 = [c for c in cases if FSDP1_NO_SYNC in c["publisher_code"]]
-    cases = [c for c in cases if c not in fsdp1]
+    held = [c for c in cases if FP32_LOGITS_HELD in c["publisher_code"]]
+    cases = [c for c in cases if c not in fsdp1 and c not in held]
     print("| case | published | estimate before | gap | head at rest | head dequantised | kept inputs / iteration "
           "| after (winning moment) | error before -> after | kept: this iteration only | no kept inputs |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
@@ -214,6 +252,21 @@ def main() -> None:
         print(f"| {r['id']} | {r['published']:.2f} | {r['before']:.2f} ({max(moments, key=moments.get)}) | "
               f"{extra['loss_backward'] / GIB:.2f} | {(extra['block_backward'] - extra['loss_backward']) / GIB:+.2f} | "
               f"{r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} |")
+
+    if held:
+        print()
+        print("| case | kind | published | fp32 logits held (loss backward on) | compared before -> after | error before -> after |")
+        print("| --- | --- | ---: | ---: | --- | --- |")
+    for case in held:
+        import published_memory as pm
+
+        plan = pm.plan_of(case)
+        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != FP32_LOGITS_HELD]}
+        (_, before, _, _), (_, after, _, _) = (pm.estimate(c).compared(case["kind"]) for c in (quiet, case))
+        truth = pm.published_bytes(case)
+        err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
+        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {fp32_logits_held_bytes(case, plan.model)['loss_backward'] / GIB:.2f} | "
+              f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
 
 
 if __name__ == "__main__":

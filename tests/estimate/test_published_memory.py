@@ -24,8 +24,8 @@ CASES = DATA["cases"]
 KINDS = {"allocated", "reserved", "active", "nvidia-smi", "unspecified", "trained", "oom"}
 # Cases with a measured figure (trained / oom rows say only whether the run fitted).
 # Sources added after these error bounds were measured; their errors are reported, not bounded here
-# (litgpt's 2023 resource tables: the FSDP LoRA rows bounded by their own test below, the QLoRA ones 21% below without
-# the publisher code of the later rows; benchmarks/results/published_memory.md).
+# (litgpt's 2023 resource tables: the FSDP LoRA and the QLoRA rows bounded by their own tests below;
+# benchmarks/results/published_memory.md).
 LATER = ("litgpt-rt-", "hfblog-", "alignment-", "llamafactory-", "peft-fsdp-", "lfissue", "litgptissue", "alpaca")
 EXPRESSIBLE = [c for c in CASES if not c["not_expressible"] and c["kind"] not in ("trained", "oom")]
 
@@ -60,20 +60,20 @@ def test_enough_expressible_cases_with_their_memory_kind():
 def test_expressible_full_and_lora_runs_within_the_published_error():
     """Published torchtitan (reserved), Answer.AI LoRA (reserved and allocated), litgpt LoRA (allocated),
     torchtune full (active) and PEFT DeepSpeed LoRA (nvidia-smi) runs, none of them tuned on: measured
-    median |error| 6.5% over 21 cases, every case within -33%..+9% (litgpt's tied models with the
-    head its conversion unties: publisher_code)
+    median |error| 3.3% over 21 cases, every case within -20.3%..+3.1% (with publisher_code: litgpt's tied
+    models with the head its conversion unties, Answer.AI's fp32 logits held through the step)
     (the low end: Answer.AI's CPU-offload batch-10 run, reserved near the 24 GB card's capacity)."""
     errors = [_error(c) for c in EXPRESSIBLE if not c.get("quantize") and not c["id"].startswith(LATER)]
     assert len(errors) >= 15
-    assert all(-0.35 <= e <= 0.10 for e in errors), errors
-    assert statistics.median(abs(e) for e in errors) <= 0.10
+    assert all(-0.25 <= e <= 0.05 for e in errors), errors
+    assert statistics.median(abs(e) for e in errors) <= 0.05
 
 
 def test_litgpt_qlora_runs_within_ten_percent_with_what_their_code_held():
     """litgpt's QLoRA peaks (allocated) were 25-31% above our estimate of today's recipe; with what
     litgpt 2024 held (publisher_code: bitsandbytes 0.42 MatMul4Bit inputs kept until the graph dies,
     Lightning's 4-bit head dequantised as fp16 + bf16 copies, the untied head) they are measured at
-    -6.2% to +8.8% (benchmarks/results/published_memory.md). Without those settings every one stays
+    -6.4% to +8.6% (benchmarks/results/published_memory.md). Without those settings every one stays
     more than 20% below: the mechanisms, not a constant, close the gap."""
     cases = [c for c in EXPRESSIBLE if c.get("quantize") and not c["id"].startswith(LATER)]
     assert len(cases) >= 5 and all(c.get("publisher_code") for c in cases)
@@ -102,7 +102,8 @@ def test_litgpt_llama3_8b_qlora_mechanisms_worked_by_hand():
     head 128256 x 4096 = 525,336,576 weights; 4-bit at rest 0.5 + 4/64 bytes a weight instead of
     2 bytes; dequantised as fp16 + bf16 (4 bytes a weight); the largest block linear (4096 x 14336)
     gets an fp16 copy beside the bf16 one the estimate counts; kept inputs
-    2 bytes x 1024 tokens x (32 x (4096 + 4096 + 4096 + 14336) + 4096)."""
+    2 bytes x 1024 tokens x 32 x (4096 + 4096 + 4096 + 14336) (ln_f's output in, the first block's
+    norm_1 output out: it needs no gradient, so MatMul4Bit keeps no input there)."""
     case = _case("litgpt-llama3-8b-qlora")
     plan = plan_of(case)
     head = 128256 * 4096
@@ -110,11 +111,64 @@ def test_litgpt_llama3_8b_qlora_mechanisms_worked_by_hand():
     assert rest == head // 2 + 4 * head // 64 - 2 * head == -755_171_328
     assert head_dq == 4 * head == 2_101_346_304
     assert block_dq == 2 * 4096 * 14336
-    assert kept == 2 * 1024 * (32 * 26624 + 4096) == 1_753_219_072
+    assert kept == 2 * 1024 * 32 * 26624 == 1_744_830_464
     extra = publisher_code.extra_bytes(case, plan.model, plan.training)
     assert extra["end_of_forward"] == rest + 2 * kept + head_dq
     assert extra["loss_backward"] == rest + kept + head_dq
     assert extra["optimizer_step"] == rest + kept
+
+
+def test_litgpt_2023_qlora_mechanisms_worked_by_hand():
+    """litgpt's 2023 resource table, Llama-2-7B bnb.nf4, micro-batch 1 x 1304 tokens (lit-gpt 8641822, Lightning
+    71aed751, bitsandbytes 0.41.1): the untied head 32000 x 4096 = 131,072,000 weights packed at 0.5 + 4/64 bytes
+    a weight instead of 2; dequantised as fp16 + bf16 (4 bytes a weight); the largest block linear (4096 x 11008)
+    gets an fp16 copy; kept inputs 2 bytes x 1304 tokens x 32 x (4096 + 4096 + 4096 + 11008), one iteration's
+    only (litgpt_longest_first: the longest batch is iteration 0's), so the end of forward holds no more of them
+    than the start of backward."""
+    case = _case("litgpt-rt-llama2-7b-qlora-nf4")
+    plan = plan_of(case)
+    head = 32000 * 4096
+    rest, head_dq, block_dq, kept = publisher_code.parts(case, plan.model, plan.training)
+    assert rest == head // 2 + 4 * head // 64 - 2 * head == -188_416_000
+    assert head_dq == 4 * head == 524_288_000
+    assert block_dq == 2 * 4096 * 11008 == 90_177_536
+    assert kept == 2 * 1304 * 32 * 23296 == 1_944_190_976
+    extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+    assert extra["end_of_forward"] == extra["loss_backward"] == rest + kept + head_dq == 2_280_062_976
+    assert extra["block_backward"] == rest + kept + block_dq
+    with pytest.raises(ValueError, match="bnb_ctx_keeps_input"):
+        publisher_code.parts({**case, "publisher_code": ["lightning_bnb_every_linear", "litgpt_longest_first"]},
+                             plan.model, plan.training)
+
+
+def test_litgpt_2023_qlora_rows_within_five_percent_with_what_their_code_held():
+    """litgpt's 2023 QLoRA rows (14.14 / 13.84 GB allocated) were 20.5% / 21.0% above the estimate; with what
+    lit-gpt 8641822, Lightning 71aed751 and bitsandbytes 0.41.1 held (publisher_code) they are measured at
+    -4.4% / -4.5%, as the same table's LoRA row (-3.5%) is without any. Without them both stay 20% below."""
+    cases = [c for c in CASES if c["id"].startswith("litgpt-rt-llama2-7b-qlora")]
+    assert len(cases) == 2
+    with_code = [_error(c) for c in cases]
+    without = [_error({k: v for k, v in c.items() if k != "publisher_code"}) for c in cases]
+    assert all(-0.05 <= e <= 0.0 for e in with_code), with_code
+    assert all(e < -0.20 for e in without), without
+
+
+def test_answerai_fp32_logits_held_worked_by_hand():
+    """Answer.AI's CPU-offload LoRA run, Llama-2-7B, 10 x 2048 tokens: transformers < 4.46 returns an fp32 copy of
+    10 x 2048 x 32000 = 655,360,000 logits and train.py keeps it until after the step, 4 bytes each from the loss's
+    backward on; the forward's loss holds it, its shifted copy and the log-softmax (12 bytes) where the estimate
+    counts 10."""
+    case = _case("answerai-7b-lora-fsdp-offload-bs10")
+    plan = plan_of(case)
+    logits = 10 * 2048 * 32000
+    assert 4 * logits == 2_621_440_000
+    assert publisher_code.fp32_logits_held_bytes(case, plan.model) == {
+        "end_of_forward": 2 * logits, "loss_backward": 4 * logits, "block_backward": 4 * logits,
+        "optimizer_step": 4 * logits}
+    extra = publisher_code.extra_bytes(case, plan.model, plan.training)
+    assert extra["loss_backward"] == extra["optimizer_step"] == 2_621_440_000
+    with pytest.raises(ValueError, match="hf loss"):
+        publisher_code.fp32_logits_held_bytes({**case, "loss": "chunked"}, plan.model)
 
 
 def test_litgpt_untied_head_adds_a_bf16_head_to_a_tied_model():

@@ -361,10 +361,11 @@ def estimate_activations(
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
     # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
     # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
-    # A frozen base with LoRA (not read op by op yet) keeps the earlier count: both residual gradients.
+    # A frozen base with LoRA holds the same at that op (read on the simulated step: a 256-wide Qwen3, LoRA on q
+    # and v over a bf16 base, s 4096: one bf16 residual gradient and three intermediate-wide gradients, the
+    # recomputed block one intermediate-wide tensor short of its count by then).
     wide = 1 if shape.family == "gpt_neox" else 2
-    residual_grads = 2 if frozen else 1
-    backward_temp = tokens * (residual_grads * dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more

@@ -225,6 +225,8 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     else:
         base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
         base += window_mask_per_token(shape, dt, seq_len=seq_len)
+    if shape.qk_norm:  # Qwen3's RMSNorm on q and k keeps its fp32 input for the input gradient (weight frozen)
+        base += FP32 * (q + kv)
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
     if ad.dropout:

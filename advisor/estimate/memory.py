@@ -186,7 +186,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
     if profile is not None and spec.num_layers:
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
-                                        vocab_size=spec.vocab_size or 0)
+                                        vocab_size=spec.vocab_size or 0, hidden_size=spec.hidden_size or 0)
     images = image_tokens(spec, training)
     est = estimate_activations(
         shape_of(spec),

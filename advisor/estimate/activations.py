@@ -68,6 +68,8 @@ class ActivationShape(BaseModel):
     sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
                                  "in fp32 with (1 + weight) (Gemma 2: four a block).")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
+    fused_qkv: bool = Field(default=False, description="q, k and v are slices of one projection's output (Phi-3's "
+                            "qkv_proj): v, a view, keeps that whole output saved.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -142,11 +144,13 @@ def _info_qk_norm(model_type: str | None) -> bool:
 
 
 def _info_block_extras(model_type: str | None) -> dict:
-    """Gemma 2's four norms a block and its two eager masks (``profiles/architectures.json``)."""
+    """Gemma 2's four norms a block and its two eager masks, Phi-3's fused projections
+    (``profiles/architectures.json``)."""
     info = load_architectures().get(model_type or "")
     if info is None or info.formula != "decoder":
         return {}
-    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks)
+    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks,
+                fused_qkv=info.fused_projections)
 
 
 def _size_shape(total_params: int) -> dict:

@@ -115,7 +115,12 @@ def _strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Implement
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
         # unsharded copy (the output is freed before the last block's prefetch).
         backward_start = 2 * root + h2d if impl.reshard_after_forward else None
-        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d,
+        # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
+        # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is
+        # gone by the loss's backward (the root's pre-backward). ZeRO-3 frees it when the block reshards.
+        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + ub * layer
+        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
+                               in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t),

@@ -282,7 +282,7 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
     block frees what it saved and leaves its gradients (``StrategyBuffers.per_block_done``), so the
     blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
     n = buffers.num_blocks
-    if n < 2 or not buffers.per_block_done or not acts.block_kept_bytes or held_grads:
+    if n < 2 or not acts.block_kept_bytes or held_grads:  # num_blocks stays 1 where lower blocks are not read
         return 0
     step = buffers.per_block_done - acts.block_kept_bytes
     bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less

@@ -63,3 +63,19 @@ def test_frozen_qk_norms_by_hand():
     without = frozen_decoder_layer_per_token(shape.model_copy(update={"qk_norm": False}), dt, ad, seq_len=4096,
                                              eager=False)
     assert 4096 * (with_norms - without) == 8_388_608
+
+
+def test_first_block_of_a_frozen_base_saves_no_norm_input():
+    """The sweep's row b4b8a55c8964 (a Qwen2 under LoRA, ZeRO-3 on 8 ranks, bf16-mixed, micro-batch 8, s 512, no
+    checkpointing, fused loss, dropout 0.05): +4.11% at the end of forward before. The first block reads the frozen embedding's
+    output, which needs no gradient, so its first RMSNorm saves no fp32 input (saved_tensors_hooks on the PEFT model:
+    the first block saves 768 bytes a token less than the second, 4 x 192). Simulated: 90,668,028 bytes."""
+    cfg = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=192, intermediate_size=608,
+               num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1, vocab_size=6272,
+               max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
+               eos_token_id=2, _name_or_path="sweep/qwen2-h192-l2-v6272")
+    result = plan(cfg, gpus="8xH100", strategy="zero3", micro_batch_size=8, seq_len=512, loss="fused",
+                  optimizer="adamw", activation_checkpointing="off", precision="bf16-mixed",
+                  lora=LoraConfig(rank=8, dropout=0.05))
+    peak = result.candidate("zero3").memory_bytes.peak_allocated
+    assert abs(peak - 90_668_028) <= 0.01 * 90_668_028, peak

@@ -68,6 +68,8 @@ class ActivationShape(BaseModel):
     sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
                                  "in fp32 with (1 + weight) (Gemma 2: four a block).")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
+    fused_qkv: bool = Field(default=False, description="q, k and v are slices of one projection's output (Phi-3's "
+                            "qkv_proj): v, a view, keeps that whole output saved.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
@@ -113,6 +115,8 @@ class ActivationEstimate(BaseModel):
     backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
     block_kept_bytes: int = Field(default=0, description="What one block's backward frees of saved_bytes (its input "
                                   "and kept tensors under checkpointing, its saved tensors without); 0: not known.")
+    late_temp_bytes: int = Field(default=0, description="Live late in a block's backward (its attention's input "
+                                 "projections), beside its input: the gradients passing through there; 0: not known.")
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
                                      "the labels and the final norm's tensors (their backward runs first).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
@@ -140,11 +144,13 @@ def _info_qk_norm(model_type: str | None) -> bool:
 
 
 def _info_block_extras(model_type: str | None) -> dict:
-    """Gemma 2's four norms a block and its two eager masks (``profiles/architectures.json``)."""
+    """Gemma 2's four norms a block and its two eager masks, Phi-3's fused projections
+    (``profiles/architectures.json``)."""
     info = load_architectures().get(model_type or "")
     if info is None or info.formula != "decoder":
         return {}
-    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks)
+    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks,
+                fused_qkv=info.fused_projections)
 
 
 def _size_shape(total_params: int) -> dict:
@@ -346,6 +352,8 @@ def estimate_activations(
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute, block_kept = layers_total + outside, 0, layer
+        if frozen:  # the first block reads the frozen embedding's output, which needs no gradient: its first
+            saved -= tokens * FP32 * h  # RMSNorm saves no fp32 input (measured: saved_tensors_hooks, PEFT 0.21)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     if shape.logit_softcap and loss_kernel == "hf":
@@ -359,10 +367,11 @@ def estimate_activations(
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
     # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
     # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
-    # A frozen base with LoRA (not read op by op yet) keeps the earlier count: both residual gradients.
+    # A frozen base with LoRA holds the same at that op (read on the simulated step: a 256-wide Qwen3, LoRA on q
+    # and v over a bf16 base, s 4096: one bf16 residual gradient and three intermediate-wide gradients, the
+    # recomputed block one intermediate-wide tensor short of its count by then).
     wide = 1 if shape.family == "gpt_neox" else 2
-    residual_grads = 2 if frozen else 1
-    backward_temp = tokens * (residual_grads * dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -371,7 +380,11 @@ def estimate_activations(
         # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
         logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0
+    # Late in a block's backward (the input projections of its attention), where the block's weight gradients
+    # all exist: the residual gradient, the attention norm's output, q's gradient and the input gradients of
+    # q, k and v being summed (measured on the simulated step: Mistral, 384 wide, fp32, s 128: six widths).
+    late = tokens * h * (dt.residual + 5 * dt.compute) if shape.family == "decoder" else 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
-                              backward_temp_bytes=backward_temp, returned_logits_bytes=returned,
+                              backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
                               block_kept_bytes=block_kept)

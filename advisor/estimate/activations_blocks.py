@@ -76,6 +76,20 @@ def window_mask_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -
     return seq_len * dt.compute if window is not None and seq_len >= window else 0
 
 
+def fused_qkv_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """What Phi-3's attention saves beyond a Llama block's (transformers 5.23 modeling_phi3.py): q, k and v are
+    slices of one projection's output (``qkv_proj``), q and k are rotated into new tensors, v stays a view, and a
+    view keeps its whole storage (q + kv more elements); the rotation concatenates (its partial-rotary path), so q
+    is contiguous per head, SDPA's output follows q's layout (``empty_like``), and o_proj's input, the output
+    transposed back, is a copy (a Llama's rotated q keeps the projection's layout: a view). Measured with
+    saved_tensors_hooks on a 192-wide Phi-3 (s 512): v 2,304 bytes a token where a Llama block saves 768, and
+    o_proj's input 768 more (fp32; half of each under autocast)."""
+    if not shape.fused_qkv:
+        return 0
+    q = shape.num_attention_heads * shape.head_dim
+    return dt.compute * (q + shape.num_kv_heads * shape.head_dim) + dt.compute * q
+
+
 def window_mask_input_per_token(shape: ActivationShape, *, seq_len: int) -> int:
     """The boolean (b, 1, s, s) mask itself, s bytes a token, made once before the blocks and handed to
     each: under checkpointing it is an input of every checkpointed block, so it stays until the first
@@ -175,7 +189,7 @@ def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eag
         # SDPA (flash) saves q, k, v (post-RoPE, low precision; GQA k/v unrepeated: HF passes
         # enable_gqa), its output and the fp32 logsumexp. The output is allocated (b, s, heads, d)
         # and returned transposed, so o_proj's input (transpose + reshape) is a view of it: once.
-        attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+        attn = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads + fused_qkv_per_token(shape, dt)
         attn += window_mask_per_token(shape, dt, seq_len=seq_len)
     if shape.qk_norm:  # RMSNorm on q and k: their fp32 copies and the normalised values (input dtype)
         attn += (FP32 + cb) * (q + kv)
@@ -189,7 +203,8 @@ def decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     h, I = shape.hidden_size, shape.intermediate_size
     cb = dt.compute
     norms = 2 * rms_norm_per_token(h, dt) + sandwich_norms_per_token(shape, dt)
-    casts = 5 * cb * h if dt.input_casts else 0  # q,k,v and gate,up each cast their input
+    # q,k,v and gate,up each cast their input (Phi-3's fused qkv_proj and gate_up_proj: two linears)
+    casts = (2 if shape.fused_qkv else 5) * cb * h if dt.input_casts else 0
     attn = attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
     mlp = 4 * cb * I  # gate out, act(gate), up out, act*up
     if dense and shape.moe is not None:
@@ -223,8 +238,10 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
         if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
             base += cb * shape.num_attention_heads * seq_len
     else:
-        base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads
+        base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads + fused_qkv_per_token(shape, dt)
         base += window_mask_per_token(shape, dt, seq_len=seq_len)
+    if shape.qk_norm:  # Qwen3's RMSNorm on q and k keeps its fp32 input for the input gradient (weight frozen)
+        base += FP32 * (q + kv)
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
     if ad.dropout:

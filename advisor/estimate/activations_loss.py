@@ -22,7 +22,7 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
 
     hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
     copy and the saved log-softmax output, 2 + 4 + 4 bytes per logit (the loop keeps only the loss,
-    so the logits are freed before backward); loss backward holds the saved log-softmax output, the
+    so the logits are freed before backward; in fp32 ``.float()`` returns them, no copy); loss backward holds the saved log-softmax output, the
     NLL gradient and log_softmax_backward's output, all fp32 (aten derivatives.yaml: log_softmax
     saves ``result``). chunked (``wrappers.losses.chunked_cross_entropy``): each chunk's logits and
     their fp32 copy die with the chunk, only the fp32 log-softmax of every chunk is kept; backward
@@ -56,7 +56,9 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
         at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
         kept = grad_input + head * dt.residual
         return max(in_loop, at_end), 2 * kept
-    return tokens * vocab * (dt.compute + 2 * FP32), tokens * vocab * 3 * FP32
+    # The fp32 copy (``logits.float()``) is the logits themselves when they are fp32 already.
+    copy = FP32 if dt.compute != FP32 else 0
+    return tokens * vocab * (dt.compute + copy + FP32), tokens * vocab * 3 * FP32
 
 
 def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes") -> int:

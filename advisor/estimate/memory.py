@@ -195,7 +195,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
     if profile is not None and spec.num_layers:
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
-                                        vocab_size=spec.vocab_size or 0)
+                                        vocab_size=spec.vocab_size or 0, hidden_size=spec.hidden_size or 0)
     images = image_tokens(spec, training)
     est = estimate_activations(
         shape_of(spec),
@@ -291,10 +291,29 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
     block frees what it saved and leaves its gradients (``StrategyBuffers.per_block_done``), so the
     blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
     n = buffers.num_blocks
-    if n < 2 or not buffers.per_block_done or not acts.block_kept_bytes or held_grads:
+    if n < 2 or not acts.block_kept_bytes or held_grads:  # num_blocks stays 1 where lower blocks are not read
         return 0
     step = buffers.per_block_done - acts.block_kept_bytes
-    return max(0, buffers.below_top + step, buffers.below_top + (n - 1) * step)
+    bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less
+    return max(0, buffers.below_top + step, buffers.below_top + max(1, n - 2) * step, bottom)
+
+
+def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: StrategyBuffers, *, dequantized: int,
+                    held_grads: int) -> dict[str, int]:
+    """The largest point of the blocks' backward: in a block's MLP (its recomputed activations and backward
+    temporaries beside ``in_backward``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
+    each in the top block or a lower one (``_lower_blocks``), or the top block's reduce-scatter (FSDP2)."""
+    kept = acts.saved_bytes - acts.outside_freed_bytes
+    lower = _lower_blocks(acts, buffers, held_grads)
+    held = buffers.persistent + dequantized
+    points = [dict(base, activations=kept + acts.recompute_bytes,
+                   temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
+    if buffers.in_backward_late is not None:  # the block's own saved tensors are gone by then (not checkpointed)
+        late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)
+        points.append(dict(base, activations=late, temporary=held + buffers.in_backward_late + lower))
+    if buffers.top_reduce_scatter is not None:
+        points.append(dict(base, activations=kept, temporary=held + buffers.top_reduce_scatter))
+    return max(points, key=lambda live: sum(live.values()))  # ties: the MLP's point (the first)
 
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
@@ -335,9 +354,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                               temporary=buffers.persistent + buffers.at_loss + loss),
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
         # labels and the final norm's saved tensors are gone (their backward ran first).
-        "block_backward": dict(base, activations=acts.saved_bytes - acts.outside_freed_bytes + acts.recompute_bytes,
-                               temporary=buffers.persistent + buffers.in_backward + acts.backward_temp_bytes
-                               + dequantized + _lower_blocks(acts, buffers, held_grads)),
+        "block_backward": _block_backward(base, acts, buffers, dequantized=dequantized, held_grads=held_grads),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

@@ -52,6 +52,14 @@ class StrategyBuffers(BaseModel):
     per_block_done: int = Field(default=0, description="Gradients each finished block leaves (DDP: its "
                                 "gradients; FSDP2: their shard): 0 where the lower blocks are not estimated.")
     num_blocks: int = Field(default=1, ge=1, description="Blocks whose backward runs one after another.")
+    bottom_less: int = Field(default=0, ge=0, description="What the bottom block's backward holds less than the "
+                             "line through the blocks above it (FSDP2 ZeRO-3: no block below to prefetch).")
+    in_backward_late: int | None = Field(default=None, description="Held late in a block's backward (FSDP2), once "
+                                         "all its weight gradients exist and its temporaries are gone, in place of "
+                                         "in_backward; None: not a moment of its own.")
+    top_reduce_scatter: int | None = Field(default=None, description="Held at the top block's reduce-scatter "
+                                           "(FSDP2: the block resharded, its gradients and their reduce_dtype copy), "
+                                           "in place of in_backward; None: not a moment of its own.")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -107,7 +115,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
         # unsharded copy (the output is freed before the last block's prefetch).
         backward_start = 2 * root + h2d if impl.reshard_after_forward else None
-        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, in_backward=root + blocks_bwd + grads + h2d,
+        # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
+        # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is
+        # gone by the loss's backward (the root's pre-backward). ZeRO-3 frees it when the block reshards.
+        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + ub * layer
+        return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
+                               in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t),
@@ -160,18 +173,36 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # Traced families (profiles measured without the gradients) are left as they were: some gain (StableLM,
     # GPT-NeoX, StarCoder2 under FSDP2), others are not read op by op yet (Gemma 3, Cohere, OLMo 2).
     if (training.engine != "torch" or impl.single_process or impl.offload_params or impl.offload_optimizer
-            or not full or spec.num_experts or spec.traced or not spec.intermediate_size or not spec.hidden_size):
+            or not full or spec.num_experts or not spec.intermediate_size or not spec.hidden_size):
         return buffers
     layer, n_layers, _ = block_params(spec)
     pb = training.param_bytes
-    live = spec.intermediate_size * spec.hidden_size + _head_params(spec)  # down_proj's and the head's
+    tied = bool(spec.tied_embeddings) or spec.head_params == 0
+    head = 0 if spec.traced and tied else _head_params(spec)
+    live = spec.intermediate_size * spec.hidden_size + head  # down_proj's and the head's
     if impl.shard_params:
         ub = 2 if training.mixed else pb
         reduce_b = FP32 if training.mixed else pb
         old_grads = (ub + reduce_b) * layer
-        return validated_copy(buffers, dict(in_backward=buffers.in_backward - old_grads + ub * live,
-                                              below_top=ub * layer, per_block_done=-(-pb * layer // world),
-                                              num_blocks=n_layers))
+        # A finished block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward,
+        # _fsdp_collectives.py foreach_reduce) copies its gradients into a reduce-scatter input of reduce_dtype,
+        # frees them, and keeps that input (comm_ctx.reduce_scatter_states, one buffer) until the next block's
+        # post-backward: a lower block runs beside the fp32 input of the block above (below_top). It also
+        # reshards the block (reshard_after_backward defaults to True), so under ZeRO-2, which kept every block
+        # unsharded, a finished block frees its unsharded parameters. Under ZeRO-3 the bottom block has no block
+        # below it to prefetch (bottom_less).
+        # Two more points of a block's backward: late in it (its attention's input projections: every weight
+        # gradient of the block exists, the MLP's wide temporaries are gone), which decides when the weights
+        # outweigh the activations (short sequences), and the top block's post-backward, where the block is
+        # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
+        resharded, no_prefetch = (0, ub * layer) if impl.reshard_after_forward else (ub * layer, 0)
+        common = buffers.in_backward - old_grads + ub * head
+        return validated_copy(buffers, dict(in_backward=common + ub * spec.intermediate_size * spec.hidden_size,
+                                              in_backward_late=common + ub * layer,
+                                              top_reduce_scatter=common + reduce_b * layer,
+                                              below_top=reduce_b * layer,
+                                              per_block_done=-(-pb * layer // world) - resharded,
+                                              num_blocks=n_layers, bottom_less=no_prefetch))
     # DDP under autocast: a finished block also frees the bf16 copies of its weights that autograd saved for
     # its input gradient (``_autocast_weight_casts``: every block's without checkpointing, one recomputed
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of

@@ -9,6 +9,7 @@ same way for both. Pure: no torch, no file access.
 from __future__ import annotations
 
 from advisor.estimate.activations import ActivationEstimate, Dtypes
+from advisor.estimate.activations_loss import loss_bytes
 from advisor.frozen import validated_copy
 from advisor.model.block_profile import AdapterKey, Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
@@ -77,10 +78,29 @@ def _interpolated(a: BlockProfile, b: BlockProfile, key: ProfileKey) -> BlockPro
                                     **{name: blend(getattr(a, name), getattr(b, name)) for name in _MOMENTS}))
 
 
+def _loss_bend(key: ProfileKey, *, micro_batch_size: int, vocab_size: int, hidden_size: int) -> tuple[int, int]:
+    """(end of forward, loss backward): what the loss path holds at ``micro_batch_size`` beyond the line the
+    profile draws through its traced micro-batches 1 and 2. The chunked and fused kernels peak at the larger of
+    two points, one of which holds head-sized gradients that do not grow with the tokens
+    (``activations_loss.loss_bytes``), so a line through two traced batches misses the bend between them and
+    the planned one (a chunked fp32 StableLM at micro-batch 4 was 60 MB short: one chunk's gradient)."""
+    if key.loss == "hf" or not hidden_size or micro_batch_size <= 2:
+        return 0, 0
+    dt = Dtypes(residual=key.residual_bytes, compute=key.compute_bytes, input_casts=key.input_casts)
+
+    def at(batch: int) -> tuple[int, int]:
+        return loss_bytes(key.loss, tokens=batch * key.seq_len, vocab=vocab_size, hidden=hidden_size, dt=dt,
+                          head_trains=key.adapters is None)
+
+    (f1, b1), (f2, b2), (f, b) = at(1), at(2), at(micro_batch_size)
+    return f - (f1 + (f2 - f1) * (micro_batch_size - 1)), b - (b1 + (b2 - b1) * (micro_batch_size - 1))
+
+
 def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_batch_size: int,
-                             vocab_size: int) -> ActivationEstimate:
+                             vocab_size: int, hidden_size: int = 0) -> ActivationEstimate:
     """The profile's moments at ``num_layers`` blocks and ``micro_batch_size``: each moment's measured
-    peak less the saved bytes is what the formula calls that moment's transient."""
+    peak less the saved bytes is what the formula calls that moment's transient (the loss path's bend beyond
+    the traced batches added: ``_loss_bend``; ``hidden_size`` 0 leaves it out)."""
     at = dict(num_layers=num_layers, micro_batch_size=micro_batch_size)
     saved = max(0, profile.saved.at(**at))  # a profile made for a far length (find_profile) may extrapolate below 0
     block_excess = max(0, profile.block_peak.at(**at) - saved)
@@ -90,10 +110,12 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
     # What one block's backward frees: a block's share of the saved bytes (the line's step per block).
     block_kept = saved - max(0, profile.saved.at(num_layers=num_layers - 1, micro_batch_size=micro_batch_size)) \
         if num_layers > 1 else 0
+    bend_forward, bend_loss = _loss_bend(key, micro_batch_size=micro_batch_size, vocab_size=vocab_size,
+                                         hidden_size=hidden_size)
     return ActivationEstimate(
         saved_bytes=saved,
-        logits_bytes=max(0, profile.forward_peak.at(**at) - saved),
-        loss_transient_bytes=max(0, profile.loss_peak.at(**at) - saved),
+        logits_bytes=max(0, profile.forward_peak.at(**at) - saved + bend_forward),
+        loss_transient_bytes=max(0, profile.loss_peak.at(**at) - saved + bend_loss),
         layer_bytes=profile.layer_saved_per_sample * micro_batch_size,
         recompute_bytes=recompute,
         backward_temp_bytes=block_excess - recompute,

@@ -17,6 +17,7 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.model.heads import CAUSAL_LM, head_note, resolve_head, task_of_architecture, with_head
 from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names, with_lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -134,6 +135,24 @@ def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | No
                      "model (trainable parameters by requires_grad)")
         return None
     return live
+
+
+def _with_task(spec: ModelSpec, config: dict | None, training: TrainingConfig, *, task: str | None,
+               num_labels: int | None, notes: list[str]) -> tuple[ModelSpec, TrainingConfig]:
+    """The spec with the task head asked for or named by the config (``advisor.model.heads``), and its
+    assumption line; a LoRA without ``modules_to_save`` saves the head, as PEFT's task models do
+    (``PeftModelForSequenceClassification``). Unchanged for the causal LM."""
+    head = resolve_head(task, num_labels, architecture=spec.architecture, config=config)
+    if head is None:
+        return spec, training
+    if training.loss != "hf":
+        raise ValueError(f"--loss {training.loss} is a causal-LM loss kernel; a {head.task} head has no vocabulary")
+    vocab_head = 0 if task_of_architecture(spec.architecture) == head.task else (spec.head_params or 0)
+    spec = with_head(spec, head)
+    notes.append(head_note(spec, head, vocab_head=vocab_head, from_config=task in (None, CAUSAL_LM)))
+    if training.lora is not None and training.lora.modules_to_save is None:
+        training = validated_copy(training, {"lora": validated_copy(training.lora, {"modules_to_save": (head.module,)})})
+    return spec, training
 
 
 def _with_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
@@ -257,6 +276,8 @@ def plan(
     virtual_stages: int | None = None,
     pp_layers: tuple[int, ...] | None = None,
     ep: int | None = None,
+    task: str | None = None,
+    num_labels: int | None = None,
     trace: bool = True,
     cache_dir: Path | None = None,
     progress: Callable[[float | None], None] | None = None,
@@ -272,6 +293,10 @@ def plan(
     a misspelled one is an error. ``tp``, ``cp``, ``hybrid`` (dp_replicate), ``pp`` (with ``pp_schedule``,
     ``virtual_stages``, ``pp_layers``) and ``ep`` pin mesh degrees
     (``advisor.planning.meshes``); meshes are also searched when data parallelism alone cannot run.
+
+    ``task`` (``advisor.model.heads``: sequence-classification, token-classification, question-answering;
+    default the causal LM, or the head class the config's architectures names) with ``num_labels`` puts a
+    task head in place of the vocabulary's; under LoRA, PEFT's copy of the head trains too.
 
     ``trace``: for a family with no activation formula, measure its activations by tracing the model on
     fake tensors (``advisor.simulate.profile``; imports torch); False keeps the Llama-like assumption.
@@ -292,6 +317,7 @@ def plan(
     spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
     image_tokens(spec, training)  # --images-per-sample on a model that takes no images: ValueError now
     notes = []
+    spec, training = _with_task(spec, config, training, task=task, num_labels=num_labels, notes=notes)
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
     quantized = _live_quantization(model)

@@ -154,6 +154,7 @@ def simulate(
     impl = _check(strategy, training, world_size)
     import torch
 
+    from advisor.simulate.heads import task_targets
     from advisor.simulate.model import resolve_config
 
     tell = progress or (lambda stage: None)
@@ -171,7 +172,7 @@ def simulate(
         labels = ids  # an encoder-decoder's decoder reads its own length (--target-len)
         if training.target_len and getattr(meta.config, "is_encoder_decoder", False):
             labels = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.target_len))
-        step = _step_fn(net, opt, ids, training, impl, labels=labels)
+        step = _step_fn(net, opt, ids, training, impl, labels=task_targets(meta, ids, labels))
         tell("warm-up step")
         step(None)
         tell("measured step")
@@ -391,7 +392,8 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Imple
         # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
         cast = contextlib.nullcontext() if impl.shard_params else autocast_context(training.precision, "cpu")
         with cast:
-            loss = net(input_ids=ids, labels=ids if labels is None else labels).loss
+            targets = labels if isinstance(labels, dict) else {"labels": ids if labels is None else labels}
+            loss = net(input_ids=ids, **targets).loss  # a task head's targets: advisor.simulate.heads
         mark("forward")
         loss.backward()
         del loss

@@ -352,7 +352,7 @@ def estimate_activations(
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     task = None if shape.head is None else head_loss_bytes(
-        shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt)
+        shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)
         logits, loss, saved = task.forward_end, task.backward, saved + task.saved
     elif shape.logit_softcap and loss_kernel == "hf":

@@ -81,7 +81,7 @@ class HeadLossBytes(NamedTuple):
 
 
 def head_loss_bytes(head: "TaskHead", *, micro_batch_size: int, seq_len: int, hidden: int,
-                    dt: "Dtypes") -> HeadLossBytes:
+                    dt: "Dtypes", frozen: bool = False) -> HeadLossBytes:
     """The loss path of a task head (``advisor.model.heads``; transformers ``modeling_layers.GenericFor*``
     and ``loss/loss_utils.py``), in place of ``loss_bytes``: no vocabulary, so a few labels wide.
 
@@ -93,17 +93,22 @@ def head_loss_bytes(head: "TaskHead", *, micro_batch_size: int, seq_len: int, hi
     vocabulary), and the dropout before the head saves a bool mask of the last hidden state
     (``native_dropout``, one byte per element). Question answering: two logits per token split into the
     start and end logits (contiguous copies, ``b x s`` each) and a cross-entropy of each over the
-    sequence: an fp32 copy and a saved log-softmax of each."""
+    sequence: an fp32 copy and a saved log-softmax of each.
+
+    ``frozen``: over a frozen base (LoRA) the head's input is kept only when the head trains, as PEFT's
+    copy of it (``modules_to_save``, ``TaskHead.saved_copy``): its weight gradient reads it (the final
+    norm's output, compute dtype), which a frozen head never keeps."""
     tokens = micro_batch_size * seq_len
     width = head.out_features
+    kept_input = tokens * hidden * dt.compute if frozen and head.saved_copy else 0
     if head.task == "question-answering":
         split = 2 * tokens * dt.compute  # start and end logits, contiguous
         return HeadLossBytes(forward_end=tokens * width * dt.compute + split + 2 * tokens * 2 * FP32,
-                             backward=2 * tokens * 3 * FP32, returned=split, saved=0)
+                             backward=2 * tokens * 3 * FP32, returned=split, saved=kept_input)
     if head.pooled:
         rows = micro_batch_size * width
         return HeadLossBytes(forward_end=tokens * width * dt.compute + rows * (dt.compute + 2 * FP32),
-                             backward=rows * 3 * FP32, returned=rows * dt.compute, saved=0)
+                             backward=rows * 3 * FP32, returned=rows * dt.compute, saved=kept_input)
     logits = tokens * width
     return HeadLossBytes(forward_end=logits * (dt.compute + 2 * FP32), backward=logits * 3 * FP32,
-                         returned=logits * dt.compute, saved=tokens * hidden if head.dropout else 0)
+                         returned=logits * dt.compute, saved=kept_input + (tokens * hidden if head.dropout else 0))

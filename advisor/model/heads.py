@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
-from advisor.model.bundled import load_architectures
 from profiles import PROFILES_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,6 +47,9 @@ class HeadRow(BaseModel):
     logits_fp32: bool = Field(description="The loss upcasts the logits to fp32 (logits.float()).")
     dropout: bool = Field(description="Dropout on the last hidden state before the head (saves a bool mask).")
     peft_modules_to_save: tuple[str, ...] = Field(description="What PEFT's task model adds to modules_to_save.")
+    model_types: tuple[str, ...] = Field(description="The decoder families transformers defines this head class for.")
+    base_prefix: str = Field(description="The base model's attribute (base_model_prefix): model.")
+    base_prefix_by_model_type: dict[str, str] = Field(description="Families whose class keeps another prefix.")
 
 
 class TaskHead(BaseModel):
@@ -63,6 +65,10 @@ class TaskHead(BaseModel):
     pooled: bool = Field(description="The loss reads the last non-pad token of each sequence only.")
     logits_fp32: bool = Field(description="The loss upcasts the logits to fp32.")
     dropout: bool = Field(description="Dropout before the head (token classification).")
+    base_prefix: str = Field(default="model", description="The base model's attribute in the head class "
+                             "(module names: model.embed_tokens, or transformer.embed_tokens).")
+    saved_copy: bool = Field(default=False, description="PEFT trains a copy of it (LoRA's modules_to_save), so "
+                             "its input is kept for its weight gradient over a frozen base.")
 
 
 @functools.cache
@@ -150,16 +156,18 @@ def with_head(spec: "ModelSpec", head: TaskHead) -> "ModelSpec":
     if spec.hidden_size is None or spec.head_params is None or spec.other_params is None:
         raise ValueError(f"--task {head.task} needs the model's shape and components; {spec.name[:60]} has none")
     size = head_params(head, spec.hidden_size)
+    row = load_task_heads()[head.task]
+    head = validated_copy(head, {"base_prefix": row.base_prefix_by_model_type.get(spec.model_type, row.base_prefix)})
     if task_of_architecture(spec.architecture) == head.task:  # the meta device (or a live model) built the head class
         if spec.other_params + spec.head_params < size:
             raise ValueError(f"{spec.architecture}: its parameters outside the blocks hold no {head.module} head")
         update = {"head_params": size, "other_params": spec.other_params + spec.head_params - size,
                   "tied_embeddings": False}
         return validated_copy(spec, {**update, "head": head})
-    if spec.model_type is None or load_architectures().get(spec.model_type, None) is None or \
-            load_architectures()[spec.model_type].formula != "decoder":
-        raise ValueError(f"--task {head.task} is modelled for Llama-like decoders (Llama, Qwen2, Mistral, ...); "
-                         f"{spec.name[:60]} is {spec.model_type or 'a size only'}")
+    if spec.model_type not in row.model_types:
+        raise ValueError(f"--task {head.task} is modelled for the Llama-like decoders transformers defines a "
+                         f"...{row.class_suffix} for ({', '.join(row.model_types)}); {spec.name[:60]} is "
+                         f"{spec.model_type or 'a size only'}")
     assert spec.trainable_params == spec.total_params, "a task head goes on the whole model, before LoRA"
     total = spec.total_params - spec.head_params + size
     return validated_copy(spec, {

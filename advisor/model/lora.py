@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures, load_peft_lora_targets
 from advisor.model.linear_layout import LinearLayer
-from advisor.model.saved_modules import saved_module_params
+from advisor.model.saved_modules import saved_module_params, saved_modules
 from advisor.model.spec import ModelSpec
 
 ALL_LINEAR = "all-linear"
@@ -279,12 +279,15 @@ def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
     the adapters trainable; PEFT's ``modules_to_save`` copies (``saved_module_params``) are added to
     ``other_params`` and train too."""
     saved = saved_module_params(spec, lora)
+    head_saved = spec.head is not None and any(name.endswith(spec.head.module) for name in saved_modules(
+        spec, lora.modules_to_save or ()))
     spec = _with_adapters(spec, lora)
     if not saved:
         return spec
     return validated_copy(spec, {"total_params": spec.total_params + saved,
                                  "trainable_params": spec.trainable_params + saved,
-                                 "other_params": None if spec.other_params is None else spec.other_params + saved})
+                                 "other_params": None if spec.other_params is None else spec.other_params + saved,
+                                 **({"head": validated_copy(spec.head, {"saved_copy": True})} if head_saved else {})})
 
 
 def _with_adapters(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:

@@ -18,6 +18,7 @@ from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import CAUSAL_LM, head_note, resolve_head, task_of_architecture, with_head
+from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names, with_lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -337,6 +338,8 @@ def plan(
         if not counted and config is not None:
             spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
         notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
+        if training.lora.modules_to_save and not counted:
+            notes.append(saved_modules_note(spec, training.lora))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

@@ -175,14 +175,14 @@ def with_head(spec: "ModelSpec", head: TaskHead) -> "ModelSpec":
         "total_params": total, "trainable_params": total, "head": head})
 
 
-def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, from_config: bool) -> str:
-    """The plan's assumption line for a task head."""
+def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, named_by: str | None) -> str:
+    """The plan's assumption line for a task head (``named_by``: what named it when --task did not)."""
     what = {"sequence-classification": f"{head.num_labels} labels, logits of every token, the last non-pad "
                                        "token's gathered for a cross-entropy over the batch",
             "token-classification": f"{head.num_labels} labels per token (dropout before the head, fp32 "
                                     "cross-entropy over every token)",
             "question-answering": "start and end logits over the sequence, a cross-entropy for each"}[head.task]
-    why = "the config's architectures" if from_config else f"--task {head.task}"
+    why = named_by or f"--task {head.task}"
     gone = f"the untied lm_head ({vocab_head / 1e6:,.1f}M) is gone" if vocab_head else \
         "the tied embedding stays the input embedding"
     return (f"task head ({why}): {spec.architecture}, {head.module} = Linear({spec.hidden_size}, {head.out_features}"

@@ -150,7 +150,8 @@ def _with_task(spec: ModelSpec, config: dict | None, training: TrainingConfig, *
         raise ValueError(f"--loss {training.loss} is a causal-LM loss kernel; a {head.task} head has no vocabulary")
     vocab_head = 0 if task_of_architecture(spec.architecture) == head.task else (spec.head_params or 0)
     spec = with_head(spec, head)
-    notes.append(head_note(spec, head, vocab_head=vocab_head, from_config=task in (None, CAUSAL_LM)))
+    notes.append(head_note(spec, head, vocab_head=vocab_head, named_by=None if task not in (None, CAUSAL_LM) else
+                           "the config's architectures" if config is not None else "the model's class"))
     if training.lora is not None and training.lora.modules_to_save is None:
         training = validated_copy(training, {"lora": validated_copy(training.lora, {"modules_to_save": (head.module,)})})
     return spec, training
@@ -318,7 +319,9 @@ def plan(
     spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
     image_tokens(spec, training)  # --images-per-sample on a model that takes no images: ValueError now
     notes = []
-    spec, training = _with_task(spec, config, training, task=task, num_labels=num_labels, notes=notes)
+    live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
+        model.config.to_dict()  # a live model's own config: its label count
+    spec, training = _with_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
     quantized = _live_quantization(model)
@@ -332,6 +335,8 @@ def plan(
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
                              "adapters; leave lora= out")
         training = validated_copy(training, {"lora": live})
+        if spec.head is not None and any(name.endswith(spec.head.module) for name in live.modules_to_save or ()):
+            spec = validated_copy(spec, {"head": validated_copy(spec.head, {"saved_copy": True})})  # PEFT trains it
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")

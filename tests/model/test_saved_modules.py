@@ -73,3 +73,20 @@ def test_a_task_plan_saves_the_head_as_peft_task_models_do():
     assert plan.training.lora.modules_to_save == ("score",)
     # 5,046,272 adapters (tests/model/test_lora.py) + score, Linear(3584, 2, bias=False): 7,168
     assert plan.model.trainable_params == 5_046_272 + 7_168
+
+
+def test_a_live_peft_classifier_is_planned_with_its_head_and_saved_copy():
+    peft = pytest.importorskip("peft")
+    import advisor
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    base = LlamaForSequenceClassification(LlamaConfig(
+        hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=512, num_labels=3, pad_token_id=0))
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="SEQ_CLS"))
+    plan = advisor.plan(model, "2xA100")
+    # rank 4 on q_proj (64 -> 64) and v_proj (64 -> 32): 4 x (128 + 96) x 2 layers = 1,792, and PEFT's copy
+    # of score, Linear(64, 3, bias=False): 192
+    assert plan.model.trainable_params == 1_792 + 192 == model.get_nb_trainable_parameters()[0]
+    assert (plan.model.head.task, plan.model.head.num_labels, plan.model.head_params) == ("sequence-classification", 3, 192)
+    assert plan.model.head.saved_copy and set(plan.training.lora.modules_to_save) == {"classifier", "score"}

@@ -354,7 +354,8 @@ def estimate_activations(
     task = None if shape.head is None else head_loss_bytes(
         shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)
-        logits, loss, saved = task.forward_end, task.backward, saved + task.saved
+        # what the head keeps (its input, a dropout mask) is freed by the head's backward, before any block's
+        logits, loss, saved, outside = task.forward_end, task.backward, saved + task.saved, outside + task.saved
     elif shape.logit_softcap and loss_kernel == "hf":
         # Gemma 2's head: tanh(logits / cap) is saved (tanh's backward reads its output) until the loss's
         # gradient reaches it. Measured: +33,554,432 bytes = 2048 tokens x 8192 x 2 (bf16-mixed).

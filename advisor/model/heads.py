@@ -28,6 +28,7 @@ from profiles import PROFILES_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
     from advisor.model.spec import ModelSpec
+    from advisor.training import TrainingConfig
 
 CAUSAL_LM = "causal-lm"
 Task = Literal["sequence-classification", "token-classification", "question-answering"]
@@ -187,3 +188,24 @@ def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, named_by: s
         "the tied embedding stays the input embedding"
     return (f"task head ({why}): {spec.architecture}, {head.module} = Linear({spec.hidden_size}, {head.out_features}"
             f"{', bias' if head.bias else ''}) in place of the vocabulary head ({what}; no vocabulary logits); {gone}")
+
+
+def apply_task(spec: "ModelSpec", config: dict | None, training: "TrainingConfig", *, task: str | None,
+               num_labels: int | None, notes: list[str]) -> tuple["ModelSpec", "TrainingConfig"]:
+    """The spec with the task head asked for or named by the config (or a live model's class), and its
+    assumption line in ``notes``; a LoRA without ``modules_to_save`` saves the head, as PEFT's task models do
+    (``PeftModelForSequenceClassification``). Unchanged for the causal LM."""
+    head = resolve_head(task, num_labels, architecture=spec.architecture, config=config)
+    if head is None:
+        return spec, training
+    if training.loss != "hf":
+        raise ValueError(f"--loss {training.loss} is a causal-LM loss kernel; a {head.task} head has no vocabulary")
+    vocab_head = 0 if task_of_architecture(spec.architecture) == head.task else (spec.head_params or 0)
+    spec = with_head(spec, head)
+    named_by = None if task not in (None, CAUSAL_LM) else \
+        "the model's class" if spec.source == "module" else "the config's architectures"
+    notes.append(head_note(spec, spec.head, vocab_head=vocab_head, named_by=named_by))
+    if training.lora is not None and training.lora.modules_to_save is None:
+        saved = validated_copy(training.lora, {"modules_to_save": (spec.head.module,)})
+        training = validated_copy(training, {"lora": saved})
+    return spec, training

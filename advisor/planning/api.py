@@ -17,7 +17,7 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
-from advisor.model.heads import CAUSAL_LM, head_note, resolve_head, task_of_architecture, with_head
+from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names, with_lora
 from advisor.model.sources import resolve, resolve_model
@@ -136,25 +136,6 @@ def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | No
                      "model (trainable parameters by requires_grad)")
         return None
     return live
-
-
-def _with_task(spec: ModelSpec, config: dict | None, training: TrainingConfig, *, task: str | None,
-               num_labels: int | None, notes: list[str]) -> tuple[ModelSpec, TrainingConfig]:
-    """The spec with the task head asked for or named by the config (``advisor.model.heads``), and its
-    assumption line; a LoRA without ``modules_to_save`` saves the head, as PEFT's task models do
-    (``PeftModelForSequenceClassification``). Unchanged for the causal LM."""
-    head = resolve_head(task, num_labels, architecture=spec.architecture, config=config)
-    if head is None:
-        return spec, training
-    if training.loss != "hf":
-        raise ValueError(f"--loss {training.loss} is a causal-LM loss kernel; a {head.task} head has no vocabulary")
-    vocab_head = 0 if task_of_architecture(spec.architecture) == head.task else (spec.head_params or 0)
-    spec = with_head(spec, head)
-    notes.append(head_note(spec, head, vocab_head=vocab_head, named_by=None if task not in (None, CAUSAL_LM) else
-                           "the config's architectures" if config is not None else "the model's class"))
-    if training.lora is not None and training.lora.modules_to_save is None:
-        training = validated_copy(training, {"lora": validated_copy(training.lora, {"modules_to_save": (head.module,)})})
-    return spec, training
 
 
 def _with_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
@@ -321,7 +302,7 @@ def plan(
     notes = []
     live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
         model.config.to_dict()  # a live model's own config: its label count
-    spec, training = _with_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
+    spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
     quantized = _live_quantization(model)

@@ -93,3 +93,10 @@ def test_bad_task_input_is_a_value_error(task, num_labels, message):
 def test_a_family_without_a_head_formula_is_refused():
     with pytest.raises(ValueError, match="modelled for the Llama-like decoders .* is gpt2"):
         _head(resolve_model("openai-community/gpt2"), "sequence-classification", 2)
+
+
+def test_num_labels_against_the_configs_own_is_refused():
+    config = {"architectures": ["Qwen2ForSequenceClassification"], "id2label": {"0": "neg", "1": "neu", "2": "pos"}}
+    with pytest.raises(ValueError, match="the config's Qwen2ForSequenceClassification has 3 labels"):
+        resolve_head(None, 2, architecture="Qwen2ForSequenceClassification", config=config)
+    assert resolve_head(None, None, architecture="Qwen2ForSequenceClassification", config=config).num_labels == 3

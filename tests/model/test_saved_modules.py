@@ -90,3 +90,11 @@ def test_a_live_peft_classifier_is_planned_with_its_head_and_saved_copy():
     assert plan.model.trainable_params == 1_792 + 192 == model.get_nb_trainable_parameters()[0]
     assert (plan.model.head.task, plan.model.head.num_labels, plan.model.head_params) == ("sequence-classification", 3, 192)
     assert plan.model.head.saved_copy and set(plan.training.lora.modules_to_save) == {"classifier", "score"}
+
+
+def test_question_answering_base_is_transformer_in_qwen2():
+    # transformers' Qwen2ForQuestionAnswering keeps base_model_prefix = "transformer" (LlamaForQuestionAnswering
+    # too, "for BC"), so PEFT finds transformer.norm and no model.norm there.
+    _, spec = _spec("Qwen/Qwen2.5-0.5B", "question-answering")
+    with pytest.raises(ValueError, match="no module of .* ends with it; .* transformer.embed_tokens"):
+        with_lora(spec, LoraConfig(rank=8, modules_to_save=("model.norm",)))

@@ -13,6 +13,7 @@ from typing import Any, Callable, get_args
 import click
 
 from advisor.mesh import PP_SCHEDULES
+from advisor.model.heads import CAUSAL_LM, task_names
 from advisor.precision import PRECISIONS
 from advisor.recipes import OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
@@ -75,6 +76,13 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
     click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
     click.option("--lora-dropout", type=FiniteRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
+    click.option("--lora-modules-to-save", "lora_modules_to_save",
+                 help="Comma-separated modules PEFT trains a full copy of (modules_to_save), e.g. embed_tokens,lm_head "
+                      "(default with --task: the head)."),
+    click.option("--task", help=f"The model's head: {', '.join(task_names())} (default {CAUSAL_LM}, or the head "
+                                "class the config's architectures names)."),
+    click.option("--num-labels", "num_labels", type=int, help="Labels of a classification head (default 2, or the "
+                                                           "config's)."),
     click.option("--quantize", type=_choice(get_args(Quantization)),
                  help="QLoRA: base weights in bitsandbytes nf4, fp4 or int8 (needs --lora)."),
     click.option("--double-quant/--no-double-quant", "double_quant", default=None,
@@ -200,6 +208,9 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
             if option.startswith("zero.") and value is not None}  # DeepSpeed sizes from --from (ZeroSettings)
     if zero:
         kwargs["zero"] = zero
+    for head_option in ("task", "num_labels"):  # advisor.model.heads validates them (one-line errors)
+        if options.get(head_option) is not None:
+            kwargs[head_option] = options[head_option]
     for degree in ("tp", "cp", "pp", "virtual_stages", "ep"):
         if options.get(degree) is not None:
             kwargs[degree] = options[degree]
@@ -257,10 +268,10 @@ def _hybrid(value: str | None) -> int | str | None:
 def _lora(options: dict[str, Any]) -> Any:
     """A ``LoraConfig`` from ``--lora/--lora-targets/--dora``, or None; targets or DoRA need a rank."""
     rank, targets, dora = options.get("lora_rank"), options.get("lora_targets"), options.get("dora")
-    dropout = options.get("lora_dropout")
+    dropout, saved = options.get("lora_dropout"), options.get("lora_modules_to_save")
     if rank is None:
-        if targets or dora or dropout is not None:
-            raise click.UsageError("--lora-targets, --lora-dropout and --dora need --lora RANK")
+        if targets or dora or dropout is not None or saved:
+            raise click.UsageError("--lora-targets, --lora-dropout, --lora-modules-to-save and --dora need --lora RANK")
         return None
     from advisor.model.lora import ALL_LINEAR, LoraConfig
 
@@ -268,7 +279,8 @@ def _lora(options: dict[str, Any]) -> Any:
     if targets:
         names = ALL_LINEAR if targets.strip().lower() == ALL_LINEAR else tuple(
             name.strip() for name in targets.split(",") if name.strip())
-    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0)
+    kept = tuple(name.strip() for name in (saved or "").split(",") if name.strip()) or None
+    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0, modules_to_save=kept)
 
 
 def require_local_gpus() -> str:

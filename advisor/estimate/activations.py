@@ -30,13 +30,14 @@ from advisor.estimate.activations_blocks import (
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
-from advisor.estimate.activations_loss import loss_bytes
+from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
 from advisor.estimate.activations_vision import vision_note
 from advisor.frozen import validated_copy
 from advisor.model.kinds import EncDecFacts, SsmFacts
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
+from advisor.model.heads import TaskHead
 from advisor.model.moe import MlaFacts, MoeFacts
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
@@ -73,6 +74,7 @@ class ActivationShape(BaseModel):
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")
     encdec: EncDecFacts | None = Field(default=None, description="Encoder/decoder depths (family 'encdec').")
     hybrid: HybridFacts | None = Field(default=None, description="Attention / Mamba layer pattern (Jamba).")
+    head: TaskHead | None = Field(default=None, description="Task head in place of the vocabulary's (decoder).")
     assumed: bool = Field(default=False, description="Some shape fields invented from the size.")
     note: str | None = Field(default=None, description="What is assumed or not modelled, for the user.")
 
@@ -228,6 +230,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             logit_softcap=spec.logit_softcap and family == "decoder",
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
+            head=spec.head,
             note=note,
             **(_info_block_extras(spec.model_type) if family == "decoder" else {}),
         )
@@ -356,7 +359,12 @@ def estimate_activations(
             saved -= tokens * FP32 * h  # RMSNorm saves no fp32 input (measured: saved_tensors_hooks, PEFT 0.21)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
-    if shape.logit_softcap and loss_kernel == "hf":
+    task = None if shape.head is None else head_loss_bytes(
+        shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
+    if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)
+        # what the head keeps (its input, a dropout mask) is freed by the head's backward, before any block's
+        logits, loss, saved, outside = task.forward_end, task.backward, saved + task.saved, outside + task.saved
+    elif shape.logit_softcap and loss_kernel == "hf":
         # Gemma 2's head: tanh(logits / cap) is saved (tanh's backward reads its output) until the loss's
         # gradient reaches it. Measured: +33,554,432 bytes = 2048 tokens x 8192 x 2 (bf16-mixed).
         logits, loss = logits + tokens * vocab * dt.compute, loss + tokens * vocab * dt.compute
@@ -384,6 +392,7 @@ def estimate_activations(
     # all exist: the residual gradient, the attention norm's output, q's gradient and the input gradients of
     # q, k and v being summed (measured on the simulated step: Mistral, 384 wide, fp32, s 128: six widths).
     late = tokens * h * (dt.residual + 5 * dt.compute) if shape.family == "decoder" else 0
+    returned = returned if task is None else task.returned
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,

@@ -1,17 +1,19 @@
 """The loss path's memory beyond the saved activations: the logits, their fp32 copy and the
 log-softmax at the end of forward, and what loss backward holds, for each loss kernel (``--loss``:
 transformers' ForCausalLMLoss, ``wrappers.losses.chunked_cross_entropy`` and
-``wrappers.losses.fused_linear_cross_entropy``). Pure function, integer bytes.
+``wrappers.losses.fused_linear_cross_entropy``), and a task head's in its place (``head_loss_bytes``).
+Pure function, integer bytes.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from advisor.precision import FP32
 
 if TYPE_CHECKING:
     from advisor.estimate.activations import Dtypes
+    from advisor.model.heads import TaskHead
 
 LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
 
@@ -69,3 +71,46 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
     if kernel == "fused":
         return tokens * hidden * dt.residual + vocab * hidden * dt.residual
     return tokens * vocab * FP32
+
+
+class HeadLossBytes(NamedTuple):
+    """A task head's loss path (``head_loss_bytes``), bytes."""
+
+    forward_end: int  # at the end of forward beyond the saved activations (as loss_bytes' first figure)
+    backward: int  # what the loss backward holds (as loss_bytes' second figure)
+    returned: int  # the logits the forward returns, held by the output until the loss backward
+    saved: int  # saved for backward beyond a causal LM's (token classification's dropout mask)
+
+
+def head_loss_bytes(head: "TaskHead", *, micro_batch_size: int, seq_len: int, hidden: int,
+                    dt: "Dtypes", frozen: bool = False) -> HeadLossBytes:
+    """The loss path of a task head (``advisor.model.heads``; transformers ``modeling_layers.GenericFor*``
+    and ``loss/loss_utils.py``), in place of ``loss_bytes``: no vocabulary, so a few labels wide.
+
+    Sequence classification: the head's logits of every token (``b x s x labels``, compute dtype), the
+    last non-pad token's gathered (``b x labels``) for the cross-entropy, which autocast runs in fp32
+    (an fp32 copy, the saved log-softmax); its backward three ``b x labels`` fp32 tensors, as the
+    causal LM's over a vocabulary. Token classification: the logits of every token, ``logits.float()``
+    and the log-softmax, ``b x s x labels`` (the causal LM's ``hf`` path with the labels for the
+    vocabulary), and the dropout before the head saves a bool mask of the last hidden state
+    (``native_dropout``, one byte per element). Question answering: two logits per token split into the
+    start and end logits (contiguous copies, ``b x s`` each) and a cross-entropy of each over the
+    sequence: an fp32 copy and a saved log-softmax of each.
+
+    ``frozen``: over a frozen base (LoRA) the head's input is kept only when the head trains, as PEFT's
+    copy of it (``modules_to_save``, ``TaskHead.saved_copy``): its weight gradient reads it (the final
+    norm's output, compute dtype), which a frozen head never keeps."""
+    tokens = micro_batch_size * seq_len
+    width = head.out_features
+    kept_input = tokens * hidden * dt.compute if frozen and head.saved_copy else 0
+    if head.task == "question-answering":
+        split = 2 * tokens * dt.compute  # start and end logits, contiguous
+        return HeadLossBytes(forward_end=tokens * width * dt.compute + split + 2 * tokens * 2 * FP32,
+                             backward=2 * tokens * 3 * FP32, returned=split, saved=kept_input)
+    if head.pooled:
+        rows = micro_batch_size * width
+        return HeadLossBytes(forward_end=tokens * width * dt.compute + rows * (dt.compute + 2 * FP32),
+                             backward=rows * 3 * FP32, returned=rows * dt.compute, saved=kept_input)
+    logits = tokens * width
+    return HeadLossBytes(forward_end=logits * (dt.compute + 2 * FP32), backward=logits * 3 * FP32,
+                         returned=logits * dt.compute, saved=kept_input + (tokens * hidden if head.dropout else 0))

@@ -289,6 +289,8 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
 
 
 def _head_params(spec: ModelSpec) -> int:
+    if spec.head is not None:  # a task head (advisor.model.heads): its own few outputs, not the vocabulary
+        return spec.head_params or 0
     if spec.vocab_size and spec.hidden_size:
         return spec.vocab_size * spec.hidden_size
     return 0

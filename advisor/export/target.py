@@ -217,7 +217,9 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
         targets = lora.targets if lora.targets == "all-linear" else list(lora.targets) if lora.targets else None
         notes.append(f"LoRA: no config key carries adapters; make them in the script with peft.get_peft_model(model, "
                      f"LoraConfig(r={lora.rank}, target_modules={targets!r}, lora_dropout={lora.dropout:g}"
-                     f"{', use_dora=True' if lora.dora else ''})) before wrap() or the Trainer.")
+                     f"{', use_dora=True' if lora.dora else ''}"
+                     f"{f', modules_to_save={list(lora.modules_to_save)!r}' if lora.modules_to_save else ''})) before "
+                     "wrap() or the Trainer.")
     return notes
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures, load_peft_lora_targets
 from advisor.model.linear_layout import LinearLayer
+from advisor.model.saved_modules import saved_module_params, saved_modules
 from advisor.model.spec import ModelSpec
 
 ALL_LINEAR = "all-linear"
@@ -48,11 +49,15 @@ class LoraConfig(BaseModel):
         default=None, description="Module names (PEFT's matching), 'all-linear', or None for PEFT's default.")
     dora: bool = Field(default=False, description="Weight-decomposed LoRA: a magnitude vector per target.")
     dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the adapters' input (PEFT's lora_dropout).")
+    modules_to_save: tuple[str, ...] | None = Field(
+        default=None, exclude_if=lambda names: names is None,
+        description="Modules PEFT keeps a trainable full copy of (PEFT's modules_to_save; advisor.model.saved_modules).")
 
     def peft_kwargs(self, default: tuple[str, ...]) -> dict:
         """``peft.LoraConfig`` keyword arguments for this adapter (``default``: the model's default targets)."""
         targets = self.targets if self.targets == ALL_LINEAR else list(self.targets or default)
-        return dict(r=self.rank, target_modules=targets, use_dora=self.dora, lora_dropout=self.dropout)
+        saved = dict(modules_to_save=list(self.modules_to_save)) if self.modules_to_save else {}
+        return dict(r=self.rank, target_modules=targets, use_dora=self.dora, lora_dropout=self.dropout, **saved)
 
 
 def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
@@ -271,7 +276,21 @@ def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
 
 def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
     """``spec`` with the adapters added to every block (a Llava tower's to ``other_params``) and only
-    the adapters trainable."""
+    the adapters trainable; PEFT's ``modules_to_save`` copies (``saved_module_params``) are added to
+    ``other_params`` and train too."""
+    saved = saved_module_params(spec, lora)
+    head_saved = spec.head is not None and any(name.endswith(spec.head.module) for name in saved_modules(
+        spec, lora.modules_to_save or ()))
+    spec = _with_adapters(spec, lora)
+    if not saved:
+        return spec
+    return validated_copy(spec, {"total_params": spec.total_params + saved,
+                                 "trainable_params": spec.trainable_params + saved,
+                                 "other_params": None if spec.other_params is None else spec.other_params + saved,
+                                 **({"head": validated_copy(spec.head, {"saved_copy": True})} if head_saved else {})})
+
+
+def _with_adapters(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
     if spec.linears is not None:
         return _with_recorded_lora(spec, lora)
     added, tower = adapter_params(spec, lora), tower_adapter_params(spec, lora)
@@ -310,5 +329,7 @@ def lora_of(model: object) -> LoraConfig | None:
         return None  # another PEFT method (prefix tuning, IA3, ...): counted by requires_grad only
     targets = getattr(config, "target_modules", None)
     names = targets if targets == ALL_LINEAR else tuple(sorted(targets)) if targets else None
+    saved = getattr(config, "modules_to_save", None)
     return LoraConfig(rank=rank, targets=names, dora=bool(getattr(config, "use_dora", False)),
-                      dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0))
+                      dropout=float(getattr(config, "lora_dropout", 0.0) or 0.0),
+                      modules_to_save=tuple(saved) if saved else None)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from advisor.frozen import validated_copy
 from advisor.model.block_profile import BlockProfile
+from advisor.model.heads import TaskHead
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
 from advisor.model.linear_layout import LinearLayout
 from advisor.model.llava import ClipTowerFacts
@@ -79,6 +80,9 @@ class ModelSpec(BaseModel):
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
                                            "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
+    head: TaskHead | None = Field(default=None, exclude_if=lambda head: head is None,
+                                  description="Task head in place of the causal-LM head (advisor.model.heads); "
+                                              "None: the vocabulary head.")
     traced: tuple[BlockProfile, ...] = Field(
         default=(), exclude=True, description="Activation profiles measured by tracing the model (families "
         "with no activation formula; advisor.simulate.profile), one per recipe and shape.")

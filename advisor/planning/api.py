@@ -17,6 +17,8 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
+from advisor.model.heads import apply_task
+from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names, with_lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -277,6 +279,8 @@ def plan(
     virtual_stages: int | None = None,
     pp_layers: tuple[int, ...] | None = None,
     ep: int | None = None,
+    task: str | None = None,
+    num_labels: int | None = None,
     trace: bool = True,
     cache_dir: Path | None = None,
     progress: Callable[[float | None], None] | None = None,
@@ -292,6 +296,10 @@ def plan(
     a misspelled one is an error. ``tp``, ``cp``, ``hybrid`` (dp_replicate), ``pp`` (with ``pp_schedule``,
     ``virtual_stages``, ``pp_layers``) and ``ep`` pin mesh degrees
     (``advisor.planning.meshes``); meshes are also searched when data parallelism alone cannot run.
+
+    ``task`` (``advisor.model.heads``: sequence-classification, token-classification, question-answering;
+    default the causal LM, or the head class the config's architectures names) with ``num_labels`` puts a
+    task head in place of the vocabulary's; under LoRA, PEFT's copy of the head trains too.
 
     ``trace``: for a family with no activation formula, measure its activations by tracing the model on
     fake tensors (``advisor.simulate.profile``; imports torch); False keeps the Llama-like assumption.
@@ -312,6 +320,9 @@ def plan(
     spec, config = resolve(model, trust_remote_code=trust_remote_code, cache_dir=cache_dir)
     image_tokens(spec, training)  # --images-per-sample on a model that takes no images: ValueError now
     notes = []
+    live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
+        model.config.to_dict()  # a live model's own config: its label count
+    spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
     live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
     quantized = _live_quantization(model)
@@ -325,12 +336,16 @@ def plan(
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
                              "adapters; leave lora= out")
         training = validated_copy(training, {"lora": live})
+        if spec.head is not None and any(name.endswith(spec.head.module) for name in live.modules_to_save or ()):
+            spec = validated_copy(spec, {"head": validated_copy(spec.head, {"saved_copy": True})})  # PEFT trains it
     if training.lora is not None:
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         if not counted and config is not None:
             spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
         notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
+        if training.lora.modules_to_save and not counted:
+            notes.append(saved_modules_note(spec, training.lora))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

@@ -144,6 +144,8 @@ def simulate(
     impl = _check(strategy, training, world_size)
     import torch
 
+    from advisor.simulate.heads import task_targets
+
     tell = progress or (lambda stage: None)
     start = time.perf_counter()
     name, cfg = resolve_config(model)
@@ -159,7 +161,7 @@ def simulate(
         labels = ids  # an encoder-decoder's decoder reads its own length (--target-len)
         if training.target_len and getattr(meta.config, "is_encoder_decoder", False):
             labels = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.target_len))
-        step = _step_fn(net, opt, ids, training, impl, labels=labels)
+        step = _step_fn(net, opt, ids, training, impl, labels=task_targets(meta, ids, labels))
         tell("warm-up step")
         step(None)
         tell("measured step")
@@ -254,7 +256,8 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Imple
         cast = contextlib.nullcontext() if impl.shard_params else autocast_context(
             training.precision, "cpu", cache_enabled=training.recipe.autocast_cache)
         with cast:
-            loss = net(input_ids=ids, labels=ids if labels is None else labels).loss
+            targets = labels if isinstance(labels, dict) else {"labels": ids if labels is None else labels}
+            loss = net(input_ids=ids, **targets).loss  # a task head's targets: advisor.simulate.heads
         mark("forward")
         if late_zero_grad:
             opt.zero_grad(set_to_none=True)

@@ -60,8 +60,14 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     partial = spec.trainable_params < spec.total_params and plan.training.lora is None  # LoRA: PEFT freezes
     trainable = spec.trainable_params if partial else None
     mode = "selective" if candidate.checkpointing == "selective" else plan.training.activation_checkpointing
+    model: str | dict = spec.name
+    if spec.head is not None:  # a task head: the head class transformers builds (advisor.simulate.heads)
+        from advisor.simulate.heads import head_config
+        from advisor.simulate.model import resolve_config
+
+        model = head_config(resolve_config(spec.name)[1], spec.head)
     simulated = simulate(
-        spec.name, world_size=plan.hardware.world_size, strategy=name,
+        model, world_size=plan.hardware.world_size, strategy=name,
         training=validated_copy(plan.training, {"activation_checkpointing": mode}),
         micro_batch_size=candidate.micro_batch_size, checkpointing=bool(candidate.activation_checkpointing),
         trainable_params=trainable, real_tensors=real_tensors, progress=progress, timeline=timeline,

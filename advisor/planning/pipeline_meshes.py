@@ -90,8 +90,8 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     """Meshes with pp > 1 or ep > 1 (module docstring); pinned degrees fix their dimension."""
     shape = shape_of(spec)
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
-            or spec.trainable_params < spec.total_params or spec.hybrid is not None:
-        return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks) are not modelled
+            or spec.trainable_params < spec.total_params or spec.hybrid is not None or spec.head is not None:
+        return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
     tps = [tp] if tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
@@ -189,6 +189,9 @@ def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     if spec.hybrid is not None:
         raise ValueError("--pp / --ep: pipeline and expert parallelism of a hybrid Mamba-attention stack (Jamba) are "
                          "not modelled; plan it with --tp, --cp or the data-parallel strategies")
+    if spec.head is not None and (pins.pp or pins.pp_layers):
+        raise ValueError(f"--pp: the last pipeline stage of a {spec.head.task} head (its loss in flight per "
+                         "micro-batch) is not modelled; plan it with --tp, --cp or the data-parallel strategies")
     world, pp, ep = hw.world_size, pins.pp or (len(pins.pp_layers) if pins.pp_layers else 1), pins.ep or 1
     try:  # pp against the layers and ep against the experts first: they hold whatever the GPUs
         ParallelDims(pp=pp, pp_schedule=pins.pp_schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,

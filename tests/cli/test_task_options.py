@@ -55,3 +55,11 @@ def test_bad_task_input_is_one_line_and_exit_2(capsys, args, message):
     code, _, err = run_main(["plan", *model, "--gpus", "1xA100", *args], capsys)
     assert code == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err and message in err, err
+
+
+def test_a_pipeline_with_a_task_head_is_refused_in_one_line(capsys):
+    """The last stage's loss of a task head under pp is not modelled: --pp is refused, not planned as a vocabulary."""
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--task",
+                               "sequence-classification", "--num-labels", "2", "--pp", "2"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "--pp: the last pipeline stage of a sequence-classification head" in err

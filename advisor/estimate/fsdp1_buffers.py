@@ -95,8 +95,8 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
         backward_end = max(backward_end, root + 3 * ub * embedding)
     # The end of forward holds no prefetched block (the root's pre-backward has not run yet).
     forward_end = root + (0 if impl.reshard_after_forward else at_loss) + h2d
-    return dict(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end, in_backward=root + blocks_bwd + grads + h2d,
-                at_forward_start=forward_start, at_backward_start=None, at_backward_end=backward_end,
+    return dict(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
+                in_backward=root + blocks_bwd + grads + h2d, at_forward_start=forward_start, at_backward_start=None, at_backward_end=backward_end,
                 grads_at_backward_end=-(-pb * block_g // world))
 
 

@@ -75,6 +75,12 @@ class TrainingConfig(BaseModel):
     zero: ZeroSettings | None = Field(default=None, exclude_if=lambda zero: zero is None,
                                       description="DeepSpeed bucket sizes and overlap a user's config fixes; None: "
                                                   "the planner's (what advisor export writes).")
+    # FSDP2 (fully_shard) is the default and left out of the JSON, so every plan made before reads the same.
+    fsdp_version: Literal[1, 2] = Field(default=2, exclude_if=lambda version: version == 2,
+                                        description="Which FSDP a sharded torch strategy runs: 2 (fully_shard, "
+                                                    "per-parameter DTensor shards) or 1 (FullyShardedDataParallel "
+                                                    "with flat parameters, as accelerate's fsdp_version: 1 runs it); "
+                                                    "wrap() and the exports apply FSDP2 either way.")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")
@@ -120,9 +126,13 @@ class TrainingConfig(BaseModel):
         """A LoRA model's frozen base is held in the compute dtype (bf16 under bf16-mixed), the adapters in
         the parameter dtype: the recipe loads the base as the checkpoint's dtype (``frozen_base: compute``)
         and PEFT upcasts only the adapters. The torch engine under mixed precision; a quantised base
-        has its own bytes (``advisor.estimate.quantized``) and DeepSpeed casts the whole module."""
+        has its own bytes (``advisor.estimate.quantized``) and DeepSpeed casts the whole module. FSDP1 flattens
+        each unit's parameters into one tensor of one dtype (torch/distributed/fsdp/_flat_param.py
+        ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype") and accelerate upcasts a
+        16-bit flat parameter to fp32 under mixed precision (accelerate/accelerator.py ``prepare_model``):
+        the base rests in fp32 there."""
         return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
-                and self.recipe.frozen_base == "compute")
+                and self.recipe.frozen_base == "compute" and self.fsdp_version == 2)
 
     @property
     def frozen_param_bytes(self) -> int:

@@ -92,6 +92,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "or deepspeed; sets the optimizer implementation, frozen-base dtype, loss and engine."),
     click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
                  help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
+    click.option("--fsdp-version", type=click.IntRange(1, 2), help="FSDP the sharded torch strategies run: 2 "
+                 "(fully_shard, default) or 1 (FullyShardedDataParallel, flat parameters: accelerate's default). "
+                 "wrap() and the exports apply FSDP2."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -150,6 +153,7 @@ _TRAINING_FIELDS = {
     "activation_checkpointing": "activation_checkpointing",
     "recipe": "recipe",
     "optimizer_impl": "optimizer_impl",
+    "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",
     "attention": "attention",

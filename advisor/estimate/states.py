@@ -106,6 +106,10 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
     if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
         # Each tensor is sharded on dim 0: the largest local shard is about 1/world of the largest tensor.
         temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=-(-largest // world))
+        if training.fsdp_version == 1:  # a flat parameter's gradient covers its frozen part too (fsdp1_buffers)
+            from advisor.estimate.fsdp1_buffers import fsdp1_gradient_params
+
+            t = fsdp1_gradient_params(spec)
         return ModelStates(params=-(-stored // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
                            step_temporary=temp, on_cpu=impl.offload_params)
     if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice of whole tensors

@@ -89,6 +89,11 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
         return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
     pb = training.param_bytes
+    if impl.shard_params and training.fsdp_version == 1:  # FullyShardedDataParallel's flat parameters
+        from advisor.estimate.fsdp1_buffers import fsdp1_buffer_fields
+
+        return StrategyBuffers(**fsdp1_buffer_fields(spec, training, impl, world, layer=layer, n_layers=n_layers,
+                                                     outside=outside))
     if impl.shard_params:
         ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
@@ -184,6 +189,12 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         ub = 2 if training.mixed else pb
         reduce_b = FP32 if training.mixed else pb
         old_grads = (ub + reduce_b) * layer
+        if training.fsdp_version == 1:  # FSDP1: the gradients and their flat concatenation (fsdp1_buffers)
+            from advisor.estimate.fsdp1_buffers import fsdp1_lower_blocks
+
+            return validated_copy(buffers, dict(in_backward=buffers.in_backward - 2 * ub * layer + ub * live,
+                                                  **fsdp1_lower_blocks(training, impl, world, layer=layer,
+                                                                       n_layers=n_layers)))
         # A finished block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward,
         # _fsdp_collectives.py foreach_reduce) copies its gradients into a reduce-scatter input of reduce_dtype,
         # frees them, and keeps that input (comm_ctx.reduce_scatter_states, one buffer) until the next block's

@@ -6,7 +6,8 @@ Which keys it reads, and what they mean, from the framework's own definitions: a
 ``DeepSpeedPlugin``): ``num_processes`` counts every process of every machine; ``fsdp_sharding_strategy``
 FULL_SHARD (1) / SHARD_GRAD_OP (2) / NO_SHARD (3) / HYBRID_SHARD (4) / HYBRID_SHARD_ZERO2 (5);
 ``fsdp_reshard_after_forward`` is FSDP2's bool (or, for FSDP1, one of those names); ``fsdp_offload_params``
-offloads parameters, gradients and optimizer state.
+offloads parameters, gradients and optimizer state; ``fsdp_version`` 1 (accelerate's default) plans FSDP1
+(``TrainingConfig.fsdp_version``), 2 FSDP2.
 """
 
 from __future__ import annotations
@@ -60,10 +61,17 @@ def read_accelerate(r: Reader, base: Path) -> None:
 def _accelerate_fsdp(r: Reader, machines: int) -> None:
     r.section("fsdp_config")
     version = r.choice("fsdp_config.fsdp_version", {"1": 1, "2": 2})
-    if version == 1:
-        r.notes.append("fsdp_version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
     key, sharding = "fsdp_config.fsdp_sharding_strategy", r.choice("fsdp_config.fsdp_sharding_strategy", SHARDING)
     raw = r.raw("fsdp_config.fsdp_reshard_after_forward")
+    # FSDP1's flat parameters (advisor.estimate.fsdp1_buffers). A file that names no version runs FSDP1 too:
+    # ``accelerate launch --fsdp_version`` defaults to "1" (accelerate/commands/launch.py) and so does the
+    # plugin (utils/dataclasses.py ``FullyShardedDataParallelPlugin``: FSDP_VERSION, else 1), unless its
+    # reshard_after_forward is FSDP2's bool, which the FSDP1 plugin refuses ("not supported with FSDP1").
+    fsdp2_bool = isinstance(raw, bool) or (isinstance(raw, str) and raw.lower() in ("true", "false"))
+    if version == 1:
+        r.take("fsdp_config.fsdp_version", 1, "fsdp_version", 1)
+    elif version is None and not fsdp2_bool:
+        r.take("distributed_type", "FSDP, no fsdp_version: accelerate launch's default 1", "fsdp_version", 1)
     if isinstance(raw, bool) or (isinstance(raw, str) and raw.lower() in ("true", "false")):
         hybrid = bool(sharding and sharding[1])  # HYBRID_SHARD still says replicate across machines
         key, sharding = "fsdp_config.fsdp_reshard_after_forward", (r.flag("fsdp_config.fsdp_reshard_after_forward"), hybrid)

@@ -83,8 +83,9 @@ def _trainer_fsdp(r: Reader) -> bool | None:
         else:  # FSDP1 spelt a sharding strategy here
             reshard = (sub.choice("reshard_after_forward", SHARDING) or (False, False))[0]
     offload = bool(sub.flag("cpu_offload")) or bool(sub.flag("offload_params")) or "offload" in words
-    if sub.raw("version") not in (None, 2):
-        r.notes.append("fsdp_config.version 1 (FSDP1, flat parameters) is planned as FSDP2 (fully_shard)")
+    version = sub.choice("version", {"1": 1, "2": 2})  # TrainingArguments' default is 2 (training_args.py)
+    if version == 1:
+        r.take("fsdp_config.version", 1, "fsdp_version", 1)
     fsdp_strategy(r, key, reshard=reshard, offload=offload, value=value)
     checkpointing = sub.flag("activation_checkpointing")
     if any(w.startswith("hybrid_shard") for w in words):

@@ -148,6 +148,10 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training))
+    if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
+        notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
+                     "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "
+                     "advisor export apply FSDP2 (fully_shard)")
     fit_rule = ("margin policy: a plan fits when the --margin end of its total (peak + runtime overhead) is at most "
                 "the GPU's memory")
     if training.policy == "thresholds":

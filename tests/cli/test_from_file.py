@@ -24,9 +24,11 @@ ZERO3_DEFAULTS = {"zero.reduce_bucket_size": 5 * 10**8, "zero.stage3_prefetch_bu
 
 # What each document says, read by hand (not by the code under test): the knobs it fixes.
 EXPECTED = {
-    # distributed_type FSDP, FULL_SHARD (reshard after forward), no offload, bf16, 2 processes, no checkpointing
+    # distributed_type FSDP, FULL_SHARD (reshard after forward), no offload, bf16, 2 processes, no checkpointing;
+    # no fsdp_version: accelerate launch's --fsdp_version defaults to "1" (accelerate/commands/launch.py), FSDP1
     "accelerate_fsdp.yaml": ("accelerate", {"num_gpus": 2, "precision": "bf16-mixed", "recipe": "trainer",
-                                            "activation_checkpointing": "off", "engine": "torch", "strategy": "zero3"}),
+                                            "activation_checkpointing": "off", "engine": "torch", "strategy": "zero3",
+                                            "fsdp_version": 1}),
     # DEEPSPEED plugin: zero_stage 3, optimizer and params offloaded to cpu, fp16, 2 processes, accumulation 1;
     # no deepspeed_config_file, so the config accelerate builds has no bucket size: DeepSpeed's ZeRO-3 defaults
     # (reduce 5e8, prefetch 5e7, max live 1e9, sub-group 1e9: deepspeed/runtime/zero/config.py)

@@ -1,0 +1,115 @@
+"""FSDP1 (``TrainingConfig(fsdp_version=1)``, ``advisor.estimate.fsdp1_buffers``): the buffers worked by hand
+from torch's and accelerate's source for Qwen2.5-0.5B, and the estimate against the FSDP1 simulated step
+(``advisor.simulate.fsdp1_step``, real CPU tensors on a fake process group: benchmarks/accuracy_fsdp1.py).
+CPU only, no network.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from advisor.estimate.memory import estimate_memory
+from advisor.estimate.strategy_buffers import block_backward_buffers, estimate_strategy_buffers
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.lora import LoraConfig, with_lora
+from advisor.model.sources import resolve, spec_from_config
+from advisor.strategies import get_strategy
+from advisor.training import TrainingConfig
+
+QWEN2_256 = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=256, intermediate_size=1024,
+                 num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
+                 max_position_embeddings=4096, tie_word_embeddings=True, _name_or_path="tiny-qwen2-4k")
+TINY_LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=176,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=8192,
+                  max_position_embeddings=1024, tie_word_embeddings=False, _name_or_path="tiny-llama-8k")
+
+# advisor.simulate.fsdp1_step.simulate_fsdp1(cfg, world_size=2, strategy=, training=TrainingConfig(seq_len=,
+# fsdp_version=1, lora=), micro_batch_size=1, checkpointing=True)["moments"], torch 2.13, accelerate's bf16
+# MixedPrecision, fused AdamW (benchmarks/results/accuracy_fsdp1.csv).
+SIMULATED = {
+    ("tiny-llama-8k", "zero3", None, 64): {"start_of_forward": 9_992_304, "end_of_forward": 14_241_088,
+                                           "loss_backward": 15_381_560, "end_of_backward": 13_323_064,
+                                           "optimizer_step": 11_410_608},
+    ("tiny-qwen2-4k", "zero3", None, 256): {"end_of_forward": 43_613_348, "loss_backward": 47_676_572,
+                                            "block_backward": 47_557_276, "end_of_backward": 46_172_828,
+                                            "optimizer_step": 49_851_028},
+    ("tiny-qwen2-4k", "zero2", None, 256): {"loss_backward": 53_580_956, "optimizer_step": 49_851_028},
+    ("tiny-qwen2-4k", "zero3", 8, 256): {"loss_backward": 27_775_048},
+}
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def test_qwen_0_5b_zero3_buffers_by_hand():
+    """Qwen2.5-0.5B, zero3 (FULL_SHARD) on 2 GPUs, bf16-mixed, checkpointing. One block: q 896x896+896 = 803,712,
+    k and v 896x128+128 = 114,816 each, o 802,816, MLP 3x896x4,864 = 13,074,432, norms 1,792: 14,912,384 parameters
+    (bf16: 29,824,768 B). Root (tied embedding 151,936x896 and the final norm): 136,135,552 (bf16: 272,271,104 B).
+
+    - start of forward: the unsharded root and, before its all-gather, its bf16 shard (``_mp_shard``):
+      272,271,104 + 136,135,552 = 408,406,656 (FSDP2: the root twice and a block twice, 604,191,744).
+    - end of forward: the root alone (never resharded after forward): 272,271,104.
+    - loss backward: the root and the last block, prefetched by the root's pre-backward: 302,095,872.
+    - end of backward: root + three vocabulary-sized bf16 gradients (the head's, the embedding's, their sum):
+      272,271,104 + 3 x 272,269,312 = 1,089,079,040.
+    - a block's backward at its MLP: root, two unsharded blocks, down_proj's and the head's gradients
+      (4,864x896 + 136,134,656 = 140,492,800 bf16): 272,271,104 + 59,649,536 + 280,985,600 = 612,906,240;
+      nothing of the block above is left (its gradient was reduce-scattered and freed in its post-backward),
+      each finished block leaves its fp32 shard 4 x 14,912,384 / 2 = 29,824,768, and the 23 blocks with a
+      prefetch beside them count."""
+    spec = resolve("Qwen/Qwen2.5-0.5B")[0]
+    training = TrainingConfig(seq_len=2048, fsdp_version=1)
+    impl = get_strategy("zero3").on("torch")
+    b = block_backward_buffers(spec, training, impl, 2, estimate_strategy_buffers(spec, training, impl, 2,
+                                                                                  checkpointing=True),
+                               checkpointing=True)
+    assert b.at_forward_start == 408_406_656
+    assert b.at_forward_end == 272_271_104
+    assert b.at_loss == 302_095_872
+    assert b.at_backward_start is None
+    assert b.at_backward_end == 1_089_079_040
+    assert b.in_backward == 612_906_240
+    assert (b.below_top, b.per_block_done, b.num_blocks) == (0, 29_824_768, 23)
+    assert b.grads_at_backward_end == 715_794_432  # 4 x 24 x 14,912,384 / 2: the blocks' fp32 shards
+
+
+def test_lora_under_fsdp1_holds_the_whole_unit_gradient_and_an_fp32_base():
+    """use_orig_params: a unit with an adapter gets a gradient for all of it; one flat parameter holds one dtype,
+    so the base rests in fp32 (accelerate upcasts a 16-bit flat parameter). Tiny Qwen2, LoRA rank 8 on q and v:
+    4 blocks x (984,064 + 8 x (256 + 256) + 8 x (256 + 128)) = 3,964,928 parameters with a gradient, 4 bytes
+    each over 2 ranks: 7,929,856 B (the adapters alone: 57,344)."""
+    lora = LoraConfig(rank=8)
+    spec = with_lora(spec_from_config(QWEN2_256, name="q", source="local"), lora)
+    training = TrainingConfig(seq_len=256, fsdp_version=1, lora=lora)
+    assert not training.low_precision_base and TrainingConfig(lora=lora).low_precision_base
+    est = estimate_memory(spec, parse_gpus("2xH100"), training, get_strategy("zero3").on("torch"),
+                          micro_batch_size=1, checkpointing=True)
+    assert est.moments["optimizer_step"] > 7_929_856
+    from advisor.estimate.states import model_states
+
+    assert model_states(spec, training, get_strategy("zero3").on("torch"), 2).grads == 7_929_856
+
+
+@pytest.mark.parametrize("key", sorted(SIMULATED, key=str))
+def test_fsdp1_estimate_matches_the_simulated_step(key):
+    """Every moment measured within 1% of the simulated step's window for it."""
+    name, strategy, rank, seq = key
+    cfg = {"tiny-llama-8k": TINY_LLAMA, "tiny-qwen2-4k": QWEN2_256}[name]
+    lora = LoraConfig(rank=rank) if rank else None
+    spec = spec_from_config(cfg, name=name, source="local")
+    spec = with_lora(spec, lora) if lora else spec
+    est = estimate_memory(spec, parse_gpus("2xH100"), TrainingConfig(seq_len=seq, fsdp_version=1, lora=lora),
+                          get_strategy(strategy).on("torch"), micro_batch_size=1, checkpointing=True)
+    for moment, simulated in SIMULATED[key].items():
+        assert abs(est.moments[moment] / simulated - 1) < 0.01, (moment, est.moments[moment], simulated)
+
+
+def test_fsdp_version_2_is_left_out_of_the_json():
+    assert "fsdp_version" not in TrainingConfig().model_dump()
+    assert TrainingConfig(fsdp_version=1).model_dump()["fsdp_version"] == 1

@@ -156,3 +156,39 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     r_med, r_max, n, a_med, a_max, n2 = found.groups()
     assert f"on one H100: allocated | {n2} | {a_med}% | {a_max}% |" in readme
     assert f"| the same runs: reserved (`max_memory_reserved`) | {n} | {r_med}% | {r_max}% |" in readme
+
+
+def test_the_docs_published_memory_summary_is_the_reports():
+    """docs/accuracy.md's summary of the published real-GPU set quotes benchmarks/results/published_memory.md
+    (which ``benchmarks/published_memory.py`` writes): the errors, the fit verdicts and the range's count."""
+    docs = " ".join(line.lstrip("> ") for line in (ROOT / "docs/accuracy.md").read_text().splitlines())
+    report = (ROOT / "benchmarks/results/published_memory.md").read_text()
+
+    def figures(pattern: str) -> tuple[str, ...]:
+        found = re.search(pattern, report)
+        assert found, pattern
+        return found.groups()
+
+    r_med, r_max, r_n = figures(r"`reserved` vs published reserved: median \|error\| ([0-9.]+)%, max ([0-9.]+)% over (\d+)")
+    a_med, a_max, a_n = figures(r"peak allocated vs published allocated \(or active\): median \|error\| ([0-9.]+)%, "
+                                r"max ([0-9.]+)% over (\d+)")
+    low, high = figures(r"llamafactory QLoRA, unspecified: .*?signed ([-+0-9.]+)% to ([-+0-9.]+)%")
+    smi_low, smi_high = figures(r"peft LoRA, nvidia-smi: .*?signed -([0-9.]+)% to -([0-9.]+)%")
+    trained, trained_n, oom, oom_n = figures(r"- all: every case: .*?trained runs judged to fit (\d+) of (\d+); "
+                                             r"OOM runs judged not to fit (\d+) of (\d+)")
+    inside, published = figures(r"figures inside the plan's low-high range .*?: (\d+) of (\d+)")
+    assert f"median {r_med}%, max {r_max}% over {r_n} cases" in docs
+    assert f"median {a_med}%, max {a_max}% over {a_n} cases" in docs
+    assert f"{low}% to {high}%" in docs and f"{smi_high}-{smi_low}% below" in docs
+    assert f"all {trained} runs that trained" in docs and trained == trained_n
+    assert f"{oom} of the {oom_n} OOMs are judged not to fit" in docs
+    assert f"{inside} of the {published} published reserved" in docs
+
+
+def test_the_readme_sweep_row_is_the_sweep_summary():
+    """The README's sweep row quotes benchmarks/results/sweep_summary.md (benchmarks/sweep.py writes it)."""
+    summary = (ROOT / "benchmarks/results/sweep_summary.md").read_text()
+    n, med, p90, top = re.search(r"(\d+) measured cases .*?median ([0-9.]+)%, p90 ([0-9.]+)%, max ([0-9.]+)%",
+                                 summary).groups()
+    outside = re.search(r"cases no known gap covers: median [0-9.]+%, p90 ([0-9.]+)%", summary).group(1)
+    assert (f"| {n} | {med}% | {top}% (p90 {p90}%; outside the gaps {outside}%) |") in README

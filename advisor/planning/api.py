@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_serializer, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, computed_field, field_serializer, model_serializer
 
 from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
@@ -31,7 +31,7 @@ from advisor.planning.candidates import Candidate, Recommendation, evaluate_cand
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
-from advisor.planning.reasons import Reason
+from advisor.planning.reasons import Reason, ReasonModel
 from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
@@ -47,8 +47,9 @@ class Plan(BaseModel):
     training: TrainingConfig
     candidates: tuple[Candidate, ...]
     recommendation: Recommendation | None
-    reasons: tuple[Reason, ...] = Field(description="Why this recommendation (or why nothing fits), in the order a "
-                                        "reader meets them, with their numbers (advisor.planning.reasons).")
+    reasons: tuple[SerializeAsAny[ReasonModel], ...] = Field(
+        description="Why this recommendation (or why nothing fits), in the order a reader meets them, with their "
+                    "numbers (advisor.planning.reasons; each serialised as its own kind).")
     assumptions: tuple[str, ...]
     smallest_fit: SmallestFit | None = None
     longest_seq_len: dict[str, int | None] | None = Field(

@@ -64,6 +64,8 @@ class AllocatorOverhead(BaseModel):
     fragmentation: float = Field(ge=0, le=1, description="Reserved over allocated - 1, calibrated.")
     allocator_constant_gib: float = Field(ge=0, description="Fixed part of the allocator's reserve, calibrated.")
     context_gib: float = Field(ge=0, description="CUDA context, cuBLAS and NCCL outside the allocator (an assumption).")
+    single_process_context_gib: float = Field(ge=0, description="The CUDA context alone, for a plan on one GPU (no "
+                                              "NCCL communicator; an assumption from published figures).")
 
 
 @lru_cache(maxsize=1)

@@ -43,9 +43,11 @@ class TrainingConfig(BaseModel):
                                description="Fixed runtime overhead per GPU (default: the allocator's calibrated constant).")
     fragmentation: float = Field(default_factory=lambda: allocator_overhead().fragmentation, ge=0, le=1,
                                  description="Reserved over allocated - 1 (default: calibrated).")
-    context_gib: float = Field(default_factory=lambda: allocator_overhead().context_gib, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
-                               "communicator buffers per GPU, outside PyTorch's caching allocator (an assumption, "
-                               "not calibrated: max_memory_reserved() does not see it, the GPU's memory does).")
+    context_gib: float | None = Field(default=None, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
+                                      "communicator buffers per GPU, outside PyTorch's caching allocator (an assumption, "
+                                      "not calibrated: max_memory_reserved() does not see it, the GPU's memory does). "
+                                      "None: by the GPU count (profiles/allocator_overhead.json: the CUDA context "
+                                      "alone on one GPU, with NCCL's buffers on more).")
     margin: Margin = Field(default="expected", description="Which end of the estimate's measured range decides "
                            "whether a plan fits: low, expected or high.")
     policy: Policy = Field(default="thresholds", description="How to choose among candidates that fit.")
@@ -162,6 +164,14 @@ class TrainingConfig(BaseModel):
     def reserve_bytes(self) -> int:
         return int(self.reserve_gib * GIB)
 
-    @property
-    def context_bytes(self) -> int:
-        return int(self.context_gib * GIB)
+    def context_gib_at(self, world: int) -> float:
+        """What sits outside the caching allocator per GPU: --context-gib when given; else, on one GPU (one
+        process, no NCCL communicator) the CUDA context alone, on more the context and NCCL's buffers
+        (profiles/allocator_overhead.json; both assumptions)."""
+        if self.context_gib is not None:
+            return self.context_gib
+        overhead = allocator_overhead()
+        return overhead.context_gib if world > 1 else overhead.single_process_context_gib
+
+    def context_bytes_at(self, world: int) -> int:
+        return int(self.context_gib_at(world) * GIB)

@@ -103,7 +103,7 @@ PLAN_OPTIONS: list[Callable] = [
                  help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
-    click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1, an assumption)."),
+    click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),
                  help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
     click.option("--headroom", type=FiniteRange(0, 1, max_open=True),

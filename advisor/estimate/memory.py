@@ -319,7 +319,7 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
-                      loss_kept: int = 0) -> MemoryBreakdown:
+                      loss_kept: int = 0, processes: int | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -380,10 +380,11 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     elif states.cpu_only_optimizer:
         cpu = states.grads + states.optimizer + states.step_temporary
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
+    context = training.context_bytes_at(world if processes is None else processes)  # one process: no NCCL
     return MemoryBreakdown(
         **parts,
-        runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + training.context_bytes,
-        outside_allocator=training.context_bytes,
+        runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + context,
+        outside_allocator=context,
         cpu_bytes=cpu,
         peak_moment=moment,
         states_params=states.params,

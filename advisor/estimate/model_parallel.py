@@ -233,4 +233,4 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
         buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))
-    return memory_at_moments(states, acts, buffers, training, impl, world=shard_world)
+    return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size)

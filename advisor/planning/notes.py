@@ -92,7 +92,7 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
             f"PEFT counts them); {activations}{dtypes}")
 
 
-def overhead_notes(training: TrainingConfig) -> list[str]:
+def overhead_notes(training: TrainingConfig, world: int) -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
     # A ZeRO recipe's flat states and step copies get no gap (advisor.estimate.memory._flat_bytes).
@@ -101,10 +101,11 @@ def overhead_notes(training: TrainingConfig) -> list[str]:
            f"{training.reserve_gib:g} GiB, "
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
               "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")
-           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib:g} "
-             "GiB for the CUDA context and NCCL buffers outside the allocator ("
-           + ("an assumption, not measured: --context-gib" if "context_gib" not in training.model_fields_set
-              else "as given") + "); total = reserved + that, compared with the GPU's memory")
+           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib_at(world):g} "
+             "GiB for the CUDA context" + (" and NCCL buffers" if world > 1 else " (one GPU: no NCCL communicator)")
+           + " outside the allocator ("
+           + ("an assumption, not measured: --context-gib" if training.context_gib is None else "as given")
+           + "); total = reserved + that, compared with the GPU's memory")
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
               "fits; the range (low-high) is the lowest to highest measured reserved / estimate of its kind (its stack "
               "and full / LoRA / QLoRA where 8 or more were measured, else its tuning, else every comparison), from "
@@ -147,7 +148,7 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
     for field, text in DEFAULT_NOTES.items():
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
-    notes.extend(overhead_notes(training))
+    notes.extend(overhead_notes(training, hw.world_size))
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

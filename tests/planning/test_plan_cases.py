@@ -78,6 +78,26 @@ def test_context_gib_is_the_part_outside_the_allocator():
     zero3 = next(c for c in doc["candidates"] if c["strategy"] == "zero3")["memory_bytes"]
     assert code == 0 and zero3["total"] == zero3["reserved"] == 84_351_284_198
     assert doc["recommendation"]["strategy"] == "zero3"
+
+
+@pytest.mark.parametrize(("gpus", "given", "outside"), [
+    ("1xA100", None, GIB // 2),       # one process, no NCCL communicator: the CUDA context alone
+    ("2xA100", None, GIB),            # two processes: the context and NCCL's buffers
+    ("1xA100", "1", GIB),             # --context-gib wins on one GPU too
+])
+def test_one_gpu_holds_the_cuda_context_without_nccl(gpus, given, outside):
+    """profiles/allocator_overhead.json: 0.5 GiB (single_process_context_gib) on one GPU, 1 GiB
+    (context_gib) on more, unless --context-gib is given; the assumption names which."""
+    extra = () if given is None else ("--context-gib", given)
+    code, doc = _plan_json("--model", "Qwen/Qwen2.5-0.5B", "--gpus", gpus, *extra)
+    assert code == 0
+    for cand in doc["candidates"]:
+        m = cand["memory_bytes"]
+        if m is not None:
+            assert m["outside_allocator"] == outside and m["total"] - m["reserved"] == outside
+    note = next(a for a in doc["assumptions"] if "GiB for the CUDA context" in a)
+    assert ("(one GPU: no NCCL communicator)" in note) == (gpus == "1xA100")
+    assert ("(as given)" in note) == (given is not None)
     result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--context-gib", "-1"])
     assert result.exit_code == 2 and "Traceback" not in result.output
 

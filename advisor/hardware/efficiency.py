@@ -27,7 +27,15 @@ class CalibrationRow(_Frozen):
     label: str = Field(description="Published run: model, GPUs, sequence, micro-batch.")
     hidden_size: int = Field(gt=0, description="Model width of that run.")
     tokens_per_micro_batch: int = Field(gt=0, description="Micro-batch x sequence length.")
-    published_mfu: float = Field(gt=0, lt=1, description="MFU the source reports.")
+    published_mfu: float = Field(gt=0, lt=1, description="MFU the source reports (or its throughput gives).")
+    published_hfu: float | None = Field(default=None, gt=0, lt=1, description="Hardware FLOPs utilisation (recompute "
+                                        "included) of a run that checkpointed; the rule reads it instead of the MFU, "
+                                        "since the estimator divides hardware FLOPs by the utilisation.")
+
+    @property
+    def utilisation(self) -> float:
+        """What the step-time model's utilisation means for this run: hardware FLOPs over peak."""
+        return self.published_hfu if self.published_hfu is not None else self.published_mfu
 
 
 class GpuUtilisation(_Frozen):
@@ -65,9 +73,9 @@ class ComputeEfficiency(_Frozen):
         )
 
     def calibrated_max(self, entry: GpuUtilisation) -> float:
-        """The documented rule: median over the rows of published MFU / shape factor."""
+        """The documented rule: median over the rows of published MFU (HFU where the run recomputed) / shape factor."""
         return statistics.median(
-            r.published_mfu / self.shape_factor(hidden_size=r.hidden_size, tokens_per_micro_batch=r.tokens_per_micro_batch)
+            r.utilisation / self.shape_factor(hidden_size=r.hidden_size, tokens_per_micro_batch=r.tokens_per_micro_batch)
             for r in entry.calibration
         )
 

@@ -232,9 +232,12 @@ def test_utilisation_is_the_median_of_its_calibration_rows():
     V100, one row (Megatron-LM 1.2B, h 1536, 8 x 1024 tokens, 30%): 0.3 / (0.857143 x 0.984615) = 0.35547.
     A100, seven llm-foundry rows: 0.59813, 0.64651, 0.66498, 0.67643, 0.68748, 0.68955, 0.64503 ->
     median 0.66498. H100, four rows: 0.40823, 0.47258, 0.49856, 0.43085 -> (0.43085 + 0.47258)/2 = 0.45171.
+    RTX 4090, five Answer.AI rows that checkpointed, so their HFU: 0.6358 / (0.941176 x 0.992248) = 0.68082,
+    0.6167 / (0.941176 x 0.994819) = 0.65866, 0.6329 / (0.941176 x 0.994819) = 0.67596,
+    0.6775 / (0.965517 x 0.969697) = 0.72364, 0.6811 / (0.965517 x 0.984615) = 0.71646 -> median 0.68082.
     """
     compute = load_efficiency().compute
-    by_hand = {"V100-32GB": 0.35547, "A100-80GB-SXM": 0.66498, "H100-80GB-SXM": 0.45171}
+    by_hand = {"V100-32GB": 0.35547, "A100-80GB-SXM": 0.66498, "H100-80GB-SXM": 0.45171, "RTX4090": 0.68082}
     for gpu, value in by_hand.items():
         entry = compute.entry(gpu)
         assert compute.calibrated_max(entry) == pytest.approx(value, abs=1e-5), gpu

@@ -14,6 +14,7 @@ import statistics
 from pydantic import BaseModel, ConfigDict, Field
 
 from profiles import PROFILES_DIR
+from advisor.recipes import OptimizerImpl
 from advisor.training import Engine
 
 EFFICIENCY_FILE = PROFILES_DIR / "efficiency.json"
@@ -99,6 +100,8 @@ class OffloadEfficiency(_Frozen):
     default_pcie_link: str
     pcie_efficiency: float = Field(gt=0, le=1, description="Achieved / raw PCIe bandwidth.")
     cpu_adam_params_per_s_per_node: dict[Engine, float] = Field(description="CPU optimizer throughput.")
+    torch_cpu_adam_speedup: dict[OptimizerImpl, float] = Field(description="torch's CPU AdamW step by implementation, "
+                                                                "relative to the for-loop rate of the torch row above.")
     source: str
     note: str | None = None
 

@@ -52,7 +52,9 @@ def test_flops_hand_checked():
     attention_fwd = 4 * 3 * 64 * 16 * 32  # QK^T and AV, 2 FLOPs per MAC, full (not halved) causal
     assert flops.forward == 2 * 187_328 * 32 + attention_fwd == 12_382_208
     assert flops.backward == 2 * flops.forward
-    assert flops.recompute == flops.forward  # checkpointing: exactly one extra forward
+    # Checkpointing recomputes the blocks, not the head (no wrapper covers it): one forward less the
+    # head's 2 x 64,000 x 32 = 4,096,000.
+    assert flops.recompute == flops.forward - 4_096_000 == 8_286_208
     assert flops.model == 6 * 187_328 * 32 + 12 * 3 * 64 * 16 * 32
 
 

@@ -124,6 +124,15 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
     return Traffic(fwd=forward, bwd=backward, last_bwd=last)
 
 
+def tp_matmul_width(hidden_size: int, tp: int) -> int:
+    """The model width whose matmuls match one TP rank's in size, for the utilisation's size factor.
+
+    The size factor is fitted on whole models (``profiles/efficiency.json``), whose weight matrices grow as
+    width x width; a TP rank multiplies by a width x width/tp shard (Megatron's column / row split keeps the
+    other dimension whole), as many elements as a dense model of width / sqrt(tp) holds, not width / tp."""
+    return max(1, round(hidden_size / math.sqrt(tp)))
+
+
 def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, impl: Implementation,
                             mesh: ParallelDims, *, micro_batch_size: int, checkpointing: bool,
                             gradient_accumulation_steps: int = 1,
@@ -137,7 +146,7 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     flops = count_flops(spec, tokens=replica_tokens, seq_len=training.seq_len, checkpointing=checkpointing,
                         selective=training.activation_checkpointing == "selective", target_len=training.target_len)
     peak, peak_note = peak_tflops(hardware.gpu, training)
-    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=max(1, shape.hidden_size // mesh.tp),
+    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / split / rate, (flops.backward + flops.recompute) / split / rate

@@ -33,7 +33,7 @@ reuses). The step is the slowest pipeline rank's:
 from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.mesh_time import cp_ring_s, group_collective_s, tp_comm_s
+from advisor.estimate.mesh_time import cp_ring_s, group_collective_s, tp_comm_s, tp_matmul_width
 from advisor.estimate.pipeline import layers_cut, stage_spec
 from advisor.estimate.pipeline_schedules import load_schedules
 from advisor.estimate.step_time import GB, TFLOPS, StepTime, Traffic, count_flops, peak_tflops
@@ -94,7 +94,7 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
                         selective=training.activation_checkpointing == "selective", target_len=training.target_len)
     share = slowest / shape.num_layers
     peak, peak_note = peak_tflops(hardware.gpu, training)
-    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=max(1, shape.hidden_size // mesh.tp),
+    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
     fwd_s = flops.forward * share / split / rate

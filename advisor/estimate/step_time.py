@@ -9,7 +9,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   (Narayanan et al. 2021, arXiv:2104.04473, appendix; Chinchilla, Hoffmann et al. 2022, appendix F).
   Causal attention is *not* halved, the convention of the published MFUs we calibrate on, so
   utilisations stay comparable. Frozen parameters skip their weight-gradient matmul (4 instead of 6).
-  Checkpointing adds one forward. Encoder-decoders (T5, BART): each stack's parameters on the
+  Checkpointing adds one forward of the blocks (not of the output head, which no checkpointing
+  wrapper covers). Encoder-decoders (T5, BART): each stack's parameters on the
   tokens it processes, the decoder's on ``--target-len`` target tokens (``_encdec_forward_terms``). Time = FLOPs / (peak x utilisation), peak = bf16 for bf16 and
   bf16-mixed, fp16 for fp16-mixed, and the *FP32* (not TF32) rate for fp32, PyTorch's default
   (``torch.backends.cuda.matmul.allow_tf32`` is False since 1.12).
@@ -117,6 +118,13 @@ def matmul_params(spec: ModelSpec) -> int:
     return max(spec.active_params - lookup, 1)
 
 
+def output_head_params(spec: ModelSpec) -> int:
+    """Parameters of the output projection to the vocabulary: the head, or the embedding matrix when tied."""
+    if spec.head_params:
+        return spec.head_params
+    return (spec.embedding_params or 0) if spec.tied_embeddings else 0
+
+
 def _encdec_forward_terms(spec: ModelSpec, *, tokens: int, seq_len: int, target_len: int) -> tuple[int, int]:
     """(parameter x token products, attention-score FLOPs) of one encoder-decoder forward, ``tokens``
     source tokens of ``seq_len``-long samples, each with ``target_len`` target tokens.
@@ -157,11 +165,15 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     forward = 2 * param_tokens + attention_fwd
     weight_grads = 2 * param_tokens * trainable_share
     backward = 2 * param_tokens + weight_grads + 2 * attention_fwd
-    recompute = forward if checkpointing else 0.0
+    # Checkpointing wraps the blocks, not the output head: HF's GradientCheckpointingLayer is the decoder
+    # layer, torchtitan's apply_ac wraps each TransformerBlock, llm-foundry's activation_checkpointing_fn
+    # picks the MPTBlock; the head's product runs once (encoder-decoders: counted in full, as before).
+    head_fwd = 0 if spec.encdec is not None else 2 * output_head_params(spec) * tokens
+    recompute = forward - head_fwd if checkpointing else 0.0
     kept = selective_kept_linears(spec) if checkpointing and selective else None
     if kept is not None:  # the recompute skips the attention kernels and the matrix products kept
         kept_params = sum(fan_in * fan_out for fan_in, fan_out in kept)
-        recompute = max(0.0, forward - attention_fwd - 2 * kept_params * shape.num_layers * tokens)
+        recompute = max(0.0, forward - head_fwd - attention_fwd - 2 * kept_params * shape.num_layers * tokens)
     return FlopCount(forward=forward, backward=backward, recompute=recompute)
 
 
@@ -272,6 +284,8 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
     gather, grad = _dtype_bytes(training, impl)
     trainable_shard = spec.trainable_params / world
     cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
+    if impl.engine == "torch":  # torch.optim on the CPU: the fused kernel (torch >= 2.4) is several times the for-loop
+        cpu_rate *= eff.offload.torch_cpu_adam_speedup[training.optimizer_implementation]
     cpu_step = trainable_shard * hw.gpus_per_node / cpu_rate
     if impl.offload_params:  # shards live on the CPU: upload before every gather, download gradients
         stored = training.param_bytes if impl.engine == "torch" else gather

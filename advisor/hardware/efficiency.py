@@ -14,6 +14,7 @@ import statistics
 from pydantic import BaseModel, ConfigDict, Field
 
 from profiles import PROFILES_DIR
+from advisor.recipes import OptimizerImpl
 from advisor.training import Engine
 
 EFFICIENCY_FILE = PROFILES_DIR / "efficiency.json"
@@ -27,7 +28,15 @@ class CalibrationRow(_Frozen):
     label: str = Field(description="Published run: model, GPUs, sequence, micro-batch.")
     hidden_size: int = Field(gt=0, description="Model width of that run.")
     tokens_per_micro_batch: int = Field(gt=0, description="Micro-batch x sequence length.")
-    published_mfu: float = Field(gt=0, lt=1, description="MFU the source reports.")
+    published_mfu: float = Field(gt=0, lt=1, description="MFU the source reports (or its throughput gives).")
+    published_hfu: float | None = Field(default=None, gt=0, lt=1, description="Hardware FLOPs utilisation (recompute "
+                                        "included) of a run that checkpointed; the rule reads it instead of the MFU, "
+                                        "since the estimator divides hardware FLOPs by the utilisation.")
+
+    @property
+    def utilisation(self) -> float:
+        """What the step-time model's utilisation means for this run: hardware FLOPs over peak."""
+        return self.published_hfu if self.published_hfu is not None else self.published_mfu
 
 
 class GpuUtilisation(_Frozen):
@@ -65,9 +74,9 @@ class ComputeEfficiency(_Frozen):
         )
 
     def calibrated_max(self, entry: GpuUtilisation) -> float:
-        """The documented rule: median over the rows of published MFU / shape factor."""
+        """The documented rule: median over the rows of published MFU (HFU where the run recomputed) / shape factor."""
         return statistics.median(
-            r.published_mfu / self.shape_factor(hidden_size=r.hidden_size, tokens_per_micro_batch=r.tokens_per_micro_batch)
+            r.utilisation / self.shape_factor(hidden_size=r.hidden_size, tokens_per_micro_batch=r.tokens_per_micro_batch)
             for r in entry.calibration
         )
 
@@ -91,6 +100,8 @@ class OffloadEfficiency(_Frozen):
     default_pcie_link: str
     pcie_efficiency: float = Field(gt=0, le=1, description="Achieved / raw PCIe bandwidth.")
     cpu_adam_params_per_s_per_node: dict[Engine, float] = Field(description="CPU optimizer throughput.")
+    torch_cpu_adam_speedup: dict[OptimizerImpl, float] = Field(description="torch's CPU AdamW step by implementation, "
+                                                                "relative to the for-loop rate of the torch row above.")
     source: str
     note: str | None = None
 

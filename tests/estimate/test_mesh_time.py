@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.estimate.mesh_time import estimate_mesh_step_time
+from advisor.estimate.mesh_time import estimate_mesh_step_time, tp_matmul_width
 from advisor.hardware.cluster import parse_gpus
 from advisor.hardware.efficiency import load_efficiency
 from advisor.mesh import ParallelDims
@@ -35,3 +35,12 @@ def test_tensor_parallel_traffic_by_hand(checkpointing, passes):
                                    ParallelDims(tp=2, world_size=2), micro_batch_size=1,
                                    checkpointing=checkpointing)
     assert step.communication_s == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_tp_rank_matmuls_are_sized_by_their_elements():
+    """A TP rank holds width x width/tp of each weight matrix: as many elements as a dense model of width
+    width/sqrt(tp). 8192 at tp 8: 8192 / 2.828427 = 2896.3 -> 2896 (not 8192 / 8 = 1024); 16384 at tp 8 -> 5793;
+    5120 at tp 2 -> 3620; tp 1 keeps the width. The size factor then reads 2896 / (2896 + 388) = 0.881851."""
+    assert [tp_matmul_width(h, tp) for h, tp in ((8192, 8), (16384, 8), (5120, 2), (4096, 1))] == [2896, 5793, 3620, 4096]
+    compute = load_efficiency().compute
+    assert compute.shape_factor(hidden_size=2896, tokens_per_micro_batch=10**9) == pytest.approx(0.881851, rel=1e-5)

@@ -83,7 +83,9 @@ def test_compare_times_selective_checkpointing_as_the_plan_does():
     assert planned.selective_checkpointing
     row = compare("meta-llama/Llama-3.1-8B", ["8xH100"], seq_len=8192).results[0]
     assert row.selective_checkpointing and row.step.step_s == planned.step_time.step_s
-    assert row.step.tokens_per_s == pytest.approx(51_265, abs=1)  # what `advisor plan` prints for this job
+    # What `advisor plan` prints for this job: 51,265 when the issue was filed, 52,698 since issue 19's step-time
+    # changes (the H100 utilisation refit, and the head left out of the recompute).
+    assert row.step.tokens_per_s == pytest.approx(52_698, abs=1)
     out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "8192"],
                              env={"COLUMNS": "160"})
-    assert out.exit_code == 0 and "zero2 +SAC" in out.output and "51,265" in out.output
+    assert out.exit_code == 0 and "zero2 +SAC" in out.output and "52,698" in out.output

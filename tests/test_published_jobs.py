@@ -24,8 +24,6 @@ PANEL = published_jobs.load_panel()
 KNOWN_MISFITS = {
     "torchtune-8b-full-4090": "paged 8-bit AdamW with optimizer_in_bwd: the state pages to CPU memory, which no "
                               "strategy models (51 GiB on a 24 GB card)",
-    "litgpt-mistral-7b-lora-a10g": "peak allocated within 2% of the published 20.66 GB, but the calibrated allocator "
-                                   "gap (2.2 GiB) and the assumed 1 GiB context put the total 0.15 GiB over the A10G",
 }
 
 

@@ -43,7 +43,7 @@ class Product(NamedTuple):
 
     linear: str  # the block's linear layer it belongs to ("q_proj")
     role: Role
-    fan_in: int
+    fan_in: int  # the linear layer's input features (rows of DoRA's weight products; lora_B: r)
     width: int  # output features a token (0: a product of weights, DoRA's)
     elements: int  # output elements that do not grow with the tokens (DoRA's weight products)
     counted: bool  # an aten.mm, which the policy counts (a biased base layer runs addmm: not counted)
@@ -75,7 +75,7 @@ def block_products(spec: ModelSpec, lora: LoraConfig | None = None) -> tuple[Pro
             r = lora.rank
             if lora.dora:  # get_lora_weight: lora_B(lora_A(eye(in)))
                 products += [Product(name, "dora_weight_A", fan_in, 0, fan_in * r, True),
-                             Product(name, "dora_weight_B", r, 0, fan_in * fan_out, True)]
+                             Product(name, "dora_weight_B", fan_in, 0, fan_in * fan_out, True)]
             products += [Product(name, "lora_A", fan_in, r, 0, True), Product(name, "lora_B", r, fan_out, 0, True)]
             if lora.dora and lora.dropout > 0:  # base_result=None: F.linear(dropout(x), W), no bias
                 products.append(Product(name, "dora_base", fan_in, fan_out, 0, True))

@@ -348,11 +348,12 @@ def estimate_activations(
             kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         # SDPA's boolean window mask is every block's input too; eager's masks are whole, counted below
         mask = 0 if attention_backward is not None else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
-        # DoRA's kept weight products: held from forward to the block's recomputation, which frees them
+        # DoRA's kept weight products: held from forward through the block's backward (measured on the simulated
+        # step: the recomputation hands none back; all-linear and q + down_proj, s 1024 and 2048)
         fixed = dt.compute * kept_elements if selective else 0
         block_kept = tokens * (dt.residual * h + kept) + fixed
         saved = shape.num_layers * block_kept + outside + mask
-        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt))) - fixed
+        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
         if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)

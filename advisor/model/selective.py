@@ -84,15 +84,18 @@ def block_products(spec: ModelSpec, lora: LoraConfig | None = None) -> tuple[Pro
 
 def selective_kept(spec: ModelSpec, lora: LoraConfig | None = None) -> SelectiveKept | None:
     """The products the policy keeps in one block (every other counted one, from the first) and the
-    tail among them: the block's last product when it is kept and is a base layer's or ``lora_B``'s, whose
-    output backward does not read (the recomputation stops at the op before, whose inputs are the last
-    tensors saved). None where ``block_products`` is None."""
+    tail among them: the block's last product when it is kept and is a base layer's or plain LoRA's
+    ``lora_B``, whose output backward does not read (the recomputation stops at the op before, whose inputs
+    are the last tensors saved); DoRA's last ``lora_B`` output is read (its magnitude's gradient), so no
+    tail. Checked against the simulated step as the difference to full checkpointing (tests/model/
+    test_selective.py). None where ``block_products`` is None."""
     products = block_products(spec, lora)
     if products is None:
         return None
     counted = [p for p in products if p.counted]
     kept = counted[0::2]
     last = products[-1]
-    tail = last.width if last.counted and len(counted) % 2 == 1 and last.role in ("base", "lora_B") else 0
+    plain_lora = last.role == "lora_B" and not (lora is not None and lora.dora)
+    tail = last.width if last.counted and len(counted) % 2 == 1 and (last.role == "base" or plain_lora) else 0
     return SelectiveKept(width=sum(p.width for p in kept), elements=sum(p.elements for p in kept), tail_width=tail,
                          linears=tuple((p.fan_in, p.width) for p in kept if p.role == "base"))

@@ -13,8 +13,8 @@ attention kernels' outputs is recomputed. The counter sees every product, not on
   ``in x out`` product that do not grow with the tokens), then ``lora_B(lora_A(x))``; with dropout it
   runs the base layer's product once more on the dropped-out input (``F.linear(x, W)``, no bias).
 
-So LoRA (two products) keeps the base layers' turns and takes the odd ones of its own, and DoRA (four,
-or five with dropout) moves every turn after it. The list was read off a Llama, a Qwen2 and a
+So LoRA (two products more per adapted layer) and DoRA (four) leave the base layers their turns and keep
+every other one of their own; DoRA with dropout (five) moves every turn after it. The list was read off a Llama, a Qwen2 and a
 StarCoder2 block under PEFT 0.21 with a recording policy (``tests/model/test_selective.py`` checks it
 against the policy itself). Pure: shapes from ``advisor.model.lora.block_linears``, no torch.
 

@@ -166,3 +166,18 @@ def test_selective_beyond_full_matches_the_simulated_step(seq_len, lora, simulat
         peaks.append(result.candidate("zero2").memory_bytes.peak_allocated)
     planned, measured = peaks[0] - peaks[1], simulated[0] - simulated[1]
     assert abs(planned - measured) <= 0.01 * measured, (planned, measured)
+
+
+def test_dora_with_dropout_moves_the_recomputed_flops():
+    """Llama-3.1-8B, DoRA on q with dropout: the recompute keeps q, k, o and up (not q, v, gate and down), so it
+    recomputes v, gate and down's products again and skips k, o and up's: 2 FLOPs a parameter, token and block."""
+    from advisor.estimate.step_time import count_flops
+    from advisor.model.lora import with_lora
+    from advisor.model.sources import resolve_model
+
+    lora = LoraConfig(rank=16, targets=("q_proj",), dora=True, dropout=0.1)
+    spec = with_lora(resolve_model("meta-llama/Llama-3.1-8B"), lora)
+    plain = count_flops(spec, tokens=4096, seq_len=4096, checkpointing=True, selective=True)
+    moved = count_flops(spec, tokens=4096, seq_len=4096, checkpointing=True, selective=True, lora=lora)
+    v, gate, down, k, o, up = 4096 * 1024, 4096 * 14336, 14336 * 4096, 4096 * 1024, 4096 * 4096, 4096 * 14336
+    assert moved.recompute - plain.recompute == pytest.approx(2 * 4096 * 32 * ((v + gate + down) - (k + o + up)))

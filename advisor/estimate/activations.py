@@ -294,12 +294,13 @@ _BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
-    kept_tail_width: int = 0, target_len: int | None = None, head_grads: bool = True,
+    kept_tail_width: int = 0, kept_elements: int = 0, target_len: int | None = None, head_grads: bool = True,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``kept_width``: the output features of the matrix products selective checkpointing keeps in a block;
     ``kept_tail_width``: those of them past the last tensor the block's backward reads (Llama's
-    ``down_proj``), which the recomputation never reaches and so never hands back.
+    ``down_proj``), which the recomputation never reaches and so never hands back; ``kept_elements``: the
+    kept products that do not grow with the tokens (DoRA's weight products, ``advisor.model.selective``).
     ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
     trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
@@ -347,7 +348,10 @@ def estimate_activations(
             kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         # SDPA's boolean window mask is every block's input too; eager's masks are whole, counted below
         mask = 0 if attention_backward is not None else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
-        block_kept = tokens * (dt.residual * h + kept)
+        # DoRA's kept weight products: held from forward through the block's backward (measured on the simulated
+        # step: the recomputation hands none back; all-linear and q + down_proj, s 1024 and 2048)
+        fixed = dt.compute * kept_elements if selective else 0
+        block_kept = tokens * (dt.residual * h + kept) + fixed
         saved = shape.num_layers * block_kept + outside + mask
         recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0

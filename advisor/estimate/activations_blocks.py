@@ -348,6 +348,6 @@ def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
 def selective_kept_per_token(shape: ActivationShape, dt: Dtypes, kept_width: int) -> int:
     """Bytes a token keeps in one block under selective checkpointing beyond the block input: the
     attention kernel's output and fp32 log-sum-exp, and the outputs (``kept_width`` features) of the
-    matrix products the policy keeps (``advisor.model.lora.selective_kept_linears``)."""
+    matrix products the policy keeps (``advisor.model.selective.selective_kept``)."""
     q = shape.num_attention_heads * shape.head_dim
     return dt.compute * (q + kept_width) + FP32 * shape.num_attention_heads

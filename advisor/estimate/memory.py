@@ -65,7 +65,8 @@ from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import in_json_order, validated_copy
-from advisor.model.lora import adapter_inputs, dora_outputs, selective_kept_linears, selective_kept_tail_width, tower_adapter_params
+from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_params
+from advisor.model.selective import SelectiveKept, selective_kept
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
 from advisor.model.llava import ClipTowerFacts
@@ -197,6 +198,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
                                         vocab_size=spec.vocab_size or 0, hidden_size=spec.hidden_size or 0)
     images = image_tokens(spec, training)
+    kept = selective_kept(spec, training.lora) or SelectiveKept(0, 0, 0, ())
     est = estimate_activations(
         shape_of(spec),
         dtypes,
@@ -208,8 +210,9 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         adapters=_adapters(spec, training),
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
-        kept_width=sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()),
-        kept_tail_width=selective_kept_tail_width(spec),
+        kept_width=kept.width,
+        kept_tail_width=kept.tail_width,
+        kept_elements=kept.elements,
     )
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:

@@ -71,7 +71,7 @@ from advisor.estimate.strategy_buffers import block_backward_buffers, block_para
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
-from advisor.model.lora import selective_kept_linears, selective_kept_tail_width
+from advisor.model.selective import selective_kept
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -169,8 +169,8 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     rank_len = rank_seq_len(spec, training, mesh)
     tower = vision_tower_bytes(spec, training, dt, micro_batch_size=micro_batch_size)
     selective = checkpointing and training.activation_checkpointing == "selective"
-    kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
-    tail = selective_kept_tail_width(spec) if selective else 0
+    products = selective_kept(spec) if selective else None  # the mesh's blocks train whole (no adapters)
+    kept, tail = (products.width, products.tail_width) if products is not None else (0, 0)
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",

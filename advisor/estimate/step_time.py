@@ -49,7 +49,8 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.quantized import stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
-from advisor.model.lora import selective_kept_linears
+from advisor.model.lora import LoraConfig
+from advisor.model.selective import selective_kept
 from advisor.model.spec import ModelSpec
 from advisor.hardware.catalog import GpuProfile, load_catalog
 from advisor.strategies import Implementation
@@ -149,11 +150,11 @@ def _encdec_forward_terms(spec: ModelSpec, *, tokens: int, seq_len: int, target_
 
 
 def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool,
-                selective: bool = False, target_len: int | None = None) -> FlopCount:
+                selective: bool = False, target_len: int | None = None, lora: LoraConfig | None = None) -> FlopCount:
     """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring);
     an encoder-decoder's decoder runs on ``target_len`` target tokens a sample (default ``seq_len``).
-    Selective checkpointing recomputes the forward less the attention kernels and the matrix
-    products it kept."""
+    Selective checkpointing recomputes the forward less the attention kernels and the base layers'
+    products it kept (which ``lora``'s DoRA products move: ``advisor.model.selective``)."""
     shape = shape_of(spec)
     trainable_share = spec.trainable_params / spec.total_params
     if spec.encdec is not None:
@@ -170,9 +171,9 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     # picks the MPTBlock; the head's product runs once (encoder-decoders: counted in full, as before).
     head_fwd = 0 if spec.encdec is not None else 2 * output_head_params(spec) * tokens
     recompute = forward - head_fwd if checkpointing else 0.0
-    kept = selective_kept_linears(spec) if checkpointing and selective else None
-    if kept is not None:  # the recompute skips the attention kernels and the matrix products kept
-        kept_params = sum(fan_in * fan_out for fan_in, fan_out in kept)
+    kept = selective_kept(spec, lora) if checkpointing and selective else None
+    if kept is not None:  # the recompute skips the attention kernels and the base layers' products kept
+        kept_params = sum(fan_in * fan_out for fan_in, fan_out in kept.linears)
         recompute = max(0.0, forward - head_fwd - attention_fwd - 2 * kept_params * shape.num_layers * tokens)
     return FlopCount(forward=forward, backward=backward, recompute=recompute)
 
@@ -338,7 +339,8 @@ def estimate_step_time(
     shape = shape_of(spec)
     tokens_micro = micro_batch_size * training.seq_len
     flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing,
-                        selective=training.activation_checkpointing == "selective", target_len=training.target_len)
+                        selective=training.activation_checkpointing == "selective", target_len=training.target_len,
+                        lora=training.lora)
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
     if impl.single_process and hardware.world_size > 1:

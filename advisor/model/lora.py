@@ -94,36 +94,6 @@ def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     return attention if info.moe else {**attention, **mlp}
 
 
-_QKV = ("q_proj", "k_proj", "v_proj", "qkv_proj")
-
-
-def selective_kept_linears(spec: ModelSpec) -> list[tuple[int, int]] | None:
-    """``(in, out)`` of the linear layers of one block whose outputs selective checkpointing keeps
-    (``wrappers.checkpointing.selective_context``: the 1st, 3rd, 5th, ... ``aten.mm`` of the block, in
-    forward order; a linear layer with a bias runs ``addmm``, which the policy recomputes, so Qwen2's
-    q, k and v do not count). None where the block is not a known dense Llama-like decoder."""
-    info = load_architectures().get(spec.model_type or "")
-    if info is None or info.formula != "decoder" or info.moe:
-        return None
-    linears = block_linears(spec)
-    order = [name for name in linears if not (info.qkv_bias and name in _QKV)]
-    return [shape for name in order[0::2] for shape in linears[name]]
-
-
-def selective_kept_tail_width(spec: ModelSpec) -> int:
-    """Output features of the block's last linear layer (``down_proj``) where selective checkpointing
-    keeps it (an odd count of ``aten.mm`` in the block: Llama, Mistral, Qwen3, not Qwen2): backward reads
-    nothing after the product before it, so the recomputation stops there (non-reentrant checkpointing's
-    early stop) and the kept output stays held through the block's backward. 0 otherwise."""
-    info = load_architectures().get(spec.model_type or "")
-    if selective_kept_linears(spec) is None or info is None:
-        return 0
-    order = [name for name in block_linears(spec) if not (info.qkv_bias and name in _QKV)]
-    if len(order) % 2 == 0:
-        return 0
-    return sum(fan_out for _, fan_out in block_linears(spec)[order[-1]])
-
-
 # Where each linear layer of a Llama-like block reads its input from. Targets sharing a source read
 # the same tensor (q, k and v all read the attention norm's output).
 INPUT_SOURCE = {"q_proj": "attn_norm", "k_proj": "attn_norm", "v_proj": "attn_norm", "qkv_proj": "attn_norm",

@@ -113,6 +113,7 @@ def reference() -> dict:
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
+@pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
 @pytest.mark.parametrize("name", list(SCENARIOS))
 def test_matches_one_process(results, reference, name):
     seen: set[str] = set()
@@ -136,6 +137,7 @@ def test_matches_one_process(results, reference, name):
     print(f"{name}: max |diff| parameters {param_diff:.2e}, losses {loss_diff:.2e}")
 
 
+@pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
 def test_stages_and_data_parallel_ranks(results):
     # rank = pp_rank * 2 + (tp or dp_replicate rank): ranks 0, 1 hold pipeline rank 0's stages
     assert [r["pp2_tp2_1f1b"]["stages"] for r in results] == [(0,), (0,), (1,), (1,)]
@@ -144,6 +146,7 @@ def test_stages_and_data_parallel_ranks(results):
     assert [r["pp2_hsdp2_1f1b"]["dp_rank"] for r in results] == [0, 1, 0, 1]
 
 
+@pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
 def test_tensor_parallel_split_inside_stages(results):
     # Llama's transformers plan on hidden 64, 4 heads of 16, 2 key/value heads, MLP 128, vocabulary 128, tp 2
     first, last = results[0]["pp2_tp2_1f1b"], results[2]["pp2_tp2_1f1b"]
@@ -177,3 +180,15 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
 
     with pytest.raises(ValueError, match="--tp 4 does not divide the model's 2 key/value heads"):
         wrap_pipeline(tiny_llama(0), mesh=ParallelDims(pp=2, tp=4, world_size=8), num_microbatches=4, env=_env(0, 8))
+
+
+def test_wrap_names_wrap_pipeline_and_what_it_builds_for_a_pp_tp_mesh():
+    from wrappers import wrap
+
+    with pytest.raises(ValueError) as refused:
+        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, tp=2, world_size=4), env=_env(0, 4), verbose=False)
+    message = str(refused.value)
+    assert "mesh=ParallelDims(pp=2, tp=2, world_size=4), num_microbatches=8)" in message  # 4 x pp, planner default
+    assert message.endswith("it runs pp x dp_replicate x dp_shard x tp: TP and FSDP2/HSDP inside the stages)")
+    with pytest.raises(ValueError, match=r"cp 2 \(context parallelism's ring attention .* is not built yet\)$"):
+        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, cp=2, world_size=4), env=_env(0, 4), verbose=False)

@@ -16,6 +16,10 @@ its own test:
   replicated over 2 HSDP ranks (FSDP2 on a (dp_replicate 2, dp_shard 1) mesh), 4 micro-batches of 1
   sequence per data-parallel rank.
 
+After training, the pp 2 x tp 2 1F1B pipeline is saved with ``wrappers.checkpoint_io.save_checkpoint``
+(DCP, sharded over pp and tp) through ``Pipeline.rank_model``; the parent loads it into a whole
+one-process ``LlamaForCausalLM`` with ``load_checkpoint`` and must find the gathered parameters exactly.
+
 Tolerance on parameters: atol 5e-5, rtol 1e-5. AdamW divides by sqrt(v), so an entry whose gradient is
 float32 noise moves by a fraction of lr (2e-3) whatever the noise's size: ``model.layers.2.mlp.up_proj``'s
 entry (32, 18) has a step-0 gradient of -3.4e-9 (the tensor's median |gradient|: 3.8e-4), and there the
@@ -67,7 +71,7 @@ def _build(name: str):
     return pipeline, optimizer, dims.dp
 
 
-def _scenario(name: str) -> dict:
+def _scenario(name: str, checkpoint_dir: str) -> dict:
     pipeline, optimizer, dp = _build(name)
     per_rank = GLOBAL_BATCH // dp
     losses = []
@@ -77,6 +81,10 @@ def _scenario(name: str) -> dict:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(None if loss is None else loss.item())
+    if name == "pp2_tp2_1f1b":
+        from wrappers.checkpoint_io import save_checkpoint
+
+        save_checkpoint(pipeline.rank_model, checkpoint_dir, optimizer=optimizer)
     named = dict(pipeline.rank_model.named_parameters())
     return {"losses": losses, "stages": pipeline.stage_ids, "dp_rank": pipeline.dp_rank,
             "params": {n: p.full_tensor().detach().clone() for n, p in named.items()},
@@ -84,17 +92,22 @@ def _scenario(name: str) -> dict:
             "mesh_dims": {n: tuple(p.device_mesh.mesh_dim_names) for n, p in named.items()}}
 
 
-def _ranks(rank: int, world_size: int) -> dict:
+def _ranks(rank: int, world_size: int, checkpoint_dir: str) -> dict:
     results = {}
     for name in SCENARIOS:
-        results[name] = _scenario(name)
+        results[name] = _scenario(name, checkpoint_dir)
         dist.barrier()
     return results
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    return collect_distributed(_ranks, world_size=WORLD, timeout_s=240)
+def checkpoint_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("pipeline_tp") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def results(checkpoint_dir) -> list[dict]:
+    return collect_distributed(_ranks, checkpoint_dir, world_size=WORLD, timeout_s=240)
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +175,18 @@ def test_tensor_parallel_split_inside_stages(results):
     hsdp = results[0]["pp2_hsdp2_1f1b"]
     assert hsdp["mesh_dims"]["model.layers.0.self_attn.q_proj.weight"] == ("dp_replicate", "dp_shard")
     assert hsdp["local_shapes"]["model.layers.0.self_attn.q_proj.weight"] == (64, 64)  # replicated, dp_shard 1
+
+
+@pytest.mark.slow  # the 4-rank spawn (see above)
+def test_pp_tp_checkpoint_loads_into_one_process_model(results, checkpoint_dir):
+    from wrappers.checkpoint_io import load_checkpoint
+
+    model = tiny_llama(seed=2)
+    with pytest.warns(UserWarning, match="RNG states were saved by 4 ranks"):
+        load_checkpoint(model, checkpoint_dir)
+    saved = {n: t for r in results for n, t in r["pp2_tp2_1f1b"]["params"].items()}
+    for name, param in model.named_parameters():
+        assert torch.equal(param.detach(), saved[name]), name
 
 
 def test_cp_and_ep_inside_stages_are_refused_with_the_reason():

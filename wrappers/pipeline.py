@@ -229,7 +229,8 @@ class Pipeline:
     @property
     def dp_rank(self) -> int:
         """This rank's index among the data-parallel ranks (dp_replicate x dp_shard): its slice of the batch."""
-        return _dim_rank(self.mesh, "dp_replicate") * _dim_size(self.mesh, "dp_shard") + _dim_rank(self.mesh, "dp_shard")
+        mesh = self.mesh
+        return _dim_rank(mesh, "dp_replicate") * _dim_size(mesh, "dp_shard") + _dim_rank(mesh, "dp_shard")
 
     @property
     def has_first_stage(self) -> bool:

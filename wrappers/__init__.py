@@ -28,7 +28,7 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
   HSDP, then materialisation), ``materialize.py`` (a meta model's shards loaded from safetensors
   slices or initialised), ``mesh_wrap.py`` (``wrap()``'s mesh branch).
 - ``pipeline.py`` (``apply_pipeline``: a decoder split into stages by layer, run by a
-  ``torch.distributed.pipelining`` schedule, FSDP2 over dp_shard), ``pipeline_wrap.py``
+  ``torch.distributed.pipelining`` schedule, TP and FSDP2 / HSDP inside each stage), ``pipeline_wrap.py``
   (``wrap_pipeline``: a plan's pp mesh applied, since a pipeline is stepped by its schedule and so
   is not ``wrap()``'s model), ``experts.py`` (``apply_expert_parallel``: an MoE block's experts
   sharded over an ep group, all-to-all dispatch and combine).

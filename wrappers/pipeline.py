@@ -1,7 +1,9 @@
 """Pipeline parallelism: a decoder split into stages by layer, run by ``torch.distributed.pipelining``,
-each stage sharded with FSDP2 over the data-parallel dimension of a 2-D ``["pp", "dp_shard"]`` mesh.
+each stage split by tensor parallelism over ``tp`` and sharded with FSDP2 over the data-parallel ranks
+of a ``["pp", "dp_replicate", "dp_shard", "tp"]`` mesh (degree-1 dimensions included).
 
-The shape is torchtitan's (``pipeline_llama`` then ``parallelize_llama`` on each part):
+The shape is torchtitan's (``pipeline_llm`` in ``torchtitan/distributed/pipeline_parallel.py`` cuts the
+model parts, then calls ``parallelize_llama`` on each part: TP, then FSDP2):
 
 1. ``split_decoder``: stage ``s`` of ``num_stages`` holds a contiguous run of decoder layers (an
    even split, or ``layers_per_stage``), the token embedding on the first stage, the final norm and
@@ -11,14 +13,24 @@ The shape is torchtitan's (``pipeline_llama`` then ``parallelize_llama`` on each
 2. Stages are placed on the ranks of the ``pp`` dimension: loop style (stage ``s`` on rank
    ``s % pp``) for GPipe, 1F1B and the interleaved schedules, V style (rank ``r`` holds stages ``r``
    and ``2 pp - 1 - r``) for ZBV and DualPipeV, as torchtitan's ``generate_llm_fqn_per_model_part``.
-3. Each stage's layers, then the stage itself, are ``fully_shard``-ed on the ``dp_shard`` submesh
-   (``reshard_after_forward=False``: torchtitan keeps a stage's parameters gathered across its
-   micro-batches instead of gathering them once per micro-batch).
-4. A ``PipelineStage`` per stage on the ``pp`` process group, and one schedule object over this
+3. With ``tp > 1``, each stage is split by the whole model's TP plan (``wrappers.tensor_parallel``,
+   the plan ``wrap()`` applies without a pipeline) restricted to the modules the stage holds: its
+   layers' attention and MLP projections, the vocabulary-split embedding on the first stage and the
+   head on the last (logits gathered over tp: ``colwise_gather_output``, no vocabulary-parallel loss,
+   as without a pipeline). Hidden states between stages are whole on every TP rank (no sequence
+   parallelism), and each TP rank talks to the same TP rank of the next stage (the ``pp`` group).
+4. Each stage's layers, then the stage itself, are ``fully_shard``-ed on the data-parallel submesh:
+   ``dp_shard``, or ``(dp_replicate, dp_shard)`` (HSDP: replicate outer, shard inner) when
+   ``dp_replicate > 1``; over TP's ``DTensor`` shards when ``tp > 1`` (FSDP2 on the TP shards, as
+   ``parallelize.apply_mesh``). ``reshard_after_forward=False``: torchtitan keeps a stage's parameters
+   gathered across its micro-batches instead of gathering them once per micro-batch (its
+   ``fsdp_reshard_after_forward="default"`` is ``not pp_enabled``).
+5. A ``PipelineStage`` per stage on the ``pp`` process group, and one schedule object over this
    rank's stages. ``scale_grads`` stays on: gradients are the mean over micro-batches, so with
    ``causal_lm_loss`` (a mean over tokens) a step equals one process's step on the whole batch.
 
-What runs here is checked on CPU over gloo (``tests/wrappers/test_pipeline.py``); which schedules
+What runs here is checked on CPU over gloo (``tests/wrappers/test_pipeline.py``: pp x dp_shard;
+``tests/wrappers/test_pipeline_tp.py``: pp x tp and pp x dp_replicate); which schedules
 run there is in ``SCHEDULES``' ``cpu_checked``. Supported models: Hugging Face causal LMs of the
 Llama shape (``model.model.{embed_tokens, layers, norm, rotary_emb}`` and ``model.lm_head``, one
 rotary embedding for all layers); the stages chained in one process reproduce the whole model's
@@ -26,8 +38,10 @@ logits exactly for Llama, Qwen2 and Mixtral (the test), trained in a pipeline: L
 tied embeddings, sliding-window layers (each stage would need the sliding mask), other shapes.
 A MoE decoder's router auxiliary loss is not added (the stages return logits only).
 
-Not here: tensor or context parallelism inside a stage, activation checkpointing of the stages, and
-the planner's choice of schedule (``advisor``); ``apply_pipeline`` is told the degrees.
+Not here: context parallelism inside a stage (its ring attention is entered around a step's forward
+and backward, which the schedule runs), experts sharded over ep inside a stage, activation
+checkpointing of the stages, and the planner's choice of schedule (``advisor``); ``apply_pipeline``
+is told the degrees.
 """
 
 from __future__ import annotations
@@ -45,6 +59,10 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as pp_schedules
 
 from wrappers.fsdp import apply_fsdp
+from wrappers.tensor_parallel import apply_tensor_parallel
+
+# The pipeline mesh's dimensions, outermost first (torchtitan's order, without cp).
+PIPELINE_DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "tp")
 
 @dataclass(frozen=True)
 class ScheduleRow:
@@ -209,6 +227,12 @@ class Pipeline:
     num_stages: int
 
     @property
+    def dp_rank(self) -> int:
+        """This rank's index among the data-parallel ranks (dp_replicate x dp_shard): its slice of the batch."""
+        mesh = self.mesh
+        return _dim_rank(mesh, "dp_replicate") * _dim_size(mesh, "dp_shard") + _dim_rank(mesh, "dp_shard")
+
+    @property
     def has_first_stage(self) -> bool:
         return 0 in self.stage_ids
 
@@ -227,17 +251,33 @@ class Pipeline:
         return torch.stack(losses).mean() if losses else None
 
 
-def build_pipeline_mesh(*, pp: int, dp_shard: int, device_type: str) -> DeviceMesh:
-    """The 2-D ``["pp", "dp_shard"]`` mesh (pp outer, as torchtitan: stages across nodes, FSDP inside)."""
-    return init_device_mesh(device_type, (pp, dp_shard), mesh_dim_names=("pp", "dp_shard"))
+def build_pipeline_mesh(*, pp: int, dp_shard: int, device_type: str, dp_replicate: int = 1,
+                        tp: int = 1) -> DeviceMesh:
+    """The ``PIPELINE_DIM_NAMES`` mesh, every name present (pp outer as torchtitan: stages across nodes,
+    data parallelism inside, tp innermost on neighbouring ranks)."""
+    return init_device_mesh(device_type, (pp, dp_replicate, dp_shard, tp), mesh_dim_names=PIPELINE_DIM_NAMES)
+
+
+def _dim_size(mesh: DeviceMesh, name: str) -> int:
+    return mesh[name].size() if name in (mesh.mesh_dim_names or ()) else 1
+
+
+def _dim_rank(mesh: DeviceMesh, name: str) -> int:
+    return mesh[name].get_local_rank() if name in (mesh.mesh_dim_names or ()) else 0
+
+
+def _fsdp_mesh(mesh: DeviceMesh) -> DeviceMesh:
+    """What FSDP2 shards a stage over: dp_shard, or (dp_replicate, dp_shard) for HSDP."""
+    return mesh["dp_replicate", "dp_shard"] if _dim_size(mesh, "dp_replicate") > 1 else mesh["dp_shard"]
 
 
 def apply_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str = "1f1b", virtual_stages: int = 1,
                    num_microbatches: int, device: torch.device, layers_per_stage: Sequence[int] | None = None,
                    loss_fn=causal_lm_loss) -> Pipeline:
-    """Split ``model`` into ``pp x virtual_stages`` stages, keep this rank's, shard them with FSDP2 over
-    ``mesh["dp_shard"]`` and build the schedule (see the module docstring). Build the optimizer on
-    ``pipeline.rank_model`` afterwards (FSDP2 replaced the parameters)."""
+    """Split ``model`` into ``pp x virtual_stages`` stages, keep this rank's, split them over
+    ``mesh["tp"]`` (when the mesh has one of size > 1), shard them with FSDP2 over the data-parallel
+    dimensions and build the schedule (see the module docstring). Build the optimizer on
+    ``pipeline.rank_model`` afterwards (TP and FSDP2 replaced the parameters)."""
     row = schedule_row(schedule, virtual_stages=virtual_stages)
     pp = mesh["pp"].size()
     num_stages = pp * virtual_stages
@@ -246,9 +286,12 @@ def apply_pipeline(model: nn.Module, mesh: DeviceMesh, *, schedule: str = "1f1b"
     stage_ids = stage_ids_of_rank(mesh["pp"].get_local_rank(), pp=pp, virtual_stages=virtual_stages, style=row.style)
     stages = split_decoder(model, stage_ids, num_stages=num_stages, layers_per_stage=layers_per_stage)
     rank_model = RankModel(stages)
+    fsdp_mesh = _fsdp_mesh(mesh)
     for stage in stages:
         stage.to(device)
-        apply_fsdp(stage, reshard_after_forward=False, precision="fp32", cpu_offload=False, mesh=mesh["dp_shard"],
+        if _dim_size(mesh, "tp") > 1:
+            apply_tensor_parallel(stage, mesh["tp"], plan_of=model)
+        apply_fsdp(stage, reshard_after_forward=False, precision="fp32", cpu_offload=False, mesh=fsdp_mesh,
                    blocks=list(stage.model.layers.values()))
     group = mesh["pp"].get_group()
     pipeline_stages = [PipelineStage(stage, s, num_stages, device, group=group) for stage, s in zip(stages, stage_ids)]

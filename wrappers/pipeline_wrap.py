@@ -20,8 +20,11 @@ parameters (FSDP2 replaced them; the other stages' are not here), each group kee
 the loader is sharded over the data-parallel ranks only (the stages of one pipeline read the same
 batch). Checkpoints: ``save_checkpoint(pipeline.rank_model, path, optimizer=optimizer)``.
 
-Built: pp x dp_shard. Not built (refused with the reason): TP, CP or HSDP inside the stages, and
-expert parallelism composed with the pipeline's FSDP2 (``wrappers.experts`` shards experts alone).
+Built: pp x dp_replicate x dp_shard x tp (TP inside each stage, then FSDP2 or HSDP over the data-parallel
+ranks, as torchtitan composes them). Not built (refused with the reason): CP inside the stages (the ring
+attention context is entered around a step's forward and backward, and here the schedule runs them; on
+CPU it does not run at all), and expert parallelism composed with the pipeline's FSDP2
+(``wrappers.experts`` shards experts alone).
 """
 
 from __future__ import annotations
@@ -38,13 +41,33 @@ from wrappers.pipeline import Pipeline, apply_pipeline, build_pipeline_mesh
 from wrappers.process_group import init_launch_group
 
 
-def _check_pipeline_dims(dims: ParallelDims) -> None:
+BUILT_INSIDE_STAGES = "dp_replicate x dp_shard x tp"
+_NOT_BUILT = {
+    "cp": "context parallelism's ring attention is a context entered around each step's forward and backward "
+          "(torch.distributed.tensor.experimental.context_parallel), which the pipeline schedule runs, and is "
+          "not wired into it",
+    "ep": "the experts' all-to-all (wrappers.experts) is not composed with the stages' FSDP2",
+}
+
+
+def unbuilt_inside_stages(dims: ParallelDims) -> str | None:
+    """Why ``wrap_pipeline`` cannot run ``dims`` (cp or ep inside the stages), or None."""
+    refused = [f"{name} {getattr(dims, name)} ({why})" for name, why in _NOT_BUILT.items() if getattr(dims, name) > 1]
+    if not refused:
+        return None
+    return (f"wrap_pipeline runs pp x {BUILT_INSIDE_STAGES}; {'; '.join(refused)} inside the stages is not "
+            "built yet")
+
+
+def _check_pipeline_dims(dims: ParallelDims, model: nn.Module) -> None:
     if dims.pp == 1:
         raise ValueError(f"wrap_pipeline: mesh {dims.label} has no pipeline (pp 1); use wrap()")
-    inner = {name: getattr(dims, name) for name in ("dp_replicate", "cp", "tp", "ep") if getattr(dims, name) > 1}
-    if inner:
-        listed = ", ".join(f"{name} {degree}" for name, degree in inner.items())
-        raise ValueError(f"wrap_pipeline runs pp x dp_shard; {listed} inside the stages is not built yet")
+    problem = unbuilt_inside_stages(dims)
+    if problem:
+        raise ValueError(problem)
+    config = getattr(model, "config", None)
+    heads = getattr(config, "num_attention_heads", None)
+    dims.check_model(num_attention_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads)
 
 
 def pipeline_call(dims: ParallelDims, num_microbatches: int | None = None) -> str:
@@ -56,20 +79,22 @@ def pipeline_call(dims: ParallelDims, num_microbatches: int | None = None) -> st
     m = num_microbatches or num_micro_batches(dims, None)
     source = "the plan's gradient_accumulation_steps" if num_microbatches else (
         "what the plan assumes without --global-batch; with it, the plan's gradient_accumulation_steps")
+    runs = unbuilt_inside_stages(dims) or f"it runs pp x {BUILT_INSIDE_STAGES}: TP and FSDP2/HSDP inside the stages"
     return (f"mesh {dims.label} pipelines the model: a schedule runs each step, not loss.backward(), so wrap() has "
             f"no model to return; call pipeline, optimizer, loader = wrappers.wrap_pipeline(model, optimizer, loader, "
             f"mesh=ParallelDims({degrees}), num_microbatches={m}) and loop loss = pipeline.step(batch) "
-            f"(num_microbatches {m}: {source})")
+            f"(num_microbatches {m}: {source}; {runs})")
 
 
 def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
                   loader: torch.utils.data.DataLoader | None = None, *, mesh: ParallelDims | dict,
                   num_microbatches: int, env: LaunchEnv | None = None) -> tuple:
     """Split ``model`` into the stages of ``mesh`` (its ``pp``, ``pp_schedule``, ``virtual_stages``,
-    ``pp_layers``), FSDP2 over ``dp_shard``; returns (pipeline, optimizer, loader) for what was passed."""
+    ``pp_layers``), TP over ``tp`` and FSDP2 over ``dp_shard`` (HSDP with ``dp_replicate``) inside each;
+    returns (pipeline, optimizer, loader) for what was passed."""
     env = env or read_launch_env()
     dims = resolve_dims(mesh, world_size=env.world_size)
-    _check_pipeline_dims(dims)
+    _check_pipeline_dims(dims, model)
     init_launch_group(env)
     names = param_group_names(optimizer, model) if optimizer is not None else None
     chunks = dims.chunks_per_rank
@@ -79,8 +104,9 @@ def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
             raise ValueError("pp_layers gives one count per pipeline rank; with several stages per rank give an "
                              "even split")
         layers = dims.pp_layers
-    mesh_2d = build_pipeline_mesh(pp=dims.pp, dp_shard=dims.dp_shard, device_type=env.device.type)
-    pipeline = apply_pipeline(model, mesh_2d,
+    device_mesh = build_pipeline_mesh(pp=dims.pp, dp_replicate=dims.dp_replicate, dp_shard=dims.dp_shard,
+                                      tp=dims.tp, device_type=env.device.type)
+    pipeline = apply_pipeline(model, device_mesh,
                               schedule=dims.pp_schedule, virtual_stages=chunks, num_microbatches=num_microbatches,
                               device=env.device, layers_per_stage=layers)
     result: list = [pipeline]
@@ -89,5 +115,5 @@ def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = No
         groups = [[name for name in group if name in here] for group in names]
         result.append(rebuild_optimizer(optimizer, here, group_param_names=groups))
     if loader is not None:
-        result.append(shard_loader(loader, num_replicas=dims.dp, rank=pipeline.mesh["dp_shard"].get_local_rank()))
+        result.append(shard_loader(loader, num_replicas=dims.dp, rank=pipeline.dp_rank))
     return tuple(result)

@@ -134,18 +134,31 @@ def _divide_head_counts(model: nn.Module, styles: dict[str, ParallelStyle], tp: 
                 setattr(module, attr, count // tp)
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> tuple[str, tuple[str, ...]]:
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, *,
+                          plan_of: nn.Module | None = None) -> tuple[str, tuple[str, ...]]:
     """Split ``model``'s layers over ``tp_mesh`` in place; returns where the plan came from and the
-    names of the modules it split."""
+    names of the modules it split.
+
+    ``plan_of``: the whole model when ``model`` is a part of it whose submodules keep the whole
+    model's names (a pipeline stage, ``wrappers.pipeline.DecoderStage``): the plan is the whole
+    model's (its transformers plan lives on the head class and the config, not on the part),
+    restricted to the modules the part holds.
+    """
     if tp_mesh.size() == 1:
         return "no tensor parallelism", ()
-    config = getattr(model, "config", None)
+    whole = model if plan_of is None else plan_of
+    config = getattr(whole, "config", None)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     for what, count in (("attention heads", heads), ("key/value heads", kv_heads)):
         if count is not None and count % tp_mesh.size():
             raise ValueError(f"tp {tp_mesh.size()} does not divide the model's {count} {what}")
-    styles, source = resolve_plan(model)
+    styles, source = resolve_plan(whole)
+    if plan_of is not None:
+        held = {name for name, _ in model.named_modules()}
+        styles = {name: style for name, style in styles.items() if name in held}
+        if not styles:
+            return source, ()
     parallelize_module(model, tp_mesh, styles)
     _divide_head_counts(model, styles, tp_mesh.size())
     return source, tuple(styles)

@@ -81,6 +81,12 @@ class TrainingConfig(BaseModel):
                                                     "per-parameter DTensor shards) or 1 (FullyShardedDataParallel "
                                                     "with flat parameters, as accelerate's fsdp_version: 1 runs it); "
                                                     "wrap() and the exports apply FSDP2 either way.")
+    # Off by default and left out of the JSON, so plans made before it read the same (advisor.estimate.kv_cache).
+    use_cache: bool = Field(default=False, exclude_if=lambda keep: not keep,
+                            description="The model builds its KV cache in training (config.use_cache left on) under "
+                                        "a checkpointing that does not turn it off: torch's checkpoint_wrapper as "
+                                        "Lightning's and accelerate's FSDP activation checkpointing apply it. False: "
+                                        "the cache is off or costs nothing (advisor.estimate.kv_cache).")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")

@@ -89,6 +89,24 @@ def test_shared_cache_costs_nothing_without_checkpointing():
     assert peaks[0] == peaks[1] and estimates[0] == estimates[1]
 
 
+def test_autocast_cache_is_an_fp32_copy_through_the_loss():
+    """bf16-mixed, no checkpointing: the cache holds fp32 rotated keys and values beside SDPA's bf16 casts, so the
+    simulated loss rises by every layer's K/V, 2 x (2 x 2 x 512 x 64 x 4) = 1,048,576 bytes, and the backward
+    (the output dropped) does not; the estimate's end_of_forward rises by the same (why wrap() turns it off)."""
+    at_loss, backward, forward_end = [], [], []
+    for use_cache in (False, True):
+        training = TrainingConfig(seq_len=SEQ, use_cache=use_cache)
+        step = simulate(GQA_LLAMA, world_size=1, strategy="ddp", training=training, micro_batch_size=MBS,
+                        checkpointing=False, timeline=True)
+        at_loss.append(max(s.peak.total for s in step.timeline.segments if s.label == "loss"))
+        backward.append(max(s.peak.total for s in step.timeline.segments if s.phase == "backward"))
+        forward_end.append(estimate_memory(_spec(GQA_LLAMA), parse_gpus("1xH100"), training,
+                                           get_strategy("ddp").on("torch"), micro_batch_size=MBS,
+                                           checkpointing=False).at_end_of_forward)
+    assert at_loss[1] - at_loss[0] == forward_end[1] - forward_end[0] == 1_048_576
+    assert backward[0] == backward[1]
+
+
 def test_eager_cache_under_checkpointing_is_refused(capsys):
     """transformers' eager attention cannot run a kept cache through the recomputation (its (b, 1, s, s) mask
     meets 2s keys): a one-line error, exit 2."""

@@ -128,6 +128,12 @@ class TrainingConfig(BaseModel):
         return self.optimizer_impl or self.recipe.optimizer_impl
 
     @property
+    def keeps_kv_cache(self) -> bool:
+        """The model's KV cache is built in training: ``--use-cache``, or a recipe whose loop leaves it on
+        (``Recipe.kv_cache``; every row turns it off, profiles/recipes.json)."""
+        return self.use_cache or self.recipe.kv_cache
+
+    @property
     def low_precision_base(self) -> bool:
         """A LoRA model's frozen base is held in the compute dtype (bf16 under bf16-mixed), the adapters in
         the parameter dtype: the recipe loads the base as the checkpoint's dtype (``frozen_base: compute``)

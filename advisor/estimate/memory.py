@@ -293,7 +293,7 @@ def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *
               checkpointing: bool) -> KvCacheBytes | None:
     """The KV cache's bytes when the stack keeps it (``--use-cache``, advisor.estimate.kv_cache); ValueError
     where it is not modelled or cannot run."""
-    if not training.use_cache:
+    if not training.keeps_kv_cache:
         return None
     shape, eager = shape_of(spec), training.attention == "eager"
     why = kv_cache_not_modelled(shape, eager=eager, lora=training.lora is not None, checkpointing=checkpointing)

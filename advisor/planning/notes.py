@@ -160,8 +160,8 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training))
-    if "use_cache" in training.model_fields_set:  # said only when given, so default plans read as before
-        notes.append(kv_cache_note(training.use_cache))
+    if "use_cache" in training.model_fields_set or training.recipe.kv_cache:  # default plans read as before
+        notes.append(kv_cache_note(training.keeps_kv_cache))
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

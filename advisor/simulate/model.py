@@ -133,7 +133,7 @@ def meta_model(cfg: dict, training: TrainingConfig) -> Any:
 
     from wrappers.losses import use_loss_kernel
 
-    net = build_meta_model(simulation_config(cfg, attention=training.attention, use_cache=training.use_cache))
+    net = build_meta_model(simulation_config(cfg, attention=training.attention, use_cache=training.keeps_kv_cache))
     use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
     return net if training.lora is None else _with_lora(net, cfg, training.lora)
 

@@ -226,12 +226,12 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
     """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring).
     ``training.use_cache``: the blocks are checkpointed as torch's ``checkpoint_wrapper`` does, leaving the
     model's KV cache on (``wrap()`` turns it off; Lightning's and accelerate's FSDP checkpointing do not)."""
-    if training.use_cache:
+    if training.keeps_kv_cache:
         import warnings
 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="activation checkpointing: setting model.config.use_cache")
-            net, opt, notes = _wrap(net, strategy, impl, training.model_copy(update={"use_cache": False}),
+            net, opt, notes = _wrap(net, strategy, impl, training.model_copy(update={"use_cache": False, "recipe": training.recipe.model_copy(update={"kv_cache": False})}),
                                     checkpointing)
         _model_config(net).use_cache = True
         notes.append("KV cache on in training (config.use_cache=True under torch's checkpoint_wrapper)")

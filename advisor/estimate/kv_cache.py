@@ -35,7 +35,9 @@ unless checkpointing holds it:
 Measured on the simulated step (``advisor.simulate``, tests/estimate/test_kv_cache.py): a 256-wide GQA Llama
 (8 heads, 2 KV heads), micro-batch 2, s 1024, bf16-mixed, checkpointing on: +10,559,488 bytes at 2 layers
 and +19,021,824 at 3 layers over the same step without the cache, both exactly this count. Eager attention
-cannot run it (its (b, 1, s, s) mask meets 2s keys in the recompute: a shape error), nor can a masked SDPA.
+cannot run it (its (b, 1, s, s) mask meets 2s keys in the recompute: a shape error), nor can a masked SDPA, nor
+selective checkpointing (torch.utils.checkpoint: "aten.slice.Tensor ... encountered during backward but not
+found in storage"). Data-parallel plans only: the mesh and pipeline estimates do not count the cache yet.
 """
 
 from __future__ import annotations
@@ -62,12 +64,16 @@ class KvCacheBytes(BaseModel):
                                        "again, and every recomputed layer's 2s K/V and retained key/value path.")
 
 
-def kv_cache_not_modelled(shape: ActivationShape, *, eager: bool, lora: bool, checkpointing: bool) -> str | None:
+def kv_cache_not_modelled(shape: ActivationShape, *, eager: bool, lora: bool, checkpointing: bool,
+                          selective: bool = False) -> str | None:
     """Why ``--use-cache`` cannot be estimated for this job; None when it can."""
     if shape.family != "decoder" or shape.mla is not None or shape.fused_qkv or shape.sandwich_norms:
         return "--use-cache is modelled for Llama-style decoders (RMSNorm, separate k and v projections)"
     if lora:
         return "--use-cache is not modelled with LoRA yet (a frozen norm saves other tensors)"
+    if selective:  # simulated: torch.utils.checkpoint raises, the recomputation runs a slice the forward did not
+        return ("a kept KV cache fails under selective checkpointing (the recomputation appends the keys again "
+                "and runs ops the forward did not); turn the cache off (model.config.use_cache = False)")
     if checkpointing and (eager or shape.sliding_window is not None):
         return ("a kept KV cache fails in the checkpointed recomputation with a (b, 1, s, s) attention mask "
                 "(eager attention, a sliding window): the mask meets 2s keys; turn the cache off "

@@ -296,7 +296,8 @@ def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *
     if not training.keeps_kv_cache:
         return None
     shape, eager = shape_of(spec), training.attention == "eager"
-    why = kv_cache_not_modelled(shape, eager=eager, lora=training.lora is not None, checkpointing=checkpointing)
+    why = kv_cache_not_modelled(shape, eager=eager, lora=training.lora is not None, checkpointing=checkpointing,
+                                selective=checkpointing and training.activation_checkpointing == "selective")
     if why is not None:
         raise ValueError(why)
     return estimate_kv_cache(shape, recipe_dtypes(training, impl), micro_batch_size=micro_batch_size,

@@ -122,3 +122,20 @@ def test_eager_cache_under_checkpointing_is_refused(capsys):
 def test_use_cache_off_leaves_the_json_as_before():
     assert "use_cache" not in TrainingConfig().model_dump()
     assert TrainingConfig(use_cache=True).model_dump()["use_cache"] is True
+
+
+def test_plan_with_a_kept_cache_says_so_and_never_checkpoints_selectively(capsys):
+    """Selective checkpointing cannot run a kept cache (simulated: torch.utils.checkpoint raises on the slice the
+    recomputation adds): pinned, exit 2; under auto, the planner tries off and full only. The plan states the
+    assumption; a default plan says nothing of the cache."""
+    from advisor import plan
+
+    default = plan("Qwen/Qwen2.5-0.5B", "1xH100", seq_len=32768)
+    assert any(c.selective_checkpointing for c in default.candidates)  # the offload rows, without the cache
+    assert not any("KV cache" in note for note in default.assumptions)
+    kept = plan("Qwen/Qwen2.5-0.5B", "1xH100", use_cache=True, seq_len=32768)
+    assert not any(c.selective_checkpointing for c in kept.candidates)
+    assert any(note.startswith("KV cache kept in training") for note in kept.assumptions)
+    code, _, err = run_main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "1xH100", "--use-cache",
+                             "--activation-checkpointing", "selective"], capsys)
+    assert code == 2 and "selective checkpointing" in err

@@ -138,7 +138,8 @@ def kv_cache_note(use_cache: bool) -> str:
         return ("KV cache kept in training (--use-cache: config.use_cache left on, blocks checkpointed by torch's "
                 "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing do): each layer's keys and "
                 "values live from the forward to the bottom block's backward and the recomputation appends them "
-                "again, counted at each moment; model.config.use_cache = False frees it")
+                "again, counted at each moment of the data-parallel plans (not yet in mesh or pipeline plans); "
+                "model.config.use_cache = False frees it")
     return ("KV cache off in training: HF Trainer sets config.use_cache = TrainingArguments.use_cache (False), "
             "gradient_checkpointing_enable() and wrap() turn it off; without checkpointing an SDPA cache holds "
             "the tensors autograd saves and is dropped with the output")

@@ -224,18 +224,22 @@ def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, 
 def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
           checkpointing: bool) -> tuple[Any, Any, list[str]]:
     """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring).
-    ``training.use_cache``: the blocks are checkpointed as torch's ``checkpoint_wrapper`` does, leaving the
+    ``training.keeps_kv_cache``: the blocks are checkpointed as torch's ``checkpoint_wrapper`` does, leaving the
     model's KV cache on (``wrap()`` turns it off; Lightning's and accelerate's FSDP checkpointing do not)."""
-    if training.keeps_kv_cache:
-        import warnings
+    if not training.keeps_kv_cache:
+        return _wrap_as_wrap_does(net, strategy, impl, training, checkpointing)
+    import warnings
 
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="activation checkpointing: setting model.config.use_cache")
-            net, opt, notes = _wrap(net, strategy, impl, training.model_copy(update={"use_cache": False, "recipe": training.recipe.model_copy(update={"kv_cache": False})}),
-                                    checkpointing)
-        _model_config(net).use_cache = True
-        notes.append("KV cache on in training (config.use_cache=True under torch's checkpoint_wrapper)")
-        return net, opt, notes
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="activation checkpointing: setting model.config.use_cache")
+        net, opt, notes = _wrap_as_wrap_does(net, strategy, impl, training, checkpointing)
+    _model_config(net).use_cache = True
+    notes.append("KV cache on in training (config.use_cache=True under torch's checkpoint_wrapper)")
+    return net, opt, notes
+
+
+def _wrap_as_wrap_does(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
+                       checkpointing: bool) -> tuple[Any, Any, list[str]]:
     from wrappers.recipe import Recipe, apply_recipe
 
     opt = build_optimizer([p for p in unique_params(net) if p.requires_grad], training)

@@ -29,7 +29,7 @@ ZeroGrad = Literal["before_forward", "before_backward"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
-_FACTS = ("optimizer_impl", "frozen_base", "loss", "engine")
+_FACTS = ("optimizer_impl", "frozen_base", "loss", "engine", "kv_cache")
 _ZERO_FACTS = ("ipg_buffers_overlap_comm", "ipg_buffers_stage3", "partition_grads_in_backward", "step_grad_copies",
                "sub_group_size", "stage3_grad_buffer")
 
@@ -113,6 +113,10 @@ class Recipe(BaseModel):
     autocast_cache: bool = Field(default=True, description="Its autocast keeps the bf16 copy of each weight that "
                                  "requires grad until the autocast region ends (torch.autocast's default "
                                  "cache_enabled=True); False: a copy lives only where autograd saved it.")
+
+    kv_cache: bool = Field(default=False, description="Its loop leaves a Hugging Face model's KV cache on in "
+                           "training (config.use_cache, under a checkpointing that does not turn it off); the "
+                           "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
 
     def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
         return hash(self.name)

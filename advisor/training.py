@@ -83,6 +83,12 @@ class TrainingConfig(BaseModel):
                                                     "per-parameter DTensor shards) or 1 (FullyShardedDataParallel "
                                                     "with flat parameters, as accelerate's fsdp_version: 1 runs it); "
                                                     "wrap() and the exports apply FSDP2 either way.")
+    # Off by default and left out of the JSON, so plans made before it read the same (advisor.estimate.kv_cache).
+    use_cache: bool = Field(default=False, exclude_if=lambda keep: not keep,
+                            description="The model builds its KV cache in training (config.use_cache left on) under "
+                                        "a checkpointing that does not turn it off: torch's checkpoint_wrapper as "
+                                        "Lightning's and accelerate's FSDP activation checkpointing apply it. False: "
+                                        "the cache is off or costs nothing (advisor.estimate.kv_cache).")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")
@@ -122,6 +128,12 @@ class TrainingConfig(BaseModel):
     def optimizer_implementation(self) -> OptimizerImpl:
         """How the optimizer steps: ``optimizer_impl`` when given, else the recipe's."""
         return self.optimizer_impl or self.recipe.optimizer_impl
+
+    @property
+    def keeps_kv_cache(self) -> bool:
+        """The model's KV cache is built in training: ``--use-cache``, or a recipe whose loop leaves it on
+        (``Recipe.kv_cache``; every row turns it off, profiles/recipes.json)."""
+        return self.use_cache or self.recipe.kv_cache
 
     @property
     def low_precision_base(self) -> bool:

@@ -25,6 +25,7 @@ import functools
 import warnings
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -90,6 +91,18 @@ def apply_activation_checkpointing(model: nn.Module, *, blocks: Sequence[nn.Modu
         id(m._checkpoint_wrapped_module): m for m in model.modules() if isinstance(m, _ckpt.CheckpointWrapper)
     }
     return [wrappers[id(block)] for block in blocks]
+
+
+def turn_off_kv_cache(model: Any) -> None:
+    """Set a Hugging Face model's (or config's) ``use_cache`` to False, as HF Trainer does for training
+    (``config.use_cache = TrainingArguments.use_cache``, False by default). Left on, the forward builds a
+    ``DynamicCache`` in training: under autocast over fp32 weights it holds an fp32 copy of every layer's
+    keys and values through the loss (SDPA saves bf16 casts), and under torch's checkpoint_wrapper it lives
+    to the last block's backward (``advisor.estimate.kv_cache``). ``generate()`` passes its own
+    ``use_cache`` and is unaffected."""
+    config = model if hasattr(model, "use_cache") and not isinstance(model, nn.Module) else getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        config.use_cache = False
 
 
 def requested_mode(asked: bool | CheckpointMode | None) -> CheckpointMode | None:

@@ -40,7 +40,7 @@ from advisor.planning.policy import default_strategy
 from advisor.strategies import StrategyName
 from advisor.training import CheckpointMode, Engine, Precision
 from wrappers import measured
-from wrappers.checkpointing import apply_requested_checkpointing, requested_mode
+from wrappers.checkpointing import apply_requested_checkpointing, requested_mode, turn_off_kv_cache
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import loader_shape, shard_loader
 from wrappers.optim import optimizer_implementation
@@ -227,6 +227,7 @@ def wrap(
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
+    turn_off_kv_cache(model)  # as HF Trainer does: the cache only costs memory in training
     activation_checkpointing = requested_mode(activation_checkpointing)
     env = env or read_launch_env()
     from wrappers.mesh_wrap import is_config, materialize_whole, wrap_on_mesh

@@ -102,6 +102,10 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--loss", type=_choice(get_args(LossKernel)),
                  help="hf (default: full logits + fp32 copy), chunked, or fused (no logits kept)."),
     click.option("--attention", type=_choice(get_args(Attention)), help="sdpa (default) or eager."),
+    click.option("--use-cache", "use_cache", is_flag=True, default=None,
+                 help="The model keeps its KV cache in training (config.use_cache left on under torch's "
+                      "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing leave it); default "
+                      "off, as HF Trainer, gradient_checkpointing_enable() and wrap() set it."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),
@@ -157,6 +161,7 @@ _TRAINING_FIELDS = {
     "engine": "engine",
     "policy": "policy",
     "attention": "attention",
+    "use_cache": "use_cache",
     "loss": "loss",
     "quantize": "quantize",
     "double_quant": "double_quant",

@@ -60,7 +60,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_seriali
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_loss import loss_kept_bytes
-from advisor.estimate.states import FP32, ModelStates, model_states
+from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_not_modelled
+from advisor.estimate.states import ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
@@ -286,28 +287,48 @@ def estimate_memory(
     kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
                            dt=recipe_dtypes(training, impl))
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params, loss_kept=kept)
+                             flat_param_bytes=flat_params, loss_kept=kept,
+                             kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
+                                                checkpointing=checkpointing))
 
 
-def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int) -> int:
+def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
+              checkpointing: bool) -> KvCacheBytes | None:
+    """The KV cache's bytes when the stack keeps it (``--use-cache``, advisor.estimate.kv_cache); ValueError
+    where it is not modelled or cannot run."""
+    if not training.keeps_kv_cache:
+        return None
+    shape, eager = shape_of(spec), training.attention == "eager"
+    why = kv_cache_not_modelled(shape, eager=eager, lora=training.lora is not None, checkpointing=checkpointing,
+                                selective=checkpointing and training.activation_checkpointing == "selective")
+    if why is not None:
+        raise ValueError(why)
+    return estimate_kv_cache(shape, recipe_dtypes(training, impl), micro_batch_size=micro_batch_size,
+                             seq_len=training.seq_len + image_tokens(spec, training), checkpointing=checkpointing,
+                             eager=eager)
+
+
+def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int,
+                  kv: KvCacheBytes | None = None) -> int:
     """What a lower block's backward holds beyond the top block's, at the worst of them: each finished
     block frees what it saved and leaves its gradients (``StrategyBuffers.per_block_done``), so the
     blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
     n = buffers.num_blocks
+    top, bottom_kv = (kv.block_backward_top, kv.block_backward_bottom) if kv is not None else (0, 0)
     if n < 2 or not acts.block_kept_bytes or held_grads:  # num_blocks stays 1 where lower blocks are not read
-        return 0
+        return bottom_kv  # the kept cache grows to the bottom block: counted there (an upper bound)
     step = buffers.per_block_done - acts.block_kept_bytes
-    bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less
-    return max(0, buffers.below_top + step, buffers.below_top + max(1, n - 2) * step, bottom)
+    bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less + bottom_kv
+    return max(top, buffers.below_top + step + top, buffers.below_top + max(1, n - 2) * step + top, bottom)
 
 
 def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: StrategyBuffers, *, dequantized: int,
-                    held_grads: int) -> dict[str, int]:
+                    held_grads: int, kv: KvCacheBytes | None = None) -> dict[str, int]:
     """The largest point of the blocks' backward: in a block's MLP (its recomputed activations and backward
     temporaries beside ``in_backward``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
     each in the top block or a lower one (``_lower_blocks``), or the top block's reduce-scatter (FSDP2)."""
     kept = acts.saved_bytes - acts.outside_freed_bytes
-    lower = _lower_blocks(acts, buffers, held_grads)
+    lower = _lower_blocks(acts, buffers, held_grads, kv)
     held = buffers.persistent + dequantized
     points = [dict(base, activations=kept + acts.recompute_bytes,
                    temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
@@ -315,14 +336,16 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
         late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)
         points.append(dict(base, activations=late, temporary=held + buffers.in_backward_late + lower))
     if buffers.top_reduce_scatter is not None:
-        points.append(dict(base, activations=kept, temporary=held + buffers.top_reduce_scatter))
+        top_kv = kv.block_backward_top if kv is not None else 0
+        points.append(dict(base, activations=kept + top_kv, temporary=held + buffers.top_reduce_scatter))
     return max(points, key=lambda live: sum(live.values()))  # ties: the MLP's point (the first)
 
 
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
-                      loss_kept: int = 0, processes: int | None = None) -> MemoryBreakdown:
+                      loss_kept: int = 0, processes: int | None = None,
+                      kv_cache: KvCacheBytes | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -330,7 +353,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ``held_grads``: gradients already allocated during forward and backward (a pipeline rank's own,
     from its first backward on: ``advisor.estimate.pipeline``). ``flat_param_bytes``: the parameters a
     ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
-    what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins."""
+    what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins.
+    ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``)."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -347,22 +371,24 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     # A loop that frees the previous step's gradients only before the backward (Lightning's closure) holds them
     # through the forward and the loss.
     stale = gpu_grads if training.recipe.zero_grad == "before_backward" and training.engine == "torch" else 0
+    kv_forward, kv_loss = (kv_cache.end_of_forward, kv_cache.loss_backward) if kv_cache is not None else (0, 0)
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.
-        "end_of_forward": dict(base, grads=base["grads"] + stale, activations=acts.saved_bytes + logits,
+        "end_of_forward": dict(base, grads=base["grads"] + stale, activations=acts.saved_bytes + logits + kv_forward,
                                temporary=buffers.persistent + (buffers.at_loss if buffers.at_forward_end is None
                                                                else buffers.at_forward_end)),
         # Loss backward: the log-softmax output and two fp32 N x V gradients.
-        "loss_backward": dict(base, activations=acts.saved_bytes + gathered,
+        "loss_backward": dict(base, activations=acts.saved_bytes + gathered + kv_loss,
                               temporary=buffers.persistent + buffers.at_loss + loss),
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
         # labels and the final norm's saved tensors are gone (their backward ran first).
-        "block_backward": _block_backward(base, acts, buffers, dequantized=dequantized, held_grads=held_grads),
+        "block_backward": _block_backward(base, acts, buffers, dequantized=dequantized, held_grads=held_grads,
+                                          kv=kv_cache),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
     if buffers.at_backward_start is not None:  # FSDP2 ZeRO-3: the root gathered again as the loss backward begins
-        start = dict(base, activations=acts.saved_bytes + gathered + min(loss_kept, acts.logits_bytes),
+        start = dict(base, activations=acts.saved_bytes + gathered + min(loss_kept, acts.logits_bytes) + kv_loss,
                      temporary=buffers.persistent + buffers.at_backward_start)
         if sum(start.values()) > sum(moments["loss_backward"].values()):
             moments["loss_backward"] = start

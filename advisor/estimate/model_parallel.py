@@ -65,8 +65,9 @@ from __future__ import annotations
 import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
-from advisor.estimate.memory import (FP32, MemoryBreakdown, image_tokens, memory_at_moments, model_states,
-                                     recipe_dtypes, vision_tower_bytes)
+from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, model_states, recipe_dtypes,
+                                     vision_tower_bytes)
+from advisor.estimate.states import FP32
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware

@@ -135,6 +135,9 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
         header.append(f"gradient_clipping {GRADIENT_CLIPPING:g} is a default, not part of the plan.")
     if target.activation_checkpointing and not target.fsdp:  # FSDP's own flag is in fsdp_config
         header.append("Activation checkpointing is part of the plan: call model.gradient_checkpointing_enable().")
+    elif target.activation_checkpointing:  # torch's checkpoint_wrapper (fsdp2_apply_ac) leaves the KV cache on
+        header.append("fsdp_activation_checkpointing leaves a model's KV cache on: set model.config.use_cache = False "
+                      "in your script (HF Trainer does), or it holds every layer's K/V to the last block's backward.")
     if target.precision == "bf16":
         header.append("Precision bf16 (pure): load the model in torch.bfloat16; there is no fp32 master copy.")
     header += list(target.notes)

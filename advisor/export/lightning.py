@@ -70,7 +70,13 @@ def _shard_function(target: ExportTarget) -> list[str]:
     lines += ["", "    def is_block(module: torch.nn.Module) -> bool:",
               "        return type(module).__name__ in BLOCK_CLASSES", ""]
     if target.activation_checkpointing:
-        lines += ["    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",
+        # torch's checkpoint_wrapper leaves a Hugging Face model's KV cache on (transformers turns it off only in
+        # its own gradient_checkpointing_enable): each layer's K/V would live to the last block's backward and be
+        # appended again by the recomputation (advisor.estimate.kv_cache). wrap() turns it off the same way.
+        lines += ["    if getattr(getattr(model, \"config\", None), \"use_cache\", False):",
+                  "        model.config.use_cache = False  # checkpoint_wrapper leaves the KV cache on: it would hold "
+                  "every layer's K/V",
+                  "    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",
                   "    blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]"]
     else:
         lines.append("    blocks = [m for m in model.modules() if is_block(m)]")

@@ -260,8 +260,9 @@ def evaluate_candidate(
 
     # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
-    modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": ["off", "selective", "on"]}[
-        training.activation_checkpointing]
+    # A kept KV cache cannot run under selective checkpointing (advisor.estimate.kv_cache): auto skips it.
+    auto = ["off", "on"] if training.keeps_kv_cache else ["off", "selective", "on"]
+    modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": auto}[training.activation_checkpointing]
     at = {mode: _training_at(training, mode) for mode in modes}
 
     estimated: dict[tuple[int, str], MemoryBreakdown] = {}  # the searches below ask for some points twice

@@ -133,6 +133,19 @@ def recipe_note(training: TrainingConfig) -> str | None:
             "(sources: profiles/recipes.json)")
 
 
+def kv_cache_note(use_cache: bool) -> str:
+    """The KV-cache assumption (advisor.estimate.kv_cache)."""
+    if use_cache:
+        return ("KV cache kept in training (--use-cache: config.use_cache left on, blocks checkpointed by torch's "
+                "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing do): each layer's keys and "
+                "values live from the forward to the bottom block's backward and the recomputation appends them "
+                "again, counted at each moment of the data-parallel plans (not yet in mesh or pipeline plans); "
+                "model.config.use_cache = False frees it")
+    return ("KV cache off in training: HF Trainer sets config.use_cache = TrainingArguments.use_cache (False), "
+            "gradient_checkpointing_enable() and wrap() turn it off; without checkpointing an SDPA cache holds "
+            "the tensors autograd saves and is dropped with the output")
+
+
 _IMPL_TEMPORARIES = {
     "fused": "one kernel updates weights and moments in place, no step temporary",
     "foreach": "one temporary the size of the optimizer's second moment, sqrt(v), during the step",
@@ -149,6 +162,8 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training, hw.world_size))
+    if "use_cache" in training.model_fields_set or training.recipe.kv_cache:  # default plans read as before
+        notes.append(kv_cache_note(training.keeps_kv_cache))
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

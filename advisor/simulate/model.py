@@ -38,12 +38,13 @@ def resolve_config(model: str | dict) -> tuple[str, dict]:
     return spec.name, cfg
 
 
-def simulation_config(cfg: dict, *, attention: str) -> dict:
-    """The config the simulator builds: no attention dropout (see above), no KV cache."""
+def simulation_config(cfg: dict, *, attention: str, use_cache: bool = False) -> dict:
+    """The config the simulator builds: no attention dropout (see above), no KV cache unless ``use_cache``
+    (``TrainingConfig.use_cache``: a stack that leaves it on, ``advisor.estimate.kv_cache``)."""
     out = {k: v for k, v in cfg.items() if not k.startswith("_advisor")}
     for key in ATTENTION_DROPOUT_KEYS:  # set even when absent: the families default them to 0.1
         out[key] = 0.0
-    out["use_cache"] = False
+    out["use_cache"] = use_cache
     if config_value(cfg, "num_attention_heads") is not None:  # Mamba has no attention: transformers rejects one
         out["attn_implementation"] = attention
     return out
@@ -132,7 +133,7 @@ def meta_model(cfg: dict, training: TrainingConfig) -> Any:
 
     from wrappers.losses import use_loss_kernel
 
-    net = build_meta_model(simulation_config(cfg, attention=training.attention))
+    net = build_meta_model(simulation_config(cfg, attention=training.attention, use_cache=training.keeps_kv_cache))
     use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
     return net if training.lora is None else _with_lora(net, cfg, training.lora)
 

@@ -223,7 +223,23 @@ def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, 
 
 def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
           checkpointing: bool) -> tuple[Any, Any, list[str]]:
-    """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring)."""
+    """Apply the recipe ``wrap()`` applies; replicated (DDP), only its model-side steps (see docstring).
+    ``training.keeps_kv_cache``: the blocks are checkpointed as torch's ``checkpoint_wrapper`` does, leaving the
+    model's KV cache on (``wrap()`` turns it off; Lightning's and accelerate's FSDP checkpointing do not)."""
+    if not training.keeps_kv_cache:
+        return _wrap_as_wrap_does(net, strategy, impl, training, checkpointing)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="activation checkpointing: setting model.config.use_cache")
+        net, opt, notes = _wrap_as_wrap_does(net, strategy, impl, training, checkpointing)
+    _model_config(net).use_cache = True
+    notes.append("KV cache on in training (config.use_cache=True under torch's checkpoint_wrapper)")
+    return net, opt, notes
+
+
+def _wrap_as_wrap_does(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
+                       checkpointing: bool) -> tuple[Any, Any, list[str]]:
     from wrappers.recipe import Recipe, apply_recipe
 
     opt = build_optimizer([p for p in unique_params(net) if p.requires_grad], training)
@@ -239,6 +255,11 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
     recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
+
+
+def _model_config(net: Any) -> Any:
+    """The Hugging Face config of ``net`` (a PEFT model's base model's)."""
+    return next(m.config for m in net.modules() if hasattr(m, "config") and hasattr(m.config, "use_cache"))
 
 
 def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,

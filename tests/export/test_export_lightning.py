@@ -220,3 +220,27 @@ def test_hybrid_export_shards_within_a_node_and_replicates_across(llama_dir):
     source = build_lightning(hsdp)
     assert 'init_device_mesh(device_mesh.device_type, (2, 2), mesh_dim_names=("replicate", "shard"))' in source
     assert _shard_hybrid(source, 4) == {(("replicate", "shard"), (2, 2), (Replicate(), Shard(0)))}
+
+
+def test_exported_checkpointing_turns_the_kv_cache_off(llama_dir):
+    """torch's checkpoint_wrapper leaves a Hugging Face model's config.use_cache on, and the cache then holds every
+    layer's K/V to the last block's backward (advisor.estimate.kv_cache): the exported shard_model turns it off
+    before wrapping, as wrap() does. Run on a 2-rank fake process group (no collective runs)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from tests.wrappers._dist import tiny_llama
+
+    source = build_lightning(plan(llama_dir, "2xA100", strategy="zero3", activation_checkpointing="on"))
+    namespace: dict = {}
+    exec(source.split("\nstrategy = ")[0], namespace)
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        model = tiny_llama()
+        model.config.use_cache = True  # as from_pretrained loads a Llama / Qwen2 config
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("data_parallel", "tensor_parallel"))
+        namespace["shard_model"](model, mesh)
+    finally:
+        dist.destroy_process_group()
+    assert model.config.use_cache is False

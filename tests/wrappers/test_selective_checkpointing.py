@@ -157,3 +157,16 @@ def test_accelerate_without_checkpointing_reports_none():
 
     model = wrap(tiny_llama(), engine="accelerate", env=_one_process_env(), verbose=False)
     assert _checkpoint_flavours(model) == [] and not model.advisor_decision.activation_checkpointing
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_wrap_turns_the_kv_cache_off_with_or_without_checkpointing(asked):
+    """A Llama / Qwen2 config loads with use_cache=True, and the forward then builds a KV cache in training (an fp32
+    copy of every layer's K/V under autocast, held through the loss: advisor.estimate.kv_cache); wrap() turns it
+    off as HF Trainer does, with or without checkpointing."""
+    from wrappers import wrap
+
+    model = tiny_llama()
+    model.config.use_cache = True
+    model = wrap(model, activation_checkpointing=asked, env=_one_process_env(), verbose=False)
+    assert model.config.use_cache is False

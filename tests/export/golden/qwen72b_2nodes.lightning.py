@@ -23,6 +23,8 @@ def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Mod
     def is_block(module: torch.nn.Module) -> bool:
         return type(module).__name__ in BLOCK_CLASSES
 
+    if getattr(getattr(model, "config", None), "use_cache", False):
+        model.config.use_cache = False  # checkpoint_wrapper leaves the KV cache on: it would hold every layer's K/V
     apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)
     blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
     options = dict(

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 SdpaKernel = Literal["flash", "efficient", "math"]
 LOW_PRECISION = ("torch.float16", "torch.bfloat16")  # flash's and cuDNN's dtypes (check_dtypes_low_precision)
@@ -77,6 +77,13 @@ def cuda_sdpa_kernel(query: Any, key: Any, value: Any, *, has_mask: bool, enable
     return "math"
 
 
+class _Meta(NamedTuple):
+    """What ``cuda_sdpa_kernel`` reads of a tensor."""
+
+    shape: Any
+    dtype: Any
+
+
 @contextlib.contextmanager
 def cuda_sdpa() -> Iterator[None]:
     """Run ``F.scaled_dot_product_attention`` with the math composite where CUDA would (the module
@@ -87,7 +94,12 @@ def cuda_sdpa() -> Iterator[None]:
     original = F.scaled_dot_product_attention
 
     def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
-        kernel = cuda_sdpa_kernel(query, key, value, has_mask=attn_mask is not None, enable_gqa=enable_gqa)
+        # Under autocast the kernel sees its inputs cast to the autocast dtype (SDPA is on autocast's
+        # lower-precision list, aten/src/ATen/autocast_mode.cpp): bf16 or fp16, whatever they were.
+        device = query.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+        cast = [_Meta(t.shape, dtype) for t in (query, key, value)]
+        kernel = cuda_sdpa_kernel(*cast, has_mask=attn_mask is not None, enable_gqa=enable_gqa)
         if kernel != "math" or query.dim() != 4:
             return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                             scale=scale, enable_gqa=enable_gqa)

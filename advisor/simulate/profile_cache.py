@@ -23,8 +23,9 @@ from advisor.model.spec_cache import cache_file_stem, config_digest, library_ver
 
 
 # What the tracer runs beyond the library versions: a profile traced before a change here is traced again.
-# "cuda-sdpa": SDPA runs the kernel CUDA picks (advisor.simulate.cuda_kernels), math for fp32 GQA.
-TRACER_REVISION = "cuda-sdpa"
+# "cuda-sdpa/autocast": SDPA runs the kernel CUDA picks for the dtype it sees (advisor.simulate.cuda_kernels):
+# math for fp32 GQA outside autocast.
+TRACER_REVISION = "cuda-sdpa/autocast"
 
 
 def default_cache_dir() -> Path:

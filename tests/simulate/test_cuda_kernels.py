@@ -70,6 +70,23 @@ def test_bf16_gqa_keeps_the_flash_kernel():
     assert _saved_bytes(torch.bfloat16, 4, 2, cuda=True) == _saved_bytes(torch.bfloat16, 4, 2, cuda=False) == 3_200
 
 
+def test_fp32_gqa_under_autocast_keeps_the_flash_kernel():
+    """Under autocast SDPA's inputs reach the kernel in the autocast dtype, so fp32 GQA inputs run flash,
+    as the CPU's: the bf16 count above."""
+    sizes: dict[int, int] = {}
+
+    def pack(tensor):
+        sizes[id(tensor.untyped_storage())] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(1, h, 8, 16, requires_grad=True) for h in (4, 2, 2))
+        with cuda_sdpa(), torch.autocast("cpu", dtype=torch.bfloat16), \
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert sum(sizes.values()) == 3_200
+
+
 def _llama_block_bytes_per_token(*, cuda: bool) -> float:
     """One Llama block's saved bytes a token (2 layers less 1), the block measured on the H100."""
     batch, seq = 2, 128

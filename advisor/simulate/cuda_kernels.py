@@ -35,9 +35,10 @@ a subclass and the memory tracker is a dispatch mode, so the simulated engine al
 one gradient-sized tensor more at that moment. The case that decides a peak is a tied embedding under
 autocast: the head's gradient reaches the shared matrix as the cast node's fresh fp32 copy and waits
 in the buffer of the matrix's ``AccumulateGrad`` until the embedding's arrives; a GPU adds the second
-into it (tests/estimate/test_ddp_backward_end.py checks the mechanism on real tensors; Qwen2.5-0.5B
-bf16-mixed DDP on an H100: the estimate, which counts it in place, -0.87%, the out-of-place simulator
--5.0%, benchmarks/results/gpu_stacks.md). Without autocast the head's gradient is a transposed view
+into it (tests/estimate/test_ddp_backward_end.py checks the mechanism on real tensors). Qwen2.5-0.5B,
+bf16-mixed DDP x2, micro-batch 1, seq 256, fused AdamW: the H100 allocated 10,516,265,984 bytes
+(benchmarks/results/gpu_stacks.md); the simulated step, summed in place, 10,426,114,960 (-0.86%; the
+estimate 10,425,193,984), out of place as before 10,969,736,080 (+4.31%). Without autocast the head's gradient is a transposed view
 (``TBackward0``), which shares its base's storage: out of place on a GPU too. ``cuda_grad_accumulation``
 applies the rule to the buffer of a parameter's ``AccumulateGrad``. Other buffers (the residual
 stream's branches, a chunked loss's head gradients) still add out of place: the engine's sum there

@@ -1,6 +1,6 @@
 """A randomized sweep of the analytic estimate against the fake-tensor simulator (issue 20).
 
-Run: python benchmarks/sweep.py [--seed N] [--cases N] [--budget-s S] [--out FILE] [--reestimate]
+Run: python benchmarks/sweep.py [--seed N] [--cases N] [--budget-s S] [--out FILE] [--reestimate] [--rerun ID ...]
 
 Draws ``--cases`` random jobs (``benchmarks/sweep_cases.py``: tiny configs of formula and traced
 families, every simulated strategy and mesh, lengths 128-8192, checkpointing off/on/selective,
@@ -16,7 +16,8 @@ Then the summary: median, p90 and max |error| per group (strategy, checkpointing
 precision, loss) and the worst cases with the peak moment of both sides, printed and written to
 benchmarks/results/sweep_summary.md (``--summary``). ``--reestimate`` recomputes the analytic side of
 every stored row (the simulated side does not depend on the estimator) before summarising: after a fix
-of the estimate, the whole sweep is re-scored in seconds.
+of the estimate, the whole sweep is re-scored in seconds. ``--rerun ID ...`` plans and simulates the
+listed stored cases again, after a fix of the simulator.
 
 A case the planner refuses (ValueError: e.g. LoRA on a family it cannot count adapters for) is stored
 as ``unsupported`` with the message and left out of the error figures; a simulator failure as ``error``.
@@ -147,6 +148,22 @@ def reestimate(row: dict) -> dict:
     return dict(row, **fields, err_pct=round(100 * (fields["est_bytes"] - row["sim_bytes"]) / row["sim_bytes"], 3))
 
 
+def rerun(rows: list[dict], ids: set[str]) -> list[dict]:
+    """``rows`` with the cases in ``ids`` planned and simulated again (after a fix of the simulator,
+    which ``--reestimate`` does not rerun), each keeping its seed and index."""
+    import click
+
+    out = []
+    for row in rows:
+        if row["id"] in ids:
+            case = {k: row[k] for k in ("family", "kind", "config", "job")}
+            new = dict(run_case(case), seed=row.get("seed"), index=row.get("index"))
+            click.echo(f"{row['id']}: {row.get('err_pct')} -> {new.get('err_pct')} ({new['status']})", err=True)
+            row = new
+        out.append(row)
+    return out
+
+
 def load_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -191,8 +208,14 @@ def main() -> None:
                         help="where the summary of every row in --out is written ('-': print only)")
     parser.add_argument("--reestimate", action="store_true",
                         help="recompute the estimate of every stored row (after a fix), rewrite --out, summarise")
+    parser.add_argument("--rerun", nargs="+", metavar="ID", default=None,
+                        help="plan and simulate these stored cases again (after a simulator fix), rewrite --out, summarise")
     args = parser.parse_args()
-    if args.reestimate:
+    if args.rerun:
+        warnings.filterwarnings("ignore")
+        rows = rerun(load_rows(args.out), set(args.rerun))
+        args.out.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    elif args.reestimate:
         warnings.filterwarnings("ignore")
         rows = [reestimate(row) for row in load_rows(args.out)]
         args.out.write_text("".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))

@@ -270,8 +270,8 @@ def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple
     and back, allocating nothing. Measured on an H100 (Qwen2.5-0.5B, tied, bf16-mixed DDP x2,
     micro-batch 1, seq 256, fused AdamW): 10,516,265,984 B allocated, this moment's 10,425,193,984 plus
     the 87 MiB every DDP row there holds beyond the estimate (tests/estimate/test_ddp_backward_end.py).
-    The simulator always sums out of place (a fake tensor is a tensor subclass, which
-    ``can_accumulate_inplace`` refuses). None where the root is not wholly trainable (LoRA: the embedding
+    The simulator sums in place where a GPU does (a fake tensor is a tensor subclass, which
+    ``can_accumulate_inplace`` refuses: ``advisor.simulate.cuda_kernels`` applies the GPU's rule). None where the root is not wholly trainable (LoRA: the embedding
     gets no gradient)."""
     if spec.trainable_params < spec.total_params:
         return None, 0

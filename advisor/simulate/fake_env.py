@@ -1,5 +1,6 @@
 """The CPU stand-ins every simulator runs under: fake tensors, a fake process group, and CUDA's
-choices (autocast's fp32 list, fused dropout, no packed-sequence guess) made on the CPU.
+choices (autocast's fp32 list, fused dropout, SDPA's kernel, in-place gradient sums, no packed-sequence
+guess) made on the CPU.
 
 What belongs here: context managers that make a CPU step allocate what the same step allocates on a
 GPU, shared by the step (``advisor.simulate.step``), the mesh step, the pipeline stage, the MoE layer
@@ -66,6 +67,16 @@ def cuda_dropout():
         yield
     finally:
         F.dropout = original
+
+
+@contextlib.contextmanager
+def cuda_kernels():
+    """CUDA's SDPA kernel where it is not the CPU's, and its in-place sum of a parameter's two gradients
+    (``advisor.simulate.cuda_kernels``). Enter it after the fake mode and before the memory tracker."""
+    from advisor.simulate.cuda_kernels import cuda_grad_accumulation, cuda_sdpa
+
+    with cuda_sdpa(), cuda_grad_accumulation():
+        yield
 
 
 @contextlib.contextmanager

@@ -58,8 +58,8 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_mode, fake_process_group,
-                                           unpacked_batches)
+    from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
+                                           fake_process_group, unpacked_batches)
     from advisor.simulate.measure import breakdown
     from advisor.simulate.model import (build_optimizer, materialize, meta_model, net_vocab, resolve_config,
                                         unique_params)
@@ -76,9 +76,9 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
                      num_kv_heads=getattr(net.config, "num_key_value_heads", None) or net.config.num_attention_heads)
     with fake_process_group(dims.world_size):
         meshes = build_meshes(dims, device_type="cpu")
-        # The contexts simulate() runs under: CUDA's autocast fp32 list, CUDA's dropout, and no
-        # packed-sequence guess from fake position ids (which would build an s x s mask).
-        with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout():
+        # The contexts simulate() runs under: CUDA's autocast fp32 list, CUDA's dropout, SDPA kernel and
+        # gradient sums, and no packed-sequence guess from fake position ids (which would build an s x s mask).
+        with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout(), cuda_kernels():
             materialize(net, device="cpu", real=False)
             net.train()
             apply_tensor_parallel(net, meshes.tp)

@@ -124,7 +124,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
          free_outputs: bool) -> tuple[int, dict[str, int], list[tuple[str, int, int]]]:
     import torch
 
-    from advisor.simulate.fake_env import cuda_autocast_policy, cuda_dropout, fake_mode, unpacked_batches
+    from advisor.simulate.fake_env import cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode, unpacked_batches
     from advisor.simulate.measure import LiveBytes
     from advisor.simulate.model import build_optimizer, materialize, net_vocab
     from advisor.simulate.pipeline_chunks import WeightGradStore, build_chunk, defer_linears
@@ -134,7 +134,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
                           attention=training.attention) for c in chunk_ids]
     store = WeightGradStore()
     info = training.precision_info
-    with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout():
+    with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout(), cuda_kernels():
         for chunk in chunks:
             materialize(chunk, device="cpu", real=False,
                         dtype=torch.bfloat16 if training.precision == "bf16" else None)

@@ -19,7 +19,8 @@ base, added as the simulator adds them; the base in bf16 and the adapters in fp3
 the base in the compute dtype (autocast over a bf16 residual).
 
 The same context as the simulator (``advisor.simulate.step``): no attention dropout, CUDA's fused
-dropout, CUDA's autocast fp32 list, no packed-sequence detection. Imports torch; the planning path
+dropout, CUDA's autocast fp32 list, CUDA's SDPA kernel (``cuda_kernels.cuda_sdpa``: math for fp32
+grouped-query attention), no packed-sequence detection. Imports torch; the planning path
 calls it only for a family without a formula. Profiles are cached as JSON (``profile_cache``).
 """
 
@@ -194,6 +195,7 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
 
     from advisor.simulate.autocast import cuda_fp32_policy
     from advisor.simulate.model import materialize
+    from advisor.simulate.cuda_kernels import cuda_sdpa
     from advisor.simulate.fake_env import cuda_dropout, unpacked_batches
 
     built = {} if built is None else built
@@ -203,7 +205,7 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
     # A bf16 residual under autocast is a LoRA base held in bf16 with fp32 adapters (the recipe's frozen_base);
     # otherwise every weight in the residual's dtype.
     bf16_base = key.residual_bytes == 2 and key.input_casts
-    with FakeTensorMode(), unpacked_batches(), cuda_dropout(), _quiet():
+    with FakeTensorMode(), unpacked_batches(), cuda_dropout(), cuda_sdpa(), _quiet():
         materialize(net, device="cpu", real=False,
                     dtype=torch.bfloat16 if key.residual_bytes == 2 and not bf16_base else torch.float32,
                     frozen_dtype=torch.bfloat16 if bf16_base else None)

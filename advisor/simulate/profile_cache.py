@@ -2,8 +2,9 @@
 
 ``traced_profiles(cfg, keys, cache_dir=)`` returns one ``BlockProfile`` per key, reading each from
 ``cache_dir`` when an earlier plan traced it and tracing (``advisor.simulate.profile``) otherwise.
-The file name is a hash of the config (less the name fields), the key and the torch and
-transformers versions (another version traces again: the modeling code decides what is saved).
+The file name is a hash of the config (less the name fields), the key, the torch and transformers
+versions (another version traces again: the modeling code decides what is saved) and the tracer's
+revision (``TRACER_REVISION``).
 ``default_cache_dir`` is the one place that reads the environment (``$XDG_CACHE_HOME/dp-advisor``, else ``~/.cache/dp-advisor``): the CLI calls it and
 passes the path in; the library never looks it up itself. ``cache_dir=None``: no caching.
 """
@@ -19,6 +20,12 @@ from typing import Callable
 from advisor.model.block_profile import BlockProfile, ProfileKey
 from advisor.model.cache_entry import read_entry, write_entry
 from advisor.model.spec_cache import cache_file_stem, config_digest, library_versions
+
+
+# What the tracer runs beyond the library versions: a profile traced before a change here is traced again.
+# "cuda-sdpa/autocast": SDPA runs the kernel CUDA picks for the dtype it sees (advisor.simulate.cuda_kernels):
+# math for fp32 GQA outside autocast.
+TRACER_REVISION = "cuda-sdpa/autocast"
 
 
 def default_cache_dir() -> Path:
@@ -66,7 +73,7 @@ def traced_profiles(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None
 
 def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | None,
                       on_miss: Callable[[], None]) -> tuple[BlockProfile, ...]:
-    versions = library_versions()
+    versions = {**library_versions(), "tracer": TRACER_REVISION}
     out = {}
     built: dict = {}  # meta models by (blocks, checkpointing, adapters), shared by the keys
     layer_saved: dict[tuple, int] = {}  # per dtypes: one block's saved bytes, from the key without checkpointing

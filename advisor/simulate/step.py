@@ -14,9 +14,11 @@ Why the CPU, and what differs from a GPU:
 - FakeTensorMode can create fake ``cuda`` tensors in a CPU-only build, but the first autograd node
   aborts the process (``InputMetadata`` asks the CUDA device guard for a stream), so the step runs
   on fake ``cpu`` tensors.
-- SDPA: the CPU picks its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) as CUDA
-  picks flash: it saves q, k, v, the output and an fp32 log-sum-exp, natively for GQA. Attention
-  dropout would send the CPU to the math kernel, so it is set to 0 (``model.simulation_config``).
+- SDPA: the CPU picks its flash kernel (``_scaled_dot_product_flash_attention_for_cpu``) where CUDA
+  picks flash, cuDNN or the memory-efficient kernel: each saves q, k, v, the output and an fp32
+  log-sum-exp. Where CUDA runs the math kernel (fp32 with grouped-query attention), the simulation
+  runs the same composite (``cuda_kernels.cuda_sdpa``). Attention dropout would send the CPU to the
+  math kernel, so it is set to 0 (``model.simulation_config``).
 - Dropout: the CPU saves a noise tensor in the input's dtype, CUDA's fused kernel a bool mask;
   the simulation runs the fused op (``torch.native_dropout``) as CUDA does.
 - Autocast's fp32 list differs: CUDA runs ``pow``, ``softmax``, ``layer_norm``, ``exp``... in fp32,
@@ -24,14 +26,15 @@ Why the CPU, and what differs from a GPU:
 - Two gradients meeting at one node (a tied embedding's, from the head and from the embedding; the
   residual stream's branches) are summed out of place: autograd adds in place into the first only
   for a plain tensor it holds the last reference to (torch/csrc/autograd/input_buffer.cpp
-  ``can_accumulate_inplace``), and a fake tensor is a tensor subclass (so is a real tensor the memory
-  tracker has seen: it sums out of place too). Where a GPU's first gradient qualifies, the GPU holds one
-  such gradient less: a tied head under autocast, whose gradient is the cast node's fresh fp32 copy
-  (without autocast it is a transposed view, summed out of place on a GPU as well). For a tied
-  Qwen2.5-0.5B under bf16-mixed DDP (micro-batch 1, seq 256, fused AdamW) the embedding's backward is
-  the peak and the simulated step is one fp32 vocabulary-sized tensor, 4 x 151,936 x 896 = 544,538,624
-  bytes, above the H100's (benchmarks/results/gpu_stacks.md; the estimate follows the GPU:
-  ``strategy_buffers._replicated_backward_end``).
+  ``can_accumulate_inplace``), and a fake tensor is a tensor subclass (a real tensor sums out of place
+  too while the memory tracker, a dispatch mode, is active). ``cuda_kernels.cuda_grad_accumulation``
+  applies the GPU's rule to a parameter's own buffer: a tied head under autocast, whose gradient is
+  the cast node's fresh fp32 copy, receives the embedding's in place (without autocast it is a
+  transposed view, summed out of place on a GPU as well). For a tied Qwen2.5-0.5B under bf16-mixed
+  DDP (micro-batch 1, seq 256, fused AdamW) the embedding's backward is the peak; summed out of place
+  it held one fp32 vocabulary-sized tensor, 4 x 151,936 x 896 = 544,538,624 bytes, above the H100's
+  (benchmarks/results/gpu_stacks.md; the estimate follows the GPU:
+  ``strategy_buffers._replicated_backward_end``). The residual stream's sums stay out of place.
 - DDP's communication buckets are allocated outside the measured step and its ``model.to`` cannot
   swap fake parameters, so under ``ddp`` the plain model (under autocast) runs the step and DDP's
   buckets (one copy of the trainable gradients, ``gradient_as_bucket_view=False``) are added to
@@ -53,8 +56,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_mode, fake_process_group,
-                                       mesh_outside_fake_mode, unpacked_batches)
+from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
+                                       fake_process_group, mesh_outside_fake_mode, unpacked_batches)
 from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, live_bytes, peak_total,
                                       skip_frozen_grad_hooks, top_modules)
 from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
@@ -153,7 +156,7 @@ def simulate(
     tell("build")
     meta = meta_model(cfg, training)
     with fake_process_group(world_size), fake, cuda_autocast_policy(training), unpacked_batches(), \
-            cuda_dropout():
+            cuda_dropout(), cuda_kernels():
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)

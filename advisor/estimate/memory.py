@@ -301,18 +301,22 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
 def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: StrategyBuffers, *, dequantized: int,
                     held_grads: int) -> dict[str, int]:
     """The largest point of the blocks' backward: in a block's MLP (its recomputed activations and backward
-    temporaries beside ``in_backward``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
+    temporaries beside ``in_backward``; an MoE block's routing-weight product before it, ``in_backward_early``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
     each in the top block or a lower one (``_lower_blocks``), or the top block's reduce-scatter (FSDP2)."""
     kept = acts.saved_bytes - acts.outside_freed_bytes
     lower = _lower_blocks(acts, buffers, held_grads)
     held = buffers.persistent + dequantized
     points = [dict(base, activations=kept + acts.recompute_bytes,
                    temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
+    if buffers.in_backward_early is not None and acts.early_temp_bytes:  # an MoE block's routing-weight product
+        points.append(dict(base, activations=kept + acts.recompute_bytes,
+                           temporary=held + buffers.in_backward_early + acts.early_temp_bytes + lower))
     if buffers.in_backward_late is not None:  # the block's own saved tensors are gone by then (not checkpointed)
         late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)
         points.append(dict(base, activations=late, temporary=held + buffers.in_backward_late + lower))
-    if buffers.top_reduce_scatter is not None:
-        points.append(dict(base, activations=kept, temporary=held + buffers.top_reduce_scatter))
+    if buffers.top_reduce_scatter is not None:  # after the block's backward (read for MoE blocks: its saved are gone)
+        done = kept - (acts.block_kept_bytes if buffers.saved_gone_at_reduce_scatter and not acts.recompute_bytes else 0)
+        points.append(dict(base, activations=done, temporary=held + buffers.top_reduce_scatter))
     return max(points, key=lambda live: sum(live.values()))  # ties: the MLP's point (the first)
 
 

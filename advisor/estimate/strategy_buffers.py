@@ -54,12 +54,18 @@ class StrategyBuffers(BaseModel):
     num_blocks: int = Field(default=1, ge=1, description="Blocks whose backward runs one after another.")
     bottom_less: int = Field(default=0, ge=0, description="What the bottom block's backward holds less than the "
                              "line through the blocks above it (FSDP2 ZeRO-3: no block below to prefetch).")
+    in_backward_early: int | None = Field(default=None, description="Held early in an MoE block's backward (its "
+                                          "routing-weight product's, before any weight gradient of the block), in "
+                                          "place of in_backward; None: not a moment of its own.")
     in_backward_late: int | None = Field(default=None, description="Held late in a block's backward (FSDP2), once "
                                          "all its weight gradients exist and its temporaries are gone, in place of "
                                          "in_backward; None: not a moment of its own.")
     top_reduce_scatter: int | None = Field(default=None, description="Held at the top block's reduce-scatter "
                                            "(FSDP2: the block resharded, its gradients and their reduce_dtype copy), "
                                            "in place of in_backward; None: not a moment of its own.")
+    saved_gone_at_reduce_scatter: bool = Field(default=False, description="At top_reduce_scatter the top block's "
+                                               "own saved tensors are freed (read on the simulated step for MoE "
+                                               "blocks; dense blocks keep the older count).")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -178,13 +184,19 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # Traced families (profiles measured without the gradients) are left as they were: some gain (StableLM,
     # GPT-NeoX, StarCoder2 under FSDP2), others are not read op by op yet (Gemma 3, Cohere, OLMo 2).
     if (training.engine != "torch" or impl.single_process or impl.offload_params or impl.offload_optimizer
-            or not full or spec.num_experts or not spec.intermediate_size or not spec.hidden_size):
+            or not full or not spec.intermediate_size or not spec.hidden_size
+            or (spec.num_experts and (spec.hybrid is not None or spec.mla is not None))):
         return buffers
     layer, n_layers, _ = block_params(spec)
     pb = training.param_bytes
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
     head = 0 if spec.traced and tied else _head_params(spec)
-    live = spec.intermediate_size * spec.hidden_size + head  # down_proj's and the head's
+    # down_proj's weight gradient (an MoE block's: every expert's, one grouped product) and the head's. An MoE block
+    # has an earlier point, its routing-weight product's backward, before any weight gradient of the block
+    # (in_backward_early, beside ActivationEstimate.early_temp_bytes: activations_moe.routing_backward_per_token).
+    down = (spec.num_experts or 1) * spec.intermediate_size * spec.hidden_size
+    live = down + head
+    moe = bool(spec.num_experts)
     if impl.shard_params:
         ub = 2 if training.mixed else pb
         reduce_b = FP32 if training.mixed else pb
@@ -192,7 +204,9 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         if training.fsdp_version == 1:  # FSDP1: the gradients and their flat concatenation (fsdp1_buffers)
             from advisor.estimate.fsdp1_buffers import fsdp1_lower_blocks
 
-            return validated_copy(buffers, dict(in_backward=buffers.in_backward - 2 * ub * layer + ub * live,
+            in_backward = buffers.in_backward - 2 * ub * layer + ub * live
+            return validated_copy(buffers, dict(in_backward=in_backward,
+                                                  in_backward_early=in_backward - ub * down if moe else None,
                                                   **fsdp1_lower_blocks(training, impl, world, layer=layer,
                                                                        n_layers=n_layers)))
         # A finished block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward,
@@ -208,19 +222,21 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
         resharded, no_prefetch = (0, ub * layer) if impl.reshard_after_forward else (ub * layer, 0)
         common = buffers.in_backward - old_grads + ub * head
-        return validated_copy(buffers, dict(in_backward=common + ub * spec.intermediate_size * spec.hidden_size,
+        return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,
                                               top_reduce_scatter=common + reduce_b * layer,
                                               below_top=reduce_b * layer,
                                               per_block_done=-(-pb * layer // world) - resharded,
-                                              num_blocks=n_layers, bottom_less=no_prefetch))
+                                              num_blocks=n_layers, bottom_less=no_prefetch,
+                                              saved_gone_at_reduce_scatter=moe))
     # DDP under autocast: a finished block also frees the bf16 copies of its weights that autograd saved for
     # its input gradient (``_autocast_weight_casts``: every block's without checkpointing, one recomputed
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
     # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
     casts = training.compute_bytes * layer if training.mixed and not checkpointing else 0
     return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
-                                          num_blocks=n_layers))
+                                          num_blocks=n_layers,
+                                          in_backward_early=buffers.in_backward + pb * head if moe else None))
 
 
 def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:

@@ -343,6 +343,10 @@ def estimate_activations(
         # selective checkpointing the recomputation takes the kept tensors back and drops those backward
         # does not read (q, o), except the ones past its early stop (torch.utils.checkpoint
         # ``_StopRecomputationError``: it ends at the last tensor backward reads), which stay kept.
+        if selective and shape.num_experts and shape.mla is None and shape.hybrid is None and not kept_width:
+            kept_width = moe_acts.selective_kept_width(q_out=shape.num_attention_heads * shape.head_dim,
+                                                       kv_out=shape.num_kv_heads * shape.head_dim,
+                                                       experts=shape.num_experts, moe=shape.moe)
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)

@@ -126,6 +126,17 @@ def moe_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k
     return experts, routing_backward_per_token(cb, residual, hidden=hidden, k=k, moe=moe)
 
 
+def selective_kept_width(*, q_out: int, kv_out: int, experts: int, moe: MoeFacts | None) -> int:
+    """Output features of the matrix products selective checkpointing keeps in an MoE block
+    (``wrappers.checkpointing.selective_context``: the 1st, 3rd, 5th ... ``aten.mm`` in forward order). The
+    experts run ``aten._grouped_mm``, which the policy recomputes and does not count; the block's ``mm`` are
+    q, k, v, o and the router's logits (``F.linear`` over the flattened tokens): q, v and the logits are kept.
+    Mixtral and Qwen3-MoE (bias-free projections, no shared expert); 0 for the others (not read)."""
+    if moe is not None and (moe.shared_intermediate_size or moe.router != "softmax"):
+        return 0
+    return q_out + kv_out + experts
+
+
 def mla_attention_per_token(cb: int, *, heads: int, mla: MlaFacts, seq_len: int, eager: bool) -> int:
     """DeepSeek's attention (``DeepseekV3Attention``) beyond the block's input norm: the RMSNorms on
     the q and kv latents (fp32 copy, normalised value, the up-projection's input), then attention over

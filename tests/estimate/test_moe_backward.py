@@ -82,3 +82,17 @@ def test_block_backward_matches_the_simulated_step(hidden, inter, experts, strat
                              micro_batch_size=1, checkpointing=False)
     assert abs(memory.at_block_backward - simulated) <= 0.001 * simulated
 
+
+
+def test_selective_keeps_q_v_and_the_router_logits():
+    # Issue 20's sweep row b6b513d4c4bd (Mixtral 64 wide, one head, 8 experts, pure bf16, selective; -3.4%):
+    # the policy keeps every other aten.mm (q, v, the router's logits; the experts' _grouped_mm is not one).
+    # Simulated at micro-batch 1, s 2048 (advisor.simulate.step timeline): each block keeps 1,089,536 bytes =
+    # 2,048 tokens x (block input 128 + q 128 + v 128 + attention output 128 + log-sum-exp 4 + logits 16).
+    from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
+
+    cfg = {**_mixtral(64, 128, 8), "num_attention_heads": 1, "num_key_value_heads": 1, "num_hidden_layers": 4}
+    shape = shape_of(spec_from_config(cfg, name="selective-moe", source="local"))
+    est = estimate_activations(shape, Dtypes(residual=2, compute=2, input_casts=False), micro_batch_size=1,
+                               seq_len=2048, checkpointing=True, eager=False, selective=True)
+    assert est.block_kept_bytes == 2048 * (128 + 128 + 128 + 128 + 4 + 16) == 1_089_536

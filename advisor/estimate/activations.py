@@ -389,7 +389,7 @@ def estimate_activations(
     early = 0
     if shape.num_experts and shape.hybrid is None:  # an MoE MLP: its experts' and its routing product's backward
         backward_temp, early = (tokens * t for t in moe_acts.moe_backward_per_token(
-            dt.compute, dt.residual, hidden=h, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
+            moe_acts.experts_bytes(dt.compute, dt.residual, input_casts=dt.input_casts), dt.residual, hidden=h, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
             moe=shape.moe or MoeFacts(router="softmax")))  # Mixtral: softmax, renormalised, fp32 weights
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)

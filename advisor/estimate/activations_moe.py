@@ -31,9 +31,12 @@ INT64 = 8
 
 MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "
             "experts whatever the balance; no capacity factor, no dropped tokens); router probabilities in fp32; "
-            "experts are replicated or FSDP-sharded like any weight, or split over ep ranks on a mesh with ep; checked "
-            "against the simulator with bf16 weights (FSDP2, pure bf16): autocast over fp32 experts is not "
-            "simulated (the CPU's grouped matmul takes bf16 only)")
+            "experts are replicated or FSDP-sharded like any weight, or split over ep ranks on a mesh with ep; the "
+            "experts run torch._grouped_mm in their weights' dtype (not an autocast op: under autocast over fp32 "
+            "weights, DDP's bf16-mixed, they compute and save in fp32 and none of their weights is cast); checked "
+            "against the simulator with bf16 weights (FSDP2, pure bf16) and, for fp32 experts under autocast, on "
+            "real CPU tensors (the simulator's fake tensors take bf16 only in _grouped_mm; real kernels take fp32 "
+            "and fp16)")
 MLA_NOTE = ("multi-head latent attention: keys and values are expanded per head before attention, so attention "
             "saves full-width q, k and v as a GPU's memory-efficient SDPA kernel does (the CPU simulator runs the "
             "math kernel when the value width differs from the query width)")
@@ -78,13 +81,24 @@ def shared_experts_per_token(cb: int, *, hidden: int, moe: MoeFacts) -> int:
     return 4 * cb * moe.shared_intermediate_size + (cb + cb * hidden if moe.shared_gate else 0)
 
 
+def experts_bytes(cb: int, residual: int, *, input_casts: bool) -> int:
+    """Byte width of the routed experts' activations: the weights' dtype in forward. ``_grouped_mm`` is not an
+    autocast op; transformers casts the experts' input to the weights' dtype instead (``integrations/moe.py``
+    ``_grouped_mm``: ``input.to(weight.dtype)``, pytorch#174763), so autocast over fp32 weights (``input_casts``
+    with an fp32 residual) runs the experts in fp32 and casts none of their weights. Measured with
+    ``saved_tensors_hooks`` on a tiny Mixtral under CPU autocast (tests/estimate/test_moe_backward.py)."""
+    return residual if input_casts else cb
+
+
 def moe_mlp_per_token(cb: int, residual: int, *, hidden: int, inter: int, experts: int, k: int,
-                      moe: MoeFacts) -> int:
+                      moe: MoeFacts, routed_bytes: int | None = None) -> int:
     """One MoE MLP (router, routed experts, shared experts), bytes per token. Routing weights are fp32
-    except where the router casts them to the activations' dtype (Qwen-MoE)."""
-    weights = cb if moe.weights_in_compute_dtype else FP32
+    except where the router casts them to the activations' dtype (Qwen-MoE). ``routed_bytes``: the routed
+    experts' width (``experts_bytes``; default ``cb``)."""
+    eb = routed_bytes or cb
+    weights = eb if moe.weights_in_compute_dtype else FP32
     return (router_per_token(cb, residual, hidden=hidden, experts=experts, k=k, moe=moe)
-            + routed_experts_per_token(cb, hidden=hidden, inter=inter, k=k, weights_bytes=weights)
+            + routed_experts_per_token(eb, hidden=hidden, inter=inter, k=k, weights_bytes=weights)
             + shared_experts_per_token(cb, hidden=hidden, moe=moe))
 
 

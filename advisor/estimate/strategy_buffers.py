@@ -146,8 +146,9 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
     if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
         forward_end, at_loss, in_backward = _adapter_casts(spec, n_layers, checkpointing)
     else:
-        forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
-                                                                   layer, checkpointing)
+        uncast_all, uncast_one = routed_expert_params(spec)  # grouped_mm: no autocast cast of the experts
+        forward_end, at_loss, in_backward = _autocast_weight_casts(
+            spec, layer * n_layers - spec.dense_layer_saving - uncast_all, layer - uncast_one, checkpointing)
     if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
         forward_end = at_loss
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
@@ -233,7 +234,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # its input gradient (``_autocast_weight_casts``: every block's without checkpointing, one recomputed
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
     # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
-    casts = training.compute_bytes * layer if training.mixed and not checkpointing else 0
+    casts = training.compute_bytes * (layer - routed_expert_params(spec)[1]) if training.mixed and not checkpointing else 0
     return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
                                           num_blocks=n_layers,
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
@@ -313,6 +314,18 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
     return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+
+
+def routed_expert_params(spec: ModelSpec) -> tuple[int, int]:
+    """(every MoE layer's routed experts, one MoE layer's): weights autocast never casts, since the experts run
+    ``_grouped_mm`` on their own dtype (``activations_moe.experts_bytes``; measured under CPU autocast: no copy of
+    an expert weight is saved, tests/estimate/test_moe_backward.py)."""
+    if not spec.num_experts or not spec.expert_params or not spec.num_layers:
+        return 0, 0
+    one = spec.num_experts * spec.expert_params
+    if spec.hybrid is not None:
+        return one * sum(spec.hybrid.expert_layers), one
+    return one * (spec.num_layers - (spec.moe.num_dense_layers if spec.moe else 0)), one
 
 
 def _head_params(spec: ModelSpec) -> int:

@@ -105,13 +105,15 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
         root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
+        pad = expert_shard_padding(spec, world)  # an MoE block's unsharded experts hold world x ceil(E/world) rows
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
             # block's backward, that block is unsharded and the next one is being gathered.
-            at_loss, blocks_bwd = ub * layer, 2 * ub * layer
+            at_loss, blocks_bwd = ub * (layer + pad), 2 * ub * (layer + pad)
         else:
             # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
-            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
+            moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
+            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving + moe_layers * pad)
         block_t, root_t = _trainable_split(spec, layer, n_layers)
         # Backward of one block: the gradients of its trainable weights (param dtype) and their
         # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
@@ -221,12 +223,13 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # gradient of the block exists, the MLP's wide temporaries are gone), which decides when the weights
         # outweigh the activations (short sequences), and the top block's post-backward, where the block is
         # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
-        resharded, no_prefetch = (0, ub * layer) if impl.reshard_after_forward else (ub * layer, 0)
+        padded = layer + expert_shard_padding(spec, world)  # unsharded parameters and reduce-scatter input
+        resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,
-                                              top_reduce_scatter=common + reduce_b * layer,
-                                              below_top=reduce_b * layer,
+                                              top_reduce_scatter=common + reduce_b * padded,
+                                              below_top=reduce_b * padded,
                                               per_block_done=-(-pb * layer // world) - resharded,
                                               num_blocks=n_layers, bottom_less=no_prefetch,
                                               saved_gone_at_reduce_scatter=moe))
@@ -314,6 +317,18 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
     return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+
+
+def expert_shard_padding(spec: ModelSpec, world: int) -> int:
+    """Elements FSDP2 adds to one MoE layer's routed experts on ``world`` ranks: the experts are stacked
+    (E, ...) tensors and ``fully_shard`` splits dim 0 into ``ceil(E / world)``-row chunks, every rank holding
+    one chunk (zero rows padded to it: torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``_chunk_with_empty``
+    and ``padded_sharded_param_size``), and the unsharded parameter is a view of the padded all-gather output.
+    So 8 experts over 64 ranks leave each rank a whole expert of each tensor, 8 times its 1/64 share.
+    Read on the simulated step (sweep row 656172c5f2ab, Mixtral 8 experts, ZeRO-2 on 64 ranks)."""
+    if not spec.num_experts or not spec.expert_params:
+        return 0
+    return (-(-spec.num_experts // world) * world - spec.num_experts) * spec.expert_params
 
 
 def routed_expert_params(spec: ModelSpec) -> tuple[int, int]:

@@ -128,3 +128,23 @@ def test_autocast_runs_the_experts_in_fp32_and_casts_none_of_their_weights():
                                  eager=False).layer_bytes
     casts = 2 * (spec.layer_params - routed_expert_params(spec)[1])  # bf16 copies of q, k, v, o, router, norms
     assert 0.998 * measured <= layer + casts <= measured, (layer + casts, measured)
+
+
+def test_fsdp2_pads_the_experts_dim_0_to_the_world():
+    # Issue 20's sweep row 656172c5f2ab (-9.34%): 8 experts under FSDP2 ZeRO-2 on 64 ranks. fully_shard splits the
+    # stacked (E, ...) expert tensors on dim 0 in ceil(8 / 64) = 1-row chunks, one a rank (padding past the 8th):
+    # each rank holds one whole expert of each tensor, and every unsharded block holds 64 expert rows (a view of
+    # the padded all-gather output). Simulated (advisor.simulate.step, timeline): 1,393,310 bytes of parameters a
+    # rank, the step's peak 835,112,694 at the loss's backward (the unsharded blocks: 89.2 MB where 14.8 MB were
+    # counted). By hand: one expert of each of the 2 layers (3 x 192 x 576 = 331,776 elements), the rest over 64.
+    cfg = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=192, intermediate_size=576,
+               num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1, vocab_size=4928, num_local_experts=8,
+               num_experts_per_tok=2, max_position_embeddings=8192, tie_word_embeddings=False)
+    spec = spec_from_config(cfg, name="padded-experts", source="local")
+    training = TrainingConfig(seq_len=8192, precision="bf16", optimizer="adamw", loss="hf")
+    memory = estimate_memory(spec, parse_gpus("64xH100"), training, get_strategy("zero2").on("torch"),
+                             micro_batch_size=1, checkpointing=False)
+    experts = 2 * 8 * 331_776
+    by_hand = 2 * (2 * 331_776 + -(-(spec.total_params - experts) // 64))
+    assert abs(memory.params - by_hand) <= 64 and abs(memory.params - 1_393_310) <= 0.002 * 1_393_310
+    assert abs(memory.peak_allocated - 835_112_694) <= 0.001 * 835_112_694

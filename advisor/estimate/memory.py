@@ -295,6 +295,8 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
         return 0
     step = buffers.per_block_done - acts.block_kept_bytes
     bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less
+    if n == 2:  # the block below the top is the bottom one (ZeRO-3: nothing below it to prefetch)
+        return max(0, bottom)
     return max(0, buffers.below_top + step, buffers.below_top + max(1, n - 2) * step, bottom)
 
 

@@ -117,6 +117,8 @@ class ActivationEstimate(BaseModel):
     backward_temp_bytes: int = Field(description="Gradients alive inside one block's backward.")
     block_kept_bytes: int = Field(default=0, description="What one block's backward frees of saved_bytes (its input "
                                   "and kept tensors under checkpointing, its saved tensors without); 0: not known.")
+    early_temp_bytes: int = Field(default=0, description="Live early in an MoE block's backward (its routing-weight "
+                                  "product's, before any weight gradient of the block), beside in_backward_early.")
     late_temp_bytes: int = Field(default=0, description="Live late in a block's backward (its attention's input "
                                  "projections), beside its input: the gradients passing through there; 0: not known.")
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
@@ -342,6 +344,10 @@ def estimate_activations(
         # selective checkpointing the recomputation takes the kept tensors back and drops those backward
         # does not read (q, o), except the ones past its early stop (torch.utils.checkpoint
         # ``_StopRecomputationError``: it ends at the last tensor backward reads), which stay kept.
+        if selective and shape.num_experts and shape.mla is None and shape.hybrid is None and not kept_width:
+            kept_width = moe_acts.selective_kept_width(q_out=shape.num_attention_heads * shape.head_dim,
+                                                       kv_out=shape.num_kv_heads * shape.head_dim,
+                                                       experts=shape.num_experts, moe=shape.moe)
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
@@ -384,6 +390,11 @@ def estimate_activations(
     # recomputed block one intermediate-wide tensor short of its count by then).
     wide = 1 if shape.family == "gpt_neox" else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    early = 0
+    if shape.num_experts and shape.hybrid is None:  # an MoE MLP: its experts' and its routing product's backward
+        backward_temp, early = (tokens * t for t in moe_acts.moe_backward_per_token(
+            moe_acts.experts_bytes(dt.compute, dt.residual, input_casts=dt.input_casts), dt.residual, hidden=h, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
+            moe=shape.moe or MoeFacts(router="softmax")))  # Mixtral: softmax, renormalised, fp32 weights
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -400,4 +411,5 @@ def estimate_activations(
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
+                              early_temp_bytes=early,
                               block_kept_bytes=block_kept)

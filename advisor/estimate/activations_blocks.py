@@ -212,7 +212,10 @@ def decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     elif shape.num_experts:
         facts = shape.moe or MoeFacts(router="softmax")  # Mixtral: softmax, renormalised, fp32 weights
         mlp = moe_acts.moe_mlp_per_token(cb, dt.residual, hidden=h, inter=I, experts=shape.num_experts,
-                                         k=shape.num_experts_per_token or 1, moe=facts)
+                                         k=shape.num_experts_per_token or 1, moe=facts,
+                                         routed_bytes=moe_acts.experts_bytes(cb, dt.residual, input_casts=dt.input_casts))
+        if dt.input_casts:  # autocast casts the router's input, not the experts' (q, k, v, router; a shared expert's two)
+            casts = (4 + (2 if facts.shared_intermediate_size else 0)) * cb * h
     return norms + casts + attn + mlp
 
 

@@ -2,7 +2,8 @@
 
 What belongs here: the bytes one token leaves saved for backward in an MoE MLP (router, routed
 experts, shared experts) and in DeepSeek's multi-head latent attention, as transformers 5.x runs
-them. The rest of a decoder block (norms, Llama attention) is in ``advisor.estimate.activations_blocks``,
+them; and what an MoE MLP's backward holds beyond them at its two points (the routing-weight product,
+the experts' product rule). The rest of a decoder block (norms, Llama attention) is in ``advisor.estimate.activations_blocks``,
 the composition into a step in ``advisor.estimate.activations``. Pure functions, integers in, integer bytes out.
 
 Sources: transformers 5.x ``integrations/moe.py`` (``grouped_mm_experts_forward``, the default
@@ -30,9 +31,12 @@ INT64 = 8
 
 MOE_NOTE = ("MoE: dropless top-k routing as transformers runs it (grouped matmuls: k x tokens rows through the "
             "experts whatever the balance; no capacity factor, no dropped tokens); router probabilities in fp32; "
-            "experts are replicated or FSDP-sharded like any weight, or split over ep ranks on a mesh with ep; checked "
-            "against the simulator with bf16 weights (FSDP2, pure bf16): autocast over fp32 experts is not "
-            "simulated (the CPU's grouped matmul takes bf16 only)")
+            "experts are replicated or FSDP-sharded like any weight, or split over ep ranks on a mesh with ep; the "
+            "experts run torch._grouped_mm in their weights' dtype (not an autocast op: under autocast over fp32 "
+            "weights, DDP's bf16-mixed, they compute and save in fp32 and none of their weights is cast); checked "
+            "against the simulator with bf16 weights (FSDP2, pure bf16) and, for fp32 experts under autocast, on "
+            "real CPU tensors (the simulator's fake tensors take bf16 only in _grouped_mm; real kernels take fp32 "
+            "and fp16)")
 MLA_NOTE = ("multi-head latent attention: keys and values are expanded per head before attention, so attention "
             "saves full-width q, k and v as a GPU's memory-efficient SDPA kernel does (the CPU simulator runs the "
             "math kernel when the value width differs from the query width)")
@@ -77,14 +81,74 @@ def shared_experts_per_token(cb: int, *, hidden: int, moe: MoeFacts) -> int:
     return 4 * cb * moe.shared_intermediate_size + (cb + cb * hidden if moe.shared_gate else 0)
 
 
+def experts_bytes(cb: int, residual: int, *, input_casts: bool) -> int:
+    """Byte width of the routed experts' activations: the weights' dtype in forward. ``_grouped_mm`` is not an
+    autocast op; transformers casts the experts' input to the weights' dtype instead (``integrations/moe.py``
+    ``_grouped_mm``: ``input.to(weight.dtype)``, pytorch#174763), so autocast over fp32 weights (``input_casts``
+    with an fp32 residual) runs the experts in fp32 and casts none of their weights. Measured with
+    ``saved_tensors_hooks`` on a tiny Mixtral under CPU autocast (tests/estimate/test_moe_backward.py)."""
+    return residual if input_casts else cb
+
+
 def moe_mlp_per_token(cb: int, residual: int, *, hidden: int, inter: int, experts: int, k: int,
-                      moe: MoeFacts) -> int:
+                      moe: MoeFacts, routed_bytes: int | None = None) -> int:
     """One MoE MLP (router, routed experts, shared experts), bytes per token. Routing weights are fp32
-    except where the router casts them to the activations' dtype (Qwen-MoE)."""
-    weights = cb if moe.weights_in_compute_dtype else FP32
+    except where the router casts them to the activations' dtype (Qwen-MoE). ``routed_bytes``: the routed
+    experts' width (``experts_bytes``; default ``cb``)."""
+    eb = routed_bytes or cb
+    weights = eb if moe.weights_in_compute_dtype else FP32
     return (router_per_token(cb, residual, hidden=hidden, experts=experts, k=k, moe=moe)
-            + routed_experts_per_token(cb, hidden=hidden, inter=inter, k=k, weights_bytes=weights)
+            + routed_experts_per_token(eb, hidden=hidden, inter=inter, k=k, weights_bytes=weights)
             + shared_experts_per_token(cb, hidden=hidden, moe=moe))
+
+
+def routing_backward_per_token(cb: int, residual: int, *, hidden: int, k: int, moe: MoeFacts) -> int:
+    """Bytes a token holds beyond its saved tensors early in an MoE MLP's backward: the routing-weight
+    product's backward (``grouped_mm_experts_forward``: ``proj_out * sample_weights_g``, then ``[inv_perm]``
+    and ``view(T, k, h).sum(1)``), before any expert's grouped product runs backward, so no expert weight
+    gradient exists yet. The product is in the wider of the activations' and the routing weights' dtype
+    (``p``: fp32 for Mixtral's fp32 weights, by type promotion; autocast does not list ``mul``). Live then:
+    the incoming residual gradient, the gradient of the reordered product (``index_put`` into zeros, ``p``,
+    k rows a token), the two gradients of the product (``grad * weights`` and ``grad * proj_out``, ``p``) and
+    the first one cast back to ``proj_out``'s dtype (``cb``) when ``p`` is wider. Read op by op on the
+    simulated step (torch 2.13, transformers 5.23; Mixtral 512 wide, 8 experts top-2, s 4096, FSDP2
+    bf16-mixed: 58.7 MB = 4,096 tokens x 2 x 512 x (3 x 4 + 2) over the residual gradient)."""
+    weights = cb if moe.weights_in_compute_dtype else FP32
+    wide = max(cb, weights)
+    return residual * hidden + k * hidden * (3 * wide + (cb if wide != cb else 0))
+
+
+def experts_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k: int) -> int:
+    """Bytes a token holds beyond its saved tensors at the experts' product rule (``act(gate) * up``), after
+    the down projection's grouped product ran backward (its weight gradient, every expert's, is the
+    strategy's: ``strategy_buffers.block_backward_buffers``): the residual gradient, that product's input
+    gradient and its two gradients (``inter`` wide, k rows a token), less what is freed by then: the down
+    projection's saved input and its output (saved by the routing-weight product). Read on the same
+    simulated step as above (4.19 MB under the routing product's point with 12.6 MB of down_proj gradients:
+    11,264 bytes a token; Mixtral 192 wide, inter 768, DDP pure bf16: the step's peak, 2.36 MB over it)."""
+    return residual * hidden + k * cb * (2 * inter - hidden)
+
+
+def moe_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k: int,
+                           moe: MoeFacts) -> tuple[int, int]:
+    """(at the experts' product rule, at the routing-weight product's backward before it), a token, beyond the
+    saved tensors, in an MoE decoder's top block; a shared expert or DeepSeek's dense layers, where wider, count
+    the dense gated MLP's product rule (``activations.estimate_activations``) at the first."""
+    experts = experts_backward_per_token(cb, residual, hidden=hidden, inter=inter, k=k)
+    dense = max(moe.shared_intermediate_size, moe.dense_intermediate_size if moe.num_dense_layers else 0)
+    experts = max(experts, residual * hidden + 2 * cb * dense if dense else 0)
+    return experts, routing_backward_per_token(cb, residual, hidden=hidden, k=k, moe=moe)
+
+
+def selective_kept_width(*, q_out: int, kv_out: int, experts: int, moe: MoeFacts | None) -> int:
+    """Output features of the matrix products selective checkpointing keeps in an MoE block
+    (``wrappers.checkpointing.selective_context``: the 1st, 3rd, 5th ... ``aten.mm`` in forward order). The
+    experts run ``aten._grouped_mm``, which the policy recomputes and does not count; the block's ``mm`` are
+    q, k, v, o and the router's logits (``F.linear`` over the flattened tokens): q, v and the logits are kept.
+    Mixtral and Qwen3-MoE (bias-free projections, no shared expert); 0 for the others (not read)."""
+    if moe is not None and (moe.shared_intermediate_size or moe.router != "softmax"):
+        return 0
+    return q_out + kv_out + experts
 
 
 def mla_attention_per_token(cb: int, *, heads: int, mla: MlaFacts, seq_len: int, eager: bool) -> int:

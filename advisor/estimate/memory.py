@@ -319,25 +319,31 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
         return bottom_kv  # the kept cache grows to the bottom block: counted there (an upper bound)
     step = buffers.per_block_done - acts.block_kept_bytes
     bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less + bottom_kv
+    if n == 2:  # the block below the top is the bottom one (ZeRO-3: nothing below it to prefetch)
+        return max(top, bottom)
     return max(top, buffers.below_top + step + top, buffers.below_top + max(1, n - 2) * step + top, bottom)
 
 
 def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: StrategyBuffers, *, dequantized: int,
                     held_grads: int, kv: KvCacheBytes | None = None) -> dict[str, int]:
     """The largest point of the blocks' backward: in a block's MLP (its recomputed activations and backward
-    temporaries beside ``in_backward``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
+    temporaries beside ``in_backward``; an MoE block's routing-weight product before it, ``in_backward_early``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
     each in the top block or a lower one (``_lower_blocks``), or the top block's reduce-scatter (FSDP2)."""
     kept = acts.saved_bytes - acts.outside_freed_bytes
     lower = _lower_blocks(acts, buffers, held_grads, kv)
     held = buffers.persistent + dequantized
     points = [dict(base, activations=kept + acts.recompute_bytes,
                    temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
+    if buffers.in_backward_early is not None and acts.early_temp_bytes:  # an MoE block's routing-weight product
+        points.append(dict(base, activations=kept + acts.recompute_bytes,
+                           temporary=held + buffers.in_backward_early + acts.early_temp_bytes + lower))
     if buffers.in_backward_late is not None:  # the block's own saved tensors are gone by then (not checkpointed)
         late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)
         points.append(dict(base, activations=late, temporary=held + buffers.in_backward_late + lower))
-    if buffers.top_reduce_scatter is not None:
+    if buffers.top_reduce_scatter is not None:  # after the block's backward (read for MoE blocks: its saved are gone)
         top_kv = kv.block_backward_top if kv is not None else 0
-        points.append(dict(base, activations=kept + top_kv, temporary=held + buffers.top_reduce_scatter))
+        done = kept - (acts.block_kept_bytes if buffers.saved_gone_at_reduce_scatter and not acts.recompute_bytes else 0)
+        points.append(dict(base, activations=done + top_kv, temporary=held + buffers.top_reduce_scatter))
     return max(points, key=lambda live: sum(live.values()))  # ties: the MLP's point (the first)
 
 

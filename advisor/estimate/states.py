@@ -110,6 +110,15 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
             from advisor.estimate.fsdp1_buffers import fsdp1_gradient_params
 
             t = fsdp1_gradient_params(spec)
+        elif spec.num_experts:  # FSDP2 pads the experts' dim 0 to world x ceil(E / world) rows
+            from advisor.estimate.strategy_buffers import expert_shard_padding, routed_expert_params
+
+            all_experts, one = routed_expert_params(spec)
+            pad = expert_shard_padding(spec, world) * (all_experts // max(1, one))
+            if pad and t >= p:
+                opt, stored, t = opt + opt * pad // t, stored + pb * pad, t + pad
+                temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world),
+                                                largest_bytes=-(-largest // world))
         return ModelStates(params=-(-stored // world), grads=-(-pb * t // world), optimizer=-(-opt // world),
                            step_temporary=temp, on_cpu=impl.offload_params)
     if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice of whole tensors

@@ -54,12 +54,18 @@ class StrategyBuffers(BaseModel):
     num_blocks: int = Field(default=1, ge=1, description="Blocks whose backward runs one after another.")
     bottom_less: int = Field(default=0, ge=0, description="What the bottom block's backward holds less than the "
                              "line through the blocks above it (FSDP2 ZeRO-3: no block below to prefetch).")
+    in_backward_early: int | None = Field(default=None, description="Held early in an MoE block's backward (its "
+                                          "routing-weight product's, before any weight gradient of the block), in "
+                                          "place of in_backward; None: not a moment of its own.")
     in_backward_late: int | None = Field(default=None, description="Held late in a block's backward (FSDP2), once "
                                          "all its weight gradients exist and its temporaries are gone, in place of "
                                          "in_backward; None: not a moment of its own.")
     top_reduce_scatter: int | None = Field(default=None, description="Held at the top block's reduce-scatter "
                                            "(FSDP2: the block resharded, its gradients and their reduce_dtype copy), "
                                            "in place of in_backward; None: not a moment of its own.")
+    saved_gone_at_reduce_scatter: bool = Field(default=False, description="At top_reduce_scatter the top block's "
+                                               "own saved tensors are freed (read on the simulated step for MoE "
+                                               "blocks; dense blocks keep the older count).")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -99,13 +105,15 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
         root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
+        pad = expert_shard_padding(spec, world)  # an MoE block's unsharded experts hold world x ceil(E/world) rows
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
             # block's backward, that block is unsharded and the next one is being gathered.
-            at_loss, blocks_bwd = ub * layer, 2 * ub * layer
+            at_loss, blocks_bwd = ub * (layer + pad), 2 * ub * (layer + pad)
         else:
             # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
-            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
+            moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
+            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving + moe_layers * pad)
         block_t, root_t = _trainable_split(spec, layer, n_layers)
         # Backward of one block: the gradients of its trainable weights (param dtype) and their
         # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
@@ -140,8 +148,9 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
     if training.low_precision_base:  # a bf16 base needs no cast; only the fp32 adapters are copied
         forward_end, at_loss, in_backward = _adapter_casts(spec, n_layers, checkpointing)
     else:
-        forward_end, at_loss, in_backward = _autocast_weight_casts(spec, layer * n_layers - spec.dense_layer_saving,
-                                                                   layer, checkpointing)
+        uncast_all, uncast_one = routed_expert_params(spec)  # grouped_mm: no autocast cast of the experts
+        forward_end, at_loss, in_backward = _autocast_weight_casts(
+            spec, layer * n_layers - spec.dense_layer_saving - uncast_all, layer - uncast_one, checkpointing)
     if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
         forward_end = at_loss
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
@@ -178,13 +187,19 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # Traced families (profiles measured without the gradients) are left as they were: some gain (StableLM,
     # GPT-NeoX, StarCoder2 under FSDP2), others are not read op by op yet (Gemma 3, Cohere, OLMo 2).
     if (training.engine != "torch" or impl.single_process or impl.offload_params or impl.offload_optimizer
-            or not full or spec.num_experts or not spec.intermediate_size or not spec.hidden_size):
+            or not full or not spec.intermediate_size or not spec.hidden_size
+            or (spec.num_experts and (spec.hybrid is not None or spec.mla is not None))):
         return buffers
     layer, n_layers, _ = block_params(spec)
     pb = training.param_bytes
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
     head = 0 if spec.traced and tied else _head_params(spec)
-    live = spec.intermediate_size * spec.hidden_size + head  # down_proj's and the head's
+    # down_proj's weight gradient (an MoE block's: every expert's, one grouped product) and the head's. An MoE block
+    # has an earlier point, its routing-weight product's backward, before any weight gradient of the block
+    # (in_backward_early, beside ActivationEstimate.early_temp_bytes: activations_moe.routing_backward_per_token).
+    down = (spec.num_experts or 1) * spec.intermediate_size * spec.hidden_size
+    live = down + head
+    moe = bool(spec.num_experts)
     if impl.shard_params:
         ub = 2 if training.mixed else pb
         reduce_b = FP32 if training.mixed else pb
@@ -192,7 +207,9 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         if training.fsdp_version == 1:  # FSDP1: the gradients and their flat concatenation (fsdp1_buffers)
             from advisor.estimate.fsdp1_buffers import fsdp1_lower_blocks
 
-            return validated_copy(buffers, dict(in_backward=buffers.in_backward - 2 * ub * layer + ub * live,
+            in_backward = buffers.in_backward - 2 * ub * layer + ub * live
+            return validated_copy(buffers, dict(in_backward=in_backward,
+                                                  in_backward_early=in_backward - ub * down if moe else None,
                                                   **fsdp1_lower_blocks(training, impl, world, layer=layer,
                                                                        n_layers=n_layers)))
         # A finished block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward,
@@ -206,21 +223,24 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # gradient of the block exists, the MLP's wide temporaries are gone), which decides when the weights
         # outweigh the activations (short sequences), and the top block's post-backward, where the block is
         # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
-        resharded, no_prefetch = (0, ub * layer) if impl.reshard_after_forward else (ub * layer, 0)
+        padded = layer + expert_shard_padding(spec, world)  # unsharded parameters and reduce-scatter input
+        resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         common = buffers.in_backward - old_grads + ub * head
-        return validated_copy(buffers, dict(in_backward=common + ub * spec.intermediate_size * spec.hidden_size,
+        return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,
-                                              top_reduce_scatter=common + reduce_b * layer,
-                                              below_top=reduce_b * layer,
+                                              top_reduce_scatter=common + reduce_b * padded,
+                                              below_top=reduce_b * padded,
                                               per_block_done=-(-pb * layer // world) - resharded,
-                                              num_blocks=n_layers, bottom_less=no_prefetch))
+                                              num_blocks=n_layers, bottom_less=no_prefetch,
+                                              saved_gone_at_reduce_scatter=moe))
     # DDP under autocast: a finished block also frees the bf16 copies of its weights that autograd saved for
     # its input gradient (``_autocast_weight_casts``: every block's without checkpointing, one recomputed
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
     # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
-    casts = training.compute_bytes * layer if training.mixed and not checkpointing else 0
+    casts = training.compute_bytes * (layer - routed_expert_params(spec)[1]) if training.mixed and not checkpointing else 0
     return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
-                                          num_blocks=n_layers))
+                                          num_blocks=n_layers,
+                                          in_backward_early=buffers.in_backward + pb * head if moe else None))
 
 
 def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:
@@ -297,6 +317,30 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
     return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+
+
+def expert_shard_padding(spec: ModelSpec, world: int) -> int:
+    """Elements FSDP2 adds to one MoE layer's routed experts on ``world`` ranks: the experts are stacked
+    (E, ...) tensors and ``fully_shard`` splits dim 0 into ``ceil(E / world)``-row chunks, every rank holding
+    one chunk (zero rows padded to it: torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``_chunk_with_empty``
+    and ``padded_sharded_param_size``), and the unsharded parameter is a view of the padded all-gather output.
+    So 8 experts over 64 ranks leave each rank a whole expert of each tensor, 8 times its 1/64 share.
+    Read on the simulated step (sweep row 656172c5f2ab, Mixtral 8 experts, ZeRO-2 on 64 ranks)."""
+    if not spec.num_experts or not spec.expert_params:
+        return 0
+    return (-(-spec.num_experts // world) * world - spec.num_experts) * spec.expert_params
+
+
+def routed_expert_params(spec: ModelSpec) -> tuple[int, int]:
+    """(every MoE layer's routed experts, one MoE layer's): weights autocast never casts, since the experts run
+    ``_grouped_mm`` on their own dtype (``activations_moe.experts_bytes``; measured under CPU autocast: no copy of
+    an expert weight is saved, tests/estimate/test_moe_backward.py)."""
+    if not spec.num_experts or not spec.expert_params or not spec.num_layers:
+        return 0, 0
+    one = spec.num_experts * spec.expert_params
+    if spec.hybrid is not None:
+        return one * sum(spec.hybrid.expert_layers), one
+    return one * (spec.num_layers - (spec.moe.num_dense_layers if spec.moe else 0)), one
 
 
 def _head_params(spec: ModelSpec) -> int:

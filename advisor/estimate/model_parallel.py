@@ -67,6 +67,7 @@ import functools
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.memory import (FP32, MemoryBreakdown, image_tokens, memory_at_moments, model_states,
                                      recipe_dtypes, vision_tower_bytes)
+from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
@@ -177,6 +178,17 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                loss_kernel=training.loss, selective=selective, kept_width=ceil_div(kept, tp),
                                kept_tail_width=ceil_div(tail, tp),
                                head_grads=tp == 1)
+    profile = find_profile(spec, profile_key(dt, training, checkpointing=checkpointing)) \
+        if spec.traced and spec.num_layers and mesh.cp == 1 else None
+    if profile is not None:  # a traced family: its measured step, less what TP takes off a rank
+        whole = estimate_activations(shape, dt, micro_batch_size=micro_batch_size, seq_len=rank_len,
+                                     checkpointing=checkpointing, eager=training.attention == "eager",
+                                     loss_kernel=training.loss, selective=selective, kept_width=kept,
+                                     kept_tail_width=tail)
+        est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
+                                                    micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
+                                                    hidden_size=spec.hidden_size or 0), whole=whole, rank=est,
+                           tp=tp, selective=selective)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
@@ -198,6 +210,24 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         saved = est.saved_bytes - layers * norm_shard
     return validated_copy(est, dict(saved_bytes=saved, layer_bytes=layer,
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
+
+
+def split_traced(traced: ActivationEstimate, *, whole: ActivationEstimate, rank: ActivationEstimate, tp: int,
+                 selective: bool) -> ActivationEstimate:
+    """A traced family's activations on one TP rank: the profile (measured on the whole model,
+    ``advisor.estimate.traced``) less, moment by moment, the bytes TP takes off a rank in the
+    decoder count (``whole`` at tp 1 less ``rank`` at the rank's heads and MLP width). What TP
+    leaves whole (residual stream, norms, block inputs, the gathered logits) stays as traced. Under
+    selective checkpointing what the family saves beyond the count (``traced - whole``) is kept
+    matmul and attention outputs inside the blocks (StableLM's, Granite's), split by ``tp`` like the
+    counted ones; under full checkpointing the saved block inputs are whole. The formula shape alone
+    was 4-7% short on these meshes, the profile undivided up to 7% over (benchmarks/results/sweep.jsonl
+    61132dbb970a, 221fc5bac301, c5264a595c2d)."""
+    fields = {name: max(0, getattr(traced, name) - (getattr(whole, name) - getattr(rank, name)))
+              for name in ActivationEstimate.model_fields}
+    if selective:
+        fields["saved_bytes"] -= max(0, traced.saved_bytes - whole.saved_bytes) * (tp - 1) // tp
+    return ActivationEstimate(**fields)
 
 
 def rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:

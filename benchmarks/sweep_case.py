@@ -1,6 +1,8 @@
 """Replay one stored sweep case with its timeline: ``python benchmarks/sweep_case.py ID`` prints the
 estimate's moments beside the simulated step segment by segment (MB), to find which moment and which
-buffer an error comes from."""
+buffer an error comes from. A mesh row (tp > 1) prints the mesh step's peak by category
+(``simulate_mesh`` keeps no timeline), then the timeline of the same job without TP (data parallel
+over the world): what a traced family's profile is measured against."""
 
 from __future__ import annotations
 
@@ -33,6 +35,12 @@ def replay(row: dict) -> None:
         value = getattr(mem, name, None)
         print(f"  {name:22} {'' if value is None else f'{value / 1e6:10.3f} MB'}")
     job = row["job"]
+    if job["tp"] > 1:
+        from sweep import simulate_case
+
+        mesh = simulate_case(case, result, candidate)
+        print("simulated mesh:", mesh["sim_bytes"], mesh["sim_parts"])
+        print("without TP (data parallel over the world):")
     mode = "selective" if candidate.selective_checkpointing else result.training.activation_checkpointing
     sim = simulate(dict(row["config"]), world_size=job["world"], strategy=job["strategy"],
                    training=result.training.model_copy(update={"activation_checkpointing": mode}),

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
+from advisor.model.block_profile import CheckpointFlags
 from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.policy import default_strategy
@@ -56,7 +57,7 @@ from wrappers.verify import verify_applied
 Preparer = Literal[Engine, "accelerate"]
 
 
-class Decision(BaseModel):
+class Decision(CheckpointFlags, BaseModel):
     """What ``wrap`` applied and why; reachable as ``model.advisor_decision``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -75,15 +76,6 @@ class Decision(BaseModel):
                                          "the loader's batch_size, else the plan's choice; None: not planned.")
     seq_len: int | None = Field(default=None, description="Tokens per sample the plan is for: the loader's first "
                                 "sample, else the seq_len given, else the planner's default.")
-
-    @property
-    def activation_checkpointing(self) -> bool:
-        """Blocks are recomputed in backward (fully or selectively)."""
-        return self.checkpointing != "off"
-
-    @property
-    def selective_checkpointing(self) -> bool:
-        return self.checkpointing == "selective"
 
     def summary(self) -> str:
         ckpt = {"off": "", "on": ", activation checkpointing",

@@ -34,6 +34,7 @@ from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.export.optimizer import stack_notes
 from advisor.recipes import OptimizerImpl
+from advisor.model.block_profile import CheckpointFlags
 from advisor.recipes import ZeroSettings
 from advisor.training import CheckpointMode, Engine, LossKernel, Optimizer, TrainingConfig
 
@@ -101,7 +102,7 @@ class ExportOptions(BaseModel):
     script_args: tuple[str, ...] = Field(default=(), description="Arguments for the training script.")
 
 
-class ExportTarget(BaseModel):
+class ExportTarget(CheckpointFlags, BaseModel):
     """One concrete strategy to write, with every number a format needs."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,15 +133,6 @@ class ExportTarget(BaseModel):
                                       "data parallelism alone.")
     zero: ZeroSettings | None = Field(default=None, description="DeepSpeed sizes the user's own config fixed "
                                       "(the plan's TrainingConfig.zero); None: the planner's.")
-
-    @property
-    def activation_checkpointing(self) -> bool:
-        """Blocks are recomputed in backward (fully or selectively)."""
-        return self.checkpointing != "off"
-
-    @property
-    def selective_checkpointing(self) -> bool:
-        return self.checkpointing == "selective"
 
     @property
     def world_size(self) -> int:

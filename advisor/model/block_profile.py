@@ -21,6 +21,20 @@ from pydantic import BaseModel, ConfigDict, Field
 CheckpointMode = Literal["on", "off", "selective"]
 
 
+class CheckpointFlags:
+    """The two booleans read from a ``checkpointing: CheckpointMode`` field, for the models that store the
+    mode (an export target, ``wrap()``'s decision); the plan's models expose them as computed fields."""
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Blocks are recomputed in backward (fully or selectively)."""
+        return self.checkpointing != "off"
+
+    @property
+    def selective_checkpointing(self) -> bool:
+        return self.checkpointing == "selective"
+
+
 class Bilinear(BaseModel):
     """Bytes as ``const + per_sample * b + per_layer * L + per_layer_sample * L * b`` for ``L`` blocks and
     micro-batch ``b``, solved exactly from steps at L, b in {1, 2}. Most of it grows with the batch; a

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -75,12 +75,15 @@ class TaskHead(BaseModel):
 @functools.cache
 def load_task_heads() -> dict[str, HeadRow]:
     raw = json.loads((PROFILES_DIR / "task_heads.json").read_text())["heads"]
+    if list(raw) != list(get_args(Task)):
+        raise ValueError(f"profiles/task_heads.json: one row per task head {get_args(Task)}, got {list(raw)}")
     return {task: HeadRow(**row) for task, row in raw.items()}
 
 
 def task_names() -> tuple[str, ...]:
-    """Every ``--task`` choice, the causal-LM head first."""
-    return (CAUSAL_LM, *load_task_heads())
+    """Every ``--task`` choice, the causal-LM head first (the table's rows, ``load_task_heads``, are the
+    ``Task`` names in this order; read without loading the table: the CLI's --help text calls it)."""
+    return (CAUSAL_LM, *get_args(Task))
 
 
 def task_of_architecture(architecture: str | None) -> str | None:

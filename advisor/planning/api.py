@@ -10,33 +10,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, field_serializer, model_serializer
+from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, computed_field, field_serializer,
+                      model_serializer)
 
 from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
-from advisor.estimate.quantized import quantization_unavailable, quantized_base
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
-from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names, with_lora
+from advisor.model.lora import with_lora
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
+from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
 from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
-from advisor.planning.reasons import Reason
+from advisor.planning.reasons import Reason, ReasonModel
 from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
-from advisor.units import GIB
 
 
 class Plan(BaseModel):
@@ -47,8 +47,9 @@ class Plan(BaseModel):
     training: TrainingConfig
     candidates: tuple[Candidate, ...]
     recommendation: Recommendation | None
-    reasons: tuple[Reason, ...] = Field(description="Why this recommendation (or why nothing fits), in the order a "
-                                        "reader meets them, with their numbers (advisor.planning.reasons).")
+    reasons: tuple[SerializeAsAny[ReasonModel], ...] = Field(
+        description="Why this recommendation (or why nothing fits), in the order a reader meets them, with their "
+                    "numbers (advisor.planning.reasons; each serialised as its own kind).")
     assumptions: tuple[str, ...]
     smallest_fit: SmallestFit | None = None
     longest_seq_len: dict[str, int | None] | None = Field(
@@ -141,72 +142,6 @@ def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> T
     notes.append(f"precision fp16-mixed: the {hw.gpu.name} has no bf16, so the default bf16-mixed is planned as "
                  "fp16-mixed (fp32 master weights, fp16 compute with loss scaling); --precision fp32 to change")
     return validated_copy(training, {"precision": "fp16-mixed"})
-
-
-def _live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
-    """A PEFT model's LoRA config when its targets are block linears this planner knows; otherwise
-    None, and its adapters are planned as any frozen-base model (by ``requires_grad``)."""
-    live = lora_of(model)
-    if live is None:
-        return None
-    try:
-        target_names(spec, live)
-    except ValueError:
-        notes.append("PEFT adapters on layers the activation model does not know: planned as a partly frozen "
-                     "model (trainable parameters by requires_grad)")
-        return None
-    return live
-
-
-def _with_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
-    """The spec with its linear layers recorded on the meta device (``advisor.simulate.linears``) when no
-    formula lists its family's, so LoRA can count its adapters; unchanged otherwise."""
-    try:
-        block_linears(spec)
-        return spec
-    except ValueError:
-        if not spec.has_architecture or (trust_remote_code and config.get("auto_map")):
-            raise  # a size only, or a model that ships its own code: not built here
-    from advisor.simulate.linears import recorded_linears  # imports torch on a cache miss only
-
-    return validated_copy(spec, {"linears": recorded_linears(config, cache_dir=cache_dir)})
-
-
-def _live_quantization(model: Any) -> tuple[str, bool] | None:
-    """``(scheme, double_quant)`` of a live model transformers loaded with bitsandbytes (duck-typed on
-    ``config.quantization_config``, a ``BitsAndBytesConfig`` or its dict; a PEFT model forwards
-    ``config`` to its base), or None."""
-    if isinstance(model, (str, dict, ModelSpec)) or not hasattr(getattr(model, "config", None), "to_dict"):
-        return None
-    found = getattr(model.config, "quantization_config", None)
-    if found is None:
-        return None
-    read = found.get if isinstance(found, dict) else lambda key, default=None: getattr(found, key, default)
-    if read("load_in_8bit", False):
-        return "int8", True
-    if read("load_in_4bit", False):
-        return str(read("bnb_4bit_quant_type", "fp4")), bool(read("bnb_4bit_use_double_quant", False))
-    return None
-
-
-def _check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | None) -> str:
-    """ValueError for a quantised base nothing trains on, or a pinned strategy that cannot run it;
-    otherwise the assumption line (``advisor.estimate.quantized`` says where the bytes come from)."""
-    if training.lora is None:
-        raise ValueError(f"--quantize {training.quantize} needs --lora RANK: a quantised base is frozen, so "
-                         "without adapters nothing would train")
-    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
-    if strategy is not None:
-        reason = quantization_unavailable(get_strategy(strategy).on(training.engine), training.quantize)
-        if reason is not None:
-            raise ValueError(f"--quantize {training.quantize} with --strategy {strategy} on {training.engine}: {reason}")
-    constants = ("double-quantised absmax, 0.127 bits/weight" if training.double_quant else "fp32 absmax, 0.5 bits/weight"
-                 ) if training.quantize != "int8" else "one fp32 scale per output row"
-    return (f"quantised base ({training.quantize}, bitsandbytes): {q.params / 1e9:.2f}B block-linear weights packed "
-            f"into {q.packed_bytes / GIB:.1f} GiB + {q.constant_bytes / GIB:.2f} GiB of constants ({constants}, kept on "
-            f"every GPU); embeddings, norms and head in the compute dtype; FSDP / ZeRO-3 shard the packed weights "
-            f"(bnb_4bit_quant_storage=bfloat16), ddp / zero1 / DeepSpeed zero2 keep a whole copy per GPU; one "
-            f"dequantised linear ({q.largest_linear_params * training.compute_bytes / GIB:.2f} GiB) in a block's backward")
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
@@ -323,9 +258,9 @@ def plan(
     live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
         model.config.to_dict()  # a live model's own config: its label count
     spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
-    live = _live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
+    live = live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
-    quantized = _live_quantization(model)
+    quantized = live_quantization(model)
     if quantized is not None:  # bitsandbytes packs its weights: count the base from its config instead
         spec, counted = resolve_model(model.config.to_dict(), trust_remote_code=trust_remote_code), False
         if training.quantize not in (None, quantized[0]):
@@ -342,14 +277,14 @@ def plan(
         if trainable_params is not None:
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         if not counted and config is not None:
-            spec = _with_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+            spec = with_recorded_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
         notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
         if training.lora.modules_to_save and not counted:
             notes.append(saved_modules_note(spec, training.lora))
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:
-        notes.append(_check_quantized(spec, training, strategy))
+        notes.append(check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     training = _without_bf16(hw, training, notes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, computed_field, model_serializer, model_validator
 
 from advisor.frozen import in_json_order, validated_copy
 from advisor.hardware.cluster import Hardware
@@ -20,7 +20,7 @@ from advisor.model.spec import ModelSpec
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
-from advisor.planning.reasons import Reason
+from advisor.planning.reasons import Reason, ReasonModel
 from advisor.strategies import STRATEGIES, Implementation, StrategyName
 from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
@@ -115,7 +115,7 @@ class Recommendation(_Frozen):
                                  "strategy, engine, micro-batch, checkpointing, accumulation and mesh.")
     reason: str
     alternatives: tuple[str, ...] = ()
-    reasons: tuple[Reason, ...] = Field(default=(), exclude=True, description="What ``reason`` says, as data "
+    reasons: tuple[SerializeAsAny[ReasonModel], ...] = Field(default=(), exclude=True, description="What ``reason`` says, as data "
                                         "(advisor.planning.reasons; ``reason`` is their rendering).")
     remedies: tuple[Remedy, ...] = Field(default=(), description="What would change a plan that offloads, leaves the "
                                          "size default unfit or runs below a useful MFU, ranked "

@@ -35,6 +35,7 @@ import weakref
 from typing import Any
 
 from advisor.simulate.fake_env import cuda_dropout, fake_process_group, unpacked_batches
+from advisor.simulate.measure import DispatchObserver
 from advisor.simulate.model import build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
@@ -124,7 +125,7 @@ def _flat_buffers(net: Any) -> list:
     return out
 
 
-class FlatLiveBytes:
+class FlatLiveBytes(DispatchObserver):
     """Live tensor storage bytes after every op (a ``TorchDispatchMode``) and their peak. Storages an op
     creates count their size until Python frees them; FSDP1's resizable ones (``_flat_buffers``) count their
     current size, read at every op, since FSDP1 frees and reallocates them by ``resize_`` (not an op)."""
@@ -162,24 +163,8 @@ class FlatLiveBytes:
             self.refs[key] = weakref.ref(st, lambda _, key=key: self.sizes.pop(key, None))
         self.peak = max(self.peak, self.now()) if hasattr(self, "peak") else 0
 
-    def __enter__(self) -> "FlatLiveBytes":
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                outer.track(tree_leaves(out))
-                return out
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
+    def observe(self, tensors: list) -> None:
+        self.track(tensors)
 
 
 def _wrap_fsdp1(net: Any, strategy: str, training: TrainingConfig, checkpointing: bool) -> Any:

@@ -126,7 +126,34 @@ def _clean_fqn(fqn: str) -> str:
     return fqn.replace("._checkpoint_wrapped_module", "").removeprefix("Global.")
 
 
-class LiveBytes:
+class DispatchObserver:
+    """A context that hands every op's output tensors to ``observe`` (a ``TorchDispatchMode``): the memory
+    counters below and ``advisor.simulate.fsdp1_step.FlatLiveBytes`` count what those tensors keep."""
+
+    def observe(self, tensors: list) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_leaves
+
+        outer = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+                out = func(*args, **(kwargs or {}))
+                outer.observe(tree_leaves(out))
+                return out
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._mode.__exit__(*exc)
+
+
+class LiveBytes(DispatchObserver):
     """Live tensor storage bytes, op by op (a ``TorchDispatchMode``), and their peak split by category.
 
     Not ``MemTracker``: its module hooks (``ModTracker``) keep a module's leaf arguments and the
@@ -186,21 +213,5 @@ class LiveBytes:
         states = sum(self.at_peak.values())
         return {**self.at_peak, "activations": self.peak - states, "temporary": 0}
 
-    def __enter__(self) -> "LiveBytes":
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_leaves
-
-        outer = self
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-                out = func(*args, **(kwargs or {}))
-                outer.track_existing(tree_leaves(out))
-                return out
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._mode.__exit__(*exc)
+    def observe(self, tensors: list) -> None:
+        self.track_existing(tensors)

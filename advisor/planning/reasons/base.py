@@ -10,7 +10,10 @@ Checkpointing = Literal["off", "on", "selective"]
 
 
 class ReasonModel(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    """A reason's schema is built when one is first made (``defer_build``): a plan meets a handful of the
+    kinds, and building all of them at import cost the CLI about 60 ms (benchmarks/plan_instructions.py)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class FitFigures(ReasonModel):

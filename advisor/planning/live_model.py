@@ -1,0 +1,82 @@
+"""What ``advisor.plan`` reads off the model it is handed beyond its config (``advisor.planning.api``):
+a live PEFT model's LoRA config, a model bitsandbytes loaded, the linear layers LoRA needs for a family
+with no formula, and whether a quantised base can run the asked strategy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from advisor.estimate.quantized import quantization_unavailable, quantized_base
+from advisor.frozen import validated_copy
+from advisor.model.lora import LoraConfig, block_linears, lora_of, target_names
+from advisor.model.spec import ModelSpec
+from advisor.strategies import get_strategy
+from advisor.training import TrainingConfig
+from advisor.units import GIB
+
+
+def live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | None:
+    """A PEFT model's LoRA config when its targets are block linears this planner knows; otherwise
+    None, and its adapters are planned as any frozen-base model (by ``requires_grad``)."""
+    live = lora_of(model)
+    if live is None:
+        return None
+    try:
+        target_names(spec, live)
+    except ValueError:
+        notes.append("PEFT adapters on layers the activation model does not know: planned as a partly frozen "
+                     "model (trainable parameters by requires_grad)")
+        return None
+    return live
+
+
+def with_recorded_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
+    """The spec with its linear layers recorded on the meta device (``advisor.simulate.linears``) when no
+    formula lists its family's, so LoRA can count its adapters; unchanged otherwise."""
+    try:
+        block_linears(spec)
+        return spec
+    except ValueError:
+        if not spec.has_architecture or (trust_remote_code and config.get("auto_map")):
+            raise  # a size only, or a model that ships its own code: not built here
+    from advisor.simulate.linears import recorded_linears  # imports torch on a cache miss only
+
+    return validated_copy(spec, {"linears": recorded_linears(config, cache_dir=cache_dir)})
+
+
+def live_quantization(model: Any) -> tuple[str, bool] | None:
+    """``(scheme, double_quant)`` of a live model transformers loaded with bitsandbytes (duck-typed on
+    ``config.quantization_config``, a ``BitsAndBytesConfig`` or its dict; a PEFT model forwards
+    ``config`` to its base), or None."""
+    if isinstance(model, (str, dict, ModelSpec)) or not hasattr(getattr(model, "config", None), "to_dict"):
+        return None
+    found = getattr(model.config, "quantization_config", None)
+    if found is None:
+        return None
+    read = found.get if isinstance(found, dict) else lambda key, default=None: getattr(found, key, default)
+    if read("load_in_8bit", False):
+        return "int8", True
+    if read("load_in_4bit", False):
+        return str(read("bnb_4bit_quant_type", "fp4")), bool(read("bnb_4bit_use_double_quant", False))
+    return None
+
+
+def check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | None) -> str:
+    """ValueError for a quantised base nothing trains on, or a pinned strategy that cannot run it;
+    otherwise the assumption line (``advisor.estimate.quantized`` says where the bytes come from)."""
+    if training.lora is None:
+        raise ValueError(f"--quantize {training.quantize} needs --lora RANK: a quantised base is frozen, so "
+                         "without adapters nothing would train")
+    q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
+    if strategy is not None:
+        reason = quantization_unavailable(get_strategy(strategy).on(training.engine), training.quantize)
+        if reason is not None:
+            raise ValueError(f"--quantize {training.quantize} with --strategy {strategy} on {training.engine}: {reason}")
+    constants = ("double-quantised absmax, 0.127 bits/weight" if training.double_quant else "fp32 absmax, 0.5 bits/weight"
+                 ) if training.quantize != "int8" else "one fp32 scale per output row"
+    return (f"quantised base ({training.quantize}, bitsandbytes): {q.params / 1e9:.2f}B block-linear weights packed "
+            f"into {q.packed_bytes / GIB:.1f} GiB + {q.constant_bytes / GIB:.2f} GiB of constants ({constants}, kept on "
+            f"every GPU); embeddings, norms and head in the compute dtype; FSDP / ZeRO-3 shard the packed weights "
+            f"(bnb_4bit_quant_storage=bfloat16), ddp / zero1 / DeepSpeed zero2 keep a whole copy per GPU; one "
+            f"dequantised linear ({q.largest_linear_params * training.compute_bytes / GIB:.2f} GiB) in a block's backward")

@@ -72,6 +72,7 @@ from advisor.estimate.strategy_buffers import block_backward_buffers, block_para
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
+from advisor.model.bundled import load_no_tp_plan
 from advisor.model.lora import selective_kept_linears, selective_kept_tail_width
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
@@ -105,6 +106,14 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     mesh.check_sequence(training.seq_len)
 
 
+def vocab_parallel(spec: ModelSpec) -> bool:
+    """Whether TP splits the embedding and the head by vocabulary: transformers' plan does
+    (``embedding_rowwise``, ``colwise_gather_output``) unless they are tied (one parameter cannot be
+    placed twice); a family with no plan (``profiles/tensor_parallel.json``: StableLM, Falcon, OPT...)
+    runs ``wrappers.tensor_parallel.derived_plan``, which names neither: both whole on every rank."""
+    return not spec.tied_embeddings and spec.model_type not in load_no_tp_plan()
+
+
 @functools.lru_cache(maxsize=64)  # a pure function of frozen inputs; the mesh search asks many times
 def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     """The parameters one TP rank owns, as a spec the data-parallel state formulas read: block
@@ -117,8 +126,9 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     embedding = spec.embedding_params or 0
     head = spec.head_params or 0
     # A tied embedding and head are one parameter, which wrappers.tensor_parallel leaves out of the
-    # plan (it cannot be placed twice): replicated over tp, sharded by FSDP over dp only.
-    vocab_tp = 1 if spec.tied_embeddings else tp
+    # plan (it cannot be placed twice), and a family with no TP plan has neither in its derived one:
+    # replicated over tp, sharded by FSDP over dp only.
+    vocab_tp = tp if vocab_parallel(spec) else 1
     other = max(0, outside - embedding - head)
 
     def split(params: int) -> int:
@@ -177,7 +187,7 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                eager=training.attention == "eager",
                                loss_kernel=training.loss, selective=selective, kept_width=ceil_div(kept, tp),
                                kept_tail_width=ceil_div(tail, tp),
-                               head_grads=tp == 1)
+                               head_grads=tp == 1 or not vocab_parallel(spec))
     profile = find_profile(spec, profile_key(dt, training, checkpointing=checkpointing)) \
         if spec.traced and spec.num_layers and mesh.cp == 1 else None
     if profile is not None:  # a traced family: its measured step, less what TP takes off a rank

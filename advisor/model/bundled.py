@@ -75,3 +75,10 @@ def find_bundled_model(name: str) -> str | None:
 def load_bundled_config(model_id: str) -> dict:
     org, name = model_id.split("/")
     return json.loads((MODELS_DIR / org / f"{name}.json").read_text())
+
+
+@functools.cache
+def load_no_tp_plan() -> frozenset[str]:
+    """Causal-LM ``model_type``s with no transformers TP plan (``profiles/tensor_parallel.json``): their
+    embedding and head stay whole on every TP rank (``wrappers.tensor_parallel.derived_plan``)."""
+    return frozenset(json.loads((PROFILES_DIR / "tensor_parallel.json").read_text())["no_tp_plan"])

@@ -72,8 +72,8 @@ from advisor.estimate.strategy_buffers import block_backward_buffers, block_para
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
-from advisor.model.bundled import load_no_tp_plan
-from advisor.model.lora import selective_kept_linears, selective_kept_tail_width
+from advisor.model.bundled import load_tensor_parallel
+from advisor.model.lora import block_linears, selective_kept_linears, selective_kept_names, selective_kept_tail_width
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -111,7 +111,7 @@ def vocab_parallel(spec: ModelSpec) -> bool:
     (``embedding_rowwise``, ``colwise_gather_output``) unless they are tied (one parameter cannot be
     placed twice); a family with no plan (``profiles/tensor_parallel.json``: StableLM, Falcon, OPT...)
     runs ``wrappers.tensor_parallel.derived_plan``, which names neither: both whole on every rank."""
-    return not spec.tied_embeddings and spec.model_type not in load_no_tp_plan()
+    return not spec.tied_embeddings and spec.model_type not in load_tensor_parallel().no_tp_plan
 
 
 @functools.lru_cache(maxsize=64)  # a pure function of frozen inputs; the mesh search asks many times
@@ -182,11 +182,12 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     selective = checkpointing and training.activation_checkpointing == "selective"
     kept = sum(fan_out for _, fan_out in selective_kept_linears(spec) or ()) if selective else 0
     tail = selective_kept_tail_width(spec) if selective else 0
+    kept_rank, tail_rank = kept_widths_on_rank(spec, tp) if selective else (0, 0)
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
-                               loss_kernel=training.loss, selective=selective, kept_width=ceil_div(kept, tp),
-                               kept_tail_width=ceil_div(tail, tp),
+                               loss_kernel=training.loss, selective=selective, kept_width=kept_rank,
+                               kept_tail_width=tail_rank,
                                head_grads=tp == 1 or not vocab_parallel(spec))
     profile = find_profile(spec, profile_key(dt, training, checkpointing=checkpointing)) \
         if spec.traced and spec.num_layers and mesh.cp == 1 else None
@@ -195,10 +196,12 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                      checkpointing=checkpointing, eager=training.attention == "eager",
                                      loss_kernel=training.loss, selective=selective, kept_width=kept,
                                      kept_tail_width=tail)
+        rows = load_tensor_parallel().selective_row_parallel_kept.get(spec.model_type or "", 0) if selective else 0
         est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
                                                     micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
                                                     hidden_size=spec.hidden_size or 0), whole=whole, rank=est,
-                           tp=tp, selective=selective)
+                           tp=tp, num_layers=spec.num_layers if selective else 0,
+                           row_parallel_kept=rows * micro_batch_size * rank_len * shape.hidden_size * dt.compute)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
@@ -222,21 +225,45 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
 
 
+def kept_widths_on_rank(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(kept, tail) output widths of the products selective checkpointing keeps in one block, on one TP rank
+    (``advisor.model.lora.selective_kept_linears`` and ``selective_kept_tail_width`` at tp 1): a
+    column-parallel layer's output is split by ``tp``; a row-parallel one's (``profiles/tensor_parallel.json``
+    row_parallel: o_proj, down_proj) is the partial sum before the all-reduce, whole on every rank, and the
+    policy keeps it as it is (a Llama block keeps q, v and gate split, down whole)."""
+    names = selective_kept_names(spec)
+    if not names:
+        return 0, 0
+    rows = load_tensor_parallel().row_parallel
+    linears = block_linears(spec)
+    kept = sum(out if name in rows else ceil_div(out, tp) for name in names for _, out in linears[name])
+    tail = selective_kept_tail_width(spec)
+    return kept, tail if names[-1] in rows else ceil_div(tail, tp)
+
+
 def split_traced(traced: ActivationEstimate, *, whole: ActivationEstimate, rank: ActivationEstimate, tp: int,
-                 selective: bool) -> ActivationEstimate:
+                 num_layers: int = 0, row_parallel_kept: int = 0) -> ActivationEstimate:
     """A traced family's activations on one TP rank: the profile (measured on the whole model,
     ``advisor.estimate.traced``) less, moment by moment, the bytes TP takes off a rank in the
     decoder count (``whole`` at tp 1 less ``rank`` at the rank's heads and MLP width). What TP
-    leaves whole (residual stream, norms, block inputs, the gathered logits) stays as traced. Under
-    selective checkpointing what the family saves beyond the count (``traced - whole``) is kept
-    matmul and attention outputs inside the blocks (StableLM's, Granite's), split by ``tp`` like the
-    counted ones; under full checkpointing the saved block inputs are whole. The formula shape alone
-    was 4-7% short on these meshes, the profile undivided up to 7% over (benchmarks/results/sweep.jsonl
-    61132dbb970a, 221fc5bac301, c5264a595c2d)."""
+    leaves whole (residual stream, norms, block inputs, the gathered logits) stays as traced.
+
+    Under selective checkpointing (``num_layers`` > 0) a block saves, beyond what the count lists for it
+    (block input, attention output: the count lists no kept products for a family whose linears it does
+    not know), the matrix products the policy keeps: ``traced.block_kept_bytes - whole.block_kept_bytes``
+    a block (the profile's step per block; the totals also differ outside the blocks). Of these the
+    column-parallel ones are split by ``tp`` on a rank, the row-parallel ones (``row_parallel_kept``
+    bytes a block: partial sums, whole on every rank; ``kept_widths_on_rank``) are not. Under full
+    checkpointing the saved block inputs are whole. The formula shape alone was 4-7% short on these
+    meshes, the profile undivided up to 7% over (benchmarks/results/sweep.jsonl 61132dbb970a,
+    221fc5bac301, c5264a595c2d)."""
     fields = {name: max(0, getattr(traced, name) - (getattr(whole, name) - getattr(rank, name)))
               for name in ActivationEstimate.model_fields}
-    if selective:
-        fields["saved_bytes"] -= max(0, traced.saved_bytes - whole.saved_bytes) * (tp - 1) // tp
+    if num_layers:
+        kept = max(0, traced.block_kept_bytes - whole.block_kept_bytes)
+        split = (kept - min(kept, row_parallel_kept)) * (tp - 1) // tp
+        fields["saved_bytes"] = max(0, fields["saved_bytes"] - num_layers * split)
+        fields["block_kept_bytes"] = max(0, fields["block_kept_bytes"] - split)
     return ActivationEstimate(**fields)
 
 

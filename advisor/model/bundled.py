@@ -77,8 +77,17 @@ def load_bundled_config(model_id: str) -> dict:
     return json.loads((MODELS_DIR / org / f"{name}.json").read_text())
 
 
+class TensorParallelFacts(_Frozen):
+    """What the TP plans split (``profiles/tensor_parallel.json``, where each field's source is cited)."""
+
+    no_tp_plan: frozenset[str] = Field(description="Causal-LM model_types with no transformers TP plan: "
+                                       "embedding and head whole on every TP rank (wrappers' derived plan).")
+    row_parallel: frozenset[str] = Field(description="Block linears the plans split row-wise (partial-sum outputs).")
+    selective_row_parallel_kept: dict[str, int] = Field(description="Traced families: row-parallel products per "
+                                                        "block whose outputs selective checkpointing keeps.")
+
+
 @functools.cache
-def load_no_tp_plan() -> frozenset[str]:
-    """Causal-LM ``model_type``s with no transformers TP plan (``profiles/tensor_parallel.json``): their
-    embedding and head stay whole on every TP rank (``wrappers.tensor_parallel.derived_plan``)."""
-    return frozenset(json.loads((PROFILES_DIR / "tensor_parallel.json").read_text())["no_tp_plan"])
+def load_tensor_parallel() -> TensorParallelFacts:
+    raw = json.loads((PROFILES_DIR / "tensor_parallel.json").read_text())
+    return TensorParallelFacts(**{k: v for k, v in raw.items() if not k.startswith("_")})

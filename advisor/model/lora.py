@@ -102,12 +102,20 @@ def selective_kept_linears(spec: ModelSpec) -> list[tuple[int, int]] | None:
     (``wrappers.checkpointing.selective_context``: the 1st, 3rd, 5th, ... ``aten.mm`` of the block, in
     forward order; a linear layer with a bias runs ``addmm``, which the policy recomputes, so Qwen2's
     q, k and v do not count). None where the block is not a known dense Llama-like decoder."""
+    names = selective_kept_names(spec)
+    if names is None:
+        return None
+    linears = block_linears(spec)
+    return [shape for name in names for shape in linears[name]]
+
+
+def selective_kept_names(spec: ModelSpec) -> list[str] | None:
+    """The names of the linear layers ``selective_kept_linears`` counts, in forward order (the 1st, 3rd,
+    5th, ... bias-free one); None where the block is not a known dense Llama-like decoder."""
     info = load_architectures().get(spec.model_type or "")
     if info is None or info.formula != "decoder" or info.moe:
         return None
-    linears = block_linears(spec)
-    order = [name for name in linears if not (info.qkv_bias and name in _QKV)]
-    return [shape for name in order[0::2] for shape in linears[name]]
+    return [name for name in block_linears(spec) if not (info.qkv_bias and name in _QKV)][0::2]
 
 
 def selective_kept_tail_width(spec: ModelSpec) -> int:

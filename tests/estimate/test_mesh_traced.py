@@ -71,18 +71,20 @@ def test_traced_family_on_a_tp_mesh_matches_the_simulated_step(fields, profile, 
     assert abs(mem.peak_allocated - simulated) / simulated < 0.001
 
 
-def _acts(saved: int, layer: int) -> ActivationEstimate:
+def _acts(saved: int, layer: int, block: int) -> ActivationEstimate:
     return ActivationEstimate(saved_bytes=saved, logits_bytes=1_000, loss_transient_bytes=2_000, layer_bytes=layer,
-                              backward_temp_bytes=50, returned_logits_bytes=500)
+                              backward_temp_bytes=50, returned_logits_bytes=500, block_kept_bytes=block)
 
 
 def test_split_traced_by_hand():
-    """Traced: saved 900, one block 300. The count: 600 and 200 whole, 500 and 120 on a rank of tp 2 (TP takes
-    100 and 80 off). Full checkpointing (saved block inputs, whole): 900 - 100 = 800. Selective: the 300 the
-    family keeps beyond the count are kept outputs inside the blocks, split too: 800 - 300 / 2 = 650. The
-    block: 300 - 80 = 220 either way; the loss path is not divided (gathered logits)."""
-    traced, whole, rank = _acts(900, 300), _acts(600, 200), _acts(500, 120)
-    full = split_traced(traced, whole=whole, rank=rank, tp=2, selective=False)
+    """Traced: saved 900 over 2 blocks of 400 each (100 outside), one block's backward 300. The count: 600
+    (blocks of 200, 200 outside) and 200 whole, 500 (blocks of 150) and 120 on a rank of tp 2 (TP takes 100 and 80
+    off). Full checkpointing (saved block inputs, whole): 900 - 100 = 800. Selective: a block keeps 400 - 200 = 200
+    of products beyond the count, of which 60 row-parallel (whole) and 140 column-parallel, split: 70 a block off,
+    800 - 2 x 70 = 660 saved, 400 - 50 - 70 = 280 a block. The block moment: 300 - 80 = 220 either way; the loss
+    path is not divided (gathered logits)."""
+    traced, whole, rank = _acts(900, 300, 400), _acts(600, 200, 200), _acts(500, 120, 150)
+    full = split_traced(traced, whole=whole, rank=rank, tp=2)
     assert (full.saved_bytes, full.layer_bytes, full.loss_transient_bytes) == (800, 220, 2_000)
-    selective = split_traced(traced, whole=whole, rank=rank, tp=2, selective=True)
-    assert (selective.saved_bytes, selective.layer_bytes) == (650, 220)
+    selective = split_traced(traced, whole=whole, rank=rank, tp=2, num_layers=2, row_parallel_kept=60)
+    assert (selective.saved_bytes, selective.block_kept_bytes, selective.layer_bytes) == (660, 280, 220)

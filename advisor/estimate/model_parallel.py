@@ -199,7 +199,8 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         rows = load_tensor_parallel().selective_row_parallel_kept.get(spec.model_type or "", 0) if selective else 0
         est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
                                                     micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
-                                                    hidden_size=spec.hidden_size or 0), whole=whole, rank=est,
+                                                    hidden_size=spec.hidden_size or 0,
+                                                    tied_head=bool(spec.tied_embeddings)), whole=whole, rank=est,
                            tp=tp, num_layers=spec.num_layers if selective else 0,
                            row_parallel_kept=rows * micro_batch_size * rank_len * shape.hidden_size * dt.compute)
     if tower:  # replicated tower: its activations whole on every TP and CP rank

@@ -8,10 +8,13 @@ from __future__ import annotations
 import pytest
 
 from advisor.estimate.activations import ActivationEstimate
-from advisor.estimate.model_parallel import estimate_mesh_memory, split_traced
+from advisor.estimate.model_parallel import estimate_mesh_memory, kept_widths_on_rank, split_traced
+from advisor.estimate.traced import _tied_head_bend
 from advisor.hardware.cluster import parse_gpus
 from advisor.mesh import ParallelDims
-from advisor.model.block_profile import BlockProfile
+from advisor.model.block_profile import BlockProfile, ProfileKey
+from advisor.model.bundled import load_bundled_config
+from advisor.model.sources import spec_from_config
 from advisor.model.spec import ModelSpec
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
@@ -69,6 +72,91 @@ def test_traced_family_on_a_tp_mesh_matches_the_simulated_step(fields, profile, 
                                ParallelDims(world_size=8, **mesh), micro_batch_size=1, checkpointing=True)
     assert mem.peak_moment == "loss_backward"
     assert abs(mem.peak_allocated - simulated) / simulated < 0.001
+
+
+# Row 61132dbb970a: StableLM h256, 2 layers, 2 heads, q/k/v biased, vocabulary 1,536 untied (no TP plan: embedding
+# and head whole); zero3 tp 2 x dp 4, micro-batch 1, s 8192, selective checkpointing, fp16-mixed, Adam. Simulated
+# peak 205,305,608 bytes. The kept products: o (row-parallel, whole on a rank) and up (split).
+STABLELM = dict(name="sweep/stablelm-h256-l2-v1536", architecture="StableLmForCausalLM", model_type="stablelm",
+                total_params=2_789_376, trainable_params=2_789_376, embedding_params=393_216, layer_params=1_001_216,
+                head_params=393_216, other_params=512, tied_embeddings=False, num_layers=2, hidden_size=256,
+                num_attention_heads=2, num_kv_heads=2, head_dim=128, intermediate_size=960, vocab_size=1536,
+                max_position_embeddings=8192, block_classes=["StableLmDecoderLayer"])
+STABLELM_PROFILE = dict(
+    key=dict(residual_bytes=2, compute_bytes=2, input_casts=False, checkpointing="selective", seq_len=8192,
+             attention="sdpa", loss="hf", adapters=None),
+    saved=_line(1_114_120, 0, 28_377_088), forward_peak=_line(983_048, 134_447_112, 28_377_088),
+    loss_peak=_line(1_114_120, 159_416_320, 28_377_088), block_peak=_line(1_114_120, 108_068_864, 28_377_088),
+    recompute=_line(0, 73_465_856, 0), layer_saved_per_sample=101_842_944)
+
+# Row 0428af39138b: StableLM h64, 4 layers, vocabulary 8,384 untied; zero3 tp 2 x dp 4, micro-batch 4, s 256, full
+# checkpointing, fp32, fused loss, AdamW. Simulated peak 16,204,556 bytes.
+STABLELM_SMALL = dict(name="sweep/stablelm-h64-l4-v8384", architecture="StableLmForCausalLM", model_type="stablelm",
+                      total_params=1_238_144, trainable_params=1_238_144, embedding_params=536_576, layer_params=41_216,
+                      head_params=536_576, other_params=128, tied_embeddings=False, num_layers=4, hidden_size=64,
+                      num_attention_heads=2, num_kv_heads=2, head_dim=32, intermediate_size=128, vocab_size=8384,
+                      max_position_embeddings=8192, block_classes=["StableLmDecoderLayer"])
+STABLELM_SMALL_PROFILE = dict(
+    key=dict(residual_bytes=4, compute_bytes=4, input_casts=False, checkpointing="on", seq_len=256,
+             attention="sdpa", loss="fused", adapters=None),
+    saved=_line(18_440, 0, 65_536), forward_peak=_line(2_160_652, 1_286_568, 65_536),
+    loss_peak=_line(2_164_744, 198_656, 65_536), block_peak=_line(18_440, 1_382_400, 65_536),
+    recompute=_line(0, 1_071_104, 0), layer_saved_per_sample=1_136_640)
+
+# Row f61ed5515497: Granite h384, 3 layers, vocabulary 204,864 tied (replicated over tp); zero3 tp 2 x dp 4,
+# micro-batch 4, s 128, no checkpointing, fp32, transformers' loss, AdamW. Simulated peak 1,862,386,428 bytes.
+GRANITE_TIED = dict(name="sweep/granite-h384-l3-v204864", architecture="GraniteForCausalLM", model_type="granite",
+                    total_params=85_305_984, trainable_params=85_305_984, embedding_params=78_667_776,
+                    layer_params=2_212_608, head_params=0, other_params=384, tied_embeddings=True, num_layers=3,
+                    hidden_size=384, num_attention_heads=6, num_kv_heads=6, head_dim=64, intermediate_size=1408,
+                    vocab_size=204864, max_position_embeddings=8192, block_classes=["GraniteDecoderLayer"])
+GRANITE_TIED_PROFILE = dict(
+    key=dict(residual_bytes=4, compute_bytes=4, input_casts=False, checkpointing="off", seq_len=128,
+             attention="sdpa", loss="hf", adapters=None),
+    saved=_line(314_736_648, 0, 4_853_760), forward_peak=_line(63_496, 210_374_152, 4_853_760),
+    loss_peak=_line(210_239_496, 210_174_464, 4_853_760), block_peak=_line(629_342_216, 196_608, 0),
+    recompute=_line(0, 0, 0), layer_saved_per_sample=4_919_296)
+
+
+@pytest.mark.parametrize("fields, profile, training, batch, ckpt, simulated, moment", [
+    # before: +1.83% (every product kept beyond the count split by tp; embedding and head split)
+    (STABLELM, STABLELM_PROFILE, dict(optimizer="adam", precision="fp16-mixed", seq_len=8192,
+                                      activation_checkpointing="selective"), 1, True, 205_305_608, "loss_backward"),
+    # before: -23.21% (embedding and head split by tp: V x h parameters, gradients and Adam moments missing)
+    (STABLELM_SMALL, STABLELM_SMALL_PROFILE, dict(precision="fp32", seq_len=256, loss="fused"), 4, True,
+     16_204_556, "end_of_forward"),
+    # before: -11.29% (the profile's loss line, bent by the tied head's gradient at micro-batch 1)
+    (GRANITE_TIED, GRANITE_TIED_PROFILE, dict(precision="fp32", seq_len=128, activation_checkpointing="off"), 4,
+     False, 1_862_386_428, "loss_backward"),
+])
+def test_tp_mesh_of_a_traced_family_matches_simulate_mesh(fields, profile, training, batch, ckpt, simulated, moment):
+    spec = _spec(fields, profile)
+    mem = estimate_mesh_memory(spec, parse_gpus("8xH100"), TrainingConfig(micro_batch_size=batch, **training), ZERO3,
+                               ParallelDims(world_size=8, dp_shard=4, tp=2), micro_batch_size=batch,
+                               checkpointing=ckpt)
+    assert mem.peak_moment == moment
+    assert abs(mem.peak_allocated - simulated) / simulated < 0.001
+
+
+def test_kept_products_on_a_tp_rank_by_hand():
+    """Llama-3.1-8B's block: q 4096, k 1024, v 1024, o 4096, gate 14336, up 14336, down 4096 outputs; the policy
+    keeps q, v, gate and down. On a rank of tp 2: q 2048 + v 512 + gate 7168 split, down 4096 whole (a partial sum)
+    = 13,824 (the whole list split was 11,776); down, the last product, held through the block's backward: 4096
+    (was 2048)."""
+    spec = spec_from_config(load_bundled_config("meta-llama/Llama-3.1-8B"), name="meta-llama/Llama-3.1-8B",
+                            source="bundled")
+    assert kept_widths_on_rank(spec, 2) == (13_824, 4096)
+    assert kept_widths_on_rank(spec, 1) == (4096 + 1024 + 14336 + 4096, 4096)
+
+
+def test_tied_head_bend_by_hand():
+    """Granite above: V 204,864, h 384, s 128, fp32. Micro-batch 1: log_softmax_backward holds 3 x 128 x V x 4 =
+    314,671,104 bytes, the head's backward 128 x V x 4 + V x 384 x 4 = 104,890,368 + 314,671,104 = 419,561,472: the
+    head decides. Micro-batch 2: 629,342,208 against 524,451,840, the log-softmax. Micro-batch 4: 1,258,684,416, where
+    the line through 1 and 2 gives 419,561,472 + 3 x 209,780,736 = 1,048,903,680: 209,780,736 short."""
+    key = ProfileKey(**GRANITE_TIED_PROFILE["key"])
+    assert _tied_head_bend(key, micro_batch_size=4, vocab_size=204_864, hidden_size=384) == 209_780_736
+    assert _tied_head_bend(key, micro_batch_size=2, vocab_size=204_864, hidden_size=384) == 0
 
 
 def _acts(saved: int, layer: int, block: int) -> ActivationEstimate:

@@ -98,6 +98,10 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
         kind = spec.model_type or spec.architecture or "this model"
         raise ValueError(f"mesh {mesh.label} needs a Llama-like attention decoder with known heads; {kind} has "
                          f"{'no attention heads in its config' if shape.assumed else 'no such layout'}")
+    if mesh.tp > 1 and training.loss == "fused" and vocab_parallel(spec):
+        raise ValueError(f"mesh {mesh.label}: --loss fused multiplies the hidden states by the head's weight itself "
+                         f"(wrappers.losses), and tp {mesh.tp} splits that weight by vocabulary (transformers' TP plan: "
+                         "a DTensor, which the kernel's matmul refuses beside a plain tensor); use --loss chunked or hf")
     if mesh.cp > 1 and training.attention == "eager":
         raise ValueError(f"--cp {mesh.cp} needs SDPA attention (torch context_parallel replaces "
                          "scaled_dot_product_attention); --attention eager cannot be context-parallel")

@@ -9,7 +9,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
 - Parameters. TP (Megatron column/row split, Shoeybi et al. 2019, section 3) splits every attention
   and MLP matrix of a block by ``tp``; the embedding and the head are vocabulary-parallel (split by
   ``tp``) unless they are tied, in which case ``wrappers.tensor_parallel`` leaves the one shared
-  matrix out of the plan and it is replicated over ``tp``; norms (2 x hidden per block) and other
+  matrix out of the plan and it is replicated over ``tp``, or the family has no transformers TP plan
+  (``profiles/tensor_parallel.json``: StableLM, Falcon, OPT...), whose derived plan names neither
+  (``vocab_parallel``); norms (2 x hidden per block) and other
   small tensors stay replicated. FSDP2 then shards that per-TP-rank share over ``dp_shard x cp``
   ranks (torchtitan's ``dp_shard_cp`` mesh: CP ranks hold different tokens of the same replica, so
   they shard parameters like data-parallel ranks); ``dp_replicate`` replicas hold copies (HSDP).
@@ -28,7 +30,11 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   (``--attention eager``) saves its b x heads x s x s scores (the fp32 softmax output and its
   compute-dtype copy, ``advisor.estimate.activations_blocks.attention_per_token``) as in the
   data-parallel estimate, for the rank's heads/tp; with cp it is refused (``check_mesh_support``).
-  Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py).
+  Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py). Selective checkpointing
+  keeps the matrix products' outputs as the policy sees them, DTensors: a column-parallel layer's is
+  split by ``tp``, a row-parallel layer's (o_proj, down_proj) is the partial sum before the all-reduce,
+  whole on every rank (``kept_widths_on_rank``). A traced family (no formula) starts from its profile,
+  measured on the whole model, less what TP takes off a rank (``split_traced``).
 - Images (vision-language models, ``--images-per-sample``): the image tokens join the language
   model's sequence, as in the data-parallel estimate (``advisor.estimate.memory.image_tokens``), so
   CP splits text and image tokens alike, ``ceil((seq_len + image tokens) / cp)`` a rank (a length
@@ -49,7 +55,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
   run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it, and
   by default the recipe decides (``Recipe.tp_loss_parallel``, with ``tp_sequence_parallel``: the
-  torchtitan row runs both, the stacks on transformers' TP plans neither).
+  torchtitan row runs both, the stacks on transformers' TP plans neither). ``--loss fused`` over a
+  vocabulary-parallel head is refused (``check_mesh_support``): the kernel multiplies by the head's weight
+  itself, a DTensor its matmul refuses; the chunked kernel calls the head module, which gathers.
 - Ring attention (torch ``context_parallel``, torch/distributed/tensor/experimental/_attention.py,
   ``_templated_ring_attention``): each step computes on one key/value chunk while the next one is
   received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value

@@ -222,11 +222,10 @@ def known_gap(case: dict) -> str | None:
     if job["loss"] == "fused" and job["tp"] > 1:
         return ("fused loss on a TP mesh: over a vocabulary-parallel head (untied, transformers' plan) the kernel "
                 "cannot run (its matmul refuses the DTensor weight: the simulated rows are errors, the planner now "
-                "refuses it); over a whole head (tied, or StableLM's derived plan) StableLM is +2.0% at the kernel's "
-                "loop (36745bdb608f: 0.78 MB, 0.196 MB a block, one b x s x h fp16 tensor halved, that TP takes off "
-                "beyond the count's share: not diagnosed) and Gemma -2.8% at a block's backward (138cf9e158b4: the "
-                "blocks' backward gradients are not counted under TP, model_parallel reads block_backward_buffers at "
-                "tp 1 only)")
+                "refuses it); over a whole head (tied, or StableLM's derived plan) StableLM is within 0.04% "
+                "(0428af39138b, 36745bdb608f) and Gemma -2.8% at a block's backward (138cf9e158b4: the blocks' "
+                "backward gradients are not counted under TP, model_parallel reads block_backward_buffers at tp 1 "
+                "only)")
     if family == "mixtral" and job["checkpointing"] == "off":
         return ("Mixtral block backward: +9.8% at a block's backward (565.0 MB estimated, 514.9 MB simulated, "
                 "4 experts top-2, s 4096): the MoE backward temporaries are over-counted: not diagnosed")

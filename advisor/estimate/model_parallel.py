@@ -208,13 +208,20 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                                      checkpointing=checkpointing, eager=training.attention == "eager",
                                      loss_kernel=training.loss, selective=selective, kept_width=kept,
                                      kept_tail_width=tail)
-        rows = load_tensor_parallel().selective_row_parallel_kept.get(spec.model_type or "", 0) if selective else 0
+        facts = load_tensor_parallel()
+        rows = facts.selective_row_parallel_kept.get(spec.model_type or "", 0) if selective else 0
+        copied = spec.model_type in facts.attention_output_copied
+        tokens = micro_batch_size * rank_len
+        attention_copy = tokens * shape.num_attention_heads * shape.head_dim * dt.compute if copied else 0
         est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
                                                     micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
                                                     hidden_size=spec.hidden_size or 0,
                                                     tied_head=bool(spec.tied_embeddings)), whole=whole, rank=est,
                            tp=tp, num_layers=spec.num_layers if selective else 0,
-                           row_parallel_kept=rows * micro_batch_size * rank_len * shape.hidden_size * dt.compute)
+                           row_parallel_kept=rows * tokens * shape.hidden_size * dt.compute)
+        if attention_copy:  # o_proj's copy of the attention output (profiles/tensor_parallel.json): the rank's heads
+            est = split_attention_copy(est, copy=attention_copy, tp=tp, num_layers=spec.num_layers,
+                                       saved=not checkpointing)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
@@ -278,6 +285,20 @@ def split_traced(traced: ActivationEstimate, *, whole: ActivationEstimate, rank:
         fields["saved_bytes"] = max(0, fields["saved_bytes"] - num_layers * split)
         fields["block_kept_bytes"] = max(0, fields["block_kept_bytes"] - split)
     return ActivationEstimate(**fields)
+
+
+def split_attention_copy(est: ActivationEstimate, *, copy: int, tp: int, num_layers: int,
+                         saved: bool) -> ActivationEstimate:
+    """``est`` less what TP takes off a block's copy of the attention output (``copy`` bytes a block on the
+    whole model; StableLM's and Phi's o_proj input, ``profiles/tensor_parallel.json``): the rank holds its
+    heads' ``1 / tp`` of it. In the block a backward recomputes (``layer_bytes``) always; in the saved bytes
+    (every block) and a block's share of them only when blocks are not checkpointed (``saved``)."""
+    off = copy * (tp - 1) // tp
+    update = dict(layer_bytes=max(0, est.layer_bytes - off))
+    if saved:
+        update.update(saved_bytes=max(0, est.saved_bytes - num_layers * off),
+                      block_kept_bytes=max(0, est.block_kept_bytes - off))
+    return validated_copy(est, update)
 
 
 def rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:

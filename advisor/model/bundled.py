@@ -85,6 +85,8 @@ class TensorParallelFacts(_Frozen):
     row_parallel: frozenset[str] = Field(description="Block linears the plans split row-wise (partial-sum outputs).")
     selective_row_parallel_kept: dict[str, int] = Field(description="Traced families: row-parallel products per "
                                                         "block whose outputs selective checkpointing keeps.")
+    attention_output_copied: frozenset[str] = Field(default=frozenset(), description="Traced families whose "
+                                                    "o_proj saves a copy of SDPA's output (partial rotary's cat).")
 
 
 @functools.cache

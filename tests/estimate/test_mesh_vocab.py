@@ -58,3 +58,40 @@ def test_a_family_without_a_plan_keeps_embedding_and_head_whole_by_hand():
     rank = tp_rank_spec(STABLELM, 2)
     assert (rank.embedding_params, rank.head_params, rank.layer_params) == (536_576, 536_576, 20_672)
     assert rank.total_params == 82_688 + 2 * 536_576 + 128 == 1_155_968
+
+
+@pytest.mark.parametrize("model_type, copied", [("stablelm", True), ("phi", True), ("llama", False)])
+def test_attention_output_copied_list_is_what_the_simulator_saves(model_type, copied):
+    """One block on fake tensors (the simulator's mode): does o_proj keep a storage of its own beside SDPA's saved
+    output (``profiles/tensor_parallel.json`` attention_output_copied)?"""
+    import torch
+    import transformers
+
+    from advisor.simulate.fake_env import fake_mode
+    from advisor.simulate.model import materialize
+
+    cfg = transformers.CONFIG_MAPPING[model_type](**dict(TINY, attn_implementation="sdpa"))
+    with torch.device("meta"):
+        net = transformers.AutoModelForCausalLM.from_config(cfg)
+    block = net.model.layers[0]
+    o_proj = getattr(block.self_attn, "o_proj", None) or block.self_attn.dense
+    storages: dict[str, int] = {}
+    with fake_mode():
+        materialize(net, device="cpu", real=False)
+        hidden = torch.randn(1, 16, 64, requires_grad=True)
+        rope = net.model.rotary_emb(hidden, torch.arange(16)[None])
+
+        def o_proj_input(_, args) -> None:  # a pre-hook that returns something replaces the input
+            storages.setdefault("o_proj", args[0].untyped_storage()._cdata)
+
+        o_proj.register_forward_pre_hook(o_proj_input)
+
+        def pack(t):
+            if "Attention" in type(t.grad_fn).__name__:
+                storages.setdefault("sdpa", t.untyped_storage()._cdata)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(hidden, position_embeddings=rope)
+    assert (storages["o_proj"] != storages["sdpa"]) is copied
+    assert (model_type in load_tensor_parallel().attention_output_copied) is copied

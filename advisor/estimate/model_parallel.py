@@ -221,7 +221,7 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                            row_parallel_kept=rows * tokens * shape.hidden_size * dt.compute)
         if attention_copy:  # o_proj's copy of the attention output (profiles/tensor_parallel.json): the rank's heads
             est = split_attention_copy(est, copy=attention_copy, tp=tp, num_layers=spec.num_layers,
-                                       saved=not checkpointing)
+                                       saved=not checkpointing, heads=shape.num_attention_heads)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
@@ -287,13 +287,17 @@ def split_traced(traced: ActivationEstimate, *, whole: ActivationEstimate, rank:
     return ActivationEstimate(**fields)
 
 
-def split_attention_copy(est: ActivationEstimate, *, copy: int, tp: int, num_layers: int,
-                         saved: bool) -> ActivationEstimate:
+def split_attention_copy(est: ActivationEstimate, *, copy: int, tp: int, num_layers: int, saved: bool,
+                         heads: int) -> ActivationEstimate:
     """``est`` less what TP takes off a block's copy of the attention output (``copy`` bytes a block on the
     whole model; StableLM's and Phi's o_proj input, ``profiles/tensor_parallel.json``): the rank holds its
-    heads' ``1 / tp`` of it. In the block a backward recomputes (``layer_bytes``) always; in the saved bytes
-    (every block) and a block's share of them only when blocks are not checkpointed (``saved``)."""
-    off = copy * (tp - 1) // tp
+    ``heads / tp`` heads' share of it, and none where that is one head (transposing a size-1 head dimension
+    leaves the output contiguous: no copy; nor on the whole model with one head). In the block a backward
+    recomputes (``layer_bytes``) always; in the saved bytes (every block) and a block's share of them only
+    when blocks are not checkpointed (``saved``)."""
+    if heads <= 1:
+        return est
+    off = copy if heads // tp == 1 else copy * (tp - 1) // tp
     update = dict(layer_bytes=max(0, est.layer_bytes - off))
     if saved:
         update.update(saved_bytes=max(0, est.saved_bytes - num_layers * off),

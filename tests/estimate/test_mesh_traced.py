@@ -201,8 +201,11 @@ def test_attention_copy_by_hand():
     1,024 x 192 x 2 = 393,216 bytes a block; a rank of tp 2 holds its 3 heads' half, 196,608 less a block: 786,432
     less over the 4 blocks when nothing is checkpointed (the simulated step was 777,056 under the estimate before)."""
     est = _acts(10_000_000, 3_000_000, 2_000_000)
-    off = split_attention_copy(est, copy=1024 * 192 * 2, tp=2, num_layers=4, saved=True)
+    off = split_attention_copy(est, copy=1024 * 192 * 2, tp=2, num_layers=4, saved=True, heads=6)
     assert (off.saved_bytes, off.layer_bytes, off.block_kept_bytes) == (10_000_000 - 786_432, 3_000_000 - 196_608,
                                                                         2_000_000 - 196_608)
-    checkpointed = split_attention_copy(est, copy=1024 * 192 * 2, tp=2, num_layers=4, saved=False)
+    checkpointed = split_attention_copy(est, copy=1024 * 192 * 2, tp=2, num_layers=4, saved=False, heads=6)
     assert (checkpointed.saved_bytes, checkpointed.layer_bytes) == (10_000_000, 3_000_000 - 196_608)
+    # 2 heads on tp 2: one head a rank, whose output transposes to a contiguous tensor: the whole copy goes.
+    one_head = split_attention_copy(est, copy=1024 * 192 * 2, tp=2, num_layers=4, saved=True, heads=2)
+    assert one_head.saved_bytes == 10_000_000 - 4 * 393_216

@@ -133,9 +133,13 @@ def run_case(case: dict) -> dict:
 
 def reestimate(row: dict) -> dict:
     """``row`` with its analytic side recomputed by the estimator as it is now."""
-    if row["status"] == "error" and not row["message"].startswith("planner:"):
-        return row  # the simulator failed: nothing to re-score
     case = {k: row[k] for k in ("family", "kind", "config", "job")}
+    if row["status"] == "error" and not row["message"].startswith("planner:"):
+        try:  # the simulator failed: nothing to re-score, unless the planner now refuses the job too
+            estimate(case)
+        except ValueError as exc:
+            return dict(row, status="unsupported", message=str(exc).splitlines()[0][:300])
+        return row
     try:
         _, candidate = estimate(case)
         fields = estimate_fields(candidate)

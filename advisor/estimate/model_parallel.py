@@ -9,7 +9,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
 - Parameters. TP (Megatron column/row split, Shoeybi et al. 2019, section 3) splits every attention
   and MLP matrix of a block by ``tp``; the embedding and the head are vocabulary-parallel (split by
   ``tp``) unless they are tied, in which case ``wrappers.tensor_parallel`` leaves the one shared
-  matrix out of the plan and it is replicated over ``tp``; norms (2 x hidden per block) and other
+  matrix out of the plan and it is replicated over ``tp``, or the family has no transformers TP plan
+  (``profiles/tensor_parallel.json``: StableLM, Falcon, OPT...), whose derived plan names neither
+  (``vocab_parallel``); norms (2 x hidden per block) and other
   small tensors stay replicated. FSDP2 then shards that per-TP-rank share over ``dp_shard x cp``
   ranks (torchtitan's ``dp_shard_cp`` mesh: CP ranks hold different tokens of the same replica, so
   they shard parameters like data-parallel ranks); ``dp_replicate`` replicas hold copies (HSDP).
@@ -28,7 +30,11 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   (``--attention eager``) saves its b x heads x s x s scores (the fp32 softmax output and its
   compute-dtype copy, ``advisor.estimate.activations_blocks.attention_per_token``) as in the
   data-parallel estimate, for the rank's heads/tp; with cp it is refused (``check_mesh_support``).
-  Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py).
+  Checked against ``advisor.simulate.mesh_step`` (benchmarks/accuracy_mesh.py). Selective checkpointing
+  keeps the matrix products' outputs as the policy sees them, DTensors: a column-parallel layer's is
+  split by ``tp``, a row-parallel layer's (o_proj, down_proj) is the partial sum before the all-reduce,
+  whole on every rank (``kept_widths_on_rank``). A traced family (no formula) starts from its profile,
+  measured on the whole model, less what TP takes off a rank (``split_traced``).
 - Images (vision-language models, ``--images-per-sample``): the image tokens join the language
   model's sequence, as in the data-parallel estimate (``advisor.estimate.memory.image_tokens``), so
   CP splits text and image tokens alike, ``ceil((seq_len + image tokens) / cp)`` a rank (a length
@@ -49,7 +55,9 @@ What one rank holds (the recipe torchtitan runs: ``parallelize_llama``, TP, then
   N/cp x V logits and their fp32 copies, which is what the exported accelerate/Trainer configs
   run. torchtitan's ``loss_parallel`` keeps N/cp x V/tp instead: ``loss_parallel=True`` models it, and
   by default the recipe decides (``Recipe.tp_loss_parallel``, with ``tp_sequence_parallel``: the
-  torchtitan row runs both, the stacks on transformers' TP plans neither).
+  torchtitan row runs both, the stacks on transformers' TP plans neither). ``--loss fused`` over a
+  vocabulary-parallel head is refused (``check_mesh_support``): the kernel multiplies by the head's weight
+  itself, a DTensor its matmul refuses; the chunked kernel calls the head module, which gathers.
 - Ring attention (torch ``context_parallel``, torch/distributed/tensor/experimental/_attention.py,
   ``_templated_ring_attention``): each step computes on one key/value chunk while the next one is
   received, two chunks of b x s/cp x kv-width/tp in flight; backward also rotates the key/value
@@ -68,11 +76,13 @@ from advisor.estimate.activations import ActivationEstimate, ActivationShape, es
 from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, model_states, recipe_dtypes,
                                      vision_tower_bytes)
 from advisor.estimate.states import FP32
+from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
-from advisor.model.selective import selective_kept
+from advisor.model.bundled import load_tensor_parallel
+from advisor.model.selective import block_products, selective_kept
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -97,12 +107,24 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
         kind = spec.model_type or spec.architecture or "this model"
         raise ValueError(f"mesh {mesh.label} needs a Llama-like attention decoder with known heads; {kind} has "
                          f"{'no attention heads in its config' if shape.assumed else 'no such layout'}")
+    if mesh.tp > 1 and training.loss == "fused" and vocab_parallel(spec):
+        raise ValueError(f"mesh {mesh.label}: --loss fused multiplies the hidden states by the head's weight itself "
+                         f"(wrappers.losses), and tp {mesh.tp} splits that weight by vocabulary (transformers' TP plan: "
+                         "a DTensor, which the kernel's matmul refuses beside a plain tensor); use --loss chunked or hf")
     if mesh.cp > 1 and training.attention == "eager":
         raise ValueError(f"--cp {mesh.cp} needs SDPA attention (torch context_parallel replaces "
                          "scaled_dot_product_attention); --attention eager cannot be context-parallel")
     mesh.check_model(num_attention_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads or
                      spec.num_attention_heads)
     mesh.check_sequence(training.seq_len)
+
+
+def vocab_parallel(spec: ModelSpec) -> bool:
+    """Whether TP splits the embedding and the head by vocabulary: transformers' plan does
+    (``embedding_rowwise``, ``colwise_gather_output``) unless they are tied (one parameter cannot be
+    placed twice); a family with no plan (``profiles/tensor_parallel.json``: StableLM, Falcon, OPT...)
+    runs ``wrappers.tensor_parallel.derived_plan``, which names neither: both whole on every rank."""
+    return not spec.tied_embeddings and spec.model_type not in load_tensor_parallel().no_tp_plan
 
 
 @functools.lru_cache(maxsize=64)  # a pure function of frozen inputs; the mesh search asks many times
@@ -117,8 +139,9 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     embedding = spec.embedding_params or 0
     head = spec.head_params or 0
     # A tied embedding and head are one parameter, which wrappers.tensor_parallel leaves out of the
-    # plan (it cannot be placed twice): replicated over tp, sharded by FSDP over dp only.
-    vocab_tp = 1 if spec.tied_embeddings else tp
+    # plan (it cannot be placed twice), and a family with no TP plan has neither in its derived one:
+    # replicated over tp, sharded by FSDP over dp only.
+    vocab_tp = tp if vocab_parallel(spec) else 1
     other = max(0, outside - embedding - head)
 
     def split(params: int) -> int:
@@ -172,12 +195,34 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     selective = checkpointing and training.activation_checkpointing == "selective"
     products = selective_kept(spec) if selective else None  # the mesh's blocks train whole (no adapters)
     kept, tail = (products.width, products.tail_width) if products is not None else (0, 0)
+    kept_rank, tail_rank = kept_widths_on_rank(spec, tp) if selective else (0, 0)
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
-                               loss_kernel=training.loss, selective=selective, kept_width=ceil_div(kept, tp),
-                               kept_tail_width=ceil_div(tail, tp),
-                               head_grads=tp == 1)
+                               loss_kernel=training.loss, selective=selective, kept_width=kept_rank,
+                               kept_tail_width=tail_rank,
+                               head_grads=tp == 1 or not vocab_parallel(spec))
+    profile = find_profile(spec, profile_key(dt, training, checkpointing=checkpointing)) \
+        if spec.traced and spec.num_layers and mesh.cp == 1 else None
+    if profile is not None:  # a traced family: its measured step, less what TP takes off a rank
+        whole = estimate_activations(shape, dt, micro_batch_size=micro_batch_size, seq_len=rank_len,
+                                     checkpointing=checkpointing, eager=training.attention == "eager",
+                                     loss_kernel=training.loss, selective=selective, kept_width=kept,
+                                     kept_tail_width=tail)
+        facts = load_tensor_parallel()
+        rows = facts.selective_row_parallel_kept.get(spec.model_type or "", 0) if selective else 0
+        copied = spec.model_type in facts.attention_output_copied
+        tokens = micro_batch_size * rank_len
+        attention_copy = tokens * shape.num_attention_heads * shape.head_dim * dt.compute if copied else 0
+        est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
+                                                    micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
+                                                    hidden_size=spec.hidden_size or 0,
+                                                    tied_head=bool(spec.tied_embeddings)), whole=whole, rank=est,
+                           tp=tp, num_layers=spec.num_layers if selective else 0,
+                           row_parallel_kept=rows * tokens * shape.hidden_size * dt.compute)
+        if attention_copy:  # o_proj's copy of the attention output (profiles/tensor_parallel.json): the rank's heads
+            est = split_attention_copy(est, copy=attention_copy, tp=tp, num_layers=spec.num_layers,
+                                       saved=not checkpointing, heads=shape.num_attention_heads)
     if tower:  # replicated tower: its activations whole on every TP and CP rank
         est = validated_copy(est, dict(saved_bytes=est.saved_bytes + tower))
     if tp == 1:
@@ -199,6 +244,66 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         saved = est.saved_bytes - layers * norm_shard
     return validated_copy(est, dict(saved_bytes=saved, layer_bytes=layer,
                                       recompute_bytes=max(0, est.recompute_bytes - norm_shard) if checkpointing else 0))
+
+
+def kept_widths_on_rank(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(kept, tail) output widths of the products selective checkpointing keeps in one block, on one TP rank
+    (``advisor.model.selective.selective_kept`` at tp 1, no adapters): a column-parallel layer's output is
+    split by ``tp``; a row-parallel one's (``profiles/tensor_parallel.json`` row_parallel: o_proj, down_proj)
+    is the partial sum before the all-reduce, whole on every rank, and the policy keeps it as it is (a
+    Llama block keeps q, v and gate split, down whole)."""
+    products = block_products(spec)
+    whole = selective_kept(spec)
+    if not products or whole is None:
+        return 0, 0
+    rows = load_tensor_parallel().row_parallel
+    kept = sum(p.width if p.linear in rows else ceil_div(p.width, tp) for p in [q for q in products if q.counted][0::2])
+    tail = whole.tail_width
+    return kept, tail if products[-1].linear in rows else ceil_div(tail, tp)
+
+
+def split_traced(traced: ActivationEstimate, *, whole: ActivationEstimate, rank: ActivationEstimate, tp: int,
+                 num_layers: int = 0, row_parallel_kept: int = 0) -> ActivationEstimate:
+    """A traced family's activations on one TP rank: the profile (measured on the whole model,
+    ``advisor.estimate.traced``) less, moment by moment, the bytes TP takes off a rank in the
+    decoder count (``whole`` at tp 1 less ``rank`` at the rank's heads and MLP width). What TP
+    leaves whole (residual stream, norms, block inputs, the gathered logits) stays as traced.
+
+    Under selective checkpointing (``num_layers`` > 0) a block saves, beyond what the count lists for it
+    (block input, attention output: the count lists no kept products for a family whose linears it does
+    not know), the matrix products the policy keeps: ``traced.block_kept_bytes - whole.block_kept_bytes``
+    a block (the profile's step per block; the totals also differ outside the blocks). Of these the
+    column-parallel ones are split by ``tp`` on a rank, the row-parallel ones (``row_parallel_kept``
+    bytes a block: partial sums, whole on every rank; ``kept_widths_on_rank``) are not. Under full
+    checkpointing the saved block inputs are whole. The formula shape alone was 4-7% short on these
+    meshes, the profile undivided up to 7% over (benchmarks/results/sweep.jsonl 61132dbb970a,
+    221fc5bac301, c5264a595c2d)."""
+    fields = {name: max(0, getattr(traced, name) - (getattr(whole, name) - getattr(rank, name)))
+              for name in ActivationEstimate.model_fields}
+    if num_layers:
+        kept = max(0, traced.block_kept_bytes - whole.block_kept_bytes)
+        split = (kept - min(kept, row_parallel_kept)) * (tp - 1) // tp
+        fields["saved_bytes"] = max(0, fields["saved_bytes"] - num_layers * split)
+        fields["block_kept_bytes"] = max(0, fields["block_kept_bytes"] - split)
+    return ActivationEstimate(**fields)
+
+
+def split_attention_copy(est: ActivationEstimate, *, copy: int, tp: int, num_layers: int, saved: bool,
+                         heads: int) -> ActivationEstimate:
+    """``est`` less what TP takes off a block's copy of the attention output (``copy`` bytes a block on the
+    whole model; StableLM's and Phi's o_proj input, ``profiles/tensor_parallel.json``): the rank holds its
+    ``heads / tp`` heads' share of it, and none where that is one head (transposing a size-1 head dimension
+    leaves the output contiguous: no copy; nor on the whole model with one head). In the block a backward
+    recomputes (``layer_bytes``) always; in the saved bytes (every block) and a block's share of them only
+    when blocks are not checkpointed (``saved``)."""
+    if heads <= 1:
+        return est
+    off = copy if heads // tp == 1 else copy * (tp - 1) // tp
+    update = dict(layer_bytes=max(0, est.layer_bytes - off))
+    if saved:
+        update.update(saved_bytes=max(0, est.saved_bytes - num_layers * off),
+                      block_kept_bytes=max(0, est.block_kept_bytes - off))
+    return validated_copy(est, update)
 
 
 def rank_seq_len(spec: ModelSpec, training: TrainingConfig, mesh: ParallelDims) -> int:

@@ -13,6 +13,7 @@ from advisor.estimate.activations_loss import loss_bytes
 from advisor.frozen import validated_copy
 from advisor.model.block_profile import AdapterKey, Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 from advisor.training import TrainingConfig
 
 
@@ -78,6 +79,29 @@ def _interpolated(a: BlockProfile, b: BlockProfile, key: ProfileKey) -> BlockPro
                                     **{name: blend(getattr(a, name), getattr(b, name)) for name in _MOMENTS}))
 
 
+def _tied_head_bend(key: ProfileKey, *, micro_batch_size: int, vocab_size: int, hidden_size: int) -> int:
+    """transformers' loss (hf) over a tied head: the line's miss at the loss backward. The head's weight
+    gradient of a tied head is no parameter gradient yet (autograd holds it until the embedding's arrives;
+    the tracer counts it), so the loss backward peaks at the larger of two points: log_softmax_backward
+    (the saved log-softmax, the NLL gradient and its output, fp32: ``activations_loss.loss_bytes``) and the
+    head's backward (the logits' gradient, compute dtype, and the V x h weight gradient, the weight's dtype:
+    the residual's where the recipe holds no fp32 master under autocast). Short sequences over a wide
+    vocabulary peak at the head at micro-batch 1 and at the log-softmax from 2, so the line through the
+    two traced batches is short beyond them: a tied Granite h384 V 204,864, s 128 in fp32 by one N x V
+    fp32 tensor over two, 210 MB at micro-batch 4 (sweep row f61ed5515497, -11.3% on a tp 2 mesh). Not
+    drawn where autocast casts fp32 weights (``input_casts``: a compute-dtype copy of the gradient too)."""
+    if key.loss != "hf" or key.input_casts or not hidden_size or micro_batch_size <= 2:
+        return 0
+
+    def at(batch: int) -> int:
+        tokens = batch * key.seq_len
+        return max(3 * tokens * vocab_size * FP32,
+                   tokens * vocab_size * key.compute_bytes + vocab_size * hidden_size * key.residual_bytes)
+
+    t1, t2 = at(1), at(2)
+    return at(micro_batch_size) - (t1 + (t2 - t1) * (micro_batch_size - 1))
+
+
 def _loss_bend(key: ProfileKey, *, micro_batch_size: int, vocab_size: int, hidden_size: int) -> tuple[int, int]:
     """(end of forward, loss backward): what the loss path holds at ``micro_batch_size`` beyond the line the
     profile draws through its traced micro-batches 1 and 2. The chunked and fused kernels peak at the larger of
@@ -97,10 +121,11 @@ def _loss_bend(key: ProfileKey, *, micro_batch_size: int, vocab_size: int, hidde
 
 
 def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_batch_size: int,
-                             vocab_size: int, hidden_size: int = 0) -> ActivationEstimate:
+                             vocab_size: int, hidden_size: int = 0, tied_head: bool = False) -> ActivationEstimate:
     """The profile's moments at ``num_layers`` blocks and ``micro_batch_size``: each moment's measured
     peak less the saved bytes is what the formula calls that moment's transient (the loss path's bend beyond
-    the traced batches added: ``_loss_bend``; ``hidden_size`` 0 leaves it out)."""
+    the traced batches added: ``_loss_bend``, and ``_tied_head_bend`` where ``tied_head``; ``hidden_size`` 0
+    leaves them out)."""
     at = dict(num_layers=num_layers, micro_batch_size=micro_batch_size)
     saved = max(0, profile.saved.at(**at))  # a profile made for a far length (find_profile) may extrapolate below 0
     block_excess = max(0, profile.block_peak.at(**at) - saved)
@@ -112,6 +137,9 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
         if num_layers > 1 else 0
     bend_forward, bend_loss = _loss_bend(key, micro_batch_size=micro_batch_size, vocab_size=vocab_size,
                                          hidden_size=hidden_size)
+    if tied_head:
+        bend_loss += _tied_head_bend(key, micro_batch_size=micro_batch_size, vocab_size=vocab_size,
+                                     hidden_size=hidden_size)
     return ActivationEstimate(
         saved_bytes=saved,
         logits_bytes=max(0, profile.forward_peak.at(**at) - saved + bend_forward),

@@ -75,3 +75,21 @@ def find_bundled_model(name: str) -> str | None:
 def load_bundled_config(model_id: str) -> dict:
     org, name = model_id.split("/")
     return json.loads((MODELS_DIR / org / f"{name}.json").read_text())
+
+
+class TensorParallelFacts(_Frozen):
+    """What the TP plans split (``profiles/tensor_parallel.json``, where each field's source is cited)."""
+
+    no_tp_plan: frozenset[str] = Field(description="Causal-LM model_types with no transformers TP plan: "
+                                       "embedding and head whole on every TP rank (wrappers' derived plan).")
+    row_parallel: frozenset[str] = Field(description="Block linears the plans split row-wise (partial-sum outputs).")
+    selective_row_parallel_kept: dict[str, int] = Field(description="Traced families: row-parallel products per "
+                                                        "block whose outputs selective checkpointing keeps.")
+    attention_output_copied: frozenset[str] = Field(default=frozenset(), description="Traced families whose "
+                                                    "o_proj saves a copy of SDPA's output (partial rotary's cat).")
+
+
+@functools.cache
+def load_tensor_parallel() -> TensorParallelFacts:
+    raw = json.loads((PROFILES_DIR / "tensor_parallel.json").read_text())
+    return TensorParallelFacts(**{k: v for k, v in raw.items() if not k.startswith("_")})

@@ -175,15 +175,6 @@ def known_gap(case: dict) -> str | None:
     family, cfg, job = case["family"], case["config"], case["job"]
     heads = cfg.get("num_attention_heads") or cfg.get("n_head")
     kv = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads") or heads
-    if (case["kind"] != "traced" and job["precision"] == "fp32" and kv < heads
-            and job.get("attention", "sdpa") == "sdpa"):
-        return ("fp32 with GQA, where CUDA runs its math SDPA kernel (simulated so since advisor.simulate.cuda_kernels): "
-                "the estimate counts the kernel's saved tensors as eager attention's but not eager's softmax backward "
-                "(activations.py builds attention_backward for eager only), low where a block's attention backward "
-                "decides (-45.6% qwen3 s4096 checkpointed, -24.4% qwen2 s2048 selective, -10.4% a DoRA llama "
-                "checkpointed); with a sliding-window mask (s >= window) transformers repeats k and v itself and CUDA "
-                "runs the memory-efficient kernel, no s^2 saved, which cuda_math_sdpa still counts (+12.5% mistral "
-                "s4096, window 4096). Both fixed in a trial of advisor/estimate/activations*: 13 of the 15 within 1.1%")
     if (job["loss"] == "fused" and job["strategy"] != "ddp" and job["tp"] == 1 and job["lora"] is None
             and job["precision"] == "fp32" and cfg.get("tie_word_embeddings", True)):
         return ("a tied head under the fused loss on FSDP2 in fp32, where the end of backward decides: the kernel's "

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    block_input_in_layer_per_token, cuda_math_sdpa, decoder_layer_per_token, eager_backward_per_token,
+    block_input_in_layer_per_token, cuda_math_sdpa_at, decoder_layer_per_token, eager_backward_per_token,
     eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_decoder_layer_per_token,
     mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
     selective_kept_per_token, window_mask_input_per_token,
@@ -317,9 +317,11 @@ def estimate_activations(
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
     frozen = adapters is not None and shape.family == "decoder" and not shape.num_experts
+    # eager attention, or SDPA where CUDA runs its math kernel: scores saved and a softmax backward
+    math_attention = eager or cuda_math_sdpa_at(shape, dt, seq_len=seq_len)
     if frozen:
         layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
-                                                        eager=eager or cuda_math_sdpa(shape, dt))
+                                                        eager=math_attention)
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
         # and the final norm's fp32 input (its input gradient).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
@@ -336,7 +338,7 @@ def estimate_activations(
     # the eager softmax moment discounts only what a frozen base's count frees there (its to_embedding is outside).
     attention_backward = _eager_attention_backward(
         shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
-        outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if eager else None
+        outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
@@ -353,7 +355,7 @@ def estimate_activations(
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
             kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         # SDPA's boolean window mask is every block's input too; eager's masks are whole, counted below
-        mask = 0 if attention_backward is not None else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
+        mask = 0 if eager else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
         # DoRA's kept weight products: held from forward through the block's backward (measured on the simulated
         # step: the recomputation hands none back; all-linear and q + down_proj, s 1024 and 2048)
         fixed = dt.compute * kept_elements if selective else 0
@@ -361,7 +363,7 @@ def estimate_activations(
         saved = shape.num_layers * block_kept + outside + mask
         recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
-        if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
+        if eager:  # the blocks' recomputation reads the masks: kept to the end
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute, block_kept = layers_total + outside, 0, layer
@@ -399,7 +401,7 @@ def estimate_activations(
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
         backward_temp = max(backward_temp, tokens * attention_backward)
-    if attention_backward is not None and not checkpointing:  # the model's forward holds the eager masks through
+    if eager and not checkpointing:  # the model's forward holds the eager masks through
         # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
         logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))
     returned = tokens * vocab * dt.compute if loss_kernel == "hf" else 0

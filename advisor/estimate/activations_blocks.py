@@ -59,8 +59,17 @@ def cuda_math_sdpa(shape: ActivationShape, dt: Dtypes) -> bool:
     with grouped-query attention (flash attention takes only 16-bit inputs, and the memory-efficient
     kernel does not take ``enable_gqa``). Measured on an H100 (torch 2.11, transformers 5.17): a tiny
     fp32 GQA Llama block saved 7,432 bytes a token, as eager does, where the flash count gives 5,136.
-    The CPU simulator does not show it: the CPU's flash kernel takes fp32 and GQA."""
+    The simulator runs the same kernel choice (``advisor.simulate.cuda_kernels``), so it shows it too."""
     return dt.compute == FP32 and shape.num_kv_heads < shape.num_attention_heads
+
+
+def cuda_math_sdpa_at(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -> bool:
+    """``cuda_math_sdpa`` at ``seq_len``: with a sliding window shorter than the sequence transformers
+    repeats k and v itself and hands SDPA a mask (``window_mask_per_token``), which the memory-efficient
+    kernel takes, so no score matrix is saved (sweep 32d85bbcfb68: +12.5% counted as math, -0.00% not).
+    Where it is true the math kernel's softmax backward is counted as eager's (sweep 5e602d9419a7: -45.6%
+    without it, +0.06% with it)."""
+    return cuda_math_sdpa(shape, dt) and not window_mask_per_token(shape, dt, seq_len=seq_len)
 
 
 def window_mask_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -> int:
@@ -179,7 +188,7 @@ def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eag
     if shape.mla is not None:
         return moe_acts.mla_attention_per_token(cb, heads=shape.num_attention_heads, mla=shape.mla,
                                                 seq_len=seq_len, eager=eager)
-    if eager or cuda_math_sdpa(shape, dt):
+    if eager or cuda_math_sdpa_at(shape, dt, seq_len=seq_len):
         # matmul saves q and (repeated) k; softmax(dtype=fp32) saves its fp32 output, and the AV
         # matmul its copy in the compute dtype (``.to(query.dtype)``: the same tensor under fp32); v repeated.
         attn = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len + cb * q

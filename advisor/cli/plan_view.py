@@ -235,9 +235,21 @@ def _narrower(layout: _Layout, step: str) -> _Layout:
     return replace(layout, dropped=layout.dropped | {step})
 
 
-def _natural_width(console: Console, table: Table) -> int:
-    """Columns the table takes when nothing limits it (``Measurement.get`` caps at the console's width)."""
-    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+def _natural_width(console: Console, table: Table, widths: dict[str, int]) -> int:
+    """Columns the table takes when nothing limits it: what rich's ``Measurement`` of the whole table gives
+    for the layout of the plan table and the breakdown (no edge, no edge padding, one space each side
+    inside, a one-column rule between columns; tests/cli/test_render.py compares the two), summed from each
+    cell's width, kept in ``widths`` across the narrowing steps. Measuring the whole table at every step
+    measured every cell twice, six times over at 80 columns: two thirds of printing a plan."""
+    options = console.options.update_width(10_000)  # Measurement.get caps at the console's width
+    total = len(table.columns) - 1  # the rules between columns
+    for index, column in enumerate(table.columns):
+        cells = (column.header, *column.cells)
+        for cell in cells:
+            if cell not in widths:
+                widths[cell] = Measurement.get(console, options, cell).maximum
+        total += max(widths[cell] for cell in cells) + (index > 0) + (index < len(table.columns) - 1)
+    return total
 
 
 def plan_table(plan, *, width: int | None = None, console: Console | None = None) -> Table:
@@ -247,8 +259,8 @@ def plan_table(plan, *, width: int | None = None, console: Console | None = None
     table = _table(plan, layout)
     if width is not None:
         console = console or Console(width=max(width, 20), emoji=False)
-        steps = iter(_NARROWING)
-        while _natural_width(console, table) > width:
+        steps, widths = iter(_NARROWING), {}
+        while _natural_width(console, table, widths) > width:
             step = next(steps, None)
             if step is None:
                 break  # only strategy, fits and peak left: rich wraps what remains
@@ -342,7 +354,7 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     console.print(PLAN_NOTES, highlight=False)
     console.print()
     breakdown = memory_table(plan)
-    natural = _natural_width(console, breakdown)
+    natural = _natural_width(console, breakdown, {})
     # Wider than the terminal: printed whole (the terminal wraps it) rather than with its figures cut.
     wide = console if natural <= console.width else Console(file=console.file, width=natural, emoji=False,
                                                              color_system=console.color_system)

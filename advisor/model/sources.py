@@ -79,7 +79,7 @@ def _hub_unreachable(repo_id: str) -> str | None:
 @contextmanager
 def _hub_quiet():
     """huggingface_hub's own warnings (each retry) off for one call: the user gets our one line."""
-    import logging  # here, not at the top: only a Hub download needs it (~10 M instructions of every plan)
+    import logging  # here, not at the top: only a Hub download needs it (its import ran on every plan)
 
     hub_logger = logging.getLogger("huggingface_hub")
     level = hub_logger.level

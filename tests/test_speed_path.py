@@ -37,10 +37,12 @@ def test_inspect_local_known_architecture_is_torch_free(tmp_path):
 
 # Modules `advisor plan` needs only for some options: charts (--chart), the exporters and the other
 # subcommands (loaded by name, advisor/cli/main.py's LazyGroup), the tracer (a cache miss), and the mesh
-# estimators (a mesh considered).
+# estimators and the mesh search's reasons (a mesh considered), logging (a Hub download), difflib (an
+# unknown GPU name).
 OPTIONAL = ("advisor.cli.charts", "advisor.cli.svg", "advisor.cli.export", "advisor.cli.compare", "advisor.cli.simulate",
             "advisor.export.write", "advisor.simulate.profile", "advisor.estimate.mesh_time",
-            "advisor.estimate.model_parallel", "rich._emoji_codes")
+            "advisor.estimate.model_parallel", "advisor.planning.reasons.mesh", "logging", "difflib",
+            "rich._emoji_codes")
 PLAN_CHECK = """
 import sys
 from advisor.cli.main import main
@@ -66,8 +68,10 @@ def test_plan_loads_neither_torch_nor_the_modules_other_options_need(extra):
 def test_a_plan_only_a_mesh_fits_loads_the_mesh_estimators_and_no_torch():
     # 8B at 131072 tokens on 8 x H100: no data-parallel strategy fits, a tp x cp mesh does (plan_speed.py).
     args = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100", "--seq-len", "131072", "--json"]
-    names = ("torch", "transformers", "advisor.estimate.mesh_time", "advisor.estimate.model_parallel")
-    assert _loaded(args, names) == "LOADED:advisor.estimate.mesh_time,advisor.estimate.model_parallel"
+    names = ("torch", "transformers", "advisor.estimate.mesh_time", "advisor.estimate.model_parallel",
+             "advisor.planning.reasons.mesh")
+    assert _loaded(args, names) == ("LOADED:advisor.estimate.mesh_time,advisor.estimate.model_parallel,"
+                                    "advisor.planning.reasons.mesh")
 
 
 def test_a_cached_traced_plan_loads_neither_torch_nor_the_tracer(tmp_path):

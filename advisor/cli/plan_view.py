@@ -21,7 +21,6 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from advisor.planning import reasons
 from advisor.planning.render import remedy_line, remedy_sections, render, render_reason
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
@@ -72,7 +71,7 @@ def answer_lines(plan) -> list[str]:
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
         lines = [f"[bold red]Nothing fits.[/] {found}".rstrip()]
-        unfit = [x for x in plan.reasons if isinstance(x, _UNFIT)]
+        unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
         return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"
             if rec.activation_checkpointing else "")
@@ -93,9 +92,12 @@ def answer_lines(plan) -> list[str]:
 
 
 # Why nothing fits: a candidate's or a mesh's shortfall (the smallest count that would fit is said already).
-_UNFIT = (reasons.DoesNotFit, reasons.HighEndDoesNotFit, reasons.CpuRamDoesNotFit, reasons.SizeDefaultUnfit, reasons.NoMeshFits, reasons.NoPinnedMeshFits, reasons.NoGpuOnlyMesh)
+# By class name (none of these is subclassed): naming the mesh reasons' classes here would import them on every
+# plan (advisor.planning.reasons loads them on first use).
+_UNFIT = ("DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "SizeDefaultUnfit", "NoMeshFits", "NoPinnedMeshFits",
+          "NoGpuOnlyMesh")
 # Reasons that only give a candidate's fit figures, which the answer line already prints.
-_FIT_FIGURES = (reasons.DefaultFits, reasons.MeshFits, reasons.Escalated)
+_FIT_FIGURES = ("DefaultFits", "MeshFits", "Escalated")
 
 
 def reason_sentence(plan) -> str:
@@ -108,10 +110,10 @@ def reason_sentence(plan) -> str:
     if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
         return render(plan.reasons[0])  # an offloading plan's first reason names the best remedy in numbers
     if rec.mesh is not None:
-        opened = [i for i, x in enumerate(plan.reasons) if isinstance(x, reasons.MeshFits)]
+        opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
         if opened and opened[0] > 0:
             return render(plan.reasons[opened[0] - 1])
-    picked = next((x for x in rec.reasons if not isinstance(x, _FIT_FIGURES)), None)
+    picked = next((x for x in rec.reasons if type(x).__name__ not in _FIT_FIGURES), None)
     if picked is not None:
         return render_reason((picked,))
     return plan.why[0] if plan.why else rec.reason
@@ -233,9 +235,21 @@ def _narrower(layout: _Layout, step: str) -> _Layout:
     return replace(layout, dropped=layout.dropped | {step})
 
 
-def _natural_width(console: Console, table: Table) -> int:
-    """Columns the table takes when nothing limits it (``Measurement.get`` caps at the console's width)."""
-    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+def _natural_width(console: Console, table: Table, widths: dict[str, int]) -> int:
+    """Columns the table takes when nothing limits it: what rich's ``Measurement`` of the whole table gives
+    for the layout of the plan table and the breakdown (no edge, no edge padding, one space each side
+    inside, a one-column rule between columns; tests/cli/test_render.py compares the two), summed from each
+    cell's width, kept in ``widths`` across the narrowing steps. Measuring the whole table at every step
+    measured every cell twice, six times over at 80 columns: two thirds of printing a plan."""
+    options = console.options.update_width(10_000)  # Measurement.get caps at the console's width
+    total = len(table.columns) - 1  # the rules between columns
+    for index, column in enumerate(table.columns):
+        cells = (column.header, *column.cells)
+        for cell in cells:
+            if cell not in widths:
+                widths[cell] = Measurement.get(console, options, cell).maximum
+        total += max(widths[cell] for cell in cells) + (index > 0) + (index < len(table.columns) - 1)
+    return total
 
 
 def plan_table(plan, *, width: int | None = None, console: Console | None = None) -> Table:
@@ -245,8 +259,8 @@ def plan_table(plan, *, width: int | None = None, console: Console | None = None
     table = _table(plan, layout)
     if width is not None:
         console = console or Console(width=max(width, 20), emoji=False)
-        steps = iter(_NARROWING)
-        while _natural_width(console, table) > width:
+        steps, widths = iter(_NARROWING), {}
+        while _natural_width(console, table, widths) > width:
             step = next(steps, None)
             if step is None:
                 break  # only strategy, fits and peak left: rich wraps what remains
@@ -340,7 +354,7 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     console.print(PLAN_NOTES, highlight=False)
     console.print()
     breakdown = memory_table(plan)
-    natural = _natural_width(console, breakdown)
+    natural = _natural_width(console, breakdown, {})
     # Wider than the terminal: printed whole (the terminal wraps it) rather than with its figures cut.
     wide = console if natural <= console.width else Console(file=console.file, width=natural, emoji=False,
                                                              color_system=console.color_system)

@@ -13,7 +13,6 @@ form; a short form shared by several profiles (``a100``) resolves through the do
 
 from __future__ import annotations
 
-import difflib
 import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -146,6 +145,8 @@ def resolve_gpu_name(name: str, *, catalog: Catalog) -> tuple[GpuProfile, str | 
         return catalog.gpu(default), f"'{name}' read as {default} (also: {others}); name it to choose"
     if matches:
         raise ValueError(f"GPU '{_short(name)}' is ambiguous: {', '.join(sorted(matches))}")
+    import difflib  # here, not at the top: only an unknown name needs it
+
     names = [g.name for g in catalog.gpus]
     close = difflib.get_close_matches(name.upper(), names, n=3, cutoff=0.3) or names[:5]
     raise ValueError(f"unknown GPU '{_short(name)}'; closest known: {', '.join(close)} (see `advisor gpus`)")

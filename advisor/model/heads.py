@@ -36,9 +36,10 @@ DEFAULT_NUM_LABELS = 2  # transformers PretrainedConfig: id2label of two labels 
 
 
 class HeadRow(BaseModel):
-    """One row of ``profiles/task_heads.json``: what a head class holds and what its loss keeps."""
+    """One row of ``profiles/task_heads.json``: what a head class holds and what its loss keeps (its
+    schema is built when the table first loads: a causal-LM plan never reads it)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     class_suffix: str = Field(description="Head class name after the family prefix (Qwen2ForSequenceClassification).")
     module: str = Field(description="The head's linear layer, by its attribute name (score, qa_outputs).")
@@ -88,6 +89,8 @@ def task_names() -> tuple[str, ...]:
 
 def task_of_architecture(architecture: str | None) -> str | None:
     """The task whose head class ``architecture`` names (``Qwen2ForTokenClassification``), or None."""
+    if not architecture or architecture.endswith("ForCausalLM"):  # no head class: the table is not loaded
+        return None
     for task, row in load_task_heads().items():
         if architecture and architecture.endswith(row.class_suffix):
             return task

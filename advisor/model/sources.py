@@ -14,7 +14,6 @@ once, here (``advisor.model.config_keys.check_config``).
 from __future__ import annotations
 
 import json
-import logging
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -80,6 +79,8 @@ def _hub_unreachable(repo_id: str) -> str | None:
 @contextmanager
 def _hub_quiet():
     """huggingface_hub's own warnings (each retry) off for one call: the user gets our one line."""
+    import logging  # here, not at the top: only a Hub download needs it (its import ran on every plan)
+
     hub_logger = logging.getLogger("huggingface_hub")
     level = hub_logger.level
     hub_logger.setLevel(logging.ERROR)

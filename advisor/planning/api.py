@@ -8,7 +8,7 @@ call this; neither does arithmetic of its own.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, computed_field, field_serializer,
                       model_serializer)
@@ -32,11 +32,14 @@ from advisor.planning.candidates import Candidate, Recommendation, evaluate_cand
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
-from advisor.planning.reasons import Reason, ReasonModel
+from advisor.planning.reasons import ReasonModel
 from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
+
+if TYPE_CHECKING:  # the union names the mesh reasons, loaded on first use
+    from advisor.planning.reasons import Reason
 
 
 class Plan(BaseModel):

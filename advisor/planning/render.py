@@ -299,52 +299,54 @@ def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:
             f"{x.micro_batch_size}, {x.tokens_per_s:,.0f} tokens/s.")
 
 
-_RENDER: dict[type, Callable] = {
-    r.SizeDefault: lambda x: f"Default from size: {x.strategy} ({size_rationale(x)}).",
-    r.SizeDefaultUnfit: lambda x: f"The size default {x.strategy} ({size_rationale(x)}) does not fit.",
-    r.AlsoSizeDefault: lambda x: f"It is also the size default ({size_rationale(x)}).",
-    r.DefaultFits: _default_fits,
-    r.DoesNotFit: _does_not_fit,
-    r.HighEndDoesNotFit: _high_end,
-    r.CpuRamDoesNotFit: lambda x: (f"{x.strategy} does not fit in CPU RAM: needs {_gib(x.cpu_bytes)} per node "
+# Keyed by class name, not class: naming every class here would import the mesh reasons on every plan
+# (advisor.planning.reasons loads them on first use).
+_RENDER: dict[str, Callable] = {
+    "SizeDefault": lambda x: f"Default from size: {x.strategy} ({size_rationale(x)}).",
+    "SizeDefaultUnfit": lambda x: f"The size default {x.strategy} ({size_rationale(x)}) does not fit.",
+    "AlsoSizeDefault": lambda x: f"It is also the size default ({size_rationale(x)}).",
+    "DefaultFits": _default_fits,
+    "DoesNotFit": _does_not_fit,
+    "HighEndDoesNotFit": _high_end,
+    "CpuRamDoesNotFit": lambda x: (f"{x.strategy} does not fit in CPU RAM: needs {_gib(x.cpu_bytes)} per node "
                                    f"of {_gib(x.cpu_capacity_bytes)}."),
-    r.Unavailable: lambda x: f"{x.strategy} is unavailable: {x.detail}.",
-    r.Escalated: _escalated,
-    r.FasterOffload: _faster_offload,
-    r.MarginChoice: _margin,
-    r.CpuRam: _cpu_ram,
-    r.CheckpointingOn: _checkpointing_on,
-    r.AlsoFits: _also_fits,
-    r.Requested: lambda x: f"{x.strategy} was requested; it fits.",
-    r.FastestPolicy: _fastest,
-    r.Tradeoff: _tradeoff,
-    r.OffloadRemedy: _offload_remedy,
-    r.RemedyFits: _remedy_fits,
-    r.LossPeak: _loss_peak,
-    r.LossWouldFit: _loss_would_fit,
-    r.SmallestFitFound: _smallest,
-    r.NoCountFits: _no_count,
-    r.DataParallelCannot: lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
-    r.MeshFits: _mesh_fits,
-    r.DegreeEffect: _degree,
-    r.StagePeaks: _stage_peaks,
-    r.WithoutPipeline: _without_pp,
-    r.PipelineSearched: lambda x: f"Pipeline/expert meshes searched: {cause_text(x.cause)}.",
-    r.PipelineSummary: _pipeline_summary,
-    r.NoGpuOnlyMesh: _no_gpu_only,
-    r.PinnedDegrees: lambda x: f"Pinned degrees: {', '.join(f'--{flag} {value}' for flag, value in x.flags)}.",
-    r.NoPinnedMeshFits: _no_pinned,
-    r.NoMeshFits: _no_mesh,
-    r.MeshNotFaster: lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
+    "Unavailable": lambda x: f"{x.strategy} is unavailable: {x.detail}.",
+    "Escalated": _escalated,
+    "FasterOffload": _faster_offload,
+    "MarginChoice": _margin,
+    "CpuRam": _cpu_ram,
+    "CheckpointingOn": _checkpointing_on,
+    "AlsoFits": _also_fits,
+    "Requested": lambda x: f"{x.strategy} was requested; it fits.",
+    "FastestPolicy": _fastest,
+    "Tradeoff": _tradeoff,
+    "OffloadRemedy": _offload_remedy,
+    "RemedyFits": _remedy_fits,
+    "LossPeak": _loss_peak,
+    "LossWouldFit": _loss_would_fit,
+    "SmallestFitFound": _smallest,
+    "NoCountFits": _no_count,
+    "DataParallelCannot": lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
+    "MeshFits": _mesh_fits,
+    "DegreeEffect": _degree,
+    "StagePeaks": _stage_peaks,
+    "WithoutPipeline": _without_pp,
+    "PipelineSearched": lambda x: f"Pipeline/expert meshes searched: {cause_text(x.cause)}.",
+    "PipelineSummary": _pipeline_summary,
+    "NoGpuOnlyMesh": _no_gpu_only,
+    "PinnedDegrees": lambda x: f"Pinned degrees: {', '.join(f'--{flag} {value}' for flag, value in x.flags)}.",
+    "NoPinnedMeshFits": _no_pinned,
+    "NoMeshFits": _no_mesh,
+    "MeshNotFaster": lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
                                 f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
-    r.FastestMesh: _fastest_mesh,
-    r.DataParallelAlsoFits: _dp_also_fits,
+    "FastestMesh": _fastest_mesh,
+    "DataParallelAlsoFits": _dp_also_fits,
 }
 
 
 def render(reason: r.Reason) -> str:
     """The sentence for one reason, as ``Plan.why`` lists it."""
-    return _RENDER[type(reason)](reason)
+    return _RENDER[type(reason).__name__](reason)
 
 
 def render_reason(reasons: tuple[r.Reason, ...]) -> str:

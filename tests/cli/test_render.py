@@ -137,3 +137,30 @@ def test_headroom_option_reaches_the_plan():
     assert doc["training"]["headroom"] == 0.3
     assert any("at most 70% of memory (30% headroom, --headroom)" in a for a in doc["assumptions"])
     assert CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--headroom", "1"]).exit_code == 2
+
+
+@pytest.mark.parametrize("model, gpus, kwargs", [
+    ("Qwen/Qwen2.5-7B", "2xA100", {}),  # offload columns, a remedy
+    ("meta-llama/Llama-3.1-8B", "8xH100", {"seq_len": 131072}),  # mesh names, long and short
+    ("Qwen/Qwen2.5-7B", "8xH100", {"seq_len": "max"}),  # the max seq column
+    ("meta-llama/Llama-3.1-70B", "1xA100", {}),  # nothing fits
+])
+def test_natural_width_is_richs_measurement(model, gpus, kwargs):
+    """The narrowing loop's table width, summed from cached cell widths, is what rich measures for the whole
+    table, at every narrowing step, and for --verbose's breakdown (rich pads and rules the columns itself)."""
+    from rich.measure import Measurement
+
+    from advisor.cli import plan_view
+
+    p = plan(model, gpus, **kwargs)
+    console = Console(width=80, emoji=False)
+    layout, widths = plan_view._Layout(), {}
+    for step in (None, *plan_view._NARROWING):
+        if step is not None:
+            layout = plan_view._narrower(layout, step)
+        table = plan_view._table(p, layout)
+        whole = Measurement.get(console, console.options.update_width(10_000), table).maximum
+        assert plan_view._natural_width(console, table, widths) == whole
+    breakdown = memory_table(p)  # --verbose: the same box, no edge
+    assert plan_view._natural_width(console, breakdown, {}) == Measurement.get(
+        console, console.options.update_width(10_000), breakdown).maximum

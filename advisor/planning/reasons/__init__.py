@@ -8,11 +8,15 @@ compares them with the plan's own candidates. ``Reason`` is the union, tagged by
 
 What is not a number stays a name (a strategy, a mesh label, a CLI flag) or, where it comes from a
 table as prose (why an engine cannot run a strategy), the table's own words.
+
+The mesh search's reasons (``mesh``) load when first named (``reasons.MeshFits``, ``reasons.Reason``): a
+data-parallel plan never makes one, and building their 20 classes cost every ``advisor plan`` about 30 M
+instructions (benchmarks/plan_instructions.py).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Union
+from typing import Annotated, Any, Union
 
 from pydantic import Field
 
@@ -21,17 +25,37 @@ from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultU
     DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, Figures, MarginChoice,
     CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
     OffloadRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, Gap)
-from advisor.planning.reasons.mesh import (BatchLimit, MemoryLimit, NoDataParallelFits, DataParallelCannot, MeshFits,
-    DegreeEffect, StagePeaks, WithoutPipeline, SearchCause, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
-    PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, MeshTiming, FastestMesh, DataParallelAlsoFits, Limit)
 
-Reason = Annotated[Union[
-    SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
-    Unavailable, Escalated, FasterOffload, MarginChoice, CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy,
-    Tradeoff, OffloadRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, DataParallelCannot,
-    MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
-    PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
-], Field(discriminator="kind")]
+_MESH = ("BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
+         "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",
+         "PinnedDegrees", "NoPinnedMeshFits", "NoMeshFits", "MeshNotFaster", "MeshTiming", "FastestMesh",
+         "DataParallelAlsoFits", "Limit")
+
+
+def __getattr__(name: str) -> Any:
+    """The mesh reasons and ``Reason`` (which names them), imported on first use (PEP 562)."""
+    if name not in _MESH and name != "Reason":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from advisor.planning.reasons import mesh
+
+    globals().update({mesh_name: getattr(mesh, mesh_name) for mesh_name in _MESH})
+    globals()["Reason"] = _reason_union()
+    return globals()[name]
+
+
+def _reason_union() -> Any:
+    from advisor.planning.reasons.mesh import (DataParallelCannot, MeshFits, DegreeEffect, StagePeaks, WithoutPipeline,
+        PipelineSearched, PipelineSummary, NoGpuOnlyMesh, PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster,
+        FastestMesh, DataParallelAlsoFits)
+
+    return Annotated[Union[
+        SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
+        Unavailable, Escalated, FasterOffload, MarginChoice, CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy,
+        Tradeoff, OffloadRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, DataParallelCannot,
+        MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
+        PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
+    ], Field(discriminator="kind")]
+
 
 __all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "SizeDefault", "SizeDefaultUnfit",
            "AlsoSizeDefault", "DefaultFits", "DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "Unavailable",

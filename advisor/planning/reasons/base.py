@@ -1,7 +1,7 @@
 """What every reason shares: frozen, no unknown keys, and the figures of one candidate's fit."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: pydantic would evaluate every string annotation of
+# these ~50 classes at import (about 15 M instructions of each `advisor plan`; benchmarks/plan_instructions.py).
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -1,8 +1,7 @@
 """Reasons of the data-parallel choice (``policy``), ``--policy fastest`` (``fastest``), the remedies and the
 loss (``remedies``, ``notes``) and the smallest fit (``smallest``)."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: see reasons/base.py.
 from typing import Annotated, Literal, Union
 
 from pydantic import Field

@@ -1,8 +1,7 @@
 """Reasons of the mesh search (``meshes``, ``pipeline_meshes``): what forced a mesh, what it and each
 degree buy, and why pipeline or expert meshes were searched."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: see reasons/base.py.
 from typing import Annotated, Literal, Union
 
 from pydantic import Field

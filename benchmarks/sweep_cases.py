@@ -173,8 +173,6 @@ def known_gap(case: dict) -> str | None:
     be within the goals). The full sweep still runs these cases; ``tests/test_sweep.py`` draws again.
     Each entry is a diagnosis (which moment, which buffer): remove it with the fix."""
     family, cfg, job = case["family"], case["config"], case["job"]
-    heads = cfg.get("num_attention_heads") or cfg.get("n_head")
-    kv = cfg.get("num_key_value_heads") or cfg.get("num_kv_heads") or heads
     if (job["loss"] == "fused" and job["strategy"] != "ddp" and job["tp"] == 1 and job["lora"] is None
             and job["precision"] == "fp32" and cfg.get("tie_word_embeddings", True)):
         return ("a tied head under the fused loss on FSDP2 in fp32, where the end of backward decides: the kernel's "

@@ -106,7 +106,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
         dim1 = training.recipe.shard_experts_on_dim1
-        pad = expert_shard_padding(spec, world, dim1=dim1)  # an MoE block's unsharded experts: world x ceil(E/world) rows
+        pad = expert_shard_padding(spec, world, dim1=dim1)  # unsharded experts: world x ceil(E/world) rows
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
             # block's backward, that block is unsharded and the next one is being gathered.
@@ -224,7 +224,8 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # gradient of the block exists, the MLP's wide temporaries are gone), which decides when the weights
         # outweigh the activations (short sequences), and the top block's post-backward, where the block is
         # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
-        padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)  # unsharded parameters and reduce-scatter input
+        # unsharded parameters and reduce-scatter input
+        padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)
         resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,

@@ -114,6 +114,10 @@ class Recipe(BaseModel):
                                  "requires grad until the autocast region ends (torch.autocast's default "
                                  "cache_enabled=True); False: a copy lives only where autograd saved it.")
 
+    shard_experts_on_dim1: bool = Field(default=False, description="Its FSDP2 shards a MoE layer's stacked routed "
+                                        "experts on dim 1 when the shard world exceeds their number (torchtitan's "
+                                        "rule; advisor.estimate.strategy_buffers.expert_shard_padding); False: "
+                                        "fully_shard's dim 0, padded to world x ceil(E / world) rows.")
     kv_cache: bool = Field(default=False, description="Its loop leaves a Hugging Face model's KV cache on in "
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
@@ -128,7 +132,7 @@ class Recipe(BaseModel):
             missing.append("zero_grad")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
-        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel")
+        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

@@ -15,6 +15,12 @@ unit's shards to the device just before its all-gather, and the optimizer step r
 is pinned only when the mesh is on an accelerator (``pin_memory()`` needs one).
 
 The dtypes come from ``wrappers.precision`` (``advisor.precision``'s table).
+
+MoE experts: transformers stores a layer's routed experts as stacked (E, ...) tensors; ``Shard(0)`` over
+more ranks than experts pads each to world x ceil(E / world) rows (``_chunk_with_empty``), so every rank
+holds a whole expert. As torchtitan does (torchtitan/distributed/fsdp.py, the MoE branch of its block
+loop: ``Shard(1)`` when the FSDP degree > num_experts, "to avoid padding"), ``shard_experts_on_dim1``
+shards them on dim 1 then (FSDP2 refuses an uneven dim-1 split: such a tensor stays on dim 0).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from advisor.precision import Precision
@@ -40,6 +47,29 @@ def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy | None:
     return None if compute is None else MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
 
 
+def stacked_expert_params(module: nn.Module) -> list[nn.Parameter]:
+    """The routed experts' stacked (E, ...) parameters under ``module``: those a module holding an int
+    ``num_experts`` and a 3-D parameter owns directly whose dim 0 is E (transformers' ``*Experts`` modules;
+    a router's 2-D (E, h) weight lives on a module with no 3-D parameter)."""
+    found: list[nn.Parameter] = []
+    for sub in module.modules():
+        num = getattr(sub, "num_experts", None)
+        own = list(sub.parameters(recurse=False))
+        if isinstance(num, int) and any(p.ndim == 3 for p in own):
+            found += [p for p in own if p.ndim >= 2 and p.shape[0] == num]
+    return found
+
+
+def expert_placement_fn(block: nn.Module, shard_world: int):
+    """torchtitan's rule as a ``shard_placement_fn`` for ``block``: its stacked experts on ``Shard(1)`` when
+    ``shard_world`` exceeds their number and divides their dim 1; None (FSDP2's ``Shard(0)``) otherwise.
+    None when no parameter of ``block`` moves."""
+    dim1 = {p for p in stacked_expert_params(block) if shard_world > p.shape[0] and p.shape[1] % shard_world == 0}
+    if not dim1:
+        return None
+    return lambda param: Shard(1) if param in dim1 else None
+
+
 def apply_fsdp(
     model: nn.Module,
     *,
@@ -48,6 +78,7 @@ def apply_fsdp(
     cpu_offload: bool,
     mesh: DeviceMesh | None = None,
     blocks: Sequence[nn.Module] | None = None,
+    shard_experts_on_dim1: bool = True,
 ) -> nn.Module:
     """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
 
@@ -56,7 +87,9 @@ def apply_fsdp(
     ``precision="bf16"`` expects a model already cast to bf16 (``apply_recipe`` does it). The
     parameters are replaced by ``DTensor`` parameters: rebuild any optimizer afterwards
     (``optim.rebuild_optimizer``). With ``cpu_offload`` the optimizer must step on CPU tensors,
-    which it does when built on the offloaded parameters.
+    which it does when built on the offloaded parameters. ``shard_experts_on_dim1``: MoE experts on dim 1
+    over more ranks than experts (the module docstring); False: FSDP2's dim 0 everywhere (accelerate's
+    ``fsdp2_prepare_model`` and Lightning pass no ``shard_placement_fn``).
     """
     policy = mixed_precision_policy(precision)
     offload: OffloadPolicy = OffloadPolicy()
@@ -66,7 +99,9 @@ def apply_fsdp(
     options = dict(mesh=mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload)
     if policy is not None:
         options["mp_policy"] = policy
+    world = mesh.size(mesh.ndim - 1) if mesh is not None else torch.distributed.get_world_size()
     for block in find_blocks(model) if blocks is None else blocks:
-        fully_shard(block, **options)
+        placement = expert_placement_fn(block, world) if shard_experts_on_dim1 else None
+        fully_shard(block, **options, **({} if placement is None else {"shard_placement_fn": placement}))
     fully_shard(model, **options)
     return model

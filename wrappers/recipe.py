@@ -84,6 +84,8 @@ class Recipe(BaseModel):
                                           "off, or selective (keeps attention outputs and every other matrix "
                                           "product: torchtitan's per-op policy).")
     cpu_offload: bool = Field(default=False, description="Parameters and optimizer state on CPU (FSDP2 offload).")
+    shard_experts_on_dim1: bool = Field(default=True, description="FSDP2 shards MoE experts on dim 1 over more ranks "
+                                        "than experts (torchtitan's rule, wrappers.fsdp); False: dim 0, padded.")
 
     @model_validator(mode="before")
     @classmethod
@@ -157,6 +159,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
         precision=ctx.recipe.precision,
         cpu_offload=spec.cpu_offload,
         mesh=mesh,
+        shard_experts_on_dim1=ctx.recipe.shard_experts_on_dim1,
     )
     if ctx.optimizer is None:
         return model, None

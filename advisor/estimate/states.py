@@ -114,7 +114,8 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
             from advisor.estimate.strategy_buffers import expert_shard_padding, routed_expert_params
 
             all_experts, one = routed_expert_params(spec)
-            pad = expert_shard_padding(spec, world) * (all_experts // max(1, one))
+            dim1 = training.recipe.shard_experts_on_dim1  # the recipe's dim-1 placement pads nothing
+            pad = expert_shard_padding(spec, world, dim1=dim1) * (all_experts // max(1, one))
             if pad and t >= p:
                 opt, stored, t = opt + opt * pad // t, stored + pb * pad, t + pad
                 temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world),

@@ -105,7 +105,8 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
         root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
-        pad = expert_shard_padding(spec, world)  # an MoE block's unsharded experts hold world x ceil(E/world) rows
+        dim1 = training.recipe.shard_experts_on_dim1
+        pad = expert_shard_padding(spec, world, dim1=dim1)  # unsharded experts: world x ceil(E/world) rows
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
             # block's backward, that block is unsharded and the next one is being gathered.
@@ -223,7 +224,8 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # gradient of the block exists, the MLP's wide temporaries are gone), which decides when the weights
         # outweigh the activations (short sequences), and the top block's post-backward, where the block is
         # resharded before its reduce-scatter input is allocated and its gradients are freed after the copy-in.
-        padded = layer + expert_shard_padding(spec, world)  # unsharded parameters and reduce-scatter input
+        # unsharded parameters and reduce-scatter input
+        padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)
         resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
@@ -319,16 +321,30 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
 
 
-def expert_shard_padding(spec: ModelSpec, world: int) -> int:
+def expert_shard_padding(spec: ModelSpec, world: int, *, dim1: bool = False) -> int:
     """Elements FSDP2 adds to one MoE layer's routed experts on ``world`` ranks: the experts are stacked
     (E, ...) tensors and ``fully_shard`` splits dim 0 into ``ceil(E / world)``-row chunks, every rank holding
     one chunk (zero rows padded to it: torch/distributed/fsdp/_fully_shard/_fsdp_param.py, ``_chunk_with_empty``
     and ``padded_sharded_param_size``), and the unsharded parameter is a view of the padded all-gather output.
     So 8 experts over 64 ranks leave each rank a whole expert of each tensor, 8 times its 1/64 share.
-    Read on the simulated step (sweep row 656172c5f2ab, Mixtral 8 experts, ZeRO-2 on 64 ranks)."""
+    Read on the simulated step (sweep row 656172c5f2ab, Mixtral 8 experts, ZeRO-2 on 64 ranks).
+
+    ``dim1``: the recipe shards the experts on dim 1 over more ranks than experts (``Recipe.shard_experts_on_dim1``,
+    torchtitan's rule, ``wrappers.fsdp.expert_placement_fn``). FSDP2 splits dim 1 only evenly (``_init_sharded_param``
+    raises on an uneven one), so such a tensor pads nothing: its shard is dim1 / world rows; a tensor whose dim 1
+    ``world`` does not divide stays on dim 0 and pads as above. The tensors are transformers' gated experts,
+    gate_up_proj (E, 2i, h) and down_proj (E, h, i), i = expert_params / 3h."""
     if not spec.num_experts or not spec.expert_params:
         return 0
-    return (-(-spec.num_experts // world) * world - spec.num_experts) * spec.expert_params
+    rows = -(-spec.num_experts // world) * world - spec.num_experts
+    h = spec.hidden_size or 0
+    if not (dim1 and world > spec.num_experts and h):
+        return rows * spec.expert_params
+    if spec.expert_params % (3 * h):  # not two gated tensors: one expert moves to dim 1 when h splits evenly
+        return 0 if h % world == 0 else rows * spec.expert_params
+    i = spec.expert_params // (3 * h)
+    gate_up, down = (0 if (2 * i) % world == 0 else 2 * h * i), (0 if h % world == 0 else h * i)
+    return rows * (gate_up + down)
 
 
 def routed_expert_params(spec: ModelSpec) -> tuple[int, int]:

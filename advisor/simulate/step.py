@@ -255,7 +255,8 @@ def _wrap_as_wrap_does(net: Any, strategy: str, impl: Implementation, training: 
                                            selective=training.activation_checkpointing == "selective")
         return net, opt, notes
     mode = ("selective" if training.activation_checkpointing == "selective" else "on") if checkpointing else "off"
-    recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode)
+    recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode,
+                    shard_experts_on_dim1=training.recipe.shard_experts_on_dim1)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

@@ -130,6 +130,16 @@ def test_autocast_runs_the_experts_in_fp32_and_casts_none_of_their_weights():
     assert 0.998 * measured <= layer + casts <= measured, (layer + casts, measured)
 
 
+def _padded_experts_case(recipe: str):
+    cfg = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=192, intermediate_size=576,
+               num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1, vocab_size=4928, num_local_experts=8,
+               num_experts_per_tok=2, max_position_embeddings=8192, tie_word_embeddings=False)
+    spec = spec_from_config(cfg, name="padded-experts", source="local")
+    training = TrainingConfig(seq_len=8192, precision="bf16", optimizer="adamw", loss="hf", recipe=recipe)
+    return spec, estimate_memory(spec, parse_gpus("64xH100"), training, get_strategy("zero2").on("torch"),
+                                 micro_batch_size=1, checkpointing=False)
+
+
 def test_fsdp2_pads_the_experts_dim_0_to_the_world():
     # Issue 20's sweep row 656172c5f2ab (-9.34%): 8 experts under FSDP2 ZeRO-2 on 64 ranks. fully_shard splits the
     # stacked (E, ...) expert tensors on dim 0 in ceil(8 / 64) = 1-row chunks, one a rank (padding past the 8th):
@@ -137,17 +147,21 @@ def test_fsdp2_pads_the_experts_dim_0_to_the_world():
     # the padded all-gather output). Simulated (advisor.simulate.step, timeline): 1,393,310 bytes of parameters a
     # rank, the step's peak 835,112,694 at the loss's backward (the unsharded blocks: 89.2 MB where 14.8 MB were
     # counted). By hand: one expert of each of the 2 layers (3 x 192 x 576 = 331,776 elements), the rest over 64.
-    cfg = dict(model_type="mixtral", architectures=["MixtralForCausalLM"], hidden_size=192, intermediate_size=576,
-               num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=1, vocab_size=4928, num_local_experts=8,
-               num_experts_per_tok=2, max_position_embeddings=8192, tie_word_embeddings=False)
-    spec = spec_from_config(cfg, name="padded-experts", source="local")
-    training = TrainingConfig(seq_len=8192, precision="bf16", optimizer="adamw", loss="hf")
-    memory = estimate_memory(spec, parse_gpus("64xH100"), training, get_strategy("zero2").on("torch"),
-                             micro_batch_size=1, checkpointing=False)
+    # That is accelerate's fully_shard (recipe trainer: no shard_placement_fn).
+    spec, memory = _padded_experts_case("trainer")
     experts = 2 * 8 * 331_776
     by_hand = 2 * (2 * 331_776 + -(-(spec.total_params - experts) // 64))
     assert abs(memory.params - by_hand) <= 64 and abs(memory.params - 1_393_310) <= 0.002 * 1_393_310
     assert abs(memory.peak_allocated - 835_112_694) <= 0.001 * 835_112_694
+
+
+def test_fsdp2_on_dim1_pads_nothing():
+    # The same case under wrap() (recipe torch): torchtitan's rule shards the experts on dim 1 over 64 > 8 ranks
+    # (1152 and 192 rows, 18 and 3 a rank), so every tensor holds 1/64. Simulated (benchmarks/sweep_case.py
+    # 656172c5f2ab with wrappers.fsdp.expert_placement_fn): 232,094 bytes of parameters, peak 757,311,222.
+    spec, memory = _padded_experts_case("torch")
+    assert abs(memory.params - 2 * spec.total_params // 64) <= 2 * 64 and abs(memory.params - 232_094) <= 0.01 * 232_094
+    assert abs(memory.peak_allocated - 757_311_222) <= 0.001 * 757_311_222
 
 
 def test_two_blocks_under_checkpointing_the_lower_block_is_the_bottom_one():

@@ -143,4 +143,10 @@ def test_the_parallelism_docs_figures():
     deepseek = plan("deepseek-ai/DeepSeek-V3", "32x8xH100").recommendation
     assert deepseek.mesh.label == "dp_shard 256 (ep 8)"
     mixtral = plan("mistralai/Mixtral-8x7B-v0.1", "8xH100")
-    assert mixtral.recommendation.strategy == "zero3_offload" and "--lora 16" in mixtral.why[0]
+    assert mixtral.recommendation.strategy == "zero3_offload" and "--gpus 2x8xH100" in mixtral.why[0]
+    # zero3 at micro-batch 1: wrap()'s experts on dim 1 (recipe torch) against plain fully_shard's dim 0 (trainer).
+    for gpus, on_dim1, on_dim0 in (("2x8xH100", 75.5, 121.9), ("8x8xH100", 48.2, 190.2)):
+        for recipe, gib in (("torch", on_dim1), ("trainer", on_dim0)):
+            zero3 = plan("mistralai/Mixtral-8x7B-v0.1", gpus, strategy="zero3", micro_batch_size=1,
+                         activation_checkpointing="off", recipe=recipe).candidate("zero3")
+            assert round(zero3.memory_bytes.total / GIB, 1) == gib, (gpus, recipe)

@@ -29,6 +29,7 @@ from advisor.estimate.activations_blocks import (
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
+from advisor.estimate.activations_frozen import first_block_unsaved_per_token
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
@@ -359,8 +360,10 @@ def estimate_activations(
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute, block_kept = layers_total + outside, 0, layer
-        if frozen:  # the first block reads the frozen embedding's output, which needs no gradient: its first
-            saved -= tokens * FP32 * h  # RMSNorm saves no fp32 input (measured: saved_tensors_hooks, PEFT 0.21)
+        if frozen:  # the first block reads the frozen embedding's output, which needs no gradient: nothing before
+            # its first adapter saves (its RMSNorm no fp32 input; measured: saved_tensors_hooks, PEFT 0.21)
+            saved -= tokens * first_block_unsaved_per_token(shape, dt, adapters, seq_len=seq_len,
+                                                            eager=eager or cuda_math_sdpa(shape, dt))
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     task = None if shape.head is None else head_loss_bytes(

@@ -1,0 +1,51 @@
+"""What a frozen base's first block does not save: the per-token discount that
+``advisor.estimate.activations.estimate_activations`` takes off ``frozen_decoder_layer_per_token``
+(``activations_blocks.py``) for the first block when nothing is checkpointed.
+
+Autograd saves a tensor only on a path to a tensor that requires a gradient. Under LoRA the embedding is
+frozen, so the first block's input needs no gradient, and nothing before the block's first adapter does
+either: the ops there save nothing. What the first adapter's source decides (a Llama-style block, in
+order: ``attn_norm`` q/k/v, ``attention`` o_proj, ``mlp_norm`` gate/up, ``mlp_act`` down_proj;
+``advisor.model.lora.INPUT_SOURCE``):
+
+- the attention norm's fp32 input: never saved in the first block;
+- RoPE and SDPA's tensors (eager: the matmuls' and softmax's): saved only when q, k or v is adapted;
+- the MLP norm's fp32 input (and Gemma 2's post-attention norm's): only when the attention is adapted;
+- the gated MLP's three wide tensors: only when gate, up or an earlier linear is adapted;
+- o_proj's adapter input is SDPA's saved output, shared, only when SDPA saves it: with o_proj the
+  first adapter it is the adapter's own (new memory, counted back).
+
+Measured (advisor.simulate, 128-wide Mistral, fp32, s 2048, LoRA r8 on down_proj, DDP, no checkpointing):
+the first block saved the down_proj adapter's input and ``x A`` alone. Not here: the other blocks (their
+input needs a gradient: everything of ``frozen_decoder_layer_per_token`` is saved), checkpointing (the
+recomputed block that decides is not the first).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.estimate.activations_blocks import frozen_attention_per_token
+from advisor.precision import FP32
+
+if TYPE_CHECKING:
+    from advisor.estimate.activations import ActivationShape, Adapters, Dtypes
+
+SOURCE_ORDER = ("attn_norm", "attention", "mlp_norm", "mlp_act")  # a Llama-style block's adapter inputs, in order
+
+
+def first_block_unsaved_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapters, *, seq_len: int,
+                                  eager: bool) -> int:
+    """Bytes a token of ``frozen_decoder_layer_per_token`` the first block does not save (module docstring)."""
+    h = shape.hidden_size
+    first = min((SOURCE_ORDER.index(source) for _, source in ad.inputs), default=len(SOURCE_ORDER))
+    unsaved = FP32 * h  # the attention norm's fp32 input
+    if first > SOURCE_ORDER.index("attn_norm"):
+        unsaved += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
+        if first == SOURCE_ORDER.index("attention") and not dt.input_casts and not ad.dropout:
+            unsaved -= dt.compute * shape.num_attention_heads * shape.head_dim  # o_proj's input: its adapter's own
+    if first > SOURCE_ORDER.index("attention"):
+        unsaved += FP32 * h * (2 if shape.sandwich_norms else 1)  # the MLP norm (Gemma 2: and the post-attention one)
+    if first > SOURCE_ORDER.index("mlp_norm"):
+        unsaved += 3 * dt.compute * shape.intermediate_size
+    return unsaved

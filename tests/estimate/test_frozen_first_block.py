@@ -1,0 +1,66 @@
+"""A frozen base's first block without checkpointing (``advisor.estimate.activations_frozen``), against the
+simulated step and by hand.
+
+Found by issue 20 (truth against the simulator): LoRA on down_proj only was over by +24.3% (128-wide Mistral,
+fp32, s 2048, DDP, fused loss, no checkpointing: 122.97 MB estimated, 98.96 MB simulated). The embedding is
+frozen, so the first block's input needs no gradient and no op before its first adapter saves anything; the
+estimate took off the attention norm's fp32 input alone (right for q, k or v adapted, the default targets).
+
+Simulated peaks (advisor.simulate.step, fake tensors, torch 2.13, transformers 5.23, PEFT 0.21; the peak is the
+loss backward, where every block's saved tensors are live). Before the fix: +14.9% (down_proj), +5.1%
+(gate_proj, up_proj), +3.2% (o_proj); q and v unchanged."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from advisor.model.lora import LoraConfig
+from advisor.planning.api import plan
+
+MISTRAL = dict(model_type="mistral", architectures=["MistralForCausalLM"], hidden_size=64, intermediate_size=192,
+               num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, vocab_size=1024,
+               max_position_embeddings=8192, sliding_window=None, tie_word_embeddings=False, pad_token_id=0,
+               bos_token_id=1, eos_token_id=2, _name_or_path="frozen/mistral-h64-l3")
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.mark.parametrize("targets,simulated", [
+    (("down_proj",), 24_713_120),
+    (("gate_proj", "up_proj"), 25_671_608),
+    (("o_proj",), 25_204_640),
+    (("q_proj", "v_proj"), 26_920_888),
+], ids=["down", "gate-up", "o", "q-v"])
+def test_first_block_matches_the_simulated_step(targets, simulated):
+    result = plan(dict(MISTRAL), gpus="1xH100", strategy="ddp", micro_batch_size=1, seq_len=1024,
+                  activation_checkpointing="off", precision="fp32", loss="hf", optimizer="adamw",
+                  lora=LoraConfig(rank=8, targets=targets))
+    memory = result.candidate("ddp").memory_bytes
+    assert memory.peak_moment == "loss_backward"
+    assert abs(memory.peak_allocated - simulated) <= 0.002 * simulated, (memory.peak_allocated, simulated)
+
+
+def test_first_block_unsaved_by_hand():
+    """LoRA on down_proj, fp32, the config above (h 64, 2 heads of 32, intermediate 192): before down_proj nothing
+    needs a gradient, so the first block does not save the attention norm's fp32 input (4 x 64 = 256), SDPA's
+    q, k, v, output and fp32 logsumexp (4 x (64 + 2 x 64 + 64) + 4 x 2 = 1,032), the MLP norm's fp32 input (256)
+    and the gated MLP's gate output, its activation and up's output (3 x 4 x 192 = 2,304): 3,848 bytes a token."""
+    from advisor.estimate.activations import Adapters, Dtypes, shape_of
+    from advisor.estimate.activations_frozen import first_block_unsaved_per_token
+    from advisor.model.sources import spec_from_config
+
+    shape = shape_of(spec_from_config(MISTRAL, name="m", source="local"))
+    dt = Dtypes(residual=4, compute=4, input_casts=False, buffer=4)
+    down = Adapters(rank=8, dropout=False, inputs=((192, "mlp_act"),))
+    assert first_block_unsaved_per_token(shape, dt, down, seq_len=1024, eager=False) == 3_848
+    # o_proj first: the attention norm's input (256) and SDPA's tensors (1,032), less o_proj's input (4 x 64 =
+    # 256), SDPA's output, which SDPA no longer saves and the adapter now saves itself: 1,032.
+    o = Adapters(rank=8, dropout=False, inputs=((64, "attention"),))
+    assert first_block_unsaved_per_token(shape, dt, o, seq_len=1024, eager=False) == 1_032

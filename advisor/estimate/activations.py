@@ -29,7 +29,7 @@ from advisor.estimate.activations_blocks import (
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
-from advisor.estimate.activations_frozen import first_block_unsaved_per_token
+from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
@@ -122,6 +122,8 @@ class ActivationEstimate(BaseModel):
                                  "projections), beside its input: the gradients passing through there; 0: not known.")
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
                                      "the labels and the final norm's tensors (their backward runs first).")
+    mlp_freed_bytes: int = Field(default=0, description="Part of one block's saved tensors its backward has freed by "
+                                 "the MLP's peak: a frozen base's down_proj adapters' (their backward runs first).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
@@ -320,10 +322,10 @@ def estimate_activations(
         layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
                                                         eager=eager or cuda_math_sdpa(shape, dt))
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
-        # and the final norm's fp32 input (its input gradient).
+        # and the final norm's fp32 input (its input gradient), which the final norm's backward frees before
+        # any block's (read op by op on the simulated step: 64-wide Mistral, fp32, LoRA on q, v or down_proj).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
-        # A frozen base's blocks' backward is not read op by op yet: nothing counted as freed before it.
-        to_embedding = outside
+        to_embedding = tokens * (INT64 + 2 * dt.residual * shape.head_dim)
         frozen = True
     else:
         layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
@@ -354,7 +356,7 @@ def estimate_activations(
         fixed = dt.compute * kept_elements if selective else 0
         block_kept = tokens * (dt.residual * h + kept) + fixed
         saved = shape.num_layers * block_kept + outside + mask
-        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
+        recompute = layer - tokens * (kept + block_input_in_layer_per_token(shape, dt))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
         if attention_backward is not None:  # the blocks' recomputation reads the masks: kept to the end
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
@@ -385,8 +387,12 @@ def estimate_activations(
     # A frozen base with LoRA holds the same at that op (read on the simulated step: a 256-wide Qwen3, LoRA on q
     # and v over a bf16 base, s 4096: one bf16 residual gradient and three intermediate-wide gradients, the
     # recomputed block one intermediate-wide tensor short of its count by then).
-    wide = 1 if shape.family == "gpt_neox" else 2
+    # A frozen base's down_proj saves no input, so nothing of the block's count is freed there: three intermediate-
+    # wide gradients beside the whole block (read op by op: 64-wide Mistral, fp32, s 1024, LoRA on q and v), less
+    # what down_proj's adapters saved, which their backward has freed (``mlp_freed_bytes``).
+    wide = 1 if shape.family == "gpt_neox" else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -403,4 +409,4 @@ def estimate_activations(
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
-                              block_kept_bytes=block_kept)
+                              block_kept_bytes=block_kept, mlp_freed_bytes=mlp_freed)

@@ -15,6 +15,8 @@ order: ``attn_norm`` q/k/v, ``attention`` o_proj, ``mlp_norm`` gate/up, ``mlp_ac
 - o_proj's adapter input is SDPA's saved output, shared, only when SDPA saves it: with o_proj the
   first adapter it is the adapter's own (new memory, counted back).
 
+``frozen_mlp_freed_per_token``: what a frozen block's backward has freed by its MLP's peak.
+
 Measured (advisor.simulate, 128-wide Mistral, fp32, s 2048, LoRA r8 on down_proj, DDP, no checkpointing):
 the first block saved the down_proj adapter's input and ``x A`` alone. Not here: the other blocks (their
 input needs a gradient: everything of ``frozen_decoder_layer_per_token`` is saved), checkpointing (the
@@ -25,7 +27,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from advisor.estimate.activations_blocks import frozen_attention_per_token
+from advisor.estimate.activations_blocks import frozen_adapters_per_token, frozen_attention_per_token
+from advisor.frozen import validated_copy
 from advisor.precision import FP32
 
 if TYPE_CHECKING:
@@ -49,3 +52,18 @@ def first_block_unsaved_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapte
     if first > SOURCE_ORDER.index("mlp_norm"):
         unsaved += 3 * dt.compute * shape.intermediate_size
     return unsaved
+
+
+def frozen_mlp_freed_per_token(dt: Dtypes, ad: Adapters) -> int:
+    """What a block's down_proj adapters saved (their input, its dropout mask, ``x A``; DoRA: the base layer's and
+    the adapter's outputs), a token: freed by their backward, which runs before the gated MLP's product rule, the
+    peak of the block's backward (read op by op on the simulated step: 64-wide Mistral, fp32, s 1024, LoRA on
+    down_proj: the adapter's input, 786,432 bytes, and ``x A``, 32,768, gone before the MLP's gradients)."""
+    pairs = list(zip(ad.inputs, ad.dora_outputs or (None,) * len(ad.inputs)))
+    down = [(fan_in, fan_out) for fan_in, fan_out in pairs if fan_in[1] == "mlp_act"]
+    if not down:
+        return 0
+    outputs = tuple(fan_out for _, fan_out in down if fan_out is not None)
+    return frozen_adapters_per_token(dt, validated_copy(ad, {"inputs": tuple(i for i, _ in down),
+                                                              "dora_outputs": outputs}))
+

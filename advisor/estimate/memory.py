@@ -309,7 +309,7 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
     kept = acts.saved_bytes - acts.outside_freed_bytes
     lower = _lower_blocks(acts, buffers, held_grads)
     held = buffers.persistent + dequantized
-    points = [dict(base, activations=kept + acts.recompute_bytes,
+    points = [dict(base, activations=kept + acts.recompute_bytes - acts.mlp_freed_bytes,
                    temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
     if buffers.in_backward_late is not None:  # the block's own saved tensors are gone by then (not checkpointed)
         late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)

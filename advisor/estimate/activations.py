@@ -384,12 +384,10 @@ def estimate_activations(
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
     # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
     # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
-    # A frozen base with LoRA holds the same at that op (read on the simulated step: a 256-wide Qwen3, LoRA on q
-    # and v over a bf16 base, s 4096: one bf16 residual gradient and three intermediate-wide gradients, the
-    # recomputed block one intermediate-wide tensor short of its count by then).
-    # A frozen base's down_proj saves no input, so nothing of the block's count is freed there: three intermediate-
-    # wide gradients beside the whole block (read op by op: 64-wide Mistral, fp32, s 1024, LoRA on q and v), less
-    # what down_proj's adapters saved, which their backward has freed (``mlp_freed_bytes``).
+    # A frozen base's down_proj saves no input, so nothing of the block's count is freed at that op: one residual
+    # gradient and three intermediate-wide gradients beside the whole block (read op by op on the simulated step:
+    # 64-wide Mistral, fp32, s 1024, LoRA on q and v; a 256-wide Qwen3 over a bf16 base, s 4096, showed the same
+    # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
     wide = 1 if shape.family == "gpt_neox" else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0

@@ -29,7 +29,7 @@ from advisor.estimate.activations_blocks import (
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
-from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token
+from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
@@ -124,6 +124,9 @@ class ActivationEstimate(BaseModel):
                                      "the labels and the final norm's tensors (their backward runs first).")
     mlp_freed_bytes: int = Field(default=0, description="Part of one block's saved tensors its backward has freed by "
                                  "the MLP's peak: a frozen base's down_proj adapters' (their backward runs first).")
+    recompute_end_bytes: int = Field(default=0, description="Live as a checkpointed block's recomputation stops, beside "
+                                     "its recomputed tensors (the residual gradient, the forward's locals); 0: no such "
+                                     "point (``activations_frozen.frozen_recompute_end_per_token``).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
@@ -391,6 +394,7 @@ def estimate_activations(
     wide = 1 if shape.family == "gpt_neox" else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0
+    recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -407,4 +411,5 @@ def estimate_activations(
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
-                              block_kept_bytes=block_kept, mlp_freed_bytes=mlp_freed)
+                              block_kept_bytes=block_kept, mlp_freed_bytes=mlp_freed,
+                              recompute_end_bytes=recompute_end)

@@ -1,10 +1,13 @@
-"""What a frozen base's first block does not save: the per-token discount that
-``advisor.estimate.activations.estimate_activations`` takes off ``frozen_decoder_layer_per_token``
-(``activations_blocks.py``) for the first block when nothing is checkpointed.
+"""A frozen base's blocks (LoRA / DoRA on a Llama-style decoder) beyond what each block saves
+(``activations_blocks.frozen_decoder_layer_per_token``): what the first block does not save without
+checkpointing, what a block's backward has freed by its MLP's peak, and what is live as a checkpointed
+block's recomputation stops inside down_proj's adapter. ``advisor.estimate.activations.estimate_activations``
+multiplies these per-token figures by the tokens; ``advisor.estimate.memory`` places them at the block
+backward's points.
 
-Autograd saves a tensor only on a path to a tensor that requires a gradient. Under LoRA the embedding is
-frozen, so the first block's input needs no gradient, and nothing before the block's first adapter does
-either: the ops there save nothing. What the first adapter's source decides (a Llama-style block, in
+The first block. Autograd saves a tensor only on a path to a tensor that requires a gradient. Under LoRA the
+embedding is frozen, so the first block's input needs no gradient, and nothing before the block's first adapter
+does either: the ops there save nothing. What the first adapter's source decides (a Llama-style block, in
 order: ``attn_norm`` q/k/v, ``attention`` o_proj, ``mlp_norm`` gate/up, ``mlp_act`` down_proj;
 ``advisor.model.lora.INPUT_SOURCE``):
 
@@ -15,12 +18,9 @@ order: ``attn_norm`` q/k/v, ``attention`` o_proj, ``mlp_norm`` gate/up, ``mlp_ac
 - o_proj's adapter input is SDPA's saved output, shared, only when SDPA saves it: with o_proj the
   first adapter it is the adapter's own (new memory, counted back).
 
-``frozen_mlp_freed_per_token``: what a frozen block's backward has freed by its MLP's peak.
-
 Measured (advisor.simulate, 128-wide Mistral, fp32, s 2048, LoRA r8 on down_proj, DDP, no checkpointing):
-the first block saved the down_proj adapter's input and ``x A`` alone. Not here: the other blocks (their
-input needs a gradient: everything of ``frozen_decoder_layer_per_token`` is saved), checkpointing (the
-recomputed block that decides is not the first).
+the first block saved the down_proj adapter's input and ``x A`` alone (tests/estimate/test_frozen_first_block.py
+holds the 64-wide readings). Under checkpointing the recomputed block that decides is not the first.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from advisor.estimate.activations_blocks import (
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
+from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
 from advisor.estimate.activations_ssm import SSM_NOTE
@@ -123,6 +124,11 @@ class ActivationEstimate(BaseModel):
                                  "projections), beside its input: the gradients passing through there; 0: not known.")
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
                                      "the labels and the final norm's tensors (their backward runs first).")
+    mlp_freed_bytes: int = Field(default=0, description="Part of one block's saved tensors its backward has freed by "
+                                 "the MLP's peak: a frozen base's down_proj adapters' (their backward runs first).")
+    recompute_end_bytes: int = Field(default=0, description="Live as a checkpointed block's recomputation stops, beside "
+                                     "its recomputed tensors (the residual gradient, the forward's locals); 0: no such "
+                                     "point (``activations_frozen.frozen_recompute_end_per_token``).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
@@ -323,10 +329,10 @@ def estimate_activations(
         layer = tokens * frozen_decoder_layer_per_token(shape, dt, adapters, seq_len=seq_len,
                                                         eager=math_attention)
         # Frozen embedding, final norm and head: only the labels (nll_loss) and the RoPE tables stay,
-        # and the final norm's fp32 input (its input gradient).
+        # and the final norm's fp32 input (its input gradient), which the final norm's backward frees before
+        # any block's (read op by op on the simulated step: 64-wide Mistral, fp32, LoRA on q, v or down_proj).
         outside = tokens * (INT64 + FP32 * h + 2 * dt.residual * shape.head_dim)
-        # A frozen base's blocks' backward is not read op by op yet: nothing counted as freed before it.
-        to_embedding = outside
+        to_embedding = tokens * (INT64 + 2 * dt.residual * shape.head_dim)
         frozen = True
     else:
         layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
@@ -361,14 +367,16 @@ def estimate_activations(
         fixed = dt.compute * kept_elements if selective else 0
         block_kept = tokens * (dt.residual * h + kept) + fixed
         saved = shape.num_layers * block_kept + outside + mask
-        recompute = layer - tokens * (kept + (0 if frozen else block_input_in_layer_per_token(shape, dt)))
+        recompute = layer - tokens * (kept + block_input_in_layer_per_token(shape, dt))
         recompute += tokens * dt.compute * kept_tail_width if selective else 0
         if eager:  # the blocks' recomputation reads the masks: kept to the end
             saved += eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len)
     else:
         saved, recompute, block_kept = layers_total + outside, 0, layer
-        if frozen:  # the first block reads the frozen embedding's output, which needs no gradient: its first
-            saved -= tokens * FP32 * h  # RMSNorm saves no fp32 input (measured: saved_tensors_hooks, PEFT 0.21)
+        if frozen:  # the first block reads the frozen embedding's output, which needs no gradient: nothing before
+            # its first adapter saves (its RMSNorm no fp32 input; measured: saved_tensors_hooks, PEFT 0.21)
+            saved -= tokens * first_block_unsaved_per_token(shape, dt, adapters, seq_len=seq_len,
+                                                            eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
     task = None if shape.head is None else head_loss_bytes(
@@ -387,16 +395,19 @@ def estimate_activations(
     # The outgoing residual gradient is made later, once the MLP's tensors are gone.
     # GPT-NeoX's F.gelu MLP has no product: its peak is gelu's input gradient beside the output's, fc2's
     # saved input freed (measured: 384-wide fp32 block, 1,536 + 6,144 bytes a token over the recomputed block).
-    # A frozen base with LoRA holds the same at that op (read on the simulated step: a 256-wide Qwen3, LoRA on q
-    # and v over a bf16 base, s 4096: one bf16 residual gradient and three intermediate-wide gradients, the
-    # recomputed block one intermediate-wide tensor short of its count by then).
-    wide = 1 if shape.family == "gpt_neox" else 2
+    # A frozen base's down_proj saves no input, so nothing of the block's count is freed at that op: one residual
+    # gradient and three intermediate-wide gradients beside the whole block (read op by op on the simulated step:
+    # 64-wide Mistral, fp32, s 1024, LoRA on q and v; a 256-wide Qwen3 over a bf16 base, s 4096, showed the same
+    # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
+    wide = 1 if shape.family == "gpt_neox" else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     early = 0
     if shape.num_experts and shape.hybrid is None:  # an MoE MLP: its experts' and its routing product's backward
         backward_temp, early = (tokens * t for t in moe_acts.moe_backward_per_token(
             moe_acts.experts_bytes(dt.compute, dt.residual, input_casts=dt.input_casts), dt.residual, hidden=h, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
             moe=shape.moe or MoeFacts(router="softmax")))  # Mixtral: softmax, renormalised, fp32 weights
+    mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0
+    recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
     if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
@@ -414,4 +425,5 @@ def estimate_activations(
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,
                               early_temp_bytes=early,
-                              block_kept_bytes=block_kept)
+                              block_kept_bytes=block_kept, mlp_freed_bytes=mlp_freed,
+                              recompute_end_bytes=recompute_end)

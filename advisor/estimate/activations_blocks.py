@@ -242,18 +242,32 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     ``saved_tensors_hooks`` on a 256-wide Llama under PEFT 0.21 (q,v and all-linear; fp32 and
     autocast): equal to this count within 8 bytes (the rsqrt term, left out as in the full count)."""
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
+    base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
+    base += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
+    return base + frozen_adapters_per_token(dt, ad)
+
+
+def frozen_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """What a frozen block's attention saves for the input gradient (``frozen_decoder_layer_per_token``):
+    RoPE and SDPA's tensors (eager: the matmuls' and softmax's), and Qwen3's q/k norms' fp32 inputs."""
+    cb = dt.compute
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
-    base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
     if eager:
-        base += cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        base = cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
         if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
             base += cb * shape.num_attention_heads * seq_len
     else:
-        base += cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads + fused_qkv_per_token(shape, dt)
+        base = cb * q + 2 * cb * kv + cb * q + FP32 * shape.num_attention_heads + fused_qkv_per_token(shape, dt)
         base += window_mask_per_token(shape, dt, seq_len=seq_len)
     if shape.qk_norm:  # Qwen3's RMSNorm on q and k keeps its fp32 input for the input gradient (weight frozen)
         base += FP32 * (q + kv)
+    return base
+
+
+def frozen_adapters_per_token(dt: Dtypes, ad: Adapters) -> int:
+    """What a block's LoRA / DoRA adapters save a token (``frozen_decoder_layer_per_token``'s docstring)."""
+    cb = dt.compute
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
     if ad.dropout:
@@ -269,7 +283,7 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     # + (m / ||W + sBA||) * lora_result * s saves both products' tensor operands for the magnitude's gradient:
     # the base layer's output and the adapter's, one out_features-wide tensor each per target.
     adapters += sum(2 * cb * fan_out for fan_out in ad.dora_outputs)
-    return base + adapters
+    return adapters
 
 
 def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:

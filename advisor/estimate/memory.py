@@ -332,11 +332,14 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
     kept = acts.saved_bytes - acts.outside_freed_bytes
     lower = _lower_blocks(acts, buffers, held_grads, kv)
     held = buffers.persistent + dequantized
-    points = [dict(base, activations=kept + acts.recompute_bytes,
+    points = [dict(base, activations=kept + acts.recompute_bytes - acts.mlp_freed_bytes,
                    temporary=held + buffers.in_backward + acts.backward_temp_bytes + lower)]
     if buffers.in_backward_early is not None and acts.early_temp_bytes:  # an MoE block's routing-weight product
         points.append(dict(base, activations=kept + acts.recompute_bytes,
                            temporary=held + buffers.in_backward_early + acts.early_temp_bytes + lower))
+    if acts.recompute_end_bytes:  # a checkpointed block's recomputation stopping, its forward's locals still held
+        points.append(dict(base, activations=kept + acts.recompute_bytes,
+                           temporary=held + buffers.in_backward + acts.recompute_end_bytes + lower))
     if buffers.in_backward_late is not None:  # the block's own saved tensors are gone by then (not checkpointed)
         late = kept + acts.late_temp_bytes - (acts.block_kept_bytes if not acts.recompute_bytes else 0)
         points.append(dict(base, activations=late, temporary=held + buffers.in_backward_late + lower))

@@ -174,6 +174,45 @@ def dequantized_temporary_bytes(training: "TrainingConfig", q: QuantizedBase) ->
     return training.compute_bytes * q.largest_linear_params
 
 
+def dequantization_bytes(fan_in: int, fan_out: int, scheme: str, *, double_quant: bool, compute_bytes: int) -> int:
+    """HBM bytes one dequantisation of a 4-bit ``fan_in -> fan_out`` weight moves (0 for int8, whose
+    forward is an int8 matmul: not modelled as time). bitsandbytes ``functional.dequantize_4bit``:
+    with double quantisation it first dequantises the uint8 absmax to fp32 (``dequantize_blockwise``:
+    read 1 B, write 4 B a block) and adds the offset in place (read and write 4 B a block); then the
+    4-bit kernel reads the packed codes and the fp32 absmax and writes the weight in the compute dtype.
+    The matmul's read of that weight is the GEMM's own, inside its utilisation."""
+    if scheme == "int8":
+        return 0
+    n = fan_in * fan_out
+    blocks = -(-n // BLOCKSIZE_4BIT)
+    absmax = FP32 * blocks  # read by the 4-bit kernel
+    if double_quant:  # uint8 read + fp32 write, then += offset (fp32 read + write); state2's absmax read
+        absmax += blocks + FP32 * blocks + 2 * FP32 * blocks + FP32 * -(-blocks // BLOCKSIZE_NESTED)
+    return -(-n // 2) + absmax + compute_bytes * n
+
+
+def dequantization_s(spec: ModelSpec, training: "TrainingConfig", *, bandwidth_bytes_s: float, checkpointing: bool,
+                     kept_linears: tuple[tuple[int, int], ...] = ()) -> tuple[float, float]:
+    """(forward, backward + recompute) seconds of one micro-batch's 4-bit dequantisations on one GPU.
+
+    ``MatMul4Bit`` (bitsandbytes ``autograd/_functions.py``) dequantises each weight in forward
+    (``F.linear(A, dequantize_4bit(B).t())``) and again in backward for the input gradient; under
+    checkpointing the recomputed forward dequantises it a third time, except the base linears a
+    selective policy keeps (``kept_linears``, one block's), whose products are not recomputed. The
+    cost does not depend on the tokens: every rank dequantises the whole (gathered) weight per
+    micro-batch. Bytes from ``dequantization_bytes``; ``bandwidth_bytes_s`` is the achieved HBM bandwidth."""
+    if training.quantize is None or training.quantize == "int8":
+        return 0.0, 0.0
+
+    def moved(shapes) -> int:
+        return sum(dequantization_bytes(i, o, training.quantize, double_quant=training.double_quant,
+                                        compute_bytes=training.compute_bytes) for i, o in shapes)
+
+    per_pass = spec.num_layers * moved(s for linears in block_linears(spec).values() for s in linears)
+    recompute = per_pass - spec.num_layers * moved(kept_linears) if checkpointing else 0
+    return per_pass / bandwidth_bytes_s, (per_pass + recompute) / bandwidth_bytes_s
+
+
 def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int, states, *,
                        checkpointing: bool, micro_batch_size: int = 1):
     """``(states, buffers, dequantized temporary)`` of ``estimate_memory`` for a quantised base:

@@ -29,6 +29,10 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
 - Offload: PCIe transfers of shards (parameters up, gradients down) overlap like collectives; the
   CPU optimizer step (per-node CPU-Adam throughput, shared by the node's GPUs) and the upload of
   updated parameters after it are exposed.
+- A 4-bit base (``--quantize nf4|fp4``, QLoRA): bitsandbytes dequantises every block weight to the
+  compute dtype in forward, again in backward and again in checkpointing's recompute, a memory-bound
+  kernel: bytes (``quantized.dequantization_bytes``) / (HBM bandwidth x efficiency), added to forward
+  and backward per micro-batch, whatever its tokens.
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -46,7 +50,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.quantized import stored_param_bytes
+from advisor.estimate.quantized import dequantization_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import LoraConfig
@@ -307,6 +311,19 @@ def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     return stepped * cost.bytes_per_param[training.optimizer] / (hw.gpu.hbm_bandwidth_gbps * GB * cost.hbm_efficiency)
 
 
+def _dequantization_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
+                      checkpointing: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of a 4-bit base's dequantisations per micro-batch
+    (``quantized.dequantization_s``), on the compute stream: they add to compute."""
+    if training.quantize is None:
+        return 0.0, 0.0
+    kept = selective_kept(spec, training.lora) if checkpointing and training.activation_checkpointing == "selective" \
+        else None
+    bandwidth = hw.gpu.hbm_bandwidth_gbps * GB * eff.dequantize.hbm_efficiency
+    return dequantization_s(spec, training, bandwidth_bytes_s=bandwidth, checkpointing=checkpointing,
+                            kept_linears=tuple(kept.linears) if kept is not None else ())
+
+
 def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
                           micro_batch_size: int) -> Traffic:
     """nn.DataParallel: replicate from GPU0, gather logits to GPU0, reduce gradients to GPU0."""
@@ -347,6 +364,8 @@ def estimate_step_time(
         util *= eff.dataparallel.compute_penalty
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
+    deq_fwd, deq_bwd = _dequantization_s(spec, hardware, training, eff, checkpointing=checkpointing)
+    fwd_s, bwd_s = fwd_s + deq_fwd, bwd_s + deq_bwd
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)

@@ -32,11 +32,16 @@ class CalibrationRow(_Frozen):
     published_hfu: float | None = Field(default=None, gt=0, lt=1, description="Hardware FLOPs utilisation (recompute "
                                         "included) of a run that checkpointed; the rule reads it instead of the MFU, "
                                         "since the estimator divides hardware FLOPs by the utilisation.")
+    dequantize_share: float = Field(default=0.0, ge=0, lt=1, description="Share of the run's time a 4-bit base's "
+                                    "dequantisation took, as the step-time model charges it (bytes / bandwidth): "
+                                    "the matmuls ran in the rest.")
 
     @property
     def utilisation(self) -> float:
-        """What the step-time model's utilisation means for this run: hardware FLOPs over peak."""
-        return self.published_hfu if self.published_hfu is not None else self.published_mfu
+        """What the step-time model's utilisation means for this run: hardware FLOPs over peak, in the
+        time the matmuls had (the dequantisation, charged apart, taken out)."""
+        published = self.published_hfu if self.published_hfu is not None else self.published_mfu
+        return published / (1 - self.dequantize_share)
 
 
 class GpuUtilisation(_Frozen):
@@ -113,6 +118,12 @@ class OptimizerStepCost(_Frozen):
     note: str | None = None
 
 
+class DequantizeCost(_Frozen):
+    hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth of the dequantisation kernels.")
+    source: str
+    note: str | None = None
+
+
 class DataParallelPenalty(_Frozen):
     compute_penalty: float = Field(gt=0, le=1, description="Utilisation factor for single-process DP.")
     source: str
@@ -124,6 +135,7 @@ class EfficiencyProfile(_Frozen):
     communication: CommunicationEfficiency
     offload: OffloadEfficiency
     optimizer_step: OptimizerStepCost
+    dequantize: DequantizeCost
     dataparallel: DataParallelPenalty
 
 

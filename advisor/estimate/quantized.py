@@ -45,7 +45,9 @@ Dequantised temporaries: ``MatMul4Bit`` dequantises the whole weight to the comp
 forward (``F.linear(A, dequantize_4bit(B).t())``) and again in backward for the input gradient;
 ``MatMul8bitLt.backward`` dequantises ``CB * SCB / 127`` likewise (its forward is an int8 matmul).
 One layer's weight at a time: the largest linear of a block, in the compute dtype, added to a
-block's backward.
+block's backward. Their time (``dequantization_s``, read by ``step_time``): the 4-bit kernels' HBM
+bytes per weight per pass (forward, backward, checkpointing's recompute) over the bandwidth; the
+int8 path is not timed.
 
 Method of validation: fake tensors cannot run bitsandbytes kernels, so the simulator does not
 cover a quantised base. The estimate is checked against published QLoRA runs with their full

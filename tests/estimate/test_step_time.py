@@ -322,6 +322,13 @@ def test_4bit_dequantisation_charged_by_hand():
         accumulated = _time(spec, "4xH100", "zero3", micro=1, ckpt=ckpt, accum=4, precision="bf16",
                             seq_len=2048, quantize="nf4")
         assert accumulated.compute_s == pytest.approx(4 * runs[1].compute_s, rel=1e-9)  # per micro-batch
+    # Selective checkpointing keeps q (8192x8192), v (8192x1024), gate (8192x28672) and down (28672x8192)
+    # of each block (advisor.model.selective): 545,259,520 weights a block not recomputed, so the
+    # recompute dequantises 80 x 310,378,496 = 24,830,279,680 weights, 68,677,304,320 B:
+    # (2 x 189,326,622,720 + 68,677,304,320) / 2,345e9 = 0.1907590 s.
+    runs = [_time(spec, "4xH100", "zero3", micro=1, ckpt=True, precision="bf16", seq_len=2048, quantize=q,
+                  activation_checkpointing="selective") for q in (None, "nf4")]
+    assert runs[1].compute_s - runs[0].compute_s == pytest.approx(0.1907590, abs=1e-6)
     int8 = _time(spec, "4xH100", "ddp", micro=1, precision="bf16", seq_len=2048, quantize="int8")
     plain = _time(spec, "4xH100", "ddp", micro=1, precision="bf16", seq_len=2048)
     assert int8.compute_s == plain.compute_s  # LLM.int8's forward is an int8 matmul: not charged

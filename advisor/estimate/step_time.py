@@ -381,6 +381,10 @@ def estimate_step_time(
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note,) if n]
+    if deq_fwd:
+        notes.append(f"4-bit base: bitsandbytes dequantises every block weight in forward, backward"
+                     f"{' and the recompute' if checkpointing else ''}: {deq_fwd + deq_bwd:.3f} s a micro-batch at "
+                     f"{eff.dequantize.hbm_efficiency:.0%} of {hardware.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

@@ -319,6 +319,7 @@ def test_4bit_dequantisation_charged_by_hand():
         runs = [_time(spec, "4xH100", "zero3", micro=1, ckpt=ckpt, precision="bf16", seq_len=2048, quantize=q)
                 for q in (None, "nf4")]
         assert runs[1].compute_s - runs[0].compute_s == pytest.approx(by_hand, abs=1e-6), ckpt
+        assert any(f"{by_hand:.3f} s a micro-batch" in note for note in runs[1].notes)  # said to the user
         accumulated = _time(spec, "4xH100", "zero3", micro=1, ckpt=ckpt, accum=4, precision="bf16",
                             seq_len=2048, quantize="nf4")
         assert accumulated.compute_s == pytest.approx(4 * runs[1].compute_s, rel=1e-9)  # per micro-batch

@@ -304,13 +304,13 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
         attn = cb * 3 * h + FP32 * heads + cb * h
     o_in = cb * h  # the merged heads, made contiguous for the output projection
     dropout_masks = 2 * BOOL * h  # attention-output and MLP-output dropout (native_dropout: bool mask)
-    if shape.family == "gpt2":
+    if shape.family == "gpt2" and not shape.one_op_mlp_act:
         # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
         # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
         wide = FP32 if dt.input_casts else cb
         mlp = 3 * wide * I + 2 * cb * I
     else:
-        mlp = 2 * cb * I  # F.gelu saves its input; fc2 saves the output
+        mlp = 2 * cb * I  # F.gelu (BERT; GPT-2 with activation_function 'gelu') saves its input; fc2 the output
     return layer_norms + attn + o_in + dropout_masks + mlp
 
 

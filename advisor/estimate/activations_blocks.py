@@ -347,6 +347,11 @@ def block_input_in_layer_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return FP32 * shape.hidden_size if dt.residual == FP32 and shape.family in ("decoder", "mamba") else 0
 
 
+def embedding_dropout_per_token(shape: ActivationShape) -> int:
+    """The embeddings' dropout mask (GPT-2, BERT: bool), kept by whichever rank runs the embedding."""
+    return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
+
+
 def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """What a token keeps outside the blocks until the embedding's backward: the rotary cos/sin tables
     every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,
@@ -356,7 +361,7 @@ def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
         return 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
     if shape.family == "gpt_neox":
         return 2 * dt.residual * shape.head_dim
-    return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
+    return embedding_dropout_per_token(shape)
 
 
 def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:

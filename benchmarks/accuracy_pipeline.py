@@ -289,8 +289,13 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
 - What is left: (1) `total` (peak allocated + the allocator's gap + context: +4.1 GiB on that stage) is
   compared with a figure whose kind the paper does not state (Megatron's report_memory prints allocated, max
   allocated, reserved and max reserved); the peak-allocated summary above is the other reading, and it fits
-  1F1B and ZB-1p within 10%; (2) ZB-2p's allocated figure is low (-10% median): the runs' auto-searched
-  ZB-2p orders are replayed as the handcrafted ZB-H2; (3) interleaved runs are high (+6% allocated, +20%
+  1F1B and ZB-1p within 10%. Read as allocated, the paper's figures imply 7.6, 7.2, 13.8 and 29.1 micro-batches
+  in flight on 1F1B's stage 1 (the figure less the estimate's other bytes, over one micro-batch's activations),
+  where 1F1B holds p - 1 = 7, 7, 15, 31; read as our total they imply 6.4, 5.7, 9.4, 22.2, fewer than 1F1B
+  can hold: the evidence favours allocated. (2) ZB-2p's allocated figure is low (-10% median): the runs'
+  auto-searched ZB-2p orders are replayed as the handcrafted ZB-H2, which holds 2p - 3 = 13, 13, 29, 61
+  micro-batches on stage 1, where the figures imply 16.0, 16.1, 31.3, 64.8: the searched orders fill their
+  2p M_B limit on stage 1 too; (3) interleaved runs are high (+6% allocated, +20%
   total median): the estimate gives p x v one-layer chunks where the run's first chunk is empty, so stage 0
   carries one layer more than it ran, in its most-in-flight chunk. The simulator on GPT-2's own shapes (part 3)
   runs HF's autocast recipe (fp32 residual stream and fp32 softmax: 7 bytes a score) and reads 32.79 GiB for

@@ -158,6 +158,17 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     assert f"| the same runs: reserved (`max_memory_reserved`) | {n} | {r_med}% | {r_max}% |" in readme
 
 
+def test_the_readme_zero_bubble_row_is_the_reports():
+    """The zero-bubble row quotes accuracy_pipeline.md's Table 4 summary lines (total, then peak allocated)."""
+    readme = (ROOT / "README.md").read_text()
+    report = (ROOT / "benchmarks/results/accuracy_pipeline.md").read_text()
+    line = r"{} against the paper: median ([-+0-9.]+)%, max ([-+0-9.]+)% over (\d+)\."
+    med, top, n = re.search(line.format(r"Total \(peak allocated \+ allocator gap \+ context\)"), report).groups()
+    a_med, a_top, _ = re.search(line.format("Peak allocated"), report).groups()
+    assert (f"worst stage vs the zero-bubble paper's published peaks (GPT-3-like models as GPT-2 with F.gelu; our total, "
+            f"the paper's kind unstated; peak allocated: median {a_med}%, max {a_top}%) | {n} | {med}% | {top}% |") in readme
+
+
 def test_the_docs_published_memory_summary_is_the_reports():
     """docs/accuracy.md's summary of the published real-GPU set quotes benchmarks/results/published_memory.md
     (which ``benchmarks/published_memory.py`` writes): the errors, the fit verdicts and the range's count."""

@@ -69,6 +69,8 @@ class ActivationShape(BaseModel):
     logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
     sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
                                  "in fp32 with (1 + weight) (Gemma 2: four a block).")
+    one_op_mlp_act: bool = Field(default=False, description="GPT-2 family: the MLP activation saves only its "
+                                 "input (F.gelu); False: gelu_new's Python ops.")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
     fused_qkv: bool = Field(default=False, description="q, k and v are slices of one projection's output (Phi-3's "
                             "qkv_proj): v, a view, keeps that whole output saved.")
@@ -236,6 +238,7 @@ def shape_of(spec: ModelSpec) -> ActivationShape:
             sliding_window=spec.sliding_window if family == "decoder" else None,
             attn_softcap=spec.attn_softcap and family == "decoder",
             logit_softcap=spec.logit_softcap and family == "decoder",
+            one_op_mlp_act=spec.one_op_mlp_act and family == "gpt2",
             encdec=spec.encdec if family == "encdec" else None,
             hybrid=spec.hybrid,
             head=spec.head,
@@ -399,7 +402,9 @@ def estimate_activations(
     # gradient and three intermediate-wide gradients beside the whole block (read op by op on the simulated step:
     # 64-wide Mistral, fp32, s 1024, LoRA on q and v; a 256-wide Qwen3 over a bf16 base, s 4096, showed the same
     # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
-    wide = 1 if shape.family == "gpt_neox" else 3 if frozen else 2
+    # GPT-2 with a one-op activation ('gelu') runs GPT-NeoX's fc1 / F.gelu / fc2 sequence: the same one gradient.
+    one_op = shape.family == "gpt_neox" or (shape.family == "gpt2" and shape.one_op_mlp_act)
+    wide = 1 if one_op else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     early = 0
     if shape.num_experts and shape.hybrid is None:  # an MoE MLP: its experts' and its routing product's backward

@@ -304,13 +304,13 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
         attn = cb * 3 * h + FP32 * heads + cb * h
     o_in = cb * h  # the merged heads, made contiguous for the output projection
     dropout_masks = 2 * BOOL * h  # attention-output and MLP-output dropout (native_dropout: bool mask)
-    if shape.family == "gpt2":
+    if shape.family == "gpt2" and not shape.one_op_mlp_act:
         # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
         # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
         wide = FP32 if dt.input_casts else cb
         mlp = 3 * wide * I + 2 * cb * I
     else:
-        mlp = 2 * cb * I  # F.gelu saves its input; fc2 saves the output
+        mlp = 2 * cb * I  # F.gelu (BERT; GPT-2 with activation_function 'gelu') saves its input; fc2 the output
     return layer_norms + attn + o_in + dropout_masks + mlp
 
 
@@ -347,6 +347,11 @@ def block_input_in_layer_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return FP32 * shape.hidden_size if dt.residual == FP32 and shape.family in ("decoder", "mamba") else 0
 
 
+def embedding_dropout_per_token(shape: ActivationShape) -> int:
+    """The embeddings' dropout mask (GPT-2, BERT: bool), kept by whichever rank runs the embedding."""
+    return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
+
+
 def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """What a token keeps outside the blocks until the embedding's backward: the rotary cos/sin tables
     every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,
@@ -356,7 +361,7 @@ def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
         return 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
     if shape.family == "gpt_neox":
         return 2 * dt.residual * shape.head_dim
-    return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
+    return embedding_dropout_per_token(shape)
 
 
 def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:

@@ -93,8 +93,11 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims) -> None:
-    """ValueError naming the constraint when this model/recipe cannot run on ``mesh``."""
+def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
+                       families: tuple[str, ...] = ("decoder",)) -> None:
+    """ValueError naming the constraint when this model/recipe cannot run on ``mesh``. ``families``: the
+    activation families whose blocks the caller can count (the planner: a Llama-like decoder, what
+    ``wrap()`` splits; ``estimate_pipeline_memory`` also GPT-2 on a pipeline-only mesh)."""
     if mesh.is_data_parallel_only:
         return
     if training.engine != "torch" or not impl.shard_params or impl.engine != "torch":
@@ -103,7 +106,7 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     if training.lora is not None or spec.trainable_params < spec.total_params:
         raise ValueError(f"mesh {mesh.label}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
     shape = _tp_shape(spec, 1)
-    if shape.family != "decoder" or shape.assumed:
+    if shape.family not in families or shape.assumed:
         kind = spec.model_type or spec.architecture or "this model"
         raise ValueError(f"mesh {mesh.label} needs a Llama-like attention decoder with known heads; {kind} has "
                          f"{'no attention heads in its config' if shape.assumed else 'no such layout'}")

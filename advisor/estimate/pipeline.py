@@ -50,7 +50,8 @@ from fractions import Fraction
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import ActivationEstimate, shape_of
-from advisor.estimate.activations_blocks import rms_norm_per_token
+from advisor.estimate.activations_blocks import (embedding_dropout_per_token, outside_norm_per_token,
+                                                 outside_to_embedding_per_token)
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.pipeline_experts import moe_rank_bytes
 from advisor.estimate.pipeline_schedules import ScheduleFacts, in_flight, load_schedules, w_held
@@ -207,10 +208,14 @@ def _cut_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
                            checkpointing=checkpointing)
     dt = recipe_dtypes(training, impl)
     tokens = micro_batch_size * rank_seq_len(spec, training, mesh)
-    h = spec.hidden_size or 0
-    drop = 0 if embedding else tokens * INT64  # token ids (the embedding's backward)
-    if not head:  # labels, the final norm's saved tensors and the head's input cast
-        drop += tokens * (INT64 + rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0))
+    shape = shape_of(spec)
+    # token ids (the embedding's backward) and the embeddings' dropout mask (GPT-2)
+    drop = 0 if embedding else tokens * (INT64 + embedding_dropout_per_token(shape))
+    if not head:  # labels, the final norm's saved tensors and the head's input (or its cast); what the
+        # blocks share stays (Llama's RoPE cos/sin, computed on every rank). Llama: RMSNorm's 8h (+ the cast);
+        # GPT-2: LayerNorm's input and the head's input, 4h (8h here left 3h a token short of 34h + 5as).
+        norm = outside_norm_per_token(shape, dt) - outside_to_embedding_per_token(shape, dt)
+        drop += tokens * (INT64 + norm)
         est = validated_copy(est, dict(logits_bytes=0, loss_transient_bytes=0, returned_logits_bytes=0,
                                          outside_freed_bytes=0))
     return validated_copy(est, dict(saved_bytes=max(0, est.saved_bytes - drop)))
@@ -336,7 +341,10 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
     """Each pipeline rank's peak on ``mesh`` (module docstring). Without pp (ep alone) one stage.
     ``every_rank=False`` (the search): only the ranks that can be the worst (``_ranks_to_estimate``)."""
     assert mesh.world_size == hardware.world_size, "mesh and hardware disagree on the world size"
-    check_mesh_support(spec, training, impl, mesh)
+    # A GPT-2 stage on a pipeline-only mesh is counted by its own block formula (no tp/cp split of it is
+    # written); the planner never offers it (planning.pipeline_meshes: wrap() splits Llama-shaped models).
+    pp_only = mesh.tp == mesh.cp == mesh.ep == 1
+    check_mesh_support(spec, training, impl, mesh, families=("decoder", "gpt2") if pp_only else ("decoder",))
     mesh.check_layers(num_layers=spec.num_layers, num_experts=spec.num_experts)
     facts = load_schedules()[mesh.pp_schedule]
     shard_world = mesh.dp_shard * mesh.cp

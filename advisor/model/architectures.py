@@ -88,6 +88,9 @@ def _decoder(cfg: dict, info: ArchitectureInfo) -> dict | None:
     )
 
 
+ONE_OP_ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "relu")
+
+
 def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
     """GPT-2: learned positions, Conv1D projections with biases, LayerNorm with biases."""
     h = _get(cfg, "hidden_size", default=768)
@@ -113,6 +116,9 @@ def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
         vocab_size=vocab,
         gated_mlp=False,
         max_position_embeddings=positions,
+        # transformers' ACT2FN: 'gelu' is F.gelu, 'gelu_pytorch_tanh' F.gelu(approximate='tanh'), 'relu'
+        # nn.ReLU: one op each; the default 'gelu_new' is NewGELUActivation, a chain of Python ops.
+        one_op_mlp_act=cfg.get("activation_function", "gelu_new") in ONE_OP_ACTIVATIONS,
     )
 
 

@@ -73,6 +73,10 @@ class ModelSpec(BaseModel):
     sliding_window: int | None = Field(default=None, ge=1, exclude_if=lambda window: window is None,
                                        description="Sliding-window attention span of every layer (tokens); "
                                                    "None: full causal attention.")
+    one_op_mlp_act: bool = Field(default=False, exclude_if=lambda one_op: not one_op,
+                                 description="GPT-2 family: the MLP activation is one torch op that saves a "
+                                             "single intermediate-wide tensor ('gelu', 'gelu_pytorch_tanh', "
+                                             "'relu'); False: GPT-2's default gelu_new (Python ops).")
     attn_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
                                description="Attention scores soft-capped, cap * tanh(scores / cap) (Gemma 2).")
     logit_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,

@@ -36,9 +36,10 @@ def _config(family: str, num_layers: int):
         return transformers.BertConfig(hidden_size=HIDDEN, intermediate_size=4 * HIDDEN, num_hidden_layers=num_layers,
                                        num_attention_heads=HEADS, vocab_size=128, max_position_embeddings=256,
                                        attn_implementation="eager"), transformers.BertForMaskedLM
-    if family == "gpt2":
+    if family in ("gpt2", "gpt2-gelu"):  # gpt2-gelu: GPT-3-like, F.gelu in place of gelu_new (Megatron's GeLU)
+        act = {"activation_function": "gelu"} if family == "gpt2-gelu" else {}
         return transformers.GPT2Config(n_embd=HIDDEN, n_layer=num_layers, n_head=HEADS, vocab_size=128,
-                                       n_positions=256, attn_implementation="eager"), transformers.GPT2LMHeadModel
+                                       n_positions=256, attn_implementation="eager", **act), transformers.GPT2LMHeadModel
     return transformers.LlamaConfig(hidden_size=HIDDEN, intermediate_size=176, num_hidden_layers=num_layers,
                                     num_attention_heads=HEADS, num_key_value_heads=2, vocab_size=128,
                                     max_position_embeddings=256, tie_word_embeddings=False,
@@ -58,6 +59,14 @@ def test_bert_eager_block_is_korthikantis_count():
     # fp32 activations, masks still 1 byte: the 32 16-bit sbh of the 34 double (64 + 2 = 66sbh); softmax
     # output 4, mask 1, dropped-out probabilities 4: 9as^2b. 66 x 16,384 + 9 x 131,072.
     assert _estimated_layer_bytes("bert", FP32) == 1_081_344 + 1_179_648 == 2_260_992
+
+
+def test_gpt2_with_exact_gelu_is_korthikantis_count():
+    """GPT-2 with activation_function 'gelu' (F.gelu saves only its input) is the GPT block Korthikanti et
+    al. count, as BERT's: 34sbh + 5as^2b in pure bf16. GPT-2's default gelu_new keeps three more 4h tensors
+    (pow's input, tanh's output, 1 + tanh: 24sbh more); before the fix 'gelu' was counted as gelu_new."""
+    assert _estimated_layer_bytes("gpt2-gelu", PURE_BF16) == 557_056 + 655_360
+    assert _estimated_layer_bytes("gpt2", PURE_BF16) - _estimated_layer_bytes("gpt2-gelu", PURE_BF16) == 24 * SEQ * BATCH * HIDDEN
 
 
 def test_llama_eager_block_in_fp32_by_hand():
@@ -96,6 +105,7 @@ def _measured_saved_bytes(family: str, num_layers: int, dtype: torch.dtype) -> i
 @pytest.mark.parametrize("family, dtypes, dtype", [
     ("bert", PURE_BF16, torch.bfloat16), ("bert", FP32, torch.float32),
     ("gpt2", PURE_BF16, torch.bfloat16), ("gpt2", FP32, torch.float32),
+    ("gpt2-gelu", PURE_BF16, torch.bfloat16), ("gpt2-gelu", FP32, torch.float32),
     ("llama", PURE_BF16, torch.bfloat16), ("llama", FP32, torch.float32),
 ])
 def test_eager_block_matches_what_autograd_saves(family, dtypes, dtype):

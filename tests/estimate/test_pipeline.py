@@ -242,3 +242,31 @@ def test_all_to_all_and_p2p_on_the_links_they_cross():
         7 / 16 * mib64 / 360e9 + 2e-6 + 8 / 16 * mib64 / 40e9 + 5e-6)
     assert p2p_hop_s(mib64, hw, eff, stride=8) == pytest.approx(mib64 / 40e9 + 5e-6)
     assert p2p_hop_s(mib64, hw, eff, stride=4) == pytest.approx(mib64 / 360e9 + 2e-6)
+
+
+# GPT-3-like (GPT-2 with F.gelu, Megatron's GeLU): h 64, 4 heads, 16 tokens, eager attention, no checkpointing,
+# fp16 under FSDP2's policy (16-bit residual). One block a rank keeps Korthikanti et al.'s 34h + 5as a token:
+# 34 x 64 + 5 x 4 x 16 = 2,496, x 16 tokens = 39,936 a micro-batch.
+TINY_GPT3 = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_layer=4, n_head=4, vocab_size=256,
+                 n_positions=64, activation_function="gelu", tie_word_embeddings=True)
+
+
+def test_gpt3_like_middle_stages_hold_korthikantis_count():
+    """A middle rank holds in-flight x 39,936 and nothing outside its block: no token ids, no embedding
+    dropout mask, no final LayerNorm or head input. Before the fix a non-head rank was also relieved of
+    RMSNorm's 8h a token where GPT-2's final LayerNorm and head input are 4h: 3h x 16 = 3,072 short."""
+    spec = count_from_config(dict(TINY_GPT3), name="tiny-gpt3", source="local")
+    training = TrainingConfig(seq_len=16, activation_checkpointing="off", attention="eager", precision="fp16-mixed")
+    mesh = ParallelDims(pp=4, pp_schedule="1f1b", dp_shard=1, world_size=4)
+    stages = estimate_pipeline_memory(spec, parse_gpus("4xH100"), training, ZERO3, mesh, micro_batch_size=1,
+                                      checkpointing=False, num_micro_batches=8).stages
+    assert [s.activation_bytes for s in stages[1:3]] == [3 * 39_936, 2 * 39_936]
+
+
+def test_the_planner_still_refuses_gpt2_meshes():
+    """The estimate counts a GPT-2 stage; the planner's check (wrap() splits Llama-shaped models) refuses it."""
+    from advisor.estimate.model_parallel import check_mesh_support
+
+    spec = count_from_config(dict(TINY_GPT3), name="tiny-gpt3", source="local")
+    with pytest.raises(ValueError, match="needs a Llama-like attention decoder"):
+        check_mesh_support(spec, TRAINING, ZERO3, ParallelDims(pp=4, dp_shard=1, world_size=4))

@@ -62,3 +62,18 @@ def test_hand_worked_reasons():
     assert loss_kernel_refusal({"model_type": "llama"}) is None
     assert loss_kernel_refusal({"model_type": "gpt2"}) == (
         "needs a causal LM with .model and a bias-free .lm_head; GPT2LMHeadModel has none")
+
+
+@pytest.mark.parametrize(("family", "reason"), [("falcon", "FalconForCausalLM has none"), (
+    "cohere", "CohereForCausalLM transforms its logits first (logit_scale=0.0625)")])
+def test_traced_families_refused_from_their_config(family, reason):
+    # Falcon (no .model: FalconForCausalLM.transformer) and Cohere (logit_scale 0.0625 by its config class's
+    # default) have no formula: the meta-device path carries the refusal too, and a pinned kernel is refused
+    import re
+
+    import advisor
+
+    cfg = draw_config(random.Random(0), family)
+    cfg.pop("logit_scale", None)  # the class default decides
+    with pytest.raises(ValueError, match=re.escape(reason)):
+        advisor.plan(cfg, "1xA100", loss="fused", trace=False)

@@ -69,3 +69,4 @@ def test_pinned_kernel_on_a_refused_model_is_one_line_and_exit_2(capsys):
         lines = err.strip().splitlines()
         assert code == 2 and not out
         assert len(lines) == 1 and reason in lines[0] and lines[0].endswith("use --loss hf")
+

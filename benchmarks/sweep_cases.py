@@ -201,10 +201,6 @@ def known_gap(case: dict) -> str | None:
         return ("gemma2 at width 64 under DDP: with checkpointing the bottom block's backward holds every block "
                 "above's gradients, which the top-block moment does not count (-5.8%, s256); with the fused loss "
                 "the end of forward counts autocast's weight copies (6.4 MB) the simulated step has freed (+5.8%)")
-    if job["loss"] != "hf" and family in ("gpt_neox", "phi", "falcon", "gpt2", "gemma2", "cohere", "granite"):
-        return ("--loss chunked/fused on a model wrappers.losses refuses (no .model, no .lm_head or a biased one; "
-                "or logits transformed before the loss: Gemma 2's soft-capping, Cohere's and Granite's scaling): "
-                "advisor plan plans it, wrap() and the simulator cannot run it")
     if family == "mixtral" and (job["precision"] in ("fp32", "fp16-mixed") or
                                 (job["strategy"] == "ddp" and job["precision"] != "bf16")):
         return ("the simulator, not the estimate: Mixtral's experts run torch._grouped_mm, whose fake-tensor meta "

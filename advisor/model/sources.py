@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from advisor.model.architectures import count_from_config
+from advisor.frozen import validated_copy
 from advisor.model.config_keys import check_config
+from advisor.model.loss_kernels import loss_kernel_refusal
 from advisor.model.releases import installed_behaviours
 from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
 from advisor.model.spec_cache import cached_spec
@@ -126,8 +128,16 @@ def spec_from_config(
     cached in ``cache_dir`` when given, ``advisor.model.spec_cache``; never for the model's own code)."""
     check_config(cfg, name=name)
     spec = count_from_config(cfg, name=name, source=source, behaviours=installed_behaviours())
-    if spec is not None:
-        return spec
+    if spec is None:
+        spec = _counted_on_meta(cfg, name=name, source=source, trust_remote_code=trust_remote_code,
+                                local_dir=local_dir, cache_dir=cache_dir)
+    refusal = loss_kernel_refusal(cfg)
+    return spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
+
+
+def _counted_on_meta(cfg: dict, *, name: str, source: Source, trust_remote_code: bool, local_dir: str | None,
+                     cache_dir: Path | None) -> ModelSpec:
+    """Counts of a family no formula covers, from the model built on the meta device (cached)."""
 
     def count() -> ModelSpec:
         from advisor.model.meta import build_meta_model, spec_from_module
@@ -184,7 +194,10 @@ def resolve(
         if hasattr(model, "parameters") and hasattr(model, "named_modules"):
             from advisor.model.meta import spec_from_module
 
-            return Resolved(spec_from_module(model), None)
+            spec = spec_from_module(model)
+            config = getattr(model, "config", None)
+            refusal = loss_kernel_refusal(config.to_dict()) if hasattr(config, "to_dict") else None
+            return Resolved(spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal}), None)
         raise ValueError(f"cannot describe a model from {type(model).__name__}")
     name = model.strip()
     if not name:

@@ -81,6 +81,10 @@ class ModelSpec(BaseModel):
                                description="Attention scores soft-capped, cap * tanh(scores / cap) (Gemma 2).")
     logit_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
                                 description="Output logits soft-capped, cap * tanh(logits / cap) (Gemma 2).")
+    loss_kernel_refusal: str | None = Field(default=None, exclude_if=lambda why: why is None,
+                                            description="Why wrappers.losses cannot run --loss chunked|fused on "
+                                                        "this causal LM, as it words it (advisor.model.loss_kernels); "
+                                                        "None: it can, or not known.")
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
                                            "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")

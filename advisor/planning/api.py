@@ -261,6 +261,9 @@ def plan(
     live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
         model.config.to_dict()  # a live model's own config: its label count
     spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
+    if training.loss != "hf" and spec.head is None and spec.loss_kernel_refusal:
+        raise ValueError(f"--loss {training.loss}: wrappers.losses' kernel {spec.loss_kernel_refusal}; "
+                         "use --loss hf")
     live = live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
     counted = live is not None
     quantized = live_quantization(model)

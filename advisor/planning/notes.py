@@ -40,8 +40,9 @@ def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, mic
 
 def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                 recommendation: Recommendation | None) -> list[r.LossPeak | r.LossWouldFit]:
-    """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB."""
-    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates:
+    """When the hf loss's logits decide the fit: what each other loss kernel would save, in GiB (none
+    when wrappers.losses cannot run the kernels on this model: ``spec.loss_kernel_refusal``)."""
+    if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates or spec.loss_kernel_refusal:
         return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
     if recommendation is None:
         for kernel in ("chunked", "fused"):

@@ -146,7 +146,7 @@ def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate
 def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str) -> list[_Change]:
     memory_bound = reason != "low MFU"
     keep = [*optimizer_impl_changes(training)]
-    if training.loss == "hf" and shape_of(spec).vocab_size:
+    if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
         keep += [_Change(name=f"--loss {kernel}", keeps_math=True, update={"loss": kernel})
                  for kernel in ("chunked", "fused")]
     if training.activation_checkpointing in ("on", "off"):

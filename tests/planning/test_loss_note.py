@@ -46,3 +46,27 @@ def test_no_data_parallel_candidates_no_loss_note():
     plan = advisor.plan("meta-llama/Llama-2-70b-hf", "2x8xH100", seq_len=2048, micro_batch_size=8,
                         global_batch_size=64)
     assert plan.recommendation is None and not any(line.startswith("nothing fits with the hf loss") for line in plan.why)
+
+
+def test_no_kernel_offered_where_wrappers_losses_cannot_run_it():
+    # Gemma 2 soft-caps its logits (final_logit_softcapping 30.0), which the kernels do not repeat: at 8k
+    # tokens on one 24 GB card nothing fits with the hf loss, and the plan used to offer --loss chunked
+    # (zero3_offload at 21.7 GiB) and --loss fused as remedies; it offers neither now.
+    plan = advisor.plan("google/gemma-2-2b", "1xRTX4090", seq_len=8192)
+    assert plan.recommendation is None
+    assert not any("--loss" in str(line) for line in plan.why)  # nothing fits: the remedies are why lines
+    # the same shape of problem on a model the kernels run on still names them (Qwen2.5-0.5B, 64k tokens)
+    qwen = advisor.plan("Qwen/Qwen2.5-0.5B", "1xRTX4090", seq_len=65536)
+    assert any("--loss fused" in str(line) for line in qwen.why)
+
+
+def test_pinned_kernel_on_a_refused_model_is_one_line_and_exit_2(capsys):
+    from tests.cli._main import run_main
+
+    for model, reason in (("openai-community/gpt2", "GPT2LMHeadModel has none"),
+                          ("google/gemma-2-9b", "(final_logit_softcapping=30.0)")):
+        code, out, err = run_main(["plan", "--model", model, "--gpus", "2xA100", "--loss", "chunked"], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and not out
+        assert len(lines) == 1 and reason in lines[0] and lines[0].endswith("use --loss hf")
+

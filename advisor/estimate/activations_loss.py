@@ -30,10 +30,19 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     their fp32 copy die with the chunk, only the fp32 log-softmax of every chunk is kept; backward
     adds one chunk's two fp32 gradients and its low-precision one. fused
     (``wrappers.losses.fused_linear_cross_entropy``, Liger's algorithm): one chunk's logits at a time
-    (fp32, softmax in place, its low-precision copy; under autocast also a low-precision copy of the
-    fp32 head) while the forward computes the input gradient (residual dtype) and the head's
-    gradient (an fp32 accumulator, then the head's dtype), which are kept for backward; backward
-    makes a scaled copy of each.
+    (fp32, softmax in place; under autocast also a low-precision copy of the fp32 head) while the forward
+    computes the input gradient (residual dtype) and the head's gradient (an fp32 accumulator, then the
+    head's dtype), which are kept for backward; backward makes a scaled copy of each. Beside one chunk's
+    fp32 logits the loop holds a second chunk-sized tensor at two points: in low precision the logits'
+    own low-precision copy (the matmul's output before ``.float()``, the softmax's ``.to(compute)``
+    before its product with the head); in fp32 neither is a copy, but ``torch.logsumexp`` (one aten op,
+    ``CompositeExplicitAutograd``: aten/src/ATen/native/ReduceOps.cpp ``logsumexp_out_impl``, the same
+    code on CUDA) allocates ``self - maxes``, as large as the chunk (measured on real CPU tensors,
+    tests/estimate/test_loss_fused.py). The simulator's dispatch mode sees only the op's output, so its
+    step shows one chunk's fp32 logits less in fp32 (issue 20: +5-7% on 128-wide fp32 models); a GPU holds
+    it, in low precision too, where it is 4 - compute bytes a logit over what is counted here (not counted:
+    the simulator, the reference, cannot check it). And one chunk's rows of the product with the head
+    (compute dtype), with, under autocast over an fp32 residual, the chunk's low-precision input.
 
     chunked, when the head trains (not under LoRA): its weight is used once per chunk, so backward
     sums one head-sized gradient per chunk (compute dtype: the autocast cast of the weight is cached,
@@ -51,7 +60,10 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     if kernel == "fused":
         head = vocab * hidden
         grad_input = tokens * hidden * dt.residual
-        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute)
+        # The chunk's fp32 logits and a second chunk-sized tensor (a low-precision copy, or in fp32 logsumexp's
+        # ``self - maxes``), the chunk's rows of grad @ w and, cast from a wider residual, its input.
+        rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute * (2 if dt.residual != dt.compute else 1)
+        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute) + rows
         if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
             in_loop += head * dt.compute
         # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).

@@ -151,7 +151,8 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
     else:
         uncast_all, uncast_one = routed_expert_params(spec)  # grouped_mm: no autocast cast of the experts
         forward_end, at_loss, in_backward = _autocast_weight_casts(
-            spec, layer * n_layers - spec.dense_layer_saving - uncast_all, layer - uncast_one, checkpointing)
+            spec, layer * n_layers - spec.dense_layer_saving - uncast_all, layer - uncast_one, checkpointing,
+            head_cast=training.loss != "fused")
     if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
         forward_end = at_loss
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
@@ -304,15 +305,19 @@ def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple
     return pb * embedding * vocab_grads, pb * (spec.trainable_params - embedding)
 
 
-def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool) -> tuple[int, int, int]:
+def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointing: bool, *,
+                           head_cast: bool = True) -> tuple[int, int, int]:
     """Bytes of the bf16 weight copies autocast makes, at the end of forward, in the loss backward and
     in a block's backward. Autocast caches the copy of a weight that requires grad until the autocast
     region ends (aten/src/ATen/autocast_mode.cpp cached_cast: leaf tensors that require grad), which
     is after the loss; a frozen weight's copy is made anew at each use. Either lives on only where
     autograd saved it for the input gradient: everywhere without checkpointing; under checkpointing
     only at the head (blocks save their input alone and recompute one block at a time).
-    Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results)."""
-    head = _head_params(spec)
+    Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results).
+    ``head_cast`` False: the fused loss (``wrappers.losses.fused_linear_cross_entropy``) reads the head's
+    weight with autocast off and casts it itself, a copy freed with its forward
+    (``activations_loss.loss_bytes`` counts it) and saved for nothing, so autocast holds no copy of the head."""
+    head = _head_params(spec) if head_cast else 0
     full = spec.trainable_params >= spec.total_params
     cached = blocks + head if full else min(spec.trainable_params, blocks)
     saved_blocks = layer if checkpointing else blocks

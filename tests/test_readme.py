@@ -13,7 +13,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()

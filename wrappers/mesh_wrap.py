@@ -15,7 +15,6 @@ the device (the safetensors path still reads tensor by tensor).
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 
 from advisor.mesh import ParallelDims

@@ -80,7 +80,7 @@ from advisor.estimate.traced import activations_from_profile, find_profile, prof
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import MESH_STRATEGIES, ParallelDims
+from advisor.mesh import ParallelDims
 from advisor.model.bundled import load_tensor_parallel
 from advisor.model.selective import block_products, selective_kept
 from advisor.model.spec import ModelSpec

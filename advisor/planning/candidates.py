@@ -21,7 +21,7 @@ from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.estimate.strategy_buffers import runs_plain
 from advisor.mesh import ParallelDims
 from advisor.planning.reasons import ReasonModel
-from advisor.strategies import STRATEGIES, Implementation, StrategyName
+from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
 

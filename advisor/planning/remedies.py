@@ -15,9 +15,9 @@ none of those fits; the sequence search and the GPU-count search are bisections 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy

@@ -13,7 +13,7 @@ from advisor.estimate.model_parallel import (estimate_mesh_memory, kept_widths_o
 from advisor.estimate.traced import _tied_head_bend
 from advisor.hardware.cluster import parse_gpus
 from advisor.mesh import ParallelDims
-from advisor.model.block_profile import BlockProfile, ProfileKey
+from advisor.model.block_profile import ProfileKey
 from advisor.model.bundled import load_bundled_config
 from advisor.model.sources import spec_from_config
 from advisor.model.spec import ModelSpec

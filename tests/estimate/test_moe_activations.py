@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from advisor.estimate.activations import Dtypes, estimate_activations, shape_of
 from advisor.estimate.memory import estimate_memory

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 
 import pytest
@@ -10,7 +9,6 @@ from export_plans import PLANS, make_plan
 
 from advisor.export import FORMATS, ExportOptions, export_text, get_format, resolve_target
 from advisor.export.deepspeed import build_deepspeed
-from advisor.export.lightning import build_lightning
 from advisor.export.torchrun import build_torchrun
 from advisor.export.trainer import build_trainer_args
 from advisor.export.write import write_export

@@ -4,7 +4,6 @@ smallest GPU count that really fits."""
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
 from advisor.cli.main import main
 from advisor.planning.api import plan

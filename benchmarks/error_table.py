@@ -99,7 +99,9 @@ def spread(by_source: dict[str, list[float]]) -> tuple[float, float]:
     return _outward(low - below, high + above)
 
 
-def _truth_rows() -> list[Comparison]:
+def truth_estimates() -> list[tuple[str, dict, object]]:
+    """(label, csv row, estimated MemoryBreakdown) for every run of ``gpu_truth.csv`` then
+    ``gpu_truth_variants.csv``, planned with the torch recipe at the run's settings."""
     import accuracy
     import accuracy_variants
     from advisor.estimate.memory import estimate_memory
@@ -122,12 +124,22 @@ def _truth_rows() -> list[Comparison]:
                                       checkpointing=bool(ckpt))
                 label = f"{r['model']} {r['strategy']} x{r['world']} mb{r['micro_batch']} s{r['seq_len']}" + (
                     f" lora{rank}" if rank else "") + (f" {r['loss']}" if r.get("loss", "hf") != "hf" else "")
-                common = dict(source="h100-truth", case=label, recipe="torch", tuning="lora" if rank else "full",
-                              family=spec.model_type or "unknown")
-                out.append(Comparison(measured="allocated", ratio=int(r["gpu_max_allocated_bytes"]) / mem.peak_allocated - 1,
-                                      **common))
-                out.append(Comparison(measured="reserved", ratio=int(r["gpu_max_reserved_bytes"]) / mem.reserved - 1,
-                                      **common))
+                out.append((label, r, mem))
+    return out
+
+
+def _truth_rows() -> list[Comparison]:
+    import accuracy
+
+    out = []
+    for label, r, mem in truth_estimates():
+        rank = r.get("lora_rank") not in (None, "", "-")
+        common = dict(source="h100-truth", case=label, recipe="torch", tuning="lora" if rank else "full",
+                      family=accuracy.spec_for(accuracy.MODELS[r["model"]]).model_type or "unknown")
+        out.append(Comparison(measured="allocated", ratio=int(r["gpu_max_allocated_bytes"]) / mem.peak_allocated - 1,
+                              **common))
+        out.append(Comparison(measured="reserved", ratio=int(r["gpu_max_reserved_bytes"]) / mem.reserved - 1,
+                              **common))
     return out
 
 

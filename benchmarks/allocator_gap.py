@@ -124,6 +124,12 @@ def summary(errs: list[float]) -> str:
     return f"{statistics.median(absolute):.1f}% / {max(absolute):.1f}%"
 
 
+def _vocab(model: str) -> int:
+    import accuracy
+
+    return accuracy.spec_for(accuracy.MODELS[model]).vocab_size or 0
+
+
 def truth_runs() -> list[Run]:
     """Our H100 runs (gpu_truth.csv then gpu_truth_variants.csv), in file order."""
     import error_table
@@ -133,18 +139,12 @@ def truth_runs() -> list[Run]:
         ckpt = r["checkpointing"] == "True"
         tokens = int(r["micro_batch"]) * int(r["seq_len"])
         # A chunked or fused loss never holds the whole logits: no logit-sized block.
-        vocab = mem_vocab(r["model"]) if (r.get("loss") or "hf") == "hf" else 0
+        vocab = _vocab(r["model"]) if (r.get("loss") or "hf") == "hf" else 0
         out.append(Run(label + (" ckpt" if ckpt else " selective" if r["checkpointing"] == "selective" else ""),
                        mem.peak_allocated / GIB, (mem.params + mem.grads + mem.optimizer) / GIB, ckpt,
                        2 * tokens * vocab / GIB, int(r["gpu_max_allocated_bytes"]) / GIB,
                        int(r["gpu_max_reserved_bytes"]) / GIB))
     return out
-
-
-def mem_vocab(model: str) -> int:
-    import accuracy
-
-    return accuracy.spec_for(accuracy.MODELS[model]).vocab_size or 0
 
 
 def published_runs() -> list[tuple[dict, Run, float]]:

@@ -210,7 +210,9 @@ SYSTEMATIC = [
     "fitted gap) and is not explained by the code read: FSDP1 with use_orig_params=False and the LoRA layers in their "
     "own units (no frozen gradient), reentrant checkpointing of each decoder layer, dummy data padded to the context; "
     "runs sized to fill a 24 GB card may leave the caching allocator holding freed blocks near capacity "
-    "(published reserved/allocated 1.24 at context 512 against the 1.104 x + 0.256 GiB fitted on H100).",
+    "(published reserved/allocated 1.24 at context 512 against the 1.104 x + 0.256 GiB fitted on H100). A gap by the "
+    "transient part of the peak, larger under full checkpointing (benchmarks/allocator_gap.py, fitted on our H100 "
+    "runs), brings batch 6 / 10 to -4.3% / -1.4%, but is not the planner's (it fails LLaMA-Factory's rows below).",
     "- PEFT's DeepSpeed ZeRO-3 LoRA on Llama-2 70B: the nvidia-smi screenshot is above `total`; possible "
     "causes, not checked: it shows the whole run (evaluation and the 16-bit save included) and DeepSpeed's "
     "own buffers.",

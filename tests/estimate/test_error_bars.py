@@ -25,15 +25,20 @@ TABLE = ErrorTable(rows=(
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_spread_is_the_lowest_and_highest_ratio_with_zero_inside():
-    """The rule (benchmarks/error_table.py): truth/estimate - 1 of 0.05, -0.02 and 0.30 give -2% .. +30%;
-    ratios all above zero keep zero as the low end (the range holds the estimate itself)."""
+def test_spread_is_the_lowest_and_highest_ratio_pushed_out_by_the_farthest_lone_source():
+    """The rule (benchmarks/error_table.py), worked by hand: ratios 0.05 and -0.02 from source a, 0.30 from b,
+    0.10 from c. Min-max with zero inside: -2% .. +30%. Low end: a's lowest (-0.02) lies 0.02 below the others'
+    lowest with zero (0), b's and c's lie above theirs (-0.02): pushed 0.02, to -4%. High end: b's highest
+    (0.30) lies 0.20 above the others' highest (0.10), a's and c's below theirs (0.30): pushed 0.20, to +50%.
+    One source alone is not pushed (nothing to compare it with); ratios all above zero keep zero as the low
+    end (the range holds the estimate itself)."""
     sys.path.insert(0, str(BENCHMARKS))
     from error_table import spread
 
-    assert spread([0.05, -0.02, 0.30]) == (-0.02, 0.30)
-    assert spread([0.01, 0.02]) == (0.0, 0.02)
-    assert spread([-0.123456]) == (-0.1235, 0.0)
+    assert spread({"a": [0.05, -0.02], "b": [0.30], "c": [0.10]}) == (-0.04, 0.50)
+    assert spread({"a": [0.05, -0.02, 0.30]}) == (-0.02, 0.30)
+    assert spread({"a": [0.01, 0.02]}) == (0.0, 0.02)
+    assert spread({"a": [-0.123456]}) == (-0.1235, 0.0)
 
 
 def test_most_specific_row_with_data_wins():
@@ -60,23 +65,37 @@ def _stored() -> dict:
     return json.loads((PROFILES_DIR / "memory_error.json").read_text())
 
 
-def test_bundled_table_rows_are_the_min_and_max_of_their_comparisons():
-    """Every stored row is the lowest and highest stored comparison of its key (at least 8 of them), and a
+def _pushed(comparisons: list[dict]) -> tuple[float, float]:
+    """Min-max of the ratios (zero inside), each end pushed out by the farthest one source lay beyond the
+    others (zero included), written out with plain loops (not by benchmarks/error_table.py)."""
+    ratios = [c["ratio"] for c in comparisons]
+    low, high = min(0, *ratios), max(0, *ratios)
+    below = above = 0.0
+    sources = {c["source"] for c in comparisons}
+    for source in sources if len(sources) > 1 else ():
+        mine = [c["ratio"] for c in comparisons if c["source"] == source]
+        others = [c["ratio"] for c in comparisons if c["source"] != source]
+        below, above = max(below, min(0, *others) - min(mine)), max(above, max(mine) - max(0, *others))
+    return low - below, high + above
+
+
+def test_bundled_table_rows_are_their_comparisons_pushed_min_and_max():
+    """Every stored row is the pushed min-max of the stored comparisons of its key (at least 8 of them), and a
     default row exists for each measured kind. Rows are rounded outward to 4 decimals, stored ratios to the
-    nearest: they differ by up to 1e-4."""
+    nearest: they differ by up to 2e-4 (two ratios enter a pushed end)."""
     data, table = _stored(), error_table()
     for row in table.rows:
-        ratios = [c["ratio"] for c in data["comparisons"] if c["measured"] == row.measured
-                  and all(c[name] == getattr(row, name) for name in row.level)]
-        assert row.cases == len(ratios) and (row.level == () or len(ratios) >= 8)
-        assert (row.low, row.high) == pytest.approx((min(0, *ratios), max(0, *ratios)), abs=1.01e-4)
-        assert row.low <= min(0, *ratios) and row.high >= max(0, *ratios)
+        members = [c for c in data["comparisons"] if c["measured"] == row.measured
+                   and all(c[name] == getattr(row, name) for name in row.level)]
+        assert row.cases == len(members) and (row.level == () or len(members) >= 8)
+        assert (row.low, row.high) == pytest.approx(_pushed(members), abs=2.01e-4)
+        assert row.low <= min(0, *(c["ratio"] for c in members)) and row.high >= max(0, *(c["ratio"] for c in members))
     assert {row.measured for row in table.rows if row.level == ()} == {"allocated", "reserved"}
 
 
 def _held_out_hits() -> tuple[int, int]:
     """Published reserved comparisons inside the range of a table built without their source, worked here
-    with plain min / max over the stored comparisons (not by benchmarks/range_coverage.py)."""
+    with ``_pushed`` over the stored comparisons (not by benchmarks/range_coverage.py)."""
     comparisons = [c for c in _stored()["comparisons"] if c["measured"] == "reserved"]
     hits = total = 0
     for c in comparisons:
@@ -84,30 +103,32 @@ def _held_out_hits() -> tuple[int, int]:
             continue
         others = [o for o in comparisons if o["source"] != c["source"]]
         for keys in (("recipe", "tuning"), ("tuning",), ()):
-            group = [o["ratio"] for o in others if all(o[k] == c[k] for k in keys)]
+            group = [o for o in others if all(o[k] == c[k] for k in keys)]
             if len(group) >= 8 or keys == ():
                 break
+        low, high = _pushed(group)
         total += 1
-        hits += min(0, *group) <= c["ratio"] <= max(0, *group)
+        hits += low <= c["ratio"] <= high
     return hits, total
 
 
 def test_held_out_coverage_in_the_report_is_the_stored_one():
     """benchmarks/results/published_memory.md states the held-out coverage of the published reserved figures;
-    it is what the stored comparisons give, and at least the 14 of 17 reported (2026-11-26)."""
+    it is what the stored comparisons give, and at least the 16 of 17 reported (2026-11-26; 15 of 17 with plain
+    min-max, which no min-max rule could better: the two misses lie below every other source)."""
     text = (BENCHMARKS / "results" / "published_memory.md").read_text()
     found = re.search(r"published reserved, unspecified and nvidia-smi figures \(expressible\), held out: holds "
                       r"(\d+) of (\d+)", text)
     assert found and tuple(map(int, found.groups())) == _held_out_hits()
     hits, total = _held_out_hits()
-    assert total == 17 and hits >= 14
+    assert total == 17 and hits >= 16
 
 
 def test_margin_high_makes_a_borderline_plan_not_fit():
     """Qwen2.5-7B zero3 on 2 A100s at micro-batch 1: 84,351,284,198 bytes reserved expected (99% of the
     A100's 84,987,740,160; tests/planning/test_plan_cases.py), so with no CUDA context counted it fits on
-    the expected end; the high end (the torch full fine-tune row of profiles/memory_error.json, +30.42%) is
-    about 84,351,284,198 x 1.3042 = 110.0e9 bytes and does not."""
+    the expected end; the high end (the torch full fine-tune row of profiles/memory_error.json, +44.09%) is
+    about 84,351,284,198 x 1.4409 = 121.5e9 bytes and does not."""
     # context_gib=0: keeps the plan borderline (the 1 GiB default pushes even the expected end over).
     options = dict(strategy="zero3", micro_batch_size=1, activation_checkpointing="off", context_gib=0)
     expected = plan("Qwen/Qwen2.5-7B", "2xA100", **options).candidate("zero3")
@@ -133,8 +154,8 @@ def test_cli_margin_and_json_range(capsys):
 def test_table_shows_the_range_beside_the_peak():
     """The peak cell reads ``expected (low-high)`` in GiB. Qwen2.5-7B zero3: 84,351,284,198 B = 78.56 GiB
     reserved + 1 GiB CUDA context and NCCL (--context-gib default) = 79.56 GiB; the torch full fine-tune row
-    of profiles/memory_error.json (-10.29%, +30.42%) scales the reserved part only:
-    low 78.558 x 0.8971 + 1 = 71.47, high 78.558 x 1.3042 + 1 = 103.46."""
+    of profiles/memory_error.json (-20.59%, +44.09%) scales the reserved part only:
+    low 78.558 x 0.7941 + 1 = 63.38, high 78.558 x 1.4409 + 1 = 114.19."""
     from rich.console import Console
 
     from advisor.cli.plan_view import plan_table
@@ -145,15 +166,17 @@ def test_table_shows_the_range_beside_the_peak():
     console = Console(width=250, record=True)
     console.print(plan_table(p))
     cell = f"{r.expected / GIB:.2f} ({r.low / GIB:.1f}-{r.high / GIB:.1f})"
-    assert cell == "79.56 (71.5-103.5)" and cell in console.export_text()
+    assert cell == "79.56 (63.4-114.2)" and cell in console.export_text()
 
 
 def test_qlora_range_is_the_default_while_few_qlora_runs_are_measured():
     """Six QLoRA reserved figures are measured (LLaMA-Factory's, -16.5% to +1.7%), fewer than the 8 a row
-    needs, so a QLoRA plan takes the default reserved row, every reserved comparison (-16.54%, +38.83%);
+    needs, so a QLoRA plan takes the default reserved row, every reserved comparison (-16.54%, +38.83%, pushed
+    out by LLaMA-Factory's 6.25 points below the others' -10.29% and our H100 runs' 11.48 points above the
+    others' +27.35%: -22.79%, +50.31%);
     Llama-2-70B nf4 on 2 RTX 4090s: --margin high leaves room for a smaller micro-batch only."""
     row = error_table().bound(measured="reserved", recipe="torch", tuning="qlora", family="llama")
-    assert row.level == () and (row.low, row.high) == (-0.1654, 0.3883)
+    assert row.level == () and (row.low, row.high) == (-0.2279, 0.5031)
     options = dict(lora=64, quantize="nf4", strategy="zero3_offload")
     cand = plan("meta-llama/Llama-2-70b-hf", "2xRTX4090", **options).candidate("zero3_offload")
     mem, span = cand.memory_bytes, cand.memory_range

@@ -33,6 +33,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   compute dtype in forward, again in backward and again in checkpointing's recompute, a memory-bound
   kernel: bytes (``quantized.dequantization_bytes``) / (HBM bandwidth x efficiency), added to forward
   and backward per micro-batch, whatever its tokens.
+- LoRA adapters: their products' FLOPs are in the count above; the bytes their memory-bound ops move
+  (``adapter_time``: PEFT's dropout, skinny products, scaling and add) / (HBM bandwidth x efficiency) add.
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -50,6 +52,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.quantized import dequantization_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -365,7 +368,8 @@ def estimate_step_time(
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
     deq_fwd, deq_bwd = _dequantization_s(spec, hardware, training, eff, checkpointing=checkpointing)
-    fwd_s, bwd_s = fwd_s + deq_fwd, bwd_s + deq_bwd
+    ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
+    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd, bwd_s + deq_bwd + ad_bwd
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
@@ -385,6 +389,8 @@ def estimate_step_time(
         notes.append(f"4-bit base: bitsandbytes dequantises every block weight in forward, backward"
                      f"{' and the recompute' if checkpointing else ''}: {deq_fwd + deq_bwd:.3f} s a micro-batch at "
                      f"{eff.dequantize.hbm_efficiency:.0%} of {hardware.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
+    if ad_fwd:
+        notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
-from advisor.estimate.quantized import dequantization_s, stored_param_bytes
+from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import LoraConfig
@@ -314,19 +314,6 @@ def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     return stepped * cost.bytes_per_param[training.optimizer] / (hw.gpu.hbm_bandwidth_gbps * GB * cost.hbm_efficiency)
 
 
-def _dequantization_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
-                      checkpointing: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of a 4-bit base's dequantisations per micro-batch
-    (``quantized.dequantization_s``), on the compute stream: they add to compute."""
-    if training.quantize is None:
-        return 0.0, 0.0
-    kept = selective_kept(spec, training.lora) if checkpointing and training.activation_checkpointing == "selective" \
-        else None
-    bandwidth = hw.gpu.hbm_bandwidth_gbps * GB * eff.dequantize.hbm_efficiency
-    return dequantization_s(spec, training, bandwidth_bytes_s=bandwidth, checkpointing=checkpointing,
-                            kept_linears=tuple(kept.linears) if kept is not None else ())
-
-
 def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
                           micro_batch_size: int) -> Traffic:
     """nn.DataParallel: replicate from GPU0, gather logits to GPU0, reduce gradients to GPU0."""
@@ -367,7 +354,7 @@ def estimate_step_time(
         util *= eff.dataparallel.compute_penalty
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
-    deq_fwd, deq_bwd = _dequantization_s(spec, hardware, training, eff, checkpointing=checkpointing)
+    deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
     fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd, bwd_s + deq_bwd + ad_bwd
     overlap = eff.communication.overlap_fraction
@@ -386,9 +373,7 @@ def estimate_step_time(
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note,) if n]
     if deq_fwd:
-        notes.append(f"4-bit base: bitsandbytes dequantises every block weight in forward, backward"
-                     f"{' and the recompute' if checkpointing else ''}: {deq_fwd + deq_bwd:.3f} s a micro-batch at "
-                     f"{eff.dequantize.hbm_efficiency:.0%} of {hardware.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
+        notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields

@@ -10,7 +10,8 @@ every adapted linear ``in -> out`` of rank r, ``result = result + lora_B(lora_A(
 after the base layer, with ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` first. Each is its own
 eager kernel over the tokens: a skinny product (r FLOPs a byte of ``x`` read, under the ridge point of
 every GPU in the catalogue) or an elementwise op, so each is bound by the bytes it moves, which the
-matmul utilisation never sees. Bytes a token of one adapted linear, c the compute dtype's width:
+matmul utilisation never sees. torchtune's ``LoRALinear.forward`` (``torchtune/modules/peft/lora.py``:
+``out + (alpha / rank) * lora_b(lora_a(dropout(x)))``) runs the same kernels, without the input cast. Bytes a token of one adapted linear, c the compute dtype's width:
 
 forward: lora_A reads x (c x in) and writes r; lora_B reads r and writes out; ``* scaling`` reads and
   writes out; ``result +`` reads two and writes one out: c x (in + 2r + 6 out).

@@ -73,11 +73,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures
 from advisor.model.lora import block_linears
+from advisor.model.selective import selective_kept
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
 from advisor.strategies import Implementation
 
 if TYPE_CHECKING:  # the planner's types; memory.py imports this module lazily
+    from advisor.hardware.cluster import Hardware
+    from advisor.hardware.efficiency import EfficiencyProfile
     from advisor.training import TrainingConfig
 
 BLOCKSIZE_4BIT = 64  # bitsandbytes quantize_4bit default blocksize (Params4bit, Linear4bit)
@@ -213,6 +216,26 @@ def dequantization_s(spec: ModelSpec, training: "TrainingConfig", *, bandwidth_b
     per_pass = spec.num_layers * moved(s for linears in block_linears(spec).values() for s in linears)
     recompute = per_pass - spec.num_layers * moved(kept_linears) if checkpointing else 0
     return per_pass / bandwidth_bytes_s, (per_pass + recompute) / bandwidth_bytes_s
+
+
+def dequantization_step_s(spec: ModelSpec, hw: "Hardware", training: "TrainingConfig", eff: "EfficiencyProfile", *,
+                          checkpointing: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of a 4-bit base's dequantisations per micro-batch for ``step_time``
+    (``dequantization_s`` at the GPU's HBM bandwidth x ``dequantize.hbm_efficiency``), on the compute
+    stream: they add to compute."""
+    if training.quantize is None:
+        return 0.0, 0.0
+    kept = selective_kept(spec, training.lora) if checkpointing and training.activation_checkpointing == "selective" \
+        else None
+    bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.dequantize.hbm_efficiency
+    return dequantization_s(spec, training, bandwidth_bytes_s=bandwidth, checkpointing=checkpointing,
+                            kept_linears=tuple(kept.linears) if kept is not None else ())
+
+
+def dequantization_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile", *, checkpointing: bool) -> str:
+    return (f"4-bit base: bitsandbytes dequantises every block weight in forward, backward"
+            f"{' and the recompute' if checkpointing else ''}: {seconds:.3f} s a micro-batch at "
+            f"{eff.dequantize.hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
 
 
 def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implementation, world: int, states, *,

@@ -33,6 +33,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   compute dtype in forward, again in backward and again in checkpointing's recompute, a memory-bound
   kernel: bytes (``quantized.dequantization_bytes``) / (HBM bandwidth x efficiency), added to forward
   and backward per micro-batch, whatever its tokens.
+- LoRA adapters: their products' FLOPs are in the count above; the bytes their memory-bound ops move
+  (``adapter_time``: PEFT's dropout, skinny products, scaling and add) / (HBM bandwidth x efficiency) add.
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -50,7 +52,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.quantized import dequantization_s, stored_param_bytes
+from advisor.estimate.adapter_time import adapter_note, adapter_s
+from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.lora import LoraConfig
@@ -311,19 +314,6 @@ def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     return stepped * cost.bytes_per_param[training.optimizer] / (hw.gpu.hbm_bandwidth_gbps * GB * cost.hbm_efficiency)
 
 
-def _dequantization_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
-                      checkpointing: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of a 4-bit base's dequantisations per micro-batch
-    (``quantized.dequantization_s``), on the compute stream: they add to compute."""
-    if training.quantize is None:
-        return 0.0, 0.0
-    kept = selective_kept(spec, training.lora) if checkpointing and training.activation_checkpointing == "selective" \
-        else None
-    bandwidth = hw.gpu.hbm_bandwidth_gbps * GB * eff.dequantize.hbm_efficiency
-    return dequantization_s(spec, training, bandwidth_bytes_s=bandwidth, checkpointing=checkpointing,
-                            kept_linears=tuple(kept.linears) if kept is not None else ())
-
-
 def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
                           micro_batch_size: int) -> Traffic:
     """nn.DataParallel: replicate from GPU0, gather logits to GPU0, reduce gradients to GPU0."""
@@ -364,8 +354,9 @@ def estimate_step_time(
         util *= eff.dataparallel.compute_penalty
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
-    deq_fwd, deq_bwd = _dequantization_s(spec, hardware, training, eff, checkpointing=checkpointing)
-    fwd_s, bwd_s = fwd_s + deq_fwd, bwd_s + deq_bwd
+    deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
+    ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
+    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd, bwd_s + deq_bwd + ad_bwd
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
@@ -382,9 +373,9 @@ def estimate_step_time(
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note,) if n]
     if deq_fwd:
-        notes.append(f"4-bit base: bitsandbytes dequantises every block weight in forward, backward"
-                     f"{' and the recompute' if checkpointing else ''}: {deq_fwd + deq_bwd:.3f} s a micro-batch at "
-                     f"{eff.dequantize.hbm_efficiency:.0%} of {hardware.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
+        notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
+    if ad_fwd:
+        notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

@@ -35,13 +35,15 @@ class CalibrationRow(_Frozen):
     dequantize_share: float = Field(default=0.0, ge=0, lt=1, description="Share of the run's time a 4-bit base's "
                                     "dequantisation took, as the step-time model charges it (bytes / bandwidth): "
                                     "the matmuls ran in the rest.")
+    adapter_share: float = Field(default=0.0, ge=0, lt=1, description="Share of the run's time its LoRA adapters' "
+                                 "memory traffic took, as the step-time model charges it (advisor.estimate.adapter_time).")
 
     @property
     def utilisation(self) -> float:
         """What the step-time model's utilisation means for this run: hardware FLOPs over peak, in the
-        time the matmuls had (the dequantisation, charged apart, taken out)."""
+        time the matmuls had (the dequantisation and the adapters' traffic, charged apart, taken out)."""
         published = self.published_hfu if self.published_hfu is not None else self.published_mfu
-        return published / (1 - self.dequantize_share)
+        return published / (1 - self.dequantize_share - self.adapter_share)
 
 
 class GpuUtilisation(_Frozen):
@@ -124,6 +126,13 @@ class DequantizeCost(_Frozen):
     note: str | None = None
 
 
+class LoraAdapterCost(_Frozen):
+    hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth of the adapters' "
+                                  "memory-bound ops (advisor.estimate.adapter_time).")
+    source: str
+    note: str | None = None
+
+
 class DataParallelPenalty(_Frozen):
     compute_penalty: float = Field(gt=0, le=1, description="Utilisation factor for single-process DP.")
     source: str
@@ -136,6 +145,7 @@ class EfficiencyProfile(_Frozen):
     offload: OffloadEfficiency
     optimizer_step: OptimizerStepCost
     dequantize: DequantizeCost
+    lora_adapters: LoraAdapterCost
     dataparallel: DataParallelPenalty
 
 

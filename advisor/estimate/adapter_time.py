@@ -1,0 +1,95 @@
+"""Time of the LoRA adapters' own memory traffic, per micro-batch on one GPU (read by ``step_time``).
+
+What belongs here: the HBM bytes PEFT's adapter ops move beyond their FLOPs, and their seconds. What
+does not: the adapters' FLOPs, which ``step_time.count_flops`` already counts (the adapters are in the
+spec's parameters: 2 x tokens x r x (in + out) a target in forward, input and weight gradients in
+backward, one forward more in the recompute), at the large GEMMs' utilisation.
+
+Why a separate charge: PEFT's ``Linear.forward`` (``peft/tuners/lora/layer.py``, peft 0.21) runs, for
+every adapted linear ``in -> out`` of rank r, ``result = result + lora_B(lora_A(dropout(x))) * scaling``
+after the base layer, with ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` first. Each is its own
+eager kernel over the tokens: a skinny product (r FLOPs a byte of ``x`` read, under the ridge point of
+every GPU in the catalogue) or an elementwise op, so each is bound by the bytes it moves, which the
+matmul utilisation never sees. torchtune's ``LoRALinear.forward`` (``torchtune/modules/peft/lora.py``:
+``out + (alpha / rank) * lora_b(lora_a(dropout(x)))``) runs the same kernels, without the input cast. Bytes a token of one adapted linear, c the compute dtype's width:
+
+forward: lora_A reads x (c x in) and writes r; lora_B reads r and writes out; ``* scaling`` reads and
+  writes out; ``result +`` reads two and writes one out: c x (in + 2r + 6 out).
+  Dropout (p > 0, ``nn.Dropout``: ``native_dropout``) reads and writes the input and writes a 1-byte
+  mask: (2a + 1) x in, a the adapter input's width (4 where it was cast to fp32, else c).
+  Autocast over fp32 adapters (``input_casts``: a bf16 base under bf16-mixed, PEFT's
+  ``autocast_adapter_dtype``): ``x.to(float32)`` reads c and writes 4 a feature, and autocast's cast
+  of lora_A's input back reads 4 and writes c: 2 x (c + 4) x in.
+backward: ``* scaling``'s gradient reads and writes out; lora_B's input and weight gradients each read
+  the gradient of out (and read or write r); lora_A's input gradient writes in, its weight gradient
+  reads the saved input; autograd adds the adapter's input gradient to the base layer's (reads two,
+  writes one in): c x (5 in + 4 out + 4r). The dropout's and the casts' backward move what their
+  forward moved.
+checkpointing: the recompute runs the forward again (also under selective checkpointing, which keeps
+  some adapter products but recomputes the elementwise ops: a slight over-charge there).
+
+Time = bytes / (HBM bandwidth x ``lora_adapters.hbm_efficiency``, profiles/efficiency.json: a copy
+kernel's measured share of the datasheet bandwidth, so the time is a lower bound). Not charged: the
+adapters' weight casts and gradient accumulation (parameter-sized, not token-sized), DoRA's own
+products (charged as LoRA's), a Llava tower's adapters, kernel launch gaps (no published per-launch
+figure; they hide behind kernels this long).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.model.lora import LoraConfig, block_linears, target_names
+from advisor.model.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from advisor.hardware.cluster import Hardware
+    from advisor.hardware.efficiency import EfficiencyProfile
+    from advisor.strategies import Implementation
+    from advisor.training import TrainingConfig
+
+FP32 = 4
+MASK_BYTES = 1  # native_dropout's bool mask
+
+
+def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_bytes: int, input_casts: bool,
+                            dropout: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes a token of one adapted ``fan_in -> fan_out`` linear (module docstring)."""
+    c = compute_bytes
+    forward = c * (fan_in + 2 * rank + 6 * fan_out)
+    backward = c * (5 * fan_in + 4 * fan_out + 4 * rank)
+    adapter_input = FP32 if input_casts else c
+    extra = (2 * adapter_input + MASK_BYTES) * fan_in if dropout else 0
+    if input_casts:
+        extra += 2 * (c + FP32) * fan_in
+    return forward + extra, backward + extra
+
+
+def adapter_bytes(spec: ModelSpec, lora: LoraConfig, *, tokens: int, compute_bytes: int,
+                  input_casts: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes of one micro-batch of ``tokens`` tokens through every block's adapters."""
+    linears = block_linears(spec)
+    per_token = [adapter_bytes_per_token(fan_in, fan_out, lora.rank, compute_bytes=compute_bytes,
+                                         input_casts=input_casts, dropout=lora.dropout > 0)
+                 for name in target_names(spec, lora) for fan_in, fan_out in linears[name]]
+    blocks = (spec.num_layers or 0) * tokens
+    return blocks * sum(f for f, _ in per_token), blocks * sum(b for _, b in per_token)
+
+
+def adapter_s(spec: ModelSpec, hw: "Hardware", training: "TrainingConfig", impl: "Implementation",
+              eff: "EfficiencyProfile", *, tokens: int, checkpointing: bool) -> tuple[float, float]:
+    """(forward, backward + recompute) seconds of one micro-batch's adapter traffic; (0, 0) without LoRA."""
+    if training.lora is None or not spec.num_layers:
+        return 0.0, 0.0
+    from advisor.estimate.memory import recipe_dtypes  # memory.py is heavy; only LoRA plans need it here
+
+    dt = recipe_dtypes(training, impl)
+    forward, backward = adapter_bytes(spec, training.lora, tokens=tokens, compute_bytes=dt.compute,
+                                      input_casts=dt.input_casts)
+    bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.lora_adapters.hbm_efficiency
+    return forward / bandwidth, (backward + (forward if checkpointing else 0)) / bandwidth
+
+
+def adapter_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile") -> str:
+    return (f"LoRA adapters: their skinny products and elementwise ops are memory-bound, {seconds:.3f} s a "
+            f"micro-batch at {eff.lora_adapters.hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s")

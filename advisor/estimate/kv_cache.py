@@ -34,8 +34,9 @@ unless checkpointing holds it:
   forward to the bottom block's backward: each layer's K/V at the loss, and in the blocks' backward the
   recomputation appends the layer's keys and values a second time (a 2s-long tensor per recomputed
   layer; SDPA's ``is_causal`` path slices the first s, so the step runs and its gradients are right). The
-  2s tensor's ``grad_fn`` keeps the recomputed key/value path alive too: the block input's fp32 copy, the attention norm's saved
-  tensors and ``rsqrt``, and under autocast the k and v projections' bf16 input and weight casts.
+  2s tensor's ``grad_fn`` keeps the recomputed key/value path alive too: the block input's fp32 copy, the
+  attention norm's saved tensors and ``rsqrt``, and under autocast the k and v projections' bf16 input and
+  weight casts.
 
 Measured on the simulated step (``advisor.simulate``, tests/estimate/test_kv_cache.py): a 256-wide GQA Llama
 (8 heads, 2 KV heads), micro-batch 2, s 1024, bf16-mixed, checkpointing on: +10,559,488 bytes at 2 layers

@@ -305,7 +305,7 @@ def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *
         raise ValueError(why)
     return estimate_kv_cache(shape, recipe_dtypes(training, impl), micro_batch_size=micro_batch_size,
                              seq_len=training.seq_len + image_tokens(spec, training), checkpointing=checkpointing,
-                             eager=eager)
+                             eager=eager, values_own_dtype=spec.kv_cache_values_own_dtype is not None)
 
 
 def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads: int,

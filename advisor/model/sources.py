@@ -127,12 +127,21 @@ def spec_from_config(
     """Exact counts from a config dict: the formula when one applies, else the meta device (its counts
     cached in ``cache_dir`` when given, ``advisor.model.spec_cache``; never for the model's own code)."""
     check_config(cfg, name=name)
-    spec = count_from_config(cfg, name=name, source=source, behaviours=installed_behaviours())
+    behaviours = installed_behaviours()
+    spec = count_from_config(cfg, name=name, source=source, behaviours=behaviours)
     if spec is None:
         spec = _counted_on_meta(cfg, name=name, source=source, trust_remote_code=trust_remote_code,
                                 local_dir=local_dir, cache_dir=cache_dir)
     refusal = loss_kernel_refusal(cfg)
-    return spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
+    spec = spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
+    return with_cache_release(spec, behaviours)
+
+
+def with_cache_release(spec: ModelSpec, behaviours: dict[str, str]) -> ModelSpec:
+    """The spec with the KV-cache behaviour of the release in force, where it is not the older one
+    (``kv_cache_values_keep_their_dtype``: read by ``advisor.estimate.kv_cache`` for --use-cache)."""
+    release = behaviours.get("kv_cache_values_keep_their_dtype")
+    return spec if release is None else validated_copy(spec, {"kv_cache_values_own_dtype": release})
 
 
 def _counted_on_meta(cfg: dict, *, name: str, source: Source, trust_remote_code: bool, local_dir: str | None,
@@ -197,7 +206,8 @@ def resolve(
             spec = spec_from_module(model)
             config = getattr(model, "config", None)
             refusal = loss_kernel_refusal(config.to_dict()) if hasattr(config, "to_dict") else None
-            return Resolved(spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal}), None)
+            spec = spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
+            return Resolved(with_cache_release(spec, installed_behaviours()), None)
         raise ValueError(f"cannot describe a model from {type(model).__name__}")
     name = model.strip()
     if not name:
@@ -233,4 +243,4 @@ def resolve_model(
 
 def resolve_size(text: str) -> ModelSpec:
     """``--params 7.5B``: size only."""
-    return spec_from_size(parse_count(text, what="--params"))
+    return with_cache_release(spec_from_size(parse_count(text, what="--params")), installed_behaviours())

@@ -85,6 +85,13 @@ class ModelSpec(BaseModel):
                                             description="Why wrappers.losses cannot run --loss chunked|fused on "
                                                         "this causal LM, as it words it (advisor.model.loss_kernels); "
                                                         "None: it can, or not known.")
+    kv_cache_values_own_dtype: str | None = Field(default=None, exclude_if=lambda release: release is None,
+                                                  description="The release ('transformers 5.24.0') whose KV cache "
+                                                              "keeps the values in their own dtype (bf16 under "
+                                                              "autocast) where older ones cast them to the keys' "
+                                                              "fp32 (profiles/library_releases.json, "
+                                                              "kv_cache_values_keep_their_dtype); None: the older "
+                                                              "behaviour.")
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
                                            "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")

@@ -134,14 +134,18 @@ def recipe_note(training: TrainingConfig) -> str | None:
             "(sources: profiles/recipes.json)")
 
 
-def kv_cache_note(use_cache: bool) -> str:
-    """The KV-cache assumption (advisor.estimate.kv_cache)."""
+def kv_cache_note(use_cache: bool, release: str | None = None) -> str:
+    """The KV-cache assumption (advisor.estimate.kv_cache); ``release``: the installed release whose cache keeps
+    the values in their own dtype (``ModelSpec.kv_cache_values_own_dtype``), None for the older behaviour."""
     if use_cache:
+        values = (f"; {release} (installed): the cache keeps the values in their own dtype (under autocast bf16, the "
+                  "tensor SDPA saves) and only the keys as an fp32 copy (profiles/library_releases.json)" if release
+                  else "")
         return ("KV cache kept in training (--use-cache: config.use_cache left on, blocks checkpointed by torch's "
                 "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing do): each layer's keys and "
                 "values live from the forward to the bottom block's backward and the recomputation appends them "
                 "again, counted at each moment of the data-parallel plans (not yet in mesh or pipeline plans); "
-                "model.config.use_cache = False frees it")
+                f"model.config.use_cache = False frees it{values}")
     return ("KV cache off in training: HF Trainer sets config.use_cache = TrainingArguments.use_cache (False), "
             "gradient_checkpointing_enable() and wrap() turn it off; without checkpointing an SDPA cache holds "
             "the tensors autograd saves and is dropped with the output")
@@ -164,7 +168,7 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training, hw.world_size))
     if "use_cache" in training.model_fields_set or training.recipe.kv_cache:  # default plans read as before
-        notes.append(kv_cache_note(training.keeps_kv_cache))
+        notes.append(kv_cache_note(training.keeps_kv_cache, spec.kv_cache_values_own_dtype))
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

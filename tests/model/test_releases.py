@@ -27,3 +27,11 @@ def test_llava_tower_behaviour_from_5_24(version, keeps):
 def test_every_row_names_its_source():
     assert all(row.source and row.what for row in load_release_behaviours())
     assert behaviours_in_force({}) == {}
+
+
+@pytest.mark.parametrize("version,keeps", [("5.23.0", False), ("5.24.0", True), ("5.24.0rc1", True),
+                                           ("5.25.0.dev0", True)])
+def test_kv_cache_values_dtype_from_5_24(version, keeps):
+    """transformers 5.24.0 is the first release whose DynamicCache keeps the values in their own dtype."""
+    found = behaviours_in_force({"transformers": version})
+    assert found.get("kv_cache_values_keep_their_dtype") == (f"transformers {version}" if keeps else None)

@@ -153,7 +153,7 @@ KINDS: tuple[BlockKind, ...] = (
               tower_linears=clip_tower_linears, tower_layers=lambda spec: spec.vision.num_layers,
               projector_linears=llava_projector_linears),
     BlockKind("jamba", "decoder", _jamba, "advisor.model.hybrid", "advisor.estimate.activations_hybrid",
-              facts={"hybrid": (HybridFacts,)}),
+              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}),
     BlockKind("moe", "decoder", _moe, "advisor.model.moe", "advisor.estimate.activations_moe",
               facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}),
     BlockKind("gpt2", "gpt2", lambda spec: _plain(spec, "gpt2"), "advisor.model.architectures", _BLOCKS),

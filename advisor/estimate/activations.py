@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.estimate.activation_kinds import SIZE_ONLY_NOTE, activation_kind, row_of  # noqa: F401 (re-exported)
+from advisor.estimate.activation_kinds import activation_kind, row_of
 from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
     eager_remaining_per_token, frozen_decoder_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
@@ -149,7 +149,7 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     labels (``outside_per_token``, less the token ids and the RoPE tables the blocks still read) were
     freed by their backward; under checkpointing a block's fp32 input is the tensor the checkpoint kept
     (counted once, in ``saved_bytes``), which the recomputed norm reads instead of a copy of its own."""
-    if shape.family != "decoder" or not row_of(shape).eager_softmax(shape):
+    if not row_of(shape).eager_softmax(shape):
         return None
     remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
     if checkpointing and dt.residual == FP32:

@@ -80,6 +80,7 @@ class BlockKind:
     tower_linears: Callable[[ModelSpec], Linears] | None = None  # LoRA: one tower layer's linears PEFT can match
     tower_layers: Callable[[ModelSpec], int] | None = None  # how many such layers
     projector_linears: Callable[[ModelSpec], Linears] | None = None  # all-linear's extra linears beside the tower
+    pipelines: bool = True  # its stack's pipeline stages and expert-parallel groups are modelled (not Jamba's)
 
 
 def _mamba(spec: ModelSpec) -> bool:
@@ -153,7 +154,7 @@ KINDS: tuple[BlockKind, ...] = (
               tower_linears=clip_tower_linears, tower_layers=lambda spec: spec.vision.num_layers,
               projector_linears=llava_projector_linears),
     BlockKind("jamba", "decoder", _jamba, "advisor.model.hybrid", "advisor.estimate.activations_hybrid",
-              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}),
+              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}, pipelines=False),
     BlockKind("moe", "decoder", _moe, "advisor.model.moe", "advisor.estimate.activations_moe",
               facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}),
     BlockKind("gpt2", "gpt2", lambda spec: _plain(spec, "gpt2"), "advisor.model.architectures", _BLOCKS),

@@ -221,12 +221,13 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
 
 def vision_tower_bytes(spec: ModelSpec, training: TrainingConfig, dtypes: Dtypes, *, micro_batch_size: int) -> int:
     """What the vision tower (and Llava's projector) of one micro-batch leaves saved for backward, with
-    autocast's saved weight copies: 0 without a tower, without images, or with the tower frozen."""
+    autocast's saved weight copies: 0 without a tower, without images, or with the tower frozen. The tower's
+    formula is its block kind's (``advisor.estimate.activation_kinds``: Qwen2-VL's patches, Llava's CLIP)."""
     images, kind = image_tokens(spec, training), activation_kind(spec)
     frozen_tower = training.lora is not None and not tower_adapter_params(spec, training.lora)
     if kind.tower is None or not images or frozen_tower:  # a frozen tower saves nothing
         return 0
-    return kind.tower(spec, dtypes, micro_batch_size=micro_batch_size, images=images)  # advisor.estimate.activation_kinds
+    return kind.tower(spec, dtypes, micro_batch_size=micro_batch_size, images=images)
 
 
 def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:

@@ -23,6 +23,7 @@ from typing import Callable
 
 from pydantic import BaseModel
 
+from advisor.frozen import validated_copy
 from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
 from advisor.model.kinds import EncDecFacts, SsmFacts, VisionFacts
@@ -81,6 +82,26 @@ class BlockKind:
     tower_layers: Callable[[ModelSpec], int] | None = None  # how many such layers
     projector_linears: Callable[[ModelSpec], Linears] | None = None  # all-linear's extra linears beside the tower
     pipelines: bool = True  # its stack's pipeline stages and expert-parallel groups are modelled (not Jamba's)
+    # tensor parallelism over a stack of unequal blocks: (split(params) -> one rank's, one rank's largest block)
+    # -> (the facts as one rank holds them, the rank's dense_layer_saving); None: every block alike
+    split_blocks: Callable[[ModelSpec, Callable[[int], int], int], tuple[dict, int]] | None = None
+
+
+def _split_dense_layers(spec: ModelSpec, split: Callable[[int], int], layer_tp: int) -> tuple[dict, int]:
+    """DeepSeek's dense layers: smaller blocks, split too."""
+    if spec.moe is None or not spec.moe.num_dense_layers:
+        return {}, 0
+    dense_tp = split(spec.moe.dense_layer_params)
+    return {"moe": validated_copy(spec.moe, dict(dense_layer_params=dense_tp))}, spec.moe.num_dense_layers * (
+        layer_tp - dense_tp)
+
+
+def _split_hybrid_blocks(spec: ModelSpec, split: Callable[[int], int], layer_tp: int) -> tuple[dict, int]:
+    """Jamba: every block of the stack, each split (the spec's saving reads these)."""
+    update, _ = _split_dense_layers(spec, split, layer_tp)
+    blocks = tuple(split(b) for b in spec.hybrid.block_params)
+    return {**update, "hybrid": validated_copy(spec.hybrid, dict(block_params=blocks))}, len(blocks) * layer_tp - sum(
+        blocks)
 
 
 def _mamba(spec: ModelSpec) -> bool:
@@ -154,9 +175,9 @@ KINDS: tuple[BlockKind, ...] = (
               tower_linears=clip_tower_linears, tower_layers=lambda spec: spec.vision.num_layers,
               projector_linears=llava_projector_linears),
     BlockKind("jamba", "decoder", _jamba, "advisor.model.hybrid", "advisor.estimate.activations_hybrid",
-              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}, pipelines=False),
+              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}, pipelines=False, split_blocks=_split_hybrid_blocks),
     BlockKind("moe", "decoder", _moe, "advisor.model.moe", "advisor.estimate.activations_moe",
-              facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}),
+              facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}, split_blocks=_split_dense_layers),
     BlockKind("gpt2", "gpt2", lambda spec: _plain(spec, "gpt2"), "advisor.model.architectures", _BLOCKS),
     BlockKind("bert", "bert", lambda spec: _plain(spec, "bert"), "advisor.model.architectures", _BLOCKS),
     BlockKind("gpt_neox", "gpt_neox", lambda spec: _plain(spec, "gpt_neox"), "advisor.model.meta", _BLOCKS),

@@ -5,6 +5,8 @@ the configs by hand), each row names modules that exist, and the two tables have
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +75,16 @@ def test_each_kind_names_modules_that_exist_and_an_activation_row(kind):
 def test_the_two_tables_have_the_same_rows_in_the_same_order():
     assert tuple(ACTIVATION_KINDS) == KIND_NAMES
     assert len(set(KIND_NAMES)) == len(KIND_NAMES) == 14
+
+
+CONVERTED = ("advisor/estimate/activations.py", "advisor/estimate/memory.py", "advisor/estimate/model_parallel.py",
+             "advisor/estimate/traced.py", "advisor/model/lora.py", "advisor/planning/notes.py",
+             "advisor/planning/pipeline_meshes.py")
+
+
+@pytest.mark.parametrize("path", CONVERTED)
+def test_converted_dispatch_sites_read_the_registry_not_the_facts_fields(path):
+    """These modules ask the spec's kind; a test of ``spec.moe`` (``mla``, ``vision``, ``ssm``, ``encdec``,
+    ``hybrid``) there would be a second place a family is dispatched."""
+    source = (Path(__file__).resolve().parents[2] / path).read_text()
+    assert re.findall(r"\bspec\.(?:moe|mla|vision|ssm|encdec|hybrid)\b", source) == []

@@ -82,8 +82,8 @@ class BlockKind:
     tower_layers: Callable[[ModelSpec], int] | None = None  # how many such layers
     projector_linears: Callable[[ModelSpec], Linears] | None = None  # all-linear's extra linears beside the tower
     pipelines: bool = True  # its stack's pipeline stages and expert-parallel groups are modelled (not Jamba's)
-    # tensor parallelism over a stack of unequal blocks: (split(params) -> one rank's, one rank's largest block)
-    # -> (the facts as one rank holds them, the rank's dense_layer_saving); None: every block alike
+    # tensor parallelism over a stack of unequal blocks: (spec, split: a block's parameters -> one TP rank's,
+    # one rank's largest block) -> (the facts fields as one rank holds them, its dense_layer_saving); None: alike
     split_blocks: Callable[[ModelSpec, Callable[[int], int], int], tuple[dict, int]] | None = None
 
 

@@ -6,8 +6,9 @@ applies, or what is assumed and said in ``ActivationShape.note``), the recipe's 
 (``Dtypes``), LoRA adapters (``Adapters``), and ``estimate_activations``, which composes one
 micro-batch from the per-token formulas: per block and family (``activations_blocks.py``; MoE,
 Mamba, Jamba, encoder-decoder and vision pieces in their own ``activations_*.py``), times layers,
-with checkpointing, plus the loss path (``activations_loss.py``). A new family is dispatched in two
-places, both here: ``shape_of`` (its family and note) and ``estimate_activations`` (its formula).
+with checkpointing, plus the loss path (``activations_loss.py``). Which kind a spec is and what each
+kind contributes is one registry (``advisor.model.block_kinds``, ``advisor.estimate.activation_kinds``):
+a new family is its module and its rows there; nothing here tests a family's facts fields.
 
 A language model of another family (Llava's language model) is treated as a Llama-like decoder of
 its own vocabulary, width and depth, and the shape says so (``ActivationShape.note``); a model
@@ -21,22 +22,17 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.estimate import activations_moe as moe_acts
+from advisor.estimate.activation_kinds import activation_kind, row_of
 from advisor.estimate.activations_blocks import (
-    block_input_in_layer_per_token, cuda_math_sdpa_at, decoder_layer_per_token, eager_backward_per_token,
-    eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_decoder_layer_per_token,
-    mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
+    block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
+    eager_remaining_per_token, frozen_decoder_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
     selective_kept_per_token, window_mask_input_per_token,
 )
-from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
-from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
-from advisor.estimate.activations_ssm import SSM_NOTE
-from advisor.estimate.activations_vision import vision_note
 from advisor.frozen import validated_copy
+from advisor.model.block_kinds import activation_family  # noqa: F401 (re-exported: traced.py, planning.api)
 from advisor.model.kinds import EncDecFacts, SsmFacts
-from advisor.model.bundled import load_architectures
 from advisor.model.hybrid import HybridFacts
 from advisor.model.heads import TaskHead
 from advisor.model.moe import MlaFacts, MoeFacts
@@ -59,6 +55,8 @@ class ActivationShape(BaseModel):
     intermediate_size: int = Field(ge=1)
     vocab_size: int = Field(ge=0, description="0: no token embeddings (family 'none').")
     family: str = Field(description="decoder (Llama-like), gpt2, bert, gpt_neox, mamba, encdec (T5, BART), or none (not modelled)")
+    kind: str | None = Field(default=None, description="The block kind shape_of found (advisor.model.block_kinds); "
+                             "None: a shape built by hand, read as its family's kind.")
     num_experts: int | None = None
     num_experts_per_token: int | None = None
     moe: MoeFacts | None = Field(default=None, description="Router kind, shared and dense layers (MoE).")
@@ -134,144 +132,13 @@ class ActivationEstimate(BaseModel):
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
 
 
-_OWN_FORMULA = {"gpt2": "gpt2", "bert": "bert", "gpt_neox": "gpt_neox", "mamba": "mamba"}
-_VISION_LANGUAGE = ("qwen2_5_vl", "qwen2_vl", "llava")
-SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
-
-
-def activation_family(model_type: str | None) -> str | None:
-    """The formula written for ``model_type``: its own, or the decoder one for the Llama-like
-    families whose module tree ``profiles/architectures.json`` maps to the decoder count; else None."""
-    if model_type in _OWN_FORMULA:
-        return _OWN_FORMULA[model_type]
-    info = load_architectures().get(model_type or "")
-    # Qwen-MoE and DeepSeek are Llama-like decoders with an MoE MLP (advisor.estimate.activations_moe).
-    # Qwen2.5-VL's language model is a Qwen2 decoder (its vision tower: VISION_NOTE).
-    return "decoder" if info is not None and info.formula in ("decoder", "qwen_moe", "deepseek", "qwen_vl", "llava", "jamba") else None
-
-
-def _info_qk_norm(model_type: str | None) -> bool:
-    info = load_architectures().get(model_type or "")
-    return info is not None and info.qk_norm
-
-
-def _info_block_extras(model_type: str | None) -> dict:
-    """Gemma 2's four norms a block and its two eager masks, Phi-3's fused projections
-    (``profiles/architectures.json``)."""
-    info = load_architectures().get(model_type or "")
-    if info is None or info.formula != "decoder":
-        return {}
-    return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks,
-                fused_qkv=info.fused_projections)
-
-
-def _size_shape(total_params: int) -> dict:
-    """A Llama-like shape with P ~= 12 L h^2 and L ~= h / 128 (Llama 2 7B: h=4096, L=32)."""
-    hidden = max(256, round((total_params * 128 / 12) ** (1 / 3) / 256) * 256)
-    layers = max(1, round(total_params / (12 * hidden * hidden)))
-    return dict(num_layers=layers, hidden_size=hidden, num_attention_heads=hidden // 128,
-                num_kv_heads=hidden // 128, head_dim=128, intermediate_size=hidden * 8 // 3, vocab_size=32000)
-
-
-def _own_fields(spec: ModelSpec, guess: dict) -> tuple[dict, bool]:
-    """The spec's shape fields, the missing ones filled from ``guess``; attention heads from the
-    width when only the width is known (128 channels a head, at least one). Also: whether any was guessed."""
-    own = {k: getattr(spec, k) for k in guess if getattr(spec, k) is not None}
-    fields = {**guess, **own}
-    h = fields["hidden_size"]
-    if spec.num_attention_heads is None:
-        heads = max(1, h // 128)
-        fields.update(num_attention_heads=heads, num_kv_heads=heads, head_dim=max(1, h // heads))
-    else:
-        fields["num_kv_heads"] = spec.num_kv_heads or spec.num_attention_heads
-        fields["head_dim"] = spec.head_dim or max(1, h // spec.num_attention_heads)
-    if spec.intermediate_size is None:
-        fields["intermediate_size"] = h * 8 // 3
-    return fields, len(own) < len(guess)
-
-
-def _known(spec: ModelSpec) -> str:
-    parts = [f"vocabulary {spec.vocab_size:,}" if spec.vocab_size else None,
-             f"width {spec.hidden_size:,}" if spec.hidden_size else None,
-             f"{spec.num_layers} layers" if spec.num_layers else None]
-    return ", ".join(p for p in parts if p)
-
-
 def shape_of(spec: ModelSpec) -> ActivationShape:
     """The spec's own shape; for a bare size an assumed Llama-like one; for a language model of a
     family with no formula, a Llama-like decoder of its own vocabulary, width and depth; for a
-    model without token embeddings, no activation model (family 'none'). ``note`` says which."""
-    family = activation_family(spec.model_type)
-    what = f"model_type {spec.model_type}" if spec.model_type else (spec.architecture or "this model")
-    if spec.ssm is not None and None not in (spec.num_layers, spec.hidden_size, spec.intermediate_size, spec.vocab_size):
-        return ActivationShape(num_layers=spec.num_layers, hidden_size=spec.hidden_size, num_attention_heads=1,
-                               num_kv_heads=1, head_dim=1, intermediate_size=spec.intermediate_size,
-                               vocab_size=spec.vocab_size, family="mamba", ssm=spec.ssm, note=SSM_NOTE)
-    if spec.has_architecture:
-        heads = spec.num_attention_heads
-        note = None
-        if spec.encdec is not None:  # T5, BART: advisor.estimate.activations_encdec
-            note, family = (BART_NOTE if spec.encdec.kind == "bart" else ENCDEC_NOTE), "encdec"
-        elif family is None and spec.model_type is not None:
-            note = (f"no activation formula for {what}; activations assume a Llama-like decoder of its "
-                    f"language model ({_known(spec)}); parts outside it (a vision tower, if any) add none")
-        elif spec.model_type in _VISION_LANGUAGE:
-            note = vision_note(spec.model_type, spec.vision)
-        elif spec.hybrid is not None:
-            note = JAMBA_NOTE
-        elif spec.num_experts:
-            note = "; ".join(n for n in (moe_acts.MOE_NOTE, moe_acts.MLA_NOTE if spec.mla else None) if n)
-        return ActivationShape(
-            num_layers=spec.num_layers,
-            hidden_size=spec.hidden_size,
-            num_attention_heads=heads,
-            num_kv_heads=spec.num_kv_heads or heads,
-            head_dim=spec.head_dim or spec.hidden_size // heads,
-            intermediate_size=spec.intermediate_size or 4 * spec.hidden_size,
-            vocab_size=spec.vocab_size,
-            family=family or "decoder",
-            num_experts=spec.num_experts,
-            num_experts_per_token=spec.num_experts_per_token,
-            moe=spec.moe,
-            mla=spec.mla,
-            qk_norm=bool(family == "decoder" and _info_qk_norm(spec.model_type)),
-            sliding_window=spec.sliding_window if family == "decoder" else None,
-            attn_softcap=spec.attn_softcap and family == "decoder",
-            logit_softcap=spec.logit_softcap and family == "decoder",
-            one_op_mlp_act=spec.one_op_mlp_act and family == "gpt2",
-            encdec=spec.encdec if family == "encdec" else None,
-            hybrid=spec.hybrid,
-            head=spec.head,
-            note=note,
-            **(_info_block_extras(spec.model_type) if family == "decoder" else {}),
-        )
-    guess = _size_shape(spec.total_params)
-    if spec.source == "params":
-        return ActivationShape(**guess, family="decoder", assumed=True, note=SIZE_ONLY_NOTE)
-    fields, guessed = _own_fields(spec, guess)
-    if spec.vocab_size is None:
-        note = (f"no token embeddings: activations are not modelled for {spec.architecture or what}; "
-                "the estimate counts model states only")
-        return ActivationShape(**{**fields, "vocab_size": 0}, family="none", assumed=guessed, note=note)
-    note = (f"no activation formula for {what}; activations assume a Llama-like decoder with the config's "
-            f"{_known(spec)}, the rest guessed")
-    return ActivationShape(**fields, family="decoder", assumed=True, note=note)
-
-
-def _moe_layers_total(shape: ActivationShape, dt: Dtypes, tokens: int, layer: int, *, seq_len: int,
-                      eager: bool) -> tuple[int, int]:
-    """(all blocks' saved bytes, the largest block's) for an MoE decoder with dense layers and a
-    router weight copy; plain ``num_layers x layer`` otherwise."""
-    if shape.hybrid is not None:  # Jamba: each layer as its kind is (advisor.estimate.activations_hybrid)
-        per_layer = hybrid_layers_per_token(shape, dt, seq_len=seq_len, eager=eager)
-        return tokens * sum(per_layer), tokens * max(per_layer)
-    if shape.moe is None:
-        return shape.num_layers * layer, layer
-    n_dense = shape.moe.num_dense_layers
-    dense = tokens * decoder_layer_per_token(shape, dt, seq_len=seq_len, eager=eager, dense=True) if n_dense else 0
-    copy = moe_acts.router_weight_copy_bytes(dt.residual, hidden=shape.hidden_size,
-                                             experts=shape.num_experts or 0, moe=shape.moe)
-    return (shape.num_layers - n_dense) * (layer + copy) + n_dense * dense, max(layer + copy, dense)
+    model without token embeddings, no activation model (family 'none'). ``note`` says which: all of it
+    read from the spec's block kind (``advisor.estimate.activation_kinds``)."""
+    row = activation_kind(spec)
+    return ActivationShape(**row.shape(spec), kind=row.name, note=row.note(spec))
 
 
 def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adapters | None, *, seq_len: int,
@@ -282,7 +149,7 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     labels (``outside_per_token``, less the token ids and the RoPE tables the blocks still read) were
     freed by their backward; under checkpointing a block's fp32 input is the tensor the checkpoint kept
     (counted once, in ``saved_bytes``), which the recomputed norm reads instead of a copy of its own."""
-    if shape.family != "decoder" or shape.mla is not None or shape.hybrid is not None:
+    if not row_of(shape).eager_softmax(shape):
         return None
     remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
     if checkpointing and dt.residual == FP32:
@@ -294,12 +161,6 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
         remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
                       - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
     return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)
-
-
-# One saved-bytes-per-token formula per family with a block formula (activations_blocks.py); 'encdec'
-# (both stacks, activations_encdec.py) and 'none' (not modelled) are composed apart in estimate_activations.
-_BLOCK_FORMULA = {"decoder": decoder_layer_per_token, "gpt2": encoder_layer_per_token, "bert": encoder_layer_per_token,
-                  "gpt_neox": neox_layer_per_token, "mamba": mamba_layer_per_token}
 
 
 def estimate_activations(
@@ -316,16 +177,13 @@ def estimate_activations(
     trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
     ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
     fine-tune count, an overestimate, and the plan says so)."""
-    if shape.family == "none":  # no token embeddings: not modelled (the shape's note says so)
-        return ActivationEstimate(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0,
-                                  backward_temp_bytes=0, returned_logits_bytes=0)
-    if shape.family == "encdec":  # both stacks (advisor.estimate.activations_encdec); target length default: seq_len
-        return ActivationEstimate(**estimate_encdec_activations(
-            shape, dt, micro_batch_size=micro_batch_size, src_len=seq_len, tgt_len=target_len or seq_len,
-            checkpointing=checkpointing, eager=eager))
+    row = row_of(shape)
+    if row.whole is not None:  # composed apart: the encoder-decoder's two stacks, or no activation model
+        return ActivationEstimate(**row.whole(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len,
+                                              target_len=target_len, checkpointing=checkpointing, eager=eager))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
-    frozen = adapters is not None and shape.family == "decoder" and not shape.num_experts
+    frozen = adapters is not None and row.frozen_base
     # eager attention, or SDPA where CUDA runs its math kernel: scores saved and a softmax backward
     math_attention = eager or cuda_math_sdpa_at(shape, dt, seq_len=seq_len)
     if frozen:
@@ -338,7 +196,7 @@ def estimate_activations(
         to_embedding = tokens * (INT64 + 2 * dt.residual * shape.head_dim)
         frozen = True
     else:
-        layer = tokens * _BLOCK_FORMULA[shape.family](shape, dt, seq_len=seq_len, eager=eager)
+        layer = tokens * row.layer(shape, dt, seq_len=seq_len, eager=eager)
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))
@@ -348,17 +206,17 @@ def estimate_activations(
     attention_backward = _eager_attention_backward(
         shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
         outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
-    layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
+    # all blocks: Jamba's layers each as its kind is, an MoE stack's dense layers and router weight copy
+    layers_total, layer = (shape.num_layers * layer, layer) if row.layers is None else row.layers(
+        shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
         # in backward (``layer_bytes``, added by the memory model at that moment, not here). Under
         # selective checkpointing the recomputation takes the kept tensors back and drops those backward
         # does not read (q, o), except the ones past its early stop (torch.utils.checkpoint
         # ``_StopRecomputationError``: it ends at the last tensor backward reads), which stay kept.
-        if selective and shape.num_experts and shape.mla is None and shape.hybrid is None and not kept_width:
-            kept_width = moe_acts.selective_kept_width(q_out=shape.num_attention_heads * shape.head_dim,
-                                                       kv_out=shape.num_kv_heads * shape.head_dim,
-                                                       experts=shape.num_experts, moe=shape.moe)
+        if selective and row.kept_width is not None and not kept_width:  # an MoE block's
+            kept_width = row.kept_width(shape)
         kept = selective_kept_per_token(shape, dt, kept_width) if selective else 0
         if selective and attention_backward is not None:  # eager runs no attention kernel op to keep (its
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
@@ -403,14 +261,12 @@ def estimate_activations(
     # 64-wide Mistral, fp32, s 1024, LoRA on q and v; a 256-wide Qwen3 over a bf16 base, s 4096, showed the same
     # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
     # GPT-2 with a one-op activation ('gelu') runs GPT-NeoX's fc1 / F.gelu / fc2 sequence: the same one gradient.
-    one_op = shape.family == "gpt_neox" or (shape.family == "gpt2" and shape.one_op_mlp_act)
+    one_op = row.one_op_mlp(shape)
     wide = 1 if one_op else 3 if frozen else 2
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     early = 0
-    if shape.num_experts and shape.hybrid is None:  # an MoE MLP: its experts' and its routing product's backward
-        backward_temp, early = (tokens * t for t in moe_acts.moe_backward_per_token(
-            moe_acts.experts_bytes(dt.compute, dt.residual, input_casts=dt.input_casts), dt.residual, hidden=h, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
-            moe=shape.moe or MoeFacts(router="softmax")))  # Mixtral: softmax, renormalised, fp32 weights
+    if row.backward is not None:  # an MoE MLP: its experts' and its routing product's backward
+        backward_temp, early = row.backward(shape, dt, tokens)
     mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0
     recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input

@@ -57,12 +57,11 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
+from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
-from advisor.estimate.activations_llava import clip_weight_casts
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_not_modelled
 from advisor.estimate.states import ModelStates, model_states
-from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.frozen import in_json_order, validated_copy
@@ -70,7 +69,6 @@ from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_param
 from advisor.model.selective import SelectiveKept, selective_kept
 from advisor.hardware.cluster import Hardware
 from advisor.model.spec import ModelSpec
-from advisor.model.llava import ClipTowerFacts
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
@@ -223,16 +221,13 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
 
 def vision_tower_bytes(spec: ModelSpec, training: TrainingConfig, dtypes: Dtypes, *, micro_batch_size: int) -> int:
     """What the vision tower (and Llava's projector) of one micro-batch leaves saved for backward, with
-    autocast's saved weight copies: 0 without a tower, without images, or with the tower frozen."""
-    images = image_tokens(spec, training)
+    autocast's saved weight copies: 0 without a tower, without images, or with the tower frozen. The tower's
+    formula is its block kind's (``advisor.estimate.activation_kinds``: Qwen2-VL's patches, Llava's CLIP)."""
+    images, kind = image_tokens(spec, training), activation_kind(spec)
     frozen_tower = training.lora is not None and not tower_adapter_params(spec, training.lora)
-    if spec.vision is None or not images or frozen_tower:  # a frozen tower saves nothing
+    if kind.tower is None or not images or frozen_tower:  # a frozen tower saves nothing
         return 0
-    tower = micro_batch_size * vision_saved_bytes(dtypes.compute, spec.vision, image_tokens=images,
-                                                  residual=dtypes.residual, input_casts=dtypes.input_casts)
-    if dtypes.input_casts and isinstance(spec.vision, ClipTowerFacts):  # autocast's saved bf16 weight copies
-        tower += clip_weight_casts(spec.vision)
-    return tower
+    return kind.tower(spec, dtypes, micro_batch_size=micro_batch_size, images=images)
 
 
 def image_tokens(spec: ModelSpec, training: TrainingConfig) -> int:

@@ -83,6 +83,7 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.bundled import load_tensor_parallel
 from advisor.model.selective import block_products, selective_kept
+from advisor.model.block_kinds import kind_of
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -150,16 +151,9 @@ def tp_rank_spec(spec: ModelSpec, tp: int) -> ModelSpec:
     def split(params: int) -> int:
         return ceil_div(max(0, params - norms), tp) + norms
 
-    update: dict = {}
-    saving = 0
-    if spec.moe is not None and spec.moe.num_dense_layers:  # DeepSeek's dense layers: smaller blocks, split too
-        dense_tp = split(spec.moe.dense_layer_params)
-        update["moe"] = validated_copy(spec.moe, dict(dense_layer_params=dense_tp))
-        saving = spec.moe.num_dense_layers * (layer_tp - dense_tp)
-    if spec.hybrid is not None:  # Jamba: every block of the stack, each split (the spec's saving reads these)
-        blocks = tuple(split(b) for b in spec.hybrid.block_params)
-        update["hybrid"] = validated_copy(spec.hybrid, dict(block_params=blocks))
-        saving = len(blocks) * layer_tp - sum(blocks)
+    # a stack of unequal blocks (DeepSeek's dense layers, Jamba's every block) splits each: advisor.model.block_kinds
+    kind = kind_of(spec)
+    update, saving = ({}, 0) if kind.split_blocks is None else kind.split_blocks(spec, split, layer_tp)
     total = layer_tp * num_layers - saving + ceil_div(embedding, vocab_tp) + ceil_div(head, vocab_tp) + other
     return validated_copy(spec, dict(
         update, total_params=total, trainable_params=total, layer_params=layer_tp,

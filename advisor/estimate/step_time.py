@@ -56,6 +56,7 @@ from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
+from advisor.model.block_kinds import kind_of
 from advisor.model.lora import LoraConfig
 from advisor.model.selective import selective_kept
 from advisor.model.spec import ModelSpec
@@ -164,7 +165,7 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     products it kept (which ``lora``'s DoRA products move: ``advisor.model.selective``)."""
     shape = shape_of(spec)
     trainable_share = spec.trainable_params / spec.total_params
-    if spec.encdec is not None:
+    if kind_of(spec).family == "encdec":
         param_tokens, attention_fwd = _encdec_forward_terms(spec, tokens=tokens, seq_len=seq_len,
                                                             target_len=target_len or seq_len)
     else:
@@ -176,7 +177,7 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     # Checkpointing wraps the blocks, not the output head: HF's GradientCheckpointingLayer is the decoder
     # layer, torchtitan's apply_ac wraps each TransformerBlock, llm-foundry's activation_checkpointing_fn
     # picks the MPTBlock; the head's product runs once (encoder-decoders: counted in full, as before).
-    head_fwd = 0 if spec.encdec is not None else 2 * output_head_params(spec) * tokens
+    head_fwd = 0 if kind_of(spec).family == "encdec" else 2 * output_head_params(spec) * tokens
     recompute = forward - head_fwd if checkpointing else 0.0
     kept = selective_kept(spec, lora) if checkpointing and selective else None
     if kept is not None:  # the recompute skips the attention kernels and the base layers' products kept
@@ -381,7 +382,7 @@ def estimate_step_time(
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"
                      if shape.assumed else "Mamba: FLOPs count the matmuls, 2 x parameters a token forward "
                      "(the selective scan is not counted)")
-    if spec.encdec is not None:
+    if kind_of(spec).family == "encdec":
         notes.append(f"encoder-decoder: FLOPs count the encoder on {training.seq_len} source tokens and the decoder "
                      f"and head on {training.target_len or training.seq_len} target tokens a sample (--target-len); "
                      "tokens/s counts source tokens")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from advisor.estimate.activations import ActivationEstimate, Dtypes
 from advisor.estimate.activations_loss import loss_bytes
 from advisor.frozen import validated_copy
+from advisor.model.block_kinds import kind_of
 from advisor.model.block_profile import AdapterKey, Bilinear, BlockProfile, CheckpointMode, ProfileKey
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
@@ -165,7 +166,7 @@ def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
     family = activation_family(spec.model_type)
     if family is not None and not (training.lora is not None and family in _FULL_FINE_TUNE_FORMULAS):
         return None
-    if spec.encdec is not None:  # T5, BART: both stacks have a formula (advisor.estimate.activations_encdec)
+    if kind_of(spec).family == "encdec":  # T5, BART: both stacks have a formula (advisor.estimate.activations_encdec)
         return None
     if training.quantize is not None:
         return None  # a quantised base's dequantised weights are not traced

@@ -1,6 +1,6 @@
 """``BlockProfile``: a model's activation memory measured by tracing it, as plain data.
 
-For a family with no activation formula (``advisor.estimate.activations.activation_family`` is
+For a family with no activation formula (``advisor.model.block_kinds.activation_family`` is
 None), ``advisor.simulate.profile`` runs the model with two blocks on fake tensors at the requested
 sequence length and recipe dtypes at micro-batch 1 and 2, derives the same steps with one block,
 and so has, at four (layers, micro-batch) points, the bytes that are live beyond parameters, their

@@ -31,6 +31,7 @@ from typing import Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
+from advisor.model.block_kinds import kind_of
 from advisor.model.bundled import load_architectures, load_peft_lora_targets
 from advisor.model.linear_layout import LinearLayer
 from advisor.model.saved_modules import saved_module_params, saved_modules
@@ -211,29 +212,25 @@ def _adapters(lora: LoraConfig, linears: dict[str, list[tuple[int, int]]], names
 
 
 def tower_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
-    """The linear layers of one CLIP encoder layer of a Llava tower (modeling_clip.py: CLIPAttention's
-    q/k/v/out_proj, CLIPMLP's fc1/fc2); empty for other models."""
-    tower = spec.vision
-    if spec.model_type != "llava" or tower is None:
-        return {}
-    w, inter = tower.width, tower.intermediate_size
-    return {"q_proj": [(w, w)], "k_proj": [(w, w)], "v_proj": [(w, w)], "out_proj": [(w, w)],
-            "fc1": [(w, inter)], "fc2": [(inter, w)]}
+    """The linear layers of one layer of the model's vision tower PEFT's names can match (a Llava's CLIP
+    encoder layer: ``advisor.model.block_kinds``, the kind's ``tower_linears``); empty for other models."""
+    kind = kind_of(spec)
+    return {} if kind.tower_linears is None else kind.tower_linears(spec)
 
 
 def tower_adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
-    """Adapters PEFT puts on a Llava's CLIP tower (its names match the tower's q_proj, v_proj, ...
-    too) and, for all-linear, on the projector's linear_1 and linear_2 (modeling_llava.py
-    LlavaMultiModalProjector); 0 for other models."""
+    """Adapters PEFT puts on a vision tower (a Llava's CLIP tower: its names match the tower's q_proj,
+    v_proj, ... too) and, for all-linear, on the kind's projector (Llava's linear_1 and linear_2); 0 for
+    other models."""
     linears = tower_linears(spec)
     if not linears:
         return 0
+    kind = kind_of(spec)
     if lora.targets == ALL_LINEAR:
-        text = spec.hidden_size
-        projector = {"linear_1": [(spec.vision.projector_in, text)], "linear_2": [(text, text)]}
-        return _adapters(lora, linears, tuple(linears)) * spec.vision.num_layers + _adapters(
+        projector = kind.projector_linears(spec)
+        return _adapters(lora, linears, tuple(linears)) * kind.tower_layers(spec) + _adapters(
             lora, projector, tuple(projector))
-    return _adapters(lora, linears, target_names(spec, lora)) * spec.vision.num_layers
+    return _adapters(lora, linears, target_names(spec, lora)) * kind.tower_layers(spec)
 
 
 def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:

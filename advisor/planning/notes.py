@@ -11,6 +11,7 @@ from advisor.estimate.memory import image_tokens
 from advisor.estimate.traced import needs_trace
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
+from advisor.model.block_kinds import kind_of
 from advisor.model.lora import LoraConfig, adapter_inputs, default_targets
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
@@ -181,9 +182,10 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
                      "preferred, then the one that communicates least")
     else:  # --policy fastest ranks by tokens/s alone (planner.choose_fastest)
         notes.append(f"{fit_rule}; --policy fastest takes the most tokens/s, with no headroom preference")
-    if spec.encdec is None and training.target_len is not None:
+    encdec = kind_of(spec).family == "encdec"  # its decoder's own length (advisor.model.block_kinds)
+    if not encdec and training.target_len is not None:
         notes.append(f"--target-len {training.target_len} ignored: {spec.name[:60]} is not an encoder-decoder model")
-    elif spec.encdec is not None and "target_len" not in training.model_fields_set:
+    elif encdec and "target_len" not in training.model_fields_set:
         notes.append(f"target length {training.seq_len} tokens: equal to --seq-len (default; --target-len for the "
                      "decoder's own length)")
     if training.images_per_sample:

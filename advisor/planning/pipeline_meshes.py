@@ -33,6 +33,7 @@ from pydantic import ValidationError
 from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims, split_layers
+from advisor.model.block_kinds import kind_of
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate
@@ -90,7 +91,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     """Meshes with pp > 1 or ep > 1 (module docstring); pinned degrees fix their dimension."""
     shape = shape_of(spec)
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
-            or spec.trainable_params < spec.total_params or spec.hybrid is not None or spec.head is not None:
+            or spec.trainable_params < spec.total_params or not kind_of(spec).pipelines or spec.head is not None:
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
@@ -186,7 +187,7 @@ def pipeline_summary_line(candidates: list[Candidate], searched: r.SearchCause) 
 
 def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """--pp / --pp-schedule / --virtual-stages / --ep: ValueError naming the constraint."""
-    if spec.hybrid is not None:
+    if not kind_of(spec).pipelines:
         raise ValueError("--pp / --ep: pipeline and expert parallelism of a hybrid Mamba-attention stack (Jamba) are "
                          "not modelled; plan it with --tp, --cp or the data-parallel strategies")
     if spec.head is not None and (pins.pp or pins.pp_layers):

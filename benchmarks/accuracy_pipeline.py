@@ -307,7 +307,13 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
   median). The same change counts a GPT-2 W pass as 16h a token (c_fc's one output gradient, not gate and up:
   the paper's M_W = 32 sbh bytes), ZB-1p -0.8% median to -1.4%; (3) interleaved runs are high (+6% allocated, +20%
   total median): the estimate gives p x v one-layer chunks where the run's first chunk is empty, so stage 0
-  carries one layer more than it ran, in its most-in-flight chunk. The simulator on GPT-2's own shapes (part 3)
+  carries one layer more than it ran, in its most-in-flight chunk. The in-flight counts are torch's and
+  Megatron's (2(p - i - 1) + (v - 1)p + 1 chunk micro-batches on stage i, checked on the actions
+  ScheduleInterleaved1F1B generates, tests/estimate/test_pipeline_torch_orders.py), and they sit unevenly:
+  the first chunk holds 2(p - i) - 1 of them, each later chunk p (p 8, v 3, m 24: stage 0's 31 are 15 + 8 + 8),
+  so the run's empty first chunk drops half of stage 0's. Stage 1, which the run splits as the estimate does
+  (v one-layer chunks, no embedding), is estimated at 37.02, 46.13, 39.11 and 58.13 GiB allocated against the
+  figures 40, 48, 39 and 58 (-7.5%, -3.9%, +0.3%, +0.2%). The simulator on GPT-2's own shapes (part 3)
   runs HF's autocast recipe (fp32 residual stream and fp32 softmax: 7 bytes a score) and reads 32.79 GiB for
   1.5B 1F1B stage 1.
 - Estimate and simulator (part 1) run different recipes under bf16-mixed: the estimate is FSDP2's

@@ -368,8 +368,12 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
         w_saved = 0
         if mesh.pp > 1 and facts.w_deferred:
             w_one = tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
+            blocks = one  # ZB-2p's limit counts the blocks' activations (the scheduler's f_mem, 34h + 5as a layer)
+            if facts.memory_limit is not None and (embedding or head):
+                blocks = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=False,
+                                            head=False, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
             held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
-                          micro_batch_bytes=one.saved_bytes, w_bytes=w_one)
+                          micro_batch_bytes=blocks.saved_bytes, w_bytes=w_one)
             w_saved = held * w_one
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
         moe_layers = layers - max(0, min(start + layers, dense) - start)

@@ -75,7 +75,8 @@ def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int, micro_batch
     The auto-scheduled ZB-2p (``memory_limit`` 2) defers each W until its memory limit of 2p M_B forces
     it (Qi et al. 2024, section 3.2), so the deferred W fill what the in-flight forwards leave of the
     limit: min(m - in flight, floor((2p - in flight) M_B / M_W)), with ``micro_batch_bytes`` M_B (one
-    micro-batch's activations on the rank) and ``w_bytes`` M_W (what one deferred W keeps)."""
+    micro-batch's activations through the rank's blocks: the scheduler's f_mem, 34h + 5as a layer, counts no
+    embedding or head tensors) and ``w_bytes`` M_W (what one deferred W keeps)."""
     facts = load_schedules()[schedule]
     if not facts.w_deferred:
         return 0

@@ -170,7 +170,8 @@ def test_worst_stage_is_the_reported_peak(tiny):
     assert result.worst.memory.total == max(s.memory.total for s in stages)
 
 
-@pytest.mark.parametrize("pp, schedule, v", [(2, "1f1b", 1), (4, "gpipe", 1), (4, "zb_h1", 1), (2, "zbv", 1),
+@pytest.mark.parametrize("pp, schedule, v", [(2, "1f1b", 1), (4, "gpipe", 1), (4, "zb_h1", 1), (4, "zb_2p", 1),
+                                             (2, "zbv", 1),
                                              (2, "interleaved_1f1b", 2), (2, "dualpipev", 1)])
 def test_the_search_estimates_the_worst_rank(tiny, pp, schedule, v):
     """The search estimates only the ranks that can be worst; the worst must be the same as over all."""

@@ -212,8 +212,8 @@ def test_wrap_on_a_pp_mesh_names_what_it_needs_and_what_it_cannot_build():
 
     with pytest.raises(ValueError, match=r"pass num_microbatches= .* assumes 4 x pp = 8\)"):  # planner default
         wrap(tiny_llama(0), mesh=ParallelDims(pp=2, tp=2, world_size=4), env=_env(0, 4), verbose=False)
-    with pytest.raises(ValueError, match=r"^wrap\(\): mesh pp 2 \(1f1b\) x cp 2 pipelines the model, but wrap_pipeline runs "
-                       r"pp x dp_replicate x dp_shard x tp; cp 2 \(context parallelism's ring attention .* is not "
+    with pytest.raises(ValueError, match=r"^wrap\(\): mesh pp 2 \(1f1b\) x cp 2 pipelines the model, but "
+                       r"wrap_pipeline runs pp x dp_replicate x dp_shard x tp; cp 2 \(context parallelism's ring attention .* is not "
                        r"built yet$"):
         wrap(tiny_llama(0), mesh=ParallelDims(pp=2, cp=2, world_size=4), env=_env(0, 4), verbose=False,
              num_microbatches=4)

@@ -38,8 +38,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 
 DIM_NAMES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first (torchtitan ParallelDims)
 # Schedules (facts: profiles/pipeline_schedules.json). The V shapes hold two model chunks per rank.
-PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "dualpipev"]
-PP_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zbv", "dualpipev")
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_2p", "zbv", "dualpipev"]
+PP_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_2p", "zbv", "dualpipev")
 V_SCHEDULES = ("zbv", "dualpipev")
 _PP_FIELDS = ("pp", "pp_schedule", "virtual_stages", "ep", "pp_layers")  # left out of JSON when pp = ep = 1
 MESH_STRATEGIES = ("zero3", "zero2")  # FSDP2 on the dp_shard x cp mesh (torchtitan: reshard after forward)

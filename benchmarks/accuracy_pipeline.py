@@ -43,8 +43,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PUBLISHED = ROOT / "profiles" / "published_pipeline.json"
 GIB = 2**30
-# Published schedule -> (estimator's pp_schedule, simulator's schedule).
-SCHEDULES = {"zb-2p": ("zb_h2", "zb-h2"), "zb-1p": ("zb_h1", "zb-h1"), "1f1b": ("1f1b", "1f1b"),
+# Published schedule -> (estimator's pp_schedule, simulator's schedule). The simulator replays ZB-2p as the
+# handcrafted ZB-H2 (each W right after its B); the estimate's zb_2p fills the 2p M_B limit with deferred W.
+SCHEDULES = {"zb-2p": ("zb_2p", "zb-h2"), "zb-1p": ("zb_h1", "zb-h1"), "1f1b": ("1f1b", "1f1b"),
              "interleaved-1f1b": ("interleaved_1f1b", "interleaved-1f1b"), "gpipe": ("gpipe", "gpipe")}
 
 
@@ -227,6 +228,7 @@ def estimate_vs_simulator() -> list[dict]:
         if published in ("zb-2p", "zb-1p"):
             published = sim_name
         v = 2 if sim_name == "interleaved-1f1b" else 1
+        est_name = sim_name.replace("-", "_")  # the order the simulator replays (zb-h2 for ZB-2p)
         est = estimate_stages(SMALL, training=training, schedule=est_name, num_stages=p, virtual_stages=v,
                               layers=None, micro_batch_size=b, num_microbatches=m)
         for stage in est.stages:
@@ -292,12 +294,26 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
   1F1B and ZB-1p within 10%. Read as allocated, the paper's figures imply 7.6, 7.2, 13.8 and 29.1 micro-batches
   in flight on 1F1B's stage 1 (the figure less the estimate's other bytes, over one micro-batch's activations),
   where 1F1B holds p - 1 = 7, 7, 15, 31; read as our total they imply 6.4, 5.7, 9.4, 22.2, fewer than 1F1B
-  can hold: the evidence favours allocated. (2) ZB-2p's allocated figure is low (-10% median): the runs'
-  auto-searched ZB-2p orders are replayed as the handcrafted ZB-H2, which holds 2p - 3 = 13, 13, 29, 61
-  micro-batches on stage 1, where the figures imply 16.0, 16.1, 31.3, 64.8: the searched orders fill their
-  2p M_B limit on stage 1 too; (3) interleaved runs are high (+6% allocated, +20%
+  can hold: the evidence favours allocated. (2) ZB-2p is estimated as the paper's code runs it
+  (`--pp-schedule zb_2p`): ZB-H2's 2(p - i) - 1 forwards in flight, and W passes deferred into what is left of
+  the 2p M_B limit (sail-sg/zero-bubble-pipeline-parallelism, branch arxiv: zb_schedules.py sets max_mem =
+  2p f_mem, auto_schedule.py's heuristic puts a W when the limit or a bubble asks for one). Replaying that
+  heuristic at p 8, m 24 with the times in its own file (F, B, W = 29850, 29767, 18868, comm 466) and M_W/M_B =
+  32h/(34h + 5as) of the 1.5B model, stage 1 holds 13 in flight and 7 W when a B starts, 15.6 M_B of the 16
+  (stage 0: 14 and 5, 15.8). Until 2026-11-26 ZB-2p was estimated as the handcrafted ZB-H2 (each W right after
+  its B: 13 in flight on stage 1 and nothing pending), allocated -10.2% median, -17.7% max, where the figures
+  imply 16.0, 16.1, 31.3, 64.8 M_B on stage 1: the limits, 2p = 16, 16, 32, 64. At m <= p (Table 12) the
+  estimate still fills the limit on the deep stages, where the heuristic spends bubbles on W (+0.2 points of
+  median). The same change counts a GPT-2 W pass as 16h a token (c_fc's one output gradient, not gate and up:
+  the paper's M_W = 32 sbh bytes), ZB-1p -0.8% median to -1.4%; (3) interleaved runs are high (+6% allocated, +20%
   total median): the estimate gives p x v one-layer chunks where the run's first chunk is empty, so stage 0
-  carries one layer more than it ran, in its most-in-flight chunk. The simulator on GPT-2's own shapes (part 3)
+  carries one layer more than it ran, in its most-in-flight chunk. The in-flight counts are torch's and
+  Megatron's (2(p - i - 1) + (v - 1)p + 1 chunk micro-batches on stage i, checked on the actions
+  ScheduleInterleaved1F1B generates, tests/estimate/test_pipeline_torch_orders.py), and they sit unevenly:
+  the first chunk holds 2(p - i) - 1 of them, each later chunk p (p 8, v 3, m 24: stage 0's 31 are 15 + 8 + 8),
+  so the run's empty first chunk drops half of stage 0's. Stage 1, which the run splits as the estimate does
+  (v one-layer chunks, no embedding), is estimated at 37.02, 46.13, 39.11 and 58.13 GiB allocated against the
+  figures 40, 48, 39 and 58 (-7.5%, -3.9%, +0.3%, +0.2%). The simulator on GPT-2's own shapes (part 3)
   runs HF's autocast recipe (fp32 residual stream and fp32 softmax: 7 bytes a score) and reads 32.79 GiB for
   1.5B 1F1B stage 1.
 - Estimate and simulator (part 1) run different recipes under bf16-mixed: the estimate is FSDP2's
@@ -319,8 +335,9 @@ NOTES = """## What the estimate cannot express here (and what the simulator stan
   (the simulator runs attention dropout 0, as CUDA's flash kernels cost nothing for it).
 - Empty chunks: the paper's 1F1B-I leaves its first and last chunk empty (layers padded to a multiple of p); the
   estimate's interleaved split is even, so it is given p x v one-layer chunks, two layers more than the run.
-- The auto-searched ZB-1p / ZB-2p orders: replayed as ZB-H1 / ZB-H2, the handcrafted schedules of the same
-  memory limit (p M_B, 2p M_B).
+- The auto-searched ZB-1p / ZB-2p orders: the simulator (parts 1 and 3) replays them as ZB-H1 / ZB-H2, the
+  handcrafted schedules of the same memory limit (p M_B, 2p M_B). ZB-1p's heuristic, replayed at p 8 and 4, runs
+  ZB-H1's counts exactly (p - i in flight, i W pending); ZB-2p's holds more W than ZB-H2 (above).
 - Not compared: pith-train's DualPipeV per-stage measurements (Qwen3-30B-A3B, pp 4 x ep 8: 62.3 and 58.0 GiB)
   whose FSDP split, recompute and compile settings the source does not state (kept in the file, marked).
 """

@@ -29,9 +29,10 @@ Layout, one module per concern (torchtitan's one-file-per-technique):
   slices or initialised), ``mesh_wrap.py`` (``wrap()``'s mesh branch).
 - ``pipeline.py`` (``apply_pipeline``: a decoder split into stages by layer, run by a
   ``torch.distributed.pipelining`` schedule, TP and FSDP2 / HSDP inside each stage), ``pipeline_wrap.py``
-  (``wrap_pipeline``: a plan's pp mesh applied, since a pipeline is stepped by its schedule and so
-  is not ``wrap()``'s model), ``experts.py`` (``apply_expert_parallel``: an MoE block's experts
-  sharded over an ep group, all-to-all dispatch and combine).
+  (``wrap_pipeline``: a plan's pp mesh applied, the pipeline returned in the model's place since it
+  is stepped by its schedule; ``wrap()`` routes a pp mesh there), ``experts.py``
+  (``apply_expert_parallel``: an MoE block's experts sharded over an ep group, all-to-all dispatch and
+  combine).
 - ``blocks.py`` (``find_blocks``), ``checkpointing.py`` (``apply_activation_checkpointing``),
   ``optim.py`` (``rebuild_optimizer`` after FSDP2 replaced the parameters),
   ``checkpoint_io.py`` (``save_checkpoint`` / ``load_checkpoint``, consolidated or sharded, with

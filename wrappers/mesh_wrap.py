@@ -44,11 +44,8 @@ def _check_dims(dims: ParallelDims, model: nn.Module, env: LaunchEnv) -> None:
 
 
 def _refuse_pipeline_and_experts(dims: ParallelDims) -> None:
-    """``wrap()`` returns a model for a ``loss.backward()`` loop; a pipeline's step is its schedule's."""
-    if dims.pp > 1:
-        from wrappers.pipeline_wrap import pipeline_call  # (import kept out of the header)
-
-        raise ValueError(pipeline_call(dims))
+    """A mesh with pp > 1 never comes here (``wrap()`` hands it to ``wrappers.pipeline_wrap``)."""
+    assert dims.pp == 1, f"mesh {dims.label}: wrap() routes pipelines to wrap_as_pipeline"
     if dims.ep > 1:
         raise ValueError(f"mesh {dims.label}: expert parallelism under FSDP2 is not built into wrap(); "
                          "wrappers.experts.apply_expert_parallel shards the experts over a group on its own")

@@ -86,6 +86,7 @@ SCHEDULES: dict[str, ScheduleRow] = {
     # with one stage per rank or more
     "zb_h1": ScheduleRow("ScheduleInterleavedZeroBubble", "loop", 1, None, cpu_checked=True),
     "zb_h2": ScheduleRow(None, "loop", 1, 1, cpu_checked=False),
+    "zb_2p": ScheduleRow(None, "loop", 1, 1, cpu_checked=False),  # the paper's auto-scheduled ZB-2p: no torch class
     "zbv": ScheduleRow("ScheduleZBVZeroBubble", "v", 2, 2, cpu_checked=True),
     "dualpipev": ScheduleRow("ScheduleDualPipeV", "v", 2, 2, cpu_checked=True),
 }

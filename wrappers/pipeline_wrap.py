@@ -10,12 +10,14 @@ own entry, returning the ``Pipeline`` in the model's place:
         loss = pipeline.step(ids)          # the mean loss on the last stage's ranks, None elsewhere
         optimizer.step(); optimizer.zero_grad()
 
-``wrap(mesh=...)`` with ``pp > 1`` does not route here: it refuses in one line that spells out the
-call to make instead (``pipeline_call``), because it cannot keep its own contract for a pipeline. What
-``wrap()`` returns is driven by ``loss.backward()``, while a pipeline is driven by ``pipeline.step``
-(a caller's loop written for ``wrap()`` would break on the first batch), and the schedule needs the
-micro-batches per step, which neither ``wrap()``'s arguments nor a plan's mesh carry (it is the plan's
-``gradient_accumulation_steps``). The optimizer is rebuilt on this rank's
+``wrap()`` routes here (``wrap_as_pipeline``) when its mesh has ``pp > 1``: a pinned one
+(``wrap(model, optimizer, loader, mesh=plan.mesh, num_microbatches=8)``) or the plan it made on the
+GPUs. It then returns the ``Pipeline`` in the model's place, as this entry does, so the loop is
+``pipeline.step(batch)``'s, not ``loss.backward()``'s. The schedule needs the micro-batches per step:
+``num_microbatches=``, else the plan's ``gradient_accumulation_steps``; with neither (a pinned mesh
+and no ``num_microbatches``) ``wrap()`` stops with one line naming what to pass
+(``missing_microbatches``). The stages run in fp32 without activation checkpointing: a precision or
+checkpointing asked for (or planned) is not applied, with a warning. The optimizer is rebuilt on this rank's
 parameters (FSDP2 replaced them; the other stages' are not here), each group keeping its settings;
 the loader is sharded over the data-parallel ranks only (the stages of one pipeline read the same
 batch). Checkpoints: ``save_checkpoint(pipeline.rank_model, path, optimizer=optimizer)``.
@@ -28,6 +30,8 @@ CPU it does not run at all), and expert parallelism composed with the pipeline's
 """
 
 from __future__ import annotations
+
+import warnings
 
 import torch
 from torch import nn
@@ -70,20 +74,47 @@ def _check_pipeline_dims(dims: ParallelDims, model: nn.Module) -> None:
     dims.check_model(num_attention_heads=heads, num_kv_heads=getattr(config, "num_key_value_heads", None) or heads)
 
 
-def pipeline_call(dims: ParallelDims, num_microbatches: int | None = None) -> str:
-    """The one-line ``wrap_pipeline`` call for a pipeline mesh ``wrap()`` was given (module docstring);
-    ``num_microbatches``: the plan's gradient_accumulation_steps, else the planner's default (4 x pp)."""
+def missing_microbatches(dims: ParallelDims) -> str:
+    """The one line ``wrap()`` stops with when a pipeline mesh comes without the micro-batches per step."""
     from advisor.estimate.pipeline_schedules import num_micro_batches
 
-    degrees = ", ".join(f"{name}={value!r}" for name, value in dims if value != ParallelDims.model_fields[name].default)
-    m = num_microbatches or num_micro_batches(dims, None)
-    source = "the plan's gradient_accumulation_steps" if num_microbatches else (
-        "what the plan assumes without --global-batch; with it, the plan's gradient_accumulation_steps")
-    runs = unbuilt_inside_stages(dims) or f"it runs pp x {BUILT_INSIDE_STAGES}: TP and FSDP2/HSDP inside the stages"
-    return (f"mesh {dims.label} pipelines the model: a schedule runs each step, not loss.backward(), so wrap() has "
-            f"no model to return; call pipeline, optimizer, loader = wrappers.wrap_pipeline(model, optimizer, loader, "
-            f"mesh=ParallelDims({degrees}), num_microbatches={m}) and loop loss = pipeline.step(batch) "
-            f"(num_microbatches {m}: {source}; {runs})")
+    return (f"wrap(): mesh {dims.label} pipelines the model, and its schedule needs the micro-batches per step: pass "
+            f"num_microbatches= (the plan's gradient_accumulation_steps; without --global-batch the plan assumes "
+            f"4 x pp = {num_micro_batches(dims, None)}); wrap() then returns the pipeline in the model's place, "
+            "stepped by loss = pipeline.step(batch)")
+
+
+def wrap_as_pipeline(model, optimizer, loader, *, dims: ParallelDims, env: LaunchEnv, num_microbatches: int | None,
+                     planned_microbatches: int | None, precision: str | None, checkpointing: str | None,
+                     checkpoint: str | None) -> tuple[tuple, dict]:
+    """``wrap()``'s branch for a mesh with ``pp > 1`` (module docstring): (what ``wrap_pipeline``
+    returns, the Decision's fields). A config or meta-device model is materialised whole first
+    (from ``checkpoint`` when given), then split."""
+    from wrappers.mesh_wrap import is_config, materialize_whole
+    from wrappers.parallelize import is_meta, model_from_config
+
+    problem = unbuilt_inside_stages(dims)
+    if problem:
+        raise ValueError(f"wrap(): mesh {dims.label} pipelines the model, but {problem}")
+    m = num_microbatches or planned_microbatches
+    if m is None:
+        raise ValueError(missing_microbatches(dims))
+    for asked, name in ((precision not in (None, "fp32"), f"precision {precision}"),
+                        (checkpointing not in (None, "off"), f"activation checkpointing {checkpointing}")):
+        if asked:
+            warnings.warn(f"wrap(): the pipeline's stages run in fp32 without activation checkpointing; {name} is "
+                          "not applied", stacklevel=3)
+    if is_config(model):
+        model = model_from_config(model)
+    if is_meta(model) or checkpoint is not None:
+        model, optimizer = materialize_whole(model, optimizer, env=env, checkpoint=checkpoint)
+    result = wrap_pipeline(model, optimizer, loader, mesh=dims, num_microbatches=m, env=env)
+    source = "num_microbatches" if num_microbatches else "the plan's gradient accumulation"
+    reason = (f"torch.distributed.pipelining, {m} micro-batches a step ({source}); FSDP2 inside each stage, "
+              "not resharded between micro-batches")
+    fields = dict(engine="torch", precision="fp32", checkpointing="off", world_size=env.world_size, mesh=dims,
+                  strategy="zero2" if dims.dp > 1 else None, reason=reason)
+    return result, fields
 
 
 def wrap_pipeline(model: nn.Module, optimizer: torch.optim.Optimizer | None = None,

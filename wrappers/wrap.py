@@ -43,6 +43,7 @@ from wrappers import measured
 from wrappers.checkpointing import apply_requested_checkpointing, requested_mode, turn_off_kv_cache
 from wrappers.launch_env import LaunchEnv, read_launch_env
 from wrappers.loader import loader_shape, shard_loader
+from wrappers.mesh import resolve_dims
 from wrappers.optim import optimizer_implementation
 from wrappers.parallelize import is_meta, model_from_config
 from wrappers.precision import apply_autocast, precision_dtypes
@@ -215,6 +216,7 @@ def wrap(
     cp: int = 1,
     hybrid: int = 1,
     checkpoint: str | None = None,
+    num_microbatches: int | None = None,
 ) -> Any:
     """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
 
@@ -223,7 +225,9 @@ def wrap(
     parallelism alone). A meta model is materialised from the safetensors directory ``checkpoint`` or
     initialised: shard by shard under a sharded plan (``wrappers.mesh_wrap``), whole under DDP / ZeRO-1.
     ``mesh`` (a ``ParallelDims`` or its dict, e.g. a plan's), or ``tp`` / ``cp`` / ``hybrid``
-    (dp_replicate), pin a device mesh, applied as given without a memory check.
+    (dp_replicate), pin a device mesh, applied as given without a memory check. A mesh with ``pp > 1``
+    (pinned or planned) is run by ``wrap_pipeline`` with ``num_microbatches`` per step (else the plan's
+    gradient accumulation): the ``Pipeline`` comes back in the model's place (``wrappers.pipeline_wrap``).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
@@ -234,6 +238,11 @@ def wrap(
 
     if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
         # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
+        dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
+        if dims.pp > 1:
+            return _pipelined(model, optimizer, loader, dims=dims, env=env, verbose=verbose, plan=None,
+                              num_microbatches=num_microbatches, precision=precision,
+                              checkpointing=activation_checkpointing, checkpoint=checkpoint)
         model, optimizer, loader, decision = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint,
             strategy=strategy, precision=precision, activation_checkpointing=activation_checkpointing)
@@ -254,6 +263,10 @@ def wrap(
     # One path, whatever the model's device: the plan is applied on its mesh when it needs one, by FSDP2
     # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
     # whole with the DP-family recipe.
+    if decision.mesh.pp > 1:
+        return _pipelined(model, optimizer, loader, dims=decision.mesh, env=env, verbose=verbose, plan=decision.plan,
+                          num_microbatches=num_microbatches, precision=decision.precision,
+                          checkpointing=decision.checkpointing, checkpoint=checkpoint)
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         model, optimizer, loader, fields = wrap_on_mesh(
@@ -290,6 +303,22 @@ def wrap(
         if loader is not None and env.distributed:
             loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
     return _finish(wrapped, new_optimizer if optimizer is not None else None, loader, decision, env, verbose)
+
+
+def _pipelined(model, optimizer, loader, *, dims: ParallelDims, env: LaunchEnv, verbose: bool, plan: Any,
+               num_microbatches: int | None, precision: Precision | None, checkpointing: CheckpointMode | None,
+               checkpoint: str | None) -> Any:
+    """A mesh with pp > 1: ``wrap_pipeline`` builds it; the pipeline comes back in the model's place."""
+    from wrappers.pipeline_wrap import wrap_as_pipeline
+
+    planned = plan.recommendation.gradient_accumulation_steps if plan is not None and plan.recommendation else None
+    built, fields = wrap_as_pipeline(model, optimizer, loader, dims=dims, env=env, num_microbatches=num_microbatches,
+                                     planned_microbatches=planned, precision=precision, checkpointing=checkpointing,
+                                     checkpoint=checkpoint)
+    rest = list(built[1:])
+    new_optimizer = rest.pop(0) if optimizer is not None else None
+    new_loader = rest.pop(0) if loader is not None else None
+    return _finish(built[0], new_optimizer, new_loader, Decision(**fields, plan=plan), env, verbose)
 
 
 def _refuse_wrapped(model: Any) -> None:

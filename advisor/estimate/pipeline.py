@@ -20,10 +20,11 @@ What rank i of p holds:
   gradients). FSDP2 shards them over dp_shard x cp, as on a mesh without pp.
 - Activations: one micro-batch through the rank's layers (``mesh_activations`` of a spec cut to
   them), times the micro-batches the schedule keeps in flight on that rank (the table's
-  ``in_flight``: GPipe m, 1F1B p - i, interleaved Megatron's warm-up, ZB-H2 2 (p - i) - 1, ZB-V p,
-  DualPipeV p + 1/2), plus, under the schedules that defer the weight-gradient pass (W), what W
+  ``in_flight``: GPipe m, 1F1B p - i, interleaved Megatron's warm-up, ZB-H2 and ZB-2p 2 (p - i) - 1,
+  ZB-V p, DualPipeV p + 1/2), plus, under the schedules that defer the weight-gradient pass (W), what W
   needs for ``w_held`` micro-batches: the linear layers' inputs and output gradients of every layer
-  (those deferred when a B starts: ZB-H1 i on rank i, ZB-H2 none). Token ids are saved on the first
+  (those deferred when a B starts: ZB-H1 i on rank i, ZB-H2, ZB-V and DualPipeV none, ZB-2p as many
+  as its memory limit of 2p micro-batches' activations leaves room for). Token ids are saved on the first
   rank only, the labels, the final norm and the logits on the last, where each in-flight micro-batch
   also keeps its loss's saved tensors (the loss runs in its forward); each rank keeps its receive
   buffers for one activation and one gradient (b x s/cp x h).
@@ -172,13 +173,16 @@ def layers_cut(spec: ModelSpec, layers: int, dense_layers: int | None = None) ->
 
 def _w_bytes_per_token(spec: ModelSpec, training: TrainingConfig, impl: Implementation, tp: int) -> int:
     """What a deferred W pass needs of one layer, per token: the linear layers' inputs (q/k/v's and
-    gate/up's normalised inputs, o_proj's and down_proj's) and their output gradients, on one TP rank."""
+    gate/up's normalised inputs, o_proj's and down_proj's) and their output gradients, on one TP rank.
+    GPT-2's MLP has one up projection (c_fc), not gate and up: 16h a token in 16-bit, the paper's
+    M_W = 32 sbh bytes a layer (Qi et al. 2024, Table 1)."""
     shape, cb = shape_of(spec), recipe_dtypes(training, impl).compute
     h, inter = shape.hidden_size, shape.intermediate_size
     k = shape.num_experts_per_token or 1
+    ups = 1 if shape.family == "gpt2" else 2
     q, kv = shape.num_attention_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
     inputs = 2 * h + (q + k * inter) // tp
-    grads = (q + 2 * kv + 2 * k * inter) // tp + 2 * h
+    grads = (q + 2 * kv + ups * k * inter) // tp + 2 * h
     return cb * (inputs + grads)
 
 
@@ -363,8 +367,14 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
                                  head=head, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
         w_saved = 0
         if mesh.pp > 1 and facts.w_deferred:
-            held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches)
-            w_saved = held * tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
+            w_one = tokens * layers * _w_bytes_per_token(spec, training, impl, mesh.tp)
+            blocks = one  # ZB-2p's limit counts the blocks' activations (the scheduler's f_mem, 34h + 5as a layer)
+            if facts.memory_limit is not None and (embedding or head):
+                blocks = _stage_activations(spec, training, impl, mesh, start=start, layers=layers, embedding=False,
+                                            head=False, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
+            held = w_held(mesh.pp_schedule, rank=rank, pp=mesh.pp, micro_batches=num_micro_batches,
+                          micro_batch_bytes=blocks.saved_bytes, w_bytes=w_one)
+            w_saved = held * w_one
         p2p = 2 * tokens * h * dt.residual if mesh.pp > 1 else 0  # receive buffers: activation and gradient
         moe_layers = layers - max(0, min(start + layers, dense) - start)
         a2a = moe.dispatch if moe is not None and moe_layers else 0  # send + receive of one exchange

@@ -32,7 +32,9 @@ class ScheduleFacts(BaseModel):
                         "written in the source; ``w_held`` evaluates it).")
     param_copies: int = Field(ge=1, description="Copies of the rank's share of the parameters.")
     v_shape: bool = Field(description="Two chunks per rank in a V: the first and last chunk on rank 0.")
-    torch_class: str = Field(description="torch.distributed.pipelining schedule class.")
+    torch_class: str | None = Field(description="torch.distributed.pipelining schedule class; None: torch has none.")
+    memory_limit: int | None = Field(ge=1, description="Auto-scheduled zero-bubble: the activation memory limit in "
+                                     "units of p M_B (ZB-2p: 2) that deferred W passes fill; None: a fixed order.")
     source: str
 
 
@@ -52,28 +54,41 @@ def in_flight(schedule: str, *, rank: int, pp: int, micro_batches: int, chunks: 
         return Fraction(min(m, p - i))
     if schedule == "interleaved_1f1b":  # Megatron's warm-up chunks + the steady one, in chunks of 1/v
         return Fraction(min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1), v)
-    if schedule == "zb_h2":
+    if schedule in ("zb_h2", "zb_2p"):
         return Fraction(min(m, 2 * (p - i) - 1))
-    if schedule == "zbv":
-        return Fraction(min(m, p))
+    if schedule == "zbv":  # torch's ScheduleZBVZeroBubble, counted on its actions: 2p chunks once m >= 2p - 1
+        return Fraction(min(2 * m, m + i + 1, 2 * p), 2)
     if schedule == "dualpipev":
         return min(Fraction(m), Fraction(2 * p + 1, 2))
     raise ValueError(f"unknown pipeline schedule {schedule}")
 
 
-def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int) -> int:
+def w_held(schedule: str, *, rank: int, pp: int, micro_batches: int, micro_batch_bytes: int = 0,
+           w_bytes: int = 0) -> int:
     """Micro-batches whose deferred W inputs rank ``rank`` holds beside those in flight when a B starts (the
     table's ``w_held``): those whose B has run and whose W has not. ZB-H2 runs each W right after its B: none.
     ZB-H1 runs stage i's W i passes behind its B (Qi et al. 2024, Figure 3): i. The running B's own W inputs
     are not counted: they are saved activations of a micro-batch in flight, and its output gradients replace
     the activations B frees layer by layer (simulated, small Llama p 4: ZB-H2's last stage peaks at 1F1B's
-    figure to the byte)."""
+    figure to the byte). ZB-V and DualPipeV, counted on torch's generated actions: none at the peak.
+
+    The auto-scheduled ZB-2p (``memory_limit`` 2) defers each W until its memory limit of 2p M_B forces
+    it (Qi et al. 2024, section 3.2), so the deferred W fill what the in-flight forwards leave of the
+    limit: min(m - in flight, floor((2p - in flight) M_B / M_W)), with ``micro_batch_bytes`` M_B (one
+    micro-batch's activations through the rank's blocks: the scheduler's f_mem, 34h + 5as a layer, counts no
+    embedding or head tensors) and ``w_bytes`` M_W (what one deferred W keeps)."""
     facts = load_schedules()[schedule]
     if not facts.w_deferred:
         return 0
+    if facts.memory_limit is not None:
+        count = in_flight(schedule, rank=rank, pp=pp, micro_batches=micro_batches)
+        if w_bytes <= 0:
+            return int(micro_batches - count)
+        room = int((facts.memory_limit * pp - count) * micro_batch_bytes) // w_bytes
+        return int(max(0, min(micro_batches - count, room)))
     if schedule == "zb_h1":  # the table's "min(m - 1, i)"
         return min(micro_batches - 1, rank)
-    return int(facts.w_held)  # a constant: ZB-H2 0; ZB-V, DualPipeV 1 (no simulated order to count them on)
+    return int(facts.w_held)  # a constant: ZB-H2, ZB-V, DualPipeV 0
 
 
 def num_micro_batches(mesh: ParallelDims, accumulation: int | None) -> int:

@@ -63,6 +63,9 @@ def _precision(target: ExportTarget) -> dict[str, str]:
 def _schedule(mesh: ParallelDims) -> str:
     """torchtitan's ``pipeline_parallel_schedule``: the torch class name less its ``Schedule`` prefix."""
     torch_class = load_schedules()[mesh.pp_schedule].torch_class
+    if torch_class is None:
+        raise ValueError(f"torch.distributed.pipelining has no {mesh.pp_schedule} schedule for torchtitan to run: "
+                         "plan with --pp-schedule 1f1b, interleaved_1f1b, zb_h1 or zbv")
     multi = torch_class in torchtitan_keys()["multi_stage_schedules"]
     if multi and mesh.chunks_per_rank == 1:  # torchtitan's pipeline_llm refuses it (the profile's sources)
         raise ValueError(f"torchtitan runs --pp-schedule {mesh.pp_schedule} as {torch_class}, a multi-stage schedule "

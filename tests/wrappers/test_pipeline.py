@@ -12,6 +12,8 @@ scenario in its own test:
   placed loop-style (rank 0: stages 0 and 2);
 - ``zbv``: ``ScheduleZBVZeroBubble``, 2 stages per rank placed V-style (rank 0: stages 0 and 3, so it
   holds both the embedding and the head);
+- ``wrap``: 1F1B again, through ``wrappers.wrap(model, optimizer, mesh=..., num_microbatches=4)``, which
+  hands a mesh with pp > 1 to ``wrap_pipeline`` and returns the pipeline in the model's place;
 - the checkpoint: the 1F1B pipeline saved with ``wrappers.checkpoint_io.save_checkpoint`` (DCP,
   sharded) through ``Pipeline.rank_model`` (each rank's stages under the model's own parameter
   names), loaded into a freshly initialised pipeline, and both continued one step; the parent also
@@ -47,7 +49,8 @@ NUM_STEPS = 3
 GLOBAL_BATCH, SEQ_LEN, VOCAB = 8, 16, 128
 MICROBATCHES = 4  # per data-parallel rank: GLOBAL_BATCH / DP sequences, one per micro-batch
 RTOL, ATOL = 1e-5, 2e-5
-SCENARIOS = {"1f1b": 1, "interleaved_1f1b": 2, "zbv": 2}  # schedule -> stages per rank
+SCENARIOS = {"1f1b": 1, "interleaved_1f1b": 2, "zbv": 2, "wrap": 1}  # schedule -> stages per rank; "wrap": 1F1B
+# built by wrappers.wrap() given the pipeline mesh
 
 
 def tiny_llama(seed: int = 0, *, tie: bool = False) -> torch.nn.Module:
@@ -97,6 +100,13 @@ def _env(rank: int, world_size: int):
 def _build(mesh, schedule: str, seed: int = 0):
     """1F1B through the public entry (``wrap_pipeline``: the plan's mesh, the optimizer rebuilt on this
     rank's parameters), the others through ``apply_pipeline`` on the shared mesh."""
+    if schedule == "wrap":
+        from wrappers import wrap
+
+        model = tiny_llama(seed)
+        dims = ParallelDims(pp=PP, dp_shard=DP, pp_schedule="1f1b", world_size=PP * DP)
+        return wrap(model, build_adamw(model), mesh=dims, num_microbatches=MICROBATCHES, verbose=False,
+                    env=_env(dist.get_rank(), dist.get_world_size()))
     if schedule == "1f1b":
         from wrappers import wrap_pipeline
 
@@ -130,6 +140,8 @@ def _pipeline_ranks(rank: int, world_size: int, checkpoint_dir: str) -> dict:
         pipeline, optimizer = _build(mesh, schedule)
         losses = _train(pipeline, optimizer, range(NUM_STEPS), dp_rank)
         results[schedule] = {"params": _full_params(pipeline), "losses": losses, "stages": pipeline.stage_ids}
+        if schedule == "wrap":
+            results[schedule]["decision"] = pipeline.advisor_decision.summary()
         if schedule == "1f1b":
             results["checkpoint"] = _checkpoint_round_trip(mesh, pipeline, optimizer, checkpoint_dir, dp_rank)
         dist.barrier()
@@ -251,15 +263,27 @@ def test_layer_split_and_placement_rules():
     assert schedule_row("zb_h1", virtual_stages=1).class_name == "ScheduleInterleavedZeroBubble"
 
 
-def test_wrap_refuses_a_pipeline_mesh_and_names_the_entry():
+def test_wrap_without_microbatches_names_what_to_pass():
+    """A pinned pipeline mesh and no plan: the schedule's micro-batches per step are missing, and wrap()
+    stops in one line before any process group, naming num_microbatches= and the planner's default
+    without --global-batch (4 x pp = 8)."""
     from wrappers import wrap
 
     dims = ParallelDims(pp=PP, dp_shard=DP, world_size=PP * DP)
     with pytest.raises(ValueError) as refused:
         wrap(tiny_llama(), mesh=dims, env=_env(0, PP * DP), verbose=False)
     message = str(refused.value)
-    # The exact call, the mesh spelled out, and the planner's micro-batches without --global-batch: 4 x pp.
-    call = (f"wrappers.wrap_pipeline(model, optimizer, loader, mesh=ParallelDims(pp={PP}, dp_shard={DP}, "
-            f"world_size={PP * DP}), num_microbatches={4 * PP})")
-    assert call in message and "loss = pipeline.step(batch)" in message and "\n" not in message
-    assert eval(call.split("mesh=")[1].split("), ")[0] + ")") == dims  # the spelled-out mesh is the mesh
+    assert message.startswith(f"wrap(): mesh {dims.label} pipelines the model") and "\n" not in message
+    assert f"pass num_microbatches= (the plan's gradient_accumulation_steps; without --global-batch the plan " \
+           f"assumes 4 x pp = {4 * PP})" in message and "loss = pipeline.step(batch)" in message
+
+
+def test_wrap_routes_a_pipeline_mesh(pipeline_results):
+    """wrap(model, optimizer, mesh=pp 2 x dp_shard 2, num_microbatches=4) returns the pipeline and the
+    rebuilt optimizer (parity with one process: test_pp2_dp2_matches_one_process[wrap]), the decision
+    on it."""
+    assert [r["wrap"]["stages"] for r in pipeline_results] == [(0,), (0,), (1,), (1,)]
+    assert {r["wrap"]["decision"] for r in pipeline_results} == {
+        "[advisor] zero2 on mesh pp 2 (1f1b) x dp_shard 2 (torch, fp32) on 4 process(es): torch.distributed."
+        "pipelining, 4 micro-batches a step (num_microbatches); FSDP2 inside each stage, not resharded between "
+        "micro-batches"}

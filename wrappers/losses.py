@@ -19,6 +19,7 @@ model for each kernel is in ``advisor.estimate.activations_loss``.
 
 from __future__ import annotations
 
+import inspect
 import re
 import types
 from typing import Any, Literal
@@ -160,8 +161,6 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
     to ``self.loss_function`` (transformers' ForCausalLMLoss: labels shifted by one; Bart's, Whisper's and
     XLNet's causal LMs take unshifted labels with their own CrossEntropyLoss, GIT drops its image tokens'
     logits first)."""
-    import inspect
-
     children = dict(causal_lm.named_children())
     named = {id(module): name for name, module in children.items()}
     try:
@@ -171,9 +170,10 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
     if not isinstance(head, nn.Linear) or id(head) not in named:
         return None
     decoders = [getattr(causal_lm, "base_model", None), getattr(causal_lm, "model", None)]
-    get_decoder = getattr(causal_lm, "get_decoder", None)
-    if callable(get_decoder):
-        decoders.insert(1, get_decoder())
+    try:  # transformers' get_decoder: best effort, a bespoke model may raise
+        decoders.insert(1, causal_lm.get_decoder())
+    except (AttributeError, NotImplementedError, ValueError):
+        pass
     decoder = next((named[id(m)] for m in decoders if m is not None and id(m) in named and m is not head), None)
     if decoder is None:
         return None

@@ -12,7 +12,7 @@ from tests.wrappers._dist import global_batch, rank_batch, reference_params, run
 
 from wrappers.losses import use_loss_kernel
 
-NUM_STEPS = 2
+NUM_STEPS = 1
 
 
 def tiny_phi(seed: int = 0) -> torch.nn.Module:

@@ -4,10 +4,14 @@ cross-entropy that never keeps any logits, the algorithm of Liger-Kernel's
 ``LigerFusedLinearCrossEntropyLoss``: gradients are computed chunk by chunk in the forward and
 handed back in the backward).
 
-``use_loss_kernel(model, "chunked" | "fused")`` replaces a Hugging Face ``*ForCausalLM``'s forward
-(on the instance) so that ``model(input_ids=..., labels=...).loss`` computes the same loss as
+``use_loss_kernel(model, "chunked" | "fused")`` replaces a Hugging Face causal LM's forward (on the
+instance) so that ``model(input_ids=..., labels=...).loss`` computes the same loss as
 transformers' ``ForCausalLMLoss`` (labels shifted by one, ``-100`` ignored, mean over the counted
-tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. On a PEFT model
+tokens) without the ``tokens x vocabulary`` tensors; ``logits`` comes back as None. Any causal LM whose
+head is a plain ``nn.Linear`` (with or without a bias: Phi's) over its decoder's last hidden state and whose
+loss is transformers' ``self.loss_function``: the decoder is the module transformers names by
+``base_model_prefix`` (``model``, GPT-2's and Falcon's ``transformer``, ``gpt_neox``), the head
+``get_output_embeddings()`` (``lm_head``, ``embed_out``). On a PEFT model
 (before or after ``get_peft_model``) the kernel goes on the wrapped causal LM. The root module
 still runs its own forward, so FSDP2's and DDP's hooks on it fire as usual. The planner's memory
 model for each kernel is in ``advisor.estimate.activations_loss``.
@@ -15,12 +19,18 @@ model for each kernel is in ``advisor.estimate.activations_loss``.
 
 from __future__ import annotations
 
+import inspect
+import re
 import types
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# What the kernels need and the config keys through which a causal LM changes its logits before the loss (a
+# soft-cap, refused when truthy; a scale or divisor, refused when not 1): one table for the planner and the wrapper
+from advisor.model.loss_kernels import HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
 
 LossKernel = Literal["hf", "chunked", "fused"]
 CHUNKS = 8  # sequence chunks; torchtune's CEWithChunkedOutputLoss uses 8 as well
@@ -43,23 +53,28 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
-    """Loss and both gradients in one pass over chunks; backward only scales the saved gradients."""
+    """Loss and the gradients in one pass over chunks; backward only scales the saved gradients. A head bias
+    adds to each chunk's logits (``addmm``, as ``F.linear`` computes it); its gradient is the sum over the
+    chunk's rows of the logits' gradient, accumulated in fp32 beside the weight's."""
 
     @staticmethod
-    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                targets: torch.Tensor, chunks: int) -> torch.Tensor:
         device = hidden.device.type
         compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         with torch.autocast(device, enabled=False):
             flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
             count = (goal != IGNORE).sum().clamp(min=1)
             w = weight.to(compute)
+            b = None if bias is None else bias.to(compute)
             grad_hidden = torch.empty_like(flat)
             grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             start = 0
             for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
                 x = part.to(compute)
-                logits = (x @ w.t()).float()
+                logits = (x @ w.t() if b is None else torch.addmm(b, x, w.t())).float()
                 keep = want != IGNORE
                 safe = torch.where(keep, want, 0)
                 lse = torch.logsumexp(logits, dim=-1)
@@ -68,22 +83,26 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 grad[torch.arange(len(safe), device=grad.device), safe] -= 1
                 grad.mul_((keep / count)[:, None])
                 grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
+                if grad_bias is not None:
+                    grad_bias += grad.sum(0)
                 grad_hidden[start:start + len(part)] = grad.to(compute) @ w
                 del logits, grad
                 start += len(part)
-        ctx.save_for_backward(grad_hidden.view_as(hidden), grad_weight.to(weight.dtype))
+        ctx.save_for_backward(grad_hidden.view_as(hidden), grad_weight.to(weight.dtype),
+                              None if grad_bias is None else grad_bias.to(bias.dtype))
         return loss / count
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple:
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, None, None
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        return (grad_hidden * grad_loss, grad_weight * grad_loss,
+                None if grad_bias is None else grad_bias * grad_loss, None, None)
 
 
 def fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                               chunks: int = CHUNKS) -> torch.Tensor:
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` without keeping logits."""
-    return _FusedLinearCrossEntropy.apply(hidden, weight, targets, chunks)
+                               chunks: int = CHUNKS, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T (+ bias)`` against ``targets`` without keeping logits."""
+    return _FusedLinearCrossEntropy.apply(hidden, weight, bias, targets, chunks)
 
 
 def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwargs: Any) -> Any:
@@ -91,48 +110,93 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
 
     kwargs.pop("logits_to_keep", None)
     shift_labels, num_items = kwargs.pop("shift_labels", None), kwargs.pop("num_items_in_batch", None)
-    hidden = self.model(input_ids=input_ids, **kwargs).last_hidden_state
+    decoder, head = getattr(self, self._advisor_parts[0]), getattr(self, self._advisor_parts[1])
+    hidden = decoder(input_ids=input_ids, **kwargs).last_hidden_state
     if labels is None:
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden))
+        return CausalLMOutputWithPast(logits=head(hidden))
     # transformers' ForCausalLMLoss contract: shift_labels as given (context parallelism shifts before
     # sharding), and a sum divided by num_items_in_batch when given.
     targets = causal_targets(labels) if shift_labels is None else shift_labels
     if self._advisor_loss == "fused":
-        loss = fused_linear_cross_entropy(hidden, self.lm_head.weight, targets)
+        loss = fused_linear_cross_entropy(hidden, head.weight, targets, bias=head.bias)
     else:
-        loss = chunked_cross_entropy(hidden, self.lm_head, targets)
+        loss = chunked_cross_entropy(hidden, head, targets)
     if num_items is not None:
         loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
     return CausalLMOutputWithPast(loss=loss, logits=None)
 
 
 def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
-    """Make ``model`` (a Hugging Face ``*ForCausalLM`` with ``model`` and a bias-free ``lm_head``)
-    compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns ``model``."""
+    """Make ``model`` (a Hugging Face causal LM whose head is a plain linear over its decoder's last hidden
+    state: ``_decoder_and_head``) compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns
+    ``model``."""
     if kernel == "hf":
         return model
     causal_lm = _causal_lm(model)
-    head = getattr(causal_lm, "lm_head", None)
-    if not isinstance(head, nn.Linear) or head.bias is not None or not hasattr(causal_lm, "model"):
-        raise ValueError(f"loss kernel {kernel!r} needs a causal LM with .model and a bias-free .lm_head; "
-                         f"{type(causal_lm).__name__} has none")
+    parts = _decoder_and_head(causal_lm)
+    if parts is None:
+        raise ValueError(f"loss kernel {kernel!r} needs a causal LM {HEAD_SHAPE}; "
+                         f"{type(causal_lm).__name__} is not one: use loss='hf'")
     transform = _logit_transform(getattr(causal_lm, "config", None))
     if transform:
         raise ValueError(f"loss kernel {kernel!r} computes the loss on the head's raw output; "
                          f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
     causal_lm._advisor_loss = kernel
+    causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)
     return model
 
 
+# transformers' causal LMs call ``self.loss_function(logits, labels, ...)`` or ``(logits=logits, ...)`` (Falcon's
+# variable is ``lm_logits``) on the head's output
+_LOSS_ON_LOGITS = re.compile(r"self\.loss_function\(\s*(logits\s*=\s*)?(lm_)?logits\s*,")
+
+
+def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
+    """The attribute names of ``causal_lm``'s decoder and head; None when it has no such pair.
+    Through transformers' own API: the decoder is ``base_model`` (the child named by ``base_model_prefix``),
+    else ``get_decoder()`` or ``.model`` (Llama 4's and Mllama's causal LMs name another prefix); the head is
+    ``get_output_embeddings()``. Both direct children, no other child with parameters (BERT's ``cls``, RoBERTa's
+    ``lm_head`` transform before their output linear), and a forward that hands the head's logits as they are
+    to ``self.loss_function`` (transformers' ForCausalLMLoss: labels shifted by one; Bart's, Whisper's and
+    XLNet's causal LMs take unshifted labels with their own CrossEntropyLoss, GIT drops its image tokens'
+    logits first)."""
+    children = dict(causal_lm.named_children())
+    named = {id(module): name for name, module in children.items()}
+    try:
+        head = causal_lm.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        head = None
+    if not isinstance(head, nn.Linear) or id(head) not in named:
+        return None
+    decoders = [getattr(causal_lm, "base_model", None), getattr(causal_lm, "model", None)]
+    try:  # transformers' get_decoder: best effort, a bespoke model may raise
+        decoders.insert(1, causal_lm.get_decoder())
+    except (AttributeError, NotImplementedError, ValueError):
+        pass
+    decoder = next((named[id(m)] for m in decoders if m is not None and id(m) in named and m is not head), None)
+    if decoder is None:
+        return None
+    others = [name for name, module in children.items() if name not in (decoder, named[id(head)])
+              and next(module.parameters(), None) is not None]
+    if others:
+        return None
+    try:
+        source = inspect.getsource(type(causal_lm).forward)
+    except (OSError, TypeError):
+        source = ""
+    if not _LOSS_ON_LOGITS.search(source):
+        return None
+    return decoder, named[id(head)]
+
+
 def _logit_transform(config: object) -> str:
     """What a model does to its logits before the loss, which the kernels do not repeat: Gemma 2's final
-    soft-capping (``final_logit_softcapping``), Cohere's ``logit_scale``, Granite's ``logits_scaling``;
-    an empty string when the head's output is the logits."""
-    found = []
-    if getattr(config, "final_logit_softcapping", None):
-        found.append(f"final_logit_softcapping={config.final_logit_softcapping}")
-    for key in ("logit_scale", "logits_scaling"):
+    soft-capping (``final_logit_softcapping``), RecurrentGemma's ``logits_soft_cap``, xLSTM's
+    ``output_logit_soft_cap``, Cohere's ``logit_scale``, Granite's ``logits_scaling``, Falcon-H1's
+    ``lm_head_multiplier``; an empty string when the head's output is the logits."""
+    found = [f"{key}={getattr(config, key)}" for key in SOFT_CAP_KEYS if getattr(config, key, None)]
+    for key in SCALE_KEYS:
         value = getattr(config, key, None)
         if isinstance(value, (int, float)) and value != 1:
             found.append(f"{key}={value}")

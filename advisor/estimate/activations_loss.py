@@ -49,7 +49,16 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     FSDP2's unsharded parameter is in the compute dtype). At the second chunk's head backward autograd
     holds the first gradient, the second and their sum (``InputBuffer::accumulate``, out of place),
     while the log-softmax of the two chunks done is freed: ``all chunks - 2 chunks + 3 x head`` fp32
-    and compute bytes, measured by the simulator (``tests/estimate/test_loss_chunked.py``)."""
+    and compute bytes, measured by the simulator (``tests/estimate/test_loss_chunked.py``).
+
+    A head bias (Phi, GPT-J, CodeGen: ``wrappers.losses`` adds it to each chunk's logits) adds only
+    vocabulary-sized tensors: fused, its fp32 gradient accumulator in the loop and its copy in the head's
+    dtype kept for backward (and the scaled copy there); chunked, one chunk's bias gradient beside each
+    head-sized one. Not counted here: no formula family's head has a bias (``profiles/architectures.json``),
+    and a traced family's profile (``advisor.estimate.traced``) is measured with the kernel running, bias
+    included; ``_loss_bend``'s line through the traced batches carries these constant terms unchanged
+    (a Phi at micro-batch 4: fused +0.16%, chunked +0.03% of the simulated step,
+    tests/estimate/test_loss_kernels_traced.py)."""
     per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
     if kernel == "chunked":
         backward = tokens * vocab * FP32 + per_chunk * 2 * FP32

@@ -132,6 +132,31 @@ def _check_values(cfg: dict, name: str, prefix: str = "") -> None:
         elif key.endswith("_config") and key in _SUB_CONFIGS and not isinstance(value, dict):
             fail(key, value, "an object (a nested config)")
     _check_bounds(cfg, fail)
+    _check_rotary_width(cfg, fail)
+
+
+def _check_rotary_width(cfg: dict, fail: Any) -> None:
+    """A partial rotary share must rotate an even number of each head's dimensions. transformers rotates
+    ``int(head_dim x factor)`` of them (modeling_phi.py ``PhiAttention.rotary_ndims``, the same in GPT-NeoX,
+    StableLM, Persimmon) but builds ``2 x len(arange(0, width, 2))`` cos/sin dimensions
+    (``compute_default_rope_parameters``): one more when the width is odd, and every forward fails in
+    ``apply_rotary_pos_emb`` with a broadcast error (Phi, head_dim 128 x 0.4 = 51 against 52), on one CPU as
+    under FSDP2 or checkpointing. transformers' limitation, not a memory question: refused here in one line."""
+    rope = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    key = next((k for k in ("partial_rotary_factor", "rotary_pct") if cfg.get(k) is not None), None)
+    factor = cfg[key] if key else rope.get("partial_rotary_factor")
+    hidden, heads = config_value(cfg, "hidden_size"), config_value(cfg, "num_attention_heads")
+    head_dim = config_value(cfg, "head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int)
+                                                 and not isinstance(heads, bool) and heads > 0 else None)
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not isinstance(head_dim, int) \
+            or not 0 < factor <= 1:
+        return
+    width = int(head_dim * factor)
+    if width % 2:
+        fail(key or "rope_parameters.partial_rotary_factor", factor,
+             f"a share of head_dim {head_dim} that rotates an even width (int({head_dim} x {factor}) = {width}: "
+             f"transformers builds {width + 1} cos/sin dimensions against the {width} it rotates, and the model's "
+             f"forward fails)")
 
 
 def _check_bounds(cfg: dict, fail: Any) -> None:

@@ -14,8 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from profiles import PROFILES_DIR
 
 # The config keys through which a model changes its logits before the loss, in wrappers.losses'
-# _logit_transform order: a truthy soft-cap, a scale other than 1.
-TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+# _logit_transform order (its SOFT_CAP_KEYS, then SCALE_KEYS): a truthy soft-cap, a scale other than 1.
+SOFT_CAP_KEYS = ("final_logit_softcapping", "logits_soft_cap", "output_logit_soft_cap")
+SCALE_KEYS = ("logit_scale", "logits_scaling", "lm_head_multiplier")
+TRANSFORM_KEYS = SOFT_CAP_KEYS + SCALE_KEYS
+# What the kernels need, as wrappers.losses.HEAD_SHAPE words it.
+HEAD_SHAPE = "whose loss is transformers' loss_function over a plain nn.Linear head on its decoder's output"
 
 
 class LossKernelFacts(BaseModel):
@@ -24,10 +28,16 @@ class LossKernelFacts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     causal_lm_class: str = Field(description="The *ForCausalLM class the kernel would go on.")
-    head_ok: bool = Field(description="The class has .model and a bias-free nn.Linear .lm_head.")
+    head_ok: bool = Field(description="The class's forward hands an nn.Linear head's output over its decoder's "
+                                      "last hidden state to transformers' loss_function (wrappers.losses).")
     final_logit_softcapping: float | None = Field(default=None, description="Config-class default soft-cap.")
+    logits_soft_cap: float | None = Field(default=None, description="Config-class default soft-cap "
+                                                                     "(RecurrentGemma).")
+    output_logit_soft_cap: float | None = Field(default=None, description="Config-class default soft-cap (xLSTM).")
     logit_scale: float | None = Field(default=None, description="Config-class default logit scale (Cohere).")
     logits_scaling: float | None = Field(default=None, description="Config-class default logit divisor (Granite).")
+    lm_head_multiplier: float | None = Field(default=None, description="Config-class default logit multiplier "
+                                                                        "(Falcon-H1).")
 
 
 @functools.cache
@@ -45,13 +55,13 @@ def loss_kernel_refusal(cfg: dict) -> str | None:
     name = facts.causal_lm_class if facts else (names[0] if isinstance(names, list) and names and
                                                  isinstance(names[0], str) else str(model_type))
     if facts is not None and not facts.head_ok:
-        return f"needs a causal LM with .model and a bias-free .lm_head; {name} has none"
+        return f"needs a causal LM {HEAD_SHAPE}; {name} is not one"
     found = []
     for key in TRANSFORM_KEYS:
         value = cfg[key] if key in cfg else getattr(facts, key, None)
-        if key == "final_logit_softcapping" and value:
+        if key in SOFT_CAP_KEYS and value:
             found.append(f"{key}={value}")
-        elif key != "final_logit_softcapping" and isinstance(value, (int, float)) and not isinstance(value, bool) \
+        elif key in SCALE_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool) \
                 and value != 1:
             found.append(f"{key}={value}")
     if found:

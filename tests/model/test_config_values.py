@@ -78,3 +78,40 @@ def test_resolve_model_accepts_a_size():
     assert spec.total_params == 7_500_000_000 and spec.source == "params"
     assert resolve_model("350M").total_params == 350_000_000
     assert resolve(" 1.2T ").config is None
+
+
+def _phi(hidden: int, heads: int, factor: float) -> dict:
+    return dict(model_type="phi", architectures=["PhiForCausalLM"], hidden_size=hidden, intermediate_size=4 * hidden,
+                num_hidden_layers=2, num_attention_heads=heads, vocab_size=1024, partial_rotary_factor=factor,
+                _name_or_path="sweep/phi-h128-l2-v3648")
+
+
+def test_an_odd_rotary_width_is_refused_in_one_line():
+    """The sweep's phi rows 50be143cb286 (head_dim 128 x 0.4 -> 51) and efff7a7491b9 (64 x 0.4 -> 25) failed in
+    the simulator with a broadcast error: transformers' PhiAttention rotates int(head_dim x factor) dimensions but
+    builds 2 x len(arange(0, width, 2)) cos/sin ones, 52 against 51, so the model fails on one CPU too
+    (tests/wrappers/test_losses_fsdp.py's docstring). The planner now says so; even widths (0.5, Phi-2's 80 x 0.4
+    = 32) are accepted."""
+    with pytest.raises(ValueError) as err:
+        advisor.plan(_phi(128, 1, 0.4), "2xH100", trace=False)
+    assert str(err.value) == (
+        "config for 'sweep/phi-h128-l2-v3648': \"partial_rotary_factor\" is 0.4; expected a share of head_dim 128 "
+        "that rotates an even width (int(128 x 0.4) = 51: transformers builds 52 cos/sin dimensions against the 51 "
+        "it rotates, and the model's forward fails)")
+    with pytest.raises(ValueError, match=r"int\(64 x 0.4\) = 25"):
+        check_config(_phi(512, 8, 0.4), name="x")
+    for hidden, heads, factor in ((128, 1, 0.5), (2560, 32, 0.4)):
+        assert check_config(_phi(hidden, heads, factor), name="x")
+    neox = dict(model_type="gpt_neox", hidden_size=64, num_attention_heads=2, rotary_pct=0.25)  # 32 x 0.25 = 8
+    assert check_config(neox, name="x") and "rotary_pct" in str(pytest.raises(
+        ValueError, check_config, dict(neox, rotary_pct=0.3), name="x").value)  # int(9.6) = 9
+
+
+def test_an_odd_rotary_width_fails_in_transformers_itself():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.PhiConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=1, num_attention_heads=1,
+                                    num_key_value_heads=1, vocab_size=64, partial_rotary_factor=0.4)
+    model = transformers.PhiForCausalLM(config)
+    with pytest.raises(RuntimeError, match="51.*52|52.*51"):
+        model(input_ids=torch.zeros(1, 4, dtype=torch.long))

@@ -67,15 +67,28 @@ def test_hand_worked_reasons():
         "(logits_scaling=8.0)")
     assert loss_kernel_refusal({"model_type": "gemma2", "final_logit_softcapping": None}) is None
     assert loss_kernel_refusal({"model_type": "llama"}) is None
-    assert loss_kernel_refusal({"model_type": "gpt2"}) == (
-        "needs a causal LM with .model and a bias-free .lm_head; GPT2LMHeadModel has none")
+    # GPT-2's decoder is .transformer, Phi's head has a bias: both run the kernels now. Bart's causal LM takes
+    # unshifted labels with its own CrossEntropyLoss: refused
+    assert loss_kernel_refusal({"model_type": "gpt2"}) is None
+    assert loss_kernel_refusal({"model_type": "phi"}) is None
+    assert loss_kernel_refusal({"model_type": "bart"}) == (
+        "needs a causal LM whose loss is transformers' loss_function over a plain nn.Linear head on its decoder's "
+        "output; BartForCausalLM is not one")
+    # xLSTM's soft-cap (class default 30.0) and Falcon-H1's multiplier when its config.json sets one
+    assert loss_kernel_refusal({"model_type": "xlstm"}) == (
+        "computes the loss on the head's raw output; xLSTMForCausalLM transforms its logits first "
+        "(output_logit_soft_cap=30.0)")
+    assert loss_kernel_refusal({"model_type": "falcon_h1", "architectures": ["FalconH1ForCausalLM"],
+                                "lm_head_multiplier": 0.5}) == (
+        "computes the loss on the head's raw output; FalconH1ForCausalLM transforms its logits first "
+        "(lm_head_multiplier=0.5)")
 
 
-@pytest.mark.parametrize(("family", "reason"), [("falcon", "FalconForCausalLM has none"), (
+@pytest.mark.parametrize(("family", "reason"), [(
     "cohere", "CohereForCausalLM transforms its logits first (logit_scale=0.0625)")])
 def test_traced_families_refused_from_their_config(family, reason):
-    # Falcon (no .model: FalconForCausalLM.transformer) and Cohere (logit_scale 0.0625 by its config class's
-    # default) have no formula: the meta-device path carries the refusal too, and a pinned kernel is refused
+    # Cohere (logit_scale 0.0625 by its config class's default) has no formula: the meta-device path carries the
+    # refusal too, and a pinned kernel is refused
     import re
 
     import advisor

@@ -72,13 +72,68 @@ def _loss_and_grads_trainable(model, ids, labels):
 
 
 @pytest.mark.parametrize("key, value", [("final_logit_softcapping", 30.0), ("logit_scale", 0.0625),
-                                        ("logits_scaling", 8.0)])
+                                        ("logits_scaling", 8.0), ("logits_soft_cap", 30.0),
+                                        ("output_logit_soft_cap", 30.0), ("lm_head_multiplier", 0.5)])
 def test_a_model_that_transforms_its_logits_is_refused(key, value):
-    """Gemma 2 soft-caps its logits, Cohere and Granite scale them before the loss; the kernels take the head's
-    raw output, so they would train on a different loss: refused in one line, as a biased head is."""
+    """Gemma 2, RecurrentGemma and xLSTM soft-cap their logits, Cohere, Granite and Falcon-H1 scale them before the
+    loss; the kernels take the head's raw output, so they would train on a different loss: refused in one line."""
     model = tiny_llama(0)
     setattr(model.config, key, value)
     with pytest.raises(ValueError, match=f"transforms its logits first \\({key}="):
         use_loss_kernel(model, "chunked")
-    setattr(model.config, key, 1 if key != "final_logit_softcapping" else None)
+    setattr(model.config, key, None if key.endswith(("softcapping", "soft_cap")) else 1)
     assert use_loss_kernel(model, "chunked") is model
+
+
+def _tiny(model_type: str):
+    """A two-block model of ``model_type`` built from its config on the CPU, dropout off (eval)."""
+    transformers = pytest.importorskip("transformers")
+    widths = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=128)
+    extra = {"gpt2": dict(n_embd=64, n_head=4, n_layer=2, vocab_size=128),
+             "gpt_neox": dict(widths, intermediate_size=128, rotary_pct=0.25),
+             "falcon": dict(widths, new_decoder_architecture=False, multi_query=True, bias=True),
+             "phi": dict(widths, intermediate_size=128, partial_rotary_factor=0.5, tie_word_embeddings=False)}
+    config = transformers.AutoConfig.for_model(model_type, **extra[model_type])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    if model_type == "phi":  # a non-zero bias, so that its share of the logits and its gradient count
+        torch.nn.init.normal_(model.lm_head.bias)
+    return model
+
+
+@pytest.mark.parametrize("kernel", ["chunked", "fused"])
+@pytest.mark.parametrize("model_type", ["gpt2", "gpt_neox", "falcon", "phi"])
+def test_kernel_on_a_decoder_named_otherwise_or_a_biased_head(model_type, kernel):
+    """GPT-2 and Falcon name their decoder ``transformer``, GPT-NeoX ``gpt_neox``, Phi's head has a bias:
+    the decoder and head come from transformers' ``base_model`` and ``get_output_embeddings()``, and the
+    kernels' loss and every gradient (the head's bias's too) are transformers' own."""
+    reference = _tiny(model_type)
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    expected_loss, expected_grads = _loss_and_grads(reference, ids, labels)
+    model = use_loss_kernel(_tiny(model_type), kernel)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    assert model(input_ids=ids, labels=labels).logits is None  # the kernel ran, not transformers' loss
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    assert sorted(grads) == sorted(expected_grads)
+    if model_type == "phi":
+        assert expected_grads["lm_head.bias"].abs().sum() > 0
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("model_type", ["bart", "xlnet"])
+def test_a_causal_lm_with_its_own_unshifted_loss_is_refused(model_type):
+    """Bart's causal LM (``model`` and a bias-free ``lm_head``, accepted before) and XLNet's take their labels
+    unshifted with their own CrossEntropyLoss, not transformers' loss_function: the kernels' shifted loss
+    would be another one."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.AutoConfig.for_model(model_type)
+    for key in ("num_hidden_layers", "n_layer", "decoder_layers", "encoder_layers"):
+        if isinstance(getattr(config, key, None), int):
+            setattr(config, key, 1)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="needs a causal LM whose loss is transformers' loss_function"):
+        use_loss_kernel(model, "fused")

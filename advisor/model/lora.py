@@ -149,7 +149,7 @@ def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
 # (``pooler.dense``, ``cls.predictions.transform.dense``, ``cls.predictions.decoder``) and the
 # output projections of its blocks (``attention.output.dense``, ``intermediate.dense``,
 # ``output.dense``), all named ``dense`` but the decoder.
-_OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder")}
+_OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder"), "qwen_moe": ("lm_head",)}
 
 
 def _refuse_expert_targets(spec: ModelSpec, names: tuple[str, ...]) -> None:
@@ -200,7 +200,8 @@ def linear_names(spec: ModelSpec) -> tuple[str, ...]:
     if layout is not None:
         return layout.short_names
     info = load_architectures()[spec.model_type]
-    return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ())]))
+    tower = (*tower_linears(spec), "linear_1", "linear_2", "lm_head") if tower_linears(spec) else ()  # Llava
+    return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ()), *tower]))
 
 
 def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:

@@ -18,7 +18,10 @@ resolved against their qualified names as PEFT resolves them (``peft.tuners.tune
 check_target_module_exists``: a name equal to the target or ending in ``.TARGET``; ``all-linear``:
 every ``nn.Linear`` / ``Conv1D`` but the module ``get_output_embeddings()`` returns,
 ``_maybe_include_all_linear_layers``); PEFT's default targets for those families come from
-``profiles/peft_lora_targets.json``.
+``profiles/peft_lora_targets.json``. The bundled families whose blocks are not Llama-like (T5, BART, Mamba,
+Jamba, DeepSeek, Qwen-VL) take the same path with their layers listed from the shape fields instead
+(``advisor.model.kind_linears``); targets PEFT maps onto stacked expert weights or refuses outright (the
+same profile) are a ValueError.
 
 The adapters are added to the block's parameters, so the spec's total grows by the adapters and
 only they are trainable: the base weights are frozen (no gradients, no optimizer state).
@@ -145,7 +148,7 @@ def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
 
 
 # Linear layers outside the blocks, by the last name PEFT matches: the output head of a causal LM
-# (transformers' LlamaForCausalLM / GPT2LMHeadModel ``lm_head``); BERT's pooler and MLM head
+# (transformers' LlamaForCausalLM / GPT2LMHeadModel / Qwen3MoeForCausalLM ``lm_head``); BERT's pooler and MLM head
 # (``pooler.dense``, ``cls.predictions.transform.dense``, ``cls.predictions.decoder``) and the
 # output projections of its blocks (``attention.output.dense``, ``intermediate.dense``,
 # ``output.dense``), all named ``dense`` but the decoder.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 
-from advisor.model.bundled import load_architectures
+from advisor.model.bundled import load_architectures, load_peft_expert_targets
 from advisor.model.linear_layout import LinearLayer, LinearLayout
 from advisor.model.spec import ModelSpec
 
@@ -130,8 +130,6 @@ def _qwen_vl(spec: ModelSpec) -> _Shapes:
 
 
 _KINDS = {"t5": _t5, "bart": _bart, "mamba": _mamba, "jamba": _jamba, "deepseek": _deepseek, "qwen_vl": _qwen_vl}
-# Stacked 3-D expert weights that PEFT's all-linear also adapts (transformers 5 MoE blocks).
-_STACKED = {"jamba", "deepseek"}
 
 
 @functools.lru_cache(maxsize=16)
@@ -148,5 +146,7 @@ def formula_layout(spec: ModelSpec) -> LinearLayout | None:
         return None
     layers = tuple(LinearLayer(name=name, in_features=fan_in, out_features=fan_out) for name, fan_in, fan_out in shapes)
     head = LinearLayer(name="lm_head", in_features=spec.hidden_size, out_features=spec.vocab_size)
-    stacked = info.formula in _STACKED and spec.num_experts is not None
+    # PEFT's all-linear also adapts the stacked expert weights of the model types it maps them for
+    # (DeepSeek); Jamba's it leaves alone (not in peft 0.21's conversion table: every nn.Linear but the head).
+    stacked = spec.model_type in load_peft_expert_targets() and spec.num_experts is not None
     return LinearLayout(layers=(*layers, head), output="lm_head", stacked_experts=stacked)

@@ -51,11 +51,11 @@ def test_listed_linears_are_the_meta_models_own(model):
     assert listed.output == built.output == "lm_head"
 
 
-CASES = [  # (model, --lora-targets): PEFT's default, all-linear where no stacked experts, named layers
+CASES = [  # (model, --lora-targets): PEFT's default, all-linear where PEFT adapts no stacked experts, named layers
     ("google-t5/t5-large", None), ("google-t5/t5-large", "all-linear"), ("google-t5/t5-large", ("wi", "lm_head")),
     ("facebook/bart-large", None), ("facebook/bart-large", "all-linear"), ("facebook/bart-large", ("out_proj", "fc1")),
     ("state-spaces/mamba-130m-hf", ("in_proj", "lm_head")), ("state-spaces/mamba-130m-hf", ("x_proj", "dt_proj")),
-    ("ai21labs/Jamba-v0.1", ("q_proj", "v_proj")), ("ai21labs/Jamba-v0.1", ("in_proj", "out_proj", "down_proj")),
+    ("ai21labs/Jamba-v0.1", ("q_proj", "v_proj")), ("ai21labs/Jamba-v0.1", "all-linear"), ("ai21labs/Jamba-v0.1", ("in_proj", "out_proj", "down_proj")),
     ("deepseek-ai/DeepSeek-V3", ("q_a_proj", "kv_b_proj", "o_proj")), ("deepseek-ai/DeepSeek-V3", ("kv_a_proj_with_mqa", "lm_head")),
     ("Qwen/Qwen2.5-VL-7B-Instruct", "all-linear"), ("Qwen/Qwen2.5-VL-7B-Instruct", ("qkv", "down_proj")),
 ]
@@ -96,8 +96,8 @@ def test_jamba_attention_adapters_worked_by_hand():
 
 
 @pytest.mark.parametrize("model,targets,message", [
-    ("ai21labs/Jamba-v0.1", "all-linear", "all-linear is not modelled for jamba yet (PEFT also adapts its stacked "
-                                          "expert weights)"),
+    ("deepseek-ai/DeepSeek-V3", "all-linear", "all-linear is not modelled for deepseek_v3 yet (PEFT also adapts its "
+                                              "stacked expert weights)"),
     ("deepseek-ai/DeepSeek-V3", ("q_proj", "v_proj"), "no linear layer named q_proj, v_proj in deepseek-ai/DeepSeek-V3; "
      "its linear layers are: q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj, gate_proj, up_proj, down_proj, lm_head"),
     ("google-t5/t5-large", ("q_proj", "v_proj"), "its linear layers are: q, k, v, o, wi, wo, lm_head (or all-linear)"),

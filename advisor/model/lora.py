@@ -228,6 +228,15 @@ def adapted_block_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[int,
     return tuple((layer.in_features, layer.out_features) for layer in matched_linears(spec, lora) if layer.block)
 
 
+def adapted_fans(spec: ModelSpec, lora: LoraConfig) -> tuple[int, ...]:
+    """``max(in, out)`` of each linear inside the blocks ``lora`` adapts (every block where they differ, as
+    Jamba's attention and Mamba layers; block 0 elsewhere)."""
+    if model_linears(spec) is not None:
+        return tuple(max(layer.in_features, layer.out_features) for layer in matched_linears(spec, lora) if layer.block)
+    linears = block_linears(spec)
+    return tuple(max(fan_in, fan_out) for name in target_names(spec, lora) for fan_in, fan_out in linears.get(name, ()))
+
+
 def dora_outputs(spec: ModelSpec, lora: LoraConfig) -> tuple[int, ...]:
     """Each DoRA-adapted linear's out_features in one block, in ``adapter_inputs``' order (empty for LoRA
     or where ``adapter_inputs`` is None)."""

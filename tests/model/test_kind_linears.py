@@ -93,6 +93,11 @@ def test_jamba_attention_adapters_worked_by_hand():
     adapted = with_lora(spec, lora)
     assert adapted.hybrid.block_params[4] - spec.hybrid.block_params[4] == 212_992  # one attention layer's
     assert adapted.hybrid.block_params[0] == spec.hybrid.block_params[0]  # a Mamba layer has none
+    # the largest trainable tensor: a q_proj lora_A, 16 x 4096 (block 0, a Mamba layer, has no adapter)
+    from advisor.estimate.states import largest_trainable_params
+    from advisor.training import TrainingConfig
+
+    assert largest_trainable_params(adapted, TrainingConfig(lora=lora)) == 65_536
 
 
 @pytest.mark.parametrize("model,targets,message", [

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from advisor.model.lora import LoraConfig, block_linears, target_names
+from advisor.model.lora import LoraConfig, adapted_block_linears, block_linears, target_names
 from advisor.model.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -68,12 +68,14 @@ def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_byt
 def adapter_bytes(spec: ModelSpec, lora: LoraConfig, *, tokens: int, compute_bytes: int,
                   input_casts: bool) -> tuple[int, int]:
     """(forward, backward) HBM bytes of one micro-batch of ``tokens`` tokens through every block's adapters."""
-    linears = block_linears(spec)
+    every = adapted_block_linears(spec, lora)  # unlike blocks (T5, Jamba): each adapted linear once
+    if every is None:
+        linears = block_linears(spec)
+        every = tuple(shape for name in target_names(spec, lora) for shape in linears[name])
+        tokens *= spec.num_layers or 0  # every block as block 0
     per_token = [adapter_bytes_per_token(fan_in, fan_out, lora.rank, compute_bytes=compute_bytes,
-                                         input_casts=input_casts, dropout=lora.dropout > 0)
-                 for name in target_names(spec, lora) for fan_in, fan_out in linears[name]]
-    blocks = (spec.num_layers or 0) * tokens
-    return blocks * sum(f for f, _ in per_token), blocks * sum(b for _, b in per_token)
+                                         input_casts=input_casts, dropout=lora.dropout > 0) for fan_in, fan_out in every]
+    return tokens * sum(f for f, _ in per_token), tokens * sum(b for _, b in per_token)
 
 
 def adapter_s(spec: ModelSpec, hw: "Hardware", training: "TrainingConfig", impl: "Implementation",

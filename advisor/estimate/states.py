@@ -81,7 +81,7 @@ def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int, 
 def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
     """Elements of the largest trainable tensor: an adapter matrix under LoRA (``r x max(in, out)`` of its
     widest target), else the token embedding or the head, else the widest block linear."""
-    from advisor.model.lora import block_linears, target_names  # LoRA's tables load only when asked
+    from advisor.model.lora import adapted_fans, block_linears  # LoRA's tables load only when asked
 
     t = spec.trainable_params
     try:
@@ -90,8 +90,7 @@ def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
         linears = {}
     widest = max((i * o for shapes in linears.values() for i, o in shapes), default=0)
     if training.lora is not None and linears:
-        dims = [max(i, o) for name in target_names(spec, training.lora) for i, o in linears.get(name, [])]
-        return min(t, training.lora.rank * max(dims, default=0)) or t
+        return min(t, training.lora.rank * max(adapted_fans(spec, training.lora), default=0)) or t
     if t >= spec.total_params:
         return max(spec.embedding_params or 0, spec.head_params or 0, widest) or t
     return min(t, widest) or t

@@ -85,6 +85,9 @@ class BlockKind:
     # tensor parallelism over a stack of unequal blocks: (spec, split: a block's parameters -> one TP rank's,
     # one rank's largest block) -> (the facts fields as one rank holds them, its dense_layer_saving); None: alike
     split_blocks: Callable[[ModelSpec, Callable[[int], int], int], tuple[dict, int]] | None = None
+    # LoRA over a stack of unequal blocks: (spec, each block's adapters, all adapters) -> the spec's fields with
+    # them added to each block's own count; None: alike blocks (layer_params grows by one block's adapters)
+    grow_blocks: Callable[[ModelSpec, list[int], int], dict] | None = None
 
 
 def _split_dense_layers(spec: ModelSpec, split: Callable[[int], int], layer_tp: int) -> tuple[dict, int]:
@@ -102,6 +105,29 @@ def _split_hybrid_blocks(spec: ModelSpec, split: Callable[[int], int], layer_tp:
     blocks = tuple(split(b) for b in spec.hybrid.block_params)
     return {**update, "hybrid": validated_copy(spec.hybrid, dict(block_params=blocks))}, len(blocks) * layer_tp - sum(
         blocks)
+
+
+def _grow_dense_layers(spec: ModelSpec, per_block: list[int], added: int) -> dict:
+    """DeepSeek's first_k_dense_replace: the first ``num_dense_layers`` dense blocks' adapters to
+    ``dense_layer_params``, the rest's to ``layer_params``, the remainder (the head) to ``other_params``; blocks
+    of one kind with unequal adapters: all of them in ``other_params``."""
+    dense = spec.moe.num_dense_layers if spec.moe is not None else 0
+    if not dense:
+        return {}
+    dense_extra = per_block[0]
+    sparse_extra = per_block[dense] if dense < spec.num_layers else 0
+    counted = dense * dense_extra + (spec.num_layers - dense) * sparse_extra
+    if counted > added:
+        return dict(other_params=spec.other_params + added)
+    return dict(layer_params=spec.layer_params + sparse_extra, other_params=spec.other_params + added - counted,
+                moe=validated_copy(spec.moe, {"dense_layer_params": spec.moe.dense_layer_params + dense_extra}))
+
+
+def _grow_hybrid_blocks(spec: ModelSpec, per_block: list[int], added: int) -> dict:
+    """Jamba: each block's adapters to its own ``HybridFacts.block_params`` (``layer_params`` the largest)."""
+    blocks = tuple(params + extra for params, extra in zip(spec.hybrid.block_params, per_block))
+    return dict(layer_params=max(blocks), other_params=spec.other_params + added - sum(per_block),
+                hybrid=validated_copy(spec.hybrid, {"block_params": blocks}))
 
 
 def _mamba(spec: ModelSpec) -> bool:
@@ -175,9 +201,11 @@ KINDS: tuple[BlockKind, ...] = (
               tower_linears=clip_tower_linears, tower_layers=lambda spec: spec.vision.num_layers,
               projector_linears=llava_projector_linears),
     BlockKind("jamba", "decoder", _jamba, "advisor.model.hybrid", "advisor.estimate.activations_hybrid",
-              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}, pipelines=False, split_blocks=_split_hybrid_blocks),
+              facts={"hybrid": (HybridFacts,), "moe": (MoeFacts,)}, pipelines=False, split_blocks=_split_hybrid_blocks,
+              grow_blocks=_grow_hybrid_blocks),
     BlockKind("moe", "decoder", _moe, "advisor.model.moe", "advisor.estimate.activations_moe",
-              facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}, split_blocks=_split_dense_layers),
+              facts={"moe": (MoeFacts,), "mla": (MlaFacts,)}, split_blocks=_split_dense_layers,
+              grow_blocks=_grow_dense_layers),
     BlockKind("gpt2", "gpt2", lambda spec: _plain(spec, "gpt2"), "advisor.model.architectures", _BLOCKS),
     BlockKind("bert", "bert", lambda spec: _plain(spec, "bert"), "advisor.model.architectures", _BLOCKS),
     BlockKind("gpt_neox", "gpt_neox", lambda spec: _plain(spec, "gpt_neox"), "advisor.model.meta", _BLOCKS),

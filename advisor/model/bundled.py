@@ -58,6 +58,22 @@ def load_peft_lora_targets() -> dict[str, tuple[str, ...]]:
 
 
 @functools.cache
+def load_peft_expert_targets() -> dict[str, frozenset[str]]:
+    """Target names PEFT maps onto a mixture-of-experts model's stacked expert weights and router, per
+    ``model_type`` (``profiles/peft_lora_targets.json``, ``moe_expert_targets``)."""
+    raw = json.loads((PROFILES_DIR / "peft_lora_targets.json").read_text())["moe_expert_targets"]
+    return {k: frozenset(v) for k, v in raw.items()}
+
+
+@functools.cache
+def load_peft_incompatible_targets() -> dict[str, frozenset[str]]:
+    """Module names PEFT refuses to put a LoRA adapter on, per ``model_type`` (``profiles/peft_lora_targets.json``,
+    ``incompatible_targets``)."""
+    raw = json.loads((PROFILES_DIR / "peft_lora_targets.json").read_text())["incompatible_targets"]
+    return {k: frozenset(v) for k, v in raw.items()}
+
+
+@functools.cache
 def bundled_model_ids() -> tuple[str, ...]:
     """Hub ids of the bundled configs (``profiles/models/<org>/<name>.json``)."""
     return tuple(sorted(f"{p.parent.name}/{p.stem}" for p in MODELS_DIR.glob("*/*.json")))

@@ -24,8 +24,10 @@ class LinearLayer(BaseModel):
 
     @property
     def short_name(self) -> str:
-        """The last component, the name PEFT's suffix matching is usually given."""
-        return self.name.rsplit(".", 1)[-1]
+        """The last component, the name PEFT's suffix matching is usually given; the last two for a layer of
+        an ``nn.Sequential`` (Qwen2.5-VL's ``merger.mlp.0``), whose bare index would also match the blocks."""
+        parts = self.name.rsplit(".", 2)
+        return ".".join(parts[-2:]) if parts[-1].isdigit() and len(parts) > 1 else parts[-1]
 
     @property
     def block(self) -> tuple[str, int, str] | None:

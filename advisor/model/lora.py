@@ -18,7 +18,10 @@ resolved against their qualified names as PEFT resolves them (``peft.tuners.tune
 check_target_module_exists``: a name equal to the target or ending in ``.TARGET``; ``all-linear``:
 every ``nn.Linear`` / ``Conv1D`` but the module ``get_output_embeddings()`` returns,
 ``_maybe_include_all_linear_layers``); PEFT's default targets for those families come from
-``profiles/peft_lora_targets.json``.
+``profiles/peft_lora_targets.json``. The bundled families whose blocks are not Llama-like (T5, BART, Mamba,
+Jamba, DeepSeek, Qwen-VL) take the same path with their layers listed from the shape fields instead
+(``advisor.model.kind_linears``); targets PEFT maps onto stacked expert weights or refuses outright (the
+same profile) are a ValueError.
 
 The adapters are added to the block's parameters, so the spec's total grows by the adapters and
 only they are trainable: the base weights are frozen (no gradients, no optimizer state).
@@ -32,8 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
 from advisor.model.block_kinds import kind_of
-from advisor.model.bundled import load_architectures, load_peft_lora_targets
-from advisor.model.linear_layout import LinearLayer
+from advisor.model.bundled import (load_architectures, load_peft_expert_targets, load_peft_incompatible_targets,
+                                   load_peft_lora_targets)
+from advisor.model.kind_linears import formula_layout
+from advisor.model.linear_layout import LinearLayer, LinearLayout
 from advisor.model.saved_modules import saved_module_params, saved_modules
 from advisor.model.spec import ModelSpec
 
@@ -61,12 +66,20 @@ class LoraConfig(BaseModel):
         return dict(r=self.rank, target_modules=targets, use_dora=self.dora, lora_dropout=self.dropout, **saved)
 
 
+def model_linears(spec: ModelSpec) -> LinearLayout | None:
+    """Every linear layer of the model by qualified name: recorded on the meta device (``spec.linears``),
+    or listed from the shape fields for a family whose blocks are not Llama-like
+    (``advisor.model.kind_linears``); None where ``block_linears``' per-block formula describes the model."""
+    return spec.linears if spec.linears is not None else formula_layout(spec)
+
+
 def block_linears(spec: ModelSpec) -> dict[str, list[tuple[int, int]]]:
     """The linear layers of one block by their last name: ``{name: [(in, out), ...]}`` (a name can
     repeat, as GPT-2's two ``c_proj``). ValueError when the family's layers are not known here."""
-    if spec.linears is not None:  # recorded on the meta device: block 0's layers
+    layout = model_linears(spec)
+    if layout is not None:  # recorded on the meta device, or listed by kind: block 0's layers
         recorded: dict[str, list[tuple[int, int]]] = {}
-        for layer in spec.linears.first_block():
+        for layer in layout.first_block():
             recorded.setdefault(layer.short_name, []).append((layer.in_features, layer.out_features))
         return recorded
     info = load_architectures().get(spec.model_type or "")
@@ -109,18 +122,20 @@ class AdapterInput(NamedTuple):
 
 def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
     """The block's linear layers ``lora`` adapts (its targets, PEFT's default, or every one)."""
-    if spec.linears is not None:
+    if model_linears(spec) is not None:
         return tuple(dict.fromkeys(layer.short_name for layer in matched_linears(spec, lora) if layer.block))
     linears = block_linears(spec)
     if lora.targets == ALL_LINEAR:
         info = load_architectures()[spec.model_type]
-        if info.moe or info.formula == "bert":
+        if info.moe or info.formula in ("bert", "qwen_moe"):
             # PEFT's all-linear also takes the MoE router and the stacked expert weights (as parameter
             # adapters), or BERT's pooler and head "dense" layers: not modelled here.
+            experts = load_peft_expert_targets().get(spec.model_type, ())
             raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet; name the "
-                             f"targets (some of: {', '.join(linears)})")
+                             f"targets (some of: {', '.join(name for name in linears if name not in experts)})")
         return tuple(linears)
     names = lora.targets or default_targets(spec)
+    _refuse_expert_targets(spec, names)
     every = linear_names(spec)
     unknown = [name for name in names if name not in every]
     if unknown:
@@ -134,11 +149,22 @@ def target_names(spec: ModelSpec, lora: LoraConfig) -> tuple[str, ...]:
 
 
 # Linear layers outside the blocks, by the last name PEFT matches: the output head of a causal LM
-# (transformers' LlamaForCausalLM / GPT2LMHeadModel ``lm_head``); BERT's pooler and MLM head
+# (transformers' LlamaForCausalLM / GPT2LMHeadModel / Qwen3MoeForCausalLM ``lm_head``); BERT's pooler and MLM head
 # (``pooler.dense``, ``cls.predictions.transform.dense``, ``cls.predictions.decoder``) and the
 # output projections of its blocks (``attention.output.dense``, ``intermediate.dense``,
 # ``output.dense``), all named ``dense`` but the decoder.
-_OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder")}
+_OUTSIDE_LINEARS = {"decoder": ("lm_head",), "gpt2": ("lm_head",), "bert": ("dense", "decoder"), "qwen_moe": ("lm_head",)}
+
+
+def _refuse_expert_targets(spec: ModelSpec, names: tuple[str, ...]) -> None:
+    """ValueError for targets PEFT maps onto the stacked expert weights or the router of a mixture-of-experts
+    model (``load_peft_expert_targets``): parameter adapters, not counted here."""
+    experts = [name for name in names if name in load_peft_expert_targets().get(spec.model_type or "", ())]
+    if experts:
+        attention = [name for name in block_linears(spec) if name not in load_peft_expert_targets()[spec.model_type]]
+        raise ValueError(f"adapters on {', '.join(experts)} are not modelled for {spec.model_type} yet (PEFT puts them "
+                         f"on its stacked expert weights or router too); target the attention (some of: "
+                         f"{', '.join(attention)})")
 
 
 def _peft_match(name: str, target: str) -> bool:
@@ -148,27 +174,38 @@ def _peft_match(name: str, target: str) -> bool:
 def matched_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[LinearLayer, ...]:
     """The recorded linear layers (``spec.linears``) PEFT puts an adapter on, by PEFT's rules (module
     docstring). ValueError naming a target no linear layer matches, with the model's linear layers."""
-    layout = spec.linears
-    assert layout is not None, "matched_linears needs the recorded linear layers"
+    layout = model_linears(spec)
+    assert layout is not None, "matched_linears needs the model's linear layers"
+    refused = load_peft_incompatible_targets().get(spec.model_type or "", frozenset())
+    allowed = ", ".join(name for name in layout.short_names if name not in refused)
     if lora.targets == ALL_LINEAR:
         if layout.stacked_experts:  # PEFT adds parameter adapters on them (target_parameters): not counted here
             raise ValueError(f"--lora-targets all-linear is not modelled for {spec.model_type} yet (PEFT also adapts its "
-                             f"stacked expert weights); name the targets (some of: {', '.join(layout.short_names)})")
-        return tuple(layer for layer in layout.layers if layer.name != layout.output)
-    names = lora.targets or default_targets(spec)
-    unknown = [name for name in names if not any(_peft_match(layer.name, name) for layer in layout.layers)]
-    if unknown:
-        raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its linear layers are: "
-                         f"{', '.join(layout.short_names)} (or all-linear)")
-    return tuple(layer for layer in layout.layers if any(_peft_match(layer.name, name) for name in names))
+                             f"stacked expert weights); name the targets (some of: {allowed})")
+        matched = tuple(layer for layer in layout.layers if layer.name != layout.output)
+    else:
+        names = lora.targets or default_targets(spec)
+        _refuse_expert_targets(spec, names)
+        unknown = [name for name in names if not any(_peft_match(layer.name, name) for layer in layout.layers)]
+        if unknown:
+            raise ValueError(f"no linear layer named {', '.join(unknown)} in {spec.name}; its linear layers are: "
+                             f"{', '.join(layout.short_names)} (or all-linear)")
+        matched = tuple(layer for layer in layout.layers if any(_peft_match(layer.name, name) for name in names))
+    bad = sorted({layer.short_name for layer in matched} & refused)
+    if bad:  # get_peft_model raises (peft/tuners/tuners_utils.py _check_lora_target_modules_mamba)
+        raise ValueError(f"PEFT refuses LoRA on {', '.join(bad)} of a {spec.model_type} model; name the targets "
+                         f"(some of: {allowed})")
+    return matched
 
 
 def linear_names(spec: ModelSpec) -> tuple[str, ...]:
     """Every linear layer's PEFT-matchable name in the model, blocks first, without repeats."""
-    if spec.linears is not None:
-        return spec.linears.short_names
+    layout = model_linears(spec)
+    if layout is not None:
+        return layout.short_names
     info = load_architectures()[spec.model_type]
-    return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ())]))
+    tower = (*tower_linears(spec), "linear_1", "linear_2", "lm_head") if tower_linears(spec) else ()  # Llava
+    return tuple(dict.fromkeys([*block_linears(spec), *_OUTSIDE_LINEARS.get(info.formula, ()), *tower]))
 
 
 def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
@@ -181,6 +218,24 @@ def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...
     linears = block_linears(spec)
     return tuple(AdapterInput(fan_in, INPUT_SOURCE[name]) for name in target_names(spec, lora)
                  for fan_in, _ in linears[name])
+
+
+def adapted_block_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[int, int], ...] | None:
+    """``(in, out)`` of every adapted linear inside the blocks of the whole model, for a family listed by
+    kind (``advisor.model.kind_linears``: its blocks differ, as T5's encoder and decoder or Jamba's
+    attention and Mamba layers); None elsewhere (every block is block 0: ``block_linears`` x layers)."""
+    if spec.linears is not None or formula_layout(spec) is None:
+        return None
+    return tuple((layer.in_features, layer.out_features) for layer in matched_linears(spec, lora) if layer.block)
+
+
+def adapted_fans(spec: ModelSpec, lora: LoraConfig) -> tuple[int, ...]:
+    """``max(in, out)`` of each linear inside the blocks ``lora`` adapts (every block where they differ, as
+    Jamba's attention and Mamba layers; block 0 elsewhere)."""
+    if model_linears(spec) is not None:
+        return tuple(max(layer.in_features, layer.out_features) for layer in matched_linears(spec, lora) if layer.block)
+    linears = block_linears(spec)
+    return tuple(max(fan_in, fan_out) for name in target_names(spec, lora) for fan_in, fan_out in linears.get(name, ()))
 
 
 def dora_outputs(spec: ModelSpec, lora: LoraConfig) -> tuple[int, ...]:
@@ -196,10 +251,14 @@ def default_targets(spec: ModelSpec) -> tuple[str, ...]:
     info = load_architectures().get(spec.model_type or "")
     targets = info.lora_targets if info is not None else load_peft_lora_targets().get(spec.model_type or "")
     if not targets:
-        names = linear_names(spec) if spec.linears is not None else tuple(block_linears(spec)) if info else ()
-        some = f", or some of: {', '.join(names)}" if names else ""
+        layout = model_linears(spec)
+        names = linear_names(spec) if layout is not None else tuple(block_linears(spec)) if info else ()
+        some = f"some of: {', '.join(names)}" if names else ""
+        if layout is not None and layout.stacked_experts:  # all-linear is refused there (matched_linears)
+            raise ValueError(f"PEFT has no default LoRA targets for {spec.model_type or spec.name}: "
+                             f"pass --lora-targets ({some})")
         raise ValueError(f"PEFT has no default LoRA targets for {spec.model_type or spec.name}: "
-                         f"pass --lora-targets (e.g. all-linear{some})")
+                         f"pass --lora-targets (e.g. all-linear{', or ' + some if some else ''})")
     return tuple(targets)
 
 
@@ -235,7 +294,7 @@ def tower_adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
 
 def adapter_params(spec: ModelSpec, lora: LoraConfig) -> int:
     """Adapter parameters over the whole model (every block, and a Llava's vision tower)."""
-    if spec.linears is not None:
+    if model_linears(spec) is not None:
         return sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched_linears(spec, lora))
     per_block = _adapters(lora, block_linears(spec), target_names(spec, lora))
     return per_block * spec.num_layers + tower_adapter_params(spec, lora)
@@ -258,7 +317,7 @@ def with_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
 
 
 def _with_adapters(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
-    if spec.linears is not None:
+    if model_linears(spec) is not None:
         return _with_recorded_lora(spec, lora)
     added, tower = adapter_params(spec, lora), tower_adapter_params(spec, lora)
     update = {"total_params": spec.total_params + added, "trainable_params": added}
@@ -270,17 +329,40 @@ def _with_adapters(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
 
 
 def _with_recorded_lora(spec: ModelSpec, lora: LoraConfig) -> ModelSpec:
-    """``with_lora`` from the recorded linear layers: the blocks' adapters spread over the blocks, any
-    outside them (an adapted output head) or left over by unequal blocks to ``other_params``."""
+    """``with_lora`` from the model's linear layers (``model_linears``): the blocks' adapters spread over
+    the blocks, any outside them (an adapted output head) or left over by unequal blocks to
+    ``other_params``. Jamba's blocks each get their own (``HybridFacts.block_params``), DeepSeek's dense
+    first layers theirs (``MoeFacts.dense_layer_params``), so the components still sum to the total; an
+    encoder-decoder, which reports no ``layer_params``, holds its blocks and so the adapters in
+    ``other_params``."""
     matched = matched_linears(spec, lora)
     added = sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched)
     update = {"total_params": spec.total_params + added, "trainable_params": added}
-    if spec.layer_params is not None and spec.other_params is not None and spec.num_layers:
-        in_blocks = sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched if layer.block)
-        per_block = in_blocks // spec.num_layers
-        update.update(layer_params=spec.layer_params + per_block,
-                      other_params=spec.other_params + added - per_block * spec.num_layers)
+    if spec.layer_params is None and spec.other_params is not None and spec.linears is None:
+        update["other_params"] = spec.other_params + added  # listed by kind (T5, BART): blocks in other_params
+    elif spec.layer_params is not None and spec.other_params is not None and spec.num_layers:
+        grown = _spread_unequal(spec, lora, matched, added) if kind_of(spec).grow_blocks else {}
+        if grown:
+            update.update(grown)
+        else:
+            in_blocks = sum(_adapter_size(lora, layer.in_features, layer.out_features) for layer in matched if layer.block)
+            per_block = in_blocks // spec.num_layers
+            update.update(layer_params=spec.layer_params + per_block,
+                          other_params=spec.other_params + added - per_block * spec.num_layers)
     return validated_copy(spec, update)
+
+
+def _spread_unequal(spec: ModelSpec, lora: LoraConfig, matched: tuple[LinearLayer, ...], added: int) -> dict:
+    """The adapters of each block of the first block list (``model.layers``) added to that block's count,
+    by the kind's ``grow_blocks`` (``advisor.model.block_kinds``: Jamba's ``HybridFacts.block_params``,
+    DeepSeek's dense layers); {} where its blocks are alike after all (a MoE without dense layers)."""
+    first = model_linears(spec).first_block()
+    stack = first[0].block[0] if first else None
+    per_block = [0] * spec.num_layers
+    for layer in matched:
+        if layer.block is not None and layer.block[0] == stack and layer.block[1] < spec.num_layers:
+            per_block[layer.block[1]] += _adapter_size(lora, layer.in_features, layer.out_features)
+    return kind_of(spec).grow_blocks(spec, per_block, added)
 
 
 def lora_of(model: object) -> LoraConfig | None:

@@ -71,6 +71,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
+from advisor.model.block_kinds import kind_of
 from advisor.model.bundled import load_architectures
 from advisor.model.lora import block_linears
 from advisor.model.selective import selective_kept
@@ -86,6 +87,8 @@ if TYPE_CHECKING:  # the planner's types; memory.py imports this module lazily
 BLOCKSIZE_4BIT = 64  # bitsandbytes quantize_4bit default blocksize (Params4bit, Linear4bit)
 BLOCKSIZE_NESTED = 256  # quantize_blockwise(absmax, blocksize=256) under compress_statistics
 
+
+QUANTIZED_KINDS = ("decoder", "gpt2")  # advisor.model.block_kinds: the kinds whose quantised linears are listed
 
 class QuantizedBase(BaseModel):
     """The quantised linears of a model, summed over its blocks."""
@@ -116,7 +119,9 @@ def quantized_linear_bytes(fan_in: int, fan_out: int, scheme: str, *, double_qua
 def quantized_base(spec: ModelSpec, scheme: str, *, double_quant: bool = True) -> QuantizedBase:
     """The quantised linears of ``spec``; ValueError where its linear layers are not all known."""
     info = load_architectures().get(spec.model_type or "")
-    if info is None or info.formula == "bert" or info.moe:
+    # a dense decoder's or GPT-2's blocks are all its quantised linears; other kinds hold more (an encoder-decoder's
+    # two stacks, a vision tower, Jamba's unequal blocks, experts) that block 0 times the layers does not count
+    if info is None or kind_of(spec).name not in QUANTIZED_KINDS:
         raise ValueError(f"--quantize is modelled for dense decoder and GPT-2 models; {spec.name} "
                          f"({spec.model_type or 'size only'}) has linear layers this planner does not list")
     shapes = [shape for linears in block_linears(spec).values() for shape in linears]

@@ -83,3 +83,21 @@ def test_the_reported_kinds_plan_with_their_adapters(capsys, model, targets, tra
     if "t5" in model:  # the encoder-decoder activation model has no adapters: the plan says what it counts
         assert any("activations are counted as for a full fine-tune (an overestimate: adapters on t5 blocks"
                    in note for note in plan["assumptions"])
+
+
+@pytest.mark.parametrize("model,targets,quantized", [
+    ("meta-llama/Llama-3.1-8B", "q_proj,v_proj", True), ("openai-community/gpt2", "c_attn", True),
+    # their quantised linears are more than block 0's times the layers (two stacks, a vision tower, experts)
+    ("google-t5/t5-large", "q,v", False), ("facebook/bart-large", "q_proj,v_proj", False),
+    ("llava-hf/llava-1.5-7b-hf", "q_proj,v_proj", False), ("Qwen/Qwen2.5-VL-7B-Instruct", "q_proj,v_proj", False),
+    ("ai21labs/Jamba-v0.1", "q_proj,v_proj", False), ("mistralai/Mixtral-8x7B-v0.1", "q_proj,v_proj", False),
+])
+def test_qlora_is_planned_only_where_every_quantised_linear_is_listed(capsys, model, targets, quantized):
+    code, _, err = run_main(["plan", "--model", model, "--gpus", "8xH100", "--lora", "16", "--lora-targets", targets,
+                             "--quantize", "nf4", "--json"], capsys)
+    if quantized:
+        assert code == 0, err
+    else:
+        assert code == 2 and err == (f"advisor: error: --quantize is modelled for dense decoder and GPT-2 models; "
+                                     f"{model} ({resolve_model(model).model_type}) has linear layers this planner "
+                                     "does not list\n")

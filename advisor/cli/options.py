@@ -285,9 +285,12 @@ def _lora(options: dict[str, Any]) -> Any:
     from advisor.model.lora import ALL_LINEAR, LoraConfig
 
     names: Any = None
-    if targets:
+    if targets is not None:
         names = ALL_LINEAR if targets.strip().lower() == ALL_LINEAR else tuple(
             name.strip() for name in targets.split(",") if name.strip())
+        if not names:
+            raise click.UsageError("--lora-targets names no module: give comma-separated names or all-linear, or leave "
+                                   "it out for PEFT's defaults")
     kept = tuple(name.strip() for name in (saved or "").split(",") if name.strip()) or None
     return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0, modules_to_save=kept)
 

@@ -101,3 +101,9 @@ def test_qlora_is_planned_only_where_every_quantised_linear_is_listed(capsys, mo
         assert code == 2 and err == (f"advisor: error: --quantize is modelled for dense decoder and GPT-2 models; "
                                      f"{model} ({resolve_model(model).model_type}) has linear layers this planner "
                                      "does not list\n")
+
+
+@pytest.mark.parametrize("targets", ["", " , "])
+def test_empty_targets_are_refused_not_read_as_the_default(capsys, targets):
+    code, _, err = _plan(capsys, "meta-llama/Llama-3.1-8B", targets)
+    assert code == 2 and err.startswith("advisor: error: --lora-targets names no module") and err.count("\n") == 1

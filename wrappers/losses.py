@@ -30,7 +30,7 @@ from torch import nn
 
 # What the kernels need and the config keys through which a causal LM changes its logits before the loss (a
 # soft-cap, refused when truthy; a scale or divisor, refused when not 1): one table for the planner and the wrapper
-from advisor.model.loss_kernels import HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
+from advisor.model.loss_kernels import HEAD_ADAPTER, HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
 
 LossKernel = Literal["hf", "chunked", "fused"]
 CHUNKS = 8  # sequence chunks; torchtune's CEWithChunkedOutputLoss uses 8 as well
@@ -118,6 +118,7 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     # sharding), and a sum divided by num_items_in_batch when given.
     targets = causal_targets(labels) if shift_labels is None else shift_labels
     if self._advisor_loss == "fused":
+        _refuse_adapted_head(head)  # PEFT adapted the head after use_loss_kernel
         loss = fused_linear_cross_entropy(hidden, head.weight, targets, bias=head.bias)
     else:
         loss = chunked_cross_entropy(hidden, head, targets)
@@ -141,6 +142,8 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
     if transform:
         raise ValueError(f"loss kernel {kernel!r} computes the loss on the head's raw output; "
                          f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
+    if kernel == "fused":
+        _refuse_adapted_head(getattr(causal_lm, parts[1]))
     causal_lm._advisor_loss = kernel
     causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)
@@ -167,7 +170,7 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
         head = causal_lm.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         head = None
-    if not isinstance(head, nn.Linear) or id(head) not in named:
+    if not isinstance(_base_linear(head), nn.Linear) or id(head) not in named:
         return None
     decoders = [getattr(causal_lm, "base_model", None), getattr(causal_lm, "model", None)]
     try:  # transformers' get_decoder: best effort, a bespoke model may raise
@@ -188,6 +191,26 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
     if not _LOSS_ON_LOGITS.search(source):
         return None
     return decoder, named[id(head)]
+
+
+def _base_linear(head: nn.Module | None) -> nn.Module | None:
+    """The linear layer under PEFT's wrappers of a head: a tuner layer's ``base_layer`` (LoRA, DoRA, IA3, ...) and
+    ``modules_to_save``'s ``original_module`` (duck-typed, no PEFT import); ``head`` itself otherwise."""
+    for _ in range(4):  # a tuner layer over a modules_to_save wrapper, at most a few deep
+        inner = getattr(head, "base_layer", None) or getattr(head, "original_module", None)
+        if inner is None:
+            return head
+        head = inner
+    return head
+
+
+def _refuse_adapted_head(head: nn.Module) -> None:
+    """ValueError when ``head`` is a PEFT tuner layer whose forward adds its adapters to the base layer's output
+    (enabled, not merged into the weight): its ``weight`` property is the base layer's, which is all the fused
+    kernel reads. The chunked kernel calls the module, adapters included."""
+    if getattr(head, "base_layer", None) is not None and not getattr(head, "disable_adapters", False) \
+            and not getattr(head, "merged", False):
+        raise ValueError(f"loss kernel 'fused' {HEAD_ADAPTER}: use loss='chunked' (it calls the adapted head)")
 
 
 def _logit_transform(config: object) -> str:

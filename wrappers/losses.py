@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import types
 from typing import Any, Literal
 
@@ -111,7 +112,8 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     kwargs.pop("logits_to_keep", None)
     shift_labels, num_items = kwargs.pop("shift_labels", None), kwargs.pop("num_items_in_batch", None)
     decoder, head = getattr(self, self._advisor_parts[0]), getattr(self, self._advisor_parts[1])
-    hidden = decoder(input_ids=input_ids, **kwargs).last_hidden_state
+    outputs = decoder(input_ids=input_ids, **kwargs)
+    hidden = outputs.last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=head(hidden))
     # transformers' ForCausalLMLoss contract: shift_labels as given (context parallelism shifts before
@@ -124,7 +126,45 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
         loss = chunked_cross_entropy(hidden, head, targets)
     if num_items is not None:
         loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
+    if getattr(outputs, "router_logits", None):  # output_router_logits: the decoder recorded its routers' logits
+        return _with_router_aux_loss(self, loss, outputs.router_logits, kwargs.get("attention_mask"))
     return CausalLMOutputWithPast(loss=loss, logits=None)
+
+
+# An MoE causal LM's forward in transformers 5.23 (modeling_mixtral.py MixtralForCausalLM and 29 more: Qwen2-MoE,
+# Qwen3-MoE, OLMoE, PhiMoE, Jamba, GraniteMoE, ...): with output_router_logits it adds
+# ``router_aux_loss_coef * load_balancing_loss_func(outputs.router_logits, num_experts, num_experts_per_tok,
+# attention_mask)`` to the loss (after the division by num_items_in_batch). A forward that calls it otherwise
+# (the multimodal ones read config.text_config) is not repeated: refused when it records router logits.
+_ROUTER_AUX = re.compile(r"aux_loss = load_balancing_loss_func\(\s*outputs\.router_logits,\s*self\.num_experts,\s*"
+                         r"self\.num_experts_per_tok,\s*attention_mask,?\s*\).*?"
+                         r"loss \+= self\.router_aux_loss_coef \* aux_loss", re.S)
+
+
+def _with_router_aux_loss(causal_lm: nn.Module, loss: torch.Tensor, router_logits: tuple, attention_mask: Any) -> Any:
+    """``loss`` plus the routers' load-balancing loss as ``causal_lm``'s own forward adds it (``_ROUTER_AUX``),
+    in transformers' MoE output; ValueError for a forward that adds it otherwise."""
+    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+    balance = _load_balancing_loss(causal_lm, causal_lm._advisor_loss)
+    aux = balance(router_logits, causal_lm.num_experts, causal_lm.num_experts_per_tok, attention_mask)
+    loss = loss + causal_lm.router_aux_loss_coef * aux.to(loss.device)
+    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=None, router_logits=router_logits)
+
+
+def _load_balancing_loss(causal_lm: nn.Module, kernel: str) -> Any:
+    """The ``load_balancing_loss_func`` of ``causal_lm``'s modeling module when its forward adds it as
+    ``_ROUTER_AUX`` reads; ValueError otherwise."""
+    cls = type(causal_lm)
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        source = ""
+    balance = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
+    if not _ROUTER_AUX.search(source) or balance is None:
+        raise ValueError(f"loss kernel {kernel!r}: {cls.__name__} adds its routers' auxiliary loss (output_router_logits) "
+                         "in a way the kernels do not repeat: set output_router_logits=False or use loss='hf'")
+    return balance
 
 
 def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
@@ -144,6 +184,8 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
                          f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
     if kernel == "fused":
         _refuse_adapted_head(getattr(causal_lm, parts[1]))
+    if getattr(getattr(causal_lm, "config", None), "output_router_logits", False):
+        _load_balancing_loss(causal_lm, kernel)  # refused now rather than at the first forward
     causal_lm._advisor_loss = kernel
     causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)

@@ -56,7 +56,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Loss and the gradients in one pass over chunks; backward only scales the saved gradients. A head bias
     adds to each chunk's logits (``addmm``, as ``F.linear`` computes it); its gradient is the sum over the
-    chunk's rows of the logits' gradient, accumulated in fp32 beside the weight's."""
+    chunk's rows of the logits' gradient, accumulated in fp32 beside the weight's. A weight or bias that needs no
+    gradient (a frozen head: LoRA on the blocks) gets no accumulator (``ctx.needs_input_grad``): on Qwen2.5-7B the
+    weight's is 152,064 x 3,584 fp32, 2.18 GB, and its copy in the head's dtype kept for backward."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -69,8 +71,10 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             w = weight.to(compute)
             b = None if bias is None else bias.to(compute)
             grad_hidden = torch.empty_like(flat)
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+                if ctx.needs_input_grad[1] else None
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+                if bias is not None and ctx.needs_input_grad[2] else None
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             start = 0
             for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
@@ -83,20 +87,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
                 grad[torch.arange(len(safe), device=grad.device), safe] -= 1
                 grad.mul_((keep / count)[:, None])
-                grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
                 if grad_bias is not None:
                     grad_bias += grad.sum(0)
                 grad_hidden[start:start + len(part)] = grad.to(compute) @ w
                 del logits, grad
                 start += len(part)
-        ctx.save_for_backward(grad_hidden.view_as(hidden), grad_weight.to(weight.dtype),
+        ctx.save_for_backward(grad_hidden.view_as(hidden),
+                              None if grad_weight is None else grad_weight.to(weight.dtype),
                               None if grad_bias is None else grad_bias.to(bias.dtype))
         return loss / count
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        return (grad_hidden * grad_loss, grad_weight * grad_loss,
+        return (grad_hidden * grad_loss, None if grad_weight is None else grad_weight * grad_loss,
                 None if grad_bias is None else grad_bias * grad_loss, None, None)
 
 

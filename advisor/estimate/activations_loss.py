@@ -76,7 +76,8 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
         # ``self - maxes``), the chunk's rows of grad @ w and, cast from a wider residual, its input.
         rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute * (2 if dt.residual != dt.compute else 1)
         in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute) + rows
-        if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
+        if dt.input_casts and dt.residual != dt.compute:  # autocast over an fp32 head: one low-precision copy of
+            # it for the chunks; over LoRA's bf16 base (a bf16 residual) the head is bf16 and ``weight.to`` returns it
             in_loop += vocab * hidden * dt.compute
         # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
         at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)

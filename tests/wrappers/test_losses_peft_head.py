@@ -7,6 +7,8 @@ A head in ``modules_to_save`` is a full trainable copy whose ``weight`` the fuse
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -105,3 +107,29 @@ def test_plan_refuses_fused_with_a_lora_adapter_on_the_head(targets, capsys):
                                "--lora-targets", targets, "--loss", "fused", "--json"], capsys)
     assert code == 2 and not out
     assert err.strip().count("\n") == 0 and "--loss fused" in err and "use --loss chunked" in err, err
+
+
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
+
+
+def test_plan_refuses_fused_with_the_head_among_recorded_linears(capsys):
+    """phi-2 (no formula: its linear layers recorded on the meta device, lm_head the output); chunked plans."""
+    base = ["plan", "--model", str(CONFIGS / "phi-2"), "--gpus", "1xA100", "--lora", "16", "--lora-targets",
+            "q_proj,lm_head", "--no-trace", "--json"]
+    code, out, err = run_main([*base, "--loss", "fused"], capsys)
+    assert code == 2 and not out and "use --loss chunked" in err and err.strip().count("\n") == 0, err
+    code, out, err = run_main([*base, "--loss", "chunked"], capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("targets, refused", [(["q_proj", "lm_head"], True), (["q_proj"], False)])
+def test_plan_of_a_live_peft_model_with_an_adapted_head(targets, refused):
+    """A live PEFT model passed to plan(): an adapter on lm_head is refused under loss='fused' (q_proj alone plans)."""
+    from advisor.planning.api import plan
+
+    model = peft.get_peft_model(tiny_llama(), peft.LoraConfig(r=4, target_modules=targets))
+    if refused:
+        with pytest.raises(ValueError, match=r"^--loss fused: .*use --loss chunked"):
+            plan(model, "1xA100", loss="fused", trace=False)
+    else:
+        assert plan(model, "1xA100", loss="fused", trace=False).recommendation is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import sys
 import types
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from torch import nn
 
 # What the kernels need and the config keys through which a causal LM changes its logits before the loss (a
 # soft-cap, refused when truthy; a scale or divisor, refused when not 1): one table for the planner and the wrapper
-from advisor.model.loss_kernels import HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
+from advisor.model.loss_kernels import HEAD_ADAPTER, HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
 
 LossKernel = Literal["hf", "chunked", "fused"]
 CHUNKS = 8  # sequence chunks; torchtune's CEWithChunkedOutputLoss uses 8 as well
@@ -55,7 +56,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Loss and the gradients in one pass over chunks; backward only scales the saved gradients. A head bias
     adds to each chunk's logits (``addmm``, as ``F.linear`` computes it); its gradient is the sum over the
-    chunk's rows of the logits' gradient, accumulated in fp32 beside the weight's."""
+    chunk's rows of the logits' gradient, accumulated in fp32 beside the weight's. A weight or bias that needs no
+    gradient (a frozen head: LoRA on the blocks) gets no accumulator (``ctx.needs_input_grad``): on Qwen2.5-7B the
+    weight's is 152,064 x 3,584 fp32, 2.18 GB, and its copy in the head's dtype kept for backward."""
 
     @staticmethod
     def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -68,8 +71,10 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             w = weight.to(compute)
             b = None if bias is None else bias.to(compute)
             grad_hidden = torch.empty_like(flat)
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-            grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=torch.float32, device=bias.device)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+                if ctx.needs_input_grad[1] else None
+            grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+                if bias is not None and ctx.needs_input_grad[2] else None
             loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
             start = 0
             for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
@@ -82,20 +87,22 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 grad = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
                 grad[torch.arange(len(safe), device=grad.device), safe] -= 1
                 grad.mul_((keep / count)[:, None])
-                grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
+                if grad_weight is not None:
+                    grad_weight.addmm_(grad.t(), part.float())  # fp32 x fp32: no vocabulary-sized copy
                 if grad_bias is not None:
                     grad_bias += grad.sum(0)
                 grad_hidden[start:start + len(part)] = grad.to(compute) @ w
                 del logits, grad
                 start += len(part)
-        ctx.save_for_backward(grad_hidden.view_as(hidden), grad_weight.to(weight.dtype),
+        ctx.save_for_backward(grad_hidden.view_as(hidden),
+                              None if grad_weight is None else grad_weight.to(weight.dtype),
                               None if grad_bias is None else grad_bias.to(bias.dtype))
         return loss / count
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        return (grad_hidden * grad_loss, grad_weight * grad_loss,
+        return (grad_hidden * grad_loss, None if grad_weight is None else grad_weight * grad_loss,
                 None if grad_bias is None else grad_bias * grad_loss, None, None)
 
 
@@ -111,19 +118,59 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     kwargs.pop("logits_to_keep", None)
     shift_labels, num_items = kwargs.pop("shift_labels", None), kwargs.pop("num_items_in_batch", None)
     decoder, head = getattr(self, self._advisor_parts[0]), getattr(self, self._advisor_parts[1])
-    hidden = decoder(input_ids=input_ids, **kwargs).last_hidden_state
+    outputs = decoder(input_ids=input_ids, **kwargs)
+    hidden = outputs.last_hidden_state
     if labels is None:
         return CausalLMOutputWithPast(logits=head(hidden))
     # transformers' ForCausalLMLoss contract: shift_labels as given (context parallelism shifts before
     # sharding), and a sum divided by num_items_in_batch when given.
     targets = causal_targets(labels) if shift_labels is None else shift_labels
     if self._advisor_loss == "fused":
+        _refuse_adapted_head(head)  # PEFT adapted the head after use_loss_kernel
         loss = fused_linear_cross_entropy(hidden, head.weight, targets, bias=head.bias)
     else:
         loss = chunked_cross_entropy(hidden, head, targets)
     if num_items is not None:
         loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
+    if getattr(outputs, "router_logits", None):  # output_router_logits: the decoder recorded its routers' logits
+        return _with_router_aux_loss(self, loss, outputs.router_logits, kwargs.get("attention_mask"))
     return CausalLMOutputWithPast(loss=loss, logits=None)
+
+
+# An MoE causal LM's forward in transformers 5.23 (modeling_mixtral.py MixtralForCausalLM and 29 more: Qwen2-MoE,
+# Qwen3-MoE, OLMoE, PhiMoE, Jamba, GraniteMoE, ...): with output_router_logits it adds
+# ``router_aux_loss_coef * load_balancing_loss_func(outputs.router_logits, num_experts, num_experts_per_tok,
+# attention_mask)`` to the loss (after the division by num_items_in_batch). A forward that calls it otherwise
+# (the multimodal ones read config.text_config) is not repeated: refused when it records router logits.
+_ROUTER_AUX = re.compile(r"aux_loss = load_balancing_loss_func\(\s*outputs\.router_logits,\s*self\.num_experts,\s*"
+                         r"self\.num_experts_per_tok,\s*attention_mask,?\s*\).*?"
+                         r"loss \+= self\.router_aux_loss_coef \* aux_loss", re.S)
+
+
+def _with_router_aux_loss(causal_lm: nn.Module, loss: torch.Tensor, router_logits: tuple, attention_mask: Any) -> Any:
+    """``loss`` plus the routers' load-balancing loss as ``causal_lm``'s own forward adds it (``_ROUTER_AUX``),
+    in transformers' MoE output; ValueError for a forward that adds it otherwise."""
+    from transformers.modeling_outputs import MoeCausalLMOutputWithPast
+
+    balance = _load_balancing_loss(causal_lm, causal_lm._advisor_loss)
+    aux = balance(router_logits, causal_lm.num_experts, causal_lm.num_experts_per_tok, attention_mask)
+    loss = loss + causal_lm.router_aux_loss_coef * aux.to(loss.device)
+    return MoeCausalLMOutputWithPast(loss=loss, aux_loss=aux, logits=None, router_logits=router_logits)
+
+
+def _load_balancing_loss(causal_lm: nn.Module, kernel: str) -> Any:
+    """The ``load_balancing_loss_func`` of ``causal_lm``'s modeling module when its forward adds it as
+    ``_ROUTER_AUX`` reads; ValueError otherwise."""
+    cls = type(causal_lm)
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        source = ""
+    balance = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
+    if not _ROUTER_AUX.search(source) or balance is None:
+        raise ValueError(f"loss kernel {kernel!r}: {cls.__name__} adds its routers' auxiliary loss (output_router_logits) "
+                         "in a way the kernels do not repeat: set output_router_logits=False or use loss='hf'")
+    return balance
 
 
 def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
@@ -141,6 +188,10 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
     if transform:
         raise ValueError(f"loss kernel {kernel!r} computes the loss on the head's raw output; "
                          f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
+    if kernel == "fused":
+        _refuse_adapted_head(getattr(causal_lm, parts[1]))
+    if getattr(getattr(causal_lm, "config", None), "output_router_logits", False):
+        _load_balancing_loss(causal_lm, kernel)  # refused now rather than at the first forward
     causal_lm._advisor_loss = kernel
     causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)
@@ -167,7 +218,7 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
         head = causal_lm.get_output_embeddings()
     except (AttributeError, NotImplementedError):
         head = None
-    if not isinstance(head, nn.Linear) or id(head) not in named:
+    if not isinstance(_base_linear(head), nn.Linear) or id(head) not in named:
         return None
     decoders = [getattr(causal_lm, "base_model", None), getattr(causal_lm, "model", None)]
     try:  # transformers' get_decoder: best effort, a bespoke model may raise
@@ -188,6 +239,26 @@ def _decoder_and_head(causal_lm: nn.Module) -> tuple[str, str] | None:
     if not _LOSS_ON_LOGITS.search(source):
         return None
     return decoder, named[id(head)]
+
+
+def _base_linear(head: nn.Module | None) -> nn.Module | None:
+    """The linear layer under PEFT's wrappers of a head: a tuner layer's ``base_layer`` (LoRA, DoRA, IA3, ...) and
+    ``modules_to_save``'s ``original_module`` (duck-typed, no PEFT import); ``head`` itself otherwise."""
+    for _ in range(4):  # a tuner layer over a modules_to_save wrapper, at most a few deep
+        inner = getattr(head, "base_layer", None) or getattr(head, "original_module", None)
+        if inner is None:
+            return head
+        head = inner
+    return head
+
+
+def _refuse_adapted_head(head: nn.Module) -> None:
+    """ValueError when ``head`` is a PEFT tuner layer whose forward adds its adapters to the base layer's output
+    (enabled, not merged into the weight): its ``weight`` property is the base layer's, which is all the fused
+    kernel reads. The chunked kernel calls the module, adapters included."""
+    if getattr(head, "base_layer", None) is not None and not getattr(head, "disable_adapters", False) \
+            and not getattr(head, "merged", False):
+        raise ValueError(f"loss kernel 'fused' {HEAD_ADAPTER}: use loss='chunked' (it calls the adapted head)")
 
 
 def _logit_transform(config: object) -> str:

@@ -239,7 +239,7 @@ def estimate_activations(
             saved -= tokens * first_block_unsaved_per_token(shape, dt, adapters, seq_len=seq_len,
                                                             eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
-                              head_trains=head_grads and adapters is None)
+                              head_trains=head_grads, head_frozen=adapters is not None)
     task = None if shape.head is None else head_loss_bytes(
         shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)

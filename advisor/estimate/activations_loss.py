@@ -19,7 +19,7 @@ LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
 
 
 def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
-               head_trains: bool = True) -> tuple[int, int]:
+               head_trains: bool = True, head_frozen: bool = False) -> tuple[int, int]:
     """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
 
     hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
@@ -43,8 +43,11 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     it, in low precision too, where it is 4 - compute bytes a logit over what is counted here (not counted:
     the simulator, the reference, cannot check it). And one chunk's rows of the product with the head
     (compute dtype), with, under autocast over an fp32 residual, the chunk's low-precision input.
+    ``head_frozen`` (a frozen base: LoRA): the head's weight needs no gradient, so the kernel makes no fp32
+    accumulator, no copy of it in the head's dtype and keeps none for backward (``ctx.needs_input_grad``); what
+    is left is the input gradient and the chunk's tensors.
 
-    chunked, when the head trains (not under LoRA): its weight is used once per chunk, so backward
+    chunked, when the head trains (``head_trains``, not ``head_frozen``): its weight is used once per chunk, so backward
     sums one head-sized gradient per chunk (compute dtype: the autocast cast of the weight is cached,
     FSDP2's unsharded parameter is in the compute dtype). At the second chunk's head backward autograd
     holds the first gradient, the second and their sum (``InputBuffer::accumulate``, out of place),
@@ -62,19 +65,20 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
     if kernel == "chunked":
         backward = tokens * vocab * FP32 + per_chunk * 2 * FP32
-        if head_trains and tokens >= 2:
+        if head_trains and not head_frozen and tokens >= 2:
             head_grads = 3 * vocab * hidden * dt.compute
             backward = max(backward, tokens * vocab * FP32 - 2 * per_chunk * FP32 + head_grads)
         return tokens * vocab * FP32 + per_chunk * (dt.compute + FP32), backward
     if kernel == "fused":
-        head = vocab * hidden
+        head = 0 if head_frozen else vocab * hidden  # the head's gradient; its low-precision copy is made either way
         grad_input = tokens * hidden * dt.residual
         # The chunk's fp32 logits and a second chunk-sized tensor (a low-precision copy, or in fp32 logsumexp's
         # ``self - maxes``), the chunk's rows of grad @ w and, cast from a wider residual, its input.
         rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute * (2 if dt.residual != dt.compute else 1)
         in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute) + rows
-        if dt.input_casts:  # autocast over an fp32 head: one low-precision copy of it for the chunks
-            in_loop += head * dt.compute
+        if dt.input_casts and dt.residual != dt.compute:  # autocast over an fp32 head: one low-precision copy of
+            # it for the chunks; over LoRA's bf16 base (a bf16 residual) the head is bf16 and ``weight.to`` returns it
+            in_loop += vocab * hidden * dt.compute
         # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
         at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
         kept = grad_input + head * dt.residual
@@ -84,13 +88,15 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     return tokens * vocab * (dt.compute + copy + FP32), tokens * vocab * 3 * FP32
 
 
-def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes") -> int:
+def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes",
+                    head_frozen: bool = False) -> int:
     """What the loss path keeps for its backward once the forward has returned the loss (``loss_bytes``'
     kernels): hf and chunked the fp32 log-softmax output of every logit; fused the input gradient and the
-    head's gradient its forward computed. A pipeline's last stage computes the loss in each micro-batch's
-    forward, so each of its micro-batches in flight keeps this until its backward."""
+    head's gradient its forward computed (none for a frozen head: ``loss_bytes``). A pipeline's last stage
+    computes the loss in each micro-batch's forward, so each of its micro-batches in flight keeps this until its
+    backward."""
     if kernel == "fused":
-        return tokens * hidden * dt.residual + vocab * hidden * dt.residual
+        return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
     return tokens * vocab * FP32
 
 

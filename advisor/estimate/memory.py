@@ -280,7 +280,7 @@ def estimate_memory(
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
     tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
     kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
-                           dt=recipe_dtypes(training, impl))
+                           dt=recipe_dtypes(training, impl), head_frozen=training.lora is not None)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, loss_kept=kept,
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,

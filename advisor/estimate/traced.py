@@ -115,7 +115,7 @@ def _loss_bend(key: ProfileKey, *, micro_batch_size: int, vocab_size: int, hidde
 
     def at(batch: int) -> tuple[int, int]:
         return loss_bytes(key.loss, tokens=batch * key.seq_len, vocab=vocab_size, hidden=hidden_size, dt=dt,
-                          head_trains=key.adapters is None)
+                          head_frozen=key.adapters is not None)
 
     (f1, b1), (f2, b2), (f, b) = at(1), at(2), at(micro_batch_size)
     return f - (f1 + (f2 - f1) * (micro_batch_size - 1)), b - (b1 + (b2 - b1) * (micro_batch_size - 1))

@@ -198,6 +198,27 @@ def matched_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[LinearLayer, ...
     return matched
 
 
+def adapts_output_head(spec: ModelSpec, lora: LoraConfig) -> bool:
+    """Whether ``lora`` puts an adapter on the model's output head (``lm_head``): an explicit target that PEFT
+    matches to it (``all-linear`` leaves it out: ``_maybe_include_all_linear_layers``). With the recorded linear
+    layers (``spec.linears``), by PEFT's matching against the head's qualified name; otherwise by the head's names
+    in ``_OUTSIDE_LINEARS`` and GPT-NeoX's ``embed_out``. Never raises (an unknown target is reported elsewhere)."""
+    if lora.targets == ALL_LINEAR:
+        return False
+    try:
+        names = lora.targets or default_targets(spec)
+    except ValueError:
+        return False
+    layout = spec.linears
+    if layout is not None:
+        return layout.output is not None and any(_peft_match(layout.output, name) for name in names)
+    return any(name in _OUTPUT_HEADS for name in names)
+
+
+# The output head's names among the linears outside the blocks (``_OUTSIDE_LINEARS``), and GPT-NeoX's
+_OUTPUT_HEADS = ("lm_head", "embed_out")
+
+
 def linear_names(spec: ModelSpec) -> tuple[str, ...]:
     """Every linear layer's PEFT-matchable name in the model, blocks first, without repeats."""
     layout = model_linears(spec)

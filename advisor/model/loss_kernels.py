@@ -20,6 +20,9 @@ SCALE_KEYS = ("logit_scale", "logits_scaling", "lm_head_multiplier")
 TRANSFORM_KEYS = SOFT_CAP_KEYS + SCALE_KEYS
 # What the kernels need, as wrappers.losses.HEAD_SHAPE words it.
 HEAD_SHAPE = "whose loss is transformers' loss_function over a plain nn.Linear head on its decoder's output"
+# Why the fused kernel refuses a head PEFT adapts (LoRA on lm_head): PEFT's layer's ``weight`` is its base layer's,
+# so a kernel that reads the weight (not the module) drops the adapter; the chunked kernel calls the module.
+HEAD_ADAPTER = "reads the head's weight, not its module, and would drop the PEFT adapter on the head (lm_head)"
 
 
 class LossKernelFacts(BaseModel):

@@ -19,7 +19,8 @@ from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
-from advisor.model.lora import with_lora
+from advisor.model.lora import adapts_output_head, lora_of, with_lora
+from advisor.model.loss_kernels import HEAD_ADAPTER
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
@@ -265,6 +266,8 @@ def plan(
         raise ValueError(f"--loss {training.loss}: wrappers.losses' kernel {spec.loss_kernel_refusal}; "
                          "use --loss hf")
     live = live_lora(model, spec, notes)  # a PEFT model: its adapters are already among its parameters
+    if live is None and lora_of(model) is not None:  # adapters the activation model does not know: lm_head's?
+        _refuse_fused_head_adapter(spec, validated_copy(training, {"lora": lora_of(model)}))
     counted = live is not None
     quantized = live_quantization(model)
     if quantized is not None:  # bitsandbytes packs its weights: count the base from its config instead
@@ -284,6 +287,7 @@ def plan(
             raise ValueError("give --lora or --trainable-params, not both (--lora sets what trains)")
         if not counted and config is not None:
             spec = with_recorded_linears(spec, config, cache_dir=cache_dir, trust_remote_code=trust_remote_code)
+        _refuse_fused_head_adapter(spec, training)
         notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
         if training.lora.modules_to_save and not counted:
             notes.append(saved_modules_note(spec, training.lora))
@@ -361,3 +365,11 @@ def plan(
         recommendation=recommendation, reasons=tuple(why), assumptions=tuple(notes + assumptions_of(spec, hw, training)),
         smallest_fit=smallest, longest_seq_len=longest,
     )
+
+
+def _refuse_fused_head_adapter(spec: ModelSpec, training: TrainingConfig) -> None:
+    """ValueError when ``--loss fused`` meets a LoRA adapter on the output head (``wrappers.losses`` refuses it too:
+    the kernel would train without the adapter's contribution)."""
+    if training.loss == "fused" and training.lora is not None and adapts_output_head(spec, training.lora):
+        raise ValueError(f"--loss fused: wrappers.losses' fused kernel {HEAD_ADAPTER}; use --loss chunked "
+                         "(it calls the adapted head)")

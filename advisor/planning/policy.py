@@ -122,6 +122,21 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
                                 headroom=headroom, roomy=roomy_)
 
 
+def prefer_dominating(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, r.Dominates | None]:
+    """A GPU-only plan faster than ``chosen`` (tokens/s above ``SAME_SPEED``) that needs no more memory
+    beats it whatever the size thresholds say (FSDP on one GPU shards nothing and only adds its buffers); the
+    fastest such plan, and the reason in numbers; ``chosen`` and None when none is."""
+    if chosen.step_time is None:
+        return chosen, None
+    speed, total = chosen.step_time.tokens_per_s, chosen.memory_bytes.total
+    better = [c for c in fitting if c.strategy in ESCALATION and not offloads(c) and c.step_time is not None
+              and c.step_time.tokens_per_s > (1 + SAME_SPEED) * speed and c.memory_bytes.total <= total]
+    if not better:
+        return chosen, None
+    best = max(better, key=lambda c: (c.step_time.tokens_per_s, -ESCALATION.index(c.strategy)))
+    return best, r.Dominates(chosen=_figures(best), runner_up=_figures(chosen), same_speed=SAME_SPEED)
+
+
 def choose(
     spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None,
     headroom: float = TrainingConfig.model_fields["headroom"].default,
@@ -150,6 +165,7 @@ def choose(
     chosen, offload_note = _fastest_offload(chosen, fitting)
     size_choice = chosen
     chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom)
+    chosen, dominating = prefer_dominating(chosen, fitting)
     figures = dict(strategy=size_choice.strategy, total_bytes=size_choice.memory_bytes.total,
                    capacity_bytes=size_choice.capacity_bytes, micro_batch_size=size_choice.micro_batch_size,
                    checkpointing=checkpointing(size_choice))
@@ -165,9 +181,10 @@ def choose(
     if offload_note is not None:
         why.append(offload_note)
     reason_lines = why[1:]
-    if comparison is not None:
-        why.append(comparison)
-        reason_lines = why[1:]
+    for found in (comparison, dominating):
+        if found is not None:
+            why.append(found)
+            reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
         why.append(r.CpuRam(strategy=chosen.strategy, cpu_bytes=chosen.cpu_memory_bytes,
                             cpu_capacity_bytes=chosen.cpu_capacity_bytes))

@@ -91,6 +91,11 @@ def _margin(x: r.MarginChoice) -> str:
             f"{_figures(x.runner_up, first=False)}; as fast (within {x.same_speed:.0%}) and {because}.")
 
 
+def _dominates(x: r.Dominates) -> str:
+    return (f"{x.chosen.strategy} rather than {x.runner_up.strategy}: {_figures(x.chosen, first=True)} vs "
+            f"{_figures(x.runner_up, first=False)}; faster (by more than {x.same_speed:.0%}) and needs no more memory.")
+
+
 def _cpu_ram(x: r.CpuRam) -> str:
     checked = ("checked only when --cpu-memory-gib is given" if x.cpu_capacity_bytes is None else
                f"of {_gib(x.cpu_capacity_bytes)} given by --cpu-memory-gib")
@@ -314,6 +319,7 @@ _RENDER: dict[str, Callable] = {
     "Escalated": _escalated,
     "FasterOffload": _faster_offload,
     "MarginChoice": _margin,
+    "Dominates": _dominates,
     "CpuRam": _cpu_ram,
     "CheckpointingOn": _checkpointing_on,
     "AlsoFits": _also_fits,

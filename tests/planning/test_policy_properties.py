@@ -70,3 +70,18 @@ def test_auto_micro_batch_stays_within_the_headroom(job):
             assert used <= (1 - training.headroom) * c.capacity_bytes, (
                 f"{c.strategy} micro-batch {c.micro_batch_size}: {used / 2**30:.2f} GiB at the {training.margin} end "
                 f"of {c.capacity_bytes / 2**30:.2f} GiB with headroom {training.headroom}")
+
+
+@_SETTINGS
+@given(jobs())
+def test_no_gpu_only_plan_is_both_faster_and_smaller_than_the_recommendation(job):
+    """The size thresholds give way to a plan that is faster (tokens/s more than SAME_SPEED above) and needs no
+    more memory: FSDP on one GPU, say, shards nothing and only adds its buffers."""
+    result = plan(job.pop("model"), job.pop("gpus"), trace=False, **job)
+    chosen = result.chosen
+    if chosen is None or chosen.step_time is None or _offloads(chosen):
+        return
+    better = [c.strategy for c in result.candidates if c.fits and c.step_time is not None and not _offloads(c)
+              and c.strategy in STRATEGIES and c.step_time.tokens_per_s > 1.03 * chosen.step_time.tokens_per_s
+              and c.memory_bytes.total <= chosen.memory_bytes.total]
+    assert not better, f"{chosen.strategy} recommended while {better} is faster and needs no more memory"

@@ -114,6 +114,15 @@ class MarginChoice(ReasonModel):
     roomy: Literal["chosen-only", "both", "neither"] = Field(description="Which stay within 1 - headroom.")
 
 
+class Dominates(ReasonModel):
+    """``ddp rather than zero3: ddp 87% of memory, ... vs zero3 93% ...; faster and needs no more memory.``"""
+
+    kind: Literal["dominates"] = "dominates"
+    chosen: Figures
+    runner_up: Figures = Field(description="The choice it replaces (the size default or its margin choice).")
+    same_speed: float = Field(description="Faster means more tokens/s by more than this fraction.")
+
+
 class CpuRam(ReasonModel):
     """``zero2_offload needs 141.9 GiB of CPU RAM per node for offloaded states (...).``"""
 

@@ -173,13 +173,6 @@ def known_gap(case: dict) -> str | None:
     be within the goals). The full sweep still runs these cases; ``tests/test_sweep.py`` draws again.
     Each entry is a diagnosis (which moment, which buffer): remove it with the fix."""
     family, cfg, job = case["family"], case["config"], case["job"]
-    if (job["loss"] == "fused" and job["strategy"] != "ddp" and job["tp"] == 1 and job["lora"] is None
-            and job["precision"] == "fp32" and cfg.get("tie_word_embeddings", True)):
-        return ("a tied head under the fused loss on FSDP2 in fp32, where the end of backward decides: the kernel's "
-                "own backward hands the matrix a fresh gradient, into which a GPU (and the simulator since "
-                "advisor.simulate.cuda_kernels) sums the embedding's in place; the estimate "
-                "(strategy_buffers._root_backward_end) counts their out-of-place sum, one vocabulary matrix more: "
-                "+18.6% (starcoder2 zero3 x2 s512; in 16 bits the matrix is half as large, no case decided there)")
     if (job["strategy"] == "ddp" and case["kind"] == "traced" and job["checkpointing"] == "on"
             and job["loss"] == "fused" and cfg.get("tie_word_embeddings", True)):
         return ("a traced family under checkpointing with the fused loss on DDP: the estimate's block backward is over "

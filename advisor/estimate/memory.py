@@ -19,7 +19,8 @@ pure function returning integer bytes. The peak is the largest of the moments of
   below it, so the top, next or bottom block decides;
 - end of backward (FSDP2): every block's gradient shard exists, and the root (embeddings, final norm,
   head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
-  the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's
+  the head's and the embedding's bf16 gradients, a third for their sum when tied (not under the fused
+  or chunked loss, summed in place: ``strategy_buffers.tied_sum_in_place``), the last block's
   reduce-scatter input) or the root's reduce-scatter (its bf16 gradients and their fp32 copy);
   replicated (DDP, torch ZeRO-1, one GPU), a full fine-tune: the embedding's backward, every other
   gradient accumulated, the embedding's computed and, tied, the head's waiting to be summed into

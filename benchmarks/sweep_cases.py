@@ -200,12 +200,6 @@ def known_gap(case: dict) -> str | None:
                 "takes bf16 only, so fp32, fp16 and DDP's autocast (the fp32 weights reach it uncast) raise on fake "
                 "tensors; the real CPU and CUDA kernels take fp32 and fp16, and the estimate counts fp32 experts "
                 "under autocast (measured on real CPU tensors: tests/estimate/test_moe_backward.py)")
-    if (family == "starcoder2" and job["strategy"] == "zero3" and job["lora"] is not None
-            and job["seq_len"] <= 256):
-        return ("starcoder2 (traced) under ZeRO-3 with LoRA at s <= 256, where the simulated peak is inside a block's "
-                "forward (block 1: 6.4 MB live activations beside two all-gathered blocks, 0.9 MB saved at the end of "
-                "forward) and the estimate composes the traced forward peak with the end of forward's FSDP2 buffers: "
-                "-9.8% selective, -9.7% off, -9.9% full (s128, all-linear): not the selective policy; not diagnosed")
     if job["loss"] == "fused" and job["tp"] > 1:
         return ("fused loss on a TP mesh: over a vocabulary-parallel head (untied, transformers' plan) the kernel "
                 "cannot run (its matmul refuses the DTensor weight: the simulated rows are errors, the planner now "

@@ -66,6 +66,9 @@ class StrategyBuffers(BaseModel):
     saved_gone_at_reduce_scatter: bool = Field(default=False, description="At top_reduce_scatter the top block's "
                                                "own saved tensors are freed (read on the simulated step for MoE "
                                                "blocks; dense blocks keep the older count).")
+    at_last_block_forward: int | None = Field(default=None, description="Held at the last block's all-gather "
+                                              "copy-out in forward (FSDP2), beside what the blocks before it saved; "
+                                              "None: not a moment of its own (one block, or not FSDP2).")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -124,6 +127,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
         # wait_for_unshard), the block's all-gather output and its copy-out.
         forward_start = 2 * root + 2 * ub * layer + h2d
+        # A later block's forward: FSDP2 frees the previous all-gather's output only after this block's copy-out
+        # (wait_for_unshard clears comm_ctx.all_gather_state, but its local prev_all_gather_state keeps the
+        # result until it returns), so the copy-out holds the previous block's all-gather output, this block's
+        # and its unsharded copy, beside the unsharded root and, under ZeRO-2, every block before it: what the
+        # loss holds (at_loss) and two all-gather outputs more. The last block's is the largest (the most saved).
+        last_block_forward = root + at_loss + 2 * ub * (layer + pad) + h2d if n_layers > 1 else None
         # ZeRO-3 asks fully_shard(reshard_after_forward=True) of the root too, which torch >= 2.8 respects
         # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
@@ -136,6 +145,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
+                               at_last_block_forward=last_block_forward,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
                                                                   last_block_rs=reduce_b * per_block_t,
                                                                   in_place=tied_sum_in_place(training)),

@@ -67,7 +67,7 @@ from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_
 from advisor.estimate.states import ModelStates, model_states
 from advisor.estimate.activations_vision import vision_saved_bytes
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
-from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
+from advisor.estimate.traced import activations_from_profile, find_profile, profile_key, saved_head_gradient
 from advisor.frozen import in_json_order, validated_copy
 from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_params
 from advisor.model.selective import SelectiveKept, selective_kept
@@ -289,30 +289,26 @@ def estimate_memory(
     tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
     kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
                            dt=recipe_dtypes(training, impl))
-    last_acts = last_block_activations(spec, training, impl, acts, tokens=tokens, checkpointing=checkpointing)
+    dtypes = recipe_dtypes(training, impl)
+    head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
+    last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, loss_kept=kept, last_block_acts=last_acts,
+                             saved_head_grad=head_grad,
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
                                                 checkpointing=checkpointing))
 
 
-def last_block_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate,
-                           *, tokens: int, checkpointing: bool) -> int | None:
+def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens: int, residual_bytes: int,
+                           head_grad: int) -> int | None:
     """What is saved when the last block's forward begins: every block's kept tensors but its own, what the
     blocks' backward needs from outside them (``saved_bytes`` less ``outside_freed_bytes``), and its input, the
-    residual stream. A traced profile's saved bytes are read when the blocks' backward begins, where a tied
-    head's weight gradient (a full fine-tune's, in the weights' dtype) waits for the embedding's
-    (``traced._tied_head_bend``): not there yet in forward. None where one block's share is not known."""
+    residual stream; less ``head_grad``, a traced profile's tied head gradient (``traced.saved_head_gradient``),
+    which does not exist in forward. None where one block's share is not known."""
     if not acts.block_kept_bytes or not spec.hidden_size or (spec.num_layers or 0) < 2:
         return None
-    dtypes = recipe_dtypes(training, impl)
-    block_input = tokens * spec.hidden_size * dtypes.residual
-    before = acts.saved_bytes - acts.outside_freed_bytes - acts.block_kept_bytes + block_input
-    profiled = spec.traced and find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing))
-    tied = bool(spec.tied_embeddings) and spec.head is None and spec.trainable_params >= spec.total_params
-    if profiled and tied:
-        before -= (spec.vocab_size or 0) * spec.hidden_size * dtypes.residual
-    return max(0, before)
+    block_input = tokens * spec.hidden_size * residual_bytes
+    return max(0, acts.saved_bytes - acts.outside_freed_bytes - acts.block_kept_bytes + block_input - head_grad)
 
 
 def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
@@ -377,7 +373,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
                       loss_kept: int = 0, processes: int | None = None,
-                      kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None) -> MemoryBreakdown:
+                      kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
+                      saved_head_grad: int = 0) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -387,7 +384,9 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
     what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins.
     ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``). ``last_block_acts``:
-    the activations live at the last block's forward (``last_block_activations``; None: not estimated)."""
+    the activations live at the last block's forward (``last_block_activations``; None: not estimated).
+    ``saved_head_grad``: the part of ``acts.saved_bytes`` that is a tied head's gradient, made by the loss
+    backward (``traced.saved_head_gradient``): not there yet when that backward begins."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -421,7 +420,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
     if buffers.at_backward_start is not None:  # FSDP2 ZeRO-3: the root gathered again as the loss backward begins
-        start = dict(base, activations=acts.saved_bytes + gathered + min(loss_kept, acts.logits_bytes) + kv_loss,
+        saved = acts.saved_bytes - saved_head_grad  # what forward saved; the loss's own kept, up to its forward's
+        start = dict(base, activations=saved + gathered + min(loss_kept, acts.logits_bytes + saved_head_grad) + kv_loss,
                      temporary=buffers.persistent + buffers.at_backward_start)
         if sum(start.values()) > sum(moments["loss_backward"].values()):
             moments["loss_backward"] = start

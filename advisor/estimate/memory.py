@@ -286,17 +286,25 @@ def estimate_memory(
                                                           micro_batch_size=micro_batch_size)
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
-    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
-    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
-                           dt=recipe_dtypes(training, impl))
-    dtypes = recipe_dtypes(training, impl)
-    head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
-    last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params, loss_kept=kept, last_block_acts=last_acts,
-                             saved_head_grad=head_grad,
+                             flat_param_bytes=flat_params,
+                             **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
+                                                 checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
                                                 checkpointing=checkpointing))
+
+
+def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate, *,
+                      micro_batch_size: int, checkpointing: bool) -> dict[str, int | None]:
+    """``memory_at_moments``' inputs read off the whole model's tokens on a rank (data parallelism, or a mesh
+    with tp = cp = 1): what the loss keeps, what the last block's forward holds, a traced head gradient."""
+    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
+    dtypes = recipe_dtypes(training, impl)
+    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
+                           dt=dtypes)
+    head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
+    last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
+    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad)
 
 
 def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens: int, residual_bytes: int,

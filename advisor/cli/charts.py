@@ -54,7 +54,7 @@ def _widths(segments: tuple[Segment, ...], plot_width: float) -> list[float]:
 def _moment_spans(segments: tuple[Segment, ...]) -> dict[str, list[int]]:
     spans: dict[str, list[int]] = {name: [] for name in MOMENTS}
     for i, s in enumerate(segments):
-        if s.phase == "forward" and s.block == 0:
+        if s.phase == "forward" and s.block is not None:  # the first block's forward to the last one's
             spans["start_of_forward"].append(i)
         elif s.phase == "backward" and s.block is None and i + 1 < len(segments) \
                 and segments[i + 1].phase == "optimizer_step":

@@ -88,7 +88,9 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
     # End of backward: the root's gradients and their concatenation beside the unsharded root, or (once it is
     # resharded) the flat gradient, its bf16 reduce-scatter output and the fp32 cast of that. A tied embedding's
     # two gradients (the head's, waiting in autograd's input buffer, and the embedding's) are first summed out
-    # of place: three vocabulary-sized gradients (as strategy_buffers._root_backward_end counts for FSDP2).
+    # of place: three vocabulary-sized gradients (as strategy_buffers._root_backward_end counts for FSDP2 under
+    # transformers' loss; whether the fused and chunked losses' fresh head gradient is summed in place through
+    # FSDP1's flat-parameter views, tied_sum_in_place, is not measured: kept at three).
     backward_end = max(root + 2 * ub * root_g, ub * root_g + (rb + FP32) * root_g // world)
     if root_g and (bool(spec.tied_embeddings) or spec.head_params == 0):
         embedding = spec.embedding_params or (spec.vocab_size or 0) * (spec.hidden_size or 0)

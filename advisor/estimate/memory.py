@@ -5,7 +5,9 @@ pure function returning integer bytes. The peak is the largest of the moments of
 
 - start of forward (FSDP2): the first block's forward, while the root's all-gather output is still
   held (FSDP2 frees an all-gather's output when the next one is waited on) beside the unsharded root,
-  and the first block's all-gather output and its copy into the unsharded parameters;
+  and the first block's all-gather output and its copy into the unsharded parameters; or, where it holds
+  more, the last block's copy-out, beside the previous block's all-gather output, the unsharded root
+  (ZeRO-2: and every block) and what the blocks before it saved (``last_block_activations``);
 - end of forward: model states at rest + saved activations + the logits, their fp32 copy and the
   saved log-softmax output + what the strategy holds during compute;
 - loss backward: the same, with the logits freed (the loop keeps only the loss) and three fp32
@@ -19,7 +21,8 @@ pure function returning integer bytes. The peak is the largest of the moments of
   below it, so the top, next or bottom block decides;
 - end of backward (FSDP2): every block's gradient shard exists, and the root (embeddings, final norm,
   head: one FSDP unit) is at its widest point: either the embedding's backward (the unsharded root,
-  the head's and the embedding's bf16 gradients, a third for their sum when tied, the last block's
+  the head's and the embedding's bf16 gradients, a third for their sum when tied (not under the fused
+  or chunked loss, summed in place: ``strategy_buffers.tied_sum_in_place``), the last block's
   reduce-scatter input) or the root's reduce-scatter (its bf16 gradients and their fp32 copy);
   replicated (DDP, torch ZeRO-1, one GPU), a full fine-tune: the embedding's backward, every other
   gradient accumulated, the embedding's computed and, tied, the head's waiting to be summed into
@@ -63,7 +66,7 @@ from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_not_modelled
 from advisor.estimate.states import ModelStates, model_states
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
-from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
+from advisor.estimate.traced import activations_from_profile, find_profile, profile_key, saved_head_gradient
 from advisor.frozen import in_json_order, validated_copy
 from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_params
 from advisor.model.selective import SelectiveKept, selective_kept
@@ -117,8 +120,8 @@ class MemoryBreakdown(BaseModel):
                     "state: DeepSpeed ZeRO-Offload) or 'all' (parameters too).")
     # peak_allocated at each moment (the largest is peak_moment's); the timeline chart marks them.
     # None where a breakdown was not built by estimate_memory, or the moment is not estimated.
-    at_start_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated in the first "
-                                            "block's forward (FSDP2; None elsewhere).")
+    at_start_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated in a block's "
+                                            "forward, the first's or the last's copy-out (FSDP2; None elsewhere).")
     at_end_of_forward: int | None = Field(default=None, ge=0, description="peak_allocated at the end of forward.")
     at_loss_backward: int | None = Field(default=None, ge=0, description="peak_allocated in the loss's backward.")
     at_block_backward: int | None = Field(default=None, ge=0, description="peak_allocated in a block's backward.")
@@ -278,13 +281,37 @@ def estimate_memory(
                                                           micro_batch_size=micro_batch_size)
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
-    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
-    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
-                           dt=recipe_dtypes(training, impl), head_frozen=training.lora is not None)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params, loss_kept=kept,
+                             flat_param_bytes=flat_params,
+                             **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
+                                                 checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
                                                 checkpointing=checkpointing))
+
+
+def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate, *,
+                      micro_batch_size: int, checkpointing: bool) -> dict[str, int | None]:
+    """``memory_at_moments``' inputs read off the whole model's tokens on a rank (data parallelism, or a mesh
+    with tp = cp = 1): what the loss keeps, what the last block's forward holds, a traced head gradient."""
+    tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
+    dtypes = recipe_dtypes(training, impl)
+    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
+                           dt=dtypes, head_frozen=training.lora is not None)
+    head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
+    last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
+    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad)
+
+
+def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens: int, residual_bytes: int,
+                           head_grad: int) -> int | None:
+    """What is saved when the last block's forward begins: every block's kept tensors but its own, what the
+    blocks' backward needs from outside them (``saved_bytes`` less ``outside_freed_bytes``), and its input, the
+    residual stream; less ``head_grad``, a traced profile's tied head gradient (``traced.saved_head_gradient``),
+    which does not exist in forward. None where one block's share is not known."""
+    if not acts.block_kept_bytes or not spec.hidden_size or (spec.num_layers or 0) < 2:
+        return None
+    block_input = tokens * spec.hidden_size * residual_bytes
+    return max(0, acts.saved_bytes - acts.outside_freed_bytes - acts.block_kept_bytes + block_input - head_grad)
 
 
 def _kv_cache(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
@@ -349,7 +376,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
                       loss_kept: int = 0, processes: int | None = None,
-                      kv_cache: KvCacheBytes | None = None) -> MemoryBreakdown:
+                      kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
+                      saved_head_grad: int = 0) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -358,7 +386,10 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     from its first backward on: ``advisor.estimate.pipeline``). ``flat_param_bytes``: the parameters a
     ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
     what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins.
-    ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``)."""
+    ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``). ``last_block_acts``:
+    the activations live at the last block's forward (``last_block_activations``; None: not estimated).
+    ``saved_head_grad``: the part of ``acts.saved_bytes`` that is a tied head's gradient, made by the loss
+    backward (``traced.saved_head_gradient``): not there yet when that backward begins."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -392,13 +423,20 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
     if buffers.at_backward_start is not None:  # FSDP2 ZeRO-3: the root gathered again as the loss backward begins
-        start = dict(base, activations=acts.saved_bytes + gathered + min(loss_kept, acts.logits_bytes) + kv_loss,
+        saved = acts.saved_bytes - saved_head_grad  # what forward saved; the loss's own kept, up to its forward's
+        start = dict(base, activations=saved + gathered + min(loss_kept, acts.logits_bytes + saved_head_grad) + kv_loss,
                      temporary=buffers.persistent + buffers.at_backward_start)
         if sum(start.values()) > sum(moments["loss_backward"].values()):
             moments["loss_backward"] = start
-    if buffers.at_forward_start is not None:  # FSDP2: the first block's forward (module docstring)
+    if buffers.at_forward_start is not None:  # FSDP2: the first (or last) block's forward (module docstring)
         moments["start_of_forward"] = dict(base, grads=base["grads"] + stale, activations=0,
                                            temporary=buffers.persistent + buffers.at_forward_start)
+        if buffers.at_last_block_forward is not None and last_block_acts is not None:
+            # or the last block's all-gather copy-out, beside what the blocks before it saved (strategy_buffers)
+            last = dict(base, grads=base["grads"] + stale, activations=last_block_acts,
+                        temporary=buffers.persistent + buffers.at_last_block_forward)
+            if sum(last.values()) > sum(moments["start_of_forward"].values()):
+                moments["start_of_forward"] = last
     if buffers.at_backward_end is not None:  # the embedding's (FSDP2: the root's) backward, other gradients kept
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
         moments["end_of_backward"] = dict(base, grads=rest_grads + max(shards, held_grads), activations=0,

@@ -74,7 +74,7 @@ import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, model_states, recipe_dtypes,
-                                     vision_tower_bytes)
+                                     vision_tower_bytes, whole_rank_extras)
 from advisor.estimate.states import FP32
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
@@ -336,4 +336,8 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     ring = ring_buffer_bytes(spec, training, mesh, micro_batch_size=micro_batch_size)
     if ring:
         buffers = validated_copy(buffers, dict(in_backward=buffers.in_backward + ring))
-    return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size)
+    # tp = cp = 1 (replicas of FSDP2): every rank holds the whole model's tokens, as under data parallelism
+    whole = whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
+                              checkpointing=checkpointing) if mesh.tp == 1 and mesh.cp == 1 else {}
+    return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
+                             **whole)

@@ -66,6 +66,9 @@ class StrategyBuffers(BaseModel):
     saved_gone_at_reduce_scatter: bool = Field(default=False, description="At top_reduce_scatter the top block's "
                                                "own saved tensors are freed (read on the simulated step for MoE "
                                                "blocks; dense blocks keep the older count).")
+    at_last_block_forward: int | None = Field(default=None, description="Held at the last block's all-gather "
+                                              "copy-out in forward (FSDP2), beside what the blocks before it saved; "
+                                              "None: not a moment of its own (one block, or not FSDP2).")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -124,6 +127,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
         # wait_for_unshard), the block's all-gather output and its copy-out.
         forward_start = 2 * root + 2 * ub * layer + h2d
+        # A later block's forward: FSDP2 frees the previous all-gather's output only after this block's copy-out
+        # (wait_for_unshard clears comm_ctx.all_gather_state, but its local prev_all_gather_state keeps the
+        # result until it returns), so the copy-out holds the previous block's all-gather output, this block's
+        # and its unsharded copy, beside the unsharded root and, under ZeRO-2, every block before it: what the
+        # loss holds (at_loss) and two all-gather outputs more. The last block's is the largest (the most saved).
+        last_block_forward = root + at_loss + 2 * ub * (layer + pad) + h2d if n_layers > 1 else None
         # ZeRO-3 asks fully_shard(reshard_after_forward=True) of the root too, which torch >= 2.8 respects
         # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
@@ -136,13 +145,16 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
+                               at_last_block_forward=last_block_forward,
                                at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
-                                                                  last_block_rs=reduce_b * per_block_t),
+                                                                  last_block_rs=reduce_b * per_block_t,
+                                                                  in_place=tied_sum_in_place(training)),
                                grads_at_backward_end=-(-pb * block_t // world))
     buckets = ddp_bucket_bytes(pb * spec.trainable_params, impl, world)
     # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
     cast_back = training.mixed and not training.low_precision_base
-    backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(spec, pb, cast_back)
+    backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(
+        spec, pb, cast_back or tied_sum_in_place(training))
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0, at_backward_end=backward_end,
                                grads_at_backward_end=grads_end)
@@ -257,13 +269,29 @@ def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, i
     return inside, spec.trainable_params - inside
 
 
+def tied_sum_in_place(training: TrainingConfig) -> bool:
+    """Whether the head's gradient reaches a tied matrix's ``AccumulateGrad`` as a plain tensor autograd holds
+    the last reference to, so that the embedding's gradient is summed into it in place (torch/csrc/autograd/
+    input_buffer.cpp ``accumulate`` / ``can_accumulate_inplace``), whatever the precision and strategy: the
+    fused loss's own backward returns a fresh product (``wrappers.losses._FusedLinearCrossEntropy.backward``:
+    ``grad_weight * grad_loss``), and the chunked loss's head gradients, one transposed view per chunk, are
+    first summed among themselves out of place into a fresh tensor (two chunks or more: any sequence of 2
+    tokens). Only transformers' loss, one product with the head, hands the matrix the matmul's transposed
+    view (``TBackward0``), whose base holds a second reference: out of place, unless autocast's cast node
+    stands between (DDP under autocast: ``cast_back`` in ``estimate_strategy_buffers``). Measured on the
+    simulated step, which sums in place where a GPU does (``advisor.simulate.cuda_kernels``):
+    tests/estimate/test_tied_sum.py."""
+    return training.loss == "fused" or (training.loss == "chunked" and training.seq_len >= 2)
+
+
 def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, reduce_b: int,
-                       last_block_rs: int) -> int:
+                       last_block_rs: int, in_place: bool) -> int:
     """FSDP2's buffers at the end of backward, beyond the blocks' gradient shards: the larger of the
     embedding's backward (the unsharded root, the head's gradient waiting in autograd's input buffer,
-    the embedding's gradient, and under tied weights their out-of-place sum; the last block's
-    reduce-scatter input, freed only when the next reduce-scatter is waited on) and the root's own
-    reduce-scatter (its unsharded gradients and their reduce_dtype copy: _fsdp_collectives.py
+    the embedding's gradient, and under tied weights their sum, out of place unless ``in_place``
+    (``tied_sum_in_place``: FSDP2's MixedPrecisionPolicy casts no weight, so only the loss kernel decides);
+    the last block's reduce-scatter input, freed only when the next reduce-scatter is waited on) and the
+    root's own reduce-scatter (its unsharded gradients and their reduce_dtype copy: _fsdp_collectives.py
     foreach_reduce). Measured on the simulated step (tests/estimate/test_backward_end.py)."""
     reduce_root = (ub + reduce_b) * root_t
     if root_t < outside:  # a frozen (or partly frozen) root: no embedding gradient is computed
@@ -272,11 +300,12 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     embedding = spec.embedding_params if spec.embedding_params is not None else head
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
     head_grad = embedding if tied else (spec.head_params if spec.head_params is not None else head)
-    embedding_backward = ub * outside + ub * (head_grad + embedding + (embedding if tied else 0)) + last_block_rs
+    summed = embedding if tied and not in_place else 0
+    embedding_backward = ub * outside + ub * (head_grad + embedding + summed) + last_block_rs
     return max(reduce_root, embedding_backward)
 
 
-def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple[int | None, int]:
+def _replicated_backward_end(spec: ModelSpec, pb: int, in_place: bool) -> tuple[int | None, int]:
     """(buffers, gradients) at the end of a replicated backward (DDP, torch ZeRO-1, one GPU's plain
     model): the embedding's backward, the step's last. Every other trainable gradient is accumulated in
     the parameters' dtype ``pb`` and the embedding's gradient is computed (in ``pb`` too: autocast leaves
@@ -284,10 +313,10 @@ def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple
     temporaries. Tied, the head's gradient waits in autograd's input buffer for the embedding's, and the
     engine sums the two in place into the head's only when that is a plain tensor it holds the last
     reference to (torch/csrc/autograd/input_buffer.cpp ``accumulate`` / ``can_accumulate_inplace``):
-    under autocast (``cast_back``) it is the fresh fp32 copy autocast's cast node returns, so two
-    vocabulary-sized gradients are live; without autocast (fp32, pure bf16, as under FSDP2's
-    MixedPrecisionPolicy) it is the matmul's transposed view, whose base holds a second reference, and the
-    sum is out of place: three. Checked with real tensors on the CPU (the summed gradient's data pointer
+    under autocast it is the fresh fp32 copy autocast's cast node returns, and under the fused or chunked
+    loss a fresh tensor too (``tied_sum_in_place``), so two vocabulary-sized gradients are live (``in_place``);
+    with transformers' loss without autocast (fp32, pure bf16, as under FSDP2's MixedPrecisionPolicy) it is
+    the matmul's transposed view, whose base holds a second reference, and the sum is out of place: three. Checked with real tensors on the CPU (the summed gradient's data pointer
     is the cast copy's under autocast, a new one without). DDP's buckets (``persistent``) are allocated at
     construction; with ``gradient_as_bucket_view=False`` each gradient is copied into its bucket view
     and back, allocating nothing. Measured on an H100 (Qwen2.5-0.5B, tied, bf16-mixed DDP x2,
@@ -301,7 +330,7 @@ def _replicated_backward_end(spec: ModelSpec, pb: int, cast_back: bool) -> tuple
     head = _head_params(spec)
     embedding = spec.embedding_params if spec.embedding_params is not None else head
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
-    vocab_grads = (2 if cast_back else 3) if tied else 1
+    vocab_grads = (2 if in_place else 3) if tied else 1
     return pb * embedding * vocab_grads, pb * (spec.trainable_params - embedding)
 
 

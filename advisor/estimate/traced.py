@@ -153,6 +153,18 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
     )
 
 
+def saved_head_gradient(spec: ModelSpec, key: ProfileKey) -> int:
+    """The bytes of a profile's saved line (``BlockProfile.saved``) that are a tied head's weight gradient: the
+    saved bytes are read when the blocks' backward begins, where the head's gradient of a tied full fine-tune
+    waits in autograd's input buffer for the embedding's (``_tied_head_bend``; the weights' dtype, the
+    residual's: the tracer's fp32 weights under autocast get the fp32 cast-back). The forward and the start
+    of the loss backward do not hold it. 0 without a profile for ``key``, untied, or with a frozen head."""
+    tied = bool(spec.tied_embeddings) and spec.head is None and spec.trainable_params >= spec.total_params
+    if not tied or not spec.traced or find_profile(spec, key) is None:
+        return 0
+    return (spec.vocab_size or 0) * (spec.hidden_size or 0) * key.residual_bytes
+
+
 def needs_trace(spec: ModelSpec, training: TrainingConfig) -> str | None:
     """Why this plan should trace the model (None: the formula applies, or tracing cannot help).
     Full fine-tunes and LoRA (PEFT's adapters traced with the model) of a language model whose family has

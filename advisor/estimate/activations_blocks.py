@@ -244,17 +244,25 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
     base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
     base += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
-    return base + frozen_adapters_per_token(dt, ad)
+    return base + frozen_adapters_per_token(dt, ad, eager=eager)
 
 
 def frozen_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """What a frozen block's attention saves for the input gradient (``frozen_decoder_layer_per_token``):
-    RoPE and SDPA's tensors (eager: the matmuls' and softmax's), and Qwen3's q/k norms' fp32 inputs."""
+    RoPE and SDPA's tensors (eager: the matmuls' and softmax's), and Qwen3's q/k norms' fp32 inputs.
+
+    Eager (and CUDA's math SDPA): q and the repeated k and v saved by the two matmuls, the fp32 softmax
+    output and its compute-dtype copy (``_upcast_probs_bytes``: none in fp32, where ``.to`` returns the
+    tensor itself). Not o_proj's input: the output made contiguous for o_proj is saved only by an adapter
+    on o_proj (``frozen_adapters_per_token``), the frozen o_proj saves nothing (flash SDPA saves its output,
+    which o_proj reads as a view). Read on the simulated step (sweep a7b943fccdde: 384-wide Gemma, fp32,
+    GQA, s 128, DoRA on q and v): 7,680 bytes a token of attention, 3 x 1,536 + 3,072 of softmax, where
+    the count gave 12,288."""
     cb = dt.compute
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
     if eager:
-        base = cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        base = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len
         if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
             base += cb * shape.num_attention_heads * seq_len
     else:
@@ -265,8 +273,10 @@ def frozen_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: i
     return base
 
 
-def frozen_adapters_per_token(dt: Dtypes, ad: Adapters) -> int:
-    """What a block's LoRA / DoRA adapters save a token (``frozen_decoder_layer_per_token``'s docstring)."""
+def frozen_adapters_per_token(dt: Dtypes, ad: Adapters, *, eager: bool = False) -> int:
+    """What a block's LoRA / DoRA adapters save a token (``frozen_decoder_layer_per_token``'s docstring).
+    ``eager``: the attention saves no output (eager, CUDA's math SDPA), so an o_proj adapter's input is
+    its own (``frozen_attention_per_token``), not a view of SDPA's saved output."""
     cb = dt.compute
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
@@ -277,7 +287,7 @@ def frozen_adapters_per_token(dt: Dtypes, ad: Adapters) -> int:
     elif ad.dropout:
         adapters += sum(width[source] * fan_in for fan_in, source in ad.inputs)
     else:
-        shared = {source: fan_in for fan_in, source in ad.inputs if source != "attention"}
+        shared = {source: fan_in for fan_in, source in ad.inputs if eager or source != "attention"}
         adapters += sum(width[source] * fan_in for source, fan_in in shared.items())
     # DoRA (peft/tuners/lora/dora.py DoraLinearLayer.forward, peft 0.21): (m / ||W + sBA|| - 1) * base_result
     # + (m / ||W + sBA||) * lora_result * s saves both products' tensor operands for the magnitude's gradient:

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, decoder_layer_per_token, eager_backward_per_token,
-    eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_decoder_layer_per_token,
+    eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_adapters_per_token,
+    frozen_decoder_layer_per_token,
     mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
     selective_kept_per_token, window_mask_input_per_token,
 )
@@ -288,11 +289,14 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     if checkpointing and dt.residual == FP32:
         remaining -= FP32 * shape.hidden_size
     remaining -= outside_per_token - INT64 - 2 * dt.residual * shape.head_dim
-    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
-        first = validated_copy(adapters, {"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
-        none = validated_copy(adapters, {"inputs": ()})
-        remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
-                      - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
+    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward,
+        # and DoRA's base and adapter outputs of q, k and v (read on the simulated step, sweep b88491b6efc6:
+        # 384-wide Llama, fp32 GQA, DoRA all-linear, checkpointed; 4,608 bytes a token missing without them)
+        pairs = zip(adapters.inputs, adapters.dora_outputs or (None,) * len(adapters.inputs))
+        qkv = [(fan_in, fan_out) for fan_in, fan_out in pairs if fan_in[1] == "attn_norm"]
+        first = validated_copy(adapters, {"inputs": tuple(i for i, _ in qkv),
+                                          "dora_outputs": tuple(o for _, o in qkv if o is not None)})
+        remaining += frozen_adapters_per_token(dt, first, eager=True)
     return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)
 
 
@@ -415,8 +419,11 @@ def estimate_activations(
     recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
-    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
-        backward_temp = max(backward_temp, tokens * attention_backward)
+    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more. The memory model
+        # takes ``mlp_freed`` (down_proj's adapter tensors) off this point, but the softmax backward's count keeps only
+        # what the block still holds (``remaining``), which has none of the MLP's: added back here, so that point is
+        # the recomputed block + this (sweep b88491b6efc6: DoRA all-linear, fp32 GQA, 8,688 bytes a token short).
+        backward_temp = max(backward_temp, tokens * attention_backward + mlp_freed)
     if eager and not checkpointing:  # the model's forward holds the eager masks through
         # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
         logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))

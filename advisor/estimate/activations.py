@@ -26,7 +26,7 @@ from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, decoder_layer_per_token, eager_backward_per_token,
     eager_masks_bytes, eager_remaining_per_token, encoder_layer_per_token, frozen_adapters_per_token,
     frozen_decoder_layer_per_token,
-    mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
+    mamba_layer_per_token, neox_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token, rope_tables_per_token,
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
@@ -352,6 +352,11 @@ def estimate_activations(
     attention_backward = _eager_attention_backward(
         shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
         outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
+    shared = (tokens - seq_len) * rope_tables_per_token(shape, dt)  # one RoPE table pair a micro-batch, not a sample
+    outside, to_embedding = outside - shared, to_embedding - shared
+    if loss_kernel == "fused" and shape.family == "decoder" and dt.input_casts and not frozen and shape.head is None:
+        outside -= tokens * dt.compute * h  # the fused kernel reads the head's input with autocast off, a chunk at a
+        # time: no autocast cast of it is saved (read on the simulated step, sweep b86536f72b68 as fused: none there)
     layers_total, layer = _moe_layers_total(shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
     if checkpointing:
         # Non-reentrant checkpointing keeps each block's input; one block is recomputed at a time
@@ -386,6 +391,10 @@ def estimate_activations(
                                                             eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None)
+    if shape.family == "decoder" and dt.input_casts and not frozen:  # the final norm's output: the model's forward
+        # holds it while the loss runs, and under autocast no linear saves it (the head saves its cast). Read on the
+        # simulated step (sweep b86536f72b68, bf16-mixed, hf, chunked and fused): 4 x 128 bytes a token more at the end
+        logits += tokens * dt.residual * h  # of forward than the norm's saved tensors
     task = None if shape.head is None else head_loss_bytes(
         shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)

@@ -367,11 +367,20 @@ def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,
     BERT). The rest of ``outside_norm_per_token`` (the final norm's tensors, the head's input) is freed
     when the final norm's backward has run, before any block's backward."""
-    if shape.family == "decoder":
-        return 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
-    if shape.family == "gpt_neox":
-        return 2 * dt.residual * shape.head_dim
+    if shape.family in ("decoder", "gpt_neox"):
+        return rope_tables_per_token(shape, dt)
     return embedding_dropout_per_token(shape)
+
+
+def rope_tables_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """The rotary cos/sin tables every block reads (residual dtype), a token of one sample: Llama-like decoders but
+    Jamba, and GPT-NeoX. transformers builds them from ``position_ids``, which the model makes as
+    ``cache_position.unsqueeze(0)`` when the loop passes none (modeling_llama.py ``LlamaModel.forward``): one
+    (1, s, head_dim) pair a micro-batch, shared by its samples, so ``estimate_activations`` counts them once a
+    sequence (read on the simulated step, sweep b86536f72b68: 2 x 65,536 bytes at micro-batch 8, s 256, head_dim 64)."""
+    if (shape.family == "decoder" and shape.hybrid is None) or shape.family == "gpt_neox":
+        return 2 * dt.residual * shape.head_dim
+    return 0
 
 
 def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:

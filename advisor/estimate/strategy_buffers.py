@@ -316,14 +316,17 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results).
     ``head_cast`` False: the fused loss (``wrappers.losses.fused_linear_cross_entropy``) reads the head's
     weight with autocast off and casts it itself, a copy freed with its forward
-    (``activations_loss.loss_bytes`` counts it) and saved for nothing, so autocast holds no copy of the head."""
+    (``activations_loss.loss_bytes`` counts it) and saved for nothing, so autocast holds no copy of the head.
+    In a block's backward the head's copy is gone: the head's backward, which ran before any block's, freed it (the
+    cache went with the autocast region, before the backward; read on the simulated step, sweep b86536f72b68: the
+    top block's MLP backward holds the recomputed block's copies alone, 417,792 bytes, not the head's 344,064)."""
     head = _head_params(spec) if head_cast else 0
     full = spec.trainable_params >= spec.total_params
     cached = blocks + head if full else min(spec.trainable_params, blocks)
     saved_blocks = layer if checkpointing else blocks
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
-    return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+    return 2 * forward_end, 2 * at_loss, 2 * saved_blocks
 
 
 def expert_shard_padding(spec: ModelSpec, world: int, *, dim1: bool = False) -> int:

@@ -70,6 +70,8 @@ class ActivationShape(BaseModel):
     logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
     sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
                                  "in fp32 with (1 + weight) (Gemma 2: four a block).")
+    fp32_norm_scale: bool = Field(default=False, description="The two RMSNorms a block and the final one scale by "
+                                  "(1 + weight) in fp32 (Gemma): the normalised tensor is saved in fp32.")
     one_op_mlp_act: bool = Field(default=False, description="GPT-2 family: the MLP activation saves only its "
                                  "input (F.gelu); False: gelu_new's Python ops.")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
@@ -163,7 +165,7 @@ def _info_block_extras(model_type: str | None) -> dict:
     if info is None or info.formula != "decoder":
         return {}
     return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks,
-                fused_qkv=info.fused_projections)
+                fused_qkv=info.fused_projections, fp32_norm_scale=info.fp32_norm_scale)
 
 
 def _size_shape(total_params: int) -> dict:

@@ -48,6 +48,15 @@ def rms_norm_per_token(h: int, dt: Dtypes) -> int:
     return FP32 * h + dt.residual * h + (0 if dt.input_casts else dt.residual * h)
 
 
+def fp32_norm_scale_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """What one of Gemma's RMSNorms saves beyond ``rms_norm_per_token`` (``ActivationShape.fp32_norm_scale``): it
+    scales by ``(1 + weight)`` in fp32 and casts back (transformers 5.23 modeling_gemma.py ``GemmaRMSNorm``), so the
+    normalised tensor is saved in fp32, 4 - residual bytes a channel more. Read on the simulated step (sweep
+    31bbc0c6d375: 256-wide Gemma, bf16, s 4096): each norm held ``x.float()`` and ``x * rsqrt`` in fp32 and its bf16
+    output. Gemma 2's four norms count it in ``sandwich_norms_per_token``."""
+    return (FP32 - dt.residual) * shape.hidden_size if shape.fp32_norm_scale and not shape.sandwich_norms else 0
+
+
 def _upcast_probs_bytes(dt: Dtypes) -> int:
     """Bytes per attention score that eager attention with ``softmax(dtype=float32).to(query.dtype)``
     (Llama, GPT-NeoX) saves: the fp32 output, plus its copy when the compute dtype is narrower."""
@@ -171,7 +180,7 @@ def eager_remaining_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: in
     if frozen:
         norm = FP32 * h
     else:
-        norm = rms_norm_per_token(h, dt) + (3 * cb * h if dt.input_casts else 0)
+        norm = rms_norm_per_token(h, dt) + (3 * cb * h if dt.input_casts else 0) + fp32_norm_scale_per_token(shape, dt)
         norm += (FP32 - dt.residual) * h if shape.sandwich_norms else 0
     attn = 2 * cb * q + FP32 * scores + (cb * scores if shape.attn_softcap else 0)
     if shape.qk_norm:
@@ -211,7 +220,7 @@ def decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
     h, I = shape.hidden_size, shape.intermediate_size
     cb = dt.compute
-    norms = 2 * rms_norm_per_token(h, dt) + sandwich_norms_per_token(shape, dt)
+    norms = 2 * (rms_norm_per_token(h, dt) + fp32_norm_scale_per_token(shape, dt)) + sandwich_norms_per_token(shape, dt)
     # q,k,v and gate,up each cast their input (Phi-3's fused qkv_proj and gate_up_proj: two linears)
     casts = (2 if shape.fused_qkv else 5) * cb * h if dt.input_casts else 0
     attn = attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
@@ -389,7 +398,8 @@ def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     if shape.family in ("mamba", "decoder"):
         # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba and
         # Mamba have none).
-        return rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + to_embedding
+        norm = rms_norm_per_token(h, dt) + (fp32_norm_scale_per_token(shape, dt) if shape.family == "decoder" else 0)
+        return norm + (dt.compute * h if dt.input_casts else 0) + to_embedding
     # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
     # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
     return dt.residual * h + dt.compute * h + to_embedding

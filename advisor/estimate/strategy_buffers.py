@@ -241,7 +241,12 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
     # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
     casts = training.compute_bytes * (layer - routed_expert_params(spec)[1]) if training.mixed and not checkpointing else 0
-    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
+    # At the MLP's product rule down_proj's backward has run and freed its weight's autocast copy, saved for its input
+    # gradient (read on the simulated step: sweep 99301ffaf053, Phi fp16-mixed, fc2's 2,097,152 bytes gone there;
+    # b86536f72b68, Llama bf16-mixed, down_proj's 106,496). The routed experts have no copy (grouped_mm).
+    down_copy = training.compute_bytes * down if training.mixed and not training.low_precision_base and not moe else 0
+    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live - down_copy,
+                                          per_block_done=pb * layer - casts,
                                           num_blocks=n_layers,
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
 

@@ -55,7 +55,7 @@ def _info_block_extras(model_type: str | None) -> dict:
     if info is None or info.formula != "decoder":
         return {}
     return dict(sandwich_norms=info.norms_per_layer == 4, eager_masks=info.eager_masks,
-                fused_qkv=info.fused_projections)
+                fused_qkv=info.fused_projections, fp32_norm_scale=info.fp32_norm_scale)
 
 
 def _size_shape(total_params: int) -> dict:

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.estimate.activation_kinds import activation_kind, row_of
 from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
-    eager_remaining_per_token, frozen_decoder_layer_per_token, outside_norm_per_token, outside_to_embedding_per_token,
+    eager_remaining_per_token, frozen_adapters_per_token, frozen_decoder_layer_per_token, outside_norm_per_token,
+    outside_to_embedding_per_token, rope_tables_per_token,
     selective_kept_per_token, window_mask_input_per_token,
 )
 from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
@@ -67,6 +68,8 @@ class ActivationShape(BaseModel):
     logit_softcap: bool = Field(default=False, description="Soft-capped output logits (Gemma 2).")
     sandwich_norms: bool = Field(default=False, description="RMSNorms after attention and after the MLP too, "
                                  "in fp32 with (1 + weight) (Gemma 2: four a block).")
+    fp32_norm_scale: bool = Field(default=False, description="The two RMSNorms a block and the final one scale by "
+                                  "(1 + weight) in fp32 (Gemma): the normalised tensor is saved in fp32.")
     one_op_mlp_act: bool = Field(default=False, description="GPT-2 family: the MLP activation saves only its "
                                  "input (F.gelu); False: gelu_new's Python ops.")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
@@ -155,11 +158,14 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     if checkpointing and dt.residual == FP32:
         remaining -= FP32 * shape.hidden_size
     remaining -= outside_per_token - INT64 - 2 * dt.residual * shape.head_dim
-    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward
-        first = validated_copy(adapters, {"inputs": tuple(i for i in adapters.inputs if i[1] == "attn_norm")})
-        none = validated_copy(adapters, {"inputs": ()})
-        remaining += (frozen_decoder_layer_per_token(shape, dt, first, seq_len=seq_len, eager=True)
-                      - frozen_decoder_layer_per_token(shape, dt, none, seq_len=seq_len, eager=True))
+    if adapters is not None:  # the LoRA adapters on q, k and v keep their inputs until their backward,
+        # and DoRA's base and adapter outputs of q, k and v (read on the simulated step, sweep b88491b6efc6:
+        # 384-wide Llama, fp32 GQA, DoRA all-linear, checkpointed; 4,608 bytes a token missing without them)
+        pairs = zip(adapters.inputs, adapters.dora_outputs or (None,) * len(adapters.inputs))
+        qkv = [(fan_in, fan_out) for fan_in, fan_out in pairs if fan_in[1] == "attn_norm"]
+        first = validated_copy(adapters, {"inputs": tuple(i for i, _ in qkv),
+                                          "dora_outputs": tuple(o for _, o in qkv if o is not None)})
+        remaining += frozen_adapters_per_token(dt, first, eager=True)
     return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token, remaining=remaining)
 
 
@@ -206,6 +212,11 @@ def estimate_activations(
     attention_backward = _eager_attention_backward(
         shape, dt, adapters if frozen else None, seq_len=seq_len, layer_per_token=layer // tokens,
         outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
+    shared = (tokens - seq_len) * rope_tables_per_token(shape, dt)  # one RoPE table pair a micro-batch, not a sample
+    outside, to_embedding = outside - shared, to_embedding - shared
+    if loss_kernel == "fused" and shape.family == "decoder" and dt.input_casts and not frozen and shape.head is None:
+        outside -= tokens * dt.compute * h  # the fused kernel reads the head's input with autocast off, a chunk at a
+        # time: no autocast cast of it is saved (read on the simulated step, sweep b86536f72b68 as fused: none there)
     # all blocks: Jamba's layers each as its kind is, an MoE stack's dense layers and router weight copy
     layers_total, layer = (shape.num_layers * layer, layer) if row.layers is None else row.layers(
         shape, dt, tokens, layer, seq_len=seq_len, eager=eager)
@@ -239,7 +250,11 @@ def estimate_activations(
             saved -= tokens * first_block_unsaved_per_token(shape, dt, adapters, seq_len=seq_len,
                                                             eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
-                              head_trains=head_grads, head_frozen=adapters is not None)
+                              head_trains=head_grads and adapters is None, head_frozen=adapters is not None)
+    if shape.family == "decoder" and dt.input_casts and not frozen:  # the final norm's output: the model's forward
+        # holds it while the loss runs, and under autocast no linear saves it (the head saves its cast). Read on the
+        # simulated step (sweep b86536f72b68, bf16-mixed, hf, chunked and fused): 4 x 128 bytes a token more at the end
+        logits += tokens * dt.residual * h  # of forward than the norm's saved tensors
     task = None if shape.head is None else head_loss_bytes(
         shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)
@@ -271,8 +286,11 @@ def estimate_activations(
     recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input
         backward_temp -= tokens * FP32 * h * (1 if frozen else 2)  # and normalised tensor (a frozen weight: none)
-    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more
-        backward_temp = max(backward_temp, tokens * attention_backward)
+    if attention_backward is not None:  # or eager attention's softmax backward, if it holds more. The memory model
+        # takes ``mlp_freed`` (down_proj's adapter tensors) off this point, but the softmax backward's count keeps only
+        # what the block still holds (``remaining``), which has none of the MLP's: added back here, so that point is
+        # the recomputed block + this (sweep b88491b6efc6: DoRA all-linear, fp32 GQA, 8,688 bytes a token short).
+        backward_temp = max(backward_temp, tokens * attention_backward + mlp_freed)
     if eager and not checkpointing:  # the model's forward holds the eager masks through
         # its final norm; the logits come after it returns (the forward's peak beyond what is saved, as traced.py)
         logits = max(logits, eager_masks_bytes(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len))

@@ -48,6 +48,15 @@ def rms_norm_per_token(h: int, dt: Dtypes) -> int:
     return FP32 * h + dt.residual * h + (0 if dt.input_casts else dt.residual * h)
 
 
+def fp32_norm_scale_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """What one of Gemma's RMSNorms saves beyond ``rms_norm_per_token`` (``ActivationShape.fp32_norm_scale``): it
+    scales by ``(1 + weight)`` in fp32 and casts back (transformers 5.23 modeling_gemma.py ``GemmaRMSNorm``), so the
+    normalised tensor is saved in fp32, 4 - residual bytes a channel more. Read on the simulated step (sweep
+    31bbc0c6d375: 256-wide Gemma, bf16, s 4096): each norm held ``x.float()`` and ``x * rsqrt`` in fp32 and its bf16
+    output. Gemma 2's four norms count it in ``sandwich_norms_per_token``."""
+    return (FP32 - dt.residual) * shape.hidden_size if shape.fp32_norm_scale and not shape.sandwich_norms else 0
+
+
 def _upcast_probs_bytes(dt: Dtypes) -> int:
     """Bytes per attention score that eager attention with ``softmax(dtype=float32).to(query.dtype)``
     (Llama, GPT-NeoX) saves: the fp32 output, plus its copy when the compute dtype is narrower."""
@@ -171,7 +180,7 @@ def eager_remaining_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: in
     if frozen:
         norm = FP32 * h
     else:
-        norm = rms_norm_per_token(h, dt) + (3 * cb * h if dt.input_casts else 0)
+        norm = rms_norm_per_token(h, dt) + (3 * cb * h if dt.input_casts else 0) + fp32_norm_scale_per_token(shape, dt)
         norm += (FP32 - dt.residual) * h if shape.sandwich_norms else 0
     attn = 2 * cb * q + FP32 * scores + (cb * scores if shape.attn_softcap else 0)
     if shape.qk_norm:
@@ -211,7 +220,7 @@ def decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     MoE MLPs and latent attention: ``advisor.estimate.activations_moe``."""
     h, I = shape.hidden_size, shape.intermediate_size
     cb = dt.compute
-    norms = 2 * rms_norm_per_token(h, dt) + sandwich_norms_per_token(shape, dt)
+    norms = 2 * (rms_norm_per_token(h, dt) + fp32_norm_scale_per_token(shape, dt)) + sandwich_norms_per_token(shape, dt)
     # q,k,v and gate,up each cast their input (Phi-3's fused qkv_proj and gate_up_proj: two linears)
     casts = (2 if shape.fused_qkv else 5) * cb * h if dt.input_casts else 0
     attn = attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
@@ -244,17 +253,25 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
     base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
     base += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
-    return base + frozen_adapters_per_token(dt, ad)
+    return base + frozen_adapters_per_token(dt, ad, eager=eager)
 
 
 def frozen_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """What a frozen block's attention saves for the input gradient (``frozen_decoder_layer_per_token``):
-    RoPE and SDPA's tensors (eager: the matmuls' and softmax's), and Qwen3's q/k norms' fp32 inputs."""
+    RoPE and SDPA's tensors (eager: the matmuls' and softmax's), and Qwen3's q/k norms' fp32 inputs.
+
+    Eager (and CUDA's math SDPA): q and the repeated k and v saved by the two matmuls, the fp32 softmax
+    output and its compute-dtype copy (``_upcast_probs_bytes``: none in fp32, where ``.to`` returns the
+    tensor itself). Not o_proj's input: the output made contiguous for o_proj is saved only by an adapter
+    on o_proj (``frozen_adapters_per_token``), the frozen o_proj saves nothing (flash SDPA saves its output,
+    which o_proj reads as a view). Read on the simulated step (sweep a7b943fccdde: 384-wide Gemma, fp32,
+    GQA, s 128, DoRA on q and v): 7,680 bytes a token of attention, 3 x 1,536 + 3,072 of softmax, where
+    the count gave 12,288."""
     cb = dt.compute
     q = shape.num_attention_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
     if eager:
-        base = cb * 3 * q + (FP32 + cb) * shape.num_attention_heads * seq_len + cb * q
+        base = cb * 3 * q + _upcast_probs_bytes(dt) * shape.num_attention_heads * seq_len
         if shape.attn_softcap:  # Gemma 2: tanh(scores / cap), as in attention_per_token
             base += cb * shape.num_attention_heads * seq_len
     else:
@@ -265,8 +282,10 @@ def frozen_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: i
     return base
 
 
-def frozen_adapters_per_token(dt: Dtypes, ad: Adapters) -> int:
-    """What a block's LoRA / DoRA adapters save a token (``frozen_decoder_layer_per_token``'s docstring)."""
+def frozen_adapters_per_token(dt: Dtypes, ad: Adapters, *, eager: bool = False) -> int:
+    """What a block's LoRA / DoRA adapters save a token (``frozen_decoder_layer_per_token``'s docstring).
+    ``eager``: the attention saves no output (eager, CUDA's math SDPA), so an o_proj adapter's input is
+    its own (``frozen_attention_per_token``), not a view of SDPA's saved output."""
     cb = dt.compute
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
     adapters = len(ad.inputs) * cb * ad.rank
@@ -277,7 +296,7 @@ def frozen_adapters_per_token(dt: Dtypes, ad: Adapters) -> int:
     elif ad.dropout:
         adapters += sum(width[source] * fan_in for fan_in, source in ad.inputs)
     else:
-        shared = {source: fan_in for fan_in, source in ad.inputs if source != "attention"}
+        shared = {source: fan_in for fan_in, source in ad.inputs if eager or source != "attention"}
         adapters += sum(width[source] * fan_in for source, fan_in in shared.items())
     # DoRA (peft/tuners/lora/dora.py DoraLinearLayer.forward, peft 0.21): (m / ||W + sBA|| - 1) * base_result
     # + (m / ||W + sBA||) * lora_result * s saves both products' tensor operands for the magnitude's gradient:
@@ -357,11 +376,20 @@ def outside_to_embedding_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     every block reads (Llama-like decoders but Jamba, GPT-NeoX) and the embeddings' dropout mask (GPT-2,
     BERT). The rest of ``outside_norm_per_token`` (the final norm's tensors, the head's input) is freed
     when the final norm's backward has run, before any block's backward."""
-    if shape.family == "decoder":
-        return 0 if shape.hybrid is not None else 2 * dt.residual * shape.head_dim
-    if shape.family == "gpt_neox":
-        return 2 * dt.residual * shape.head_dim
+    if shape.family in ("decoder", "gpt_neox"):
+        return rope_tables_per_token(shape, dt)
     return embedding_dropout_per_token(shape)
+
+
+def rope_tables_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """The rotary cos/sin tables every block reads (residual dtype), a token of one sample: Llama-like decoders but
+    Jamba, and GPT-NeoX. transformers builds them from ``position_ids``, which the model makes as
+    ``cache_position.unsqueeze(0)`` when the loop passes none (modeling_llama.py ``LlamaModel.forward``): one
+    (1, s, head_dim) pair a micro-batch, shared by its samples, so ``estimate_activations`` counts them once a
+    sequence (read on the simulated step, sweep b86536f72b68: 2 x 65,536 bytes at micro-batch 8, s 256, head_dim 64)."""
+    if (shape.family == "decoder" and shape.hybrid is None) or shape.family == "gpt_neox":
+        return 2 * dt.residual * shape.head_dim
+    return 0
 
 
 def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
@@ -370,7 +398,8 @@ def outside_norm_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     if shape.family in ("mamba", "decoder"):
         # RMSNorm + head input cast; RoPE cos/sin (residual dtype) are shared by every block (Jamba and
         # Mamba have none).
-        return rms_norm_per_token(h, dt) + (dt.compute * h if dt.input_casts else 0) + to_embedding
+        norm = rms_norm_per_token(h, dt) + (fp32_norm_scale_per_token(shape, dt) if shape.family == "decoder" else 0)
+        return norm + (dt.compute * h if dt.input_casts else 0) + to_embedding
     # Final LayerNorm saves its input; the head saves its output (or its cast); GPT-2 and BERT
     # drop out the embeddings (bool mask); GPT-NeoX's rotary cos/sin are shared by every block.
     return dt.residual * h + dt.compute * h + to_embedding

@@ -45,7 +45,7 @@ def first_block_unsaved_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapte
     unsaved = FP32 * h  # the attention norm's fp32 input
     if first > SOURCE_ORDER.index("attn_norm"):
         unsaved += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
-        if first == SOURCE_ORDER.index("attention") and not dt.input_casts and not ad.dropout:
+        if first == SOURCE_ORDER.index("attention") and not dt.input_casts and not ad.dropout and not eager:
             unsaved -= dt.compute * shape.num_attention_heads * shape.head_dim  # o_proj's input: its adapter's own
     if first > SOURCE_ORDER.index("attention"):
         unsaved += FP32 * h * (2 if shape.sandwich_norms else 1)  # the MLP norm (Gemma 2: and the post-attention one)

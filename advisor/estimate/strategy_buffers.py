@@ -253,7 +253,12 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # block's with it). Measured on an H100: Qwen2.5-0.5B DDP, seq 256, fused AdamW, 9.79 GiB at the end of
     # backward, where counting every block's copies at the bottom block gave 10.10 (benchmarks/results/gpu_stacks.md).
     casts = training.compute_bytes * (layer - routed_expert_params(spec)[1]) if training.mixed and not checkpointing else 0
-    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live, per_block_done=pb * layer - casts,
+    # At the MLP's product rule down_proj's backward has run and freed its weight's autocast copy, saved for its input
+    # gradient (read on the simulated step: sweep 99301ffaf053, Phi fp16-mixed, fc2's 2,097,152 bytes gone there;
+    # b86536f72b68, Llama bf16-mixed, down_proj's 106,496). The routed experts have no copy (grouped_mm).
+    down_copy = training.compute_bytes * down if training.mixed and not training.low_precision_base and not moe else 0
+    return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live - down_copy,
+                                          per_block_done=pb * layer - casts,
                                           num_blocks=n_layers,
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
 
@@ -345,14 +350,17 @@ def _autocast_weight_casts(spec: ModelSpec, blocks: int, layer: int, checkpointi
     Measured: the simulated and the real-GPU DDP steps with checkpointing (benchmarks/results).
     ``head_cast`` False: the fused loss (``wrappers.losses.fused_linear_cross_entropy``) reads the head's
     weight with autocast off and casts it itself, a copy freed with its forward
-    (``activations_loss.loss_bytes`` counts it) and saved for nothing, so autocast holds no copy of the head."""
+    (``activations_loss.loss_bytes`` counts it) and saved for nothing, so autocast holds no copy of the head.
+    In a block's backward the head's copy is gone: the head's backward, which ran before any block's, freed it (the
+    cache went with the autocast region, before the backward; read on the simulated step, sweep b86536f72b68: the
+    top block's MLP backward holds the recomputed block's copies alone, 417,792 bytes, not the head's 344,064)."""
     head = _head_params(spec) if head_cast else 0
     full = spec.trainable_params >= spec.total_params
     cached = blocks + head if full else min(spec.trainable_params, blocks)
     saved_blocks = layer if checkpointing else blocks
     forward_end = cached + (0 if full else head + (0 if checkpointing else blocks - cached))
     at_loss = head + (0 if checkpointing else blocks)
-    return 2 * forward_end, 2 * at_loss, 2 * (head + saved_blocks)
+    return 2 * forward_end, 2 * at_loss, 2 * saved_blocks
 
 
 def expert_shard_padding(spec: ModelSpec, world: int, *, dim1: bool = False) -> int:

@@ -39,6 +39,8 @@ class ArchitectureInfo(_Frozen):
                                      "layer (transformers' Mistral, Mixtral, Phi-3 attention).")
     eager_masks: int = Field(default=1, ge=1, description="Additive b x s x s masks the model builds for eager "
                              "attention (transformers' Gemma 2: a full and a sliding-window one, both always).")
+    fp32_norm_scale: bool = Field(default=False, description="RMSNorm scales by (1 + weight) in fp32 (Gemma): its "
+                                  "normalised tensor is saved in fp32.")
     lora_targets: tuple[str, ...] | None = Field(default=None, description="PEFT's default LoRA targets.")
     config_defaults: dict[str, dict[str, int | str]] | None = Field(
         default=None, description="Class defaults of sub-configs a config.json may omit (Llava: text_config, vision_config).")

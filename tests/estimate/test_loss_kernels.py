@@ -28,9 +28,12 @@ def _estimate(loss: str, strategy: str, checkpointing: bool, world: int = 2):
 # holds no copy of it (strategy_buffers ``head_cast``); counting one was 32000 x 256 x 2 bytes = 15.6 MiB, +3.4%.
 # The estimate is now 976,384 bytes under the step (-0.22%): 262,144 of them the kernel's chunk x hidden
 # tensors (tests/estimate/test_loss_fused.py), the rest outside the loss.
+# With the RoPE tables counted once a micro-batch, the final norm's output held through the loss and the chunked
+# loss's last chunk without its bf16 logits (sweep b86536f72b68), the first three are within 0.03% of the step
+# (-39,164, -12,540 and -60,928 bytes; they were +354,052, +184,068 and +135,680).
 @pytest.mark.parametrize("loss,strategy,checkpointing,low,high", [
-    ("chunked", "ddp", False, 0, 0.01), ("chunked", "zero3", True, 0, 0.01),
-    ("fused", "zero3", False, 0, 0.01), ("fused", "ddp", False, -0.005, 0.005)])
+    ("chunked", "ddp", False, -0.005, 0.005), ("chunked", "zero3", True, -0.005, 0.005),
+    ("fused", "zero3", False, -0.005, 0.005), ("fused", "ddp", False, -0.005, 0.005)])
 def test_estimate_matches_the_simulated_step(loss, strategy, checkpointing, low, high):
     from advisor.simulate.step import simulate
 

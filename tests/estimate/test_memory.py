@@ -82,10 +82,10 @@ def test_deepspeed_zero2_shards_grads_and_optimizer_not_params():
 #   autocast's bf16 copies of the norm outputs for q, k, v, gate, up  = 5 x 2h = 640
 #   SDPA: q 2x64 + k, v 2 x 2x16 + output 2x64 + fp32 lse 4x8       = 352
 #   gated MLP: gate, silu(gate), up, silu(gate)*up, 4 x 2 x 160     = 1,280   -> 3,296 bytes.
-# Outside the blocks per token: ids + labels 2 x 8, final norm 8h = 512, head input cast 2h = 128,
-# RoPE cos/sin 2 x 4 x 8 = 64 -> 720 bytes.
+# Outside the blocks per token: ids + labels 2 x 8, final norm 8h = 512, head input cast 2h = 128 -> 656 bytes;
+# and the RoPE cos/sin tables, 2 x 4 x 8 = 64 bytes a position, once a micro-batch (position_ids (1, s)): 4,096.
 TINY_TOKENS = 8 * 64  # micro-batch 8, sequence 64: 512 tokens
-TINY_SAVED = TINY_TOKENS * (3 * 3_296 + 720)  # 5,431,296
+TINY_SAVED = TINY_TOKENS * (3 * 3_296 + 656) + 64 * 64  # 5,402,624
 TINY_LOSS = TINY_TOKENS * 1000 * 3 * 4  # three fp32 N x V tensors at loss backward: 6,144,000
 
 
@@ -93,19 +93,20 @@ def test_activations_of_a_tiny_llama_by_hand():
     spec = count_from_config(TINY_CONFIGS["llama_gqa_untied"], name="tiny", source="local")
     dtypes = Dtypes(residual=4, compute=2, input_casts=True)  # autocast over fp32 weights
     acts = estimate_activations(shape_of(spec), dtypes, micro_batch_size=8, seq_len=64, checkpointing=False, eager=False)
-    assert acts.saved_bytes == TINY_SAVED == 5_431_296
+    assert acts.saved_bytes == TINY_SAVED == 5_402_624
     assert acts.layer_bytes == TINY_TOKENS * 3_296 == 1_687_552
-    assert acts.logits_bytes == TINY_TOKENS * 1000 * (2 + 4 + 4) == 5_120_000  # bf16 logits, fp32 copy, log-softmax
+    # bf16 logits, fp32 copy, log-softmax, and the final norm's fp32 output (4h), held by the model's forward
+    assert acts.logits_bytes == TINY_TOKENS * (1000 * (2 + 4 + 4) + 4 * 64) == 5_251_072
     assert acts.loss_transient_bytes == TINY_LOSS
     # At the MLP's product rule: the incoming residual gradient (fp32) and the MLP's two widest gradients
     # (bf16): 4x64 + 2x2x160 (the outgoing residual gradient comes later; tests/estimate/test_block_backward.py).
     assert acts.backward_temp_bytes == TINY_TOKENS * 896 == 458_752
     # Gone before the blocks' backward: the labels (8), the final norm's fp32 input and output (8h) and
-    # the head's input cast (2h): 648 of the 720 bytes outside the blocks; the ids and RoPE tables stay.
+    # the head's input cast (2h): 648 bytes a token outside the blocks; the ids and RoPE tables stay.
     assert acts.outside_freed_bytes == TINY_TOKENS * 648 == 331_776
     # Checkpointing keeps each block's fp32 input (4h a token a layer) instead of its saved tensors.
     ckpt = estimate_activations(shape_of(spec), dtypes, micro_batch_size=8, seq_len=64, checkpointing=True, eager=False)
-    assert ckpt.saved_bytes == TINY_TOKENS * (3 * 4 * 64 + 720) == 761_856
+    assert ckpt.saved_bytes == TINY_TOKENS * (3 * 4 * 64 + 656) + 64 * 64 == 733_184
 
 
 def test_ddp_peak_of_a_tiny_llama_by_hand():
@@ -113,12 +114,14 @@ def test_ddp_peak_of_a_tiny_llama_by_hand():
 
     Model states at rest: fp32 parameters 4P = 1,005,312, AdamW moments 8P = 2,010,624 (gradients
     are allocated in backward). Held all step: DDP's bucket copy of the gradients 4P = 1,005,312.
-    Autocast's bf16 weight copies: 2 x (3 x 41,088 + 64,000 head) = 374,528. The four moments:
-      end of forward  3,015,936 + saved 5,431,296 + logits 5,120,000 + 1,379,840         = 14,947,072
-      loss backward   3,015,936 + saved 5,431,296 + 1,379,840 + loss transient 6,144,000  = 15,971,072
-      block backward  3,015,936 + saved 5,431,296 - 331,776 + 1,379,840 + temps 458,752
+    Autocast's bf16 weight copies: 2 x (3 x 41,088 + 64,000 head) = 374,528, the head's 128,000 of them freed by
+    the head's backward, before any block's, and the top block's down_proj's 2 x 10,240 by down_proj's backward,
+    before the MLP's product rule. The four moments:
+      end of forward  3,015,936 + saved 5,402,624 + logits 5,251,072 + 1,379,840         = 15,049,472
+      loss backward   3,015,936 + saved 5,402,624 + 1,379,840 + loss transient 6,144,000  = 15,942,400
+      block backward  3,015,936 + saved 5,402,624 - 331,776 + 1,379,840 - 128,000 - 20,480 + temps 458,752
                       + fp32 gradients of the head and the top block's down_proj 4 x (64,000 + 10,240)
-                                                                                        = 10,251,008
+                                                                                        = 10,073,856
       optimizer step  24P (params, grads, moments, sqrt(v) temporary, buckets)           =  6,031,872
     The loss backward wins.
     """
@@ -127,15 +130,16 @@ def test_ddp_peak_of_a_tiny_llama_by_hand():
                           checkpointing=False)
     assert mem.peak_phase == "forward_backward"
     assert (mem.params, mem.grads, mem.optimizer, mem.activations, mem.temporary) == (
-        1_005_312, 0, 2_010_624, 5_431_296, 7_523_840)
-    assert mem.peak_allocated == 15_971_072
-    assert mem.at_block_backward == 10_251_008
+        1_005_312, 0, 2_010_624, 5_402_624, 7_523_840)
+    assert mem.peak_allocated == 15_942_400
+    assert mem.at_end_of_forward == 15_049_472
+    assert mem.at_block_backward == 10_073_856
     # Runtime overhead, calibrated (profiles/allocator_overhead.json): 0.256 GiB (274,877,906.9, truncated)
-    # plus 10.4% of the peak (1,660,991.5, truncated): the allocator's gap, so peak + gap is the reserved
+    # plus 10.4% of the peak (1,658,009.6, truncated): the allocator's gap, so peak + gap is the reserved
     # figure; then the CUDA context and NCCL outside the allocator, which only the total counts.
-    assert mem.reserved == 15_971_072 + 274_877_906 + 1_660_991
+    assert mem.reserved == 15_942_400 + 274_877_906 + 1_658_009
     assert mem.outside_allocator == GIB  # CUDA context and NCCL, --context-gib default
-    assert mem.runtime_overhead == 274_877_906 + 1_660_991 + GIB
+    assert mem.runtime_overhead == 274_877_906 + 1_658_009 + GIB
 
 
 SPECS = [resolve_model(m) for m in ("Qwen/Qwen2.5-0.5B", "Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B",

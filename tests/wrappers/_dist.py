@@ -1,16 +1,17 @@
 """Run a function in N gloo processes on CPU, with a free port, a deadline and a clean teardown.
 
-``run_distributed(fn, *args)`` spawns ``world_size`` fresh interpreters (``spawn`` start method), each
-calling ``fn(rank, world_size, *args)`` inside an initialised gloo process group. ``fn`` must be a
-module-level function (it is pickled by name). An exception in any rank fails the caller with that
-rank's traceback; a rank that hangs is killed at the deadline and the caller gets ``TimeoutError``.
+``run_scenarios({name: (fn, *args), ...})`` starts ``world_size`` ranks once (spawning is the expensive
+part) and runs each scenario there in its own gloo process group, calling ``fn(rank, world_size, *args)``;
+it returns every scenario's per-rank errors and return values: a module-scoped fixture calls it once and
+each test asserts its own scenario (``results.check(name)``, ``results.values(name)``).
+``run_distributed(fn, *args)`` and ``collect_distributed(fn, *args)`` are the one-scenario cases (raise on
+a rank's error; the latter returns what ``fn`` returned on each rank). ``fn`` must be a module-level
+function (it is pickled by name); a rank that hangs is killed at the deadline and reported.
 
-``run_scenarios({name: (fn, *args), ...})`` runs a module's scenarios in one such spawn (spawning is
-the expensive part), each in its own process group, and returns every scenario's per-rank errors: a
-module-scoped fixture calls it once and each test asserts its own scenario (``results.check(name)``).
-
-It also holds the workload every wrappers test trains: a tiny Llama built from a config in code,
-seeded identically everywhere, and a fixed global batch that ranks split evenly.
+It also holds the workload every wrappers test trains and the comparison they make: a tiny Llama built
+from a config in code, seeded identically everywhere, a fixed global batch that ranks split evenly,
+AdamW with two groups, ``train_steps`` (K steps, the losses), ``reference_run`` (the same on one process,
+no process group, the whole batch) and ``assert_params_close`` (allclose per tensor, the max |diff|).
 """
 
 from __future__ import annotations
@@ -42,64 +43,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
-    torch.set_num_threads(1)  # two ranks on a small CPU: do not oversubscribe
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=_COLLECTIVE_TIMEOUT
-    )
-    try:
-        fn(rank, world_size, *args)
-        dist.barrier()  # no rank leaves while another still needs it
-    finally:
-        dist.destroy_process_group()
-    # Success: leave without running C++ static destructors. On a 2-core machine gloo's background
-    # threads occasionally abort interpreter teardown ("terminate called without an active
-    # exception", SIGABRT) after the work has passed. A failure above still raises and is reported.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _collecting_entry(rank: int, fn: Callable[..., Any], world_size: int, port: int, args: tuple) -> None:
-    """``_entry`` that saves what ``fn`` returns to ``args[0]/rank{rank}.pt`` (``args[0]``: a directory)."""
-    out_dir, rest = args[0], args[1:]
-
-    def save_result(rank: int, world_size: int, *inner: Any) -> None:
-        torch.save(fn(rank, world_size, *inner), os.path.join(out_dir, f"rank{rank}.pt"))
-
-    save_result.__name__ = fn.__name__
-    _entry(rank, save_result, world_size, port, rest)
+def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; raise if any rank fails or hangs."""
+    run_scenarios({fn.__name__: (fn, *args)}, world_size=world_size, timeout_s=timeout_s).check(fn.__name__)
 
 
 def collect_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> list:
-    """``run_distributed``, returning what ``fn`` returned on each rank (torch-saveable), in rank order.
-    One spawn can so run several scenarios and the parent assert each in its own test."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as out_dir:
-        _spawn(_collecting_entry, fn, (out_dir, *args), world_size, timeout_s)
-        return [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
-
-
-def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2, timeout_s: float = 150.0) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; raise if any rank fails or hangs."""
-    _spawn(_entry, fn, args, world_size, timeout_s)
-
-
-def _spawn(entry: Callable[..., None], fn: Callable[..., Any], args: tuple, world_size: int, timeout_s: float) -> None:
-    context = mp.start_processes(
-        entry, args=(fn, world_size, free_port(), args), nprocs=world_size, join=False, start_method="spawn"
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        while not context.join(timeout=1.0):  # raises ProcessRaisedException if a rank failed
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{fn.__name__} did not finish on {world_size} ranks within {timeout_s:.0f}s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-            process.join(timeout=5)
+    """``run_distributed``, returning what ``fn`` returned on each rank (torch-saveable), in rank order."""
+    results = run_scenarios({fn.__name__: (fn, *args)}, world_size=world_size, timeout_s=timeout_s)
+    return results.values(fn.__name__)
 
 
 # --- Several scenarios in one spawn -------------------------------------------------------------------
@@ -108,7 +60,8 @@ def _spawn(entry: Callable[..., None], fn: Callable[..., Any], args: tuple, worl
 # transformers: about 10 s of CPU on 2 cores). ``run_scenarios`` spawns one set of processes for a whole
 # module and runs each scenario there in its own process group (a fresh group on the same store), with
 # torch's seed reset as a fresh interpreter has it, so scenarios see what separate spawns saw. A
-# failing scenario is recorded and the next one runs; each test then asserts its own scenario.
+# failing scenario is recorded and the next one runs; each test then asserts its own scenario. What a
+# scenario returns (anything torch.save takes) comes back to the parent too.
 
 # What the fork server imports once (it is started on the first call, before any rank).
 _PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama", "tests.wrappers._dist"]
@@ -127,7 +80,9 @@ def _scenario_entry(rank: int, scenarios: list, world_size: int, port: int, resu
                 dist.init_process_group("gloo", store=dist.PrefixStore(f"scenario{index}", store), rank=rank,
                                         world_size=world_size, timeout=_COLLECTIVE_TIMEOUT)
                 try:
-                    fn(rank, world_size, *args)
+                    value = fn(rank, world_size, *args)
+                    if value is not None:
+                        torch.save(value, f"{result_dir}/{index}-rank{rank}.pt")
                     dist.barrier()  # no rank leaves while another still needs it
                 finally:
                     dist.destroy_process_group()
@@ -136,23 +91,31 @@ def _scenario_entry(rank: int, scenarios: list, world_size: int, port: int, resu
             results.write(json.dumps({"name": name, "error": error}) + "\n")
             results.flush()
             gc.collect()
-    # Leave without C++ static destructors (see _entry): failures are in the results file.
+    # Success or not, leave without running C++ static destructors: on a 2-core machine gloo's background
+    # threads occasionally abort interpreter teardown ("terminate called without an active exception",
+    # SIGABRT) after the work has passed. Failures are in the results file.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
 class ScenarioResults:
-    """What each rank reported per scenario; ``check(name)`` fails the calling test with its ranks' errors."""
+    """What each rank reported per scenario; ``check(name)`` fails the calling test with its ranks' errors,
+    ``values(name)`` checks and returns what the scenario's function returned on each rank, in rank order."""
 
-    def __init__(self, errors: dict[str, dict[int, str]]) -> None:
+    def __init__(self, errors: dict[str, dict[int, str]], returned: dict[str, list] | None = None) -> None:
         self.errors = errors
+        self.returned = returned or {}
 
     def check(self, name: str) -> None:
         failed = self.errors[name]
         if failed:
             report = "\n".join(f"--- rank {rank} ---\n{error}" for rank, error in sorted(failed.items()))
             raise AssertionError(f"scenario {name!r} failed:\n{report}")
+
+    def values(self, name: str) -> list:
+        self.check(name)
+        return self.returned[name]
 
 
 def run_scenarios(
@@ -192,7 +155,14 @@ def run_scenarios(
                     errors[name][rank] = died or "the rank ended before this scenario"
                 elif reported[name] is not None:
                     errors[name][rank] = reported[name]
-    return ScenarioResults(errors)
+        returned = {name: [_load_value(result_dir, index, rank) for rank in range(world_size)]
+                    for index, (name, _, _) in enumerate(items) if not errors[name]}
+    return ScenarioResults(errors, returned)
+
+
+def _load_value(result_dir: str, index: int, rank: int) -> Any:
+    path = f"{result_dir}/{index}-rank{rank}.pt"
+    return torch.load(path, weights_only=False) if os.path.exists(path) else None
 
 
 def _read_results(result_dir: str, rank: int) -> dict[str, str | None]:
@@ -209,21 +179,23 @@ SEQ_LEN = 16
 VOCAB = 128
 
 
-def tiny_llama(seed: int = 0) -> torch.nn.Module:
-    """A 2-layer Llama (about 27k parameters), fp32, identical for a given ``seed`` on every rank."""
+def tiny_llama(seed: int = 0, *, num_layers: int = 2, hidden_size: int = 32, tie: bool = False) -> torch.nn.Module:
+    """A Llama of ``num_layers`` layers (2 x 32 by default: about 27k parameters), MLP twice the hidden
+    size, 4 heads, 2 key/value heads, fp32, identical for a given ``seed`` on every rank."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, max_position_embeddings=64, use_cache=False, tie_word_embeddings=False,
+        hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=64,
+        use_cache=False, tie_word_embeddings=tie,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
 
 
-def global_batch(step: int) -> torch.Tensor:
-    """Token ids ``[GLOBAL_BATCH, SEQ_LEN]`` for ``step``, the same on every rank."""
-    return torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ_LEN), generator=torch.Generator().manual_seed(1000 + step))
+def global_batch(step: int, batch_size: int = GLOBAL_BATCH) -> torch.Tensor:
+    """Token ids ``[batch_size, SEQ_LEN]`` for ``step``, the same on every rank."""
+    return torch.randint(0, VOCAB, (batch_size, SEQ_LEN), generator=torch.Generator().manual_seed(1000 + step))
 
 
 def rank_batch(step: int, rank: int, world_size: int) -> torch.Tensor:
@@ -232,30 +204,93 @@ def rank_batch(step: int, rank: int, world_size: int) -> torch.Tensor:
     return global_batch(step)[rank * per_rank : (rank + 1) * per_rank]
 
 
-def build_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
-    """AdamW with two named groups (no weight decay on 1-D tensors), PyTorch's default foreach kernel."""
-    named = list(model.named_parameters())
+def batch_loader(num_steps: int, world_size: int):
+    """A ``DataLoader`` over ``num_steps`` global batches, ``GLOBAL_BATCH // world_size`` rows a batch: step
+    k's global batch is rows [k*GLOBAL_BATCH, (k+1)*GLOBAL_BATCH). Under ``wrap()`` the sampler gives rank r
+    rows r, r + world_size, ...: a step's rank batches together are its global batch, interleaved."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.cat([global_batch(step) for step in range(num_steps)]))
+    return DataLoader(data, batch_size=GLOBAL_BATCH // world_size, shuffle=False)
+
+
+def launch_env(rank: int, world_size: int):
+    """What a launcher's environment says to ``wrap()`` on ``rank`` of ``world_size`` CPU processes."""
+    from wrappers.launch_env import read_launch_env
+
+    return read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+
+
+def build_adamw(model: torch.nn.Module, *, named: bool = True) -> torch.optim.AdamW:
+    """AdamW with two groups (no weight decay on 1-D tensors), PyTorch's default foreach kernel; the
+    groups hold (name, parameter) pairs unless ``named`` is False."""
+    named_params = list(model.named_parameters())
+
+    def group(params: list) -> list:
+        return params if named else [p for _, p in params]
+
     return torch.optim.AdamW(
         [
-            {"params": [(n, p) for n, p in named if p.ndim >= 2], "weight_decay": 0.1},
-            {"params": [(n, p) for n, p in named if p.ndim < 2], "weight_decay": 0.0},
+            {"params": group([(n, p) for n, p in named_params if p.ndim >= 2]), "weight_decay": 0.1},
+            {"params": group([(n, p) for n, p in named_params if p.ndim < 2]), "weight_decay": 0.0},
         ],
         lr=2e-3,
         betas=(0.9, 0.95),
     )
 
 
-def reference_params(num_steps: int, *, model_fn: Callable[[], torch.nn.Module] | None = None,
-                     batch_fn: Callable[[int], torch.Tensor] | None = None,
-                     optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
-                     ) -> dict[str, torch.Tensor]:
+def train_steps(model: Any, optimizer: torch.optim.Optimizer, batches: Any) -> list[float | None]:
+    """One optimizer step per batch of token ids (the labels are the ids); the losses, in order.
+    ``model`` is a causal LM (forward, backward here) or a ``wrappers.pipeline.Pipeline``, whose
+    ``step`` runs forward and backward and returns the loss on the last stage only (None elsewhere)."""
+    losses: list[float | None] = []
+    for ids in batches:
+        if isinstance(model, torch.nn.Module):
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        else:
+            loss = model.step(ids)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(None if loss is None else loss.item())
+    return losses
+
+
+class Reference:
+    """One process's training: its final parameters and its losses."""
+
+    def __init__(self, params: dict[str, torch.Tensor], losses: list[float]) -> None:
+        self.params, self.losses = params, losses
+
+
+def reference_run(num_steps: int, *, model_fn: Callable[[], torch.nn.Module] | None = None,
+                  batch_fn: Callable[[int], torch.Tensor] | None = None,
+                  optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None) -> Reference:
     """One process, no process group, the whole batch each step: what every strategy must reproduce
     (``tiny_llama``, ``global_batch`` and ``build_adamw`` unless a test trains another workload)."""
     model = (model_fn or tiny_llama)()
     optimizer = (optimizer_fn or build_adamw)(model)
-    for step in range(num_steps):
-        ids = (batch_fn or global_batch)(step)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    losses = train_steps(model, optimizer, ((batch_fn or global_batch)(step) for step in range(num_steps)))
+    return Reference({name: p.detach().clone() for name, p in model.named_parameters()}, losses)
+
+
+def reference_params(num_steps: int, *, model_fn: Callable[[], torch.nn.Module] | None = None,
+                     batch_fn: Callable[[int], torch.Tensor] | None = None,
+                     optimizer_fn: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+                     ) -> dict[str, torch.Tensor]:
+    """``reference_run``'s final parameters."""
+    return reference_run(num_steps, model_fn=model_fn, batch_fn=batch_fn, optimizer_fn=optimizer_fn).params
+
+
+def max_abs_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> float:
+    """The largest |got - want| over the tensors of ``got`` (each must be in ``want``)."""
+    return max((got[name] - want[name]).abs().max().item() for name in got)
+
+
+def assert_params_close(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], *, rtol: float, atol: float,
+                        label: str = "") -> float:
+    """``torch.testing.assert_close`` on every tensor of ``got`` against the same name in ``want`` (the
+    failure names the tensor after ``label``); returns the max |diff| for the test to report."""
+    for name, value in got.items():
+        torch.testing.assert_close(value, want[name], rtol=rtol, atol=atol, msg=lambda m: f"{label} {name}: {m}")
+    return max_abs_diff(got, want)

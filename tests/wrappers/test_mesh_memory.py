@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.wrappers._dist import run_distributed
+from tests.wrappers._dist import launch_env, run_distributed
 
 from advisor.mesh import ParallelDims
 
@@ -50,9 +50,8 @@ def _memory_worker(rank: int, world_size: int, checkpoint: str, out: str) -> Non
     import torch.distributed as dist
 
     from wrappers import wrap
-    from wrappers.launch_env import read_launch_env
 
-    env = read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    env = launch_env(rank, world_size)
     model = _meta_model()
     dist.barrier()
     before_kib = _kib("VmRSS")

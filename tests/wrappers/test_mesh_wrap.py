@@ -19,11 +19,14 @@ shifts parameters by about lr per step.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.distributed as dist
 from tests.wrappers._dist import (
-    GLOBAL_BATCH, ScenarioResults, build_adamw, global_batch, reference_params, run_scenarios, tiny_llama,
+    GLOBAL_BATCH, ScenarioResults, assert_params_close, build_adamw, global_batch, launch_env, reference_params,
+    run_scenarios, tiny_llama, train_steps,
 )
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
@@ -32,7 +35,6 @@ from torch.utils.data import DataLoader
 from advisor.mesh import ParallelDims
 from wrappers import wrap
 from wrappers.checkpoint_io import load_checkpoint, save_checkpoint
-from wrappers.launch_env import read_launch_env
 
 NUM_STEPS = 3
 RTOL, ATOL = 1e-5, 1e-5
@@ -57,10 +59,6 @@ LOCAL_SHAPES = {
 }
 
 
-def _env(rank: int, world_size: int):
-    return read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
-
-
 def _meta_llama() -> torch.nn.Module:
     from transformers import LlamaForCausalLM
 
@@ -73,17 +71,12 @@ def _wrapped(rank: int, world_size: int, dims: ParallelDims, checkpoint: str | N
     model = _meta_llama()
     assert all(p.is_meta for p in model.parameters())
     loader = DataLoader(list(global_batch(0)), batch_size=GLOBAL_BATCH // dims.dp)
-    return wrap(model, build_adamw(model), loader, mesh=dims, checkpoint=checkpoint, env=_env(rank, world_size),
+    return wrap(model, build_adamw(model), loader, mesh=dims, checkpoint=checkpoint, env=launch_env(rank, world_size),
                 verbose=False)
 
 
 def _full(model) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-
-
-def _assert_close(got: dict, expected: dict, **tolerance) -> None:
-    for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, **tolerance, msg=lambda m: f"{name}: {m}")
 
 
 def _assert_placements(model, kind: str, dims: ParallelDims) -> None:
@@ -101,13 +94,6 @@ def _assert_placements(model, kind: str, dims: ParallelDims) -> None:
         assert placement == {"dp_replicate": "Replicate()", "dp_shard": "Shard(dim=0)"}
 
 
-def _train(model, optimizer, loader) -> None:
-    for step, ids in zip(range(NUM_STEPS), _batches(loader)):
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-
 def _batches(loader):
     """The loader's indices pick this rank's rows of each step's global batch (the loader holds step 0)."""
     for step in range(NUM_STEPS + 1):
@@ -115,13 +101,14 @@ def _batches(loader):
         yield global_batch(step)[indices]
 
 
-def _mesh_worker(rank: int, world_size: int, kind: str, pretrained: str, tmp_dir: str) -> None:
+def _mesh_worker(rank: int, world_size: int, kind: str, pretrained: str, tmp_dir: str) -> float:
     from transformers import LlamaForCausalLM
 
     dims = MESHES[kind]
     model, optimizer, loader = _wrapped(rank, world_size, dims, pretrained)
     assert model.advisor_decision.mesh == dims and model.advisor_decision.strategy == "zero3"
-    _assert_close(_full(model), dict(LlamaForCausalLM.from_pretrained(pretrained).named_parameters()), rtol=0, atol=0)
+    loaded = dict(LlamaForCausalLM.from_pretrained(pretrained).named_parameters())
+    assert_params_close(_full(model), loaded, rtol=0, atol=0, label=f"{kind} loaded")
     _assert_placements(model, kind, dims)
     # The loader is split over the dp ranks only: TP ranks of one replica read the same rows.
     assert len(list(loader.sampler)) == GLOBAL_BATCH // dims.dp
@@ -130,20 +117,21 @@ def _mesh_worker(rank: int, world_size: int, kind: str, pretrained: str, tmp_dir
     assert sorted(sum(rows[:: dims.tp], [])) == list(range(GLOBAL_BATCH))
     assert rows[rank] == rows[rank - rank % dims.tp]
 
-    _train(model, optimizer, loader)
+    train_steps(model, optimizer, itertools.islice(_batches(loader), NUM_STEPS))
     trained = _full(model)
-    _assert_close(trained, reference_params(NUM_STEPS), rtol=RTOL, atol=ATOL)
+    max_diff = assert_params_close(trained, reference_params(NUM_STEPS), rtol=RTOL, atol=ATOL, label=kind)
 
     save_checkpoint(model, f"{tmp_dir}/dcp", optimizer=optimizer)
     other, other_optimizer, _ = _wrapped(rank, world_size, dims, None)  # initialised, not loaded
     _assert_initialised(other, dims)
     load_checkpoint(other, f"{tmp_dir}/dcp", optimizer=other_optimizer)
-    _assert_close(_full(other), trained, rtol=0, atol=0)
+    assert_params_close(_full(other), trained, rtol=0, atol=0, label=f"{kind} restored")
     for each, each_optimizer in ((model, optimizer), (other, other_optimizer)):
         ids = global_batch(NUM_STEPS)[list(loader.sampler)]
         each(input_ids=ids, labels=ids).loss.backward()
         each_optimizer.step()
-    _assert_close(_full(other), _full(model), rtol=0, atol=0)
+    assert_params_close(_full(other), _full(model), rtol=0, atol=0, label=f"{kind} continued")
+    return max_diff
 
 
 def _assert_initialised(model, dims: ParallelDims) -> None:
@@ -179,4 +167,4 @@ def gloo_runs(pretrained, tmp_path_factory) -> ScenarioResults:
 
 @pytest.mark.parametrize("kind", sorted(MESHES))
 def test_mesh_wrap_loads_shards_trains_and_checkpoints(kind, gloo_runs):
-    gloo_runs.check(kind)
+    print(f"{kind}: max |diff| {max(gloo_runs.values(kind)):.2e}")

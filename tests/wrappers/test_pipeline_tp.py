@@ -2,9 +2,9 @@
 Llama of ``test_pipeline`` for 3 AdamW steps and must land where one process training on the whole
 batch lands, losses included.
 
-One spawn (4 ranks) runs every scenario in turn and returns each rank's losses and full parameters
-(gathered over tp and the data-parallel dimensions) to the parent, which asserts each scenario in
-its own test:
+One spawn (4 ranks) runs every scenario in turn, each in its own process group, and returns each
+rank's losses and full parameters (gathered over tp and the data-parallel dimensions) to the parent,
+which asserts each scenario in its own test:
 
 - ``pp2_tp2_1f1b``: ``wrappers.wrap_pipeline`` given ``ParallelDims(pp=2, tp=2)``: ``Schedule1F1B``,
   one stage (2 layers) per pipeline rank, each split over 2 TP ranks by Llama's transformers plan
@@ -36,7 +36,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from tests.wrappers._dist import collect_distributed
+from tests.wrappers._dist import (
+    Reference, ScenarioResults, assert_params_close, launch_env, reference_run, run_scenarios, train_steps,
+)
 from tests.wrappers.test_pipeline import GLOBAL_BATCH, MICROBATCHES, NUM_STEPS, build_adamw, global_batch, tiny_llama
 
 from advisor.mesh import ParallelDims
@@ -47,12 +49,6 @@ RTOL, ATOL = 1e-5, 5e-5
 LOSS_ATOL = 1e-5
 SCENARIOS = {"pp2_tp2_1f1b": dict(pp=2, tp=2), "pp2_tp2_interleaved_1f1b": dict(pp=2, tp=2),
              "pp2_hsdp2_1f1b": dict(pp=2, dp_replicate=2)}
-
-
-def _env(rank: int, world_size: int):
-    from wrappers.launch_env import read_launch_env
-
-    return read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
 
 
 def _build(name: str):
@@ -67,20 +63,15 @@ def _build(name: str):
 
     dims = ParallelDims(**degrees, pp_schedule="1f1b", world_size=WORLD)
     pipeline, optimizer = wrap_pipeline(model, build_adamw(model), mesh=dims, num_microbatches=MICROBATCHES,
-                                        env=_env(dist.get_rank(), dist.get_world_size()))
+                                        env=launch_env(dist.get_rank(), dist.get_world_size()))
     return pipeline, optimizer, dims.dp
 
 
-def _scenario(name: str, checkpoint_dir: str) -> dict:
+def _scenario(rank: int, world_size: int, name: str, checkpoint_dir: str) -> dict:
     pipeline, optimizer, dp = _build(name)
     per_rank = GLOBAL_BATCH // dp
-    losses = []
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)[pipeline.dp_rank * per_rank : (pipeline.dp_rank + 1) * per_rank]
-        loss = pipeline.step(ids)
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(None if loss is None else loss.item())
+    rows = slice(pipeline.dp_rank * per_rank, (pipeline.dp_rank + 1) * per_rank)
+    losses = train_steps(pipeline, optimizer, (global_batch(step)[rows] for step in range(NUM_STEPS)))
     if name == "pp2_tp2_1f1b":
         from wrappers.checkpoint_io import save_checkpoint
 
@@ -92,38 +83,16 @@ def _scenario(name: str, checkpoint_dir: str) -> dict:
             "mesh_dims": {n: tuple(p.device_mesh.mesh_dim_names) for n, p in named.items()}}
 
 
-def _ranks(rank: int, world_size: int, checkpoint_dir: str) -> dict:
-    results = {}
-    for name in SCENARIOS:
-        results[name] = _scenario(name, checkpoint_dir)
-        dist.barrier()
-    return results
+@pytest.fixture(scope="module")
+def results(checkpoint_dir) -> ScenarioResults:
+    scenarios = {name: (_scenario, name, checkpoint_dir) for name in SCENARIOS}
+    return run_scenarios(scenarios, world_size=WORLD, timeout_s=240)
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("pipeline_tp") / "ckpt")
-
-
-@pytest.fixture(scope="module")
-def results(checkpoint_dir) -> list[dict]:
-    return collect_distributed(_ranks, checkpoint_dir, world_size=WORLD, timeout_s=240)
-
-
-@pytest.fixture(scope="module")
-def reference() -> dict:
+def reference() -> Reference:
     """One process, no process group, the whole batch each step: its losses and final parameters."""
-    model = tiny_llama(0)
-    optimizer = build_adamw(model)
-    losses = []
-    for step in range(NUM_STEPS):
-        ids = global_batch(step)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    return reference_run(NUM_STEPS, model_fn=tiny_llama, batch_fn=global_batch, optimizer_fn=build_adamw)
 
 
 @pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
@@ -131,38 +100,37 @@ def reference() -> dict:
 def test_matches_one_process(results, reference, name):
     seen: set[str] = set()
     param_diff = loss_diff = 0.0
-    for rank, result in enumerate(results):
-        params = result[name]["params"]
+    ranks = results.values(name)
+    for rank, result in enumerate(ranks):
+        params = result["params"]
         seen.update(params)
-        for param, value in params.items():
-            torch.testing.assert_close(value, reference["params"][param], rtol=RTOL, atol=ATOL,
-                                       msg=f"{name} rank {rank} {param}")
-            param_diff = max(param_diff, (value - reference["params"][param]).abs().max().item())
-    assert seen == set(reference["params"])  # every parameter lives on some stage
+        param_diff = max(param_diff, assert_params_close(params, reference.params, rtol=RTOL, atol=ATOL,
+                                                         label=f"{name} rank {rank}"))
+    assert seen == set(reference.params)  # every parameter lives on some stage
     # ranks 0, 1 hold pipeline rank 0 (no loss), ranks 2, 3 the last stage: one loss per data-parallel rank
-    assert all(loss is None for result in results[:2] for loss in result[name]["losses"])
-    per_dp_rank = {result[name]["dp_rank"]: torch.tensor(result[name]["losses"]) for result in results[2:]}
-    for result in results[2:]:  # TP ranks of one data-parallel rank hold the same loss, bit for bit
-        assert torch.equal(torch.tensor(result[name]["losses"]), per_dp_rank[result[name]["dp_rank"]])
+    assert all(loss is None for result in ranks[:2] for loss in result["losses"])
+    per_dp_rank = {result["dp_rank"]: torch.tensor(result["losses"]) for result in ranks[2:]}
+    for result in ranks[2:]:  # TP ranks of one data-parallel rank hold the same loss, bit for bit
+        assert torch.equal(torch.tensor(result["losses"]), per_dp_rank[result["dp_rank"]])
     losses = torch.stack(list(per_dp_rank.values())).mean(dim=0)  # equal tokens per rank: the batch's mean
-    torch.testing.assert_close(losses, torch.tensor(reference["losses"]), rtol=0, atol=LOSS_ATOL, msg=name)
-    loss_diff = (losses - torch.tensor(reference["losses"])).abs().max().item()
+    torch.testing.assert_close(losses, torch.tensor(reference.losses), rtol=0, atol=LOSS_ATOL, msg=name)
+    loss_diff = (losses - torch.tensor(reference.losses)).abs().max().item()
     print(f"{name}: max |diff| parameters {param_diff:.2e}, losses {loss_diff:.2e}")
 
 
 @pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
 def test_stages_and_data_parallel_ranks(results):
     # rank = pp_rank * 2 + (tp or dp_replicate rank): ranks 0, 1 hold pipeline rank 0's stages
-    assert [r["pp2_tp2_1f1b"]["stages"] for r in results] == [(0,), (0,), (1,), (1,)]
-    assert [r["pp2_tp2_interleaved_1f1b"]["stages"] for r in results] == [(0, 2), (0, 2), (1, 3), (1, 3)]
-    assert [r["pp2_tp2_1f1b"]["dp_rank"] for r in results] == [0, 0, 0, 0]  # TP ranks read the same batch
-    assert [r["pp2_hsdp2_1f1b"]["dp_rank"] for r in results] == [0, 1, 0, 1]
+    assert [r["stages"] for r in results.values("pp2_tp2_1f1b")] == [(0,), (0,), (1,), (1,)]
+    assert [r["stages"] for r in results.values("pp2_tp2_interleaved_1f1b")] == [(0, 2), (0, 2), (1, 3), (1, 3)]
+    assert [r["dp_rank"] for r in results.values("pp2_tp2_1f1b")] == [0, 0, 0, 0]  # TP ranks read the same batch
+    assert [r["dp_rank"] for r in results.values("pp2_hsdp2_1f1b")] == [0, 1, 0, 1]
 
 
 @pytest.mark.slow  # the 4-rank spawn: 91 s here at load 8 on 2 cores (46 s CPU); CI runs slow tests
 def test_tensor_parallel_split_inside_stages(results):
     # Llama's transformers plan on hidden 64, 4 heads of 16, 2 key/value heads, MLP 128, vocabulary 128, tp 2
-    first, last = results[0]["pp2_tp2_1f1b"], results[2]["pp2_tp2_1f1b"]
+    first, last = results.values("pp2_tp2_1f1b")[0], results.values("pp2_tp2_1f1b")[2]
     assert first["local_shapes"]["model.embed_tokens.weight"] == (64, 64)  # vocabulary rows split
     assert first["local_shapes"]["model.layers.0.self_attn.q_proj.weight"] == (32, 64)  # 2 of 4 heads
     assert first["local_shapes"]["model.layers.1.self_attn.k_proj.weight"] == (16, 64)  # 1 of 2 kv heads
@@ -172,7 +140,7 @@ def test_tensor_parallel_split_inside_stages(results):
     assert last["local_shapes"]["lm_head.weight"] == (64, 64)
     assert last["local_shapes"]["model.norm.weight"] == (64,)
     assert first["mesh_dims"]["model.layers.0.self_attn.q_proj.weight"] == ("dp_shard", "tp")  # FSDP2 over TP
-    hsdp = results[0]["pp2_hsdp2_1f1b"]
+    hsdp = results.values("pp2_hsdp2_1f1b")[0]
     assert hsdp["mesh_dims"]["model.layers.0.self_attn.q_proj.weight"] == ("dp_replicate", "dp_shard")
     assert hsdp["local_shapes"]["model.layers.0.self_attn.q_proj.weight"] == (64, 64)  # replicated, dp_shard 1
 
@@ -184,7 +152,7 @@ def test_pp_tp_checkpoint_loads_into_one_process_model(results, checkpoint_dir):
     model = tiny_llama(seed=2)
     with pytest.warns(UserWarning, match="RNG states were saved by 4 ranks"):
         load_checkpoint(model, checkpoint_dir)
-    saved = {n: t for r in results for n, t in r["pp2_tp2_1f1b"]["params"].items()}
+    saved = {n: t for r in results.values("pp2_tp2_1f1b") for n, t in r["params"].items()}
     for name, param in model.named_parameters():
         assert torch.equal(param.detach(), saved[name]), name
 
@@ -196,7 +164,7 @@ def test_cp_and_ep_inside_stages_are_refused_with_the_reason():
                             (dict(dp_shard=2, ep=2), "ep 2 (the experts' all-to-all")):
         dims = ParallelDims(pp=2, **degrees, world_size=4)
         with pytest.raises(ValueError, match=r"wrap_pipeline runs pp x dp_replicate x dp_shard x tp; ") as refused:
-            wrap_pipeline(tiny_llama(0), mesh=dims, num_microbatches=4, env=_env(0, 4))
+            wrap_pipeline(tiny_llama(0), mesh=dims, num_microbatches=4, env=launch_env(0, 4))
         assert reason in str(refused.value)
 
 
@@ -204,16 +172,17 @@ def test_tp_that_does_not_divide_the_heads_is_refused():
     from wrappers import wrap_pipeline
 
     with pytest.raises(ValueError, match="--tp 4 does not divide the model's 2 key/value heads"):
-        wrap_pipeline(tiny_llama(0), mesh=ParallelDims(pp=2, tp=4, world_size=8), num_microbatches=4, env=_env(0, 8))
+        wrap_pipeline(tiny_llama(0), mesh=ParallelDims(pp=2, tp=4, world_size=8), num_microbatches=4,
+                      env=launch_env(0, 8))
 
 
 def test_wrap_on_a_pp_mesh_names_what_it_needs_and_what_it_cannot_build():
     from wrappers import wrap
 
     with pytest.raises(ValueError, match=r"pass num_microbatches= .* assumes 4 x pp = 8\)"):  # planner default
-        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, tp=2, world_size=4), env=_env(0, 4), verbose=False)
+        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, tp=2, world_size=4), env=launch_env(0, 4), verbose=False)
     with pytest.raises(ValueError, match=r"^wrap\(\): mesh pp 2 \(1f1b\) x cp 2 pipelines the model, but "
                        r"wrap_pipeline runs pp x dp_replicate x dp_shard x tp; cp 2 \(context parallelism's ring attention .* is not "
                        r"built yet$"):
-        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, cp=2, world_size=4), env=_env(0, 4), verbose=False,
+        wrap(tiny_llama(0), mesh=ParallelDims(pp=2, cp=2, world_size=4), env=launch_env(0, 4), verbose=False,
              num_microbatches=4)

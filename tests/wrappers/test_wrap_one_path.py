@@ -89,34 +89,27 @@ def test_without_gpus_a_meta_model_gets_the_size_default_not_zero3():
     assert (decision.micro_batch_size, decision.seq_len) == (4, 32)
 
 
-def _train_meta_on_two_ranks(rank: int, world_size: int, checkpoint: str, out: str) -> None:
-    from tests.wrappers._dist import build_adamw, rank_batch
+def _train_meta_on_two_ranks(rank: int, world_size: int, checkpoint: str) -> dict | None:
+    from tests.wrappers._dist import build_adamw, launch_env, rank_batch, train_steps
     from wrappers import wrap
-    from wrappers.launch_env import read_launch_env
 
     meta = _on_meta(tiny_llama(0))
-    env = read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
-    model, optimizer = wrap(meta, build_adamw(meta), checkpoint=checkpoint, env=env, verbose=False)
+    model, optimizer = wrap(meta, build_adamw(meta), checkpoint=checkpoint, env=launch_env(rank, world_size),
+                            verbose=False)
     decision = model.advisor_decision
     assert (decision.strategy, decision.mesh) == ("ddp", ParallelDims.data_parallel(2)), decision
-    for step in range(3):
-        ids = rank_batch(step, rank, world_size)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    if rank == 0:
-        torch.save({n: p.detach().clone() for n, p in model.module.named_parameters()}, out)
+    train_steps(model, optimizer, (rank_batch(step, rank, world_size) for step in range(3)))
+    return {n: p.detach().clone() for n, p in model.module.named_parameters()} if rank == 0 else None
 
 
 def test_a_meta_model_trains_on_two_gloo_ranks_under_its_planned_ddp(tmp_path):
     """The size default for a meta model on 2 CPU ranks is DDP (as for the model with weights): materialised
     whole from the checkpoint on each rank, it trains 3 AdamW steps to the one-process result."""
-    from tests.wrappers._dist import reference_params, run_distributed
+    from tests.wrappers._dist import collect_distributed, max_abs_diff, reference_params
 
     tiny_llama(0).save_pretrained(tmp_path / "weights")
-    out = tmp_path / "params.pt"
-    run_distributed(_train_meta_on_two_ranks, str(tmp_path / "weights"), str(out))
-    trained, reference = torch.load(out), reference_params(3)
+    trained = collect_distributed(_train_meta_on_two_ranks, str(tmp_path / "weights"))[0]  # rank 0's
+    reference = reference_params(3)
     assert trained.keys() == reference.keys()
-    worst = max((trained[n] - reference[n]).abs().max().item() for n in reference)
+    worst = max_abs_diff(trained, reference)
     assert worst < 1e-5, worst

@@ -8,7 +8,10 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from tests.wrappers._dist import ScenarioResults, rank_batch, reference_params, run_scenarios, tiny_llama
+from tests.wrappers._dist import (
+    ScenarioResults, assert_params_close, launch_env, rank_batch, reference_params, run_scenarios, tiny_llama,
+    train_steps,
+)
 
 peft = pytest.importorskip("peft")
 
@@ -31,25 +34,20 @@ def _reference() -> dict[str, torch.Tensor]:
     return reference_params(NUM_STEPS, model_fn=lora_llama, optimizer_fn=_adamw)
 
 
-def _train(rank: int, world_size: int, strategy: str, expected: dict, checkpoint: str) -> None:
+def _train(rank: int, world_size: int, strategy: str, expected: dict, checkpoint: str) -> float:
     from wrappers import wrap
-    from wrappers.launch_env import read_launch_env
 
-    env = read_launch_env({"WORLD_SIZE": str(world_size), "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    env = launch_env(rank, world_size)
     model = lora_llama()
     model, optimizer = wrap(model, _adamw(model), strategy=strategy, env=env, verbose=False)
     assert model.advisor_decision.strategy == strategy
-    for step in range(NUM_STEPS):
-        ids = rank_batch(step, rank, world_size)
-        model(input_ids=ids, labels=ids).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_steps(model, optimizer, (rank_batch(step, rank, world_size) for step in range(NUM_STEPS)))
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     names = {name.removeprefix("module."): name for name in state}
     adapters = [name for name in expected if "lora_" in name]
     assert len(adapters) == 8  # A and B on q and v in 2 layers
-    for name, ref in expected.items():
-        torch.testing.assert_close(state[names[name]], ref, rtol=1e-4, atol=1e-5, msg=lambda m: f"{strategy} {name}: {m}")
+    max_diff = assert_params_close({name: state[names[name]] for name in expected}, expected, rtol=1e-4, atol=1e-5,
+                                   label=strategy)
     # The adapters round-trip through a checkpoint into a fresh wrapped model (and its optimizer).
     from wrappers import load_checkpoint, save_checkpoint
 
@@ -60,6 +58,7 @@ def _train(rank: int, world_size: int, strategy: str, expected: dict, checkpoint
     loaded = get_model_state_dict(fresh, options=StateDictOptions(full_state_dict=True))
     for name in adapters:
         torch.testing.assert_close(loaded[names[name]], state[names[name]], rtol=0, atol=0)
+    return max_diff
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +76,7 @@ def gloo_runs(expected, tmp_path_factory) -> ScenarioResults:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_lora_trains_like_one_process_and_checkpoints(strategy, expected, gloo_runs):
     assert any(not torch.equal(expected[n], lora_llama().state_dict()[n]) for n in expected if "lora_B" in n)
-    gloo_runs.check(strategy)
+    print(f"{strategy}: max |diff| {max(gloo_runs.values(strategy)):.2e}")
 
 
 def test_wrap_plans_a_peft_model_as_lora():

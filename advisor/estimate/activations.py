@@ -180,7 +180,8 @@ def estimate_activations(
     row = row_of(shape)
     if row.whole is not None:  # composed apart: the encoder-decoder's two stacks, or no activation model
         return ActivationEstimate(**row.whole(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                              target_len=target_len, checkpointing=checkpointing, eager=eager))
+                                              target_len=target_len, checkpointing=checkpointing, eager=eager,
+                                              adapters=adapters))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
     frozen = adapters is not None and row.frozen_base

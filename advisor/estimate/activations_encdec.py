@@ -244,6 +244,13 @@ def _weight_casts(shape: Any, dt: Any, ad: Any, inputs: list[tuple[int, str]]) -
     return sum(dt.compute * ad.rank * (fan_in + wide.get(source.split(".")[-1], heads)) for fan_in, source in inputs)
 
 
+def _bart_residual(dt: Any) -> int:
+    """BART's residual stream: autocast runs ``layer_norm`` in fp32 (CUDA's fp32 list), so over a bf16 base every
+    LayerNorm's input and output, hence the residual and the encoder's output, are fp32 (T5's norm is Python ops
+    that end in the weight's dtype: its residual stays in the base's)."""
+    return FP32 if dt.input_casts else dt.residual
+
+
 def _frozen_t5_norm(h: int, dt: Any) -> int:
     """A frozen T5LayerNorm: the fp32 copy of its input (pow) and, when that is not fp32, the input (the mul by
     rsqrt saves both factors)."""
@@ -261,7 +268,7 @@ def _frozen_attention(shape: Any, dt: Any, *, kv_len: int, eager: bool, cross: b
         core = ((FP32 + cb) if dt.input_casts else cb) * heads * kv_len
     else:
         core = cb * n + FP32 * heads  # output and log-sum-exp
-    post = dt.residual * shape.hidden_size if shape.encdec.kind == "bart" else 0  # the LayerNorm's input
+    post = _bart_residual(dt) * shape.hidden_size if shape.encdec.kind == "bart" else 0  # the LayerNorm's input
     return qkv + core + BOOL * shape.hidden_size + post
 
 
@@ -270,7 +277,7 @@ def _frozen_feed_forward(shape: Any, dt: Any) -> int:
     activation dropout's mask, the output dropout's mask and the LayerNorm's input."""
     h, F, cb = shape.hidden_size, shape.intermediate_size, dt.compute
     if shape.encdec.kind == "bart":
-        return cb * F + (BOOL * F if shape.encdec.activation_dropout else 0) + BOOL * h + dt.residual * h
+        return cb * F + (BOOL * F if shape.encdec.activation_dropout else 0) + BOOL * h + _bart_residual(dt) * h
     return cb * F + BOOL * F + BOOL * h
 
 
@@ -316,7 +323,7 @@ def frozen_encdec_parts(shape: Any, dt: Any, ad: Any, *, micro_batch_size: int, 
     # Outside: the labels, each stack's final norm (T5) and dropout mask; the encoder's output, which the
     # decoder's blocks read (kept by their checkpoints, or by the model's output).
     final = norm + (BOOL * h if t5 else 0)
-    outside = tgt * (INT64 + final) + src * (final + dt.residual * h)
+    outside = tgt * (INT64 + final) + src * (final + (dt.residual if t5 else _bart_residual(dt)) * h)
     if not eager and t5:  # cross-attention's zero bias, made once and shared by the decoder's layers
         outside += dt.compute * shape.num_attention_heads * tgt_len * src_len
     # The first block of each stack reads the frozen embedding's output (no gradient): less saved there.

@@ -180,7 +180,8 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
         outside = _outside(shape, dt, src=src, tgt=tgt, src_len=src_len, tgt_len=tgt_len, eager=eager)
     layer = max(enc, dec)
     if checkpointing:  # each block keeps its input (T5Block is a GradientCheckpointingLayer)
-        saved = dt.residual * h * (n_enc * src + n_dec * tgt) + outside
+        kept = _bart_residual(dt) if adapters is not None and facts.kind == "bart" else dt.residual
+        saved = kept * h * (n_enc * src + n_dec * tgt) + outside
     else:
         saved = n_enc * enc + n_dec * dec + outside
     # CrossEntropyLoss on the logits as they are: under autocast CUDA runs it in fp32 on an fp32 copy.

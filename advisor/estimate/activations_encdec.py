@@ -198,7 +198,8 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
     logits = tgt * V * (cb + (FP32 if dt.input_casts or fp32_logits else 0) + loss_b)
     loss = tgt * V * 3 * loss_b
     tokens = max(src, tgt)
-    backward_temp = tokens * (2 * dt.residual * h + 2 * cb * shape.intermediate_size)
+    residual = _bart_residual(dt) if adapters is not None and facts.kind == "bart" else dt.residual  # its gradients
+    backward_temp = tokens * (2 * residual * h + 2 * cb * shape.intermediate_size)
     if not eager and facts.kind == "t5" and adapters is None:  # the memory-efficient kernel's bias gradient at the batch's full shape
         backward_temp += cb * b * shape.num_attention_heads * max(src_len, tgt_len) ** 2
     return dict(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,

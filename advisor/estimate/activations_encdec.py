@@ -188,6 +188,9 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
     if checkpointing:  # each block keeps its input (T5Block is a GradientCheckpointingLayer)
         kept = _bart_residual(dt) if adapters is not None and facts.kind == "bart" else dt.residual
         saved = kept * h * (n_enc * src + n_dec * tgt) + outside
+        if adapters is not None and eager and facts.kind == "t5":  # each stack's position bias with its mask added
+            # (b, heads, s, s), made by its first block and an input of every later block's checkpoint, kept
+            saved += cb * b * shape.num_attention_heads * (src_len * src_len + tgt_len * tgt_len)
     else:
         saved = n_enc * enc + n_dec * dec + outside
     # CrossEntropyLoss on the logits as they are: under autocast CUDA runs it in fp32 on an fp32 copy.

@@ -36,7 +36,7 @@ from advisor.model.moe import MoeFacts
 from advisor.model.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from advisor.estimate.activations import ActivationShape, Dtypes
+    from advisor.estimate.activations import ActivationShape, Adapters, Dtypes
 
 SIZE_ONLY_NOTE = "only the size is known: activations assume a Llama-like shape; pass a config for exact figures"
 
@@ -135,17 +135,20 @@ def _guessed_fields(spec: ModelSpec) -> dict:
 # -- per-kind pieces of the estimate --------------------------------------------------------------------------
 
 def _not_modelled(shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int,
-                  target_len: int | None, checkpointing: bool, eager: bool) -> dict[str, int]:
+                  target_len: int | None, checkpointing: bool, eager: bool, adapters: Adapters | None = None
+                  ) -> dict[str, int]:
     """No token embeddings: no activation model (the shape's note says so)."""
     return dict(saved_bytes=0, logits_bytes=0, loss_transient_bytes=0, layer_bytes=0, backward_temp_bytes=0,
                 returned_logits_bytes=0)
 
 
 def _encdec(shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, target_len: int | None,
-            checkpointing: bool, eager: bool) -> dict[str, int]:
-    """Both stacks (advisor.estimate.activations_encdec); target length default: seq_len."""
+            checkpointing: bool, eager: bool, adapters: Adapters | None = None) -> dict[str, int]:
+    """Both stacks (advisor.estimate.activations_encdec); target length default: seq_len. ``adapters``: LoRA on
+    the frozen base (``advisor.model.lora.adapter_inputs`` names each adapter's stack and module)."""
     return estimate_encdec_activations(shape, dt, micro_batch_size=micro_batch_size, src_len=seq_len,
-                                       tgt_len=target_len or seq_len, checkpointing=checkpointing, eager=eager)
+                                       tgt_len=target_len or seq_len, checkpointing=checkpointing, eager=eager,
+                                       adapters=adapters)
 
 
 def _jamba_layers(shape: ActivationShape, dt: Dtypes, tokens: int, layer: int, *, seq_len: int,
@@ -212,7 +215,7 @@ class ActivationKind:
     shape: Callable[[ModelSpec], dict]  # ActivationShape's fields, but the note
     note: Callable[[ModelSpec], str | None] = lambda spec: None
     layer: Callable[..., int] = decoder_layer_per_token  # one block's saved bytes a token (shape, dt, seq_len, eager)
-    whole: Callable[..., dict[str, int]] | None = None  # the whole estimate, composed apart
+    whole: Callable[..., dict[str, int]] | None = None  # the whole estimate, composed apart (adapters too)
     layers: Callable[..., tuple[int, int]] | None = None  # (all blocks, the largest); None: num_layers x layer
     backward: Callable[..., tuple[int, int]] | None = None  # (backward_temp, early) of a block; None: the MLP's
     kept_width: Callable[..., int] | None = None  # selective checkpointing's kept products, when not given

@@ -181,12 +181,13 @@ def estimate_activations(
     kept products that do not grow with the tokens (DoRA's weight products, ``advisor.model.selective``).
     ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
     trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
-    ``adapters``: LoRA on a frozen base (Llama-like dense decoders; other families keep the full
-    fine-tune count, an overestimate, and the plan says so)."""
+    ``adapters``: LoRA on a frozen base (Llama-like dense decoders; T5 and BART in their own module,
+    ``activations_encdec``; other families keep the full fine-tune count, an overestimate, and the plan says so)."""
     row = row_of(shape)
     if row.whole is not None:  # composed apart: the encoder-decoder's two stacks, or no activation model
         return ActivationEstimate(**row.whole(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len,
-                                              target_len=target_len, checkpointing=checkpointing, eager=eager))
+                                              target_len=target_len, checkpointing=checkpointing, eager=eager,
+                                              adapters=adapters))
     tokens = micro_batch_size * seq_len
     h, vocab = shape.hidden_size, shape.vocab_size
     frozen = adapters is not None and row.frozen_base

@@ -234,11 +234,28 @@ def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...
     where the block's sources are not modelled (GPT-2, BERT, mixture-of-experts blocks, a family with
     no formula: its activations are traced with the adapters instead)."""
     info = load_architectures().get(spec.model_type or "")
+    if info is not None and info.formula in ("t5", "bart") and formula_layout(spec) is not None:
+        return _encdec_adapter_inputs(spec, lora)
     if info is None or info.formula != "decoder" or info.moe:
         return None
     linears = block_linears(spec)
     return tuple(AdapterInput(fan_in, INPUT_SOURCE[name]) for name in target_names(spec, lora)
                  for fan_in, _ in linears[name])
+
+
+def _encdec_adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
+    """T5 / BART: the adapted linears of each stack's first block, their source named ``stack:module.leaf``
+    (``encoder:SelfAttention.q``, ``decoder:encoder_attn.k_proj``, ``decoder:fc2``;
+    ``advisor.estimate.activations_encdec``); None for DoRA or T5's gated feed-forward (not modelled)."""
+    if lora.dora or (spec.encdec is not None and spec.encdec.gated):
+        return None
+    inputs = []
+    for layer in matched_linears(spec, lora):
+        parts = layer.name.split(".")
+        stack = "encoder" if "encoder" in parts[:2] else "decoder"
+        if layer.block and parts[parts.index(stack) + 2] == "0":
+            inputs.append(AdapterInput(layer.in_features, f"{stack}:{parts[-2]}.{parts[-1]}"))
+    return tuple(inputs)
 
 
 def adapted_block_linears(spec: ModelSpec, lora: LoraConfig) -> tuple[tuple[int, int], ...] | None:

@@ -172,7 +172,7 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
 def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
-    kept_tail_width: int = 0, kept_elements: int = 0, target_len: int | None = None, head_grads: bool = True,
+    kept_tail_width: int = 0, kept_elements: int = 0, target_len: int | None = None, head_grads: bool = True, head_frozen: bool | None = None,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``kept_width``: the output features of the matrix products selective checkpointing keeps in a block;
@@ -251,7 +251,8 @@ def estimate_activations(
             saved -= tokens * first_block_unsaved_per_token(shape, dt, adapters, seq_len=seq_len,
                                                             eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
-                              head_trains=head_grads and adapters is None, head_frozen=adapters is not None)
+                              head_trains=head_grads and adapters is None,
+                              head_frozen=adapters is not None if head_frozen is None else head_frozen)
     if shape.family == "decoder" and dt.input_casts and not frozen:  # the final norm's output: the model's forward
         # holds it while the loss runs, and under autocast no linear saves it (the head saves its cast). Read on the
         # simulated step (sweep b86536f72b68, bf16-mixed, hf, chunked and fused): 4 x 128 bytes a token more at the end

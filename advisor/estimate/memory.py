@@ -210,6 +210,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
+        head_frozen=training.lora is not None,  # a frozen base's head, whatever the family
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=kept.width,

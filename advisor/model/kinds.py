@@ -11,11 +11,14 @@ decoder blocks differ, so it reports no single ``layer_params``.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.model.config_keys import config_flag, config_value as _get
+
+if TYPE_CHECKING:
+    from advisor.model.spec import ModelSpec
 
 
 class SsmFacts(BaseModel):
@@ -46,6 +49,11 @@ class EncDecFacts(BaseModel):
     decoder_params: int = Field(ge=0, description="All decoder layers, cross-attention included.")
     cross_kv_params: int = Field(ge=0, description="The decoder's cross-attention k and v projections, all layers: "
                                  "they read the encoder's output, so they run on the source tokens.")
+
+
+def gated_encdec(spec: ModelSpec) -> bool:
+    """An encoder-decoder with T5 v1.1 / flan's gated feed-forward (``EncDecFacts.gated``: wi_0, wi_1, wo)."""
+    return spec.encdec is not None and spec.encdec.gated
 
 
 class VisionFacts(BaseModel):

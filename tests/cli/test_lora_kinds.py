@@ -51,8 +51,8 @@ def test_every_bundled_kind_has_a_model_here():
 @pytest.mark.parametrize("model", list(KINDS))
 def test_a_plan_or_one_line_with_exit_2(capsys, model, targets):
     code, out, err = _plan(capsys, model, targets)
-    assert code in (0, 2), err
-    if code == 0:
+    assert code in (0, 2, 3), err  # 3: planned, and nothing fits (DeepSeek-V3 on 8 H100s)
+    if code in (0, 3):
         spec = json.loads(out)["model"]
         assert 0 < spec["trainable_params"] < spec["total_params"]
     else:

@@ -113,6 +113,8 @@ def _spec_fields(spec: ModelSpec, family: str) -> dict:
         moe=spec.moe, mla=spec.mla, qk_norm=bool(decoder and _info_qk_norm(spec.model_type)),
         sliding_window=spec.sliding_window if decoder else None, attn_softcap=spec.attn_softcap and decoder,
         logit_softcap=spec.logit_softcap and decoder, one_op_mlp_act=spec.one_op_mlp_act and own == "gpt2",
+        no_residual_dropout=spec.no_residual_dropout and own == "gpt2",
+        no_embedding_dropout=spec.no_embedding_dropout and own == "gpt2",
         encdec=spec.encdec if family == "encdec" else None, hybrid=spec.hybrid, head=spec.head,
         **(_info_block_extras(spec.model_type) if decoder else {}),
     )

@@ -72,6 +72,10 @@ class ActivationShape(BaseModel):
                                   "(1 + weight) in fp32 (Gemma): the normalised tensor is saved in fp32.")
     one_op_mlp_act: bool = Field(default=False, description="GPT-2 family: the MLP activation saves only its "
                                  "input (F.gelu); False: gelu_new's Python ops.")
+    no_residual_dropout: bool = Field(default=False, description="GPT-2 family: resid_pdrop 0, the blocks' two "
+                                      "dropouts save no mask.")
+    no_embedding_dropout: bool = Field(default=False, description="GPT-2 family: embd_pdrop 0, the embeddings' "
+                                       "dropout saves no mask.")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
     fused_qkv: bool = Field(default=False, description="q, k and v are slices of one projection's output (Phi-3's "
                             "qkv_proj): v, a view, keeps that whole output saved.")

@@ -321,8 +321,15 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     else:
         # q, k, v are views of the fused c_attn output (one 3h buffer); SDPA adds output + fp32 lse.
         attn = cb * 3 * h + FP32 * heads + cb * h
-    o_in = cb * h  # the merged heads, made contiguous for the output projection
-    dropout_masks = 2 * BOOL * h  # attention-output and MLP-output dropout (native_dropout: bool mask)
+    # The merged heads, made contiguous for the output projection. GPT-2 under SDPA: CUDA's flash and
+    # memory-efficient kernels allocate their output (b, s, heads, d) and return it transposed, so
+    # transformers' ``transpose(1, 2).contiguous()`` and GPT-2's ``reshape`` are views, and c_proj saves
+    # the SDPA output counted above (as the Llama count: ``attention_per_token``). Read on the simulated
+    # step (sweep 720464dad0a9: 384-wide GPT-2, fp32, s 8192, checkpointed): +4.0% with a second copy.
+    o_in = 0 if shape.family == "gpt2" and not eager else cb * h
+    # attention-output and MLP-output dropout (native_dropout: bool mask); none at p = 0 (GPT-2's resid_pdrop 0:
+    # the sweep's 720464dad0a9, read on the simulated step, which runs CUDA's dropout: 2h bytes a token less)
+    dropout_masks = 0 if shape.no_residual_dropout else 2 * BOOL * h
     if shape.family == "gpt2" and not shape.one_op_mlp_act:
         # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
         # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
@@ -368,6 +375,8 @@ def block_input_in_layer_per_token(shape: ActivationShape, dt: Dtypes) -> int:
 
 def embedding_dropout_per_token(shape: ActivationShape) -> int:
     """The embeddings' dropout mask (GPT-2, BERT: bool), kept by whichever rank runs the embedding."""
+    if shape.no_embedding_dropout:  # GPT-2 with embd_pdrop 0: dropout returns its input
+        return 0
     return BOOL * shape.hidden_size if shape.family in ("gpt2", "bert") else 0
 
 

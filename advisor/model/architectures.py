@@ -119,6 +119,10 @@ def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
         # transformers' ACT2FN: 'gelu' is F.gelu, 'gelu_pytorch_tanh' F.gelu(approximate='tanh'), 'relu'
         # nn.ReLU: one op each; the default 'gelu_new' is NewGELUActivation, a chain of Python ops.
         one_op_mlp_act=cfg.get("activation_function", "gelu_new") in ONE_OP_ACTIVATIONS,
+        # GPT2Config's dropouts default to 0.1; at 0 torch's dropout returns its input (aten Dropout.cpp:
+        # the fused kernel only for 0 < p < 1, ``_dropout`` returns the input for p == 0): no mask saved.
+        no_residual_dropout=cfg.get("resid_pdrop", 0.1) == 0,
+        no_embedding_dropout=cfg.get("embd_pdrop", 0.1) == 0,
     )
 
 

@@ -77,6 +77,12 @@ class ModelSpec(BaseModel):
                                  description="GPT-2 family: the MLP activation is one torch op that saves a "
                                              "single intermediate-wide tensor ('gelu', 'gelu_pytorch_tanh', "
                                              "'relu'); False: GPT-2's default gelu_new (Python ops).")
+    no_residual_dropout: bool = Field(default=False, exclude_if=lambda none: not none,
+                                      description="GPT-2 family: resid_pdrop is 0, so the blocks' two dropouts "
+                                                  "return their input and save no mask.")
+    no_embedding_dropout: bool = Field(default=False, exclude_if=lambda none: not none,
+                                       description="GPT-2 family: embd_pdrop is 0, so the embeddings' dropout "
+                                                   "saves no mask.")
     attn_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
                                description="Attention scores soft-capped, cap * tanh(scores / cap) (Gemma 2).")
     logit_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,

@@ -9,7 +9,6 @@ root (one FSDP unit: embeddings, final norm, head) is R = 2 x 8,192*64 + 64 = 1,
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -28,11 +27,7 @@ TINY = dict(
 TIED = dict(TINY, tie_word_embeddings=True, _name_or_path="tiny-llama-8k-tied")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _estimate(cfg: dict, training: TrainingConfig):

@@ -11,7 +11,6 @@ checkpointing. With the head frozen the loss backward holds little, and this mom
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -35,11 +34,7 @@ TRAINING = TrainingConfig(seq_len=64, precision="bf16", loss="chunked", lora=LOR
 SIMULATED = 6_618_472
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _estimate():

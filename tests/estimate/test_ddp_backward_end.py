@@ -8,7 +8,6 @@ bf16-mixed (fp32 weights under autocast), fused AdamW (no step temporaries), mic
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -23,11 +22,7 @@ from tests.estimate.test_backward_end import TIED, TINY
 E = 8_192 * 64
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _training() -> TrainingConfig:

@@ -12,7 +12,6 @@ loss backward, where every block's saved tensors are live). Before the fix: +14.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -25,11 +24,7 @@ MISTRAL = dict(model_type="mistral", architectures=["MistralForCausalLM"], hidde
                bos_token_id=1, eos_token_id=2, _name_or_path="frozen/mistral-h64-l3")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("targets,simulated", [

@@ -18,7 +18,6 @@ less the identities live there (all-linear: 14,127,496 read with one 192 x 192 a
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -32,11 +31,7 @@ MISTRAL = dict(model_type="mistral", architectures=["MistralForCausalLM"], hidde
                bos_token_id=1, eos_token_id=2, _name_or_path="frozen/mistral-gqa-h64-l3")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("targets,simulated", [

@@ -6,7 +6,6 @@ CPU only, no network.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -40,11 +39,7 @@ SIMULATED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def test_qwen_0_5b_zero3_buffers_by_hand():

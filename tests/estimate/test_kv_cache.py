@@ -3,7 +3,6 @@ the simulated step with and without the cache, and where it costs nothing. CPU o
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 from advisor.estimate.activations import Dtypes, shape_of
@@ -45,11 +44,7 @@ BOTTOM_BLOCK_BYTES = {"bf16-mixed": 3_051_520 if KEEPS_VALUES else 3_706_880, "b
 AUTOCAST_AT_LOSS_BYTES = 524_288 if KEEPS_VALUES else 1_048_576
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _spec(cfg: dict):

@@ -16,7 +16,6 @@ L = 983,552; the root (embeddings, final norm, head) R = 2 x 512*256 + 256 = 262
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -43,11 +42,7 @@ STARCODER2 = dict(
 STATES = 4 * 3_213_056 // 2 + 8 * 3_213_056 // 2
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _estimate(strategy: str, training: TrainingConfig):

@@ -15,7 +15,6 @@ under pure bf16 ZeRO-2, no checkpointing: the q/k norms' inputs are saved in eve
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -30,11 +29,7 @@ QWEN3_GQA = dict(QWEN3_Q_V, intermediate_size=672, head_dim=64, num_hidden_layer
                  num_key_value_heads=1, vocab_size=79552, _name_or_path="sweep/qwen3-h256-l4-v79552")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("cfg,gpus,strategy,options,simulated", [

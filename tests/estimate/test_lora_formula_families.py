@@ -9,7 +9,6 @@ GPT-2 c_attn 64 -> 192: 8 x (64 + 192) = 2,048 per block, 4,096 in all).
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -29,11 +28,7 @@ GPT2 = dict(model_type="gpt2", architectures=["GPT2LMHeadModel"], n_embd=64, n_l
 SIMULATED = {"gpt_neox": 32_206_888, "gpt2": 45_445_656}
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("cfg", [GPT2, NEOX], ids=["gpt2", "gpt_neox"])

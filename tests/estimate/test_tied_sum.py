@@ -10,7 +10,6 @@ Fused AdamW (no step temporaries), micro-batch 1, seq 8.
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -26,11 +25,7 @@ E = 8_192 * 64
 WORLD = {"zero3": 8, "ddp": 2}
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _training(loss: str, precision: str) -> TrainingConfig:

@@ -3,7 +3,6 @@ the length it returns fits with the profile traced at that length, and 10% more 
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -19,11 +18,7 @@ TINY_STARCODER2 = dict(model_type="starcoder2", architectures=["Starcoder2ForCau
 ARGS = dict(gpus="1xT4", strategy="ddp", activation_checkpointing="off")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def test_longest_on_a_traced_family_fits_and_ten_percent_more_does_not(tmp_path, monkeypatch):

@@ -4,7 +4,6 @@ foreach=True / foreach=False) and the estimate of the optimizer-step moment agre
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -17,11 +16,7 @@ from advisor.training import TrainingConfig
 from tests.simulate.test_simulate import SMALL, TINY_LLAMA
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 def _optimizer_moment(strategy: str, world: int, impl: str) -> tuple[int, int, str]:

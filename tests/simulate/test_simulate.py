@@ -4,7 +4,6 @@ agrees with the simulator, and ``advisor simulate`` prints JSON. CPU only, no ne
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
@@ -32,11 +31,7 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero2", "zero3"])

@@ -3,7 +3,6 @@ largest segment peak is exactly the peak PyTorch's memory tracker measured for t
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -14,11 +13,7 @@ from tests.conftest import TINY_CONFIGS
 TINY = dict(TINY_CONFIGS["llama_tied_bias"], _name_or_path="tiny-llama-2-layers")  # 2 blocks
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warnings at model build
 
 
 @pytest.mark.parametrize("strategy, checkpointing", [("ddp", True), ("zero3", False)])

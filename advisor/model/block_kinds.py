@@ -18,6 +18,7 @@ embeddings, or a guessed Llama-like shape. Pure: no torch.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -219,6 +220,7 @@ KINDS: tuple[BlockKind, ...] = (
 KIND_NAMES = tuple(kind.name for kind in KINDS)
 
 
+@functools.lru_cache(maxsize=256)  # a plan asks about a few specs a thousand times (specs are frozen: hashable)
 def kind_of(spec: ModelSpec) -> BlockKind:
     """The spec's kind: the first row of ``KINDS`` that detects it (the rows exclude one another)."""
     found = next((kind for kind in KINDS if kind.detect(spec)), None)

@@ -68,6 +68,7 @@ from advisor.estimate.states import ModelStates, model_states
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key, saved_head_gradient
 from advisor.frozen import in_json_order, validated_copy
+from advisor.model.saved_modules import head_frozen
 from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_params
 from advisor.model.selective import SelectiveKept, selective_kept
 from advisor.hardware.cluster import Hardware
@@ -210,7 +211,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         checkpointing=checkpointing,
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
-        head_frozen=training.lora is not None,  # a frozen base's head, whatever the family
+        head_frozen=head_frozen(spec, training.lora),  # a frozen base's head, whatever the family, unless PEFT trains a copy
         loss_kernel=training.loss,
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=kept.width,
@@ -297,7 +298,7 @@ def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implement
     tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
     dtypes = recipe_dtypes(training, impl)
     kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
-                           dt=dtypes, head_frozen=training.lora is not None)
+                           dt=dtypes, head_frozen=head_frozen(spec, training.lora))
     head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
     last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
     return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad)

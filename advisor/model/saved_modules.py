@@ -91,11 +91,21 @@ def saved_module_params(spec: "ModelSpec", lora: "LoraConfig") -> int:
     return sum(saved_modules(spec, lora.modules_to_save).values())
 
 
+def head_frozen(spec: "ModelSpec", lora: "LoraConfig | None") -> bool:
+    """The output head gets no weight gradient: a LoRA model's frozen base, unless PEFT trains a copy of the
+    head (``modules_to_save`` naming it; ``ModulesToSaveWrapper.weight`` is the trained copy's, which the fused
+    loss kernel reads)."""
+    if lora is None:
+        return False
+    head = spec.head.module if spec.head is not None else "lm_head"
+    return not any(head.endswith(name) for name in lora.modules_to_save or ())  # PEFT: key.endswith(name)
+
+
 def saved_modules_note(spec: "ModelSpec", lora: "LoraConfig") -> str:
     """The plan's assumption line for ``modules_to_save``: what is copied and what of it is modelled."""
     saved = saved_modules(spec, lora.modules_to_save or ())
     listed = ", ".join(f"{name} ({count:,})" for name, count in saved.items())
-    head = spec.head.module if spec.head is not None else None
+    head = spec.head.module if spec.head is not None else "lm_head"
     unmodelled = [name for name in saved if not (head and name.endswith(head)) and saved[name] > spec.hidden_size]
     line = (f"PEFT modules_to_save: a trainable copy of each of {listed} beside its frozen original, with "
             "gradients and optimizer states")

@@ -31,7 +31,7 @@ from torch import nn
 
 # What the kernels need and the config keys through which a causal LM changes its logits before the loss (a
 # soft-cap, refused when truthy; a scale or divisor, refused when not 1): one table for the planner and the wrapper
-from advisor.model.loss_kernels import HEAD_ADAPTER, HEAD_SHAPE, SCALE_KEYS, SOFT_CAP_KEYS
+from advisor.model.loss_kernels import HEAD_ADAPTER, HEAD_SHAPE, ROUTER_AUX, SCALE_KEYS, SOFT_CAP_KEYS
 
 LossKernel = Literal["hf", "chunked", "fused"]
 CHUNKS = 8  # sequence chunks; torchtune's CEWithChunkedOutputLoss uses 8 as well
@@ -168,8 +168,7 @@ def _load_balancing_loss(causal_lm: nn.Module, kernel: str) -> Any:
         source = ""
     balance = getattr(sys.modules.get(cls.__module__), "load_balancing_loss_func", None)
     if not _ROUTER_AUX.search(source) or balance is None:
-        raise ValueError(f"loss kernel {kernel!r}: {cls.__name__} adds its routers' auxiliary loss (output_router_logits) "
-                         "in a way the kernels do not repeat: set output_router_logits=False or use loss='hf'")
+        raise ValueError(f"loss kernel {kernel!r} {ROUTER_AUX.format(name=cls.__name__)}: use loss='hf'")
     return balance
 
 

@@ -22,6 +22,10 @@ TRANSFORM_KEYS = SOFT_CAP_KEYS + SCALE_KEYS
 HEAD_SHAPE = "whose loss is transformers' loss_function over a plain nn.Linear head on its decoder's output"
 # Why the fused kernel refuses a head PEFT adapts (LoRA on lm_head): PEFT's layer's ``weight`` is its base layer's,
 # so a kernel that reads the weight (not the module) drops the adapter; the chunked kernel calls the module.
+# Why the kernels refuse an MoE causal LM that records its routers' logits and adds their loss otherwise than
+# Mixtral's forward (``router_aux_loss_types``).
+ROUTER_AUX = ("does not add the routers' auxiliary loss as {name}'s forward does (output_router_logits is on; "
+              "with it off the model trains without that loss)")
 HEAD_ADAPTER = "reads the head's weight, not its module, and would drop the PEFT adapter on the head (lm_head)"
 
 
@@ -41,6 +45,13 @@ class LossKernelFacts(BaseModel):
     logits_scaling: float | None = Field(default=None, description="Config-class default logit divisor (Granite).")
     lm_head_multiplier: float | None = Field(default=None, description="Config-class default logit multiplier "
                                                                         "(Falcon-H1).")
+
+
+@functools.cache
+def router_aux_loss_types() -> frozenset[str]:
+    """The model_types whose forward adds the routers' auxiliary loss as the kernels repeat it
+    (``profiles/loss_kernels.json`` ``router_aux_loss``)."""
+    return frozenset(json.loads((PROFILES_DIR / "loss_kernels.json").read_text())["router_aux_loss"]["model_types"])
 
 
 @functools.cache
@@ -70,4 +81,6 @@ def loss_kernel_refusal(cfg: dict) -> str | None:
     if found:
         return (f"computes the loss on the head's raw output; {name} transforms its logits first "
                 f"({', '.join(found)})")
+    if cfg.get("output_router_logits") and model_type not in router_aux_loss_types():
+        return ROUTER_AUX.format(name=name)
     return None

@@ -58,6 +58,27 @@ def test_sweep_configs_match_the_wrapper(family):
     assert loss_kernel_refusal(json.loads(json.dumps(cfg))) == _wrapper_refusal(config)
 
 
+# the causal LMs that record their routers' logits (the model_types whose forward reads router_logits), and two
+# dense ones: with output_router_logits on in the config, the table refuses what use_loss_kernel refuses
+ROUTED = sorted({"mixtral", "qwen3_moe", "olmoe",
+                "deepseek_v3", "glm4_moe", "jetmoe", "llama4_text", "dbrx", "llama", "qwen2"})
+
+
+@pytest.mark.parametrize("model_type", ROUTED)
+def test_router_logits_on_match_the_wrapper(model_type):
+    try:
+        config = transformers.AutoConfig.for_model(model_type, output_router_logits=True)
+        for key in ("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+            if isinstance(getattr(config, key, None), int):
+                setattr(config, key, 1)
+        wrapper = _wrapper_refusal(config)
+    except Exception as err:  # noqa: BLE001
+        pytest.skip(f"{model_type} does not build from its config class's defaults: {type(err).__name__}")
+    cfg = {"model_type": model_type, "architectures": [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]],
+           "output_router_logits": True}
+    assert loss_kernel_refusal(cfg) == wrapper
+
+
 def test_hand_worked_reasons():
     # Granite 3.0's muP divisor (logits_scaling 8.0 in granite-3.0-2b-base's config.json) and Gemma 2 with
     # its soft-cap switched off in the config (null): refused, then accepted

@@ -62,5 +62,5 @@ def test_a_forward_that_adds_the_aux_loss_otherwise_is_refused():
             return self.loss_function(logits, labels, 128)
 
     model.__class__ = Bespoke
-    with pytest.raises(ValueError, match=r"auxiliary loss .*output_router_logits=False or use loss='hf'"):
+    with pytest.raises(ValueError, match=r"routers' auxiliary loss as Bespoke's forward does \(output_router_logits is on.*: use loss='hf'"):
         use_loss_kernel(model, "fused")

@@ -14,9 +14,10 @@ Every fact is cited in ``profiles/float8.json``. The model:
   grad_weight), and the recomputed forward's share under checkpointing (full: all of it; selective: the
   products the policy does not keep, ``advisor.model.selective``).
 - Their time: at the GPU's dense fp8 peak (``profiles/gpus.json`` ``fp8_tflops``) times the bf16
-  utilisation of the same shape times ``gemm_utilisation_ratio`` (1.0: torchao's roofline gives bf16 and
-  fp8 GEMMs one achievable share of their peaks; an assumption). The step time counts every FLOP at bf16,
-  so the change is ``fp8 FLOPs x (1 / fp8 rate - 1 / bf16 rate)``, negative.
+  utilisation of the same shape times ``gemm_utilisation_ratio`` (1.0: published H100 GEMM measurements put
+  fp8 at 1.9-2.6x bf16 on these models' shapes, and torchao's roofline gives bf16 and fp8 GEMMs one
+  achievable share of their peaks; applied to our shape-dependent utilisation, an assumption). The step time
+  counts every FLOP at bf16, so the change is ``fp8 FLOPs x (1 / fp8 rate - 1 / bf16 rate)``, negative.
 - The casts, memory-bound, per micro-batch (bytes an element, by hand from ``float8_linear.py``): the input
   (T x K) 6 in forward, grad_output (T x N) 6 in backward, the weight (K x N) 5 in forward and 3 in
   backward; a recompute casts the input (6) and the weight (5) again, in the share recomputed. With float8
@@ -90,7 +91,8 @@ class Float8Facts(_Frozen):
     dim_multiple: int = Field(ge=1, description="A linear is converted when in and out features are multiples of it.")
     skip_output_head: bool
     filter_source: str
-    gemm_utilisation_ratio: float = Field(gt=0, le=2, description="fp8 GEMM share of fp8 peak / bf16 share of bf16 peak.")
+    gemm_utilisation_ratio: float = Field(gt=0, le=2, description="An fp8 GEMM's share of the fp8 peak over a bf16 "
+                                                                  "GEMM's share of the bf16 peak.")
     gemm_utilisation_source: str
     gemm_utilisation_note: str
     cast_bytes_per_element: CastBytes
@@ -191,7 +193,8 @@ def float8_gather_saving_bytes(spec: ModelSpec, training: TrainingConfig, *, tp:
     return weights * (training.compute_bytes - 1) - load_float8_facts().all_gather.scale_bytes * len(linears) * layers
 
 
-def float8_step_s(work: Float8Work, *, bf16_rate: float, fp8_rate: float, hbm_bytes_per_s: float) -> tuple[float, float]:
+def float8_step_s(work: Float8Work, *, bf16_rate: float, fp8_rate: float,
+                  hbm_bytes_per_s: float) -> tuple[float, float]:
     """(forward, backward) seconds float8 adds to one micro-batch timed at ``bf16_rate`` FLOP/s: the fp8
     products' saving at ``fp8_rate`` (negative) plus the casts at ``hbm_bytes_per_s``."""
     gain = 1 / fp8_rate - 1 / bf16_rate
@@ -212,11 +215,13 @@ def float8_note(work: Float8Work, *, total_flops: float, fp8_tflops: float, seco
     """What the estimate assumed for float8 (one line of the plan's notes)."""
     facts = load_float8_facts()
     fp8 = work.forward_flops + work.backward_flops + work.recompute_flops
-    gather = (" ; FSDP all-gathers the converted weights in fp8 (1 byte a weight and its scale)" if all_gather
+    gather = ("; FSDP all-gathers the converted weights in fp8 (1 byte a weight and its scale)" if all_gather
               else "")
-    return (f"float8 (torchao {facts.recipe}): the blocks' linear layers, {fp8 / max(total_flops, 1):.0%} of the FLOPs, "
+    share = fp8 / max(total_flops, 1)
+    return (f"float8 (torchao {facts.recipe}): the blocks' linear layers, {share:.0%} of the FLOPs, "
             f"at the {fp8_tflops:,.0f} TFLOPS fp8 peak x the bf16 utilisation x {facts.gemm_utilisation_ratio:g} "
-            f"(an assumption, torchao's roofline); attention and the head in bf16; the dynamic casts move "
+            f"(large fp8 GEMMs measured at about twice the bf16 rate on H100, profiles/float8.json); attention "
+            f"and the head in bf16; the dynamic casts move "
             f"{(work.forward_bytes + work.backward_bytes) / GB:.2f} GB a micro-batch; net {seconds * 1e3:+.1f} ms a "
             f"micro-batch{gather}; memory is estimated as the bf16 run (not modelled for float8); MFU is against "
             "the bf16 peak")
@@ -224,7 +229,8 @@ def float8_note(work: Float8Work, *, total_flops: float, fp8_tflops: float, seco
 
 def float8_seconds(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation, *, tokens: int,
                    checkpointing: bool, utilisation: float, bf16_tflops: float, hardware_flops: float,
-                   hbm_efficiency: float, tp: int = 1, cp: int = 1, shards: int | None = None) -> tuple[float, float, str]:
+                   hbm_efficiency: float, tp: int = 1, cp: int = 1,
+                   shards: int | None = None) -> tuple[float, float, str]:
     """(forward s, backward s, note) ``--float8`` adds to one micro-batch of ``tokens`` tokens (one replica's)
     on a rank whose bf16 products run at ``bf16_tflops`` x ``utilisation``; ``hardware_flops``: that rank's
     FLOPs of the micro-batch (for the note); ``shards``: ranks the parameters are sharded over (default: all

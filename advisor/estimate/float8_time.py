@@ -13,11 +13,13 @@ Every fact is cited in ``profiles/float8.json``. The model:
   (tensorwise recipe): ``2 T K N`` FLOPs in forward (output), ``4 T K N`` in backward (grad_input and
   grad_weight), and the recomputed forward's share under checkpointing (full: all of it; selective: the
   products the policy does not keep, ``advisor.model.selective``).
-- Their time: at the GPU's dense fp8 peak (``profiles/gpus.json`` ``fp8_tflops``) times the bf16
-  utilisation of the same shape times ``gemm_utilisation_ratio`` (1.0: published H100 GEMM measurements put
-  fp8 at 1.9-2.6x bf16 on these models' shapes, and torchao's roofline gives bf16 and fp8 GEMMs one
-  achievable share of their peaks; applied to our shape-dependent utilisation, an assumption). The step time
-  counts every FLOP at bf16, so the change is ``fp8 FLOPs x (1 / fp8 rate - 1 / bf16 rate)``, negative.
+- Their time: a GEMM's own time is its FLOPs / (peak x ``gemm_utilisation``), the share of the peak a large
+  GEMM reaches (0.78 on H100, torchao's roofline, measured on large inputs), or the step's end-to-end
+  utilisation (``profiles/efficiency.json``) where that is higher. The end-to-end utilisation also carries the
+  elementwise kernels, norms and launch gaps, which fp8 does not speed up, so only the GEMMs' own time
+  changes: ``fp8 FLOPs x (1 / fp8 rate - 1 / bf16 rate)``, negative, with the fp8 rate at the GPU's dense
+  fp8 peak (``profiles/gpus.json`` ``fp8_tflops``) times the same share times ``gemm_utilisation_ratio``
+  (1.0: published H100 GEMM measurements put fp8 at 1.9-2.6x bf16 on these models' shapes).
 - The casts, memory-bound, per micro-batch (bytes an element, by hand from ``float8_linear.py``): the input
   (T x K) 6 in forward, grad_output (T x N) 6 in backward, the weight (K x N) 5 in forward and 3 in
   backward; a recompute casts the input (6) and the weight (5) again, in the share recomputed. With float8
@@ -91,6 +93,8 @@ class Float8Facts(_Frozen):
     dim_multiple: int = Field(ge=1, description="A linear is converted when in and out features are multiples of it.")
     skip_output_head: bool
     filter_source: str
+    gemm_utilisation: float = Field(gt=0, le=1, description="Share of its peak a large GEMM reaches (torchao).")
+    gemm_share_source: str
     gemm_utilisation_ratio: float = Field(gt=0, le=2, description="An fp8 GEMM's share of the fp8 peak over a bf16 "
                                                                   "GEMM's share of the bf16 peak.")
     gemm_utilisation_source: str
@@ -202,11 +206,13 @@ def float8_step_s(work: Float8Work, *, bf16_rate: float, fp8_rate: float,
             (work.backward_flops + work.recompute_flops) * gain + work.backward_bytes / hbm_bytes_per_s)
 
 
-def float8_rates(fp8_tflops: float, *, utilisation: float, hbm_bandwidth_gbps: float,
-                 hbm_efficiency: float) -> tuple[float, float]:
-    """(fp8 FLOP/s, cast bytes/s) on a GPU whose bf16 products reach ``utilisation`` of its bf16 peak."""
+def float8_rates(fp8_tflops: float, bf16_tflops: float, *, utilisation: float, hbm_bandwidth_gbps: float,
+                 hbm_efficiency: float) -> tuple[float, float, float]:
+    """(bf16 GEMM FLOP/s, fp8 GEMM FLOP/s, cast bytes/s) on a GPU whose step reaches ``utilisation`` of its bf16
+    peak end to end: the GEMMs alone at ``gemm_utilisation`` (or the step's utilisation where higher)."""
     facts = load_float8_facts()
-    return (fp8_tflops * TFLOPS * utilisation * facts.gemm_utilisation_ratio,
+    gemm = max(utilisation, facts.gemm_utilisation)
+    return (bf16_tflops * TFLOPS * gemm, fp8_tflops * TFLOPS * gemm * facts.gemm_utilisation_ratio,
             hbm_bandwidth_gbps * GB * hbm_efficiency)
 
 
@@ -219,9 +225,9 @@ def float8_note(work: Float8Work, *, total_flops: float, fp8_tflops: float, seco
               else "")
     share = fp8 / max(total_flops, 1)
     return (f"float8 (torchao {facts.recipe}): the blocks' linear layers, {share:.0%} of the FLOPs, "
-            f"at the {fp8_tflops:,.0f} TFLOPS fp8 peak x the bf16 utilisation x {facts.gemm_utilisation_ratio:g} "
-            f"(large fp8 GEMMs measured at about twice the bf16 rate on H100, profiles/float8.json); attention "
-            f"and the head in bf16; the dynamic casts move "
+            f"their GEMMs at {facts.gemm_utilisation:.0%} of the {fp8_tflops:,.0f} TFLOPS fp8 peak instead of the "
+            f"bf16 one (torchao's large-GEMM share; profiles/float8.json); attention and the head in bf16; the "
+            f"dynamic casts move "
             f"{(work.forward_bytes + work.backward_bytes) / GB:.2f} GB a micro-batch; net {seconds * 1e3:+.1f} ms a "
             f"micro-batch{gather}; memory is estimated as the bf16 run (not modelled for float8); MFU is against "
             "the bf16 peak")
@@ -232,7 +238,7 @@ def float8_seconds(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl
                    hbm_efficiency: float, tp: int = 1, cp: int = 1,
                    shards: int | None = None) -> tuple[float, float, str]:
     """(forward s, backward s, note) ``--float8`` adds to one micro-batch of ``tokens`` tokens (one replica's)
-    on a rank whose bf16 products run at ``bf16_tflops`` x ``utilisation``; ``hardware_flops``: that rank's
+    on a rank whose step reaches ``utilisation`` of ``bf16_tflops`` end to end; ``hardware_flops``: that rank's
     FLOPs of the micro-batch (for the note); ``shards``: ranks the parameters are sharded over (default: all
     GPUs when the strategy shards parameters). (0, 0, "") without ``--float8``."""
     if not training.float8:
@@ -245,10 +251,10 @@ def float8_seconds(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl
     work = float8_work(spec, tokens=tokens, checkpointing=checkpointing,
                        selective=training.activation_checkpointing == "selective", tp=tp, cp=cp, shards=sharded,
                        fp8_gathers=gathers)
-    fp8_rate, bytes_s = float8_rates(fp8_tflops, utilisation=utilisation, hbm_bandwidth_gbps=hw.gpu.hbm_bandwidth_gbps,
-                                     hbm_efficiency=hbm_efficiency)
-    fwd, bwd = float8_step_s(work, bf16_rate=bf16_tflops * TFLOPS * utilisation, fp8_rate=fp8_rate,
-                             hbm_bytes_per_s=bytes_s)
+    bf16_rate, fp8_rate, bytes_s = float8_rates(fp8_tflops, bf16_tflops, utilisation=utilisation,
+                                                hbm_bandwidth_gbps=hw.gpu.hbm_bandwidth_gbps,
+                                                hbm_efficiency=hbm_efficiency)
+    fwd, bwd = float8_step_s(work, bf16_rate=bf16_rate, fp8_rate=fp8_rate, hbm_bytes_per_s=bytes_s)
     note = float8_note(work, total_flops=hardware_flops, fp8_tflops=fp8_tflops, seconds=fwd + bwd,
                        all_gather=gathers > 0)
     return fwd, bwd, note

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_linears, float8_work
@@ -12,7 +10,6 @@ from advisor.hardware.cluster import parse_gpus
 from advisor.model.sources import resolve_model
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
-from tests.cli._main import run_main
 
 TINY = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
             num_hidden_layers=1, vocab_size=256, tie_word_embeddings=False)
@@ -92,25 +89,6 @@ def test_json_field_only_when_on():
     assert not {"float8", "float8_all_gather"} & set(TrainingConfig().model_dump(mode="json"))
     dumped = TrainingConfig(float8=True, float8_all_gather=True).model_dump(mode="json")
     assert (dumped["float8"], dumped["float8_all_gather"]) == (True, True)
-
-
-def test_plan_json_carries_float8(capsys):
-    code, out, _ = run_main(["plan", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",
-                             "--strategy", "zero3", "--json"], capsys)
-    assert code == 0
-    training = json.loads(out)["training"]
-    assert training["float8"] is True and "float8_all_gather" not in training
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--gpus", "2xA100", "--float8"], "has no fp8 tensor cores"),
-    (["--gpus", "1xT4", "--float8"], "has no fp8 tensor cores"),
-    (["--gpus", "2xH100", "--float8-all-gather"], "needs --float8"),
-    (["--gpus", "2xH100", "--float8", "--lora", "8"], "not with --lora"),
-])
-def test_refusals_are_one_line_exit_2(capsys, args, says):
-    code, out, err = run_main(["plan", "--model", "meta-llama/Llama-3.2-1B", *args], capsys)
-    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not out
 
 
 def test_tensor_parallel_all_gathers_move_fp8():

@@ -140,7 +140,7 @@ def check_float8(spec: ModelSpec, gpu_name: str, fp8_tflops: float | None, train
     if fp8_tflops is None:
         raise ValueError(f"--float8: the {gpu_name} has no fp8 tensor cores (profiles/gpus.json); torchao float8 "
                          "training needs Ada, Hopper, Blackwell or MI300")
-    if kind_of(spec).family != "decoder":
+    if kind_of(spec).family != "decoder" or kind_of(spec).name == "jamba":  # Jamba: first block != the others
         raise ValueError(f"--float8 is modelled for decoder-only language models, not {spec.model_type or spec.name}")
     if pp is not None and pp > 1:
         raise ValueError("--float8 with --pp: the pipeline step time does not model float8; leave out one of them")
@@ -179,7 +179,9 @@ def float8_work(spec: ModelSpec, *, tokens: int, checkpointing: bool, selective:
         weight_fwd, weight_bwd = cast.weight_forward * local, cast.weight_backward * local
         weight_again = cast.weight_recompute * local
     return Float8Work(
-        forward_flops=forward, backward_flops=2 * forward, recompute_flops=share * forward,
+        # grad_input always; grad_weight where the weight trains (--trainable-params freezes some: count_flops)
+        forward_flops=forward, backward_flops=forward * (1 + spec.trainable_params / spec.total_params),
+        recompute_flops=share * forward,
         forward_bytes=cast.input_forward * inputs + weight_fwd,
         backward_bytes=(cast.grad_output_backward * outputs + weight_bwd
                         + share * (cast.input_recompute * inputs + weight_again)),

@@ -110,3 +110,13 @@ def test_tensor_parallel_all_gathers_move_fp8():
                          checkpointing=False)
 
     assert comm() - comm(float8=True) == pytest.approx(2 * 7 / 8 * 4_096 / 360e9, rel=1e-9)
+
+
+def test_frozen_weights_skip_their_grad_weight_gemm():
+    """--trainable-params 50%: half the weights train, so the fp8 backward is grad_input (2,621,440 FLOPs) plus
+    half of grad_weight (1,310,720): 3,932,160, the share count_flops gives the weight gradients."""
+    from advisor.planning.api import resolve_trainable
+
+    spec = resolve_trainable(_tiny(), "50%")
+    assert spec.trainable_params * 2 == spec.total_params
+    assert float8_work(spec, tokens=32, checkpointing=False, selective=False).backward_flops == 3_932_160

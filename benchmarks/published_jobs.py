@@ -91,6 +91,7 @@ class Job(_Frozen):
     double_quant: bool | None = None
     compile: bool
     float8: bool
+    float8_all_gather: bool = Field(default=False, description="torchao enable_fsdp_float8_all_gather (with float8).")
     offloaded: bool = Field(description="The job kept parameters or optimizer state in CPU memory.")
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     speed_basis: str | None = None
@@ -130,6 +131,8 @@ def _fixed(job: Job) -> dict:
         options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)
     if job.quantize is not None:
         options.update(quantize=job.quantize, double_quant=bool(job.double_quant))
+    if job.float8:  # torchao float8 linears (advisor.estimate.float8_time)
+        options.update(float8=True, float8_all_gather=job.float8_all_gather)
     if job.global_batch_size is not None:
         options["global_batch_size"] = job.global_batch_size
     return options

@@ -106,6 +106,11 @@ PLAN_OPTIONS: list[Callable] = [
                  help="The model keeps its KV cache in training (config.use_cache left on under torch's "
                       "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing leave it); default "
                       "off, as HF Trainer, gradient_checkpointing_enable() and wrap() set it."),
+    click.option("--float8", "float8", is_flag=True, default=None,
+                 help="torchao float8 training (tensorwise dynamic scaling) on the blocks' linear layers, as "
+                      "torchtitan's float8 converter applies it; needs fp8 tensor cores (Ada, Hopper, Blackwell, MI300)."),
+    click.option("--float8-all-gather", "float8_all_gather", is_flag=True, default=None,
+                 help="With --float8: FSDP all-gathers the converted weights in fp8 (enable_fsdp_float8_all_gather)."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),
@@ -162,6 +167,8 @@ _TRAINING_FIELDS = {
     "policy": "policy",
     "attention": "attention",
     "use_cache": "use_cache",
+    "float8": "float8",
+    "float8_all_gather": "float8_all_gather",
     "loss": "loss",
     "quantize": "quantize",
     "double_quant": "double_quant",

@@ -25,6 +25,8 @@ dp_shard, then dp_replicate, so a group of ``k`` consecutive-dimension ranks spa
   all-reduce of the gradient shard across the dp_replicate replicas (inter-node), hideable under
   the last backward (Zhao et al. 2023, "PyTorch FSDP", section 3.2.2).
 - Optimizer step on the rank's shard (memory-bound, as in the data-parallel model).
+- ``--float8``: the data-parallel model's terms on the rank's share (``advisor.estimate.float8_time``);
+  sequence-parallel all-gathers move fp8 (torchao's Float8 TP styles), reduce-scatters bf16.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import math
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
 from advisor.estimate.model_parallel import tp_rank_spec
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
@@ -79,8 +82,10 @@ def tp_comm_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, eff: Effi
     passes = 3 if checkpointing else 2  # forward, backward, and the recomputed forward
     # Two all-gathers and two reduce-scatters of the whole b x s x h activation per block and pass: each
     # op's bytes are both collectives' (group_collective_s times nbytes, count only adds latencies).
-    one = sum(group_collective_s(op, 2 * activation, hw, eff, size=mesh.tp, stride=1, count=2)
-              for op in ("all_gather", "reduce_scatter"))
+    # --float8: torchao's Float8 TP styles gather fp8 activations and gradients (profiles/float8.json).
+    gathered = activation // training.compute_bytes if training.float8 else activation
+    one = sum(group_collective_s(op, 2 * nbytes, hw, eff, size=mesh.tp, stride=1, count=2)
+              for op, nbytes in (("all_gather", gathered), ("reduce_scatter", activation)))
     return passes * shape.num_layers * one
 
 
@@ -112,10 +117,11 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
     def run(op: Collective, nbytes: float) -> float:
         return group_collective_s(op, nbytes, hw, eff, size=size, stride=stride, count=blocks)
 
-    forward = run("all_gather", gather * local.total_params)
+    gathered = gather * local.total_params - float8_gather_saving_bytes(spec, training, tp=mesh.tp)
+    forward = run("all_gather", gathered)
     backward = run("reduce_scatter", grad * local.total_params)
     if impl.reshard_after_forward:
-        backward += run("all_gather", gather * local.total_params)
+        backward += run("all_gather", gathered)
     last = 0.0
     if mesh.dp_replicate > 1:  # HSDP: the gradient shard all-reduced across replicas
         shard = grad * local.total_params / size
@@ -150,6 +156,11 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
     fwd_s, bwd_s = flops.forward / split / rate, (flops.backward + flops.recompute) / split / rate
+    f8 = float8_seconds(spec, hardware, training, impl, tokens=replica_tokens, checkpointing=checkpointing,
+                        utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware / split,
+                        hbm_efficiency=eff.optimizer_step.hbm_efficiency, tp=mesh.tp, cp=mesh.cp,
+                        shards=mesh.dp_shard * mesh.cp)
+    fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
     attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
     tp_s = tp_comm_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)
@@ -167,7 +178,7 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     step = compute + comm_exposed + optimizer
     tokens_gpu = max(1, replica_tokens * accumulation // split)
     model_flops = flops.model * accumulation / split
-    notes = [n for n in (peak_note,) if n]
+    notes = [n for n in (peak_note, f8[2]) if n]
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(

@@ -158,6 +158,8 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     gpus_per_replica = split * p
     model_flops = flops.model * m / gpus_per_replica
     notes = [n for n in (peak_note,) if n]
+    if training.float8:  # advisor.estimate.float8_time models data-parallel and mesh steps, not pipeline stages
+        notes.append("--float8 is not modelled on a pipeline mesh: this step is timed in bf16")
     notes.append(f"pipeline {mesh.label}: {m} micro-batches a step, bubble {bubble:.2f} s "
                  f"({facts.bubble_coefficient:.2g} x (p - 1)/v micro-batch times), p2p fill and drain exposed "
                  f"{p2p_exposed:.3f} s" + (f", expert all-to-all {a2a_total:.2f} s ({a2a_exposed:.2f} s exposed)"

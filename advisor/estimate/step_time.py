@@ -35,6 +35,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   and backward per micro-batch, whatever its tokens.
 - LoRA adapters: their products' FLOPs are in the count above; the bytes their memory-bound ops move
   (``adapter_time``: PEFT's dropout, skinny products, scaling and add) / (HBM bandwidth x efficiency) add.
+- Float8 linears (``--float8``, torchao): their products at the fp8 peak, the dynamic casts' bytes at HBM
+  bandwidth, fp8 weights in FSDP's all-gather (``advisor.estimate.float8_time``).
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -53,6 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
+from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -269,7 +272,8 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
         return collective_s(op, nbytes, hw, eff, count=count)
 
     if impl.shard_params:  # FSDP / ZeRO-3: gather per block, reduce-scatter per block
-        gathered = stored_param_bytes(spec, training, bytes_per_param=gather)  # --quantize: packed weights
+        gathered = (stored_param_bytes(spec, training, bytes_per_param=gather)  # --quantize: packed weights
+                    - float8_gather_saving_bytes(spec, training))  # --float8-all-gather: 1 B a converted weight
         forward = run("all_gather", gathered, blocks)
         backward = run("reduce_scatter", grad_bytes, blocks)
         if impl.reshard_after_forward:
@@ -358,6 +362,9 @@ def estimate_step_time(
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
     fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd, bwd_s + deq_bwd + ad_bwd
+    f8 = float8_seconds(spec, hardware, training, impl, tokens=tokens_micro, checkpointing=checkpointing, utilisation=util,
+                        bf16_tflops=peak, hardware_flops=flops.hardware, hbm_efficiency=eff.optimizer_step.hbm_efficiency)
+    fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
@@ -372,7 +379,7 @@ def estimate_step_time(
     step = compute + comm_exposed + offload_exposed + optimizer
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
-    notes = [n for n in (peak_note,) if n]
+    notes = [n for n in (peak_note, f8[2]) if n]
     if deq_fwd:
         notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:

@@ -28,6 +28,9 @@ class GpuProfile(_Frozen):
     fp16_tflops: float | None = Field(default=None, description="Dense fp16 tensor peak.")
     fp32_tflops: float = Field(gt=0, description="Non-tensor FP32 peak.")
     tf32_tflops: float | None = Field(default=None, description="Dense TF32 tensor peak.")
+    fp8_tflops: float | None = Field(default=None, description="Dense FP8 tensor peak, FP32 accumulate; None: no fp8 "
+                                      "tensor cores (--float8 refused).")
+    fp8_source: str | None = Field(default=None, description="Datasheet the fp8 figure comes from.")
     hbm_bandwidth_gbps: float = Field(gt=0, description="Memory bandwidth, GB/s.")
     intra_node_link: str = Field(description="Default GPU-to-GPU link (an interconnect name).")
     default_gpus_per_node: int = Field(gt=0, description="Typical server size.")

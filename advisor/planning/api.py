@@ -14,6 +14,7 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationEr
                       model_serializer)
 
 from advisor.estimate.activations import activation_family
+from advisor.estimate.float8_time import check_float8
 from advisor.estimate.memory import image_tokens
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
@@ -297,6 +298,7 @@ def plan(
         notes.append(check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
+    check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)

@@ -1,0 +1,34 @@
+"""--float8 at the CLI: the field in the plan's JSON, one-line refusals (exit 2), the export's warning."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.cli._main import run_main
+
+
+def test_plan_json_carries_float8(capsys):
+    code, out, _ = run_main(["plan", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",
+                             "--strategy", "zero3", "--json"], capsys)
+    assert code == 0
+    training = json.loads(out)["training"]
+    assert training["float8"] is True and "float8_all_gather" not in training
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--gpus", "2xA100", "--float8"], "has no fp8 tensor cores"),
+    (["--gpus", "1xT4", "--float8"], "has no fp8 tensor cores"),
+    (["--gpus", "2xH100", "--float8-all-gather"], "needs --float8"),
+    (["--gpus", "2xH100", "--float8", "--lora", "8"], "not with --lora"),
+])
+def test_refusals_are_one_line_exit_2(capsys, args, says):
+    code, out, err = run_main(["plan", "--model", "meta-llama/Llama-3.2-1B", *args], capsys)
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not out
+
+
+def test_export_warns_that_float8_is_not_written(capsys):
+    code, out, err = run_main(["export", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",
+                               "--format", "torchtitan", "-o", "-"], capsys)
+    assert code == 0 and out and "--float8 is planned but not written to the export" in err

@@ -106,6 +106,9 @@ PLAN_OPTIONS: list[Callable] = [
                  help="The model keeps its KV cache in training (config.use_cache left on under torch's "
                       "checkpoint_wrapper, as accelerate's and Lightning's FSDP checkpointing leave it); default "
                       "off, as HF Trainer, gradient_checkpointing_enable() and wrap() set it."),
+    click.option("--compile", "compile", is_flag=True, default=None,
+                 help="The blocks run under torch.compile (inductor): fused norms, RoPE, SiLU and residual adds "
+                      "save HBM traffic (Llama-like decoders; memory estimated as eager). Default off."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),
@@ -162,6 +165,7 @@ _TRAINING_FIELDS = {
     "policy": "policy",
     "attention": "attention",
     "use_cache": "use_cache",
+    "compile": "compile",
     "loss": "loss",
     "quantize": "quantize",
     "double_quant": "double_quant",

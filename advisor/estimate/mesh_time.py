@@ -33,6 +33,7 @@ import math
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
+from advisor.estimate.compile_time import compile_saving_s
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware
@@ -149,7 +150,10 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    fwd_s, bwd_s = flops.forward / split / rate, (flops.backward + flops.recompute) / split / rate
+    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
+                                      checkpointing=checkpointing, flops=flops, rate=rate)
+    fwd_s = flops.forward / split / rate - cc_fwd / split
+    bwd_s = (flops.backward + flops.recompute) / split / rate - cc_bwd / split
     attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
     tp_s = tp_comm_s(spec, hardware, training, eff, mesh, micro_batch_size=micro_batch_size, checkpointing=checkpointing)

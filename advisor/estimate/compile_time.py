@@ -134,21 +134,20 @@ def spec_block_bytes(spec: ModelSpec, training: TrainingConfig) -> BlockBytes:
 
 
 def compile_saving_s(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
-                     tokens: int, checkpointing: bool, flops: FlopCount, rate: float) -> tuple[float, float]:
+                     tokens: int, checkpointing: bool, flops: FlopCount, rate: float, peak: float) -> tuple[float, float]:
     """(forward, backward + recompute) seconds ``--compile`` saves on a micro-batch of ``tokens`` tokens
     whose ``flops`` run at ``rate`` FLOP/s (0, 0 when it is off); the caller divides by its model-parallel
-    split. Capped where a narrow model's fitted eager utilisation leaves less than the bytes' worth: the
-    saving never takes the matmuls above the GPU's ceiling (``max_utilisation``, without the shape factor)."""
+    split. Capped so the matmuls left never run above the datasheet ``peak`` (FLOP/s): on a narrow model
+    the fitted eager utilisation can leave less time than the bytes are worth."""
     if not training.compile:
         return 0.0, 0.0
     check_compile(spec)
-    shape = shape_of(spec)
     block = spec_block_bytes(spec, training)
-    per_pass = shape.num_layers * tokens / (hardware.gpu.hbm_bandwidth_gbps * 1e9 * eff.optimizer_step.hbm_efficiency)
+    per_pass = shape_of(spec).num_layers * tokens / (hardware.gpu.hbm_bandwidth_gbps * 1e9
+                                                     * eff.optimizer_step.hbm_efficiency)
     recompute = block.saved_forward if checkpointing else 0
-    slack = 1 - eff.compute.shape_factor(hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens)
-    return (min(block.saved_forward * per_pass, slack * flops.forward / rate),
-            min((block.saved_backward + recompute) * per_pass, slack * flops.hardware_backward / rate))
+    return (min(block.saved_forward * per_pass, flops.forward * (1 / rate - 1 / peak)),
+            min((block.saved_backward + recompute) * per_pass, flops.hardware_backward * (1 / rate - 1 / peak)))
 
 
 def compile_notes(spec: ModelSpec, saved_s: float) -> list[str]:

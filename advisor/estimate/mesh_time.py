@@ -151,7 +151,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
     cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                      checkpointing=checkpointing, flops=flops, rate=rate)
+                                      checkpointing=checkpointing, flops=flops, rate=rate,
+                                      peak=peak * TFLOPS)
     fwd_s = flops.forward / split / rate - cc_fwd / split
     bwd_s = (flops.backward + flops.recompute) / split / rate - cc_bwd / split
     attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens

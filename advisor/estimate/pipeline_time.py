@@ -99,7 +99,8 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
     cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                      checkpointing=checkpointing, flops=flops, rate=rate)
+                                      checkpointing=checkpointing, flops=flops, rate=rate,
+                                      peak=peak * TFLOPS)
     fwd_s = flops.forward * share / split / rate - cc_fwd * share / split
     bwd_s = (flops.backward + flops.recompute) * share / split / rate - cc_bwd * share / split
     cut = layers_cut(spec, slowest)

@@ -365,7 +365,8 @@ def estimate_step_time(
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
     cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
-                                      checkpointing=checkpointing, flops=flops, rate=rate)
+                                      checkpointing=checkpointing, flops=flops, rate=rate,
+                                      peak=peak * TFLOPS)
     fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd - cc_bwd
     overlap = eff.communication.overlap_fraction
     if impl.single_process:

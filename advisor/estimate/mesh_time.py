@@ -33,7 +33,7 @@ import math
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
-from advisor.estimate.compile_time import compile_saving_s
+from advisor.estimate.compile_time import compile_notes, compile_saving_s
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware
@@ -173,6 +173,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     tokens_gpu = max(1, replica_tokens * accumulation // split)
     model_flops = flops.model * accumulation / split
     notes = [n for n in (peak_note,) if n]
+    if training.compile:
+        notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd) / split))
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(

@@ -18,6 +18,7 @@ def test_json_says_compile_only_when_on(capsys):
     assert code == 0 and plan["training"]["compile"] is True
     chosen = next(c for c in plan["candidates"] if c["strategy"] == plan["recommendation"]["strategy"])
     assert any("memory is estimated as eager" in note for note in chosen["step_time"]["notes"])
+    assert any("memory is estimated as eager" in note for note in plan["assumptions"])
 
 
 def test_moe_is_refused_in_one_line(capsys):

@@ -4,8 +4,10 @@ What belongs here: the bytes a token of one block's elementwise and reduction ke
 mode and after inductor fuses them, and the seconds the difference is worth. What does not: matmuls
 and the attention kernel (the same kernels in both modes, timed by ``step_time``'s utilisation), memory
 (a compiled block may save fewer activations: not modelled, the plan is estimated as eager), the loss
-(torchtune compiles it too, ``torchtune/training/_compile.py`` ``compile_loss``; torchtitan at the
-benchmarked commit 9dec370 does not: not counted), launch gaps (not modelled anywhere).
+(torchtitan at the benchmarked commit 9dec370 leaves it eager, its ``torch.compile(loss_fn)`` commented out in
+train.py; torchtune's ``compile_loss`` compiles a chunked loss in place, and the full fine-tune recipe at
+1814feb1 drops its result for any other loss; newer torchtitan compiles it: not counted), launch gaps (not
+modelled anywhere).
 
 Why bytes: step time is FLOPs / (peak x utilisation), the utilisation fitted on eager runs, so the
 eager elementwise kernels are inside it. Compiling changes those kernels only: each fused group reads its

@@ -89,6 +89,11 @@ class TrainingConfig(BaseModel):
                                         "a checkpointing that does not turn it off: torch's checkpoint_wrapper as "
                                         "Lightning's and accelerate's FSDP activation checkpointing apply it. False: "
                                         "the cache is off or costs nothing (advisor.estimate.kv_cache).")
+    # Off by default and left out of the JSON, so plans made before it read the same (advisor.estimate.compile_time).
+    compile: bool = Field(default=False, exclude_if=lambda on: not on,
+                          description="torch.compile (inductor) on each decoder block: its fused elementwise "
+                                      "kernels move fewer HBM bytes (advisor.estimate.compile_time); memory "
+                                      "is estimated as eager.")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")

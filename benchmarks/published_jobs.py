@@ -123,7 +123,7 @@ def hardware_of(job: Job) -> Hardware:
 def _fixed(job: Job) -> dict:
     """What the user fixes: the mathematics of the job (unpinned plans keep only these)."""
     options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=job.recipe,
-                   engine=job.engine)
+                   engine=job.engine, compile=job.compile)
     if job.optimizer_impl is not None:
         options["optimizer_impl"] = job.optimizer_impl
     if job.lora is not None:

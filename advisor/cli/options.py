@@ -111,6 +111,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "torchtitan's float8 converter applies it; needs fp8 tensor cores (Ada, Hopper, Blackwell, MI300)."),
     click.option("--float8-all-gather", "float8_all_gather", is_flag=True, default=None,
                  help="With --float8: FSDP all-gathers the converted weights in fp8 (enable_fsdp_float8_all_gather)."),
+    click.option("--compile", "compile", is_flag=True, default=None,
+                 help="The blocks run under torch.compile (inductor): fused norms, RoPE, SiLU and residual adds "
+                      "save HBM traffic (Llama-like decoders; memory estimated as eager). Default off."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),
@@ -169,6 +172,7 @@ _TRAINING_FIELDS = {
     "use_cache": "use_cache",
     "float8": "float8",
     "float8_all_gather": "float8_all_gather",
+    "compile": "compile",
     "loss": "loss",
     "quantize": "quantize",
     "double_quant": "double_quant",

@@ -36,6 +36,7 @@ import math
 from advisor.estimate.activations import shape_of
 from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
 from advisor.estimate.model_parallel import tp_rank_spec
+from advisor.estimate.compile_time import compile_notes, compile_saving_s
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware
@@ -155,7 +156,11 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    fwd_s, bwd_s = flops.forward / split / rate, (flops.backward + flops.recompute) / split / rate
+    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
+                                      checkpointing=checkpointing, flops=flops, rate=rate,
+                                      peak=peak * TFLOPS)
+    fwd_s = flops.forward / split / rate - cc_fwd / split
+    bwd_s = (flops.backward + flops.recompute) / split / rate - cc_bwd / split
     f8 = float8_seconds(spec, hardware, training, impl, tokens=replica_tokens, checkpointing=checkpointing,
                         utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware / split,
                         hbm_efficiency=eff.optimizer_step.hbm_efficiency, tp=mesh.tp, cp=mesh.cp,
@@ -179,6 +184,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     tokens_gpu = max(1, replica_tokens * accumulation // split)
     model_flops = flops.model * accumulation / split
     notes = [n for n in (peak_note, f8[2]) if n]
+    if training.compile:
+        notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd) / split))
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(

@@ -37,6 +37,8 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   (``adapter_time``: PEFT's dropout, skinny products, scaling and add) / (HBM bandwidth x efficiency) add.
 - Float8 linears (``--float8``, torchao): their products at the fp8 peak, the dynamic casts' bytes at HBM
   bandwidth, fp8 weights in FSDP's all-gather (``advisor.estimate.float8_time``).
+- ``--compile``: the HBM bytes inductor's fusion removes from each block's elementwise ops
+  (``compile_time``) / (HBM bandwidth x the optimizer step's efficiency), taken off forward and backward.
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -56,6 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
+from advisor.estimate.compile_time import compile_notes, compile_saving_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -122,6 +125,10 @@ class FlopCount(_Frozen):
     @property
     def hardware(self) -> float:
         return self.model + self.recompute
+
+    @property
+    def hardware_backward(self) -> float:
+        return self.backward + self.recompute
 
 
 def matmul_params(spec: ModelSpec) -> int:
@@ -361,7 +368,10 @@ def estimate_step_time(
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
-    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd, bwd_s + deq_bwd + ad_bwd
+    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
+                                      checkpointing=checkpointing, flops=flops, rate=rate,
+                                      peak=peak * TFLOPS)
+    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd - cc_bwd
     f8 = float8_seconds(spec, hardware, training, impl, tokens=tokens_micro, checkpointing=checkpointing, utilisation=util,
                         bf16_tflops=peak, hardware_flops=flops.hardware, hbm_efficiency=eff.optimizer_step.hbm_efficiency)
     fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
@@ -384,6 +394,8 @@ def estimate_step_time(
         notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
+    if training.compile:
+        notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd)))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

@@ -18,7 +18,8 @@ from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
 from advisor.units import GIB
 
-Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit"]
+# adamw-8bit-paged: bitsandbytes' PagedAdamW8bit, its 8-bit moments in CUDA managed memory (advisor.estimate.in_backward).
+Optimizer = Literal["adamw", "adam", "sgd", "sgd-momentum", "adafactor", "adamw-8bit", "adamw-8bit-paged"]
 Checkpointing = Literal["auto", CheckpointMode]  # the request: auto lets the planner choose the mode
 Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
@@ -92,6 +93,12 @@ class TrainingConfig(BaseModel):
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")
+    # Off by default and left out of the JSON, so plans made before it read the same (advisor.estimate.in_backward).
+    optimizer_in_backward: bool = Field(default=False, exclude_if=lambda on: not on,
+                                        description="Each parameter is stepped by a post-accumulate-grad hook as its "
+                                                    "gradient is ready, and the gradient freed (torchtune's "
+                                                    "optimizer_in_bwd): no full gradient buffer. One GPU, no "
+                                                    "gradient accumulation.")
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +129,9 @@ class TrainingConfig(BaseModel):
                 raise ValueError(
                     f"--global-batch {self.global_batch_size} is smaller than --micro-batch {self.micro_batch_size}"
                 )
+        if self.optimizer_in_backward and self.global_batch_size not in (None, self.micro_batch_size or self.global_batch_size):
+            raise ValueError("--optimizer-in-backward steps in backward and cannot accumulate gradients: give "
+                             f"--micro-batch equal to --global-batch {self.global_batch_size}")
         return self
 
     @property

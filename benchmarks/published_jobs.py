@@ -77,7 +77,9 @@ class Job(_Frozen):
     global_batch_size: int | None = Field(default=None, ge=1)
     gradient_accumulation_steps: int | None = Field(default=None, ge=1)
     precision: Literal["bf16-mixed", "bf16", "fp16-mixed", "fp32"]
-    optimizer: Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
+    optimizer: Literal["adamw", "adamw-8bit", "adamw-8bit-paged", "sgd", "adafactor"]
+    optimizer_in_backward: bool = Field(default=False, description="The step runs per parameter inside backward "
+                                        "(torchtune's optimizer_in_bwd).")
     optimizer_impl: Literal["fused", "foreach", "for-loop"] | None = None
     engine: Literal["torch", "deepspeed"]
     strategy: Literal["ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
@@ -125,6 +127,8 @@ def _fixed(job: Job) -> dict:
                    engine=job.engine)
     if job.optimizer_impl is not None:
         options["optimizer_impl"] = job.optimizer_impl
+    if job.optimizer_in_backward:
+        options["optimizer_in_backward"] = True
     if job.lora is not None:
         targets = job.lora.targets if isinstance(job.lora.targets, str) else tuple(job.lora.targets)
         options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)

@@ -105,6 +105,9 @@ class MemoryBreakdown(BaseModel):
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
+    paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
+                              description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
+                                          "advisor.estimate.in_backward); left out of the JSON when 0.")
     peak_moment: PeakMoment = Field(
         description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
                     "loss_backward, block_backward, end_of_backward (FSDP2, replicated full fine-tunes) or optimizer_step. "
@@ -282,12 +285,17 @@ def estimate_memory(
                                                           micro_batch_size=micro_batch_size)
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
-    return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params,
-                             **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
-                                                 checkpointing=checkpointing),
-                             kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
-                                                checkpointing=checkpointing))
+    memory = memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
+                               flat_param_bytes=flat_params,
+                               **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
+                                                   checkpointing=checkpointing),
+                               kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
+                                                  checkpointing=checkpointing))
+    if not states.paged or states.on_cpu or states.cpu_only_optimizer:
+        return memory
+    from advisor.estimate.in_backward import place_paged_state  # bitsandbytes' paged optimizer state
+
+    return place_paged_state(memory, states.paged, capacity_bytes=hardware.gpu_memory_bytes)
 
 
 def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate, *,
@@ -399,7 +407,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         gathered = acts.returned_logits_bytes * world
     gpu_params = 0 if states.on_cpu else states.params
     cpu_side = states.on_cpu or states.cpu_only_optimizer
-    gpu_opt = 0 if cpu_side else states.optimizer
+    gpu_opt = 0 if cpu_side else states.optimizer - states.paged  # paged state: advisor.estimate.in_backward
     gpu_grads = 0 if cpu_side else states.grads
     # DeepSpeed keeps a flat gradient buffer at rest; the torch engines allocate gradients in backward.
     rest_grads = gpu_grads if training.engine == "deepspeed" and not impl.shard_grads else 0
@@ -407,6 +415,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     # A loop that frees the previous step's gradients only before the backward (Lightning's closure) holds them
     # through the forward and the loss.
     stale = gpu_grads if training.recipe.zero_grad == "before_backward" and training.engine == "torch" else 0
+    stale = 0 if training.optimizer_in_backward else stale  # every gradient freed by its step in backward
     kv_forward, kv_loss = (kv_cache.end_of_forward, kv_cache.loss_backward) if kv_cache is not None else (0, 0)
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.

@@ -38,6 +38,7 @@ def optimizer_constructor(opt: Optimizer, impl: OptimizerImpl) -> str:
         "sgd-momentum": f"torch.optim.SGD(params, momentum={_SGD_MOMENTUM})",
         "adafactor": "transformers.optimization.Adafactor(params, scale_parameter=False, relative_step=False)",
         "adamw-8bit": "bitsandbytes.optim.AdamW8bit(params)",
+        "adamw-8bit-paged": "bitsandbytes.optim.PagedAdamW8bit(params)",
     }[opt]
 
 
@@ -56,6 +57,8 @@ def trainer_optim(opt: Optimizer, impl: OptimizerImpl) -> tuple[dict[str, Any], 
         return {"optim": "adafactor"}, None
     if opt == "adamw-8bit":
         return {"optim": "adamw_bnb_8bit"}, None
+    if opt == "adamw-8bit-paged":
+        return {"optim": "paged_adamw_8bit"}, None
     return {}, (f"The plan assumes {optimizer_constructor(opt, impl)}, which has no TrainingArguments optim name "
                 f"(the Trainer's default is adamw_torch_fused): build it in the script and pass "
                 f"Trainer(optimizers=(optimizer, None)).")

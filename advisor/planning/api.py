@@ -298,6 +298,12 @@ def plan(
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     training = _without_bf16(hw, training, notes)
+    if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
+        from advisor.estimate.in_backward import in_backward_problem
+
+        problem = in_backward_problem(training, world=hw.world_size)
+        if problem is not None:
+            raise ValueError(problem)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names,

@@ -129,9 +129,6 @@ class TrainingConfig(BaseModel):
                 raise ValueError(
                     f"--global-batch {self.global_batch_size} is smaller than --micro-batch {self.micro_batch_size}"
                 )
-        if self.optimizer_in_backward and self.global_batch_size not in (None, self.micro_batch_size or self.global_batch_size):
-            raise ValueError("--optimizer-in-backward steps in backward and cannot accumulate gradients: give "
-                             f"--micro-batch equal to --global-batch {self.global_batch_size}")
         return self
 
     @property

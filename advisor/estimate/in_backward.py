@@ -40,6 +40,10 @@ def in_backward_problem(training: TrainingConfig, *, world: int) -> str | None:
     if world > 1:
         return (f"--optimizer-in-backward is modelled on one GPU only (torchtune's single-device recipe), not "
                 f"{world} GPUs")
+    micro, total = training.micro_batch_size, training.global_batch_size
+    if micro is not None and total is not None and total != micro:
+        return (f"--optimizer-in-backward steps in backward and cannot accumulate gradients: --global-batch {total} "
+                f"needs --micro-batch {total}, not {micro}")
     if training.engine != "torch":
         return f"--optimizer-in-backward runs on the torch engine (torchtune), not --engine {training.engine}"
     return None

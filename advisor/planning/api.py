@@ -359,7 +359,8 @@ def plan(
         strategy=strategy, dp_blocked=dp_blocked)
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
-    smallest = None if recommendation else smallest_fit(
+    # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
+    smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:
         why.append(smallest.reason)

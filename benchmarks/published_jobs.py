@@ -243,9 +243,12 @@ def summary(verdicts: list[Verdict]) -> str:
     ratios = [v.speed_ratio for v in done if v.speed_ratio is not None]
     slower = [v.job.id for v in done if v.speed_ratio is not None and v.speed_ratio < 1]
     disagree = [v.job.id for v in done if v.offload_ok is False]
+    nothing = [v.job.id for v in done if v.offload_ok is None]  # nothing fits unpinned: no recommendation to judge
     text = (f"{len(verdicts)} jobs ({len(verdicts) - len(done)} skipped); judged to fit: "
-            f"{sum(bool(v.fits) for v in done)}/{len(done)}; offload agreement: {len(done) - len(disagree)}/{len(done)}; "
-            f"speed not slower: {len(ratios) - len(slower)}/{len(ratios)}")
+            f"{sum(bool(v.fits) for v in done)}/{len(done)}; offload agreement: "
+            f"{len(done) - len(disagree) - len(nothing)}/{len(done)}"
+            + (f" (nothing fits unpinned: {len(nothing)})" if nothing else "") +
+            f"; speed not slower: {len(ratios) - len(slower)}/{len(ratios)}")
     if ratios:
         text += f" (ratio ours/published min {min(ratios):.2f}, median {sorted(ratios)[len(ratios) // 2]:.2f}, max {max(ratios):.2f})"
     return text

@@ -25,6 +25,7 @@ after it. The fp32 absmax of each 8-bit state (``state["absmax1"]``, ``["absmax2
 
 from __future__ import annotations
 
+from advisor.frozen import validated_copy
 from advisor.estimate.states import ModelStates, largest_trainable_params, optimizer_step_temporary
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
@@ -56,7 +57,7 @@ def in_backward_states(spec: ModelSpec, training: TrainingConfig, states: ModelS
     step two of them; the fused and 8-bit steps none: ``states.optimizer_step_temporary``)."""
     largest = training.param_bytes * largest_trainable_params(spec, training)
     temp = optimizer_step_temporary(training, trainable_bytes=largest, largest_bytes=largest)
-    return states.model_copy(update={"grads": largest, "step_temporary": temp})
+    return validated_copy(states, {"grads": largest, "step_temporary": temp})
 
 
 def paged_state_bytes(spec: ModelSpec, training: TrainingConfig) -> int:
@@ -78,9 +79,9 @@ def place_paged_state(memory, paged_bytes: int, *, capacity_bytes: int):
     if not paged_bytes:
         return memory
     if memory.total + paged_bytes <= capacity_bytes:
-        return memory.model_copy(update={"runtime_overhead": memory.runtime_overhead + paged_bytes,
+        return validated_copy(memory, {"runtime_overhead": memory.runtime_overhead + paged_bytes,
                                          "outside_allocator": memory.outside_allocator + paged_bytes})
-    return memory.model_copy(update={"cpu_bytes": memory.cpu_bytes + paged_bytes, "paged_on_cpu": paged_bytes})
+    return validated_copy(memory, {"cpu_bytes": memory.cpu_bytes + paged_bytes, "paged_on_cpu": paged_bytes})
 
 
 def optimizer_notes(training: TrainingConfig) -> list[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
 from advisor.strategies import Implementation
@@ -166,7 +167,7 @@ def model_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         from advisor.estimate.in_backward import in_backward_states, paged_state_bytes
 
         share = world if impl.shard_optimizer else 1
-        states = states.model_copy(update={"paged": min(states.optimizer, -(-paged_state_bytes(spec, training) // share))})
+        states = validated_copy(states, {"paged": min(states.optimizer, -(-paged_state_bytes(spec, training) // share))})
         if training.optimizer_in_backward and not (impl.shard_params or impl.shard_optimizer):
             states = in_backward_states(spec, training, states)
     return states

@@ -77,6 +77,11 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
     """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
     row, recipe = get_format_row(fmt), training.recipe.name
     notes = []
+    if training.optimizer_in_backward:  # no format has a key for it (advisor.estimate.in_backward)
+        notes.append("The plan steps the optimizer in backward (--optimizer-in-backward): no file says it; in the "
+                     "script build one optimizer per parameter and a post-accumulate-grad hook that steps it and frees "
+                     "its gradient, as torchtune.training.register_optim_in_bwd_hooks does, or the run holds every "
+                     "gradient the plan did not count.")
     if recipe != row.recipe:
         notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "

@@ -39,3 +39,16 @@ def test_default_plan_has_no_new_key(capsys):
     code, out, _ = run_main(["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "1xA100", "--json"], capsys)
     assert code == 0
     assert "optimizer_in_backward" not in out and "paged_on_cpu" not in out
+
+
+@pytest.mark.parametrize("optim, ours", [("paged_adamw_8bit", "adamw-8bit-paged"), ("adamw_bnb_8bit", "adamw-8bit")])
+def test_trainer_paged_optimizer_names_map_to_ours(optim, ours):
+    """transformers' OptimizerNames: ``paged_adamw_8bit`` is bitsandbytes' PagedAdamW8bit (trainer_optimizer.py),
+    read by the Trainer callback and by --from as adamw-8bit-paged; ``adamw_bnb_8bit`` stays unpaged."""
+    from types import SimpleNamespace
+
+    from advisor.planning.config_trainer import _TRAINER_OPTIM
+    from wrappers.callbacks import _hf_optimizer
+
+    assert _hf_optimizer(SimpleNamespace(optim=optim)) == ours
+    assert _TRAINER_OPTIM[optim][0] == ours

@@ -260,9 +260,9 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # b86536f72b68, Llama bf16-mixed, down_proj's 106,496). The routed experts have no copy (grouped_mm).
     down_copy = training.compute_bytes * down if training.mixed and not training.low_precision_base and not moe else 0
     if training.optimizer_in_backward:  # each gradient is stepped and freed in its AccumulateGrad hook (in_backward)
-        # autograd runs AccumulateGrad first among ready nodes, so down_proj's and an untied head's are gone by the
-        # MLP's product rule; a tied head's waits in autograd's input buffer for the embedding's. Finished blocks
-        # leave no gradient.
+        # autograd runs AccumulateGrad first among ready nodes (its sequence_nr is UINT64_MAX: torch/csrc/autograd/
+        # node.h, NOTE [ Sequence Number ]), so down_proj's and an untied head's are gone by the MLP's product rule;
+        # a tied head's waits in autograd's input buffer for the embedding's. Finished blocks leave no gradient.
         live, layer_grads = (head if tied else 0), 0
     else:
         layer_grads = pb * layer

@@ -77,7 +77,9 @@ class Job(_Frozen):
     global_batch_size: int | None = Field(default=None, ge=1)
     gradient_accumulation_steps: int | None = Field(default=None, ge=1)
     precision: Literal["bf16-mixed", "bf16", "fp16-mixed", "fp32"]
-    optimizer: Literal["adamw", "adamw-8bit", "sgd", "adafactor"]
+    optimizer: Literal["adamw", "adamw-8bit", "adamw-8bit-paged", "sgd", "adafactor"]
+    optimizer_in_backward: bool = Field(default=False, description="The step runs per parameter inside backward "
+                                        "(torchtune's optimizer_in_bwd).")
     optimizer_impl: Literal["fused", "foreach", "for-loop"] | None = None
     engine: Literal["torch", "deepspeed"]
     strategy: Literal["ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
@@ -121,11 +123,14 @@ def hardware_of(job: Job) -> Hardware:
 
 
 def _fixed(job: Job) -> dict:
-    """What the user fixes: the mathematics of the job (unpinned plans keep only these)."""
+    """What the user fixes: the mathematics of the job and the code that runs it (its loss kernel, compile): the
+    planner does not choose those, it names them as remedies. Unpinned plans keep only these."""
     options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=job.recipe,
-                   engine=job.engine, compile=job.compile)
+                   engine=job.engine, compile=job.compile, loss=job.loss)
     if job.optimizer_impl is not None:
         options["optimizer_impl"] = job.optimizer_impl
+    if job.optimizer_in_backward:
+        options["optimizer_in_backward"] = True
     if job.lora is not None:
         targets = job.lora.targets if isinstance(job.lora.targets, str) else tuple(job.lora.targets)
         options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)
@@ -242,9 +247,12 @@ def summary(verdicts: list[Verdict]) -> str:
     ratios = [v.speed_ratio for v in done if v.speed_ratio is not None]
     slower = [v.job.id for v in done if v.speed_ratio is not None and v.speed_ratio < 1]
     disagree = [v.job.id for v in done if v.offload_ok is False]
+    nothing = [v.job.id for v in done if v.offload_ok is None]  # nothing fits unpinned: no recommendation to judge
     text = (f"{len(verdicts)} jobs ({len(verdicts) - len(done)} skipped); judged to fit: "
-            f"{sum(bool(v.fits) for v in done)}/{len(done)}; offload agreement: {len(done) - len(disagree)}/{len(done)}; "
-            f"speed not slower: {len(ratios) - len(slower)}/{len(ratios)}")
+            f"{sum(bool(v.fits) for v in done)}/{len(done)}; offload agreement: "
+            f"{len(done) - len(disagree) - len(nothing)}/{len(done)}"
+            + (f" (nothing fits unpinned: {len(nothing)})" if nothing else "") +
+            f"; speed not slower: {len(ratios) - len(slower)}/{len(ratios)}")
     if ratios:
         text += f" (ratio ours/published min {min(ratios):.2f}, median {sorted(ratios)[len(ratios) // 2]:.2f}, max {max(ratios):.2f})"
     return text

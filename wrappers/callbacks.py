@@ -28,7 +28,8 @@ from advisor.training import TrainingConfig
 from advisor.units import GIB
 from wrappers import measured
 
-_HF_OPTIMIZERS = (("8bit", "adamw-8bit"), ("adafactor", "adafactor"), ("sgd", "sgd"), ("adam", "adamw"))
+_HF_OPTIMIZERS = (("paged_adamw_8bit", "adamw-8bit-paged"), ("8bit", "adamw-8bit"), ("adafactor", "adafactor"),
+                  ("sgd", "sgd"), ("adam", "adamw"))
 _DEFAULT_SEQ_LEN = 2048
 
 

@@ -92,6 +92,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "or deepspeed; sets the optimizer implementation, frozen-base dtype, loss and engine."),
     click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
                  help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
+    click.option("--optimizer-in-backward", "optimizer_in_backward", is_flag=True, default=None,
+                 help="Step each parameter in backward as its gradient is ready and free the gradient (torchtune's "
+                      "optimizer_in_bwd): no full gradient buffer. One GPU, no gradient accumulation."),
     click.option("--fsdp-version", type=click.IntRange(1, 2), help="FSDP the sharded torch strategies run: 2 "
                  "(fully_shard, default) or 1 (FullyShardedDataParallel, flat parameters: accelerate's default). "
                  "wrap() and the exports apply FSDP2."),
@@ -165,6 +168,7 @@ _TRAINING_FIELDS = {
     "activation_checkpointing": "activation_checkpointing",
     "recipe": "recipe",
     "optimizer_impl": "optimizer_impl",
+    "optimizer_in_backward": "optimizer_in_backward",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",

@@ -106,6 +106,9 @@ class MemoryBreakdown(BaseModel):
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
+    paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
+                              description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
+                                          "advisor.estimate.in_backward); left out of the JSON when 0.")
     peak_moment: PeakMoment = Field(
         description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
                     "loss_backward, block_backward, end_of_backward (FSDP2, replicated full fine-tunes) or optimizer_step. "
@@ -288,7 +291,8 @@ def estimate_memory(
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
-                                                checkpointing=checkpointing))
+                                                checkpointing=checkpointing),
+                             capacity_bytes=hardware.gpu_memory_bytes)
 
 
 def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate, *,
@@ -379,7 +383,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
                       loss_kept: int = 0, processes: int | None = None,
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
-                      saved_head_grad: int = 0) -> MemoryBreakdown:
+                      saved_head_grad: int = 0, capacity_bytes: int | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -391,7 +395,9 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``). ``last_block_acts``:
     the activations live at the last block's forward (``last_block_activations``; None: not estimated).
     ``saved_head_grad``: the part of ``acts.saved_bytes`` that is a tied head's gradient, made by the loss
-    backward (``traced.saved_head_gradient``): not there yet when that backward begins."""
+    backward (``traced.saved_head_gradient``): not there yet when that backward begins. ``capacity_bytes``: the
+    GPU's memory, where bitsandbytes' paged optimizer state is placed (``in_backward.place_paged_state``); None
+    counts it on the device."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -400,7 +406,10 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         gathered = acts.returned_logits_bytes * world
     gpu_params = 0 if states.on_cpu else states.params
     cpu_side = states.on_cpu or states.cpu_only_optimizer
-    gpu_opt = 0 if cpu_side else states.optimizer
+    # Paged state (advisor.estimate.in_backward) is placed after the moments, where the GPU's capacity is known;
+    # without it (mesh and pipeline estimates) it is counted as device memory, an upper bound.
+    paged = states.paged if capacity_bytes is not None and not cpu_side else 0
+    gpu_opt = 0 if cpu_side else states.optimizer - paged
     gpu_grads = 0 if cpu_side else states.grads
     # DeepSpeed keeps a flat gradient buffer at rest; the torch engines allocate gradients in backward.
     rest_grads = gpu_grads if training.engine == "deepspeed" and not impl.shard_grads else 0
@@ -408,6 +417,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     # A loop that frees the previous step's gradients only before the backward (Lightning's closure) holds them
     # through the forward and the loss.
     stale = gpu_grads if training.recipe.zero_grad == "before_backward" and training.engine == "torch" else 0
+    stale = 0 if training.optimizer_in_backward else stale  # every gradient freed by its step in backward
     kv_forward, kv_loss = (kv_cache.end_of_forward, kv_cache.loss_backward) if kv_cache is not None else (0, 0)
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.
@@ -454,7 +464,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         cpu = states.grads + states.optimizer + states.step_temporary
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes)  # one process: no NCCL
-    return MemoryBreakdown(
+    memory = MemoryBreakdown(
         **parts,
         runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + context,
         outside_allocator=context,
@@ -466,6 +476,11 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         states_on_cpu="all" if states.on_cpu else ("optimizer" if states.cpu_only_optimizer else "none"),
         **{f"at_{name}": sum(live.values()) for name, live in moments.items()},
     )
+    if not paged:
+        return memory
+    from advisor.estimate.in_backward import place_paged_state  # bitsandbytes' paged optimizer state
+
+    return place_paged_state(memory, paged, capacity_bytes=capacity_bytes)
 
 
 def _flat_bytes(parts: dict[str, int], moment: str, training: TrainingConfig, impl: Implementation,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.frozen import validated_copy
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
 from advisor.strategies import Implementation
@@ -44,6 +45,8 @@ class ModelStates(BaseModel):
     step_temporary: int = Field(description="Optimizer-step temporaries on the device that steps.")
     on_cpu: bool = Field(description="Sharded states live on the CPU (offload).")
     cpu_only_optimizer: bool = Field(default=False, description="Only optimizer-side states are on the CPU.")
+    paged: int = Field(default=0, ge=0, description="Part of optimizer in CUDA managed memory (bitsandbytes' paged "
+                                                    "optimizers), outside the caching allocator (in_backward).")
 
 
 def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_bytes: int) -> int:
@@ -56,7 +59,7 @@ def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_by
         return state_bytes * t
     if opt == "sgd":
         return 0
-    if opt == "adamw-8bit":
+    if opt in ("adamw-8bit", "adamw-8bit-paged"):
         return 2 * t + t // 256  # two 8-bit states + fp32 absmax per 2048-element block (bitsandbytes)
     # Adafactor: factored second moment, one row and one column vector per matrix (Shazeer & Stern 2018).
     width = spec.hidden_size or 4096
@@ -159,6 +162,12 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
 
 
 def model_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
-    if training.engine == "deepspeed":
-        return _deepspeed_states(spec, training, impl, world)
-    return _torch_states(spec, training, impl, world)
+    states = (_deepspeed_states if training.engine == "deepspeed" else _torch_states)(spec, training, impl, world)
+    if training.optimizer_in_backward or training.optimizer == "adamw-8bit-paged":  # advisor.estimate.in_backward
+        from advisor.estimate.in_backward import in_backward_states, paged_state_bytes
+
+        share = world if impl.shard_optimizer else 1
+        states = validated_copy(states, {"paged": min(states.optimizer, -(-paged_state_bytes(spec, training) // share))})
+        if training.optimizer_in_backward and not (impl.shard_params or impl.shard_optimizer):
+            states = in_backward_states(spec, training, states)
+    return states

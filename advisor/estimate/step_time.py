@@ -349,8 +349,11 @@ def estimate_step_time(
     checkpointing: bool,
     gradient_accumulation_steps: int = 1,
     efficiency: EfficiencyProfile | None = None,
+    paged_on_cpu_bytes: int = 0,
 ) -> StepTime:
-    """Seconds of one optimizer step, split into compute, communication and offload (module docstring)."""
+    """Seconds of one optimizer step, split into compute, communication and offload (module docstring).
+    ``paged_on_cpu_bytes``: paged optimizer state the memory estimate evicted to CPU RAM
+    (``MemoryBreakdown.paged_on_cpu``), moved in and out over PCIe every step, not overlapped."""
     if micro_batch_size < 1 or gradient_accumulation_steps < 1:
         raise ValueError("micro-batch size and gradient accumulation steps must be at least 1")
     eff = efficiency or load_efficiency()
@@ -384,12 +387,18 @@ def estimate_step_time(
         comm_exposed = comm.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
     offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
+    paged_s = pcie_s(2 * paged_on_cpu_bytes, hardware, eff)  # advisor.estimate.in_backward: in and out, exposed
+    offload_exposed += paged_s
     optimizer = _optimizer_s(spec, hardware, training, impl, eff)
     compute = accumulation * (fwd_s + bwd_s)
     step = compute + comm_exposed + offload_exposed + optimizer
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note, f8[2]) if n]
+    if paged_s:
+        from advisor.estimate.in_backward import paged_traffic_note
+
+        notes.append(paged_traffic_note(paged_on_cpu_bytes, paged_s))
     if deq_fwd:
         notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:
@@ -410,7 +419,7 @@ def estimate_step_time(
                      f"{eff.compute.default_max_utilisation:.0%} of peak for large matmuls")
     return StepTime(
         compute_s=compute, communication_s=comm.total_s(accumulation), exposed_communication_s=comm_exposed,
-        offload_s=pcie.total_s(accumulation) + cpu_step, exposed_offload_s=offload_exposed, optimizer_s=optimizer,
+        offload_s=pcie.total_s(accumulation) + cpu_step + paged_s, exposed_offload_s=offload_exposed, optimizer_s=optimizer,
         step_s=step, micro_batch_size=micro_batch_size, gradient_accumulation_steps=accumulation,
         world_size=hardware.world_size, tokens_per_gpu=tokens_gpu, tokens_per_s=tokens_gpu * hardware.world_size / step,
         model_flops_per_gpu=model_flops, hardware_flops_per_gpu=flops.hardware * accumulation, peak_tflops=peak,

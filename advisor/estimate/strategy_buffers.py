@@ -155,6 +155,8 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
     cast_back = training.mixed and not training.low_precision_base
     backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(
         spec, pb, cast_back or tied_sum_in_place(training))
+    if training.optimizer_in_backward:  # every other gradient already stepped and freed (advisor.estimate.in_backward)
+        grads_end = 0
     if not training.mixed:
         return StrategyBuffers(persistent=buckets, at_loss=0, in_backward=0, at_backward_end=backward_end,
                                grads_at_backward_end=grads_end)
@@ -257,8 +259,15 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     # gradient (read on the simulated step: sweep 99301ffaf053, Phi fp16-mixed, fc2's 2,097,152 bytes gone there;
     # b86536f72b68, Llama bf16-mixed, down_proj's 106,496). The routed experts have no copy (grouped_mm).
     down_copy = training.compute_bytes * down if training.mixed and not training.low_precision_base and not moe else 0
+    if training.optimizer_in_backward:  # each gradient is stepped and freed in its AccumulateGrad hook (in_backward)
+        # autograd runs AccumulateGrad first among ready nodes (its sequence_nr is UINT64_MAX: torch/csrc/autograd/
+        # node.h, NOTE [ Sequence Number ]), so down_proj's and an untied head's are gone by the MLP's product rule;
+        # a tied head's waits in autograd's input buffer for the embedding's. Finished blocks leave no gradient.
+        live, layer_grads = (head if tied else 0), 0
+    else:
+        layer_grads = pb * layer
     return validated_copy(buffers, dict(in_backward=buffers.in_backward + pb * live - down_copy,
-                                          per_block_done=pb * layer - casts,
+                                          per_block_done=layer_grads - casts,
                                           num_blocks=n_layers,
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
 

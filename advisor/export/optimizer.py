@@ -38,6 +38,7 @@ def optimizer_constructor(opt: Optimizer, impl: OptimizerImpl) -> str:
         "sgd-momentum": f"torch.optim.SGD(params, momentum={_SGD_MOMENTUM})",
         "adafactor": "transformers.optimization.Adafactor(params, scale_parameter=False, relative_step=False)",
         "adamw-8bit": "bitsandbytes.optim.AdamW8bit(params)",
+        "adamw-8bit-paged": "bitsandbytes.optim.PagedAdamW8bit(params)",
     }[opt]
 
 
@@ -56,6 +57,8 @@ def trainer_optim(opt: Optimizer, impl: OptimizerImpl) -> tuple[dict[str, Any], 
         return {"optim": "adafactor"}, None
     if opt == "adamw-8bit":
         return {"optim": "adamw_bnb_8bit"}, None
+    if opt == "adamw-8bit-paged":
+        return {"optim": "paged_adamw_8bit"}, None
     return {}, (f"The plan assumes {optimizer_constructor(opt, impl)}, which has no TrainingArguments optim name "
                 f"(the Trainer's default is adamw_torch_fused): build it in the script and pass "
                 f"Trainer(optimizers=(optimizer, None)).")
@@ -74,6 +77,11 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
     """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
     row, recipe = get_format_row(fmt), training.recipe.name
     notes = []
+    if training.optimizer_in_backward:  # no format has a key for it (advisor.estimate.in_backward)
+        notes.append("The plan steps the optimizer in backward (--optimizer-in-backward): no file says it; in the "
+                     "script build one optimizer per parameter and a post-accumulate-grad hook that steps it and frees "
+                     "its gradient, as torchtune.training.register_optim_in_bwd_hooks does, or the run holds every "
+                     "gradient the plan did not count.")
     if recipe != row.recipe:
         notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "

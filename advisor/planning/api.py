@@ -300,6 +300,12 @@ def plan(
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
+    if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
+        from advisor.estimate.in_backward import in_backward_problem
+
+        problem = in_backward_problem(training, world=hw.world_size)
+        if problem is not None:
+            raise ValueError(problem)
     dp_blocked = None  # data parallelism alone cannot split the global batch: only a mesh can
     names = [get_strategy(strategy).name] if strategy else list(STRATEGIES)
     trace_with = dict(cache_dir=cache_dir, notes=notes, trust_remote_code=trust_remote_code, names=names,
@@ -355,7 +361,8 @@ def plan(
         strategy=strategy, dp_blocked=dp_blocked)
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
-    smallest = None if recommendation else smallest_fit(
+    # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
+    smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
     if smallest is not None:
         why.append(smallest.reason)

@@ -203,6 +203,8 @@ def _micro_batch_choices(training: TrainingConfig, world: int) -> list[int]:
     if training.global_batch_size is None:
         return list(range(AUTO_MICRO_BATCH_CAP, 0, -1))
     per_rank = training.global_batch_size // world
+    if training.optimizer_in_backward:  # no gradient accumulation (advisor.estimate.in_backward)
+        return [per_rank]
     return [m for m in range(min(per_rank, AUTO_MICRO_BATCH_CAP), 0, -1) if per_rank % m == 0]
 
 
@@ -242,6 +244,9 @@ def evaluate_candidate(
     stages: dict[tuple[int, str], object] = {}  # pipeline meshes: every rank's memory (advisor.estimate.pipeline)
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
+    if training.optimizer_in_backward and not runs_plain(impl, hardware.world_size):  # advisor.estimate.in_backward
+        return Candidate(**base, available=False, unavailable_reason="--optimizer-in-backward runs on the plain model "
+                         "of one GPU (torchtune's single-device recipe), not under " + impl.runs_as)
     quantized_reason = quantization_unavailable(impl, training.quantize)
     if quantized_reason is not None:
         return Candidate(**base, available=False, unavailable_reason=quantized_reason)
@@ -299,7 +304,8 @@ def evaluate_candidate(
             return estimate_mesh_step_time(spec, hardware, at[mode], impl, mesh, micro_batch_size=micro,
                                            checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
         return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
-                                  checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
+                                  checkpointing=mode != "off", gradient_accumulation_steps=accumulation,
+                                  paged_on_cpu_bytes=memory(micro, mode).paged_on_cpu)
 
     def fits(mem: MemoryBreakdown, mode: str, limit: float = capacity) -> bool:
         if span(mem, mode).at(training.margin) > limit:  # --margin picks the end

@@ -19,7 +19,8 @@ from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside,
 
 _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
-    "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None), "paged_adamw_8bit": ("adamw-8bit", None),
+    "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
+    "paged_adamw_8bit": ("adamw-8bit-paged", None),
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 

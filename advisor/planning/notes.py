@@ -168,6 +168,10 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training, hw.world_size))
+    if training.optimizer_in_backward or training.optimizer == "adamw-8bit-paged":  # advisor.estimate.in_backward
+        from advisor.estimate.in_backward import optimizer_notes
+
+        notes.extend(optimizer_notes(training))
     if "use_cache" in training.model_fields_set or training.recipe.kv_cache:  # default plans read as before
         notes.append(kv_cache_note(training.keeps_kv_cache, spec.kv_cache_values_own_dtype))
     if training.compile:  # advisor.estimate.compile_time

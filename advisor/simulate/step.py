@@ -160,6 +160,8 @@ def simulate(
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)
+        if training.optimizer_in_backward:  # torchtune's register_optim_in_bwd_hooks (advisor.estimate.in_backward)
+            _step_in_backward(net, opt)
         ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
         labels = ids  # an encoder-decoder's decoder reads its own length (--target-len)
         if training.target_len and getattr(meta.config, "is_encoder_decoder", False):
@@ -289,12 +291,26 @@ def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Imple
         loss.backward()
         del loss
         mark("backward")
-        opt.step()
+        if not training.optimizer_in_backward:  # else each parameter stepped in its hook (_step_in_backward)
+            opt.step()
         if not late_zero_grad:
             opt.zero_grad(set_to_none=True)
         mark("optimizer_step")
 
     return step
+
+
+def _step_in_backward(net: Any, opt: Any) -> None:
+    """Step each parameter in its post-accumulate-grad hook and free its gradient, as torchtune's
+    ``register_optim_in_bwd_hooks`` does (one optimizer per parameter there; here one optimizer whose step
+    finds only this parameter's gradient, every other one freed already: the same kernels over one tensor)."""
+    def step_one(param: Any) -> None:
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for param in unique_params(net):
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(step_one)
 
 
 def _recorder(net: Any, tracker: Any, impl: Implementation, world_size: int) -> Any:

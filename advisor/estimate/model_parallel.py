@@ -172,6 +172,13 @@ def _tp_shape(spec: ModelSpec, tp: int) -> ActivationShape:
                                         intermediate_size=ceil_div(shape.intermediate_size, tp)))
 
 
+def _mlp_saving(shape: ActivationShape, wide: int) -> ActivationShape:
+    """``shape`` with an MLP width whose gated count (four tensors of that width a block) saves what ``wide``
+    tensors of the real width do (``profiles/tensor_parallel.json`` mlp_wide_saved): only read for the share
+    TP takes off a traced profile."""
+    return validated_copy(shape, dict(intermediate_size=ceil_div(shape.intermediate_size * wide, 4)))
+
+
 def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, mesh: ParallelDims, *,
                      micro_batch_size: int, checkpointing: bool, loss_parallel: bool | None = None,
                      sequence_parallel: bool | None = None) -> ActivationEstimate:
@@ -211,6 +218,15 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
         copied = spec.model_type in facts.attention_output_copied
         tokens = micro_batch_size * rank_len
         attention_copy = tokens * shape.num_attention_heads * shape.head_dim * dt.compute if copied else 0
+        wide = facts.mlp_wide_saved.get(spec.model_type or "")
+        if wide:  # an MLP that saves `wide` tensors of its inner width, not the count's gated four: TP takes those off
+            whole, est = (estimate_activations(_mlp_saving(s, wide), dt, micro_batch_size=micro_batch_size,
+                                               seq_len=rank_len, checkpointing=checkpointing,
+                                               eager=training.attention == "eager", loss_kernel=training.loss,
+                                               selective=selective, kept_width=k, kept_tail_width=t, head_grads=g)
+                          for s, k, t, g in ((shape, kept, tail, True),
+                                             (_tp_shape(spec, tp), kept_rank, tail_rank,
+                                              tp == 1 or not vocab_parallel(spec))))
         est = split_traced(activations_from_profile(profile, num_layers=spec.num_layers,
                                                     micro_batch_size=micro_batch_size, vocab_size=spec.vocab_size or 0,
                                                     hidden_size=spec.hidden_size or 0,

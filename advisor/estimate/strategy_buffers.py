@@ -11,6 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
+from advisor.estimate.fsdp2_one_rank import unshard_copy_bytes
 from advisor.estimate.states import FP32
 from advisor.frozen import validated_copy
 from advisor.model.spec import ModelSpec
@@ -110,38 +111,46 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         h2d = pb * layer // world if impl.offload_params else 0
         dim1 = training.recipe.shard_experts_on_dim1
         pad = expert_shard_padding(spec, world, dim1=dim1)  # unsharded experts: world x ceil(E/world) rows
-        if impl.reshard_after_forward:
-            # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
-            # block's backward, that block is unsharded and the next one is being gathered.
-            at_loss, blocks_bwd = ub * (layer + pad), 2 * ub * (layer + pad)
-        else:
-            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
-            moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
-            at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving + moe_layers * pad)
         block_t, root_t = _trainable_split(spec, layer, n_layers)
         # Backward of one block: the gradients of its trainable weights (param dtype) and their
         # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
         per_block_t = layer if root_t >= outside else min(layer, -(-block_t // n_layers))
+        # An all-gather output: the root's, a block's. A shard group of one rank gathers nothing, only copies each
+        # parameter into its unsharded tensor, casting the one it is at (fsdp2_one_rank).
+        gathers = world > 1
+        ag_root, ag_block = (root, ub * (layer + pad)) if gathers else (0, 0)
+        root_copy, block_copy = (0, 0) if gathers else unshard_copy_bytes(
+            spec, training, ub=ub, root_trainable=root_t, block_trainable=per_block_t, outside=outside, layer=layer)
+        if impl.reshard_after_forward:
+            # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
+            # block's backward, that block is unsharded and the next one is being gathered.
+            held, at_loss, blocks_bwd = ub * (layer + pad), ag_block, ub * (layer + pad) + ag_block
+        else:
+            # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
+            moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
+            held = at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving + moe_layers * pad)
         grads = (ub + reduce_b) * per_block_t
         # The first block's forward: the root unsharded and its all-gather output not yet freed (FSDP2
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
-        # wait_for_unshard), the block's all-gather output and its copy-out.
-        forward_start = 2 * root + 2 * ub * layer + h2d
+        # wait_for_unshard), the block's all-gather output and its copy-out. One rank: the root's copy-in
+        # or the block's, beside the unsharded root.
+        forward_start = (root + ag_root + 2 * ub * layer if gathers else root + max(root_copy, ub * layer + block_copy)) + h2d
         # A later block's forward: FSDP2 frees the previous all-gather's output only after this block's copy-out
         # (wait_for_unshard clears comm_ctx.all_gather_state, but its local prev_all_gather_state keeps the
         # result until it returns), so the copy-out holds the previous block's all-gather output, this block's
-        # and its unsharded copy, beside the unsharded root and, under ZeRO-2, every block before it: what the
-        # loss holds (at_loss) and two all-gather outputs more. The last block's is the largest (the most saved).
-        last_block_forward = root + at_loss + 2 * ub * (layer + pad) + h2d if n_layers > 1 else None
+        # and its unsharded copy, beside the unsharded root and, under ZeRO-2, every block before it (held):
+        # two all-gather outputs more. The last block's is the largest (the most saved). One rank: its copy-in.
+        last_block_forward = (root + held + (2 * ag_block if gathers else block_copy) + h2d
+                              if n_layers > 1 else None)
         # ZeRO-3 asks fully_shard(reshard_after_forward=True) of the root too, which torch >= 2.8 respects
         # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
-        # unsharded copy (the output is freed before the last block's prefetch).
-        backward_start = 2 * root + h2d if impl.reshard_after_forward else None
+        # unsharded copy (the output is freed before the last block's prefetch); one rank: its copy-in.
+        backward_start = root + (ag_root if gathers else root_copy) + h2d if impl.reshard_after_forward else None
         # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
         # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is
         # gone by the loss's backward (the root's pre-backward). ZeRO-3 frees it when the block reshards.
-        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + ub * layer
+        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + (ub * layer if gathers else 0)
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
@@ -242,6 +251,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         # unsharded parameters and reduce-scatter input
         padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)
         resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
+        no_prefetch = no_prefetch if world > 1 else 0  # one rank prefetches nothing (fsdp2_one_rank)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,

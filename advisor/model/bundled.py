@@ -105,6 +105,8 @@ class TensorParallelFacts(_Frozen):
                                                         "block whose outputs selective checkpointing keeps.")
     attention_output_copied: frozenset[str] = Field(default=frozenset(), description="Traced families whose "
                                                     "o_proj saves a copy of SDPA's output (partial rotary's cat).")
+    mlp_wide_saved: dict[str, int] = Field(default_factory=dict, description="Traced families whose MLP is not "
+                                           "gated: tensors of its inner width a block saves (the count lists four).")
 
 
 @functools.cache

@@ -191,10 +191,11 @@ def test_fitting_candidates_carry_step_time():
 def test_gpu_only_plan_before_offload_on_either_side_of_the_default():
     """Issue 19: Qwen2.5-7B LoRA 16 in pure bf16 on one RTX 4090. The size default, zero3, does not fit
     (FSDP's gathered units and its buffers on top of a whole model on one GPU), ddp does: the plan
-    recommended zero3_offload because the escalation only looked past the default. context_gib=1.0 (the
-    multi-GPU figure, given): with one GPU's default 0.5 GiB zero3 fits at 100% and the headroom policy,
-    not the escalation, picks ddp."""
-    p = plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, precision="bf16", context_gib=1.0)
+    recommended zero3_offload because the escalation only looked past the default. context_gib=1.25: one
+    GPU's FSDP2 copies its parameters without all-gather buffers (advisor.estimate.fsdp2_one_rank), so zero3
+    fits at 1.0 GiB (100%) and at one GPU's default 0.5 GiB, where the headroom policy, not the escalation,
+    picks ddp; 1.25 GiB keeps zero3 out and ddp in."""
+    p = plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, precision="bf16", context_gib=1.25)
     assert not p.candidate("zero3").fits and p.candidate("ddp").fits
     assert p.recommendation.strategy in ("ddp", "zero1", "zero2")
     assert any(line.startswith("fell back to") for line in p.why)

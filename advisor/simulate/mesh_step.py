@@ -60,7 +60,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
 
     from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                            fake_process_group, unpacked_batches)
-    from advisor.simulate.measure import breakdown
+    from advisor.simulate.measure import breakdown, dora_weight_unhooked
     from advisor.simulate.model import (build_optimizer, materialize, meta_model, net_vocab, resolve_config,
                                         unique_params)
     from wrappers.blocks import find_blocks
@@ -78,7 +78,8 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
         meshes = build_meshes(dims, device_type="cpu")
         # The contexts simulate() runs under: CUDA's autocast fp32 list, CUDA's dropout, SDPA kernel and
         # gradient sums, and no packed-sequence guess from fake position ids (which would build an s x s mask).
-        with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout(), cuda_kernels():
+        with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout(), cuda_kernels(), \
+                dora_weight_unhooked():
             materialize(net, device="cpu", real=False)
             net.train()
             apply_tensor_parallel(net, meshes.tp)

@@ -58,8 +58,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
-from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, live_bytes, peak_total,
-                                      skip_frozen_grad_hooks, top_modules)
+from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, dora_weight_unhooked, live_bytes,
+                                      peak_total, skip_frozen_grad_hooks, top_modules)
 from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
                                     unique_params)
 from advisor.simulate.timeline import Timeline
@@ -156,7 +156,7 @@ def simulate(
     tell("build")
     meta = meta_model(cfg, training)
     with fake_process_group(world_size), fake, cuda_autocast_policy(training), unpacked_batches(), \
-            cuda_dropout(), cuda_kernels():
+            cuda_dropout(), cuda_kernels(), dora_weight_unhooked():
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.estimate.activations_encdec_recompute import recompute_peak_bytes
 from advisor.precision import FP32
 
 BOOL = 1
@@ -186,12 +187,20 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
                + src * 2 * cb * n + _bias_bytes(shape, dt, tgt_len, eager))
         outside = _outside(shape, dt, src=src, tgt=tgt, src_len=src_len, tgt_len=tgt_len, eager=eager)
     layer = max(enc, dec)
+    freed = recompute_end = mlp_freed = 0
     if checkpointing:  # each block keeps its input (T5Block is a GradientCheckpointingLayer)
         kept = _bart_residual(dt) if adapters is not None and facts.kind == "bart" else dt.residual
         saved = kept * h * (n_enc * src + n_dec * tgt) + outside
-        if adapters is not None and eager and facts.kind == "t5":  # each stack's position bias with its mask added
-            # (b, heads, s, s), made by its first block and an input of every later block's checkpoint, kept
-            saved += cb * b * shape.num_attention_heads * (src_len * src_len + tgt_len * tgt_len)
+        if adapters is not None:
+            extra, freed, (enc_peak, dec_peak), mlp_freed = _frozen_checkpointed(
+                shape, dt, adapters, micro_batch_size=b, src_len=src_len, tgt_len=tgt_len, eager=eager,
+                top_stack="decoder" if dec >= enc else "encoder")
+            saved += extra
+            # The encoder's blocks run their backward after the decoder's: by then only their own inputs, their
+            # stack's position bias (T5) and the labels are kept; the rest of what the decoder read is gone.
+            at_encoder = kept * h * n_enc * src + tgt * INT64 + (
+                dt.residual * shape.num_attention_heads * src_len * src_len if facts.kind == "t5" else 0)
+            recompute_end = max(0, dec_peak - layer, enc_peak - layer - (saved - freed - at_encoder))
     else:
         saved = n_enc * enc + n_dec * dec + outside
     # CrossEntropyLoss on the logits as they are: under autocast CUDA runs it in fp32 on an fp32 copy.
@@ -208,7 +217,36 @@ def estimate_encdec_activations(shape: Any, dt: Any, *, micro_batch_size: int, s
         backward_temp += cb * b * shape.num_attention_heads * max(src_len, tgt_len) ** 2
     return dict(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                 recompute_bytes=layer if checkpointing else 0, backward_temp_bytes=backward_temp,
-                returned_logits_bytes=tgt * V * cb)
+                returned_logits_bytes=tgt * V * cb, outside_freed_bytes=freed, recompute_end_bytes=recompute_end,
+                mlp_freed_bytes=mlp_freed)
+
+
+def _frozen_checkpointed(shape: Any, dt: Any, ad: Any, *, micro_batch_size: int, src_len: int, tgt_len: int,
+                         eager: bool, top_stack: str) -> tuple[int, int, tuple[int, int], int]:
+    """A checkpointed frozen base: (kept beyond the blocks' inputs and ``frozen_encdec_parts``' outside, the part of
+    that outside its blocks' backward finds freed, the recomputation's peaks (encoder, decoder), what the larger block
+    (``top_stack``'s) has freed by its feed-forward's gradients: its last dropout's mask, BART's last LayerNorm input
+    and the ``wo`` / ``fc2`` adapters' tensors, whose backward runs first). Read op by op on the
+    simulated step (T5 eager, BART SDPA, tests/estimate/test_encdec_lora_ckpt.py): every later block's checkpoint
+    holds its stack's relative position bias (the frozen embedding's (s, s, heads) output, in the base's dtype), the
+    decoder's causal mask ((b, 1, t, t): T5 eager, float in the base's dtype; BART SDPA, bool) and T5's zero cross-
+    attention bias ((1, heads, t, s), compute dtype; SDPA's is counted with the outside already). The decoder's
+    final norm and dropout mask (T5) go with their backward, before any block's."""
+    b, heads, h = micro_batch_size, shape.num_attention_heads, shape.hidden_size
+    tgt, t5 = b * tgt_len, shape.encdec.kind == "t5"
+    mask = dt.residual * b * tgt_len * tgt_len if eager else BOOL * b * tgt_len * tgt_len
+    kept = mask
+    if t5:  # (SDPA T5 not measured: the CPU simulator runs the math kernel; its zero bias is in the outside)
+        kept += dt.residual * heads * (src_len * src_len + tgt_len * tgt_len)
+        kept += dt.compute * heads * tgt_len * src_len if eager else 0
+    freed = tgt * (_frozen_t5_norm(h, dt) + BOOL * h) if t5 else 0
+    residual = dt.residual if t5 else _bart_residual(dt)
+    peaks = recompute_peak_bytes(shape, dt, ad, micro_batch_size=b, src_len=src_len, tgt_len=tgt_len, eager=eager,
+                                adapters=_adapter_bytes, weight_casts=_weight_casts, residual=residual)
+    last = [i for i in ad.inputs if i[1].startswith(f"{top_stack}:") and i[1].split(".")[-1] in ("wo", "fc2")]
+    tokens = b * (tgt_len if top_stack == "decoder" else src_len)
+    mlp_freed = tokens * (BOOL * h + (0 if t5 else residual * h) + (_adapter_bytes(dt, ad, last) if last else 0))
+    return kept, freed, peaks, mlp_freed
 
 
 # -- LoRA on a frozen base ---------------------------------------------------------------------------------------

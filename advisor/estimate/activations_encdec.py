@@ -41,7 +41,7 @@ for BERT), the feed-forward's input (the first LayerNorm's output), fc1's output
 GELU's output (saved by fc2; with activation dropout its mask and the dropped copy instead), fc2's
 dropout mask; a block's last LayerNorm output is the next block's input.
 
-LoRA on a frozen base (PEFT's adapters; ``frozen_encdec_parts``, relu T5 and BART, LoRA not DoRA): what the input
+LoRA on a frozen base (PEFT's adapters; ``frozen_encdec_parts``, relu and gated T5 and BART, LoRA not DoRA): what the input
 gradients need and each adapter's tensors, the stacks' first blocks less (their input is the frozen embedding's),
 BART's residual in fp32 under autocast. Checked against the simulated step in ``tests/estimate/test_encdec_lora.py``
 without checkpointing (within 2%). Under checkpointing the recomputed block's forward locals are not counted: on
@@ -62,6 +62,9 @@ INT64 = 8
 BART_NOTE = ("encoder-decoder (BART): encoder blocks over --seq-len, decoder blocks (self-attention, cross-attention, "
              "feed-forward) over --target-len; attention dropout is taken as 0 (a GPU's SDPA kernels keep no mask "
              "for it; eager attention with attention dropout would add a mask and a copy per score)")
+ENCDEC_DORA_REFUSED = ("DoRA on an encoder-decoder (T5, BART) is not modelled: PEFT's DoRA adds per adapted linear "
+                       "a weight-sized product lora_B @ lora_A, its norm and the magnitude's rescaled output, which "
+                       "the T5/BART activation count does not hold; plan it as LoRA (drop --dora)")
 ENCDEC_NOTE = ("encoder-decoder (T5): encoder blocks over --seq-len, decoder blocks (self-attention, cross-attention, "
                "feed-forward) over --target-len, T5's relative position bias; SDPA is counted as a GPU runs it with "
                "a mask that needs a gradient (memory-efficient kernel: q, k, v, output, log-sum-exp, a heads x s x s "
@@ -328,7 +331,21 @@ def _frozen_feed_forward(shape: Any, dt: Any) -> int:
     h, F, cb = shape.hidden_size, shape.intermediate_size, dt.compute
     if shape.encdec.kind == "bart":
         return cb * F + (BOOL * F if shape.encdec.activation_dropout else 0) + BOOL * h + _bart_residual(dt) * h
-    return cb * F + BOOL * F + BOOL * h
+    return frozen_t5_activation(shape, dt) + BOOL * F + BOOL * h
+
+
+def frozen_t5_activation(shape: Any, dt: Any) -> int:
+    """A frozen T5 feed-forward's activation, a token: relu saves its output; the gated one (T5 v1.1, flan-t5:
+    ``gelu_new(wi_0(x)) * wi_1(x)``) saves gelu_new's tensors, pow's input upcast, tanh's output and ``1 + tanh``
+    in the widened dtype (CUDA autocast runs pow in fp32), ``0.5 * x`` in the compute dtype, then both factors of the
+    product: gelu_new's output, widened (``0.5 * x * (1 + tanh)`` promotes), and wi_1's output. The linears, frozen,
+    save nothing. Read on the simulated step (tiny gated T5, bf16 base under autocast: per layer and token 4 fp32
+    and 2 bf16 tensors of d_ff, and the dropout's mask)."""
+    F, cb = shape.intermediate_size, dt.compute
+    if not shape.encdec.gated:
+        return cb * F
+    wide = FP32 if dt.input_casts else cb
+    return (3 * wide + cb) * F + (wide + cb) * F
 
 
 def _first_block_unsaved(shape: Any, dt: Any, inputs: list[tuple[int, str]], *, kv_len: int, eager: bool) -> int:

@@ -22,6 +22,8 @@ LayerNorm statistics, left out as in the saved count):
   output, ``lora_B``'s output and the product. With ``wo`` (``fc2``) adapted this is the block's peak: the feed-
   forward's activation (T5: after its dropout; BART: GELU's output) is live too, and the norm's output (T5) or the
   residual (BART, ``residual = hidden_states``).
+- T5, at the activation's dropout: its input and output beside the norm's output (gated, CUDA autocast: both fp32,
+  the product of gelu_new's fp32 output and wi_1's).
 - At the block's end (no ``wo`` / ``fc2`` adapter): T5's last dropout (``wo``'s output and the dropped copy), BART's
   last LayerNorm (its output beside the residual it normalises).
 - BART under SDPA: the decoder's boolean causal mask becomes a float additive mask (``where``) that the kernel
@@ -59,7 +61,7 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
                src_len: int, eager: bool, grad: int) -> list[int]:
     """The candidate points of one T5 block's recomputation (module docstring), bytes a micro-batch. ``adapters``:
     ``activations_encdec._adapter_bytes``."""
-    from advisor.estimate.activations_encdec import _frozen_t5_norm  # noqa: PLC0415 (the saved count's own terms)
+    from advisor.estimate.activations_encdec import _frozen_t5_norm, frozen_t5_activation  # noqa: PLC0415 (a cycle)
 
     h, F, cb, R = shape.hidden_size, shape.intermediate_size, dt.compute, dt.residual
     n, heads = shape.num_attention_heads * shape.head_dim, shape.num_attention_heads
@@ -84,7 +86,11 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
         previous = probs  # T5Block's ``_``
     wi, wo = _adapted(ad, stack, "DenseReluDense", ("wi", "wi_0", "wi_1")), _adapted(ad, stack, "DenseReluDense",
                                                                                        ("wo",))
-    saved += tokens * (norm + cb * F + BOOL * F + adapters(wi) + adapters(wo))
+    saved += tokens * (norm + frozen_t5_activation(shape, dt) + BOOL * F + adapters(wi))
+    # the activation's dropout: its input and output (gated: the product, widened as gelu_new's output is)
+    dropped = 2 * (FP32 if dt.input_casts else cb) * F if shape.encdec.gated else cb * F
+    points.append(saved + previous + tokens * (R * h + dropped) + grad)
+    saved += tokens * adapters(wo)
     if wo:  # inside wo's adapter: the norm's output, the dropped activation (wo's input), the adapter's locals
         points.append(saved + previous + tokens * (R * h + cb * F) + _in_adapter(dt, F, h, tokens) + grad)
     else:  # the last dropout: wo's output and its dropped copy

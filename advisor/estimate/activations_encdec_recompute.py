@@ -1,7 +1,8 @@
 """A checkpointed block of a frozen T5 / BART with LoRA adapters: the largest point of its recomputation in
 backward, where the recomputed saved tensors so far sit beside the forward's own locals. Imported by
-``advisor.estimate.activations_encdec`` (``recompute_peak_bytes``), which hands the excess over the block's saved
-tensors to the memory model as ``recompute_end_bytes``; not here: what a block saves (``activations_encdec``).
+``advisor.estimate.activations_encdec`` (``frozen_checkpointed_parts``), which hands the excess over the block's
+saved tensors to the memory model as ``recompute_end_bytes``, with what a checkpointed frozen base keeps outside
+the blocks; not here: what a block saves (``activations_encdec_frozen``).
 
 torch.utils.checkpoint (non-reentrant) recomputes a block's forward when its backward first unpacks a saved
 tensor, with the incoming gradient of the block's output already allocated, and runs it to the last tensor the
@@ -40,9 +41,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from advisor.estimate.activations_encdec_frozen import (BOOL, adapter_bytes, adapter_weight_casts, bart_residual,
+                                                          frozen_t5_activation, frozen_t5_norm)
 from advisor.precision import FP32
-
-BOOL = 1
 
 
 def _adapted(ad: Any, stack: str, module: str, leaves: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -60,16 +61,15 @@ def _in_adapter(dt: Any, fan_in: int, fan_out: int, tokens: int) -> int:
 def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, tokens: int, src: int, len_q: int,
                src_len: int, eager: bool, grad: int) -> list[int]:
     """The candidate points of one T5 block's recomputation (module docstring), bytes a micro-batch. ``adapters``:
-    ``activations_encdec._adapter_bytes``."""
-    from advisor.estimate.activations_encdec import _frozen_t5_norm, frozen_t5_activation  # noqa: PLC0415 (a cycle)
-
+    a list of adapters' bytes a token (``adapter_bytes``, 0 for none)."""
     h, F, cb, R = shape.hidden_size, shape.intermediate_size, dt.compute, dt.residual
     n, heads = shape.num_attention_heads * shape.head_dim, shape.num_attention_heads
     probs_b = FP32 if dt.input_casts else cb  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
-    norm = _frozen_t5_norm(h, dt)
+    norm = frozen_t5_norm(h, dt)
     saved = -tokens * R * h  # the first norm's input is the block's input: kept by the checkpoint, not recomputed
     previous, points = 0, []
-    attentions = [("SelfAttention", tokens, len_q)] + ([("EncDecAttention", src, src_len)] if stack == "decoder" else [])
+    attentions = [("SelfAttention", tokens, len_q)]
+    attentions += [("EncDecAttention", src, src_len)] if stack == "decoder" else []
     for module, kv_tokens, kv_len in attentions:
         q, kv = _adapted(ad, stack, module, ("q",)), _adapted(ad, stack, module, ("k", "v"))
         o = _adapted(ad, stack, module, ("o",))
@@ -127,20 +127,19 @@ def _bart_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, tok
 
 
 def recompute_peak_bytes(shape: Any, dt: Any, ad: Any, *, micro_batch_size: int, src_len: int, tgt_len: int,
-                         eager: bool, adapters: Any, weight_casts: Any, residual: int) -> tuple[int, int]:
+                         eager: bool) -> tuple[int, int]:
     """The largest point of a checkpointed block's recomputation, (encoder, decoder), beyond the tensors kept
-    outside it: its recomputed saved tensors so far, its forward's locals and the incoming gradient. ``adapters``,
-    ``weight_casts``: ``activations_encdec``'s per-token adapter bytes and autocast's weight copies of a list of
-    adapters; ``residual``: the residual stream's bytes (BART under autocast: fp32)."""
+    outside it: its recomputed saved tensors so far, its forward's locals and the incoming gradient."""
     b, facts, h = micro_batch_size, shape.encdec, shape.hidden_size
     src, tgt = b * src_len, b * tgt_len
+    residual = dt.residual if facts.kind == "t5" else bart_residual(dt)
 
     def per_token(inputs: list[tuple[int, str]]) -> int:
-        return adapters(dt, ad, inputs) if inputs else 0
+        return adapter_bytes(dt, ad, inputs) if inputs else 0
 
     peaks = []
     for stack, tokens, len_q in (("encoder", src, src_len), ("decoder", tgt, tgt_len)):
-        casts = weight_casts(shape, dt, ad, [i for i in ad.inputs if i[1].startswith(f"{stack}:")])
+        casts = adapter_weight_casts(shape, dt, ad, [i for i in ad.inputs if i[1].startswith(f"{stack}:")])
         grad = tokens * residual * h
         if stack == "decoder" and facts.num_decoder_layers > 1:  # a lower block: the encoder output's gradient,
             grad += max(0, src - tgt) * residual * h  # the top block's input gone
@@ -151,3 +150,30 @@ def recompute_peak_bytes(shape: Any, dt: Any, ad: Any, *, micro_batch_size: int,
             points = _t5_points(shape, dt, ad, per_token, **kw)
         peaks.append(casts + max(points))
     return peaks[0], peaks[1]
+
+
+def frozen_checkpointed_parts(shape: Any, dt: Any, ad: Any, *, micro_batch_size: int, src_len: int, tgt_len: int,
+                              eager: bool, top_stack: str) -> tuple[int, int, tuple[int, int], int]:
+    """A checkpointed frozen base: (kept beyond the blocks' inputs and ``frozen_encdec_parts``' outside, the part of
+    that outside its blocks' backward finds freed, the recomputation's peaks (encoder, decoder), what the larger block
+    (``top_stack``'s) has freed by its feed-forward's gradients: its last dropout's mask, BART's last LayerNorm input
+    and the ``wo`` / ``fc2`` adapters' tensors, whose backward runs first). Read op by op on the
+    simulated step (T5 eager, BART SDPA, tests/estimate/test_encdec_lora_ckpt.py): every later block's checkpoint
+    holds its stack's relative position bias (the frozen embedding's (s, s, heads) output, in the base's dtype), the
+    decoder's causal mask ((b, 1, t, t): T5 eager, float in the base's dtype; BART SDPA, bool) and T5's zero cross-
+    attention bias ((1, heads, t, s), compute dtype; SDPA's is counted with the outside already). The decoder's
+    final norm and dropout mask (T5) go with their backward, before any block's."""
+    b, heads, h = micro_batch_size, shape.num_attention_heads, shape.hidden_size
+    tgt, t5 = b * tgt_len, shape.encdec.kind == "t5"
+    mask = dt.residual * b * tgt_len * tgt_len if eager else BOOL * b * tgt_len * tgt_len
+    kept = mask
+    if t5:  # (SDPA T5 not measured: the CPU simulator runs the math kernel; its zero bias is in the outside)
+        kept += dt.residual * heads * (src_len * src_len + tgt_len * tgt_len)
+        kept += dt.compute * heads * tgt_len * src_len if eager else 0
+    freed = tgt * (frozen_t5_norm(h, dt) + BOOL * h) if t5 else 0
+    residual = dt.residual if t5 else bart_residual(dt)
+    peaks = recompute_peak_bytes(shape, dt, ad, micro_batch_size=b, src_len=src_len, tgt_len=tgt_len, eager=eager)
+    last = [i for i in ad.inputs if i[1].startswith(f"{top_stack}:") and i[1].split(".")[-1] in ("wo", "fc2")]
+    tokens = b * (tgt_len if top_stack == "decoder" else src_len)
+    mlp_freed = tokens * (BOOL * h + (0 if t5 else residual * h) + (adapter_bytes(dt, ad, last) if last else 0))
+    return kept, freed, peaks, mlp_freed

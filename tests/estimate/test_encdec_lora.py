@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from advisor.estimate.activations import Adapters, Dtypes, shape_of
-from advisor.estimate.activations_encdec import frozen_encdec_parts
+from advisor.estimate.activations_encdec_frozen import frozen_encdec_parts
 from advisor.model.lora import LoraConfig, adapter_inputs, with_lora
 from advisor.model.sources import spec_from_config
 

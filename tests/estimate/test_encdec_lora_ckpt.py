@@ -12,7 +12,6 @@ import json
 import pytest
 
 from advisor.estimate.activations import Adapters, Dtypes, shape_of
-from advisor.estimate.activations_encdec import _adapter_bytes, _weight_casts
 from advisor.estimate.activations_encdec_recompute import recompute_peak_bytes
 from advisor.estimate.memory import estimate_memory
 from advisor.hardware.cluster import parse_gpus
@@ -47,13 +46,13 @@ def test_t5_decoder_recompute_peak_worked_by_hand():
     output 256, the dropped relu (wo's input) 640, PEFT's fp32 copy of it 1280, the base output, lora_B's output
     and the product 3 x 256, the incoming gradient 256: 5248. 512 x (14,016 + 1056 + 5248) + 47,104 = 10,450,944:
     what the simulated step held in that block's backward, counted op by op (live storages by the op that made
-    them, as ``advisor.simulate.measure.LiveBytes`` counts), 10,457,092, less the rsqrt outputs and the loss's seed (6,148 bytes, left out as in the saved count)."""
+    them, as ``advisor.simulate.measure.LiveBytes`` counts), 10,457,092, less the rsqrt outputs and the loss's
+    seed (6,148 bytes, left out as in the saved count)."""
     config = {**T5, "d_model": 128, "d_kv": 32, "d_ff": 320}
     spec = spec_from_config(config, name="t5-128", source="local")
     adapters = Adapters(rank=8, dropout=False, inputs=adapter_inputs(spec, LoraConfig(rank=8, targets="all-linear")))
     _, decoder = recompute_peak_bytes(shape_of(spec), AUTOCAST_BF16_BASE, adapters, micro_batch_size=4, src_len=128,
-                                      tgt_len=128, eager=True, adapters=_adapter_bytes, weight_casts=_weight_casts,
-                                      residual=2)
+                                      tgt_len=128, eager=True)
     assert decoder == 512 * (14_016 + 1056 + 5248) + 47_104
 
 

@@ -62,6 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_seriali
 
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
+from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_not_modelled
 from advisor.estimate.states import ModelStates, model_states
@@ -69,6 +70,7 @@ from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_bu
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key, saved_head_gradient
 from advisor.frozen import in_json_order, validated_copy
 from advisor.model.saved_modules import head_frozen
+from advisor.model.block_kinds import kind_of
 from advisor.model.lora import adapter_inputs, dora_outputs, tower_adapter_params
 from advisor.model.selective import SelectiveKept, selective_kept
 from advisor.hardware.cluster import Hardware
@@ -255,6 +257,8 @@ def _adapters(spec: ModelSpec, training: TrainingConfig) -> Adapters | None:
     """LoRA on a frozen base, where the activation model knows the block's inputs."""
     if training.lora is None:
         return None
+    if training.lora.dora and kind_of(spec).family == "encdec":
+        raise ValueError(ENCDEC_DORA_REFUSED)
     inputs = adapter_inputs(spec, training.lora)
     if inputs is None:
         return None

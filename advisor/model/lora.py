@@ -38,7 +38,6 @@ from advisor.model.block_kinds import kind_of
 from advisor.model.bundled import (load_architectures, load_peft_expert_targets, load_peft_incompatible_targets,
                                    load_peft_lora_targets)
 from advisor.model.kind_linears import formula_layout
-from advisor.model.kinds import gated_encdec
 from advisor.model.linear_layout import LinearLayer, LinearLayout
 from advisor.model.saved_modules import saved_module_params, saved_modules
 from advisor.model.spec import ModelSpec
@@ -247,8 +246,8 @@ def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...
 def _encdec_adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
     """T5 / BART: the adapted linears of each stack's first block, their source named ``stack:module.leaf``
     (``encoder:SelfAttention.q``, ``decoder:encoder_attn.k_proj``, ``decoder:fc2``;
-    ``advisor.estimate.activations_encdec``); None for DoRA or T5's gated feed-forward (not modelled)."""
-    if lora.dora or gated_encdec(spec):
+    ``advisor.estimate.activations_encdec``); None for DoRA (the planner refuses it: ``encdec_lora_not_modelled``)."""
+    if lora.dora:
         return None
     inputs = []
     for layer in matched_linears(spec, lora):

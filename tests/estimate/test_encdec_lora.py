@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from advisor.estimate.activations import Adapters, Dtypes, shape_of
-from advisor.estimate.activations_encdec import frozen_encdec_parts
+from advisor.estimate.activations_encdec_frozen import frozen_encdec_parts
 from advisor.model.lora import LoraConfig, adapter_inputs, with_lora
 from advisor.model.sources import spec_from_config
 
@@ -44,9 +44,12 @@ def test_t5_encoder_block_worked_by_hand():
     assert enc == 64 * 5856 + 8192
 
 
-def test_gated_t5_and_dora_keep_the_full_count():
+def test_gated_t5_adapters_and_dora_not_modelled():
+    """Gated T5's wi_0 and wi_1 adapters read the feed-forward norm's output (tests/estimate/test_encdec_lora_ckpt.py
+    checks the count); DoRA has no frozen-base count (the planner refuses it)."""
     gated = spec_from_config({**T5, "feed_forward_proj": "gated-gelu"}, name="t5-gated", source="local")
-    assert adapter_inputs(gated, LoraConfig(rank=8)) is None
+    sources = [i.source for i in adapter_inputs(gated, LoraConfig(rank=8, targets="all-linear"))]
+    assert "encoder:DenseReluDense.wi_0" in sources and "decoder:DenseReluDense.wi_1" in sources
     assert adapter_inputs(spec_from_config(T5, name="t5", source="local"), LoraConfig(rank=8, dora=True)) is None
 
 

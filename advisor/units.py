@@ -2,6 +2,8 @@
 
 GIB = 2**30
 MIB = 2**20
+GB = 1e9  # decimal: bandwidths in GB/s, as datasheets state them
+TFLOPS = 1e12  # datasheet peaks
 
 
 def gib(n_bytes: float) -> float:

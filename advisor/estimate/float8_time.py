@@ -53,6 +53,7 @@ from advisor.model.lora import block_linears
 from advisor.model.selective import selective_kept
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
+from advisor.units import GB, TFLOPS
 from profiles import PROFILES_DIR
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ if TYPE_CHECKING:
     from advisor.strategies import Implementation
 
 FLOAT8_FILE = PROFILES_DIR / "float8.json"
-GB = 1e9
-TFLOPS = 1e12
 
 
 class _Frozen(BaseModel):

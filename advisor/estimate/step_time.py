@@ -69,13 +69,12 @@ from advisor.model.spec import ModelSpec
 from advisor.hardware.catalog import GpuProfile, load_catalog
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
+from advisor.units import GB, TFLOPS
 
 Collective = Literal["all_reduce", "reduce_scatter", "all_gather", "broadcast"]
 # Bytes each GPU sends per byte of payload in a ring collective, times (N-1)/N: an all-reduce is a
 # reduce-scatter then an all-gather (Patarasuk & Yuan 2009; nccl-tests doc/PERFORMANCE.md, bus bandwidth).
 RING_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1, "broadcast": 1}
-GB = 1e9
-TFLOPS = 1e12
 
 
 class _Frozen(BaseModel):

@@ -34,9 +34,7 @@ from __future__ import annotations
 import math
 
 from advisor.estimate.activations import shape_of
-from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
 from advisor.estimate.model_parallel import tp_rank_spec
-from advisor.estimate.compile_time import compile_notes, compile_saving_s
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware
@@ -118,7 +116,11 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
     def run(op: Collective, nbytes: float) -> float:
         return group_collective_s(op, nbytes, hw, eff, size=size, stride=stride, count=blocks)
 
-    gathered = gather * local.total_params - float8_gather_saving_bytes(spec, training, tp=mesh.tp)
+    gathered = gather * local.total_params
+    if training.float8_all_gather:
+        from advisor.estimate.float8_time import float8_gather_saving_bytes
+
+        gathered -= float8_gather_saving_bytes(spec, training, tp=mesh.tp)
     forward = run("all_gather", gathered)
     backward = run("reduce_scatter", grad * local.total_params)
     if impl.reshard_after_forward:
@@ -156,15 +158,23 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                      checkpointing=checkpointing, flops=flops, rate=rate,
-                                      peak=peak * TFLOPS)
+    cc_fwd = cc_bwd = 0.0
+    if training.compile:  # imported only when asked (start-up)
+        from advisor.estimate.compile_time import compile_saving_s
+
+        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
+                                          checkpointing=checkpointing, flops=flops, rate=rate,
+                                          peak=peak * TFLOPS)
     fwd_s = flops.forward / split / rate - cc_fwd / split
     bwd_s = (flops.backward + flops.recompute) / split / rate - cc_bwd / split
-    f8 = float8_seconds(spec, hardware, training, impl, tokens=replica_tokens, checkpointing=checkpointing,
-                        utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware / split,
-                        hbm_efficiency=eff.optimizer_step.hbm_efficiency, tp=mesh.tp, cp=mesh.cp,
-                        shards=mesh.dp_shard * mesh.cp)
+    f8: tuple[float, float, str] = (0.0, 0.0, "")
+    if training.float8:
+        from advisor.estimate.float8_time import float8_seconds
+
+        f8 = float8_seconds(spec, hardware, training, impl, tokens=replica_tokens, checkpointing=checkpointing,
+                            utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware / split,
+                            hbm_efficiency=eff.optimizer_step.hbm_efficiency, tp=mesh.tp, cp=mesh.cp,
+                            shards=mesh.dp_shard * mesh.cp)
     fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
     attention = 4 * shape.num_layers * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
@@ -185,6 +195,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     model_flops = flops.model * accumulation / split
     notes = [n for n in (peak_note, f8[2]) if n]
     if training.compile:
+        from advisor.estimate.compile_time import compile_notes
+
         notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd) / split))
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")

@@ -36,7 +36,6 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.mesh_time import cp_ring_s, group_collective_s, tp_comm_s, tp_matmul_width
 from advisor.estimate.pipeline import layers_cut, stage_spec
 from advisor.estimate.pipeline_schedules import load_schedules
-from advisor.estimate.compile_time import compile_saving_s
 from advisor.estimate.step_time import GB, TFLOPS, StepTime, Traffic, count_flops, peak_tflops
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
@@ -98,9 +97,13 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                      checkpointing=checkpointing, flops=flops, rate=rate,
-                                      peak=peak * TFLOPS)
+    cc_fwd = cc_bwd = 0.0
+    if training.compile:  # imported only when asked (start-up)
+        from advisor.estimate.compile_time import compile_saving_s
+
+        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
+                                          checkpointing=checkpointing, flops=flops, rate=rate,
+                                          peak=peak * TFLOPS)
     fwd_s = flops.forward * share / split / rate - cc_fwd * share / split
     bwd_s = (flops.backward + flops.recompute) * share / split / rate - cc_bwd * share / split
     cut = layers_cut(spec, slowest)

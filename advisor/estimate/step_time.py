@@ -57,8 +57,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
-from advisor.estimate.float8_time import float8_gather_saving_bytes, float8_seconds
-from advisor.estimate.compile_time import compile_notes, compile_saving_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -278,8 +276,11 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
         return collective_s(op, nbytes, hw, eff, count=count)
 
     if impl.shard_params:  # FSDP / ZeRO-3: gather per block, reduce-scatter per block
-        gathered = (stored_param_bytes(spec, training, bytes_per_param=gather)  # --quantize: packed weights
-                    - float8_gather_saving_bytes(spec, training))  # --float8-all-gather: 1 B a converted weight
+        gathered = stored_param_bytes(spec, training, bytes_per_param=gather)  # --quantize: packed weights
+        if training.float8_all_gather:  # 1 B a converted weight (imported only when asked: start-up)
+            from advisor.estimate.float8_time import float8_gather_saving_bytes
+
+            gathered -= float8_gather_saving_bytes(spec, training)
         forward = run("all_gather", gathered, blocks)
         backward = run("reduce_scatter", grad_bytes, blocks)
         if impl.reshard_after_forward:
@@ -370,12 +371,21 @@ def estimate_step_time(
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
-    cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
-                                      checkpointing=checkpointing, flops=flops, rate=rate,
-                                      peak=peak * TFLOPS)
+    cc_fwd = cc_bwd = 0.0
+    if training.compile:  # imported only when asked: the plain plan's start-up stays as it was
+        from advisor.estimate.compile_time import compile_saving_s
+
+        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
+                                          checkpointing=checkpointing, flops=flops, rate=rate,
+                                          peak=peak * TFLOPS)
     fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd - cc_bwd
-    f8 = float8_seconds(spec, hardware, training, impl, tokens=tokens_micro, checkpointing=checkpointing, utilisation=util,
-                        bf16_tflops=peak, hardware_flops=flops.hardware, hbm_efficiency=eff.optimizer_step.hbm_efficiency)
+    f8: tuple[float, float, str] = (0.0, 0.0, "")
+    if training.float8:
+        from advisor.estimate.float8_time import float8_seconds
+
+        f8 = float8_seconds(spec, hardware, training, impl, tokens=tokens_micro, checkpointing=checkpointing,
+                            utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware,
+                            hbm_efficiency=eff.optimizer_step.hbm_efficiency)
     fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
     overlap = eff.communication.overlap_fraction
     if impl.single_process:
@@ -403,6 +413,8 @@ def estimate_step_time(
     if ad_fwd:
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
     if training.compile:
+        from advisor.estimate.compile_time import compile_notes
+
         notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd)))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"

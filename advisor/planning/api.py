@@ -14,7 +14,6 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationEr
                       model_serializer)
 
 from advisor.estimate.activations import activation_family
-from advisor.estimate.float8_time import check_float8
 from advisor.estimate.memory import image_tokens
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
@@ -298,7 +297,10 @@ def plan(
         notes.append(check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
-    check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
+    if training.float8:  # imported only when asked (start-up)
+        from advisor.estimate.float8_time import check_float8
+
+        check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.estimate.activations_encdec_frozen import (BOOL, adapter_bytes, adapter_weight_casts, bart_residual,
-                                                          frozen_t5_activation, frozen_t5_norm)
+                                                          frozen_t5_activation, frozen_t5_norm, t5_softmax_bytes)
 from advisor.precision import FP32
 
 
@@ -64,7 +64,7 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     a list of adapters' bytes a token (``adapter_bytes``, 0 for none)."""
     h, F, cb, R = shape.hidden_size, shape.intermediate_size, dt.compute, dt.residual
     n, heads = shape.num_attention_heads * shape.head_dim, shape.num_attention_heads
-    probs_b = FP32 if dt.input_casts else cb  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
+    probs_b = t5_softmax_bytes(dt)  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
     norm = frozen_t5_norm(h, dt)
     saved = -tokens * R * h  # the first norm's input is the block's input: kept by the checkpoint, not recomputed
     previous, points = 0, []
@@ -73,7 +73,7 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     for module, kv_tokens, kv_len in attentions:
         q, kv = _adapted(ad, stack, module, ("q",)), _adapted(ad, stack, module, ("k", "v"))
         o = _adapted(ad, stack, module, ("o",))
-        core = ((FP32 + BOOL + cb) * heads * kv_len) if eager else cb * n + FP32 * heads
+        core = ((probs_b + BOOL + cb) * heads * kv_len) if eager else cb * n + FP32 * heads
         saved += (tokens * (norm + cb * n + core) + kv_tokens * 2 * cb * n + tokens * adapters(q)
                   + kv_tokens * adapters(kv))
         probs = tokens * probs_b * heads * kv_len if eager else 0

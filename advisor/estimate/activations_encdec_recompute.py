@@ -65,6 +65,10 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     h, F, cb, R = shape.hidden_size, shape.intermediate_size, dt.compute, dt.residual
     n, heads = shape.num_attention_heads * shape.head_dim, shape.num_attention_heads
     probs_b = t5_softmax_bytes(dt)  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
+    # The dropped probabilities (T5Block's ``_``) are a tensor of their own only where autocast casts them for the AV
+    # matmul; without autocast the matmul saves them as they are, counted in ``core`` (read on the simulated step:
+    # tiny T5 q,v under FSDP2, checkpointed, 524,288 bytes over at micro-batch 4 x 128 with them counted twice).
+    extra_probs_b = probs_b if dt.input_casts else 0
     norm = frozen_t5_norm(h, dt)
     saved = -tokens * R * h  # the first norm's input is the block's input: kept by the checkpoint, not recomputed
     previous, points = 0, []
@@ -76,7 +80,7 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
         core = ((probs_b + BOOL + cb) * heads * kv_len) if eager else cb * n + FP32 * heads
         saved += (tokens * (norm + cb * n + core) + kv_tokens * 2 * cb * n + tokens * adapters(q)
                   + kv_tokens * adapters(kv))
-        probs = tokens * probs_b * heads * kv_len if eager else 0
+        probs = tokens * extra_probs_b * heads * kv_len if eager else 0
         projections = tokens * cb * n + kv_tokens * 2 * cb * n if eager else 0  # SDPA saves them as they are
         frame = previous + tokens * R * h + projections + probs + grad  # + the norm's output
         points.append(saved + frame + tokens * cb * n * (2 if eager else 1))  # the output, its contiguous copy

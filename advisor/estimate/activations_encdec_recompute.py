@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from advisor.estimate.activations_encdec_frozen import (BOOL, adapter_bytes, adapter_weight_casts, bart_residual,
-                                                          frozen_t5_activation, frozen_t5_norm)
+                                                          frozen_t5_activation, frozen_t5_norm, t5_softmax_bytes)
 from advisor.precision import FP32
 
 
@@ -52,10 +52,14 @@ def _adapted(ad: Any, stack: str, module: str, leaves: tuple[str, ...]) -> list[
             and source.split(".")[-1] in leaves]
 
 
-def _in_adapter(dt: Any, fan_in: int, fan_out: int, tokens: int) -> int:
-    """Locals inside one adapted linear at ``lora_B(...) * scaling``: PEFT's copy of the input in the adapter's
-    dtype (autocast: fp32 adapters), the base output, ``lora_B``'s output and the product."""
-    return tokens * ((FP32 * fan_in if dt.input_casts else 0) + 3 * dt.compute * fan_out)
+def _in_adapter(dt: Any, ad: Any, fan_in: int, fan_out: int, tokens: int) -> int:
+    """Locals inside one adapted linear at ``lora_B(...) * scaling``: its input (the merged heads, the dropped
+    activation), PEFT's copy of it in the adapter's dtype (autocast: fp32 adapters), the base output, ``lora_B``'s
+    output and the product. Without casts or dropout ``lora_A`` saves that very input, counted with the adapters'
+    saved tensors already (read on the simulated step: tiny BART all-linear under FSDP2, checkpointed, fc2's input
+    counted twice put the top block's recomputation 327,680 bytes over at micro-batch 4 x 128)."""
+    own_input = 0 if not dt.input_casts and not ad.dropout else dt.compute * fan_in
+    return tokens * ((FP32 * fan_in if dt.input_casts else 0) + own_input + 3 * dt.compute * fan_out)
 
 
 def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, tokens: int, src: int, len_q: int,
@@ -64,7 +68,11 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     a list of adapters' bytes a token (``adapter_bytes``, 0 for none)."""
     h, F, cb, R = shape.hidden_size, shape.intermediate_size, dt.compute, dt.residual
     n, heads = shape.num_attention_heads * shape.head_dim, shape.num_attention_heads
-    probs_b = FP32 if dt.input_casts else cb  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
+    probs_b = t5_softmax_bytes(dt)  # the softmax's dtype (CUDA autocast: fp32), kept by dropout's output
+    # The dropped probabilities (T5Block's ``_``) are a tensor of their own only where autocast casts them for the AV
+    # matmul; without autocast the matmul saves them as they are, counted in ``core`` (read on the simulated step:
+    # tiny T5 q,v under FSDP2, checkpointed: bf16 probabilities, 1,024 bytes a token an attention, counted twice).
+    extra_probs_b = probs_b if dt.input_casts else 0
     norm = frozen_t5_norm(h, dt)
     saved = -tokens * R * h  # the first norm's input is the block's input: kept by the checkpoint, not recomputed
     previous, points = 0, []
@@ -73,15 +81,15 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     for module, kv_tokens, kv_len in attentions:
         q, kv = _adapted(ad, stack, module, ("q",)), _adapted(ad, stack, module, ("k", "v"))
         o = _adapted(ad, stack, module, ("o",))
-        core = ((FP32 + BOOL + cb) * heads * kv_len) if eager else cb * n + FP32 * heads
+        core = ((probs_b + BOOL + cb) * heads * kv_len) if eager else cb * n + FP32 * heads
         saved += (tokens * (norm + cb * n + core) + kv_tokens * 2 * cb * n + tokens * adapters(q)
                   + kv_tokens * adapters(kv))
-        probs = tokens * probs_b * heads * kv_len if eager else 0
+        probs = tokens * extra_probs_b * heads * kv_len if eager else 0
         projections = tokens * cb * n + kv_tokens * 2 * cb * n if eager else 0  # SDPA saves them as they are
         frame = previous + tokens * R * h + projections + probs + grad  # + the norm's output
         points.append(saved + frame + tokens * cb * n * (2 if eager else 1))  # the output, its contiguous copy
         if o:
-            points.append(saved + tokens * adapters(o) + frame + tokens * cb * n + _in_adapter(dt, n, h, tokens))
+            points.append(saved + tokens * adapters(o) + frame + _in_adapter(dt, ad, n, h, tokens))
         saved += tokens * (adapters(o) + BOOL * h)  # + the output dropout's mask
         previous = probs  # T5Block's ``_``
     wi, wo = _adapted(ad, stack, "DenseReluDense", ("wi", "wi_0", "wi_1")), _adapted(ad, stack, "DenseReluDense",
@@ -92,7 +100,7 @@ def _t5_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, token
     points.append(saved + previous + tokens * (R * h + dropped) + grad)
     saved += tokens * adapters(wo)
     if wo:  # inside wo's adapter: the norm's output, the dropped activation (wo's input), the adapter's locals
-        points.append(saved + previous + tokens * (R * h + cb * F) + _in_adapter(dt, F, h, tokens) + grad)
+        points.append(saved + previous + tokens * R * h + _in_adapter(dt, ad, F, h, tokens) + grad)
     else:  # the last dropout: wo's output and its dropped copy
         points.append(saved + tokens * BOOL * h + previous + tokens * 2 * cb * h + grad)
     return points
@@ -112,7 +120,7 @@ def _bart_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, tok
         core = ((FP32 + cb) if dt.input_casts else cb) * heads * kv_len if eager else cb * n + FP32 * heads
         saved += tokens * (cb * n + core + adapters(qkv[0])) + kv_tokens * (2 * cb * n + adapters(qkv[1]))
         if o:  # the merged heads (reshaped), then out_proj's adapter
-            points.append(saved + tokens * adapters(o) + frame + tokens * cb * n + _in_adapter(dt, n, h, tokens)
+            points.append(saved + tokens * adapters(o) + frame + _in_adapter(dt, ad, n, h, tokens)
                           + grad)
         saved += tokens * (adapters(o) + BOOL * h + residual * h)  # the output dropout's mask, the LayerNorm's input
         frame = tokens * residual * h  # the LayerNorm's output: the next sublayer's ``residual``
@@ -120,7 +128,7 @@ def _bart_points(shape: Any, dt: Any, ad: Any, adapters: Any, *, stack: str, tok
     act_dropout = BOOL * F if shape.encdec.activation_dropout else 0
     saved += tokens * (adapters(fc1) + cb * F + act_dropout)
     if fc2:  # inside fc2's adapter: GELU's output (fc2's input) and the adapter's locals
-        points.append(saved + tokens * adapters(fc2) + frame + tokens * cb * F + _in_adapter(dt, F, h, tokens) + grad)
+        points.append(saved + tokens * adapters(fc2) + frame + _in_adapter(dt, ad, F, h, tokens) + grad)
     saved += tokens * (adapters(fc2) + BOOL * h + residual * h)
     points.append(saved + frame + tokens * residual * h + grad)  # the last LayerNorm's output
     return points

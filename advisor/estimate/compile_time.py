@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
+from advisor.precision import FP32
 
 if TYPE_CHECKING:
     from advisor.estimate.step_time import FlopCount
@@ -72,7 +73,6 @@ if TYPE_CHECKING:
     from advisor.model.spec import ModelSpec
     from advisor.training import TrainingConfig
 
-FP32 = 4
 LLAMA_LIKE = ("decoder", "size", "guessed")  # block kinds (advisor.model.block_kinds) counted here
 
 

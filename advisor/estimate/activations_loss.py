@@ -36,16 +36,14 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     (fp32, softmax in place; under autocast also a low-precision copy of the fp32 head) while the forward
     computes the input gradient (residual dtype) and the head's gradient (an fp32 accumulator, then the
     head's dtype), which are kept for backward; backward makes a scaled copy of each. Beside one chunk's
-    fp32 logits the loop holds a second chunk-sized tensor at two points: in low precision the logits'
-    own low-precision copy (the matmul's output before ``.float()``, the softmax's ``.to(compute)``
-    before its product with the head); in fp32 neither is a copy, but ``torch.logsumexp`` (one aten op,
+    fp32 logits the loop holds a second chunk-sized tensor: ``torch.logsumexp`` (one aten op,
     ``CompositeExplicitAutograd``: aten/src/ATen/native/ReduceOps.cpp ``logsumexp_out_impl``, the same
-    code on CUDA) allocates ``self - maxes``, as large as the chunk (measured on real CPU tensors,
-    tests/estimate/test_loss_fused.py). The simulator's dispatch mode sees only the op's output, so its
-    step shows one chunk's fp32 logits less in fp32 (issue 20: +5-7% on 128-wide fp32 models); a GPU holds
-    it, in low precision too, where it is 4 - compute bytes a logit over what is counted here (not counted:
-    the simulator, the reference, cannot check it). And one chunk's rows of the product with the head
-    (compute dtype), with, under autocast over an fp32 residual, the chunk's low-precision input.
+    code on CUDA) allocates ``self - maxes``, fp32 and as large as the chunk (measured on real CPU tensors,
+    tests/estimate/test_loss_fused.py; the simulator allocates it too: ``advisor.simulate.fake_env.
+    kernel_scratch``), in every precision; in low precision the matmul's output before ``.float()`` and the
+    softmax's ``.to(compute)`` before its product with the head are smaller (compute bytes a logit), the
+    latter beside that product's rows. Under autocast over an fp32 residual, also the chunk's
+    low-precision input.
     ``head_frozen`` (a frozen base: LoRA): the head's weight needs no gradient, so the kernel makes no fp32
     accumulator, no copy of it in the head's dtype and keeps none for backward (``ctx.needs_input_grad``); what
     is left is the input gradient and the chunk's tensors.
@@ -75,10 +73,13 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     if kernel == "fused":
         head = 0 if head_frozen else vocab * hidden  # the head's gradient; its low-precision copy is made either way
         grad_input = tokens * hidden * dt.residual
-        # The chunk's fp32 logits and a second chunk-sized tensor (a low-precision copy, or in fp32 logsumexp's
-        # ``self - maxes``), the chunk's rows of grad @ w and, cast from a wider residual, its input.
-        rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute * (2 if dt.residual != dt.compute else 1)
-        in_loop = grad_input + head * FP32 + per_chunk * (FP32 + dt.compute) + rows
+        # Each chunk: its fp32 logits beside logsumexp's ``self - maxes`` (fp32, as large), or beside the
+        # softmax's low-precision copy and the rows of its product with the head, whichever is larger; and,
+        # cast from a wider residual, the chunk's input throughout.
+        rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute
+        copy = dt.compute if dt.compute != FP32 else 0
+        chunk = max(per_chunk * 2 * FP32, per_chunk * (FP32 + copy) + rows)
+        in_loop = grad_input + head * FP32 + chunk + (rows if dt.residual != dt.compute else 0)
         if dt.input_casts and dt.residual != dt.compute:  # autocast over an fp32 head: one low-precision copy of
             # it for the chunks; over LoRA's bf16 base (a bf16 residual) the head is bf16 and ``weight.to`` returns it
             in_loop += vocab * hidden * dt.compute

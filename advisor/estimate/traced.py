@@ -141,9 +141,15 @@ def activations_from_profile(profile: BlockProfile, *, num_layers: int, micro_ba
     if tied_head:
         bend_loss += _tied_head_bend(key, micro_batch_size=micro_batch_size, vocab_size=vocab_size,
                                      hidden_size=hidden_size)
+    # The tracer leaves out every cast of a parameter (autocast's copies, which strategy_buffers counts), the fused
+    # kernel's own low-precision copy of an fp32 head among them (wrappers.losses: made with autocast off and freed
+    # as its forward returns; activations_loss.loss_bytes counts it for a formula family). Only the loss's forward
+    # holds it: sweep 5350eb776448 (olmo2 h128, V 9,792, DDP bf16-mixed, s4096) was 2,506,752 bytes short there.
+    head_copy = vocab_size * hidden_size * key.compute_bytes \
+        if key.loss == "fused" and key.input_casts and key.residual_bytes != key.compute_bytes else 0
     return ActivationEstimate(
         saved_bytes=saved,
-        logits_bytes=max(0, profile.forward_peak.at(**at) - saved + bend_forward),
+        logits_bytes=max(0, profile.forward_peak.at(**at) - saved + bend_forward + head_copy),
         loss_transient_bytes=max(0, profile.loss_peak.at(**at) - saved + bend_loss),
         layer_bytes=profile.layer_saved_per_sample * micro_batch_size,
         recompute_bytes=recompute,

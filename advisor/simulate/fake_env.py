@@ -1,6 +1,6 @@
 """The CPU stand-ins every simulator runs under: fake tensors, a fake process group, and CUDA's
 choices (autocast's fp32 list, fused dropout, SDPA's kernel, in-place gradient sums, no packed-sequence
-guess) made on the CPU.
+guess) made on the CPU, and the scratch tensor an op allocates inside its own kernel (``kernel_scratch``).
 
 What belongs here: context managers that make a CPU step allocate what the same step allocates on a
 GPU, shared by the step (``advisor.simulate.step``), the mesh step, the pipeline stage, the MoE layer
@@ -71,12 +71,45 @@ def cuda_dropout():
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """CUDA's SDPA kernel where it is not the CPU's, and its in-place sum of a parameter's two gradients
-    (``advisor.simulate.cuda_kernels``). Enter it after the fake mode and before the memory tracker."""
+    """CUDA's SDPA kernel where it is not the CPU's, its in-place sum of a parameter's two gradients
+    (``advisor.simulate.cuda_kernels``) and the scratch a kernel holds (``kernel_scratch``). Enter it after
+    the fake mode and before the memory tracker."""
     from advisor.simulate.cuda_kernels import cuda_grad_accumulation, cuda_sdpa
 
-    with cuda_sdpa(), cuda_grad_accumulation():
+    with cuda_sdpa(), cuda_grad_accumulation(), kernel_scratch():
         yield
+
+
+@contextlib.contextmanager
+def kernel_scratch():
+    """Allocate, beside ``torch.logsumexp``'s output, the scratch its kernel holds: a dispatch mode (the
+    memory trackers) sees one aten op and its output, but the kernel, the same code on CPU and CUDA
+    (aten/src/ATen/native/ReduceOps.cpp ``logsumexp_out_impl``, CompositeExplicitAutograd), allocates
+    ``amax(self)`` and ``self - maxes``, as large as its input, while its result exists. Measured with the
+    profiler on real CPU tensors (tests/estimate/test_loss_fused.py): 64 x 8,000 fp32 logits, 2,048,000
+    bytes. The fused loss kernel (``wrappers.losses``) calls it on each chunk's fp32 logits, which makes
+    this one chunk's logits a step holds at the loss. After the op returns, so the scratch is live with
+    the op's output (its ``result``) and, under autocast's fp32 list, with the input's fp32 cast, as in
+    the kernel; ``Tensor.logsumexp`` is not redirected (nothing the steps run calls it)."""
+    import torch
+
+    original = torch.logsumexp
+
+    def logsumexp(input, dim, keepdim=False, *, out=None):
+        result = original(input, dim, keepdim) if out is None else original(input, dim, keepdim, out=out)
+        if input.numel():
+            with torch.no_grad():
+                seen = input.to(result.dtype)  # the op's input as the kernel saw it (autocast's fp32 cast)
+                maxes = torch.amax(seen, dim, keepdim=True)
+                scratch = seen - maxes
+                del seen, maxes, scratch
+        return result
+
+    torch.logsumexp = logsumexp
+    try:
+        yield
+    finally:
+        torch.logsumexp = original
 
 
 @contextlib.contextmanager

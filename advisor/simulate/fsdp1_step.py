@@ -34,7 +34,7 @@ import time
 import weakref
 from typing import Any
 
-from advisor.simulate.fake_env import cuda_dropout, fake_process_group, unpacked_batches
+from advisor.simulate.fake_env import cuda_dropout, fake_process_group, kernel_scratch, unpacked_batches
 from advisor.simulate.measure import DispatchObserver
 from advisor.simulate.model import build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config
 from advisor.strategies import get_strategy
@@ -61,7 +61,7 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
     _, cfg = resolve_config(model)
     meta = meta_model(cfg, training)
     # Real tensors (see the module docstring: FSDP1 compares storages by data_ptr, 0 for every fake tensor).
-    with fake_process_group(world_size), unpacked_batches(), cuda_dropout():
+    with fake_process_group(world_size), unpacked_batches(), cuda_dropout(), kernel_scratch():
         frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
         materialize(meta, device="cpu", real=True,
                     dtype=torch.bfloat16 if training.precision == "bf16" else None, frozen_dtype=frozen)

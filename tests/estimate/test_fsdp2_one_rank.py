@@ -44,7 +44,7 @@ def _estimate(cfg: dict, training: TrainingConfig, strategy: str, *, micro_batch
 LORA_CFG = _llama("sweep/llama-h256-l2-v122688", hidden=256, mlp=688, heads=4, kv=2, vocab=122_688, tied=True)
 LORA_JOB = TrainingConfig(seq_len=512, precision="bf16", loss="fused", optimizer="sgd-momentum",
                           lora=LoraConfig(rank=4), activation_checkpointing="on")
-LORA_SIMULATED = 180_344_916  # peak, at the loss
+LORA_SIMULATED = 196_016_724  # peak, at the loss (180,344,916 before the simulator allocated logsumexp's scratch)
 LORA_FORWARD_MAX = 134_782_208  # the simulated forward's largest point before the loss (the last block's)
 
 
@@ -62,7 +62,7 @@ def test_one_rank_zero2_holds_the_model_once_by_hand():
 
 
 def test_one_rank_zero2_matches_the_simulated_step():
-    """Within 0.2% of the simulated peak (the fused loss's activations: 273,492 bytes short, not this fix's)."""
+    """Within 0.2% of the simulated peak (the fused loss's activations: 274,004 bytes short, not this fix's)."""
     est = _estimate(LORA_CFG, LORA_JOB, "zero2", micro_batch_size=1)
     assert abs(est.peak_allocated - LORA_SIMULATED) <= 0.002 * LORA_SIMULATED, est.peak_allocated
 

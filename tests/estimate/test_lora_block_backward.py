@@ -10,8 +10,11 @@ read op by op on the simulated step (advisor.simulate.step, torch 2.13, transfor
 
 Simulated peaks (rank 0, fake tensors; re-simulated after wrappers.losses' fused kernel stopped making a frozen
 head's fp32 gradient: the DoRA row 280,953,140 -> 199,360,820, 79,552 x 256 x 4 bytes of it that gradient, the
-first-block row 90,668,028 -> 85,851,132, 6,272 x 192 x 4); before the fix: -8.49% (431f5cf4ed18) and -2.30% (e975e5363db6, DoRA
-under pure bf16 ZeRO-2, no checkpointing: the q/k norms' inputs are saved in every block)."""
+first-block row 90,668,028 -> 85,851,132, 6,272 x 192 x 4; and again after the simulator allocated logsumexp's
+scratch beside the kernel's fp32 logits, advisor.simulate.fake_env.kernel_scratch: the DoRA row -> 219,399,476, the
+first-block row -> 92,081,148, the checkpointed row unchanged, its peak in a block's backward); before the fix:
+-8.49% (431f5cf4ed18) and -2.30% (e975e5363db6, DoRA under pure bf16 ZeRO-2, no checkpointing: the q/k norms'
+inputs are saved in every block)."""
 
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")  # transformers / PEFT warning
     (QWEN3_Q_V, "16xH100", "ddp", dict(seq_len=4096, activation_checkpointing="on", precision="bf16-mixed",
                                        lora=LoraConfig(rank=4, dropout=0.05)), 81_835_576),
     (QWEN3_GQA, "16xH100", "zero2", dict(seq_len=1024, activation_checkpointing="off", precision="bf16",
-                                         lora=LoraConfig(rank=8, dora=True)), 199_360_820),
+                                         lora=LoraConfig(rank=8, dora=True)), 219_399_476),
 ], ids=["lora-checkpointed-ddp", "dora-zero2"])
 def test_qwen3_lora_matches_the_simulated_step(cfg, gpus, strategy, options, simulated):
     result = plan(dict(cfg), gpus=gpus, strategy=strategy, micro_batch_size=1, loss="fused", optimizer="adamw",
@@ -66,7 +69,7 @@ def test_first_block_of_a_frozen_base_saves_no_norm_input():
     """The sweep's row b4b8a55c8964 (a Qwen2 under LoRA, ZeRO-3 on 8 ranks, bf16-mixed, micro-batch 8, s 512, no
     checkpointing, fused loss, dropout 0.05): +4.11% at the end of forward before. The first block reads the frozen embedding's
     output, which needs no gradient, so its first RMSNorm saves no fp32 input (saved_tensors_hooks on the PEFT model:
-    the first block saves 768 bytes a token less than the second, 4 x 192). Simulated: 85,851,132 bytes."""
+    the first block saves 768 bytes a token less than the second, 4 x 192). Simulated: 92,081,148 bytes."""
     cfg = dict(model_type="qwen2", architectures=["Qwen2ForCausalLM"], hidden_size=192, intermediate_size=608,
                num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1, vocab_size=6272,
                max_position_embeddings=8192, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
@@ -75,4 +78,4 @@ def test_first_block_of_a_frozen_base_saves_no_norm_input():
                   optimizer="adamw", activation_checkpointing="off", precision="bf16-mixed",
                   lora=LoraConfig(rank=8, dropout=0.05))
     peak = result.candidate("zero3").memory_bytes.peak_allocated
-    assert abs(peak - 85_851_132) <= 0.01 * 85_851_132, peak
+    assert abs(peak - 92_081_148) <= 0.01 * 92_081_148, peak

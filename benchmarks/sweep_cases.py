@@ -173,19 +173,6 @@ def known_gap(case: dict) -> str | None:
     be within the goals). The full sweep still runs these cases; ``tests/test_sweep.py`` draws again.
     Each entry is a diagnosis (which moment, which buffer): remove it with the fix."""
     family, cfg, job = case["family"], case["config"], case["job"]
-    if (job["strategy"] == "ddp" and case["kind"] == "traced" and job["checkpointing"] == "on"
-            and job["loss"] == "fused" and cfg.get("tie_word_embeddings", True)):
-        return ("a traced family under checkpointing with the fused loss on DDP: the estimate's block backward is over "
-                "by +0.9% (olmo2 tied s1024 bf16-mixed: 407.2 MB estimated, 403.6 MB simulated at the bottom block; "
-                "+5.6% before the tied sum in place and the traced head gradient were counted). Tied: the traced "
-                "profile's block peak (advisor.simulate.profile LiveLog.replay 'blocks') runs to the end of backward, "
-                "so for a tied full fine-tune it is the embedding's backward (the head's pending gradient and the "
-                "embedding's, V x h each: a 2-block trace of a StarCoder2 h128 V16384 bf16 s256 peaks at 8,454,152 "
-                "there, 5,642,248 while the top block runs), which the estimate adds at a block's backward beside "
-                "its own end of backward (d2d4b920f98e: +1.6% there, 173.3 MB against 159.4 MB); the fix is the "
-                "window ending at the bottom block's backward (one_block_less: blocks_top - top_block), a tracer "
-                "revision that re-traces every profile: not done. Untied, the same jobs agree (stablelm 614ed97227ed "
-                "-0.01%, olmo2 5350eb776448 -0.03% once the fused kernel's own copy of the head was counted)")
     if family == "gemma2" and job["strategy"] != "ddp" and job["seq_len"] <= 512 and (
             job["checkpointing"] == "off" or (job["checkpointing"] == "on" and job["precision"] == "fp32")):
         return ("gemma2 under FSDP2 at s <= 512, where a block's MLP backward (not its attention) decides in the "

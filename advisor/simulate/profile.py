@@ -115,9 +115,12 @@ class _LiveLog:
 
     def replay(self, left_out: set[int]) -> dict[str, int]:
         """Peak live bytes of each phase, the live bytes at the block-backward mark, and for
-        ``one_block_less``: what the top block adds there (``top_block``) and the peaks of the blocks'
-        backward while the top block runs it (``blocks_top``) and once every block is done
-        (``blocks_bottom``)."""
+        ``one_block_less``: what the top block adds there (``top_block``), the peak of the blocks'
+        backward while the top block runs it (``blocks_top``) and the live bytes where every block is done
+        (``blocks_bottom``). The blocks' backward (``blocks``) ends when the gradient reaches the bottom
+        block's input; what follows (the embedding's backward, where a tied head's gradient waits beside
+        the embedding's) is the estimate's end of backward, counted there. Without that mark (a frozen
+        embedding: no gradient reaches the bottom block's input) it runs to the end of the step."""
         levels = [0]  # levels[k]: live bytes after the first k events
         for uid, delta in self.events:
             levels.append(levels[-1] + (0 if uid in left_out else delta))
@@ -128,8 +131,8 @@ class _LiveLog:
                 alive[uid] = alive.get(uid, 0) + delta
         top_done, bottom = self.marks.get("top_backward_end", n), self.marks.get("bottom_start", n)
         return {"forward": max(levels[:forward_end + 1]), "loss": max(levels[forward_end:backward + 1]),
-                "at_blocks": levels[backward], "blocks": max(levels[backward:]),
-                "blocks_top": max(levels[backward:top_done + 1]), "blocks_bottom": max(levels[bottom:]),
+                "at_blocks": levels[backward], "blocks": max(levels[backward:bottom + 1]),
+                "blocks_top": max(levels[backward:top_done + 1]), "blocks_bottom": levels[bottom],
                 "top_block": self._top_block({uid: b for uid, b in alive.items() if b > 0})}
 
     def _top_block(self, alive: dict[int, int]) -> int:
@@ -305,8 +308,8 @@ def one_block_less(point: dict[str, int]) -> dict[str, int]:
     removes what its forward left live (``top_block``: the storages it made, bar its output, which takes
     the part the output below it plays with one block less, plus that input if the top block keeps it) from
     every moment after it: the forward peak (logits and loss), the loss backward, the start of the blocks'
-    backward. The blocks' backward peaks either while the top block runs it (less the same) or once every
-    block is done (the embedding's backward: the same step either way). Equal, to the byte, to a traced
+    backward. The blocks' backward peaks either while the top block runs it (less the same) or where every
+    block is done (the same step either way). Equal, to the byte, to a traced
     one-block step on every held-out family, batch 1 and 2, with and without checkpointing
     (tests/simulate/test_profile_derive.py; benchmarks/results/trace_speed.md)."""
     out = dict(point)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from advisor.calibration import Margin, allocator_overhead
 from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
+from advisor.model.releases import release_tuple
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
 from advisor.units import GIB
@@ -111,6 +112,19 @@ class TrainingConfig(BaseModel):
                                                     "gradient is ready, and the gradient freed (torchtune's "
                                                     "optimizer_in_bwd): no full gradient buffer. One GPU, no "
                                                     "gradient accumulation.")
+
+    # Left out of the JSON unless set, so plans made before it read the same (advisor.estimate.optimizer_8bit).
+    bitsandbytes: str | None = Field(default=None, exclude_if=lambda release: release is None,
+                                     description="The bitsandbytes release an 8-bit optimizer's state is counted "
+                                                 "for (its absmax block, profiles/bitsandbytes_optimizers.json); "
+                                                 "None: the installed release, else the newest.")
+
+    @field_validator("bitsandbytes")
+    @classmethod
+    def _release_number(cls, value: str | None) -> str | None:
+        if value is not None and not release_tuple(value):
+            raise ValueError(f"{value!r} is not a release number (e.g. 0.43.3)")
+        return value
 
     @model_validator(mode="before")
     @classmethod

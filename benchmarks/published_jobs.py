@@ -78,6 +78,8 @@ class Job(_Frozen):
     gradient_accumulation_steps: int | None = Field(default=None, ge=1)
     precision: Literal["bf16-mixed", "bf16", "fp16-mixed", "fp32"]
     optimizer: Literal["adamw", "adamw-8bit", "adamw-8bit-paged", "sgd", "adafactor"]
+    bitsandbytes: str | None = Field(default=None, description="The bitsandbytes release an 8-bit optimizer ran "
+                                     "(TrainingConfig.bitsandbytes); None: the newest.")
     optimizer_in_backward: bool = Field(default=False, description="The step runs per parameter inside backward "
                                         "(torchtune's optimizer_in_bwd).")
     optimizer_impl: Literal["fused", "foreach", "for-loop"] | None = None
@@ -131,6 +133,8 @@ def _fixed(job: Job) -> dict:
         options["optimizer_impl"] = job.optimizer_impl
     if job.optimizer_in_backward:
         options["optimizer_in_backward"] = True
+    if job.bitsandbytes is not None:  # the release its 8-bit optimizer ran (advisor.estimate.optimizer_8bit)
+        options["bitsandbytes"] = job.bitsandbytes
     if job.lora is not None:
         targets = job.lora.targets if isinstance(job.lora.targets, str) else tuple(job.lora.targets)
         options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)

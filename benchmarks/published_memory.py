@@ -75,7 +75,7 @@ def plan_of(case: dict, **overhead: float):
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))
-    for key in ("optimizer_impl", "attention"):  # set where the source's stack differs from the recipe's default
+    for key in ("optimizer_impl", "attention", "bitsandbytes"):  # where the source's stack differs from the default
         if case.get(key):
             options[key] = case[key]
     if case.get("quantize"):

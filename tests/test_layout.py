@@ -23,7 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TORCH_FREE = ("advisor/hardware", "advisor/estimate", "advisor/planning", "advisor/model")
 TORCH_ALLOWED = {"advisor/model/meta.py"}
-HEAVY = ("torch", "transformers", "accelerate", "peft", "deepspeed", "lightning")
+HEAVY = ("torch", "transformers", "accelerate", "peft", "deepspeed", "lightning", "bitsandbytes")
 
 
 # advisor's layers, lowest first: a module may import its own layer and those before it.

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.estimate.optimizer_8bit import EIGHT_BIT_OPTIMIZERS, eight_bit_state_bytes
 from advisor.frozen import validated_copy
 from advisor.model.spec import ModelSpec
 from advisor.precision import FP32
@@ -59,8 +60,8 @@ def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_by
         return state_bytes * t
     if opt == "sgd":
         return 0
-    if opt in ("adamw-8bit", "adamw-8bit-paged"):
-        return 2 * t + t // 256  # two 8-bit states + fp32 absmax per 2048-element block (bitsandbytes)
+    if opt in EIGHT_BIT_OPTIMIZERS:  # two uint8 moments + fp32 absmax per block, the block by bitsandbytes release
+        return eight_bit_state_bytes(t, training.bitsandbytes)
     # Adafactor: factored second moment, one row and one column vector per matrix (Shazeer & Stern 2018).
     width = spec.hidden_size or 4096
     return state_bytes * 2 * t // width

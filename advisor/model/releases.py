@@ -69,3 +69,16 @@ def installed_behaviours() -> dict[str, str]:
         except PackageNotFoundError:
             continue
     return behaviours_in_force(versions)
+
+
+def installed_release(library: str) -> str | None:
+    """The installed release of ``library`` (package metadata headers, no import), or None when it is not
+    installed (the edge: the planner passes it on, e.g. ``TrainingConfig.bitsandbytes``)."""
+    from importlib.metadata import PackageNotFoundError
+
+    from advisor.model.spec_cache import installed_version
+
+    try:
+        return installed_version(library)
+    except PackageNotFoundError:
+        return None

@@ -15,11 +15,13 @@ from pydantic import (BaseModel, ConfigDict, Field, SerializeAsAny, ValidationEr
 
 from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
+from advisor.estimate.optimizer_8bit import EIGHT_BIT_OPTIMIZERS, bitsandbytes_note
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import adapts_output_head, lora_of, with_lora
+from advisor.model.releases import installed_release
 from advisor.model.loss_kernels import HEAD_ADAPTER
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -146,6 +148,20 @@ def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> T
     notes.append(f"precision fp16-mixed: the {hw.gpu.name} has no bf16, so the default bf16-mixed is planned as "
                  "fp16-mixed (fp32 master weights, fp16 compute with loss scaling); --precision fp32 to change")
     return validated_copy(training, {"precision": "fp16-mixed"})
+
+
+def _with_bitsandbytes(training: TrainingConfig, notes: list[str]) -> TrainingConfig:
+    """An 8-bit optimizer's state is counted for the bitsandbytes release given, else the installed one (read
+    from package metadata, no import), else the newest (advisor.estimate.optimizer_8bit); the plan says which."""
+    if training.optimizer not in EIGHT_BIT_OPTIMIZERS:
+        return training
+    given = training.bitsandbytes is not None
+    if not given:
+        installed = installed_release("bitsandbytes")
+        if installed is not None:
+            training = validated_copy(training, {"bitsandbytes": installed})
+    notes.append(bitsandbytes_note(training.bitsandbytes, installed=not given))
+    return training
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
@@ -302,6 +318,7 @@ def plan(
 
         check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
+    training = _with_bitsandbytes(training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem
 

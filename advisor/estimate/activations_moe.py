@@ -144,8 +144,9 @@ def experts_backward_per_token(cb: int, residual: int, *, hidden: int, inter: in
 def moe_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k: int,
                            moe: MoeFacts, recomputed: bool = False) -> tuple[int, int]:
     """(at the experts' product rule, at the routing-weight product's backward before it), a token, beyond the
-    saved tensors, in an MoE decoder's top block (``recomputed``: under checkpointing); a shared expert or DeepSeek's dense layers, where wider, count
-    the dense gated MLP's product rule (``activations.estimate_activations``) at the first."""
+    saved tensors, in an MoE decoder's top block (``recomputed``: under checkpointing); a shared expert or
+    DeepSeek's dense layers, where wider, count the dense gated MLP's product rule
+    (``activations.estimate_activations``) at the first."""
     experts = experts_backward_per_token(cb, residual, hidden=hidden, inter=inter, k=k)
     dense = max(moe.shared_intermediate_size, moe.dense_intermediate_size if moe.num_dense_layers else 0)
     experts = max(experts, residual * hidden + 2 * cb * dense if dense else 0)

@@ -182,12 +182,14 @@ def _moe_kept_width(shape: ActivationShape) -> int:
                                          experts=shape.num_experts, moe=shape.moe)
 
 
-def _moe_backward(shape: ActivationShape, dt: Dtypes, tokens: int) -> tuple[int, int]:
-    """An MoE MLP: its experts' and its routing product's backward (backward_temp, early), all tokens."""
+def _moe_backward(shape: ActivationShape, dt: Dtypes, tokens: int, *, checkpointing: bool = False) -> tuple[int, int]:
+    """An MoE MLP: its experts' and its routing product's backward (backward_temp, early), all tokens
+    (``checkpointing``: the block was recomputed, ``activations_moe.routing_backward_per_token``)."""
     per_token = moe_acts.moe_backward_per_token(
         moe_acts.experts_bytes(dt.compute, dt.residual, input_casts=dt.input_casts), dt.residual,
         hidden=shape.hidden_size, inter=shape.intermediate_size, k=shape.num_experts_per_token or 1,
-        moe=shape.moe or MoeFacts(router="softmax"))  # Mixtral: softmax, renormalised, fp32 weights
+        moe=shape.moe or MoeFacts(router="softmax"),  # Mixtral: softmax, renormalised, fp32 weights
+        recomputed=checkpointing)
     return tuple(tokens * t for t in per_token)
 
 

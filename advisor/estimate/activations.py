@@ -287,7 +287,7 @@ def estimate_activations(
     backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
     early = 0
     if row.backward is not None:  # an MoE MLP: its experts' and its routing product's backward
-        backward_temp, early = row.backward(shape, dt, tokens)
+        backward_temp, early = row.backward(shape, dt, tokens, checkpointing=checkpointing)
     mlp_freed = tokens * frozen_mlp_freed_per_token(dt, adapters) if frozen else 0
     recompute_end = tokens * frozen_recompute_end_per_token(shape, dt, adapters) if frozen and checkpointing else 0
     if shape.sandwich_norms:  # Gemma 2: the norm after the MLP ran its backward first, freeing its fp32 input

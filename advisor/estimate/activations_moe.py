@@ -102,7 +102,8 @@ def moe_mlp_per_token(cb: int, residual: int, *, hidden: int, inter: int, expert
             + shared_experts_per_token(cb, hidden=hidden, moe=moe))
 
 
-def routing_backward_per_token(cb: int, residual: int, *, hidden: int, k: int, moe: MoeFacts) -> int:
+def routing_backward_per_token(cb: int, residual: int, *, hidden: int, k: int, moe: MoeFacts,
+                               recomputed: bool = False) -> int:
     """Bytes a token holds beyond its saved tensors early in an MoE MLP's backward: the routing-weight
     product's backward (``grouped_mm_experts_forward``: ``proj_out * sample_weights_g``, then ``[inv_perm]``
     and ``view(T, k, h).sum(1)``), before any expert's grouped product runs backward, so no expert weight
@@ -112,10 +113,21 @@ def routing_backward_per_token(cb: int, residual: int, *, hidden: int, k: int, m
     k rows a token), the two gradients of the product (``grad * weights`` and ``grad * proj_out``, ``p``) and
     the first one cast back to ``proj_out``'s dtype (``cb``) when ``p`` is wider. Read op by op on the
     simulated step (torch 2.13, transformers 5.23; Mixtral 512 wide, 8 experts top-2, s 4096, FSDP2
-    bf16-mixed: 58.7 MB = 4,096 tokens x 2 x 512 x (3 x 4 + 2) over the residual gradient)."""
+    bf16-mixed: 58.7 MB = 4,096 tokens x 2 x 512 x (3 x 4 + 2) over the residual gradient).
+
+    ``recomputed`` (non-reentrant activation checkpointing, full or selective): the autograd engine makes that
+    cast after the product's backward returns (``validate_outputs``), and a recomputed saved tensor is held only
+    by that backward once unpacked (the checkpoint's unpack hook drops its own reference), so ``proj_out``
+    (``cb``, k rows a token) is freed just before the cast is made: no more is live there than at the
+    ``index_put`` before it (the expanded incoming gradient's ``clone``, the zeros and the ``index_put`` result,
+    three ``p``-wide tensors of k rows a token). Without checkpointing ``proj_out`` stays saved through the
+    cast (released after ``validate_outputs``). Read op by op on the simulated step (sweep 91b2d9e98ef9:
+    Mixtral 64 wide, top-2, FSDP2 x8, mb 8, s 1024, full checkpointing, pure bf16 and bf16-mixed alike: the
+    block's peak at that ``index_put``, 248 bytes a token under the cast's count with ``proj_out``)."""
     weights = cb if moe.weights_in_compute_dtype else FP32
     wide = max(cb, weights)
-    return residual * hidden + k * hidden * (3 * wide + (cb if wide != cb else 0))
+    cast = cb if wide != cb and not recomputed else 0
+    return residual * hidden + k * hidden * (3 * wide + cast)
 
 
 def experts_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k: int) -> int:
@@ -130,14 +142,15 @@ def experts_backward_per_token(cb: int, residual: int, *, hidden: int, inter: in
 
 
 def moe_backward_per_token(cb: int, residual: int, *, hidden: int, inter: int, k: int,
-                           moe: MoeFacts) -> tuple[int, int]:
+                           moe: MoeFacts, recomputed: bool = False) -> tuple[int, int]:
     """(at the experts' product rule, at the routing-weight product's backward before it), a token, beyond the
-    saved tensors, in an MoE decoder's top block; a shared expert or DeepSeek's dense layers, where wider, count
-    the dense gated MLP's product rule (``activations.estimate_activations``) at the first."""
+    saved tensors, in an MoE decoder's top block (``recomputed``: under checkpointing); a shared expert or
+    DeepSeek's dense layers, where wider, count the dense gated MLP's product rule
+    (``activations.estimate_activations``) at the first."""
     experts = experts_backward_per_token(cb, residual, hidden=hidden, inter=inter, k=k)
     dense = max(moe.shared_intermediate_size, moe.dense_intermediate_size if moe.num_dense_layers else 0)
     experts = max(experts, residual * hidden + 2 * cb * dense if dense else 0)
-    return experts, routing_backward_per_token(cb, residual, hidden=hidden, k=k, moe=moe)
+    return experts, routing_backward_per_token(cb, residual, hidden=hidden, k=k, moe=moe, recomputed=recomputed)
 
 
 def selective_kept_width(*, q_out: int, kv_out: int, experts: int, moe: MoeFacts | None) -> int:

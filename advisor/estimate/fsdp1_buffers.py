@@ -31,6 +31,7 @@ Pure: no torch import.
 
 from __future__ import annotations
 
+from advisor.estimate.block_sizes import block_params, blocks_saving
 from advisor.estimate.states import FP32
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
@@ -46,7 +47,7 @@ def fsdp1_trainable_units(spec: ModelSpec, *, layer: int, n_layers: int, outside
     """(parameters with a gradient in the blocks, in the root) under use_orig_params: a unit with any
     trainable parameter has a gradient for all of it. LoRA's adapters sit in every block; a frozen root
     (LoRA's embeddings and head) has none."""
-    blocks = layer * n_layers - spec.dense_layer_saving
+    blocks = layer * n_layers - blocks_saving(spec)
     if spec.trainable_params >= spec.total_params:
         return blocks, outside
     return (blocks if spec.trainable_params > 0 else 0), 0
@@ -54,8 +55,6 @@ def fsdp1_trainable_units(spec: ModelSpec, *, layer: int, n_layers: int, outside
 
 def fsdp1_gradient_params(spec: ModelSpec) -> int:
     """Parameters with a gradient (the sharded fp32 gradient the optimizer steps beside): whole units."""
-    from advisor.estimate.strategy_buffers import block_params
-
     layer, n_layers, outside = block_params(spec)
     blocks, root = fsdp1_trainable_units(spec, layer=layer, n_layers=n_layers, outside=outside)
     return max(spec.trainable_params, blocks + root)
@@ -80,7 +79,7 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
         forward_start = root + max(low * outside // world, ub * layer + low * layer // world) + h2d
     else:
         # SHARD_GRAD_OP: every block stays unsharded from its forward to its backward.
-        at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving)
+        at_loss = blocks_bwd = ub * (layer * n_layers - blocks_saving(spec))
         forward_start = None
     # A block's gradient: the parameters' gradients and their concatenation into the flat gradient (the views'
     # split backward); the unit is resharded before its bf16 reduce-scatter output and fp32 shard are made.

@@ -10,25 +10,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.estimate.activations import shape_of
+from advisor.estimate.block_sizes import block_params, blocks_saving
 from advisor.estimate.fsdp2_one_rank import unshard_copy_bytes
 from advisor.estimate.states import FP32
 from advisor.frozen import validated_copy
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
-
-
-def block_params(spec: ModelSpec) -> tuple[int, int, int]:
-    """(one block, number of blocks, everything outside the blocks)."""
-    if spec.layer_params is not None and spec.num_layers:
-        # MoE models with dense layers (DeepSeek): those hold less than the MoE block counted here.
-        inside = spec.layer_params * spec.num_layers - spec.dense_layer_saving
-        return spec.layer_params, spec.num_layers, spec.total_params - inside
-    shape = shape_of(spec)
-    outside = 2 * shape.vocab_size * shape.hidden_size
-    layers = shape.num_layers
-    return max(1, (spec.total_params - outside) // layers), layers, outside
 
 
 class StrategyBuffers(BaseModel):
@@ -128,7 +116,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         else:
             # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
             moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
-            held = at_loss = blocks_bwd = ub * (layer * n_layers - spec.dense_layer_saving + moe_layers * pad)
+            held = at_loss = blocks_bwd = ub * (layer * n_layers - blocks_saving(spec) + moe_layers * pad)
         grads = (ub + reduce_b) * per_block_t
         # The first block's forward: the root unsharded and its all-gather output not yet freed (FSDP2
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
@@ -174,7 +162,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
     else:
         uncast_all, uncast_one = routed_expert_params(spec)  # grouped_mm: no autocast cast of the experts
         forward_end, at_loss, in_backward = _autocast_weight_casts(
-            spec, layer * n_layers - spec.dense_layer_saving - uncast_all, layer - uncast_one, checkpointing,
+            spec, layer * n_layers - blocks_saving(spec) - uncast_all, layer - uncast_one, checkpointing,
             head_cast=training.loss != "fused")
     if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
         forward_end = at_loss
@@ -286,7 +274,7 @@ def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, i
     """(trainable parameters in the blocks, trainable parameters in the root). Training spreads over the
     blocks first: LoRA's adapters live there, and ``--trainable-params`` leaves whole tensors trainable
     across the blocks (``advisor.simulate.model.freeze_to``); a full fine-tune trains the root too."""
-    blocks = layer * n_layers - spec.dense_layer_saving
+    blocks = layer * n_layers - blocks_saving(spec)
     if spec.trainable_params >= spec.total_params:
         return blocks, spec.total_params - blocks
     inside = min(spec.trainable_params, blocks)

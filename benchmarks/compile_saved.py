@@ -40,7 +40,7 @@ LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=3
 SMALL = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2)
 
 
-def estimate_per_token(shape: dict, *, seq: int) -> int:
+def estimate_per_token(shape: dict, *, seq: int, autocast: bool = False) -> int:
     """The estimate's own per-layer count for this block (eager, SDPA), bytes a token."""
     from advisor.estimate.activations import ActivationShape, Dtypes
     from advisor.estimate.activations_blocks import decoder_layer_per_token
@@ -49,7 +49,7 @@ def estimate_per_token(shape: dict, *, seq: int) -> int:
     act = ActivationShape(num_layers=1, hidden_size=h, num_attention_heads=heads,
                           num_kv_heads=shape["num_key_value_heads"], head_dim=h // heads,
                           intermediate_size=shape["intermediate_size"], vocab_size=128, family="decoder")
-    return decoder_layer_per_token(act, Dtypes(residual=2, compute=2, input_casts=False), seq_len=seq, eager=False)
+    return decoder_layer_per_token(act, Dtypes(residual=4 if autocast else 2, compute=2, input_casts=autocast), seq_len=seq, eager=False)
 
 
 def _table(title: str, rows, tokens: int) -> list[str]:
@@ -64,18 +64,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seq", type=int, default=8192)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--small", action="store_true", help="a 256-wide block (8 heads, 2 kv heads, 704 MLP)")
+    parser.add_argument("--autocast", action="store_true", help="fp32 weights under bf16 autocast (CUDA's fp32 list)")
     args = parser.parse_args(argv)
     shape = SMALL if args.small else LLAMA_8B
     tokens = args.batch * args.seq
-    eager = eager_saved(shape, batch=args.batch, seq=args.seq)
-    compiled = compiled_saved(shape, batch=args.batch, seq=args.seq)
-    print(f"LlamaDecoderLayer {shape}, bf16, SDPA, batch {args.batch}, seq {args.seq} (torch {torch.__version__})\n")
+    eager = eager_saved(shape, batch=args.batch, seq=args.seq, autocast=args.autocast)
+    compiled = compiled_saved(shape, batch=args.batch, seq=args.seq, autocast=args.autocast)
+    print(f"LlamaDecoderLayer {shape}, {'fp32 weights under bf16 autocast' if args.autocast else 'bf16'}, SDPA, batch {args.batch}, seq {args.seq} (torch {torch.__version__})\n")
     print("\n".join(_table("eager (saved_tensors_hooks)", eager, tokens)))
     print("\n".join(_table("compiled (inductor's partition_fn, min-cut)", compiled, tokens)))
     e, c = sum(r[3] for r in eager), sum(r[3] for r in compiled)
     print(f"eager - compiled: {(e - c) / tokens:,.0f} bytes a token ({(e - c) / e:.1%} of eager)")
-    print(f"the estimate's eager count (activations_blocks.decoder_layer_per_token, bf16, no input casts, which leaves "
-          f"out the two rsqrt outputs, 8 bytes): {estimate_per_token(shape, seq=args.seq):,} bytes a token")
+    print(f"the estimate's eager count (activations_blocks.decoder_layer_per_token, which leaves out the two rsqrt "
+          f"outputs, 8 bytes): {estimate_per_token(shape, seq=args.seq, autocast=args.autocast):,} bytes a token")
     return 0
 
 

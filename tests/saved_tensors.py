@@ -53,22 +53,28 @@ def _key(t: torch.Tensor):
 
 
 class _Writers(TorchDispatchMode):
-    """Which op wrote each storage (the last op to return it)."""
+    """Which op wrote each storage (the first op to return it), and which storages are made from the weights
+    alone (``weights``, seeded with the parameters': autocast's weight casts, not per token)."""
 
-    def __init__(self):
+    def __init__(self, weights: set):
         super().__init__()
-        self.op = {}
+        self.op, self.weights = {}, set(weights)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_weights = bool(inputs) and all(_key(t) in self.weights for t in inputs)
         for t in (out if isinstance(out, (tuple, list)) else (out,)):
             if isinstance(t, torch.Tensor) and _key(t) not in self.op:
                 self.op[_key(t)] = func.__name__
+                if from_weights:
+                    self.weights.add(_key(t))
         return out
 
 
-def fake_llama_block(shape: dict, *, batch: int, seq: int):
-    """(layer on the meta device, fake params, fake x, fake cos, fake sin, the fake mode)."""
+def fake_llama_block(shape: dict, *, batch: int, seq: int, autocast: bool = False):
+    """(layer on the meta device, fake params, fake x, fake cos, fake sin, the fake mode): bf16, or fp32 for
+    ``autocast`` (fp32 weights, an fp32 residual stream and fp32 cos/sin, as HF casts them to the hidden dtype)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -76,38 +82,46 @@ def fake_llama_block(shape: dict, *, batch: int, seq: int):
     config = LlamaConfig(**shape, num_hidden_layers=1)
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        layer = LlamaDecoderLayer(config, 0).to(torch.bfloat16).train()
+        layer = LlamaDecoderLayer(config, 0).to(torch.float32 if autocast else torch.bfloat16).train()
     mode = FakeTensorMode()
     head_dim = shape["hidden_size"] // shape["num_attention_heads"]
     with mode:
         params = {n: torch.empty(p.shape, dtype=p.dtype).requires_grad_() for n, p in layer.named_parameters()}
-        x = torch.empty(batch, seq, shape["hidden_size"], dtype=torch.bfloat16).requires_grad_()
-        cos = torch.empty(1, seq, head_dim, dtype=torch.bfloat16)
-        sin = torch.empty(1, seq, head_dim, dtype=torch.bfloat16)
+        dtype = torch.float32 if autocast else torch.bfloat16
+        x = torch.empty(batch, seq, shape["hidden_size"], dtype=dtype).requires_grad_()
+        cos = torch.empty(1, seq, head_dim, dtype=dtype)
+        sin = torch.empty(1, seq, head_dim, dtype=dtype)
     return layer, params, x, cos, sin, mode
 
 
-def _call(layer, params, x, cos, sin):
-    return torch.func.functional_call(layer, params, (x,), {"position_embeddings": (cos, sin)})
+def _call(layer, params, x, cos, sin, autocast: bool = False):
+    """The layer's forward; ``autocast``: under CPU autocast to bf16 with CUDA's fp32 op list (the simulator's)."""
+    import contextlib
+
+    from advisor.simulate.autocast import cuda_fp32_policy
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            cuda_fp32_policy() if autocast else contextlib.nullcontext():
+        return torch.func.functional_call(layer, params, (x,), {"position_embeddings": (cos, sin)})
 
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 
 
-def eager_saved(shape: dict, *, batch: int, seq: int) -> list[tuple[str, tuple, torch.dtype, int]]:
+def eager_saved(shape: dict, *, batch: int, seq: int, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
     """(op, shape, dtype, bytes) of each distinct storage the eager forward leaves saved."""
-    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq)
+    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq, autocast=autocast)
     skip = {_key(t) for t in (*params.values(), cos, sin)}
     packed = []
     with mode:
-        writers = _Writers()
+        writers = _Writers({_key(t) for t in params.values()})
         with writers, torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
-            out = _call(layer, params, x, cos, sin)
+            out = _call(layer, params, x, cos, sin, autocast)
         seen, rows = set(), []
         for t in packed:
             k = _key(t)
-            if k in skip or k in seen:
+            if k in skip or k in seen or k in writers.weights:
                 continue
             seen.add(k)
             rows.append((writers.op.get(k, "input"), tuple(t.shape), t.dtype, _nbytes(t)))
@@ -115,7 +129,7 @@ def eager_saved(shape: dict, *, batch: int, seq: int) -> list[tuple[str, tuple, 
     return rows
 
 
-def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True) -> list[tuple[str, tuple, torch.dtype, int]]:
+def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
     """(op, shape, dtype, bytes) of each distinct storage the partitioned forward graph saves for backward.
     ``inductor``: inductor's decompositions and partition_fn (its joint-graph passes first); False: the bare
     ``min_cut_rematerialization_partition(compiler="inductor")`` without decompositions, which saves the same
@@ -133,7 +147,7 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True) 
     else:
         partition, decompositions = functools.partial(min_cut_rematerialization_partition, compiler="inductor"), None
 
-    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq)
+    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq, autocast=autocast)
     graphs = {}
 
     def keep(name):
@@ -143,7 +157,7 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True) 
         return compiler
 
     with mode:
-        fn = aot_function(lambda p, x, c, s: _call(layer, p, x, c, s), fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+        fn = aot_function(lambda p, x, c, s: _call(layer, p, x, c, s, autocast), fw_compiler=keep("fw"), bw_compiler=keep("bw"),
                           partition_fn=partition, decompositions=decompositions)
         out = fn(params, x, cos, sin)
         out.sum().backward()
@@ -153,6 +167,11 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True) 
     # aot_function flattens (params, x, cos, sin): the params first, then x, cos, sin
     skip = {_key(n.meta["val"]) for n in placeholders[:num_params]}
     skip |= {_key(n.meta["val"]) for n in placeholders[num_params + 1:]}
+    weights = {n for n in placeholders[:num_params]}
+    for n in fw_nodes:  # made from the weights alone (autocast's weight casts and their views): not per token
+        inputs = [a for a in n.all_input_nodes]
+        if n.op == "call_function" and inputs and all(a in weights for a in inputs):
+            weights.add(n)
     tangents = sum(1 for n in graphs["bw"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
     outputs = fw_nodes[-1].args[0]
     seen, rows = set(), []
@@ -161,7 +180,7 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True) 
         if not isinstance(val, torch.Tensor):
             continue
         k = _key(val)
-        if k in skip or k in seen:
+        if k in skip or k in seen or node in weights:
             continue
         seen.add(k)
         op = "input x" if node.op == "placeholder" else str(node.target).replace("aten.", "")

@@ -7,7 +7,8 @@ the rule for where that list was measured. What does not: the time compile saves
 (``advisor.estimate.compile_time``), the eager count itself (``advisor.estimate.activations_blocks``).
 
 Where it applies (the profile's ``applies_to``): a bf16 block without autocast (FSDP2's MixedPrecisionPolicy,
-a pure bf16 model, DeepSpeed), SDPA, no checkpointing, no LoRA, the plain Llama block (no q/k norms,
+a pure bf16 model, DeepSpeed) or fp32 weights under bf16 autocast (DDP, ZeRO-1/2 under bf16-mixed), SDPA, no
+checkpointing, no LoRA, the plain Llama block (no q/k norms,
 sandwich norms, fp32 norm scales, fused qkv). Everywhere else the plan keeps the eager count and says so.
 Only the saved tensors move (the end-of-forward moment, and the block that backward frees); the moment
 inside a block's backward (its gradients) is left as eager: not measured.
@@ -41,8 +42,17 @@ class SavedTensor(BaseModel):
 
     tensor: str
     width: Literal["hidden", "intermediate"]
-    dtype: Literal["fp32", "compute"]
+    dtype: Literal["fp32", "compute", "residual"]
     per_block: int = Field(ge=1)
+
+
+class SavedChange(BaseModel):
+    """What the partitioner changes in one recipe's block."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dropped: tuple[SavedTensor, ...] = Field(description="Saved eager, recomputed by the compiled backward.")
+    added: tuple[SavedTensor, ...] = Field(description="Saved by the compiled block, not by the eager one.")
 
 
 class CompileSavedFacts(BaseModel):
@@ -50,8 +60,7 @@ class CompileSavedFacts(BaseModel):
 
     source: str
     applies_to: str
-    dropped: tuple[SavedTensor, ...] = Field(description="Saved eager, recomputed by the compiled backward.")
-    added: tuple[SavedTensor, ...] = Field(description="Saved by the compiled block, not by the eager one.")
+    recipes: dict[Literal["bf16", "autocast"], SavedChange]
 
 
 @functools.lru_cache(maxsize=1)
@@ -66,21 +75,31 @@ def compile_saves_less(shape: ActivationShape, dt: Dtypes, *, checkpointing: boo
                        lora: bool) -> bool:
     """Whether the measured list applies to this block and recipe (module docstring)."""
     plain = not (shape.qk_norm or shape.sandwich_norms or shape.fp32_norm_scale or shape.fused_qkv)
-    return (dt.residual == dt.compute == 2 and not dt.input_casts and not checkpointing and not eager_attention
+    return (_recipe(dt) is not None and not checkpointing and not eager_attention
             and not lora and plain and shape.kind in LLAMA_LIKE and shape.family == "decoder" and shape.num_experts is None
             and shape.mla is None and shape.hybrid is None)
 
 
+def _recipe(dt: Dtypes) -> str | None:
+    """The measured recipe these widths are: bf16 weights without autocast, or fp32 weights under bf16 autocast."""
+    if dt.residual == dt.compute == 2 and not dt.input_casts:
+        return "bf16"
+    if dt.residual == FP32 and dt.compute == 2 and dt.input_casts:
+        return "autocast"
+    return None
+
+
 def _bytes(tensor: SavedTensor, shape: ActivationShape, dt: Dtypes) -> int:
     width = shape.hidden_size if tensor.width == "hidden" else shape.intermediate_size
-    return tensor.per_block * width * (FP32 if tensor.dtype == "fp32" else dt.compute)
+    return tensor.per_block * width * {"fp32": FP32, "compute": dt.compute, "residual": dt.residual}[tensor.dtype]
 
 
 def compile_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
-    """Bytes a token of one block the partitioner no longer saves (dropped less added); Llama-3.1-8B in bf16:
-    2 x 4 x 4096 + 2 x 2 x 4096 + 2 x 14336 - 2 x 2 x 4096 = 61,440."""
-    facts = load_compile_saved()
-    return sum(_bytes(t, shape, dt) for t in facts.dropped) - sum(_bytes(t, shape, dt) for t in facts.added)
+    """Bytes a token of one block the partitioner no longer saves (dropped less added), a measured recipe only
+    (``compile_saves_less``). Llama-3.1-8B in bf16: 2 x 4 x 4096 + 2 x 2 x 4096 + 2 x 14336 - 2 x 2 x 4096 = 61,440
+    (8h + 2f); under autocast: 2 x 4h + 2 x 4h + 5 x 2h + 2f - (4h + 2h + 2 x 2h) = 16h + 2f = 94,208."""
+    change = load_compile_saved().recipes[_recipe(dt)]
+    return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
 
 
 def compiled_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,

@@ -3,8 +3,8 @@
 What belongs here: the bytes a token of one block's elementwise and reduction kernels move in eager
 mode and after inductor fuses them, and the seconds the difference is worth. What does not: matmuls
 and the attention kernel (the same kernels in both modes, timed by ``step_time``'s utilisation), memory
-(a compiled block saves fewer activations: ``advisor.estimate.compile_memory``, for a bf16 block without autocast
-or checkpointing; other recipes and every other memory moment are estimated as eager), the loss
+(a compiled block saves fewer activations: ``advisor.estimate.compile_memory``, for a block without checkpointing, bf16
+or fp32 under bf16 autocast; other recipes and every other memory moment are estimated as eager), the loss
 (torchtitan at the benchmarked commit 9dec370 leaves it eager, its ``torch.compile(loss_fn)`` commented out in
 train.py; torchtune's ``compile_loss`` compiles a chunked loss in place, and the full fine-tune recipe at
 1814feb1 drops its result for any other loss; newer torchtitan compiles it: not counted), launch gaps (not

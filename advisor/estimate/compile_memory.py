@@ -8,8 +8,9 @@ the rule for where that list was measured. What does not: the time compile saves
 
 Where it applies (the profile's ``applies_to``): a bf16 block without autocast (FSDP2's MixedPrecisionPolicy,
 a pure bf16 model, DeepSpeed) or fp32 weights under bf16 autocast (DDP, ZeRO-1/2 under bf16-mixed), SDPA, no
-checkpointing, no LoRA, the plain Llama block (no q/k norms,
-sandwich norms, fp32 norm scales, fused qkv). Everywhere else the plan keeps the eager count and says so.
+checkpointing, no LoRA, the plain Llama block (no q/k norms, sandwich norms, fp32 norm scales, fused qkv), on the
+single-mesh path (``advisor.estimate.memory``; tensor, context and pipeline parallel plans keep the eager count).
+Everywhere else the plan keeps the eager count and says so.
 Only the saved tensors move (the end-of-forward moment, and the block that backward frees); the moment
 inside a block's backward (its gradients) is left as eager: not measured.
 

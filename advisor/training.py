@@ -94,8 +94,9 @@ class TrainingConfig(BaseModel):
     # Off by default and left out of the JSON, so plans made before it read the same (advisor.estimate.compile_time).
     compile: bool = Field(default=False, exclude_if=lambda on: not on,
                           description="torch.compile (inductor) on each decoder block: its fused elementwise "
-                                      "kernels move fewer HBM bytes (advisor.estimate.compile_time); memory "
-                                      "is estimated as eager.")
+                                      "kernels move fewer HBM bytes (advisor.estimate.compile_time); a block "
+                                      "without checkpointing (bf16, or under autocast) saves fewer activations "
+                                      "(advisor.estimate.compile_memory), other memory is estimated as eager.")
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")

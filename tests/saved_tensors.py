@@ -8,6 +8,8 @@ import gc
 import weakref
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from advisor.simulate.fake_env import cuda_dropout
 
@@ -44,3 +46,143 @@ def qwen_tower_saved_bytes(tower_class: type, config, dtype: torch.dtype, grid: 
     width = 3 * config.temporal_patch_size * config.patch_size ** 2
     pixels = torch.randn(grid * grid, width, dtype=dtype, generator=torch.Generator().manual_seed(0))
     return saved_forward_bytes(tower, hidden_states=pixels, grid_thw=torch.tensor([[1, grid, grid]]))
+
+
+def _key(t: torch.Tensor):
+    return StorageWeakRef(t.untyped_storage())
+
+
+class _Writers(TorchDispatchMode):
+    """Which op wrote each storage (the first op to return it), and which storages are made from the weights
+    alone (``weights``, seeded with the parameters': autocast's weight casts, not per token)."""
+
+    def __init__(self, weights: set):
+        super().__init__()
+        self.op, self.weights = {}, set(weights)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_weights = bool(inputs) and all(_key(t) in self.weights for t in inputs)
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor) and _key(t) not in self.op:
+                self.op[_key(t)] = func.__name__
+                if from_weights:
+                    self.weights.add(_key(t))
+        return out
+
+
+def fake_llama_block(shape: dict, *, batch: int, seq: int, autocast: bool = False):
+    """(layer on the meta device, fake params, fake x, fake cos, fake sin, the fake mode): bf16, or fp32 for
+    ``autocast`` (fp32 weights, an fp32 residual stream and fp32 cos/sin, as HF casts them to the hidden dtype)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    config = LlamaConfig(**shape, num_hidden_layers=1)
+    config._attn_implementation = "sdpa"
+    with torch.device("meta"):
+        layer = LlamaDecoderLayer(config, 0).to(torch.float32 if autocast else torch.bfloat16).train()
+    mode = FakeTensorMode()
+    head_dim = shape["hidden_size"] // shape["num_attention_heads"]
+    with mode:
+        params = {n: torch.empty(p.shape, dtype=p.dtype).requires_grad_() for n, p in layer.named_parameters()}
+        dtype = torch.float32 if autocast else torch.bfloat16
+        x = torch.empty(batch, seq, shape["hidden_size"], dtype=dtype).requires_grad_()
+        cos = torch.empty(1, seq, head_dim, dtype=dtype)
+        sin = torch.empty(1, seq, head_dim, dtype=dtype)
+    return layer, params, x, cos, sin, mode
+
+
+def _call(layer, params, x, cos, sin, autocast: bool = False):
+    """The layer's forward; ``autocast``: under CPU autocast to bf16 with CUDA's fp32 op list (the simulator's)."""
+    import contextlib
+
+    from advisor.simulate.autocast import cuda_fp32_policy
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), \
+            cuda_fp32_policy() if autocast else contextlib.nullcontext():
+        return torch.func.functional_call(layer, params, (x,), {"position_embeddings": (cos, sin)})
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def eager_saved(shape: dict, *, batch: int, seq: int, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
+    """(op, shape, dtype, bytes) of each distinct storage the eager forward leaves saved."""
+    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq, autocast=autocast)
+    skip = {_key(t) for t in (*params.values(), cos, sin)}
+    packed = []
+    with mode:
+        writers = _Writers({_key(t) for t in params.values()})
+        with writers, torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+            out = _call(layer, params, x, cos, sin, autocast)
+        seen, rows = set(), []
+        for t in packed:
+            k = _key(t)
+            if k in skip or k in seen or k in writers.weights:
+                continue
+            seen.add(k)
+            rows.append((writers.op.get(k, "input"), tuple(t.shape), t.dtype, _nbytes(t)))
+        del out
+    return rows
+
+
+def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
+    """(op, shape, dtype, bytes) of each distinct storage the partitioned forward graph saves for backward.
+    ``inductor``: inductor's decompositions and partition_fn (its joint-graph passes first); False: the bare
+    ``min_cut_rematerialization_partition(compiler="inductor")`` without decompositions, which saves the same
+    tensors of this block (checked at 256 wide, 1 x 128 tokens) and needs no inductor import (seconds faster)."""
+    import functools
+
+    from functorch.compile import aot_function, make_boxed_func
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    if inductor:
+        from torch._inductor.compile_fx import partition_fn
+        from torch._inductor.decomposition import select_decomp_table
+
+        partition, decompositions = partition_fn, select_decomp_table()
+    else:
+        partition, decompositions = functools.partial(min_cut_rematerialization_partition, compiler="inductor"), None
+
+    layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq, autocast=autocast)
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    with mode:
+        fn = aot_function(lambda p, x, c, s: _call(layer, p, x, c, s, autocast), fw_compiler=keep("fw"), bw_compiler=keep("bw"),
+                          partition_fn=partition, decompositions=decompositions)
+        out = fn(params, x, cos, sin)
+        out.sum().backward()
+    fw_nodes = list(graphs["fw"].graph.nodes)
+    placeholders = [n for n in fw_nodes if n.op == "placeholder"]
+    num_params = len(params)
+    # aot_function flattens (params, x, cos, sin): the params first, then x, cos, sin
+    skip = {_key(n.meta["val"]) for n in placeholders[:num_params]}
+    skip |= {_key(n.meta["val"]) for n in placeholders[num_params + 1:]}
+    weights = {n for n in placeholders[:num_params]}
+    for n in fw_nodes:  # made from the weights alone (autocast's weight casts and their views): not per token
+        inputs = [a for a in n.all_input_nodes]
+        if n.op == "call_function" and inputs and all(a in weights for a in inputs):
+            weights.add(n)
+    tangents = sum(1 for n in graphs["bw"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
+    outputs = fw_nodes[-1].args[0]
+    seen, rows = set(), []
+    for node in outputs[tangents:]:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        k = _key(val)
+        if k in skip or k in seen or node in weights:
+            continue
+        seen.add(k)
+        op = "input x" if node.op == "placeholder" else str(node.target).replace("aten.", "")
+        rows.append((f"{op} ({node.name})", tuple(val.shape), val.dtype, _nbytes(val)))
+    return rows

@@ -116,7 +116,8 @@ PLAN_OPTIONS: list[Callable] = [
                  help="With --float8: FSDP all-gathers the converted weights in fp8 (enable_fsdp_float8_all_gather)."),
     click.option("--compile", "compile", is_flag=True, default=None,
                  help="The blocks run under torch.compile (inductor): fused norms, RoPE, SiLU and residual adds "
-                      "save HBM traffic (Llama-like decoders; memory estimated as eager). Default off."),
+                      "save HBM traffic (Llama-like decoders; memory: fewer saved activations in a block without "
+                      "checkpointing, else as eager). Default off."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
     click.option("--margin", type=_choice(get_args(Margin)),

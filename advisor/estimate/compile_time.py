@@ -3,7 +3,8 @@
 What belongs here: the bytes a token of one block's elementwise and reduction kernels move in eager
 mode and after inductor fuses them, and the seconds the difference is worth. What does not: matmuls
 and the attention kernel (the same kernels in both modes, timed by ``step_time``'s utilisation), memory
-(a compiled block may save fewer activations: not modelled, the plan is estimated as eager), the loss
+(a compiled block saves fewer activations: ``advisor.estimate.compile_memory``, for a block without checkpointing, bf16
+or fp32 under bf16 autocast; other recipes and every other memory moment are estimated as eager), the loss
 (torchtitan at the benchmarked commit 9dec370 leaves it eager, its ``torch.compile(loss_fn)`` commented out in
 train.py; torchtune's ``compile_loss`` compiles a chunked loss in place, and the full fine-tune recipe at
 1814feb1 drops its result for any other loss; newer torchtitan compiles it: not counted), launch gaps (not
@@ -156,7 +157,8 @@ def compile_notes(spec: ModelSpec, saved_s: float) -> list[str]:
     """What the compiled estimate assumed (plan notes)."""
     shape = shape_of(spec)
     notes = [f"--compile: inductor's fusion of each block's norms, RoPE, SiLU x up and residual adds saves "
-             f"{saved_s * 1e3:.1f} ms a step (HBM bytes, advisor.estimate.compile_time); memory is estimated as eager"]
+             f"{saved_s * 1e3:.1f} ms a step (HBM bytes, advisor.estimate.compile_time); memory: where measured, what "
+             f"the partitioner saves (advisor.estimate.compile_memory), else eager"]
     extra = [name for name, on in (("q/k norms", shape.qk_norm), ("sandwich norms", shape.sandwich_norms),
                                    ("fp32 (1 + weight) norm scales", shape.fp32_norm_scale),
                                    ("soft-capping", shape.attn_softcap or shape.logit_softcap)) if on]

@@ -223,6 +223,12 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         kept_tail_width=kept.tail_width,
         kept_elements=kept.elements,
     )
+    if training.compile:  # each block saves what torch.compile's partitioner keeps, where measured
+        from advisor.estimate.compile_memory import compiled_activations
+
+        est = compiled_activations(est, shape_of(spec), dtypes, tokens=micro_batch_size * (training.seq_len + images),
+                                   checkpointing=checkpointing, eager_attention=training.attention == "eager",
+                                   lora=training.lora is not None)
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
         return est

@@ -176,8 +176,9 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         notes.append(kv_cache_note(training.keeps_kv_cache, spec.kv_cache_values_own_dtype))
     if training.compile:  # advisor.estimate.compile_time
         notes.append("--compile: each block's elementwise ops timed as inductor fuses them (HBM bytes, "
-                     "advisor.estimate.compile_time); memory is estimated as eager (a compiled block may save fewer "
-                     "activations: not modelled)")
+                     "advisor.estimate.compile_time); memory: a block without checkpointing (bf16, or fp32 under autocast) saves "
+                     "what torch.compile's partitioner keeps (advisor.estimate.compile_memory: each RMSNorm's fp32 copy "
+                     "and cast and silu(gate) recomputed in backward), other recipes estimated as eager")
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

@@ -1,5 +1,5 @@
-"""``--compile`` through the in-process CLI: in the JSON only when given, a note that memory is estimated
-as eager, and a one-line refusal (exit 2) for blocks advisor.estimate.compile_time has not counted."""
+"""``--compile`` through the in-process CLI: in the JSON only when given, a note on what memory it
+counts (advisor.estimate.compile_memory), and a one-line refusal (exit 2) for blocks advisor.estimate.compile_time has not counted."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ def test_json_says_compile_only_when_on(capsys):
     plan = json.loads(out)
     assert code == 0 and plan["training"]["compile"] is True
     chosen = next(c for c in plan["candidates"] if c["strategy"] == plan["recommendation"]["strategy"])
-    assert any("memory is estimated as eager" in note for note in chosen["step_time"]["notes"])
-    assert any("memory is estimated as eager" in note for note in plan["assumptions"])
+    assert any("advisor.estimate.compile_memory" in note for note in chosen["step_time"]["notes"])
+    assert any("advisor.estimate.compile_memory" in note for note in plan["assumptions"])
 
 
 def test_moe_is_refused_in_one_line(capsys):

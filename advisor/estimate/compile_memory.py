@@ -1,0 +1,114 @@
+"""What ``--compile`` changes in the activations a Llama-like block saves for backward: the tensors
+AOTAutograd's min-cut partitioner recomputes in backward instead of saving (profiles/compile_saved.json).
+
+What belongs here: the bytes a token of one block the partitioner drops, from the profile's list of
+tensors (by the op that makes each, so they scale with the block's hidden and intermediate widths), and
+the rule for where that list was measured. What does not: the time compile saves
+(``advisor.estimate.compile_time``), the eager count itself (``advisor.estimate.activations_blocks``).
+
+Where it applies (the profile's ``applies_to``): a bf16 block without autocast (FSDP2's MixedPrecisionPolicy,
+a pure bf16 model, DeepSpeed) or fp32 weights under bf16 autocast (DDP, ZeRO-1/2 under bf16-mixed), SDPA, no
+checkpointing, no LoRA, the plain Llama block (no q/k norms, sandwich norms, fp32 norm scales, fused qkv), on the
+single-mesh path (``advisor.estimate.memory``; tensor, context and pipeline parallel plans keep the eager count).
+Everywhere else the plan keeps the eager count and says so.
+Only the saved tensors move (the end-of-forward moment, and the block that backward frees); the moment
+inside a block's backward (its gradients) is left as eager: not measured.
+
+Reads one bundled JSON file once (as ``advisor.estimate.float8_time``); no torch import.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from advisor.estimate.compile_time import LLAMA_LIKE
+from advisor.frozen import validated_copy
+from advisor.precision import FP32
+from profiles import PROFILES_DIR
+
+if TYPE_CHECKING:
+    from advisor.estimate.activations import ActivationEstimate, ActivationShape, Dtypes
+
+COMPILE_SAVED_FILE = PROFILES_DIR / "compile_saved.json"
+
+
+class SavedTensor(BaseModel):
+    """One kind of tensor a block saves, a token: ``per_block`` tensors of ``width`` features in ``dtype``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tensor: str
+    width: Literal["hidden", "intermediate"]
+    dtype: Literal["fp32", "compute", "residual"]
+    per_block: int = Field(ge=1)
+
+
+class SavedChange(BaseModel):
+    """What the partitioner changes in one recipe's block."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dropped: tuple[SavedTensor, ...] = Field(description="Saved eager, recomputed by the compiled backward.")
+    added: tuple[SavedTensor, ...] = Field(description="Saved by the compiled block, not by the eager one.")
+
+
+class CompileSavedFacts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    applies_to: str
+    recipes: dict[Literal["bf16", "autocast"], SavedChange]
+
+
+@functools.lru_cache(maxsize=1)
+def load_compile_saved() -> CompileSavedFacts:
+    """The bundled facts (read once; the file is immutable package data)."""
+    raw = json.loads(COMPILE_SAVED_FILE.read_text())
+    raw.pop("_doc", None)
+    return CompileSavedFacts(**raw)
+
+
+def compile_saves_less(shape: ActivationShape, dt: Dtypes, *, checkpointing: bool, eager_attention: bool,
+                       lora: bool) -> bool:
+    """Whether the measured list applies to this block and recipe (module docstring)."""
+    plain = not (shape.qk_norm or shape.sandwich_norms or shape.fp32_norm_scale or shape.fused_qkv)
+    return (_recipe(dt) is not None and not checkpointing and not eager_attention
+            and not lora and plain and shape.kind in LLAMA_LIKE and shape.family == "decoder" and shape.num_experts is None
+            and shape.mla is None and shape.hybrid is None)
+
+
+def _recipe(dt: Dtypes) -> str | None:
+    """The measured recipe these widths are: bf16 weights without autocast, or fp32 weights under bf16 autocast."""
+    if dt.residual == dt.compute == 2 and not dt.input_casts:
+        return "bf16"
+    if dt.residual == FP32 and dt.compute == 2 and dt.input_casts:
+        return "autocast"
+    return None
+
+
+def _bytes(tensor: SavedTensor, shape: ActivationShape, dt: Dtypes) -> int:
+    width = shape.hidden_size if tensor.width == "hidden" else shape.intermediate_size
+    return tensor.per_block * width * {"fp32": FP32, "compute": dt.compute, "residual": dt.residual}[tensor.dtype]
+
+
+def compile_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """Bytes a token of one block the partitioner no longer saves (dropped less added), a measured recipe only
+    (``compile_saves_less``). Llama-3.1-8B in bf16: 2 x 4 x 4096 + 2 x 2 x 4096 + 2 x 14336 - 2 x 2 x 4096 = 61,440
+    (8h + 2f); under autocast: 2 x 4h + 2 x 4h + 5 x 2h + 2f - (4h + 2h + 2 x 2h) = 16h + 2f = 94,208."""
+    change = load_compile_saved().recipes[_recipe(dt)]
+    return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
+
+
+def compiled_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
+                         checkpointing: bool, eager_attention: bool, lora: bool) -> ActivationEstimate:
+    """``est`` with each block's saved tensors those of the compiled block, where the list applies
+    (``compile_saves_less``); ``est`` unchanged elsewhere. ``tokens``: a micro-batch's."""
+    if not compile_saves_less(shape, dt, checkpointing=checkpointing, eager_attention=eager_attention, lora=lora):
+        return est
+    block = tokens * compile_dropped_per_token(shape, dt)
+    return validated_copy(est, {"saved_bytes": est.saved_bytes - shape.num_layers * block,
+                                "layer_bytes": est.layer_bytes - block, "block_kept_bytes": est.block_kept_bytes - block})

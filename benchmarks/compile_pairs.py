@@ -27,7 +27,7 @@ def _at_bandwidth(job, gbps: float) -> float:
     hw = hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"hbm_bandwidth_gbps": gbps})})
     fixed = {k: v for k, v in _fixed(job).items() if k != "global_batch_size"}
     plan = advisor.plan(job.model, hw, strategy=job.strategy, **fixed, micro_batch_size=job.micro_batch_size,
-                        loss=job.loss, activation_checkpointing=job.activation_checkpointing)
+                        activation_checkpointing=job.activation_checkpointing)  # _fixed carries the job's loss
     return pinned_candidate(job, plan).step_time.tokens_per_s_per_gpu
 
 

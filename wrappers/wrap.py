@@ -293,7 +293,10 @@ def wrap(
             warnings.warn("wrap(): fp16-mixed needs a gradient scaler (torch.amp.GradScaler) in your loop; "
                           "bf16-mixed does not", stacklevel=2)
         _ensure_process_group(env)
-        recipe = Recipe(strategy=decision.strategy, precision=decision.precision, checkpointing=decision.checkpointing)
+        planned = decision.plan.training if decision.plan is not None else None  # --compile / --float8 of the plan
+        recipe = Recipe(strategy=decision.strategy, precision=decision.precision, checkpointing=decision.checkpointing,
+                        **({} if planned is None else {"compile": planned.compile, "float8": planned.float8,
+                                                       "float8_all_gather": planned.float8_all_gather}))
         if recipe.spec.applier != "fsdp":  # FSDP2 casts with its MixedPrecisionPolicy instead
             apply_autocast(model, decision.precision, env.device.type)
         applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)

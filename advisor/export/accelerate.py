@@ -155,7 +155,7 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
     if target.float8:  # accelerate/utils/ao.py filter_first_and_last_linear_layers, its default module filter
         header.append("fp8 (torchao): accelerate's default filter keeps the model's first and last Linear in bf16 (the "
                       "plan converts every block linear, not the head): pass AORecipeKwargs(module_filter_func=...) "
-                      "to Accelerator for the plan's set (wrappers.compile_float8.float8_filter).")
+                      "to Accelerator for the plan's set (wrappers.compile_float8.float8_filter(find_blocks(model))).")
     header += list(target.notes)
     if target.multi_node:
         header.append(f"Several machines: copy this file to each of the {target.num_nodes} nodes, fill in the "

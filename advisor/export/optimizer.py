@@ -118,12 +118,12 @@ def _script_notes(training: TrainingConfig, fmt: str, *, compile_key: bool, floa
     if training.compile and not compile_key:  # advisor.estimate.compile_time
         notes.append(f"The plan compiles each decoder block (--compile): no {fmt} key says it; in the script call "
                      "block.compile() (torch.compile, inductor) on every decoder block, as torchtitan's apply_compile "
-                     "does (wrappers.wrap() does it from the plan), or the run is eager and slower than planned.")
+                     "does (wrappers.wrap(..., compile=True) does it), or the run is eager and slower than planned.")
     if training.float8 and not float8_key:  # advisor.estimate.float8_time
         gather = ", enable_fsdp_float8_all_gather=True" if training.float8_all_gather else ""
         notes.append(f"The plan trains the blocks' linears in float8 (--float8): no {fmt} key says it; in the script "
                      "call torchao.float8.convert_to_float8_training(model, config=Float8LinearConfig(..."
                      f"{gather}), module_filter_fn=...) on the blocks' linears (both dims multiples of 16, not the "
-                     "head) before sharding (wrappers.wrap() does it from the plan), or the run is bf16 and slower "
+                     "head) before sharding (wrappers.wrap(..., float8=True) does it), or the run is bf16 and slower "
                      "than planned.")
     return notes

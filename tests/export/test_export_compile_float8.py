@@ -112,3 +112,23 @@ def test_in_backward_note_is_unchanged_beside_them():
     notes = export_text(plan, "torchrun")[1].notes
     assert sum("(--optimizer-in-backward): no file says it" in n for n in notes) == 1
     assert sum("(--compile)" in n for n in notes) == 1
+
+
+@pytest.mark.parametrize("fmt, name", [("accelerate", "a.yaml"), ("torchtitan", "t.toml")])
+def test_plan_from_the_export_reads_compile_and_float8_back(tmp_path, plan_on, fmt, name):
+    from advisor.planning.config_formats import read_config_file
+    path = tmp_path / name
+    path.write_text(export_text(plan_on, fmt)[0])
+    settings = read_config_file(str(path)).settings
+    assert (settings["compile"], settings["float8"], settings["float8_all_gather"]) == (1, 1, 1)
+
+
+def test_accelerate_fp8_of_another_backend_is_not_planned_as_float8(tmp_path):
+    from advisor.planning.config_formats import read_config_file
+    path = tmp_path / "te.yaml"
+    path.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: fp8\nfp8_config:\n  backend: TE\n"
+                    "dynamo_config:\n  dynamo_backend: INDUCTOR\n")
+    config = read_config_file(str(path))
+    assert "float8" not in config.settings and config.settings["compile"] == 1
+    assert any("fp8 is not modelled" in n for n in config.notes)
+    assert any("compiles the whole model" in n for n in config.notes)

@@ -84,6 +84,10 @@ class Recipe(BaseModel):
                                           "off, or selective (keeps attention outputs and every other matrix "
                                           "product: torchtitan's per-op policy).")
     cpu_offload: bool = Field(default=False, description="Parameters and optimizer state on CPU (FSDP2 offload).")
+    compile: bool = Field(default=False, description="torch.compile each block (the plan's --compile; "
+                          "wrappers.compile_float8).")
+    float8: bool = Field(default=False, description="torchao float8 on the blocks' linears (the plan's --float8).")
+    float8_all_gather: bool = Field(default=False, description="With float8: FSDP all-gathers fp8 weights.")
     shard_experts_on_dim1: bool = Field(default=True, description="FSDP2 shards MoE experts on dim 1 over more ranks "
                                         "than experts (torchtitan's rule, wrappers.fsdp); False: dim 0, padded.")
 
@@ -193,8 +197,14 @@ def apply_recipe(
     bf16 = precision_dtypes("bf16").param_dtype
     if recipe.precision == "bf16" and any(p.dtype != bf16 for p in model.parameters()):
         model.to(bf16)  # in place: parameter identity is kept
+    if recipe.float8:  # before checkpointing and sharding, as torchtitan converts first
+        from wrappers.compile_float8 import apply_float8
+        apply_float8(model, all_gather=recipe.float8_all_gather)
     if recipe.checkpointing != "off":
         apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.checkpointing == "selective")
+    if recipe.compile:  # after checkpointing, before DDP/FSDP (torchtitan's apply_compile order)
+        from wrappers.compile_float8 import apply_compile
+        apply_compile(model)
     ctx = _Context(recipe=recipe, device=torch.device(device), optimizer=optimizer, process_group=process_group,
                    mesh=mesh)
     wrapped, new_optimizer = _APPLIERS[recipe.spec.applier](model, ctx)

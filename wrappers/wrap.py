@@ -117,7 +117,7 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = No
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
            precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
            seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None,
-           optimizer_impl: str | None = None) -> Decision:
+           optimizer_impl: str | None = None, compile: bool = False, float8: bool = False) -> Decision:
     """The strategy for this model and launch (pure but for the planner's data files). ``live``: the
     module ``spec`` describes, planned as itself where GPUs are visible (a PEFT model is recognised).
     ``optimizer_impl``: how the handed optimizer steps (``wrappers.optim.optimizer_implementation``);
@@ -127,7 +127,8 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
                          "`advisor launch` (or torchrun)")
     options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
                                       strategy=strategy or ("dp" if not env.distributed else None),
-                                      optimizer_impl=optimizer_impl).items()
+                                      optimizer_impl=optimizer_impl, compile=compile or None,
+                                      float8=float8 or None).items()
                if v is not None}
     asked = requested_mode(activation_checkpointing)
     if asked is not None:
@@ -148,7 +149,8 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
 
 def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, strategy: StrategyName | None = None,
               precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
-              seq_len: int | None = None, micro_batch_size: int | None = None) -> Decision:
+              seq_len: int | None = None, micro_batch_size: int | None = None, compile: bool = False,
+              float8: bool = False) -> Decision:
     """The Decision ``wrap()`` applies, without applying it: the model planned the same way whatever its device
     (a meta-device model by its shapes, a live one as itself, so PEFT adapters are seen), at the batch the
     loader feeds (its ``batch_size`` and the first sample's tokens) unless ``micro_batch_size`` / ``seq_len``
@@ -159,7 +161,7 @@ def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, 
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
                       micro_batch_size=micro_batch_size, live=None if meta else model,
-                      optimizer_impl=optimizer_implementation(optimizer))
+                      optimizer_impl=optimizer_implementation(optimizer), compile=compile, float8=float8)
     return _with_batch(decision, micro_batch_size, seq_len, env)
 
 
@@ -217,6 +219,8 @@ def wrap(
     hybrid: int = 1,
     checkpoint: str | None = None,
     num_microbatches: int | None = None,
+    compile: bool = False,
+    float8: bool = False,
 ) -> Any:
     """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
 
@@ -228,6 +232,8 @@ def wrap(
     (dp_replicate), pin a device mesh, applied as given without a memory check. A mesh with ``pp > 1``
     (pinned or planned) is run by ``wrap_pipeline`` with ``num_microbatches`` per step (else the plan's
     gradient accumulation): the ``Pipeline`` comes back in the model's place (``wrappers.pipeline_wrap``).
+    ``compile`` / ``float8`` plan and apply the planner's --compile / --float8 on the DP-family recipe: each block
+    torch.compiled, the blocks' linears converted by torchao (``wrappers.compile_float8``).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
@@ -259,7 +265,7 @@ def wrap(
         return prepared[0] if len(prepared) == 1 else prepared
     decision = plan_wrap(model, env, optimizer=optimizer, loader=loader, strategy=strategy, precision=precision,
                          activation_checkpointing=activation_checkpointing, seq_len=seq_len,
-                         micro_batch_size=micro_batch_size)
+                         micro_batch_size=micro_batch_size, compile=compile, float8=float8)
     # One path, whatever the model's device: the plan is applied on its mesh when it needs one, by FSDP2
     # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
     # whole with the DP-family recipe.
@@ -280,7 +286,13 @@ def wrap(
         # Cast only for a requested precision: a model's own dtype is left as the user made it.
         dtype = None if precision is None else precision_dtypes(decision.precision).param_dtype
         wrapped, new_optimizer = model.to(env.device, dtype), optimizer  # ``to`` keeps parameter identity
+        if float8:  # the order apply_recipe keeps: float8, checkpointing, compile
+            from wrappers.compile_float8 import apply_float8
+            apply_float8(wrapped)
         applied = apply_requested_checkpointing(wrapped, activation_checkpointing)
+        if compile:
+            from wrappers.compile_float8 import apply_compile
+            apply_compile(wrapped)
         decision = Decision(**{**dict(decision), "checkpointing": applied})
         apply_autocast(wrapped, decision.precision, env.device.type)
         verify_applied(wrapped, optimizer, strategy=None, precision=decision.precision, world_size=env.world_size)
@@ -293,7 +305,11 @@ def wrap(
             warnings.warn("wrap(): fp16-mixed needs a gradient scaler (torch.amp.GradScaler) in your loop; "
                           "bf16-mixed does not", stacklevel=2)
         _ensure_process_group(env)
-        recipe = Recipe(strategy=decision.strategy, precision=decision.precision, checkpointing=decision.checkpointing)
+        planned = decision.plan.training if decision.plan is not None else None  # the plan's --compile / --float8
+        recipe = Recipe(strategy=decision.strategy, precision=decision.precision, checkpointing=decision.checkpointing,
+                        compile=compile or (planned is not None and planned.compile),
+                        float8=float8 or (planned is not None and planned.float8),
+                        float8_all_gather=planned is not None and planned.float8_all_gather)
         if recipe.spec.applier != "fsdp":  # FSDP2 casts with its MixedPrecisionPolicy instead
             apply_autocast(model, decision.precision, env.device.type)
         applied = apply_recipe(model, recipe, device=env.device, optimizer=optimizer)

@@ -99,9 +99,6 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
     from advisor.export.write import write_export
 
     text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes))
-    if params.get("float8"):  # planned (advisor.estimate.float8_time) but no export format writes it yet
-        click.echo("advisor: warning: --float8 is planned but not written to the export: apply torchao's "
-                   "convert_to_float8_training (torchtitan: its float8 converter) in the training script", err=True)
     if output == "-":
         click.echo(text, nl=False)
         _echo_notes(target.notes)

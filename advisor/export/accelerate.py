@@ -12,6 +12,14 @@ Two launcher facts shape the CPU test config. accelerate starts a ``MULTI_CPU`` 
 single process unless mpirun is configured (``simple_launcher``); ``MULTI_GPU`` goes through
 ``torch.distributed.run``, which starts one process per rank on any machine. So ``--cpu`` writes
 ``distributed_type: MULTI_GPU`` with ``use_cpu: true``; processes then use gloo.
+
+``--compile`` is ``dynamo_config`` with ``dynamo_backend: INDUCTOR`` and ``dynamo_use_regional_compilation: true``
+(``commands/config/cluster.py`` writes these keys; ``commands/launch.py`` copies them to ``--dynamo_*`` and
+``utils/launch.py`` to ``ACCELERATE_DYNAMO_*``): ``Accelerator.prepare`` then compiles each repeated block
+(``utils/other.py`` ``compile_regions``, ``compile_regions_fsdp2`` under FSDP2), the per-block compile the plan
+counts. ``--float8`` is ``mixed_precision: fp8`` with ``fp8_config: {backend: AO}`` (torchao Float8Linear,
+``Accelerator._prepare_ao``) and ``enable_fsdp_float8_all_gather`` from ``--float8-all-gather`` (the launcher's
+default is true, so it is always written).
 """
 
 from __future__ import annotations
@@ -100,9 +108,13 @@ def accelerate_doc(target: ExportTarget) -> dict[str, Any]:
         }
         if mesh.cp > 1:
             doc["parallelism_config"]["parallelism_config_cp_backend"] = "torch"
+    if target.compile:  # per-block compile (module docstring)
+        doc["dynamo_config"] = {"dynamo_backend": "INDUCTOR", "dynamo_use_regional_compilation": True}
+    if target.float8:
+        doc["fp8_config"] = {"backend": "AO", "enable_fsdp_float8_all_gather": target.float8_all_gather}
     doc.update({
         "machine_rank": PLACEHOLDER_RANK if target.multi_node else 0,
-        "mixed_precision": target.precision_info.accelerate,
+        "mixed_precision": "fp8" if target.float8 else target.precision_info.accelerate,
         "num_machines": target.num_nodes,
         "num_processes": target.world_size,
         "rdzv_backend": "static",
@@ -140,6 +152,10 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
                       "in your script (HF Trainer does), or it holds every layer's K/V to the last block's backward.")
     if target.precision == "bf16":
         header.append("Precision bf16 (pure): load the model in torch.bfloat16; there is no fp32 master copy.")
+    if target.float8:  # accelerate/utils/ao.py filter_first_and_last_linear_layers, its default module filter
+        header.append("fp8 (torchao): accelerate's default filter keeps the model's first and last Linear in bf16 (the "
+                      "plan converts every block linear, not the head): pass AORecipeKwargs(module_filter_func=...) "
+                      "to Accelerator for the plan's set (wrappers.compile_float8.float8_filter(find_blocks(model))).")
     header += list(target.notes)
     if target.multi_node:
         header.append(f"Several machines: copy this file to each of the {target.num_nodes} nodes, fill in the "

@@ -51,6 +51,9 @@ class ExportFormatRow(BaseModel):
     mesh_note: str = Field(default="", description="What the script must do with the mesh in this format, if anything.")
     selective_key: bool = Field(default=False, description="It has a key for selective (per-op) activation "
                                 "checkpointing; else a note says to ask wrap() for it.")
+    compile_key: bool = Field(default=False, description="It has a key for --compile (torch.compile on the blocks); "
+                              "else a note says what the script must do (advisor.export.optimizer.stack_notes).")
+    float8_key: bool = Field(default=False, description="It has a key for --float8 (torchao Float8Linear); else a note.")
     cpu_test: bool = Field(default=True, description="It can write the --cpu gloo test config.")
     cpu_note: str = Field(default="", description="The --cpu test config's first note when the format starts its "
                           "own processes ({processes} is filled in); empty: the launcher's note.")
@@ -64,6 +67,7 @@ class ExportFormatRow(BaseModel):
 FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="accelerate", summary="accelerate launch --config_file YAML",
                     default_filename="accelerate_config.yaml", module="advisor.export.accelerate", recipe="trainer",
+                    compile_key=True, float8_key=True,
                     runs="launcher", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"), zero_defaults="accelerate",
                     pp_ep_gap="accelerate 1.15's ParallelismConfig has dp_replicate, dp_shard, tp and cp sizes only (no pipeline "
                               "or expert degree); use --format torchtitan"),
@@ -82,7 +86,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                     pp_ep_gap="the launched script applies the mesh through wrappers.wrap(), which runs no pipeline "
                               "stages or expert sharding in this version; use --format torchtitan"),
     ExportFormatRow(name="trainer-args", summary="Hugging Face TrainingArguments keys (JSON)",
-                    default_filename="training_args.json", module="advisor.export.trainer", recipe="trainer",
+                    default_filename="training_args.json", module="advisor.export.trainer", recipe="trainer", compile_key=True,
                     runs="launcher", optimizer_key="trainer", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
                     pp_ep_gap="TrainingArguments.parallelism_config is accelerate's ParallelismConfig: dp_replicate, "
                               "dp_shard, tp and cp sizes only (no pipeline or expert degree); use --format torchtitan",
@@ -99,6 +103,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                              "tp/cp (the snippet writes FSDP2 and HSDP only); use --format accelerate or torchrun"),
     ExportFormatRow(name="torchtitan", summary="torchtitan job config (TOML, torchtitan <= 0.2.2)",
                     default_filename="torchtitan_job.toml", module="advisor.export.torchtitan", recipe="torchtitan",
+                    compile_key=True, float8_key=True,
                     runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )

@@ -11,6 +11,8 @@ one (``advisor.estimate.states``). The exported run must step the same way, so:
   ``adafactor`` is transformers' Adafactor; ``adamw_bnb_8bit`` bitsandbytes' 8-bit AdamW. A for-loop
   AdamW and plain Adam have no ``optim`` name (``_get_adamw_torch`` passes no ``foreach`` and ignores
   ``optim_args``): the note says to hand the Trainer the optimizer (``Trainer(optimizers=(opt, None))``).
+- ``--compile`` and ``--float8`` are keys where the format has one (the format table's ``compile_key`` /
+  ``float8_key``); elsewhere a note, next to optimizer-in-backward's, says what the script must do.
 - Every other format carries no optimizer key: a note names the constructor the plan assumed
   (``stack_notes``, which also says when the plan used another recipe than the format's row).
 
@@ -82,6 +84,7 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
                      "script build one optimizer per parameter and a post-accumulate-grad hook that steps it and frees "
                      "its gradient, as torchtune.training.register_optim_in_bwd_hooks does, or the run holds every "
                      "gradient the plan did not count.")
+    notes += _script_notes(training, fmt, compile_key=row.compile_key, float8_key=row.float8_key)
     if recipe != row.recipe:
         notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
@@ -107,3 +110,20 @@ def _zero_defaults_note(training: TrainingConfig, source: str) -> str:
     return (f"DeepSpeed runs with {source}'s defaults, which this file does not set and the plan assumed "
             f"(profiles/zero_defaults.json): reduce_bucket_size {zero.reduce_bucket_size:,}, overlap_comm "
             f"{str(zero.overlap_comm).lower()}; --format deepspeed-json writes and plans smaller buckets.")
+
+
+def _script_notes(training: TrainingConfig, fmt: str, *, compile_key: bool, float8_key: bool) -> list[str]:
+    """--compile / --float8 where the format has no key: the script must do it, or the run is eager bf16."""
+    notes = []
+    if training.compile and not compile_key:  # advisor.estimate.compile_time
+        notes.append(f"The plan compiles each decoder block (--compile): no {fmt} key says it; in the script call "
+                     "block.compile() (torch.compile, inductor) on every decoder block, as torchtitan's apply_compile "
+                     "does (wrappers.wrap(..., compile=True) does it), or the run is eager and slower than planned.")
+    if training.float8 and not float8_key:  # advisor.estimate.float8_time
+        gather = ", enable_fsdp_float8_all_gather=True" if training.float8_all_gather else ""
+        notes.append(f"The plan trains the blocks' linears in float8 (--float8): no {fmt} key says it; in the script "
+                     "call torchao.float8.convert_to_float8_training(model, config=Float8LinearConfig(..."
+                     f"{gather}), module_filter_fn=...) on the blocks' linears (both dims multiples of 16, not the "
+                     "head) before sharding (wrappers.wrap(..., float8=True) does it), or the run is bf16 and slower "
+                     "than planned.")
+    return notes

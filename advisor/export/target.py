@@ -133,6 +133,10 @@ class ExportTarget(CheckpointFlags, BaseModel):
                                       "data parallelism alone.")
     zero: ZeroSettings | None = Field(default=None, description="DeepSpeed sizes the user's own config fixed "
                                       "(the plan's TrainingConfig.zero); None: the planner's.")
+    compile: bool = Field(default=False, description="The plan's --compile: torch.compile (inductor) on each block.")
+    float8: bool = Field(default=False, description="The plan's --float8: torchao Float8Linear (tensorwise) on the "
+                         "blocks' linears.")
+    float8_all_gather: bool = Field(default=False, description="The plan's --float8-all-gather (FSDP gathers fp8).")
 
     @property
     def world_size(self) -> int:
@@ -315,7 +319,8 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
 def _optimizer(training: TrainingConfig) -> dict:
     """The ExportTarget fields of the plan's optimizer."""
     return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation,
-            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size, "zero": training.zero}
+            "seq_len": training.seq_len, "global_batch_size": training.global_batch_size, "zero": training.zero,
+            "compile": training.compile, "float8": training.float8, "float8_all_gather": training.float8_all_gather}
 
 
 def _asked_strategy(plan: Plan) -> str | None:

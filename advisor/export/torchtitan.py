@@ -16,6 +16,12 @@ job configs with a Python registry (#2386), so the file targets the last TOML re
   ``enable_cpu_offload`` for the offload strategies.
 - ``[optimizer]``: ``name`` and ``implementation`` (fused / foreach / for-loop: the plan's step).
 - ``[activation_checkpoint]``: ``mode`` full, none, or selective with ``selective_ac_option = "op"``.
+- ``--compile``: ``[compile]`` ``enable = true``, ``components = ["model"]`` (torchtitan's apply_compile compiles
+  each transformer block: the plan's per-block compile; the loss is not compiled in the plan), ``backend``.
+- ``--float8``: ``[model] converters = ["quantize.linear.float8"]`` (the name ``components/quantization/float8.py``
+  registers) and ``[quantize.linear.float8]`` (no ``recipe_name``: that is tensorwise), ``filter_fqns = ["output"]``
+  (the head stays bf16; torchtitan skips any linear with a dim not a multiple of 16 itself) and
+  ``enable_fsdp_float8_all_gather`` / ``precompute_float8_dynamic_scale_for_fsdp`` from ``--float8-all-gather``.
 
 torchtitan builds its own models, so ``[model]`` (name, flavor, tokenizer) is left to the user. What
 torchtitan cannot run (fp16, an optimizer other than Adam/AdamW, a multi-stage schedule with one stage
@@ -132,10 +138,25 @@ def torchtitan_doc(target: ExportTarget, model: ModelSpec) -> dict[str, dict[str
                                 "seq_len": target.seq_len, **precision}
     if target.impl.offload_params:
         training["enable_cpu_offload"] = True
-    return {"job": {"description": f"dp-advisor plan: {target.summary}"}, "training": training,
-            "parallelism": _parallelism(target, model),
-            "optimizer": {"name": _OPTIMIZER[target.optimizer], "implementation": target.optimizer_impl},
-            "activation_checkpoint": dict(_CHECKPOINT[target.checkpointing])}
+    doc = {"job": {"description": f"dp-advisor plan: {target.summary}"}, "training": training,
+           "parallelism": _parallelism(target, model),
+           "optimizer": {"name": _OPTIMIZER[target.optimizer], "implementation": target.optimizer_impl},
+           "activation_checkpoint": dict(_CHECKPOINT[target.checkpointing])}
+    return doc | _compile_float8(target)
+
+
+def _compile_float8(target: ExportTarget) -> dict[str, dict[str, Any]]:
+    """[compile] and the float8 converter (module docstring), only when the plan has them."""
+    doc: dict[str, dict[str, Any]] = {}
+    if target.compile:
+        doc["compile"] = {"enable": True, "components": ["model"], "backend": "inductor"}
+    if target.float8:
+        doc["model"] = {"converters": ["quantize.linear.float8"]}
+        # No recipe_name: with one, Float8LinearConverter asserts all-gather off; without, it is tensorwise.
+        doc["quantize.linear.float8"] = {"filter_fqns": ["output"],
+                                         "enable_fsdp_float8_all_gather": target.float8_all_gather,
+                                         "precompute_float8_dynamic_scale_for_fsdp": target.float8_all_gather}
+    return doc
 
 
 def _toml_value(value: Any) -> str:
@@ -153,7 +174,8 @@ def torchtitan_text(target: ExportTarget, model: ModelSpec) -> str:
     lines = [f"# torchtitan job config written by dp-advisor (keys of torchtitan <= 0.2.2): {target.summary}.",
              f"# Launch: torchrun --nproc-per-node {target.gpus_per_node} --nnodes {target.num_nodes} -m "
              "torchtitan.train --job.config_file THIS_FILE",
-             f"# [model] is yours to add: the torchtitan model name, flavor and hf_assets_path matching "
+             f"# [model] is yours to {'complete' if target.float8 else 'add'}: the torchtitan model name, flavor and "
+             "hf_assets_path matching "
              f"{target.model_name} (the plan counted that model's layers and shapes)."]
     lines += [f"# {note}" for note in target.notes]
     for section, keys in doc.items():

@@ -8,7 +8,10 @@ an all-gather in backward, transformers issue 30404). DeepSpeed is the DeepSpeed
 under ``deepspeed``. ``activation_checkpointing`` replaces the deprecated ``gradient_checkpointing``
 alias in transformers 5. ``optim`` names the optimizer step the plan counted (``advisor.export.optimizer``:
 ``adamw_torch_fused`` for fused AdamW, ``adamw_torch`` for foreach). A mesh (HSDP, tp, cp) is
-``parallelism_config``.
+``parallelism_config``. ``--compile`` is ``torch_compile`` with ``torch_compile_backend: inductor`` (the fields
+``TrainingArguments.__post_init__`` reads into accelerate's dynamo plugin; it compiles the model as a whole, not
+block by block, so graph breaks may differ from the plan's per-block compile). ``--float8`` has no
+``TrainingArguments`` key: a note says so (``advisor.export.optimizer``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         "activation_checkpointing": target.activation_checkpointing and not target.fsdp,
     }
     args.update(trainer_optim(target.optimizer, target.optimizer_impl)[0])  # the step the plan counted
+    if target.compile:
+        args.update(torch_compile=True, torch_compile_backend="inductor")
     if target.cpu:
         args["use_cpu"] = True
     if target.loss == "fused":

@@ -40,10 +40,13 @@ def read_accelerate(r: Reader, base: Path) -> None:
         if machines > 1:
             r.take("num_machines", machines, "nodes", machines)
     mixed = r.choice("mixed_precision", {"no": "no", "fp16": "fp16", "bf16": "bf16", "fp8": "fp8"})
-    if mixed == "fp8":
+    if mixed == "fp8" and _accelerate_float8(r, kind):
+        r.take("mixed_precision", mixed, "precision", "bf16-mixed")  # AO: bf16 autocast around Float8Linear
+    elif mixed == "fp8":
         r.notes.append("mixed_precision fp8 is not modelled: planned with --precision's default")
     elif mixed is not None:
         r.take("mixed_precision", mixed, "precision", precision_for("accelerate", mixed))
+    _accelerate_compile(r)
     if r.section("parallelism_config") is not None:  # accelerate's ParallelismConfig (FSDP2 / TP / CP mesh)
         take_degrees(r, "parallelism_config.parallelism_config_", {"dp_replicate_size": "hybrid", "tp_size": "tp",
                                                               "cp_size": "cp"}, implied="dp_shard_size")
@@ -56,6 +59,32 @@ def read_accelerate(r: Reader, base: Path) -> None:
         _accelerate_fsdp(r, machines)
     elif kind == "DEEPSPEED":
         _accelerate_deepspeed(r, base)
+
+
+def _accelerate_float8(r: Reader, kind: str) -> bool:
+    """``fp8_config`` with backend AO is torchao Float8Linear, the planner's --float8 (TE and MS-AMP are not)."""
+    backend = r.text("fp8_config.backend")
+    if backend is None or backend.upper() != "AO":
+        return False
+    r.take("fp8_config.backend", backend, "float8", 1)
+    gather = r.flag("fp8_config.enable_fsdp_float8_all_gather")  # the launcher's default is true
+    if kind == "FSDP" and gather is not False:
+        r.take("fp8_config.enable_fsdp_float8_all_gather", True if gather is None else gather, "float8_all_gather", 1)
+    return True
+
+
+def _accelerate_compile(r: Reader) -> None:
+    """``dynamo_config`` with the inductor backend is the planner's --compile (modelled per block)."""
+    backend = r.text("dynamo_config.dynamo_backend")
+    if backend is None or backend.upper() == "NO":
+        return
+    if backend.upper() != "INDUCTOR":
+        r.notes.append(f"dynamo_backend {backend} is not modelled: planned eager")
+        return
+    r.take("dynamo_config.dynamo_backend", backend, "compile", 1)
+    if not r.flag("dynamo_config.dynamo_use_regional_compilation"):
+        r.notes.append("dynamo_config compiles the whole model; the plan models each block compiled "
+                       "(dynamo_use_regional_compilation: true)")
 
 
 def _accelerate_fsdp(r: Reader, machines: int) -> None:

@@ -53,6 +53,7 @@ def read_torchtitan(r: Reader) -> None:
     if mode is not None:
         r.take("activation_checkpoint.mode", mode, "activation_checkpointing", mode)
     _torchtitan_optimizer(r)
+    _torchtitan_compile_float8(r)
     model = r.section("model")
     if model is not None:
         r.notes.append(f"[model] {model.get('name', '?')} {model.get('flavor', '')}: give the model with --model "
@@ -74,3 +75,17 @@ def _torchtitan_optimizer(r: Reader) -> None:
     fused = r.flag("optimizer.fused")  # before `implementation` existed
     if fused is not None:
         r.take("optimizer.fused", fused, "optimizer_impl", "fused" if fused else "foreach")
+
+
+def _torchtitan_compile_float8(r: Reader) -> None:
+    """``[compile] enable`` is --compile; the ``quantize.linear.float8`` converter (``float8`` before v0.2) --float8,
+    with ``enable_fsdp_float8_all_gather`` (torchtitan/config/job_config.py, components/quantization/float8.py)."""
+    if r.flag("compile.enable"):
+        r.take("compile.enable", True, "compile", 1)
+    converters = r.raw("model.converters") or []
+    if isinstance(converters, str):
+        converters = converters.split(",")
+    if any(name.strip() in ("quantize.linear.float8", "float8") for name in converters):
+        r.take("model.converters", ",".join(converters), "float8", 1)
+        if r.flag("quantize.linear.float8.enable_fsdp_float8_all_gather"):
+            r.take("quantize.linear.float8.enable_fsdp_float8_all_gather", True, "float8_all_gather", 1)

@@ -28,7 +28,11 @@ def test_refusals_are_one_line_exit_2(capsys, args, says):
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not out
 
 
-def test_export_warns_that_float8_is_not_written(capsys):
+def test_export_writes_float8_where_the_format_can_and_notes_it_where_not(capsys):
+    """torchtitan has a float8 converter key (tests/export/test_export_compile_float8.py); torchrun has none."""
     code, out, err = run_main(["export", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",
                                "--format", "torchtitan", "-o", "-"], capsys)
-    assert code == 0 and out and "--float8 is planned but not written to the export" in err
+    assert code == 0 and 'converters = ["quantize.linear.float8"]' in out and "(--float8)" not in err
+    code, out, err = run_main(["export", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",
+                               "--format", "torchrun", "-o", "-"], capsys)
+    assert code == 0 and "(--float8): no torchrun key says it" in err

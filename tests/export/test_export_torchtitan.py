@@ -20,7 +20,7 @@ from advisor.export.formats import FORMAT_TABLE
 from advisor.export.torchtitan import build_torchtitan, torchtitan_keys
 
 LLAMA = "meta-llama/Llama-3.1-8B"  # 32 layers, 8 KV heads
-_TYPES = {"int": int, "str": str, "bool": bool}
+_TYPES = {"int": int, "str": str, "bool": bool, "list[str]": list}
 
 
 def _pp_plan(schedule: str = "1f1b", **extra):

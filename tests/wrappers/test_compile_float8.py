@@ -1,0 +1,66 @@
+"""wrap()'s --compile and --float8: blocks compiled one by one (no compile is run here), float8's filter and the
+error without torchao."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.wrappers._dist import tiny_llama
+
+from wrappers import wrap
+from wrappers.blocks import find_blocks
+from wrappers.compile_float8 import apply_compile, float8_filter
+
+
+def _compiled(module: torch.nn.Module) -> bool:
+    return module._compiled_call_impl is not None  # set by nn.Module.compile(), read by __call__
+
+
+def test_compile_marks_each_decoder_block_and_nothing_else():
+    model = tiny_llama(num_layers=3)
+    blocks = apply_compile(model)
+    assert len(blocks) == 3 and all(_compiled(b) for b in model.model.layers)
+    assert not _compiled(model) and not _compiled(model.lm_head) and not _compiled(model.model.embed_tokens)
+
+
+def test_wrap_compiles_the_blocks_when_asked():
+    model = wrap(tiny_llama(num_layers=2), compile=True, verbose=False)  # CPU, one process: no strategy to apply
+    assert all(_compiled(b) for b in model.model.layers)
+    assert not any(_compiled(b) for b in wrap(tiny_llama(num_layers=2), verbose=False).model.layers)
+
+
+def test_apply_recipe_compiles_before_the_strategy_wraps(monkeypatch):
+    """apply_recipe's order (float8, checkpointing, compile, then the applier), without a process group."""
+    from wrappers import recipe as recipe_module
+
+    seen = []
+
+    def applier(model, ctx):  # stands in for DDP, which needs a process group
+        seen.append(all(_compiled(b) for b in find_blocks(model)))
+        return model, None
+
+    monkeypatch.setitem(recipe_module._APPLIERS, "ddp", applier)
+    recipe_module.apply_recipe(tiny_llama(), recipe_module.Recipe(strategy="ddp", compile=True), device="cpu")
+    assert seen == [True]
+
+
+def test_float8_without_torchao_is_one_line_naming_it():
+    if __import__("importlib.util").util.find_spec("torchao") is not None:
+        pytest.skip("torchao is installed here")
+    with pytest.raises(ImportError, match=r"^--float8 needs torchao \(pip install torchao\)") as err:
+        wrap(tiny_llama(), float8=True, verbose=False)
+    assert "\n" not in str(err.value)
+
+
+def test_float8_filter_takes_the_blocks_linears_with_dims_multiple_of_16_never_the_head():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    # By hand: hidden 64, 4 heads of 16, 2 KV heads -> q/o 64x64, k/v 64x32 (all multiples of 16);
+    # MLP 64 <-> 72 (72 is not); head 64 x 128 (a multiple, but outside the blocks).
+    config = LlamaConfig(hidden_size=64, intermediate_size=72, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    keep = float8_filter(find_blocks(model))
+    chosen = [name for name, module in model.named_modules() if keep(module, name)]
+    assert chosen == [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "qkvo"]

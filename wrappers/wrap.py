@@ -233,7 +233,8 @@ def wrap(
     (pinned or planned) is run by ``wrap_pipeline`` with ``num_microbatches`` per step (else the plan's
     gradient accumulation): the ``Pipeline`` comes back in the model's place (``wrappers.pipeline_wrap``).
     ``compile`` / ``float8`` plan and apply the planner's --compile / --float8 on the DP-family recipe: each block
-    torch.compiled, the blocks' linears converted by torchao (``wrappers.compile_float8``).
+    torch.compiled, the blocks' linears converted by torchao (``wrappers.compile_float8``); a mesh, a pipeline or
+    accelerate's prepare does not apply them, so there they are refused (ValueError) rather than ignored.
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
@@ -244,6 +245,7 @@ def wrap(
 
     if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
         # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
+        _refuse_compile_float8("a pinned device mesh", compile=compile, float8=float8)
         dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
         if dims.pp > 1:
             return _pipelined(model, optimizer, loader, dims=dims, env=env, verbose=verbose, plan=None,
@@ -261,6 +263,7 @@ def wrap(
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
         plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
+        _refuse_compile_float8(f"accelerate's prepare ({why})", compile=compile, float8=float8)
         prepared = _prepare_with_accelerate(passed, why, env, plugin, activation_checkpointing)
         return prepared[0] if len(prepared) == 1 else prepared
     decision = plan_wrap(model, env, optimizer=optimizer, loader=loader, strategy=strategy, precision=precision,
@@ -270,11 +273,14 @@ def wrap(
     # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
     # whole with the DP-family recipe.
     if decision.mesh.pp > 1:
+        _refuse_compile_float8(f"the planned pipeline ({decision.mesh.label})", compile=compile, float8=float8)
         return _pipelined(model, optimizer, loader, dims=decision.mesh, env=env, verbose=verbose, plan=decision.plan,
                           num_microbatches=num_microbatches, precision=decision.precision,
                           checkpointing=decision.checkpointing, checkpoint=checkpoint)
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
+        where = f"the planned mesh ({decision.mesh.label})" if needs_mesh else "a meta-device model sharded rank by rank"
+        _refuse_compile_float8(where, compile=compile, float8=float8)
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
             strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing)
@@ -335,6 +341,16 @@ def _pipelined(model, optimizer, loader, *, dims: ParallelDims, env: LaunchEnv, 
     new_optimizer = rest.pop(0) if optimizer is not None else None
     new_loader = rest.pop(0) if loader is not None else None
     return _finish(built[0], new_optimizer, new_loader, Decision(**fields, plan=plan), env, verbose)
+
+
+def _refuse_compile_float8(where: str, *, compile: bool, float8: bool) -> None:
+    """``compile`` / ``float8`` are applied on the data-parallel recipe's path (``wrappers.recipe.apply_recipe``
+    and the one-process path) only: refuse them elsewhere rather than return a model that runs eager bf16."""
+    asked = [f"{name}=True" for name, on in (("compile", compile), ("float8", float8)) if on]
+    if asked:
+        raise ValueError(f"wrap({', '.join(asked)}) is applied on the data-parallel path only, not on {where}: "
+                         "convert or compile the blocks yourself (wrappers.compile_float8.apply_float8 / apply_compile) "
+                         "and call wrap() without it")
 
 
 def _refuse_wrapped(model: Any) -> None:

@@ -64,3 +64,18 @@ def test_float8_filter_takes_the_blocks_linears_with_dims_multiple_of_16_never_t
     keep = float8_filter(find_blocks(model))
     chosen = [name for name, module in model.named_modules() if keep(module, name)]
     assert chosen == [f"model.layers.{i}.self_attn.{p}_proj" for i in range(2) for p in "qkvo"]
+
+
+@pytest.mark.parametrize("kwargs,where", [
+    (dict(tp=2, compile=True), "a pinned device mesh"),
+    (dict(engine="accelerate", float8=True), "accelerate's prepare (engine=accelerate)"),
+])
+def test_compile_and_float8_are_refused_where_wrap_would_not_apply_them(kwargs, where):
+    """A pinned mesh and accelerate's prepare apply neither: wrap() says so in one line instead of returning a model
+    that runs eager bf16, and leaves the model unwrapped and uncompiled."""
+    model = tiny_llama(num_layers=2)
+    with pytest.raises(ValueError) as err:
+        wrap(model, verbose=False, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message and where in message and "data-parallel path only" in message
+    assert not any(_compiled(b) for b in model.model.layers)

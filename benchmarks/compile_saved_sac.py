@@ -16,12 +16,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.saved_tensors import graph_recorder  # noqa: E402
+
 
 def compiled_sac_saved(*, hidden: int, intermediate: int, heads: int, kv_heads: int, seq: int):
-    from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.decomposition import select_decomp_table
@@ -54,14 +57,7 @@ def compiled_sac_saved(*, hidden: int, intermediate: int, heads: int, kv_heads: 
         return checkpoint(lambda y: layer(y, position_embeddings=(cos, sin)), x, use_reentrant=False,
                           context_fn=context)
 
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm.forward)
-        return compiler
-
+    graphs, keep = graph_recorder()
     backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition_fn,
                            decompositions=select_decomp_table())
     x = torch.randn(1, seq, hidden, dtype=torch.bfloat16, requires_grad=True)

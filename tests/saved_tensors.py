@@ -129,6 +129,22 @@ def eager_saved(shape: dict, *, batch: int, seq: int, autocast: bool = False) ->
     return rows
 
 
+def graph_recorder():
+    """(graphs, keep): ``keep(name)`` is an AOTAutograd compiler that stores the graph it is handed under ``name``
+    in ``graphs`` and runs it unchanged."""
+    from functorch.compile import make_boxed_func
+
+    graphs: dict = {}
+
+    def keep(name):
+        def compiler(gm, _inputs):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    return graphs, keep
+
+
 def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
     """(op, shape, dtype, bytes) of each distinct storage the partitioned forward graph saves for backward.
     ``inductor``: inductor's decompositions and partition_fn (its joint-graph passes first); False: the bare
@@ -136,7 +152,7 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, 
     tensors of this block (checked at 256 wide, 1 x 128 tokens) and needs no inductor import (seconds faster)."""
     import functools
 
-    from functorch.compile import aot_function, make_boxed_func
+    from functorch.compile import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
     if inductor:
@@ -148,14 +164,7 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, 
         partition, decompositions = functools.partial(min_cut_rematerialization_partition, compiler="inductor"), None
 
     layer, params, x, cos, sin, mode = fake_llama_block(shape, batch=batch, seq=seq, autocast=autocast)
-    graphs = {}
-
-    def keep(name):
-        def compiler(gm, _inputs):
-            graphs[name] = gm
-            return make_boxed_func(gm.forward)
-        return compiler
-
+    graphs, keep = graph_recorder()
     with mode:
         fn = aot_function(lambda p, x, c, s: _call(layer, p, x, c, s, autocast), fw_compiler=keep("fw"), bw_compiler=keep("bw"),
                           partition_fn=partition, decompositions=decompositions)

@@ -27,7 +27,7 @@ from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
     eager_remaining_per_token, frozen_adapters_per_token, frozen_decoder_layer_per_token, outside_norm_per_token,
     outside_to_embedding_per_token, rope_tables_per_token,
-    selective_kept_per_token, window_mask_input_per_token,
+    selective_kept_per_token, window_mask_input_bytes,
 )
 from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
 from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
@@ -238,7 +238,7 @@ def estimate_activations(
             # products are bmm, not mm): only the linears' outputs are kept (wrappers.checkpointing)
             kept -= dt.compute * shape.num_attention_heads * shape.head_dim + FP32 * shape.num_attention_heads
         # SDPA's boolean window mask is every block's input too; eager's masks are whole, counted below
-        mask = 0 if eager else tokens * window_mask_input_per_token(shape, seq_len=seq_len)
+        mask = 0 if eager else window_mask_input_bytes(shape, seq_len=seq_len)
         # DoRA's kept weight products: held from forward through the block's backward (measured on the simulated
         # step: the recomputation hands none back; all-linear and q + down_proj, s 1024 and 2048)
         fixed = dt.compute * kept_elements if selective else 0

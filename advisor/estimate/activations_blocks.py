@@ -108,14 +108,18 @@ def fused_qkv_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return dt.compute * (q + shape.num_kv_heads * shape.head_dim) + dt.compute * q
 
 
-def window_mask_input_per_token(shape: ActivationShape, *, seq_len: int) -> int:
-    """The boolean (b, 1, s, s) mask itself, s bytes a token, made once before the blocks and handed to
-    each: under checkpointing it is an input of every checkpointed block, so it stays until the first
-    block's backward (without checkpointing nothing saves it: SDPA saves its additive copy,
-    ``window_mask_per_token``). Measured (advisor.simulate, Mistral layout, s 1024, window 512, selective
-    checkpointing): the mask is built in three s^2 boolean steps of which one, 1,048,576 bytes, stays."""
+def window_mask_input_bytes(shape: ActivationShape, *, seq_len: int) -> int:
+    """The boolean mask itself, made once before the blocks and handed to each: under checkpointing it
+    is an input of every checkpointed block, so it stays until the first block's backward (without
+    checkpointing nothing saves it: SDPA saves its additive copy, ``window_mask_per_token``). Without a
+    padding mask the mask function reads no batch index, so ``masking_utils.sdpa_mask`` builds one
+    (1, 1, s, s) mask and ``expand``s it to the batch: s^2 bytes whatever the micro-batch (a padded
+    batch's ``attention_mask`` would make it b x s^2; the planned batch has none). Measured
+    (advisor.simulate, Mistral layout, selective checkpointing): s 1024, window 512, mb 1: the mask is
+    built in three s^2 boolean steps of which one, 1,048,576 bytes, stays; s 2048, mb 2 and 4 keep the
+    same 4,194,304 bytes as mb 1 (sweep 8bb54f571d6f: +8.56% when it was counted per sample)."""
     window = shape.sliding_window
-    return seq_len * BOOL if window is not None and seq_len >= window else 0
+    return seq_len * seq_len * BOOL if window is not None and seq_len >= window else 0
 
 
 def sandwich_norms_per_token(shape: ActivationShape, dt: Dtypes, *, frozen: bool = False) -> int:

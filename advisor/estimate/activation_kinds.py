@@ -115,6 +115,7 @@ def _spec_fields(spec: ModelSpec, family: str) -> dict:
         logit_softcap=spec.logit_softcap and decoder, one_op_mlp_act=spec.one_op_mlp_act and own == "gpt2",
         no_residual_dropout=spec.no_residual_dropout and own == "gpt2",
         no_embedding_dropout=spec.no_embedding_dropout and own == "gpt2",
+        sequential_residual=spec.sequential_residual and own == "gpt_neox",
         encdec=spec.encdec if family == "encdec" else None, hybrid=spec.hybrid, head=spec.head,
         **(_info_block_extras(spec.model_type) if decoder else {}),
     )

@@ -77,6 +77,8 @@ class ActivationShape(BaseModel):
     no_embedding_dropout: bool = Field(default=False, description="GPT-2 family: embd_pdrop 0, the embeddings' "
                                        "dropout saves no mask.")
     eager_masks: int = Field(default=1, ge=1, description="b x s x s float masks eager attention is given.")
+    sequential_residual: bool = Field(default=False, description="GPT-NeoX without the parallel residual: the "
+                                      "second LayerNorm saves its own input (the attention output plus the residual).")
     fused_qkv: bool = Field(default=False, description="q, k and v are slices of one projection's output (Phi-3's "
                             "qkv_proj): v, a view, keeps that whole output saved.")
     ssm: SsmFacts | None = Field(default=None, description="Mamba mixer widths (family 'mamba').")

@@ -106,6 +106,10 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
                          "cannot carry tensor or context parallelism here")
     if training.lora is not None or spec.trainable_params < spec.total_params:
         raise ValueError(f"mesh {mesh.label}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
+    styles = load_tensor_parallel().unsupported_tp_styles.get(spec.model_type or "")
+    if mesh.tp > 1 and styles:
+        raise ValueError(f"mesh {mesh.label}: {spec.model_type}'s transformers TP plan uses {', '.join(styles)}, which "
+                         "wrap() cannot apply (wrappers.tensor_parallel: plain PyTorch styles only); use --tp 1")
     shape = _tp_shape(spec, 1)
     if shape.family not in families or shape.assumed:
         kind = spec.model_type or spec.architecture or "this model"

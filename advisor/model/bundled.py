@@ -107,6 +107,9 @@ class TensorParallelFacts(_Frozen):
                                                     "o_proj saves a copy of SDPA's output (partial rotary's cat).")
     mlp_wide_saved: dict[str, int] = Field(default_factory=dict, description="Traced families whose MLP is not "
                                            "gated: tensors of its inner width a block saves (the count lists four).")
+    unsupported_tp_styles: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="Causal-LM model_types whose transformers TP plan names styles "
+        "wrappers.tensor_parallel cannot apply, with those styles: no tensor-parallel mesh for them.")
 
 
 @functools.cache

@@ -132,9 +132,21 @@ def spec_from_config(
     if spec is None:
         spec = _counted_on_meta(cfg, name=name, source=source, trust_remote_code=trust_remote_code,
                                 local_dir=local_dir, cache_dir=cache_dir)
+    return with_cache_release(with_config_facts(spec, cfg), behaviours)
+
+
+def with_config_facts(spec: ModelSpec, cfg: dict) -> ModelSpec:
+    """The spec with what the config says beyond its counts, read on every plan (not cached with them):
+    why the loss kernels refuse it, and a GPT-NeoX block's sequential residual (transformers
+    modeling_gpt_neox ``GPTNeoXLayer.forward``: ``use_parallel_residual`` false adds the attention output to
+    the residual before ``post_attention_layernorm``, which saves that sum; GPTNeoXConfig defaults it true)."""
+    facts: dict = {}
     refusal = loss_kernel_refusal(cfg)
-    spec = spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
-    return with_cache_release(spec, behaviours)
+    if refusal is not None:
+        facts["loss_kernel_refusal"] = refusal
+    if cfg.get("model_type") == "gpt_neox" and cfg.get("use_parallel_residual", True) is False:
+        facts["sequential_residual"] = True
+    return validated_copy(spec, facts) if facts else spec
 
 
 def with_cache_release(spec: ModelSpec, behaviours: dict[str, str]) -> ModelSpec:
@@ -205,8 +217,7 @@ def resolve(
 
             spec = spec_from_module(model)
             config = getattr(model, "config", None)
-            refusal = loss_kernel_refusal(config.to_dict()) if hasattr(config, "to_dict") else None
-            spec = spec if refusal is None else validated_copy(spec, {"loss_kernel_refusal": refusal})
+            spec = with_config_facts(spec, config.to_dict()) if hasattr(config, "to_dict") else spec
             return Resolved(with_cache_release(spec, installed_behaviours()), None)
         raise ValueError(f"cannot describe a model from {type(model).__name__}")
     name = model.strip()

@@ -87,6 +87,10 @@ class ModelSpec(BaseModel):
                                description="Attention scores soft-capped, cap * tanh(scores / cap) (Gemma 2).")
     logit_softcap: bool = Field(default=False, exclude_if=lambda capped: not capped,
                                 description="Output logits soft-capped, cap * tanh(logits / cap) (Gemma 2).")
+    sequential_residual: bool = Field(default=False, exclude_if=lambda sequential: not sequential,
+                                      description="GPT-NeoX with use_parallel_residual false: the MLP's LayerNorm "
+                                                  "reads the attention output added to the residual, a tensor of "
+                                                  "its own (the default parallel block reads the block input).")
     loss_kernel_refusal: str | None = Field(default=None, exclude_if=lambda why: why is None,
                                             description="Why wrappers.losses cannot run --loss chunked|fused on "
                                                         "this causal LM, as it words it (advisor.model.loss_kernels); "

@@ -34,6 +34,7 @@ from advisor.estimate.activations import shape_of
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims, split_layers
 from advisor.model.block_kinds import kind_of
+from advisor.model.bundled import load_tensor_parallel
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate
@@ -96,6 +97,8 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
     tps = [tp] if tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
+    if not tp and spec.model_type in load_tensor_parallel().unsupported_tp_styles:
+        tps = [1]  # its transformers TP plan has styles wrap() cannot apply (check_mesh_support says which)
     pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
     schedules = [schedule] if schedule else list(SEARCHED_SCHEDULES)  # the others when pinned (--pp-schedule)
     cp = cp or 1

@@ -156,3 +156,41 @@ def cuda_grad_accumulation() -> Iterator[None]:
 
     with InPlaceAccumulation():
         yield
+
+
+@contextlib.contextmanager
+def cuda_grouped_mm() -> Iterator[None]:
+    """``torch._grouped_mm`` on CUDA takes fp32 and fp16 too, where its meta function (what a fake tensor
+    runs) refuses them. aten/src/ATen/native/cuda/GroupedBlas.cpp ``_grouped_mm_cuda`` (torch 2.13) runs the
+    CUTLASS kernel only for bf16 on sm90/sm100 and otherwise ``_grouped_mm_fallback``, which loops over the
+    groups with ``mm_out`` into the one output tensor (no other allocation); torch/_meta_registrations.py
+    ``_meta_grouped_mm_common`` checks for bf16 only. transformers' MoE experts call it with the weights'
+    dtype (integrations/moe.py ``_grouped_mm``: ``input.to(weight.dtype)``), so fp32 weights under bf16 autocast
+    (DDP, ZeRO-1/2 under bf16-mixed) reach it in fp32: every such sweep row stopped with 'Expected inputs of
+    BF16 type'. While this is entered, a fake ``_grouped_mm`` of other dtypes returns the output the meta
+    function would size (``_create_grouped_mm_output_tensor``) in the inputs' dtype; bf16 is left to the meta
+    function. Backward (derivatives.yaml: two more ``_grouped_mm``) goes through the same rule."""
+    import torch
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
+
+    grouped_mm = torch.ops.aten._grouped_mm.default
+
+    def check(func: Any) -> bool:
+        return func is grouped_mm
+
+    def fallback(fake_mode: Any, func: Any, mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None,
+                 out_dtype: Any = None) -> Any:
+        if bias is not None or (mat_a.dtype == mat_b.dtype == torch.bfloat16 and out_dtype in (None, torch.bfloat16)):
+            return NotImplemented  # the meta function's own case
+        with in_kernel_invocation_manager(fake_mode):
+            out = _create_grouped_mm_output_tensor(mat_a, mat_b, offs, out_dtype or mat_a.dtype)
+        return FakeTensor(fake_mode, out, mat_a.device)
+
+    entry = (check, fallback)
+    fake_impls.op_implementations_checks.append(entry)
+    try:
+        yield
+    finally:
+        fake_impls.op_implementations_checks.remove(entry)

@@ -71,12 +71,13 @@ def cuda_dropout():
 
 @contextlib.contextmanager
 def cuda_kernels():
-    """CUDA's SDPA kernel where it is not the CPU's, its in-place sum of a parameter's two gradients
-    (``advisor.simulate.cuda_kernels``) and the scratch a kernel holds (``kernel_scratch``). Enter it after
+    """CUDA's SDPA kernel where it is not the CPU's, its in-place sum of a parameter's two gradients, its
+    grouped matmul of other dtypes than bf16 (``advisor.simulate.cuda_kernels``) and the scratch a kernel
+    holds (``kernel_scratch``). Enter it after
     the fake mode and before the memory tracker."""
-    from advisor.simulate.cuda_kernels import cuda_grad_accumulation, cuda_sdpa
+    from advisor.simulate.cuda_kernels import cuda_grad_accumulation, cuda_grouped_mm, cuda_sdpa
 
-    with cuda_sdpa(), cuda_grad_accumulation(), kernel_scratch():
+    with cuda_sdpa(), cuda_grad_accumulation(), cuda_grouped_mm(), kernel_scratch():
         yield
 
 

@@ -198,7 +198,7 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
 
     from advisor.simulate.autocast import cuda_fp32_policy
     from advisor.simulate.model import materialize
-    from advisor.simulate.cuda_kernels import cuda_sdpa
+    from advisor.simulate.cuda_kernels import cuda_grouped_mm, cuda_sdpa
     from advisor.simulate.fake_env import cuda_dropout, kernel_scratch, unpacked_batches
 
     built = {} if built is None else built
@@ -208,7 +208,8 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
     # A bf16 residual under autocast is a LoRA base held in bf16 with fp32 adapters (the recipe's frozen_base);
     # otherwise every weight in the residual's dtype.
     bf16_base = key.residual_bytes == 2 and key.input_casts
-    with FakeTensorMode(), unpacked_batches(), cuda_dropout(), cuda_sdpa(), kernel_scratch(), _quiet():
+    with FakeTensorMode(), unpacked_batches(), cuda_dropout(), cuda_sdpa(), cuda_grouped_mm(), kernel_scratch(), \
+            _quiet():
         materialize(net, device="cpu", real=False,
                     dtype=torch.bfloat16 if key.residual_bytes == 2 and not bf16_base else torch.float32,
                     frozen_dtype=torch.bfloat16 if bf16_base else None)

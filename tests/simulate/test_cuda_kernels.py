@@ -139,3 +139,32 @@ def test_tied_gradient_summed_in_place_on_fake_tensors_where_a_gpu_does(autocast
         weight.register_hook(lambda grad: storages.setdefault("summed", id(grad.untyped_storage())) and None)
         loss.backward()
     assert (storages["summed"] == storages["head"]) is autocast
+
+
+def _grouped(dtype: torch.dtype, tokens: int = 12):
+    """transformers' expert matmul shape: 2D tokens (t, 16) x 3D experts (4, 16, 24) with int32 offsets."""
+    return (torch.empty(tokens, 16, dtype=dtype), torch.empty(4, 16, 24, dtype=dtype),
+            torch.tensor([3, 6, 9, tokens], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_grouped_mm_takes_cuda_dtypes_on_fake_tensors(dtype):
+    """CUDA runs fp32 and fp16 grouped matmuls through its fallback (GroupedBlas.cpp); the meta function refuses
+    them. The output is tokens x the experts' width in the inputs' dtype, and backward gives each input a
+    gradient of its own shape."""
+    from advisor.simulate.cuda_kernels import cuda_grouped_mm
+
+    with FakeTensorMode() as mode, cuda_grouped_mm():
+        tokens, experts, offs = _grouped(dtype)
+        tokens.requires_grad_(), experts.requires_grad_()
+        out = torch._grouped_mm(tokens, experts, offs=offs)
+        out.backward(torch.ones_like(out))
+    assert (tuple(out.shape), out.dtype) == ((12, 24), dtype)
+    assert tokens.grad.shape == tokens.shape and experts.grad.shape == experts.shape
+
+
+def test_grouped_mm_meta_function_alone_refuses_fp32():
+    with FakeTensorMode():  # other shapes than above: the fake mode caches an op's output by its inputs' metadata
+        tokens, experts, offs = _grouped(torch.float32, tokens=20)
+        with pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):
+            torch._grouped_mm(tokens, experts, offs=offs)

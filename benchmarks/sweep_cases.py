@@ -194,7 +194,9 @@ def known_gap(case: dict) -> str | None:
                 "refuses it); over a whole head (tied, or StableLM's derived plan) StableLM is within 0.04% "
                 "(0428af39138b, 36745bdb608f) and Gemma -2.8% at a block's backward (138cf9e158b4: the blocks' "
                 "backward gradients are not counted under TP, model_parallel reads block_backward_buffers at tp 1 "
-                "only)")
+                "only); in fp32 over StableLM's whole head (743c5d275e20, V 156,928, -15.4%) the loss backward holds "
+                "the kernel's saved fp32 head gradient and its scaled copy, where the traced profile's loss moment "
+                "(split_traced) carries one: V x h x 4 bytes short (bf16-mixed, whose peak is elsewhere, -0.00%)")
     if job["tp"] > 1 and job["loss"] == "chunked" and not cfg.get("tie_word_embeddings") and family != "stablelm":
         return ("chunked loss over a vocabulary-parallel head (untied, transformers' TP plan): the per-chunk head "
                 "gradients (V/tp x h DTensor shards) are not modelled under TP; over a whole head (tied: replicated, "

@@ -263,6 +263,14 @@ def estimate_activations(
         # holds it while the loss runs, and under autocast no linear saves it (the head saves its cast). Read on the
         # simulated step (sweep b86536f72b68, bf16-mixed, hf, chunked and fused): 4 x 128 bytes a token more at the end
         logits += tokens * dt.residual * h  # of forward than the norm's saved tensors
+    if shape.family == "decoder" and shape.head is None and frozen:
+        # A frozen base's final RMSNorm backward, right after the loss's, beside every saved tensor: its fp32 path
+        # (``x.float()``, ``x * rsqrt``) runs backward in fp32, five tensors of tokens x hidden at its peak (the
+        # incoming gradient's fp32 cast, the product rule's two, mean's expanded gradient, pow's). It decides where the
+        # loss's own backward is small (the fused kernel: sweep caf386ea0056, a LoRA Qwen2, bf16, s 8192, was -3.77%
+        # at the top block, -0.04% with it; bf16-mixed and DDP alike). A full fine-tune's step peaks elsewhere there
+        # (the same job without LoRA: +1.2% with it, so not counted).
+        loss = max(loss, 5 * tokens * FP32 * h)
     task = None if shape.head is None else head_loss_bytes(
         shape.head, micro_batch_size=micro_batch_size, seq_len=seq_len, hidden=h, dt=dt, frozen=frozen)
     if task is not None:  # a task head in place of the vocabulary's (advisor.model.heads)
@@ -284,9 +292,14 @@ def estimate_activations(
     # 64-wide Mistral, fp32, s 1024, LoRA on q and v; a 256-wide Qwen3 over a bf16 base, s 4096, showed the same
     # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
     # GPT-2 with a one-op activation ('gelu') runs GPT-NeoX's fc1 / F.gelu / fc2 sequence: the same one gradient.
+    # GPT-2's gelu_new under autocast: pow's fp32 input makes the chain after it fp32 (the final mul promotes), so
+    # its backward's product rule holds fp32 gradients: the incoming one cast up and the two factors', three fp32
+    # tensors of the MLP's width (sweep 822b1090a834: 512-wide GPT-2, fp16-mixed, s 1024, -5.2% with two in
+    # fp16; fp32 and pure bf16 steps were exact with two in the compute dtype).
     one_op = row.one_op_mlp(shape)
     wide = 1 if one_op else 3 if frozen else 2
-    backward_temp = tokens * (dt.residual * h + wide * dt.compute * shape.intermediate_size)
+    widened = shape.family == "gpt2" and not one_op and dt.input_casts and dt.compute != FP32 and not frozen
+    backward_temp = tokens * (dt.residual * h + (3 * FP32 if widened else wide * dt.compute) * shape.intermediate_size)
     early = 0
     if row.backward is not None:  # an MoE MLP: its experts' and its routing product's backward
         backward_temp, early = row.backward(shape, dt, tokens, checkpointing=checkpointing)

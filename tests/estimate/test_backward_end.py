@@ -55,11 +55,12 @@ def test_end_of_backward_tied_by_hand():
     """P = 92,416 + 524,352 = 616,768: shards 4P/8 = 308,384, moments 8P/8 = 616,768, block gradient
     shards 46,208. Tied, the embedding's backward is the widest point: the unsharded root 2R = 1,048,704,
     three bf16 vocabulary-sized gradients (the head's, waiting in autograd's input buffer, the
-    embedding's, and their out-of-place sum) 3 x 2 x 524,288 = 3,145,728, and the last block's fp32
-    reduce-scatter input, still held, 4L = 184,832: 4,379,264 (the root's reduce-scatter holds 6R =
-    3,146,112). Sum: 308,384 + 616,768 + 46,208 + 4,379,264 = 5,350,624."""
+    embedding's, and their out-of-place sum) 3 x 2 x 524,288 = 3,145,728, the final norm's bf16 gradient,
+    made first in backward and held unsharded until the root's reduce-scatter, 2 x 64 = 128, and the last
+    block's fp32 reduce-scatter input, still held, 4L = 184,832: 4,379,392 (the root's reduce-scatter holds
+    6R = 3,146,112). Sum: 308,384 + 616,768 + 46,208 + 4,379,392 = 5,350,752."""
     est = _estimate(TIED, TrainingConfig(seq_len=8))
-    assert est.at_end_of_backward == 5_350_624
+    assert est.at_end_of_backward == 5_350_752
     assert est.peak_moment == "end_of_backward"
 
 

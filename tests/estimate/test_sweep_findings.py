@@ -1,0 +1,40 @@
+"""Cases the randomized sweep (``benchmarks/sweep.py``, seeds 14 and 15) found outside its goal, planned again
+as ``advisor plan`` plans them and held to the peak the simulator measured for each (``sweep.jsonl``'s
+``sim_bytes``; advisor.simulate, fake tensors, torch 2.13, transformers 5.23). Each names its mechanism and the
+error before it was modelled. The cases are drawn again from their seed (``sweep_cases.draw_case``)."""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from sweep import estimate  # noqa: E402
+from sweep_cases import case_id, draw_case  # noqa: E402
+
+pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("seed, index, case, simulated", [
+    # GPT-2 (8,192 learned positions), zero3 x4: the root's other gradients (wpe, ln_f) held at the embedding's
+    # backward (strategy_buffers._root_backward_end); -5.78% without them.
+    (14, 40, "fe471bf63189", 77_791_192),
+    # A LoRA Qwen2 under the fused loss at s 8192: the final RMSNorm's fp32 backward beside every saved tensor
+    # (activations.estimate_activations); -3.77% without it.
+    (15, 24, "caf386ea0056", 533_309_112),
+    # GPT-2's gelu_new under fp16 autocast: its backward's gradients are fp32; -5.16% counted in fp16.
+    (15, 49, "822b1090a834", 276_035_592),
+    # Phi fp32 GQA on a tp-4 mesh at s 8192: the math kernel's scores, a rank's heads only
+    # (model_parallel.split_traced); +13.68% counted whole.
+    (15, 50, "35196b8f1f31", 4_164_140_580),
+])
+def test_the_sweep_case_is_within_half_a_percent(seed, index, case, simulated):
+    warnings.filterwarnings("ignore")
+    drawn = draw_case(seed, index)
+    assert case_id(drawn) == case
+    _, candidate = estimate(drawn)
+    assert abs(candidate.memory_bytes.peak_allocated - simulated) <= 0.005 * simulated

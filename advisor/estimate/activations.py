@@ -293,13 +293,18 @@ def estimate_activations(
     # three gradients), less what down_proj's adapters saved, freed by their backward first (``mlp_freed_bytes``).
     # GPT-2 with a one-op activation ('gelu') runs GPT-NeoX's fc1 / F.gelu / fc2 sequence: the same one gradient.
     # GPT-2's gelu_new under autocast: pow's fp32 input makes the chain after it fp32 (the final mul promotes), so
-    # its backward's product rule holds fp32 gradients: the incoming one cast up and the two factors', three fp32
-    # tensors of the MLP's width (sweep 822b1090a834: 512-wide GPT-2, fp16-mixed, s 1024, -5.2% with two in
-    # fp16; fp32 and pure bf16 steps were exact with two in the compute dtype).
+    # its backward's product rule holds fp32 gradients of the MLP's width: three fp32 tensors (the incoming one cast
+    # up and the two factors') without checkpointing, two fp32 and one in the compute dtype under it. Read on the
+    # simulated step: 822b1090a834 (512-wide, fp16-mixed, s 1024) -5.2% with two in fp16, +0.2% with three fp32;
+    # e833a91921f9 (checkpointed, bf16-mixed, mb 8) -13.2% with two in bf16, +5.1% with three fp32, +0.5% with
+    # 2 x 4 + 2 bytes (mb 1: +0.2%). fp32 and pure bf16 steps were exact with two in the compute dtype.
     one_op = row.one_op_mlp(shape)
     wide = 1 if one_op else 3 if frozen else 2
     widened = shape.family == "gpt2" and not one_op and dt.input_casts and dt.compute != FP32 and not frozen
-    backward_temp = tokens * (dt.residual * h + (3 * FP32 if widened else wide * dt.compute) * shape.intermediate_size)
+    width_bytes = wide * dt.compute
+    if widened:
+        width_bytes = 2 * FP32 + (dt.compute if checkpointing else FP32)
+    backward_temp = tokens * (dt.residual * h + width_bytes * shape.intermediate_size)
     early = 0
     if row.backward is not None:  # an MoE MLP: its experts' and its routing product's backward
         backward_temp, early = row.backward(shape, dt, tokens, checkpointing=checkpointing)

@@ -1,4 +1,4 @@
-"""Cases the randomized sweep (``benchmarks/sweep.py``, seeds 14, 15 and 20) found outside its goal, planned again
+"""Cases the randomized sweep (``benchmarks/sweep.py``, seeds 14, 15, 17 and 20) found outside its goal, planned again
 as ``advisor plan`` plans them and held to the peak the simulator measured for each (``sweep.jsonl``'s
 ``sim_bytes``; advisor.simulate, fake tensors, torch 2.13, transformers 5.23). Each names its mechanism and the
 error before it was modelled. The cases are drawn again from their seed (``sweep_cases.draw_case``)."""
@@ -23,6 +23,11 @@ pytest.importorskip("torch")
     # GPT-2 (8,192 learned positions), zero3 x4: the root's other gradients (wpe, ln_f) held at the embedding's
     # backward (strategy_buffers._root_backward_end); -5.78% without them.
     (14, 40, "fe471bf63189", 77_791_192),
+    # An untied root's reduce-scatter on two ranks, one: its input, the rank's output and the embedding's gradient
+    # (referenced from C++ only) (strategy_buffers._root_backward_end); -7.25%, -7.65%, -4.07% without the last two.
+    (17, 17, "34a341f64faf", 745_474_344),
+    (20, 73, "a13052844b95", 197_155_016),
+    (20, 56, "e33b20dd8847", 834_396_472),
     # A LoRA Qwen2 under the fused loss at s 8192: the final RMSNorm's fp32 backward beside every saved tensor
     # (activations.estimate_activations); -3.77% without it.
     (15, 24, "caf386ea0056", 533_309_112),

@@ -319,9 +319,9 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     # ranks or one the output is half the input or all of it, and this point the larger. Counted for an untied head:
     # tied (StarCoder2's and OLMo 2's rows on one rank) the estimate was exact without it and 0.9-9.5% over with it.
     # Phi's untied rows are over with it too (sweep_cases.known_gap).
-    if not (bool(spec.tied_embeddings) or spec.head_params == 0):
-        reduce_root = max(reduce_root, reduce_b * root_t + reduce_b * -(-root_t // world) + ub * embedding)
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
+    if not tied:
+        reduce_root = max(reduce_root, reduce_b * root_t + reduce_b * -(-root_t // world) + ub * embedding)
     head_grad = embedding if tied else (spec.head_params if spec.head_params is not None else head)
     summed = embedding if tied and not in_place else 0
     # The root's other parameters (a learned position table, the final norm) got their gradients earlier in

@@ -22,10 +22,9 @@ from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
-from advisor.model.bundled import load_tensor_parallel
 from advisor.model.spec import ModelSpec
 from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
-                                              pipeline_search_reason, pipeline_summary_line, stage_line,
+                                              pipeline_search_reason, pipeline_summary_line, stage_line, tp_degrees,
                                               without_pp_line)
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Recommendation, batch_split_problem, evaluate_candidate
@@ -116,9 +115,7 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         return []
     g, world = hw.gpus_per_node, hw.world_size
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = [pins.tp] if pins.tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
-    if not pins.tp and spec.model_type in load_tensor_parallel().unsupported_tp_styles:
-        tps = [1]  # its transformers TP plan has styles wrap() cannot apply (check_mesh_support says which)
+    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp)
     meshes = []
     for tp in tps:
         cps = [pins.cp] if pins.cp else [c for c in _powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]

@@ -85,6 +85,17 @@ def _eps(spec: ModelSpec, shard: int, tp: int, g: int) -> list[int]:
     return sorted(({max(inside)} if inside else set()) | {max(fitting)})
 
 
+def tp_degrees(spec: ModelSpec, gpus_per_node: int, *, heads: int, kv_heads: int, pinned: int | None) -> list[int]:
+    """The tp degrees a mesh search tries: the pinned one, else every divisor of the node's width that divides
+    the heads and key/value heads; only 1 for a family whose transformers TP plan has styles wrap() cannot
+    apply (``profiles/tensor_parallel.json`` unsupported_tp_styles; ``check_mesh_support`` says which)."""
+    if pinned:
+        return [pinned]
+    if spec.model_type in load_tensor_parallel().unsupported_tp_styles:
+        return [1]
+    return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0 and heads % t == 0 and kv_heads % t == 0]
+
+
 def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, pp: int | None = None,
                     ep: int | None = None, schedule: str | None = None, virtual_stages: int | None = None,
                     pp_layers: tuple[int, ...] | None = None, tp: int | None = None,
@@ -96,9 +107,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = [tp] if tp else [t for t in range(1, g + 1) if g % t == 0 and heads % t == 0 and kv % t == 0]
-    if not tp and spec.model_type in load_tensor_parallel().unsupported_tp_styles:
-        tps = [1]  # its transformers TP plan has styles wrap() cannot apply (check_mesh_support says which)
+    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp)
     pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
     schedules = [schedule] if schedule else list(SEARCHED_SCHEDULES)  # the others when pinned (--pp-schedule)
     cp = cp or 1

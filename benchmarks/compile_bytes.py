@@ -1,6 +1,7 @@
 """Measure the HBM bytes a Llama decoder block's elementwise and reduction kernels move, eager and compiled.
 
     PYTHONPATH=$PWD python benchmarks/compile_bytes.py            # eager trace + inductor, writes results/compile_bytes.md
+    PYTHONPATH=$PWD python benchmarks/compile_bytes.py --lora     # the LoRA section (needs peft), appended there
 
 The check of ``advisor.estimate.compile_time`` (whose op lists are counted by hand from the model code):
 
@@ -10,6 +11,12 @@ The check of ``advisor.estimate.compile_time`` (whose op lists are counted by ha
 - compiled: the same layer through ``torch.compile`` (inductor, on this machine's CPU backend), with
   inductor's own count of the bytes each scheduled kernel reads and writes (``GraphLowering.count_bytes``,
   the figure its ``inductor_metrics`` log prints), extern kernels (matmuls, attention) left out.
+
+The LoRA section (``--lora``, the check of ``advisor.estimate.adapter_time``'s compiled counts): the same layer
+with every weight frozen (a LoRA base: the norms run no weight gradients), then with PEFT adapters (rank 8, no
+dropout, bf16) on one target at a time; what each adds to the eager trace and to inductor's forward and backward
+graphs, against the hand counts; and every target at once on a wider block at rank 16, a shape the rule was not
+read from.
 
 Each is run at two token counts and differenced, so per-kernel constants (the norm weights, their
 gradients) drop out and what remains is bytes per token of one block. CPU inductor fuses as the GPU
@@ -63,27 +70,42 @@ class ByteLog(TorchDispatchMode):
         return out
 
 
-def _layer(dtype=torch.bfloat16):
+def _layer(dtype=torch.bfloat16, shape: dict | None = None, lora: tuple[tuple[str, ...], int] | None = None):
+    """The block; ``lora`` = (targets, rank): every weight frozen, PEFT adapters on ``targets`` (none: the frozen
+    block alone)."""
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
-    config = LlamaConfig(**SHAPE, num_hidden_layers=1, vocab_size=128, attn_implementation="sdpa")
+    config = LlamaConfig(**(shape or SHAPE), num_hidden_layers=1, vocab_size=128, attn_implementation="sdpa")
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     layer = LlamaDecoderLayer(config, layer_idx=0).to(dtype)
+    if lora is not None:
+        layer.requires_grad_(False)
+        targets, rank = lora
+        if targets:
+            import peft
+
+            holder = torch.nn.Module()
+            holder.layer = layer  # inject_adapter_in_model wants a parent module
+            peft.inject_adapter_in_model(peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
+                                                         lora_dropout=0.0, init_lora_weights=False), holder)
+            for name, param in layer.named_parameters():
+                if "lora_" in name:
+                    param.data = param.data.to(dtype)
     return layer, LlamaRotaryEmbedding(config), config
 
 
-def _inputs(rope, tokens: int, dtype=torch.bfloat16):
-    x = torch.randn(1, tokens, SHAPE["hidden_size"], dtype=dtype, requires_grad=True)
+def _inputs(rope, tokens: int, dtype=torch.bfloat16, hidden: int | None = None):
+    x = torch.randn(1, tokens, hidden or SHAPE["hidden_size"], dtype=dtype, requires_grad=True)
     pos = torch.arange(tokens)[None]
     cos, sin = rope(x, pos)
     return x, (cos.detach(), sin.detach()), pos
 
 
-def eager_bytes(tokens: int, dtype=torch.bfloat16) -> tuple[int, list[tuple[str, int]]]:
-    layer, rope, _ = _layer(dtype)
-    x, emb, pos = _inputs(rope, tokens, dtype)
+def eager_bytes(tokens: int, dtype=torch.bfloat16, **block) -> tuple[int, list[tuple[str, int]]]:
+    layer, rope, config = _layer(dtype, **block)
+    x, emb, pos = _inputs(rope, tokens, dtype, config.hidden_size)
     log = ByteLog()
     with log:
         out = layer(x, position_embeddings=emb, position_ids=pos)
@@ -91,7 +113,12 @@ def eager_bytes(tokens: int, dtype=torch.bfloat16) -> tuple[int, list[tuple[str,
     return sum(b for _, b in log.ops), log.ops
 
 
-def compiled_bytes(tokens: int, dtype=torch.bfloat16) -> int:
+def compiled_bytes(tokens: int, dtype=torch.bfloat16, **block) -> int:
+    return sum(compiled_graph_bytes(tokens, dtype, **block))
+
+
+def compiled_graph_bytes(tokens: int, dtype=torch.bfloat16, **block) -> list[int]:
+    """Inductor's count for each graph it lowered: [forward, backward]."""
     import torch._inductor.graph as graph
     from torch._inductor.scheduler import ExternKernelSchedulerNode
 
@@ -110,15 +137,15 @@ def compiled_bytes(tokens: int, dtype=torch.bfloat16) -> int:
     torch._functorch.config.enable_autograd_cache = False
     try:
         torch._dynamo.reset()
-        layer, rope, _ = _layer(dtype)
+        layer, rope, config = _layer(dtype, **block)
         compiled = torch.compile(layer, fullgraph=True)
-        x, emb, pos = _inputs(rope, tokens, dtype)
+        x, emb, pos = _inputs(rope, tokens, dtype, config.hidden_size)
         out = compiled(x, position_embeddings=emb, position_ids=pos)
         out.backward(torch.ones_like(out))
     finally:
         graph.GraphLowering.count_bytes = original
         torch._logging.set_logs()
-    return sum(totals)
+    return totals
 
 
 def _check(dtype, small: int = 256, large: int = 512) -> tuple[list[str], list[tuple[str, int]]]:
@@ -151,7 +178,85 @@ def _check(dtype, small: int = 256, large: int = 512) -> tuple[list[str], list[t
     return lines, ops
 
 
+WIDE = dict(hidden_size=384, intermediate_size=1024, num_attention_heads=6, num_key_value_heads=2)
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _per_token(measure, small: int = 256, large: int = 512):
+    """measure(tokens) -> a number or a list of numbers; their growth a token."""
+    a, b = measure(small), measure(large)
+    if isinstance(a, list):
+        return [(y - x) / (large - small) for x, y in zip(a, b)]
+    return (b - a) / (large - small)
+
+
+def _adapters_by_hand(shape: dict, targets: tuple[str, ...], rank: int, *, compiled: bool) -> tuple[int, int]:
+    """(forward, backward) elementwise bytes a token the hand counts give ``targets`` (the skinny GEMMs, extern
+    kernels in both modes and skipped by the trace, taken out)."""
+    from advisor.estimate.adapter_time import adapter_bytes_per_token
+
+    hd = shape["hidden_size"] // shape["num_attention_heads"]
+    fans = {"q_proj": (shape["hidden_size"], shape["hidden_size"]),
+            "k_proj": (shape["hidden_size"], hd * shape["num_key_value_heads"]),
+            "v_proj": (shape["hidden_size"], hd * shape["num_key_value_heads"]),
+            "o_proj": (shape["hidden_size"], shape["hidden_size"]),
+            "gate_proj": (shape["hidden_size"], shape["intermediate_size"]),
+            "up_proj": (shape["hidden_size"], shape["intermediate_size"]),
+            "down_proj": (shape["intermediate_size"], shape["hidden_size"])}
+    fwd = bwd = 0
+    for name in targets:
+        i, o = fans[name]
+        f, b = adapter_bytes_per_token(i, o, rank, compute_bytes=2, input_casts=False, dropout=False,
+                                       compiled_as=name if compiled else None)
+        fwd += f - 2 * (i + 2 * rank + o)
+        bwd += b - 2 * (2 * i + 2 * o + 4 * rank)
+    return fwd, bwd
+
+
+def lora_lines() -> list[str]:
+    """The LoRA section: the frozen block, each target's adapter, and every target on the wider block."""
+    from advisor.estimate.compile_time import block_bytes
+
+    head_dim = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
+    hand = block_bytes(hidden=SHAPE["hidden_size"], intermediate=SHAPE["intermediate_size"], q_width=SHAPE["hidden_size"],
+                       kv_width=head_dim * SHAPE["num_key_value_heads"], head_dim=head_dim, activation_bytes=2,
+                       norm_weight_grads=False)
+    frozen = dict(lora=((), 8))
+    eager0 = _per_token(lambda t: eager_bytes(t, **frozen)[0])
+    comp0 = _per_token(lambda t: compiled_graph_bytes(t, **frozen))
+    lines = ["## LoRA: a frozen block and its adapters (bf16, rank 8, no dropout)", "",
+             f"- frozen block, eager traced: {eager0:,.0f} bytes a token; by hand (`block_bytes(norm_weight_grads="
+             f"False)`): {hand.eager:,}",
+             f"- frozen block, compiled (inductor, forward / backward): {comp0[0]:,.0f} / {comp0[1]:,.0f}; by hand "
+             f"{hand.compiled_forward:,} / {hand.compiled_backward:,} (+ the 64-byte logsumexp copy in backward)", "",
+             "What one adapter adds, bytes a token (measured; by hand: `adapter_time.adapter_bytes_per_token` less "
+             "its two skinny GEMMs):", "",
+             "| target | eager traced | eager by hand | compiled forward / backward | by hand (COMPILED_ELEMENTWISE) |",
+             "|---|---:|---:|---:|---:|"]
+    for name in TARGETS:
+        block = dict(lora=((name,), 8))
+        eager = _per_token(lambda t: eager_bytes(t, **block)[0]) - eager0
+        comp = [x - y for x, y in zip(_per_token(lambda t: compiled_graph_bytes(t, **block)), comp0)]
+        by_eager, by_comp = _adapters_by_hand(SHAPE, (name,), 8, compiled=False), \
+            _adapters_by_hand(SHAPE, (name,), 8, compiled=True)
+        lines.append(f"| {name} | {eager:,.0f} | {sum(by_eager):,} | {comp[0]:,.0f} / {comp[1]:,.0f} | "
+                     f"{by_comp[0]:,} / {by_comp[1]:,} |")
+    wide0 = _per_token(lambda t: compiled_graph_bytes(t, shape=WIDE, lora=((), 16)))
+    wide = [x - y for x, y in zip(_per_token(lambda t: compiled_graph_bytes(t, shape=WIDE, lora=(TARGETS, 16))), wide0)]
+    by_hand = _adapters_by_hand(WIDE, TARGETS, 16, compiled=True)
+    lines += ["", f"Held out: all seven targets at rank 16 on {WIDE}: compiled forward / backward {wide[0]:,.0f} / "
+              f"{wide[1]:,.0f} bytes a token; by hand {by_hand[0]:,} / {by_hand[1]:,}.", ""]
+    return lines
+
+
 def main() -> int:
+    if "--lora" in sys.argv:
+        text = "\n".join(lora_lines()) + "\n"
+        print(text)
+        path = ROOT / "benchmarks" / "results" / "compile_bytes.md"
+        kept = path.read_text().split("## LoRA:")[0].rstrip("\n") + "\n\n"
+        path.write_text(kept + text)
+        return 0
     lines = [f"# Elementwise and reduction bytes of one Llama block, per token (shape {SHAPE})", "",
              f"Generated by `PYTHONPATH=$PWD python benchmarks/compile_bytes.py` (torch {torch.__version__}).", ""]
     ops: list[tuple[str, int]] = []
@@ -163,7 +268,9 @@ def main() -> int:
     lines += [f"    {name}: {b:,}" for name, b in ops]
     text = "\n".join(lines) + "\n"
     print(text)
-    (ROOT / "benchmarks" / "results" / "compile_bytes.md").write_text(text)
+    path = ROOT / "benchmarks" / "results" / "compile_bytes.md"
+    lora = path.read_text().partition("## LoRA:")[1:] if path.exists() else ()
+    path.write_text(text + ("\n" + "".join(lora) if lora and lora[0] else ""))
     return 0
 
 

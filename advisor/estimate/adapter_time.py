@@ -28,6 +28,17 @@ backward: ``* scaling``'s gradient reads and writes out; lora_B's input and weig
 checkpointing: the recompute runs the forward again (also under selective checkpointing, which keeps
   some adapter products but recomputes the elementwise ops: a slight over-charge there).
 
+Under ``--compile`` (inductor), the two skinny products stay cuBLAS calls (extern kernels: the same bytes)
+and the elementwise ops fuse into their neighbours (the norms, RoPE, ``silu(gate) * up``, the residual adds), so
+what an adapter adds to the block's fused kernels depends on where its output goes. Measured with inductor's
+own count of each scheduled kernel's reads and writes (benchmarks/compile_bytes.py, the LoRA section: a Llama
+block with a frozen bf16 base, PEFT adapters on one target at a time, differenced against the block without
+them), an adapter's elementwise bytes a token are ``COMPILED_ELEMENTWISE``: forward k_f x out, backward
+in + k_b x out (times c), against eager's 5 out and 3 in + 2 out. The same rule predicts every target together
+at another width and rank exactly (the benchmark's check). Dropout and the autocast input casts keep their eager
+bytes (inductor fuses them too: an over-charge, not measured); a target outside the table (a fused qkv_proj)
+keeps the eager count.
+
 Time = bytes / (HBM bandwidth x ``lora_adapters.hbm_efficiency``, profiles/efficiency.json: a copy
 kernel's measured share of the datasheet bandwidth, so the time is a lower bound). Not charged: the
 adapters' weight casts and gradient accumulation (parameter-sized, not token-sized), DoRA's own
@@ -52,12 +63,29 @@ FP32 = 4
 MASK_BYTES = 1  # native_dropout's bool mask
 
 
+# (k_f, k_b) by target: a compiled adapter's elementwise bytes a token are c x k_f x out in forward and
+# c x (in + k_b x out) in backward (module docstring; benchmarks/compile_bytes.py measures them). q and k feed
+# RoPE, v the attention kernel, o the residual add whose sum the next norm and the last add recompute,
+# gate and up the fused silu(gate) * up, down the block's last residual add.
+COMPILED_ELEMENTWISE: dict[str, tuple[int, int]] = {
+    "q_proj": (2, 2), "k_proj": (2, 2), "v_proj": (3, 2), "o_proj": (2, 3),
+    "gate_proj": (2, 1), "up_proj": (2, 1), "down_proj": (1, 2),
+}
+
+
 def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_bytes: int, input_casts: bool,
-                            dropout: bool) -> tuple[int, int]:
-    """(forward, backward) HBM bytes a token of one adapted ``fan_in -> fan_out`` linear (module docstring)."""
+                            dropout: bool, compiled_as: str | None = None) -> tuple[int, int]:
+    """(forward, backward) HBM bytes a token of one adapted ``fan_in -> fan_out`` linear (module docstring);
+    ``compiled_as``: the target's name when inductor compiles the block (its ``COMPILED_ELEMENTWISE`` row;
+    a name outside the table keeps the eager count)."""
     c = compute_bytes
-    forward = c * (fan_in + 2 * rank + 6 * fan_out)
-    backward = c * (5 * fan_in + 4 * fan_out + 4 * rank)
+    products = (c * (fan_in + 2 * rank + fan_out), c * (2 * fan_in + 2 * fan_out + 4 * rank))  # the skinny GEMMs
+    k = COMPILED_ELEMENTWISE.get(compiled_as) if compiled_as is not None else None
+    if k is None:  # eager: * scaling and + in forward; the scaling's and the input gradient's sums in backward
+        elementwise = (5 * c * fan_out, c * (3 * fan_in + 2 * fan_out))
+    else:
+        elementwise = (c * k[0] * fan_out, c * (fan_in + k[1] * fan_out))
+    forward, backward = products[0] + elementwise[0], products[1] + elementwise[1]
     adapter_input = FP32 if input_casts else c
     extra = (2 * adapter_input + MASK_BYTES) * fan_in if dropout else 0
     if input_casts:
@@ -66,15 +94,19 @@ def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_byt
 
 
 def adapter_bytes(spec: ModelSpec, lora: LoraConfig, *, tokens: int, compute_bytes: int,
-                  input_casts: bool) -> tuple[int, int]:
-    """(forward, backward) HBM bytes of one micro-batch of ``tokens`` tokens through every block's adapters."""
-    every = adapted_block_linears(spec, lora)  # unlike blocks (T5, Jamba): each adapted linear once
-    if every is None:
+                  input_casts: bool, compiled: bool = False) -> tuple[int, int]:
+    """(forward, backward) HBM bytes of one micro-batch of ``tokens`` tokens through every block's adapters;
+    ``compiled``: inductor compiles the blocks (``--compile``)."""
+    listed = adapted_block_linears(spec, lora)  # unlike blocks (T5, Jamba): each adapted linear once
+    if listed is None:
         linears = block_linears(spec)
-        every = tuple(shape for name in target_names(spec, lora) for shape in linears[name])
+        every = tuple((name, *shape) for name in target_names(spec, lora) for shape in linears[name])
         tokens *= spec.num_layers or 0  # every block as block 0
+    else:
+        every = tuple((None, *shape) for shape in listed)
     per_token = [adapter_bytes_per_token(fan_in, fan_out, lora.rank, compute_bytes=compute_bytes,
-                                         input_casts=input_casts, dropout=lora.dropout > 0) for fan_in, fan_out in every]
+                                         input_casts=input_casts, dropout=lora.dropout > 0,
+                                         compiled_as=name if compiled else None) for name, fan_in, fan_out in every]
     return tokens * sum(f for f, _ in per_token), tokens * sum(b for _, b in per_token)
 
 
@@ -87,11 +119,12 @@ def adapter_s(spec: ModelSpec, hw: "Hardware", training: "TrainingConfig", impl:
 
     dt = recipe_dtypes(training, impl)
     forward, backward = adapter_bytes(spec, training.lora, tokens=tokens, compute_bytes=dt.compute,
-                                      input_casts=dt.input_casts)
+                                      input_casts=dt.input_casts, compiled=training.compile)
     bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.lora_adapters.hbm_efficiency
     return forward / bandwidth, (backward + (forward if checkpointing else 0)) / bandwidth
 
 
-def adapter_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile") -> str:
-    return (f"LoRA adapters: their skinny products and elementwise ops are memory-bound, {seconds:.3f} s a "
+def adapter_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile", *, compiled: bool = False) -> str:
+    fused = " (their elementwise ops fused as inductor fuses them)" if compiled else ""
+    return (f"LoRA adapters: their skinny products and elementwise ops are memory-bound{fused}, {seconds:.3f} s a "
             f"micro-batch at {eff.lora_adapters.hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s")

@@ -105,8 +105,11 @@ class BlockBytes(BaseModel):
 
 
 def block_bytes(*, hidden: int, intermediate: int, q_width: int, kv_width: int, head_dim: int,
-                activation_bytes: int) -> BlockBytes:
-    """Bytes a token of one Llama-like block, eager and compiled (the op lists of the module docstring)."""
+                activation_bytes: int, norm_weight_grads: bool = True) -> BlockBytes:
+    """Bytes a token of one Llama-like block, eager and compiled (the op lists of the module docstring).
+    ``norm_weight_grads`` False: the norms' weights are frozen (a LoRA base), so neither mode runs their weight
+    gradients: eager loses each norm's product and sum (4a h), compiled its two weight-gradient kernels (7a h + 8)
+    (benchmarks/compile_bytes.py, the LoRA section's frozen block)."""
     a, h, f, hd = activation_bytes, hidden, intermediate, head_dim
     widths = q_width + kv_width
     cast = a + FP32 if a < FP32 else 0  # x.float() and .to(input_dtype): no kernel when already fp32
@@ -116,6 +119,9 @@ def block_bytes(*, hidden: int, intermediate: int, q_width: int, kv_width: int, 
     eager_bwd = 9 * a * f + 5 * 3 * a * h + 2 * norm_bwd + 11 * a * widths + 2 * 2 * a * hd + 2 * a * widths
     compiled_fwd = (2 * a * h + 4) + 5 * a * widths + 2 * 2 * a * hd + (3 * a * h + 4) + 3 * a * f + 4 * a * h
     compiled_bwd = 5 * a * f + (6 * a * h + 4) + 2 * a * widths + 2 * 2 * a * hd + (7 * a * h + 8) + (6 * a * h + 4)
+    if not norm_weight_grads:
+        eager_bwd -= 2 * 4 * a * h
+        compiled_bwd -= 7 * a * h + 8
     return BlockBytes(eager_forward=eager_fwd, eager_backward=eager_bwd,
                       compiled_forward=compiled_fwd, compiled_backward=compiled_bwd)
 
@@ -133,7 +139,8 @@ def spec_block_bytes(spec: ModelSpec, training: TrainingConfig) -> BlockBytes:
     shape = shape_of(spec)
     return block_bytes(hidden=shape.hidden_size, intermediate=shape.intermediate_size,
                        q_width=shape.num_attention_heads * shape.head_dim, kv_width=shape.num_kv_heads * shape.head_dim,
-                       head_dim=shape.head_dim, activation_bytes=training.compute_bytes)
+                       head_dim=shape.head_dim, activation_bytes=training.compute_bytes,
+                       norm_weight_grads=training.lora is None)
 
 
 def compile_saving_s(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,

@@ -411,7 +411,7 @@ def estimate_step_time(
     if deq_fwd:
         notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:
-        notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff))
+        notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
     if training.compile:
         from advisor.estimate.compile_time import compile_notes
 

@@ -64,3 +64,36 @@ def test_no_lora_no_charge():
     run = estimate_step_time(spec, parse_gpus("1xA100-80GB-SXM"), TrainingConfig(precision="bf16"),
                              STRATEGIES["ddp"].on("torch"), micro_batch_size=1, checkpointing=True)
     assert not any("LoRA adapters" in note for note in run.notes)
+
+
+# What one adapter added to inductor's forward and backward graphs of a frozen bf16 Llama block (h 256, f 704,
+# 8 heads, 2 kv heads of 32: q 256, kv 64), rank 8, bytes a token: measured by
+# `PYTHONPATH=$PWD python benchmarks/compile_bytes.py --lora` (benchmarks/results/compile_bytes.md, LoRA section).
+MEASURED_COMPILED = {"q_proj": (256, 256, 1_024, 1_536), "k_proj": (256, 64, 256, 768),
+                     "v_proj": (256, 64, 384, 768), "o_proj": (256, 256, 1_024, 2_048),
+                     "gate_proj": (256, 704, 2_816, 1_920), "up_proj": (256, 704, 2_816, 1_920),
+                     "down_proj": (704, 256, 512, 2_432)}
+
+
+@pytest.mark.parametrize("name", sorted(MEASURED_COMPILED))
+def test_compiled_adapter_elementwise_matches_inductor(name):
+    """The compiled count less the two skinny GEMMs (extern kernels, not in inductor's count: forward
+    2 x (in + 2r + out), backward 2 x (2 in + 2 out + 4r)) is what inductor measured for that target."""
+    fan_in, fan_out, fwd, bwd = MEASURED_COMPILED[name]
+    f, b = adapter_bytes_per_token(fan_in, fan_out, 8, compute_bytes=2, input_casts=False, dropout=False,
+                                   compiled_as=name)
+    assert (f - 2 * (fan_in + 16 + fan_out), b - 2 * (2 * fan_in + 2 * fan_out + 32)) == (fwd, bwd)
+
+
+def test_compiled_llama2_7b_qv_by_hand():
+    """Llama-2-7B, LoRA r16 on q and v (4096 -> 4096 each), bf16, 1 x 512 tokens, under --compile.
+    q: forward 2 x (4096 + 32 + 4096) GEMMs + 2 x 2 x 4096 = 32,832; backward 2 x (8192 + 8192 + 64) + 2 x (4096 +
+    2 x 4096) = 57,472. v: forward 16,448 + 2 x 3 x 4096 = 41,024; backward 57,472. A token 73,856 / 114,944 (eager
+    114,816 / 147,712); x 32 blocks x 512 tokens = 16,384: 1,210,056,704 / 1,883,242,496 B. A fused qkv_proj, not in
+    the table, keeps the eager count."""
+    spec = with_lora(resolve_model("meta-llama/Llama-2-7b-hf"), QV16)
+    assert adapter_bytes(spec, QV16, tokens=512, compute_bytes=2, input_casts=False, compiled=True) == \
+        (1_210_056_704, 1_883_242_496)
+    assert adapter_bytes_per_token(4096, 12288, 16, compute_bytes=2, input_casts=False, dropout=False,
+                                   compiled_as="qkv_proj") == \
+        adapter_bytes_per_token(4096, 12288, 16, compute_bytes=2, input_casts=False, dropout=False)

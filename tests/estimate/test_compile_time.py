@@ -64,3 +64,14 @@ def test_step_time_saving_is_the_bytes_worth():
     # (advisor.estimate.compile_memory; benchmarks/results/compile_saved.md measured it on Llama-3.1-8B's block)
     assert (before.memory_bytes.at_end_of_forward - after.memory_bytes.at_end_of_forward) == 32 * 2048 * 61_440
     assert any("advisor.estimate.compile_memory" in note for note in after.step_time.notes)
+
+
+def test_frozen_norms_match_inductor():
+    """A LoRA base freezes the norms: neither mode runs their weight gradients. The benchmark's frozen block
+    (benchmarks/compile_bytes.py --lora; h 256, f 704, q 256, kv 64, hd 32, bf16) traced 107,264 bytes a token
+    eager (111,360 less 2 x 4a h = 4,096) and inductor counted 12,296 forward and 14,792 backward (the hand count's
+    14,728 plus the 64-byte logsumexp copy of the CPU attention kernel: 18,320 less 7a h + 8 = 3,592)."""
+    block = block_bytes(hidden=256, intermediate=704, q_width=256, kv_width=64, head_dim=32, activation_bytes=2,
+                        norm_weight_grads=False)
+    assert block.eager == 107_264
+    assert (block.compiled_forward, block.compiled_backward + 64) == (12_296, 14_792)

@@ -74,15 +74,16 @@ def materialize_whole(model: nn.Module, optimizer, *, env: LaunchEnv, checkpoint
 
 def wrap_on_mesh(model, optimizer, loader, *, env: LaunchEnv, mesh, tp: int, cp: int, hybrid: int, checkpoint,
                  strategy: StrategyName | None, precision: Precision | None,
-                 activation_checkpointing: CheckpointMode | None) -> tuple:
-    """(model, optimizer, loader, the Decision's fields) after applying the mesh."""
+                 activation_checkpointing: CheckpointMode | None, compile: bool = False) -> tuple:
+    """(model, optimizer, loader, the Decision's fields) after applying the mesh; ``compile``: each block
+    torch.compiled after TP and checkpointing (``apply_mesh``)."""
     if is_config(model):
         model = model_from_config(model)
     dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
     _refuse_pipeline_and_experts(dims)
     _check_dims(dims, model, env)
     recipe = Recipe(strategy=strategy or "zero3", precision=precision or "fp32",
-                    checkpointing=activation_checkpointing or "off")
+                    checkpointing=activation_checkpointing or "off", compile=compile)
     decision = dict(engine="torch", precision=recipe.precision, checkpointing=recipe.checkpointing,
                     world_size=env.world_size, mesh=dims)
     if env.world_size == 1:

@@ -2,7 +2,9 @@
 meta-device materialisation; ``wrap(mesh=...)`` calls it, and so can a training script directly.
 
 The order is torchtitan's (``parallelize_llama``): tensor parallelism first (it replaces the linear
-weights by TP ``DTensor`` shards), activation checkpointing of the blocks, then ``fully_shard`` of
+weights by TP ``DTensor`` shards), activation checkpointing of the blocks, the recipe's per-block
+``torch.compile`` (``wrappers.compile_float8.apply_compile``; refused with tp or cp > 1, see ``apply_mesh``),
+then ``fully_shard`` of
 each block and the root on the data-parallel mesh, which shards the TP shards again over dp_shard
 (x cp) and, for HSDP, replicates over dp_replicate. A model on the meta device is then materialised
 rank by rank (``wrappers.materialize``): only after sharding, so no rank allocates more than its
@@ -53,6 +55,17 @@ def model_from_config(config) -> nn.Module:
         return AutoModelForCausalLM.from_config(config)
 
 
+def mesh_compile_problem(dims: ParallelDims) -> str | None:
+    """Why per-block compile is not applied on ``dims`` (None: it is). With tp > 1 the compiled blocks left the
+    embedding without a gradient (gloo, torch 2.13: tests/wrappers/test_mesh_compile.py keeps that finding);
+    context parallelism runs on CUDA only, where compiling it was not checked."""
+    if dims.tp > 1 or dims.cp > 1:
+        return (f"compile on a {dims.label} mesh is not applied by wrap(): with tp > 1 the compiled blocks left the "
+                "embedding without a gradient (measured on torch 2.13), and cp > 1 was not checked compiled; "
+                "compile with tp = cp = 1 (FSDP2, HSDP)")
+    return None
+
+
 def apply_mesh(model: nn.Module, dims: ParallelDims, recipe: Recipe, *, device: torch.device,
                optimizer: torch.optim.Optimizer | None = None, checkpoint: str | Path | None = None,
                seed: int = 0) -> MeshApplied:
@@ -62,6 +75,11 @@ def apply_mesh(model: nn.Module, dims: ParallelDims, recipe: Recipe, *, device: 
     """
     if recipe.spec.applier != "fsdp":
         raise ValueError(f"a {dims.label} mesh shards with FSDP2; strategy {recipe.strategy!r} does not")
+    if recipe.float8:  # torchtitan swaps in torchao's float8 TP styles for it; not done here
+        raise ValueError(f"float8 on a device mesh ({dims.label}) is not applied by wrap(): only on the data-parallel path")
+    problem = mesh_compile_problem(dims) if recipe.compile else None
+    if problem:
+        raise ValueError(problem)
     if checkpoint is not None and not is_meta(model):
         raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
     meshes = build_meshes(dims, device_type=device.type)
@@ -71,6 +89,10 @@ def apply_mesh(model: nn.Module, dims: ParallelDims, recipe: Recipe, *, device: 
     source, tp_modules = apply_tensor_parallel(model, meshes.tp)
     if recipe.checkpointing != "off":
         apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.checkpointing == "selective")
+    if recipe.compile:  # after TP and checkpointing, before FSDP: torchtitan's order (parallelize_llama)
+        from wrappers.compile_float8 import apply_compile
+
+        apply_compile(model)
     spec = recipe.spec
     apply_fsdp(model, reshard_after_forward=spec.reshard_after_forward, precision=recipe.precision,
                cpu_offload=spec.cpu_offload, mesh=meshes.fsdp)

@@ -232,9 +232,11 @@ def wrap(
     (dp_replicate), pin a device mesh, applied as given without a memory check. A mesh with ``pp > 1``
     (pinned or planned) is run by ``wrap_pipeline`` with ``num_microbatches`` per step (else the plan's
     gradient accumulation): the ``Pipeline`` comes back in the model's place (``wrappers.pipeline_wrap``).
-    ``compile`` / ``float8`` plan and apply the planner's --compile / --float8 on the DP-family recipe: each block
-    torch.compiled, the blocks' linears converted by torchao (``wrappers.compile_float8``); a mesh, a pipeline or
-    accelerate's prepare does not apply them, so there they are refused (ValueError) rather than ignored.
+    ``compile`` / ``float8`` plan and apply the planner's --compile / --float8: each block torch.compiled (on the
+    DP-family recipe and on an FSDP2 / HSDP mesh with tp = cp = 1: ``wrappers.parallelize.mesh_compile_problem``),
+    the blocks' linears converted by
+    torchao (``wrappers.compile_float8``; the DP-family recipe only); where wrap() does not apply one (float8 on a
+    mesh, either on a pipeline or under accelerate's prepare) it is refused (ValueError) rather than ignored.
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
@@ -245,15 +247,17 @@ def wrap(
 
     if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
         # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
-        _refuse_compile_float8("a pinned device mesh", compile=compile, float8=float8)
+        _refuse_compile_float8("a pinned device mesh", compile=False, float8=float8)
         dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
         if dims.pp > 1:
+            _refuse_compile_float8(f"a pinned pipeline ({dims.label})", compile=compile, float8=False)
             return _pipelined(model, optimizer, loader, dims=dims, env=env, verbose=verbose, plan=None,
                               num_microbatches=num_microbatches, precision=precision,
                               checkpointing=activation_checkpointing, checkpoint=checkpoint)
         model, optimizer, loader, decision = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=mesh, tp=tp, cp=cp, hybrid=hybrid, checkpoint=checkpoint,
-            strategy=strategy, precision=precision, activation_checkpointing=activation_checkpointing)
+            strategy=strategy, precision=precision, activation_checkpointing=activation_checkpointing,
+            compile=compile)
         return _finish(model, optimizer, loader, Decision(**decision), env, verbose)
     if is_config(model):
         model = model_from_config(model)
@@ -280,10 +284,12 @@ def wrap(
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         where = f"the planned mesh ({decision.mesh.label})" if needs_mesh else "a meta-device model sharded rank by rank"
-        _refuse_compile_float8(where, compile=compile, float8=float8)
+        planned = decision.plan.training if decision.plan is not None else None  # the plan's --compile / --float8
+        _refuse_compile_float8(where, compile=False, float8=float8 or (planned is not None and bool(planned.float8)))
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
-            strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing)
+            strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing,
+            compile=compile or (planned is not None and bool(planned.compile)))
         kept = {k: getattr(decision, k) for k in ("reason", "plan", "micro_batch_size", "seq_len")}
         return _finish(model, optimizer, loader, Decision(**{**fields, **kept}), env, verbose)
     if is_meta(model) or checkpoint is not None:
@@ -344,11 +350,13 @@ def _pipelined(model, optimizer, loader, *, dims: ParallelDims, env: LaunchEnv, 
 
 
 def _refuse_compile_float8(where: str, *, compile: bool, float8: bool) -> None:
-    """``compile`` / ``float8`` are applied on the data-parallel recipe's path (``wrappers.recipe.apply_recipe``
-    and the one-process path) only: refuse them elsewhere rather than return a model that runs eager bf16."""
+    """``float8`` is applied on the data-parallel recipe's path (``wrappers.recipe.apply_recipe`` and the
+    one-process path) only, ``compile`` there and on a mesh: refuse them elsewhere rather than return a model that
+    runs eager bf16."""
     asked = [f"{name}=True" for name, on in (("compile", compile), ("float8", float8)) if on]
     if asked:
-        raise ValueError(f"wrap({', '.join(asked)}) is applied on the data-parallel path only, not on {where}: "
+        paths = "the data-parallel path and device meshes" if asked == ["compile=True"] else "the data-parallel path"
+        raise ValueError(f"wrap({', '.join(asked)}) is applied on {paths} only, not on {where}: "
                          "convert or compile the blocks yourself (wrappers.compile_float8.apply_float8 / apply_compile) "
                          "and call wrap() without it")
 

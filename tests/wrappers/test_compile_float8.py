@@ -67,12 +67,13 @@ def test_float8_filter_takes_the_blocks_linears_with_dims_multiple_of_16_never_t
 
 
 @pytest.mark.parametrize("kwargs,where", [
-    (dict(tp=2, compile=True), "a pinned device mesh"),
+    (dict(tp=2, float8=True), "a pinned device mesh"),
     (dict(engine="accelerate", float8=True), "accelerate's prepare (engine=accelerate)"),
 ])
 def test_compile_and_float8_are_refused_where_wrap_would_not_apply_them(kwargs, where):
-    """A pinned mesh and accelerate's prepare apply neither: wrap() says so in one line instead of returning a model
-    that runs eager bf16, and leaves the model unwrapped and uncompiled."""
+    """A pinned mesh does not apply float8 and accelerate's prepare applies neither: wrap() says so in one line
+    instead of returning a model that runs eager bf16, and leaves the model unwrapped and uncompiled (compile on a
+    mesh: tests/wrappers/test_mesh_compile.py)."""
     model = tiny_llama(num_layers=2)
     with pytest.raises(ValueError) as err:
         wrap(model, verbose=False, **kwargs)

@@ -9,8 +9,9 @@ report the error per case, then the error of ``reserved`` against the published 
 ``outside_allocator``, which torch.cuda.max_memory_reserved does not see); it is compared with a
 published reserved (or unspecified) figure, ``total`` (reserved + that outside part) with an nvidia-smi
 one, and the peak allocated with a published allocated (or active) one. Cases whose run used settings we
-cannot express (torch.compile, float8, a loss we have no kernel for, ...) are estimated without them and
-summarised apart. A ``trained`` or ``oom`` case says only that the run fitted or ran out of memory: its
+cannot express (float8, torch.compile where its saved tensors were not measured, a loss we have no kernel for,
+...) are estimated without them and summarised apart; a compiled run is planned with ``compile`` (the saved
+tensors of ``advisor.estimate.compile_memory`` where measured, else eager). A ``trained`` or ``oom`` case says only that the run fitted or ran out of memory: its
 figure is the GPU's memory, and the estimate is judged by its ``total`` against it. Each case is planned
 with its ``stack`` (a recipe of ``profiles/recipes.json``); the report gives the error per source and per
 stack. A case's ``publisher_code`` adds, at each moment of the step, what that publisher's own
@@ -78,6 +79,8 @@ def plan_of(case: dict, **overhead: float):
     for key in ("optimizer_impl", "attention", "bitsandbytes"):  # where the source's stack differs from the default
         if case.get(key):
             options[key] = case[key]
+    if case.get("compile"):  # memory as the compiled blocks save it where measured (compile_memory), else eager
+        options["compile"] = True
     if case.get("quantize"):
         options.update(quantize=case["quantize"], double_quant=case.get("double_quant", True))
     if lora:
@@ -216,8 +219,11 @@ SYSTEMATIC = [
     "- PEFT's DeepSpeed ZeRO-3 LoRA on Llama-2 70B: the nvidia-smi screenshot is above `total`; possible "
     "causes, not checked: it shows the whole run (evaluation and the 16-bit save included) and DeepSpeed's "
     "own buffers.",
-    "- torchtitan without compile: the estimated reserved is 4-8% below the published (not explained; "
-    "the allocator gap was fitted on 80 GB H100s, these ran on 96 GB ones). Planned with the torchtitan recipe (fused "
+    "- torchtitan: the estimated reserved is 3-9% below the published, compiled or not (not explained; "
+    "the allocator gap was fitted on 80 GB H100s, these ran on 96 GB ones). The compiled runs under selective "
+    "checkpointing are planned with what the compiled blocks save (each drops down_proj's output, which eager's "
+    "checkpoint cache keeps: benchmarks/compile_saved_sac.py): -7.0% / -3.2% / -8.9% beside the eager runs' -7.7% / "
+    "-3.9%; before, compile was left out and they read -1.3% / +3.9% / -4.2%. Planned with the torchtitan recipe (fused "
     "AdamW), the PR #1884 context-parallel row moves from -7.4% to -13.7%: that run's step was not the peak we model.",
     "- DeepSpeed ZeRO-1/2/3 under the deepspeed recipe: modelled from DeepSpeed's source (edaa722; the deepspeed row's "
     "`zero` facts in profiles/recipes.json, advisor/estimate/zero_buffers.py): ZeRO-2 holds two IPG buffers of "

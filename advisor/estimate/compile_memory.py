@@ -8,7 +8,8 @@ the rule for where that list was measured. What does not: the time compile saves
 
 Where it applies (the profile's ``applies_to``): a bf16 block without autocast (FSDP2's MixedPrecisionPolicy,
 a pure bf16 model, DeepSpeed) or fp32 weights under bf16 autocast (DDP, ZeRO-1/2 under bf16-mixed), SDPA, no
-checkpointing, no LoRA, the plain Llama block (no q/k norms, sandwich norms, fp32 norm scales, fused qkv), on the
+checkpointing (or, bf16 only, torchtitan's selective op checkpointing: the profile's ``selective`` list, down_proj's
+output, which eager's checkpoint cache keeps and the compiled graph never saves), no LoRA, the plain Llama block (no q/k norms, sandwich norms, fp32 norm scales, fused qkv), on the
 single-mesh path (``advisor.estimate.memory``; tensor, context and pipeline parallel plans keep the eager count).
 Everywhere else the plan keeps the eager count and says so.
 Only the saved tensors move (the end-of-forward moment, and the block that backward frees); the moment
@@ -56,12 +57,23 @@ class SavedChange(BaseModel):
     added: tuple[SavedTensor, ...] = Field(description="Saved by the compiled block, not by the eager one.")
 
 
+class SelectiveSavedFacts(BaseModel):
+    """What the partitioner changes under selective (torchtitan op-level) checkpointing, bf16 only."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    applies_to: str
+    bf16: SavedChange
+
+
 class CompileSavedFacts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: str
     applies_to: str
     recipes: dict[Literal["bf16", "autocast"], SavedChange]
+    selective: SelectiveSavedFacts
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,10 +85,12 @@ def load_compile_saved() -> CompileSavedFacts:
 
 
 def compile_saves_less(shape: ActivationShape, dt: Dtypes, *, checkpointing: bool, eager_attention: bool,
-                       lora: bool) -> bool:
-    """Whether the measured list applies to this block and recipe (module docstring)."""
+                       lora: bool, selective: bool = False) -> bool:
+    """Whether a measured list applies to this block and recipe (module docstring): without checkpointing either
+    recipe's, under selective checkpointing the bf16 one's."""
     plain = not (shape.qk_norm or shape.sandwich_norms or shape.fp32_norm_scale or shape.fused_qkv)
-    return (_recipe(dt) is not None and not checkpointing and not eager_attention
+    measured = _recipe(dt) == "bf16" if selective else _recipe(dt) is not None and not checkpointing
+    return (measured and not eager_attention
             and not lora and plain and shape.kind in LLAMA_LIKE and shape.family == "decoder" and shape.num_experts is None
             and shape.mla is None and shape.hybrid is None)
 
@@ -103,12 +117,26 @@ def compile_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
 
 
+def selective_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
+    """Bytes a token of one block the compiled graph does not keep under selective checkpointing that eager's
+    cache does (the profile's ``selective`` list): Llama-3.1-8B in bf16, down_proj's output, 2 x 4096 = 8,192."""
+    change = load_compile_saved().selective.bf16
+    return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
+
+
 def compiled_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
-                         checkpointing: bool, eager_attention: bool, lora: bool) -> ActivationEstimate:
-    """``est`` with each block's saved tensors those of the compiled block, where the list applies
-    (``compile_saves_less``); ``est`` unchanged elsewhere. ``tokens``: a micro-batch's."""
-    if not compile_saves_less(shape, dt, checkpointing=checkpointing, eager_attention=eager_attention, lora=lora):
+                         checkpointing: bool, eager_attention: bool, lora: bool,
+                         selective: bool = False) -> ActivationEstimate:
+    """``est`` with each block's saved tensors those of the compiled block, where a list applies
+    (``compile_saves_less``); ``est`` unchanged elsewhere. ``tokens``: a micro-batch's. Under selective
+    checkpointing only the kept tensors move (the recomputation stays eager: ``layer_bytes`` unchanged)."""
+    if not compile_saves_less(shape, dt, checkpointing=checkpointing, eager_attention=eager_attention, lora=lora,
+                              selective=selective):
         return est
+    if selective:
+        kept = tokens * selective_dropped_per_token(shape, dt)
+        return validated_copy(est, {"saved_bytes": est.saved_bytes - shape.num_layers * kept,
+                                    "block_kept_bytes": est.block_kept_bytes - kept})
     block = tokens * compile_dropped_per_token(shape, dt)
     return validated_copy(est, {"saved_bytes": est.saved_bytes - shape.num_layers * block,
                                 "layer_bytes": est.layer_bytes - block, "block_kept_bytes": est.block_kept_bytes - block})

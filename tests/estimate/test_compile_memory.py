@@ -60,3 +60,41 @@ def test_layer_matches_the_partitioner_on_fake_tensors(autocast):
 def test_eager_count_kept_where_not_measured(case):
     args = dict(shape=_shape(), dt=BF16, checkpointing=False, eager_attention=False, lora=False) | case
     assert not compile_saves_less(args.pop("shape"), args.pop("dt"), **args)
+
+
+@pytest.mark.parametrize("h,f,measured", [(256, 704, 3_104), (512, 1408, 6_176)])
+def test_selective_block_keeps_what_the_compiled_graph_saves(h, f, measured):
+    """Under torchtitan's selective op checkpointing a compiled bf16 block saved, a token, the block input, q's and
+    v's projections, SDPA's output and logsumexp and gate's projection: 3,104 bytes at h 256, f 704 and 6,176 at
+    h 512, f 1408 (8 / 2 heads; benchmarks/compile_saved_sac.py on real CPU tensors, compile_saved.md). Eager keeps
+    down_proj's output too (kept width q + kv + f + h): 2h + 2 (q + q + kv + f + h) + 4 x 8 = 3,616 at h 256."""
+    tokens, shape = 128, _shape(h=h, f=f)
+    q, kv = h, 2 * (h // 8)
+    eager = estimate_activations(shape, BF16, micro_batch_size=1, seq_len=tokens, checkpointing=True, eager=False,
+                                 selective=True, kept_width=q + kv + f + h, kept_tail_width=h)
+    compiled = compiled_activations(eager, shape, BF16, tokens=tokens, checkpointing=True, eager_attention=False,
+                                    lora=False, selective=True)
+    assert compiled.block_kept_bytes == tokens * measured
+    assert eager.block_kept_bytes - compiled.block_kept_bytes == tokens * 2 * h
+    assert compiled.layer_bytes == eager.layer_bytes  # the recomputation inside the compiled backward: not measured
+
+
+@pytest.mark.parametrize("case", [dict(dt=AUTOCAST), dict(eager_attention=True), dict(lora=True),
+                                  dict(shape=_shape(qk_norm=True))])
+def test_selective_eager_where_not_measured(case):
+    args = dict(shape=_shape(), dt=BF16, checkpointing=True, eager_attention=False, lora=False, selective=True) | case
+    assert not compile_saves_less(args.pop("shape"), args.pop("dt"), **args)
+
+
+def test_selective_plan_by_hand():
+    """Llama-3.1-8B, torchtitan's recipe (FSDP2, bf16 blocks), zero3 on 8 x H100, micro-batch 2 x 8192, selective
+    checkpointing: compiled, each of 32 blocks keeps down_proj's output less, 16,384 tokens x 2 B x 4096 =
+    134,217,728 bytes: the end of forward and the loss backward 4,294,967,296 less."""
+    import advisor
+    from advisor.hardware.cluster import parse_gpus
+
+    moments = [advisor.plan("meta-llama/Llama-3.1-8B", parse_gpus("8xH100-80GB-SXM"), strategy="zero3",
+                            micro_batch_size=2, seq_len=8192, activation_checkpointing="selective", recipe="torchtitan",
+                            compile=compiled).candidate("zero3").memory_bytes.moments for compiled in (False, True)]
+    assert moments[0]["end_of_forward"] - moments[1]["end_of_forward"] == 4_294_967_296
+    assert moments[0]["loss_backward"] - moments[1]["loss_backward"] == 4_294_967_296

@@ -123,8 +123,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--margin", type=_choice(get_args(Margin)),
                  help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
     click.option("--headroom", type=FiniteRange(0, 1, max_open=True),
-                 help="Share of GPU memory a comfortable plan leaves free (default 0.1); preferred among "
-                      "equally fast plans."),
+                 help="Share of GPU memory a comfortable plan leaves free (default 0.1): auto checkpointing "
+                      "turns on to keep it; preferred among equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),

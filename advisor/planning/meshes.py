@@ -174,9 +174,14 @@ def _tokens_per_s(c: Candidate) -> float:
     return c.step_time.tokens_per_s if c.step_time is not None else 0.0
 
 
-def best_mesh(candidates: list[Candidate]) -> Candidate | None:
-    """The fitting mesh with the most tokens/s; within SAME_SPEED, the fewest model-parallel ranks."""
+def best_mesh(candidates: list[Candidate], training: TrainingConfig | None = None) -> Candidate | None:
+    """The fitting mesh with the most tokens/s; within SAME_SPEED, the fewest model-parallel ranks. Under the
+    thresholds policy, meshes whose ``--margin`` end leaves ``training.headroom`` of memory free come first (as a
+    strategy's checkpointing mode does: advisor.planning.candidates); the others only when none does."""
     fitting = [c for c in candidates if c.fits and c.mesh is not None and c.step_time is not None]
+    if training is not None and training.policy != "fastest":
+        fitting = [c for c in fitting if c.memory_range.at(training.margin)
+                   <= (1 - training.headroom) * c.capacity_bytes] or fitting
     if not fitting:
         return None
     top = max(_tokens_per_s(c) for c in fitting)
@@ -278,7 +283,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         return [], dp_choice, dp_why
     meshes, refused = keeping_global_batch(training, [] if pins.pipelined else enumerate_meshes(spec, hw, training, pins))
     candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
-    best = best_mesh(candidates)
+    best = best_mesh(candidates, training)
     closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
     searched = pipeline_search_reason(spec, training, pinned=pins.pipelined, best=best, closest=closest,
                                       dp_offloads=dp_offloads)
@@ -292,7 +297,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
 
         candidates += evaluate_pipeline_meshes(more, lambda m: evaluate_meshes(spec, hw, training, [m], strategy=strategy),
                                                dense=not spec.num_experts, prune=not pins.pipelined)
-        best = best_mesh(candidates)
+        best = best_mesh(candidates, training)
     if not meshes and refused and (dp_blocked or pins.any):
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:

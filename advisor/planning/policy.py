@@ -189,7 +189,14 @@ def choose(
         why.append(r.CpuRam(strategy=chosen.strategy, cpu_bytes=chosen.cpu_memory_bytes,
                             cpu_capacity_bytes=chosen.cpu_capacity_bytes))
     if chosen.activation_checkpointing or chosen.selective_checkpointing:
-        why.append(r.CheckpointingOn(mode="selective" if chosen.selective_checkpointing else "on"))
+        mode = "selective" if chosen.selective_checkpointing else "on"
+        if chosen.uncheckpointed is None or chosen.step_time is None:
+            why.append(r.CheckpointingOn(mode=mode))
+        else:  # it also fitted without checkpointing, past the headroom (advisor.planning.candidates)
+            micro, total, tokens = chosen.uncheckpointed
+            why.append(r.CheckpointingForHeadroom(mode=mode, micro_batch_size=micro, total_bytes=total,
+                                                  capacity_bytes=chosen.capacity_bytes, headroom=headroom,
+                                                  tokens_per_s=tokens, chosen_tokens_per_s=chosen.step_time.tokens_per_s))
     cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
     alternatives = tuple(r.AlsoFits(strategy=c.strategy, total_bytes=c.memory_bytes.total,

@@ -109,6 +109,16 @@ def _checkpointing_on(x: r.CheckpointingOn) -> str:
     return "Activation checkpointing is on: without it no micro-batch fits (costs ~1/3 more compute)."
 
 
+def _checkpointing_for_headroom(x: r.CheckpointingForHeadroom) -> str:
+    what = "Selective activation checkpointing" if x.mode == "selective" else "Activation checkpointing"
+    share = _share(x.total_bytes, x.capacity_bytes)
+    where = (f"past the {x.headroom:.0%} headroom" if share > 1 - x.headroom else
+             f"within the {x.headroom:.0%} headroom, and slower")
+    return (f"{what} is on: without it micro-batch {x.micro_batch_size} needs {_gib(x.total_bytes)} of "
+            f"{_gib(x.capacity_bytes)} ({share:.0%}), {where} ({x.tokens_per_s:,.0f} tokens/s; this plan "
+            f"{x.chosen_tokens_per_s:,.0f}).")
+
+
 def _also_fits(x: r.AlsoFits) -> str:
     step = f", {x.step_s:.2f} s/step" if x.step_s is not None else ""
     return (f"{x.strategy} also fits ({_share(x.total_bytes, x.capacity_bytes):.0%} of memory, micro-batch "
@@ -322,6 +332,7 @@ _RENDER: dict[str, Callable] = {
     "Dominates": _dominates,
     "CpuRam": _cpu_ram,
     "CheckpointingOn": _checkpointing_on,
+    "CheckpointingForHeadroom": _checkpointing_for_headroom,
     "AlsoFits": _also_fits,
     "Requested": lambda x: f"{x.strategy} was requested; it fits.",
     "FastestPolicy": _fastest,

@@ -105,3 +105,21 @@ def test_fastest_policy_states_it_ignores_headroom():
     p = plan("Qwen/Qwen2.5-7B", "2xA100", policy="fastest")
     (line,) = [a for a in p.assumptions if a.startswith("margin policy:")]
     assert "no headroom preference" in line
+
+
+def test_auto_checkpointing_keeps_the_headroom_and_says_so():
+    """Llama-3.1-70B, LoRA r16, 8 x A100-80GB: zero3 without checkpointing fits only at micro-batch 1 past the 10%
+    headroom (99% of memory), faster than with it; auto checkpointing takes a mode within the headroom, and the
+    reason quotes the plan it passed over: the same numbers as that plan pinned to --activation-checkpointing off."""
+    auto = plan("meta-llama/Llama-3.1-70B", "8xA100", lora=16)
+    off = plan("meta-llama/Llama-3.1-70B", "8xA100", lora=16, strategy="zero3",
+               activation_checkpointing="off").candidate("zero3")
+    rec = auto.recommendation.candidate
+    assert rec.strategy == "zero3" and rec.selective_checkpointing
+    assert rec.memory_bytes.total / rec.capacity_bytes <= 0.9 < off.memory_bytes.total / off.capacity_bytes
+    assert off.step_time.tokens_per_s > rec.step_time.tokens_per_s
+    reason = next(x for x in auto.reasons if x.kind == "checkpointing-headroom")
+    assert (reason.micro_batch_size, reason.total_bytes, reason.tokens_per_s) == \
+        (off.micro_batch_size, off.memory_bytes.total, off.step_time.tokens_per_s)
+    text = render(reason)
+    assert "past the 10% headroom" in text and f"{off.step_time.tokens_per_s:,.0f} tokens/s" in text

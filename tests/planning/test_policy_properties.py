@@ -85,3 +85,26 @@ def test_no_gpu_only_plan_is_both_faster_and_smaller_than_the_recommendation(job
               and c.strategy in STRATEGIES and c.step_time.tokens_per_s > 1.03 * chosen.step_time.tokens_per_s
               and c.memory_bytes.total <= chosen.memory_bytes.total]
     assert not better, f"{chosen.strategy} recommended while {better} is faster and needs no more memory"
+
+
+@_SETTINGS
+@given(jobs())
+def test_a_candidate_past_the_headroom_is_one_no_checkpointing_mode_brings_within_it(job):
+    """Auto checkpointing keeps the headroom: a data-parallel candidate past ``1 - headroom`` of memory at the
+    ``--margin`` end is the best its strategy can do there, so the same strategy with full checkpointing, at the
+    same micro-batch (or its own automatic one), is past the headroom too or does not fit."""
+    micro = job.get("micro_batch_size")
+    model, gpus = job.pop("model"), job.pop("gpus")
+    result = plan(model, gpus, trace=False, **job)
+    training = result.training
+    for c in result.candidates:
+        if not c.fits or c.mesh is not None or c.checkpointing == "on":
+            continue
+        limit = (1 - training.headroom) * c.capacity_bytes
+        if c.memory_range.at(training.margin) <= limit:
+            continue
+        full = plan(model, gpus, trace=False, **{**job, "strategy": c.strategy, "activation_checkpointing": "on"})
+        other = full.candidate(c.strategy)
+        assert not other.fits or other.memory_range.at(training.margin) > limit, (
+            f"{c.strategy} {c.checkpointing} mb {c.micro_batch_size} past the headroom while full checkpointing "
+            f"(mb {other.micro_batch_size}, micro-batch pinned: {micro}) stays within it")

@@ -193,11 +193,12 @@ def test_long_sequence_mesh_names_the_limit_and_what_cp_buys(llama_long):
     assert (limit.activations_bytes, limit.temporary_bytes, limit.states_bytes, limit.total_bytes) == (
         m.activations, m.temporary, m.params + m.grads + m.optimizer, m.total)
     fits = _one(p, r.MeshFits)
-    assert (fits.mesh_label, fits.total_bytes, fits.checkpointing) == ("cp 8", p.chosen.memory_bytes.total, "selective")
+    # full checkpointing: selective (97% of memory) is past the 10% headroom (advisor.planning.candidates)
+    assert (fits.mesh_label, fits.total_bytes, fits.checkpointing) == ("cp 8", p.chosen.memory_bytes.total, "on")
     assert (fits.step_s, fits.tokens_per_s) == (p.chosen.step_time.step_s, p.chosen.step_time.tokens_per_s)
     cp = _one(p, r.DegreeEffect)
     without = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072, micro_batch_size=1,
-                   activation_checkpointing="selective", strategy="zero3").candidate("zero3")
+                   activation_checkpointing="on", strategy="zero3").candidate("zero3")
     assert (cp.dim, cp.degree, cp.total_bytes, cp.without_bytes) == ("cp", 8, fits.total_bytes,
                                                                       without.memory_bytes.total)
     assert cp.compare == "unfit" and not without.fits

@@ -23,7 +23,7 @@ from pydantic import Field
 from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
 from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits,
     DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, Figures, MarginChoice,
-    Dominates, CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
+    Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
     OffloadRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, Gap)
 
 _MESH = ("BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
@@ -50,7 +50,7 @@ def _reason_union() -> Any:
 
     return Annotated[Union[
         SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
-        Unavailable, Escalated, FasterOffload, MarginChoice, Dominates, CpuRam, CheckpointingOn, AlsoFits, Requested, FastestPolicy,
+        Unavailable, Escalated, FasterOffload, MarginChoice, Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy,
         Tradeoff, OffloadRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, NoCountFits, DataParallelCannot,
         MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
         PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
@@ -59,7 +59,7 @@ def _reason_union() -> Any:
 
 __all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "SizeDefault", "SizeDefaultUnfit",
            "AlsoSizeDefault", "DefaultFits", "DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "Unavailable",
-           "Escalated", "FasterOffload", "Figures", "MarginChoice", "Dominates", "CpuRam", "CheckpointingOn", "AlsoFits",
+           "Escalated", "FasterOffload", "Figures", "MarginChoice", "Dominates", "CpuRam", "CheckpointingOn", "CheckpointingForHeadroom", "AlsoFits",
            "Requested", "FastestPolicy", "Spends", "Recomputes", "MicroBatches", "Tradeoff", "OffloadRemedy",
            "RemedyFits", "LossSaving", "LossPeak", "LossWouldFit", "SmallestFitFound", "NoCountFits", "Gap",
            "BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",

@@ -374,7 +374,7 @@ def plan(
             recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
         else:
             recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
-                                         headroom=training.headroom)
+                                         headroom=training.headroom, margin=training.margin)
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)

@@ -67,8 +67,9 @@ class Candidate(_Frozen):
     stage_peaks: tuple[int, ...] | None = Field(default=None, description="Pipeline/expert meshes: each pipeline "
                                                 "rank's peak (bytes, total), rank 0 first; the worst is memory_bytes.")
     uncheckpointed: tuple[int, int, float] | None = Field(
-        default=None, exclude=True, description="(micro-batch, total bytes, tokens/s) of the same strategy without "
-        "checkpointing, where that fitted and a checkpointed plan was taken (the reason says why); not in the JSON.")
+        default=None, exclude=True, description="(micro-batch, total bytes at the --margin end, tokens/s) of the same "
+        "strategy without checkpointing, where that fitted past the headroom and a checkpointed plan was taken (the "
+        "reason says why); not in the JSON.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -369,19 +370,19 @@ def evaluate_candidate(
                 break  # no recompute and it fits within the headroom: nothing to gain from checkpointing
     if fitting:
         # Memory first: each mode at the largest micro-batch it fits within the headroom, else at the smallest;
-        # a mode within the headroom beats one past it (micro-batch 1 without checkpointing at 99% of memory is
-        # within the estimate's error of an out-of-memory failure, as a full auto batch is); then step time, the
-        # most tokens/s; a tie keeps the one that recomputes less (the order tried). The checkpointing modes are
-        # tried only when the plan without it is past the headroom.
-        # Within the headroom whatever chose the micro-batch (a pinned one too); --policy fastest: speed alone.
+        # a mode within the headroom (whatever chose its micro-batch, a pinned one too) beats one past it:
+        # micro-batch 1 without checkpointing at 99% of memory is within the estimate's error of an out-of-memory
+        # failure, as a full auto batch is. Then step time, the most tokens/s; a tie keeps the one that recomputes
+        # less (the order tried). --policy fastest: speed alone. Checkpointing modes are tried only when the plan
+        # without it is past the headroom (the loop's break).
         comfort = [training.policy == "fastest" or fits(c.memory_bytes, c.checkpointing, capacity * (1 - training.headroom))
                    for c in fitting]
         best = max(range(len(fitting)), key=lambda i: (comfort[i], round(fitting[i].step_time.tokens_per_s, 6), -i))
         chosen = staged(fitting[best])
         off = fitting[0] if fitting[0].checkpointing == "off" else None
         if off is not None and best != 0:  # the reason gives what checkpointing was chosen over
-            chosen = validated_copy(chosen, {"uncheckpointed": (off.micro_batch_size, off.memory_bytes.total,
-                                                                off.step_time.tokens_per_s)})
+            chosen = validated_copy(chosen, {"uncheckpointed": (
+                off.micro_batch_size, off.memory_range.at(training.margin), off.step_time.tokens_per_s)})
         return chosen
     # Nothing fits: report the smallest configuration, the one closest to fitting.
     micro, mode = min(choices), modes[-1]

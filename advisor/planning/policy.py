@@ -140,6 +140,7 @@ def prefer_dominating(chosen: Candidate, fitting: list[Candidate]) -> tuple[Cand
 def choose(
     spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None,
     headroom: float = TrainingConfig.model_fields["headroom"].default,
+    margin: str = TrainingConfig.model_fields["margin"].default,
 ) -> tuple[Recommendation | None, list[str]]:
     """The recommendation and the lines of 'why': size thresholds, then escalation, then the margin
     policy among plans as fast as that choice (``prefer_practical``)."""
@@ -195,7 +196,7 @@ def choose(
         else:  # it also fitted without checkpointing, past the headroom (advisor.planning.candidates)
             micro, total, tokens = chosen.uncheckpointed
             why.append(r.CheckpointingForHeadroom(mode=mode, micro_batch_size=micro, total_bytes=total,
-                                                  capacity_bytes=chosen.capacity_bytes, headroom=headroom,
+                                                  capacity_bytes=chosen.capacity_bytes, margin=margin, headroom=headroom,
                                                   tokens_per_s=tokens, chosen_tokens_per_s=chosen.step_time.tokens_per_s))
     cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]

@@ -137,7 +137,7 @@ def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate
     if training.policy == "fastest":
         rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
     else:
-        rec, _ = choose(spec, candidates, headroom=training.headroom)
+        rec, _ = choose(spec, candidates, headroom=training.headroom, margin=training.margin)
     if rec is None:
         return None
     return next(c for c in candidates if c.strategy == rec.strategy)

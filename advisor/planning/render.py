@@ -111,12 +111,10 @@ def _checkpointing_on(x: r.CheckpointingOn) -> str:
 
 def _checkpointing_for_headroom(x: r.CheckpointingForHeadroom) -> str:
     what = "Selective activation checkpointing" if x.mode == "selective" else "Activation checkpointing"
-    share = _share(x.total_bytes, x.capacity_bytes)
-    where = (f"past the {x.headroom:.0%} headroom" if share > 1 - x.headroom else
-             f"within the {x.headroom:.0%} headroom, and slower")
+    end = "" if x.margin == "expected" else f" at the {x.margin} end of its range"
     return (f"{what} is on: without it micro-batch {x.micro_batch_size} needs {_gib(x.total_bytes)} of "
-            f"{_gib(x.capacity_bytes)} ({share:.0%}), {where} ({x.tokens_per_s:,.0f} tokens/s; this plan "
-            f"{x.chosen_tokens_per_s:,.0f}).")
+            f"{_gib(x.capacity_bytes)}{end} ({_share(x.total_bytes, x.capacity_bytes):.0%}), past the "
+            f"{x.headroom:.0%} headroom ({x.tokens_per_s:,.0f} tokens/s; this plan {x.chosen_tokens_per_s:,.0f}).")
 
 
 def _also_fits(x: r.AlsoFits) -> str:

@@ -146,8 +146,9 @@ class CheckpointingForHeadroom(ReasonModel):
     kind: Literal["checkpointing-headroom"] = "checkpointing-headroom"
     mode: Literal["on", "selective"]
     micro_batch_size: int = Field(description="The micro-batch the plan without checkpointing fits at.")
-    total_bytes: int = Field(description="That plan's per-GPU total.")
+    total_bytes: int = Field(description="That plan's per-GPU total at the --margin end.")
     capacity_bytes: int
+    margin: Literal["low", "expected", "high"] = Field(description="Which end of the range decides (--margin).")
     headroom: float = Field(description="The share of memory a comfortable plan leaves free (--headroom).")
     tokens_per_s: float = Field(description="That plan's tokens/s.")
     chosen_tokens_per_s: float = Field(description="The checkpointed plan's tokens/s.")

@@ -118,6 +118,9 @@ class Recipe(BaseModel):
                                         "experts on dim 1 when the shard world exceeds their number (torchtitan's "
                                         "rule; advisor.estimate.strategy_buffers.expert_shard_padding); False: "
                                         "fully_shard's dim 0, padded to world x ceil(E / world) rows.")
+    compile_loss: bool = Field(default=False, description="Under --compile it compiles the loss function too, so "
+                               "inductor fuses the cross-entropy (advisor.estimate.activations_loss.compiled_loss_bytes); "
+                               "False: only the blocks are compiled, the loss runs eager.")
     kv_cache: bool = Field(default=False, description="Its loop leaves a Hugging Face model's KV cache on in "
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")

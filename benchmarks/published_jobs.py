@@ -33,6 +33,7 @@ import advisor
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig
 from advisor.model.sources import resolve
+from advisor.recipes import get_recipe
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -96,6 +97,9 @@ class Job(_Frozen):
     compile: bool
     float8: bool
     float8_all_gather: bool = Field(default=False, description="torchao enable_fsdp_float8_all_gather (with float8).")
+    loss_compiled: bool | None = Field(default=None, description="False: the release that ran left the loss eager "
+                                       "although its recipe compiles it under compile (torchtitan before bbb1b616e); "
+                                       "None: the recipe's.")
     offloaded: bool = Field(description="The job kept parameters or optimizer state in CPU memory.")
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     speed_basis: str | None = None
@@ -127,7 +131,9 @@ def hardware_of(job: Job) -> Hardware:
 def _fixed(job: Job) -> dict:
     """What the user fixes: the mathematics of the job and the code that runs it (its loss kernel, compile): the
     planner does not choose those, it names them as remedies. Unpinned plans keep only these."""
-    options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=job.recipe,
+    recipe = job.recipe if job.loss_compiled is not False else \
+        get_recipe(job.recipe).model_copy(update={"compile_loss": False})
+    options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=recipe,
                    engine=job.engine, compile=job.compile, loss=job.loss)
     if job.optimizer_impl is not None:
         options["optimizer_impl"] = job.optimizer_impl

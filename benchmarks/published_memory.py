@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import advisor
+from advisor.recipes import get_recipe
 import publisher_code
 import range_coverage
 from advisor.model.lora import LoraConfig
@@ -72,7 +73,10 @@ def plan_of(case: dict, **overhead: float):
     context_gib instead of the defaults)."""
     lora = case.get("lora")
     if case.get("stack"):
-        overhead = {"recipe": case["stack"], **overhead}
+        recipe = case["stack"]
+        if case.get("loss_compiled") is False:  # a stack whose recipe compiles its loss, at a release that did not
+            recipe = get_recipe(recipe).model_copy(update={"compile_loss": False})
+        overhead = {"recipe": recipe, **overhead}
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))

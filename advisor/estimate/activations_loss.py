@@ -87,9 +87,25 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
         at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
         kept = grad_input + head * dt.residual
         return max(in_loop, at_end), 2 * kept
+    if kernel == "compiled":
+        return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)
     # The fp32 copy (``logits.float()``) is the logits themselves when they are fp32 already.
     copy = FP32 if dt.compute != FP32 else 0
     return tokens * vocab * (dt.compute + copy + FP32), tokens * vocab * 3 * FP32
+
+
+def compiled_loss_bytes(*, tokens: int, vocab: int, dt: "Dtypes") -> tuple[int, int]:
+    """(end of forward, loss backward) bytes of ``F.cross_entropy(logits.float(), labels)`` under ``torch.compile``
+    (a stack whose recipe compiles the loss: ``Recipe.compile_loss``): inductor fuses the upcast, the log-softmax
+    and the NLL into row reductions, so the forward allocates only two fp32 values a token (the row max and the
+    log of the sum of exponentials), which it saves with the logits themselves (the partitioner saves its input
+    rather than an fp32 copy); backward recomputes the softmax from them in one kernel that writes the logits'
+    gradient in their own dtype. Read in inductor's generated code (CPU backend, torch 2.13; benchmarks/
+    compile_loss.py): forward buffers (N, 1) fp32 x 2 and the scalar loss, saved (logits, labels, max, log);
+    backward buffers (N, 1) fp32 and the (N, V) gradient in the logits' dtype, no (N, V) fp32 tensor. So the end of
+    forward holds the low-precision logits and 8 bytes a token, the loss backward the logits and their gradient."""
+    stats = tokens * 2 * FP32
+    return tokens * vocab * dt.compute + stats, 2 * tokens * vocab * dt.compute + stats
 
 
 def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes",
@@ -101,6 +117,8 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
     backward."""
     if kernel == "fused":
         return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
+    if kernel == "compiled":  # the logits and two fp32 values a token (compiled_loss_bytes)
+        return tokens * vocab * dt.compute + tokens * 2 * FP32
     return tokens * vocab * FP32
 
 

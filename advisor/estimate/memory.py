@@ -197,6 +197,13 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 
+def memory_loss_kernel(training: TrainingConfig) -> str:
+    """The loss path the single-mesh estimate counts: 'compiled' where --compile meets a stack that compiles its
+    loss too (``Recipe.compile_loss``: torchtitan) over the plain cross-entropy, else the --loss kernel."""
+    compiled = training.compile and training.recipe.compile_loss and training.loss == "hf"
+    return "compiled" if compiled else training.loss
+
+
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
                  checkpointing: bool) -> ActivationEstimate:
     dtypes = recipe_dtypes(training, impl)
@@ -217,7 +224,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         eager=training.attention == "eager",
         adapters=_adapters(spec, training),
         head_frozen=head_frozen(spec, training.lora),  # a frozen base's head, whatever the family, unless PEFT trains a copy
-        loss_kernel=training.loss,
+        loss_kernel=memory_loss_kernel(training),
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=kept.width,
         kept_tail_width=kept.tail_width,
@@ -312,7 +319,7 @@ def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implement
     with tp = cp = 1): what the loss keeps, what the last block's forward holds, a traced head gradient."""
     tokens = micro_batch_size * (training.target_len or training.seq_len + image_tokens(spec, training))
     dtypes = recipe_dtypes(training, impl)
-    kept = loss_kept_bytes(training.loss, tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
+    kept = loss_kept_bytes(memory_loss_kernel(training), tokens=tokens, vocab=spec.vocab_size or 0, hidden=spec.hidden_size or 0,
                            dt=dtypes, head_frozen=head_frozen(spec, training.lora))
     head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
     last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)

@@ -178,7 +178,13 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         notes.append("--compile: each block's elementwise ops timed as inductor fuses them (HBM bytes, "
                      "advisor.estimate.compile_time); memory: a block without checkpointing (bf16, or fp32 under autocast) saves "
                      "what torch.compile's partitioner keeps (advisor.estimate.compile_memory: each RMSNorm's fp32 copy "
-                     "and cast and silu(gate) recomputed in backward), other recipes estimated as eager")
+                     "and cast and silu(gate) recomputed in backward), under selective checkpointing in bf16 without "
+                     "down_proj's output, other recipes estimated as eager")
+        if training.recipe.compile_loss and training.loss == "hf":  # advisor.estimate.memory.memory_loss_kernel
+            notes.append(f"--compile: the {training.recipe.name} recipe compiles its loss too: the cross-entropy "
+                         "holds the logits and their gradient in their own dtype, no fp32 copy or log-softmax "
+                         "(advisor.estimate.activations_loss.compiled_loss_bytes; a data-parallel or HSDP mesh; tensor, "
+                         "context and pipeline parallel plans count it eager); its time is not counted")
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

@@ -88,13 +88,15 @@ def test_selective_eager_where_not_measured(case):
 
 def test_selective_plan_by_hand():
     """Llama-3.1-8B, torchtitan's recipe (FSDP2, bf16 blocks), zero3 on 8 x H100, micro-batch 2 x 8192, selective
-    checkpointing: compiled, each of 32 blocks keeps down_proj's output less, 16,384 tokens x 2 B x 4096 =
-    134,217,728 bytes: the end of forward and the loss backward 4,294,967,296 less."""
+    checkpointing, the chunked loss (so the recipe's compiled cross-entropy, tests/estimate/test_compile_loss.py, stays
+    out): compiled, each of 32 blocks keeps down_proj's output less, 16,384 tokens x 2 B x 4096 = 134,217,728 bytes:
+    the end of forward and the loss backward 4,294,967,296 less."""
     import advisor
     from advisor.hardware.cluster import parse_gpus
 
     moments = [advisor.plan("meta-llama/Llama-3.1-8B", parse_gpus("8xH100-80GB-SXM"), strategy="zero3",
                             micro_batch_size=2, seq_len=8192, activation_checkpointing="selective", recipe="torchtitan",
-                            compile=compiled).candidate("zero3").memory_bytes.moments for compiled in (False, True)]
+                            loss="chunked", compile=compiled).candidate("zero3").memory_bytes.moments
+               for compiled in (False, True)]
     assert moments[0]["end_of_forward"] - moments[1]["end_of_forward"] == 4_294_967_296
     assert moments[0]["loss_backward"] - moments[1]["loss_backward"] == 4_294_967_296

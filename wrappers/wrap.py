@@ -284,12 +284,11 @@ def wrap(
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         where = f"the planned mesh ({decision.mesh.label})" if needs_mesh else "a meta-device model sharded rank by rank"
-        planned = decision.plan.training if decision.plan is not None else None  # the plan's --compile / --float8
-        _refuse_compile_float8(where, compile=False, float8=float8 or (planned is not None and bool(planned.float8)))
+        _refuse_compile_float8(where, compile=False, float8=float8)
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
             strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing,
-            compile=compile or (planned is not None and bool(planned.compile)))
+            compile=compile)
         kept = {k: getattr(decision, k) for k in ("reason", "plan", "micro_batch_size", "seq_len")}
         return _finish(model, optimizer, loader, Decision(**{**fields, **kept}), env, verbose)
     if is_meta(model) or checkpoint is not None:

@@ -117,8 +117,8 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
     backward."""
     if kernel == "fused":
         return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
-    if kernel == "compiled":  # the logits and two fp32 values a token (compiled_loss_bytes)
-        return tokens * vocab * dt.compute + tokens * 2 * FP32
+    if kernel == "compiled":  # what the end of forward holds: the logits and two fp32 values a token
+        return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)[0]
     return tokens * vocab * FP32
 
 

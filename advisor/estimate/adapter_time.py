@@ -80,7 +80,7 @@ def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_byt
     a name outside the table keeps the eager count)."""
     c = compute_bytes
     products = (c * (fan_in + 2 * rank + fan_out), c * (2 * fan_in + 2 * fan_out + 4 * rank))  # the skinny GEMMs
-    k = COMPILED_ELEMENTWISE.get(compiled_as) if compiled_as is not None else None
+    k = COMPILED_ELEMENTWISE.get(compiled_as or "")
     if k is None:  # eager: * scaling and + in forward; the scaling's and the input gradient's sums in backward
         elementwise = (5 * c * fan_out, c * (3 * fan_in + 2 * fan_out))
     else:

@@ -113,14 +113,17 @@ def compile_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """Bytes a token of one block the partitioner no longer saves (dropped less added), a measured recipe only
     (``compile_saves_less``). Llama-3.1-8B in bf16: 2 x 4 x 4096 + 2 x 2 x 4096 + 2 x 14336 - 2 x 2 x 4096 = 61,440
     (8h + 2f); under autocast: 2 x 4h + 2 x 4h + 5 x 2h + 2f - (4h + 2h + 2 x 2h) = 16h + 2f = 94,208."""
-    change = load_compile_saved().recipes[_recipe(dt)]
-    return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
+    return _net_bytes(load_compile_saved().recipes[_recipe(dt)], shape, dt)
 
 
 def selective_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """Bytes a token of one block the compiled graph does not keep under selective checkpointing that eager's
     cache does (the profile's ``selective`` list): Llama-3.1-8B in bf16, down_proj's output, 2 x 4096 = 8,192."""
-    change = load_compile_saved().selective.bf16
+    return _net_bytes(load_compile_saved().selective.bf16, shape, dt)
+
+
+def _net_bytes(change: SavedChange, shape: ActivationShape, dt: Dtypes) -> int:
+    """Bytes a token of one block ``change`` drops, less those it adds."""
     return sum(_bytes(t, shape, dt) for t in change.dropped) - sum(_bytes(t, shape, dt) for t in change.added)
 
 

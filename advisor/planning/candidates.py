@@ -365,8 +365,7 @@ def evaluate_candidate(
                                      memory_range=span(mem, mode),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware),
                                      step_time=timing))
-            comfortable = is_roomy and (training.policy == "fastest" or fits(mem, mode, capacity * (1 - training.headroom)))
-            if mode == "off" and comfortable:
+            if mode == "off" and is_roomy and within_headroom(fitting[-1], training):
                 break  # no recompute and it fits within the headroom: nothing to gain from checkpointing
     if fitting:
         # Memory first: each mode at the largest micro-batch it fits within the headroom, else at the smallest;
@@ -375,8 +374,7 @@ def evaluate_candidate(
         # failure, as a full auto batch is. Then step time, the most tokens/s; a tie keeps the one that recomputes
         # less (the order tried). --policy fastest: speed alone. Checkpointing modes are tried only when the plan
         # without it is past the headroom (the loop's break).
-        comfort = [training.policy == "fastest" or fits(c.memory_bytes, c.checkpointing, capacity * (1 - training.headroom))
-                   for c in fitting]
+        comfort = [within_headroom(c, training) for c in fitting]
         best = max(range(len(fitting)), key=lambda i: (comfort[i], round(fitting[i].step_time.tokens_per_s, 6), -i))
         chosen = staged(fitting[best])
         off = fitting[0] if fitting[0].checkpointing == "off" else None
@@ -392,6 +390,13 @@ def evaluate_candidate(
                             gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))
+
+
+def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:
+    """A fitting candidate whose ``--margin`` end leaves ``training.headroom`` of memory free; under --policy
+    fastest every fitting one (that policy has no headroom preference)."""
+    return (training.policy == "fastest"
+            or cand.memory_range.at(training.margin) <= (1 - training.headroom) * cand.capacity_bytes)
 
 
 def _range(spec: ModelSpec, training: TrainingConfig, mem: MemoryBreakdown) -> MemoryRange:

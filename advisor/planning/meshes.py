@@ -27,7 +27,8 @@ from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share,
                                               pipeline_search_reason, pipeline_summary_line, stage_line, tp_degrees,
                                               without_pp_line)
 from advisor.planning import reasons as r
-from advisor.planning.candidates import Candidate, Recommendation, batch_split_problem, evaluate_candidate
+from advisor.planning.candidates import (Candidate, Recommendation, batch_split_problem, evaluate_candidate,
+                                         within_headroom)
 from advisor.planning.policy import SAME_SPEED, checkpointing
 from advisor.planning.render import render_alternative, render_reason
 from advisor.strategies import STRATEGIES
@@ -179,9 +180,8 @@ def best_mesh(candidates: list[Candidate], training: TrainingConfig | None = Non
     thresholds policy, meshes whose ``--margin`` end leaves ``training.headroom`` of memory free come first (as a
     strategy's checkpointing mode does: advisor.planning.candidates); the others only when none does."""
     fitting = [c for c in candidates if c.fits and c.mesh is not None and c.step_time is not None]
-    if training is not None and training.policy != "fastest":
-        fitting = [c for c in fitting if c.memory_range.at(training.margin)
-                   <= (1 - training.headroom) * c.capacity_bytes] or fitting
+    if training is not None:
+        fitting = [c for c in fitting if within_headroom(c, training)] or fitting
     if not fitting:
         return None
     top = max(_tokens_per_s(c) for c in fitting)

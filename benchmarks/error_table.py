@@ -99,16 +99,9 @@ def spread(by_source: dict[str, list[float]]) -> tuple[float, float]:
     return _outward(low - below, high + above)
 
 
-# The LoRA rows of gpu_truth_variants.csv under --loss fused ran wrappers.losses' fused kernel as it was before it
-# stopped making a frozen head's fp32 gradient (2026-11-26, h11-losscorrect): the real runs held V x h x 4 bytes
-# (Qwen2.5-0.5B: 544 MB) that the kernel no longer allocates, so they are not compared with today's estimate until
-# they are measured again on a GPU.
-STALE_KERNEL_RUNS = "LoRA under --loss fused in gpu_truth_variants.csv (measured with the kernel before 2026-11-26)"
-
-
 def truth_estimates() -> list[tuple[str, dict, object]]:
     """(label, csv row, estimated MemoryBreakdown) for every run of ``gpu_truth.csv`` then
-    ``gpu_truth_variants.csv``, planned with the torch recipe at the run's settings (not ``STALE_KERNEL_RUNS``)."""
+    ``gpu_truth_variants.csv``, planned with the torch recipe at the run's settings."""
     import accuracy
     import accuracy_variants
     from advisor.estimate.memory import estimate_memory
@@ -121,8 +114,6 @@ def truth_estimates() -> list[tuple[str, dict, object]]:
         with open(RESULTS / name) as handle:
             for r in csv.DictReader(handle):
                 rank = int(r["lora_rank"]) if r.get("lora_rank") not in (None, "", "-") else None
-                if rank and r.get("loss") == "fused":
-                    continue  # STALE_KERNEL_RUNS: not the kernel that runs now
                 ckpt = "selective" if r["checkpointing"] == "selective" else r["checkpointing"] == "True"
                 config = accuracy_variants.training(int(r["seq_len"]), None if rank is None else (rank, None, 0.0),
                                                     r.get("loss") or "hf", ckpt)

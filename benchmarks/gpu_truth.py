@@ -68,10 +68,13 @@ class Peaks(NamedTuple):
 
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf",
-            optimizer_impl: str = "foreach", attention: str = "sdpa") -> "Peaks":
+            optimizer_impl: str = "foreach", attention: str = "sdpa", compile: bool = False,
+            compiled_loss: bool = False) -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
-    (``benchmarks/peak_snapshot.py`` reads it)."""
+    (``benchmarks/peak_snapshot.py`` reads it). ``compile``: each block ``torch.compile``d as wrap() does
+    (``Recipe.compile``); ``compiled_loss``: the model returns its logits and a compiled cross-entropy takes
+    them, as torchtitan's ``build_cross_entropy_loss`` under ``--compile`` does."""
     import contextlib
 
     import torch
@@ -114,7 +117,7 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         net.train()
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
                                 **IMPL_KWARGS[optimizer_impl])
-        recipe = Recipe(strategy=strategy, precision="bf16-mixed",
+        recipe = Recipe(strategy=strategy, precision="bf16-mixed", compile=compile,
                         checkpointing="selective" if ckpt == "selective" else "on" if ckpt else "off")
         applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
@@ -129,9 +132,19 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         ids = torch.randint(0, cfg["vocab_size"], (mb, seq), device="cuda")
         cast = autocast_context("bf16-mixed", "cuda") if strategy == "ddp" else contextlib.nullcontext()
 
+        if compiled_loss:  # torchtitan's loss: its loader shifts the labels, the logits are taken whole
+            labels = ids.flatten()
+
+            @torch.compile
+            def cross_entropy(logits):
+                return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels)
+
         def step() -> None:
             with cast:
-                loss = model(input_ids=ids, labels=ids).loss
+                if compiled_loss:
+                    loss = cross_entropy(model(input_ids=ids).logits)
+                else:
+                    loss = model(input_ids=ids, labels=ids).loss
             loss.backward()
             del loss
             opt.step()
@@ -182,9 +195,18 @@ def variant_estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckp
                                       loss)
 
 
-def run_variants() -> int:
+def run_variants(only: list[int]) -> int:
+    """Measure VARIANTS (``only``: those indices, their rows replaced in the existing CSV, the others kept)."""
+    path = accuracy.RESULTS / "gpu_truth_variants.csv"
+    kept = {}
+    if only and path.exists():
+        with open(path) as fh:
+            kept = dict(enumerate(csv.DictReader(fh)))
     rows = []
-    for case in VARIANTS:
+    for index, case in enumerate(VARIANTS):
+        if only and index not in only:
+            rows.append(kept[index])
+            continue
         key, strategy, world, mb, seq, ckpt, rank, loss = case
         peaks = measure(key, strategy, world, mb, seq, ckpt, lora_rank=rank, loss=loss)
         est = variant_estimate(*case)
@@ -198,7 +220,7 @@ def run_variants() -> int:
               f"gpu {peaks.step2 / 2**30:7.2f} step3 {peaks.step3 / 2**30:7.2f} est {est / 2**30:7.2f} {err:+6.2f}% "
               f"reserved {peaks.reserved / 2**30:7.2f}", flush=True)
     accuracy.RESULTS.mkdir(exist_ok=True)
-    with open(accuracy.RESULTS / "gpu_truth_variants.csv", "w", newline="") as fh:
+    with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
@@ -209,7 +231,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="Run the cases whose model key contains this.")
     parser.add_argument("--case", type=int, action="append", default=[],
-                        help="Run only this case (its index in accuracy.CASES); repeatable.")
+                        help="Run only this case (its index in accuracy.CASES, or in VARIANTS with --variants); "
+                             "repeatable.")
     parser.add_argument("--snapshot", type=Path, default=None,
                         help="Folder for one allocator history per case (second step), for peak_snapshot.py.")
     parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results/gpu_truth.csv.")
@@ -224,7 +247,7 @@ def main() -> int:
         return 2
     warnings.filterwarnings("ignore")
     if args.variants:
-        return run_variants()
+        return run_variants(args.case)
     simulated = _simulated()
     rows = []
     import transformers

@@ -9,7 +9,9 @@ the rule for where that list was measured. What does not: the time compile saves
 Where it applies (the profile's ``applies_to``): a bf16 block without autocast (FSDP2's MixedPrecisionPolicy,
 a pure bf16 model, DeepSpeed) or fp32 weights under bf16 autocast (DDP, ZeRO-1/2 under bf16-mixed), SDPA, no
 checkpointing (or, bf16 only, torchtitan's selective op checkpointing: the profile's ``selective`` list, down_proj's
-output, which eager's checkpoint cache keeps and the compiled graph never saves), no LoRA, the plain Llama block (no q/k norms, sandwich norms, fp32 norm scales, fused qkv), on the
+output, which eager's checkpoint cache keeps and the compiled graph never saves), LoRA only on a frozen bf16 base
+without adapter dropout or DoRA (the profile's ``lora`` list), the plain Llama block (no q/k norms, sandwich norms,
+fp32 norm scales, fused qkv), on the
 single-mesh path (``advisor.estimate.memory``; tensor, context and pipeline parallel plans keep the eager count).
 Everywhere else the plan keeps the eager count and says so.
 Only the saved tensors move (the end-of-forward moment, and the block that backward frees); the moment
@@ -32,7 +34,7 @@ from advisor.precision import FP32
 from profiles import PROFILES_DIR
 
 if TYPE_CHECKING:
-    from advisor.estimate.activations import ActivationEstimate, ActivationShape, Dtypes
+    from advisor.estimate.activations import ActivationEstimate, ActivationShape, Adapters, Dtypes
 
 COMPILE_SAVED_FILE = PROFILES_DIR / "compile_saved.json"
 
@@ -67,12 +69,21 @@ class SelectiveSavedFacts(BaseModel):
     bf16: SavedChange
 
 
+class LoraSavedFacts(SavedChange):
+    """What the partitioner changes in a LoRA block on a frozen low-precision base (the adapters' inputs aside:
+    ``adapter_copies_dropped``)."""
+
+    source: str
+    applies_to: str
+
+
 class CompileSavedFacts(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: str
     applies_to: str
     recipes: dict[Literal["bf16", "autocast"], SavedChange]
+    lora: LoraSavedFacts
     selective: SelectiveSavedFacts
 
 
@@ -85,13 +96,18 @@ def load_compile_saved() -> CompileSavedFacts:
 
 
 def compile_saves_less(shape: ActivationShape, dt: Dtypes, *, checkpointing: bool, eager_attention: bool,
-                       lora: bool, selective: bool = False) -> bool:
+                       lora: bool, selective: bool = False, adapters: Adapters | None = None) -> bool:
     """Whether a measured list applies to this block and recipe (module docstring): without checkpointing either
-    recipe's, under selective checkpointing the bf16 one's."""
+    recipe's, under selective checkpointing the bf16 one's; with LoRA the profile's ``lora`` list, where the
+    adapters are known, without dropout or DoRA, on a frozen base held in the compute dtype."""
     plain = not (shape.qk_norm or shape.sandwich_norms or shape.fp32_norm_scale or shape.fused_qkv)
-    measured = _recipe(dt) == "bf16" if selective else _recipe(dt) is not None and not checkpointing
+    if lora:
+        measured = (adapters is not None and not adapters.dropout and not adapters.dora_outputs
+                    and dt.residual == dt.compute == 2 and not checkpointing)
+    else:
+        measured = _recipe(dt) == "bf16" if selective else _recipe(dt) is not None and not checkpointing
     return (measured and not eager_attention
-            and not lora and plain and shape.kind in LLAMA_LIKE and shape.family == "decoder" and shape.num_experts is None
+            and plain and shape.kind in LLAMA_LIKE and shape.family == "decoder" and shape.num_experts is None
             and shape.mla is None and shape.hybrid is None)
 
 
@@ -116,6 +132,25 @@ def compile_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     return _net_bytes(load_compile_saved().recipes[_recipe(dt)], shape, dt)
 
 
+def adapter_copies_dropped(dt: Dtypes, adapters: Adapters) -> int:
+    """Bytes a token of one block's adapter inputs the compiled block does not keep: under autocast PEFT's fp32 cast
+    and autocast's cast back give each adapter its own copy of its input (``frozen_adapters_per_token``); the
+    compiled block keeps one per input read (the first norm's output for q, k and v; the second's for gate and up;
+    SDPA's output for o; the gated product for down). All seven on Llama-3.1-8B: 2 x (6 x 4096 + 14336) -
+    2 x (3 x 4096 + 14336) = 24,576. Without autocast the adapters share their input eager too: 0."""
+    if not dt.input_casts:
+        return 0
+    read = {source: fan_in for fan_in, source in adapters.inputs}
+    return dt.compute * (sum(fan_in for fan_in, _ in adapters.inputs) - sum(read.values()))
+
+
+def lora_dropped_per_token(shape: ActivationShape, dt: Dtypes, adapters: Adapters) -> int:
+    """Bytes a token of one LoRA block on a frozen bf16 base the partitioner no longer saves (the profile's ``lora``
+    list and ``adapter_copies_dropped``). Llama-3.2-1B (h 2048, f 8192), q and v under autocast:
+    2 x 4 x 2048 + 2 x 8192 - 2 x 2 x 2048 + 2 x 2048 = 28,672."""
+    return _net_bytes(load_compile_saved().lora, shape, dt) + adapter_copies_dropped(dt, adapters)
+
+
 def selective_dropped_per_token(shape: ActivationShape, dt: Dtypes) -> int:
     """Bytes a token of one block the compiled graph does not keep under selective checkpointing that eager's
     cache does (the profile's ``selective`` list): Llama-3.1-8B in bf16, down_proj's output, 2 x 4096 = 8,192."""
@@ -129,17 +164,18 @@ def _net_bytes(change: SavedChange, shape: ActivationShape, dt: Dtypes) -> int:
 
 def compiled_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
                          checkpointing: bool, eager_attention: bool, lora: bool,
-                         selective: bool = False) -> ActivationEstimate:
+                         selective: bool = False, adapters: Adapters | None = None) -> ActivationEstimate:
     """``est`` with each block's saved tensors those of the compiled block, where a list applies
     (``compile_saves_less``); ``est`` unchanged elsewhere. ``tokens``: a micro-batch's. Under selective
     checkpointing only the kept tensors move (the recomputation stays eager: ``layer_bytes`` unchanged)."""
     if not compile_saves_less(shape, dt, checkpointing=checkpointing, eager_attention=eager_attention, lora=lora,
-                              selective=selective):
+                              selective=selective, adapters=adapters):
         return est
     if selective:
         kept = tokens * selective_dropped_per_token(shape, dt)
         return validated_copy(est, {"saved_bytes": est.saved_bytes - shape.num_layers * kept,
                                     "block_kept_bytes": est.block_kept_bytes - kept})
-    block = tokens * compile_dropped_per_token(shape, dt)
+    per_token = lora_dropped_per_token(shape, dt, adapters) if lora else compile_dropped_per_token(shape, dt)
+    block = tokens * per_token
     return validated_copy(est, {"saved_bytes": est.saved_bytes - shape.num_layers * block,
                                 "layer_bytes": est.layer_bytes - block, "block_kept_bytes": est.block_kept_bytes - block})

@@ -235,7 +235,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
 
         est = compiled_activations(est, shape_of(spec), dtypes, tokens=micro_batch_size * (training.seq_len + images),
                                    checkpointing=checkpointing, eager_attention=training.attention == "eager",
-                                   lora=training.lora is not None,
+                                   lora=training.lora is not None, adapters=_adapters(spec, training),
                                    selective=checkpointing and training.activation_checkpointing == "selective")
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:

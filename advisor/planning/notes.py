@@ -176,9 +176,10 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         notes.append(kv_cache_note(training.keeps_kv_cache, spec.kv_cache_values_own_dtype))
     if training.compile:  # advisor.estimate.compile_time
         notes.append("--compile: each block's elementwise ops timed as inductor fuses them (HBM bytes, "
-                     "advisor.estimate.compile_time); memory: a block without checkpointing (bf16, or fp32 under autocast) saves "
-                     "what torch.compile's partitioner keeps (advisor.estimate.compile_memory: each RMSNorm's fp32 copy "
-                     "and cast and silu(gate) recomputed in backward), under selective checkpointing in bf16 without "
+                     "advisor.estimate.compile_time); memory: a block without checkpointing (bf16, fp32 under autocast, or "
+                     "LoRA without dropout on a bf16 base) saves what torch.compile's partitioner keeps "
+                     "(advisor.estimate.compile_memory: each RMSNorm's fp32 copy and cast and silu(gate) recomputed in "
+                     "backward, one copy of each adapter input), under selective checkpointing in bf16 without "
                      "down_proj's output, other recipes estimated as eager")
         if training.recipe.compile_loss and training.loss == "hf":  # advisor.estimate.memory.memory_loss_kernel
             notes.append(f"--compile: the {training.recipe.name} recipe compiles its loss too: the cross-entropy "

@@ -100,3 +100,83 @@ def test_selective_plan_by_hand():
                for compiled in (False, True)]
     assert moments[0]["end_of_forward"] - moments[1]["end_of_forward"] == 4_294_967_296
     assert moments[0]["loss_backward"] - moments[1]["loss_backward"] == 4_294_967_296
+
+
+def _adapters(*targets: str, h: int = 8, f: int = 16, **extra):
+    from advisor.estimate.activations import Adapters
+
+    inputs = {"q_proj": (h, "attn_norm"), "k_proj": (h, "attn_norm"), "v_proj": (h, "attn_norm"),
+              "o_proj": (h, "attention"), "gate_proj": (h, "mlp_norm"), "up_proj": (h, "mlp_norm"),
+              "down_proj": (f, "mlp_act")}
+    return Adapters(**{"rank": 4, "dropout": False, "inputs": tuple(inputs[t] for t in targets), **extra})
+
+
+ALL_SEVEN = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BF16_BASE_AUTOCAST = Dtypes(residual=2, compute=2, input_casts=True)  # the torch recipe's LoRA under DDP
+
+
+def test_lora_dropped_by_hand():
+    """A frozen bf16 base, h = 8, f = 16: the two norms' fp32 input 2 x 4h = 64 and silu 2f = 32 dropped, each norm's
+    bf16 input 2 x 2h = 32 kept instead: 64 bytes a token. Under autocast each adapter also casts its own copy of
+    its input (2 bytes a feature), the compiled block one per input read: q, v share the first norm's output, one
+    copy of 2h = 16 dropped (80); all seven read four inputs (h, h, h, f) for seven copies (6h + f): 2 x 3h = 48
+    dropped (112). Without autocast the adapters share their input eager too: 64."""
+    from advisor.estimate.compile_memory import lora_dropped_per_token
+
+    shape = _shape(h=8, f=16, heads=2, kv=1)
+    assert lora_dropped_per_token(shape, BF16_BASE_AUTOCAST, _adapters("q_proj", "v_proj")) == 80
+    assert lora_dropped_per_token(shape, BF16_BASE_AUTOCAST, _adapters(*ALL_SEVEN)) == 112
+    assert lora_dropped_per_token(shape, BF16, _adapters(*ALL_SEVEN)) == 64
+
+
+@pytest.mark.parametrize("targets,bf16,measured", [
+    (("q_proj", "v_proj"), False, 2_944), (ALL_SEVEN, False, 3_968), (("o_proj",), False, 2_432),
+    (("q_proj", "v_proj"), True, 2_432),
+])
+def test_lora_matches_the_partitioner(targets, bf16, measured):
+    """benchmarks/compile_saved_lora.py on real CPU tensors (a 256-wide LlamaDecoderLayer, 704 MLP, 8 / 2 heads, SDPA,
+    PEFT LoRA r16 on a frozen bf16 base, 128 tokens; fp32 adapters under bf16 autocast, or bf16 adapters without
+    autocast as FSDP2 gathers them): eager - compiled saved bytes a token, run here, equal the estimate's (the
+    figures in the parameters are that script's output, compile_saved.md)."""
+    pytest.importorskip("peft")
+    import torch
+
+    from benchmarks.compile_saved_lora import lora_block, saved
+    from advisor.estimate.compile_memory import lora_dropped_per_token
+
+    tokens, totals = 128, []
+    for compiled in (False, True):
+        layer = lora_block(hidden=256, intermediate=704, heads=8, kv_heads=2, targets=targets, rank=16,
+                           bf16_adapters=bf16)
+        totals.append(sum(r[3] for r in saved(layer, hidden=256, heads=8, seq=tokens, compiled=compiled,
+                                              autocast=not bf16)))
+    torch._dynamo.reset()
+    dt = BF16 if bf16 else BF16_BASE_AUTOCAST
+    assert (totals[0] - totals[1]) // tokens == measured
+    assert lora_dropped_per_token(_shape(), dt, _adapters(*targets, h=256, f=704)) == measured
+
+
+def test_lora_plan_against_the_h100():
+    """Llama-3.2-1B's config (h 2048, f 8192, 16 blocks), LoRA r16 on q and v, DDP x2 under bf16 autocast, micro-batch
+    2 x 2048 tokens, each block compiled: the H100 allocated 14,393,595,904 bytes eager and 12,531,324,928 compiled
+    (benchmarks/gpu_compile.py, 2026-11-27, results/gpu_compile.jsonl): 1,862,270,976 saved. The estimate: 28,672
+    bytes a token and block (lora_dropped_per_token's docstring) x 4096 x 16 = 1,879,048,192, within 1% of it."""
+    import advisor
+    from advisor.hardware.cluster import parse_gpus
+
+    peaks = [advisor.plan("meta-llama/Llama-3.2-1B", parse_gpus("2xH100"), strategy="ddp", micro_batch_size=2,
+                          seq_len=2048, activation_checkpointing="off", lora=16, compile=compiled)
+             .candidate("ddp").memory_bytes.peak_allocated for compiled in (False, True)]
+    assert peaks[0] - peaks[1] == 28_672 * 4096 * 16
+    assert abs((peaks[0] - peaks[1]) / 1_862_270_976 - 1) < 0.01
+
+
+@pytest.mark.parametrize("extra", [dict(dropout=True), dict(dora_outputs=(8, 8))])
+def test_lora_eager_where_not_measured(extra):
+    adapters = _adapters("q_proj", "v_proj", **extra)
+    assert not compile_saves_less(_shape(), BF16_BASE_AUTOCAST, checkpointing=False, eager_attention=False, lora=True,
+                                  adapters=adapters)
+    assert not compile_saves_less(_shape(), Dtypes(residual=4, compute=2, input_casts=True), checkpointing=False,
+                                  eager_attention=False, lora=True, adapters=_adapters("q_proj", "v_proj"))
+    assert not compile_saves_less(_shape(), BF16_BASE_AUTOCAST, checkpointing=True, eager_attention=False, lora=True,
+                                  adapters=_adapters("q_proj", "v_proj"))

@@ -1,0 +1,147 @@
+"""``--compile`` on a real GPU: peak allocated with each block ``torch.compile``d (and torchtitan's compiled loss)
+against the estimate, beside the same run eager.
+
+Run (on a machine with one CUDA GPU): python benchmarks/gpu_compile.py [--out DIR]
+Each case runs ``gpu_truth.measure`` (the torch recipe's ``wrap()`` recipe, foreach AdamW, bf16-mixed, three steps,
+a fake process group above one rank) twice: eager, and with ``compile`` (``wrappers.compile_float8.apply_compile``:
+each decoder block compiled by inductor after checkpointing, before DDP/FSDP). ``compiled loss`` rows also take
+the logits from the model and a ``torch.compile``d fp32 cross-entropy over them, as torchtitan does under
+``--compile`` (recipe fact ``compile_loss``). The estimate is ``estimate_memory`` at the same settings with
+``compile=True`` (and a recipe with ``compile_loss``). Prints one line a run and writes ``gpu_compile.jsonl``
+into ``--out`` (default benchmarks/results). Exits with code 2 and a message when no CUDA device is available.
+
+    python benchmarks/gpu_compile.py --report     # no GPU: benchmarks/results/gpu_compile.md from the stored runs,
+                                                  # the estimate recomputed by the code as it is
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import accuracy  # noqa: E402
+
+# (model key, strategy, world, micro-batch, seq, checkpointing, LoRA rank, compiled loss)
+CASES = [
+    ("llama1b", "zero3", 8, 2, 2048, False, None, False),
+    ("llama1b", "zero3", 8, 2, 2048, "selective", None, False),
+    ("llama1b", "zero3", 8, 2, 2048, False, None, True),
+    ("qwen0.5b", "zero3", 8, 4, 2048, False, None, True),
+    ("llama1b", "ddp", 2, 2, 2048, False, 16, False),
+    ("llama1b", "zero3", 8, 2, 2048, True, None, False),
+    ("qwen0.5b", "ddp", 2, 2, 2048, False, None, False),
+]
+
+
+def estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool | str, rank: int | None,
+             compiled_loss: bool, *, compile: bool) -> int:
+    """The analytic peak allocated bytes of one case (the torch recipe; ``compile_loss`` set where the run
+    compiled its loss)."""
+    from advisor.estimate.memory import estimate_memory
+    from advisor.hardware.cluster import parse_gpus
+    from advisor.model.lora import with_lora
+    from advisor.recipes import get_recipe
+    from advisor.strategies import get_strategy
+
+    import accuracy_variants
+
+    config = accuracy_variants.training(seq, None if rank is None else (rank, None, 0.0), "hf", ckpt)
+    recipe = get_recipe("torch").model_copy(update={"compile_loss": compiled_loss})
+    config = config.model_copy(update={"compile": compile, "recipe": recipe})
+    spec = accuracy.spec_for(accuracy.MODELS[key])
+    spec = with_lora(spec, config.lora) if config.lora else spec
+    return estimate_memory(spec, parse_gpus(f"{world}xH100"), config, get_strategy(strategy).on("torch"),
+                           micro_batch_size=mb, checkpointing=bool(ckpt)).peak_allocated
+
+
+def report() -> int:
+    """benchmarks/results/gpu_compile.md: each stored run against today's estimate."""
+    import statistics
+
+    runs = [json.loads(line) for line in open(accuracy.RESULTS / "gpu_compile.jsonl")]
+    lines = ["# --compile on a real GPU", "",
+             f"Measured with `python benchmarks/gpu_compile.py` on {runs[0]['device']}, 2026-11-27: "
+             "`torch.cuda.max_memory_allocated()` of the second of three steps (gpu_truth.measure: the torch recipe's "
+             "wrap() recipe, foreach AdamW, bf16-mixed, a fake process group above one rank), each case eager and with "
+             "every decoder block compiled (and, `compiled loss`, torchtitan's compiled fp32 cross-entropy over the "
+             "logits). The estimate is recomputed by `python benchmarks/gpu_compile.py --report`. GiB.", ""]
+    rows, errors = [], {False: [], True: []}
+    for run in runs:
+        case = CASES[run["case"]]
+        est = estimate(*case, compile=run["compile"])
+        err = 100 * (est - run["gpu_step2"]) / run["gpu_step2"]
+        errors[run["compile"]].append(abs(err))
+        key, strategy, world, mb, seq, ckpt, rank, _ = case
+        mode = {False: "off", True: "full", "selective": "selective"}[ckpt]
+        what = ("compiled" + (" + compiled loss" if run["compiled_loss"] else "")) if run["compile"] else "eager"
+        rows.append(f"| {key} | {strategy} x{world} | {mb} | {seq} | {mode} | {'r' + str(rank) if rank else '-'} | "
+                    f"{what} | {run['gpu_step2'] / 2**30:.2f} | {est / 2**30:.2f} | {err:+.2f}% | "
+                    f"{run['gpu_reserved'] / 2**30:.2f} |")
+    for compiled in (False, True):
+        lines.append(f"- {'compiled' if compiled else 'eager'}: median |err| {statistics.median(errors[compiled]):.2f}%, "
+                     f"max {max(errors[compiled]):.2f}% over {len(errors[compiled])} runs")
+    lines += ["", "| model | strategy | mb | seq | ckpt | LoRA | run | GPU | estimate | err | GPU reserved |",
+              "| --- | --- | ---: | ---: | --- | --- | --- | ---: | ---: | ---: | ---: |", *rows, ""]
+    (accuracy.RESULTS / "gpu_compile.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=accuracy.RESULTS, help="folder for gpu_compile.jsonl")
+    parser.add_argument("--case", type=int, action="append", default=[], help="run only this case (index); repeatable")
+    parser.add_argument("--report", action="store_true", help="write gpu_compile.md from the stored runs (no GPU)")
+    args = parser.parse_args()
+    if args.report:
+        warnings.filterwarnings("ignore")
+        return report()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_compile: no CUDA device here; run this on a machine with one CUDA GPU", file=sys.stderr)
+        return 2
+    warnings.filterwarnings("ignore")
+    import transformers
+
+    from gpu_truth import measure
+
+    device = f"{torch.cuda.get_device_name()}; torch {torch.__version__}; transformers {transformers.__version__}"
+    print(device, flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "gpu_compile.jsonl", "w") as out:
+        for index, case in enumerate(CASES):
+            if args.case and index not in args.case:
+                continue
+            key, strategy, world, mb, seq, ckpt, rank, compiled_loss = case
+            for compiled in (False, True):
+                start = time.perf_counter()
+                peaks = measure(key, strategy, world, mb, seq, ckpt, lora_rank=rank, compile=compiled,
+                                compiled_loss=compiled and compiled_loss)
+                if compiled:  # the compiled blocks' guards and code would keep the model alive into the next case
+                    torch._dynamo.reset()
+                est = estimate(*case, compile=compiled)
+                row = dict(case=index, model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                           checkpointing=ckpt, lora_rank=rank, compiled_loss=compiled and compiled_loss,
+                           compile=compiled, gpu_step1=peaks.step1, gpu_step2=peaks.step2, gpu_step3=peaks.step3,
+                           gpu_reserved=peaks.reserved, estimate=est, device=device,
+                           seconds=round(time.perf_counter() - start, 1))
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                err = 100 * (est - peaks.step2) / peaks.step2
+                print(f"{index} {key:9} {strategy:5} x{world} mb{mb} s{seq} ckpt={ckpt!s:9} lora={rank} "
+                      f"compile={compiled!s:5} loss={'compiled' if compiled and compiled_loss else 'hf':8} "
+                      f"gpu {peaks.step2 / 2**30:6.2f} est {est / 2**30:6.2f} {err:+6.2f}% "
+                      f"reserved {peaks.reserved / 2**30:6.2f} ({row['seconds']} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

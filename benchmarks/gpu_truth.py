@@ -64,6 +64,7 @@ class Peaks(NamedTuple):
     step2: int
     step3: int
     reserved: int
+    reserved_steps: tuple[int, ...] = ()  # max_memory_reserved() of each step (the peak is reset before each)
 
 
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
@@ -150,7 +151,7 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        peaks = []
+        peaks, reserved_steps = [], []
         for index in range(3):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -162,6 +163,7 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             step()
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_allocated())
+            reserved_steps.append(torch.cuda.max_memory_reserved())
             if recording:
                 data = torch.cuda.memory._snapshot()
                 data["baseline_allocated"] = baseline
@@ -169,7 +171,8 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
                 with open(snapshot, "wb") as fh:
                     pickle.dump(data, fh)
         # Reserved only grows while the cache holds what it reserved: the last step's figure is the run's.
-        return Peaks(step1=peaks[0], step2=peaks[1], step3=peaks[2], reserved=torch.cuda.max_memory_reserved())
+        return Peaks(step1=peaks[0], step2=peaks[1], step3=peaks[2], reserved=torch.cuda.max_memory_reserved(),
+                     reserved_steps=tuple(reserved_steps))
     finally:
         dist.destroy_process_group()
 

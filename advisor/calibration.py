@@ -58,14 +58,36 @@ class ErrorTable(BaseModel):
         raise ValueError(f"the error table has no default row for {measured}")
 
 
+class MeasuredContext(BaseModel):
+    """What one GPU kind held outside the allocator, measured (profiles/allocator_overhead.json measured_context)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    single_process_gib: float = Field(ge=0, description="One process, no NCCL communicator.")
+    with_nccl_gib: float = Field(ge=0, description="With an NCCL communicator (measured at world size 1).")
+    source: str
+
+
 class AllocatorOverhead(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")  # description/provenance are for readers
 
     fragmentation: float = Field(ge=0, le=1, description="Reserved over allocated - 1, calibrated.")
     allocator_constant_gib: float = Field(ge=0, description="Fixed part of the allocator's reserve, calibrated.")
-    context_gib: float = Field(ge=0, description="CUDA context, cuBLAS and NCCL outside the allocator (an assumption).")
+    context_gib: float = Field(ge=0, description="CUDA context, cuBLAS and NCCL outside the allocator (an assumption, "
+                               "where measured_context has no row for the GPU).")
     single_process_context_gib: float = Field(ge=0, description="The CUDA context alone, for a plan on one GPU (no "
-                                              "NCCL communicator; an assumption from published figures).")
+                                              "NCCL communicator; an assumption from published figures, where "
+                                              "measured_context has no row for the GPU).")
+    measured_context: dict[str, MeasuredContext] = Field(default_factory=dict, description="GPU name -> what it held "
+                                                         "outside the allocator, measured.")
+
+    def context_for(self, gpu: str, *, nccl: bool) -> float:
+        """GiB outside the allocator per GPU of kind ``gpu``: measured where measured_context has it, else the
+        assumed defaults; ``nccl``: the process holds an NCCL communicator (more than one GPU)."""
+        measured = self.measured_context.get(gpu)
+        if measured is not None:
+            return measured.with_nccl_gib if nccl else measured.single_process_gib
+        return self.context_gib if nccl else self.single_process_context_gib
 
 
 @lru_cache(maxsize=1)

@@ -46,8 +46,9 @@ class TrainingConfig(BaseModel):
     fragmentation: float = Field(default_factory=lambda: allocator_overhead().fragmentation, ge=0, le=1,
                                  description="Reserved over allocated - 1 (default: calibrated).")
     context_gib: float | None = Field(default=None, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
-                                      "communicator buffers per GPU, outside PyTorch's caching allocator (an assumption, "
-                                      "not calibrated: max_memory_reserved() does not see it, the GPU's memory does). "
+                                      "communicator buffers per GPU, outside PyTorch's caching allocator "
+                                      "(max_memory_reserved() does not see it, the GPU's memory does; measured on an "
+                                      "H100 at world size 1, assumed for other GPUs). "
                                       "None: by the GPU count (profiles/allocator_overhead.json: the CUDA context "
                                       "alone on one GPU, with NCCL's buffers on more).")
     margin: Margin = Field(default="expected", description="Which end of the estimate's measured range decides "
@@ -219,14 +220,14 @@ class TrainingConfig(BaseModel):
     def reserve_bytes(self) -> int:
         return int(self.reserve_gib * GIB)
 
-    def context_gib_at(self, world: int) -> float:
+    def context_gib_at(self, world: int, gpu: str = "") -> float:
         """What sits outside the caching allocator per GPU: --context-gib when given; else, on one GPU (one
         process, no NCCL communicator) the CUDA context alone, on more the context and NCCL's buffers
-        (profiles/allocator_overhead.json; both assumptions)."""
+        (profiles/allocator_overhead.json: measured for the GPU kinds in its measured_context, NCCL's buffers at
+        world size 1 only; assumed for the others)."""
         if self.context_gib is not None:
             return self.context_gib
-        overhead = allocator_overhead()
-        return overhead.context_gib if world > 1 else overhead.single_process_context_gib
+        return allocator_overhead().context_for(gpu, nccl=world > 1)
 
-    def context_bytes_at(self, world: int) -> int:
-        return int(self.context_gib_at(world) * GIB)
+    def context_bytes_at(self, world: int, gpu: str = "") -> int:
+        return int(self.context_gib_at(world, gpu) * GIB)

@@ -119,7 +119,7 @@ PLAN_OPTIONS: list[Callable] = [
                       "save HBM traffic (Llama-like decoders; memory: fewer saved activations in a block without "
                       "checkpointing, else as eager). Default off."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
-    click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1; 0.5 on one GPU, which has no NCCL communicator; assumptions)."),
+    click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1, 0.5 on one GPU, which has no NCCL communicator: assumptions; on an H100 1.3 and 0.75, measured, NCCL's buffers at world size 1 only)."),
     click.option("--margin", type=_choice(get_args(Margin)),
                  help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
     click.option("--headroom", type=FiniteRange(0, 1, max_open=True),

@@ -279,7 +279,7 @@ def memory_table(plan) -> Table:
                   caption="rest on: where the resting states live (CPU*: gradients and optimizer state on the CPU, "
                           "weights on the GPU). alloc gap: reserved minus allocated, calibrated on measured runs "
                           "(profiles/allocator_overhead.json); context: CUDA context and NCCL buffers outside the "
-                          "allocator, an assumption (--context-gib)", caption_justify="left",
+                          "allocator, measured on an H100, assumed elsewhere (--context-gib)", caption_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("strategy", "rest params", "rest grads", "rest optim", "rest on", "peak moment", "params", "grads",
                 "optim", "activ", "temp", "alloc gap", "context", "peak GiB"):

@@ -17,10 +17,10 @@ COLORS = {
     "temporary": "#edc948", "allocator_gap": "#bab0ac", "outside_allocator": "#79706e",
 }
 # The runtime overhead in its two parts: the allocator gap is calibrated (profiles/allocator_overhead.json),
-# the CUDA context and NCCL buffers are an assumption (--context-gib).
+# the CUDA context and NCCL buffers measured on an H100 at world size 1, assumed elsewhere (--context-gib).
 LABELS = {"params": "parameters", "grads": "gradients", "optimizer": "optimizer state",
           "activations": "activations", "temporary": "temporary buffers",
-          "allocator_gap": "allocator gap (calibrated)", "outside_allocator": "context + NCCL (assumed)"}
+          "allocator_gap": "allocator gap (calibrated)", "outside_allocator": "context + NCCL"}
 
 
 def attr(value: object) -> str:

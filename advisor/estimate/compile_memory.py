@@ -96,13 +96,15 @@ def load_compile_saved() -> CompileSavedFacts:
 
 
 def compile_saves_less(shape: ActivationShape, dt: Dtypes, *, checkpointing: bool, eager_attention: bool,
-                       lora: bool, selective: bool = False, adapters: Adapters | None = None) -> bool:
+                       lora: bool, selective: bool = False, adapters: Adapters | None = None,
+                       quantized: bool = False) -> bool:
     """Whether a measured list applies to this block and recipe (module docstring): without checkpointing either
     recipe's, under selective checkpointing the bf16 one's; with LoRA the profile's ``lora`` list, where the
-    adapters are known, without dropout or DoRA, on a frozen base held in the compute dtype."""
+    adapters are known, without dropout or DoRA, on a frozen base held in the compute dtype (not a quantised one:
+    bitsandbytes' 4-bit matmuls were not measured compiled)."""
     plain = not (shape.qk_norm or shape.sandwich_norms or shape.fp32_norm_scale or shape.fused_qkv)
     if lora:
-        measured = (adapters is not None and not adapters.dropout and not adapters.dora_outputs
+        measured = (adapters is not None and not adapters.dropout and not adapters.dora_outputs and not quantized
                     and dt.residual == dt.compute == 2 and not checkpointing)
     else:
         measured = _recipe(dt) == "bf16" if selective else _recipe(dt) is not None and not checkpointing
@@ -164,12 +166,13 @@ def _net_bytes(change: SavedChange, shape: ActivationShape, dt: Dtypes) -> int:
 
 def compiled_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
                          checkpointing: bool, eager_attention: bool, lora: bool,
-                         selective: bool = False, adapters: Adapters | None = None) -> ActivationEstimate:
+                         selective: bool = False, adapters: Adapters | None = None,
+                         quantized: bool = False) -> ActivationEstimate:
     """``est`` with each block's saved tensors those of the compiled block, where a list applies
     (``compile_saves_less``); ``est`` unchanged elsewhere. ``tokens``: a micro-batch's. Under selective
     checkpointing only the kept tensors move (the recomputation stays eager: ``layer_bytes`` unchanged)."""
     if not compile_saves_less(shape, dt, checkpointing=checkpointing, eager_attention=eager_attention, lora=lora,
-                              selective=selective, adapters=adapters):
+                              selective=selective, adapters=adapters, quantized=quantized):
         return est
     if selective:
         kept = tokens * selective_dropped_per_token(shape, dt)

@@ -236,6 +236,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         est = compiled_activations(est, shape_of(spec), dtypes, tokens=micro_batch_size * (training.seq_len + images),
                                    checkpointing=checkpointing, eager_attention=training.attention == "eager",
                                    lora=training.lora is not None, adapters=_adapters(spec, training),
+                                   quantized=training.quantize is not None,
                                    selective=checkpointing and training.activation_checkpointing == "selective")
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
@@ -305,7 +306,7 @@ def estimate_memory(
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params,
+                             flat_param_bytes=flat_params, gpu=hardware.gpu.name,
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
@@ -399,7 +400,7 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
 def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: StrategyBuffers,
                       training: TrainingConfig, impl: Implementation, *, world: int,
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
-                      loss_kept: int = 0, processes: int | None = None,
+                      loss_kept: int = 0, processes: int | None = None, gpu: str = "",
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
@@ -481,7 +482,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     elif states.cpu_only_optimizer:
         cpu = states.grads + states.optimizer + states.step_temporary
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
-    context = training.context_bytes_at(world if processes is None else processes)  # one process: no NCCL
+    context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
     memory = MemoryBreakdown(
         **parts,
         runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + context,

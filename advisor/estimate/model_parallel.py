@@ -371,4 +371,4 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     whole = whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                               checkpointing=checkpointing) if mesh.tp == 1 and mesh.cp == 1 else {}
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
-                             **whole)
+                             gpu=hardware.gpu.name, **whole)

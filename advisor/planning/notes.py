@@ -6,6 +6,7 @@ reason (``advisor.planning.reasons.LossPeak``), rendered with the others.
 
 from __future__ import annotations
 
+from advisor.calibration import allocator_overhead
 from advisor.estimate.activations import shape_of
 from advisor.estimate.memory import image_tokens
 from advisor.estimate.traced import needs_trace
@@ -94,7 +95,15 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
             f"PEFT counts them); {activations}{dtypes}")
 
 
-def overhead_notes(training: TrainingConfig, world: int) -> list[str]:
+def context_basis(gpu: str, world: int) -> str:
+    """Where the default context figure for ``gpu`` comes from (profiles/allocator_overhead.json)."""
+    if gpu in allocator_overhead().measured_context:
+        return (f"measured on one {gpu}" + ("; NCCL's buffers at world size 1, more peers add more" if world > 1
+                                            else "") + ": --context-gib")
+    return "an assumption, not measured on this GPU: --context-gib"
+
+
+def overhead_notes(training: TrainingConfig, world: int, gpu: str = "") -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
     # A ZeRO recipe's flat states and step copies get no gap (advisor.estimate.memory._flat_bytes).
@@ -103,10 +112,10 @@ def overhead_notes(training: TrainingConfig, world: int) -> list[str]:
            f"{training.reserve_gib:g} GiB, "
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
               "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")
-           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib_at(world):g} "
+           + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved'); plus {training.context_gib_at(world, gpu):g} "
              "GiB for the CUDA context" + (" and NCCL buffers" if world > 1 else " (one GPU: no NCCL communicator)")
            + " outside the allocator ("
-           + ("an assumption, not measured: --context-gib" if training.context_gib is None else "as given")
+           + (context_basis(gpu, world) if training.context_gib is None else "as given")
            + "); total = reserved + that, compared with the GPU's memory")
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
               "fits; the range (low-high) is the lowest to highest measured reserved / estimate of its kind (its stack "
@@ -167,7 +176,7 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
     for field, text in DEFAULT_NOTES.items():
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
-    notes.extend(overhead_notes(training, hw.world_size))
+    notes.extend(overhead_notes(training, hw.world_size, hw.gpu.name))
     if training.optimizer_in_backward or training.optimizer == "adamw-8bit-paged":  # advisor.estimate.in_backward
         from advisor.estimate.in_backward import optimizer_notes
 

@@ -180,3 +180,5 @@ def test_lora_eager_where_not_measured(extra):
                                   eager_attention=False, lora=True, adapters=_adapters("q_proj", "v_proj"))
     assert not compile_saves_less(_shape(), BF16_BASE_AUTOCAST, checkpointing=True, eager_attention=False, lora=True,
                                   adapters=_adapters("q_proj", "v_proj"))
+    assert not compile_saves_less(_shape(), BF16_BASE_AUTOCAST, checkpointing=False, eager_attention=False, lora=True,
+                                  adapters=_adapters("q_proj", "v_proj"), quantized=True)  # QLoRA: not measured

@@ -105,10 +105,11 @@ def test_paged_state_is_evicted_on_a_24_gb_card_by_hand(release, absmax):
 
 def test_paged_state_stays_resident_where_it_fits():
     """On an 80 GB H100 the same state fits beside the plan: it stays on the GPU, outside the caching
-    allocator (outside_allocator: the 0.5 GiB CUDA context plus 16,060,522,496 bytes), and nothing moves."""
+    allocator (outside_allocator: the 0.75 GiB CUDA context measured on one H100, plus 16,060,522,496 bytes), and
+    nothing moves."""
     spec, _ = resolve("meta-llama/Llama-3.1-8B")
     training = TrainingConfig(seq_len=2048, precision="bf16", optimizer="adamw-8bit-paged", loss="chunked")
     mem = estimate_memory(spec, parse_gpus("1xH100"), training, PLAIN, micro_batch_size=2, checkpointing=True)
     assert mem.paged_on_cpu == 0 and mem.cpu_bytes == 0
-    assert mem.outside_allocator == int(0.5 * GIB) + 16_060_522_496
+    assert mem.outside_allocator == int(0.75 * GIB) + 16_060_522_496
     assert mem.reserved < 80 * 10**9 - 16_060_522_496  # torch.cuda's reserved does not see managed memory

@@ -18,13 +18,17 @@ take that part from the estimate's breakdown at its peak (``MemoryBreakdown``):
   recomputes every block in the backward beside the gradients it makes) or f x transient (otherwise; selective
   checkpointing recomputes a few ops and counts as otherwise);
 - ``transient + logits``: reserved = allocated + f x transient + h x the bf16 logits (tokens x vocabulary x 2
-  bytes: the loss's blocks, a few and large) + c.
+  bytes: the loss's blocks, a few and large) + c;
+- ``activations x checkpointing + temporary`` and ``activations + temporary``: the transient split into the
+  estimate's saved activations at its peak (many block-sized tensors) and its temporaries (the loss's logit-sized
+  blocks, the strategy's buffers), each with its own share, the activations' keyed on full checkpointing or not.
 
 Each is fitted as the profile is (least relative squares, every other row; then the other way round; then the
 mean over 200 random halves) and scored on the rows it did not see, with the measured allocated (the gap alone)
 and with the estimated one (what a plan gives); then, fitted on the profile's rows, on the published reserved,
 unspecified and nvidia-smi figures (``profiles/published_memory.json``, planned as
-``benchmarks/published_memory.py`` plans them; nvidia-smi adds what the plan puts outside the allocator).
+``benchmarks/published_memory.py`` plans them; nvidia-smi adds what the plan puts outside the allocator), and on
+our one-GPU Trainer, Lightning and wrap() runs (``benchmarks/results/gpu_stacks.jsonl``, held out from every fit).
 Nothing here changes the planner: the report says which candidate wins where.
 """
 
@@ -61,6 +65,8 @@ class Run(NamedTuple):
     logits: float
     allocated: float | None
     reserved: float
+    activations: float = 0.0  # the estimate's saved activations at its peak
+    temporary: float = 0.0  # the estimate's temporaries at its peak (the loss's logit-sized blocks, buffers)
 
 
 class Candidate(NamedTuple):
@@ -79,6 +85,10 @@ CANDIDATES = (
     Candidate("transient x checkpointing", lambda r, a: [_transient(r, a) * r.checkpointed,
                                                          _transient(r, a) * (not r.checkpointed)]),
     Candidate("transient + logits", lambda r, a: [_transient(r, a), r.logits, 1.0]),
+    Candidate("activations x checkpointing + temporary", lambda r, a: [r.activations * r.checkpointed,
+                                                                       r.activations * (not r.checkpointed),
+                                                                       r.temporary]),
+    Candidate("activations + temporary", lambda r, a: [r.activations, r.temporary]),
 )
 
 
@@ -143,7 +153,26 @@ def truth_runs() -> list[Run]:
         out.append(Run(label + (" ckpt" if ckpt else " selective" if r["checkpointing"] == "selective" else ""),
                        mem.peak_allocated / GIB, (mem.params + mem.grads + mem.optimizer) / GIB, ckpt,
                        2 * tokens * vocab / GIB, int(r["gpu_max_allocated_bytes"]) / GIB,
-                       int(r["gpu_max_reserved_bytes"]) / GIB))
+                       int(r["gpu_max_reserved_bytes"]) / GIB, mem.activations / GIB, mem.temporary / GIB))
+    return out
+
+
+def stack_runs() -> list[Run]:
+    """The one-GPU Trainer, Lightning and wrap() runs of gpu_stacks.jsonl (reserved measured), planned as
+    benchmarks/gpu_stacks_report.py plans them: held out from every fit here."""
+    import gpu_stacks_report
+
+    out = []
+    for row in gpu_stacks_report.load():
+        if row["kind"] not in ("trainer", "wrap", "lightning"):
+            continue
+        mem = gpu_stacks_report.estimate(row)
+        vocab = _vocab(row["model"])
+        out.append(Run(f"{gpu_stacks_report._label(row)} {row['model']} mb{row['micro_batch']} s{row['seq_len']}"
+                       + (" ckpt" if row["checkpointing"] else ""), mem.peak_allocated / GIB,
+                       (mem.params + mem.grads + mem.optimizer) / GIB, bool(row["checkpointing"]),
+                       2 * row["micro_batch"] * row["seq_len"] * vocab / GIB, row["allocated"] / GIB,
+                       row["reserved"] / GIB, mem.activations / GIB, mem.temporary / GIB))
     return out
 
 
@@ -165,9 +194,11 @@ def published_runs() -> list[tuple[dict, Run, float]]:
         mem = cand.memory_bytes
         outside = est.outside / GIB if case["kind"] == "nvidia-smi" else 0.0
         tokens = case["micro_batch_size"] * case["seq_len"]
+        held = (est.allocated - mem.peak_allocated) / GIB  # what the publisher's code held: counted as temporary
         run = Run(case["id"], est.allocated / GIB, (mem.params + mem.grads + mem.optimizer) / GIB,
                   case["activation_checkpointing"] in (True, "on", "full"), 2 * tokens * (plan.model.vocab_size or 0) / GIB,
-                  None, published_memory.published_bytes(case) / GIB - outside)
+                  None, published_memory.published_bytes(case) / GIB - outside, mem.activations / GIB,
+                  mem.temporary / GIB + held)
         out.append((case, run, outside))
     return out
 
@@ -220,19 +251,33 @@ def _published_lines(runs: list[Run], published: list[tuple[dict, Run, float]]) 
     head = ["| case | kind | published | est. allocated | transient | ckpt | " + " | ".join(c.name for c in CANDIDATES) + " |",
             "| --- | --- | ---: | ---: | ---: | --- | " + " | ".join("---:" for _ in CANDIDATES) + " |"]
     fitted = [fit(c, even) for c in CANDIDATES]
-    per = {c.name: {"reserved": [], "nvidia-smi": []} for c in CANDIDATES}
+    per = {c.name: {"reserved": [], "unspecified": [], "nvidia-smi": []} for c in CANDIDATES}
     rows = []
     for case, run, outside in published:
         cells = []
         for cand, coef in zip(CANDIDATES, fitted):
             err = 100 * (predict(cand, coef, run, run.estimated) / run.reserved - 1)
-            per[cand.name]["nvidia-smi" if case["kind"] == "nvidia-smi" else "reserved"].append(err)
+            per[cand.name][case["kind"]].append(err)
             cells.append(f"{err:+.1f}%")
         rows.append(f"| {case['id']} | {case['kind']} | {run.reserved + outside:.2f} | {run.estimated:.2f} | "
                     f"{_transient(run, run.estimated):.2f} | {'yes' if run.checkpointed else 'no'} | " + " | ".join(cells) + " |")
-    summary_lines = [f"- {name}: reserved and unspecified {summary(e['reserved'])} (n {len(e['reserved'])}); "
-                     f"nvidia-smi {summary(e['nvidia-smi'])} (n {len(e['nvidia-smi'])})" for name, e in per.items()]
+    summary_lines = [f"- {name}: reserved {summary(e['reserved'])} (n {len(e['reserved'])}); unspecified "
+                     f"{summary(e['unspecified'])} (n {len(e['unspecified'])}); nvidia-smi {summary(e['nvidia-smi'])} "
+                     f"(n {len(e['nvidia-smi'])})" for name, e in per.items()]
     return summary_lines + [""] + head + rows
+
+
+def _stack_lines(runs: list[Run], stacks: list[Run]) -> list[str]:
+    """Each candidate fitted on the even H100 rows, scored on the one-GPU stacks' runs from the estimate."""
+    fitted = [fit(c, runs[0::2]) for c in CANDIDATES]
+    lines = [f"- {c.name}: {summary(errors(c, coef, stacks, measured=False))} (n {len(stacks)})"
+             for c, coef in zip(CANDIDATES, fitted)]
+    head = ["| run | measured reserved | est. allocated | activations | temporary | " + " | ".join(c.name for c in CANDIDATES)
+            + " |", "| --- | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in CANDIDATES) + " |"]
+    rows = [f"| {r.label} | {r.reserved:.2f} | {r.estimated:.2f} | {r.activations:.2f} | {r.temporary:.2f} | "
+            + " | ".join(f"{e:+.1f}%" for e in (errors(c, coef, [r], measured=False)[0]
+                                                 for c, coef in zip(CANDIDATES, fitted))) + " |" for r in stacks]
+    return lines + [""] + head + rows
 
 
 def _logit_lines(runs: list[Run]) -> list[str]:
@@ -265,6 +310,11 @@ def report() -> str:
         f"rows: {refit[0]:.3f} x + {refit[1]:.3f} GiB; from the estimate's allocated, with publisher code)",
         "",
         *_published_lines(runs, published),
+        "",
+        "## Our one-GPU Trainer, Lightning and wrap() runs (benchmarks/results/gpu_stacks.jsonl; each candidate fitted "
+        "on the even H100 rows, from the estimate's allocated)",
+        "",
+        *_stack_lines(runs, stack_runs()),
         "",
         "## Checkpointed H100 runs whose peak holds logit-sized blocks",
         "",

@@ -155,6 +155,19 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     r_med, r_max, n, a_med, a_max, n2 = found.groups()
     assert f"on one H100: allocated | {n2} | {a_med}% | {a_max}% |" in readme
     assert f"| the same runs: reserved (`max_memory_reserved`) | {n} | {r_med}% | {r_max}% |" in readme
+    compiled = (ROOT / "benchmarks/results/gpu_compile.md").read_text()
+    c_med, c_max, c_n = re.search(r"compiled blocks, the loss eager \(the torch recipe as planned\): median \|err\| "
+                                  r"([0-9.]+)%, max ([0-9.]+)% over (\d+) runs", compiled).groups()
+    assert f"vs a real H100: allocated | {c_n} | {c_med}% | {c_max}% |" in readme
+    speed = (ROOT / "benchmarks/results/gpu_speed.md").read_text()
+    s_med, s_low, s_high, s_n = re.search(r"median \|error\| ([0-9.]+)%, signed ([-+0-9.]+)% to ([-+0-9.]+)% over (\d+) runs",
+                                          speed).groups()
+    worst = max(abs(float(s_low)), abs(float(s_high)))
+    assert f"(one GPU, no communication; held out) | {s_n} | {s_med}% | {worst:.1f}% |" in readme
+    published = (ROOT / "benchmarks/results/published_memory.md").read_text()
+    p_med, p_max, p_n = re.search(r"vs published nvidia-smi: median \|error\| ([0-9.]+)%, max ([0-9.]+)% over (\d+) cases",
+                                  published).groups()
+    assert f"| total (reserved + CUDA context) vs published nvidia-smi figures | {p_n} | {p_med}% | {p_max}% |" in readme
 
 
 def test_the_readme_zero_bubble_row_is_the_reports():

@@ -133,7 +133,8 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
         return recommendation, why
     if recommendation is None:
         return None, why + [remedy_fits(r) for r in remedies if r.strategy is not None][:3]
-    line = offload_line(remedies, chosen, reference=default_strategy(spec)[0]) if offloads(chosen) else None
+    line = (offload_line(remedies, chosen, reference=default_strategy(spec, world=hw.world_size)[0])
+            if offloads(chosen) else None)
     return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
 
 
@@ -371,10 +372,11 @@ def plan(
             spec = _traced(spec, config, training, checkpointing=True, **trace_with)
             candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
         if training.policy == "fastest" and not strategy:
-            recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+            recommendation, why = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size,
+                                                 world=hw.world_size)
         else:
             recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
-                                         headroom=training.headroom, margin=training.margin)
+                                         headroom=training.headroom, margin=training.margin, world=hw.world_size)
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)

@@ -30,17 +30,19 @@ SMALL_MODEL = 10**9
 LARGE_MODEL = 10 * 10**9
 
 
-def default_strategy(spec: ModelSpec) -> tuple[StrategyName, str]:
-    """The size-threshold default and its one-line rationale."""
-    default = size_default(spec)
+def default_strategy(spec: ModelSpec, *, world: int = 0) -> tuple[StrategyName, str]:
+    """The size-threshold default and its one-line rationale (``world``: the GPU count, 0 when not known)."""
+    default = size_default(spec, world=world)
     return default.strategy, size_rationale(default)
 
 
-def size_default(spec: ModelSpec, kind: type[r.SizeBand] = r.SizeDefault) -> r.SizeBand:
-    """The size-threshold default as a reason (``kind``: which sentence quotes it)."""
+def size_default(spec: ModelSpec, kind: type[r.SizeBand] = r.SizeDefault, *, world: int = 0) -> r.SizeBand:
+    """The size-threshold default as a reason (``kind``: which sentence quotes it). On one GPU the plain model
+    (``ddp``: no wrapper there) whatever the size: FSDP on a world of one shards nothing (only CPU offload gives
+    it a use, which the escalation reaches when nothing fits on the GPU)."""
     n = spec.total_params
-    band = "small" if n < SMALL_MODEL else "medium" if n <= LARGE_MODEL else "large"
-    return kind(strategy="ddp" if band == "small" else "zero3", num_params=n, band=band)
+    band = ("one-gpu" if world == 1 else "small" if n < SMALL_MODEL else "medium" if n <= LARGE_MODEL else "large")
+    return kind(strategy="ddp" if band in ("small", "one-gpu") else "zero3", num_params=n, band=band)
 
 
 def checkpointing(cand: Candidate) -> r.Checkpointing:
@@ -49,14 +51,14 @@ def checkpointing(cand: Candidate) -> r.Checkpointing:
 
 
 def choose_fastest(
-    spec: ModelSpec, candidates: list[Candidate], *, global_batch_size: int | None = None
+    spec: ModelSpec, candidates: list[Candidate], *, global_batch_size: int | None = None, world: int = 0
 ) -> tuple[Recommendation | None, list[str]]:
     """``--policy fastest``: among candidates that fit, the most tokens per second (the least time per
     global batch, which gradient accumulation keeps fixed); the 'why' compares it with the default."""
     fitting = [c for c in candidates if c.fits and c.step_time is not None]
     if not fitting:
-        return choose(spec, candidates)
-    default = default_strategy(spec)[0]
+        return choose(spec, candidates, world=world)
+    default = default_strategy(spec, world=world)[0]
     best = rank_by_time([(c, c.step_time) for c in fitting])[0][1].tokens_per_s
     # Ties (within 0.5%) go to the size default, then to the strategy that communicates least.
     tied = [c for c in fitting if c.step_time.tokens_per_s >= best * 0.995]
@@ -69,9 +71,9 @@ def choose_fastest(
         why.append(explain_tradeoff((fastest.strategy, fastest.step_time), (base.strategy, base.step_time),
                                     global_batch_size=global_batch_size))
     elif base is None:
-        why.append(size_default(spec, r.SizeDefaultUnfit))
+        why.append(size_default(spec, r.SizeDefaultUnfit, world=world))
     else:
-        why.append(size_default(spec, r.AlsoSizeDefault))
+        why.append(size_default(spec, r.AlsoSizeDefault, world=world))
     return _recommend(fastest, tuple(why)), why
 
 
@@ -87,7 +89,7 @@ def _figures(cand: Candidate) -> r.Figures:
 
 
 def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
-                     headroom: float) -> tuple[Candidate, r.MarginChoice | None]:
+                     headroom: float, one_gpu: bool = False) -> tuple[Candidate, r.MarginChoice | None]:
     """Among fitting candidates as fast as ``chosen`` (tokens/s within ``SAME_SPEED``), the one a
     practitioner runs, and the reason that says why in numbers (None when no peer is as fast).
 
@@ -119,7 +121,7 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
     runner_up = chosen if best is not chosen else min((c for c in peers if c is not best), key=key)
     roomy_ = "chosen-only" if roomy(best) and not roomy(runner_up) else "both" if roomy(best) else "neither"
     return best, r.MarginChoice(chosen=_figures(best), runner_up=_figures(runner_up), same_speed=SAME_SPEED,
-                                headroom=headroom, roomy=roomy_)
+                                headroom=headroom, roomy=roomy_, one_gpu=one_gpu)
 
 
 def prefer_dominating(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, r.Dominates | None]:
@@ -140,7 +142,7 @@ def prefer_dominating(chosen: Candidate, fitting: list[Candidate]) -> tuple[Cand
 def choose(
     spec: ModelSpec, candidates: list[Candidate], *, only: StrategyName | None = None,
     headroom: float = TrainingConfig.model_fields["headroom"].default,
-    margin: str = TrainingConfig.model_fields["margin"].default,
+    margin: str = TrainingConfig.model_fields["margin"].default, world: int = 0,
 ) -> tuple[Recommendation | None, list[str]]:
     """The recommendation and the lines of 'why': size thresholds, then escalation, then the margin
     policy among plans as fast as that choice (``prefer_practical``)."""
@@ -152,7 +154,7 @@ def choose(
             return None, [_does_not_fit(cand)]
         requested = r.Requested(strategy=only)
         return _recommend(cand, (requested,)), [requested]
-    opening = size_default(spec)
+    opening = size_default(spec, world=world)
     default = opening.strategy
     why: list[r.Reason] = [opening]
     start = ESCALATION.index(default)
@@ -165,7 +167,7 @@ def choose(
         return None, why
     chosen, offload_note = _fastest_offload(chosen, fitting)
     size_choice = chosen
-    chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom)
+    chosen, comparison = prefer_practical(chosen, fitting, headroom=headroom, one_gpu=world == 1)
     chosen, dominating = prefer_dominating(chosen, fitting)
     figures = dict(strategy=size_choice.strategy, total_bytes=size_choice.memory_bytes.total,
                    capacity_bytes=size_choice.capacity_bytes, micro_batch_size=size_choice.micro_batch_size,

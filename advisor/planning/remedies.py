@@ -56,9 +56,11 @@ class _Change(BaseModel):
     mesh: ParallelDims | None = None
 
 
-def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidate | None) -> str | None:
+def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidate | None, *,
+                  world: int = 0) -> str | None:
     """Why remedies are listed (None: the plan needs none): no fit, offload, or a low MFU."""
-    default = next((c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None), None)
+    default = next((c for c in candidates if c.strategy == default_strategy(spec, world=world)[0] and c.mesh is None),
+                   None)
     if chosen is None:
         return "nothing fits"
     if offloads(chosen):
@@ -74,10 +76,11 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
                   chosen: Candidate | None) -> tuple[Remedy, ...]:
     """The remedies that help, ranked: those that keep the mathematics first; within each group the ones
     that fit on the GPUs alone, then the most tokens/s."""
-    reason = remedy_reason(spec, candidates, chosen)
+    reason = remedy_reason(spec, candidates, chosen, world=hw.world_size)
     if reason is None:
         return ()
-    default = next((c for c in candidates if c.strategy == default_strategy(spec)[0] and c.mesh is None), None)
+    default = next((c for c in candidates if c.strategy == default_strategy(spec, world=hw.world_size)[0]
+                    and c.mesh is None), None)
     ref = chosen if default is None or (default.fits and chosen is not None) else default
     if ref is None or not ref.available or ref.memory_bytes is None:
         return ()
@@ -135,9 +138,9 @@ def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate
     if not any(c.fits for c in candidates):
         candidates += [evaluate_candidate(spec, hw, training, name) for name in OFFLOAD]
     if training.policy == "fastest":
-        rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size)
+        rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size, world=hw.world_size)
     else:
-        rec, _ = choose(spec, candidates, headroom=training.headroom, margin=training.margin)
+        rec, _ = choose(spec, candidates, headroom=training.headroom, margin=training.margin, world=hw.world_size)
     if rec is None:
         return None
     return next(c for c in candidates if c.strategy == rec.strategy)

@@ -28,6 +28,8 @@ def _share(total: int, capacity: int) -> float:
 def size_rationale(x: r.SizeBand) -> str:
     """``7.62B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)``."""
     billions = x.num_params / 1e9
+    if x.band == "one-gpu":
+        return f"{billions:.3g}B parameters on one GPU: nothing to shard or replicate, the plain model"
     if x.band == "small":
         return f"{billions:.2g}B parameters (< 1B): replicas fit, DDP communicates least"
     if x.band == "medium":
@@ -83,7 +85,8 @@ def _margin(x: r.MarginChoice) -> str:
     best = x.chosen.strategy
     because = {
         "chosen-only": f"only {best} stays within {limit} of memory (the {x.headroom:.0%} headroom policy)",
-        "both": f"both stay within {limit} of memory and {best} communicates less",
+        "both": (f"both stay within {limit} of memory and {best} " + ("needs no wrapper (one GPU)" if x.one_gpu
+                                                                         and best == "ddp" else "communicates less")),
         "neither": (f"neither stays within {limit} of memory (the {x.headroom:.0%} headroom policy), so the "
                     "size-threshold choice stands"),
     }[x.roomy]
@@ -315,7 +318,8 @@ def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:
 # Keyed by class name, not class: naming every class here would import the mesh reasons on every plan
 # (advisor.planning.reasons loads them on first use).
 _RENDER: dict[str, Callable] = {
-    "SizeDefault": lambda x: f"Default from size: {x.strategy} ({size_rationale(x)}).",
+    "SizeDefault": lambda x: (f"Default on one GPU: {x.strategy} ({size_rationale(x)})." if x.band == "one-gpu"
+                              else f"Default from size: {x.strategy} ({size_rationale(x)})."),
     "SizeDefaultUnfit": lambda x: f"The size default {x.strategy} ({size_rationale(x)}) does not fit.",
     "AlsoSizeDefault": lambda x: f"It is also the size default ({size_rationale(x)}).",
     "DefaultFits": _default_fits,

@@ -13,7 +13,8 @@ from advisor.planning.reasons.base import FitFigures, ReasonModel
 class SizeBand(ReasonModel):
     strategy: str = Field(description="The size-threshold default.")
     num_params: int = Field(description="The model's parameters.")
-    band: Literal["small", "medium", "large"] = Field(description="< 1B, 1-10B, > 10B parameters.")
+    band: Literal["small", "medium", "large", "one-gpu"] = Field(description="< 1B, 1-10B, > 10B parameters; "
+                                                                 "one-gpu: a single GPU, whatever the size.")
 
 
 class SizeDefault(SizeBand):
@@ -112,6 +113,8 @@ class MarginChoice(ReasonModel):
     same_speed: float = Field(description="Tokens/s within this fraction count as as fast.")
     headroom: float = Field(description="The memory share a comfortable plan leaves free.")
     roomy: Literal["chosen-only", "both", "neither"] = Field(description="Which stay within 1 - headroom.")
+    one_gpu: bool = Field(default=False, exclude_if=lambda on: not on,
+                          description="A single GPU: nothing communicates; the plain model needs no wrapper.")
 
 
 class Dominates(ReasonModel):

@@ -219,7 +219,8 @@ print("wrapped without complaint")
 def _launch_two(script: str, attempts: int = 2, **launch_env: str) -> list[tuple[int, str, str]]:
     """Run ``script`` as 2 ranks with the variables ``accelerate launch`` sets; (returncode, out, err) each.
     A launch whose ranks never meet (the free port taken by another test's process between ``free_port`` and the
-    rendezvous: seen once, under ``bash .ci/drift`` on 2026-11-27) is tried again on a new port."""
+    rendezvous: seen once, under ``bash .ci/drift`` on 2026-11-27), or whose store could not bind that port, is tried
+    again on a new port."""
     for attempt in range(attempts):
         port = str(free_port())
         procs = []
@@ -239,7 +240,12 @@ def _launch_two(script: str, attempts: int = 2, **launch_env: str) -> list[tuple
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
-        return [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+        results = [(proc.returncode, out, err) for proc, (out, err) in zip(procs, outputs)]
+        port_taken = any(code != 0 and ("Address already in use" in err or "EADDRINUSE" in err)
+                         for code, _, err in results)
+        if port_taken and attempt + 1 < attempts:
+            continue
+        return results
     raise AssertionError("unreachable")
 
 

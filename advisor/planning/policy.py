@@ -88,6 +88,12 @@ def _figures(cand: Candidate) -> r.Figures:
                      tokens_per_s=cand.step_time.tokens_per_s)
 
 
+def as_fast(a: float, b: float) -> bool:
+    """Two throughputs count as the same speed: within ``SAME_SPEED`` of the faster one, whichever is asked about
+    first (so 'as fast' and 'faster' never both hold of one pair)."""
+    return abs(a - b) <= SAME_SPEED * max(a, b)
+
+
 def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
                      headroom: float, one_gpu: bool = False) -> tuple[Candidate, r.MarginChoice | None]:
     """Among fitting candidates as fast as ``chosen`` (tokens/s within ``SAME_SPEED``), the one a
@@ -106,8 +112,7 @@ def prefer_practical(chosen: Candidate, fitting: list[Candidate], *,
     # and calling it "as fast" would misstate the numbers printed beside it.
     # A GPU-only choice has GPU-only peers: offload is for when nothing fits on the GPUs alone.
     peers = [c for c in fitting if c.strategy in ESCALATION and c.step_time is not None
-             and abs(c.step_time.tokens_per_s - speed) <= SAME_SPEED * speed
-             and (offloads(chosen) or not offloads(c))]
+             and as_fast(c.step_time.tokens_per_s, speed) and (offloads(chosen) or not offloads(c))]
     if len(peers) < 2:
         return chosen, None
 
@@ -132,7 +137,8 @@ def prefer_dominating(chosen: Candidate, fitting: list[Candidate]) -> tuple[Cand
         return chosen, None
     speed, total = chosen.step_time.tokens_per_s, chosen.memory_bytes.total
     better = [c for c in fitting if c.strategy in ESCALATION and not offloads(c) and c.step_time is not None
-              and c.step_time.tokens_per_s > (1 + SAME_SPEED) * speed and c.memory_bytes.total <= total]
+              and c.step_time.tokens_per_s > speed and not as_fast(c.step_time.tokens_per_s, speed)
+              and c.memory_bytes.total <= total]
     if not better:
         return chosen, None
     best = max(better, key=lambda c: (c.step_time.tokens_per_s, -ESCALATION.index(c.strategy)))

@@ -210,7 +210,8 @@ def choose(
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
     alternatives = tuple(r.AlsoFits(strategy=c.strategy, total_bytes=c.memory_bytes.total,
                                     capacity_bytes=c.capacity_bytes, micro_batch_size=c.micro_batch_size,
-                                    step_s=c.step_time.step_s if c.step_time else None) for c in cheaper)
+                                    step_s=c.step_time.step_s if c.step_time else None, one_gpu=world == 1)
+                         for c in cheaper)
     why.extend(alternatives)
     return _recommend(chosen, tuple(reason_lines), alternatives), why
 

@@ -85,8 +85,7 @@ def _margin(x: r.MarginChoice) -> str:
     best = x.chosen.strategy
     because = {
         "chosen-only": f"only {best} stays within {limit} of memory (the {x.headroom:.0%} headroom policy)",
-        "both": (f"both stay within {limit} of memory and {best} " + ("needs no wrapper (one GPU)" if x.one_gpu
-                                                                         and best == "ddp" else "communicates less")),
+        "both": f"both stay within {limit} of memory and {best} {_simpler(best, x.one_gpu)}",
         "neither": (f"neither stays within {limit} of memory (the {x.headroom:.0%} headroom policy), so the "
                     "size-threshold choice stands"),
     }[x.roomy]
@@ -120,10 +119,18 @@ def _checkpointing_for_headroom(x: r.CheckpointingForHeadroom) -> str:
             f"{x.headroom:.0%} headroom ({x.tokens_per_s:,.0f} tokens/s; this plan {x.chosen_tokens_per_s:,.0f}).")
 
 
+def _simpler(strategy: str, one_gpu: bool) -> str:
+    """Why a strategy earlier in the escalation order is the simpler one: it communicates less; on one GPU, where
+    nothing communicates, the plain model needs no wrapper and the others come earlier in that order."""
+    if not one_gpu:
+        return "communicates less"
+    return "needs no wrapper (one GPU)" if strategy == "ddp" else "comes earlier in the escalation order (one GPU)"
+
+
 def _also_fits(x: r.AlsoFits) -> str:
     step = f", {x.step_s:.2f} s/step" if x.step_s is not None else ""
     return (f"{x.strategy} also fits ({_share(x.total_bytes, x.capacity_bytes):.0%} of memory, micro-batch "
-            f"{x.micro_batch_size}{step}) and communicates less")
+            f"{x.micro_batch_size}{step}) and {_simpler(x.strategy, x.one_gpu)}")
 
 
 def _fastest(x: r.FastestPolicy) -> str:

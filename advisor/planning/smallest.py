@@ -19,7 +19,7 @@ from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.render import render
-from advisor.strategies import StrategyName
+from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 
 
@@ -88,12 +88,24 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         if count is not None:
             found.append((count, order, name))
     if meshes is not None:  # a mesh only matters below the data-parallel answer: counts below it, in order
+        from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
+
+        impl = STRATEGIES["zero3"].on(training.engine)
+
+        def runs(mesh: ParallelDims) -> bool:
+            """The job can run on ``mesh`` (a tp mesh refuses --loss fused, for one): the search skips the rest."""
+            try:
+                check_mesh_support(spec, relaxed, impl, mesh)
+            except ValueError:
+                return False
+            return True
+
         limit = min((count for count, _, _ in found), default=None)
         counts = [*range(hardware.world_size + 1, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
         for count in (c for c in counts if c > hardware.world_size and (limit is None or c < limit)):
             cluster = at_count(hardware, count, per_node)
-            fitting = next((m for m in meshes(cluster) if evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits),
-                           None)
+            fitting = next((m for m in meshes(cluster)
+                            if runs(m) and evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits), None)
             if fitting is not None:
                 return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting, reason=r.SmallestFitFound(
                     num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=fitting.label))

@@ -190,3 +190,17 @@ def test_as_fast_and_faster_never_both_hold_of_one_pair():
     assert result.recommendation.strategy == "ddp"
     assert not any("faster (by more than 3%)" in line for line in result.why)
     assert "dominates" not in [x.kind for x in result.reasons]
+
+
+def test_smallest_fit_skips_meshes_the_job_cannot_run_on():
+    """Llama-3.1-70B at 8,192 tokens with --loss fused on 2 A10Gs: nothing fits, and the smallest-fit search
+    evaluated a tp 2 mesh at 4 GPUs, where the fused kernel cannot take a vocabulary-split head, and the plan
+    ended in that mesh's ValueError (exit 2, naming a mesh the user never asked for). Now such meshes are skipped:
+    the answer is a count and a mesh the job can run on (no tp with the fused loss)."""
+    from advisor.planning.api import plan
+
+    result = plan("meta-llama/Llama-3.1-70B", "2xA10G", loss="fused", seq_len=8192, trace=False)
+    assert result.recommendation is None
+    smallest = result.smallest_fit
+    assert smallest is not None and smallest.num_gpus is not None and smallest.num_gpus > 2
+    assert smallest.mesh is None or smallest.mesh.tp == 1

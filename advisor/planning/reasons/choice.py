@@ -166,6 +166,8 @@ class AlsoFits(ReasonModel):
     capacity_bytes: int
     micro_batch_size: int
     step_s: float | None
+    one_gpu: bool = Field(default=False, exclude_if=lambda on: not on,
+                          description="A single GPU: nothing communicates; the plain model needs no wrapper.")
 
 
 class Requested(ReasonModel):

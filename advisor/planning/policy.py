@@ -190,7 +190,8 @@ def choose(
     if offload_note is not None:
         why.append(offload_note)
     reason_lines = why[1:]
-    for found in (comparison, dominating):
+    # A plan the dominance rule replaced is no longer the subject: the headroom comparison that chose it is dropped.
+    for found in (comparison if dominating is None else None, dominating):
         if found is not None:
             why.append(found)
             reason_lines = why[1:]

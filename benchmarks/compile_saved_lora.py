@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.saved_tensors import graph_recorder  # noqa: E402
+from tests.saved_tensors import inductor_saved  # noqa: E402
 
 
 def lora_block(*, hidden: int, intermediate: int, heads: int, kv_heads: int, targets: tuple[str, ...], rank: int,
@@ -80,23 +80,7 @@ def saved(layer, *, hidden: int, heads: int, seq: int, compiled: bool, autocast:
             rows = _rows([("eager", t) for t in packed], seq, skip)
             out.sum().backward()
             return rows
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._inductor.compile_fx import partition_fn
-        from torch._inductor.decomposition import select_decomp_table
-
-        graphs, keep = graph_recorder()
-        backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition_fn,
-                               decompositions=select_decomp_table())
-        torch._dynamo.reset()
-        torch.compile(block, backend=backend)(x).sum().backward()
-    nodes = list(graphs["fw"].graph.nodes)
-    tangents = sum(1 for n in graphs["bw"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
-    shared = {tuple(cos.shape)}
-    tensors = []
-    for node in nodes[-1].args[0][tangents:]:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and tuple(val.shape) not in shared:
-            tensors.append((f"{node.target if node.op == 'call_function' else 'input'} ({node.name})", val))
+        tensors = inductor_saved(block, x, skip_shapes={tuple(cos.shape)})
     return _rows(tensors, seq, set())
 
 

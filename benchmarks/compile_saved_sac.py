@@ -21,13 +21,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.saved_tensors import graph_recorder  # noqa: E402
+from tests.saved_tensors import inductor_saved  # noqa: E402
 
 
 def compiled_sac_saved(*, hidden: int, intermediate: int, heads: int, kv_heads: int, seq: int):
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.compile_fx import partition_fn
-    from torch._inductor.decomposition import select_decomp_table
     from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
@@ -57,22 +54,11 @@ def compiled_sac_saved(*, hidden: int, intermediate: int, heads: int, kv_heads: 
         return checkpoint(lambda y: layer(y, position_embeddings=(cos, sin)), x, use_reentrant=False,
                           context_fn=context)
 
-    graphs, keep = graph_recorder()
-    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition_fn,
-                           decompositions=select_decomp_table())
     x = torch.randn(1, seq, hidden, dtype=torch.bfloat16, requires_grad=True)
-    torch.compile(block, backend=backend)(x).sum().backward()
-    nodes = list(graphs["fw"].graph.nodes)
-    tangents = sum(1 for n in graphs["bw"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
-    shared = {tuple(cos.shape)}
-    rows = []
-    for node in nodes[-1].args[0][tangents:]:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or seq not in val.shape or tuple(val.shape) in shared:
-            continue  # parameters (no token dimension), the shared cos/sin
-        rows.append((f"{node.target if node.op == 'call_function' else 'input x'} ({node.name})", tuple(val.shape),
-                     val.dtype, val.numel() * val.element_size()))
-    return rows
+    # parameters (no token dimension) and the shared cos/sin left out
+    return [(label, tuple(val.shape), val.dtype, val.numel() * val.element_size())
+            for label, val in inductor_saved(block, x, skip_shapes={tuple(cos.shape)}, input_label="input x")
+            if seq in val.shape]
 
 
 def main(argv=None) -> int:

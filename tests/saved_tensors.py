@@ -145,6 +145,31 @@ def graph_recorder():
     return graphs, keep
 
 
+def inductor_saved(fn, x: torch.Tensor, *, skip_shapes: set, input_label: str = "input") -> list[tuple[str, torch.Tensor]]:
+    """(label, value) of each tensor the forward graph of ``torch.compile(fn)`` saves for backward, compiled through an
+    ``aot_autograd`` backend on inductor's decompositions and ``partition_fn`` whose compilers return the graphs:
+    the forward graph's outputs beyond the user's output (the backward graph's inputs other than its tangents),
+    shapes in ``skip_shapes`` left out. Labelled by the op (and node) that made each, ``input_label`` for a graph
+    input. Real tensors (dynamo does not take fake inputs here)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs, keep = graph_recorder()
+    backend = aot_autograd(fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=partition_fn,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(x).sum().backward()
+    nodes = list(graphs["fw"].graph.nodes)
+    tangents = sum(1 for n in graphs["bw"].graph.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
+    out = []
+    for node in nodes[-1].args[0][tangents:]:
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor) and tuple(val.shape) not in skip_shapes:
+            out.append((f"{node.target if node.op == 'call_function' else input_label} ({node.name})", val))
+    return out
+
+
 def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, autocast: bool = False) -> list[tuple[str, tuple, torch.dtype, int]]:
     """(op, shape, dtype, bytes) of each distinct storage the partitioned forward graph saves for backward.
     ``inductor``: inductor's decompositions and partition_fn (its joint-graph passes first); False: the bare

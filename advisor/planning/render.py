@@ -87,7 +87,7 @@ def _margin(x: r.MarginChoice) -> str:
         "chosen-only": f"only {best} stays within {limit} of memory (the {x.headroom:.0%} headroom policy)",
         "both": f"both stay within {limit} of memory and {best} {_simpler(best, x.one_gpu)}",
         "neither": (f"neither stays within {limit} of memory (the {x.headroom:.0%} headroom policy), so the "
-                    "size-threshold choice stands"),
+                    + ("one-GPU default stands" if x.one_gpu else "size-threshold choice stands")),
     }[x.roomy]
     return (f"{best} rather than {x.runner_up.strategy}: {_figures(x.chosen, first=True)} vs "
             f"{_figures(x.runner_up, first=False)}; as fast (within {x.same_speed:.0%}) and {because}.")

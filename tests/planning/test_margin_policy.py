@@ -57,6 +57,8 @@ def test_neither_comfortable_keeps_the_size_choice():
     assert reason.roomy == "neither" and reason.runner_up.total_bytes == 97 * 2**30
     assert chosen is zero3 and "zero3 95% of memory" in why and "zero2 97%" in why
     assert "size-threshold choice stands" in why
+    _, alone = prefer_practical(zero3, [zero2, zero3], headroom=0.10, one_gpu=True)
+    assert render(alone).endswith("so the one-GPU default stands.")  # one GPU: no size threshold chose it
 
 
 def test_a_much_faster_plan_is_not_a_peer_either():

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import plan_kwargs, plan_options
+from advisor.cli.options import chart_path, plan_kwargs, plan_options
 
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_FITS = 3
@@ -82,7 +82,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
-@click.option("--chart", "chart_file", metavar="FILE", help="Also write the per-strategy bars (FILE.svg, or .html).")
+@click.option("--chart", "chart_file", metavar="FILE", callback=chart_path,
+              help="Also write the per-strategy bars (FILE.svg, or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print memory per component, bars, every reason and assumption.")
 def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbose: bool, from_file: str | None,

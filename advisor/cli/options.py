@@ -8,6 +8,7 @@ and the Literals of ``advisor.training``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable, get_args
 
 import click
@@ -49,6 +50,18 @@ def _micro_batch(value: str | None) -> int | None:
     if number < 1:
         raise click.BadParameter("must be at least 1", param_hint="--micro-batch")
     return number
+
+
+CHART_SUFFIXES = (".svg", ".html", ".htm")
+
+
+def chart_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A chart file's name: the charts are SVG (or SVG in an HTML page), so another suffix such as .png is
+    refused before any work rather than written as SVG under a name that says otherwise."""
+    if value is not None and not value.lower().endswith(CHART_SUFFIXES):
+        raise click.BadParameter(f"the chart is written as SVG or HTML: name the file .svg or .html, "
+                                 f"not '{Path(value).name[:40]}'", param_hint=f"--{param.name.split('_')[0]}")
+    return value
 
 
 PLAN_OPTIONS: list[Callable] = [

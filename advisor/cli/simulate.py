@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from advisor.cli.options import plan_kwargs, plan_options
+from advisor.cli.options import chart_path, plan_kwargs, plan_options
 from advisor.units import GIB
 
 _ROWS = ("params", "grads", "optimizer", "activations", "temporary", "peak_allocated")
@@ -73,7 +73,7 @@ def print_verification(result) -> None:
 @click.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
-@click.option("--timeline", "timeline_file", metavar="FILE",
+@click.option("--timeline", "timeline_file", metavar="FILE", callback=chart_path,
               help="Also write a chart of one GPU's memory over the step (FILE.svg, or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --timeline file.")
 def simulate(as_json: bool, timeline_file: str | None, force: bool, **options) -> None:

@@ -138,6 +138,16 @@ def test_a_bad_path_is_one_line_and_exit_2(command, tmp_path, capsys):
         assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("command", [[*SIMULATE, "--model", "Qwen/Qwen2.5-7B", "--timeline"],
+                                     ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "4xA100", "--chart"]])
+def test_a_chart_named_png_is_refused_not_written_as_svg(command, tmp_path, capsys):
+    """The charts are SVG: a .png name once got SVG content under it."""
+    chart = tmp_path / "chart.png"
+    code, out, err = run_main([*command, str(chart)], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and ".svg or .html" in err and "chart.png" in err, err
+    assert out == "" and not chart.exists()
+
+
 def test_many_blocks_get_group_labels_not_one_label_each():
     """A 32-block step (made by hand): every 4th block is numbered, and each run of blocks is bracketed."""
     from advisor.cli.charts import timeline_svg

@@ -85,6 +85,8 @@ def plan_of(case: dict, **overhead: float):
             options[key] = case[key]
     if case.get("compile"):  # memory as the compiled blocks save it where measured (compile_memory), else eager
         options["compile"] = True
+    if case.get("optimizer_in_backward"):  # torchtune's optimizer_in_bwd (advisor.estimate.in_backward)
+        options["optimizer_in_backward"] = True
     if case.get("quantize"):
         options.update(quantize=case["quantize"], double_quant=case.get("double_quant", True))
     if lora:

@@ -26,7 +26,9 @@ KINDS = {"allocated", "reserved", "active", "nvidia-smi", "unspecified", "traine
 # Sources added after these error bounds were measured; their errors are reported, not bounded here
 # (litgpt's 2023 resource tables: the FSDP LoRA and the QLoRA rows bounded by their own tests below;
 # benchmarks/results/published_memory.md).
-LATER = ("litgpt-rt-", "hfblog-", "alignment-", "llamafactory-", "peft-fsdp-", "lfissue", "litgptissue", "alpaca")
+LATER = ("litgpt-rt-", "hfblog-", "alignment-", "llamafactory-", "peft-fsdp-", "lfissue", "litgptissue", "alpaca",
+         # torchtune's 'Memory and training speed' rows, re-read at the table's commit (test below)
+         "torchtune-8b-lora-a6000", "torchtune-8b-full-a6000", "torchtune-70b-lora-")
 EXPRESSIBLE = [c for c in CASES if not c["not_expressible"] and c["kind"] not in ("trained", "oom")]
 
 
@@ -81,6 +83,22 @@ def test_litgpt_qlora_runs_within_ten_percent_with_what_their_code_held():
     without = [_error({k: v for k, v in c.items() if k != "publisher_code"}) for c in cases]
     assert all(-0.10 <= e <= 0.10 for e in with_code), with_code
     assert all(e < -0.20 for e in without), without
+
+
+def test_torchtune_a6000_rows_read_at_the_tables_commit():
+    """torchtune's README table (added at 30b8519e, 2024-09-24) lists Llama 3.1 8B LoRA and full fine-tunes at
+    30.3 and 37.4 GiB on an A6000, beside 16.2 and 18.9 GiB for the same recipes on a 4090. Read with the configs
+    of that commit (LoRA on q_proj and v_proj only; PagedAdamW8bit with optimizer_in_bwd) and without activation
+    checkpointing on the 48 GB card, the estimated peak allocated is within 3% of both figures (measured -1.2% and
+    -2.3%); with checkpointing on, as the configs default, both fall more than 30% short. The figure's kind is not
+    stated, so the benchmark compares it with reserved (+9.9% / +8.5%); this test checks the reading."""
+    for case_id in ("torchtune-8b-lora-a6000", "torchtune-8b-full-a6000"):
+        case = _case(case_id)
+        assert case["activation_checkpointing"] == "off" and not case["not_expressible"]
+        allocated = estimate(case).allocated / published_bytes(case) - 1
+        assert -0.03 <= allocated <= 0.03, (case_id, allocated)
+        with_ac = estimate({**case, "activation_checkpointing": "on"}).allocated / published_bytes(case) - 1
+        assert with_ac < -0.30, (case_id, with_ac)
 
 
 def test_publisher_code_names_are_documented_with_sources():

@@ -303,9 +303,12 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
     world = hw.world_size
     gather, grad = _dtype_bytes(training, impl)
     trainable_shard = spec.trainable_params / world
-    cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
-    if impl.engine == "torch":  # torch.optim on the CPU: the fused kernel (torch >= 2.4) is several times the for-loop
-        cpu_rate *= eff.offload.torch_cpu_adam_speedup[training.optimizer_implementation]
+    if impl.engine == "torch":  # torch.optim on the CPU, one thread a process (the launchers' OMP_NUM_THREADS=1)
+        cpu_rate = eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
+                                                   state_bytes=training.param_bytes,
+                                                   implementation=training.optimizer_implementation)
+    else:
+        cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
     cpu_step = trainable_shard * hw.gpus_per_node / cpu_rate
     if impl.offload_params:  # shards live on the CPU: upload before every gather, download gradients
         stored = training.param_bytes if impl.engine == "torch" else gather
@@ -315,6 +318,22 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
     # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.
     down = pcie_s(grad * trainable_shard, hw, eff)
     return Traffic(bwd=down, after_step=pcie_s(gather * trainable_shard, hw, eff)), cpu_step
+
+
+def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation, eff: EfficiencyProfile,
+                   seconds: float) -> str:
+    """What the CPU optimizer step's time rests on (``_offload``)."""
+    if impl.engine != "torch":
+        rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
+        return (f"CPU optimizer step {seconds:.2f} s: DeepSpeed's CPU-Adam at {rate / 1e9:.1f}G parameters/s a node "
+                "(the ZeRO-Offload paper's figure, an assumption)")
+    node = eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
+                                           state_bytes=training.param_bytes,
+                                           implementation=training.optimizer_implementation)
+    return (f"CPU optimizer step {seconds:.2f} s: torch AdamW ({training.optimizer_implementation}) on the CPU, "
+            f"one thread a process (the launchers' OMP_NUM_THREADS=1), {node / hw.gpus_per_node / 1e9:.2f}G "
+            "parameters/s each (measured on one 2024 AMD EPYC core; older server cores are slower; "
+            "the node's memory bandwidth caps them together)")
 
 
 def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
@@ -404,6 +423,8 @@ def estimate_step_time(
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
     notes = [n for n in (peak_note, f8[2]) if n]
+    if cpu_step:
+        notes.append(_cpu_step_note(hardware, training, impl, eff, cpu_step))
     if paged_s:
         from advisor.estimate.in_backward import paged_traffic_note
 

@@ -106,11 +106,28 @@ class OffloadEfficiency(_Frozen):
     pcie_link: dict[str, str] = Field(description="GPU name -> host link (an interconnect name).")
     default_pcie_link: str
     pcie_efficiency: float = Field(gt=0, le=1, description="Achieved / raw PCIe bandwidth.")
-    cpu_adam_params_per_s_per_node: dict[Engine, float] = Field(description="CPU optimizer throughput.")
-    torch_cpu_adam_speedup: dict[OptimizerImpl, float] = Field(description="torch's CPU AdamW step by implementation, "
-                                                                "relative to the for-loop rate of the torch row above.")
+    cpu_adam_params_per_s_per_node: dict[Engine, float] = Field(description="CPU optimizer throughput of an engine "
+                                                                "with its own CPU kernel (DeepSpeed's CPU-Adam).")
+    torch_cpu_adam_params_per_s_per_thread: dict[str, dict[OptimizerImpl, float]] = Field(
+        description="torch.optim.AdamW on one CPU thread: state dtype ('fp32', 'bf16') -> implementation -> "
+                    "parameters a second (benchmarks/cpu_optimizer.py).")
+    torch_cpu_threads_per_process: int = Field(ge=1, description="Threads each process steps with (the launchers' "
+                                                                  "OMP_NUM_THREADS).")
+    host_memory_gbps: dict[str, float] = Field(description="GPU name -> its node's CPU memory bandwidth (GB/s, peak).")
+    default_host_memory_gbps: float = Field(gt=0)
+    host_memory_efficiency: float = Field(gt=0, le=1, description="Achieved / peak CPU memory bandwidth.")
     source: str
     note: str | None = None
+
+    def torch_cpu_step_rate(self, *, gpu: str, processes: int, state_bytes: int, implementation: OptimizerImpl) -> float:
+        """Parameters a second a node's ``processes`` step together with torch.optim on the CPU: one thread's
+        rate times the threads, capped by the node's memory bandwidth over the bytes a parameter's step moves
+        (read parameter, gradient and two moments, write three: 7 x ``state_bytes``)."""
+        state = "fp32" if state_bytes >= 4 else "bf16"
+        threads = processes * self.torch_cpu_threads_per_process
+        compute = threads * self.torch_cpu_adam_params_per_s_per_thread[state][implementation]
+        bandwidth = self.host_memory_gbps.get(gpu, self.default_host_memory_gbps) * 1e9 * self.host_memory_efficiency
+        return min(compute, bandwidth / (7 * state_bytes))
 
 
 class OptimizerStepCost(_Frozen):

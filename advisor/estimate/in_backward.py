@@ -103,4 +103,5 @@ def optimizer_notes(training: TrainingConfig) -> list[str]:
 
 def paged_traffic_note(paged_on_cpu: int, seconds: float) -> str:
     return (f"paged optimizer state evicted to CPU RAM ({paged_on_cpu / GIB:.2f} GiB): {seconds:.2f} s of PCIe "
-            "traffic a step (in and out, not overlapped; an assumption)")
+            "traffic a step (evicted and fetched back at once over the full-duplex link, not hidden behind compute; "
+            "an assumption)")

@@ -372,7 +372,8 @@ def estimate_step_time(
 ) -> StepTime:
     """Seconds of one optimizer step, split into compute, communication and offload (module docstring).
     ``paged_on_cpu_bytes``: paged optimizer state the memory estimate evicted to CPU RAM
-    (``MemoryBreakdown.paged_on_cpu``), moved in and out over PCIe every step, not overlapped."""
+    (``MemoryBreakdown.paged_on_cpu``), moved out and back in over PCIe every step, the two directions at once (PCIe is full-duplex), not
+    hidden behind compute."""
     if micro_batch_size < 1 or gradient_accumulation_steps < 1:
         raise ValueError("micro-batch size and gradient accumulation steps must be at least 1")
     eff = efficiency or load_efficiency()
@@ -415,7 +416,8 @@ def estimate_step_time(
         comm_exposed = comm.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
     offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
-    paged_s = pcie_s(2 * paged_on_cpu_bytes, hardware, eff)  # advisor.estimate.in_backward: in and out, exposed
+    # advisor.estimate.in_backward: out and in at once over the full-duplex link, exposed (an assumption)
+    paged_s = pcie_s(paged_on_cpu_bytes, hardware, eff)
     offload_exposed += paged_s
     optimizer = _optimizer_s(spec, hardware, training, impl, eff)
     compute = accumulation * (fwd_s + bwd_s)

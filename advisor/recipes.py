@@ -125,6 +125,11 @@ class Recipe(BaseModel):
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
 
+    adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
+                                "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
+                                "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
+                                "unit holds its adapters too (advisor.estimate.fsdp1_buffers).")
+
     def __hash__(self) -> int:  # rows are unique by name (RecipeTable); ``sources`` is a dict
         return hash(self.name)
 
@@ -135,7 +140,7 @@ class Recipe(BaseModel):
             missing.append("zero_grad")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
-        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1")
+        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "adapter_units")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

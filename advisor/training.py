@@ -187,10 +187,12 @@ class TrainingConfig(BaseModel):
         has its own bytes (``advisor.estimate.quantized``) and DeepSpeed casts the whole module. FSDP1 flattens
         each unit's parameters into one tensor of one dtype (torch/distributed/fsdp/_flat_param.py
         ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype") and accelerate upcasts a
-        16-bit flat parameter to fp32 under mixed precision (accelerate/accelerator.py ``prepare_model``):
-        the base rests in fp32 there."""
+        16-bit flat parameter that requires grad to fp32 under mixed precision (accelerate/accelerator.py
+        ``prepare_model``): where a block's unit holds its adapters too, the base rests in fp32 there; where the
+        recipe gives the adapters units of their own (``Recipe.adapter_units``: the Trainer's PEFT wrap policy),
+        the base's units require no grad and stay as loaded."""
         return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
-                and self.recipe.frozen_base == "compute" and self.fsdp_version == 2)
+                and self.recipe.frozen_base == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
 
     @property
     def frozen_param_bytes(self) -> int:

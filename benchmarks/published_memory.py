@@ -76,11 +76,14 @@ def plan_of(case: dict, **overhead: float):
         recipe = case["stack"]
         if case.get("loss_compiled") is False:  # a stack whose recipe compiles its loss, at a release that did not
             recipe = get_recipe(recipe).model_copy(update={"compile_loss": False})
+        if case.get("frozen_base"):  # a script that loads the LoRA base in another dtype than its stack's default
+            base = get_recipe(recipe) if isinstance(recipe, str) else recipe
+            recipe = base.model_copy(update={"frozen_base": case["frozen_base"]})
         overhead = {"recipe": recipe, **overhead}
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))
-    for key in ("optimizer_impl", "attention", "bitsandbytes"):  # where the source's stack differs from the default
+    for key in ("optimizer_impl", "attention", "bitsandbytes", "fsdp_version"):  # where the source's stack differs
         if case.get(key):
             options[key] = case[key]
     if case.get("compile"):  # memory as the compiled blocks save it where measured (compile_memory), else eager

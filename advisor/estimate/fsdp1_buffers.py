@@ -25,6 +25,11 @@ What FSDP1 allocates, read from the installed torch (2.13) and accelerate:
 - use_orig_params=True lets one unit mix frozen and trainable parameters; the flat parameter then requires
   grad as a whole and its gradient (and fp32 gradient shard) covers the frozen part too
   (fully_sharded_data_parallel.py class docstring, ``use_orig_params``). A LoRA unit's gradient is the unit's.
+- Unless the stack gives the adapters units of their own (``Recipe.adapter_units``: HF Trainer sets PEFT's
+  ``fsdp_auto_wrap_policy``, every lora_A / lora_B its own unit): then a block's unit holds only frozen weights,
+  its FlatParameter requires no grad (no gradient, no reduce-scatter, no fp32 shard of one) and accelerate
+  leaves it in its loaded dtype (``TrainingConfig.low_precision_base``: bf16 from a bf16 checkpoint, which
+  needs no ``_mp_shard`` to gather from). The adapters' own units are too small to count apart.
 
 Pure: no torch import.
 """
@@ -43,20 +48,22 @@ def fsdp1_reduce_bytes(training: TrainingConfig) -> int:
     return 2 if training.mixed else training.param_bytes
 
 
-def fsdp1_trainable_units(spec: ModelSpec, *, layer: int, n_layers: int, outside: int) -> tuple[int, int]:
+def fsdp1_trainable_units(spec: ModelSpec, training: TrainingConfig, *, layer: int, n_layers: int,
+                          outside: int) -> tuple[int, int]:
     """(parameters with a gradient in the blocks, in the root) under use_orig_params: a unit with any
-    trainable parameter has a gradient for all of it. LoRA's adapters sit in every block; a frozen root
-    (LoRA's embeddings and head) has none."""
+    trainable parameter has a gradient for all of it. LoRA's adapters sit in every block, unless the stack
+    gives them units of their own (``Recipe.adapter_units``); a frozen root (LoRA's embeddings and head) has
+    none."""
     blocks = layer * n_layers - blocks_saving(spec)
     if spec.trainable_params >= spec.total_params:
         return blocks, outside
-    return (blocks if spec.trainable_params > 0 else 0), 0
+    return (blocks if spec.trainable_params > 0 and not training.recipe.adapter_units else 0), 0
 
 
-def fsdp1_gradient_params(spec: ModelSpec) -> int:
+def fsdp1_gradient_params(spec: ModelSpec, training: TrainingConfig) -> int:
     """Parameters with a gradient (the sharded fp32 gradient the optimizer steps beside): whole units."""
     layer, n_layers, outside = block_params(spec)
-    blocks, root = fsdp1_trainable_units(spec, layer=layer, n_layers=n_layers, outside=outside)
+    blocks, root = fsdp1_trainable_units(spec, training, layer=layer, n_layers=n_layers, outside=outside)
     return max(spec.trainable_params, blocks + root)
 
 
@@ -67,10 +74,13 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
     ub = 2 if training.mixed else pb
     rb = fsdp1_reduce_bytes(training)
     root = ub * outside  # unsharded from the root's pre-forward to the end of backward
-    h2d = pb * layer // world if impl.offload_params else 0
-    block_g, root_g = fsdp1_trainable_units(spec, layer=layer, n_layers=n_layers, outside=outside)
+    block_g, root_g = fsdp1_trainable_units(spec, training, layer=layer, n_layers=n_layers, outside=outside)
+    # A block's unit as stored: a frozen one (adapters in units of their own) stays in its loaded dtype.
+    stored = pb if block_g else training.frozen_param_bytes
+    h2d = stored * layer // world if impl.offload_params else 0
     per_block_g = -(-block_g // n_layers) if block_g else 0
-    low = ub if training.mixed else 0  # the bf16 shard a unit gathers from (``_mp_shard``), per parameter
+    # the bf16 shard a unit gathers from (``_mp_shard``), per parameter; none where the unit is stored in bf16
+    low = ub if training.mixed and stored != ub else 0
     if impl.reshard_after_forward:
         # FULL_SHARD: the root's pre-backward (on the loss) prefetches the last block; in a block's backward
         # that block and the one prefetched below it are unsharded.
@@ -101,7 +111,7 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
                 grads_at_backward_end=-(-pb * block_g // world))
 
 
-def fsdp1_lower_blocks(training: TrainingConfig, impl: Implementation, world: int, *, layer: int,
+def fsdp1_lower_blocks(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *, layer: int,
                        n_layers: int) -> dict[str, int]:
     """The ``StrategyBuffers`` fields for the blocks below the top one (``block_backward_buffers``). A block's
     post-backward hook reduce-scatters its gradient at once and frees it (_runtime_utils.py ``_reduce_grad``:
@@ -112,5 +122,6 @@ def fsdp1_lower_blocks(training: TrainingConfig, impl: Implementation, world: in
     ``num_blocks`` counts the n - 1 blocks that have one. SHARD_GRAD_OP frees each block's unsharded
     parameters after its backward (``_should_free_in_backward``), more than its shard: the top block is the
     worst. Measured on the FSDP1 simulated step (advisor.simulate.fsdp1_step; tests/estimate/test_fsdp1.py)."""
-    done = -(-training.param_bytes * layer // world)
+    block_g, _ = fsdp1_trainable_units(spec, training, layer=layer, n_layers=n_layers, outside=0)
+    done = -(-training.param_bytes * layer // world) if block_g else 0
     return dict(below_top=0, per_block_done=done, num_blocks=max(1, n_layers - 1) if impl.reshard_after_forward else 1)

@@ -112,7 +112,7 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
         if training.fsdp_version == 1:  # a flat parameter's gradient covers its frozen part too (fsdp1_buffers)
             from advisor.estimate.fsdp1_buffers import fsdp1_gradient_params
 
-            t = fsdp1_gradient_params(spec)
+            t = fsdp1_gradient_params(spec, training)
         elif spec.num_experts:  # FSDP2 pads the experts' dim 0 to world x ceil(E / world) rows
             from advisor.estimate.strategy_buffers import expert_shard_padding, routed_expert_params
 

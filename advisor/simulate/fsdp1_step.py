@@ -29,12 +29,14 @@ Imports torch; the planning path never imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 import weakref
 from typing import Any
 
-from advisor.simulate.fake_env import cuda_dropout, fake_process_group, kernel_scratch, unpacked_batches
+from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_process_group, kernel_scratch,
+                                       unpacked_batches)
 from advisor.simulate.measure import DispatchObserver
 from advisor.simulate.model import build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config
 from advisor.strategies import get_strategy
@@ -61,7 +63,8 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
     _, cfg = resolve_config(model)
     meta = meta_model(cfg, training)
     # Real tensors (see the module docstring: FSDP1 compares storages by data_ptr, 0 for every fake tensor).
-    with fake_process_group(world_size), unpacked_batches(), cuda_dropout(), kernel_scratch():
+    with fake_process_group(world_size), unpacked_batches(), cuda_dropout(), kernel_scratch(), \
+            cuda_autocast_policy(training):
         frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
         materialize(meta, device="cpu", real=True,
                     dtype=torch.bfloat16 if training.precision == "bf16" else None, frozen_dtype=frozen)
@@ -70,7 +73,15 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
         net = _wrap_fsdp1(meta, strategy, training, checkpointing)
         opt = build_optimizer([p for p in net.parameters() if p.requires_grad], training)
         ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
-        _step(net, opt, ids, None)
+        # Adapters in units of their own: PEFT casts a LoRA layer's input to lora_A's weight dtype, read outside
+        # lora_A's unit (its fp32 shard), while the unit computes in bf16; accelerate's autocast around the forward
+        # (accelerate/accelerator.py prepare_model, mixed_precision bf16) reconciles them, so it runs here too.
+        cast = None
+        if training.lora is not None and training.recipe.adapter_units and training.mixed:
+            from wrappers.recipe import autocast_context
+
+            cast = autocast_context(training.precision, "cpu", cache_enabled=training.recipe.autocast_cache)
+        _step(net, opt, ids, None, cast)
         counter = FlatLiveBytes([p for p in net.parameters()], opt, resizable=_flat_buffers(net))
         moments: dict[str, int] = {}
 
@@ -79,7 +90,7 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
 
         hooks = _moment_hooks(net, close)
         with counter:
-            _step(net, opt, ids, lambda phase: close(_PHASE_ENDS[phase]))
+            _step(net, opt, ids, lambda phase: close(_PHASE_ENDS[phase]), cast)
         for hook in hooks:
             hook.remove()
     return {"peak_allocated": max(moments.values()), "phase_peaks": _phase_peaks(moments), "moments": moments,
@@ -183,8 +194,15 @@ def _wrap_fsdp1(net: Any, strategy: str, training: TrainingConfig, checkpointing
     if training.mixed:
         dtype = getattr(torch, training.precision_info.compute_dtype)
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=kinds)
+    if training.lora is not None and training.recipe.adapter_units:
+        # HF Trainer's PEFT policy (transformers/distributed/fsdp.py update_fsdp_plugin_peft): every lora_A /
+        # lora_B its own unit, or'd with the decoder layers, whose units then hold only the frozen base.
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(net)
     wrapped = FSDP(net, sharding_strategy=ShardingStrategy[SHARDING[strategy]], mixed_precision=mixed,
-                   auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=kinds),
+                   auto_wrap_policy=policy,
                    backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True, use_orig_params=True,
                    device_id=torch.device("cpu"))
     if checkpointing:
@@ -194,9 +212,10 @@ def _wrap_fsdp1(net: Any, strategy: str, training: TrainingConfig, checkpointing
     return wrapped
 
 
-def _step(net: Any, opt: Any, ids: Any, mark: Any) -> None:
+def _step(net: Any, opt: Any, ids: Any, mark: Any, cast: Any = None) -> None:
     mark = mark or (lambda phase: None)
-    loss = net(input_ids=ids, labels=ids).loss
+    with cast or contextlib.nullcontext():
+        loss = net(input_ids=ids, labels=ids).loss
     mark("forward")
     loss.backward()
     del loss

@@ -359,7 +359,8 @@ def _row(case: dict) -> tuple[str, float, bool | None]:
     return row, err, inside
 
 
-def _head(clean: list[tuple[dict, float]], flagged: list[tuple[dict, float]], ranged: list[bool]) -> list[str]:
+def _head(clean: list[tuple[dict, float]], flagged: list[tuple[dict, float]],
+          ranged: list[tuple[dict, bool]]) -> list[str]:
     """The results file's title, what is compared with what, and the summaries."""
     # The uncalibrated overhead, 1 GiB + 5%, which was all of the runtime overhead then (context_gib=0).
     before = [_pct(estimate(c, reserve_gib=1.0, fragmentation=0.05, context_gib=0).reserved, published_bytes(c))
@@ -391,12 +392,23 @@ def _head(clean: list[tuple[dict, float]], flagged: list[tuple[dict, float]], ra
         *_by_group(clean),
         f"- cases with settings we cannot express (estimated without them): {_summary([e for _, e in flagged])}",
         f"- every case: {_summary([e for _, e in clean + flagged])}",
-        f"- published reserved, unspecified and nvidia-smi figures inside the plan's low-high range (in sample: the "
-        f"table was built from these cases too; held out by source: the section after the per-source lines): "
-        f"{sum(ranged)} of {len(ranged)}",
+        _range_line(ranged),
         "",
         *SYSTEMATIC,
     ]
+
+
+def _range_line(ranged: list[tuple[dict, bool]]) -> str:
+    """How many published figures the plan's range holds, in sample, and of those whose settings we can express."""
+    expressible = [inside for case, inside in ranged if not case["not_expressible"]]
+    missed = sorted(case["id"] for case, inside in ranged if case["not_expressible"] and not inside)
+    line = (f"- published reserved, unspecified and nvidia-smi figures inside the plan's low-high range (in sample: the "
+            f"table was built from these cases too; held out by source: the section after the per-source lines): "
+            f"{sum(inside for _, inside in ranged)} of {len(ranged)}; of those whose settings we can express "
+            f"{sum(expressible)} of {len(expressible)}")
+    if missed:
+        line += f" (outside: {', '.join(missed)}, estimated without settings we cannot express)"
+    return line
 
 
 def report(cases: list[dict]) -> str:
@@ -414,7 +426,7 @@ def report(cases: list[dict]) -> str:
             ranged.append((case, inside))
         lines.append(row)
         print(row, flush=True)
-    return "\n".join(_head(clean, flagged, [r for _, r in ranged]) + by_source_and_stack(clean + flagged, ranged, boundary)
+    return "\n".join(_head(clean, flagged, ranged) + by_source_and_stack(clean + flagged, ranged, boundary)
                      + [""] + range_coverage.lines() + lines) + "\n"
 
 

@@ -140,7 +140,8 @@ class Recipe(BaseModel):
             missing.append("zero_grad")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
-        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "adapter_units")
+        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
+                                      "adapter_units")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

@@ -81,7 +81,8 @@ def main() -> int:
             writer.writerows(rows)
         lines = ["# FSDP1 estimate vs FSDP1 simulated step", "",
                  "`python benchmarks/accuracy_fsdp1.py`: 2 ranks, micro-batch 1, bf16-mixed (accelerate's FSDP1 "
-                 "MixedPrecision: bf16 param/reduce/buffer), AdamW as each recipe steps it (torch foreach, trainer fused), full checkpointing, BACKWARD_PRE, "
+                 "MixedPrecision: bf16 param/reduce/buffer), AdamW as each recipe steps it (torch foreach, trainer "
+                 "fused), full checkpointing, BACKWARD_PRE, "
                  "limit_all_gathers, use_orig_params. Bytes per rank; per phase the largest moment. The trainer rows: "
                  "HF Trainer's PEFT wrap policy (every lora_A / lora_B its own unit, the layers' units only the frozen "
                  "base, loaded in bf16) and accelerate's autocast around the forward; the torch rows: each layer's "
@@ -93,7 +94,8 @@ def main() -> int:
                  + " | ".join(f"{m} sim / est" for m in MOMENTS) + " |",
                  "|---|---|---|---|---|---|---|---|---|" + "---|" * len(MOMENTS)]
         for r in rows:
-            lines.append(f"| {r['model']} | {r['strategy']} | {r['lora']} | {r['recipe']} | {r['seq_len']} | {r['simulated']:,} | "
+            lines.append(f"| {r['model']} | {r['strategy']} | {r['lora']} | {r['recipe']} | {r['seq_len']} | "
+                         f"{r['simulated']:,} | "
                          f"{r['estimated']:,} | {r['error_pct']} | {r['peak_moment']} | "
                          + " | ".join(f"{_n(r['sim_' + m])} / {_n(r['est_' + m])}" for m in MOMENTS) + " |")
         (RESULTS / "accuracy_fsdp1.md").write_text("\n".join(lines) + "\n")

@@ -372,8 +372,8 @@ def estimate_step_time(
 ) -> StepTime:
     """Seconds of one optimizer step, split into compute, communication and offload (module docstring).
     ``paged_on_cpu_bytes``: paged optimizer state the memory estimate evicted to CPU RAM
-    (``MemoryBreakdown.paged_on_cpu``), moved out and back in over PCIe every step, the two directions at once (PCIe is full-duplex), not
-    hidden behind compute."""
+    (``MemoryBreakdown.paged_on_cpu``), moved out and back in over PCIe every step, the two directions at once
+    (PCIe is full-duplex), not hidden behind compute."""
     if micro_batch_size < 1 or gradient_accumulation_steps < 1:
         raise ValueError("micro-batch size and gradient accumulation steps must be at least 1")
     eff = efficiency or load_efficiency()

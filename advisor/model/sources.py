@@ -108,6 +108,8 @@ def _read_local(path: Path) -> tuple[dict, str]:
         if file.stat().st_size > _MAX_CONFIG_BYTES:
             raise ValueError(f"{file.stat().st_size:,} bytes, more than a config.json holds")
         return _parse_json(file.read_text()), str(file.parent)
+    except json.JSONDecodeError as err:  # a file that is not a model config at all
+        raise ValueError(f"cannot read {file}: not a JSON config.json ({err.msg} at line {err.lineno})") from None
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {file}: {err}") from None
 

@@ -61,6 +61,13 @@ def test_a_negative_vision_width_is_refused(tmp_path, capsys):
     assert code == 2 and '"vision_config.out_hidden_size" is -3584; expected a positive integer' in _one_line(err)
 
 
+def test_a_file_that_is_not_json_is_named_as_such(tmp_path, capsys):
+    """A text file passed as the model (say /etc/passwd): one line that says it is not a JSON config."""
+    (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    code, _, err = run_main(["plan", "-m", str(tmp_path / "passwd"), "-g", "2xA100"], capsys)
+    assert code == 2 and "not a JSON config.json (Expecting value at line 1)" in _one_line(err)
+
+
 def test_json_nested_100k_deep_is_refused(tmp_path, capsys):
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     code, _, err = run_main(["plan", "-m", str(tmp_path), "-g", "2xA100"], capsys)

@@ -148,6 +148,9 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
             click.echo(f"advisor: note: fill in {', '.join(missing)} in {config_file} before launching", err=True)
         if refusal:
             click.echo(f"advisor: note: advisor launch would refuse to run this here: {refusal}", err=True)
+        if not Path(script).is_file():
+            click.echo(f"advisor: note: {script}: no such file here; advisor launch checks it before writing "
+                       "anything", err=True)
         click.echo(f"advisor: note: --dry-run wrote nothing; advisor launch writes {config_file} (advisor export "
                    "-o - shows it)", err=True)
         click.echo(format_command(command))

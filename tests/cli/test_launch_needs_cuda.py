@@ -90,6 +90,16 @@ def test_a_missing_script_is_refused_before_anything_is_written(launched, monkey
     assert not (tmp_path / "accelerate_config.yaml").exists()
 
 
+def test_dry_run_says_the_script_is_missing(launched, monkeypatch, capsys, tmp_path):
+    """A dry run still prints the command, and says what the real launch would refuse: the missing script."""
+    _no_gpu(monkeypatch)
+    code, out, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--dry-run", "nonexistent.py"], capsys)
+    assert code == 0 and launched == [] and out.strip().endswith("nonexistent.py")
+    assert "nonexistent.py: no such file here" in err
+    code, _, err = _run(["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--dry-run", "train.py"], capsys)
+    assert code == 0 and "no such file" not in err
+
+
 def test_dry_run_writes_nothing(launched, monkeypatch, capsys, tmp_path):
     """So that the README's next line, a launch with other options, does not meet a stale config."""
     _no_gpu(monkeypatch)

@@ -35,13 +35,18 @@ BYTES_PER_PARAM = {"fp32": 28, "bf16": 14}
 
 
 def cpu_name() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family and model numbers (a VM may hide the model name) and
+    whether it has AVX-512."""
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        flags = fields.get("flags", "").split()
+        return (f"{fields.get('model name', 'unknown')} (cpu family {fields.get('cpu family', '?')}, model "
+                f"{fields.get('model', '?')}{', AVX-512' if 'avx512f' in flags else ''})")
     except OSError:
-        pass
-    return platform.processor() or "unknown"
+        return platform.processor() or "unknown"
 
 
 def measure(elements: int, repeats: int) -> dict[str, dict[str, float]]:

@@ -111,7 +111,7 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
                 grads_at_backward_end=-(-pb * block_g // world))
 
 
-def fsdp1_lower_blocks(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int, *, layer: int,
+def fsdp1_lower_blocks(training: TrainingConfig, impl: Implementation, world: int, *, layer: int,
                        n_layers: int) -> dict[str, int]:
     """The ``StrategyBuffers`` fields for the blocks below the top one (``block_backward_buffers``). A block's
     post-backward hook reduce-scatters its gradient at once and frees it (_runtime_utils.py ``_reduce_grad``:
@@ -122,6 +122,5 @@ def fsdp1_lower_blocks(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     ``num_blocks`` counts the n - 1 blocks that have one. SHARD_GRAD_OP frees each block's unsharded
     parameters after its backward (``_should_free_in_backward``), more than its shard: the top block is the
     worst. Measured on the FSDP1 simulated step (advisor.simulate.fsdp1_step; tests/estimate/test_fsdp1.py)."""
-    block_g, _ = fsdp1_trainable_units(spec, training, layer=layer, n_layers=n_layers, outside=0)
-    done = -(-training.param_bytes * layer // world) if block_g else 0
+    done = -(-training.param_bytes * layer // world)  # full fine-tunes only (block_backward_buffers)
     return dict(below_top=0, per_block_done=done, num_blocks=max(1, n_layers - 1) if impl.reshard_after_forward else 1)

@@ -326,14 +326,14 @@ def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation,
     if impl.engine != "torch":
         rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
         return (f"CPU optimizer step {seconds:.2f} s: DeepSpeed's CPU-Adam at {rate / 1e9:.1f}G parameters/s a node "
-                "(the ZeRO-Offload paper's figure, an assumption)")
+                "(an assumption, after the ZeRO-Offload paper)")
     node = eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
                                            state_bytes=training.param_bytes,
                                            implementation=training.optimizer_implementation)
     return (f"CPU optimizer step {seconds:.2f} s: torch AdamW ({training.optimizer_implementation}) on the CPU, "
             f"one thread a process (the launchers' OMP_NUM_THREADS=1), {node / hw.gpus_per_node / 1e9:.2f}G "
-            "parameters/s each (measured on one 2024 AMD EPYC core; older server cores are slower; "
-            "the node's memory bandwidth caps them together)")
+            "parameters/s each (measured on one recent AMD EPYC core, benchmarks/cpu_optimizer.py; older server "
+            "cores are slower; the node's memory bandwidth caps them together)")
 
 
 def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,

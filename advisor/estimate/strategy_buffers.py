@@ -224,7 +224,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
             in_backward = buffers.in_backward - 2 * ub * layer + ub * live
             return validated_copy(buffers, dict(in_backward=in_backward,
                                                   in_backward_early=in_backward - ub * down if moe else None,
-                                                  **fsdp1_lower_blocks(spec, training, impl, world, layer=layer,
+                                                  **fsdp1_lower_blocks(training, impl, world, layer=layer,
                                                                        n_layers=n_layers)))
         # A finished block's post-backward (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py post_backward,
         # _fsdp_collectives.py foreach_reduce) copies its gradients into a reduce-scatter input of reduce_dtype,

@@ -18,7 +18,11 @@ on which MemTracker's gradient hooks cannot be registered ("post accumulate grad
 on non-leaf tensors").
 
 The step runs without autocast, as the FSDP2 simulation does: FSDP1's MixedPrecision already computes in
-bf16 (accelerate also wraps the forward in autocast, which changes only the fp32 op list's outputs).
+bf16 (accelerate also wraps the forward in autocast, which changes only the fp32 op list's outputs). Except a
+LoRA model under a recipe that gives the adapters units of their own (``Recipe.adapter_units``: HF Trainer
+wraps with PEFT's ``fsdp_auto_wrap_policy`` instead of the block policy): there PEFT casts a layer's input to
+lora_A's weight dtype read outside lora_A's unit (its fp32 shard) while the unit computes in bf16, which only
+accelerate's autocast reconciles, so that step runs under CPU autocast with CUDA's fp32 op list.
 Real tensors, not fake ones: FSDP1 tells storages apart by ``data_ptr()`` (torch/distributed/fsdp/_flat_param.py
 ``_same_storage``, ``_writeback_orig_params``'s ``_data_ptr_allocated``; _runtime_utils.py ``_reshard``'s
 ``already_resharded`` check), and every fake tensor's is 0: under FakeTensorMode the second step's pre-backward

@@ -224,6 +224,21 @@ def test_a_nodes_memory_bandwidth_caps_its_processes_cpu_steps(llama8b):
     assert foreach.offload_s - fused.offload_s == pytest.approx(2.648647, rel=1e-5)
 
 
+def test_a_desktops_memory_bandwidth_caps_two_4090s_cpu_steps_and_bf16_state_moves_half(llama8b):
+    """Two RTX 4090s in a desktop (dual-channel DDR5-5600, 89.6 GB/s x 0.8): fused AdamW in fp32 would step 2 x 1.92e9
+    = 3.84e9 parameters/s, the memory carries 89.6e9 x 0.8 / 28 = 2.56e9. In pure bf16 (14 bytes a parameter) the cap
+    is 5.12e9, above 2 x 1.682e9 = 3.364e9, so the threads decide."""
+    from advisor.hardware.efficiency import load_efficiency
+
+    offload = load_efficiency().offload
+    fp32 = offload.torch_cpu_step_rate(gpu="RTX4090", processes=2, state_bytes=4, implementation="fused")
+    bf16 = offload.torch_cpu_step_rate(gpu="RTX4090", processes=2, state_bytes=2, implementation="fused")
+    assert fp32 == pytest.approx(2.56e9, rel=1e-9)
+    assert bf16 == pytest.approx(3.364e9, rel=1e-9)
+    a100 = offload.torch_cpu_step_rate(gpu="A100-80GB-SXM", processes=2, state_bytes=4, implementation="fused")
+    assert a100 == pytest.approx(3.84e9, rel=1e-9)  # a DGX-class host carries two threads' 107.5 GB/s
+
+
 def test_multi_node_communication_slower_than_nvlink(llama8b):
     nvlink = _time(llama8b, "8xA100", "zero3")
     two_nodes = _time(llama8b, "2x4xA100", "zero3", interconnect="ib-hdr")

@@ -83,8 +83,11 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
     low = ub if training.mixed and stored != ub else 0
     if impl.reshard_after_forward:
         # FULL_SHARD: the root's pre-backward (on the loss) prefetches the last block; in a block's backward
-        # that block and the one prefetched below it are unsharded.
-        at_loss, blocks_bwd = ub * layer, 2 * ub * layer
+        # that block and the one prefetched below it are unsharded. With the adapters in units of their own, the
+        # unit BACKWARD_PRE prefetches next is an adapter of the same block (they ran inside it in forward), so one
+        # block is unsharded at a time.
+        own_units = spec.trainable_params < spec.total_params and training.recipe.adapter_units
+        at_loss, blocks_bwd = ub * layer, (1 if own_units else 2) * ub * layer
         # Forward begins with the root's all-gather (its bf16 shard beside the gathered root), then each block's.
         forward_start = root + max(low * outside // world, ub * layer + low * layer // world) + h2d
     else:

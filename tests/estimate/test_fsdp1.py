@@ -119,6 +119,21 @@ def test_trainer_lora_under_fsdp1_gives_the_adapters_their_own_units():
         assert model_states(spec, other, get_strategy("zero3").on("torch"), 2).grads == grads
 
 
+@pytest.mark.parametrize(("strategy", "simulated"), [("zero3", 14_285_640), ("zero2", 20_116_296)])
+def test_trainer_fsdp1_backward_unshards_one_block_at_a_time(strategy, simulated):
+    """Under the Trainer's wrapping the unit BACKWARD_PRE prefetches during a block's backward is an adapter of the
+    block below (the adapters ran inside it in forward), not the block, so one block is unsharded at a time. The
+    simulated backward window (the blocks and the end of backward: a frozen embedding fires no hook to split them,
+    benchmarks/results/accuracy_fsdp1.md) holds what the estimate's block-backward moment holds, within 1%; with
+    the next block counted too it was 13% over (FULL_SHARD)."""
+    lora = LoraConfig(rank=8)
+    spec = with_lora(spec_from_config(QWEN2_256, name="q", source="local"), lora)
+    training = TrainingConfig(seq_len=256, fsdp_version=1, lora=lora, recipe="trainer")
+    est = estimate_memory(spec, parse_gpus("2xH100"), training, get_strategy(strategy).on("torch"),
+                          micro_batch_size=1, checkpointing=True)
+    assert abs(est.moments["block_backward"] / simulated - 1) < 0.01, est.moments["block_backward"]
+
+
 @pytest.mark.parametrize("key", sorted(SIMULATED, key=str))
 def test_fsdp1_estimate_matches_the_simulated_step(key):
     """Every moment measured within 1% of the simulated step's window for it."""

@@ -295,6 +295,15 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     return Traffic(last_bwd=all_reduce)
 
 
+def _cpu_rate(hw: Hardware, training: TrainingConfig, impl: Implementation, eff: EfficiencyProfile) -> float:
+    """Parameters a second a node's CPU optimizer steps (``_offload``)."""
+    if impl.engine == "torch":  # torch.optim on the CPU, one thread a process (the launchers' OMP_NUM_THREADS=1)
+        return eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
+                                               state_bytes=training.param_bytes,
+                                               implementation=training.optimizer_implementation)
+    return eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
+
+
 def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
              eff: EfficiencyProfile) -> tuple[Traffic, float]:
     """PCIe transfers and the CPU optimizer step (seconds) of the offloading strategies."""
@@ -303,13 +312,7 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
     world = hw.world_size
     gather, grad = _dtype_bytes(training, impl)
     trainable_shard = spec.trainable_params / world
-    if impl.engine == "torch":  # torch.optim on the CPU, one thread a process (the launchers' OMP_NUM_THREADS=1)
-        cpu_rate = eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
-                                                   state_bytes=training.param_bytes,
-                                                   implementation=training.optimizer_implementation)
-    else:
-        cpu_rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
-    cpu_step = trainable_shard * hw.gpus_per_node / cpu_rate
+    cpu_step = trainable_shard * hw.gpus_per_node / _cpu_rate(hw, training, impl, eff)
     if impl.offload_params:  # shards live on the CPU: upload before every gather, download gradients
         stored = training.param_bytes if impl.engine == "torch" else gather
         up = pcie_s(stored_param_bytes(spec, training, bytes_per_param=stored) / world, hw, eff)
@@ -323,13 +326,10 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
 def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation, eff: EfficiencyProfile,
                    seconds: float) -> str:
     """What the CPU optimizer step's time rests on (``_offload``)."""
+    node = _cpu_rate(hw, training, impl, eff)
     if impl.engine != "torch":
-        rate = eff.offload.cpu_adam_params_per_s_per_node[impl.engine]
-        return (f"CPU optimizer step {seconds:.2f} s: DeepSpeed's CPU-Adam at {rate / 1e9:.1f}G parameters/s a node "
+        return (f"CPU optimizer step {seconds:.2f} s: DeepSpeed's CPU-Adam at {node / 1e9:.1f}G parameters/s a node "
                 "(an assumption, after the ZeRO-Offload paper)")
-    node = eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
-                                           state_bytes=training.param_bytes,
-                                           implementation=training.optimizer_implementation)
     return (f"CPU optimizer step {seconds:.2f} s: torch AdamW ({training.optimizer_implementation}) on the CPU, "
             f"one thread a process (the launchers' OMP_NUM_THREADS=1), {node / hw.gpus_per_node / 1e9:.2f}G "
             "parameters/s each (measured on one recent AMD EPYC core, benchmarks/cpu_optimizer.py; older server "

@@ -120,7 +120,6 @@ def test_tied_gradient_summed_in_place_on_fake_tensors_where_a_gpu_does(autocast
     """The rule of tests/estimate/test_ddp_backward_end.py (real tensors, no dispatch mode), on fake
     tensors: the tied matrix's summed gradient is the head's own storage under autocast (the cast node's
     fresh fp32 copy) and a new one without (the head's gradient is a transposed view)."""
-    storages: dict[str, int] = {}
     with FakeTensorMode(), cuda_grad_accumulation():
         weight = torch.nn.Parameter(torch.randn(512, 64))
         ids = torch.randint(0, 512, (16,))
@@ -135,9 +134,17 @@ def test_tied_gradient_summed_in_place_on_fake_tensors_where_a_gpu_does(autocast
                 break
             stack.extend(n for n in nexts if n.name() != "torch::autograd::AccumulateGrad")
         assert head.name() == ("ToCopyBackward0" if autocast else "TBackward0")
-        head.register_hook(lambda grad_in, grad_out: storages.setdefault("head", id(grad_in[0].untyped_storage())) and None)
-        weight.register_hook(lambda grad: storages.setdefault("summed", id(grad.untyped_storage())) and None)
+        # The gradients themselves are kept, so that neither storage is freed and its address reused before the
+        # comparison (comparing id()s of temporary storage wrappers made this test flaky).
+        kept: dict[str, torch.Tensor] = {}
+
+        def keep(name: str, grad: torch.Tensor) -> None:
+            kept.setdefault(name, grad)
+
+        head.register_hook(lambda grad_in, grad_out: keep("head", grad_in[0]))
+        weight.register_hook(lambda grad: keep("summed", grad))
         loss.backward()
+        storages = {name: t.untyped_storage()._cdata for name, t in kept.items()}
     assert (storages["summed"] == storages["head"]) is autocast
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.saved_tensors import inductor_saved  # noqa: E402
+from tests.saved_tensors import add_block_shape_arguments, inductor_saved  # noqa: E402
 
 
 def lora_block(*, hidden: int, intermediate: int, heads: int, kv_heads: int, targets: tuple[str, ...], rank: int,
@@ -86,11 +86,7 @@ def saved(layer, *, hidden: int, heads: int, seq: int, compiled: bool, autocast:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--intermediate", type=int, default=704)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--seq", type=int, default=128)
+    add_block_shape_arguments(parser)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--targets", default="q_proj,v_proj")
     parser.add_argument("--bf16", action="store_true",

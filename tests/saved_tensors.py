@@ -220,3 +220,13 @@ def compiled_saved(shape: dict, *, batch: int, seq: int, inductor: bool = True, 
         op = "input x" if node.op == "placeholder" else str(node.target).replace("aten.", "")
         rows.append((f"{op} ({node.name})", tuple(val.shape), val.dtype, _nbytes(val)))
     return rows
+
+
+def add_block_shape_arguments(parser) -> None:
+    """The Llama block's shape, as benchmarks/compile_saved_sac.py and compile_saved_lora.py take it (an
+    ``argparse.ArgumentParser``): hidden, intermediate, heads, KV heads and sequence, small by default."""
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--intermediate", type=int, default=704)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--seq", type=int, default=128)

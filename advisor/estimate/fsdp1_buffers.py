@@ -48,6 +48,12 @@ def fsdp1_reduce_bytes(training: TrainingConfig) -> int:
     return 2 if training.mixed else training.param_bytes
 
 
+def adapters_own_units(spec: ModelSpec, training: TrainingConfig) -> bool:
+    """A partly frozen model (LoRA) whose stack gives the adapters FSDP units of their own (``Recipe.adapter_units``),
+    so a block's unit holds only frozen weights."""
+    return spec.trainable_params < spec.total_params and training.recipe.adapter_units
+
+
 def fsdp1_trainable_units(spec: ModelSpec, training: TrainingConfig, *, layer: int, n_layers: int,
                           outside: int) -> tuple[int, int]:
     """(parameters with a gradient in the blocks, in the root) under use_orig_params: a unit with any
@@ -57,7 +63,7 @@ def fsdp1_trainable_units(spec: ModelSpec, training: TrainingConfig, *, layer: i
     blocks = layer * n_layers - blocks_saving(spec)
     if spec.trainable_params >= spec.total_params:
         return blocks, outside
-    return (blocks if spec.trainable_params > 0 and not training.recipe.adapter_units else 0), 0
+    return (0 if spec.trainable_params == 0 or adapters_own_units(spec, training) else blocks), 0
 
 
 def fsdp1_gradient_params(spec: ModelSpec, training: TrainingConfig) -> int:
@@ -86,8 +92,7 @@ def fsdp1_buffer_fields(spec: ModelSpec, training: TrainingConfig, impl: Impleme
         # that block and the one prefetched below it are unsharded. With the adapters in units of their own, the
         # unit BACKWARD_PRE prefetches next is an adapter of the same block (they ran inside it in forward), so one
         # block is unsharded at a time.
-        own_units = spec.trainable_params < spec.total_params and training.recipe.adapter_units
-        at_loss, blocks_bwd = ub * layer, (1 if own_units else 2) * ub * layer
+        at_loss, blocks_bwd = ub * layer, (1 if adapters_own_units(spec, training) else 2) * ub * layer
         # Forward begins with the root's all-gather (its bf16 shard beside the gathered root), then each block's.
         forward_start = root + max(low * outside // world, ub * layer + low * layer // world) + h2d
     else:

@@ -41,8 +41,20 @@ CASES = [
 ]
 
 
+# float8 (the plan's --float8, torchao tensorwise, every block's linear; both runs compiled as torchtitan runs
+# float8): (model key, strategy, world, micro-batch, seq, checkpointing, fp8 all-gather). The plan counts the
+# bf16 run's memory (profiles/float8.json memory_note): these pairs check that.
+FLOAT8_CASES = [
+    ("llama1b", "zero3", 8, 2, 2048, False, False),
+    ("llama1b", "zero3", 8, 2, 2048, "selective", False),
+    ("llama1b", "zero3", 8, 2, 2048, True, False),
+    ("qwen0.5b", "zero3", 8, 4, 2048, False, False),
+    ("llama1b", "zero3", 8, 2, 2048, False, True),
+]
+
+
 def estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool | str, rank: int | None,
-             compiled_loss: bool, *, compile: bool) -> int:
+             compiled_loss: bool, *, compile: bool, float8: bool = False, float8_all_gather: bool = False) -> int:
     """The analytic peak allocated bytes of one case (the torch recipe; ``compile_loss`` set where the run
     compiled its loss)."""
     from advisor.estimate.memory import estimate_memory
@@ -55,7 +67,8 @@ def estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool 
 
     config = accuracy_variants.training(seq, None if rank is None else (rank, None, 0.0), "hf", ckpt)
     recipe = get_recipe("torch").model_copy(update={"compile_loss": compiled_loss})
-    config = config.model_copy(update={"compile": compile, "recipe": recipe})
+    config = config.model_copy(update={"compile": compile, "recipe": recipe, "float8": float8,
+                                       "float8_all_gather": float8_all_gather})
     spec = accuracy.spec_for(accuracy.MODELS[key])
     spec = with_lora(spec, config.lora) if config.lora else spec
     return estimate_memory(spec, parse_gpus(f"{world}xH100"), config, get_strategy(strategy).on("torch"),
@@ -126,11 +139,47 @@ def report() -> int:
     return 0
 
 
+def run_float8(out_dir: Path, device: str, measure) -> int:
+    """Each FLOAT8_CASES job compiled, without and with float8, into out_dir/gpu_float8.jsonl."""
+    import torch
+    import torchao
+
+    device += f"; torchao {torchao.__version__}"
+    with open(out_dir / "gpu_float8.jsonl", "w") as out:
+        for index, (key, strategy, world, mb, seq, ckpt, gather) in enumerate(FLOAT8_CASES):
+            for float8 in (False, True):
+                start = time.perf_counter()
+                try:
+                    peaks = measure(key, strategy, world, mb, seq, ckpt, compile=True, float8=float8,
+                                    float8_all_gather=float8 and gather)
+                except Exception as err:  # one broken case must not cost the others' device time
+                    print(f"{index} float8={float8}: {type(err).__name__}: {str(err)[:300]}", flush=True)
+                    torch._dynamo.reset()
+                    continue
+                torch._dynamo.reset()
+                est = estimate(key, strategy, world, mb, seq, ckpt, None, False, compile=True, float8=float8,
+                               float8_all_gather=float8 and gather)
+                row = dict(case=index, model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                           checkpointing=ckpt, float8=float8, float8_all_gather=float8 and gather,
+                           gpu_step1=peaks.step1, gpu_step2=peaks.step2, gpu_step3=peaks.step3,
+                           gpu_reserved=peaks.reserved, estimate=est, device=device,
+                           seconds=round(time.perf_counter() - start, 1))
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                err = 100 * (est - peaks.step2) / peaks.step2
+                print(f"{index} {key:9} {strategy} x{world} mb{mb} s{seq} ckpt={ckpt!s:9} float8={float8!s:5} "
+                      f"gather={gather!s:5} gpu {peaks.step2 / 2**30:6.2f} est {est / 2**30:6.2f} {err:+6.2f}% "
+                      f"reserved {peaks.reserved / 2**30:6.2f} ({row['seconds']} s)", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=accuracy.RESULTS, help="folder for gpu_compile.jsonl")
     parser.add_argument("--case", type=int, action="append", default=[], help="run only this case (index); repeatable")
     parser.add_argument("--report", action="store_true", help="write gpu_compile.md from the stored runs (no GPU)")
+    parser.add_argument("--float8", action="store_true",
+                        help="run FLOAT8_CASES (compiled, bf16 then float8; needs torchao) into gpu_float8.jsonl")
     args = parser.parse_args()
     if args.report:
         warnings.filterwarnings("ignore")
@@ -148,6 +197,8 @@ def main() -> int:
     device = f"{torch.cuda.get_device_name()}; torch {torch.__version__}; transformers {transformers.__version__}"
     print(device, flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.float8:
+        return run_float8(args.out, device, measure)
     with open(args.out / "gpu_compile.jsonl", "w") as out:
         for index, case in enumerate(CASES):
             if args.case and index not in args.case:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
 import pickle
 import statistics
 import sys
@@ -70,12 +71,16 @@ class Peaks(NamedTuple):
 def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf",
             optimizer_impl: str = "foreach", attention: str = "sdpa", compile: bool = False,
-            compiled_loss: bool = False) -> "Peaks":
+            compiled_loss: bool = False, float8: bool = False, float8_all_gather: bool = False,
+            op_trace: Path | None = None) -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
     (``benchmarks/peak_snapshot.py`` reads it). ``compile``: each block ``torch.compile``d as wrap() does
     (``Recipe.compile``); ``compiled_loss``: the model returns its logits and a compiled cross-entropy takes
-    them, as torchtitan's ``build_cross_entropy_loss`` under ``--compile`` does."""
+    them, as torchtitan's ``build_cross_entropy_loss`` under ``--compile`` does. ``float8``: torchao float8 on
+    the blocks' linears (``Recipe.float8``, as wrap() applies the plan's ``--float8``). ``op_trace``: the second
+    step runs under ``op_trace.OpTrace`` and its log (each operator with the allocated bytes after it) is written
+    there as JSON (``python benchmarks/op_trace.py PATH`` prints the operators around the peak)."""
     import contextlib
 
     import torch
@@ -118,7 +123,8 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         net.train()
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
                                 **IMPL_KWARGS[optimizer_impl])
-        recipe = Recipe(strategy=strategy, precision="bf16-mixed", compile=compile,
+        recipe = Recipe(strategy=strategy, precision="bf16-mixed", compile=compile, float8=float8,
+                        float8_all_gather=float8_all_gather,
                         checkpointing="selective" if ckpt == "selective" else "on" if ckpt else "off")
         applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
@@ -160,7 +166,14 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
                 # C++ stacks crash dropout's recompute under checkpointing (torch 2.11: SystemError).
                 torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python" if ckpt else "all")
                 baseline = torch.cuda.memory_allocated()
-            step()
+            if op_trace is not None and index == 1:
+                from op_trace import OpTrace
+
+                with OpTrace(lambda: (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated())) as trace:
+                    step()
+                op_trace.write_text(json.dumps(trace.rows))
+            else:
+                step()
             torch.cuda.synchronize()
             peaks.append(torch.cuda.max_memory_allocated())
             reserved_steps.append(torch.cuda.max_memory_reserved())

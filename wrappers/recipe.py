@@ -199,7 +199,12 @@ def apply_recipe(
         model.to(bf16)  # in place: parameter identity is kept
     if recipe.float8:  # before checkpointing and sharding, as torchtitan converts first
         from wrappers.compile_float8 import apply_float8
+        names = param_group_names(optimizer, model) if optimizer is not None else None
+        before = {id(p) for p in model.parameters()}
         apply_float8(model, all_gather=recipe.float8_all_gather)
+        if names is not None and any(id(p) not in before for p in model.parameters()):
+            # float8 all-gather wraps each converted weight in a new Parameter (torchao Float8Linear.from_float)
+            optimizer = rebuild_optimizer(optimizer, model.named_parameters(), group_param_names=names)
     if recipe.checkpointing != "off":
         apply_activation_checkpointing(model, blocks=find_blocks(model), selective=recipe.checkpointing == "selective")
     if recipe.compile:  # after checkpointing, before DDP/FSDP (torchtitan's apply_compile order)

@@ -44,6 +44,41 @@ def test_apply_recipe_compiles_before_the_strategy_wraps(monkeypatch):
     assert seen == [True]
 
 
+def test_an_optimizer_built_before_float8_all_gather_follows_the_new_weights(monkeypatch):
+    """torchao's Float8Linear.from_float wraps each converted weight in a new Parameter when FSDP gathers fp8
+    (``enable_fsdp_float8_all_gather``; read in torchao 0.17 float8_linear.py), so an optimizer built on the model
+    before wrap() held the old ones: apply_recipe raised 'optimizer param group 0 has 14 parameters that are not
+    in the model' (found running it with torchao 0.17 on a fake 8-rank group). Stand-in for torchao here: the
+    same replacement of every block linear's weight."""
+    from wrappers import compile_float8
+    from wrappers import recipe as recipe_module
+
+    def replace_weights(model, *, all_gather=False):
+        for module in find_blocks(model)[0].modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight = torch.nn.Parameter(module.weight.detach().clone())
+        return model
+
+    seen = {}
+
+    def applier(model, ctx):  # stands in for FSDP2 (applier "fsdp"), which needs a process group
+        seen["optimizer"] = ctx.optimizer
+        return model, ctx.optimizer
+
+    monkeypatch.setattr(compile_float8, "apply_float8", replace_weights)
+    monkeypatch.setitem(recipe_module._APPLIERS, "fsdp", applier)
+    model = tiny_llama()
+    optimizer = torch.optim.AdamW([{"params": list(model.model.layers.parameters()), "lr": 1e-3},
+                                   {"params": list(model.lm_head.parameters()), "lr": 1e-4}], fused=True)
+    applied = recipe_module.apply_recipe(
+        model, recipe_module.Recipe(strategy="zero3", float8=True, float8_all_gather=True), device="cpu",
+        optimizer=optimizer)
+    held = [[id(p) for p in group["params"]] for group in applied.optimizer.param_groups]
+    assert held == [[id(p) for p in model.model.layers.parameters()], [id(p) for p in model.lm_head.parameters()]]
+    assert [g["lr"] for g in applied.optimizer.param_groups] == [1e-3, 1e-4] and applied.optimizer.defaults["fused"]
+    assert seen["optimizer"] is applied.optimizer
+
+
 def test_float8_without_torchao_is_one_line_naming_it():
     if __import__("importlib.util").util.find_spec("torchao") is not None:
         pytest.skip("torchao is installed here")

@@ -136,10 +136,14 @@ def main() -> int:
         "(Llama-3.2-1B) high before. Weights loaded in bf16 (`from_pretrained`'s `dtype='auto'` in transformers 5) "
         "train as pure bf16 under `bf16=True`: the callback planned bf16-mixed, +41.7% / +50.7% high before.",
         "- Eager attention (the rows run by `--only eager`: Gemma 2 2B's config, soft-capping, 256k vocabulary; an MHA "
-        "Llama at 4k tokens) is within -0.6% to -3.6% where the loss or the end of forward decides; under "
-        "checkpointing on DDP, where a recomputed block's softmax backward decides, the GPU holds 1.07 GB more than "
-        "the estimate (-11.7%): one fp32 b x heads x s x s tensor, which the CPU simulator does not hold either "
-        "(not yet traced: CUDA's softmax or dropout backward).",
+        "Llama at 4k tokens). Finding that changed the estimate (2026-11-27): where a block's softmax backward "
+        "decides, CUDA's `_softmax_backward_data` first forms `grad * output` (aten/src/ATen/native/cuda/SoftMax.cu), "
+        "an fp32 b x heads x s x s product held while its kernel writes, which the CPU kernel never allocates. Read "
+        "on the H100 with `benchmarks/op_trace.py` (each operator and the allocator's bytes after it, "
+        "`gpu_truth.measure(..., op_trace=PATH)`): both MHA-Llama runs reach their peak inside that operator, "
+        "1.000 GiB above the bytes before it plus its output. The estimate and the simulator now hold it "
+        "(`advisor.simulate.cuda_kernels.cuda_softmax_backward`): DDP with checkpointing -12.36% -> -1.50%, ZeRO-3 "
+        "-3.57% -> -0.28%; the Gemma 2 rows, decided by the loss or the end of forward, unchanged.",
         "- Lightning (bf16-mixed, the user's AdamW: foreach) runs training_step before zero_grad, so the previous "
         "step's gradients live through the forward (recipe row `zero_grad: before_backward`): Qwen2.5-0.5B -0.64% "
         "(-4.0% before the fact was read); its precision plugin enters autocast with cache_enabled=False (recipe row "

@@ -158,8 +158,11 @@ def eager_backward_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
     ``softmax(dtype=float32)``, ``.to(query.dtype)``, ``matmul``) run backward. The second matmul's
     backward frees the compute-dtype probabilities and the value it saved and leaves the gradient of
     the value (heads x head_dim) waiting for ``v_proj``; ``to``'s backward casts the probabilities'
-    gradient to fp32; ``_softmax_backward_data`` then writes an fp32 gradient of the scores beside it:
-    2 x 4 bytes per score, while the softmax output it reads is still saved. Everything the block saved
+    gradient to fp32; ``_softmax_backward_data`` then writes an fp32 gradient of the scores beside it, and
+    CUDA's kernel first forms ``grad * output`` (aten/src/ATen/native/cuda/SoftMax.cu
+    ``softmax_backward_cuda_out``), an fp32 product held while it writes: 3 x 4 bytes per score, while the
+    softmax output it reads is still saved (an H100 run reached its peak inside that operator:
+    ``advisor.simulate.cuda_kernels.cuda_softmax_backward``). Everything the block saved
     after the softmax (the MLP, the norms after attention, ``o_proj``'s input) was freed by then; what
     the block still holds is ``remaining`` (the input norm, the q/k/v casts, q and k, the softmax output,
     the soft-capping tanh). With the two residual-stream gradients of the block (its output's and the
@@ -168,7 +171,7 @@ def eager_backward_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int
     bf16-mixed, s 1024): the step's peak is this moment of the top block."""
     scores = shape.num_attention_heads * seq_len
     q = shape.num_attention_heads * shape.head_dim
-    temporaries = 2 * FP32 * scores + dt.compute * q + 2 * dt.residual * shape.hidden_size
+    temporaries = 3 * FP32 * scores + dt.compute * q + 2 * dt.residual * shape.hidden_size
     return temporaries - (layer - remaining)
 
 

@@ -73,8 +73,8 @@ def cuda_dropout():
 def cuda_kernels():
     """CUDA's SDPA kernel where it is not the CPU's, its in-place sum of a parameter's two gradients, its
     grouped matmul of other dtypes than bf16 (``advisor.simulate.cuda_kernels``) and the scratch a kernel
-    holds (``kernel_scratch``). Enter it after
-    the fake mode and before the memory tracker."""
+    holds (``kernel_scratch``). Enter it after the fake mode and before the memory tracker; CUDA's softmax
+    backward product (``cuda_kernels.cuda_softmax_backward``) is entered inside the tracker instead."""
     from advisor.simulate.cuda_kernels import cuda_grad_accumulation, cuda_grouped_mm, cuda_sdpa
 
     with cuda_sdpa(), cuda_grad_accumulation(), cuda_grouped_mm(), kernel_scratch():

@@ -39,6 +39,7 @@ import time
 import weakref
 from typing import Any
 
+from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_process_group, kernel_scratch,
                                        unpacked_batches)
 from advisor.simulate.measure import DispatchObserver
@@ -93,7 +94,7 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
             moments[moment] = counter.restart()
 
         hooks = _moment_hooks(net, close)
-        with counter:
+        with counter, cuda_softmax_backward():
             _step(net, opt, ids, lambda phase: close(_PHASE_ENDS[phase]), cast)
         for hook in hooks:
             hook.remove()

@@ -58,6 +58,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
+    from advisor.simulate.cuda_kernels import cuda_softmax_backward
     from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                            fake_process_group, unpacked_batches)
     from advisor.simulate.measure import breakdown, dora_weight_unhooked
@@ -100,7 +101,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
             step()  # warm-up: optimizer state exists from here on, as in a steady state
             tracker = FSDPMemTracker(net, opt)
             tracker.track_inputs((ids,))
-            with tracker:
+            with tracker, cuda_softmax_backward():
                 step()
             measured = breakdown(tracker)
     return MeshStep(model=name, mesh=dims, micro_batch_size=micro_batch_size, seq_len=training.seq_len,

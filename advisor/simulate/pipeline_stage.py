@@ -125,6 +125,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
     import torch
 
     from advisor.simulate.fake_env import cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode, unpacked_batches
+    from advisor.simulate.cuda_kernels import cuda_softmax_backward
     from advisor.simulate.measure import LiveBytes
     from advisor.simulate.model import build_optimizer, materialize, net_vocab
     from advisor.simulate.pipeline_chunks import WeightGradStore, build_chunk, defer_linears
@@ -155,7 +156,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
         live = LiveBytes(params, opt)
         live.track_existing([ids])
         marks: list[tuple[str, int, int]] = []
-        with live:
+        with live, cuda_softmax_backward():
             runner.step(order, opt, mark=lambda label: marks.append((label, live.peak, live.total)))
         breakdown = live.breakdown()
     return sum(breakdown.values()), breakdown, marks

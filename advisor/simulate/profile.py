@@ -20,7 +20,8 @@ the base in the compute dtype (autocast over a bf16 residual).
 
 The same context as the simulator (``advisor.simulate.step``): no attention dropout, CUDA's fused
 dropout, CUDA's autocast fp32 list, CUDA's SDPA kernel (``cuda_kernels.cuda_sdpa``: math for fp32
-grouped-query attention), no packed-sequence detection. Imports torch; the planning path
+grouped-query attention), the product CUDA's softmax backward holds (``cuda_kernels.cuda_softmax_backward``),
+no packed-sequence detection. Imports torch; the planning path
 calls it only for a family without a formula. Profiles are cached as JSON (``profile_cache``).
 """
 
@@ -198,7 +199,7 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
 
     from advisor.simulate.autocast import cuda_fp32_policy
     from advisor.simulate.model import materialize
-    from advisor.simulate.cuda_kernels import cuda_grouped_mm, cuda_sdpa
+    from advisor.simulate.cuda_kernels import cuda_grouped_mm, cuda_sdpa, cuda_softmax_backward
     from advisor.simulate.fake_env import cuda_dropout, kernel_scratch, unpacked_batches
 
     built = {} if built is None else built
@@ -219,7 +220,7 @@ def measure_traced_step(cfg: dict, key: ProfileKey, *, num_layers: int, micro_ba
         ids = torch.randint(0, int(cfg.get("vocab_size") or 1000), (micro_batch_size, key.seq_len))
         cast = torch.autocast("cpu", dtype=torch.bfloat16) if key.input_casts else contextlib.nullcontext()
         policy = cuda_fp32_policy() if key.input_casts else contextlib.nullcontext()
-        with log.mode, policy:
+        with log.mode, policy, cuda_softmax_backward():  # inside the log: it must see CUDA's product
             with cast, hooks:
                 loss = net(input_ids=ids, labels=ids).loss
             log.mark("forward_end")

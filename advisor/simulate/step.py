@@ -56,6 +56,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
 from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, dora_weight_unhooked, live_bytes,
@@ -173,7 +174,7 @@ def simulate(
         tracker = build_tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         recorder = _recorder(net, tracker, impl, world_size) if timeline else None
-        with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext():
+        with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext(), cuda_softmax_backward():
             skip_frozen_grad_hooks(tracker, net)
             step(lambda phase: _mark(phase, phases, tracker, recorder))
         measured = breakdown(tracker)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import pytest
@@ -175,3 +176,28 @@ def test_grouped_mm_meta_function_alone_refuses_fp32():
         tokens, experts, offs = _grouped(torch.float32, tokens=20)
         with pytest.raises(RuntimeError, match="Expected inputs of BF16 type"):
             torch._grouped_mm(tokens, experts, offs=offs)
+
+
+def test_softmax_backward_holds_cuda_product_beside_its_output():
+    """CUDA's ``_softmax_backward_data`` forms ``grad * output`` before its kernel writes the input's gradient
+    (aten/src/ATen/native/cuda/SoftMax.cu); the H100 reached a step's peak inside that operator, one fp32 score
+    tensor above what the CPU kernel holds (advisor.simulate.cuda_kernels). By hand, 8 x 256 x 256 fp32 scores:
+    1 MiB each (2,097,152 bytes); under the tracker with ``cuda_softmax_backward`` the peak is one such tensor
+    higher, and the gradient is unchanged."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from advisor.simulate.cuda_kernels import cuda_softmax_backward
+
+    def peak(cuda: bool) -> tuple[int, torch.Tensor]:
+        torch.manual_seed(0)
+        scores = torch.randn(8, 256, 256, requires_grad=True)
+        tracker = MemTracker()
+        tracker.track_external(scores)
+        with tracker, cuda_softmax_backward() if cuda else contextlib.nullcontext():
+            probs = torch.softmax(scores, dim=-1)
+            probs.backward(torch.ones_like(probs))
+        return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"], scores.grad
+
+    (cpu, cpu_grad), (cuda, cuda_grad) = peak(False), peak(True)
+    assert cuda - cpu == 8 * 256 * 256 * 4 == 2_097_152
+    assert torch.equal(cpu_grad, cuda_grad)

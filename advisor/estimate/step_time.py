@@ -332,8 +332,9 @@ def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation,
                 "(an assumption, after the ZeRO-Offload paper)")
     return (f"CPU optimizer step {seconds:.2f} s: torch AdamW ({training.optimizer_implementation}) on the CPU, "
             f"one thread a process (the launchers' OMP_NUM_THREADS=1), {node / hw.gpus_per_node / 1e9:.2f}G "
-            "parameters/s each (measured on one recent AMD EPYC core, benchmarks/cpu_optimizer.py; older server "
-            "cores are slower; the node's memory bandwidth caps them together)")
+            "parameters/s each (measured on one recent AMD EPYC core, benchmarks/cpu_optimizer.py; a cloud H100 "
+            "host's Xeon core stepped 2.1-3.6x slower, benchmarks/results/cpu_optimizer_h100_host.md, so on such a "
+            "host this step takes up to that much longer; the node's memory bandwidth caps them together)")
 
 
 def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,

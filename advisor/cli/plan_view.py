@@ -70,7 +70,9 @@ def answer_lines(plan) -> list[str]:
     rec = plan.recommendation
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
-        lines = [f"[bold red]Nothing fits.[/] {found}".rstrip()]
+        here = plan.smallest_fit is not None and getattr(plan.smallest_fit.reason, "current", False)
+        asked = " and ".join(dict.fromkeys(c.strategy for c in plan.candidates))
+        lines = [f"[bold red]{f'{asked} does not fit.' if here else 'Nothing fits.'}[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
         return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"

@@ -194,7 +194,11 @@ def require_recommendation(plan: Plan) -> None:
         return
     fit = plan.smallest_fit
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
-    raise ValueError(f"nothing fits {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}, "
+    what = "nothing fits"
+    if fit is not None and getattr(fit.reason, "current", False):  # a pinned strategy; another fits these GPUs
+        what = " and ".join(dict.fromkeys(c.strategy for c in plan.candidates)) + " does not fit"
+        hint += " Leave out --strategy to plan it."
+    raise ValueError(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}, "
                      f"so there is nothing to export: {hint}")
 
 

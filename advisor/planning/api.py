@@ -384,7 +384,8 @@ def plan(
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
-        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins))
+        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins),
+        from_current=bool(strategy))
     if smallest is not None:
         why.append(smallest.reason)
     if recommendation is None or recommendation.mesh is None:

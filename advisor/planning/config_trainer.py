@@ -17,6 +17,7 @@ from advisor.planning.config_deepspeed import read_nested_deepspeed
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json, take_batch,
                                           take_degrees, take_precision)
 
+NO_SHARDING = "(no fsdp, deepspeed or parallelism_config)"
 _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
     "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
@@ -51,6 +52,13 @@ def read_trainer(r: Reader, base: Path) -> None:
     if r.section("parallelism_config") is not None:
         take_degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
                  implied="dp_shard_size")
+    elif not any(v.option in ("strategy", "engine") for v in r.values):
+        # Neither fsdp nor deepspeed nor a parallelism_config: launched on more than one process, the Trainer hands
+        # the model to accelerate, which wraps it in torch.nn.parallel.DistributedDataParallel (accelerate
+        # accelerator.py prepare_model, distributed_type MULTI_GPU); on one process it runs plain, which the
+        # plan's ddp on one GPU is. So the file fixes DDP, as an accelerate MULTI_GPU file does.
+        r.take(NO_SHARDING, "DDP", "engine", "torch")
+        r.take(NO_SHARDING, "DDP", "strategy", "ddp")
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 

@@ -187,6 +187,9 @@ def _loss_would_fit(x: r.LossWouldFit) -> str:
 
 
 def _smallest(x: r.SmallestFitFound) -> str:
+    if x.current:
+        mesh = f" on mesh {x.mesh_label}" if x.mesh_label is not None else ""
+        return f"{x.strategy} fits on these {x.num_gpus} x {x.gpu}{mesh} at micro-batch 1."
     if x.mesh_label is not None:
         return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} on mesh {x.mesh_label} at micro-batch 1."
     return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} at micro-batch 1."

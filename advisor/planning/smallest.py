@@ -76,15 +76,19 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
 
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
-                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None) -> SmallestFit:
+                 meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
+                 from_current: bool = False) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
-    (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer."""
+    (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer.
+    ``from_current``: the plan's own count is a candidate too (a pinned strategy did not fit, so the others
+    were not tried on these GPUs)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
+    above = hardware.world_size - 1 if from_current else hardware.world_size
     found = []
     for order, name in enumerate(strategies):
         count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits,
-                               above=hardware.world_size, per_node=per_node)
+                               above=above, per_node=per_node)
         if count is not None:
             found.append((count, order, name))
     if meshes is not None:  # a mesh only matters below the data-parallel answer: counts below it, in order
@@ -112,7 +116,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     if found:
         count, _, name = min(found)
         return SmallestFit(num_gpus=count, strategy=name,
-                           reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name))
+                           reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
+                                                     current=count == hardware.world_size))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")

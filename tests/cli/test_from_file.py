@@ -349,3 +349,25 @@ def test_a_deepspeed_jsons_own_bucket_size_is_planned(tmp_path, capsys):
         peaks[size] = next(c for c in doc["candidates"] if c["strategy"] == "zero2")["memory_bytes"]
     assert peaks[200_000_000]["at_block_backward"] - peaks["auto"]["at_block_backward"] == 748_619_776
     assert peaks[200_000_000]["at_loss_backward"] == peaks["auto"]["at_loss_backward"]
+
+
+def test_trainer_arguments_without_fsdp_or_deepspeed_plan_the_ddp_the_trainer_runs(tmp_path, capsys):
+    """Launched on several processes the Trainer runs DDP unless fsdp, deepspeed or a parallelism_config says
+    otherwise (accelerate's prepare_model wraps it), so such a file fixes ddp, as accelerate's MULTI_GPU does. A
+    7B full fine-tune that DDP cannot hold on two A100s says so, and names what fits on those same GPUs: zero3
+    with the Trainer's fused AdamW (69.5 GiB, the README's --recipe trainer plan), not more GPUs."""
+    path = tmp_path / "training_args.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "optim": "adamw_torch_fused"}))
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(path))
+    taken = {v["option"]: v["setting"] for v in doc["from_file"]["values"]}
+    assert taken["strategy"] == "ddp" and taken["engine"] == "torch" and taken["recipe"] == "trainer"
+    assert doc["recommendation"] is None
+    assert doc["smallest_fit"] == {"num_gpus": 2, "strategy": "zero3", "mesh": None,
+                                   "message": "zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1."}
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 3 and "ddp does not fit. zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1." in out
+    with_fsdp = tmp_path / "fsdp_args.json"
+    with_fsdp.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "fsdp": "full_shard auto_wrap"}))
+    taken = {v["option"]: v["setting"] for v in _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from",
+                                                      str(with_fsdp))["from_file"]["values"]}
+    assert taken["strategy"] == "zero3"

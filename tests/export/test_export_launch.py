@@ -116,7 +116,8 @@ def test_export_of_a_pinned_strategy_it_cannot_write_names_the_one_to_plan(in_tm
 def test_export_refuses_when_nothing_fits(in_tmp):
     result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy", "zero1"])
     assert isinstance(result.exception, ValueError)
-    assert "would fit" in str(result.exception) and not (in_tmp / "accelerate_config.yaml").exists()
+    assert "zero1 does not fit" in str(result.exception) and "fits on these 2 x A100-80GB-SXM" in str(result.exception)
+    assert not (in_tmp / "accelerate_config.yaml").exists()
 
 
 def test_export_directory_output_is_refused(in_tmp):

@@ -279,13 +279,17 @@ class LossWouldFit(ReasonModel):
 
 
 class SmallestFitFound(ReasonModel):
-    """``16 x H100-80GB-SXM would fit with zero3 at micro-batch 1.`` (on mesh ... when one is fewer)"""
+    """``16 x H100-80GB-SXM would fit with zero3 at micro-batch 1.`` (on mesh ... when one is fewer); with
+    ``current``, the plan's own count: ``zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1.`` (a pinned
+    strategy that does not fit)."""
 
     kind: Literal["smallest-fit"] = "smallest-fit"
     num_gpus: int
     gpu: str
     strategy: str
     mesh_label: str | None = None
+    current: bool = Field(default=False, exclude_if=lambda on: not on,
+                          description="The count is the plan's own: another strategy fits on these GPUs.")
 
 
 class NoCountFits(ReasonModel):

@@ -128,8 +128,11 @@ PROFILE_NOTE = [
     "AdamW's multi-tensor kernels 34 ms (the plan's optimizer step: 38 ms); the matmuls about 75 ms; the rest "
     "elementwise work: autocast's bf16 casts of the fp32 weights (in forward and again in each recomputed block), "
     "copies and the fp32 gradient accumulation. The plan counts compute as FLOPs over a utilisation fitted on "
-    "multi-GPU runs of 4k-80k tokens a micro-batch in bf16 parameters, so neither the launch gaps nor the per-step "
-    "weight casts of a small micro-batch are in it.",
+    "multi-GPU runs of 4k-80k tokens a micro-batch in bf16 parameters, so the launch gaps are not in it. The weight "
+    "casts are, since 2026-11-27 (`advisor/estimate/autocast_time.py`: 6 bytes a weight in forward, again in the "
+    "recompute, and 6 a trainable weight's gradient in backward, at 0.9 of HBM bandwidth): 19 ms of this step; the "
+    "plan moved from -16.8% to -8.2% here, and the other full fine-tunes under autocast from -6.8% / -3.9% / +0.6% "
+    "(compiled) to -4.4% / -0.9% / +3.9%.",
     "- Qwen2.5-0.5B, micro-batch 8 x 2048 (243 ms): the loss over its 151,936-token vocabulary is a large part "
     "(the fp32 softmax forward and backward kernels 13 ms each, besides the fp32 copy and its gradient's elementwise "
     "kernels); its 896-wide matmuls are small. The plan's utilisation (hidden / (hidden + 388)) lowers the whole "

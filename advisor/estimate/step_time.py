@@ -35,6 +35,9 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   and backward per micro-batch, whatever its tokens.
 - LoRA adapters: their products' FLOPs are in the count above; the bytes their memory-bound ops move
   (``adapter_time``: PEFT's dropout, skinny products, scaling and add) / (HBM bandwidth x efficiency) add.
+- Autocast over fp32 weights (bf16-mixed under DDP, ZeRO-1, DataParallel, one GPU): every weight cast to the
+  compute dtype a forward (and a recompute), its gradient cast back in backward (``autocast_time``), bytes /
+  (HBM bandwidth x efficiency).
 - Float8 linears (``--float8``, torchao): their products at the fp8 peak, the dynamic casts' bytes at HBM
   bandwidth, fp8 weights in FSDP's all-gather (``advisor.estimate.float8_time``).
 - ``--compile``: the HBM bytes inductor's fusion removes from each block's elementwise ops
@@ -57,6 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
+from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
@@ -392,6 +396,7 @@ def estimate_step_time(
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
+    ac_fwd, ac_bwd = autocast_cast_s(spec, hardware, training, impl, eff, checkpointing=checkpointing)
     cc_fwd = cc_bwd = 0.0
     if training.compile:  # imported only when asked: the plain plan's start-up stays as it was
         from advisor.estimate.compile_time import compile_saving_s
@@ -399,7 +404,7 @@ def estimate_step_time(
         cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
                                           checkpointing=checkpointing, flops=flops, rate=rate,
                                           peak=peak * TFLOPS)
-    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd - cc_bwd
+    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd + ac_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd + ac_bwd - cc_bwd
     f8: tuple[float, float, str] = (0.0, 0.0, "")
     if training.float8:
         from advisor.estimate.float8_time import float8_seconds
@@ -436,6 +441,8 @@ def estimate_step_time(
         notes.append(dequantization_note(deq_fwd + deq_bwd, hardware, eff, checkpointing=checkpointing))
     if ad_fwd:
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
+    if ac_fwd:
+        notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
     if training.compile:
         from advisor.estimate.compile_time import compile_notes
 

@@ -150,6 +150,13 @@ class LoraAdapterCost(_Frozen):
     note: str | None = None
 
 
+class WeightCastCost(_Frozen):
+    hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth of autocast's weight "
+                                  "casts (advisor.estimate.autocast_time).")
+    source: str
+    note: str | None = None
+
+
 class DataParallelPenalty(_Frozen):
     compute_penalty: float = Field(gt=0, le=1, description="Utilisation factor for single-process DP.")
     source: str
@@ -163,6 +170,7 @@ class EfficiencyProfile(_Frozen):
     optimizer_step: OptimizerStepCost
     dequantize: DequantizeCost
     lora_adapters: LoraAdapterCost
+    autocast_casts: WeightCastCost
     dataparallel: DataParallelPenalty
 
 

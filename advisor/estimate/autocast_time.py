@@ -1,0 +1,81 @@
+"""Time of autocast's weight casts, per micro-batch on one GPU (read by ``step_time``).
+
+What belongs here: the HBM bytes ``torch.autocast`` moves casting fp32 weights to the compute dtype, and their
+seconds. Where it applies: bf16-mixed (or fp16-mixed) over fp32 weights held as they are, the recipe's
+``recipe_dtypes`` with an fp32 residual and input casts: DDP, ZeRO-1, DataParallel and one GPU under the torch
+engine. FSDP2's MixedPrecisionPolicy casts a rank's shard once an all-gather (1/N of the weights), DeepSpeed and
+pure bf16 hold bf16 weights, and a LoRA base held in bf16 is not cast: none of those pays it.
+
+The mechanism (torch/csrc/autograd and aten/src/ATen/autocast_mode.cpp): every linear's fp32 weight is cast
+to the compute dtype when a matmul first reads it inside an autocast region (``cached_cast``: one cast a
+weight a region; Lightning's ``cache_enabled=False`` casts at every use, the same once a linear), an
+elementwise ``_to_copy`` that reads 4 bytes and writes 2 a weight. Backward runs that cast's backward on the
+weight's gradient, read 2 and write 4 (``ToCopyBackward0``), for the weights that train. A checkpointed block
+casts its weights again in the recompute (non-reentrant checkpointing replays the forward under the saved
+autocast state: a new region). So, per micro-batch, w the cast weights, t of them trainable, c the compute
+dtype's width: forward w (4 + c), backward t (4 + c) + w (4 + c) when checkpointed.
+
+Counted: every parameter but an untied input embedding (an ``embedding`` lookup is not on autocast's list; the
+norms' weights, a small share, are counted too: an over-charge) and a quantised base's linears (bitsandbytes
+dequantises them to the compute dtype: ``quantized.dequantization_step_s``); a QLoRA model's fp32 head is cast. Not counted: accumulating the gradient into
+``.grad`` across micro-batches (``AccumulateGrad``'s add from the second micro-batch of a step on).
+
+Seen on an H100 (benchmarks/results/gpu_speed.md, the plain model under bf16 autocast, fused AdamW): Llama-3.2-3B
+at micro-batch 1 x 2048 under full checkpointing spends its step's elementwise time on these casts (the profile
+of that run), which the plan's matmul utilisation, fitted on FSDP runs that cast only shards, never saw.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from advisor.precision import FP32
+
+if TYPE_CHECKING:
+    from advisor.hardware.cluster import Hardware
+    from advisor.hardware.efficiency import EfficiencyProfile
+    from advisor.model.spec import ModelSpec
+    from advisor.strategies import Implementation
+    from advisor.training import TrainingConfig
+
+
+def cast_weights(spec: "ModelSpec", training: "TrainingConfig") -> int:
+    """Weights autocast casts once a forward: every parameter but an untied input embedding and a 4-bit or 8-bit
+    base's quantised linears (bitsandbytes dequantises those to the compute dtype itself: ``quantized``)."""
+    lookup = spec.embedding_params if (spec.embedding_params and spec.tied_embeddings is False) else 0
+    quantized = 0
+    if training.quantize is not None:
+        from advisor.estimate.quantized import quantized_base
+
+        quantized = quantized_base(spec, training.quantize, double_quant=training.double_quant).params
+    return max(spec.total_params - lookup - quantized, 0)
+
+
+def autocast_cast_bytes(spec: "ModelSpec", training: "TrainingConfig", impl: "Implementation", *,
+                        checkpointing: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes of autocast's weight casts in one micro-batch; (0, 0) where the recipe
+    does not cast fp32 weights under autocast (the module docstring)."""
+    from advisor.estimate.memory import recipe_dtypes
+
+    dt = recipe_dtypes(training, impl)
+    if not (dt.input_casts and dt.residual == FP32 and dt.compute < FP32):
+        return 0, 0
+    per_weight = FP32 + dt.compute
+    cast = cast_weights(spec, training)
+    trainable = min(spec.trainable_params, cast)
+    return cast * per_weight, trainable * per_weight + (cast * per_weight if checkpointing else 0)
+
+
+def autocast_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig", impl: "Implementation",
+                    eff: "EfficiencyProfile", *, checkpointing: bool) -> tuple[float, float]:
+    """(forward, backward) seconds of the casts a micro-batch at the GPU's HBM bandwidth x
+    ``autocast_casts.hbm_efficiency``, on the compute stream: they add to compute."""
+    fwd, bwd = autocast_cast_bytes(spec, training, impl, checkpointing=checkpointing)
+    bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.autocast_casts.hbm_efficiency
+    return fwd / bandwidth, bwd / bandwidth
+
+
+def autocast_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile", *, checkpointing: bool) -> str:
+    return (f"autocast casts the fp32 weights to the compute dtype in forward{' and again in the recompute' if checkpointing else ''}"
+            f", and the trainable ones' gradients back in backward: {seconds:.3f} s a micro-batch at "
+            f"{eff.autocast_casts.hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s")

@@ -1,0 +1,70 @@
+"""Autocast's weight casts in the step time (advisor.estimate.autocast_time), worked by hand: which recipes pay
+them, the bytes a micro-batch, and that the step grows by exactly their seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.estimate.autocast_time import autocast_cast_bytes, autocast_cast_s
+from advisor.estimate.step_time import estimate_step_time
+from advisor.hardware.cluster import parse_gpus
+from advisor.hardware.efficiency import load_efficiency
+from advisor.model.lora import LoraConfig
+from advisor.model.sources import resolve_model
+from advisor.strategies import STRATEGIES
+from advisor.training import TrainingConfig
+
+# Llama-3.2-1B: 1,235,814,400 parameters, the embedding tied to the head (so cast for the head's matmul).
+# Llama-3.1-8B: 8,030,261,248, an untied input embedding of 525,336,576 (a lookup, not cast).
+LLAMA1B, LLAMA8B = 1_235_814_400, 8_030_261_248 - 525_336_576
+
+
+@pytest.fixture(scope="module")
+def llama1b():
+    return resolve_model("meta-llama/Llama-3.2-1B")
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return resolve_model("meta-llama/Llama-3.1-8B")
+
+
+def _bytes(spec, name, *, engine="torch", checkpointing=False, **training):
+    return autocast_cast_bytes(spec, TrainingConfig(engine=engine, **training), STRATEGIES[name].on(engine),
+                               checkpointing=checkpointing)
+
+
+def test_ddp_under_bf16_mixed_casts_each_weight_forward_and_its_gradient_backward(llama1b, llama8b):
+    # 4 bytes read + 2 written a weight in forward; the gradient 2 read + 4 written in backward; the recompute casts
+    # again: 6 x 1,235,814,400 = 7,414,886,400; 6 x 7,504,924,672 = 45,029,548,032.
+    assert _bytes(llama1b, "ddp") == (7_414_886_400, 7_414_886_400)
+    assert _bytes(llama1b, "ddp", checkpointing=True) == (7_414_886_400, 14_829_772_800)
+    assert _bytes(llama8b, "zero1") == (6 * LLAMA8B, 6 * LLAMA8B) == (45_029_548_032, 45_029_548_032)
+
+
+def test_recipes_that_hold_no_fp32_weight_under_autocast_pay_nothing(llama1b):
+    assert _bytes(llama1b, "zero3") == (0, 0)  # FSDP2's MixedPrecisionPolicy casts the shard before its all-gather
+    assert _bytes(llama1b, "ddp", precision="bf16") == (0, 0)
+    assert _bytes(llama1b, "ddp", precision="fp32") == (0, 0)
+    assert _bytes(llama1b, "ddp", engine="deepspeed") == (0, 0)  # DeepSpeed holds bf16 weights
+    assert _bytes(llama1b, "ddp", lora=LoraConfig(rank=16)) == (0, 0)  # the LoRA base in bf16 (frozen_base compute)
+
+
+def test_seconds_at_nine_tenths_of_hbm_bandwidth_and_the_step_grows_by_them(llama1b, monkeypatch):
+    """H100 SXM: 3,350 GB/s x 0.9 = 3.015e12 bytes/s; 7,414,886,400 bytes = 2.459331 ms each way; the step of
+    one micro-batch grows by exactly the two (the plan without this term: the same call with it taken off)."""
+    hw = parse_gpus("1xH100")
+    training = TrainingConfig()
+    impl = STRATEGIES["ddp"].on("torch")
+    fwd, bwd = autocast_cast_s(llama1b, hw, training, impl, load_efficiency(), checkpointing=False)
+    assert fwd == bwd == pytest.approx(7_414_886_400 / 3.015e12, rel=1e-12) == pytest.approx(2.459331e-3, rel=1e-6)
+    step = estimate_step_time(llama1b, hw, training, impl, micro_batch_size=4, checkpointing=False)
+    assert any(n.startswith("autocast casts the fp32 weights") and "0.005 s a micro-batch" in n for n in step.notes)
+    fsdp = estimate_step_time(llama1b, hw, training, STRATEGIES["zero3"].on("torch"), micro_batch_size=4,
+                              checkpointing=False)
+    assert not any(n.startswith("autocast casts") for n in fsdp.notes)
+    from advisor.estimate import step_time as step_time_module
+
+    monkeypatch.setattr(step_time_module, "autocast_cast_s", lambda *a, **k: (0.0, 0.0))
+    without = estimate_step_time(llama1b, hw, training, impl, micro_batch_size=4, checkpointing=False)
+    assert step.compute_s - without.compute_s == pytest.approx(2 * 2.459331e-3, rel=1e-6)

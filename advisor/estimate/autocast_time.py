@@ -20,6 +20,9 @@ norms' weights, a small share, are counted too: an over-charge) and a quantised 
 dequantises them to the compute dtype: ``quantized.dequantization_step_s``); a QLoRA model's fp32 head is cast. Not counted: accumulating the gradient into
 ``.grad`` across micro-batches (``AccumulateGrad``'s add from the second micro-batch of a step on).
 
+The casts' bandwidth was measured on an H100 (benchmarks/gpu_cast_bandwidth.py): fp32 -> bf16 one tensor at a time
+reaches 0.84 of the datasheet, bf16 -> fp32 0.55.
+
 Seen on an H100 (benchmarks/results/gpu_speed.md, the plain model under bf16 autocast, fused AdamW): Llama-3.2-3B
 at micro-batch 1 x 2048 under full checkpointing spends its step's elementwise time on these casts (the profile
 of that run), which the plan's matmul utilisation, fitted on FSDP runs that cast only shards, never saw.
@@ -68,14 +71,21 @@ def autocast_cast_bytes(spec: "ModelSpec", training: "TrainingConfig", impl: "Im
 
 def autocast_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig", impl: "Implementation",
                     eff: "EfficiencyProfile", *, checkpointing: bool) -> tuple[float, float]:
-    """(forward, backward) seconds of the casts a micro-batch at the GPU's HBM bandwidth x
-    ``autocast_casts.hbm_efficiency``, on the compute stream: they add to compute."""
+    """(forward, backward) seconds of the casts a micro-batch, on the compute stream (they add to compute): the
+    weights' casts down at the GPU's HBM bandwidth x ``autocast_casts.down_hbm_efficiency``, the gradients' casts
+    up at ``up_hbm_efficiency`` (measured apart on an H100: benchmarks/results/gpu_cast_bandwidth.md)."""
     fwd, bwd = autocast_cast_bytes(spec, training, impl, checkpointing=checkpointing)
-    bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.autocast_casts.hbm_efficiency
-    return fwd / bandwidth, bwd / bandwidth
+    if not fwd:
+        return 0.0, 0.0
+    cost, datasheet = eff.autocast_casts, hw.gpu.hbm_bandwidth_gbps * 1e9
+    down, up = datasheet * cost.down_hbm_efficiency, datasheet * cost.up_hbm_efficiency
+    recompute = fwd if checkpointing else 0  # the recompute casts the weights down again
+    return fwd / down, recompute / down + (bwd - recompute) / up
 
 
 def autocast_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile", *, checkpointing: bool) -> str:
+    cost = eff.autocast_casts
     return (f"autocast casts the fp32 weights to the compute dtype in forward{' and again in the recompute' if checkpointing else ''}"
             f", and the trainable ones' gradients back in backward: {seconds:.3f} s a micro-batch at "
-            f"{eff.autocast_casts.hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s")
+            f"{cost.down_hbm_efficiency:.0%} / {cost.up_hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s "
+            "(down / up, measured on an H100)")

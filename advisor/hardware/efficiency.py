@@ -151,8 +151,9 @@ class LoraAdapterCost(_Frozen):
 
 
 class WeightCastCost(_Frozen):
-    hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth of autocast's weight "
-                                  "casts (advisor.estimate.autocast_time).")
+    down_hbm_efficiency: float = Field(gt=0, le=1, description="Achieved / datasheet HBM bandwidth of autocast's "
+                                       "fp32 -> bf16 weight casts (advisor.estimate.autocast_time).")
+    up_hbm_efficiency: float = Field(gt=0, le=1, description="The same for the gradients' bf16 -> fp32 casts back.")
     source: str
     note: str | None = None
 

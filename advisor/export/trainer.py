@@ -11,7 +11,9 @@ alias in transformers 5. ``optim`` names the optimizer step the plan counted (``
 ``parallelism_config``. ``--compile`` is ``torch_compile`` with ``torch_compile_backend: inductor`` (the fields
 ``TrainingArguments.__post_init__`` reads into accelerate's dynamo plugin; it compiles the model as a whole, not
 block by block, so graph breaks may differ from the plan's per-block compile). ``--float8`` has no
-``TrainingArguments`` key: a note says so (``advisor.export.optimizer``).
+``TrainingArguments`` key: a note says so (``advisor.export.optimizer``). DDP writes ``ddp_bucket_cap_mb``, the
+bucket the plan timed (25 MiB, torch's default): the key that tells DDP from an FSDP chosen by accelerate's own
+config, so ``advisor plan --from`` reads the strategy back.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from advisor.planning.api import Plan
 from advisor.export.deepspeed import deepspeed_doc
 from advisor.export.optimizer import trainer_optim
 from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.hardware.efficiency import load_efficiency
 from advisor.model.spec import ModelSpec
 
 
@@ -69,6 +72,8 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
     elif target.engine == "deepspeed":
         # The same target: every pair the Trainer expresses on DeepSpeed is one a DeepSpeed JSON expresses.
         args["deepspeed"] = deepspeed_doc(target, model)
+    elif target.strategy == "ddp":  # DDP's bucket, the one the plan timed (torch's 25 MiB default): says DDP
+        args["ddp_bucket_cap_mb"] = load_efficiency().communication.ddp_bucket_bytes // 2**20
     return args
 
 

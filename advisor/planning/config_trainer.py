@@ -5,7 +5,7 @@ Which keys it reads, and what they mean, from the framework's own definitions: T
 ``fp16``, ``optim`` (transformers/trainer_optimizer.py maps ``adamw_torch`` to torch.optim.AdamW's default,
 foreach on CUDA, and ``adamw_torch_fused`` to fused=True), ``gradient_checkpointing``
 (``activation_checkpointing`` in transformers 5), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
-config inline or a path), ``use_liger_kernel``, ``parallelism_config``.
+config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bucket_cap_mb`` (DDP's own key: the file chose DDP).
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from advisor.planning.config_deepspeed import read_nested_deepspeed
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json, take_batch,
                                           take_degrees, take_precision)
 
-NO_SHARDING = "(no fsdp, deepspeed or parallelism_config)"
 _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
     "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
@@ -52,13 +51,16 @@ def read_trainer(r: Reader, base: Path) -> None:
     if r.section("parallelism_config") is not None:
         take_degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
                  implied="dp_shard_size")
-    elif not any(v.option in ("strategy", "engine") for v in r.values):
-        # Neither fsdp nor deepspeed nor a parallelism_config: launched on more than one process, the Trainer hands
-        # the model to accelerate, which wraps it in torch.nn.parallel.DistributedDataParallel (accelerate
-        # accelerator.py prepare_model, distributed_type MULTI_GPU); on one process it runs plain, which the
-        # plan's ddp on one GPU is. So the file fixes DDP, as an accelerate MULTI_GPU file does.
-        r.take(NO_SHARDING, "DDP", "engine", "torch")
-        r.take(NO_SHARDING, "DDP", "strategy", "ddp")
+    elif r.raw("ddp_bucket_cap_mb") is not None and not any(v.option in ("strategy", "engine") for v in r.values):
+        # DDP's own key with neither fsdp nor deepspeed: the file chose DDP (the Trainer hands it to accelerate's
+        # DistributedDataParallelKwargs as bucket_cap_mb, transformers trainer.py create_accelerator_and_postprocess). Without it the file does not fix the
+        # strategy: the Trainer also runs FSDP when accelerate launch's own config says so (is_fsdp_enabled reads
+        # the accelerator's state), which no key here shows.
+        raw = r.raw("ddp_bucket_cap_mb")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+            raise r.fail("ddp_bucket_cap_mb", "must be a positive number of MiB")
+        r.take("ddp_bucket_cap_mb", raw, "engine", "torch")
+        r.take("ddp_bucket_cap_mb", raw, "strategy", "ddp")
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 

@@ -351,13 +351,15 @@ def test_a_deepspeed_jsons_own_bucket_size_is_planned(tmp_path, capsys):
     assert peaks[200_000_000]["at_loss_backward"] == peaks["auto"]["at_loss_backward"]
 
 
-def test_trainer_arguments_without_fsdp_or_deepspeed_plan_the_ddp_the_trainer_runs(tmp_path, capsys):
-    """Launched on several processes the Trainer runs DDP unless fsdp, deepspeed or a parallelism_config says
-    otherwise (accelerate's prepare_model wraps it), so such a file fixes ddp, as accelerate's MULTI_GPU does. A
-    7B full fine-tune that DDP cannot hold on two A100s says so, and names what fits on those same GPUs: zero3
+def test_trainer_arguments_with_ddps_bucket_and_no_fsdp_or_deepspeed_fix_ddp(tmp_path, capsys):
+    """``ddp_bucket_cap_mb`` is DDP's own key (the Trainer hands it to accelerate's DistributedDataParallelKwargs):
+    with neither fsdp nor deepspeed the file chose DDP, as an accelerate MULTI_GPU file does, and advisor export
+    writes it for a DDP plan. Without it the strategy stays open (accelerate's own config may still choose FSDP).
+    A 7B full fine-tune that DDP cannot hold on two A100s says so, and names what fits on those same GPUs: zero3
     with the Trainer's fused AdamW (69.5 GiB, the README's --recipe trainer plan), not more GPUs."""
     path = tmp_path / "training_args.json"
-    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "optim": "adamw_torch_fused"}))
+    path.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "optim": "adamw_torch_fused",
+                                "ddp_bucket_cap_mb": 25}))
     doc = _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(path))
     taken = {v["option"]: v["setting"] for v in doc["from_file"]["values"]}
     assert taken["strategy"] == "ddp" and taken["engine"] == "torch" and taken["recipe"] == "trainer"
@@ -366,8 +368,12 @@ def test_trainer_arguments_without_fsdp_or_deepspeed_plan_the_ddp_the_trainer_ru
                                    "message": "zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1."}
     code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(path)], capsys)
     assert code == 3 and "ddp does not fit. zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1." in out
-    with_fsdp = tmp_path / "fsdp_args.json"
-    with_fsdp.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "fsdp": "full_shard auto_wrap"}))
-    taken = {v["option"]: v["setting"] for v in _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from",
-                                                      str(with_fsdp))["from_file"]["values"]}
-    assert taken["strategy"] == "zero3"
+    open_file = tmp_path / "open_args.json"
+    open_file.write_text(json.dumps({"per_device_train_batch_size": 1, "bf16": True, "ddp_bucket_cap_mb": None}))
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(open_file))
+    assert "strategy" not in {v["option"] for v in doc["from_file"]["values"]}
+    assert doc["recommendation"]["strategy"] == "zero3"
+    bad = tmp_path / "bad_args.json"
+    bad.write_text(json.dumps({"per_device_train_batch_size": 1, "ddp_bucket_cap_mb": "big"}))
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(bad)], capsys)
+    assert code == 2 and "ddp_bucket_cap_mb" in err and len(err.strip().splitlines()) == 1

@@ -47,6 +47,7 @@ is told the degrees.
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -154,9 +155,11 @@ class DecoderStage(nn.Module):
 
         hidden = self.model.embed_tokens(inputs) if self.model.embed_tokens is not None else inputs
         positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
-        # The mask the whole model would build (None under SDPA: causal by is_causal, as in the model).
+        # The mask the whole model would build (None under SDPA: causal by is_causal, as in the model). The cache
+        # argument is `past_key_values` up to transformers 5.23 and `cache` from 5.24 (the old name warns, and goes
+        # in 5.40): no cache either way.
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=None,
-                                  past_key_values=None, position_ids=positions)
+                                  position_ids=positions, **{_cache_argument(create_causal_mask): None})
         rotary = self.model.rotary_emb(hidden, position_ids=positions)
         for layer in self.model.layers.values():
             hidden = layer(hidden, attention_mask=mask, position_ids=positions, position_embeddings=rotary)
@@ -164,6 +167,11 @@ class DecoderStage(nn.Module):
         if self.lm_head is not None:
             hidden = self.lm_head(self.model.norm(hidden))
         return hidden
+
+
+def _cache_argument(create_causal_mask) -> str:
+    """The name ``create_causal_mask`` gives its cache argument in the installed transformers."""
+    return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
 
 
 def _check_splittable(model: nn.Module) -> None:

@@ -115,9 +115,16 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                     num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=fitting.label))
     if found:
         count, _, name = min(found)
+        # an offloading answer also names the fewest GPUs that hold the job without offload, when some do
+        def offloads(strategy: StrategyName) -> bool:
+            impl = STRATEGIES[strategy].on(training.engine)
+            return impl.offload_optimizer or impl.offload_params
+
+        gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
         return SmallestFit(num_gpus=count, strategy=name,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
-                                                     current=count == hardware.world_size))
+                                                     current=count == hardware.world_size,
+                                                     gpu_only_gpus=gpu_only if offloads(name) else None))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")

@@ -227,7 +227,8 @@ def test_nothing_fits_is_refused_naming_the_smallest_fit():
     # (the torch recipe's foreach AdamW leaves zero3 alone 0.4 GiB short on two A100s)
     assert message.startswith("zero1 does not fit 2 x A100-80GB-SXM for Qwen/Qwen2.5-7B, so there is nothing to "
                               "export: zero3_offload fits on these 2 x A100-80GB-SXM at micro-batch 1.")
-    assert "\n" not in message and os.linesep not in message and message.endswith("Leave out --strategy to plan it.")
+    assert "\n" not in message and os.linesep not in message and message.endswith(
+        "Without offload, 3 x A100-80GB-SXM would fit with zero3. Leave out --strategy to plan it.")
     unpinned = make_plan("Qwen/Qwen2.5-72B", "1xA10G", activation_checkpointing="on")
     with pytest.raises(ValueError) as err:
         build_accelerate(unpinned)

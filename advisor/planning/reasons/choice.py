@@ -290,6 +290,8 @@ class SmallestFitFound(ReasonModel):
     mesh_label: str | None = None
     current: bool = Field(default=False, exclude_if=lambda on: not on,
                           description="The count is the plan's own: another strategy fits on these GPUs.")
+    gpu_only_gpus: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                      description="Where ``strategy`` offloads: the fewest GPUs zero3 fits on alone.")
 
 
 class NoCountFits(ReasonModel):

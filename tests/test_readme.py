@@ -159,6 +159,13 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     c_med, c_max, c_n = re.search(r"compiled blocks, the loss eager \(the torch recipe as planned\): median \|err\| "
                                   r"([0-9.]+)%, max ([0-9.]+)% over (\d+) runs", compiled).groups()
     assert f"vs a real H100: allocated | {c_n} | {c_med}% | {c_max}% |" in readme
+    scale = (ROOT / "benchmarks/results/gpu_scale.md").read_text()
+    rows = {setting: (allocated, reserved) for setting, allocated, reserved in re.findall(
+        r"\| (defaults|expandable_segments:True) \| [0-9.]+ \| [0-9.]+ \| ([-+0-9.]+%) \| [0-9.]+ \| [0-9.]+ \| "
+        r"([-+0-9.]+%) \|", scale)}
+    (allocated, reserved), expandable = rows["defaults"], rows["expandable_segments:True"][1]
+    assert (f"(with expandable segments) | 1 | {allocated} | reserved {reserved} ({expandable}) "
+            "| `benchmarks/results/gpu_scale.md` |") in readme
     speed = (ROOT / "benchmarks/results/gpu_speed.md").read_text()
     s_med, s_low, s_high, s_n = re.search(r"median \|error\| ([0-9.]+)%, signed ([-+0-9.]+)% to ([-+0-9.]+)% over (\d+) runs",
                                           speed).groups()

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from advisor.training import TrainingConfig
 
 
-def cast_weights(spec: "ModelSpec", training: "TrainingConfig") -> int:
+def num_cast_weights(spec: "ModelSpec", training: "TrainingConfig") -> int:
     """Weights autocast casts once a forward: every parameter but an untied input embedding and a 4-bit or 8-bit
     base's quantised linears (bitsandbytes dequantises those to the compute dtype itself: ``quantized``)."""
     lookup = spec.embedding_params if (spec.embedding_params and spec.tied_embeddings is False) else 0
@@ -64,7 +64,7 @@ def autocast_cast_bytes(spec: "ModelSpec", training: "TrainingConfig", impl: "Im
     if not (dt.input_casts and dt.residual == FP32 and dt.compute < FP32):
         return 0, 0
     per_weight = FP32 + dt.compute
-    cast = cast_weights(spec, training)
+    cast = num_cast_weights(spec, training)
     trainable = min(spec.trainable_params, cast)
     return cast * per_weight, trainable * per_weight + (cast * per_weight if checkpointing else 0)
 

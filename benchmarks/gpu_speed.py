@@ -129,11 +129,11 @@ PROFILE_NOTE = [
     "elementwise work: autocast's bf16 casts of the fp32 weights (in forward and again in each recomputed block), "
     "copies and the fp32 gradient accumulation. The plan counts compute as FLOPs over a utilisation fitted on "
     "multi-GPU runs of 4k-80k tokens a micro-batch in bf16 parameters, so the launch gaps are not in it. The weight "
-    "casts are, since 2026-11-27 (`advisor/estimate/autocast_time.py`: 6 bytes a weight in forward, again in the "
-    "recompute, and 6 a trainable weight's gradient in backward, at the shares of HBM bandwidth measured for the "
-    "casts down and up, 0.84 and 0.55, `benchmarks/results/gpu_cast_bandwidth.md`): 24 ms of this step; the plan "
-    "moved from -16.8% to -5.9% here, and the other full fine-tunes under autocast from -6.8% / -3.9% / +0.6% "
-    "(compiled) to -3.5% / -0.1% / +5.0%.",
+    "casts are, since 2026-11-27 (`advisor/estimate/autocast_time.py`: 6 bytes a weight in forward, again for the "
+    "blocks' weights in the recompute, and 6 a trainable weight's gradient in backward, at the shares of HBM "
+    "bandwidth measured for the casts down and up, 0.84 and 0.55, `benchmarks/results/gpu_cast_bandwidth.md`): 23 ms "
+    "of this step; the plan moved from -16.8% to -6.3% here, and the other full fine-tunes under autocast from -6.8% "
+    "/ -3.9% / +0.6% (compiled) to -3.5% / -0.3% / +5.0%.",
     "- Qwen2.5-0.5B, micro-batch 8 x 2048 (243 ms): the loss over its 151,936-token vocabulary is a large part "
     "(the fp32 softmax forward and backward kernels 13 ms each, besides the fp32 copy and its gradient's elementwise "
     "kernels); its 896-wide matmuls are small. The plan's utilisation (hidden / (hidden + 388)) lowers the whole "

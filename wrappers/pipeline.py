@@ -47,6 +47,7 @@ is told the degrees.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,6 +170,7 @@ class DecoderStage(nn.Module):
         return hidden
 
 
+@functools.cache
 def _cache_argument(create_causal_mask) -> str:
     """The name ``create_causal_mask`` gives its cache argument in the installed transformers."""
     return "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"

@@ -65,14 +65,24 @@ def recommended_candidate(plan):
 
 # --- the answer ------------------------------------------------------------------------------------
 
+def unfit_headline(plan) -> str:
+    """'Nothing fits.', or, where the smallest fit is on the plan's own GPUs (a fixed strategy or micro-batch did
+    not fit), what was fixed: 'ddp does not fit.', 'Nothing fits at micro-batch 64.'"""
+    here = plan.smallest_fit is not None and getattr(plan.smallest_fit.reason, "current", False)
+    if not here:
+        return "Nothing fits."
+    asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
+    micro = plan.training.micro_batch_size
+    at = f" at micro-batch {micro}" if micro is not None else ""
+    return f"{asked[0]} does not fit{at}." if len(asked) == 1 else f"Nothing fits{at}."
+
+
 def answer_lines(plan) -> list[str]:
     """The recommendation with its figures, then one line of why (rich markup)."""
     rec = plan.recommendation
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
-        here = plan.smallest_fit is not None and getattr(plan.smallest_fit.reason, "current", False)
-        asked = " and ".join(dict.fromkeys(c.strategy for c in plan.candidates))
-        lines = [f"[bold red]{f'{asked} does not fit.' if here else 'Nothing fits.'}[/] {found}".rstrip()]
+        lines = [f"[bold red]{unfit_headline(plan)}[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
         return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"

@@ -13,7 +13,8 @@ elementwise ``_to_copy`` that reads 4 bytes and writes 2 a weight. Backward runs
 weight's gradient, read 2 and write 4 (``ToCopyBackward0``), for the weights that train. A checkpointed block
 casts its weights again in the recompute (non-reentrant checkpointing replays the forward under the saved
 autocast state: a new region). So, per micro-batch, w the cast weights, t of them trainable, c the compute
-dtype's width: forward w (4 + c), backward t (4 + c) + w (4 + c) when checkpointed.
+dtype's width: forward w (4 + c), backward t (4 + c) + b (4 + c) when checkpointed, b the blocks' weights among
+the w.
 
 Counted: every parameter but an untied input embedding (an ``embedding`` lookup is not on autocast's list; the
 norms' weights, a small share, are counted too: an over-charge) and a quantised base's linears (bitsandbytes
@@ -42,31 +43,51 @@ if TYPE_CHECKING:
     from advisor.training import TrainingConfig
 
 
-def num_cast_weights(spec: "ModelSpec", training: "TrainingConfig") -> int:
-    """Weights autocast casts once a forward: every parameter but an untied input embedding and a 4-bit or 8-bit
-    base's quantised linears (bitsandbytes dequantises those to the compute dtype itself: ``quantized``)."""
+def num_cast_weights(spec: "ModelSpec", training: "TrainingConfig") -> tuple[int, int]:
+    """(weights autocast casts once a forward, those of them a checkpointed block's recompute casts again).
+
+    A forward casts every parameter but an untied input embedding, a 4-bit or 8-bit base's quantised linears
+    (bitsandbytes dequantises those to the compute dtype itself: ``quantized``) and, under ``--float8``, the blocks'
+    converted linears (torchao's Float8Linear casts its fp32 weight straight to fp8, counted by ``float8_time``).
+    The recompute runs the blocks only (HF's and torchtitan's checkpointing wrap each decoder layer), so the input
+    embedding, the head (a tied one too) and the final norm are not cast again; where the spec does not split its
+    parameters, every cast weight is counted again (an over-charge)."""
     lookup = spec.embedding_params if (spec.embedding_params and spec.tied_embeddings is False) else 0
-    quantized = 0
+    skipped = 0
     if training.quantize is not None:
         from advisor.estimate.quantized import quantized_base
 
-        quantized = quantized_base(spec, training.quantize, double_quant=training.double_quant).params
-    return max(spec.total_params - lookup - quantized, 0)
+        skipped += quantized_base(spec, training.quantize, double_quant=training.double_quant).params
+    if training.float8:
+        from advisor.estimate.float8_time import float8_linears
+
+        skipped += spec.num_layers * sum(k * n for k, n in float8_linears(spec))
+    forward = max(spec.total_params - lookup - skipped, 0)
+    outside = (spec.embedding_params, spec.head_params, spec.other_params)
+    recompute = forward if None in outside else max(spec.total_params - sum(outside) - skipped, 0)  # type: ignore[arg-type]
+    return forward, min(recompute, forward)
+
+
+def _cast_bytes(spec: "ModelSpec", training: "TrainingConfig", impl: "Implementation", *,
+                checkpointing: bool) -> tuple[int, int, int]:
+    """(forward casts down, the recompute's casts down, the gradients' casts up) in bytes, one micro-batch."""
+    from advisor.estimate.memory import recipe_dtypes
+
+    dt = recipe_dtypes(training, impl)
+    if not (dt.input_casts and dt.residual == FP32 and dt.compute < FP32):
+        return 0, 0, 0
+    per_weight = FP32 + dt.compute
+    forward, recompute = num_cast_weights(spec, training)
+    trainable = min(spec.trainable_params, forward)
+    return forward * per_weight, (recompute * per_weight if checkpointing else 0), trainable * per_weight
 
 
 def autocast_cast_bytes(spec: "ModelSpec", training: "TrainingConfig", impl: "Implementation", *,
                         checkpointing: bool) -> tuple[int, int]:
     """(forward, backward) HBM bytes of autocast's weight casts in one micro-batch; (0, 0) where the recipe
     does not cast fp32 weights under autocast (the module docstring)."""
-    from advisor.estimate.memory import recipe_dtypes
-
-    dt = recipe_dtypes(training, impl)
-    if not (dt.input_casts and dt.residual == FP32 and dt.compute < FP32):
-        return 0, 0
-    per_weight = FP32 + dt.compute
-    cast = num_cast_weights(spec, training)
-    trainable = min(spec.trainable_params, cast)
-    return cast * per_weight, trainable * per_weight + (cast * per_weight if checkpointing else 0)
+    down, recompute, up = _cast_bytes(spec, training, impl, checkpointing=checkpointing)
+    return down, recompute + up
 
 
 def autocast_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig", impl: "Implementation",
@@ -74,13 +95,12 @@ def autocast_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig
     """(forward, backward) seconds of the casts a micro-batch, on the compute stream (they add to compute): the
     weights' casts down at the GPU's HBM bandwidth x ``autocast_casts.down_hbm_efficiency``, the gradients' casts
     up at ``up_hbm_efficiency`` (measured apart on an H100: benchmarks/results/gpu_cast_bandwidth.md)."""
-    fwd, bwd = autocast_cast_bytes(spec, training, impl, checkpointing=checkpointing)
-    if not fwd:
+    down, recompute, up = _cast_bytes(spec, training, impl, checkpointing=checkpointing)
+    if not down:
         return 0.0, 0.0
     cost, datasheet = eff.autocast_casts, hw.gpu.hbm_bandwidth_gbps * 1e9
-    down, up = datasheet * cost.down_hbm_efficiency, datasheet * cost.up_hbm_efficiency
-    recompute = fwd if checkpointing else 0  # the recompute casts the weights down again
-    return fwd / down, recompute / down + (bwd - recompute) / up
+    return down / (datasheet * cost.down_hbm_efficiency), (recompute / (datasheet * cost.down_hbm_efficiency)
+                                                           + up / (datasheet * cost.up_hbm_efficiency))
 
 
 def autocast_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile", *, checkpointing: bool) -> str:

@@ -194,11 +194,13 @@ def require_recommendation(plan: Plan) -> None:
         return
     fit = plan.smallest_fit
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
-    what = "nothing fits"
-    if fit is not None and getattr(fit.reason, "current", False):  # a pinned strategy; another fits these GPUs
-        what = " and ".join(dict.fromkeys(c.strategy for c in plan.candidates)) + " does not fit"
-        hint += " Leave out --strategy to plan it."
-    raise ValueError(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}, "
+    what, at = "nothing fits", ""
+    if fit is not None and getattr(fit.reason, "current", False):  # a fixed strategy or micro-batch did not fit
+        asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
+        what = f"{asked[0]} does not fit on" if len(asked) == 1 else "nothing fits"
+        micro = plan.training.micro_batch_size
+        at = f" at micro-batch {micro}" if micro is not None else ""
+    raise ValueError(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}{at}, "
                      f"so there is nothing to export: {hint}")
 
 

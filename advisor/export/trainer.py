@@ -72,7 +72,8 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
     elif target.engine == "deepspeed":
         # The same target: every pair the Trainer expresses on DeepSpeed is one a DeepSpeed JSON expresses.
         args["deepspeed"] = deepspeed_doc(target, model)
-    elif target.strategy == "ddp":  # DDP's bucket, the one the plan timed (torch's 25 MiB default): says DDP
+    elif target.strategy == "ddp" and not target.cpu and target.num_nodes * target.gpus_per_node > 1:
+        # DDP's bucket, the one the plan timed (torch's 25 MiB default): says DDP (one GPU runs the plain model)
         args["ddp_bucket_cap_mb"] = load_efficiency().communication.ddp_bucket_bytes // 2**20
     return args
 

@@ -84,11 +84,14 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     were not tried on these GPUs)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
-    above = hardware.world_size - 1 if from_current else hardware.world_size
     found = []
     for order, name in enumerate(strategies):
+        # the plan's own GPUs as they are (nodes and all): a count search would resize them
+        if from_current and evaluate_candidate(spec, hardware, relaxed, name).fits:
+            found.append((hardware.world_size, order, name))
+            continue
         count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits,
-                               above=above, per_node=per_node)
+                               above=hardware.world_size, per_node=per_node)
         if count is not None:
             found.append((count, order, name))
     if meshes is not None:  # a mesh only matters below the data-parallel answer: counts below it, in order

@@ -58,6 +58,26 @@ def test_smallest_fit_counts_whole_nodes_not_doublings():
     assert (p.smallest_fit.num_gpus, p.smallest_fit.strategy) == (48, "zero3_offload")
 
 
+def test_a_fixed_strategy_that_does_not_fit_names_what_fits_on_the_plans_own_gpus():
+    """--strategy ddp pins one candidate, so the others were never tried on these GPUs: the smallest-fit search
+    tries them there first, on the cluster as given. Qwen2.5-7B on 2 A100s under the Trainer's fused AdamW: zero3
+    fits (69.5 GiB, the README's --recipe trainer plan); under the torch recipe zero3 is 0.4 GiB short (the
+    foreach temporary: test_smallest_fit_within_a_server_is_not_a_power_of_two) and zero3_offload fits, with 3
+    GPUs named for zero3 alone. Qwen2.5-72B on 3 nodes of 4 (12 GPUs): zero3_offload fits those 12, which a
+    search by whole nodes of 8 (8, then 16) never evaluates."""
+    trainer = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="ddp", recipe="trainer")
+    assert trainer.recommendation is None
+    assert trainer.smallest_fit.message == "zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1."
+    torch_recipe = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="ddp")
+    assert torch_recipe.smallest_fit.message == ("zero3_offload fits on these 2 x A100-80GB-SXM at micro-batch 1. "
+                                                 "Without offload, 3 x A100-80GB-SXM would fit with zero3.")
+    nodes = plan("Qwen/Qwen2.5-72B", "4xA100", nodes=3, strategy="ddp")
+    assert (nodes.smallest_fit.num_gpus, nodes.smallest_fit.strategy) == (12, "zero3_offload")
+    assert nodes.smallest_fit.message.startswith("zero3_offload fits on these 12 x A100-80GB-SXM")
+    unpinned = plan("Qwen/Qwen2.5-7B", "2xA100", cpu_memory_gib=8)
+    assert "these" not in unpinned.smallest_fit.message  # nothing pinned: the search starts above the plan's count
+
+
 @pytest.mark.parametrize("checkpointing", ["auto", "off"])
 def test_nothing_fits_names_only_remedies_not_yet_tried(checkpointing):
     """Qwen2.5-VL-7B with 64 images of 1,024 x 1,024 pixels a sample fits no count of H100s. The message used to

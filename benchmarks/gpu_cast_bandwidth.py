@@ -13,10 +13,11 @@ passes after 2, CUDA events; bytes read and written over the time, against the d
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from _gpu_cli import gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HIDDEN, KV, FFN, LAYERS, VOCAB = 3072, 1024, 8192, 28, 128256  # meta-llama/Llama-3.2-3B config.json
@@ -71,27 +72,11 @@ def report() -> int:
     for name, row in run["casts"].items():
         lines.append(f"| {name} | {row['weights']:,} | {row['tensors']} | {1000 * row['seconds']:.2f} | "
                      f"{row['gbps']:,.0f} | {row['gbps'] / gpu.hbm_bandwidth_gbps:.2f} |")
-    (RESULTS / "gpu_cast_bandwidth.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_report("gpu_cast_bandwidth", [*lines, ""])
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--report", action="store_true")
-    args = parser.parse_args()
-    if args.report:
-        return report()
-    import torch
-
-    if not torch.cuda.is_available() or args.out is None:
-        print("gpu_cast_bandwidth: needs a CUDA device and --out DIR (or --report)", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_cast_bandwidth.json").write_text(json.dumps(measure(), indent=1) + "\n")
-    return 0
-
+    return gpu_main(__doc__, "gpu_cast_bandwidth.json", measure=measure, report=report)
 
 if __name__ == "__main__":
     sys.exit(main())

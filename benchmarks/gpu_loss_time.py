@@ -13,11 +13,12 @@ utilisation fitted on multi-GPU runs (benchmarks/results/gpu_speed.md): how much
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
+
+from _gpu_cli import gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCABULARIES = (32000, 128256, 151936, 256000)  # Llama 2, Llama 3, Qwen2.5, Gemma 2
@@ -79,27 +80,11 @@ def report() -> int:
     lines += ["", "The plan has no loss term: its utilisation (fitted on multi-GPU runs of 4k-80k tokens a micro-batch) "
               "carries each calibration run's own loss. Adding this cost on top, unrefitted, would count the loss twice "
               "where those runs already paid it; a refit with each calibration run's loss kernel separated is not done.", ""]
-    (RESULTS / "gpu_loss_time.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    return 0
+    return write_report("gpu_loss_time", lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="folder for gpu_loss_time.json (measures; needs CUDA)")
-    parser.add_argument("--report", action="store_true", help="write results/gpu_loss_time.md from the stored run")
-    args = parser.parse_args()
-    if args.report:
-        return report()
-    import torch
-
-    if not torch.cuda.is_available() or args.out is None:
-        print("gpu_loss_time: needs a CUDA device and --out DIR (or --report)", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_loss_time.json").write_text(json.dumps(measure(), indent=1) + "\n")
-    return 0
-
+    return gpu_main(__doc__, "gpu_loss_time.json", measure=measure, report=report)
 
 if __name__ == "__main__":
     sys.exit(main())

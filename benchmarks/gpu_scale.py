@@ -14,7 +14,6 @@ torchtitan's published reserved figures are and the estimate's reserved is 3-9% 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,6 +22,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 sys.path.insert(0, str(HERE))
+
+from _gpu_cli import gpu_main, write_report  # noqa: E402
 
 MODEL = "meta-llama/Llama-3.1-8B"
 # (strategy, world, micro-batch, seq, checkpointing): torchtitan-8b-fsdp128 in profiles/published_memory.json
@@ -88,32 +89,15 @@ def report() -> int:
               "from its defaults run. Its own layout (embeddings and norm + head as units of their own), its loss "
               "outside the model, real NCCL communicators and the nightly torch of December 2024 differ from this "
               "replica; which allocator setting it ran with is not stated in the table.", ""]
-    (RESULTS / "gpu_scale.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    return 0
+    return write_report("gpu_scale", lines)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=None, help="append one run to DIR/gpu_scale.jsonl (needs CUDA)")
-    parser.add_argument("--report", action="store_true", help="write results/gpu_scale.md from the stored runs")
-    args = parser.parse_args()
-    if args.report:
-        import warnings
+    import warnings
 
-        warnings.filterwarnings("ignore")
-        return report()
-    import torch
-
-    if not torch.cuda.is_available() or args.out is None:
-        print("gpu_scale: needs a CUDA device and --out DIR (or --report); run it twice, the second time with "
-              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "gpu_scale.jsonl", "a") as fh:
-        fh.write(json.dumps(measure_one()) + "\n")
-    return 0
-
+    warnings.filterwarnings("ignore")
+    return gpu_main(__doc__, "gpu_scale.jsonl", measure=measure_one, report=report, append=True,
+                    hint="; run it twice, the second time with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
 
 if __name__ == "__main__":
     sys.exit(main())

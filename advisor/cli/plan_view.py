@@ -22,6 +22,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from advisor.planning.render import remedy_line, remedy_sections, render, render_reason
+from advisor.planning.smallest import unfit_subject
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
 
@@ -65,24 +66,14 @@ def recommended_candidate(plan):
 
 # --- the answer ------------------------------------------------------------------------------------
 
-def unfit_headline(plan) -> str:
-    """'Nothing fits.', or, where the smallest fit is on the plan's own GPUs (a fixed strategy or micro-batch did
-    not fit), what was fixed: 'ddp does not fit.', 'Nothing fits at micro-batch 64.'"""
-    here = plan.smallest_fit is not None and getattr(plan.smallest_fit.reason, "current", False)
-    if not here:
-        return "Nothing fits."
-    asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
-    micro = plan.training.micro_batch_size
-    at = f" at micro-batch {micro}" if micro is not None else ""
-    return f"{asked[0]} does not fit{at}." if len(asked) == 1 else f"Nothing fits{at}."
-
-
 def answer_lines(plan) -> list[str]:
     """The recommendation with its figures, then one line of why (rich markup)."""
     rec = plan.recommendation
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
-        lines = [f"[bold red]{unfit_headline(plan)}[/] {found}".rstrip()]
+        subject, at = unfit_subject(plan)
+        subject = subject.replace("nothing", "Nothing", 1)  # a strategy's name keeps its case
+        lines = [f"[bold red]{subject}{at}.[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
         return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"

@@ -25,6 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan
+from advisor.planning.smallest import unfit_subject
 from advisor.export.quantization import quantization_notes
 from advisor.export.formats import FormatName, Runs, get_format_row
 from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
@@ -194,12 +195,8 @@ def require_recommendation(plan: Plan) -> None:
         return
     fit = plan.smallest_fit
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
-    what, at = "nothing fits", ""
-    if fit is not None and getattr(fit.reason, "current", False):  # a fixed strategy or micro-batch did not fit
-        asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
-        what = f"{asked[0]} does not fit on" if len(asked) == 1 else "nothing fits"
-        micro = plan.training.micro_batch_size
-        at = f" at micro-batch {micro}" if micro is not None else ""
+    what, at = unfit_subject(plan)
+    what += " on" if what.endswith("does not fit") else ""
     raise ValueError(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}{at}, "
                      f"so there is nothing to export: {hint}")
 

@@ -74,6 +74,19 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
     return high * per_node
 
 
+def unfit_subject(plan) -> tuple[str, str]:
+    """What did not fit in a plan with no recommendation, for its one-line headline and export's refusal:
+    ``("ddp does not fit", " at micro-batch 64")`` where something fits the plan's own GPUs (the strategy or the
+    micro-batch was fixed), ``("nothing fits", "")`` otherwise."""
+    fit = plan.smallest_fit
+    if fit is None or not getattr(fit.reason, "current", False):
+        return "nothing fits", ""
+    asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
+    micro = plan.training.micro_batch_size
+    return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits",
+            f" at micro-batch {micro}" if micro is not None else "")
+
+
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,

@@ -36,6 +36,11 @@ class Implementation(BaseModel):
     offload_params: bool = Field(default=False, description="Sharded parameters and grads on CPU.")
     single_process: bool = Field(default=False, description="One process drives all GPUs (DataParallel).")
 
+    @property
+    def offloads(self) -> bool:
+        """Parameters or optimizer state rest on the CPU."""
+        return self.offload_params or self.offload_optimizer
+
 
 class Strategy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -311,7 +311,7 @@ def _cpu_rate(hw: Hardware, training: TrainingConfig, impl: Implementation, eff:
 def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
              eff: EfficiencyProfile) -> tuple[Traffic, float]:
     """PCIe transfers and the CPU optimizer step (seconds) of the offloading strategies."""
-    if not (impl.offload_params or impl.offload_optimizer):
+    if not impl.offloads:
         return Traffic(), 0.0
     world = hw.world_size
     gather, grad = _dtype_bytes(training, impl)

@@ -200,7 +200,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     full = spec.trainable_params >= spec.total_params
     # Traced families (profiles measured without the gradients) are left as they were: some gain (StableLM,
     # GPT-NeoX, StarCoder2 under FSDP2), others are not read op by op yet (Gemma 3, Cohere, OLMo 2).
-    if (training.engine != "torch" or impl.single_process or impl.offload_params or impl.offload_optimizer
+    if (training.engine != "torch" or impl.single_process or impl.offloads
             or not full or not spec.intermediate_size or not spec.hidden_size
             or (spec.num_experts and (spec.hybrid is not None or spec.mla is not None))):
         return buffers

@@ -375,8 +375,7 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
 
 
 def _offloads(rec: Recommendation) -> bool:
-    impl = STRATEGIES[rec.strategy].on(rec.engine)
-    return impl.offload_params or impl.offload_optimizer
+    return STRATEGIES[rec.strategy].on(rec.engine).offloads
 
 
 def _pins_flags(pins: MeshPins) -> tuple[tuple[str, str], ...]:

@@ -233,8 +233,7 @@ def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: lis
 
 def offloads(cand: Candidate) -> bool:
     """The candidate keeps parameters or optimizer state on the CPU."""
-    impl = STRATEGIES[cand.strategy].on(cand.engine)
-    return impl.offload_params or impl.offload_optimizer
+    return STRATEGIES[cand.strategy].on(cand.engine).offloads
 
 
 def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candidate, r.FasterOffload | None]:

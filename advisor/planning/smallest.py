@@ -133,8 +133,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         count, _, name = min(found)
         # an offloading answer also names the fewest GPUs that hold the job without offload, when some do
         def offloads(strategy: StrategyName) -> bool:
-            impl = STRATEGIES[strategy].on(training.engine)
-            return impl.offload_optimizer or impl.offload_params
+            return STRATEGIES[strategy].on(training.engine).offloads
 
         gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
         return SmallestFit(num_gpus=count, strategy=name,

@@ -76,7 +76,7 @@ def not_simulated(impl: Implementation) -> str | None:
     """
     if impl.single_process:
         return "DataParallel drives several CUDA GPUs from one process, which a CPU cannot stand in for"
-    if impl.offload_params or impl.offload_optimizer:
+    if impl.offloads:
         return "offload moves state from the GPU to the CPU, and the simulated step already runs on the CPU"
     if impl.shard_optimizer and not impl.shard_params:
         return "ZeroRedundancyOptimizer's partitioned step is not measured"

@@ -26,6 +26,7 @@ LossKernel = Literal["hf", "chunked", "fused"]
 OptimizerImpl = Literal["fused", "foreach", "for-loop"]
 FrozenBase = Literal["compute", "param"]
 ZeroGrad = Literal["before_forward", "before_backward"]
+AccumulationSync = Literal["every_micro_batch", "last_micro_batch"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
@@ -104,6 +105,11 @@ class Recipe(BaseModel):
     zero_grad: ZeroGrad = Field(default="before_forward", description="When the loop frees the previous step's "
                                 "gradients: before the forward (after the optimizer step, or first thing in the "
                                 "step), or only before the backward, so they live through the forward and the loss.")
+    accumulation_sync: AccumulationSync = Field(
+        default="every_micro_batch", description="How its loop accumulates gradients over micro-batches: "
+        "every_micro_batch (gradients reduced, FSDP's shards accumulated, after each backward) or last_micro_batch "
+        "(FSDP's gradient sync switched off until the last micro-batch, so each unit keeps its unsharded gradient "
+        "in the compute dtype; DDP's no_sync holds what it holds anyway). advisor.estimate.accumulation.")
     tp_sequence_parallel: bool = Field(default=False, description="Its tensor parallelism shards the norms and the "
                                        "residual stream along the sequence (Korthikanti et al. 2022); False: the "
                                        "norms and block inputs are whole on every TP rank (transformers' TP plans).")
@@ -138,6 +144,8 @@ class Recipe(BaseModel):
         missing = [fact for fact in _FACTS if not self.sources.get(fact)]
         if self.zero_grad != "before_forward" and not self.sources.get("zero_grad"):
             missing.append("zero_grad")
+        if self.accumulation_sync != "every_micro_batch" and not self.sources.get("accumulation_sync"):
+            missing.append("accumulation_sync")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",

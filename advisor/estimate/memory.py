@@ -60,6 +60,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
+from advisor.estimate.accumulation import held_accumulated_grads
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
@@ -305,8 +306,10 @@ def estimate_memory(
                                                           micro_batch_size=micro_batch_size)
     # ZeRO flattens the trainable parameters only; a frozen base stays in per-parameter tensors.
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
+    held = held_accumulated_grads(spec, training, impl, states, world=world, dp_world=world,
+                                  micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
-                             flat_param_bytes=flat_params, gpu=hardware.gpu.name,
+                             flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
@@ -408,7 +411,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
     dequantised linear of a quantised base, live in a block's backward (``advisor.estimate.quantized``).
     ``held_grads``: gradients already allocated during forward and backward (a pipeline rank's own,
-    from its first backward on: ``advisor.estimate.pipeline``). ``flat_param_bytes``: the parameters a
+    from its first backward on: ``advisor.estimate.pipeline``; accumulated over micro-batches:
+    ``advisor.estimate.accumulation``). ``flat_param_bytes``: the parameters a
     ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
     what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins.
     ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``). ``last_block_acts``:
@@ -437,6 +441,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     # through the forward and the loss.
     stale = gpu_grads if training.recipe.zero_grad == "before_backward" and training.engine == "torch" else 0
     stale = 0 if training.optimizer_in_backward else stale  # every gradient freed by its step in backward
+    stale = 0 if held_grads else stale  # accumulating: the held gradients are those (base counts them)
     kv_forward, kv_loss = (kv_cache.end_of_forward, kv_cache.loss_backward) if kv_cache is not None else (0, 0)
     moments = {
         # End of forward: logits, their fp32 copy and the log-softmax output.

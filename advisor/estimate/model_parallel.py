@@ -74,6 +74,7 @@ import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.activations_blocks import cuda_math_sdpa_at
+from advisor.estimate.accumulation import held_accumulated_grads
 from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, model_states, recipe_dtypes,
                                      vision_tower_bytes, whole_rank_extras)
 from advisor.estimate.states import FP32
@@ -370,5 +371,7 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     # tp = cp = 1 (replicas of FSDP2): every rank holds the whole model's tokens, as under data parallelism
     whole = whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                               checkpointing=checkpointing) if mesh.tp == 1 and mesh.cp == 1 else {}
+    held = held_accumulated_grads(local, training, impl, states, world=shard_world, dp_world=mesh.dp,
+                                  micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
-                             gpu=hardware.gpu.name, **whole)
+                             gpu=hardware.gpu.name, held_grads=held, **whole)

@@ -74,6 +74,21 @@ def zero_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: Imple
     return StrategyBuffers(persistent=0, at_loss=0, in_backward=ipg + partition)
 
 
+def held_partition_bytes(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> int | None:
+    """What a ZeRO-2/3 run keeps of the gradients between accumulated micro-batches beyond what its moments
+    already hold (``advisor.estimate.accumulation``); None without ZeRO facts. ZeRO-2's flat partition: each
+    backward's epilogue drops the optimizer's reference to it (stage_1_and_2.py ``_release_ipg_buffers``) but the
+    parameters' gradients stay views of it until the next backward copies them into a new one
+    (``copy_grads_in_partition``). ZeRO-3 keeps its partition buffer anyway; an offloaded optimizer accumulates
+    on the CPU."""
+    facts = zero_facts(training, impl)
+    if facts is None:
+        return None
+    if impl.shard_params or impl.offload_optimizer or not facts.partition_grads_in_backward:
+        return 0
+    return training.compute_bytes * _partition_elements(spec, world)
+
+
 def zero_step_temporary(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int,
                         facts: ZeroFacts) -> int:
     """Bytes the ZeRO step holds beyond the resting states (whose gradients are the rank's partition,

@@ -4,8 +4,10 @@
 the model from its config on the meta device, gives it fake tensors (``FakeTensorMode``: shapes and
 dtypes, no storage), applies the same wrapping ``wrap()`` applies (``wrappers.recipe``), and runs
 two steps (forward, backward, ``optimizer.step()``, ``zero_grad``) under a fake process group of
-the target world size (``torch.testing._internal.distributed.fake_pg``). The second step is
-measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
+the target world size (``torch.testing._internal.distributed.fake_pg``). With ``--global-batch`` above
+micro-batch x ranks a step runs each micro-batch's forward and backward before the optimizer step
+(``_Step``); the second step's last micro-batch, which holds the others' gradients, and its optimizer step
+are measured. The second step is measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
 ``fsdp2_mem_tracker.FSDPMemTracker`` under FSDP2), which counts every tensor storage the step
 creates, categorised. It is the analytic model's ground truth (``benchmarks/accuracy.py``).
 
@@ -56,6 +58,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.estimate.accumulation import accumulation_steps
 from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
@@ -167,16 +170,21 @@ def simulate(
         labels = ids  # an encoder-decoder's decoder reads its own length (--target-len)
         if training.target_len and getattr(meta.config, "is_encoder_decoder", False):
             labels = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.target_len))
-        step = _step_fn(net, opt, ids, training, impl, labels=task_targets(meta, ids, labels))
+        micro_steps = accumulation_steps(training, dp_world=world_size, micro_batch_size=micro_batch_size)
+        step = _Step(net, opt, ids, training, impl, labels=task_targets(meta, ids, labels), micro_steps=micro_steps)
         tell("warm-up step")
         step(None)
         tell("measured step")
+        for i in range(micro_steps - 1):  # accumulating: the last micro-batch, which holds their gradients, is measured
+            step.micro(i)
         tracker = build_tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         recorder = _recorder(net, tracker, impl, world_size) if timeline else None
         with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext(), cuda_softmax_backward():
             skip_frozen_grad_hooks(tracker, net)
-            step(lambda phase: _mark(phase, phases, tracker, recorder))
+            measured_mark = lambda phase: _mark(phase, phases, tracker, recorder)  # noqa: E731
+            step.micro(micro_steps - 1, measured_mark)
+            step.finish(measured_mark)
         measured = breakdown(tracker)
         top = top_modules(tracker)
     if not impl.shard_params and world_size > 1:  # replicated: DDP's buckets, see the module docstring
@@ -269,36 +277,56 @@ def _model_config(net: Any) -> Any:
     return next(m.config for m in net.modules() if hasattr(m, "config") and hasattr(m.config, "use_cache"))
 
 
-def _step_fn(net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,
-             labels: Any = None) -> Callable:
-    """forward (+ loss), backward, optimizer step, zero_grad(set_to_none=True); a recipe whose loop frees the
-    gradients only before the backward (``zero_grad: before_backward``, Lightning's closure) runs
-    forward, zero_grad, backward, step, so the previous step's gradients live through the forward."""
-    from wrappers.recipe import autocast_context
+class _Step:
+    """One training step of ``--global-batch`` / (micro-batch x ranks) micro-batches (``accumulation_steps``):
+    forward (+ loss) and backward of each, then the optimizer step and zero_grad(set_to_none=True). A recipe
+    whose loop frees the gradients only before the backward (``zero_grad: before_backward``, Lightning's
+    closure) frees them before the first backward instead, so the previous step's live through that forward.
+    Under FSDP2, a recipe that syncs only the last micro-batch (``accumulation_sync``: accelerate's no_sync)
+    switches FSDP's gradient sync off for the others (``set_requires_gradient_sync``)."""
 
-    late_zero_grad = training.recipe.zero_grad == "before_backward"
+    def __init__(self, net: Any, opt: Any, ids: Any, training: TrainingConfig, impl: Implementation, *,
+                 labels: Any = None, micro_steps: int = 1) -> None:
+        self.net, self.opt, self.ids, self.training, self.impl = net, opt, ids, training, impl
+        self.labels, self.micro_steps = labels, micro_steps
+        self.late_zero_grad = training.recipe.zero_grad == "before_backward"
+        self.sync_last = (impl.shard_params and micro_steps > 1
+                          and training.recipe.accumulation_sync == "last_micro_batch")
 
-    def step(mark: Callable[[str], None] | None) -> None:
+    def micro(self, i: int, mark: Callable[[str], None] | None = None) -> None:
+        """Forward and backward of micro-batch ``i``."""
+        from wrappers.recipe import autocast_context
+
         mark = mark or (lambda phase: None)
+        if self.sync_last:
+            self.net.set_requires_gradient_sync(i == self.micro_steps - 1)
         # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
-        cast = contextlib.nullcontext() if impl.shard_params else autocast_context(
-            training.precision, "cpu", cache_enabled=training.recipe.autocast_cache)
+        cast = contextlib.nullcontext() if self.impl.shard_params else autocast_context(
+            self.training.precision, "cpu", cache_enabled=self.training.recipe.autocast_cache)
         with cast:
-            targets = labels if isinstance(labels, dict) else {"labels": ids if labels is None else labels}
-            loss = net(input_ids=ids, **targets).loss  # a task head's targets: advisor.simulate.heads
+            labels = self.labels
+            targets = labels if isinstance(labels, dict) else {"labels": self.ids if labels is None else labels}
+            loss = self.net(input_ids=self.ids, **targets).loss  # a task head's targets: advisor.simulate.heads
         mark("forward")
-        if late_zero_grad:
-            opt.zero_grad(set_to_none=True)
+        if self.late_zero_grad and i == 0:
+            self.opt.zero_grad(set_to_none=True)
         loss.backward()
         del loss
         mark("backward")
-        if not training.optimizer_in_backward:  # else each parameter stepped in its hook (_step_in_backward)
-            opt.step()
-        if not late_zero_grad:
-            opt.zero_grad(set_to_none=True)
+
+    def finish(self, mark: Callable[[str], None] | None = None) -> None:
+        """The optimizer step (else each parameter stepped in its hook: ``_step_in_backward``) and zero_grad."""
+        mark = mark or (lambda phase: None)
+        if not self.training.optimizer_in_backward:
+            self.opt.step()
+        if not self.late_zero_grad:
+            self.opt.zero_grad(set_to_none=True)
         mark("optimizer_step")
 
-    return step
+    def __call__(self, mark: Callable[[str], None] | None = None) -> None:
+        for i in range(self.micro_steps):
+            self.micro(i, mark)
+        self.finish(mark)
 
 
 def _step_in_backward(net: Any, opt: Any) -> None:

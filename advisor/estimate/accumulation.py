@@ -1,0 +1,63 @@
+"""Gradients held across gradient accumulation. Pure: no torch import.
+
+With ``--global-batch`` above micro-batch x data-parallel ranks, a step runs k > 1 micro-batches, each a
+forward and a backward, before one optimizer step, and the gradients of the micro-batches before the last
+are kept and summed into. From the second micro-batch on they live through the forward, the loss and every
+block's backward, where a step without accumulation has none until its backward makes them (the moments of
+``advisor.estimate.memory``, which take them as ``held_grads``). What is held depends on the strategy and
+on how the stack accumulates (the recipe's ``accumulation_sync``, cited in ``profiles/recipes.json``):
+
+- replicated (one GPU, DDP, torch ZeRO-1): every trainable gradient, as the optimizer reads it
+  (``ModelStates.grads``): autograd sums each new gradient into ``param.grad``; DDP's ``no_sync`` changes
+  when it reduces, not what it holds;
+- FSDP (FSDP2, and FSDP1 under accelerate's ``fsdp_version: 1``), the gradients reduced after every
+  micro-batch (the torch, Lightning and torchtitan loops): the rank's gradient shards, which FSDP sums
+  each new reduce-scatter output into (``_fsdp_collectives.py`` ``foreach_reduce``);
+- FSDP, sync switched off until the last micro-batch (Hugging Face Trainer through accelerate's
+  ``no_sync``): every FSDP unit keeps its unsharded gradient, in the compute dtype (accelerate's FSDP2
+  policy reduces in the parameter dtype, so nothing is upcast; FSDP1 keeps the low-precision FlatParameter
+  gradient), of every trainable parameter: the whole model's, not a shard; on the GPU even where the
+  states are offloaded (FSDP1's ``no_sync`` docstring: "the gradients will not be offloaded to CPU when inside
+  the context manager"; FSDP2 offloads a gradient only when it reduces it);
+- DeepSpeed ZeRO-2: the flat gradient partition (``advisor.estimate.zero_buffers``), which the parameters'
+  gradients view between micro-batches; ZeRO-1 keeps its gradients at rest and ZeRO-3 its partition buffer
+  anyway (counted there);
+- gradients offloaded as they are reduced (the other loops): nothing on the GPU.
+"""
+
+from __future__ import annotations
+
+from advisor.estimate.states import ModelStates
+from advisor.model.spec import ModelSpec
+from advisor.strategies import Implementation
+from advisor.training import TrainingConfig
+
+
+def accumulation_steps(training: TrainingConfig, *, dp_world: int, micro_batch_size: int) -> int:
+    """Micro-batches per optimizer step: ``--global-batch`` over micro-batch x data-parallel ranks (1 without it)."""
+    if training.global_batch_size is None:
+        return 1
+    return max(1, training.global_batch_size // (micro_batch_size * dp_world))
+
+
+def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Implementation, states: ModelStates, *,
+                           world: int, dp_world: int, micro_batch_size: int) -> int:
+    """Gradient bytes on one rank's GPU from the second micro-batch of a step on (module docstring); 0 without
+    accumulation. ``spec``: the rank's model (a tensor-parallel rank's share); ``world``: the ranks its states
+    are sharded over; ``dp_world``: the ranks that take distinct micro-batches."""
+    if accumulation_steps(training, dp_world=dp_world, micro_batch_size=micro_batch_size) < 2:
+        return 0
+    if training.optimizer_in_backward:
+        return 0
+    if training.engine == "torch" and impl.shard_grads and training.recipe.accumulation_sync == "last_micro_batch":
+        return training.compute_bytes * spec.trainable_params  # on the GPU, offloaded or not
+    if states.on_cpu or states.cpu_only_optimizer:
+        return 0
+    if training.engine == "deepspeed":
+        if not impl.shard_grads:  # ZeRO-1 keeps its gradients at rest: held already
+            return 0
+        from advisor.estimate.zero_buffers import held_partition_bytes
+
+        held = held_partition_bytes(spec, training, impl, world)
+        return states.grads if held is None else held
+    return states.grads

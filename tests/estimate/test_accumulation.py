@@ -1,0 +1,137 @@
+"""Gradients held across gradient accumulation (``advisor.estimate.accumulation``), measured on the
+simulated step (which runs every micro-batch and measures the last) and worked by hand. CPU only.
+
+The tiny Llama of ``test_backward_end``: hidden 64, MLP 176, 4 query / 2 key-value heads, 2 blocks, vocabulary
+8,192, untied: P = 92,416 (blocks) + 1,048,640 (root) = 1,141,056 parameters, all trainable. bf16-mixed AdamW.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.estimate.accumulation import accumulation_steps, held_accumulated_grads
+from advisor.estimate.memory import estimate_memory, model_states
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.sources import resolve_model, spec_from_config
+from advisor.simulate.step import simulate
+from advisor.strategies import get_strategy
+from advisor.training import TrainingConfig
+
+TINY = dict(
+    model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=64, intermediate_size=176,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=8192,
+    max_position_embeddings=1024, tie_word_embeddings=False, _name_or_path="tiny-llama-8k",
+)
+P = 1_141_056
+
+pytestmark = pytest.mark.filterwarnings("ignore")  # transformers warnings at model build
+
+
+def _estimate(strategy: str, world: int, training: TrainingConfig, *, micro: int = 1, checkpointing: bool = False,
+              spec=None):
+    spec = spec or spec_from_config(TINY, name="tiny", source="local")
+    return estimate_memory(spec, parse_gpus(f"{world}xH100"), training, get_strategy(strategy).on(training.engine),
+                           micro_batch_size=micro, checkpointing=checkpointing)
+
+
+def test_steps_from_the_global_batch():
+    assert accumulation_steps(TrainingConfig(), dp_world=8, micro_batch_size=2) == 1
+    assert accumulation_steps(TrainingConfig(global_batch_size=16), dp_world=8, micro_batch_size=2) == 1
+    assert accumulation_steps(TrainingConfig(global_batch_size=64), dp_world=8, micro_batch_size=2) == 4
+
+
+@pytest.mark.parametrize(("strategy", "world", "recipe", "checkpointing"), [
+    ("ddp", 2, "torch", False), ("ddp", 1, "torch", False), ("zero2", 4, "torch", True),
+    ("zero3", 8, "torch", False), ("zero3", 8, "lightning", False)])
+def test_the_last_micro_batch_matches_the_simulated_step(strategy, world, recipe, checkpointing):
+    """Two micro-batches a step: the simulator runs the first, then measures the second and the optimizer
+    step. Its peak and the estimate's agree within 1 KB (its extra bytes: RoPE's buffer, AdamW's step counters,
+    the ids); without accumulation they agree as well, and the difference is the held gradients."""
+    peaks = {}
+    for steps in (1, 2):
+        training = TrainingConfig(seq_len=64, recipe=recipe,
+                                  global_batch_size=world * steps if steps > 1 else None)
+        sim = simulate(TINY, world_size=world, strategy=strategy, training=training, micro_batch_size=1,
+                       checkpointing=checkpointing)
+        est = _estimate(strategy, world, training, checkpointing=checkpointing)
+        assert 0 <= sim.peak_allocated - est.peak_allocated <= 1_000, (steps, sim, est)
+        peaks[steps] = est
+    assert peaks[2].peak_allocated > peaks[1].peak_allocated
+    assert peaks[2].grads >= 4 * P // (1 if strategy == "ddp" else world)
+
+
+def test_fsdp_shards_held_by_hand():
+    """zero3 on 8 ranks, torch recipe (reduce-scatter every micro-batch): the fp32 gradient shards,
+    4 x 1,141,056 / 8 = 570,528 bytes, live through the second micro-batch's forward and loss. At seq 512 the
+    loss's backward is the peak with and without them, so the peak grows by exactly that."""
+    one = _estimate("zero3", 8, TrainingConfig(seq_len=512))
+    two = _estimate("zero3", 8, TrainingConfig(seq_len=512, global_batch_size=16))
+    assert one.peak_moment == two.peak_moment == "loss_backward"
+    assert two.grads == 570_528
+    assert two.peak_allocated - one.peak_allocated == 570_528
+
+
+def test_trainer_fsdp_holds_unsharded_compute_dtype_gradients_by_hand():
+    """Hugging Face Trainer accumulates under accelerate's no_sync: FSDP2's gradient sync is off until the
+    last micro-batch, so every unit keeps its unsharded gradient in bf16 (accelerate reduces in the parameter
+    dtype: no upcast): 2 x 1,141,056 = 2,282,112 bytes, the whole model's, on each of the 8 ranks, where the
+    torch recipe holds a shard."""
+    trainer = TrainingConfig(seq_len=512, recipe="trainer", global_batch_size=16)
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    impl = get_strategy("zero3").on("torch")
+    states = model_states(spec, trainer, impl, 8)
+    assert held_accumulated_grads(spec, trainer, impl, states, world=8, dp_world=8, micro_batch_size=1) == 2_282_112
+    one = _estimate("zero3", 8, TrainingConfig(seq_len=512, recipe="trainer"))
+    two = _estimate("zero3", 8, trainer)
+    assert two.peak_allocated - one.peak_allocated == 2_282_112
+
+
+def test_trainer_ddp_holds_what_ddp_holds():
+    """DDP's no_sync changes when it all-reduces, not what it holds: the fp32 gradients, 4P = 4,564,224."""
+    trainer = TrainingConfig(seq_len=64, recipe="trainer", global_batch_size=4)
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    impl = get_strategy("ddp").on("torch")
+    states = model_states(spec, trainer, impl, 2)
+    assert held_accumulated_grads(spec, trainer, impl, states, world=2, dp_world=2, micro_batch_size=1) == 4 * P
+
+
+def test_deepspeed_zero2_holds_its_flat_partition_by_hand():
+    """DeepSpeed ZeRO-2 (deepspeed recipe): the parameters' gradients view the flat bf16 partition between
+    micro-batches: 2 x ceil(1,141,056 / 4) = 570,528 bytes. ZeRO-1 keeps its gradients at rest (counted at
+    every moment already) and ZeRO-3 its partition buffer: nothing more."""
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    training = TrainingConfig(seq_len=64, recipe="deepspeed", engine="deepspeed", global_batch_size=8)
+    held = {}
+    for strategy in ("zero1", "zero2", "zero3"):
+        impl = get_strategy(strategy).on("deepspeed")
+        held[strategy] = held_accumulated_grads(spec, training, impl, model_states(spec, training, impl, 4),
+                                                world=4, dp_world=4, micro_batch_size=1)
+    assert held == {"zero1": 0, "zero2": 570_528, "zero3": 0}
+
+
+def test_offloaded_gradients_stay_on_the_gpu_only_under_no_sync():
+    """FSDP offload reduces each micro-batch's gradients to the CPU (torch recipe: nothing held on the GPU);
+    under accelerate's no_sync the unsharded bf16 gradients stay on the GPU until the last micro-batch, 2P."""
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    impl = get_strategy("zero3_offload").on("torch")
+    held = {}
+    for recipe in ("torch", "trainer"):
+        training = TrainingConfig(seq_len=64, global_batch_size=64, recipe=recipe)
+        states = model_states(spec, training, impl, 8)
+        held[recipe] = held_accumulated_grads(spec, training, impl, states, world=8, dp_world=8, micro_batch_size=1)
+    assert held == {"torch": 0, "trainer": 2 * P}
+
+
+def test_an_8b_trainer_plan_with_accumulation_grows_by_its_bf16_gradients():
+    """Llama-3.1-8B (8,030,261,248 parameters) on 8 H100s, zero3, micro-batch 2 at 8,192 tokens, global batch 64
+    (4 micro-batches): the torch recipe holds the fp32 shards, 4 x 8,030,261,248 / 8 = 4,015,130,624 bytes
+    (3.74 GiB); the Trainer the unsharded bf16 gradients, 2 x 8,030,261,248 = 16,060,522,496 (14.96 GiB)."""
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    assert spec.trainable_params == 8_030_261_248
+    for recipe, held in (("torch", 4_015_130_624), ("trainer", 16_060_522_496)):
+        one = _estimate("zero3", 8, TrainingConfig(seq_len=8192, recipe=recipe), micro=2, checkpointing=True,
+                        spec=spec)
+        four = _estimate("zero3", 8, TrainingConfig(seq_len=8192, recipe=recipe, global_batch_size=64), micro=2,
+                         checkpointing=True, spec=spec)
+        assert one.peak_moment == four.peak_moment == "loss_backward"
+        assert four.peak_allocated - one.peak_allocated == held, recipe

@@ -16,7 +16,7 @@ from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
 from advisor.model.releases import release_tuple
 from advisor.precision import Precision, PrecisionInfo, precision_info
-from advisor.recipes import DEFAULT_RECIPE, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
+from advisor.recipes import DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
 from advisor.units import GIB
 
 # adamw-8bit-paged: bitsandbytes' PagedAdamW8bit, its 8-bit moments in CUDA managed memory (advisor.estimate.in_backward).
@@ -101,6 +101,12 @@ class TrainingConfig(BaseModel):
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")
+    accumulation_sync: AccumulationSync | None = Field(
+        default=None, exclude_if=lambda sync: sync is None,
+        description="How gradients are accumulated over micro-batches: every_micro_batch (reduced after each "
+                    "backward; the Trainer with accelerator_config's gradient_accumulation_kwargs sync_each_batch) "
+                    "or last_micro_batch (FSDP sync off until the last; the Trainer's default); None: the recipe's "
+                    "(accumulation_mode, advisor.estimate.accumulation).")
     # Off by default and left out of the JSON, so plans made before them read the same (advisor.estimate.float8_time).
     float8: bool = Field(default=False, exclude_if=lambda on: not on,
                          description="torchao float8 training (Float8Linear, tensorwise dynamic scaling) on the blocks' "
@@ -167,6 +173,11 @@ class TrainingConfig(BaseModel):
                     f"--global-batch {self.global_batch_size} is smaller than --micro-batch {self.micro_batch_size}"
                 )
         return self
+
+    @property
+    def accumulation_mode(self) -> AccumulationSync:
+        """How gradients are accumulated: ``accumulation_sync`` when given, else the recipe's."""
+        return self.accumulation_sync or self.recipe.accumulation_sync
 
     @property
     def optimizer_implementation(self) -> OptimizerImpl:

@@ -16,7 +16,7 @@ import click
 from advisor.mesh import PP_SCHEDULES
 from advisor.model.heads import CAUSAL_LM, task_names
 from advisor.precision import PRECISIONS
-from advisor.recipes import OptimizerImpl, RecipeName
+from advisor.recipes import AccumulationSync, OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
 from advisor.calibration import Margin
 from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
@@ -105,6 +105,10 @@ PLAN_OPTIONS: list[Callable] = [
                       "or deepspeed; sets the optimizer implementation, frozen-base dtype, loss and engine."),
     click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
                  help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
+    click.option("--accumulation-sync", type=_choice(get_args(AccumulationSync)),
+                 help="How gradients accumulate over micro-batches under FSDP: every_micro_batch (reduce-scatter each; "
+                      "the Trainer's sync_each_batch) or last_micro_batch (unsharded until the last, accelerate's "
+                      "no_sync). Default: the recipe's (the Trainer: last_micro_batch)."),
     click.option("--optimizer-in-backward", "optimizer_in_backward", is_flag=True, default=None,
                  help="Step each parameter in backward as its gradient is ready and free the gradient (torchtune's "
                       "optimizer_in_bwd): no full gradient buffer. One GPU, no gradient accumulation."),
@@ -182,6 +186,7 @@ _TRAINING_FIELDS = {
     "activation_checkpointing": "activation_checkpointing",
     "recipe": "recipe",
     "optimizer_impl": "optimizer_impl",
+    "accumulation_sync": "accumulation_sync",
     "optimizer_in_backward": "optimizer_in_backward",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",

@@ -5,7 +5,8 @@ forward and a backward, before one optimizer step, and the gradients of the micr
 are kept and summed into. From the second micro-batch on they live through the forward, the loss and every
 block's backward, where a step without accumulation has none until its backward makes them (the moments of
 ``advisor.estimate.memory``, which take them as ``held_grads``). What is held depends on the strategy and
-on how the stack accumulates (the recipe's ``accumulation_sync``, cited in ``profiles/recipes.json``):
+on how the stack accumulates (``TrainingConfig.accumulation_mode``: --accumulation-sync, else the recipe's
+``accumulation_sync``, cited in ``profiles/recipes.json``):
 
 - replicated (one GPU, DDP, torch ZeRO-1): every trainable gradient, as the optimizer reads it
   (``ModelStates.grads``): autograd sums each new gradient into ``param.grad``; DDP's ``no_sync`` changes
@@ -49,7 +50,7 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
         return 0
     if training.optimizer_in_backward:
         return 0
-    if training.engine == "torch" and impl.shard_grads and training.recipe.accumulation_sync == "last_micro_batch":
+    if training.engine == "torch" and impl.shard_grads and training.accumulation_mode == "last_micro_batch":
         return training.compute_bytes * spec.trainable_params  # on the GPU, offloaded or not
     if states.on_cpu or states.cpu_only_optimizer:
         return 0

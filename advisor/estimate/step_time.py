@@ -286,10 +286,14 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
 
             gathered -= float8_gather_saving_bytes(spec, training)
         forward = run("all_gather", gathered, blocks)
-        backward = run("reduce_scatter", grad_bytes, blocks)
-        if impl.reshard_after_forward:
-            backward += run("all_gather", gathered, blocks)
-        return Traffic(fwd=forward, bwd=backward)
+        reduce = run("reduce_scatter", grad_bytes, blocks)
+        backward = run("all_gather", gathered, blocks) if impl.reshard_after_forward else 0.0
+        # FSDP's sync off until the last micro-batch (accelerate's no_sync): one reduce-scatter a step. Without a
+        # global batch there is one micro-batch and the sum is kept as before (the same float, byte for byte).
+        if (training.accumulation_mode == "last_micro_batch" and impl.engine == "torch"
+                and training.global_batch_size is not None):
+            return Traffic(fwd=forward, bwd=backward, last_bwd=reduce)
+        return Traffic(fwd=forward, bwd=backward + reduce)
     if impl.shard_grads:  # DeepSpeed ZeRO-2: reduce-scatter each micro-batch, gather updated params
         return Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
     all_reduce = run("all_reduce", grad_bytes, buckets)

@@ -34,7 +34,7 @@ from advisor.model.spec import ModelSpec
 from advisor.precision import PRECISIONS, Precision, PrecisionInfo
 from advisor.strategies import ESCALATION, STRATEGIES, Implementation, StrategyName
 from advisor.export.optimizer import stack_notes
-from advisor.recipes import OptimizerImpl
+from advisor.recipes import AccumulationSync, OptimizerImpl
 from advisor.model.block_profile import CheckpointFlags
 from advisor.recipes import ZeroSettings
 from advisor.training import CheckpointMode, Engine, LossKernel, Optimizer, TrainingConfig
@@ -130,6 +130,9 @@ class ExportTarget(CheckpointFlags, BaseModel):
     optimizer: Optimizer = Field(default="adamw", description="The plan's optimizer (--optimizer).")
     optimizer_impl: OptimizerImpl = Field(default="foreach", description="How it steps (the plan's recipe or "
                                           "--optimizer-impl): the trainer-args optim name follows it.")
+    accumulation_sync: AccumulationSync = Field(default="every_micro_batch", description="How the plan accumulated "
+                                                "gradients under FSDP (TrainingConfig.accumulation_mode): the "
+                                                "trainer-args sync_each_batch follows it.")
     mesh: ParallelDims | None = Field(default=None, description="The plan's device mesh (tp/cp/HSDP); None: "
                                       "data parallelism alone.")
     zero: ZeroSettings | None = Field(default=None, description="DeepSpeed sizes the user's own config fixed "
@@ -322,6 +325,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
 def _optimizer(training: TrainingConfig) -> dict:
     """The ExportTarget fields of the plan's optimizer."""
     return {"optimizer": training.optimizer, "optimizer_impl": training.optimizer_implementation,
+            "accumulation_sync": training.accumulation_mode,
             "seq_len": training.seq_len, "global_batch_size": training.global_batch_size, "zero": training.zero,
             "compile": training.compile, "float8": training.float8, "float8_all_gather": training.float8_all_gather}
 

@@ -13,7 +13,10 @@ alias in transformers 5. ``optim`` names the optimizer step the plan counted (``
 block by block, so graph breaks may differ from the plan's per-block compile). ``--float8`` has no
 ``TrainingArguments`` key: a note says so (``advisor.export.optimizer``). DDP writes ``ddp_bucket_cap_mb``, the
 bucket the plan timed (25 MiB, torch's default): the key that tells DDP from an FSDP chosen by accelerate's own
-config, so ``advisor plan --from`` reads the strategy back.
+config, so ``advisor plan --from`` reads the strategy back. FSDP with gradient accumulation planned as reduced every
+micro-batch (``--accumulation-sync every_micro_batch``) writes ``accelerator_config``'s
+``gradient_accumulation_kwargs: {sync_each_batch: true}``; without it the Trainer keeps every unit's unsharded
+gradient until the last micro-batch (``advisor.estimate.accumulation``), the recipe's default.
 """
 
 from __future__ import annotations
@@ -65,6 +68,9 @@ def trainer_doc(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         else:
             fsdp_config["min_num_params"] = 100_000_000
         args.update(fsdp=True, fsdp_config=fsdp_config)
+        if target.gradient_accumulation_steps > 1 and target.accumulation_sync == "every_micro_batch":
+            # the plan reduce-scattered every micro-batch (its fp32 shards held), not accelerate's no_sync default
+            args["accelerator_config"] = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
         if target.mesh is not None:  # accelerate ParallelismConfig arguments (TrainingArguments.parallelism_config)
             mesh = target.mesh
             args["parallelism_config"] = {"dp_replicate_size": mesh.dp_replicate, "dp_shard_size": mesh.dp_shard,

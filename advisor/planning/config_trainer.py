@@ -4,7 +4,8 @@ Which keys it reads, and what they mean, from the framework's own definitions: T
 (transformers/training_args.py): ``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``bf16`` /
 ``fp16``, ``optim`` (transformers/trainer_optimizer.py maps ``adamw_torch`` to torch.optim.AdamW's default,
 foreach on CUDA, and ``adamw_torch_fused`` to fused=True), ``gradient_checkpointing``
-(``activation_checkpointing`` in transformers 5), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
+(``activation_checkpointing`` in transformers 5), ``accelerator_config.gradient_accumulation_kwargs.sync_each_batch``
+(FSDP reduce-scatters every micro-batch instead of accelerate's no_sync), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
 config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bucket_cap_mb`` (DDP's own key: the file chose DDP).
 """
 
@@ -36,6 +37,11 @@ def read_trainer(r: Reader, base: Path) -> None:
             r.take("optim", optim, "optimizer_impl", impl)
     elif optim is not None:
         r.notes.append(f"optim {optim} is not modelled: planned with --optimizer's default")
+    if isinstance(r.raw("accelerator_config"), dict):  # accelerate's GradientAccumulationPlugin kwargs
+        sync = r.flag("accelerator_config.gradient_accumulation_kwargs.sync_each_batch")
+        if sync is not None:
+            r.take("accelerator_config.gradient_accumulation_kwargs.sync_each_batch", sync, "accumulation_sync",
+                   "every_micro_batch" if sync else "last_micro_batch")
     if r.flag("use_liger_kernel"):
         r.take("use_liger_kernel", True, "loss", "fused")
     fsdp_checkpointing = _trainer_fsdp(r)

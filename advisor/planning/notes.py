@@ -168,6 +168,19 @@ _IMPL_TEMPORARIES = {
 }
 
 
+def accumulation_note(training: TrainingConfig) -> str:
+    """What gradient accumulation holds (``advisor.estimate.accumulation``)."""
+    held = ("from a step's second micro-batch on, the earlier micro-batches' gradients are held through the forward "
+            "and backward (advisor.estimate.accumulation): all of them under DDP or one GPU")
+    how = ("--accumulation-sync" if training.accumulation_sync is not None else f"recipe {training.recipe.name}")
+    if training.accumulation_mode == "last_micro_batch":
+        return (f"gradient accumulation: {held}; FSDP's sync is off until the last micro-batch ({how}: accelerate's "
+                "no_sync), so every unit keeps its unsharded gradient in the compute dtype, the whole model's on each "
+                "GPU, offload or not (--accumulation-sync every_micro_batch, the Trainer's accelerator_config "
+                "gradient_accumulation_kwargs sync_each_batch, holds the fp32 shards instead)")
+    return f"gradient accumulation: {held}, the rank's fp32 shards under FSDP (reduced every micro-batch: {how})"
+
+
 def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
     recipe = recipe_note(training)
@@ -177,6 +190,8 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         if field not in training.model_fields_set:
             notes.append(text.format(v=getattr(training, field)))
     notes.extend(overhead_notes(training, hw.world_size, hw.gpu.name))
+    if training.global_batch_size is not None:  # advisor.estimate.accumulation (default plans read as before)
+        notes.append(accumulation_note(training))
     if training.optimizer_in_backward or training.optimizer == "adamw-8bit-paged":  # advisor.estimate.in_backward
         from advisor.estimate.in_backward import optimizer_notes
 

@@ -4,8 +4,9 @@ Each remedy is one changed knob, re-planned with the planner's own estimate (``e
 ``choose``), never a guessed factor: the GiB it saves on the reference candidate (the size default
 when it does not fit, else the chosen plan) at the same micro-batch and checkpointing, and the step
 time and tokens/s of the plan the change leads to. Changes that keep the mathematics (optimizer
-implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, hybrid
-sharding, more GPUs of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
+implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, FSDP's gradient
+sync every micro-batch where the stack holds unsharded gradients until the last, hybrid sharding, more GPUs
+of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
 bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names the best remedy when
 the plan offloads is built here from the same numbers (``offload_line``, rendered by ``advisor.planning.render``).
 
@@ -108,7 +109,12 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
     changed = validated_copy(training, change.update)
-    pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": None,
+    # The same micro-batches a step where they still divide the global batch: accumulation holds gradients
+    # (advisor.estimate.accumulation), so the saving is measured with the reference's own.
+    dp = change.mesh.dp if change.mesh is not None else new_hw.world_size
+    total = training.global_batch_size
+    kept = total if total is not None and total % (ref.micro_batch_size * dp) == 0 else None
+    pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": kept,
                                          "activation_checkpointing": ref.checkpointing or "off", **change.update})
     try:
         same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
@@ -159,6 +165,11 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         accumulation = (training.global_batch_size or training.micro_batch_size * hw.world_size) // hw.world_size
         keep.append(_Change(name=f"--micro-batch 1 --global-batch {accumulation * hw.world_size}", keeps_math=True,
                             update={"micro_batch_size": 1, "global_batch_size": accumulation * hw.world_size}))
+    if (training.accumulation_mode == "last_micro_batch" and training.global_batch_size is not None
+            and STRATEGIES[ref.strategy].on(training.engine).shard_grads and training.engine == "torch"):
+        # FSDP reduce-scatters every micro-batch: the rank's fp32 shards held, not the unsharded gradients
+        keep.append(_Change(name="--accumulation-sync every_micro_batch", keeps_math=True,
+                            update={"accumulation_sync": "every_micro_batch"}))
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))

@@ -291,7 +291,7 @@ class _Step:
         self.labels, self.micro_steps = labels, micro_steps
         self.late_zero_grad = training.recipe.zero_grad == "before_backward"
         self.sync_last = (impl.shard_params and micro_steps > 1
-                          and training.recipe.accumulation_sync == "last_micro_batch")
+                          and training.accumulation_mode == "last_micro_batch")
 
     def micro(self, i: int, mark: Callable[[str], None] | None = None) -> None:
         """Forward and backward of micro-batch ``i``."""

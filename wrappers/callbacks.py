@@ -232,7 +232,17 @@ def hf_training(args: Any, model: Any, seq_len: int | None, *, world_size: int |
         micro_batch_size=micro, global_batch_size=micro * int(args.gradient_accumulation_steps) * world,
         activation_checkpointing="on" if _hf_checkpointing(args) else "off",
         engine=hf_strategy(args)[1], optimizer_impl=_hf_optimizer_impl(args) if optimizer == "adamw" else None,
+        accumulation_sync="every_micro_batch" if _hf_sync_each_batch(args) else None,
     )
+
+
+def _hf_sync_each_batch(args: Any) -> bool:
+    """``accelerator_config``'s ``gradient_accumulation_kwargs.sync_each_batch``: FSDP reduce-scatters every
+    micro-batch instead of accumulating under accelerate's no_sync (the trainer recipe's default)."""
+    config = getattr(args, "accelerator_config", None)
+    kwargs = config.get("gradient_accumulation_kwargs") if isinstance(config, dict) else \
+        getattr(config, "gradient_accumulation_kwargs", None)
+    return bool(isinstance(kwargs, dict) and kwargs.get("sync_each_batch"))
 
 
 class AdvisorCallback(TrainerCallback):

@@ -74,6 +74,17 @@ def test_trainer_settings_are_read_as_the_trainer_runs_them(tmp_path):
     assert hf_strategy(SimpleNamespace(deepspeed=None, fsdp=None)) == ("ddp", "torch")
 
 
+def test_the_trainers_gradient_accumulation_sync_is_read(tmp_path):
+    """accelerate's no_sync by default (FSDP holds unsharded gradients until the last micro-batch); the
+    accelerator_config's sync_each_batch reduce-scatters every micro-batch (advisor.estimate.accumulation)."""
+    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                  use_cpu=True, report_to=[])
+    default = hf_training(TrainingArguments(**kwargs), _model(), seq_len=16)
+    synced = hf_training(TrainingArguments(**kwargs, accelerator_config={
+        "gradient_accumulation_kwargs": {"sync_each_batch": True}}), _model(), seq_len=16)
+    assert (default.accumulation_mode, synced.accumulation_mode) == ("last_micro_batch", "every_micro_batch")
+
+
 @pytest.mark.parametrize("optim, impl", [("adamw_torch_fused", "fused"), ("adamw_torch", "foreach")])
 def test_the_trainer_is_planned_with_its_own_recipe_and_optimizer_implementation(tmp_path, optim, impl):
     """Issue 19 item 1: the callback plans with the ``trainer`` recipe row (fused AdamW by default, as

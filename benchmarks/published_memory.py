@@ -32,6 +32,7 @@ import advisor
 from advisor.recipes import get_recipe, zero_config_defaults
 import publisher_code
 import range_coverage
+from advisor.hardware.cluster import parse_gpus
 from advisor.model.lora import LoraConfig
 from advisor.units import GIB
 from profiles import PROFILES_DIR
@@ -56,6 +57,8 @@ class Estimate(NamedTuple):
     outside: int
     low: int
     high: int
+    stream_pool: int = 0  # FSDP's gradient blocks cached for its own stream: in reserved, not in what must fit
+
 
     def compared(self, kind: str) -> tuple[str, int, int, int]:
         """(label, value, low, high) to set against a published figure of ``kind``: reserved (and
@@ -63,8 +66,11 @@ class Estimate(NamedTuple):
         active against the peak allocated (no range: the range is of reserved memory)."""
         if kind in RESERVED_KINDS:
             return "reserved", self.reserved, self.low, self.high
-        if kind == "nvidia-smi" or kind in BOUNDARY_KINDS:
+        if kind == "nvidia-smi":  # the device's view: every reserved block
             return "total", self.reserved + self.outside, self.low + self.outside, self.high + self.outside
+        if kind in BOUNDARY_KINDS:  # what must fit: the plan's total (the allocator frees cached blocks first)
+            pool = self.stream_pool
+            return "total", self.reserved - pool + self.outside, self.low - pool + self.outside, self.high - pool + self.outside
         return "allocated", self.allocated, 0, 0
 
 
@@ -104,6 +110,10 @@ def plan_of(case: dict, **overhead: float):
         count, gpus = gpus.split("x", 1)
         nodes = int(count)
     tp, cp = case.get("tp", 1), case.get("cp", 1)
+    if case.get("gpu_memory_gib"):  # a part our catalogue lacks, planned as its nearest with the memory it had
+        hardware = parse_gpus(gpus, nodes=nodes)
+        gpu = hardware.gpu.model_copy(update={"memory_bytes": int(case["gpu_memory_gib"] * GIB)})
+        gpus, nodes = hardware.model_copy(update={"gpu": gpu}), None
     return advisor.plan(case["model"], gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
 
 
@@ -123,10 +133,11 @@ def estimate(case: dict, **overhead: float) -> Estimate:
         extra = publisher_code.extra_bytes(case, plan.model, plan.training)
         peak = max(value + extra.get(name, 0) for name, value in mem.moments.items())
         shift = int((peak - mem.peak_allocated) * (1 + plan.training.fragmentation))  # through the allocator gap
-    # The range's ends scale with the estimate (memory_error.json's ratios are of the estimate with the code).
-    scale = (mem.reserved + shift) / mem.reserved
+    # The range's ends scale with the estimate (memory_error.json's ratios are of the estimate with the code, and
+    # of reserved with FSDP's cached gradient blocks; the plan's range is of its total, which leaves them out).
+    scale = (mem.reserved + shift) / (mem.total - outside)
     return Estimate(peak, mem.reserved + shift, outside, int((span.low - outside) * scale),
-                    int((span.high - outside) * scale))
+                    int((span.high - outside) * scale), mem.gradient_stream_pool)
 
 
 def published_bytes(case: dict) -> int:

@@ -109,6 +109,12 @@ class MemoryBreakdown(BaseModel):
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
+    gradient_stream_pool: int = Field(
+        default=0, ge=0, exclude_if=lambda pool: pool == 0,
+        description="What FSDP's gradient shards, cached for its reduce-scatter stream alone, add to "
+                    "torch.cuda.max_memory_reserved() beyond the calibrated gap (reduce_scatter_pool_bytes): in "
+                    "reserved, not in total, since the allocator frees another stream's cached blocks before it "
+                    "fails an allocation, so they do not decide whether a plan fits. Left out of the JSON when 0.")
     paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
                               description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
                                           "advisor.estimate.in_backward); left out of the JSON when 0.")
@@ -175,8 +181,11 @@ class MemoryBreakdown(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def reserved(self) -> int:
-        """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL."""
-        return self.total - self.outside_allocator
+        """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL, plus
+        FSDP's gradient blocks cached for its reduce-scatter stream (``gradient_stream_pool``), which the
+        allocator keeps while memory allows and frees before an allocation would fail (c10/cuda/
+        CUDACachingAllocator.cpp ``malloc``: ``release_cached_blocks`` and a retry before out-of-memory)."""
+        return self.total - self.outside_allocator + self.gradient_stream_pool
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -314,7 +323,7 @@ def estimate_memory(
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
                                                 checkpointing=checkpointing),
-                             capacity_bytes=hardware.gpu_memory_bytes)
+                             capacity_bytes=hardware.gpu_memory_bytes, device_bytes=hardware.gpu_memory_bytes)
 
 
 def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implementation, acts: ActivationEstimate, *,
@@ -405,7 +414,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       dequantized: int = 0, held_grads: int = 0, flat_param_bytes: int | None = None,
                       loss_kept: int = 0, processes: int | None = None, gpu: str = "",
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
-                      saved_head_grad: int = 0, capacity_bytes: int | None = None) -> MemoryBreakdown:
+                      saved_head_grad: int = 0, capacity_bytes: int | None = None,
+                      device_bytes: int | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -420,7 +430,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ``saved_head_grad``: the part of ``acts.saved_bytes`` that is a tied head's gradient, made by the loss
     backward (``traced.saved_head_gradient``): not there yet when that backward begins. ``capacity_bytes``: the
     GPU's memory, where bitsandbytes' paged optimizer state is placed (``in_backward.place_paged_state``); None
-    counts it on the device."""
+    counts it on the device. ``device_bytes``: the GPU's memory, where the reserved memory stops
+    (``reduce_scatter_pool_bytes``: the allocator frees cached blocks before it fails); None: no cap."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
     if impl.single_process:  # DataParallel: GPU0 gathers every replica's logits and computes the loss
@@ -488,10 +499,15 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         cpu = states.grads + states.optimizer + states.step_temporary
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
+    overhead = training.reserve_bytes + int(training.fragmentation * gapped) + context
+    pool = reduce_scatter_pool_bytes(moments, peak, training, impl, gpu_grads=gpu_grads, held_grads=held_grads)
+    if device_bytes is not None:  # cached blocks go before an allocation fails: reserved stops at the GPU's memory
+        pool = max(0, min(pool, device_bytes - peak - overhead))
     memory = MemoryBreakdown(
         **parts,
-        runtime_overhead=training.reserve_bytes + int(training.fragmentation * gapped) + context,
+        runtime_overhead=overhead,
         outside_allocator=context,
+        gradient_stream_pool=pool,
         cpu_bytes=cpu,
         peak_moment=moment,
         states_params=states.params,
@@ -505,6 +521,33 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     from advisor.estimate.in_backward import place_paged_state  # bitsandbytes' paged optimizer state
 
     return place_paged_state(memory, paged, capacity_bytes=capacity_bytes)
+
+
+def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, training: TrainingConfig,
+                              impl: Implementation, *, gpu_grads: int, held_grads: int = 0) -> int:
+    """What FSDP's gradient shards add to the reserved memory beyond the calibrated gap on the peak.
+
+    FSDP2 allocates each unit's reduce-scatter output, which its sharded gradients view, inside the
+    reduce-scatter stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``: "the GPU
+    sharded gradient is allocated in the RS stream"); FSDP1 its ``new_sharded_grad`` in the post-backward stream
+    (torch/distributed/fsdp/_runtime_utils.py ``_reduce_grad``). The caching allocator hands a freed block only
+    to the stream it was allocated for (c10/cuda/CUDACachingAllocator.cpp ``get_free_block`` matches the stream,
+    expandable segments too), so the shards' blocks stay that stream's between steps, and the default stream's
+    own blocks (activations, parameters, optimizer state) are reserved beside them: reserved = gap(the default
+    stream's largest moment) + the shards, where the default stream's part of a moment is the moment less the
+    shards it holds (none before backward; all at the end of backward and the step). Returned: how much that
+    exceeds the gap on the peak alone (0 where it does not). No gap on the shards (the same sizes return every
+    step). At a block's backward the shards of the blocks already done are read as the default stream's (they
+    sit in the block buffers): an upper bound. Seen in our H100 runs (benchmarks/results/gpu_truth.csv, not
+    fitted): FSDP rows' reserved ran 0.3-1.7 GiB above the calibrated gap where their shards were 0.2-1.2 GiB.
+    Nothing where the shards are offloaded (each leaves for the CPU as it is made) or on the deepspeed engine (its
+    flat buffers); unsharded gradients accumulated under no_sync (``advisor.estimate.accumulation``) are the
+    default stream's."""
+    if training.engine != "torch" or not impl.shard_grads or not gpu_grads:
+        return 0
+    unsharded = held_grads if training.accumulation_mode == "last_micro_batch" else 0
+    default = max(sum(live.values()) - max(0, live["grads"] - unsharded) for live in moments.values())
+    return max(0, gpu_grads - int((1 + training.fragmentation) * (peak - default)))
 
 
 def _flat_bytes(parts: dict[str, int], moment: str, training: TrainingConfig, impl: Implementation,

@@ -27,6 +27,7 @@ OptimizerImpl = Literal["fused", "foreach", "for-loop"]
 FrozenBase = Literal["compute", "param"]
 ZeroGrad = Literal["before_forward", "before_backward"]
 AccumulationSync = Literal["every_micro_batch", "last_micro_batch"]
+ReduceDtype = Literal["fp32", "compute"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
@@ -110,6 +111,11 @@ class Recipe(BaseModel):
         "every_micro_batch (gradients reduced, FSDP's shards accumulated, after each backward) or last_micro_batch "
         "(FSDP's gradient sync switched off until the last micro-batch, so each unit keeps its unsharded gradient "
         "in the compute dtype; DDP's no_sync holds what it holds anyway). advisor.estimate.accumulation.")
+    fsdp_reduce_dtype: ReduceDtype = Field(
+        default="fp32", description="The dtype FSDP2 reduce-scatters gradients in under mixed precision "
+        "(MixedPrecisionPolicy.reduce_dtype): fp32 (wrap()'s and torchtitan's policy) or compute (bf16/fp16, "
+        "accelerate's); the shards are then cast to the parameters' fp32. Sizes the reduce-scatter input and its "
+        "traffic (advisor.estimate.strategy_buffers.fsdp2_reduce_bytes).")
     tp_sequence_parallel: bool = Field(default=False, description="Its tensor parallelism shards the norms and the "
                                        "residual stream along the sequence (Korthikanti et al. 2022); False: the "
                                        "norms and block inputs are whole on every TP rank (transformers' TP plans).")
@@ -146,6 +152,8 @@ class Recipe(BaseModel):
             missing.append("zero_grad")
         if self.accumulation_sync != "every_micro_batch" and not self.sources.get("accumulation_sync"):
             missing.append("accumulation_sync")
+        if self.fsdp_reduce_dtype != "fp32" and not self.sources.get("fsdp_reduce_dtype"):
+            missing.append("fsdp_reduce_dtype")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",

@@ -299,10 +299,10 @@ SYSTEMATIC = [
     "- HF FSDP blog (GPT-2 Large/XL on 2 x 24 GB): every run that trained is judged to fit and every OOM not to, "
     "with the sequence 128 assumed (the post's command line is cut short).",
     "- stanford_alpaca #280 (LLaMA-7B, FSDP1 full_shard + CPU offload, 4 x A100 40GB): batch 3 ran out of memory, yet "
-    "the estimate is 31.4 GiB of 40. The README's gradient_accumulation_steps 8 runs under the Trainer's no_sync, and "
+    "the estimate is 31.0 GiB of 40. The README's gradient_accumulation_steps 8 runs under the Trainer's no_sync, and "
     "FSDP1 keeps the unsharded bf16 gradients on the GPU inside it even with CPU offload (12.6 GiB for 7B, "
     "advisor.estimate.accumulation; 17.6 GiB before they were counted); the rest is not explained: the same command on "
-    "8 GPUs at batch 4 trained, estimated at 36.1 GiB. Suspected, not checked: the Trainer's FSDP1 checkpoint save of "
+    "8 GPUs at batch 4 trained, estimated at 35.7 GiB. Suspected, not checked: the Trainer's FSDP1 checkpoint save of "
     "2023 (FULL_STATE_DICT gathered on the GPU, 27 GB of fp32 weights for 7B) or the evaluation batch (the comment "
     "lowered both), neither of them the training step we model.",
     "",

@@ -38,13 +38,16 @@ from wrappers.blocks import find_blocks
 from wrappers.precision import precision_dtypes
 
 
-def mixed_precision_policy(precision: Precision) -> MixedPrecisionPolicy | None:
-    """FSDP2 policy for a mixed precision: gather parameters in half precision, reduce gradients in fp32.
+def mixed_precision_policy(precision: Precision, *, reduce_in_compute_dtype: bool = False) -> MixedPrecisionPolicy | None:
+    """FSDP2 policy for a mixed precision: gather parameters in half precision, reduce gradients in fp32
+    (``reduce_in_compute_dtype``: in half precision, as accelerate's policy does).
 
     ``None`` for ``fp32`` and ``bf16`` (parameters are already in the dtype they are computed in).
     """
     compute = precision_dtypes(precision).compute_dtype
-    return None if compute is None else MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=torch.float32)
+    if compute is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=compute if reduce_in_compute_dtype else torch.float32)
 
 
 def stacked_expert_params(module: nn.Module) -> list[nn.Parameter]:
@@ -79,6 +82,7 @@ def apply_fsdp(
     mesh: DeviceMesh | None = None,
     blocks: Sequence[nn.Module] | None = None,
     shard_experts_on_dim1: bool = True,
+    reduce_in_compute_dtype: bool = False,
 ) -> nn.Module:
     """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
 
@@ -89,9 +93,10 @@ def apply_fsdp(
     (``optim.rebuild_optimizer``). With ``cpu_offload`` the optimizer must step on CPU tensors,
     which it does when built on the offloaded parameters. ``shard_experts_on_dim1``: MoE experts on dim 1
     over more ranks than experts (the module docstring); False: FSDP2's dim 0 everywhere (accelerate's
-    ``fsdp2_prepare_model`` and Lightning pass no ``shard_placement_fn``).
+    ``fsdp2_prepare_model`` and Lightning pass no ``shard_placement_fn``). ``reduce_in_compute_dtype``: reduce-scatter
+    gradients in bf16/fp16 (accelerate's policy) instead of fp32.
     """
-    policy = mixed_precision_policy(precision)
+    policy = mixed_precision_policy(precision, reduce_in_compute_dtype=reduce_in_compute_dtype)
     offload: OffloadPolicy = OffloadPolicy()
     if cpu_offload:
         pin = torch.accelerator.is_available() if mesh is None else mesh.device_type != "cpu"

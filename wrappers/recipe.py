@@ -88,6 +88,9 @@ class Recipe(BaseModel):
                           "wrappers.compile_float8).")
     float8: bool = Field(default=False, description="torchao float8 on the blocks' linears (the plan's --float8).")
     float8_all_gather: bool = Field(default=False, description="With float8: FSDP all-gathers fp8 weights.")
+    reduce_in_compute_dtype: bool = Field(default=False, description="FSDP2 reduce-scatters gradients in the "
+                                          "compute dtype (accelerate's MixedPrecisionPolicy, the trainer recipe's "
+                                          "fsdp_reduce_dtype) instead of fp32.")
     shard_experts_on_dim1: bool = Field(default=True, description="FSDP2 shards MoE experts on dim 1 over more ranks "
                                         "than experts (torchtitan's rule, wrappers.fsdp); False: dim 0, padded.")
 
@@ -164,6 +167,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
         cpu_offload=spec.cpu_offload,
         mesh=mesh,
         shard_experts_on_dim1=ctx.recipe.shard_experts_on_dim1,
+        reduce_in_compute_dtype=ctx.recipe.reduce_in_compute_dtype,
     )
     if ctx.optimizer is None:
         return model, None

@@ -62,6 +62,7 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
+from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.block_kinds import kind_of
@@ -286,6 +287,8 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
 
             gathered -= float8_gather_saving_bytes(spec, training)
         forward = run("all_gather", gathered, blocks)
+        if impl.engine == "torch":  # FSDP2 reduce-scatters in its MixedPrecisionPolicy's reduce_dtype (the recipe's)
+            grad_bytes = fsdp2_reduce_bytes(training) * trainable
         reduce = run("reduce_scatter", grad_bytes, blocks)
         backward = run("all_gather", gathered, blocks) if impl.reshard_after_forward else 0.0
         # FSDP's sync off until the last micro-batch (accelerate's no_sync): one reduce-scatter a step. Without a

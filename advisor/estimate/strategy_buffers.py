@@ -94,7 +94,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                                                      outside=outside))
     if impl.shard_params:
         ub = 2 if training.mixed else pb  # MixedPrecisionPolicy(param_dtype=bf16/fp16)
-        reduce_b = FP32 if training.mixed else pb  # reduce_dtype=fp32
+        reduce_b = fsdp2_reduce_bytes(training)  # MixedPrecisionPolicy(reduce_dtype=...)
         root = ub * outside  # unsharded from the root's pre-forward to the end of its forward (see backward_start)
         h2d = pb * layer // world if impl.offload_params else 0
         dim1 = training.recipe.shard_experts_on_dim1
@@ -171,6 +171,15 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                            at_backward_end=backward_end, grads_at_backward_end=grads_end)
 
 
+def fsdp2_reduce_bytes(training: TrainingConfig) -> int:
+    """Bytes an element of FSDP2's reduce-scatter input takes: the recipe's ``fsdp_reduce_dtype`` under mixed
+    precision (fp32: wrap()'s and torchtitan's MixedPrecisionPolicy; compute: accelerate's, bf16/fp16), the
+    parameters' dtype otherwise."""
+    if not training.mixed:
+        return training.param_bytes
+    return FP32 if training.recipe.fsdp_reduce_dtype == "fp32" else training.compute_bytes
+
+
 def ddp_bucket_bytes(grad_bytes: int, impl: Implementation, world: int) -> int:
     """DDP's gradient buckets, a second copy of the trainable gradients (``gradient_as_bucket_view=False``),
     or none: DataParallel has no buckets, and one GPU runs as the plain model in every stack (accelerate's
@@ -216,7 +225,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
     moe = bool(spec.num_experts)
     if impl.shard_params:
         ub = 2 if training.mixed else pb
-        reduce_b = FP32 if training.mixed else pb
+        reduce_b = fsdp2_reduce_bytes(training)
         old_grads = (ub + reduce_b) * layer
         if training.fsdp_version == 1:  # FSDP1: the gradients and their flat concatenation (fsdp1_buffers)
             from advisor.estimate.fsdp1_buffers import fsdp1_lower_blocks

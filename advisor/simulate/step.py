@@ -6,8 +6,8 @@ dtypes, no storage), applies the same wrapping ``wrap()`` applies (``wrappers.re
 two steps (forward, backward, ``optimizer.step()``, ``zero_grad``) under a fake process group of
 the target world size (``torch.testing._internal.distributed.fake_pg``). With ``--global-batch`` above
 micro-batch x ranks a step runs each micro-batch's forward and backward before the optimizer step
-(``_Step``); the second step's last micro-batch, which holds the others' gradients, and its optimizer step
-are measured. The second step is measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
+(``_Step``); the second step's micro-batches and its optimizer step are measured, the phase read from the last
+micro-batch, which holds the others' gradients. The second step is measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
 ``fsdp2_mem_tracker.FSDPMemTracker`` under FSDP2), which counts every tensor storage the step
 creates, categorised. It is the analytic model's ground truth (``benchmarks/accuracy.py``).
 
@@ -175,13 +175,16 @@ def simulate(
         tell("warm-up step")
         step(None)
         tell("measured step")
-        for i in range(micro_steps - 1):  # accumulating: the last micro-batch, which holds their gradients, is measured
-            step.micro(i)
         tracker = build_tracker(net, opt, ids, impl)
         phases: dict[str, int] = {}
         recorder = _recorder(net, tracker, impl, world_size) if timeline else None
+        floor = None  # accumulating: the peak before the last micro-batch (the phases are read from that one)
         with tracker, recorder.watch(tracker) if recorder else contextlib.nullcontext(), cuda_softmax_backward():
             skip_frozen_grad_hooks(tracker, net)
+            for i in range(micro_steps - 1):  # every micro-batch inside the tracker: what they hold is tracked
+                step.micro(i)
+                floor = peak_total(tracker)
+                tracker.reset_mod_stats()  # per-module stats of one pass at a time (FSDPMemTracker needs it); peaks stay
             measured_mark = lambda phase: _mark(phase, phases, tracker, recorder)  # noqa: E731
             step.micro(micro_steps - 1, measured_mark)
             step.finish(measured_mark)
@@ -198,7 +201,7 @@ def simulate(
         optimizer_impl=training.optimizer_implementation,
         checkpointing=checkpointing, tensors="real" if real_tensors else "fake", device="cpu",
         total_params=sum(p.numel() for p in unique_params(net)), trainable_params=trainable,
-        **measured, peak_phase=_phase(phases), top_modules=top, notes=tuple(notes),
+        **measured, peak_phase=_phase(phases, floor=floor), top_modules=top, notes=tuple(notes),
         wall_s=round(time.perf_counter() - start, 3), timeline=recorder.timeline() if recorder else None,
     )
 
@@ -267,7 +270,8 @@ def _wrap_as_wrap_does(net: Any, strategy: str, impl: Implementation, training: 
         return net, opt, notes
     mode = ("selective" if training.activation_checkpointing == "selective" else "on") if checkpointing else "off"
     recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode,
-                    shard_experts_on_dim1=training.recipe.shard_experts_on_dim1)
+                    shard_experts_on_dim1=training.recipe.shard_experts_on_dim1,
+                    reduce_in_compute_dtype=training.recipe.fsdp_reduce_dtype == "compute")
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 
@@ -363,11 +367,15 @@ def _mark(phase: str, phases: dict[str, int], tracker: Any, recorder: Any) -> No
         recorder.mark(phase)
 
 
-def _phase(marks: dict[str, int]) -> Phase:
-    """The phase during which the peak last rose (the tracker's peak is read after each phase)."""
+def _phase(marks: dict[str, int], *, floor: int | None = None) -> Phase:
+    """The phase during which the peak last rose (the tracker's peak is read after each phase). ``floor``: the
+    peak the earlier micro-batches of an accumulating step reached; where the last one never passes it, the
+    peak was an earlier backward."""
     order: tuple[Phase, ...] = ("forward", "backward", "optimizer_step")
+    if floor is not None and max(marks.values(), default=0) <= floor:
+        return "backward"
     winner: Phase = "forward"
-    previous = 0
+    previous = floor or 0
     for phase in order:
         if marks.get(phase, 0) > previous:
             winner, previous = phase, marks[phase]

@@ -66,3 +66,23 @@ def test_torchtitans_8b_on_8_gpus_and_the_cap_at_the_gpus_memory():
     full = estimate_memory(spec, parse_gpus("8xH100"), training, get_strategy("zero3").on("torch"),
                            micro_batch_size=2, checkpointing=True)
     assert full.reserved + full.outside_allocator == parse_gpus("8xH100").gpu_memory_bytes
+
+
+def test_the_trainers_fsdp_reduces_in_bf16_as_accelerate_sets_it():
+    """accelerate's FSDP2 policy reduces in the compute dtype (the trainer recipe's fsdp_reduce_dtype), so a
+    block's reduce-scatter input is bf16, 2 bytes a parameter where wrap()'s fp32 policy takes 4. The estimate
+    follows the simulated step run with that policy, within 1 KB. At seq 8 the torch recipe's peak is its end of
+    backward, 8,049,632 bytes, the root's reduce-scatter (bf16 gradients 2R and their fp32 input 4R, R =
+    1,048,640). With bf16 that reduce-scatter holds 2R + 2R = 4,194,560 and the embedding's backward is the wider
+    point: the unsharded root 2R = 2,097,280, the head's and the embedding's bf16 gradients 2 x 2 x 524,288 =
+    2,097,152, the final norm's 128, the last block's bf16 reduce-scatter input 2 x 46,208 = 92,416: at rest
+    570,528 + 1,141,056, the blocks' fp32 shards 46,208, so 1,757,792 + 4,286,976 = 6,044,768."""
+    from advisor.simulate.step import simulate
+
+    trainer = TrainingConfig(seq_len=8, recipe="trainer")
+    est = _tiny("zero3", 8, recipe="trainer")
+    sim = simulate(TINY, world_size=8, strategy="zero3", training=trainer, micro_batch_size=1, checkpointing=True)
+    assert 0 <= sim.peak_allocated - est.peak_allocated <= 1_000, (sim, est)
+    torch_recipe = _tiny("zero3", 8)
+    assert torch_recipe.peak_allocated == 8_049_632 and est.peak_allocated < torch_recipe.peak_allocated
+    assert est.at_end_of_backward == 6_044_768

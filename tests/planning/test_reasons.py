@@ -167,10 +167,11 @@ def test_mixtral_offloads_and_no_gpu_only_mesh_fits(mixtral):
     assert best.remedy_fits and best.remedy_strategy == "zero3"
     # accelerate's fully_shard (recipe trainer) pads the experts' dim 0 to the world instead, so each of 16 ranks
     # holds a whole expert of each tensor, as each of 8 does (strategy_buffers.expert_shard_padding, measured on
-    # the simulator): more GPUs do not help it.
+    # the simulator): more GPUs do not help it (its bf16 reduce-scatter input, accelerate's policy, makes 16 ranks
+    # 14% lighter than wrap()'s 8, where dim 1 would halve the experts).
     padded = plan("mistralai/Mixtral-8x7B-v0.1", "2x8xH100", micro_batch_size=1, activation_checkpointing="on",
                   strategy="zero3", recipe="trainer").candidate("zero3")
-    assert not padded.fits and padded.memory_bytes.total > 0.9 * p.candidate("zero3").memory_bytes.total
+    assert not padded.fits and padded.memory_bytes.total > 0.85 * p.candidate("zero3").memory_bytes.total
     mesh = _one(p, r.NoGpuOnlyMesh)
     assert mesh.cause.kind == "experts"
     assert mesh.cause.expert_share == pytest.approx(MIXTRAL_EXPERT_PARAMS / p.model.total_params, rel=1e-12)

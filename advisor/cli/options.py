@@ -143,6 +143,10 @@ PLAN_OPTIONS: list[Callable] = [
                  help="Share of GPU memory a comfortable plan leaves free (default 0.1): auto checkpointing "
                       "turns on to keep it; preferred among equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
+    click.option("--cpu-step-rate", type=FiniteRange(0, 1e13, min_open=True),
+                 help="Offload: parameters a second one process's optimizer steps on your CPU (measure it with "
+                      "python benchmarks/cpu_optimizer.py); default: a measured EPYC core's torch AdamW rate, or "
+                      "DeepSpeed's CPU-Adam."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
@@ -204,6 +208,7 @@ _TRAINING_FIELDS = {
     "headroom": "headroom",
     "margin": "margin",
     "cpu_memory_gib": "cpu_memory_gib",
+    "cpu_step_rate": "cpu_step_rate",
 }
 
 

@@ -307,7 +307,13 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
 
 
 def _cpu_rate(hw: Hardware, training: TrainingConfig, impl: Implementation, eff: EfficiencyProfile) -> float:
-    """Parameters a second a node's CPU optimizer steps (``_offload``)."""
+    """Parameters a second a node's CPU optimizer steps (``_offload``): ``--cpu-step-rate`` per process when given
+    (under the node's memory bandwidth on the torch engine), else the measured defaults."""
+    if training.cpu_step_rate is not None:
+        given = training.cpu_step_rate * hw.gpus_per_node
+        if impl.engine != "torch":
+            return given
+        return min(given, eff.offload.host_bandwidth_step_rate(gpu=hw.gpu.name, state_bytes=training.param_bytes))
     if impl.engine == "torch":  # torch.optim on the CPU, one thread a process (the launchers' OMP_NUM_THREADS=1)
         return eff.offload.torch_cpu_step_rate(gpu=hw.gpu.name, processes=hw.gpus_per_node,
                                                state_bytes=training.param_bytes,
@@ -338,6 +344,10 @@ def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation,
                    seconds: float) -> str:
     """What the CPU optimizer step's time rests on (``_offload``)."""
     node = _cpu_rate(hw, training, impl, eff)
+    if training.cpu_step_rate is not None:
+        return (f"CPU optimizer step {seconds:.2f} s: {node / hw.gpus_per_node / 1e9:.2f}G parameters/s a process "
+                "(--cpu-step-rate, as given" + (", capped by the node's memory bandwidth)" if
+                                                 node < training.cpu_step_rate * hw.gpus_per_node else ")"))
     if impl.engine != "torch":
         return (f"CPU optimizer step {seconds:.2f} s: DeepSpeed's CPU-Adam at {node / 1e9:.1f}G parameters/s a node "
                 "(an assumption, after the ZeRO-Offload paper)")
@@ -345,7 +355,8 @@ def _cpu_step_note(hw: Hardware, training: TrainingConfig, impl: Implementation,
             f"one thread a process (the launchers' OMP_NUM_THREADS=1), {node / hw.gpus_per_node / 1e9:.2f}G "
             "parameters/s each (measured on one recent AMD EPYC core, benchmarks/cpu_optimizer.py; a cloud H100 "
             "host's Xeon core stepped 2.1-3.6x slower, benchmarks/results/cpu_optimizer_h100_host.md, so on such a "
-            "host this step takes up to that much longer; the node's memory bandwidth caps them together)")
+            "host this step takes up to that much longer: --cpu-step-rate plans your host's; the node's memory "
+            "bandwidth caps them together)")
 
 
 def _optimizer_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,

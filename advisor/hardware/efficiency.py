@@ -126,8 +126,13 @@ class OffloadEfficiency(_Frozen):
         state = "fp32" if state_bytes >= 4 else "bf16"
         threads = processes * self.torch_cpu_threads_per_process
         compute = threads * self.torch_cpu_adam_params_per_s_per_thread[state][implementation]
+        return min(compute, self.host_bandwidth_step_rate(gpu=gpu, state_bytes=state_bytes))
+
+    def host_bandwidth_step_rate(self, *, gpu: str, state_bytes: int) -> float:
+        """The most parameters a second the node's memory bandwidth lets a CPU AdamW step (7 x ``state_bytes``
+        moved a parameter)."""
         bandwidth = self.host_memory_gbps.get(gpu, self.default_host_memory_gbps) * 1e9 * self.host_memory_efficiency
-        return min(compute, bandwidth / (7 * state_bytes))
+        return bandwidth / (7 * state_bytes)
 
 
 class OptimizerStepCost(_Frozen):

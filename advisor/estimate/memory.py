@@ -60,7 +60,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
-from advisor.estimate.accumulation import held_accumulated_grads
+from advisor.estimate.accumulation import held_accumulated_grads, held_at_backward_end
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
@@ -319,6 +319,7 @@ def estimate_memory(
                                   micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
+                             held_at_backward_end=held_at_backward_end(spec, training, impl, held=held),
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
@@ -415,7 +416,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       loss_kept: int = 0, processes: int | None = None, gpu: str = "",
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None,
-                      device_bytes: int | None = None) -> MemoryBreakdown:
+                      device_bytes: int | None = None, held_at_backward_end: int | None = None) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -430,7 +431,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ``saved_head_grad``: the part of ``acts.saved_bytes`` that is a tied head's gradient, made by the loss
     backward (``traced.saved_head_gradient``): not there yet when that backward begins. ``capacity_bytes``: the
     GPU's memory, where bitsandbytes' paged optimizer state is placed (``in_backward.place_paged_state``); None
-    counts it on the device. ``device_bytes``: the GPU's memory, where the reserved memory stops
+    counts it on the device. ``held_at_backward_end``: what the held gradients are at the end of backward where
+    that differs (``accumulation.held_at_backward_end``). ``device_bytes``: the GPU's memory, where the reserved memory stops
     (``reduce_scatter_pool_bytes``: the allocator frees cached blocks before it fails); None: no cap."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
@@ -486,7 +488,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                 moments["start_of_forward"] = last
     if buffers.at_backward_end is not None:  # the embedding's (FSDP2: the root's) backward, other gradients kept
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
-        moments["end_of_backward"] = dict(base, grads=rest_grads + max(shards, held_grads), activations=0,
+        late = max(shards, held_grads) if held_at_backward_end is None else shards + held_at_backward_end
+        moments["end_of_backward"] = dict(base, grads=rest_grads + late, activations=0,
                                           temporary=buffers.persistent + buffers.at_backward_end)
     moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
     # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).

@@ -99,7 +99,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         h2d = pb * layer // world if impl.offload_params else 0
         dim1 = training.recipe.shard_experts_on_dim1
         pad = expert_shard_padding(spec, world, dim1=dim1)  # unsharded experts: world x ceil(E/world) rows
-        block_t, root_t = _trainable_split(spec, layer, n_layers)
+        block_t, root_t = trainable_split(spec, layer, n_layers)
         # Backward of one block: the gradients of its trainable weights (param dtype) and their
         # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
         per_block_t = layer if root_t >= outside else min(layer, -(-block_t // n_layers))
@@ -280,7 +280,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
 
 
-def _trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:
+def trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:
     """(trainable parameters in the blocks, trainable parameters in the root). Training spreads over the
     blocks first: LoRA's adapters live there, and ``--trainable-params`` leaves whole tensors trainable
     across the blocks (``advisor.simulate.model.freeze_to``); a full fine-tune trains the root too."""

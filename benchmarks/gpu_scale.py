@@ -8,8 +8,8 @@
 tokens, torchtitan's selective op checkpointing, fused AdamW, bf16-mixed, HF's loss; once with the caching
 allocator's defaults and once with ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` (each in its own process,
 the setting is read at CUDA's start). The other GPU memory checks go up to Gemma 2 2B; this one is where
-torchtitan's published reserved figures are and the estimate's reserved is 3-9% below them
-(benchmarks/results/published_memory.md).
+torchtitan's published reserved figures are; the estimate's reserved was 3-9% below them until FSDP's gradient
+shards cached for the reduce-scatter stream were counted (now -1% to -4%, benchmarks/results/published_memory.md).
 """
 
 from __future__ import annotations

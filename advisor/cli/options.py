@@ -144,9 +144,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "turns on to keep it; preferred among equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--cpu-step-rate", type=FiniteRange(0, 1e13, min_open=True),
-                 help="Offload: parameters a second one process's optimizer steps on your CPU (measure it with "
-                      "python benchmarks/cpu_optimizer.py); default: a measured EPYC core's torch AdamW rate, or "
-                      "DeepSpeed's CPU-Adam."),
+                 help="Offload: parameters a second one process's optimizer steps on your CPU (torch AdamW: "
+                      "python benchmarks/cpu_optimizer.py measures it; DeepSpeed's CPU-Adam: time its step). Default: a "
+                      "measured EPYC core's torch AdamW rate, or DeepSpeed's CPU-Adam's."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),

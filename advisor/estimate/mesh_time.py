@@ -35,6 +35,7 @@ import math
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
+from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
                                         peak_tflops)
 from advisor.hardware.cluster import Hardware
@@ -109,7 +110,7 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
                   eff: EfficiencyProfile, mesh: ParallelDims) -> Traffic:
     local = tp_rank_spec(spec, mesh.tp)
     gather = training.compute_bytes
-    grad = training.param_bytes
+    grad = fsdp2_reduce_bytes(training)  # the MixedPrecisionPolicy's reduce_dtype (the recipe's)
     blocks = shape_of(spec).num_layers + 1
     size, stride = mesh.dp_shard * mesh.cp, mesh.tp
 
@@ -122,14 +123,19 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
 
         gathered -= float8_gather_saving_bytes(spec, training, tp=mesh.tp)
     forward = run("all_gather", gathered)
-    backward = run("reduce_scatter", grad * local.total_params)
-    if impl.reshard_after_forward:
-        backward += run("all_gather", gathered)
+    reduce = run("reduce_scatter", grad * local.total_params)
     last = 0.0
     if mesh.dp_replicate > 1:  # HSDP: the gradient shard all-reduced across replicas
         shard = grad * local.total_params / size
         last = group_collective_s("all_reduce", shard, hw, eff, size=mesh.dp_replicate,
                                   stride=size * mesh.tp, count=1)
+    if training.accumulation_mode == "last_micro_batch" and training.global_batch_size is not None:
+        # FSDP's sync off until the last micro-batch (accelerate's no_sync): one reduce-scatter a step
+        backward = run("all_gather", gathered) if impl.reshard_after_forward else 0.0
+        return Traffic(fwd=forward, bwd=backward, last_bwd=reduce + last)
+    backward = reduce
+    if impl.reshard_after_forward:
+        backward += run("all_gather", gathered)
     return Traffic(fwd=forward, bwd=backward, last_bwd=last)
 
 

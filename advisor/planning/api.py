@@ -32,7 +32,7 @@ from advisor.planning.live_model import check_quantized, live_lora, live_quantiz
 from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
-from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes
+from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import ReasonModel
@@ -391,6 +391,11 @@ def plan(
     if recommendation is None or recommendation.mesh is None:
         why.extend(loss_notes(spec, hw, training, candidates, recommendation))
     candidates += meshes
+    chosen = next((c for c in candidates if recommendation is not None and c.strategy == recommendation.strategy
+                   and c.mesh == recommendation.mesh), None)
+    flush = stream_pool_note(chosen.memory_bytes if chosen is not None else None, hw.gpu_memory_bytes)
+    if flush is not None:
+        notes.append(flush)
     return Plan(
         model=spec, hardware=hw, training=training, candidates=tuple(candidates),
         recommendation=recommendation, reasons=tuple(why), assumptions=tuple(notes + assumptions_of(spec, hw, training)),

@@ -37,7 +37,12 @@ def read_trainer(r: Reader, base: Path) -> None:
             r.take("optim", optim, "optimizer_impl", impl)
     elif optim is not None:
         r.notes.append(f"optim {optim} is not modelled: planned with --optimizer's default")
-    if isinstance(r.raw("accelerator_config"), dict):  # accelerate's GradientAccumulationPlugin kwargs
+    accelerator = r.raw("accelerator_config")
+    if isinstance(accelerator, str):  # a path TrainingArguments reads (AcceleratorConfig.from_json_file): not followed
+        r.notes.append("accelerator_config names a file: not read (its gradient_accumulation_kwargs.sync_each_batch, "
+                       "if any, is not planned: --accumulation-sync)")
+    elif isinstance(accelerator, dict):  # accelerate's GradientAccumulationPlugin kwargs; other keys listed unread
+        r.read.discard("accelerator_config")
         sync = r.flag("accelerator_config.gradient_accumulation_kwargs.sync_each_batch")
         if sync is not None:
             r.take("accelerator_config.gradient_accumulation_kwargs.sync_each_batch", sync, "accumulation_sync",

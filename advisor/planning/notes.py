@@ -168,17 +168,33 @@ _IMPL_TEMPORARIES = {
 }
 
 
+def stream_pool_note(memory, capacity_bytes: int) -> str | None:
+    """A line when the recommended plan's reserved memory reaches the GPU's: FSDP's gradient blocks, cached for
+    its reduce-scatter stream (``memory.reduce_scatter_pool_bytes``), do not fit beside the default stream's peak,
+    so the caching allocator frees its cached blocks when an allocation fails and allocates them again next
+    backward, every step. None otherwise."""
+    if memory is None or not memory.gradient_stream_pool or memory.reserved + memory.outside_allocator < capacity_bytes:
+        return None
+    return ("reserved memory reaches the GPU's: FSDP's gradient shards, cached for its reduce-scatter stream "
+            f"({memory.gradient_stream_pool / GIB:.1f} GiB of them fit beside the rest), cannot stay cached, so the "
+            "caching allocator frees its cached blocks when an allocation fails and allocates them again, every step "
+            "(torch.cuda.memory_stats()['num_alloc_retries'] counts it; not timed)")
+
+
 def accumulation_note(training: TrainingConfig) -> str:
-    """What gradient accumulation holds (``advisor.estimate.accumulation``)."""
+    """What gradient accumulation holds (``advisor.estimate.accumulation``), for the plan's engine and stack."""
     held = ("from a step's second micro-batch on, the earlier micro-batches' gradients are held through the forward "
             "and backward (advisor.estimate.accumulation): all of them under DDP or one GPU")
+    if training.engine == "deepspeed":
+        return f"gradient accumulation: {held}; ZeRO-2's flat gradient partition (ZeRO-1 and ZeRO-3 hold theirs anyway)"
     how = ("--accumulation-sync" if training.accumulation_sync is not None else f"recipe {training.recipe.name}")
+    shard = "fp32" if training.mixed or training.param_bytes == 4 else "parameter-dtype"
     if training.accumulation_mode == "last_micro_batch":
-        return (f"gradient accumulation: {held}; FSDP's sync is off until the last micro-batch ({how}: accelerate's "
+        return (f"gradient accumulation: {held}; FSDP's sync is off until the last micro-batch ({how}; accelerate's "
                 "no_sync), so every unit keeps its unsharded gradient in the compute dtype, the whole model's on each "
                 "GPU, offload or not (--accumulation-sync every_micro_batch, the Trainer's accelerator_config "
-                "gradient_accumulation_kwargs sync_each_batch, holds the fp32 shards instead)")
-    return f"gradient accumulation: {held}, the rank's fp32 shards under FSDP (reduced every micro-batch: {how})"
+                f"gradient_accumulation_kwargs sync_each_batch, holds the {shard} shards instead)")
+    return f"gradient accumulation: {held}, the rank's {shard} shards under FSDP (reduced every micro-batch: {how})"
 
 
 def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:

@@ -165,7 +165,9 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         accumulation = (training.global_batch_size or training.micro_batch_size * hw.world_size) // hw.world_size
         keep.append(_Change(name=f"--micro-batch 1 --global-batch {accumulation * hw.world_size}", keeps_math=True,
                             update={"micro_batch_size": 1, "global_batch_size": accumulation * hw.world_size}))
-    if (training.accumulation_mode == "last_micro_batch" and training.global_batch_size is not None
+    total = training.global_batch_size
+    if (training.accumulation_mode == "last_micro_batch" and total is not None
+            and total // (ref.micro_batch_size * hw.world_size) > 1
             and STRATEGIES[ref.strategy].on(training.engine).shard_grads and training.engine == "torch"):
         # FSDP reduce-scatters every micro-batch: the rank's fp32 shards held, not the unsharded gradients
         keep.append(_Change(name="--accumulation-sync every_micro_batch", keeps_math=True,
@@ -205,8 +207,13 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
     """The fewest GPUs of this kind on which zero3 fits on the GPUs alone (micro-batch 1)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
-    count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hw, n, per_node), relaxed, "zero3").fits,
-                           above=hw.world_size, per_node=per_node)
+    total = training.global_batch_size
+
+    def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients
+        at = relaxed if total is None or total % n else validated_copy(relaxed, {"global_batch_size": total})
+        return evaluate_candidate(spec, at_count(hw, n, per_node), at, "zero3").fits
+
+    count = smallest_count(fits, above=hw.world_size, per_node=per_node)
     if count is None or (training.global_batch_size is not None and training.global_batch_size % count):
         return []
     bigger = at_count(hw, count, per_node)

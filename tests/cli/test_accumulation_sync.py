@@ -95,3 +95,22 @@ def test_no_sync_reduce_scatters_once_a_step():
     reduce_scatter = (every[2] - every[1]) - (last[2] - last[1])
     assert reduce_scatter > 0
     assert abs((every[4] - last[4]) - 3 * reduce_scatter) < 1e-9
+
+
+def test_the_trainers_reduce_scatter_moves_half_the_bytes():
+    """accelerate's policy reduce-scatters bf16 gradients, wrap()'s fp32. Each recipe's reduce-scatter seconds are
+    read off its one- and two-micro-batch steps with the sync every micro-batch against once a step (as in the test
+    above); the Trainer's are about half the torch recipe's (the links' latency terms are the same)."""
+    spec, hw, impl = resolve_model("Qwen/Qwen2.5-7B"), parse_gpus("8xA100"), get_strategy("zero3").on("torch")
+
+    def comm(recipe: str, sync: str, steps: int) -> float:
+        training = TrainingConfig(recipe=recipe, accumulation_sync=sync, optimizer_impl="fused",
+                                  global_batch_size=8 * steps)
+        return estimate_step_time(spec, hw, training, impl, micro_batch_size=1, checkpointing=True,
+                                  gradient_accumulation_steps=steps).communication_s
+
+    def reduce_scatter(recipe: str) -> float:
+        every = comm(recipe, "every_micro_batch", 2) - comm(recipe, "every_micro_batch", 1)
+        return every - (comm(recipe, "last_micro_batch", 2) - comm(recipe, "last_micro_batch", 1))
+
+    assert 0.45 < reduce_scatter("trainer") / reduce_scatter("torch") < 0.55

@@ -334,7 +334,11 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
         stored = training.param_bytes if impl.engine == "torch" else gather
         up = pcie_s(stored_param_bytes(spec, training, bytes_per_param=stored) / world, hw, eff)
         down = pcie_s(grad * trainable_shard, hw, eff)
-        return Traffic(fwd=up, bwd=down + (up if impl.reshard_after_forward else 0.0)), cpu_step
+        again = up if impl.reshard_after_forward else 0.0
+        if (impl.engine == "torch" and training.accumulation_mode == "last_micro_batch"
+                and training.global_batch_size is not None):  # no_sync: the gradients leave at the last micro-batch
+            return Traffic(fwd=up, bwd=again, last_bwd=down), cpu_step
+        return Traffic(fwd=up, bwd=down + again), cpu_step
     # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.
     down = pcie_s(grad * trainable_shard, hw, eff)
     return Traffic(bwd=down, after_step=pcie_s(gather * trainable_shard, hw, eff)), cpu_step

@@ -46,3 +46,23 @@ def test_the_cli_option_reaches_the_plan(capsys):
     assert doc["training"]["cpu_step_rate"] == 5e8
     code, _, err = run_main(["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--cpu-step-rate", "-1"], capsys)
     assert code == 2 and "Traceback" not in err
+
+
+def test_no_sync_offloads_the_gradients_once_a_step():
+    """FSDP offload under the Trainer's no_sync keeps the unsharded gradients on the GPU until the last micro-batch,
+    so the shards go down to the CPU once a step, not once a micro-batch: with sync every micro-batch the offload
+    transfers of two micro-batches exceed those of one by both directions' seconds, under no_sync by the uploads
+    alone, and the difference of those two differences is one gradient download of the shard."""
+    spec, hw, impl = resolve_model("Qwen/Qwen2.5-7B"), parse_gpus("2xA100"), get_strategy("zero3_offload").on("torch")
+
+    def offload(sync: str, steps: int) -> float:
+        training = TrainingConfig(recipe="trainer", accumulation_sync=sync, global_batch_size=2 * steps)
+        return estimate_step_time(spec, hw, training, impl, micro_batch_size=1, checkpointing=True,
+                                  gradient_accumulation_steps=steps).offload_s
+
+    every = offload("every_micro_batch", 2) - offload("every_micro_batch", 1)
+    last = offload("last_micro_batch", 2) - offload("last_micro_batch", 1)
+    assert abs((offload("last_micro_batch", 3) - offload("last_micro_batch", 2)) - last) < 1e-9  # per micro-batch
+    # Per micro-batch under no_sync: the fp32 shard uploaded twice (the forward's and the backward's gathers); the
+    # download it no longer makes each micro-batch is that shard once, the same bytes over the same link: half.
+    assert abs((every - last) / last - 0.5) < 1e-6

@@ -85,6 +85,12 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
                      "its gradient, as torchtune.training.register_optim_in_bwd_hooks does, or the run holds every "
                      "gradient the plan did not count.")
     notes += _script_notes(training, fmt, compile_key=row.compile_key, float8_key=row.float8_key)
+    if (training.accumulation_sync == "every_micro_batch" and training.global_batch_size is not None
+            and engine == "torch" and fmt == "accelerate"):  # advisor.estimate.accumulation: no accelerate config key
+        notes.append("The plan reduce-scatters gradients every micro-batch (--accumulation-sync every_micro_batch): "
+                     "no accelerate config key says it; pass Accelerator(gradient_accumulation_plugin="
+                     "GradientAccumulationPlugin(num_steps=..., sync_each_batch=True)) in the script, or "
+                     "accelerator.accumulate() keeps FSDP's unsharded gradients the plan did not count.")
     if recipe != row.recipe:
         notes.append(f"Planned with recipe {recipe}; the {fmt} file runs the {row.recipe} stack "
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "

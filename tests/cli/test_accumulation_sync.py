@@ -114,3 +114,19 @@ def test_the_trainers_reduce_scatter_moves_half_the_bytes():
         return every - (comm(recipe, "last_micro_batch", 2) - comm(recipe, "last_micro_batch", 1))
 
     assert 0.45 < reduce_scatter("trainer") / reduce_scatter("torch") < 0.55
+
+
+def test_the_accelerate_export_says_where_sync_each_batch_goes(tmp_path, capsys):
+    """accelerate's config file has no key for it: the note names GradientAccumulationPlugin(sync_each_batch=True),
+    a real argument of the installed accelerate."""
+    import inspect
+
+    from accelerate.utils import GradientAccumulationPlugin
+
+    assert "sync_each_batch" in inspect.signature(GradientAccumulationPlugin).parameters
+    args = [*JOB, "--accumulation-sync", "every_micro_batch", "--strategy", "zero3"]
+    code, _, err = run_main(["export", *args, "--format", "accelerate", "-o", str(tmp_path / "a.yaml")], capsys)
+    assert code == 0 and "GradientAccumulationPlugin(num_steps=..., sync_each_batch=True)" in err
+    code, _, err = run_main(["export", *JOB, "--strategy", "zero3", "--format", "accelerate", "-o",
+                             str(tmp_path / "b.yaml")], capsys)
+    assert code == 0 and "sync_each_batch" not in err

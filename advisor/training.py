@@ -16,7 +16,8 @@ from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
 from advisor.model.releases import release_tuple
 from advisor.precision import Precision, PrecisionInfo, precision_info
-from advisor.recipes import DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings, get_recipe
+from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings,
+                             get_recipe)
 from advisor.units import GIB
 
 # adamw-8bit-paged: bitsandbytes' PagedAdamW8bit, its 8-bit moments in CUDA managed memory (advisor.estimate.in_backward).

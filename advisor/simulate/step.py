@@ -7,9 +7,9 @@ two steps (forward, backward, ``optimizer.step()``, ``zero_grad``) under a fake 
 the target world size (``torch.testing._internal.distributed.fake_pg``). With ``--global-batch`` above
 micro-batch x ranks a step runs each micro-batch's forward and backward before the optimizer step
 (``_Step``); the second step's micro-batches and its optimizer step are measured, the phase read from the last
-micro-batch, which holds the others' gradients. The second step is measured by PyTorch's own tracker (``torch.distributed._tools.mem_tracker.MemTracker``, or
-``fsdp2_mem_tracker.FSDPMemTracker`` under FSDP2), which counts every tensor storage the step
-creates, categorised. It is the analytic model's ground truth (``benchmarks/accuracy.py``).
+micro-batch, which holds the others' gradients. The second step is measured by PyTorch's own tracker
+(``torch.distributed._tools.mem_tracker.MemTracker``, or ``fsdp2_mem_tracker.FSDPMemTracker`` under FSDP2),
+which counts every tensor storage the step creates, categorised. It is the analytic model's ground truth (``benchmarks/accuracy.py``).
 
 Why the CPU, and what differs from a GPU:
 

@@ -59,7 +59,8 @@ def test_the_export_writes_sync_each_batch_and_reads_it_back(tmp_path, capsys):
     doc["bf16"] = False  # this test machine has no bf16-capable GPU
     parsed = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, **doc)
     assert parsed.accelerator_config.gradient_accumulation_kwargs == {"sync_each_batch": True}
-    written, read_back = _plan(capsys, *args), _plan(capsys, *JOB[:6], "--from", str(path))  # TrainingArguments has no sequence length
+    # TrainingArguments has no sequence length: the model, the GPUs and --seq-len are typed
+    written, read_back = _plan(capsys, *args), _plan(capsys, *JOB[:6], "--from", str(path))
     assert read_back["training"]["accumulation_sync"] == "every_micro_batch"
     assert _zero3(read_back)["memory_bytes"] == _zero3(written)["memory_bytes"]
 

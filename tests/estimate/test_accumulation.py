@@ -160,8 +160,9 @@ def test_a_mesh_holds_what_its_rank_holds():
     """Llama-3.1-8B on 8 H100s, 4 micro-batches a step at 4,096 tokens. A data-parallel mesh (dp_shard 8) holds the
     data-parallel estimate's gradients to the byte. Under tp 2 x dp_shard 4 a rank's model is half the blocks'
     and the embeddings' and head's weights (vocabulary-parallel) and every norm whole, the 32 x 2 + 1 = 65 norms of
-    4,096 = 266,240: (8,030,261,248 - 266,240) / 2 + 266,240 = 4,015,263,744 parameters. The torch recipe holds their fp32 shards over 4 ranks, 4,015,263,744 bytes; the Trainer their
-    unsharded bf16 gradients, 8,030,527,488 (half the data-parallel 16,060,522,496)."""
+    4,096 = 266,240: (8,030,261,248 - 266,240) / 2 + 266,240 = 4,015,263,744 parameters. The torch recipe holds
+    their fp32 shards over 4 ranks, 4,015,263,744 bytes; the Trainer their unsharded bf16 gradients, 8,030,527,488
+    (half the data-parallel 16,060,522,496)."""
     from advisor.estimate.model_parallel import estimate_mesh_memory
     from advisor.mesh import ParallelDims
 

@@ -13,6 +13,23 @@ from typing import Callable
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def cuda_seconds(run: Callable[[], None], *, warmup: int, repeats: int) -> float:
+    """Seconds one call of ``run`` takes on the current CUDA device: ``warmup`` calls, then the mean of ``repeats``
+    timed between two CUDA events (imports torch: call it only when measuring)."""
+    import torch
+
+    for _ in range(warmup):
+        run()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / repeats / 1000
+
+
 def write_report(name: str, lines: list[str]) -> int:
     """benchmarks/results/NAME.md from ``lines``, printed too."""
     text = "\n".join(lines)

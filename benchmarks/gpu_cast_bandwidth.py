@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from _gpu_cli import gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
+from _gpu_cli import cuda_seconds, gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HIDDEN, KV, FFN, LAYERS, VOCAB = 3072, 1024, 8192, 28, 128256  # meta-llama/Llama-3.2-3B config.json
@@ -41,16 +41,7 @@ def measure() -> dict:
             for w in weights:
                 w.to(target)
 
-        for _ in range(2):
-            cast_all()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            cast_all()
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 5 / 1000
+        seconds = cuda_seconds(cast_all, warmup=2, repeats=5)
         moved = elements * (source.itemsize + target.itemsize)
         rows[name] = dict(weights=elements, tensors=len(weights), seconds=round(seconds, 6), gbps=round(moved / seconds / 1e9, 1))
         print(name, rows[name], flush=True)

@@ -18,7 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _gpu_cli import gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
+from _gpu_cli import cuda_seconds, gpu_main, write_report  # noqa: E402  (benchmarks/ is the script's folder)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VOCABULARIES = (32000, 128256, 151936, 256000)  # Llama 2, Llama 3, Qwen2.5, Gemma 2
@@ -42,16 +42,7 @@ def measure() -> dict:
                 F.cross_entropy(logits.float(), labels, reduction="sum").backward()
                 logits.grad = None
 
-            for _ in range(3):
-                step()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(10):
-                step()
-            end.record()
-            torch.cuda.synchronize()
-            ms = start.elapsed_time(end) / 10
+            ms = cuda_seconds(step, warmup=3, repeats=10) * 1000
             rows.append(dict(vocab=vocab, tokens=tokens, ms=round(ms, 3), ns_per_logit=round(ms * 1e6 / (tokens * vocab), 4)))
             print(rows[-1], flush=True)
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, rows=rows)

@@ -41,6 +41,19 @@ def accumulation_steps(training: TrainingConfig, *, dp_world: int, micro_batch_s
     return max(1, training.global_batch_size // (micro_batch_size * dp_world))
 
 
+def accumulates_unsharded(training: TrainingConfig, impl: Implementation) -> bool:
+    """FSDP with its gradient sync off until the last micro-batch (accelerate's no_sync, the Trainer's default):
+    each unit keeps its unsharded gradient between micro-batches (module docstring)."""
+    return training.engine == "torch" and impl.shard_grads and training.accumulation_mode == "last_micro_batch"
+
+
+def reduces_once_a_step(training: TrainingConfig, impl: Implementation) -> bool:
+    """Whether FSDP's reduce-scatter (and an offloaded shard's trip to the CPU) runs once a step, not every
+    micro-batch: under no_sync, with a global batch (without one a step is one micro-batch, and the step time is
+    summed as before, the same float)."""
+    return accumulates_unsharded(training, impl) and training.global_batch_size is not None
+
+
 def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Implementation, states: ModelStates, *,
                            world: int, dp_world: int, micro_batch_size: int) -> int:
     """Gradient bytes on one rank's GPU from the second micro-batch of a step on (module docstring); 0 without
@@ -50,7 +63,7 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
         return 0
     if training.optimizer_in_backward:
         return 0
-    if training.engine == "torch" and impl.shard_grads and training.accumulation_mode == "last_micro_batch":
+    if accumulates_unsharded(training, impl):
         return training.compute_bytes * spec.trainable_params  # on the GPU, offloaded or not
     if states.on_cpu or states.cpu_only_optimizer:
         return 0
@@ -74,7 +87,7 @@ def held_at_backward_end(spec: ModelSpec, training: TrainingConfig, impl: Implem
     again). Simulated: Qwen2.5-0.5B (tied), zero3 x8, seq 256, 1.5% above the measured peak, where ``held`` there
     was 12% above; the tiny untied Llama of tests/estimate/test_accumulation.py below its measured peak, the
     loss's. None: ``held`` stands (nothing held, or shards reduced every micro-batch)."""
-    if not held or not impl.shard_grads or training.accumulation_mode != "last_micro_batch":
+    if not held or not accumulates_unsharded(training, impl):
         return None
     from advisor.estimate.block_sizes import block_params
     from advisor.estimate.strategy_buffers import trainable_split

@@ -60,7 +60,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
-from advisor.estimate.accumulation import held_accumulated_grads, held_at_backward_end
+from advisor.estimate.accumulation import accumulates_unsharded, held_accumulated_grads, held_at_backward_end
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
@@ -548,7 +548,7 @@ def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, tra
     default stream's."""
     if training.engine != "torch" or not impl.shard_grads or not gpu_grads:
         return 0
-    unsharded = held_grads if training.accumulation_mode == "last_micro_batch" else 0
+    unsharded = held_grads if accumulates_unsharded(training, impl) else 0
     default = max(sum(live.values()) - max(0, live["grads"] - unsharded) for live in moments.values())
     return max(0, gpu_grads - int((1 + training.fragmentation) * (peak - default)))
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+from advisor.estimate.accumulation import reduces_once_a_step
 from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
 from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
@@ -129,8 +130,7 @@ def _fsdp_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl:
         shard = grad * local.total_params / size
         last = group_collective_s("all_reduce", shard, hw, eff, size=mesh.dp_replicate,
                                   stride=size * mesh.tp, count=1)
-    if training.accumulation_mode == "last_micro_batch" and training.global_batch_size is not None:
-        # FSDP's sync off until the last micro-batch (accelerate's no_sync): one reduce-scatter a step
+    if reduces_once_a_step(training, impl):  # FSDP's sync off until the last micro-batch (accelerate's no_sync)
         backward = run("all_gather", gathered) if impl.reshard_after_forward else 0.0
         return Traffic(fwd=forward, bwd=backward, last_bwd=reduce + last)
     backward = reduce

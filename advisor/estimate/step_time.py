@@ -58,6 +58,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from advisor.estimate.accumulation import reduces_once_a_step
 from advisor.estimate.activations import shape_of
 from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
@@ -291,10 +292,7 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
             grad_bytes = fsdp2_reduce_bytes(training) * trainable
         reduce = run("reduce_scatter", grad_bytes, blocks)
         backward = run("all_gather", gathered, blocks) if impl.reshard_after_forward else 0.0
-        # FSDP's sync off until the last micro-batch (accelerate's no_sync): one reduce-scatter a step. Without a
-        # global batch there is one micro-batch and the sum is kept as before (the same float, byte for byte).
-        if (training.accumulation_mode == "last_micro_batch" and impl.engine == "torch"
-                and training.global_batch_size is not None):
+        if reduces_once_a_step(training, impl):  # FSDP's sync off until the last micro-batch (accelerate's no_sync)
             return Traffic(fwd=forward, bwd=backward, last_bwd=reduce)
         return Traffic(fwd=forward, bwd=backward + reduce)
     if impl.shard_grads:  # DeepSpeed ZeRO-2: reduce-scatter each micro-batch, gather updated params
@@ -335,8 +333,7 @@ def _offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Impl
         up = pcie_s(stored_param_bytes(spec, training, bytes_per_param=stored) / world, hw, eff)
         down = pcie_s(grad * trainable_shard, hw, eff)
         again = up if impl.reshard_after_forward else 0.0
-        if (impl.engine == "torch" and training.accumulation_mode == "last_micro_batch"
-                and training.global_batch_size is not None):  # no_sync: the gradients leave at the last micro-batch
+        if reduces_once_a_step(training, impl):  # no_sync: the gradients leave at the last micro-batch
             return Traffic(fwd=up, bwd=again, last_bwd=down), cpu_step
         return Traffic(fwd=up, bwd=down + again), cpu_step
     # Optimizer only (ZeRO-Offload): gradients down during backward, updated bf16 shard back up.

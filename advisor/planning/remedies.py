@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from advisor.estimate.accumulation import accumulates_unsharded
 from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
@@ -166,9 +167,8 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         keep.append(_Change(name=f"--micro-batch 1 --global-batch {accumulation * hw.world_size}", keeps_math=True,
                             update={"micro_batch_size": 1, "global_batch_size": accumulation * hw.world_size}))
     total = training.global_batch_size
-    if (training.accumulation_mode == "last_micro_batch" and total is not None
-            and total // (ref.micro_batch_size * hw.world_size) > 1
-            and STRATEGIES[ref.strategy].on(training.engine).shard_grads and training.engine == "torch"):
+    if (accumulates_unsharded(training, STRATEGIES[ref.strategy].on(training.engine)) and total is not None
+            and total // (ref.micro_batch_size * hw.world_size) > 1):
         # FSDP reduce-scatters every micro-batch: the rank's fp32 shards held, not the unsharded gradients
         keep.append(_Change(name="--accumulation-sync every_micro_batch", keeps_math=True,
                             update={"accumulation_sync": "every_micro_batch"}))

@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from advisor.estimate.accumulation import accumulation_steps
+from advisor.estimate.accumulation import accumulates_unsharded, accumulation_steps
 from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
@@ -294,8 +294,7 @@ class _Step:
         self.net, self.opt, self.ids, self.training, self.impl = net, opt, ids, training, impl
         self.labels, self.micro_steps = labels, micro_steps
         self.late_zero_grad = training.recipe.zero_grad == "before_backward"
-        self.sync_last = (impl.shard_params and micro_steps > 1
-                          and training.accumulation_mode == "last_micro_batch")
+        self.sync_last = micro_steps > 1 and accumulates_unsharded(training, impl)
 
     def micro(self, i: int, mark: Callable[[str], None] | None = None) -> None:
         """Forward and backward of micro-batch ``i``."""

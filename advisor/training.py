@@ -127,6 +127,14 @@ class TrainingConfig(BaseModel):
                                                     "optimizer_in_bwd): no full gradient buffer. One GPU, no "
                                                     "gradient accumulation.")
 
+    # Off by default and left out of the JSON, so plans made before it read the same
+    # (advisor.estimate.activation_offload).
+    activation_offload: bool = Field(default=False, exclude_if=lambda on: not on,
+                                     description="Saved activations go to CPU memory in forward and come back in "
+                                                 "backward (torchtune's enable_activation_offloading, TRL's "
+                                                 "activation_offloading): under checkpointing each block's input, "
+                                                 "without it every block's saved tensors; the output head's stay.")
+
     # Left out of the JSON unless set, so plans made before it read the same (advisor.estimate.optimizer_8bit).
     bitsandbytes: str | None = Field(default=None, exclude_if=lambda release: release is None,
                                      description="The bitsandbytes release an 8-bit optimizer's state is counted "
@@ -173,6 +181,10 @@ class TrainingConfig(BaseModel):
         if clash:
             raise ValueError("--float8 is modelled for full training in bf16 or bf16-mixed on the torch engine "
                              f"(torchao float8 training as torchtitan runs it), not with {' or '.join(clash)}")
+        if self.activation_offload and self.engine != "torch":
+            raise ValueError("--activation-offload is modelled on the torch engine (torchtune's and TRL's saved-tensor "
+                             "hooks); DeepSpeed offloads activations only through its own checkpointing "
+                             "(cpu_checkpointing), which is not modelled")
         if self.global_batch_size is not None and self.micro_batch_size is not None:
             if self.global_batch_size < self.micro_batch_size:
                 raise ValueError(

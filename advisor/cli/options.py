@@ -112,6 +112,10 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--optimizer-in-backward", "optimizer_in_backward", is_flag=True, default=None,
                  help="Step each parameter in backward as its gradient is ready and free the gradient (torchtune's "
                       "optimizer_in_bwd): no full gradient buffer. One GPU, no gradient accumulation."),
+    click.option("--activation-offload", "activation_offload", is_flag=True, default=None,
+                 help="Move saved activations to CPU memory in forward and back in backward (torchtune's "
+                      "enable_activation_offloading, TRL's activation_offloading): under checkpointing each block's "
+                      "input leaves the GPU, without it every block's saved tensors. Data parallelism only."),
     click.option("--fsdp-version", type=click.IntRange(1, 2), help="FSDP the sharded torch strategies run: 2 "
                  "(fully_shard, default) or 1 (FullyShardedDataParallel, flat parameters: accelerate's default). "
                  "wrap() and the exports apply FSDP2."),
@@ -192,6 +196,7 @@ _TRAINING_FIELDS = {
     "optimizer_impl": "optimizer_impl",
     "accumulation_sync": "accumulation_sync",
     "optimizer_in_backward": "optimizer_in_backward",
+    "activation_offload": "activation_offload",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",

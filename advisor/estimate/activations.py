@@ -139,6 +139,8 @@ class ActivationEstimate(BaseModel):
                                      "its recomputed tensors (the residual gradient, the forward's locals); 0: no such "
                                      "point (``activations_frozen.frozen_recompute_end_per_token``).")
     returned_logits_bytes: int = Field(description="The low-precision logits alone (what a model returns).")
+    offloaded_bytes: int = Field(default=0, description="Saved for backward in CPU memory, not in saved_bytes: every "
+                                 "block's offloaded tensors (``activation_offload``); 0: none offloaded.")
 
 
 def shape_of(spec: ModelSpec) -> ActivationShape:

@@ -118,6 +118,10 @@ class MemoryBreakdown(BaseModel):
     paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
                               description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
                                           "advisor.estimate.in_backward); left out of the JSON when 0.")
+    activations_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda offloaded: offloaded == 0,
+                                    description="Saved activations of one micro-batch held in pinned CPU memory "
+                                                "(--activation-offload; part of cpu_bytes, crossing PCIe out in "
+                                                "forward and back in backward); left out of the JSON when 0.")
     peak_moment: PeakMoment = Field(
         description="Which moment of the step is the peak: start_of_forward (FSDP2), end_of_forward, "
                     "loss_backward, block_backward, end_of_backward (FSDP2, replicated full fine-tunes) or optimizer_step. "
@@ -248,6 +252,11 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
                                    lora=training.lora is not None, adapters=_adapters(spec, training),
                                    quantized=training.quantize is not None,
                                    selective=checkpointing and training.activation_checkpointing == "selective")
+    if training.activation_offload:  # each block's input (checkpointed) or saved tensors in CPU memory
+        from advisor.estimate.activation_offload import offloaded_activations
+
+        est = offloaded_activations(est, shape_of(spec), dtypes, tokens=micro_batch_size * (training.seq_len + images),
+                                    checkpointing=checkpointing)
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
         return est
@@ -346,7 +355,7 @@ def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens:
     blocks' backward needs from outside them (``saved_bytes`` less ``outside_freed_bytes``), and its input, the
     residual stream; less ``head_grad``, a traced profile's tied head gradient (``traced.saved_head_gradient``),
     which does not exist in forward. None where one block's share is not known."""
-    if not acts.block_kept_bytes or not spec.hidden_size or (spec.num_layers or 0) < 2:
+    if not (acts.block_kept_bytes or acts.offloaded_bytes) or not spec.hidden_size or (spec.num_layers or 0) < 2:
         return None
     block_input = tokens * spec.hidden_size * residual_bytes
     return max(0, acts.saved_bytes - acts.outside_freed_bytes - acts.block_kept_bytes + block_input - head_grad)
@@ -375,7 +384,7 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
     blocks' backward peaks at the top block, the one below it or the bottom one (a line in between)."""
     n = buffers.num_blocks
     top, bottom_kv = (kv.block_backward_top, kv.block_backward_bottom) if kv is not None else (0, 0)
-    if n < 2 or not acts.block_kept_bytes or held_grads:  # num_blocks stays 1 where lower blocks are not read
+    if n < 2 or not (acts.block_kept_bytes or acts.offloaded_bytes) or held_grads:  # num_blocks stays 1 where lower blocks are not read
         return bottom_kv  # the kept cache grows to the bottom block: counted there (an upper bound)
     step = buffers.per_block_done - acts.block_kept_bytes
     bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less + bottom_kv
@@ -500,6 +509,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         cpu = states.params + states.grads + states.optimizer + states.step_temporary
     elif states.cpu_only_optimizer:
         cpu = states.grads + states.optimizer + states.step_temporary
+    cpu += acts.offloaded_bytes  # --activation-offload: pinned host copies (advisor.estimate.activation_offload)
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
     overhead = training.reserve_bytes + int(training.fragmentation * gapped) + context
@@ -512,6 +522,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         outside_allocator=context,
         gradient_stream_pool=pool,
         cpu_bytes=cpu,
+        activations_on_cpu=acts.offloaded_bytes,
         peak_moment=moment,
         states_params=states.params,
         states_grads=states.grads,

@@ -393,8 +393,12 @@ def estimate_step_time(
     gradient_accumulation_steps: int = 1,
     efficiency: EfficiencyProfile | None = None,
     paged_on_cpu_bytes: int = 0,
+    offloaded_activation_bytes: int = 0,
 ) -> StepTime:
     """Seconds of one optimizer step, split into compute, communication and offload (module docstring).
+    ``offloaded_activation_bytes``: a micro-batch's activations held in CPU memory (``--activation-offload``,
+    ``MemoryBreakdown.activations_on_cpu``), out over PCIe under forward and back under backward, beside the
+    compute on a side stream (exposed only past it, as the offloading strategies' transfers).
     ``paged_on_cpu_bytes``: paged optimizer state the memory estimate evicted to CPU RAM
     (``MemoryBreakdown.paged_on_cpu``), moved out and back in over PCIe every step, the two directions at once
     (PCIe is full-duplex), not hidden behind compute."""
@@ -440,6 +444,9 @@ def estimate_step_time(
         comm = _collectives(spec, hardware, training, impl, eff)
         comm_exposed = comm.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
+    if offloaded_activation_bytes:  # --activation-offload: out in forward, back in backward, each micro-batch
+        moved = pcie_s(offloaded_activation_bytes, hardware, eff)  # (advisor.estimate.activation_offload)
+        pcie = Traffic(fwd=pcie.fwd + moved, bwd=pcie.bwd + moved, last_bwd=pcie.last_bwd, after_step=pcie.after_step)
     offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
     # advisor.estimate.in_backward: out and in at once over the full-duplex link, exposed (an assumption)
     paged_s = pcie_s(paged_on_cpu_bytes, hardware, eff)

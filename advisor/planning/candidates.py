@@ -309,7 +309,8 @@ def evaluate_candidate(
                                            checkpointing=mode != "off", gradient_accumulation_steps=accumulation)
         return estimate_step_time(spec, hardware, at[mode], impl, micro_batch_size=micro,
                                   checkpointing=mode != "off", gradient_accumulation_steps=accumulation,
-                                  paged_on_cpu_bytes=memory(micro, mode).paged_on_cpu)
+                                  paged_on_cpu_bytes=memory(micro, mode).paged_on_cpu,
+                                  offloaded_activation_bytes=memory(micro, mode).activations_on_cpu)
 
     def fits(mem: MemoryBreakdown, mode: str, limit: float = capacity) -> bool:
         if span(mem, mode).at(training.margin) > limit:  # --margin picks the end

@@ -30,6 +30,13 @@ DEFAULT_NOTES = {
 }
 
 
+ACTIVATION_OFFLOAD_NOTE = (
+    "--activation-offload: torchtune's OffloadActivations (TRL's activation_offloading copies it) over the model's "
+    "body: every block's input under checkpointing, every block's saved tensors without it, waits in pinned CPU "
+    "memory (activations_on_cpu), out over PCIe during forward and back during backward beside the compute; the "
+    "head and the loss keep theirs on the GPU (TRL's hooks also take an HF loss's, not counted: an upper bound)")
+
+
 def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, micro_batch_size: int) -> str:
     """What --seq-len max found, and whether it is past the model's own context."""
     context = spec.max_position_embeddings
@@ -212,6 +219,8 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         from advisor.estimate.in_backward import optimizer_notes
 
         notes.extend(optimizer_notes(training))
+    if training.activation_offload:  # advisor.estimate.activation_offload
+        notes.append(ACTIVATION_OFFLOAD_NOTE)
     if "use_cache" in training.model_fields_set or training.recipe.kv_cache:  # default plans read as before
         notes.append(kv_cache_note(training.keeps_kv_cache, spec.kv_cache_values_own_dtype))
     if training.compile:  # advisor.estimate.compile_time

@@ -257,6 +257,20 @@ def _wrap(net: Any, strategy: str, impl: Implementation, training: TrainingConfi
 
 def _wrap_as_wrap_does(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
                        checkpointing: bool) -> tuple[Any, Any, list[str]]:
+    """The model-side steps of ``wrap()``, then ``--activation-offload``'s hooks (their shape-keeping form:
+    ``wrappers.activation_offload``)."""
+    net, opt, notes = _wrap_recipe(net, strategy, impl, training, checkpointing)
+    if training.activation_offload:
+        from wrappers.activation_offload import apply_activation_offload
+
+        apply_activation_offload(net, host=False)
+        notes.append("activation offloading: the body's saved tensors of 1 KiB or more made again in backward "
+                     "(wrappers.activation_offload, host=False)")
+    return net, opt, notes
+
+
+def _wrap_recipe(net: Any, strategy: str, impl: Implementation, training: TrainingConfig,
+                 checkpointing: bool) -> tuple[Any, Any, list[str]]:
     from wrappers.recipe import Recipe, apply_recipe
 
     opt = build_optimizer([p for p in unique_params(net) if p.requires_grad], training)

@@ -1,0 +1,43 @@
+"""``--activation-offload`` on the command line: the plan moves each block's input to the CPU, says so, and is
+refused where it is not modelled. CPU only, no network."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli._main import run_main
+
+# torchtune's Llama 3.2 3B row (README at 1814feb1): one A100, batch 2 of 4096 tokens, bf16, checkpointed,
+# compiled, chunked loss, optimizer in backward: the peak is the loss's backward.
+JOB = ["-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--strategy", "ddp", "--micro-batch", "2",
+       "--seq-len", "4096", "--precision", "bf16", "--activation-checkpointing", "on", "--loss", "chunked",
+       "--compile", "--optimizer-in-backward"]
+
+
+def _ddp(capsys, *extra: str) -> tuple[dict, dict]:
+    code, out, err = run_main(["plan", *JOB, *extra, "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    return doc, next(c for c in doc["candidates"] if c["strategy"] == "ddp")
+
+
+def test_the_plan_holds_the_block_inputs_in_cpu_memory(capsys):
+    plain_doc, plain = _ddp(capsys)
+    doc, moved = _ddp(capsys, "--activation-offload")
+    assert "activations_on_cpu" not in plain["memory_bytes"]  # plans without the flag read as before
+    assert "activation_offload" not in plain_doc["training"]
+    assert doc["training"]["activation_offload"] is True
+    # 28 blocks x 2 x 4096 x 3072 x 2 bytes (tests/estimate/test_activation_offload.py)
+    assert moved["memory_bytes"]["activations_on_cpu"] == 1_409_286_144
+    assert plain["memory_bytes"]["peak_allocated"] - moved["memory_bytes"]["peak_allocated"] == 1_409_286_144
+    assert moved["step_time"]["step_s"] == plain["step_time"]["step_s"]  # hidden under the compute
+    assert moved["step_time"]["offload_s"] > 0 == plain["step_time"]["offload_s"]
+    assert any(a.startswith("--activation-offload: torchtune's OffloadActivations") for a in doc["assumptions"])
+
+
+def test_refused_on_a_mesh_and_on_deepspeed(capsys):
+    code, _, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--tp", "2",
+                             "--activation-offload"], capsys)
+    assert code == 2 and "--activation-offload is modelled for data parallelism alone" in err
+    code, _, err = run_main(["plan", *JOB, "--activation-offload", "--engine", "deepspeed"], capsys)
+    assert code == 2 and "--activation-offload is modelled on the torch engine" in err

@@ -99,6 +99,8 @@ def plan_of(case: dict, **overhead: float):
         options["compile"] = True
     if case.get("optimizer_in_backward"):  # torchtune's optimizer_in_bwd (advisor.estimate.in_backward)
         options["optimizer_in_backward"] = True
+    if case.get("activation_offload"):  # torchtune's enable_activation_offloading (advisor.estimate.activation_offload)
+        options["activation_offload"] = True
     if case.get("zero_defaults"):  # a launcher file that fixes no bucket size: its source's defaults run
         options["zero"] = zero_config_defaults(case["zero_defaults"])
     if case.get("quantize"):

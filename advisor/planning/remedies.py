@@ -5,8 +5,8 @@ Each remedy is one changed knob, re-planned with the planner's own estimate (``e
 when it does not fit, else the chosen plan) at the same micro-batch and checkpointing, and the step
 time and tokens/s of the plan the change leads to. Changes that keep the mathematics (optimizer
 implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, FSDP's gradient
-sync every micro-batch where the stack holds unsharded gradients until the last, hybrid sharding, more GPUs
-of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
+sync every micro-batch where the stack holds unsharded gradients until the last, activation offloading,
+hybrid sharding, more GPUs of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
 bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names the best remedy when
 the plan offloads is built here from the same numbers (``offload_line``, rendered by ``advisor.planning.render``).
 
@@ -42,7 +42,7 @@ from advisor.units import GIB
 USEFUL_MFU = 0.20
 LORA_RANK = 16  # PEFT's examples and the README's use the rank 16 most often
 # Knobs that act on memory alone: when one saves nothing on the reference it cannot change the plan.
-MEMORY_KNOBS = {"loss", "activation_checkpointing"}
+MEMORY_KNOBS = {"loss", "activation_checkpointing", "activation_offload"}
 GPU_ONLY: tuple[StrategyName, ...] = ("ddp", "zero1", "zero2", "zero3")
 OFFLOAD: tuple[StrategyName, ...] = ("zero2_offload", "zero3_offload")
 
@@ -172,6 +172,13 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         # FSDP reduce-scatters every micro-batch: the rank's fp32 shards held, not the unsharded gradients
         keep.append(_Change(name="--accumulation-sync every_micro_batch", keeps_math=True,
                             update={"accumulation_sync": "every_micro_batch"}))
+    holds_activations = ref.memory_bytes is not None and ref.memory_bytes.peak_moment not in (
+        "optimizer_step", "end_of_backward")  # a peak with no saved activation cannot fall (not even re-planned)
+    if (memory_bound and holds_activations and not training.activation_offload and training.engine == "torch"
+            and ref.mesh is None):
+        # the saved activations in CPU memory, out under forward and back under backward beside the compute
+        # (advisor.estimate.activation_offload): torchtune's and TRL's, after the kernels and checkpointing
+        keep.append(_Change(name="--activation-offload", keeps_math=True, update={"activation_offload": True}))
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.cli._main import run_main
 
 # torchtune's Llama 3.2 3B row (README at 1814feb1): one A100, batch 2 of 4096 tokens, bf16, checkpointed,
@@ -41,3 +43,30 @@ def test_refused_on_a_mesh_and_on_deepspeed(capsys):
     assert code == 2 and "--activation-offload is modelled for data parallelism alone" in err
     code, _, err = run_main(["plan", *JOB, "--activation-offload", "--engine", "deepspeed"], capsys)
     assert code == 2 and "--activation-offload is modelled on the torch engine" in err
+
+
+# Llama-3.1-8B on 2 x A100 40GB at 32,768 tokens, fused loss and AdamW: nothing fits on the GPUs alone.
+LONG = ["-m", "meta-llama/Llama-3.1-8B", "-g", "2xA100-40GB", "--seq-len", "32768", "--loss", "fused",
+        "--optimizer-impl", "fused"]
+
+
+def test_a_remedy_that_keeps_the_mathematics_and_is_the_plan_it_names(capsys):
+    """Offloading the block inputs lets the offloading plan take a larger micro-batch: the remedy's tokens/s
+    are the plan's with the flag, and it ranks among the remedies that keep the mathematics."""
+    code, out, _ = run_main(["plan", *LONG, "--json"], capsys)
+    remedies = json.loads(out)["recommendation"]["remedies"]
+    remedy = next(r for r in remedies if r["name"] == "--activation-offload")
+    assert remedy["keeps_math"] and remedy["saved_gib"] > 0
+    code, out, _ = run_main(["plan", *LONG, "--activation-offload", "--json"], capsys)
+    planned = json.loads(out)
+    chosen = next(c for c in planned["candidates"] if c["strategy"] == planned["recommendation"]["strategy"]
+                  and c["mesh"] is None)
+    assert remedy["tokens_per_s"] == pytest.approx(chosen["step_time"]["tokens_per_s"])
+    assert remedy["strategy"] == chosen["strategy"]
+
+
+def test_no_remedy_where_the_peak_holds_no_activation(capsys):
+    """The README's first command: zero3's peak is the foreach optimizer step, where no activation is saved."""
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--json"], capsys)
+    names = [r["name"] for r in json.loads(out)["recommendation"]["remedies"]]
+    assert "--optimizer-impl fused" in names and "--activation-offload" not in names

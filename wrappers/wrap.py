@@ -117,7 +117,8 @@ def _plan_on_gpus(spec: ModelSpec, env: LaunchEnv, options: dict, live: Any = No
 def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = None,
            precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
            seq_len: int | None = None, micro_batch_size: int | None = None, live: Any = None,
-           optimizer_impl: str | None = None, compile: bool = False, float8: bool = False) -> Decision:
+           optimizer_impl: str | None = None, compile: bool = False, float8: bool = False,
+           activation_offload: bool = False) -> Decision:
     """The strategy for this model and launch (pure but for the planner's data files). ``live``: the
     module ``spec`` describes, planned as itself where GPUs are visible (a PEFT model is recognised).
     ``optimizer_impl``: how the handed optimizer steps (``wrappers.optim.optimizer_implementation``);
@@ -128,7 +129,7 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
     options = {k: v for k, v in dict(precision=precision, seq_len=seq_len, micro_batch_size=micro_batch_size,
                                       strategy=strategy or ("dp" if not env.distributed else None),
                                       optimizer_impl=optimizer_impl, compile=compile or None,
-                                      float8=float8 or None).items()
+                                      float8=float8 or None, activation_offload=activation_offload or None).items()
                if v is not None}
     asked = requested_mode(activation_checkpointing)
     if asked is not None:
@@ -150,7 +151,7 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
 def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, strategy: StrategyName | None = None,
               precision: Precision | None = None, activation_checkpointing: bool | CheckpointMode | None = None,
               seq_len: int | None = None, micro_batch_size: int | None = None, compile: bool = False,
-              float8: bool = False) -> Decision:
+              float8: bool = False, activation_offload: bool = False) -> Decision:
     """The Decision ``wrap()`` applies, without applying it: the model planned the same way whatever its device
     (a meta-device model by its shapes, a live one as itself, so PEFT adapters are seen), at the batch the
     loader feeds (its ``batch_size`` and the first sample's tokens) unless ``micro_batch_size`` / ``seq_len``
@@ -161,7 +162,8 @@ def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, 
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
                       micro_batch_size=micro_batch_size, live=None if meta else model,
-                      optimizer_impl=optimizer_implementation(optimizer), compile=compile, float8=float8)
+                      optimizer_impl=optimizer_implementation(optimizer), compile=compile, float8=float8,
+                      activation_offload=activation_offload)
     return _with_batch(decision, micro_batch_size, seq_len, env)
 
 
@@ -221,6 +223,7 @@ def wrap(
     num_microbatches: int | None = None,
     compile: bool = False,
     float8: bool = False,
+    activation_offload: bool = False,
 ) -> Any:
     """Apply the recommended (or the requested) strategy to ``model``; see the module docstring.
 
@@ -237,6 +240,9 @@ def wrap(
     the blocks' linears converted by
     torchao (``wrappers.compile_float8``; the DP-family recipe only); where wrap() does not apply one (float8 on a
     mesh, either on a pipeline or under accelerate's prepare) it is refused (ValueError) rather than ignored.
+    ``activation_offload`` plans and applies --activation-offload: the body's saved tensors wait in CPU memory
+    (``wrappers.activation_offload``), on the data-parallel paths only (refused on a mesh, a pipeline or
+    accelerate's prepare).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _refuse_wrapped(model)
@@ -248,6 +254,7 @@ def wrap(
     if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
         # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
         _refuse_compile_float8("a pinned device mesh", compile=False, float8=float8)
+        _refuse_offload("a pinned device mesh", activation_offload)
         dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
         if dims.pp > 1:
             _refuse_compile_float8(f"a pinned pipeline ({dims.label})", compile=compile, float8=False)
@@ -268,16 +275,19 @@ def wrap(
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
         plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
         _refuse_compile_float8(f"accelerate's prepare ({why})", compile=compile, float8=float8)
+        _refuse_offload(f"accelerate's prepare ({why})", activation_offload)
         prepared = _prepare_with_accelerate(passed, why, env, plugin, activation_checkpointing)
         return prepared[0] if len(prepared) == 1 else prepared
     decision = plan_wrap(model, env, optimizer=optimizer, loader=loader, strategy=strategy, precision=precision,
                          activation_checkpointing=activation_checkpointing, seq_len=seq_len,
-                         micro_batch_size=micro_batch_size, compile=compile, float8=float8)
+                         micro_batch_size=micro_batch_size, compile=compile, float8=float8,
+                         activation_offload=activation_offload)
     # One path, whatever the model's device: the plan is applied on its mesh when it needs one, by FSDP2
     # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
     # whole with the DP-family recipe.
     if decision.mesh.pp > 1:
         _refuse_compile_float8(f"the planned pipeline ({decision.mesh.label})", compile=compile, float8=float8)
+        _refuse_offload(f"the planned pipeline ({decision.mesh.label})", activation_offload)
         return _pipelined(model, optimizer, loader, dims=decision.mesh, env=env, verbose=verbose, plan=decision.plan,
                           num_microbatches=num_microbatches, precision=decision.precision,
                           checkpointing=decision.checkpointing, checkpoint=checkpoint)
@@ -285,6 +295,7 @@ def wrap(
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         where = f"the planned mesh ({decision.mesh.label})" if needs_mesh else "a meta-device model sharded rank by rank"
         _refuse_compile_float8(where, compile=False, float8=float8)
+        _refuse_offload(where, activation_offload)
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
             strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing,
@@ -329,6 +340,9 @@ def wrap(
                        world_size=env.world_size)
         if loader is not None and env.distributed:
             loader = shard_loader(loader, num_replicas=env.world_size, rank=env.rank)
+    if activation_offload:  # the body's saved tensors in CPU memory, as planned (advisor.estimate.activation_offload)
+        from wrappers.activation_offload import apply_activation_offload
+        apply_activation_offload(wrapped)
     return _finish(wrapped, new_optimizer if optimizer is not None else None, loader, decision, env, verbose)
 
 
@@ -358,6 +372,14 @@ def _refuse_compile_float8(where: str, *, compile: bool, float8: bool) -> None:
         raise ValueError(f"wrap({', '.join(asked)}) is applied on {paths} only, not on {where}: "
                          "convert or compile the blocks yourself (wrappers.compile_float8.apply_float8 / apply_compile) "
                          "and call wrap() without it")
+
+
+def _refuse_offload(where: str, activation_offload: bool) -> None:
+    """``activation_offload`` is planned and applied on the data-parallel paths only: refused elsewhere."""
+    if activation_offload:
+        raise ValueError(f"wrap(activation_offload=True) is applied on the data-parallel path only, not on {where}: "
+                         "call wrap() without it, or wrappers.activation_offload.apply_activation_offload on the "
+                         "wrapped model yourself")
 
 
 def _refuse_wrapped(model: Any) -> None:

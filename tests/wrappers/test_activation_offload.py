@@ -50,3 +50,22 @@ def test_under_checkpointing_each_block_input_leaves():
 def test_the_body_is_the_decoder():
     model = LlamaForCausalLM(LlamaConfig(**CFG))
     assert model_body(model) is model.model
+
+
+def test_wrap_applies_the_hooks_on_the_data_parallel_path():
+    """One process, no GPU: wrap() hands back the model with the hooks around its body (on a CPU they move
+    nothing: only a GPU's tensors go to host memory) and the step runs."""
+    from wrappers.wrap import wrap
+
+    model = wrap(LlamaForCausalLM(LlamaConfig(**CFG)), activation_offload=True, verbose=False)
+    assert len(model.model._forward_pre_hooks) == 1 and len(model.model._forward_hooks) == 1
+    ids = torch.randint(0, 128, (2, 16))
+    model(input_ids=ids, labels=ids).loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_wrap_refuses_it_on_a_mesh():
+    from wrappers.wrap import wrap
+
+    with pytest.raises(ValueError, match="activation_offload=True.*data-parallel path only"):
+        wrap(LlamaForCausalLM(LlamaConfig(**CFG)), activation_offload=True, tp=2, verbose=False)

@@ -214,6 +214,10 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
     if selective:
         notes.append("Selective activation checkpointing has no config key here (the configs' checkpointing is "
                      "per block, in full): call wrap(model, activation_checkpointing=\"selective\") in the script.")
+    if training.activation_offload:
+        notes.append("--activation-offload has no key in these configs: with TRL, SFTConfig(activation_offloading=True) "
+                     "(a TrainingArguments key there only); in your own loop, wrap(model, activation_offload=True) or "
+                     "wrappers.activation_offload.apply_activation_offload(model); the plan's memory assumes it.")
     if training.lora is not None:
         lora = training.lora
         targets = lora.targets if lora.targets == "all-linear" else list(lora.targets) if lora.targets else None

@@ -6,7 +6,8 @@ Which keys it reads, and what they mean, from the framework's own definitions: T
 foreach on CUDA, and ``adamw_torch_fused`` to fused=True), ``gradient_checkpointing``
 (``activation_checkpointing`` in transformers 5), ``accelerator_config.gradient_accumulation_kwargs.sync_each_batch``
 (FSDP reduce-scatters every micro-batch instead of accelerate's no_sync), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
-config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bucket_cap_mb`` (DDP's own key: the file chose DDP).
+config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bucket_cap_mb`` (DDP's own key: the file chose DDP),
+and TRL's SFTConfig key ``activation_offloading`` (trl/trainer/sft_config.py: its copy of torchtune's offloading hooks).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def read_trainer(r: Reader, base: Path) -> None:
                    "every_micro_batch" if sync else "last_micro_batch")
     if r.flag("use_liger_kernel"):
         r.take("use_liger_kernel", True, "loss", "fused")
+    offload = r.flag("activation_offloading")  # TRL's SFTConfig (a TrainingArguments with its own keys)
+    if offload is not None:
+        r.take("activation_offloading", offload, "activation_offload", offload)
     fsdp_checkpointing = _trainer_fsdp(r)
     # Checkpointing is on when any of its keys says so: with FSDP, fsdp_config's own flag is the one that
     # counts and the top-level one is false (transformers issue 30404; advisor export writes it that way).

@@ -70,3 +70,32 @@ def test_no_remedy_where_the_peak_holds_no_activation(capsys):
     code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--json"], capsys)
     names = [r["name"] for r in json.loads(out)["recommendation"]["remedies"]]
     assert "--optimizer-impl fused" in names and "--activation-offload" not in names
+
+
+def test_trl_sft_config_activation_offloading_is_read(tmp_path, capsys):
+    """TRL's SFTConfig (a TrainingArguments with its own keys, trl/trainer/sft_config.py) saved as JSON:
+    ``activation_offloading`` plans --activation-offload and says where it came from."""
+    path = tmp_path / "sft_config.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "gradient_checkpointing": True,
+                                "activation_offloading": True}))
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--seq-len",
+                               "4096", "--from", str(path), "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["training"]["activation_offload"] is True and doc["training"]["recipe"] == "trainer"
+    chosen = next(c for c in doc["candidates"] if c["strategy"] == doc["recommendation"]["strategy"])
+    # checkpointed: the 28 blocks' inputs, the fp32 residual stream of bf16 autocast over fp32 weights (the file's
+    # bf16 on one GPU): 28 x 2 x 4096 x 3072 x 4 bytes
+    assert chosen["memory_bytes"]["activations_on_cpu"] == 28 * 2 * 4096 * 3072 * 4 == 2_818_572_288
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--seq-len",
+                               "4096", "--from", str(path)], capsys)
+    assert "activation_offloading" in out + err
+
+
+def test_the_exports_say_how_to_run_it(capsys):
+    """No launcher or Trainer config key carries it: the export says which call does."""
+    code, out, err = run_main(["export", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--activation-offload",
+                               "--format", "trainer-args", "-o", "-"], capsys)
+    assert code == 0, err
+    assert "SFTConfig(activation_offloading=True)" in err and "wrap(model, activation_offload=True)" in err
+    assert "activation_offloading" not in out  # TrainingArguments(**file) has no such key

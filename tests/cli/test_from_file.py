@@ -257,7 +257,7 @@ _KEYS = ["zero_optimization", "stage", "offload_optimizer", "offload_param", "de
          "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size", "optimizer", "type",
          "params", "torch_adam", "per_device_train_batch_size", "optim", "fsdp", "fsdp_config", "version",
          "reshard_after_forward", "cpu_offload", "activation_checkpointing", "gradient_checkpointing", "deepspeed",
-         "use_liger_kernel", "parallelism_config", "tp_size", "dp_replicate_size", "cpu_offload"]
+         "use_liger_kernel", "parallelism_config", "tp_size", "dp_replicate_size", "cpu_offload", "activation_offloading"]
 _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=True), st.text(max_size=8),
                     st.sampled_from(["auto", "cpu", "nvme", "none", "true", "adamw_torch_fused", "full_shard offload",
                                      "AdamW", "Lamb", "SHARD_GRAD_OP", "3"]))

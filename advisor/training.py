@@ -132,8 +132,8 @@ class TrainingConfig(BaseModel):
     activation_offload: bool = Field(default=False, exclude_if=lambda on: not on,
                                      description="Saved activations go to CPU memory in forward and come back in "
                                                  "backward (torchtune's enable_activation_offloading, TRL's "
-                                                 "activation_offloading): under checkpointing each block's input, "
-                                                 "without it every block's saved tensors; the output head's stay.")
+                                                 "activation_offloading): each checkpointed block's input (needs "
+                                                 "activation checkpointing); the output head's and the loss's stay.")
 
     # Left out of the JSON unless set, so plans made before it read the same (advisor.estimate.optimizer_8bit).
     bitsandbytes: str | None = Field(default=None, exclude_if=lambda release: release is None,
@@ -181,6 +181,9 @@ class TrainingConfig(BaseModel):
         if clash:
             raise ValueError("--float8 is modelled for full training in bf16 or bf16-mixed on the torch engine "
                              f"(torchao float8 training as torchtitan runs it), not with {' or '.join(clash)}")
+        if self.activation_offload and self.activation_checkpointing == "off":
+            from advisor.estimate.activation_offload import OFFLOAD_NEEDS_CHECKPOINTING
+            raise ValueError(OFFLOAD_NEEDS_CHECKPOINTING)
         if self.activation_offload and self.engine != "torch":
             raise ValueError("--activation-offload is modelled on the torch engine (torchtune's and TRL's saved-tensor "
                              "hooks); DeepSpeed offloads activations only through its own checkpointing "

@@ -9,8 +9,9 @@ final norm), so the output head and the loss keep theirs on the GPU, as torchtun
 its loss outside the context do. Under non-reentrant checkpointing only each block's input and the final
 norm's tensors reach them.
 
-Transfers run on the compute stream (``non_blocking`` into pinned memory): correct without the side stream
-torchtune overlaps them on, which the step-time estimate assumes.
+Transfers run on the compute stream (``non_blocking`` into pinned memory): correct, but serialised with the
+compute, where torchtune overlaps them on a side stream, which the plan's step time assumes (``offload_s`` bounds
+what this costs more).
 
 ``host=False`` is the simulator's (``advisor.simulate``): fake tensors have no data to copy, so a pack keeps
 the shape and a backward gets a new tensor of it, which is what the GPU sees.
@@ -57,7 +58,7 @@ class OffloadActivations(saved_tensors_hooks):
         self.stash[tid] = tensor
         self.offloaded_bytes += nbytes
         if self.host:
-            copy = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=tensor.is_cuda)
+            copy = torch.empty_like(tensor, device="cpu", pin_memory=tensor.is_cuda)  # strides kept (torchtune's)
             copy.copy_(tensor, non_blocking=True)
             return ("host", tid, copy, tensor.device)
         return ("shape", tid, (tensor.size(), tensor.stride(), tensor.dtype, tensor.device))

@@ -134,6 +134,11 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
     asked = requested_mode(activation_checkpointing)
     if asked is not None:
         options["activation_checkpointing"] = asked
+    if activation_offload:  # planned under checkpointing only (advisor.estimate.activation_offload)
+        if asked == "off":
+            from advisor.estimate.activation_offload import OFFLOAD_NEEDS_CHECKPOINTING
+            raise ValueError(OFFLOAD_NEEDS_CHECKPOINTING.replace("--activation-offload", "activation_offload=True"))
+        asked = asked or "on"  # where no plan chooses the mode (no GPU to plan on): full checkpointing
     if not env.distributed and env.num_gpus <= 1:
         where = "one GPU" if env.num_gpus else "no GPU"
         return Decision(strategy=None, engine="torch", precision=precision or "fp32",
@@ -311,7 +316,10 @@ def wrap(
         if float8:  # the order apply_recipe keeps: float8, checkpointing, compile
             from wrappers.compile_float8 import apply_float8
             apply_float8(wrapped)
-        applied = apply_requested_checkpointing(wrapped, activation_checkpointing)
+        # offloading runs under checkpointing: the decision's mode where none was asked (decide)
+        applied = apply_requested_checkpointing(
+            wrapped, decision.checkpointing if activation_offload and activation_checkpointing is None
+            else activation_checkpointing)
         if compile:
             from wrappers.compile_float8 import apply_compile
             apply_compile(wrapped)

@@ -114,8 +114,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "optimizer_in_bwd): no full gradient buffer. One GPU, no gradient accumulation."),
     click.option("--activation-offload", "activation_offload", is_flag=True, default=None,
                  help="Move saved activations to CPU memory in forward and back in backward (torchtune's "
-                      "enable_activation_offloading, TRL's activation_offloading): under checkpointing each block's "
-                      "input leaves the GPU, without it every block's saved tensors. Data parallelism only."),
+                      "enable_activation_offloading, TRL's activation_offloading): each checkpointed block's input "
+                      "leaves the GPU. Needs activation checkpointing (auto tries selective and full); data "
+                      "parallelism on the torch engine only."),
     click.option("--fsdp-version", type=click.IntRange(1, 2), help="FSDP the sharded torch strategies run: 2 "
                  "(fully_shard, default) or 1 (FullyShardedDataParallel, flat parameters: accelerate's default). "
                  "wrap() and the exports apply FSDP2."),

@@ -10,19 +10,20 @@ _activation_offloading.py``:
   runs outside the context: the loss path is unchanged.
 - Under non-reentrant checkpointing the hooks see only what autograd saves outside the checkpointed blocks:
   each block's input (``_NoopSaveInputs`` saves it with the outer hooks active) and the final norm's tensors.
-  Without checkpointing they see every block's saved tensors.
 - Backward brings a tensor back when its node runs and frees it once the next node has run; the forward stash
   is emptied by the first such node (the final norm's, before any block's).
 
-So, per micro-batch, what leaves the GPU is each block's input under checkpointing, or each block's saved
-tensors without it (``offloaded_per_block``). At the end of forward and through the loss none of them is on
-the GPU (the stash then holds the final norm's last tensors, which the estimate keeps counted); in a block's
-backward its own comes back, beside its recomputation. Checked against the simulated step, whose hooks do the
-same with fake tensors (``advisor.simulate.offload``, ``tests/estimate/test_activation_offload.py``).
+Planned under activation checkpointing only, as torchtune requires (its recipes raise without it): what leaves
+the GPU is then each block's input. Without checkpointing every saved tensor would cross PCIe and a node's own
+(an eager attention's s x s probabilities) would come back whole at its backward: not modelled, refused
+(``advisor.training``, and the planner tries no plan without checkpointing under the flag).
 
 The bytes cross PCIe twice a micro-batch, out during forward and in during backward, on a side stream beside
 the compute (``step_time``): exposed only where a direction's copy outlasts its compute. torchtune's own table
 (README at 1814feb1, Llama 3.2 3B on an A100, checkpointed) measured -1.3 GiB active and -0.11% tokens/s.
+Checked against the simulated step, whose hooks (``wrappers.activation_offload`` with ``host=False``) drop each
+tensor and make it again in backward (``benchmarks/accuracy_offload.py``, ``tests/estimate/
+test_activation_offload.py``).
 
 Imports nothing heavy; the planning path reads it when the flag is on.
 """
@@ -33,30 +34,35 @@ from advisor.estimate.activations import ActivationEstimate, ActivationShape, Dt
 from advisor.estimate.activations_blocks import block_input_in_layer_per_token
 from advisor.frozen import validated_copy
 
-
-def offloaded_per_block(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
-                        checkpointing: bool) -> int:
-    """Bytes of one block a micro-batch moves to the CPU: its input (the residual stream, ``tokens`` x hidden)
-    under checkpointing, every tensor it saved without (``block_kept_bytes``)."""
-    return tokens * shape.hidden_size * dt.residual if checkpointing else est.block_kept_bytes
+OFFLOAD_NEEDS_CHECKPOINTING = (
+    "--activation-offload is planned under activation checkpointing (torchtune refuses it without: "
+    "enable_activation_offloading needs enable_activation_checkpointing); without checkpointing every saved tensor "
+    "crosses PCIe and a node's own (an eager attention's s x s probabilities) comes back whole, which is not "
+    "modelled: use --activation-checkpointing on, selective or auto")
 
 
 def offloaded_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
-                          checkpointing: bool) -> ActivationEstimate:
-    """``est`` with every block's offloaded bytes off the GPU at the end of forward. Under checkpointing a
-    block's input comes back for its recomputation and is gone by its backward's peak unless an op of the block
-    saves the input itself (``block_input_in_layer_per_token``: an fp32 residual's first RMSNorm, a LayerNorm):
-    then it is live with the recomputed tensors (measured on the simulated step, bf16 and bf16-mixed). Without
-    checkpointing each saved tensor comes back for its own node alone: nothing of the block is counted back."""
-    block = offloaded_per_block(est, shape, dt, tokens=tokens, checkpointing=checkpointing)
+                          checkpointing: bool, frozen: bool = False) -> ActivationEstimate:
+    """``est`` with every checkpointed block's input (``tokens`` x hidden in the residual dtype) in CPU memory
+    (``offloaded_bytes``) instead of saved on the GPU. ``frozen``: a frozen base (LoRA). ValueError without
+    checkpointing (module docstring)."""
+    if not checkpointing:
+        raise ValueError(OFFLOAD_NEEDS_CHECKPOINTING)
+    block = tokens * shape.hidden_size * dt.residual
     if block <= 0 or shape.num_layers < 1:
         return est
-    back = tokens * block_input_in_layer_per_token(shape, dt) if checkpointing else 0
-    # a frozen base's first block saves less than the others (``first_block_unsaved_per_token``): no more than
-    # the blocks saved leaves
+    # A frozen base's final norm saves fewer tensors than the stash holds (its weight needs no gradient), so the last
+    # block's input is still in the forward stash through the loss, until the norm's backward empties it: counted as
+    # saved and gone before any block's backward (``outside_freed_bytes``). A trained norm's tensors push it out.
+    stays = block if frozen else 0
+    # In a block's backward its input is back (for the recomputation) and live at the peak where an op of the block
+    # saved the input itself (``block_input_in_layer_per_token``: an fp32 residual's first RMSNorm, a LayerNorm), and
+    # under LoRA (read on the simulated step: within one block input of it either way).
+    back = tokens * (shape.hidden_size * dt.residual if frozen else block_input_in_layer_per_token(shape, dt))
+    # no more than the blocks saved leaves (a frozen base's first block saves less: first_block_unsaved_per_token)
     moved = min(shape.num_layers * block, est.saved_bytes - est.outside_freed_bytes)
-    return validated_copy(est, {"saved_bytes": est.saved_bytes - moved,
+    return validated_copy(est, {"saved_bytes": est.saved_bytes - moved + stays,
+                                "outside_freed_bytes": est.outside_freed_bytes + stays,
                                 "recompute_bytes": est.recompute_bytes + back,
                                 "block_kept_bytes": est.block_kept_bytes - block,
-                                "mlp_freed_bytes": est.mlp_freed_bytes if checkpointing else 0,
                                 "offloaded_bytes": moved})

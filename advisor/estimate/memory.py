@@ -224,6 +224,10 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     # A traced profile of this recipe and shape (families without a formula) replaces the formula.
     profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
     if profile is not None and spec.num_layers:
+        if training.activation_offload:  # a profile is traced without the hooks: its blocks' inputs are not known apart
+            raise ValueError(f"--activation-offload is planned for the families the activation formula covers; "
+                             f"{spec.model_type or spec.name[:40]} is planned from a traced profile, which holds no "
+                             "block input apart (advisor.estimate.traced): drop --activation-offload")
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
                                         vocab_size=spec.vocab_size or 0, hidden_size=spec.hidden_size or 0)
     images = image_tokens(spec, training)
@@ -256,7 +260,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         from advisor.estimate.activation_offload import offloaded_activations
 
         est = offloaded_activations(est, shape_of(spec), dtypes, tokens=micro_batch_size * (training.seq_len + images),
-                                    checkpointing=checkpointing)
+                                    checkpointing=checkpointing, frozen=training.lora is not None)
     tower = vision_tower_bytes(spec, training, dtypes, micro_batch_size=micro_batch_size)
     if not tower:
         return est

@@ -107,8 +107,8 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
         raise ValueError(f"mesh {mesh.label} runs FSDP2 on the torch engine (zero2/zero3); {impl.runs_as or impl.engine} "
                          "cannot carry tensor or context parallelism here")
     if training.activation_offload:
-        raise ValueError(f"mesh {mesh.label}: --activation-offload is modelled for data parallelism alone "
-                         "(advisor.estimate.activation_offload); use --tp 1 --cp 1 --pp 1")
+        raise ValueError(f"mesh {mesh.label}: --activation-offload is modelled for data parallelism on one mesh "
+                         "dimension (advisor.estimate.activation_offload); use --tp 1 --cp 1 --pp 1 --hybrid 1")
     if training.lora is not None or spec.trainable_params < spec.total_params:
         raise ValueError(f"mesh {mesh.label}: tensor/context-parallel plans are for full fine-tuning; drop --lora/--trainable-params")
     styles = load_tensor_parallel().unsupported_tp_styles.get(spec.model_type or "")

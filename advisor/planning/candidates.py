@@ -271,6 +271,8 @@ def evaluate_candidate(
     # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
     # A kept KV cache cannot run under selective checkpointing (advisor.estimate.kv_cache): auto skips it.
     auto = ["off", "on"] if training.keeps_kv_cache else ["off", "selective", "on"]
+    if training.activation_offload:  # offloading is planned under checkpointing (advisor.estimate.activation_offload)
+        auto = [mode for mode in auto if mode != "off"]
     modes = {"on": ["on"], "selective": ["selective"], "off": ["off"], "auto": auto}[training.activation_checkpointing]
     at = {mode: _training_at(training, mode) for mode in modes}
 

@@ -32,8 +32,8 @@ DEFAULT_NOTES = {
 
 ACTIVATION_OFFLOAD_NOTE = (
     "--activation-offload: torchtune's OffloadActivations (TRL's activation_offloading copies it) over the model's "
-    "body: every block's input under checkpointing, every block's saved tensors without it, waits in pinned CPU "
-    "memory (activations_on_cpu), out over PCIe during forward and back during backward beside the compute; the "
+    "body, under activation checkpointing: every block's input waits in pinned CPU memory (activations_on_cpu), "
+    "out over PCIe during forward and back during backward beside the compute; the "
     "head and the loss keep theirs on the GPU (TRL's hooks also take an HF loss's, not counted: an upper bound)")
 
 

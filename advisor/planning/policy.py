@@ -197,7 +197,8 @@ def choose(
             reason_lines = why[1:]
     if chosen.cpu_memory_bytes:
         why.append(r.CpuRam(strategy=chosen.strategy, cpu_bytes=chosen.cpu_memory_bytes,
-                            cpu_capacity_bytes=chosen.cpu_capacity_bytes))
+                            cpu_capacity_bytes=chosen.cpu_capacity_bytes,
+                            activations=bool(chosen.memory_bytes and chosen.memory_bytes.activations_on_cpu)))
     if chosen.activation_checkpointing or chosen.selective_checkpointing:
         mode = "selective" if chosen.selective_checkpointing else "on"
         if chosen.uncheckpointed is None or chosen.step_time is None:

@@ -174,8 +174,9 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
                             update={"accumulation_sync": "every_micro_batch"}))
     holds_activations = ref.memory_bytes is not None and ref.memory_bytes.peak_moment not in (
         "optimizer_step", "end_of_backward")  # a peak with no saved activation cannot fall (not even re-planned)
-    if (memory_bound and holds_activations and not training.activation_offload and training.engine == "torch"
-            and ref.mesh is None):
+    checkpointed = training.activation_checkpointing != "off" and ref.checkpointing not in (None, "off")
+    if (memory_bound and holds_activations and checkpointed and not training.activation_offload
+            and training.engine == "torch" and ref.mesh is None):  # planned under checkpointing only
         # the saved activations in CPU memory, out under forward and back under backward beside the compute
         # (advisor.estimate.activation_offload): torchtune's and TRL's, after the kernels and checkpointing
         keep.append(_Change(name="--activation-offload", keeps_math=True, update={"activation_offload": True}))

@@ -101,7 +101,10 @@ def _dominates(x: r.Dominates) -> str:
 def _cpu_ram(x: r.CpuRam) -> str:
     checked = ("checked only when --cpu-memory-gib is given" if x.cpu_capacity_bytes is None else
                f"of {_gib(x.cpu_capacity_bytes)} given by --cpu-memory-gib")
-    return f"{x.strategy} needs {_gib(x.cpu_bytes)} of CPU RAM per node for offloaded states ({checked})."
+    what = "offloaded states and activations" if x.activations else "offloaded states"
+    if x.activations and x.strategy in ("ddp", "zero1", "zero2", "zero3", "dp"):
+        what = "offloaded activations"
+    return f"{x.strategy} needs {_gib(x.cpu_bytes)} of CPU RAM per node for {what} ({checked})."
 
 
 def _checkpointing_on(x: r.CheckpointingOn) -> str:

@@ -1,6 +1,6 @@
 """Activation offloading (``advisor.estimate.activation_offload``), against the simulated step (whose hooks drop
-each offloaded tensor and make it again in backward, as the GPU sees it: ``wrappers.activation_offload``) and
-worked by hand. CPU only.
+each offloaded tensor and make it again in backward, as the GPU sees it: ``wrappers.activation_offload`` with
+``host=False``) and worked by hand. Planned under checkpointing only. CPU only.
 
 The tiny Llama of ``test_accumulation`` with a 256-token vocabulary and 4 blocks, so that the blocks' backward,
 not the loss, is the peak at sequence 1024, micro-batch 2.
@@ -36,7 +36,7 @@ def _estimate(strategy: str, world: int, training: TrainingConfig, *, checkpoint
 
 
 @pytest.mark.parametrize(("strategy", "world", "precision"), [
-    ("ddp", 1, "bf16-mixed"), ("ddp", 1, "bf16"), ("zero3", 4, "bf16-mixed")])
+    ("ddp", 1, "bf16-mixed"), ("ddp", 1, "bf16"), ("zero3", 4, "bf16-mixed"), ("zero3", 4, "bf16")])
 def test_checkpointed_blocks_match_the_simulated_step(strategy, world, precision):
     """Under checkpointing each block's input leaves the GPU. The estimate is as close to the simulated step with
     the hooks as without them (0.2-0.3% below, the same bytes both ways: the saving is exact), the peak in a
@@ -55,16 +55,35 @@ def test_checkpointed_blocks_match_the_simulated_step(strategy, world, precision
     assert abs(error[True] - error[False]) <= 0.0005 * sim.peak_allocated
 
 
-def test_without_checkpointing_the_estimate_stays_above_the_simulated_step():
-    """Without checkpointing every block's saved tensors leave; backward brings each back for its own node only,
-    which the estimate does not count (an upper bound): +0.85% over the simulated step in bf16, +0.90% under
-    zero3 x 4 bf16-mixed, where keeping them on the GPU the two agree within 0.2%."""
-    for strategy, world, precision in (("ddp", 1, "bf16"), ("zero3", 4, "bf16-mixed")):
-        training = TrainingConfig(seq_len=1024, precision=precision, activation_offload=True)
-        sim = simulate(TINY, world_size=world, strategy=strategy, training=training, micro_batch_size=2,
-                       checkpointing=False)
-        est = _estimate(strategy, world, training, checkpointing=False)
-        assert 0 <= est.peak_allocated - sim.peak_allocated <= 0.01 * sim.peak_allocated, (strategy, sim, est)
+@pytest.mark.parametrize(("precision", "targets", "mode"), [
+    ("bf16", None, "selective"), ("bf16-mixed", "all-linear", "selective"), ("bf16", None, "on"),
+    ("bf16-mixed", "all-linear", "on")])
+def test_lora_within_one_block_input_of_the_simulated_step(precision, targets, mode):
+    """LoRA (rank 16) over the frozen base: its final norm saves too few tensors to push the last block's input out
+    of the forward stash, which the estimate keeps through the loss; the input brought back in a block's backward is
+    counted as live. Selective checkpointing (the loss's backward the peak): 0.1% below; full checkpointing
+    (a block's backward the peak): within one block input, 2 x 1024 x 64 x 2-4 bytes (262,144 here, 2.5% of this
+    tiny step; 0.1-0.5% of a real model's), measured from -1.4% to +2.7%."""
+    from advisor.model.lora import LoraConfig, with_lora
+
+    lora = LoraConfig(rank=16, targets=targets)
+    training = TrainingConfig(seq_len=1024, precision=precision, lora=lora, activation_checkpointing=mode,
+                              activation_offload=True)
+    sim = simulate(TINY, world_size=1, strategy="ddp", training=training, micro_batch_size=2, checkpointing=True)
+    est = _estimate("ddp", 1, training, checkpointing=True,
+                    spec=with_lora(spec_from_config(TINY, name="tiny", source="local"), lora))
+    block_input = 2 * 1024 * 64 * (4 if precision == "bf16-mixed" else 2)
+    limit = 0.002 * sim.peak_allocated if mode == "selective" else block_input
+    assert abs(est.peak_allocated - sim.peak_allocated) <= limit, (sim, est)
+
+
+def test_refused_without_checkpointing():
+    """torchtune raises without checkpointing, and the estimate would not hold a node's own tensors brought back
+    (an eager attention's probabilities): refused, and the estimate itself refuses to run without it."""
+    with pytest.raises(ValueError, match="planned under activation checkpointing"):
+        TrainingConfig(activation_offload=True, activation_checkpointing="off")
+    with pytest.raises(ValueError, match="planned under activation checkpointing"):
+        _estimate("ddp", 1, TrainingConfig(seq_len=256, activation_offload=True), checkpointing=False)
 
 
 def test_llama_3_2_3b_moves_each_block_input_by_hand():
@@ -85,7 +104,8 @@ def test_llama_3_2_3b_moves_each_block_input_by_hand():
 
 def test_the_bytes_cross_pcie_twice_beside_the_compute():
     """Out in forward and back in backward, each hidden under its compute: the step time does not move. By hand
-    on the A100's PCIe 4.0 x16 link: 2 x 1,409,286,144 bytes over its effective bandwidth."""
+    on the A100's PCIe 4.0 x16 link (profiles/interconnects.json: 32 GB/s; profiles/efficiency.json: 0.78 of it
+    achieved): 2 x 1,409,286,144 / 24.96e9 = 0.11293 s."""
     spec = resolve_model("meta-llama/Llama-3.2-3B")
     hw = parse_gpus("1xA100-80GB-SXM")
     training = TrainingConfig(seq_len=4096, precision="bf16", activation_offload=True)
@@ -94,10 +114,7 @@ def test_the_bytes_cross_pcie_twice_beside_the_compute():
     moved = estimate_step_time(spec, hw, training, impl, micro_batch_size=2, checkpointing=True,
                                offloaded_activation_bytes=1_409_286_144)
     assert moved.step_s == plain.step_s and moved.exposed_offload_s == 0
-    from advisor.estimate.step_time import pcie_s
-    from advisor.hardware.efficiency import load_efficiency
-    assert moved.offload_s == pytest.approx(2 * pcie_s(1_409_286_144, hw, load_efficiency()))
-    assert 0.05 < moved.offload_s < 0.2  # about 25 GB/s each way
+    assert moved.offload_s == pytest.approx(2 * 1_409_286_144 / (32e9 * 0.78)) == pytest.approx(0.11293, abs=1e-5)
 
 
 def test_refused_where_not_modelled():

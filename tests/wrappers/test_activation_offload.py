@@ -54,18 +54,26 @@ def test_the_body_is_the_decoder():
 
 def test_wrap_applies_the_hooks_on_the_data_parallel_path():
     """One process, no GPU: wrap() hands back the model with the hooks around its body (on a CPU they move
-    nothing: only a GPU's tensors go to host memory) and the step runs."""
+    nothing: only a GPU's tensors go to host memory) and its blocks checkpointed, as offloading is planned; the
+    step runs."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+
     from wrappers.wrap import wrap
 
     model = wrap(LlamaForCausalLM(LlamaConfig(**CFG)), activation_offload=True, verbose=False)
     assert len(model.model._forward_pre_hooks) == 1 and len(model.model._forward_hooks) == 1
+    assert model.advisor_decision.checkpointing == "on"
+    assert all(isinstance(block, CheckpointWrapper) for block in find_blocks(model))
     ids = torch.randint(0, 128, (2, 16))
     model(input_ids=ids, labels=ids).loss.backward()
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_wrap_refuses_it_on_a_mesh():
+def test_wrap_refuses_it_on_a_mesh_and_without_checkpointing():
     from wrappers.wrap import wrap
 
     with pytest.raises(ValueError, match="activation_offload=True.*data-parallel path only"):
         wrap(LlamaForCausalLM(LlamaConfig(**CFG)), activation_offload=True, tp=2, verbose=False)
+    with pytest.raises(ValueError, match="activation_offload=True is planned under activation checkpointing"):
+        wrap(LlamaForCausalLM(LlamaConfig(**CFG)), activation_offload=True, activation_checkpointing="off",
+             verbose=False)

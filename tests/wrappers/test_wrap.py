@@ -156,6 +156,35 @@ if sys.argv[1] == "finish":
 """
 
 
+_CRASH_SCRIPT = """
+import time
+import torch
+import torch.distributed as dist
+from wrappers.launch_env import read_launch_env
+from wrappers.process_group import init_launch_group
+
+init_launch_group(read_launch_env())
+if dist.get_rank() == 1:
+    raise RuntimeError("rank 1 fails before its first collective")
+dist.all_reduce(torch.ones(4))  # rank 0 waits in a collective rank 1 never joins
+"""
+
+
+def test_a_rank_that_fails_does_not_hang_the_others():
+    """Rank 1 raises while rank 0 waits in an all-reduce: the failing rank destroys its group at exit without
+    waiting for the others (``destroy_at_exit``), so rank 0's collective fails and both exit, nonzero, in seconds
+    (waiting first, as a normal exit does, hung them until the group's own timeout)."""
+    import time
+
+    from tests.wrappers.test_verify import _launch_two
+
+    start = time.perf_counter()
+    (code0, _, err0), (code1, _, err1) = _launch_two(_CRASH_SCRIPT)
+    assert code1 != 0 and "rank 1 fails before its first collective" in err1
+    assert code0 != 0, err0[-2000:]
+    assert time.perf_counter() - start < 60
+
+
 @pytest.mark.parametrize("ending", ["finish", "exit"])
 def test_fsdp2_on_two_gloo_ranks_tears_down_its_process_group(ending):
     """A 2-rank FSDP2 script ends with exit status 0 and no process group left: after ``wrappers.finish()``

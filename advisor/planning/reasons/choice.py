@@ -133,6 +133,8 @@ class CpuRam(ReasonModel):
     strategy: str
     cpu_bytes: int
     cpu_capacity_bytes: int | None = Field(description="--cpu-memory-gib, when given.")
+    activations: bool = Field(default=False, exclude_if=lambda on: not on,
+                              description="Part of it is offloaded activations (--activation-offload).")
 
 
 class CheckpointingOn(ReasonModel):

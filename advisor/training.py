@@ -29,6 +29,14 @@ Quantization = Literal["nf4", "fp4", "int8"]
 MAX_SEQ_LEN = 1 << 22  # the longest --seq-len accepted (4M tokens)
 
 
+# --activation-offload is planned under checkpointing only (advisor.estimate.activation_offload).
+OFFLOAD_NEEDS_CHECKPOINTING = (
+    "--activation-offload is planned under activation checkpointing (torchtune refuses it without: "
+    "enable_activation_offloading needs enable_activation_checkpointing); without checkpointing every saved tensor "
+    "crosses PCIe and a node's own (an eager attention's s x s probabilities) comes back whole, which is not "
+    "modelled: use --activation-checkpointing on, selective or auto")
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -182,7 +190,6 @@ class TrainingConfig(BaseModel):
             raise ValueError("--float8 is modelled for full training in bf16 or bf16-mixed on the torch engine "
                              f"(torchao float8 training as torchtitan runs it), not with {' or '.join(clash)}")
         if self.activation_offload and self.activation_checkpointing == "off":
-            from advisor.estimate.activation_offload import OFFLOAD_NEEDS_CHECKPOINTING
             raise ValueError(OFFLOAD_NEEDS_CHECKPOINTING)
         if self.activation_offload and self.engine != "torch":
             raise ValueError("--activation-offload is modelled on the torch engine (torchtune's and TRL's saved-tensor "

@@ -136,7 +136,7 @@ def decide(spec: ModelSpec, env: LaunchEnv, *, strategy: StrategyName | None = N
         options["activation_checkpointing"] = asked
     if activation_offload:  # planned under checkpointing only (advisor.estimate.activation_offload)
         if asked == "off":
-            from advisor.estimate.activation_offload import OFFLOAD_NEEDS_CHECKPOINTING
+            from advisor.training import OFFLOAD_NEEDS_CHECKPOINTING
             raise ValueError(OFFLOAD_NEEDS_CHECKPOINTING.replace("--activation-offload", "activation_offload=True"))
         asked = asked or "on"  # where no plan chooses the mode (no GPU to plan on): full checkpointing
     if not env.distributed and env.num_gpus <= 1:

@@ -33,13 +33,7 @@ from __future__ import annotations
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, Dtypes
 from advisor.estimate.activations_blocks import block_input_in_layer_per_token
 from advisor.frozen import validated_copy
-
-OFFLOAD_NEEDS_CHECKPOINTING = (
-    "--activation-offload is planned under activation checkpointing (torchtune refuses it without: "
-    "enable_activation_offloading needs enable_activation_checkpointing); without checkpointing every saved tensor "
-    "crosses PCIe and a node's own (an eager attention's s x s probabilities) comes back whole, which is not "
-    "modelled: use --activation-checkpointing on, selective or auto")
-
+from advisor.training import OFFLOAD_NEEDS_CHECKPOINTING
 
 def offloaded_activations(est: ActivationEstimate, shape: ActivationShape, dt: Dtypes, *, tokens: int,
                           checkpointing: bool, frozen: bool = False) -> ActivationEstimate:

@@ -213,6 +213,9 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
     try:
         return TrainingConfig(**options)
     except ValidationError as err:
+        first = err.errors()[0]
+        if not first["loc"] and first.get("type") == "value_error":  # a check across options: its message names them
+            raise ValueError(first["msg"].removeprefix("Value error, ")) from None
         where, _, problem = validation_problem(err).partition(": ")
         raise ValueError(f"{where.replace('_', '-')}: {problem}") from None
 

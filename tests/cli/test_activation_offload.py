@@ -112,3 +112,10 @@ def test_the_exports_say_how_to_run_it(capsys):
     assert code == 0, err
     assert "SFTConfig(activation_offloading=True)" in err and "wrap(model, activation_offload=True)" in err
     assert "activation_offloading" not in out  # TrainingArguments(**file) has no such key
+
+
+def test_a_check_across_options_is_its_own_message(capsys):
+    """A refusal that names two options is printed as written, not as 'value: Value error, ... (got {...})'."""
+    code, _, err = run_main(["plan", *JOB[:-6], "--activation-checkpointing", "off", "--activation-offload"], capsys)
+    assert code == 2 and err.startswith("advisor: error: --activation-offload is planned under activation checkpointing")
+    assert "Value error" not in err and "(got {" not in err

@@ -221,18 +221,24 @@ def hf_strategy(args: Any) -> tuple[str, str]:
 
 def hf_training(args: Any, model: Any, seq_len: int | None, *, world_size: int | None = None) -> TrainingConfig:
     """The ``TrainingConfig`` a ``TrainingArguments`` describes (the sequence length is not in it:
-    ``seq_len=``, else TRL's ``max_length`` / ``max_seq_length``, else 2048). ``world_size``: the GPUs
+    ``seq_len=``, else TRL's ``max_length`` / ``max_seq_length``, else 2048; TRL's ``activation_offloading``
+    too). ``world_size``: the GPUs
     the run is planned for (default: this launch's)."""
     seq = seq_len or getattr(args, "max_length", None) or getattr(args, "max_seq_length", None) or _DEFAULT_SEQ_LEN
     micro = int(args.per_device_train_batch_size)
     world = world_size or max(1, int(getattr(args, "world_size", 1)))
     optimizer = _hf_optimizer(args)
+    checkpointing, engine = _hf_checkpointing(args), hf_strategy(args)[1]
+    # TRL's SFTConfig.activation_offloading (advisor.estimate.activation_offload), planned under checkpointing on the
+    # torch engine only: elsewhere planned without it, which holds more on the GPU than the run does
+    offload = bool(getattr(args, "activation_offloading", False)) and checkpointing and engine == "torch"
     return TrainingConfig(
         recipe="trainer", precision=_hf_precision(args, model), optimizer=optimizer, seq_len=int(seq),
         micro_batch_size=micro, global_batch_size=micro * int(args.gradient_accumulation_steps) * world,
-        activation_checkpointing="on" if _hf_checkpointing(args) else "off",
-        engine=hf_strategy(args)[1], optimizer_impl=_hf_optimizer_impl(args) if optimizer == "adamw" else None,
+        activation_checkpointing="on" if checkpointing else "off",
+        engine=engine, optimizer_impl=_hf_optimizer_impl(args) if optimizer == "adamw" else None,
         accumulation_sync="every_micro_batch" if _hf_sync_each_batch(args) else None,
+        activation_offload=offload,
     )
 
 

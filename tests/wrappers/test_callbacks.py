@@ -85,6 +85,20 @@ def test_the_trainers_gradient_accumulation_sync_is_read(tmp_path):
     assert (default.accumulation_mode, synced.accumulation_mode) == ("last_micro_batch", "every_micro_batch")
 
 
+def test_trls_activation_offloading_is_read(tmp_path):
+    """TRL's SFTConfig adds ``activation_offloading`` to the TrainingArguments: planned under checkpointing
+    (advisor.estimate.activation_offload); without checkpointing planned without it (not modelled there)."""
+    kwargs = dict(output_dir=str(tmp_path), per_device_train_batch_size=2, use_cpu=True, report_to=[])
+    checkpointed = TrainingArguments(**kwargs, gradient_checkpointing=True)
+    checkpointed.activation_offloading = True  # what SFTConfig carries
+    plain = TrainingArguments(**kwargs)
+    plain.activation_offloading = True
+    assert hf_training(checkpointed, _model(), seq_len=16).activation_offload is True
+    assert hf_training(plain, _model(), seq_len=16).activation_offload is False
+    assert hf_training(TrainingArguments(**kwargs, gradient_checkpointing=True), _model(), seq_len=16
+                       ).activation_offload is False
+
+
 @pytest.mark.parametrize("optim, impl", [("adamw_torch_fused", "fused"), ("adamw_torch", "foreach")])
 def test_the_trainer_is_planned_with_its_own_recipe_and_optimizer_implementation(tmp_path, optim, impl):
     """Issue 19 item 1: the callback plans with the ``trainer`` recipe row (fused AdamW by default, as

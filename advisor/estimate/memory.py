@@ -221,13 +221,11 @@ def memory_loss_kernel(training: TrainingConfig) -> str:
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,
                  checkpointing: bool) -> ActivationEstimate:
     dtypes = recipe_dtypes(training, impl)
+    if training.activation_offload:
+        check_offload_family(spec, training)
     # A traced profile of this recipe and shape (families without a formula) replaces the formula.
     profile = find_profile(spec, profile_key(dtypes, training, checkpointing=checkpointing)) if spec.traced else None
     if profile is not None and spec.num_layers:
-        if training.activation_offload:  # a profile is traced without the hooks: its blocks' inputs are not known apart
-            raise ValueError(f"--activation-offload is planned for the families the activation formula covers; "
-                             f"{spec.model_type or spec.name[:40]} is planned from a traced profile, which holds no "
-                             "block input apart (advisor.estimate.traced): drop --activation-offload")
         return activations_from_profile(profile, num_layers=spec.num_layers, micro_batch_size=micro_batch_size,
                                         vocab_size=spec.vocab_size or 0, hidden_size=spec.hidden_size or 0)
     images = image_tokens(spec, training)
@@ -265,6 +263,23 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
     if not tower:
         return est
     return validated_copy(est, {"saved_bytes": est.saved_bytes + tower})
+
+
+# Block kinds whose blocks each take the text's residual stream: one block input per token, what
+# advisor.estimate.activation_offload moves (checked on the simulated step: Llama, Qwen2, Mixtral exact, GPT-2 above).
+OFFLOAD_KINDS = ("decoder", "moe", "gpt2", "gpt_neox")
+
+
+def check_offload_family(spec: ModelSpec, training: TrainingConfig) -> None:
+    """ValueError where --activation-offload is not modelled: an encoder-decoder's two streams, a vision tower's
+    patches, Mamba's and Jamba's blocks, a model planned from a traced profile (which holds no block input apart)."""
+    kind = activation_kind(spec).name
+    if spec.traced:
+        kind = "traced (no activation formula)"
+    if kind not in OFFLOAD_KINDS or training.images_per_sample:
+        raise ValueError(f"--activation-offload is planned for text decoders whose blocks take the residual stream "
+                         f"({', '.join(OFFLOAD_KINDS)} blocks); {spec.model_type or spec.name[:40]} has {kind} blocks"
+                         f"{' and images' if training.images_per_sample else ''}: drop --activation-offload")
 
 
 def vision_tower_bytes(spec: ModelSpec, training: TrainingConfig, dtypes: Dtypes, *, micro_batch_size: int) -> int:

@@ -112,7 +112,7 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     pins = pins or MeshPins()
     shape = shape_of(spec)
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
-            or spec.trainable_params < spec.total_params:
+            or spec.trainable_params < spec.total_params or training.activation_offload:  # offload: data parallel
         return []
     g, world = hw.gpus_per_node, hw.world_size
     heads, kv = shape.num_attention_heads, shape.num_kv_heads

@@ -1,5 +1,5 @@
 """Properties of the choice over randomly drawn jobs (bundled models, GPU kinds and counts, sequence,
-micro-batch, LoRA, precision). They are statements about the policy, so they compare the
+micro-batch, LoRA, precision, activation offloading). They are statements about the policy, so they compare the
 recommendation with the candidates' own fit flags and ranges: the estimate itself is tested elsewhere."""
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def jobs(draw) -> dict:
         job["micro_batch_size"] = micro
     if draw(st.booleans()):
         job["lora"] = 16
+    if draw(st.integers(0, 3)) == 0:  # a quarter of the jobs: the block inputs in CPU memory
+        job["activation_offload"] = True
     if draw(st.booleans()):
         job["headroom"] = draw(st.sampled_from((0.0, 0.05, 0.2)))
     if draw(st.booleans()):

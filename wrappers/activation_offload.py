@@ -19,6 +19,7 @@ the shape and a backward gets a new tensor of it, which is what the GPU sees.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -39,14 +40,13 @@ class OffloadActivations(saved_tensors_hooks):
     def __init__(self, *, host: bool = True, stash: int = STASH, min_bytes: int = MIN_BYTES,
                  devices: tuple[str, ...] = ("cuda",)) -> None:
         self.host, self.stash_size, self.min_bytes, self.devices = host, stash, min_bytes, devices
-        self.next_id = 0
+        self._ids = itertools.count(1)  # unique under DataParallel's replica threads too (next() holds the GIL)
         self.stash: dict[int, torch.Tensor] = {}
         self.offloaded_bytes = 0  # in the last forward
         super().__init__(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor) -> Any:
-        self.next_id += 1
-        tid = self.next_id
+        tid = next(self._ids)
         nbytes = tensor.element_size() * tensor.nelement()
         movable = tensor.device.type in self.devices if self.host else True
         if nbytes < self.min_bytes or isinstance(tensor, nn.Parameter) or not movable:

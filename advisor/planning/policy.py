@@ -202,7 +202,8 @@ def choose(
     if chosen.activation_checkpointing or chosen.selective_checkpointing:
         mode = "selective" if chosen.selective_checkpointing else "on"
         if chosen.uncheckpointed is None or chosen.step_time is None:
-            why.append(r.CheckpointingOn(mode=mode))
+            offloaded = bool(chosen.memory_bytes and chosen.memory_bytes.activations_on_cpu)
+            why.append(r.CheckpointingOn(mode=mode, offload=offloaded))
         else:  # it also fitted without checkpointing, past the headroom (advisor.planning.candidates)
             micro, total, tokens = chosen.uncheckpointed
             why.append(r.CheckpointingForHeadroom(mode=mode, micro_batch_size=micro, total_bytes=total,

@@ -108,6 +108,10 @@ def _cpu_ram(x: r.CpuRam) -> str:
 
 
 def _checkpointing_on(x: r.CheckpointingOn) -> str:
+    if x.offload:  # advisor.estimate.activation_offload: planned under checkpointing only
+        kind = "Selective activation checkpointing" if x.mode == "selective" else "Activation checkpointing"
+        return (f"{kind} is on: --activation-offload runs under it (each block's input is what goes to CPU "
+                "memory), as torchtune requires.")
     if x.mode == "selective":
         return ("Selective activation checkpointing is on (attention outputs and every other matmul kept): "
                 "without it no micro-batch fits, and it recomputes less than full checkpointing.")

@@ -119,3 +119,16 @@ def test_a_check_across_options_is_its_own_message(capsys):
     code, _, err = run_main(["plan", *JOB[:-6], "--activation-checkpointing", "off", "--activation-offload"], capsys)
     assert code == 2 and err.startswith("advisor: error: --activation-offload is planned under activation checkpointing")
     assert "Value error" not in err and "(got {" not in err
+
+
+def test_the_reason_says_why_checkpointing_is_on(capsys):
+    """Under the flag checkpointing is on because offloading runs under it, not because nothing fits without it."""
+    args = ["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "1xRTX4090", "--lora", "16", "--seq-len", "8192",
+            "--loss", "fused"]
+    code, out, _ = run_main([*args, "--activation-offload", "--json"], capsys)
+    reasons = [r for r in json.loads(out)["reasons"] if r["kind"] == "checkpointing-on"]
+    assert reasons and reasons[0]["offload"] is True
+    code, out, _ = run_main([*args, "--activation-offload", "--verbose"], capsys)
+    assert "--activation-offload runs under it" in " ".join(out.split())
+    code, out, _ = run_main([*args, "--json"], capsys)
+    assert all("offload" not in r for r in json.loads(out)["reasons"] if r["kind"] == "checkpointing-on")

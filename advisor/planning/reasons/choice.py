@@ -142,6 +142,8 @@ class CheckpointingOn(ReasonModel):
 
     kind: Literal["checkpointing-on"] = "checkpointing-on"
     mode: Literal["on", "selective"]
+    offload: bool = Field(default=False, exclude_if=lambda on: not on,
+                          description="On because --activation-offload runs under it, not because nothing fits.")
 
 
 class CheckpointingForHeadroom(ReasonModel):

@@ -50,9 +50,6 @@ def read_trainer(r: Reader, base: Path) -> None:
                    "every_micro_batch" if sync else "last_micro_batch")
     if r.flag("use_liger_kernel"):
         r.take("use_liger_kernel", True, "loss", "fused")
-    offload = r.flag("activation_offloading")  # TRL's SFTConfig (a TrainingArguments with its own keys)
-    if offload is not None:
-        r.take("activation_offloading", offload, "activation_offload", offload)
     fsdp_checkpointing = _trainer_fsdp(r)
     # Checkpointing is on when any of its keys says so: with FSDP, fsdp_config's own flag is the one that
     # counts and the top-level one is false (transformers issue 30404; advisor export writes it that way).
@@ -63,6 +60,7 @@ def read_trainer(r: Reader, base: Path) -> None:
         key = next((k for k, on in given.items() if on), next(iter(given)))
         r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
     _trainer_deepspeed(r, base)
+    _trl_offloading(r)
     if r.section("parallelism_config") is not None:
         take_degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
                  implied="dp_shard_size")
@@ -77,6 +75,22 @@ def read_trainer(r: Reader, base: Path) -> None:
         r.take("ddp_bucket_cap_mb", raw, "engine", "torch")
         r.take("ddp_bucket_cap_mb", raw, "strategy", "ddp")
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
+
+
+def _trl_offloading(r: Reader) -> None:
+    """TRL's SFTConfig ``activation_offloading`` (a TrainingArguments with its own keys): planned where it is
+    modelled, under checkpointing on the torch engine (advisor.estimate.activation_offload); elsewhere planned
+    without it, said so (the plan then holds more on the GPU than the run does)."""
+    offload = r.flag("activation_offloading")
+    if not offload:
+        return
+    taken = {v.option: v.setting for v in r.values}
+    if taken.get("activation_checkpointing") == "on" and taken.get("engine", "torch") == "torch":
+        r.take("activation_offloading", offload, "activation_offload", True)
+        return
+    where = "on the DeepSpeed engine" if taken.get("engine") == "deepspeed" else "without gradient checkpointing"
+    r.notes.append(f"activation_offloading is planned under gradient checkpointing on the torch engine only; {where} "
+                   "the plan is made without it (it holds more on the GPU than the run does)")
 
 
 def _trainer_fsdp(r: Reader) -> bool | None:

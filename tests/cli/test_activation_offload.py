@@ -132,3 +132,17 @@ def test_the_reason_says_why_checkpointing_is_on(capsys):
     assert "--activation-offload runs under it" in " ".join(out.split())
     code, out, _ = run_main([*args, "--json"], capsys)
     assert all("offload" not in r for r in json.loads(out)["reasons"] if r["kind"] == "checkpointing-on")
+
+
+def test_trl_offloading_where_not_modelled_is_planned_without_it_and_said(tmp_path, capsys):
+    """A saved SFTConfig with activation_offloading but no gradient checkpointing: the plan is made without it,
+    with a note naming the key, instead of refusing the whole file."""
+    path = tmp_path / "sft_config.json"
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "activation_offloading": True}))
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--from", str(path),
+                               "--json"], capsys)
+    assert code == 0, err
+    assert "activation_offload" not in json.loads(out)["training"]
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--from",
+                               str(path)], capsys)
+    assert "activation_offloading is planned under gradient checkpointing" in " ".join((out + err).split())

@@ -167,6 +167,26 @@ def summary(rows: list[Row]) -> dict[str, tuple[float, float]]:
     return out
 
 
+def simulator_cli(doc: str) -> bool:
+    """The simulator benchmarks' command line: whether to write benchmarks/results (``--no-write`` says not);
+    warnings from model building silenced."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results.")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")
+    return not args.no_write
+
+
+def write_results(name: str, rows: list[dict], lines: list[str]) -> None:
+    """benchmarks/results/``name``.csv (one row per dict) and ``name``.md (``lines``)."""
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{name}.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
 def gib(n: int) -> str:
     return f"{n / 2**30:.2f}"
 

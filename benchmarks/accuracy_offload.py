@@ -12,12 +12,9 @@ benchmarks/results/accuracy_offload.csv and .md.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -62,10 +59,7 @@ def estimate(key: str, strategy: str, world: int, mb: int, config) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results.")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
+    write_files = accuracy.simulator_cli(__doc__)
     from advisor.simulate.step import simulate
 
     start, rows = time.perf_counter(), []
@@ -88,7 +82,7 @@ def main() -> None:
         print(f"{key:9} {strategy:6} {world:2} {mb:2} {seq:5} {mode:9} {precision:10} {lora_text:15} "
               f"sim {sim_off / 2**30:7.3f} est {est_off / 2**30:7.3f} {err:+6.2f}% (on the GPU {err_on:+6.2f}%); "
               f"saving sim {(sim_on - sim_off) / 2**30:6.3f} est {(est_on - est_off) / 2**30:6.3f} GiB", flush=True)
-    summary = write(rows, write_files=not args.no_write)
+    summary = write(rows, write_files=write_files)
     print(f"{summary} in {time.perf_counter() - start:.0f} s")
 
 
@@ -98,10 +92,6 @@ def write(rows: list[dict], *, write_files: bool = True) -> str:
     summary = f"median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}% over {len(rows)} cases"
     if not write_files:
         return summary
-    with open(accuracy.RESULTS / "accuracy_offload.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     lines = ["# Activation offloading: the estimate against PyTorch's execution", "",
              "Simulated: one measured step (AdamW foreach, SDPA, fake tensors under a fake process group) with the "
              "offloading hooks of wrappers.activation_offload (host=False: each offloaded tensor dropped in forward, "
@@ -116,7 +106,7 @@ def write(rows: list[dict], *, write_files: bool = True) -> str:
               f"{r['checkpointing']} | {r['precision']} | {r['lora']} | {r['simulated_bytes'] / 2**30:.3f} | "
               f"{r['analytic_bytes'] / 2**30:.3f} | {r['analytic_err_pct']:+.2f}% | {r['on_gpu_err_pct']:+.2f}% | "
               f"{r['simulated_saving_bytes'] / 2**30:.3f} | {r['analytic_saving_bytes'] / 2**30:.3f} |" for r in rows]
-    (accuracy.RESULTS / "accuracy_offload.md").write_text("\n".join(lines) + "\n")
+    accuracy.write_results("accuracy_offload", rows, lines)
     return summary
 
 

@@ -9,12 +9,9 @@ benchmarks/results/accuracy_variants.csv and .md. Goal (issue 11): within 3% on 
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -73,10 +70,7 @@ def estimate(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results.")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
+    write_files = accuracy.simulator_cli(__doc__)
     from advisor.simulate.step import simulate
 
     start, rows = time.perf_counter(), []
@@ -91,7 +85,7 @@ def main() -> None:
                          analytic_err_pct=err))
         print(f"{key:9} {strategy:6} {world:3} {mb:2} {seq:5} {('sel' if ckpt == 'selective' else 'on') if ckpt else 'off':3} {lora_text:18} {loss:8} "
               f"sim {sim.peak_allocated / 2**30:7.2f} est {est / 2**30:7.2f} {err:+6.2f}%", flush=True)
-    summary = write(rows, write_files=not args.no_write)
+    summary = write(rows, write_files=write_files)
     print(f"{summary} in {time.perf_counter() - start:.0f} s")
 
 
@@ -101,10 +95,6 @@ def write(rows: list[dict], *, write_files: bool = True) -> str:
     summary = f"median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}% over {len(rows)} cases"
     if not write_files:
         return summary
-    with open(accuracy.RESULTS / "accuracy_variants.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     lines = ["# LoRA and loss kernels: the estimate against PyTorch's execution", "",
              "Simulated: one measured step (bf16-mixed, AdamW foreach, SDPA; PEFT's adapters over a bf16 base; wrappers.losses) on",
              f"fake tensors under a fake process group. GiB. Analytic vs simulated: {summary}.", "",
@@ -113,7 +103,7 @@ def write(rows: list[dict], *, write_files: bool = True) -> str:
     lines += [f"| {r['model']} | {r['strategy']} | {r['world']} | {r['micro_batch']} | {r['seq_len']} | "
               f"{('sel' if r['checkpointing'] == 'selective' else 'on') if r['checkpointing'] else 'off'} | {r['lora']} | {r['loss']} | {r['simulated_bytes'] / 2**30:.2f} | "
               f"{r['analytic_bytes'] / 2**30:.2f} | {r['analytic_err_pct']:+.1f}% |" for r in rows]
-    (accuracy.RESULTS / "accuracy_variants.md").write_text("\n".join(lines) + "\n")
+    accuracy.write_results("accuracy_variants", rows, lines)
     return summary
 
 

@@ -258,11 +258,10 @@ def wrap(
 
     if mesh is not None or (tp, cp, hybrid) != (1, 1, 1):
         # The caller's own mesh: applied as given (the degrees are checked, the memory is not planned).
-        _refuse_compile_float8("a pinned device mesh", compile=False, float8=float8)
-        _refuse_offload("a pinned device mesh", activation_offload)
+        _refuse_unapplied("a pinned device mesh", compile=False, float8=float8, activation_offload=activation_offload)
         dims = resolve_dims(mesh, world_size=env.world_size, tp=tp, cp=cp, hybrid=hybrid)
         if dims.pp > 1:
-            _refuse_compile_float8(f"a pinned pipeline ({dims.label})", compile=compile, float8=False)
+            _refuse_unapplied(f"a pinned pipeline ({dims.label})", compile=compile, float8=False)
             return _pipelined(model, optimizer, loader, dims=dims, env=env, verbose=verbose, plan=None,
                               num_microbatches=num_microbatches, precision=precision,
                               checkpointing=activation_checkpointing, checkpoint=checkpoint)
@@ -279,8 +278,8 @@ def wrap(
     if engine in ("accelerate", "deepspeed") or env.accelerate_plugin is not None:
         why = f"accelerate launch with a {env.accelerate_plugin} config" if env.accelerate_plugin else f"engine={engine}"
         plugin = env.accelerate_plugin or ("deepspeed" if engine == "deepspeed" else None)
-        _refuse_compile_float8(f"accelerate's prepare ({why})", compile=compile, float8=float8)
-        _refuse_offload(f"accelerate's prepare ({why})", activation_offload)
+        _refuse_unapplied(f"accelerate's prepare ({why})", compile=compile, float8=float8,
+                          activation_offload=activation_offload)
         prepared = _prepare_with_accelerate(passed, why, env, plugin, activation_checkpointing)
         return prepared[0] if len(prepared) == 1 else prepared
     decision = plan_wrap(model, env, optimizer=optimizer, loader=loader, strategy=strategy, precision=precision,
@@ -291,16 +290,15 @@ def wrap(
     # materialising each rank's shard for a sharded plan of a meta model, otherwise to the model materialised
     # whole with the DP-family recipe.
     if decision.mesh.pp > 1:
-        _refuse_compile_float8(f"the planned pipeline ({decision.mesh.label})", compile=compile, float8=float8)
-        _refuse_offload(f"the planned pipeline ({decision.mesh.label})", activation_offload)
+        _refuse_unapplied(f"the planned pipeline ({decision.mesh.label})", compile=compile, float8=float8,
+                          activation_offload=activation_offload)
         return _pipelined(model, optimizer, loader, dims=decision.mesh, env=env, verbose=verbose, plan=decision.plan,
                           num_microbatches=num_microbatches, precision=decision.precision,
                           checkpointing=decision.checkpointing, checkpoint=checkpoint)
     needs_mesh = not decision.mesh.is_data_parallel_only
     if needs_mesh or (is_meta(model) and env.world_size > 1 and decision.strategy in MESH_STRATEGIES):
         where = f"the planned mesh ({decision.mesh.label})" if needs_mesh else "a meta-device model sharded rank by rank"
-        _refuse_compile_float8(where, compile=False, float8=float8)
-        _refuse_offload(where, activation_offload)
+        _refuse_unapplied(where, compile=False, float8=float8, activation_offload=activation_offload)
         model, optimizer, loader, fields = wrap_on_mesh(
             model, optimizer, loader, env=env, mesh=decision.mesh, tp=1, cp=1, hybrid=1, checkpoint=checkpoint,
             strategy=decision.strategy, precision=decision.precision, activation_checkpointing=decision.checkpointing,
@@ -370,24 +368,22 @@ def _pipelined(model, optimizer, loader, *, dims: ParallelDims, env: LaunchEnv, 
     return _finish(built[0], new_optimizer, new_loader, Decision(**fields, plan=plan), env, verbose)
 
 
-def _refuse_compile_float8(where: str, *, compile: bool, float8: bool) -> None:
-    """``float8`` is applied on the data-parallel recipe's path (``wrappers.recipe.apply_recipe`` and the
-    one-process path) only, ``compile`` there and on a mesh: refuse them elsewhere rather than return a model that
-    runs eager bf16."""
-    asked = [f"{name}=True" for name, on in (("compile", compile), ("float8", float8)) if on]
-    if asked:
-        paths = "the data-parallel path and device meshes" if asked == ["compile=True"] else "the data-parallel path"
-        raise ValueError(f"wrap({', '.join(asked)}) is applied on {paths} only, not on {where}: "
-                         "convert or compile the blocks yourself (wrappers.compile_float8.apply_float8 / apply_compile) "
-                         "and call wrap() without it")
-
-
-def _refuse_offload(where: str, activation_offload: bool) -> None:
-    """``activation_offload`` is planned and applied on the data-parallel paths only: refused elsewhere."""
+def _refuse_unapplied(where: str, *, compile: bool, float8: bool, activation_offload: bool = False) -> None:
+    """``float8`` and ``activation_offload`` are applied on the data-parallel recipe's path (``wrappers.recipe.
+    apply_recipe`` and the one-process path) only, ``compile`` there and on a mesh: refuse them elsewhere rather
+    than return a model that runs eager bf16, or keeps its activations on the GPU."""
+    asked = [f"{name}=True" for name, on in (("compile", compile), ("float8", float8),
+                                              ("activation_offload", activation_offload)) if on]
+    if not asked:
+        return
+    paths = "the data-parallel path and device meshes" if asked == ["compile=True"] else "the data-parallel path"
+    yourself = []
+    if compile or float8:
+        yourself.append("convert or compile the blocks yourself (wrappers.compile_float8.apply_float8 / apply_compile)")
     if activation_offload:
-        raise ValueError(f"wrap(activation_offload=True) is applied on the data-parallel path only, not on {where}: "
-                         "call wrap() without it, or wrappers.activation_offload.apply_activation_offload on the "
-                         "wrapped model yourself")
+        yourself.append("apply wrappers.activation_offload.apply_activation_offload to the wrapped model yourself")
+    raise ValueError(f"wrap({', '.join(asked)}) is applied on {paths} only, not on {where}: "
+                     f"{' and '.join(yourself)} and call wrap() without it")
 
 
 def _refuse_wrapped(model: Any) -> None:

@@ -446,7 +446,7 @@ def estimate_step_time(
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
     if offloaded_activation_bytes:  # --activation-offload: out in forward, back in backward, each micro-batch
         moved = pcie_s(offloaded_activation_bytes, hardware, eff)  # (advisor.estimate.activation_offload)
-        pcie = Traffic(fwd=pcie.fwd + moved, bwd=pcie.bwd + moved, last_bwd=pcie.last_bwd, after_step=pcie.after_step)
+        pcie = pcie.model_copy(update={"fwd": pcie.fwd + moved, "bwd": pcie.bwd + moved})
     offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
     # advisor.estimate.in_backward: out and in at once over the full-duplex link, exposed (an assumption)
     paged_s = pcie_s(paged_on_cpu_bytes, hardware, eff)

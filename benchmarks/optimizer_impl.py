@@ -12,12 +12,9 @@ Writes benchmarks/results/optimizer_impl.csv and .md. Goal (issue 19): within 1%
 
 from __future__ import annotations
 
-import argparse
-import csv
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +38,17 @@ CASES = [
 ]
 
 
-FINDINGS = ("Findings. The optimizer-step moment (the column this benchmark is about) agrees within 0.01% for every implementation, and the whole-step peak within 0.8% except one row. The tied Qwen2.5-0.5B under DDP with a fused step peaks at the end of backward (the embedding's backward: every other gradient, the embedding's and the tied head's fp32 gradients beside the buckets; a foreach or for-loop step's temporaries exceed it). The estimate models it as a GPU runs it: under autocast the head's gradient is the cast node's fresh fp32 copy, into which autograd adds the embedding's in place (torch/csrc/autograd/input_buffer.cpp `accumulate`; without autocast it is a transposed view and the sum is out of place, on a GPU too), while the simulator holds a third, their out-of-place sum: a fake tensor is a tensor subclass, which autograd never sums in place. The difference is exactly 4 x 151,936 x 896 = 544,538,624 bytes (-4.96%). On an H100 this row measures 10,516,265,984 bytes: the estimate's 10,425,193,984 plus the 87 MiB every DDP row of benchmarks/results/gpu_stacks.md holds beyond it (65 MiB of them cuBLAS / cuBLASLt workspaces); the simulated 10,969,732,608 is 4.3% above the GPU.")
+FINDINGS = ("Findings. The optimizer-step moment (the column this benchmark is about) agrees within 0.01% for every "
+            "implementation, and the whole-step peak within 0.3%. The tied Qwen2.5-0.5B under DDP with a fused step peaks at "
+            "the end of backward (the embedding's backward: every other gradient, the embedding's and the tied head's fp32 "
+            "gradients beside the buckets; a foreach or for-loop step's temporaries exceed it). The estimate and the "
+            "simulator both run it as a GPU does: under autocast the head's gradient is the cast node's fresh fp32 copy, "
+            "into which autograd adds the embedding's in place (torch/csrc/autograd/input_buffer.cpp `accumulate`; "
+            "advisor.simulate.cuda_kernels.cuda_grad_accumulation applies that rule to the simulator's fake tensors, "
+            "which autograd would otherwise sum out of place). Before that rule the simulator held a third tensor, their "
+            "out-of-place sum, 4 x 151,936 x 896 = 544,538,624 bytes (the row read -4.96%). On an H100 this row measures "
+            "10,516,265,984 bytes: the estimate's 10,425,193,984 plus the 87 MiB every DDP row of "
+            "benchmarks/results/gpu_stacks.md holds beyond it (65 MiB of them cuBLAS / cuBLASLt workspaces).")
 
 
 def training(seq: int, impl: str, rank: int | None):
@@ -64,10 +71,7 @@ def estimate(key: str, strategy: str, world: int, mb: int, seq: int, impl: str, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-write", action="store_true", help="Do not write benchmarks/results.")
-    args = parser.parse_args()
-    warnings.filterwarnings("ignore")
+    write_files = accuracy.simulator_cli(__doc__)
     from advisor.simulate.step import simulate
 
     start, rows = time.perf_counter(), []
@@ -89,12 +93,8 @@ def main() -> None:
     errs = [abs(r["optimizer_step_err_pct"]) for r in rows] + [abs(r["peak_err_pct"]) for r in rows]
     summary = f"median |err| {statistics.median(errs):.3f}%, max {max(errs):.3f}% over {len(rows)} cases (both figures)"
     print(f"{summary} in {time.perf_counter() - start:.0f} s")
-    if args.no_write:
+    if not write_files:
         return
-    with open(accuracy.RESULTS / "optimizer_impl.csv", "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     lines = ["# Optimizer implementations and bf16-base LoRA: the estimate against PyTorch's execution", "",
              "Simulated: one measured step (bf16-mixed, recipe torch, SDPA, no checkpointing) on fake tensors under a",
              "fake process group, AdamW run as torch.optim.AdamW(fused=True | foreach=True | foreach=False); LoRA",
@@ -108,7 +108,7 @@ def main() -> None:
               f"{r['analytic_optimizer_step_bytes'] / 2**30:.3f} | {r['optimizer_step_err_pct']:+.2f}% | "
               f"{r['simulated_peak_bytes'] / 2**30:.3f} | {r['analytic_peak_bytes'] / 2**30:.3f} | "
               f"{r['peak_err_pct']:+.2f}% |" for r in rows]
-    (accuracy.RESULTS / "optimizer_impl.md").write_text("\n".join(lines) + "\n")
+    accuracy.write_results("optimizer_impl", rows, lines)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
+from advisor.frozen import validated_copy
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.hardware.cluster import Hardware
 from advisor.model.block_kinds import kind_of
@@ -446,7 +447,7 @@ def estimate_step_time(
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
     if offloaded_activation_bytes:  # --activation-offload: out in forward, back in backward, each micro-batch
         moved = pcie_s(offloaded_activation_bytes, hardware, eff)  # (advisor.estimate.activation_offload)
-        pcie = pcie.model_copy(update={"fwd": pcie.fwd + moved, "bwd": pcie.bwd + moved})
+        pcie = validated_copy(pcie, {"fwd": pcie.fwd + moved, "bwd": pcie.bwd + moved})
     offload_exposed = pcie.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap) + cpu_step
     # advisor.estimate.in_backward: out and in at once over the full-duplex link, exposed (an assumption)
     paged_s = pcie_s(paged_on_cpu_bytes, hardware, eff)

@@ -28,7 +28,8 @@ FrozenBase = Literal["compute", "param"]
 ZeroGrad = Literal["before_forward", "before_backward"]
 AccumulationSync = Literal["every_micro_batch", "last_micro_batch"]
 ReduceDtype = Literal["fp32", "compute"]
-RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
+RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed", "torchtune"]
+ChunkedLogits = Literal["loss", "model"]
 DEFAULT_RECIPE: RecipeName = "torch"
 ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
 _FACTS = ("optimizer_impl", "frozen_base", "loss", "engine", "kv_cache")
@@ -133,6 +134,13 @@ class Recipe(BaseModel):
     compile_loss: bool = Field(default=False, description="Under --compile it compiles the loss function too, so "
                                "inductor fuses the cross-entropy (advisor.estimate.activations_loss.compiled_loss_bytes); "
                                "False: only the blocks are compiled, the loss runs eager.")
+    chunked_logits: ChunkedLogits | None = Field(
+        default=None, description="Its own chunked cross-entropy, run for --loss chunked: loss (the loss projects "
+        "each chunk of hidden states through the head and computes its cross-entropy, torchtune's "
+        "LinearCrossEntropyLoss) or model (the model returns every chunk's logits, which the loss then reads, "
+        "torchtune's CEWithChunkedOutputLoss before May 2025); under --compile with compile_loss each chunk's "
+        "cross-entropy is compiled (advisor.estimate.activations_loss.chunked_loss_bytes). None: the stack has no "
+        "chunked loss of its own; --loss chunked is wrappers.losses' kernel, run eager.")
     kv_cache: bool = Field(default=False, description="Its loop leaves a Hugging Face model's KV cache on in "
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
@@ -157,7 +165,7 @@ class Recipe(BaseModel):
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
-                                      "adapter_units")
+                                      "adapter_units", "chunked_logits", "compile_loss")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

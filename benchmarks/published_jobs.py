@@ -33,6 +33,8 @@ import advisor
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.lora import LoraConfig
 from advisor.model.sources import resolve
+from advisor.frozen import validated_copy
+from advisor.recipes import RecipeName as Recipe
 from advisor.recipes import get_recipe
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
@@ -42,7 +44,6 @@ from profiles import PROFILES_DIR
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 PANEL = PROFILES_DIR / "published_jobs.json"
-Recipe = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed"]
 
 
 class _Frozen(BaseModel):
@@ -100,6 +101,9 @@ class Job(_Frozen):
     loss_compiled: bool | None = Field(default=None, description="False: the release that ran left the loss eager "
                                        "although its recipe compiles it under compile (torchtitan before bbb1b616e); "
                                        "None: the recipe's.")
+    chunked_logits: Literal["loss", "model"] | None = Field(default=None, description="The stack's own chunked loss "
+                                                            "as it was at the source's date (Recipe.chunked_logits); "
+                                                            "None: the recipe's.")
     offloaded: bool = Field(description="The job kept parameters or optimizer state in CPU memory.")
     tokens_per_s_per_gpu: float | None = Field(default=None, gt=0)
     speed_basis: str | None = None
@@ -133,6 +137,9 @@ def _fixed(job: Job) -> dict:
     planner does not choose those, it names them as remedies. Unpinned plans keep only these."""
     recipe = job.recipe if job.loss_compiled is not False else \
         get_recipe(job.recipe).model_copy(update={"compile_loss": False})
+    if job.chunked_logits is not None:
+        base = get_recipe(recipe) if isinstance(recipe, str) else recipe
+        recipe = validated_copy(base, {"chunked_logits": job.chunked_logits})
     options = dict(seq_len=job.seq_len, precision=job.precision, optimizer=job.optimizer, recipe=recipe,
                    engine=job.engine, compile=job.compile, loss=job.loss)
     if job.optimizer_impl is not None:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import advisor
+from advisor.frozen import validated_copy
 from advisor.recipes import get_recipe, zero_config_defaults
 import publisher_code
 import range_coverage
@@ -84,6 +85,9 @@ def plan_of(case: dict, **overhead: float):
         recipe = case["stack"]
         if case.get("loss_compiled") is False:  # a stack whose recipe compiles its loss, at a release that did not
             recipe = get_recipe(recipe).model_copy(update={"compile_loss": False})
+        if case.get("chunked_logits"):  # a stack's own chunked loss as it was at the source's date
+            base = get_recipe(recipe) if isinstance(recipe, str) else recipe
+            recipe = validated_copy(base, {"chunked_logits": case["chunked_logits"]})
         if case.get("frozen_base"):  # a script that loads the LoRA base in another dtype than its stack's default
             base = get_recipe(recipe) if isinstance(recipe, str) else recipe
             recipe = base.model_copy(update={"frozen_base": case["frozen_base"]})

@@ -11,7 +11,7 @@ from advisor.training import TrainingConfig
 
 def test_every_stack_is_a_cited_row():
     recipes = load_recipes()
-    assert set(recipes) == {"torch", "trainer", "lightning", "torchtitan", "deepspeed"}
+    assert set(recipes) == {"torch", "trainer", "lightning", "torchtitan", "deepspeed", "torchtune"}
     for recipe in recipes.values():
         assert {"optimizer_impl", "frozen_base", "loss", "engine"} <= set(recipe.sources)
 

@@ -43,13 +43,20 @@ def causal_targets(labels: torch.Tensor) -> torch.Tensor:
     return F.pad(labels, (0, 1), value=IGNORE)[..., 1:]
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunks: int = CHUNKS) -> torch.Tensor:
+def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.Tensor, chunks: int = CHUNKS, *,
+                          logits_first: bool = False) -> torch.Tensor:
     """Mean cross-entropy of ``head(hidden)`` against ``targets``, one chunk of tokens at a time: each
-    chunk's low-precision logits die with the chunk; its fp32 log-softmax is what autograd keeps."""
+    chunk's low-precision logits die with the chunk; its fp32 log-softmax is what autograd keeps.
+    ``logits_first``: every chunk's logits are made before any chunk's loss and live until the last one's, as
+    when a model returns them chunked (torchtune's ``TransformerDecoder.chunked_output`` read by
+    ``CEWithChunkedOutputLoss``; ``Recipe.chunked_logits`` 'model')."""
     flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     total = hidden.new_zeros((), dtype=torch.float32)
-    for part, want in zip(flat.chunk(chunks), goal.chunk(chunks)):
-        total = total + F.cross_entropy(head(part).float(), want, ignore_index=IGNORE, reduction="sum")
+    parts = [head(part) for part in flat.chunk(chunks)] if logits_first else flat.chunk(chunks)
+    for part, want in zip(parts, goal.chunk(chunks)):
+        logits = part if logits_first else head(part)
+        total = total + F.cross_entropy(logits.float(), want, ignore_index=IGNORE, reduction="sum")
+    del parts, part, logits  # the held logits go with the loss's forward (nothing saved them)
     return total / (goal != IGNORE).sum().clamp(min=1)
 
 
@@ -129,7 +136,7 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
         _refuse_adapted_head(head)  # PEFT adapted the head after use_loss_kernel
         loss = fused_linear_cross_entropy(hidden, head.weight, targets, bias=head.bias)
     else:
-        loss = chunked_cross_entropy(hidden, head, targets)
+        loss = chunked_cross_entropy(hidden, head, targets, logits_first=self._advisor_logits_first)
     if num_items is not None:
         loss = loss * ((targets != IGNORE).sum().clamp(min=1) / num_items)
     if getattr(outputs, "router_logits", None):  # output_router_logits: the decoder recorded its routers' logits
@@ -172,10 +179,11 @@ def _load_balancing_loss(causal_lm: nn.Module, kernel: str) -> Any:
     return balance
 
 
-def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
+def use_loss_kernel(model: nn.Module, kernel: LossKernel, *, logits_first: bool = False) -> nn.Module:
     """Make ``model`` (a Hugging Face causal LM whose head is a plain linear over its decoder's last hidden
     state: ``_decoder_and_head``) compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns
-    ``model``."""
+    ``model``. ``logits_first``: the chunked kernel makes every chunk's logits before the first chunk's loss
+    (``chunked_cross_entropy``)."""
     if kernel == "hf":
         return model
     causal_lm = _causal_lm(model)
@@ -192,6 +200,7 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel) -> nn.Module:
     if getattr(getattr(causal_lm, "config", None), "output_router_logits", False):
         _load_balancing_loss(causal_lm, kernel)  # refused now rather than at the first forward
     causal_lm._advisor_loss = kernel
+    causal_lm._advisor_logits_first = logits_first and kernel == "chunked"
     causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)
     return model

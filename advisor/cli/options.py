@@ -101,8 +101,8 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--double-quant/--no-double-quant", "double_quant", default=None,
                  help="4-bit: quantise the absmax too (bnb_4bit_use_double_quant; default on)."),
     click.option("--recipe", type=_choice(get_args(RecipeName)),
-                 help="The training stack (profiles/recipes.json): torch (default), trainer, lightning, torchtitan "
-                      "or deepspeed; sets the optimizer implementation, frozen-base dtype, loss and engine."),
+                 help="The training stack (profiles/recipes.json): torch (default), trainer, lightning, torchtitan, "
+                      "deepspeed or torchtune; sets the optimizer implementation, frozen-base dtype, loss and engine."),
     click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
                  help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
     click.option("--accumulation-sync", type=_choice(get_args(AccumulationSync)),

@@ -64,12 +64,9 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     (a Phi at micro-batch 4: fused +0.16%, chunked +0.03% of the simulated step,
     tests/estimate/test_loss_kernels_traced.py)."""
     per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
-    if kernel == "chunked":
-        backward = tokens * vocab * FP32 + per_chunk * 2 * FP32
-        if head_trains and not head_frozen and tokens >= 2:
-            head_grads = 3 * vocab * hidden * dt.compute
-            backward = max(backward, tokens * vocab * FP32 - 2 * per_chunk * FP32 + head_grads)
-        return tokens * vocab * FP32 + per_chunk * FP32, backward
+    if kernel in CHUNKED_KERNELS:
+        return chunked_loss_bytes(kernel, tokens=tokens, vocab=vocab, hidden=hidden, dt=dt,
+                                  head_grads=head_trains and not head_frozen and tokens >= 2)
     if kernel == "fused":
         head = 0 if head_frozen else vocab * hidden  # the head's gradient; its low-precision copy is made either way
         grad_input = tokens * hidden * dt.residual
@@ -92,6 +89,61 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     # The fp32 copy (``logits.float()``) is the logits themselves when they are fp32 already.
     copy = FP32 if dt.compute != FP32 else 0
     return tokens * vocab * (dt.compute + copy + FP32), tokens * vocab * 3 * FP32
+
+
+# The chunked cross-entropies: ``chunked`` is wrappers.losses.chunked_cross_entropy run eager (each chunk's
+# logits made in the loss); ``_held`` the model returns every chunk's logits first (torchtune's
+# CEWithChunkedOutputLoss); ``_compiled`` each chunk's cross-entropy under torch.compile (a stack's own chunked
+# loss with ``Recipe.compile_loss``: torchtune's compile_loss).
+CHUNKED_KERNELS = ("chunked", "chunked_held", "chunked_compiled", "chunked_compiled_held")
+
+
+def chunked_loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes",
+                       head_grads: bool) -> tuple[int, int]:
+    """(end of forward, loss backward) bytes of a chunked cross-entropy (``CHUNKED_KERNELS``) beyond the saved
+    activations; ``head_grads``: the head trains, so backward sums one head-sized gradient per chunk.
+
+    Eager (``chunked``, ``loss_bytes``' docstring): the forward ends with every chunk's fp32 log-softmax beside
+    the last chunk's fp32 logits; with the logits made by the model (``_held``) every chunk's low-precision logits
+    are live too until the loss returns (the loop drops them before backward: nothing saved them, ``.float()``'s
+    backward needs no input). Compiled: inductor fuses the upcast, log-softmax and NLL of a chunk into row
+    reductions (``compiled_loss_bytes``), so each chunk keeps its low-precision logits and two fp32 values a token
+    for backward, nothing fp32 as large. Its backward writes the chunk's gradient in the logits' dtype: beside the
+    chunk's saved logits where the model made them (graph inputs), into their buffer where the compiled graph
+    made them itself (``chunked_compiled``: the projection inside). With the head training, the second chunk's
+    head backward holds the first chunk's weight gradient, its own and their sum beside what the chunks not yet
+    done keep, or only two of them (inside the compiled graph, whose first chunk also holds its weight gradient
+    beside every chunk's logits). With the logits made by the model, every chunk's cross-entropy backward runs
+    before any head backward (autograd takes the later-made nodes first), so the head's moment holds the chunks'
+    gradients in the logits' dtype, not their log-softmax.
+
+    Measured on real CPU tensors with the profiler's allocation records, forward and backward of each form
+    (``python benchmarks/chunked_loss_bytes.py``: 1,024 tokens, vocabularies 2,048-8,192, widths 64-2,048, bf16,
+    the head frozen and training; tests/estimate/test_chunked_loss_bytes.py): the eager forms to 40 bytes at the
+    forward's peak, every backward and the compiled forwards above these by at most the hidden-state chunks'
+    gradients (2 x tokens x width x 2 bytes, counted on the blocks' side) and 1% of the logits."""
+    per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
+    logits, stats, head = tokens * vocab, tokens * 2 * FP32, vocab * hidden * dt.compute
+    if kernel in ("chunked", "chunked_held"):
+        forward = logits * FP32 + per_chunk * FP32
+        if kernel == "chunked_held":  # the model's low-precision logits; in fp32 they are the chunk's logits
+            forward += logits * dt.compute - (per_chunk * FP32 if dt.compute == FP32 else 0)
+        backward = logits * FP32 + per_chunk * 2 * FP32
+        if head_grads:  # held: every chunk's cross-entropy backward runs before any head backward (made later, so
+            # first in autograd's order), leaving each chunk's gradient in the logits' dtype, not its log-softmax
+            left = logits * dt.compute if kernel == "chunked_held" else logits * FP32
+            backward = max(backward, left - 2 * per_chunk * (left // logits) + 3 * head)
+        return forward, backward
+    forward = logits * dt.compute + stats
+    if kernel == "chunked_compiled_held":
+        backward = forward + per_chunk * dt.compute
+        if head_grads:
+            backward = max(backward, forward - 2 * per_chunk * dt.compute + 3 * head)
+        return forward, backward
+    backward = forward
+    if head_grads:  # the first chunk's weight gradient beside every chunk's logits, or two of them a chunk later
+        backward = max(forward + head, forward - per_chunk * dt.compute + 2 * head)
+    return forward, backward
 
 
 def compiled_loss_bytes(*, tokens: int, vocab: int, dt: "Dtypes") -> tuple[int, int]:
@@ -119,6 +171,8 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
         return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
     if kernel == "compiled":  # what the end of forward holds: the logits and two fp32 values a token
         return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)[0]
+    if kernel in ("chunked_compiled", "chunked_compiled_held"):  # each chunk's logits and its two fp32 values a token
+        return tokens * vocab * dt.compute + tokens * 2 * FP32
     return tokens * vocab * FP32
 
 

@@ -213,9 +213,14 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
 
 def memory_loss_kernel(training: TrainingConfig) -> str:
     """The loss path the single-mesh estimate counts: 'compiled' where --compile meets a stack that compiles its
-    loss too (``Recipe.compile_loss``: torchtitan) over the plain cross-entropy, else the --loss kernel."""
-    compiled = training.compile and training.recipe.compile_loss and training.loss == "hf"
-    return "compiled" if compiled else training.loss
+    loss too (``Recipe.compile_loss``: torchtitan) over the plain cross-entropy; under --loss chunked a stack's own
+    chunked loss (``Recipe.chunked_logits``: torchtune), its chunks compiled likewise
+    (``activations_loss.chunked_loss_bytes``); else the --loss kernel."""
+    compiled = training.compile and training.recipe.compile_loss
+    if training.loss == "chunked" and training.recipe.chunked_logits is not None:
+        held = "_held" if training.recipe.chunked_logits == "model" else ""
+        return ("chunked_compiled" if compiled else "chunked") + held
+    return "compiled" if compiled and training.loss == "hf" else training.loss
 
 
 def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, micro_batch_size: int,

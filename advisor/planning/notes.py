@@ -235,6 +235,14 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
                          "holds the logits and their gradient in their own dtype, no fp32 copy or log-softmax "
                          "(advisor.estimate.activations_loss.compiled_loss_bytes; a data-parallel or HSDP mesh; tensor, "
                          "context and pipeline parallel plans count it eager); its time is not counted")
+    if training.loss == "chunked" and training.recipe.chunked_logits is not None:  # memory_loss_kernel
+        compiled = training.compile and training.recipe.compile_loss
+        made = ("the model returns every chunk's logits first" if training.recipe.chunked_logits == "model"
+                else "each chunk's logits made in the loss")
+        notes.append(f"--loss chunked: the {training.recipe.name} recipe's own chunked cross-entropy ({made}"
+                     + ("; each chunk compiled, so it keeps its logits in their own dtype, no fp32 log-softmax"
+                        if compiled else "") + ": advisor.estimate.activations_loss.chunked_loss_bytes; tensor, "
+                     "context and pipeline parallel plans count wrappers.losses' kernel)")
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

@@ -134,7 +134,8 @@ def meta_model(cfg: dict, training: TrainingConfig) -> Any:
     from wrappers.losses import use_loss_kernel
 
     net = build_meta_model(simulation_config(cfg, attention=training.attention, use_cache=training.keeps_kv_cache))
-    use_loss_kernel(net, training.loss)  # before PEFT: the adapters wrap the model, not its forward
+    # before PEFT: the adapters wrap the model, not its forward; a stack's own chunked loss as its recipe makes the logits
+    use_loss_kernel(net, training.loss, logits_first=training.recipe.chunked_logits == "model")
     return net if training.lora is None else _with_lora(net, cfg, training.lora)
 
 

@@ -89,15 +89,18 @@ def test_litgpt_qlora_runs_within_ten_percent_with_what_their_code_held():
 def test_torchtune_a6000_rows_read_at_the_tables_commit():
     """torchtune's README table (added at 30b8519e, 2024-09-24) lists Llama 3.1 8B LoRA and full fine-tunes at
     30.3 and 37.4 GiB on an A6000, beside 16.2 and 18.9 GiB for the same recipes on a 4090. Read with the configs
-    of that commit (LoRA on q_proj and v_proj only; PagedAdamW8bit with optimizer_in_bwd) and without activation
-    checkpointing on the 48 GB card, the estimated peak allocated is within 3% of both figures (measured -1.2% and
-    -2.3%); with checkpointing on, as the configs default, both fall more than 30% short. The figure's kind is not
-    stated, so the benchmark compares it with reserved (+9.9% / +8.5%); this test checks the reading."""
+    of that commit (LoRA on q_proj and v_proj only; PagedAdamW8bit with optimizer_in_bwd; CEWithChunkedOutputLoss
+    compiled, the torchtune recipe) and without activation checkpointing on the 48 GB card, each figure lies between
+    the estimated peak allocated and reserved, within 7% of both (measured: allocated -5.6% / -4.3%, reserved +5.0%
+    / +6.4%); with checkpointing on, as the configs default, both fall more than 30% short. The figure's kind is not
+    stated, so the benchmark compares it with reserved; this test checks the reading."""
     for case_id in ("torchtune-8b-lora-a6000", "torchtune-8b-full-a6000"):
         case = _case(case_id)
         assert case["activation_checkpointing"] == "off" and not case["not_expressible"]
-        allocated = estimate(case).allocated / published_bytes(case) - 1
-        assert -0.03 <= allocated <= 0.03, (case_id, allocated)
+        figures = estimate(case)
+        allocated = figures.allocated / published_bytes(case) - 1
+        reserved = figures.reserved / published_bytes(case) - 1
+        assert -0.07 <= allocated < 0 < reserved <= 0.07, (case_id, allocated, reserved)
         with_ac = estimate({**case, "activation_checkpointing": "on"}).allocated / published_bytes(case) - 1
         assert with_ac < -0.30, (case_id, with_ac)
 

@@ -149,7 +149,13 @@ class TrainingConfig(BaseModel):
                                                  "for (its absmax block, profiles/bitsandbytes_optimizers.json); "
                                                  "None: the installed release, else the newest.")
 
-    @field_validator("bitsandbytes")
+    # Left out of the JSON unless set: the planner assumes the newest torch's behaviours.
+    torch_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
+                                      description="The torch release the run uses, where a release changes what is "
+                                                  "allocated (profiles/library_releases.json: FSDP2's root resharded "
+                                                  "after forward since 2.8.0); None: the newest release's behaviour.")
+
+    @field_validator("bitsandbytes", "torch_release")
     @classmethod
     def _release_number(cls, value: str | None) -> str | None:
         if value is not None and not release_tuple(value):

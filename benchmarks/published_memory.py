@@ -95,7 +95,7 @@ def plan_of(case: dict, **overhead: float):
     options = dict(**overhead, strategy=case["strategy"], micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))
-    for key in ("optimizer_impl", "attention", "bitsandbytes", "fsdp_version",  # where the source's stack differs
+    for key in ("optimizer_impl", "attention", "bitsandbytes", "fsdp_version", "torch_release",  # where the source's stack differs
                 "global_batch_size"):  # gradient accumulation: the held gradients (advisor.estimate.accumulation)
         if case.get(key):
             options[key] = case[key]

@@ -83,6 +83,7 @@ def apply_fsdp(
     blocks: Sequence[nn.Module] | None = None,
     shard_experts_on_dim1: bool = True,
     reduce_in_compute_dtype: bool = False,
+    root_reshard_after_forward: bool | None = None,
 ) -> nn.Module:
     """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
 
@@ -94,7 +95,9 @@ def apply_fsdp(
     which it does when built on the offloaded parameters. ``shard_experts_on_dim1``: MoE experts on dim 1
     over more ranks than experts (the module docstring); False: FSDP2's dim 0 everywhere (accelerate's
     ``fsdp2_prepare_model`` and Lightning pass no ``shard_placement_fn``). ``reduce_in_compute_dtype``: reduce-scatter
-    gradients in bf16/fp16 (accelerate's policy) instead of fp32.
+    gradients in bf16/fp16 (accelerate's policy) instead of fp32. ``root_reshard_after_forward``: the root's own
+    setting (None: ``reshard_after_forward``); False keeps the root unsharded from its forward to its backward, as
+    torch before 2.8 did with any setting (pytorch#154704).
     """
     policy = mixed_precision_policy(precision, reduce_in_compute_dtype=reduce_in_compute_dtype)
     offload: OffloadPolicy = OffloadPolicy()
@@ -108,5 +111,7 @@ def apply_fsdp(
     for block in find_blocks(model) if blocks is None else blocks:
         placement = expert_placement_fn(block, world) if shard_experts_on_dim1 else None
         fully_shard(block, **options, **({} if placement is None else {"shard_placement_fn": placement}))
+    if root_reshard_after_forward is not None:
+        options["reshard_after_forward"] = root_reshard_after_forward
     fully_shard(model, **options)
     return model

@@ -93,6 +93,9 @@ class Recipe(BaseModel):
                                           "fsdp_reduce_dtype) instead of fp32.")
     shard_experts_on_dim1: bool = Field(default=True, description="FSDP2 shards MoE experts on dim 1 over more ranks "
                                         "than experts (torchtitan's rule, wrappers.fsdp); False: dim 0, padded.")
+    root_reshard_after_forward: bool | None = Field(default=None, description="FSDP2's root unit resharded after "
+                                                    "forward; None: as the blocks. False is what torch before 2.8 "
+                                                    "ran whatever was asked (the simulator's --torch-release).")
 
     @model_validator(mode="before")
     @classmethod
@@ -168,6 +171,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
         mesh=mesh,
         shard_experts_on_dim1=ctx.recipe.shard_experts_on_dim1,
         reduce_in_compute_dtype=ctx.recipe.reduce_in_compute_dtype,
+        root_reshard_after_forward=ctx.recipe.root_reshard_after_forward,
     )
     if ctx.optimizer is None:
         return model, None

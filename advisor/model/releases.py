@@ -49,6 +49,12 @@ def release_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def behaviour_in(name: str, release: str | None) -> bool:
+    """Whether the library ``release`` of behaviour ``name`` has it; None: the newest release, which does."""
+    row = next(b for b in load_release_behaviours() if b.name == name)
+    return release is None or release_tuple(release) >= release_tuple(row.since)
+
+
 def behaviours_in_force(versions: dict[str, str]) -> dict[str, str]:
     """{behaviour name: 'library version'} of the behaviours the given installed versions have."""
     return {b.name: f"{b.library} {versions[b.library]}" for b in load_release_behaviours()

@@ -59,3 +59,26 @@ def test_root_gathered_again_matches_the_simulated_step():
     """Within 2 kB of the simulated peak (the simulator also counts RoPE's buffer and the ids)."""
     est = _estimate()
     assert 0 <= SIMULATED - est.peak_allocated <= 2_000, est.peak_allocated
+
+
+def test_an_older_torch_keeps_the_root_and_gathers_it_once():
+    """torch before 2.8 clamped FSDP2's root to reshard_after_forward=False (profiles/library_releases.json,
+    ``TrainingConfig.torch_release``): no second gather, so the loss backward holds the unsharded root (2 x
+    1,048,640 bytes) and the last block's prefetch beside what the loss kept, not the root's all-gather output as
+    well. The simulator wraps the root with reshard_after_forward=False, which torch 2.13 honours: the same step.
+    Measured: 5,141,472 bytes simulated, the estimate 1,424 bytes under (the RoPE buffer and the ids)."""
+    import warnings
+
+    from advisor.frozen import validated_copy
+    from advisor.simulate.step import simulate
+
+    older = validated_copy(TRAINING, {"torch_release": "2.7.1"})
+    spec = with_lora(spec_from_config(TINY, name=TINY["_name_or_path"], source="local"), LORA)
+    est = estimate_memory(spec, parse_gpus("8xH100"), older, get_strategy("zero3").on("torch"),
+                          micro_batch_size=1, checkpointing=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured = simulate(TINY, world_size=8, strategy="zero3", training=older, micro_batch_size=1,
+                            checkpointing=True).peak_allocated
+    assert 0 <= measured - est.peak_allocated <= 2_000, (measured, est.peak_allocated)
+    assert est.peak_allocated < _estimate().peak_allocated  # the second gather gone

@@ -19,6 +19,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from advisor.precision import Precision
 from profiles import PROFILES_DIR
 
 Engine = Literal["torch", "deepspeed"]
@@ -134,6 +135,10 @@ class Recipe(BaseModel):
     compile_loss: bool = Field(default=False, description="Under --compile it compiles the loss function too, so "
                                "inductor fuses the cross-entropy (advisor.estimate.activations_loss.compiled_loss_bytes); "
                                "False: only the blocks are compiled, the loss runs eager.")
+    precisions: tuple[Precision, ...] | None = Field(
+        default=None, min_length=1, description="The precisions the stack can train in, its default first (torchtune "
+        "builds the whole model in cfg.dtype and has no autocast: bf16 or fp32); None: every one, bf16-mixed by "
+        "default.")
     chunked_logits: ChunkedLogits | None = Field(
         default=None, description="Its own chunked cross-entropy, run for --loss chunked: loss (the loss projects "
         "each chunk of hidden states through the head and computes its cross-entropy, torchtune's "
@@ -165,7 +170,7 @@ class Recipe(BaseModel):
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
-                                      "adapter_units", "chunked_logits", "compile_loss")
+                                      "adapter_units", "chunked_logits", "compile_loss", "precisions")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

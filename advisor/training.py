@@ -165,13 +165,18 @@ class TrainingConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _recipe_defaults(cls, data: object) -> object:
-        """A recipe given by name is loaded; it sets the engine and the loss unless they are given."""
+        """A recipe given by name is loaded; it sets the engine, the loss and (where it trains in fixed precisions)
+        the precision unless they are given."""
         if not isinstance(data, dict) or data.get("recipe") is None:
             return data
         recipe = data["recipe"] if isinstance(data["recipe"], Recipe) else get_recipe(str(data["recipe"]))
-        filled = {"engine": recipe.engine, "loss": recipe.loss, **data, "recipe": recipe}
+        fixed = {"precision": recipe.precisions[0]} if recipe.precisions else {}
+        filled = {"engine": recipe.engine, "loss": recipe.loss, **fixed, **data, "recipe": recipe}
         if filled["engine"] not in recipe.engines:
             raise ValueError(f"recipe {recipe.name} runs on {' or '.join(recipe.engines)}, not --engine {filled['engine']}")
+        if recipe.precisions and filled["precision"] not in recipe.precisions:
+            raise ValueError(f"recipe {recipe.name} trains in {' or '.join(recipe.precisions)} (the whole model in one "
+                             f"dtype, no autocast), not --precision {filled['precision']}")
         return filled
 
     @field_serializer("recipe")

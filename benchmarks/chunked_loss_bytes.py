@@ -9,7 +9,7 @@ free of the CPU allocator, in order, read from kineto's raw events), once to com
 the bytes live at the forward's peak and the loss backward's peak beyond the inputs, and the estimate's two figures
 beside them. The forms are torchtune's: ``LinearCrossEntropyLoss`` (the chunk's projection and cross-entropy in one
 compiled function, ``chunked_compiled``), ``CEWithChunkedOutputLoss`` over the logits the model returned
-(``chunked_held``, ``chunked_compiled_held``), and wrappers.losses' eager kernel (``chunked``). The backward's
+(``chunked_held``, ``chunked_compiled_held``), and wrappers.losses' eager kernel (``chunked``, and with ``logits_first`` the eager ``chunked_held``). The backward's
 figure includes the hidden-state chunks' gradients, which the estimate counts elsewhere (the blocks' side): the
 report prints them apart (2 x tokens x width x 2 bytes at most: the chunks' gradients and their concatenation).
 A few seconds a form.
@@ -40,6 +40,8 @@ def measure(kernel: str, *, tokens: int, vocab: int, width: int, head_trains: bo
     """(forward peak, loss backward peak) bytes beyond the inputs of one step of ``kernel``."""
     from torch.profiler import ProfilerActivity, profile
 
+    from wrappers.losses import chunked_cross_entropy
+
     torch._dynamo.reset()
     compiled = "compiled" in kernel
     ce, linear_ce = (torch.compile(_ce), torch.compile(_linear_ce)) if compiled else (_ce, _linear_ce)
@@ -50,15 +52,15 @@ def measure(kernel: str, *, tokens: int, vocab: int, width: int, head_trains: bo
     marker = 7  # an allocation of 7 bytes marks the end of the forward
 
     def step() -> None:
-        if kernel.endswith("held"):  # the model returns every chunk's logits, then the loss reads them
+        if not compiled:  # the kernel the simulator and wrap() run (each chunk's logits made first when held)
+            loss = chunked_cross_entropy(hidden, lambda part: F.linear(part, weight), labels, CHUNKS,
+                                         logits_first=kernel.endswith("held"))
+        elif kernel.endswith("held"):  # the model returns every chunk's logits, then the loss reads them
             logits = [F.linear(part, weight) for part in hidden.chunk(CHUNKS)]
             loss = sum(ce(chunk, want) for chunk, want in zip(logits, labels.chunk(CHUNKS)))
             del logits
-        elif compiled:  # the projection inside the compiled function
+        else:  # the projection inside the compiled function
             loss = sum(linear_ce(part, weight, want) for part, want in zip(hidden.chunk(CHUNKS), labels.chunk(CHUNKS)))
-        else:  # wrappers.losses.chunked_cross_entropy: the chunk's low-precision logits freed once upcast
-            loss = sum(F.cross_entropy(F.linear(part, weight).float(), want, reduction="sum")
-                       for part, want in zip(hidden.chunk(CHUNKS), labels.chunk(CHUNKS)))
         flag = torch.empty(marker, dtype=torch.uint8)
         loss.backward()
         del flag

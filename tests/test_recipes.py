@@ -46,3 +46,25 @@ def test_default_recipe_stays_out_of_the_json():
     assert "recipe" not in TrainingConfig().model_dump(mode="json")
     assert TrainingConfig(recipe="trainer").model_dump(mode="json")["recipe"] == "trainer"
     assert TrainingConfig.model_validate(TrainingConfig(recipe="trainer").model_dump()).recipe.name == "trainer"
+
+
+def test_torchtune_trains_in_one_dtype():
+    """torchtune builds the whole model in cfg.dtype and runs no autocast (its recipes' docstrings: 'Mixed precision
+    training and fp16 precision are currently not supported'): its row defaults to bf16, takes fp32, refuses the
+    mixed precisions with the reason."""
+    assert TrainingConfig(recipe="torchtune").precision == "bf16"
+    assert TrainingConfig(recipe="torchtune", precision="fp32").precision == "fp32"
+    for mixed in ("bf16-mixed", "fp16-mixed"):
+        with pytest.raises(ValueError, match="torchtune trains in bf16 or fp32"):
+            TrainingConfig(recipe="torchtune", precision=mixed)
+    assert TrainingConfig(recipe="torch").precision == "bf16-mixed"  # the other rows keep the planner's default
+
+
+def test_torchtune_export_names_its_own_loss():
+    """An export of a torchtune plan says the memory counted torchtune's chunked loss, not the eager kernel that
+    wrappers.losses would run in the file's own stack."""
+    from advisor.export.target import _training_notes
+
+    notes = _training_notes(TrainingConfig(recipe="torchtune", compile=True))
+    assert any("torchtune recipe's own chunked cross-entropy compiled chunk by chunk" in n for n in notes)
+    assert not any("the plan's memory assumes it" in n and "--loss chunked" in n for n in notes)

@@ -54,9 +54,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
     total = hidden.new_zeros((), dtype=torch.float32)
     parts = [head(part) for part in flat.chunk(chunks)] if logits_first else flat.chunk(chunks)
     for part, want in zip(parts, goal.chunk(chunks)):
-        logits = part if logits_first else head(part)
-        total = total + F.cross_entropy(logits.float(), want, ignore_index=IGNORE, reduction="sum")
-    del parts, part, logits  # the held logits go with the loss's forward (nothing saved them)
+        # no name for a chunk's logits made here: they are freed as soon as .float() returns
+        total = total + F.cross_entropy((part if logits_first else head(part)).float(), want, ignore_index=IGNORE,
+                                        reduction="sum")
+    del parts, part  # the held logits go with the loss's forward (nothing saved them)
     return total / (goal != IGNORE).sum().clamp(min=1)
 
 

@@ -95,7 +95,8 @@ class Recipe(BaseModel):
                                         "than experts (torchtitan's rule, wrappers.fsdp); False: dim 0, padded.")
     root_reshard_after_forward: bool | None = Field(default=None, description="FSDP2's root unit resharded after "
                                                     "forward; None: as the blocks. False is what torch before 2.8 "
-                                                    "ran whatever was asked (the simulator's --torch-release).")
+                                                    "ran whatever was asked (the simulator passes it for "
+                                                    "TrainingConfig.torch_release before 2.8).")
 
     @model_validator(mode="before")
     @classmethod

@@ -131,8 +131,8 @@ def chunked_loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt:
         backward = logits * FP32 + per_chunk * 2 * FP32
         if head_grads:  # held: every chunk's cross-entropy backward runs before any head backward (made later, so
             # first in autograd's order), leaving each chunk's gradient in the logits' dtype, not its log-softmax
-            left = logits * dt.compute if kernel == "chunked_held" else logits * FP32
-            backward = max(backward, left - 2 * per_chunk * (left // logits) + 3 * head)
+            width = dt.compute if kernel == "chunked_held" else FP32
+            backward = max(backward, (logits - 2 * per_chunk) * width + 3 * head)
         return forward, backward
     forward = logits * dt.compute + stats
     if kernel == "chunked_compiled_held":

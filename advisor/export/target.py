@@ -207,7 +207,12 @@ def require_recommendation(plan: Plan) -> None:
 def _training_notes(training: TrainingConfig, *, selective: bool = False) -> list[str]:
     """What the configs cannot carry of the plan's training settings, and how the script supplies it."""
     notes = []
-    if training.loss != "hf":
+    if training.loss == "chunked" and training.recipe.chunked_logits is not None:  # the stack's own chunked loss
+        compiled = " compiled chunk by chunk" if training.compile and training.recipe.compile_loss else ""
+        notes.append(f"--loss chunked: the plan counts the {training.recipe.name} recipe's own chunked cross-entropy"
+                     f"{compiled}; elsewhere wrappers.losses.use_loss_kernel(model, \"chunked\") runs the eager "
+                     "kernel, which holds more: plan with that stack's --recipe to count it.")
+    elif training.loss != "hf":
         trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" if training.loss == "fused" else ""
         notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in the "
                      f"script{trainer}; the plan's memory assumes it.")

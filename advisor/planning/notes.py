@@ -242,7 +242,8 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         notes.append(f"--loss chunked: the {training.recipe.name} recipe's own chunked cross-entropy ({made}"
                      + ("; each chunk compiled, so it keeps its logits in their own dtype, no fp32 log-softmax"
                         if compiled else "") + ": advisor.estimate.activations_loss.chunked_loss_bytes; tensor, "
-                     "context and pipeline parallel plans count wrappers.losses' kernel)")
+                     "context, pipeline parallel and HSDP plans and traced model families count wrappers.losses' "
+                     "eager kernel)")
     if training.fsdp_version == 1:  # a fact of the user's file (--from); wrap() and the exports apply FSDP2
         notes.append("FSDP planned as FSDP1 (FullyShardedDataParallel: flat parameters per block, bf16 reduce-scatter, "
                      "the root unsharded until backward, BACKWARD_PRE; --fsdp-version 1 or the --from file); advisor wrap() and "

@@ -36,6 +36,12 @@ JSON's ``publisher_code`` key.
   loss through backward and the step, and the forward's loss peaks at 4 + 4 + 4 bytes a logit where
   today's recipe holds 2 + 4 + 4 (``benchmarks/qlora_published.py`` adds the same to the Answer.AI
   QLoRA cases).
+- ``hf_shift_logits_copy``: transformers 4.46 to 4.48 ``ForCausalLMLoss`` (the loss the model's forward calls on
+  its bf16 logits) binds ``logits = logits.float()`` and then computes the cross-entropy on
+  ``shift_logits = logits[..., :-1, :].contiguous()``, a second fp32 copy, so the loss's forward peaks at
+  2 + 4 + 4 + 4 bytes a logit (the bf16 logits, the upcast, its shifted copy, the log-softmax) where today's
+  release, which pads the labels instead of slicing the logits, holds 2 + 4 + 4; both copies die when the loss
+  returns, so the backward and the step hold what the estimate counts.
 - ``lightning_fsdp1_no_sync``: Lightning 2.1 Fabric's ``FSDPStrategy`` is FSDP1 with
   ``use_orig_params=True``, and litgpt's LoRA loop wraps every micro-step but the last of its
   accumulation (128 / micro-batch of them) in ``fabric.no_backward_sync``, which is FSDP1's
@@ -62,8 +68,9 @@ MOMENTS = ("end_of_forward", "loss_backward", "block_backward", "optimizer_step"
 FSDP1_NO_SYNC = "lightning_fsdp1_no_sync"
 LONGEST_FIRST = "litgpt_longest_first"
 FP32_LOGITS_HELD = "hf_fp32_logits_held"
+SHIFT_COPY = "hf_shift_logits_copy"
 KNOWN = {"litgpt_untied_head", "lightning_bnb_every_linear", "lightning_fp16_quant_state", "bnb_ctx_keeps_input",
-         FSDP1_NO_SYNC, LONGEST_FIRST, FP32_LOGITS_HELD}
+         FSDP1_NO_SYNC, LONGEST_FIRST, FP32_LOGITS_HELD, SHIFT_COPY}
 
 
 def kept_inputs_bytes(spec: ModelSpec, training: TrainingConfig, tokens: int) -> int:
@@ -95,10 +102,20 @@ def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previo
     if FP32_LOGITS_HELD in case.get("publisher_code", []):
         for name, value in fp32_logits_held_bytes(case, spec).items():
             extra[name] += value
+    if SHIFT_COPY in case.get("publisher_code", []):
+        extra["end_of_forward"] += shift_copy_bytes(case, spec)
     if FSDP1_NO_SYNC in case.get("publisher_code", []):
         for name, value in fsdp1_no_sync_bytes(case, spec, training).items():
             extra[name] = extra.get(name, 0) + value
     return extra
+
+
+def shift_copy_bytes(case: dict, spec: ModelSpec) -> int:
+    """``hf_shift_logits_copy`` (module docstring): the shifted fp32 copy at the loss's forward, 4 bytes a logit of
+    every position but each sample's last. ValueError unless the case plans the hf loss."""
+    if case["loss"] != "hf":
+        raise ValueError(f"{case['id']}: {SHIFT_COPY} is modelled beside the hf loss")
+    return 4 * case["micro_batch_size"] * (case["seq_len"] - 1) * (spec.vocab_size or 0)
 
 
 def fp32_logits_held_bytes(case: dict, spec: ModelSpec) -> dict[str, int]:
@@ -228,7 +245,8 @@ def main() -> None:
     cases = [c for c in json.loads((PROFILES_DIR / "published_memory.json").read_text())["cases"] if c.get("publisher_code")]
     fsdp1 = [c for c in cases if FSDP1_NO_SYNC in c["publisher_code"]]
     held = [c for c in cases if FP32_LOGITS_HELD in c["publisher_code"]]
-    cases = [c for c in cases if c not in fsdp1 and c not in held]
+    shifted = [c for c in cases if SHIFT_COPY in c["publisher_code"]]
+    cases = [c for c in cases if c not in fsdp1 and c not in held and c not in shifted]
     print("| case | published | estimate before | gap | head at rest | head dequantised | kept inputs / iteration "
           "| after (winning moment) | error before -> after | kept: this iteration only | no kept inputs |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |")
@@ -266,6 +284,22 @@ def main() -> None:
         truth = pm.published_bytes(case)
         err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
         print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {fp32_logits_held_bytes(case, plan.model)['loss_backward'] / GIB:.2f} | "
+              f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
+
+
+    if shifted:
+        print()
+        print("| case | kind | published | shifted fp32 copy (loss forward) | compared before -> after | error before -> after |")
+        print("| --- | --- | ---: | ---: | --- | --- |")
+    for case in shifted:
+        import published_memory as pm
+
+        plan = pm.plan_of(case)
+        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != SHIFT_COPY]}
+        (_, before, _, _), (_, after, _, _) = (pm.estimate(c).compared(case["kind"]) for c in (quiet, case))
+        truth = pm.published_bytes(case)
+        err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
+        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {shift_copy_bytes(case, plan.model) / GIB:.2f} | "
               f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
 
 

@@ -177,6 +177,12 @@ def simulator_cli(doc: str) -> bool:
     return not args.no_write
 
 
+def error_summary(rows: list[dict]) -> str:
+    """The simulator benchmarks' summary line: median and max |analytic_err_pct| over the rows."""
+    errs = [abs(r["analytic_err_pct"]) for r in rows]
+    return f"median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}% over {len(rows)} cases"
+
+
 def write_results(name: str, rows: list[dict], lines: list[str]) -> None:
     """benchmarks/results/``name``.csv (one row per dict) and ``name``.md (``lines``)."""
     RESULTS.mkdir(exist_ok=True)

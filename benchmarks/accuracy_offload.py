@@ -12,7 +12,6 @@ benchmarks/results/accuracy_offload.csv and .md.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -88,8 +87,7 @@ def main() -> None:
 
 def write(rows: list[dict], *, write_files: bool = True) -> str:
     """The summary line; and, with ``write_files``, benchmarks/results/accuracy_offload.csv and .md."""
-    errs = [abs(r["analytic_err_pct"]) for r in rows]
-    summary = f"median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}% over {len(rows)} cases"
+    summary = accuracy.error_summary(rows)
     if not write_files:
         return summary
     lines = ["# Activation offloading: the estimate against PyTorch's execution", "",

@@ -9,7 +9,6 @@ benchmarks/results/accuracy_variants.csv and .md. Goal (issue 11): within 3% on 
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -91,8 +90,7 @@ def main() -> None:
 
 def write(rows: list[dict], *, write_files: bool = True) -> str:
     """The summary line; and, with ``write_files``, benchmarks/results/accuracy_variants.csv and .md."""
-    errs = [abs(r["analytic_err_pct"]) for r in rows]
-    summary = f"median |err| {statistics.median(errs):.2f}%, max {max(errs):.2f}% over {len(rows)} cases"
+    summary = accuracy.error_summary(rows)
     if not write_files:
         return summary
     lines = ["# LoRA and loss kernels: the estimate against PyTorch's execution", "",

@@ -271,35 +271,27 @@ def main() -> None:
               f"{extra['loss_backward'] / GIB:.2f} | {(extra['block_backward'] - extra['loss_backward']) / GIB:+.2f} | "
               f"{r['after']:.2f} ({r['moment']}) | {err(r['before'])} -> {err(r['after'])} |")
 
-    if held:
-        print()
-        print("| case | kind | published | fp32 logits held (loss backward on) | compared before -> after | error before -> after |")
-        print("| --- | --- | ---: | ---: | --- | --- |")
-    for case in held:
-        import published_memory as pm
+    _mechanism_table(held, FP32_LOGITS_HELD, "fp32 logits held (loss backward on)",
+                     lambda case, spec: fp32_logits_held_bytes(case, spec)["loss_backward"])
+    _mechanism_table(shifted, SHIFT_COPY, "shifted fp32 copy (loss forward)", shift_copy_bytes)
 
+
+def _mechanism_table(cases: list[dict], name: str, column: str, bytes_of) -> None:
+    """One table for the cases whose ``publisher_code`` holds the logits mechanism ``name``: the published figure,
+    what ``bytes_of(case, spec)`` adds, and the compared estimate without and with it."""
+    import published_memory as pm
+
+    if cases:
+        print()
+        print(f"| case | kind | published | {column} | compared before -> after | error before -> after |")
+        print("| --- | --- | ---: | ---: | --- | --- |")
+    for case in cases:
         plan = pm.plan_of(case)
-        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != FP32_LOGITS_HELD]}
+        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != name]}
         (_, before, _, _), (_, after, _, _) = (pm.estimate(c).compared(case["kind"]) for c in (quiet, case))
         truth = pm.published_bytes(case)
         err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
-        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {fp32_logits_held_bytes(case, plan.model)['loss_backward'] / GIB:.2f} | "
-              f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
-
-
-    if shifted:
-        print()
-        print("| case | kind | published | shifted fp32 copy (loss forward) | compared before -> after | error before -> after |")
-        print("| --- | --- | ---: | ---: | --- | --- |")
-    for case in shifted:
-        import published_memory as pm
-
-        plan = pm.plan_of(case)
-        quiet = {**case, "publisher_code": [n for n in case["publisher_code"] if n != SHIFT_COPY]}
-        (_, before, _, _), (_, after, _, _) = (pm.estimate(c).compared(case["kind"]) for c in (quiet, case))
-        truth = pm.published_bytes(case)
-        err = lambda v: f"{100 * (v - truth) / truth:+.1f}%"  # noqa: E731
-        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {shift_copy_bytes(case, plan.model) / GIB:.2f} | "
+        print(f"| {case['id']} | {case['kind']} | {truth / GIB:.2f} | {bytes_of(case, plan.model) / GIB:.2f} | "
               f"{before / GIB:.2f} -> {after / GIB:.2f} | {err(before)} -> {err(after)} |")
 
 

@@ -46,7 +46,7 @@ class FromFile(BaseModel):
 def flag(option: str) -> str:
     if option.startswith("zero."):  # no CLI flag: a DeepSpeed size the plan takes from the file
         return f"DeepSpeed {option.removeprefix('zero.')}"
-    return "--gpus" if option == "num_gpus" else f"--{option.replace('_', '-')}"
+    return {"num_gpus": "--gpus", "lora_rank": "--lora"}.get(option, f"--{option.replace('_', '-')}")
 
 
 def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = True) -> tuple[dict[str, Any], FromFile]:
@@ -61,6 +61,9 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
         if option in _CLUSTER or option == "global_batch":
             continue
         typed = options.get(option)
+        if option == "model" and options.get("params") is not None:  # --params given: a size, not the file's model
+            overridden.append(Override(option=option, file_value=str(setting), given=f"--params {options['params']}"))
+            continue
         if typed is None:
             merged[option] = str(setting) if option == "micro_batch" else setting
         elif str(typed).lower() != str(setting).lower():

@@ -169,10 +169,11 @@ PLAN_OPTIONS: list[Callable] = [
                  help="N: pin HSDP replicas (dp_replicate) in the plan. on/off (export): check that the plan is / is not "
                       "hybrid-sharded; the export writes the plan."),
     click.option("--from", "from_file", metavar="FILE",
-                 help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a "
-                      "TrainingArguments JSON. It sets the recipe and every knob it fixes (strategy, engine, "
-                      "precision, batch, checkpointing, optimizer, degrees); options given here win over the "
-                      "file. --gpus NAME without a count takes the file's process count."),
+                 help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML, a torchtune "
+                      "YAML or a TrainingArguments JSON. It sets the recipe and every knob it fixes (strategy, engine, "
+                      "precision, batch, checkpointing, optimizer, degrees; torchtune's builder also the model and "
+                      "LoRA); options given here win over the file. --gpus NAME without a count takes the file's "
+                      "process count."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
                  "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),
 ]

@@ -1,7 +1,7 @@
 """The user's own training config read into plan settings (``advisor plan --from FILE``): the shared part.
 
-``read_config_file(path)`` reads an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML or a Hugging Face
-``TrainingArguments`` JSON and returns a ``ConfigFile``: each value it took (the file's key, what it says,
+``read_config_file(path)`` reads an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML, a torchtune YAML or a
+Hugging Face ``TrainingArguments`` JSON and returns a ``ConfigFile``: each value it took (the file's key, what it says,
 the plan option it sets), the keys it did not read, and notes where the file says something the plan
 models only approximately. The per-format readers live in ``advisor.planning.config_<format>``
 (``config_formats`` picks one); this module holds the result type, the typed key reader every format uses,
@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
 
-FileFormat = Literal["accelerate", "deepspeed", "torchtitan", "trainer"]
+FileFormat = Literal["accelerate", "deepspeed", "torchtitan", "torchtune", "trainer"]
 FORMAT_TITLES: dict[str, str] = {"accelerate": "accelerate config (YAML)", "deepspeed": "DeepSpeed config (JSON)",
-                                 "torchtitan": "torchtitan job config (TOML)",
+                                 "torchtitan": "torchtitan job config (TOML)", "torchtune": "torchtune config (YAML)",
                                  "trainer": "Hugging Face TrainingArguments (JSON)"}
 # The key a setting is credited to when the file's format, not one of its keys, implies it (a torchtitan file
 # runs the torchtitan recipe).

@@ -1,9 +1,10 @@
 """``read_config_file``: which training-config format a file is (``advisor plan --from FILE``), read by its reader.
 
-The format comes from the suffix (``.yaml``/``.yml`` accelerate, ``.toml`` torchtitan) and, for JSON, from its
-keys (DeepSpeed or TrainingArguments). One module per format reads it, and its docstring says which keys it
-reads and where their meaning is defined: ``advisor.planning.config_accelerate``, ``config_deepspeed``,
-``config_torchtitan``, ``config_trainer``. The shared part (the result type, the typed key reader, the
+The format comes from the suffix (``.yaml``/``.yml`` accelerate, or torchtune where a section names a torchtune
+``_component_``; ``.toml`` torchtitan) and, for JSON, from its keys (DeepSpeed or TrainingArguments). One module
+per format reads it, and its docstring says which keys it reads and where their meaning is defined:
+``advisor.planning.config_accelerate``, ``config_deepspeed``, ``config_torchtitan``, ``config_torchtune``,
+``config_trainer``. The shared part (the result type, the typed key reader, the
 reverse look-ups) is ``advisor.planning.config_file``.
 """
 
@@ -16,6 +17,7 @@ from advisor.planning.config_accelerate import read_accelerate
 from advisor.planning.config_deepspeed import read_deepspeed
 from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, load_json
 from advisor.planning.config_torchtitan import read_torchtitan
+from advisor.planning.config_torchtune import is_torchtune, read_torchtune
 from advisor.planning.config_trainer import read_trainer
 
 _TRAINER_KEYS = ("per_device_train_batch_size", "output_dir", "optim", "fsdp", "deepspeed", "gradient_checkpointing",
@@ -45,7 +47,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
-        kind = "accelerate"
+        kind = "torchtune" if isinstance(doc, dict) and is_torchtune(doc) else "accelerate"
     elif suffix == ".toml":
         import tomllib
 
@@ -58,8 +60,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         doc = load_json(path)
         kind = _json_format(doc, path)
     else:
-        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate .yaml, a DeepSpeed "
-                         "or TrainingArguments .json, or a torchtitan .toml")
+        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate or torchtune "
+                         ".yaml, a DeepSpeed or TrainingArguments .json, or a torchtitan .toml")
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the file holds no mapping of keys")
     return kind, doc
@@ -69,6 +71,7 @@ _READERS: dict[str, Callable[[Reader, Path], None]] = {
     "accelerate": read_accelerate,
     "deepspeed": lambda r, base: (read_deepspeed(r), r.take(FILE_FORMAT, "DeepSpeed", "recipe", "deepspeed")),
     "torchtitan": lambda r, base: read_torchtitan(r),
+    "torchtune": lambda r, base: read_torchtune(r),
     "trainer": read_trainer,
 }
 

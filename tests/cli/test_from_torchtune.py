@@ -1,0 +1,151 @@
+"""``advisor plan --from`` on torchtune's own YAML configs (tests/cli/configs/torchtune_*.yaml, copied unchanged
+from torchtune's recipes/configs at bd2a0fc7c): the knobs each fixes, read off the file by hand; the plan that
+follows, its model named by the file's builder (``profiles/torchtune_models.json``); bad files are one line and
+exit 2; and every mapped builder's shapes, read off torchtune's source into the table, are the bundled model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.planning.config_formats import read_config_file
+from advisor.planning.config_torchtune import torchtune_models
+from profiles import MODELS_DIR
+from tests.cli._main import run_main
+
+CONFIGS = Path(__file__).parent / "configs"
+LLAMA_8B_LORA_TARGETS = "q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"  # q, v, output_proj + the MLP's w1, w2, w3
+
+# What each file says, read by hand: the knobs it fixes.
+EXPECTED = {
+    # lora_llama3_1_8b, lora_rank 8 on q_proj, v_proj, output_proj and the MLP (apply_lora_to_mlp True), dropout 0.0;
+    # batch 2, accumulation 8, bf16, checkpointing False, AdamW fused, LinearCrossEntropyLoss; no FSDP key
+    "torchtune_llama3_1_8b_lora.yaml": {
+        "model": "meta-llama/Llama-3.1-8B", "lora_rank": 8, "lora_targets": LLAMA_8B_LORA_TARGETS, "micro_batch": 2,
+        "gradient_accumulation": 8, "precision": "bf16", "activation_checkpointing": "off", "optimizer": "adamw",
+        "optimizer_impl": "fused", "loss": "chunked", "recipe": "torchtune", "engine": "torch"},
+    # qlora_llama3_2_3b: rank 64 on the same modules, NF4 base; batch 4, accumulation 8, bf16, checkpointing True,
+    # AdamW fused, LinearCrossEntropyLoss; a single-device config (no FSDP key)
+    "torchtune_llama3_2_3b_qlora_single_device.yaml": {
+        "model": "meta-llama/Llama-3.2-3B", "lora_rank": 64, "lora_targets": LLAMA_8B_LORA_TARGETS, "quantize": "nf4",
+        "micro_batch": 4, "gradient_accumulation": 8, "precision": "bf16", "activation_checkpointing": "on",
+        "optimizer": "adamw", "optimizer_impl": "fused", "loss": "chunked", "recipe": "torchtune", "engine": "torch"},
+    # llama3_1_8b full: batch 2, accumulation 1, bf16, checkpointing True, AdamW fused, LinearCrossEntropyLoss;
+    # custom_sharded_layers makes it a distributed config: FSDP2 resharding after forward, no CPU offload (zero3)
+    "torchtune_llama3_1_8b_full.yaml": {
+        "model": "meta-llama/Llama-3.1-8B", "micro_batch": 2, "gradient_accumulation": 1, "precision": "bf16",
+        "activation_checkpointing": "on", "optimizer": "adamw", "optimizer_impl": "fused", "loss": "chunked",
+        "engine": "torch", "strategy": "zero3", "recipe": "torchtune"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_torchtunes_own_config_is_read_into_the_knobs_it_fixes(name):
+    config = read_config_file(CONFIGS / name)
+    assert config.format == "torchtune"
+    assert config.settings == EXPECTED[name]
+    assert {"optimizer.lr", "checkpointer.*", "metric_logger.*", "profiler.*"} <= set(config.not_read)
+    assert any("max_seq_len is null" in note for note in config.notes)  # every one leaves the length to --seq-len
+
+
+def _plan(capsys, *args: str) -> dict:
+    code, out, err = run_main(["plan", *args, "--json"], capsys)
+    assert code in (0, 3), err
+    return json.loads(out)
+
+
+def test_the_full_fine_tune_on_the_four_gpus_its_comment_names(capsys):
+    """No --model: the builder names it. The file's FSDP run: zero3, micro-batch 2, checkpointing, pure bf16,
+    fused AdamW, under the torchtune recipe; no accumulation (gradient_accumulation_steps 1)."""
+    doc = _plan(capsys, "--gpus", "4xA100", "--seq-len", "2048", "--from",
+                str(CONFIGS / "torchtune_llama3_1_8b_full.yaml"))
+    rec, training = doc["recommendation"], doc["training"]
+    assert doc["model"]["name"] == "meta-llama/Llama-3.1-8B"
+    assert (rec["strategy"], rec["micro_batch_size"], rec["activation_checkpointing"]) == ("zero3", 2, True)
+    assert (training["recipe"], training["precision"], training["optimizer_impl"], training["loss"]) == (
+        "torchtune", "bf16", "fused", "chunked")
+    assert training["global_batch_size"] is None
+
+
+def test_the_single_device_qlora_on_a_4090(capsys):
+    """Rank 64 adapters on q, v, o and the MLP over an nf4 base; accumulation 8 on one GPU: global batch 32."""
+    doc = _plan(capsys, "--gpus", "1xRTX4090", "--seq-len", "2048", "--from",
+                str(CONFIGS / "torchtune_llama3_2_3b_qlora_single_device.yaml"))
+    training = doc["training"]
+    assert training["lora"]["rank"] == 64 and training["lora"]["targets"] == LLAMA_8B_LORA_TARGETS.split(",")
+    assert (training["quantize"], training["global_batch_size"], training["micro_batch_size"]) == ("nf4", 32, 4)
+    rec = doc["recommendation"]
+    ran = next(c for c in doc["candidates"] if c["strategy"] == rec["strategy"])
+    assert (rec["strategy"], ran["runs_as"][:15], rec["gradient_accumulation_steps"]) == ("ddp", "the plain model", 8)
+
+
+def test_the_text_output_names_the_builder_and_the_lora_keys(capsys):
+    code, out, err = run_main(["plan", "-g", "2xA100", "--seq-len", "2048", "--from",
+                               str(CONFIGS / "torchtune_llama3_1_8b_lora.yaml")], capsys)
+    assert code == 0, err
+    head = out.split("\n\n")[0].splitlines()
+    assert head[0].endswith("(torchtune config (YAML)):")
+    assert "  model._component_: torchtune.models.llama3_1.lora_llama3_1_8b -> --model meta-llama/Llama-3.1-8B" in head
+    assert "  model.lora_rank: 8 -> --lora 8" in head
+    assert any(line.startswith("  model.lora_attn_modules + apply_lora_to_mlp") and line.endswith(
+        f"--lora-targets {LLAMA_8B_LORA_TARGETS}") for line in head)
+
+
+def test_params_typed_replace_the_builders_model(capsys):
+    doc = _plan(capsys, "--params", "8B", "-g", "2xA100", "--from", str(CONFIGS / "torchtune_llama3_1_8b_full.yaml"))
+    assert {"option": "model", "file_value": "meta-llama/Llama-3.1-8B", "given": "--params 8B"} in \
+        doc["from_file"]["overridden"]
+
+
+def _torchtune_yaml(model: str) -> str:
+    return f"model:\n{model}\nbatch_size: 1\ndtype: bf16\n"
+
+
+@pytest.mark.parametrize("model,message", [
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_attn_modules: ['q_proj']",
+     "model.lora_rank is missing: lora_llama3_1_8b is a LoRA builder"),
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: ['qkv']",
+     "model.lora_attn_modules names 'qkv': torchtune's are q_proj, k_proj, v_proj, output_proj"),
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: q_proj",
+     "model.lora_attn_modules must be a list of q_proj, k_proj, v_proj, output_proj"),
+])
+def test_a_bad_lora_section_is_one_line_and_exit_2(model, message, tmp_path, capsys):
+    path = tmp_path / "tune.yaml"
+    path.write_text(_torchtune_yaml(model))
+    code, out, err = run_main(["plan", "-g", "A100", "--from", str(path)], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_unmapped_builder_leaves_the_model_to_the_command_line(tmp_path, capsys):
+    path = tmp_path / "phi3.yaml"
+    path.write_text(_torchtune_yaml("  _component_: torchtune.models.phi3.phi3_mini"))
+    config = read_config_file(path)
+    assert "model" not in config.settings and config.settings["recipe"] == "torchtune"
+    assert any(note.startswith("model torchtune.models.phi3.phi3_mini is not mapped") for note in config.notes)
+    code, _, err = run_main(["plan", "-g", "A100", "--from", str(path)], capsys)
+    assert code == 2 and "give exactly one of --model or --params" in err
+
+
+def test_a_yaml_without_torchtune_components_stays_an_accelerate_config(tmp_path):
+    path = tmp_path / "other.yaml"
+    path.write_text("model:\n  _component_: mylib.build\nmixed_precision: bf16\n")
+    assert read_config_file(path).format == "accelerate"
+
+
+@pytest.mark.parametrize("builder", sorted(torchtune_models()["builders"]))
+def test_each_builder_is_mapped_to_a_bundled_model_of_its_shapes(builder):
+    """The shapes in the table were read off torchtune's _model_builders.py; the bundled config.json must agree
+    (tied embeddings only where the builder says, as Qwen2.5's small models and Llama 3.2 tie theirs)."""
+    row = torchtune_models()["builders"][builder]
+    cfg = json.loads((MODELS_DIR / f"{row['model']}.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    shapes = row["shapes"]
+    assert (cfg["vocab_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"],
+            cfg["intermediate_size"]) == (shapes["vocab_size"], shapes["num_layers"], shapes["num_heads"],
+                                          shapes["embed_dim"], shapes["intermediate_dim"])
+    assert cfg.get("num_key_value_heads", cfg["num_attention_heads"]) == shapes["num_kv_heads"]
+    if "tie_word_embeddings" in shapes:
+        assert cfg.get("tie_word_embeddings") == shapes["tie_word_embeddings"]

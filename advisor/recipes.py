@@ -150,6 +150,11 @@ class Recipe(BaseModel):
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
 
+    torch_strategies: tuple[str, ...] | None = Field(
+        default=None, min_length=1, description="The data-parallel strategies (advisor.strategies) its own loop runs "
+        "on the torch engine across GPUs, as its configuration expresses them; the others are unavailable in its "
+        "plans (one GPU runs the plain model under every stack; DeepSpeed's stages come from the strategy table). "
+        "None: every one (wrap() applies them all).")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
@@ -170,7 +175,8 @@ class Recipe(BaseModel):
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
-                                      "adapter_units", "chunked_logits", "compile_loss", "precisions")
+                                      "adapter_units", "chunked_logits", "compile_loss", "precisions",
+                                      "torch_strategies")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

@@ -68,3 +68,51 @@ def test_torchtune_export_names_its_own_loss():
     notes = _training_notes(TrainingConfig(recipe="torchtune", compile=True))
     assert any("torchtune recipe's own chunked cross-entropy compiled chunk by chunk" in n for n in notes)
     assert not any("the plan's memory assumes it" in n and "--loss chunked" in n for n in notes)
+
+
+def test_each_stacks_strategies_are_torch_strategies_of_the_table():
+    from typing import get_args
+
+    from advisor.strategies import STRATEGIES, StrategyName
+
+    for recipe in load_recipes().values():
+        for name in recipe.torch_strategies or ():
+            assert name in get_args(StrategyName) and STRATEGIES[name].on("torch").available, (recipe.name, name)
+    assert get_recipe("torch").torch_strategies is None  # wrap() applies every one
+
+
+def test_lightning_registers_no_data_parallel_strategy():
+    """Lightning 2 removed DataParallel: the row leaves dp out, and its registry agrees."""
+    strategies = pytest.importorskip("lightning.pytorch.strategies")
+    names = strategies.StrategyRegistry.available_strategies()
+    assert "ddp" in names and "fsdp" in names and "dp" not in names
+    assert "dp" not in get_recipe("lightning").torch_strategies
+
+
+@pytest.mark.parametrize("package", ["accelerate", "transformers"])
+def test_the_trainer_stack_never_builds_torchs_zero_redundancy_optimizer(package):
+    """ZeRO-1 on the torch engine is DDP + torch's ZeroRedundancyOptimizer; no file of accelerate or transformers
+    names it, so the trainer row leaves zero1 to DeepSpeed."""
+    from pathlib import Path
+
+    root = Path(pytest.importorskip(package).__file__).parent
+    assert not [p for p in root.rglob("*.py") if "ZeroRedundancyOptimizer" in p.read_text(errors="ignore")]
+    assert "zero1" not in get_recipe("trainer").torch_strategies
+
+
+def test_a_stacks_plan_offers_only_what_its_loop_runs():
+    """torchtune on 2 GPUs: FSDP2 only (no DDP, DataParallel or ZeRO-1 candidate), each with the reason; one GPU is
+    the plain model, which its single-device recipes run. The trainer keeps DataParallel and DDP, and ZeRO-1 on
+    DeepSpeed."""
+    from advisor.planning.api import plan
+
+    two = plan("meta-llama/Llama-3.2-1B", "2xA100", recipe="torchtune")
+    offered = {c.strategy for c in two.candidates if c.available and c.mesh is None}
+    assert offered == {"zero2", "zero3", "zero2_offload", "zero3_offload"}
+    ddp = two.candidate("ddp")
+    assert ddp.unavailable_reason.startswith("the torchtune recipe does not run DistributedDataParallel")
+    one = plan("meta-llama/Llama-3.2-1B", "1xA100", recipe="torchtune")
+    assert one.candidate("ddp").available and one.recommendation.strategy == "ddp"
+    trainer = plan("meta-llama/Llama-3.2-1B", "2xA100", recipe="trainer")
+    assert {c.strategy for c in trainer.candidates if not c.available} == {"zero1"}
+    assert plan("meta-llama/Llama-3.2-1B", "2xA100", recipe="trainer", engine="deepspeed").candidate("zero1").available

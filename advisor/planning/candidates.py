@@ -248,6 +248,14 @@ def evaluate_candidate(
     stages: dict[tuple[int, str], object] = {}  # pipeline meshes: every rank's memory (advisor.estimate.pipeline)
     if not impl.available:
         return Candidate(**base, available=False, unavailable_reason=impl.reason)
+    stack = training.recipe.torch_strategies
+    if impl.engine == "torch" and stack is not None and name not in stack and not runs_plain(impl, hardware.world_size):
+        other = STRATEGIES[name].on("deepspeed")
+        instead = (f"; --engine deepspeed runs {name} ({other.runs_as})"
+                   if "deepspeed" in training.recipe.engines and other.available else "")
+        return Candidate(**base, available=False, unavailable_reason=(
+            f"the {training.recipe.name} recipe does not run {impl.runs_as}: its loop runs "
+            f"{', '.join(stack)} (profiles/recipes.json torch_strategies){instead}"))
     if training.optimizer_in_backward and not runs_plain(impl, hardware.world_size):  # advisor.estimate.in_backward
         return Candidate(**base, available=False, unavailable_reason="--optimizer-in-backward runs on the plain model "
                          "of one GPU (torchtune's single-device recipe), not under " + impl.runs_as)

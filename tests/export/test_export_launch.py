@@ -104,19 +104,25 @@ def test_export_every_format_to_its_default_file(in_tmp):
 
 
 def test_export_of_a_pinned_strategy_it_cannot_write_names_the_one_to_plan(in_tmp):
-    # --strategy zero1 on torch: the plan evaluated nothing else, and the export estimates nothing, so exit 2
-    # naming what to plan instead (it used to re-run the estimator and write DDP).
+    # --strategy zero1 on torch: the accelerate format plans with the trainer recipe, whose loop cannot run it (no
+    # ZeroRedundancyOptimizer in accelerate or the Trainer), so exit 2 naming the engine that runs it; under the torch
+    # recipe the plan evaluates nothing else, and the export estimates nothing, so exit 2 naming what to plan instead.
     result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-3B", "--gpus", "2xA100", "--strategy", "zero1", "-o", "-"])
     assert isinstance(result.exception, ValueError) and not result.stdout
+    message = str(result.exception)
+    assert "the trainer recipe does not run DDP + ZeroRedundancyOptimizer" in message
+    assert message.endswith("--engine deepspeed runs zero1 (DeepSpeed ZeRO stage 1)")
+    result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-3B", "--gpus", "2xA100", "--strategy", "zero1",
+                                      "--recipe", "torch", "-o", "-"])
     message = str(result.exception)
     assert message.startswith("zero1 on the torch engine") and "--engine deepspeed" in message
     assert message.endswith("plan it with --strategy ddp")
 
 
 def test_export_refuses_when_nothing_fits(in_tmp):
-    result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy", "zero1"])
+    result = CliRunner().invoke(cli, ["export", "--model", "Qwen/Qwen2.5-7B", "--gpus", "2xA100", "--strategy", "ddp"])
     assert isinstance(result.exception, ValueError)
-    assert "zero1 does not fit" in str(result.exception) and "fits on these 2 x A100-80GB-SXM" in str(result.exception)
+    assert "ddp does not fit" in str(result.exception) and "fits on these 2 x A100-80GB-SXM" in str(result.exception)
     assert not (in_tmp / "accelerate_config.yaml").exists()
 
 

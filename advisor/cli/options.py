@@ -120,6 +120,10 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--fsdp-version", type=click.IntRange(1, 2), help="FSDP the sharded torch strategies run: 2 "
                  "(fully_shard, default) or 1 (FullyShardedDataParallel, flat parameters: accelerate's default). "
                  "wrap() and the exports apply FSDP2."),
+    click.option("--torch-release", "torch_release", metavar="VERSION",
+                 help="The torch release the run uses, where a release changes what is allocated "
+                      "(profiles/library_releases.json: FSDP2 reshards its root after forward since 2.8.0); "
+                      "default: the newest release's behaviour."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -199,6 +203,7 @@ _TRAINING_FIELDS = {
     "accumulation_sync": "accumulation_sync",
     "optimizer_in_backward": "optimizer_in_backward",
     "activation_offload": "activation_offload",
+    "torch_release": "torch_release",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",

@@ -21,7 +21,7 @@ from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import adapts_output_head, lora_of, with_lora
-from advisor.model.releases import installed_release
+from advisor.model.releases import behaviour_in, installed_release, load_release_behaviours
 from advisor.model.loss_kernels import HEAD_ADAPTER
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -163,6 +163,18 @@ def _with_bitsandbytes(training: TrainingConfig, notes: list[str]) -> TrainingCo
             training = validated_copy(training, {"bitsandbytes": installed})
     notes.append(bitsandbytes_note(training.bitsandbytes, installed=not given))
     return training
+
+
+def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
+    """With --torch-release, which of torch's allocation-changing behaviours (profiles/library_releases.json) the
+    plan counts; without it the newest release's, unsaid (plans made before the option read the same)."""
+    release = training.torch_release
+    if release is None:
+        return
+    rows = [b for b in load_release_behaviours() if b.library == "torch"]
+    said = "; ".join(f"{b.name.replace('_', ' ')}: {'yes' if behaviour_in(b.name, release) else 'no'} (since {b.since})"
+                     for b in rows)
+    notes.append(f"torch {release} (--torch-release): {said}")
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
@@ -323,6 +335,7 @@ def plan(
         check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
     training = _with_bitsandbytes(training, notes)
+    _torch_release_note(training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem
 

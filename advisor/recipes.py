@@ -155,6 +155,11 @@ class Recipe(BaseModel):
         "on the torch engine across GPUs, as its configuration expresses them; the others are unavailable in its "
         "plans (one GPU runs the plain model under every stack; DeepSpeed's stages come from the strategy table). "
         "None: every one (wrap() applies them all).")
+    fsdp_root_reshards: bool = Field(default=True, description="Under ZeRO-3 its loop asks FSDP2's root unit (the "
+                                     "model, holding the embedding, final norm and head) to reshard after forward "
+                                     "too, which torch >= 2.8 honours (library_releases.json "
+                                     "fsdp2_root_reshards_after_forward): the loss backward gathers the root again. "
+                                     "False: the root stays unsharded from its forward to its backward.")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
@@ -174,6 +179,8 @@ class Recipe(BaseModel):
             missing.append("fsdp_reduce_dtype")
         if not self.autocast_cache and not self.sources.get("autocast_cache"):
             missing.append("autocast_cache")
+        if not self.fsdp_root_reshards and not self.sources.get("fsdp_root_reshards"):
+            missing.append("fsdp_root_reshards")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
                                       "adapter_units", "chunked_logits", "compile_loss", "precisions",
                                       "torch_strategies")

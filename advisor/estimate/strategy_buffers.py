@@ -137,8 +137,9 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # unsharded copy (the output is freed before the last block's prefetch); one rank: its copy-in.
         # Before torch 2.8 FSDP2 kept the root unsharded from its forward to its backward (library_releases.json):
         # no second gather; the root is in at_loss as it is.
-        regathers = impl.reshard_after_forward and behaviour_in("fsdp2_root_reshards_after_forward",
-                                                                training.torch_release)
+        # A stack that keeps its root unsharded (Recipe.fsdp_root_reshards: torchtune, torchtitan) never gathers it again.
+        regathers = (impl.reshard_after_forward and training.recipe.fsdp_root_reshards
+                     and behaviour_in("fsdp2_root_reshards_after_forward", training.torch_release))
         backward_start = root + (ag_root if gathers else root_copy) + h2d if regathers else None
         # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
         # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is

@@ -174,7 +174,9 @@ def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
     rows = [b for b in load_release_behaviours() if b.library == "torch"]
     said = "; ".join(f"{b.name.replace('_', ' ')}: {'yes' if behaviour_in(b.name, release) else 'no'} (since {b.since})"
                      for b in rows)
-    notes.append(f"torch {release} (--torch-release): {said}")
+    kept = ("" if training.recipe.fsdp_root_reshards else f" (the {training.recipe.name} recipe keeps its root "
+            "unsharded after forward on every release)")
+    notes.append(f"torch {release} (--torch-release): {said}{kept}")
 
 
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],

@@ -287,9 +287,10 @@ def _wrap_recipe(net: Any, strategy: str, impl: Implementation, training: Traini
     recipe = Recipe(strategy=strategy, precision=training.precision, checkpointing=mode,
                     shard_experts_on_dim1=training.recipe.shard_experts_on_dim1,
                     reduce_in_compute_dtype=training.recipe.fsdp_reduce_dtype == "compute",
-                    # an older torch's root, unsharded from its forward to its backward (library_releases.json)
-                    root_reshard_after_forward=None if behaviour_in("fsdp2_root_reshards_after_forward",
-                                                                    training.torch_release) else False)
+                    # an older torch's root, unsharded from its forward to its backward (library_releases.json),
+                    # or a stack's that asks for that (Recipe.fsdp_root_reshards)
+                    root_reshard_after_forward=None if training.recipe.fsdp_root_reshards and behaviour_in(
+                        "fsdp2_root_reshards_after_forward", training.torch_release) else False)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

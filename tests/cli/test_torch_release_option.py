@@ -47,3 +47,11 @@ def test_a_release_that_is_no_number_is_one_line_and_exit_2(value, capsys):
     code, out, err = run_main([*ARGS, "--torch-release", value], capsys)
     assert code == 2 and not out and "Traceback" not in err
     assert "is not a release number" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_stack_that_keeps_its_root_says_so(capsys):
+    code, out, err = run_main([*ARGS, "--recipe", "torchtune", "--precision", "bf16", "--torch-release", "2.9.0"],
+                              capsys)
+    assert code == 0, err
+    note = next(a for a in json.loads(out)["assumptions"] if "--torch-release" in a)
+    assert note.endswith("(the torchtune recipe keeps its root unsharded after forward on every release)")

@@ -87,7 +87,7 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--lora", "lora_rank", type=click.IntRange(1, 65536),
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
-    click.option("--dora", is_flag=True, help="DoRA: LoRA plus a magnitude vector per target."),
+    click.option("--dora", is_flag=True, default=None, help="DoRA: LoRA plus a magnitude vector per target."),
     click.option("--lora-dropout", type=FiniteRange(0, 1, max_open=True), help="Dropout on the adapters' input (default 0)."),
     click.option("--lora-modules-to-save", "lora_modules_to_save",
                  help="Comma-separated modules PEFT trains a full copy of (modules_to_save), e.g. embed_tokens,lm_head "

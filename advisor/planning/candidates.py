@@ -257,8 +257,8 @@ def evaluate_candidate(
             f"the {training.recipe.name} recipe does not run {impl.runs_as}: its loop runs "
             f"{', '.join(stack)} (profiles/recipes.json torch_strategies){instead}"))
     if training.optimizer_in_backward and not runs_plain(impl, hardware.world_size):  # advisor.estimate.in_backward
-        return Candidate(**base, available=False, unavailable_reason="--optimizer-in-backward runs on the plain model "
-                         "of one GPU (torchtune's single-device recipe), not under " + impl.runs_as)
+        return Candidate(**base, available=False, unavailable_reason="--optimizer-in-backward is modelled on the plain "
+                         "model of one GPU (torchtune's single-device recipes), not under " + impl.runs_as)
     quantized_reason = quantization_unavailable(impl, training.quantize)
     if quantized_reason is not None:
         return Candidate(**base, available=False, unavailable_reason=quantized_reason)

@@ -118,7 +118,8 @@ class Reader:
         if isinstance(value, float) and value.is_integer():  # JSON's 1e9
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"must be an integer, got {_shown(value)}")
+            raise self.fail(key, f"must be an integer, got {value!r}"[:160] if isinstance(value, str) else
+                            f"must be an integer, got {_shown(value)}")
         if low is not None and value < low:
             raise self.fail(key, f"must be at least {low}, got {value}")
         return value

@@ -1,15 +1,18 @@
 """The torchtune YAML reader (``advisor plan --from 8B_lora.yaml``).
 
 Which keys it reads, and what they mean, from the framework's own recipes (torchtune at bd2a0fc7,
-recipes/full_finetune_distributed.py, lora_finetune_distributed.py, and their single-device twins, which read
-the same keys): ``model._component_`` (a builder, planned as the bundled model ``profiles/torchtune_models.json``
-maps it to; a ``lora_`` builder is LoRA with ``lora_rank``, ``lora_attn_modules``, ``apply_lora_to_mlp``,
-``apply_lora_to_output``, ``lora_dropout``, ``use_dora``, and a ``qlora_`` one also quantises the base),
-``batch_size``, ``gradient_accumulation_steps``, ``tokenizer.max_seq_len``, ``dataset.packed``, ``dtype``,
-``enable_activation_checkpointing``, ``ac_mode``, ``enable_activation_offloading``, ``compile``, ``optimizer``
-(``_component_`` and ``fused``), ``optimizer_in_bwd``, ``loss._component_``, and the distributed recipes'
-``fsdp_cpu_offload``, ``fsdp_reshard_after_forward`` and mesh sizes (``tensor_parallel_dim``,
-``context_parallel_dim``, ``data_parallel_replicate_dim``, ``data_parallel_shard_dim``, ``custom_sharded_layers``).
+recipes/full_finetune_distributed.py, lora_finetune_distributed.py, and their single-device twins):
+``model._component_`` (a builder, planned as the bundled model ``profiles/torchtune_models.json`` maps it to; a
+``lora_`` builder is LoRA with ``lora_rank``, ``lora_attn_modules``, ``apply_lora_to_mlp``, ``lora_dropout``,
+``use_dora``, ``quantize_base`` (``apply_lora_to_output`` refused on a tied head, as torchtune does, else left out
+with a note), and a ``qlora_`` one quantises the base), ``batch_size``, ``gradient_accumulation_steps``,
+``tokenizer.max_seq_len``, ``dataset.packed``, ``dtype`` (null: fp32, ``training.get_dtype``),
+``enable_activation_checkpointing`` and, for a full fine-tune only, ``ac_mode`` / ``ac_option`` under
+full_finetune_distributed's conditions, ``enable_activation_offloading``, ``compile`` (or its ``model`` key),
+``optimizer`` (``_component_`` and ``fused``), ``optimizer_in_bwd`` (full fine-tunes: the LoRA recipes ignore it),
+``loss._component_``, and the distributed recipes' ``fsdp_cpu_offload``, ``fsdp_reshard_after_forward`` and mesh
+sizes (``tensor_parallel_dim``, ``context_parallel_dim``, ``data_parallel_replicate_dim``,
+``data_parallel_shard_dim``, ``custom_sharded_layers``).
 
 A YAML file is torchtune's when one of its sections names a torchtune ``_component_``
 (``advisor.planning.config_formats``); any other YAML is read as an accelerate config.
@@ -63,7 +66,7 @@ def is_torchtune(doc: dict[str, Any]) -> bool:
 
 
 def read_torchtune(r: Reader) -> None:
-    _model(r)
+    row, lora = _model(r)
     take_batch(r, micro="batch_size", accumulation="gradient_accumulation_steps")
     length = r.integer("tokenizer.max_seq_len", low=1)
     packed = r.flag("dataset.packed")
@@ -75,87 +78,162 @@ def read_torchtune(r: Reader) -> None:
     elif "tokenizer" in r.doc:
         r.notes.append("tokenizer.max_seq_len is null: samples are as long as the dataset's; give --seq-len "
                        "(default 2048)")
-    dtype = r.choice("dtype", {"bf16": "bf16", "fp32": "fp32"})
-    if dtype is not None:  # torchtune builds the whole model in this dtype and runs no autocast
-        r.take("dtype", dtype, "precision", dtype)
-    checkpointing = r.flag("enable_activation_checkpointing")
-    if checkpointing is not None:
-        r.take("enable_activation_checkpointing", checkpointing, "activation_checkpointing",
-               "on" if checkpointing else "off")
-    mode = r.text("ac_mode")
-    if checkpointing and mode is not None and mode.lower() == "selective":
-        r.raw("ac_option")
-        r.notes.append("ac_mode selective (every ac_option-th layer checkpointed) is not modelled: planned with "
-                       "every layer checkpointed")
-    for key, option in (("enable_activation_offloading", "activation_offload"), ("compile", "compile"),
-                        ("optimizer_in_bwd", "optimizer_in_backward")):
-        if r.flag(key):
-            r.take(key, True, option, 1)
+    if "dtype" in r.doc and r.doc["dtype"] is None:  # training.get_dtype(None) is float32
+        r.raw("dtype")
+        r.take("dtype", "null", "precision", "fp32")
+    else:
+        dtype = r.choice("dtype", {"bf16": "bf16", "fp32": "fp32"})
+        if dtype is not None:  # torchtune builds the whole model in this dtype and runs no autocast
+            r.take("dtype", dtype, "precision", dtype)
+    _checkpointing(r, lora)
+    if r.flag("enable_activation_offloading"):
+        r.take("enable_activation_offloading", True, "activation_offload", 1)
+    _compile(r)
+    in_backward = r.flag("optimizer_in_bwd")
+    if in_backward and lora:
+        r.notes.append("optimizer_in_bwd is read by the full fine-tune recipes only: the LoRA recipes ignore it")
+    elif in_backward:
+        r.take("optimizer_in_bwd", True, "optimizer_in_backward", 1)
     _optimizer(r)
-    loss = r.text("loss._component_")
-    if loss is not None:
-        if loss in _LOSSES:
-            kernel, note = _LOSSES[loss]
-            r.take("loss._component_", loss, "loss", kernel)
-            if note:
-                r.notes.append(note)
-        else:
-            r.notes.append(f"loss {loss} is not modelled: planned with the recipe's chunked cross-entropy")
+    _loss(r, row)
     _distributed(r)
     r.take(FILE_FORMAT, "torchtune", "recipe", "torchtune")
     r.take(FILE_FORMAT, "torchtune", "engine", "torch")
 
 
-def _model(r: Reader) -> None:
+def _checkpointing(r: Reader, lora: bool) -> None:
+    """full_finetune_distributed checkpoints every layer when enable_activation_checkpointing is true and ac_mode
+    unset, and applies ac_mode (full, or selective: every ac_option-th layer, or 'op') only when
+    enable_activation_checkpointing is false; with both set it checkpoints nothing. The other recipes read
+    enable_activation_checkpointing alone."""
+    enabled = r.flag("enable_activation_checkpointing")
+    mode = None if lora else r.text("ac_mode")
+    option = None if lora else r.raw("ac_option")
+    if lora and r.raw("ac_mode") is not None:
+        r.notes.append("ac_mode is read by full_finetune_distributed only: the LoRA recipes ignore it")
+    if mode is None:
+        if enabled is not None:
+            r.take("enable_activation_checkpointing", enabled, "activation_checkpointing", "on" if enabled else "off")
+        return
+    if enabled:
+        r.take("enable_activation_checkpointing + ac_mode", f"true, {mode}", "activation_checkpointing", "off")
+        r.notes.append("enable_activation_checkpointing true with ac_mode set: full_finetune_distributed applies "
+                       "neither (the selective path runs only when enable_activation_checkpointing is false)")
+    elif mode.lower() == "full":
+        r.take("ac_mode", mode, "activation_checkpointing", "on")
+    elif mode.lower() == "selective" and str(option).lower() == "op":
+        r.take("ac_mode + ac_option", f"{mode}, op", "activation_checkpointing", "selective")
+        r.notes.append("ac_option op: torchtune's per-op selective checkpointing, planned as torchtitan's op list")
+    elif mode.lower() == "selective":
+        r.notes.append(f"ac_mode selective with ac_option {option}: one layer in {option} checkpointed is not "
+                       "modelled; the plan chooses checkpointing (every layer holds less than the run, none more)")
+    elif mode.lower() == "none":
+        r.take("ac_mode", mode, "activation_checkpointing", "off")
+    else:
+        raise r.fail("ac_mode", f"must be one of none, full, selective, got {mode!r}")
+
+
+def _compile(r: Reader) -> None:
+    """``compile: true``, or the distributed full recipe's ``compile: {model: .., loss: ..}``."""
+    if isinstance(r.doc.get("compile"), dict):
+        if r.flag("compile.model"):
+            r.take("compile.model", True, "compile", 1)
+            if r.flag("compile.loss") is False:
+                r.notes.append("compile.loss false: the loss runs eager, planned compiled with the model (the "
+                               "recipe's compile_loss)")
+        return
+    if r.flag("compile"):
+        r.take("compile", True, "compile", 1)
+
+
+def _loss(r: Reader, row: dict[str, Any] | None) -> None:
+    loss = r.text("loss._component_")
+    if loss is None:
+        return
+    if loss not in _LOSSES:
+        r.notes.append(f"loss {loss} is not modelled: planned with the recipe's chunked cross-entropy")
+        return
+    kernel, note = _LOSSES[loss]
+    if kernel == "chunked" and row is not None and row.get("softcapped_logits"):
+        r.take("loss._component_", loss, "loss", "hf")
+        r.notes.append(f"{row['model']} transforms its logits before the loss (soft-capping), which the planner's "
+                       "chunked loss does not: planned with the full-logits loss, which holds more than the chunks")
+        return
+    r.take("loss._component_", loss, "loss", kernel)
+    if note:
+        r.notes.append(note)
+
+
+def _model(r: Reader) -> tuple[dict[str, Any] | None, bool]:
+    """The builder's model and LoRA settings; returns (the builder's table row or None, whether it is LoRA)."""
     component = r.text("model._component_")
     if component is None:
-        return
+        return None, False
     builder = component.rsplit(".", 1)[-1]
     kind = next((prefix for prefix in ("qlora_", "lora_") if builder.startswith(prefix)), "")
-    row = torchtune_models()["builders"].get(builder.removeprefix(kind))
+    base = builder.removeprefix(kind)
+    row = torchtune_models()["builders"].get(base)
     if row is None:
         r.notes.append(f"model {component} is not mapped to a bundled model: give it with --model")
     else:
+        if kind == "qlora_" and not row["qlora"]:
+            raise r.fail("model._component_", f"names {builder}: torchtune has no QLoRA builder for {base} (use "
+                         f"lora_{base})")
         r.take("model._component_", component, "model", row["model"])
     if not kind:
-        return
+        return row, False
     rank = r.integer("model.lora_rank", low=1)
     if rank is None:
         raise r.fail("model.lora_rank", f"is missing: {builder} is a LoRA builder")
     r.take("model.lora_rank", rank, "lora_rank", rank)
-    r.take("model.lora_attn_modules + apply_lora_to_mlp + apply_lora_to_output", _targets_shown(r), "lora_targets",
-           ",".join(_targets(r)))
+    r.take("model.lora_attn_modules + apply_lora_to_mlp", _targets_shown(r), "lora_targets", ",".join(_targets(r)))
+    _output_adapter(r, row)
     dropout = r.raw("model.lora_dropout")
-    if isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and dropout > 0:
+    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
+                                or not 0 <= dropout < 1):
+        raise r.fail("model.lora_dropout", f"must be a number from 0 to below 1, got {dropout!r}")
+    if dropout:
         r.take("model.lora_dropout", dropout, "lora_dropout", str(dropout))
     if r.flag("model.use_dora"):
         r.take("model.use_dora", True, "dora", 1)
     r.raw("model.lora_alpha")  # a scale: no memory or time
-    if kind == "qlora_":
-        r.take("model._component_", component, "quantize", "nf4")
-        r.notes.append("qlora_: torchao's NF4 base weights, planned as bitsandbytes nf4 with double quantisation "
-                       "(the same bytes a weight)")
+    quantize_base = r.flag("model.quantize_base")
+    if kind == "qlora_" or quantize_base:
+        key = "model.quantize_base" if quantize_base else "model._component_"
+        r.take(key, True if quantize_base else component, "quantize", "nf4")
+        r.notes.append("NF4 base (torchao): planned as bitsandbytes nf4 with double quantisation (the same bytes a "
+                       "weight)")
+    return row, True
 
 
 def _targets(r: Reader) -> list[str]:
     modules = r.raw("model.lora_attn_modules")
     if not isinstance(modules, list) or not modules:
         raise r.fail("model.lora_attn_modules", f"must be a list of {', '.join(_ATTENTION)}, got {modules!r}"[:160])
-    unknown = [m for m in modules if m not in _ATTENTION]
+    unknown = [m for m in modules if not isinstance(m, str) or m not in _ATTENTION]
     if unknown:
-        raise r.fail("model.lora_attn_modules", f"names {unknown[0]!r}: torchtune's are {', '.join(_ATTENTION)}")
-    names = [_ATTENTION[m] for m in modules]
+        raise r.fail("model.lora_attn_modules", f"names {unknown[0]!r}: torchtune's are {', '.join(_ATTENTION)}"[:160])
+    names = list(dict.fromkeys(_ATTENTION[m] for m in modules))  # one adapter a module, as torchtune builds it
     if r.flag("model.apply_lora_to_mlp"):
         names += _MLP
-    if r.flag("model.apply_lora_to_output"):
-        names.append("lm_head")
     return names
+
+
+def _output_adapter(r: Reader, row: dict[str, Any] | None) -> None:
+    """``apply_lora_to_output``: torchtune refuses it where the head is tied to the embedding; elsewhere the plan
+    leaves that adapter out (not modelled), which the note says."""
+    if not r.flag("model.apply_lora_to_output"):
+        return
+    if row is not None and row["shapes"].get("tie_word_embeddings"):
+        raise r.fail("model.apply_lora_to_output", "is true, which torchtune refuses for a head tied to the "
+                     "embedding (its component builder raises)")
+    r.notes.append("apply_lora_to_output: an adapter on the output projection is not modelled: planned without it, "
+                   "which leaves out its logits-sized output (tokens x vocabulary x 2 bytes)")
 
 
 def _targets_shown(r: Reader) -> str:
     doc = r.doc.get("model", {})
-    return (f"{doc.get('lora_attn_modules')}, mlp {bool(doc.get('apply_lora_to_mlp'))}, "
-            f"output {bool(doc.get('apply_lora_to_output'))}")
+    return f"{doc.get('lora_attn_modules')}, mlp {bool(doc.get('apply_lora_to_mlp'))}"
 
 
 def _optimizer(r: Reader) -> None:

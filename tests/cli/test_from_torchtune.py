@@ -89,8 +89,8 @@ def test_the_text_output_names_the_builder_and_the_lora_keys(capsys):
     assert head[0].endswith("(torchtune config (YAML)):")
     assert "  model._component_: torchtune.models.llama3_1.lora_llama3_1_8b -> --model meta-llama/Llama-3.1-8B" in head
     assert "  model.lora_rank: 8 -> --lora 8" in head
-    assert any(line.startswith("  model.lora_attn_modules + apply_lora_to_mlp") and line.endswith(
-        f"--lora-targets {LLAMA_8B_LORA_TARGETS}") for line in head)
+    assert ("  model.lora_attn_modules + apply_lora_to_mlp: ['q_proj', 'v_proj', 'output_proj'], mlp True -> "
+            f"--lora-targets {LLAMA_8B_LORA_TARGETS}") in head
 
 
 def test_params_typed_replace_the_builders_model(capsys):
@@ -104,6 +104,16 @@ def _torchtune_yaml(model: str) -> str:
 
 
 @pytest.mark.parametrize("model,message", [
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: '8'\n  lora_attn_modules: ['q_proj']",
+     "model.lora_rank must be an integer, got '8'"),
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: [[q_proj]]",
+     "model.lora_attn_modules names ['q_proj']: torchtune's are"),
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: [q_proj]\n"
+     "  lora_dropout: '0.05'", "model.lora_dropout must be a number from 0 to below 1, got '0.05'"),
+    ("  _component_: torchtune.models.qwen2_5.qlora_qwen2_5_7b_base\n  lora_rank: 8\n  lora_attn_modules: [q_proj]",
+     "names qlora_qwen2_5_7b_base: torchtune has no QLoRA builder for qwen2_5_7b_base"),
+    ("  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n  lora_rank: 8\n  lora_attn_modules: [q_proj]\n"
+     "  apply_lora_to_output: true", "model.apply_lora_to_output is true, which torchtune refuses for a head tied"),
     ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_attn_modules: ['q_proj']",
      "model.lora_rank is missing: lora_llama3_1_8b is a LoRA builder"),
     ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: ['qkv']",
@@ -147,5 +157,94 @@ def test_each_builder_is_mapped_to_a_bundled_model_of_its_shapes(builder):
             cfg["intermediate_size"]) == (shapes["vocab_size"], shapes["num_layers"], shapes["num_heads"],
                                           shapes["embed_dim"], shapes["intermediate_dim"])
     assert cfg.get("num_key_value_heads", cfg["num_attention_heads"]) == shapes["num_kv_heads"]
-    if "tie_word_embeddings" in shapes:
-        assert cfg.get("tie_word_embeddings") == shapes["tie_word_embeddings"]
+    if "tie_word_embeddings" in shapes:  # PretrainedConfig's default is True
+        assert cfg.get("tie_word_embeddings", True) == shapes["tie_word_embeddings"]
+
+
+def _read(tmp_path, doc: dict):
+    import yaml
+
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return read_config_file(path)
+
+
+FULL = {"_component_": "torchtune.models.llama3_1.llama3_1_8b"}
+LORA = {"_component_": "torchtune.models.llama3_1.lora_llama3_1_8b", "lora_rank": 8,
+        "lora_attn_modules": ["q_proj", "v_proj"]}
+
+
+@pytest.mark.parametrize("keys,setting,note", [
+    # full_finetune_distributed (recipes/full_finetune_distributed.py): full AC when enable and no ac_mode; ac_mode
+    # only when enable is false; both set: neither applied
+    ({"enable_activation_checkpointing": True}, "on", None),
+    ({"enable_activation_checkpointing": False, "ac_mode": "full"}, "on", None),
+    ({"enable_activation_checkpointing": False, "ac_mode": "selective", "ac_option": "op"}, "selective", "per-op"),
+    ({"enable_activation_checkpointing": True, "ac_mode": "selective", "ac_option": 2}, "off", "applies neither"),
+    ({"enable_activation_checkpointing": False, "ac_mode": "selective", "ac_option": 2}, None, "one layer in 2"),
+])
+def test_checkpointing_follows_the_full_recipes_conditions(keys, setting, note, tmp_path):
+    config = _read(tmp_path, {"model": FULL, **keys})
+    assert config.settings.get("activation_checkpointing") == setting
+    assert note is None or any(note in n for n in config.notes), config.notes
+
+
+def test_the_lora_recipes_read_enable_activation_checkpointing_alone(tmp_path):
+    config = _read(tmp_path, {"model": LORA, "enable_activation_checkpointing": True, "ac_mode": "selective",
+                              "optimizer_in_bwd": True})
+    assert config.settings["activation_checkpointing"] == "on" and "optimizer_in_backward" not in config.settings
+    assert any(n.startswith("ac_mode is read by full_finetune_distributed only") for n in config.notes)
+    assert any(n.startswith("optimizer_in_bwd is read by the full fine-tune recipes only") for n in config.notes)
+
+
+def test_lora_keys_dora_dropout_quantize_base_and_duplicates(tmp_path):
+    model = {**LORA, "lora_attn_modules": ["q_proj", "q_proj", "output_proj"], "use_dora": True, "lora_dropout": 0.05,
+             "quantize_base": True}
+    settings = _read(tmp_path, {"model": model}).settings
+    assert (settings["lora_targets"], settings["dora"], settings["lora_dropout"], settings["quantize"]) == (
+        "q_proj,o_proj", 1, "0.05", "nf4")
+
+
+def test_dora_and_dropout_reach_the_plan(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "dora.yaml"
+    path.write_text(yaml.safe_dump({"model": {**LORA, "use_dora": True, "lora_dropout": 0.05}, "dtype": "bf16"}))
+    lora = _plan(capsys, "-g", "1xA100", "--seq-len", "512", "--from", str(path))["training"]["lora"]
+    assert (lora["dora"], lora["dropout"], lora["targets"]) == (True, 0.05, ["q_proj", "v_proj"])
+
+
+def test_an_output_adapter_on_an_untied_head_is_left_out_and_said(tmp_path):
+    config = _read(tmp_path, {"model": {**LORA, "apply_lora_to_output": True}})
+    assert config.settings["lora_targets"] == "q_proj,v_proj"
+    assert any(n.startswith("apply_lora_to_output: an adapter on the output projection is not modelled")
+               for n in config.notes)
+
+
+@pytest.mark.parametrize("keys,settings", [
+    ({"fsdp_cpu_offload": True}, {"strategy": "zero3_offload", "engine": "torch"}),
+    ({"fsdp_reshard_after_forward": False}, {"strategy": "zero2", "engine": "torch"}),
+    ({"optimizer": {"_component_": "torch.optim.AdamW", "lr": 2e-5}}, {"optimizer": "adamw", "optimizer_impl": "foreach"}),
+    ({"optimizer": {"_component_": "bitsandbytes.optim.PagedAdamW8bit"}}, {"optimizer": "adamw-8bit-paged"}),
+    ({"compile": {"model": True, "loss": True}}, {"compile": 1}),
+    ({"compile": True}, {"compile": 1}),
+    ({"dtype": None}, {"precision": "fp32"}),  # torchtune/training/precision.py get_dtype(None): float32
+    ({"loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"}}, {"loss": "chunked"}),
+])
+def test_each_key_sets_its_option(keys, settings, tmp_path):
+    config = _read(tmp_path, {"model": FULL, **keys})
+    assert settings.items() <= config.settings.items(), config.settings
+
+
+def test_a_soft_capped_head_is_planned_with_the_full_logits_loss(tmp_path, capsys):
+    """Gemma 2's own configs name LinearCrossEntropyLoss; the planner's chunked loss cannot soft-cap, so the plan
+    counts the full logits (more memory), and says so, instead of refusing the file."""
+    import yaml
+
+    doc = {"model": {"_component_": "torchtune.models.gemma2.gemma2_2b"}, "dtype": "bf16",
+           "loss": {"_component_": "torchtune.modules.loss.LinearCrossEntropyLoss"}}
+    config = _read(tmp_path, doc)
+    assert config.settings["loss"] == "hf" and any("soft-capping" in n for n in config.notes)
+    path = tmp_path / "gemma.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert _plan(capsys, "-g", "1xA100", "--seq-len", "512", "--from", str(path))["training"]["loss"] == "hf"

@@ -98,8 +98,9 @@ def launch_rule(mesh: ParallelDims) -> str | None:
     ``_validate_accelerator``): FSDP2 needs a dimension to shard over (dp_shard x cp >= 2), and TP/CP
     with replicas needs dp_shard > 1. None when ``mesh`` obeys them."""
     if mesh.dp_shard * mesh.cp == 1:
-        return (f"mesh {mesh.label} leaves nothing for FSDP2 to shard (dp_shard x cp = 1); accelerate needs "
-                "dp_shard x cp >= 2: use fewer --tp ranks or add --cp")
+        return (f"mesh {mesh.label} leaves nothing for FSDP2 to shard (dp_shard x cp = 1): the planner's meshes "
+                "shard over dp_shard x cp >= 2 (accelerate's rule; TP alone is not planned): use fewer --tp ranks "
+                "or add --cp")
     if mesh.dp_replicate > 1 and mesh.dp_shard == 1 and mesh.model_parallel > 1:
         return (f"mesh {mesh.label}: accelerate cannot combine tp/cp with replicas and dp_shard 1; "
                 "lower --hybrid so each replica shards over dp_shard >= 2")

@@ -155,6 +155,11 @@ class Recipe(BaseModel):
         "on the torch engine across GPUs, as its configuration expresses them; the others are unavailable in its "
         "plans (one GPU runs the plain model under every stack; DeepSpeed's stages come from the strategy table). "
         "None: every one (wrap() applies them all).")
+    kbit_upcast: bool = Field(default=True, description="QLoRA: its loop runs PEFT's prepare_model_for_kbit_training, "
+                              "which casts the unquantised base (embeddings, norms, head) to fp32, so under mixed "
+                              "precision the norms' outputs, the 4-bit linears' outputs (bitsandbytes' Linear4bit "
+                              "returns its input's dtype) and the residual stream are fp32. False: the base rests in "
+                              "the compute dtype it was loaded in, and so does the residual stream.")
     fsdp_root_reshards: bool = Field(default=True, description="Under ZeRO-3 its loop asks FSDP2's root unit (the "
                                      "model, holding the embedding, final norm and head) to reshard after forward "
                                      "too, which torch >= 2.8 honours (library_releases.json "
@@ -181,6 +186,8 @@ class Recipe(BaseModel):
             missing.append("autocast_cache")
         if not self.fsdp_root_reshards and not self.sources.get("fsdp_root_reshards"):
             missing.append("fsdp_root_reshards")
+        if not self.kbit_upcast and not self.sources.get("kbit_upcast"):
+            missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
                                       "adapter_units", "chunked_logits", "compile_loss", "precisions",
                                       "torch_strategies")

@@ -208,6 +208,8 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
     if training.low_precision_base:  # autocast over a bf16 base: a bf16 residual; fp32 adapters cast their input
         return Dtypes(residual=2, compute=2, input_casts=True, buffer=4)
+    if training.quantize is not None and not training.recipe.kbit_upcast:  # a QLoRA base left in bf16, norms too
+        return Dtypes(residual=2, compute=2, input_casts=True, buffer=4)
     return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
 
 

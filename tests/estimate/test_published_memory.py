@@ -290,3 +290,16 @@ def test_shift_copy_by_hand():
     assert publisher_code.shift_copy_bytes(case, spec) == 2_096_640_000
     extra = publisher_code.extra_bytes(case, spec, plan_of(case).training)
     assert extra["end_of_forward"] == 2_096_640_000 and extra["loss_backward"] == 0
+
+
+def test_llamafactory_qlora_residual_in_bf16_by_hand():
+    """LLaMA-Factory v0.6.2 never calls prepare_model_for_kbit_training (profiles/published_memory.json, the rows'
+    last assumption): its Llama-2-7B QLoRA keeps the residual stream in bf16 where the trainer recipe's TRL path
+    holds it in fp32 (``Recipe.kbit_upcast``). At 16,384 tokens that is 2 bytes less for each of the 32 blocks'
+    saved 4,096-wide inputs and for the RoPE cos/sin pair (2 x 128 wide): 4,294,967,296 + 8,388,608 bytes."""
+    case = next(c for c in CASES if c["id"] == "llamafactory-7b-qlora-fa2-s16384")
+    assert case["kbit_upcast"] is False
+    bf16 = plan_of(case).candidate("ddp").memory_bytes
+    fp32 = plan_of({k: v for k, v in case.items() if k != "kbit_upcast"}).candidate("ddp").memory_bytes
+    assert fp32.activations - bf16.activations == 32 * 16384 * 4096 * 2 + 16384 * 2 * 128 * 2
+    assert fp32.temporary == bf16.temporary

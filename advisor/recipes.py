@@ -156,15 +156,17 @@ class Recipe(BaseModel):
         "plans (one GPU runs the plain model under every stack; DeepSpeed's stages come from the strategy table). "
         "None: every one (wrap() applies them all).")
     kbit_upcast: bool = Field(default=True, description="QLoRA: its loop runs PEFT's prepare_model_for_kbit_training, "
-                              "which casts the unquantised base (embeddings, norms, head) to fp32, so under mixed "
-                              "precision the norms' outputs, the 4-bit linears' outputs (bitsandbytes' Linear4bit "
-                              "returns its input's dtype) and the residual stream are fp32. False: the base rests in "
-                              "the compute dtype it was loaded in, and so does the residual stream.")
-    fsdp_root_reshards: bool = Field(default=True, description="Under ZeRO-3 its loop asks FSDP2's root unit (the "
-                                     "model, holding the embedding, final norm and head) to reshard after forward "
-                                     "too, which torch >= 2.8 honours (library_releases.json "
-                                     "fsdp2_root_reshards_after_forward): the loss backward gathers the root again. "
-                                     "False: the root stays unsharded from its forward to its backward.")
+                              "which casts the unquantised base to fp32 (TRL then casts the embeddings and head of a "
+                              "4-bit model back to bf16 and keeps the norms fp32), so under mixed precision the norms' "
+                              "outputs, the 4-bit linears' outputs (bitsandbytes' Linear4bit returns its input's "
+                              "dtype) and the residual stream from the first block's MLP on are fp32. False: the base "
+                              "rests in the bf16 it was loaded in, and so does the residual stream.")
+    fsdp_root_reshards: bool = Field(default=True, description="Under ZeRO-3 the unit that holds the head (FSDP2's "
+                                     "root, with the embedding and final norm, where the stack wraps them together) "
+                                     "is asked to reshard after forward too, which torch >= 2.8 honours "
+                                     "(library_releases.json fsdp2_root_reshards_after_forward): the loss backward "
+                                     "gathers it again. False: it stays unsharded from its forward to its backward "
+                                     "(torchtune's root; torchtitan's norm + head unit under its default policy).")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "

@@ -174,8 +174,8 @@ def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
     rows = [b for b in load_release_behaviours() if b.library == "torch"]
     said = "; ".join(f"{b.name.replace('_', ' ')}: {'yes' if behaviour_in(b.name, release) else 'no'} (since {b.since})"
                      for b in rows)
-    kept = ("" if training.recipe.fsdp_root_reshards else f" (the {training.recipe.name} recipe keeps its root "
-            "unsharded after forward on every release)")
+    kept = ("" if training.recipe.fsdp_root_reshards else f" (the {training.recipe.name} recipe keeps the unit that "
+            "holds the head unsharded after forward on every release)")
     notes.append(f"torch {release} (--torch-release): {said}{kept}")
 
 

@@ -25,7 +25,11 @@ def read_torchtitan(r: Reader) -> None:
         if (degrees[name] or 1) > 1:
             r.take(f"parallelism.{ {'tp': 'tensor', 'cp': 'context'}[name]}_parallel_degree", degrees[name], name,
                    degrees[name])
+    policy = r.raw("parallelism.fsdp_reshard_after_forward")
     reshard = r.choice("parallelism.fsdp_reshard_after_forward", {"default": True, "always": True, "never": False})
+    if isinstance(policy, str) and policy.strip().lower() == "always":
+        r.notes.append("fsdp_reshard_after_forward always: the norm + output unit reshards too and is gathered again "
+                       "in backward, which the torchtitan recipe (its default policy keeps it) does not count")
     key = "parallelism.data_parallel_shard_degree"
     if shard is None or shard == -1 or shard > 1:
         fsdp_strategy(r, key, reshard=reshard is not False, offload=False, value=str(shard if shard is not None else -1))

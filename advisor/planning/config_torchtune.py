@@ -270,5 +270,7 @@ def _distributed(r: Reader) -> None:
     r.integer("data_parallel_shard_dim", low=-1)
     layers = r.raw("custom_sharded_layers")
     if layers:
+        again = (" (torchtune gathers the head again in backward when 'output' reshards as the layers do; the "
+                 "root is not)") if isinstance(layers, list) and "output" in layers and reshard is not False else ""
         r.notes.append(f"custom_sharded_layers {layers}: FSDP units of their own are not modelled; planned with them "
-                       "in the root's unit (gathered together)")
+                       f"in the root's unit, kept unsharded from forward to backward{again}")

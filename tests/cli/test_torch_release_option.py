@@ -49,9 +49,15 @@ def test_a_release_that_is_no_number_is_one_line_and_exit_2(value, capsys):
     assert "is not a release number" in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_a_stack_that_keeps_its_root_says_so(capsys):
-    code, out, err = run_main([*ARGS, "--recipe", "torchtune", "--precision", "bf16", "--torch-release", "2.9.0"],
-                              capsys)
+@pytest.mark.parametrize("recipe,precision", [("torchtune", "bf16"), ("torchtitan", "bf16-mixed")])
+def test_a_stack_that_keeps_its_root_says_so(recipe, precision, capsys):
+    """Its plan is the same on every release (no second gather of the head, Recipe.fsdp_root_reshards)."""
+    args = [*ARGS, "--recipe", recipe, "--precision", precision]
+    code, out, err = run_main([*args, "--torch-release", "2.9.0"], capsys)
     assert code == 0, err
-    note = next(a for a in json.loads(out)["assumptions"] if "--torch-release" in a)
-    assert note.endswith("(the torchtune recipe keeps its root unsharded after forward on every release)")
+    doc = json.loads(out)
+    note = next(a for a in doc["assumptions"] if "--torch-release" in a)
+    assert note.endswith(f"(the {recipe} recipe keeps the unit that holds the head unsharded after forward on every "
+                         "release)")
+    _, older, _ = run_main([*args, "--torch-release", "2.7.1"], capsys)
+    assert json.loads(older)["candidates"] == doc["candidates"]

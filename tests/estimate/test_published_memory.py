@@ -303,3 +303,8 @@ def test_llamafactory_qlora_residual_in_bf16_by_hand():
     fp32 = plan_of({k: v for k, v in case.items() if k != "kbit_upcast"}).candidate("ddp").memory_bytes
     assert fp32.activations - bf16.activations == 32 * 16384 * 4096 * 2 + 16384 * 2 * 128 * 2
     assert fp32.temporary == bf16.temporary
+    # Against the published figures (unspecified, compared with reserved): each of the six FlashAttention-2 rows
+    # now lies within 13% below the estimate's reserved, where the fp32 residual read -1.3% to +19.8%.
+    for row in (c for c in CASES if c["id"].startswith("llamafactory-7b-qlora-fa2") and c["kind"] == "unspecified"):
+        _, value, _, _ = estimate(row).compared(row["kind"])
+        assert -0.13 <= value / published_bytes(row) - 1 <= 0, row["id"]

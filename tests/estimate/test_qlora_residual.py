@@ -1,0 +1,60 @@
+"""The fact behind ``Recipe.kbit_upcast``: under bf16 autocast a QLoRA Llama's residual stream is fp32 where the
+norms were upcast to fp32 (PEFT's prepare_model_for_kbit_training, TRL's path) and bf16 where the base stays as
+loaded (LLaMA-Factory v0.6.2). Measured on real CPU tensors: a tiny transformers Llama whose block linears are
+replaced by a stand-in with bitsandbytes' ``Linear4bit`` dtype behaviour (bitsandbytes/nn/modules.py
+``Linear4bit.forward``: the input cast to the compute dtype, the product cast back to the input's dtype; the
+weights are not quantised, which changes no dtype), bf16 embeddings (TRL casts them back to bf16 for a 4-bit
+model), each decoder layer's input dtype read by a forward pre-hook."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+
+class _Linear4bitDtypes(torch.nn.Module):
+    """A linear with Linear4bit's dtype rule (bf16 compute, the input's dtype out)."""
+
+    def __init__(self, linear: torch.nn.Linear) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+
+
+def _layer_input_dtypes(norm_dtype) -> list:
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
+                                      max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+    for layer in model.model.layers:
+        for parent in (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(parent, name, _Linear4bitDtypes(child))
+    for name, module in model.named_modules():
+        if name.split(".")[-1].endswith("norm"):
+            module.to(norm_dtype)
+    seen = []
+    for layer in model.model.layers:
+        layer.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).dtype),
+            with_kwargs=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(input_ids=torch.randint(0, 128, (1, 16)))
+    return seen
+
+
+def test_fp32_norms_make_the_residual_fp32_after_the_first_block():
+    """The TRL path (kbit_upcast true): the first block reads the bf16 embedding, every later block an fp32 residual
+    (the fp32 norm's output feeds the MLP's linears, which return fp32, and the residual sum promotes). The estimate
+    counts every block's saved input in fp32: one block's bf16 input over."""
+    assert _layer_input_dtypes(torch.float32) == [torch.bfloat16, torch.float32, torch.float32]
+
+
+def test_bf16_norms_keep_the_residual_bf16():
+    """LLaMA-Factory's path (kbit_upcast false): nothing is upcast, every block reads bf16."""
+    assert _layer_input_dtypes(torch.bfloat16) == [torch.bfloat16] * 3

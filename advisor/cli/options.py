@@ -15,6 +15,7 @@ import click
 
 from advisor.mesh import PP_SCHEDULES
 from advisor.model.heads import CAUSAL_LM, task_names
+from advisor.model.lora import MAX_LORA_RANK
 from advisor.precision import PRECISIONS
 from advisor.recipes import AccumulationSync, OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
@@ -84,7 +85,7 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
     click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)), help="auto (default), on or off."),
     click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone."),
-    click.option("--lora", "lora_rank", type=click.IntRange(1, 65536),
+    click.option("--lora", "lora_rank", type=click.IntRange(1, MAX_LORA_RANK),
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
     click.option("--lora-targets", help="Comma-separated module names, or all-linear (default: PEFT's for the model)."),
     click.option("--dora", is_flag=True, default=None, help="DoRA: LoRA plus a magnitude vector per target."),

@@ -45,12 +45,15 @@ from advisor.model.spec import ModelSpec
 ALL_LINEAR = "all-linear"
 
 
+MAX_LORA_RANK = 65536  # --lora's bound: far above any rank in use, below ranks that overflow the counts
+
+
 class LoraConfig(BaseModel):
     """What ``--lora RANK --lora-targets ... --dora`` ask for."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    rank: int = Field(gt=0, description="LoRA rank r.")
+    rank: int = Field(gt=0, le=MAX_LORA_RANK, description="LoRA rank r.")
     targets: tuple[str, ...] | Literal["all-linear"] | None = Field(
         default=None, description="Module names (PEFT's matching), 'all-linear', or None for PEFT's default.")
     dora: bool = Field(default=False, description="Weight-decomposed LoRA: a magnitude vector per target.")

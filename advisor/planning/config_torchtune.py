@@ -24,6 +24,7 @@ import json
 from functools import cache
 from typing import Any
 
+from advisor.model.lora import MAX_LORA_RANK
 from advisor.planning.config_file import FILE_FORMAT, Reader, fsdp_strategy, take_batch
 
 # torchtune's LoRA module names (torchtune/modules/peft/lora.py: LORA_ATTN_MODULES; the MLP's w1, w2, w3 and the
@@ -185,6 +186,8 @@ def _model(r: Reader) -> tuple[dict[str, Any] | None, bool]:
     rank = r.integer("model.lora_rank", low=1)
     if rank is None:
         raise r.fail("model.lora_rank", f"is missing: {builder} is a LoRA builder")
+    if rank > MAX_LORA_RANK:  # --lora's own bound
+        raise r.fail("model.lora_rank", f"must be at most {MAX_LORA_RANK}, got {rank}")
     r.take("model.lora_rank", rank, "lora_rank", rank)
     r.take("model.lora_attn_modules + apply_lora_to_mlp", _targets_shown(r), "lora_targets", ",".join(_targets(r)))
     _output_adapter(r, row)

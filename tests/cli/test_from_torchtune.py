@@ -106,6 +106,8 @@ def _torchtune_yaml(model: str) -> str:
 @pytest.mark.parametrize("model,message", [
     ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: '8'\n  lora_attn_modules: ['q_proj']",
      "model.lora_rank must be an integer, got '8'"),
+    ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 1099511627776\n  lora_attn_modules: [q_proj]",
+     "model.lora_rank must be at most 65536, got 1099511627776"),
     ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: [[q_proj]]",
      "model.lora_attn_modules names ['q_proj']: torchtune's are"),
     ("  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n  lora_rank: 8\n  lora_attn_modules: [q_proj]\n"
@@ -248,3 +250,51 @@ def test_a_soft_capped_head_is_planned_with_the_full_logits_loss(tmp_path, capsy
     path = tmp_path / "gemma.yaml"
     path.write_text(yaml.safe_dump(doc))
     assert _plan(capsys, "-g", "1xA100", "--seq-len", "512", "--from", str(path))["training"]["loss"] == "hf"
+
+
+
+def _tune_docs():
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=True), st.text(max_size=8),
+                       st.sampled_from(["bf16", "fp32", "fp16", "selective", "op", "full", "q_proj", "output_proj",
+                                        "torch.optim.AdamW", "torchtune.modules.loss.LinearCrossEntropyLoss"]),
+                       st.lists(st.sampled_from(["q_proj", "v_proj", "output_proj", "x"]), max_size=3))
+    model_keys = st.sampled_from(["lora_rank", "lora_attn_modules", "apply_lora_to_mlp", "apply_lora_to_output",
+                                  "lora_dropout", "use_dora", "quantize_base", "lora_alpha"])
+    builders = st.sampled_from(["torchtune.models.llama3_1.lora_llama3_1_8b", "torchtune.models.qwen2_5.qlora_qwen2_5_3b",
+                                "torchtune.models.llama3_2.lora_llama3_2_1b", "torchtune.models.gemma2.gemma2_2b",
+                                "torchtune.models.phi3.phi3_mini"])
+    model = st.builds(lambda builder, rest: {"_component_": builder, **rest}, builders,
+                      st.dictionaries(model_keys, values, max_size=6))
+    top = st.sampled_from(["batch_size", "gradient_accumulation_steps", "dtype", "enable_activation_checkpointing",
+                           "ac_mode", "ac_option", "enable_activation_offloading", "compile", "optimizer_in_bwd",
+                           "fsdp_cpu_offload", "fsdp_reshard_after_forward", "tensor_parallel_dim",
+                           "data_parallel_shard_dim", "custom_sharded_layers", "optimizer", "loss", "tokenizer",
+                           "dataset"])
+    nested = st.one_of(values, st.dictionaries(st.sampled_from(["_component_", "fused", "max_seq_len", "packed",
+                                                                "model", "loss"]), values, max_size=3))
+    return st.builds(lambda m, rest: {"model": m, **rest}, st.one_of(model, values),
+                     st.dictionaries(top, nested, max_size=8))
+
+
+def test_any_torchtune_document_reads_or_is_a_one_line_value_error(tmp_path):
+    """Hostile values anywhere a torchtune file has them: read, or one line naming the file (never another error)."""
+    import yaml
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(doc=_tune_docs())
+    def check(doc):
+        path = tmp_path / "tune.yaml"
+        text = yaml.safe_dump({**doc, "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer"}})
+        path.write_text(text)
+        try:
+            config = read_config_file(path)
+        except ValueError as err:
+            assert "\n" not in str(err) and str(err).startswith("--from "), str(err)
+            return
+        assert config.format == "torchtune"
+        assert all(isinstance(v.setting, (int, str)) for v in config.values)
+
+    check()

@@ -99,6 +99,10 @@ class Dtypes(BaseModel):
     input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
     buffer: int = Field(default=2, description="Bytes of a model buffer (BART's final_logits_bias): 4 unless the "
                         "engine casts the whole module (pure bf16, DeepSpeed); FSDP2 and autocast cast no buffer.")
+    mlp: int | None = Field(default=None, description="Bytes of a frozen block's gated-MLP gate, up and activation "
+                            "outputs where they are not the compute dtype: 4 where bitsandbytes' 4-bit linears read "
+                            "an fp32 norm output and return its dtype (QLoRA over fp32 norms, benchmarks/"
+                            "qlora_layer_bytes.py); None: compute.")
 
 
 class Adapters(BaseModel):
@@ -303,7 +307,7 @@ def estimate_activations(
     one_op = row.one_op_mlp(shape)
     wide = 1 if one_op else 3 if frozen else 2
     widened = shape.family == "gpt2" and not one_op and dt.input_casts and dt.compute != FP32 and not frozen
-    width_bytes = wide * dt.compute
+    width_bytes = wide * (dt.mlp or dt.compute if frozen else dt.compute)
     if widened:
         width_bytes = 2 * FP32 + (dt.compute if checkpointing else FP32)
     backward_temp = tokens * (dt.residual * h + width_bytes * shape.intermediate_size)

@@ -258,7 +258,7 @@ def frozen_decoder_layer_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     ``saved_tensors_hooks`` on a 256-wide Llama under PEFT 0.21 (q,v and all-linear; fp32 and
     autocast): equal to this count within 8 bytes (the rsqrt term, left out as in the full count)."""
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
-    base = 2 * FP32 * h + 3 * cb * I + sandwich_norms_per_token(shape, dt, frozen=True)
+    base = 2 * FP32 * h + 3 * (dt.mlp or cb) * I + sandwich_norms_per_token(shape, dt, frozen=True)
     base += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
     return base + frozen_adapters_per_token(dt, ad, eager=eager)
 

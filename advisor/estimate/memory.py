@@ -213,7 +213,10 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
         # under autocast (peft/tuners/lora/bnb.py: the cast only where autocast is off). fp16-mixed stores the
         # unquantised base in fp32 (advisor.estimate.quantized.frozen_dense_bytes), so its norms are fp32 there.
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
-    return Dtypes(residual=4, compute=2, input_casts=True, buffer=4)  # autocast over fp32 weights
+    # 4-bit linears (bitsandbytes' Linear4bit returns its input's dtype) read the fp32 norms' outputs of a QLoRA base
+    # upcast by prepare_model_for_kbit_training (or stored in fp32 under fp16): the gated MLP's tensors are fp32 too
+    mlp = 4 if training.quantize in ("nf4", "fp4") and training.lora is not None else None
+    return Dtypes(residual=4, compute=2, input_casts=True, buffer=4, mlp=mlp)  # autocast over fp32 weights
 
 
 def memory_loss_kernel(training: TrainingConfig) -> str:

@@ -159,6 +159,8 @@ def test_each_builder_is_mapped_to_a_bundled_model_of_its_shapes(builder):
             cfg["intermediate_size"]) == (shapes["vocab_size"], shapes["num_layers"], shapes["num_heads"],
                                           shapes["embed_dim"], shapes["intermediate_dim"])
     assert cfg.get("num_key_value_heads", cfg["num_attention_heads"]) == shapes["num_kv_heads"]
+    if "head_dim" in shapes:  # Gemma 2 passes its own (256, 256, 128), not hidden / heads
+        assert cfg["head_dim"] == shapes["head_dim"]
     if "tie_word_embeddings" in shapes:  # PretrainedConfig's default is True
         assert cfg.get("tie_word_embeddings", True) == shapes["tie_word_embeddings"]
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from advisor.calibration import Margin, allocator_overhead
 from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
-from advisor.model.releases import release_tuple
+from advisor.model.releases import behaviour_in, release_tuple
 from advisor.precision import Precision, PrecisionInfo, precision_info
 from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings,
                              get_recipe)
@@ -228,6 +228,13 @@ class TrainingConfig(BaseModel):
         """The model's KV cache is built in training: ``--use-cache``, or a recipe whose loop leaves it on
         (``Recipe.kv_cache``; every row turns it off, profiles/recipes.json)."""
         return self.use_cache or self.recipe.kv_cache
+
+    @property
+    def fsdp_root_regathered(self) -> bool:
+        """FSDP2's unit that holds the head is resharded after forward and gathered again as the loss backward
+        begins: the stack asks for it (``Recipe.fsdp_root_reshards``) and the torch release honours it for the root
+        (profiles/library_releases.json ``fsdp2_root_reshards_after_forward``, torch >= 2.8)."""
+        return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
 
     @property
     def low_precision_base(self) -> bool:

@@ -61,8 +61,8 @@ class BnbLora(torch.nn.Module):
         return result + self.lora_B(self.lora_A(x)) * 2.0
 
 
-def measured_per_layer(norm_dtype: torch.dtype) -> list[int]:
-    """Bytes autograd saves inside each decoder layer, storages counted once."""
+def qlora_model(norm_dtype: torch.dtype):
+    """The tiny Llama in bf16, every block linear a 4-bit stand-in under a LoRA adapter, the norms in ``norm_dtype``."""
     config = transformers.LlamaConfig(**{k: v for k, v in CONFIG.items() if k not in ("architectures",
                                                                                        "_name_or_path")})
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
@@ -75,7 +75,12 @@ def measured_per_layer(norm_dtype: torch.dtype) -> list[int]:
     for name, module in model.named_modules():
         if name.split(".")[-1].endswith("norm"):
             module.to(norm_dtype)
-    model.train()
+    return model.train()
+
+
+def measured_per_layer(norm_dtype: torch.dtype) -> list[int]:
+    """Bytes autograd saves inside each decoder layer, storages counted once."""
+    model = qlora_model(norm_dtype)
     inside: list[int | None] = [None]
     seen: list[dict[int, int]] = [dict() for _ in model.model.layers]
     for index, layer in enumerate(model.model.layers):

@@ -307,7 +307,7 @@ def estimate_activations(
     one_op = row.one_op_mlp(shape)
     wide = 1 if one_op else 3 if frozen else 2
     widened = shape.family == "gpt2" and not one_op and dt.input_casts and dt.compute != FP32 and not frozen
-    width_bytes = wide * (dt.mlp or dt.compute if frozen else dt.compute)
+    width_bytes = wide * ((dt.mlp or dt.compute) if frozen else dt.compute)
     if widened:
         width_bytes = 2 * FP32 + (dt.compute if checkpointing else FP32)
     backward_temp = tokens * (dt.residual * h + width_bytes * shape.intermediate_size)

@@ -14,7 +14,6 @@ from advisor.estimate.block_sizes import block_params, blocks_saving
 from advisor.estimate.fsdp2_one_rank import unshard_copy_bytes
 from advisor.estimate.states import FP32
 from advisor.frozen import validated_copy
-from advisor.model.releases import behaviour_in
 from advisor.model.spec import ModelSpec
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
@@ -135,11 +134,10 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # (pytorch#154704; before, the root stayed unsharded): the root is freed after forward and gathered
         # again in its pre-backward, so the loss backward begins with its all-gather output and its
         # unsharded copy (the output is freed before the last block's prefetch); one rank: its copy-in.
-        # Before torch 2.8 FSDP2 kept the root unsharded from its forward to its backward (library_releases.json):
-        # no second gather; the root is in at_loss as it is.
-        # A stack that keeps its root unsharded (Recipe.fsdp_root_reshards: torchtune, torchtitan) never gathers it again.
-        regathers = (impl.reshard_after_forward and training.recipe.fsdp_root_reshards
-                     and behaviour_in("fsdp2_root_reshards_after_forward", training.torch_release))
+        # Before torch 2.8 FSDP2 kept the root unsharded from its forward to its backward, and torchtune and
+        # torchtitan keep it so on every release (TrainingConfig.fsdp_root_regathered): no second gather; the root is
+        # in at_loss as it is.
+        regathers = impl.reshard_after_forward and training.fsdp_root_regathered
         backward_start = root + (ag_root if gathers else root_copy) + h2d if regathers else None
         # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
         # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is

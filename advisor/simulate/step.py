@@ -59,7 +59,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from advisor.estimate.accumulation import accumulates_unsharded, accumulation_steps
-from advisor.model.releases import behaviour_in
 from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
@@ -289,8 +288,7 @@ def _wrap_recipe(net: Any, strategy: str, impl: Implementation, training: Traini
                     reduce_in_compute_dtype=training.recipe.fsdp_reduce_dtype == "compute",
                     # an older torch's root, unsharded from its forward to its backward (library_releases.json),
                     # or a stack's that asks for that (Recipe.fsdp_root_reshards)
-                    root_reshard_after_forward=None if training.recipe.fsdp_root_reshards and behaviour_in(
-                        "fsdp2_root_reshards_after_forward", training.torch_release) else False)
+                    root_reshard_after_forward=None if training.fsdp_root_regathered else False)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

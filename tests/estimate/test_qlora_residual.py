@@ -3,7 +3,8 @@ norms were upcast to fp32 (PEFT's prepare_model_for_kbit_training, TRL's path) a
 loaded (LLaMA-Factory v0.6.2). Measured on real CPU tensors: a tiny transformers Llama whose block linears are
 replaced by a stand-in with bitsandbytes' ``Linear4bit`` dtype behaviour (bitsandbytes/nn/modules.py
 ``Linear4bit.forward``: the input cast to the compute dtype, the product cast back to the input's dtype; the
-weights are not quantised, which changes no dtype), bf16 embeddings (TRL casts them back to bf16 for a 4-bit
+weights are not quantised, which changes no dtype) under PEFT's 4-bit LoRA forward
+(``benchmarks/qlora_layer_bytes.py``), bf16 embeddings (TRL casts them back to bf16 for a 4-bit
 model), each decoder layer's input dtype read by a forward pre-hook."""
 
 from __future__ import annotations
@@ -14,37 +15,27 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-class _Linear4bitDtypes(torch.nn.Module):
-    """A linear with Linear4bit's dtype rule (bf16 compute, the input's dtype out)."""
+def _benchmark():
+    import sys
+    from pathlib import Path
 
-    def __init__(self, linear: torch.nn.Linear) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(linear.weight.detach().to(torch.bfloat16), requires_grad=False)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import qlora_layer_bytes
 
-    def forward(self, x):
-        return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
+    return qlora_layer_bytes
 
 
 def _layer_input_dtypes(norm_dtype) -> list:
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                                      num_attention_heads=4, num_key_value_heads=4, vocab_size=128,
-                                      max_position_embeddings=64)
-    model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
-    for layer in model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    setattr(parent, name, _Linear4bitDtypes(child))
-    for name, module in model.named_modules():
-        if name.split(".")[-1].endswith("norm"):
-            module.to(norm_dtype)
+    """benchmarks/qlora_layer_bytes.py's model (3 blocks, each linear a 4-bit stand-in under PEFT's LoRA forward)."""
+    bench = _benchmark()
+    model = bench.qlora_model(norm_dtype)
     seen = []
     for layer in model.model.layers:
         layer.register_forward_pre_hook(
             lambda module, args, kwargs: seen.append((args[0] if args else kwargs["hidden_states"]).dtype),
             with_kwargs=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        model(input_ids=torch.randint(0, 128, (1, 16)))
+        model(input_ids=torch.randint(0, bench.CONFIG["vocab_size"], (1, 16)))
     return seen
 
 
@@ -67,12 +58,6 @@ def test_a_qlora_layers_saved_bytes_match_the_estimate_on_both_paths():
     adapter's input cast the estimate counts, which a bf16 SDPA output does not need, less the adapters' weight casts
     it leaves out); before they were counted in bf16, -24%. bf16 norms: -2.8% (the adapters' fp32 weights cast to bf16
     under autocast, rank-sized, not counted). Layers after the first: the first reads the bf16 embedding."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import qlora_layer_bytes
-
-    for label, measured, estimate in qlora_layer_bytes.rows():
+    for label, measured, estimate in _benchmark().rows():
         later = sum(measured[1:]) / len(measured[1:])
         assert abs(estimate / later - 1) <= 0.03, (label, measured, estimate)

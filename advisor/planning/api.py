@@ -29,7 +29,8 @@ from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
-from advisor.planning.longest import longest_all, longest_on_meshes, longest_traced
+from advisor.planning.longest import (longer_with_offload, longest_all, longest_on_meshes, longest_traced,
+                                      planned_length)
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
@@ -374,7 +375,7 @@ def plan(
         if on_mesh in MESH_STRATEGIES and not traced_family:
             on_meshes = longest_on_meshes(spec, hw, training, on_mesh, lambda at: enumerate_meshes(spec, hw, at, pins))
             longest.update(on_meshes)
-            best = max((length for length in longest.values() if length), default=None)
+            best = planned_length(longest, training)
         if best is None:
             raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
                              "advisor plan without --seq-len max")
@@ -398,6 +399,8 @@ def plan(
     meshes, recommendation, why = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)
+    if search_length:
+        why.extend(longer_with_offload(spec, hw, training, longest))
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.

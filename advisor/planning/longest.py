@@ -15,6 +15,12 @@ Meshes (``longest_on_meshes``): context parallelism splits each sequence over it
 parallelism splits the blocks, so a mesh can hold a sequence no data-parallel strategy can. Each mesh
 the planner would consider is searched the same way, over lengths its ring attention can split
 (multiples of 2 x cp: each rank holds two chunks, the load-balanced layout).
+
+The plan is shown at the longest length a candidate holds on the GPUs alone (``planned_length``): CPU
+offload reaches further only by moving the states over PCIe, and the plan never offloads while a
+GPU-only candidate fits. Where an offloading strategy holds more, the plan says how much more and at
+what speed (``reasons.LongerWithOffload``); offload is planned only when no GPU-only candidate holds a
+single token.
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
+from advisor.planning import reasons as r
 from advisor.planning.candidates import evaluate_candidate
+from advisor.strategies import get_strategy
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
 
@@ -52,9 +60,41 @@ def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
 
 def longest_all(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
                 names: list[str]) -> tuple[dict[str, int | None], int | None]:
-    """Each strategy's longest length, and the longest of them (None: not one token fits)."""
+    """Each strategy's longest length, and the one the plan is shown at (``planned_length``; None: not one
+    token fits)."""
     longest = {name: longest_seq_len(spec, hw, training, name) for name in names}
-    return longest, max((length for length in longest.values() if length), default=None)
+    return longest, planned_length(longest, training)
+
+
+def offloads(key: str, training: TrainingConfig) -> bool:
+    """Whether the candidate a ``longest`` key names (a strategy, or ``strategy mesh-label``) rests states on
+    the CPU."""
+    return get_strategy(key.split(" ", 1)[0]).on(training.engine).offloads
+
+
+def planned_length(longest: dict[str, int | None], training: TrainingConfig) -> int | None:
+    """The length the plan is shown at: the longest any GPU-only candidate holds; the longest of all only
+    where no GPU-only candidate holds a token (None: nothing does)."""
+    gpu_only = [length for key, length in longest.items() if length and not offloads(key, training)]
+    return max(gpu_only, default=None) or max((length for length in longest.values() if length), default=None)
+
+
+def longer_with_offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
+                        longest: dict[str, int | None]) -> list[r.LongerWithOffload]:
+    """Where an offloading strategy holds more than the length the plan is shown at (``training.seq_len``),
+    how much more and how fast it runs there."""
+    beyond = [(length, key) for key, length in longest.items()
+              if length and length > training.seq_len and offloads(key, training)]
+    if not beyond or not any(length for key, length in longest.items() if not offloads(key, training)):
+        return []  # nothing longer, or the plan itself offloads (no GPU-only candidate holds a token)
+    length, key = max(beyond)
+    at = validated_copy(training, {"seq_len": length, "micro_batch_size": training.micro_batch_size or 1,
+                                   "global_batch_size": None})
+    step = evaluate_candidate(spec, hw, at, key.split(" ", 1)[0]).step_time
+    if step is None:
+        return []
+    return [r.LongerWithOffload(strategy=key, seq_len=length, gpu_only_seq_len=training.seq_len,
+                                step_s=step.step_s, tokens_per_s=step.tokens_per_s)]
 
 
 def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, names: list[str], *,

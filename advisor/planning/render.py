@@ -204,6 +204,12 @@ def _smallest(x: r.SmallestFitFound) -> str:
     return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} at micro-batch 1.{gpu_only}"
 
 
+def _longer_with_offload(x: r.LongerWithOffload) -> str:
+    return (f"{x.strategy} holds {x.seq_len:,} tokens by offloading to the CPU ({x.step_s:.2f} s/step, "
+            f"{x.tokens_per_s:,.0f} tokens/s there); the plan is shown at {x.gpu_only_seq_len:,}, the longest on "
+            "the GPUs alone.")
+
+
 def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
     return ("No number of these GPUs fits: one sample's activations alone exceed "
@@ -363,6 +369,7 @@ _RENDER: dict[str, Callable] = {
     "LossPeak": _loss_peak,
     "LossWouldFit": _loss_would_fit,
     "SmallestFitFound": _smallest,
+    "LongerWithOffload": _longer_with_offload,
     "NoCountFits": _no_count,
     "DataParallelCannot": lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
     "MeshFits": _mesh_fits,

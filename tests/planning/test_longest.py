@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import advisor
+from advisor.model.lora import LoraConfig
 from advisor.planning.candidates import evaluate_candidate
-from advisor.strategies import STRATEGIES
+from advisor.strategies import STRATEGIES, get_strategy
 
 
 def test_each_length_fits_and_ten_percent_more_does_not():
@@ -19,9 +20,39 @@ def test_each_length_fits_and_ten_percent_more_does_not():
         for tokens, fits in ((length, True), (int(length * 1.1), False)):
             at = plan.training.model_copy(update={"seq_len": tokens, "micro_batch_size": 1})
             assert evaluate_candidate(plan.model, plan.hardware, at, name).fits is fits, (name, tokens)
-    # The plan is shown at the longest of them (meshes included), one sample per GPU.
-    assert plan.training.seq_len == max(v for v in plan.longest_seq_len.values() if v)
+    # The plan is shown at the longest of them on the GPUs alone (meshes included), one sample per GPU.
+    assert plan.training.seq_len == max(v for k, v in plan.longest_seq_len.items() if v and "offload" not in k)
     assert plan.training.micro_batch_size == 1
+
+
+def test_shown_at_the_longest_on_the_gpus_alone():
+    """Llama-3.1-8B QLoRA (rank 32, every linear) on one A100 80GB under the trainer recipe: CPU offload holds a
+    longer sequence than any GPU-only strategy, yet the plan is shown at the longest GPU-only length and
+    recommends a GPU-only strategy (it was shown at the offloading length and recommended zero3_offload, so no
+    GPU-only strategy fitted there). The reason gives the offloading length and that candidate's own figures."""
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "1xA100", seq_len="max", recipe="trainer",
+                        lora=LoraConfig(rank=32, targets="all-linear"), quantize="nf4", micro_batch_size=1, activation_checkpointing="on")
+    longest = plan.longest_seq_len
+    gpu_only = max(v for k, v in longest.items() if v and not get_strategy(k).on("torch").offloads)
+    offloaded = max(v for k, v in longest.items() if v and get_strategy(k).on("torch").offloads)
+    assert offloaded > gpu_only == plan.training.seq_len
+    assert not get_strategy(plan.recommendation.strategy).on("torch").offloads
+    (reason,) = [x for x in plan.reasons if x.kind == "longer-with-offload"]
+    assert (reason.seq_len, reason.gpu_only_seq_len) == (offloaded, gpu_only)
+    at = plan.training.model_copy(update={"seq_len": offloaded})
+    there = evaluate_candidate(plan.model, plan.hardware, at, reason.strategy)
+    assert there.fits and (reason.step_s, reason.tokens_per_s) == (there.step_time.step_s, there.step_time.tokens_per_s)
+
+
+def test_offload_is_planned_when_nothing_else_holds_a_token():
+    """Llama-3.1-8B full fine-tune on one 24 GB 4090: its weights, gradients and AdamW states (16 bytes a
+    parameter, 121 GiB) exceed the card whatever the length, so only offload holds a sequence: the plan is
+    shown there and no reason compares it with a GPU-only length."""
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "1xRTX4090", seq_len="max")
+    longest = plan.longest_seq_len
+    assert not any(v for k, v in longest.items() if not get_strategy(k).on("torch").offloads)
+    assert plan.training.seq_len == max(v for v in longest.values() if v)
+    assert not [x for x in plan.reasons if x.kind == "longer-with-offload"]
 
 
 def test_meshes_are_searched_too():

@@ -298,6 +298,18 @@ class SmallestFitFound(ReasonModel):
                                       description="Where ``strategy`` offloads: the fewest GPUs zero3 fits on alone.")
 
 
+class LongerWithOffload(ReasonModel):
+    """``--seq-len max``: ``zero3_offload holds 40,591 tokens by offloading to the CPU (1,479 tokens/s there);
+    the plan is shown at 37,028, the longest on the GPUs alone.``"""
+
+    kind: Literal["longer-with-offload"] = "longer-with-offload"
+    strategy: str
+    seq_len: int = Field(description="The longest the offloading strategy holds.")
+    gpu_only_seq_len: int = Field(description="The longest a GPU-only candidate holds: the plan's length.")
+    step_s: float
+    tokens_per_s: float
+
+
 class NoCountFits(ReasonModel):
     """``No number of these GPUs fits: ...; shorten --seq-len.``"""
 

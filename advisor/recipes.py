@@ -167,6 +167,11 @@ class Recipe(BaseModel):
                                      "(library_releases.json fsdp2_root_reshards_after_forward): the loss backward "
                                      "gathers it again. False: it stays unsharded from its forward to its backward "
                                      "(torchtune's root; torchtitan's norm + head unit under its default policy).")
+    fsdp_outer_units: bool = Field(default=False, description="FSDP2: the token embedding is a unit of its own, "
+                                   "resharded after its forward as the blocks are, and the final norm with the head "
+                                   "another (torchtitan's apply_fsdp), which FSDP2 reshards at its post-backward, "
+                                   "before the blocks' backward: neither is held through the blocks. False: the root "
+                                   "unit holds the embedding, norm and head (wrap(), accelerate, torchtune).")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
@@ -190,7 +195,7 @@ class Recipe(BaseModel):
             missing.append("fsdp_root_reshards")
         if not self.kbit_upcast and not self.sources.get("kbit_upcast"):
             missing.append("kbit_upcast")
-        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1",
+        missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "chunked_logits", "compile_loss", "precisions",
                                       "torch_strategies")
                     if getattr(self, fact) and not self.sources.get(fact)]

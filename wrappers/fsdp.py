@@ -73,6 +73,26 @@ def expert_placement_fn(block: nn.Module, shard_world: int):
     return lambda param: Shard(1) if param in dim1 else None
 
 
+_FINAL_NORMS = ("norm", "final_layernorm", "final_layer_norm", "ln_f", "norm_f")
+
+
+def _shard_outer_units(model: nn.Module, options: dict, *, head_reshards: bool) -> None:
+    """torchtitan's units outside the blocks (``apply_fsdp`` ``outer_units``), on a Hugging Face model: the input
+    embedding, and the final norm (the first module outside the blocks named as ``_FINAL_NORMS``) with the output
+    embedding."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    inside = {id(m) for block in find_blocks(model) for m in block.modules()}
+    norm = next((m for name, m in model.named_modules()
+                 if name.rsplit(".", 1)[-1] in _FINAL_NORMS and id(m) not in inside), None)
+    last = [m for m in (norm, head) if m is not None]
+    if head is not None and head.weight is embedding.weight:  # tied: one unit, as torchtitan's weight tying
+        fully_shard([embedding, *last], **{**options, "reshard_after_forward": head_reshards})
+        return
+    fully_shard(embedding, **options)
+    if last:
+        fully_shard(last, **{**options, "reshard_after_forward": head_reshards})
+
+
 def apply_fsdp(
     model: nn.Module,
     *,
@@ -84,6 +104,7 @@ def apply_fsdp(
     shard_experts_on_dim1: bool = True,
     reduce_in_compute_dtype: bool = False,
     root_reshard_after_forward: bool | None = None,
+    outer_units: bool = False,
 ) -> nn.Module:
     """``fully_shard`` each block of ``model`` and then ``model`` itself, in place; returns ``model``.
 
@@ -97,7 +118,11 @@ def apply_fsdp(
     ``fsdp2_prepare_model`` and Lightning pass no ``shard_placement_fn``). ``reduce_in_compute_dtype``: reduce-scatter
     gradients in bf16/fp16 (accelerate's policy) instead of fp32. ``root_reshard_after_forward``: the root's own
     setting (None: ``reshard_after_forward``); False keeps the root unsharded from its forward to its backward, as
-    torch before 2.8 did with any setting (pytorch#154704).
+    torch before 2.8 did with any setting (pytorch#154704). ``outer_units``: torchtitan's layout
+    (``apply_fsdp_to_decoder``): the token embedding a unit of its own, resharded after forward as the blocks are,
+    and the final norm with the head another, resharded after forward as ``root_reshard_after_forward`` says
+    (False: torchtitan's default policy; None: as the blocks, its ``always`` policy), both before the blocks; a tied embedding and head share one unit with the
+    norm. The root then holds no parameter of its own.
     """
     policy = mixed_precision_policy(precision, reduce_in_compute_dtype=reduce_in_compute_dtype)
     offload: OffloadPolicy = OffloadPolicy()
@@ -108,6 +133,9 @@ def apply_fsdp(
     if policy is not None:
         options["mp_policy"] = policy
     world = mesh.size(mesh.ndim - 1) if mesh is not None else torch.distributed.get_world_size()
+    if outer_units:
+        _shard_outer_units(model, options, head_reshards=(reshard_after_forward if root_reshard_after_forward is None
+                                                          else root_reshard_after_forward))
     for block in find_blocks(model) if blocks is None else blocks:
         placement = expert_placement_fn(block, world) if shard_experts_on_dim1 else None
         fully_shard(block, **options, **({} if placement is None else {"shard_placement_fn": placement}))

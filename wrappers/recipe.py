@@ -97,6 +97,9 @@ class Recipe(BaseModel):
                                                     "forward; None: as the blocks. False is what torch before 2.8 "
                                                     "ran whatever was asked (the simulator passes it for "
                                                     "TrainingConfig.torch_release before 2.8).")
+    outer_units: bool = Field(default=False, description="FSDP2: the embedding and the final norm + head get units of "
+                              "their own, as torchtitan's apply_fsdp_to_decoder gives them (wrappers.fsdp); False: "
+                              "the root holds them.")
 
     @model_validator(mode="before")
     @classmethod
@@ -173,6 +176,7 @@ def _apply_fsdp(model: nn.Module, ctx: _Context) -> tuple[nn.Module, torch.optim
         shard_experts_on_dim1=ctx.recipe.shard_experts_on_dim1,
         reduce_in_compute_dtype=ctx.recipe.reduce_in_compute_dtype,
         root_reshard_after_forward=ctx.recipe.root_reshard_after_forward,
+        outer_units=ctx.recipe.outer_units,
     )
     if ctx.optimizer is None:
         return model, None

@@ -518,6 +518,11 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                      temporary=buffers.persistent + buffers.at_backward_start)
         if sum(start.values()) > sum(moments["loss_backward"].values()):
             moments["loss_backward"] = start
+    if buffers.at_head_backward is not None:  # FSDP2, the head a unit of its own: its post-backward's reduce-scatter
+        head = dict(base, activations=acts.saved_bytes - acts.outside_freed_bytes,
+                    temporary=buffers.persistent + buffers.at_head_backward)
+        if sum(head.values()) > sum(moments["loss_backward"].values()):
+            moments["loss_backward"] = head
     if buffers.at_forward_start is not None:  # FSDP2: the first (or last) block's forward (module docstring)
         moments["start_of_forward"] = dict(base, grads=base["grads"] + stale, activations=0,
                                            temporary=buffers.persistent + buffers.at_forward_start)

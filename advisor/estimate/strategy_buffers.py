@@ -41,8 +41,9 @@ class StrategyBuffers(BaseModel):
     per_block_done: int = Field(default=0, description="Gradients each finished block leaves (DDP: its "
                                 "gradients; FSDP2: their shard): 0 where the lower blocks are not estimated.")
     num_blocks: int = Field(default=1, ge=1, description="Blocks whose backward runs one after another.")
-    bottom_less: int = Field(default=0, ge=0, description="What the bottom block's backward holds less than the "
-                             "line through the blocks above it (FSDP2 ZeRO-3: no block below to prefetch).")
+    bottom_less: int = Field(default=0, description="What the bottom block's backward holds less than the "
+                             "line through the blocks above it (FSDP2 ZeRO-3: no block below to prefetch; negative "
+                             "where it prefetches a larger unit: a trainable embedding of its own, fsdp_outer_units).")
     in_backward_early: int | None = Field(default=None, description="Held early in an MoE block's backward (its "
                                           "routing-weight product's, before any weight gradient of the block), in "
                                           "place of in_backward; None: not a moment of its own.")
@@ -58,6 +59,10 @@ class StrategyBuffers(BaseModel):
     at_last_block_forward: int | None = Field(default=None, description="Held at the last block's all-gather "
                                               "copy-out in forward (FSDP2), beside what the blocks before it saved; "
                                               "None: not a moment of its own (one block, or not FSDP2).")
+    at_head_backward: int | None = Field(default=None, description="Held at the head unit's post-backward "
+                                         "(FSDP2 with fsdp_outer_units: the final norm and head resharded and their "
+                                         "gradients reduce-scattered before any block's backward), beside the "
+                                         "blocks' saved tensors; None: not a moment of its own.")
     at_backward_start: int | None = Field(default=None, description="Held when the loss backward begins, "
                                           "beside what the loss kept (FSDP2 ZeRO-3: the root gathered again); "
                                           "None: not a moment of its own.")
@@ -143,6 +148,11 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is
         # gone by the loss's backward (the root's pre-backward). ZeRO-3 frees it when the block reshards.
         forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + (ub * layer if gathers else 0)
+        if own_outer_units(spec, training, world):
+            return StrategyBuffers(**_outer_unit_fields(
+                spec, impl, world, ub=ub, reduce_b=reduce_b, layer=layer, outside=outside, root_t=root_t, held=held,
+                ag_block=ag_block, blocks_bwd=blocks_bwd, grads=grads, h2d=h2d, n_layers=n_layers,
+                last_block_rs=reduce_b * per_block_t, pb=pb, grads_at_backward_end=-(-pb * block_t // world)))
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
@@ -254,6 +264,12 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)
         resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         no_prefetch = no_prefetch if world > 1 else 0  # one rank prefetches nothing (fsdp2_one_rank)
+        if own_outer_units(spec, training, world):
+            # The head's gradient was reduce-scattered at its unit's post-backward, before the blocks'; under ZeRO-3
+            # the bottom block prefetches the embedding's unit, not a block (strategy_buffers._outer_unit_fields).
+            head = 0
+            if impl.reshard_after_forward:
+                no_prefetch -= ub * (spec.embedding_params or 0)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,
@@ -282,6 +298,59 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
                                           per_block_done=layer_grads - casts,
                                           num_blocks=n_layers,
                                           in_backward_early=buffers.in_backward + pb * head if moe else None))
+
+
+def own_outer_units(spec: ModelSpec, training: TrainingConfig, world: int) -> bool:
+    """Whether FSDP2 gives the embedding and the final norm + head units of their own here
+    (``Recipe.fsdp_outer_units``, torchtitan): an untied model over more than one rank on the torch engine, its head
+    unit kept after forward (torchtitan's default policy). A tied model shares one unit kept after forward, counted
+    as the root (an upper bound: 2-6% over the simulated step on a 256-wide Llama); one rank is estimated as the root
+    too, and a head unit resharded after forward (``fsdp_root_regathered``, torchtitan's ``always`` policy, which
+    the planner does not offer) as the root gathered again."""
+    return (training.recipe.fsdp_outer_units and not training.fsdp_root_regathered and training.engine == "torch"
+            and training.fsdp_version == 2
+            and world > 1 and spec.embedding_params is not None and not spec.tied_embeddings
+            and bool(spec.head_params))
+
+
+def _outer_unit_fields(spec: ModelSpec, impl: Implementation, world: int, *, ub: int, reduce_b: int, layer: int,
+                       outside: int, root_t: int, held: int, ag_block: int, blocks_bwd: int, grads: int, h2d: int,
+                       n_layers: int, last_block_rs: int, pb: int, grads_at_backward_end: int) -> dict:
+    """FSDP2's buffers under torchtitan's units (``own_outer_units``; torchtitan apply_fsdp): the embedding
+    (``E`` bytes unsharded) resharded after its forward under ZeRO-3 and kept under ZeRO-2, as the blocks are;
+    the final norm and head (``H``) gathered after the last block and kept to their backward, whose
+    post-backward reshards them and reduce-scatters their gradients before the blocks' backward begins (FSDP2's
+    post-backward hook on the unit's input, torch/distributed/fsdp/_fully_shard/_fsdp_state.py), so neither is
+    held through the blocks' backward. An all-gather's output lives until the next one is waited on: the head's
+    to the end of forward, the embedding's to the first block's copy-out; the root's post-forward frees the
+    last (``_post_forward``: ``all_gather_state = None``), so the loss backward holds the head alone; from the
+    head's post-backward on, its gradient shard (the parameters' dtype) is held beside the blocks'. Read moment
+    by moment on the simulated step (wrappers.fsdp ``outer_units``: tests/estimate/test_outer_units.py)."""
+    embedding_p = spec.embedding_params or 0
+    head_p = outside - embedding_p
+    e_bytes, h_bytes = ub * embedding_p, ub * head_p
+    head_t = min(root_t, head_p)  # the head trains first (PEFT's modules_to_save), then the embedding
+    embedding_t = root_t - head_t
+    head_shard = -(-pb * head_t // world)
+    zero3 = impl.reshard_after_forward
+    kept_e = 0 if zero3 else e_bytes  # ZeRO-2 keeps the embedding unsharded from its forward to its backward
+    fields = dict(
+        persistent=0,
+        at_forward_start=e_bytes + max(e_bytes if zero3 else 0, 2 * ub * layer) + h2d + kept_e,
+        at_last_block_forward=kept_e + held + 2 * ag_block + h2d if n_layers > 1 else None,
+        at_forward_end=kept_e + (0 if zero3 else held) + 2 * h_bytes + h2d,
+        at_loss=kept_e + (0 if zero3 else held) + h_bytes + h2d,
+        in_backward=kept_e + blocks_bwd + grads + head_shard + h2d,
+        at_head_backward=(kept_e + (0 if zero3 else held) + h_bytes + (ub + reduce_b) * head_t + h2d
+                          if head_t else None),
+        grads_at_backward_end=grads_at_backward_end + head_shard,
+    )
+    # The embedding's backward, the step's last: its unsharded parameters (gathered again under ZeRO-3) and its
+    # gradient beside the last block's reduce-scatter input, then its own reduce-scatter input and output.
+    fields["at_backward_end"] = (max(e_bytes + ub * embedding_t + last_block_rs,
+                                     e_bytes + reduce_b * embedding_t + reduce_b * -(-embedding_t // world))
+                                 if embedding_t else 0)
+    return fields
 
 
 def trainable_split(spec: ModelSpec, layer: int, n_layers: int) -> tuple[int, int]:

@@ -84,12 +84,12 @@ def test_an_older_torch_keeps_the_root_and_gathers_it_once():
     assert est.peak_allocated < _estimate().peak_allocated  # the second gather gone
 
 
-@pytest.mark.parametrize("recipe", ["torchtune", "torchtitan"])
+@pytest.mark.parametrize("recipe", ["torchtune"])
 def test_a_stack_that_keeps_its_root_unsharded_gathers_it_once(recipe):
-    """torchtune asks fully_shard(root, reshard_after_forward=False) and torchtitan's norm + head unit keeps its
-    parameters under the default policy (``Recipe.fsdp_root_reshards``): on today's torch their ZeRO-3 step is the
-    older torch's, no second gather. Each setting against the simulated step that wraps the root so (within 2 kB:
-    the RoPE buffer and ids); the simulator's unit layout is wrap()'s (one root unit), not the stacks' own."""
+    """torchtune asks fully_shard(root, reshard_after_forward=False) (``Recipe.fsdp_root_reshards``): on today's
+    torch its ZeRO-3 step is the older torch's, no second gather. Each setting against the simulated step that wraps
+    the root so (within 2 kB: the RoPE buffer and ids). torchtitan's norm + head unit, which also keeps its
+    parameters, is a unit of its own (``fsdp_outer_units``): tests/estimate/test_outer_units.py."""
     import warnings
 
     from advisor.frozen import validated_copy

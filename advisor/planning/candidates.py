@@ -25,6 +25,11 @@ from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import CheckpointMode, TrainingConfig
 from advisor.units import GIB
 
+# Throughputs within 3% count as the same speed: well inside the step-time model's error against
+# published runs (benchmarks/results/throughput_validation.md: within 25%), so a smaller gap is no
+# reason to give up memory headroom, recompute more or take on more communication (advisor.planning.policy).
+SAME_SPEED = 0.03
+
 AUTO_MICRO_BATCH_CAP = 64
 # The keys of a candidate and a recommendation in --json, in the order readers have always seen (some are
 # properties now, which pydantic would write last); a pipeline mesh's stage_peaks comes after them.
@@ -376,17 +381,17 @@ def evaluate_candidate(
                                      memory_range=span(mem, mode),
                                      cpu_memory_bytes=_cpu_per_node(mem, hardware),
                                      step_time=timing))
-            if mode == "off" and is_roomy and within_headroom(fitting[-1], training):
-                break  # no recompute and it fits within the headroom: nothing to gain from checkpointing
     if fitting:
         # Memory first: each mode at the largest micro-batch it fits within the headroom, else at the smallest;
         # a mode within the headroom (whatever chose its micro-batch, a pinned one too) beats one past it:
         # micro-batch 1 without checkpointing at 99% of memory is within the estimate's error of an out-of-memory
-        # failure, as a full auto batch is. Then step time, the most tokens/s; a tie keeps the one that recomputes
-        # less (the order tried). --policy fastest: speed alone. Checkpointing modes are tried only when the plan
-        # without it is past the headroom (the loop's break).
+        # failure, as a full auto batch is. Then step time: the mode that recomputes least (the order tried) among
+        # those within SAME_SPEED of the most tokens/s. Every mode is tried, even where the plan without
+        # checkpointing fits within the headroom: the larger micro-batch checkpointing makes room for can be the
+        # faster step (under CPU offload the optimizer step and the transfers are paid once per step, so it often
+        # is). --policy fastest: speed alone.
         comfort = [within_headroom(c, training) for c in fitting]
-        best = max(range(len(fitting)), key=lambda i: (comfort[i], round(fitting[i].step_time.tokens_per_s, 6), -i))
+        best = _least_recompute_of_fastest(fitting, comfort, same_speed=0 if training.policy == "fastest" else SAME_SPEED)
         chosen = staged(fitting[best])
         off = fitting[0] if fitting[0].checkpointing == "off" else None
         if off is not None and best != 0:  # the reason gives what checkpointing was chosen over
@@ -401,6 +406,14 @@ def evaluate_candidate(
                             gradient_accumulation_steps=_accumulation(training, dp_world, micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))
+
+
+def _least_recompute_of_fastest(fitting: list[Candidate], comfort: list[bool], *, same_speed: float) -> int:
+    """The index of the first candidate (the least recompute: the order tried) among the comfortable ones, if any,
+    whose tokens/s is within ``same_speed`` of the fastest of them (0 under --policy fastest: the fastest)."""
+    pool = [i for i in range(len(fitting)) if comfort[i]] or list(range(len(fitting)))
+    fastest = max(fitting[i].step_time.tokens_per_s for i in pool)
+    return next(i for i in pool if fitting[i].step_time.tokens_per_s * (1 + same_speed) >= fastest)
 
 
 def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:

@@ -16,16 +16,12 @@ from __future__ import annotations
 
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import Candidate, Recommendation
+from advisor.planning.candidates import SAME_SPEED, Candidate, Recommendation
 from advisor.planning.fastest import explain_tradeoff, rank_by_time
 from advisor.planning.render import render_alternative, render_reason, size_rationale
 from advisor.strategies import ESCALATION, STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 
-# Throughputs within 3% count as the same speed: well inside the step-time model's error against
-# published runs (benchmarks/results/throughput_validation.md: within 25%), so a smaller gap is no
-# reason to give up memory headroom or take on more communication.
-SAME_SPEED = 0.03
 SMALL_MODEL = 10**9
 LARGE_MODEL = 10 * 10**9
 

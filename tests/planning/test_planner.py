@@ -155,7 +155,7 @@ def test_cli_table_mentions_recommendation_and_assumptions():
     result = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--verbose"])
     assert result.exit_code == 0
     # zero3 no longer fits 2 A100s with the CUDA context (tests/planning/test_plan_cases.py): offload.
-    assert "Recommendation: zero2_offload" in result.output and "A100-80GB-SXM" in result.output
+    assert "Recommendation: zero3_offload" in result.output and "A100-80GB-SXM" in result.output
     assert "Assumptions" in result.output and "% of 79.15 GiB" in result.output
 
 

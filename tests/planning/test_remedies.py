@@ -61,7 +61,7 @@ def test_ranked_math_keeping_first_and_the_why_opens_with_the_best():
     assert names.index("--gpus 3xA100-80GB-SXM") > names.index("--optimizer-impl fused")
     best = remedies[0]
     assert best.fits and best.strategy == "zero3" and best.saved_gib > 0
-    assert p.why[0] == (f"zero2_offload offloads to the CPU ({p.chosen.step_time.tokens_per_s:,.0f} tokens/s); with "
+    assert p.why[0] == (f"zero3_offload offloads to the CPU ({p.chosen.step_time.tokens_per_s:,.0f} tokens/s); with "
                         f"--optimizer-impl fused (keeps the mathematics), zero3 runs on the GPUs alone at "
                         f"{best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s "
                         f"({best.tokens_per_s / p.chosen.step_time.tokens_per_s:.1f}x); it saves "

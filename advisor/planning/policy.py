@@ -200,7 +200,7 @@ def choose(
         if chosen.uncheckpointed is None or chosen.step_time is None:
             offloaded = bool(chosen.memory_bytes and chosen.memory_bytes.activations_on_cpu)
             why.append(r.CheckpointingOn(mode=mode, offload=offloaded))
-        else:  # it also fitted without checkpointing, past the headroom (advisor.planning.candidates)
+        else:  # it also fitted without checkpointing, past the headroom or slower (advisor.planning.candidates)
             micro, total, tokens = chosen.uncheckpointed
             why.append(r.CheckpointingForHeadroom(mode=mode, micro_batch_size=micro, total_bytes=total,
                                                   capacity_bytes=chosen.capacity_bytes, margin=margin, headroom=headroom,

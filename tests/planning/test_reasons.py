@@ -319,3 +319,17 @@ def test_kinds_no_readme_plan_reaches_render_as_before():
                             "activation checkpointing), or offloaded states exceed CPU RAM; shorten --seq-len.")
     also = r.AlsoFits(strategy="ddp", total_bytes=61 * GIB, capacity_bytes=100 * GIB, micro_batch_size=2, step_s=1.2)
     assert render(also) == "ddp also fits (61% of memory, micro-batch 2, 1.20 s/step) and communicates less"
+
+
+def test_checkpointing_for_speed_within_the_headroom_says_so(qwen_2xa100):
+    """The README plan checkpoints though zero3_offload fits without it within the headroom: the reason is the
+    larger micro-batch's speed, and its figures are the plan pinned without checkpointing (it said "past the 10%
+    headroom" of a plan at 71% before)."""
+    p = qwen_2xa100
+    x = _one(p, r.CheckpointingForHeadroom)
+    off = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3_offload",
+               activation_checkpointing="off").candidate("zero3_offload")
+    assert (x.micro_batch_size, x.total_bytes, x.tokens_per_s) == (
+        off.micro_batch_size, off.memory_range.at("expected"), off.step_time.tokens_per_s)
+    assert x.total_bytes <= (1 - x.headroom) * x.capacity_bytes and x.chosen_tokens_per_s > x.tokens_per_s
+    assert "runs faster" in render(x) and "past the" not in render(x)

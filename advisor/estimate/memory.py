@@ -420,7 +420,7 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
         return bottom_kv  # the kept cache grows to the bottom block: counted there (an upper bound)
     step = buffers.per_block_done - acts.block_kept_bytes
     bottom = buffers.below_top + (n - 1) * step - buffers.bottom_less + bottom_kv
-    if n == 2:  # the block below the top is the bottom one (ZeRO-3: nothing below it to prefetch)
+    if n == 2:  # the block below the top is the bottom one (ZeRO-3: no block below it to prefetch; with fsdp_outer_units the embedding)
         return max(top, bottom)
     return max(top, buffers.below_top + step + top, buffers.below_top + max(1, n - 2) * step + top, bottom)
 

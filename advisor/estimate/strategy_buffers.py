@@ -34,7 +34,8 @@ class StrategyBuffers(BaseModel):
                                         "gradients (FSDP2: the root's backward; replicated: the embedding's "
                                         "gradient and a tied head's); None: not a moment of its own.")
     grads_at_backward_end: int = Field(default=0, description="Gradients (shards) at the end of backward "
-                                       "(FSDP2: the blocks'; the root's is being reduce-scattered; replicated: "
+                                       "(FSDP2: the blocks' and, with fsdp_outer_units, the head's; the root's is "
+                                       "being reduce-scattered; replicated: "
                                        "all but the embedding's).")
     below_top: int = Field(default=0, description="Held in a lower block's backward beyond the top block's "
                            "(FSDP2: the block above's unsharded gradients, until the next reduce-scatter).")
@@ -264,17 +265,21 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
         padded = layer + expert_shard_padding(spec, world, dim1=training.recipe.shard_experts_on_dim1)
         resharded, no_prefetch = (0, ub * padded) if impl.reshard_after_forward else (ub * padded, 0)
         no_prefetch = no_prefetch if world > 1 else 0  # one rank prefetches nothing (fsdp2_one_rank)
+        head_rs = 0
         if own_outer_units(spec, training, world):
-            # The head's gradient was reduce-scattered at its unit's post-backward, before the blocks'; under ZeRO-3
-            # the bottom block prefetches the embedding's unit, not a block (strategy_buffers._outer_unit_fields).
-            head = 0
+            # The head's gradient was reduce-scattered at its unit's post-backward, before the blocks'; its
+            # reduce-scatter input (in buffers.in_backward) lasts to the top block's post-backward, whose own input
+            # replaces it; under ZeRO-3 the bottom block prefetches the embedding's unit, not a block
+            # (strategy_buffers._outer_unit_fields).
+            head, head_rs = 0, reduce_b * (spec.total_params - layer * n_layers + blocks_saving(spec)
+                                           - (spec.embedding_params or 0))
             if impl.reshard_after_forward:
                 no_prefetch -= ub * (spec.embedding_params or 0)
         common = buffers.in_backward - old_grads + ub * head
         return validated_copy(buffers, dict(in_backward=common + ub * down, in_backward_early=common if moe else None,
                                               in_backward_late=common + ub * layer,
-                                              top_reduce_scatter=common + reduce_b * padded,
-                                              below_top=reduce_b * padded,
+                                              top_reduce_scatter=common - head_rs + reduce_b * padded,
+                                              below_top=reduce_b * padded - head_rs,
                                               per_block_done=-(-pb * layer // world) - resharded,
                                               num_blocks=n_layers, bottom_less=no_prefetch,
                                               saved_gone_at_reduce_scatter=moe))
@@ -306,8 +311,11 @@ def own_outer_units(spec: ModelSpec, training: TrainingConfig, world: int) -> bo
     unit kept after forward (torchtitan's default policy). A tied model shares one unit kept after forward, counted
     as the root (an upper bound: 2-6% over the simulated step on a 256-wide Llama); one rank is estimated as the root
     too, and a head unit resharded after forward (``fsdp_root_regathered``, torchtitan's ``always`` policy, which
-    the planner does not offer) as the root gathered again."""
+    the planner does not offer) as the root gathered again. Under ``--loss fused`` (wrappers.losses reads the head's
+    weight without calling the module, so FSDP2 takes the grouped unit's partial-group path, which the simulator's
+    memory tracker cannot follow) the root layout is planned and simulated too."""
     return (training.recipe.fsdp_outer_units and not training.fsdp_root_regathered and training.engine == "torch"
+            and training.loss != "fused"
             and training.fsdp_version == 2
             and world > 1 and spec.embedding_params is not None and not spec.tied_embeddings
             and bool(spec.head_params))
@@ -324,14 +332,25 @@ def _outer_unit_fields(spec: ModelSpec, impl: Implementation, world: int, *, ub:
     held through the blocks' backward. An all-gather's output lives until the next one is waited on: the head's
     to the end of forward, the embedding's to the first block's copy-out; the root's post-forward frees the
     last (``_post_forward``: ``all_gather_state = None``), so the loss backward holds the head alone; from the
-    head's post-backward on, its gradient shard (the parameters' dtype) is held beside the blocks'. Read moment
-    by moment on the simulated step (wrappers.fsdp ``outer_units``: tests/estimate/test_outer_units.py)."""
+    head's post-backward on, its gradient shard (the parameters' dtype) is held beside the blocks', and its
+    reduce-scatter input (reduce_dtype) through the top block's backward, until the next post-backward reclaims it
+    (``_fsdp_param_group.py`` ``post_backward``: ``comm_ctx.reduce_scatter_states``), as a block's is through the
+    block below's (``below_top``). Under ZeRO-3 the bottom block prefetches the embedding's unit, trained or not,
+    where the others prefetch a block (``bottom_less``). Read moment by moment on the simulated step (wrappers.fsdp
+    ``outer_units``: tests/estimate/test_outer_units.py), except the head's reduce-scatter input in the top block:
+    under the simulator's memory tracker FSDP2 runs the norm + head unit's post-backward in two parts (its partial
+    group path, ``is_partial_group_backward``), and the norm's tiny input replaces the head's before the top block;
+    without the tracker the unit's one post-backward reduce-scatters the whole head (tests/estimate/test_outer_units.py).
+    At the head's own post-backward the unsharded head, its gradients and their reduce_dtype copy are counted
+    together: the simulated step holds them so, though a whole-unit post-backward reshards before the copy-in (an
+    upper bound by the head's unsharded bytes)."""
     embedding_p = spec.embedding_params or 0
     head_p = outside - embedding_p
     e_bytes, h_bytes = ub * embedding_p, ub * head_p
     head_t = min(root_t, head_p)  # the head trains first (PEFT's modules_to_save), then the embedding
     embedding_t = root_t - head_t
     head_shard = -(-pb * head_t // world)
+    head_rs = reduce_b * head_t
     zero3 = impl.reshard_after_forward
     kept_e = 0 if zero3 else e_bytes  # ZeRO-2 keeps the embedding unsharded from its forward to its backward
     fields = dict(
@@ -340,8 +359,8 @@ def _outer_unit_fields(spec: ModelSpec, impl: Implementation, world: int, *, ub:
         at_last_block_forward=kept_e + held + 2 * ag_block + h2d if n_layers > 1 else None,
         at_forward_end=kept_e + (0 if zero3 else held) + 2 * h_bytes + h2d,
         at_loss=kept_e + (0 if zero3 else held) + h_bytes + h2d,
-        in_backward=kept_e + blocks_bwd + grads + head_shard + h2d,
-        at_head_backward=(kept_e + (0 if zero3 else held) + h_bytes + (ub + reduce_b) * head_t + h2d
+        in_backward=kept_e + blocks_bwd + grads + head_shard + head_rs + h2d,
+        at_head_backward=(kept_e + (0 if zero3 else held) + h_bytes + (ub + reduce_b) * head_t + head_shard + h2d
                           if head_t else None),
         grads_at_backward_end=grads_at_backward_end + head_shard,
     )
@@ -350,6 +369,14 @@ def _outer_unit_fields(spec: ModelSpec, impl: Implementation, world: int, *, ub:
     fields["at_backward_end"] = (max(e_bytes + ub * embedding_t + last_block_rs,
                                      e_bytes + reduce_b * embedding_t + reduce_b * -(-embedding_t // world))
                                  if embedding_t else 0)
+    if embedding_t < embedding_p and n_layers > 1:
+        # Not a full fine-tune (block_backward_buffers reads a full one's blocks): the lower blocks' line, each
+        # finished block leaving its gradients' shard and its reduce-scatter input to the block below (the head's
+        # leaves with the top block's post-backward); the bottom block prefetching the embedding under ZeRO-3.
+        per_block_t = max(0, grads // (ub + reduce_b)) if ub + reduce_b else 0
+        fields.update(num_blocks=n_layers, per_block_done=-(-pb * per_block_t // world),
+                      below_top=reduce_b * per_block_t - head_rs,
+                      bottom_less=(ag_block - e_bytes) if zero3 else 0)
     return fields
 
 

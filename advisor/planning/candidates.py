@@ -73,8 +73,8 @@ class Candidate(_Frozen):
                                                 "rank's peak (bytes, total), rank 0 first; the worst is memory_bytes.")
     uncheckpointed: tuple[int, int, float] | None = Field(
         default=None, exclude=True, description="(micro-batch, total bytes at the --margin end, tokens/s) of the same "
-        "strategy without checkpointing, where that fitted past the headroom and a checkpointed plan was taken (the "
-        "reason says why); not in the JSON.")
+        "strategy without checkpointing, where that fitted and a checkpointed plan was taken: past the headroom, or "
+        "slower than the larger micro-batch checkpointing makes room for (the reason says which); not in the JSON.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -280,8 +280,9 @@ def evaluate_candidate(
         from advisor.estimate.pipeline_schedules import num_micro_batches
         from advisor.estimate.pipeline_time import estimate_pipeline_step_time
 
-    # Checkpointing modes in the order tried: auto takes no checkpointing when it fits; otherwise the
-    # faster of selective (keeps attention and every other matmul) and full, each at its largest micro-batch.
+    # Checkpointing modes in the order tried, each at its largest micro-batch within the headroom: none, selective
+    # (keeps attention and every other matmul) and full; auto takes, of those within the headroom, the one that
+    # recomputes least within SAME_SPEED of the fastest (below).
     # A kept KV cache cannot run under selective checkpointing (advisor.estimate.kv_cache): auto skips it.
     auto = ["off", "on"] if training.keeps_kv_cache else ["off", "selective", "on"]
     if training.activation_offload:  # offloading is planned under checkpointing (advisor.estimate.activation_offload)

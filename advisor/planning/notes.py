@@ -44,7 +44,7 @@ def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, mic
               "scaling or a longer-context checkpoint" if context and best > context else "")
     return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
             "the estimate; "
-            f"the candidates are shown at the longest, {best:,} tokens{beyond}")
+            f"the candidates are shown at the longest on the GPUs alone (where one holds a token), {best:,} tokens{beyond}")
 
 
 def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],

@@ -289,7 +289,7 @@ def _wrap_recipe(net: Any, strategy: str, impl: Implementation, training: Traini
                     # an older torch's root, unsharded from its forward to its backward (library_releases.json),
                     # or a stack's that asks for that (Recipe.fsdp_root_reshards)
                     root_reshard_after_forward=None if training.fsdp_root_regathered else False,
-                    outer_units=training.recipe.fsdp_outer_units)
+                    outer_units=training.recipe.fsdp_outer_units and training.loss != "fused")
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

@@ -277,7 +277,10 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
     if spec.trainable_params < spec.total_params:
         notes.append("frozen parameters sit inside the network (LoRA-like): activations are kept for every layer")
     if training.micro_batch_size is None:
+        batch = ("; without --global-batch an optimizer step takes the micro-batch x the data-parallel GPUs, so the "
+                 "micro-batch chosen sets the step's batch: give --global-batch to fix it (the rest summed over "
+                 "micro-batches)" if training.global_batch_size is None else "")
         notes.append(f"micro-batch 'auto': the largest that leaves {training.headroom:.0%} of memory free at the "
                      f"{training.margin} end of its range (--headroom), searched up to 64 per GPU; micro-batch 1 "
-                     "when none does and it fits")
+                     f"when none does and it fits{batch}")
     return notes

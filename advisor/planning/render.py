@@ -121,7 +121,7 @@ def _checkpointing_on(x: r.CheckpointingOn) -> str:
 def _checkpointing_for_headroom(x: r.CheckpointingForHeadroom) -> str:
     what = "Selective activation checkpointing" if x.mode == "selective" else "Activation checkpointing"
     end = "" if x.margin == "expected" else f" at the {x.margin} end of its range"
-    if _share(x.total_bytes, x.capacity_bytes) <= 1 - x.headroom:  # within the headroom: chosen for its speed
+    if x.chosen_tokens_per_s > x.tokens_per_s:  # the checkpointed plan is the faster: that is the reason given
         return (f"{what} is on: the larger micro-batch it makes room for runs faster: without it micro-batch "
                 f"{x.micro_batch_size} needs {_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}{end} "
                 f"({_share(x.total_bytes, x.capacity_bytes):.0%}) and runs {x.tokens_per_s:,.0f} tokens/s; this plan "

@@ -210,3 +210,16 @@ def test_cpu_ram_line_says_whether_it_was_checked():
     assert "of 1024.0 GiB given by --cpu-memory-gib" in line and "checked only when" not in line
     unchecked = plan("Qwen/Qwen2.5-7B", "2xA100")
     assert any("(checked only when --cpu-memory-gib is given)" in line for line in unchecked.why)
+
+
+def test_auto_micro_batch_says_it_sets_the_step_batch_without_a_global_batch():
+    """The auto micro-batch moves the optimizer step's batch when no --global-batch fixes it (the README plan's
+    offload runs micro-batch 15: 30 samples a step on 2 GPUs); the assumption says so, and not when one is given."""
+    from advisor import plan
+
+    free = plan("Qwen/Qwen2.5-7B", "2xA100")
+    fixed = plan("Qwen/Qwen2.5-7B", "2xA100", global_batch_size=32)
+    said = "give --global-batch to fix it"
+    assert any(said in note for note in free.assumptions)
+    assert not any(said in note for note in fixed.assumptions)
+    assert fixed.chosen.micro_batch_size * 2 * (fixed.chosen.gradient_accumulation_steps or 1) == 32

@@ -148,8 +148,8 @@ class CheckpointingOn(ReasonModel):
 
 class CheckpointingForHeadroom(ReasonModel):
     """Checkpointing is on although the same strategy fits without it: ``without it micro-batch 1 needs 78.21 of
-    79.15 GiB (99%), past the 10% headroom (5,373 tokens/s; this plan 4,587)``; or, within the headroom, because the
-    larger micro-batch it makes room for runs faster (advisor.planning.candidates): ``the larger micro-batch it makes
+    79.15 GiB (99%), past the 10% headroom (5,373 tokens/s; this plan 4,587)``; or, where the checkpointed plan is the
+    faster, because the larger micro-batch it makes room for runs faster (advisor.planning.candidates): ``the larger micro-batch it makes
     room for runs faster: without it micro-batch 3 needs 56.0 GiB of 79.2 GiB (71%) and runs 840 tokens/s; this
     plan 2,834``."""
 

@@ -178,7 +178,8 @@ def choose(
         why.append(r.DefaultFits(**figures))
     else:
         why.append(_does_not_fit(by_name[default]))
-        direction = "escalated" if ESCALATION.index(size_choice.strategy) > start else "fell back"
+        direction = ("escalated" if size_choice.strategy in ESCALATION and ESCALATION.index(size_choice.strategy) > start
+                     else "fell back")
         on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c)]
         step = size_choice.step_time
         why.append(r.Escalated(**figures, direction=direction, num_fitting_on_gpu=len(on_gpu),
@@ -205,7 +206,7 @@ def choose(
             why.append(r.CheckpointingForHeadroom(mode=mode, micro_batch_size=micro, total_bytes=total,
                                                   capacity_bytes=chosen.capacity_bytes, margin=margin, headroom=headroom,
                                                   tokens_per_s=tokens, chosen_tokens_per_s=chosen.step_time.tokens_per_s))
-    cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen
+    cheaper = [c for c in fitting if c.strategy in ESCALATION and c is not chosen and chosen.strategy in ESCALATION
                and ESCALATION.index(c.strategy) < ESCALATION.index(chosen.strategy)]
     alternatives = tuple(r.AlsoFits(strategy=c.strategy, total_bytes=c.memory_bytes.total,
                                     capacity_bytes=c.capacity_bytes, micro_batch_size=c.micro_batch_size,
@@ -224,6 +225,11 @@ def _escalate(by_name: dict[str, Candidate], default: StrategyName, fitting: lis
     on_gpu = [c for c in fitting if c.strategy in ESCALATION and not offloads(c) and c.step_time is not None]
     if on_gpu:  # ties keep the one that communicates least
         return max(on_gpu, key=lambda c: (round(c.step_time.tokens_per_s, 6), -ESCALATION.index(c.strategy)))
+    # DataParallel is outside the escalation (one process, GPU 0 the bottleneck), but a GPU-only plan still comes
+    # before CPU offload (one GPU: DataParallel calls the module itself, the plain model).
+    single = [c for c in fitting if not offloads(c) and c.step_time is not None and c.strategy not in ESCALATION]
+    if single:
+        return max(single, key=lambda c: c.step_time.tokens_per_s)
     start = ESCALATION.index(default)
     order = [*ESCALATION[start:], *ESCALATION[:start]]
     return next((by_name[n] for n in order if n in by_name and by_name[n].fits), None)

@@ -349,7 +349,7 @@ def _outer_unit_fields(spec: ModelSpec, impl: Implementation, world: int, *, ub:
     e_bytes, h_bytes = ub * embedding_p, ub * head_p
     head_t = min(root_t, head_p)  # the head trains first (PEFT's modules_to_save), then the embedding
     embedding_t = root_t - head_t
-    head_shard = -(-pb * head_t // world)
+    head_shard = 0 if impl.offload_params else -(-pb * head_t // world)  # offloaded: the shard goes to the CPU
     head_rs = reduce_b * head_t
     zero3 = impl.reshard_after_forward
     kept_e = 0 if zero3 else e_bytes  # ZeRO-2 keeps the embedding unsharded from its forward to its backward

@@ -30,7 +30,7 @@ from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_on_meshes, longest_traced,
-                                      planned_length)
+                                      planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
@@ -401,6 +401,9 @@ def plan(
         strategy=strategy, dp_blocked=dp_blocked)
     if search_length:
         why.extend(longer_with_offload(spec, hw, training, longest))
+        if recommendation is not None and recommendation.mesh is None and not spec.traced:
+            roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len)
+            why.extend([roomy] if roomy is not None else [])
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.

@@ -32,7 +32,7 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import evaluate_candidate
+from advisor.planning.candidates import evaluate_candidate, within_headroom
 from advisor.strategies import get_strategy
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
@@ -95,6 +95,28 @@ def longer_with_offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         return []
     return [r.LongerWithOffload(strategy=key, seq_len=length, gpu_only_seq_len=training.seq_len,
                                 step_s=step.step_s, tokens_per_s=step.tokens_per_s)]
+
+
+def within_headroom_at(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
+                       length: int) -> r.LongestWithinHeadroom | None:
+    """Where the plan's ``strategy`` holds ``length`` tokens only past the --headroom (the longest fills the
+    GPU to its last GiB, within the estimate's error of an out-of-memory failure): the longest it holds within
+    the headroom. None where the plan is within it already, or under --policy fastest (no headroom policy)."""
+    micro_batch_size = training.micro_batch_size or 1
+
+    def roomy(tokens: int) -> bool:
+        at = validated_copy(training, {"seq_len": tokens, "micro_batch_size": micro_batch_size,
+                                         "global_batch_size": None})
+        cand = evaluate_candidate(spec, hw, at, strategy)
+        return cand.fits and within_headroom(cand, at)
+
+    if training.policy == "fastest" or roomy(length):
+        return None
+    found = _search(roomy, step=1)
+    if found is None:
+        return None
+    return r.LongestWithinHeadroom(strategy=strategy, seq_len=found, longest_seq_len=length,
+                                   headroom=training.headroom)
 
 
 def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, names: list[str], *,

@@ -215,6 +215,11 @@ def _longer_with_offload(x: r.LongerWithOffload) -> str:
             "the GPUs alone.")
 
 
+def _longest_within_headroom(x: r.LongestWithinHeadroom) -> str:
+    return (f"{x.strategy} holds {x.longest_seq_len:,} tokens only past the {x.headroom:.0%} headroom (the longest "
+            f"fills the GPU); within it, {x.seq_len:,} (--seq-len {x.seq_len}).")
+
+
 def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
     return ("No number of these GPUs fits: one sample's activations alone exceed "
@@ -375,6 +380,7 @@ _RENDER: dict[str, Callable] = {
     "LossWouldFit": _loss_would_fit,
     "SmallestFitFound": _smallest,
     "LongerWithOffload": _longer_with_offload,
+    "LongestWithinHeadroom": _longest_within_headroom,
     "NoCountFits": _no_count,
     "DataParallelCannot": lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
     "MeshFits": _mesh_fits,

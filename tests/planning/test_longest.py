@@ -82,3 +82,19 @@ def test_cli_json_and_bad_values():
     for bad in ("lots", "0"):
         done = run("--seq-len", bad)
         assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--seq-len" in done.stderr
+
+
+def test_the_longest_within_the_headroom_is_given_beside_the_longest():
+    """The longest length fills the GPU to its last GiB (within the estimate's error of an out-of-memory failure);
+    the plan also gives the longest its strategy holds within the --headroom: at that length the plan leaves 10% of
+    memory free at the expected end, one token more does not, and it is shorter than the longest."""
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "1xA100", seq_len="max", recipe="trainer",
+                        lora=LoraConfig(rank=32, targets="all-linear"), quantize="nf4", micro_batch_size=1,
+                        activation_checkpointing="on")
+    (reason,) = [x for x in plan.reasons if x.kind == "longest-within-headroom"]
+    assert (reason.strategy, reason.longest_seq_len) == (plan.recommendation.strategy, plan.training.seq_len)
+    assert reason.seq_len < reason.longest_seq_len
+    for tokens, roomy in ((reason.seq_len, True), (reason.seq_len + 1, False)):
+        at = plan.training.model_copy(update={"seq_len": tokens})
+        cand = evaluate_candidate(plan.model, plan.hardware, at, reason.strategy)
+        assert (cand.memory_range.at("expected") <= 0.9 * cand.capacity_bytes) is roomy, tokens

@@ -313,6 +313,16 @@ class LongerWithOffload(ReasonModel):
     tokens_per_s: float
 
 
+class LongestWithinHeadroom(ReasonModel):
+    """``--seq-len max``: ``zero3 holds 37,028 tokens at 100% of memory; within the 10% headroom it holds 32,805.``"""
+
+    kind: Literal["longest-within-headroom"] = "longest-within-headroom"
+    strategy: str
+    seq_len: int = Field(description="The longest the strategy holds within the --headroom.")
+    longest_seq_len: int = Field(description="The longest it holds at all: the plan's length.")
+    headroom: float
+
+
 class NoCountFits(ReasonModel):
     """``No number of these GPUs fits: ...; shorten --seq-len.``"""
 

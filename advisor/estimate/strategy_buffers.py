@@ -228,7 +228,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
             or not full or not spec.intermediate_size or not spec.hidden_size
             or (spec.num_experts and (spec.hybrid is not None or spec.mla is not None))):
         return buffers
-    layer, n_layers, _ = block_params(spec)
+    layer, n_layers, outside = block_params(spec)
     pb = training.param_bytes
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
     head = 0 if spec.traced and tied else _head_params(spec)
@@ -271,8 +271,7 @@ def block_backward_buffers(spec: ModelSpec, training: TrainingConfig, impl: Impl
             # reduce-scatter input (in buffers.in_backward) lasts to the top block's post-backward, whose own input
             # replaces it; under ZeRO-3 the bottom block prefetches the embedding's unit, not a block
             # (strategy_buffers._outer_unit_fields).
-            head, head_rs = 0, reduce_b * (spec.total_params - layer * n_layers + blocks_saving(spec)
-                                           - (spec.embedding_params or 0))
+            head, head_rs = 0, reduce_b * (outside - (spec.embedding_params or 0))
             if impl.reshard_after_forward:
                 no_prefetch -= ub * (spec.embedding_params or 0)
         common = buffers.in_backward - old_grads + ub * head

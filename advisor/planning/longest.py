@@ -37,25 +37,17 @@ from advisor.strategies import get_strategy
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
 
+def _at_length(training: TrainingConfig, length: int) -> TrainingConfig:
+    """``training`` at ``length`` tokens and the micro-batch asked for (one sample when none was), no global batch:
+    what every length search here evaluates."""
+    return validated_copy(training, {"seq_len": length, "micro_batch_size": training.micro_batch_size or 1,
+                                     "global_batch_size": None})
+
+
 def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str) -> int | None:
     """The longest ``seq_len`` at which ``strategy`` fits ``training``'s micro-batch (default one sample) per
     GPU; None if not even one token."""
-    micro_batch_size = training.micro_batch_size or 1
-
-    def fits(length: int) -> bool:
-        at = validated_copy(training, {"seq_len": length, "micro_batch_size": micro_batch_size,
-                                         "global_batch_size": None})
-        return evaluate_candidate(spec, hw, at, strategy).fits
-
-    if not fits(1):
-        return None
-    low, high = 1, MAX_SEQ_LEN  # fits(low); search the last length that fits
-    if fits(high):
-        return high
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
+    return _search(lambda length: evaluate_candidate(spec, hw, _at_length(training, length), strategy).fits, step=1)
 
 
 def longest_all(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
@@ -88,9 +80,7 @@ def longer_with_offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     if not beyond or not any(length for key, length in longest.items() if not offloads(key, training)):
         return []  # nothing longer, or the plan itself offloads (no GPU-only candidate holds a token)
     length, key = max(beyond)
-    at = validated_copy(training, {"seq_len": length, "micro_batch_size": training.micro_batch_size or 1,
-                                   "global_batch_size": None})
-    step = evaluate_candidate(spec, hw, at, key.split(" ", 1)[0]).step_time
+    step = evaluate_candidate(spec, hw, _at_length(training, length), key.split(" ", 1)[0]).step_time
     if step is None:
         return []
     return [r.LongerWithOffload(strategy=key, seq_len=length, gpu_only_seq_len=training.seq_len,
@@ -102,11 +92,8 @@ def within_headroom_at(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     """Where the plan's ``strategy`` holds ``length`` tokens only past the --headroom (the longest fills the
     GPU to its last GiB, within the estimate's error of an out-of-memory failure): the longest it holds within
     the headroom. None where the plan is within it already, or under --policy fastest (no headroom policy)."""
-    micro_batch_size = training.micro_batch_size or 1
-
     def roomy(tokens: int) -> bool:
-        at = validated_copy(training, {"seq_len": tokens, "micro_batch_size": micro_batch_size,
-                                         "global_batch_size": None})
+        at = _at_length(training, tokens)
         cand = evaluate_candidate(spec, hw, at, strategy)
         return cand.fits and within_headroom(cand, at)
 
@@ -156,14 +143,8 @@ def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, str
                     mesh: ParallelDims) -> int | None:
     """The longest ``seq_len`` at which ``strategy`` fits the micro-batch asked for (one sample when none was)
     per data-parallel rank on ``mesh``."""
-    micro_batch_size = training.micro_batch_size or 1
-
-    def fits(length: int) -> bool:
-        at = validated_copy(training, {"seq_len": length, "micro_batch_size": micro_batch_size,
-                                         "global_batch_size": None})
-        return evaluate_candidate(spec, hw, at, strategy, mesh).fits
-
-    return _search(fits, step=2 * mesh.cp)
+    return _search(lambda length: evaluate_candidate(spec, hw, _at_length(training, length), strategy, mesh).fits,
+                   step=2 * mesh.cp)
 
 
 def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,

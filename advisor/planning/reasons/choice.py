@@ -314,7 +314,8 @@ class LongerWithOffload(ReasonModel):
 
 
 class LongestWithinHeadroom(ReasonModel):
-    """``--seq-len max``: ``zero3 holds 37,028 tokens at 100% of memory; within the 10% headroom it holds 32,805.``"""
+    """``--seq-len max``: ``zero3 holds 37,028 tokens only past the 10% headroom (the longest fills the GPU); within
+    it, 32,794 (--seq-len 32794).``"""
 
     kind: Literal["longest-within-headroom"] = "longest-within-headroom"
     strategy: str

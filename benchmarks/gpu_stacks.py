@@ -59,12 +59,32 @@ GEMMA2_2B = dict(
     query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
     _name_or_path="hand/gemma-2-2b",
 )
-EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B}
+EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B, "llama8b": "meta-llama/Llama-3.1-8B"}
 # (model key, strategy, world, micro-batch, seq, checkpointing): eager attention, the torch recipe (foreach AdamW)
 EAGER_CASES = [
     ("gemma2-2b", "zero3", 8, 1, 2048, False), ("gemma2-2b", "zero3", 8, 1, 4096, True),
     ("gemma2-2b", "zero2", 8, 1, 1024, False), ("mha350m", "zero3", 8, 1, 4096, False),
     ("mha350m", "ddp", 2, 1, 4096, True),
+]
+
+
+# (model key, strategy, world, micro-batch, seq, checkpointing, compile): torchtitan's train.py as the torchtitan
+# recipe row plans it: its FSDP2 units (the embedding, the final norm + head), fused AdamW, bf16-mixed, the loss over
+# the logits eager, or with --compile compiled beside the blocks; Llama-3.1-8B at its llama3_8b.toml settings first
+# (local batch 1, 8,192 tokens, selective per-op AC)
+TITAN_CASES = [
+    ("llama8b", "zero3", 8, 1, 8192, "selective", False), ("llama8b", "zero3", 8, 2, 4096, True, False),
+    ("llama8b", "zero2", 8, 1, 2048, True, False), ("mha350m", "zero3", 8, 2, 2048, False, False),
+    ("llama8b", "zero3", 8, 1, 8192, "selective", True), ("mha350m", "zero3", 8, 2, 2048, False, True),
+]
+# (model key, strategy, world, micro-batch, seq): --activation-offload (wrappers.activation_offload, pinned host
+# memory) under full checkpointing, the torch recipe (foreach AdamW, bf16-mixed)
+ACTOFF_CASES = [("llama1b", "zero3", 8, 4, 4096), ("qwen0.5b", "ddp", 1, 8, 2048), ("llama8b", "zero3", 8, 2, 8192)]
+# Trainer with gradient accumulation: (name, model key, micro-batch, seq, checkpointing, weights dtype, LoRA rank,
+# Trainer optim, gradient_accumulation_steps)
+ACCUM_CASES = [
+    ("trainer-fp32w-accum", "qwen0.5b", 4, 1024, False, "float32", None, "adamw_torch_fused", 4),
+    ("trainer-lora-accum", "llama1b", 4, 2048, False, "bfloat16", 16, "adamw_torch_fused", 2),
 ]
 
 
@@ -118,7 +138,7 @@ class _Tokens:
 
 
 def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str, rank: int | None,
-                 optim: str, workdir: Path) -> dict:
+                 optim: str, workdir: Path, accum: int = 1) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -141,16 +161,17 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
     args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=3,
                              bf16=True, optim=optim, gradient_checkpointing=ckpt, report_to=[], save_strategy="no",
                              logging_steps=100, dataloader_num_workers=0, remove_unused_columns=False,
-                             learning_rate=1e-5, disable_tqdm=True, use_cpu=DEVICE == "cpu")
+                             learning_rate=1e-5, disable_tqdm=True, use_cpu=DEVICE == "cpu",
+                             gradient_accumulation_steps=accum)
     advisor = AdvisorCallback(seq_len=seq, gpus="1xH100")
-    trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 3 * mb),
+    trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 3 * mb * accum),
                       callbacks=[advisor, Peaks()])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         trainer.train()
     planned = advisor.verdict.planned if advisor.verdict is not None else None
     row = dict(kind="trainer", name=name, model=key, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
-               weights=dtype, lora_rank=rank, optim=optim, allocated=peaks.get("allocated"),
+               weights=dtype, lora_rank=rank, optim=optim, accumulation=accum, allocated=peaks.get("allocated"),
                reserved=peaks.get("reserved"),
                product_line=advisor.memory.line if advisor.memory is not None else None,
                product_verdict=[ln for ln in printed.getvalue().splitlines() if ln.startswith("advisor")],
@@ -266,10 +287,32 @@ def eager_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: boo
                 step3=peaks.step3, reserved=peaks.reserved)
 
 
+def titan_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool | str, compile: bool) -> dict:
+    import gpu_truth
+
+    peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, optimizer_impl="fused", compile=compile,
+                              compiled_loss=compile, outer_units=True, fresh_cache=True,
+                              root_reshard_after_forward=False)  # the recipe row's fsdp_root_reshards
+    return dict(kind="titan", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                checkpointing=ckpt, compile=compile, optimizer_impl="fused", head_kept=True, step1=peaks.step1,
+                allocated=peaks.step2,
+                step3=peaks.step3, reserved=peaks.reserved)
+
+
+def actoff_case(key: str, strategy: str, world: int, mb: int, seq: int) -> dict:
+    import gpu_truth
+
+    peaks = gpu_truth.measure(key, strategy, world, mb, seq, True, activation_offload=True, fresh_cache=True)
+    return dict(kind="actoff", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                checkpointing=True, optimizer_impl="foreach", step1=peaks.step1, allocated=peaks.step2,
+                step3=peaks.step3, reserved=peaks.reserved)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
-    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning), comma-separated")
+    parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
+                        "accum), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -281,7 +324,8 @@ def main() -> int:
     import transformers
 
     register_models()
-    groups = set(args.only.split(",")) if args.only else {"trainer", "wrap", "impl", "eager", "lightning"}
+    groups = (set(args.only.split(",")) if args.only
+              else {"trainer", "wrap", "impl", "eager", "lightning", "titan", "actoff", "accum"})
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                peft=peft.__version__, python=platform.python_version())
@@ -296,6 +340,12 @@ def main() -> int:
         jobs += [(eager_case, c) for c in EAGER_CASES]
     if "lightning" in groups:
         jobs += [(lightning_case, c) for c in LIGHTNING_CASES]
+    if "titan" in groups:
+        jobs += [(titan_case, c) for c in TITAN_CASES]
+    if "actoff" in groups:
+        jobs += [(actoff_case, c) for c in ACTOFF_CASES]
+    if "accum" in groups:
+        jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
     with open(args.out / "gpu_stacks.jsonl", "a") as fh:
         for fn, case in jobs:
             try:

@@ -72,7 +72,9 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
             snapshot: Path | None = None, *, lora_rank: int | None = None, loss: str = "hf",
             optimizer_impl: str = "foreach", attention: str = "sdpa", compile: bool = False,
             compiled_loss: bool = False, float8: bool = False, float8_all_gather: bool = False,
-            op_trace: Path | None = None) -> "Peaks":
+            op_trace: Path | None = None, outer_units: bool = False,
+            activation_offload: bool = False, fresh_cache: bool = False,
+            root_reshard_after_forward: bool | None = None) -> "Peaks":
     """Peak allocated bytes of each of three training steps on the GPU and the peak reserved bytes;
     with ``snapshot``, the allocator's history of the second step is dumped there
     (``benchmarks/peak_snapshot.py`` reads it). ``compile``: each block ``torch.compile``d as wrap() does
@@ -80,7 +82,12 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
     them, as torchtitan's ``build_cross_entropy_loss`` under ``--compile`` does. ``float8``: torchao float8 on
     the blocks' linears (``Recipe.float8``, as wrap() applies the plan's ``--float8``). ``op_trace``: the second
     step runs under ``op_trace.OpTrace`` and its log (each operator with the allocated bytes after it) is written
-    there as JSON (``python benchmarks/op_trace.py PATH`` prints the operators around the peak)."""
+    there as JSON (``python benchmarks/op_trace.py PATH`` prints the operators around the peak). ``outer_units``:
+    torchtitan's FSDP2 units (the embedding, the final norm + head; ``Recipe.outer_units``). ``activation_offload``:
+    the body's saved tensors held in pinned CPU memory (``wrappers.activation_offload``, as wrap() applies the
+    plan's ``--activation-offload``). ``fresh_cache``: the allocator's cache emptied once the model is wrapped, so
+    the reserved peaks are the training's, not what building the whole model on the GPU left cached.
+    ``root_reshard_after_forward``: ``Recipe``'s (False: torchtitan's norm + head unit kept to its backward)."""
     import contextlib
 
     import torch
@@ -124,10 +131,18 @@ def measure(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
         opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=1e-5,
                                 **IMPL_KWARGS[optimizer_impl])
         recipe = Recipe(strategy=strategy, precision="bf16-mixed", compile=compile, float8=float8,
-                        float8_all_gather=float8_all_gather,
+                        float8_all_gather=float8_all_gather, outer_units=outer_units,
+                        root_reshard_after_forward=root_reshard_after_forward,
                         checkpointing="selective" if ckpt == "selective" else "on" if ckpt else "off")
         applied = apply_recipe(net, recipe, device="cuda", optimizer=opt)
         model, opt = applied.model, applied.optimizer
+        if activation_offload:
+            from wrappers.activation_offload import apply_activation_offload
+
+            apply_activation_offload(model, host=True)
+        if fresh_cache:
+            gc.collect()
+            torch.cuda.empty_cache()
         if strategy == "ddp" and world > 1:
             # The fake group's all-reduce completes with no value; hand DDP its bucket back (in place).
             def done(state, bucket):

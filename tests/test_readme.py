@@ -155,6 +155,11 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     r_med, r_max, n, a_med, a_max, n2 = found.groups()
     assert f"on one H100: allocated | {n2} | {a_med}% | {a_max}% |" in readme
     assert f"| the same runs: reserved (`max_memory_reserved`) | {n} | {r_med}% | {r_max}% |" in readme
+    f_med, f_max, f_n, fr_med, fr_max = re.search(
+        r"run from an empty cache \(torchtitan units, --activation-offload\): allocated median \|err\| ([0-9.]+)%, max "
+        r"([0-9.]+)% over (\d+), reserved median \|err\| ([0-9.]+)%, max ([0-9.]+)%", stacks).groups()
+    assert (f"(rank 0 of a fake group): allocated; reserved | {f_n} | {f_med}% | {f_max}%; reserved median {fr_med}%, "
+            f"max {fr_max}% |") in readme
     compiled = (ROOT / "benchmarks/results/gpu_compile.md").read_text()
     c_med, c_max, c_n = re.search(r"compiled blocks, the loss eager \(the torch recipe as planned\): median \|err\| "
                                   r"([0-9.]+)%, max ([0-9.]+)% over (\d+) runs", compiled).groups()

@@ -72,6 +72,8 @@ class AllocatorOverhead(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")  # description/provenance are for readers
 
     fragmentation: float = Field(ge=0, le=1, description="Reserved over allocated - 1, calibrated.")
+    checkpointing_fragmentation: float = Field(ge=0, le=1, description="Added to fragmentation where the step recomputes "
+                                               "its blocks (full or selective checkpointing), calibrated.")
     allocator_constant_gib: float = Field(ge=0, description="Fixed part of the allocator's reserve, calibrated.")
     context_gib: float = Field(ge=0, description="CUDA context, cuBLAS and NCCL outside the allocator (an assumption, "
                                "where measured_context has no row for the GPU).")

@@ -170,7 +170,7 @@ def stack_runs() -> list[Run]:
             continue
         mem = gpu_stacks_report.estimate(row)
         vocab = _vocab(row["model"])
-        out.append(Run(f"{gpu_stacks_report._label(row)} {row['model']} mb{row['micro_batch']} s{row['seq_len']}"
+        out.append(Run(f"{gpu_stacks_report.label(row)} {row['model']} mb{row['micro_batch']} s{row['seq_len']}"
                        + (" ckpt" if row["checkpointing"] else ""), mem.peak_allocated / GIB,
                        (mem.params + mem.grads + mem.optimizer) / GIB, bool(row["checkpointing"]),
                        2 * row["micro_batch"] * row["seq_len"] * vocab / GIB, row["allocated"] / GIB,

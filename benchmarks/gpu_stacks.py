@@ -59,7 +59,8 @@ GEMMA2_2B = dict(
     query_pre_attn_scalar=256, hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True,
     _name_or_path="hand/gemma-2-2b",
 )
-EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B, "llama8b": "meta-llama/Llama-3.1-8B"}
+EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B, "llama8b": "meta-llama/Llama-3.1-8B", "qwen3b": "Qwen/Qwen2.5-3B",
+                "mistral7b": "mistralai/Mistral-7B-v0.1"}
 # (model key, strategy, world, micro-batch, seq, checkpointing): eager attention, the torch recipe (foreach AdamW)
 EAGER_CASES = [
     ("gemma2-2b", "zero3", 8, 1, 2048, False), ("gemma2-2b", "zero3", 8, 1, 4096, True),
@@ -85,6 +86,21 @@ ACTOFF_CASES = [("llama1b", "zero3", 8, 4, 4096), ("qwen0.5b", "ddp", 1, 8, 2048
 ACCUM_CASES = [
     ("trainer-fp32w-accum", "qwen0.5b", 4, 1024, False, "float32", None, "adamw_torch_fused", 4),
     ("trainer-lora-accum", "llama1b", 4, 2048, False, "bfloat16", 16, "adamw_torch_fused", 2),
+]
+
+
+# Trainer on one GPU at the sizes posts publish: LoRA over a bf16 7-8B base, a bf16-loaded 3B full fine-tune (pure
+# bf16): (name, model key, micro-batch, seq, checkpointing, weights dtype, LoRA rank, Trainer optim)
+TRAINER_8B_CASES = [
+    ("trainer-lora-8b", "llama8b", 1, 4096, False, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-8b-ckpt", "llama8b", 4, 4096, True, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-8b", "llama8b", 1, 1024, False, "bfloat16", 16, "adamw_torch_fused"),
+]
+TRAINER_MORE_CASES = [
+    ("trainer-bf16w-3b-ckpt", "qwen3b", 4, 2048, True, "bfloat16", None, "adamw_torch_fused"),
+    ("trainer-bf16w-3b", "qwen3b", 1, 4096, False, "bfloat16", None, "adamw_torch_fused"),
+    ("trainer-lora-7b-ckpt", "mistral7b", 2, 4096, True, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-7b", "mistral7b", 1, 2048, False, "bfloat16", 16, "adamw_torch_fused"),
 ]
 
 
@@ -312,7 +328,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum), comma-separated")
+                        "accum, trainer8b, trainer-more), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -325,7 +341,7 @@ def main() -> int:
 
     register_models()
     groups = (set(args.only.split(",")) if args.only
-              else {"trainer", "wrap", "impl", "eager", "lightning", "titan", "actoff", "accum"})
+              else {"trainer", "wrap", "impl", "eager", "lightning", "titan", "actoff", "accum", "trainer8b", "trainer-more"})
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
                peft=peft.__version__, python=platform.python_version())
@@ -344,6 +360,10 @@ def main() -> int:
         jobs += [(titan_case, c) for c in TITAN_CASES]
     if "actoff" in groups:
         jobs += [(actoff_case, c) for c in ACTOFF_CASES]
+    if "trainer8b" in groups:
+        jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_8B_CASES]
+    if "trainer-more" in groups:
+        jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_MORE_CASES]
     if "accum" in groups:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
     with open(args.out / "gpu_stacks.jsonl", "a") as fh:

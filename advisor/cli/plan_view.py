@@ -282,8 +282,9 @@ def memory_table(plan) -> Table:
                   caption="rest on: where the resting states live (CPU*: gradients and optimizer state on the CPU, "
                           "weights on the GPU). alloc gap: reserved minus allocated, calibrated on measured runs "
                           "(profiles/allocator_overhead.json), without FSDP's gradient blocks cached for its "
-                          "reduce-scatter stream, which torch counts as reserved too but frees before an allocation "
-                          "fails (gradient_stream_pool in --json); context: CUDA context and NCCL buffers outside the "
+                          "reduce-scatter stream and the blocks cached around recomputation under checkpointing, which "
+                          "torch counts as reserved too but frees before an allocation fails (gradient_stream_pool, "
+                          "recompute_cache in --json); context: CUDA context and NCCL buffers outside the "
                           "allocator, measured on an H100, assumed elsewhere (--context-gib)", caption_justify="left",
                   box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     for col in ("strategy", "rest params", "rest grads", "rest optim", "rest on", "peak moment", "params", "grads",

@@ -115,6 +115,13 @@ class MemoryBreakdown(BaseModel):
                     "torch.cuda.max_memory_reserved() beyond the calibrated gap (reduce_scatter_pool_bytes): in "
                     "reserved, not in total, since the allocator frees another stream's cached blocks before it "
                     "fails an allocation, so they do not decide whether a plan fits. Left out of the JSON when 0.")
+    recompute_cache: int = Field(
+        default=0, ge=0, exclude_if=lambda cached: cached == 0,
+        description="What the caching allocator holds beyond the calibrated gap where the blocks are recomputed "
+                    "(checkpointing_fragmentation of the peak, profiles/allocator_overhead.json): in reserved, not in "
+                    "total, since the allocator frees its cached blocks before it fails an allocation (a Llama-3.1-8B "
+                    "full fine-tune under checkpointing trained on a 24 GB RTX 4090 where reserved with it would be "
+                    "24.1 GiB: benchmarks/results/published_jobs.md). Left out of the JSON when 0.")
     paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
                               description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
                                           "advisor.estimate.in_backward); left out of the JSON when 0.")
@@ -186,10 +193,11 @@ class MemoryBreakdown(BaseModel):
     @property
     def reserved(self) -> int:
         """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL, plus
-        FSDP's gradient blocks cached for its reduce-scatter stream (``gradient_stream_pool``), which the
+        FSDP's gradient blocks cached for its reduce-scatter stream (``gradient_stream_pool``) and the blocks
+        cached around recomputation (``recompute_cache``), which the
         allocator keeps while memory allows and frees before an allocation would fail (c10/cuda/
         CUDACachingAllocator.cpp ``malloc``: ``release_cached_blocks`` and a retry before out-of-memory)."""
-        return self.total - self.outside_allocator + self.gradient_stream_pool
+        return self.total - self.outside_allocator + self.gradient_stream_pool + self.recompute_cache
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -361,6 +369,7 @@ def estimate_memory(
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
                              held_at_backward_end=held_at_backward_end(spec, training, impl, held=held),
+                             checkpointing=checkpointing,
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
                              kv_cache=_kv_cache(spec, training, impl, micro_batch_size=micro_batch_size,
@@ -457,7 +466,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       loss_kept: int = 0, processes: int | None = None, gpu: str = "",
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None,
-                      device_bytes: int | None = None, held_at_backward_end: int | None = None) -> MemoryBreakdown:
+                      device_bytes: int | None = None, held_at_backward_end: int | None = None,
+                      checkpointing: bool) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -549,15 +559,20 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     cpu += acts.offloaded_bytes  # --activation-offload: pinned host copies (advisor.estimate.activation_offload)
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
+    fragmentation = training.gap_fraction(checkpointing)
     overhead = training.reserve_bytes + int(training.fragmentation * gapped) + context
-    pool = reduce_scatter_pool_bytes(moments, peak, training, impl, gpu_grads=gpu_grads, held_grads=held_grads)
+    pool = reduce_scatter_pool_bytes(moments, peak, training, impl, gpu_grads=gpu_grads, held_grads=held_grads,
+                                     fragmentation=fragmentation)
+    recompute = int((fragmentation - training.fragmentation) * gapped)
     if device_bytes is not None:  # cached blocks go before an allocation fails: reserved stops at the GPU's memory
         pool = max(0, min(pool, device_bytes - peak - overhead))
+        recompute = max(0, min(recompute, device_bytes - peak - overhead - pool))
     memory = MemoryBreakdown(
         **parts,
         runtime_overhead=overhead,
         outside_allocator=context,
         gradient_stream_pool=pool,
+        recompute_cache=recompute,
         cpu_bytes=cpu,
         activations_on_cpu=acts.offloaded_bytes,
         peak_moment=moment,
@@ -575,7 +590,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
 
 
 def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, training: TrainingConfig,
-                              impl: Implementation, *, gpu_grads: int, held_grads: int = 0) -> int:
+                              impl: Implementation, *, gpu_grads: int, held_grads: int = 0,
+                              fragmentation: float) -> int:
     """What FSDP's gradient shards add to the reserved memory beyond the calibrated gap on the peak.
 
     FSDP2 allocates each unit's reduce-scatter output, which its sharded gradients view, inside the
@@ -598,7 +614,7 @@ def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, tra
         return 0
     unsharded = held_grads if accumulates_unsharded(training, impl) else 0
     default = max(sum(live.values()) - max(0, live["grads"] - unsharded) for live in moments.values())
-    return max(0, gpu_grads - int((1 + training.fragmentation) * (peak - default)))
+    return max(0, gpu_grads - int((1 + fragmentation) * (peak - default)))
 
 
 def _flat_bytes(parts: dict[str, int], moment: str, training: TrainingConfig, impl: Implementation,

@@ -377,4 +377,5 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
     held = held_accumulated_grads(local, training, impl, states, world=shard_world, dp_world=mesh.dp,
                                   micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
-                             gpu=hardware.gpu.name, held_grads=held, device_bytes=hardware.gpu_memory_bytes, **whole)
+                             gpu=hardware.gpu.name, held_grads=held, device_bytes=hardware.gpu_memory_bytes,
+                             checkpointing=checkpointing, **whole)

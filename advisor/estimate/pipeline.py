@@ -257,7 +257,8 @@ def _forward_after_first_backward(facts: ScheduleFacts, count: Fraction, num_mic
 def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: StrategyBuffers, training: TrainingConfig,
                      impl: Implementation, *, shard_world: int, processes: int, count: Fraction, chunks: int,
                      w_saved: int, loss_kept: int, forward_follows: bool,
-                     gpu: str = "", device_bytes: int | None = None) -> tuple[Fraction, int, MemoryBreakdown]:
+                     gpu: str = "", device_bytes: int | None = None,
+                     checkpointing: bool) -> tuple[Fraction, int, MemoryBreakdown]:
     """(micro-batches in flight, saved bytes, moments) at the rank's peak. In a pipeline every pass after a
     rank's first backward runs with its gradients allocated (accumulated over the step's micro-batches).
     FSDP2 over dp_shard x cp > 1 books them as its unsharded accumulators (``_pipelined_fsdp``); with one
@@ -273,7 +274,7 @@ def _held_grads_peak(states: ModelStates, one: ActivationEstimate, buffers: Stra
         acts = validated_copy(one, dict(saved_bytes=saved))
         return in_flight_now, saved, memory_at_moments(states, acts, buffers, training, impl, world=shard_world,
                                                        held_grads=grads, processes=processes, gpu=gpu,
-                                                       device_bytes=device_bytes)
+                                                       device_bytes=device_bytes, checkpointing=checkpointing)
 
     if shard_world > 1:
         return at(count, 0)
@@ -395,12 +396,12 @@ def estimate_pipeline_memory(spec: ModelSpec, hardware: Hardware, training: Trai
                 states, one, buffers, training, impl, shard_world=shard_world, processes=mesh.world_size, count=count,
                 chunks=mesh.chunks_per_rank, w_saved=w_saved, loss_kept=loss_kept,
                 forward_follows=_forward_after_first_backward(facts, count, num_micro_batches), gpu=hardware.gpu.name,
-                device_bytes=hardware.gpu_memory_bytes)
+                device_bytes=hardware.gpu_memory_bytes, checkpointing=checkpointing)
         else:
             saved = int(one.saved_bytes * count)
             memory = memory_at_moments(states, validated_copy(one, dict(saved_bytes=saved)), buffers, training, impl,
                                        world=shard_world, processes=mesh.world_size, gpu=hardware.gpu.name,
-                                       device_bytes=hardware.gpu_memory_bytes)
+                                       device_bytes=hardware.gpu_memory_bytes, checkpointing=checkpointing)
         imbalance = 0
         if moe is not None and moe_layers:  # the busiest rank's extra routed rows, all in-flight micro-batches
             imbalance = int(moe.imbalance * (1 if checkpointing else moe_layers) * float(max(count, 1)))

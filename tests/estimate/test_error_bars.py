@@ -80,14 +80,15 @@ def _pushed(comparisons: list[dict]) -> tuple[float, float]:
 
 
 def test_bundled_table_rows_are_their_comparisons_pushed_min_and_max():
-    """Every stored row is the pushed min-max of the stored comparisons of its key (at least 8 of them), and a
-    default row exists for each measured kind. Rows are rounded outward to 4 decimals, stored ratios to the
+    """Every stored row is the pushed min-max of the stored comparisons of its key (at least 8 of them, from at
+    least two sources), and a default row exists for each measured kind. Rows are rounded outward to 4 decimals, stored ratios to the
     nearest: they differ by up to 2e-4 (two ratios enter a pushed end)."""
     data, table = _stored(), error_table()
     for row in table.rows:
         members = [c for c in data["comparisons"] if c["measured"] == row.measured
                    and all(c[name] == getattr(row, name) for name in row.level)]
-        assert row.cases == len(members) and (row.level == () or len(members) >= 8)
+        assert row.cases == len(members) and (row.level == () or (len(members) >= 8
+                                                                  and len({c["source"] for c in members}) >= 2))
         assert (row.low, row.high) == pytest.approx(_pushed(members), abs=2.01e-4)
         assert row.low <= min(0, *(c["ratio"] for c in members)) and row.high >= max(0, *(c["ratio"] for c in members))
     assert {row.measured for row in table.rows if row.level == ()} == {"allocated", "reserved"}
@@ -104,7 +105,7 @@ def _held_out_hits() -> tuple[int, int]:
         others = [o for o in comparisons if o["source"] != c["source"]]
         for keys in (("recipe", "tuning"), ("tuning",), ()):
             group = [o for o in others if all(o[k] == c[k] for k in keys)]
-            if len(group) >= 8 or keys == ():
+            if (len(group) >= 8 and len({o["source"] for o in group}) >= 2) or keys == ():
                 break
         low, high = _pushed(group)
         total += 1
@@ -118,13 +119,16 @@ def test_held_out_coverage_in_the_report_is_the_stored_one():
     compiled runs joined the 17 of 2026-11-26, 16 held then; 15 of 17 with plain min-max, which no min-max rule
     could better: the two misses lie below every other source; 2026-11-28: torchtune's three README rows, read at
     the table's commit, became expressible; two of them lie below every other source and miss held out;
-    2026-11-27: fms-acceleration's eight nvidia-smi figures, all held)."""
+    2026-11-27: fms-acceleration's eight nvidia-smi figures, all held; 2026-11-27 again: 28 of 31 once our H100
+    Trainer, torchtitan and activation-offload runs joined and a row needs two sources, the two FSDP LoRA
+    nvidia-smi figures of fms on 2 A100s, +11.7% and +12.4% above the estimate, outside the Trainer LoRA rows that
+    are left without them; 27 of 31 with rows of one source)."""
     text = (BENCHMARKS / "results" / "published_memory.md").read_text()
     found = re.search(r"published reserved, unspecified and nvidia-smi figures \(expressible\), held out: holds "
                       r"(\d+) of (\d+)", text)
     assert found and tuple(map(int, found.groups())) == _held_out_hits()
     hits, total = _held_out_hits()
-    assert total == 31 and hits >= 29
+    assert total == 31 and hits >= 28
 
 
 def test_margin_high_makes_a_borderline_plan_not_fit():
@@ -157,11 +161,11 @@ def test_cli_margin_and_json_range(capsys):
 def test_table_shows_the_range_beside_the_peak():
     """The peak cell reads ``expected (low-high)`` in GiB. Qwen2.5-7B zero3: 84,351,284,198 B = 78.56 GiB
     reserved + 1 GiB CUDA context and NCCL (--context-gib default) = 79.56 GiB; the torch full fine-tune row
-    of profiles/memory_error.json (-20.59%: our H100 runs' lowest, -10.29%, pushed out by the 10.29 points it lies
-    below the only other source's lowest, zero (our Trainer and wrap() runs, +1.18% to +16.76%; torchtune's A6000 full
-    fine-tune, -7.85% then, left this row for the torchtune recipe's); +42.83%: their highest, +29.79%,
-    Llama-3.2-1B zero3 x64, pushed out by the 13.03 points it lies above the Trainer and wrap() runs' +16.76%)
-    scales the reserved part only: low 78.558 x 0.7941 + 1 = 63.38, high 78.558 x 1.4283 + 1 = 113.20."""
+    of profiles/memory_error.json (-22.12%: our gpu_truth runs' lowest, -15.78%, GPT-2 ddp x8, pushed out by the
+    6.33 points it lies below the only other source's lowest, -9.45% (our gpu_stacks runs of the torch recipe:
+    wrap() and --activation-offload, -9.45% to +9.12%); +33.69%: the gpu_truth runs' highest, +21.40%,
+    Llama-3.2-1B zero3 x64, pushed out by the 12.28 points it lies above the gpu_stacks runs' +9.12%)
+    scales the reserved part only: low 78.558 x 0.7788 + 1 = 62.18, high 78.558 x 1.3369 + 1 = 106.02."""
     from rich.console import Console
 
     from advisor.cli.plan_view import plan_table
@@ -172,25 +176,25 @@ def test_table_shows_the_range_beside_the_peak():
     console = Console(width=250, record=True)
     console.print(plan_table(p))
     cell = f"{r.expected / GIB:.2f} ({r.low / GIB:.1f}-{r.high / GIB:.1f})"
-    assert cell == "79.56 (63.4-113.2)" and cell in console.export_text()
+    assert cell == "79.56 (62.2-106.0)" and cell in console.export_text()
 
 
 def test_qlora_range_is_the_default_while_few_qlora_runs_are_measured():
     """Six QLoRA reserved figures are measured (LLaMA-Factory's, +7.1% to +14.7% now that their bf16 residual is
     planned), fewer than the 8 a row needs, so a QLoRA plan takes the default reserved row, every reserved comparison
-    (-18.40%, +53.38%), pushed out by torchtune's 8.11 points below the others' -10.29% (its 70B LoRA row on 8 A100s,
-    27.6 GiB of unstated kind against 33.82 estimated reserved under the torchtune recipe; the others' lowest is our
-    H100 runs') and our H100 runs' 27.89 points above the others' +25.49% (Answer.AI's CPU-offload batch-10 run;
-    PEFT's FSDP nvidia-smi figure, +26.83% before its fp32 base and FSDP1 were planned, is now -1.47%): -26.51%,
-    +81.28% (4 decimals, rounded outward). The +53.38% is our H100 run of
+    (-23.74%, +44.29%), pushed out by torchtune's 7.96 points below the others' -15.78% (its 70B LoRA row on 8 A100s,
+    27.6 GiB of unstated kind against 36.2 estimated reserved under the torchtune recipe; the others' lowest is our
+    gpu_truth run of GPT-2 ddp x8) and our gpu_truth runs' 26.97 points above the others' +17.32% (Answer.AI's
+    CPU-offload batch-10 run): -31.70%, +71.26% (4 decimals, rounded outward). The +44.29% is our H100 run of
     Qwen2.5-0.5B LoRA under FSDP2 x8, full checkpointing and the fused loss (re-measured 2026-11-27): 3.66 GiB
-    reserved for 2.02 allocated, the plan 2.38;
+    reserved for 2.02 allocated, the plan 2.54 with the allocator's cache under checkpointing;
     Llama-2-70B nf4 on 2 RTX 4090s: --margin high leaves room for a smaller micro-batch only."""
     row = error_table().bound(measured="reserved", recipe="torch", tuning="qlora", family="llama")
-    assert row.level == () and (row.low, row.high) == (-0.2651, 0.8128)
+    assert row.level == () and (row.low, row.high) == (-0.317, 0.7126)
     options = dict(lora=64, quantize="nf4", strategy="zero3_offload")
     cand = plan("meta-llama/Llama-2-70b-hf", "2xRTX4090", **options).candidate("zero3_offload")
     mem, span = cand.memory_bytes, cand.memory_range
-    assert cand.fits and span.high - mem.outside_allocator == int((1 + row.high) * mem.reserved)
+    # the range is of what must fit: reserved less the blocks the allocator frees before failing (recompute_cache)
+    assert cand.fits and span.high - mem.outside_allocator == int((1 + row.high) * (mem.total - mem.outside_allocator))
     cautious = plan("meta-llama/Llama-2-70b-hf", "2xRTX4090", margin="high", **options).candidate("zero3_offload")
     assert cautious.micro_batch_size < cand.micro_batch_size

@@ -62,13 +62,14 @@ def test_enough_expressible_cases_with_their_memory_kind():
 def test_expressible_full_and_lora_runs_within_the_published_error():
     """Published torchtitan (reserved), Answer.AI LoRA (reserved and allocated), litgpt LoRA (allocated),
     torchtune full (active) and PEFT DeepSpeed LoRA (nvidia-smi) runs, none of them tuned on: measured
-    median |error| 3.0% over 28 cases, every case within -20.3%..+6.8% (with publisher_code: litgpt's tied
+    median |error| 2.0% over 45 cases, every case within -14.8%..+10.8% (with publisher_code: litgpt's tied
     models with the head its conversion unties, Answer.AI's fp32 logits held through the step)
     (the low end: Answer.AI's CPU-offload batch-10 run, reserved near the 24 GB card's capacity; the high end:
-    torchtune's Llama 3.2 3B rows with the optimizer in backward, +6.5%, and activation offloading, +6.8%)."""
+    Answer.AI's FSDP LoRA at 2,048 tokens, batch 1, reserved with the allocator's cache under checkpointing,
+    profiles/allocator_overhead.json checkpointing_fragmentation; -20.3%..+6.8% without that term)."""
     errors = [_error(c) for c in EXPRESSIBLE if not c.get("quantize") and not c["id"].startswith(LATER)]
     assert len(errors) >= 15
-    assert all(-0.25 <= e <= 0.07 for e in errors), errors
+    assert all(-0.16 <= e <= 0.11 for e in errors), errors
     assert statistics.median(abs(e) for e in errors) <= 0.05
 
 

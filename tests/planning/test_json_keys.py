@@ -73,9 +73,11 @@ def test_the_recommendation_reads_its_candidate(long_plan):
 
 def test_the_breakdown_keeps_its_keys_and_phase(long_plan):
     doc = long_plan.model_dump(mode="json")
-    # FSDP's cached gradient blocks (gradient_stream_pool) are written after peak_moment where there are any.
+    # FSDP's cached gradient blocks (gradient_stream_pool) and the blocks cached around recomputation
+    # (recompute_cache) are written after peak_moment where there are any.
     assert [list(c["memory_bytes"]) for c in doc["candidates"]] == [
         [*BREAKDOWN_KEYS[:10], *(["gradient_stream_pool"] if c["memory_bytes"].get("gradient_stream_pool") else []),
+         *(["recompute_cache"] if c["memory_bytes"].get("recompute_cache") else []),
          *BREAKDOWN_KEYS[10:]] for c in doc["candidates"]]
     assert [c["strategy"] for c in doc["candidates"] if "gradient_stream_pool" in c["memory_bytes"]] == [
         "zero2", "zero3"]  # the sharded strategies on the GPU: offload sends the shards to the CPU

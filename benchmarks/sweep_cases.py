@@ -203,6 +203,13 @@ def known_gap(case: dict) -> str | None:
                 "head (GPT-NeoX and StableLM rows -7.65% / -4.07% -> -0.00%); Phi's estimate was exact without it "
                 "and is over with it (67537c782116 +9.7%, 794ce1c62e76 +2.2%): its traced path counts that "
                 "gradient elsewhere, not found")
+    if family == "phi" and job["tp"] > 1 and job["precision"] == "fp32" and job["checkpointing"] != "off":
+        return ("Phi on a TP mesh in fp32 under checkpointing, where a block's backward decides: -4.82% (524a0cb6d33a, "
+                "found by a fresh seed 2026-11-27: zero3 tp2 x2 replicas x8, mb2 s256), the simulated step 5.13 MB "
+                "above the estimate with 5.78 MB of gradients at that moment where the estimate has none: the blocks' "
+                "backward gradients are not read under TP (model_parallel reads block_backward_buffers at tp 1 only). "
+                "Reading them as at tp 1 over-counts (+4.78%, and +3.04% in bf16-mixed, -0.00% without); a Llama of the "
+                "same shape and job is +2.03%, the same job at tp 1 -0.02%, in bf16-mixed -0.00%")
     if job["loss"] == "fused" and job["tp"] > 1:
         return ("fused loss on a TP mesh: over a vocabulary-parallel head (untied, transformers' plan) the kernel "
                 "cannot run (its matmul refuses the DTensor weight: the simulated rows are errors, the planner now "

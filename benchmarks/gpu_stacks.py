@@ -104,6 +104,15 @@ TRAINER_MORE_CASES = [
 ]
 
 
+# The same Trainer job under a cap on what the caching allocator may reserve (torch.cuda.set_per_process_memory_fraction,
+# set once the model is built): does a checkpointed run train where its reserved peak, uncapped, would not fit?
+# (name, model key, micro-batch, seq, checkpointing, weights dtype, LoRA rank, Trainer optim, cap GiB)
+CAP_CASES = [
+    ("trainer-lora-8b-ckpt-cap", "llama8b", 4, 4096, True, "bfloat16", 16, "adamw_torch_fused", cap)
+    for cap in (47.5, 45.0, 43.5)
+]
+
+
 def register_models() -> None:
     """Add the configs only this benchmark measures to ``accuracy.MODELS`` (the report's estimate reads them)."""
     accuracy.MODELS.update(EXTRA_MODELS)
@@ -154,7 +163,7 @@ class _Tokens:
 
 
 def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str, rank: int | None,
-                 optim: str, workdir: Path, accum: int = 1) -> dict:
+                 optim: str, workdir: Path, accum: int = 1, cap_gib: float | None = None) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -162,6 +171,11 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
 
     _clean()
     net, cfg = _model(key, dtype, rank)
+    if cap_gib is not None:  # the cap counts from here: building the model in fp32 first takes more
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     peaks: dict = {}
 
     class Peaks(TrainerCallback):
@@ -183,10 +197,22 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
     trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 3 * mb * accum),
                       callbacks=[advisor, Peaks()])
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        trainer.train()
+    oom = None
+    try:
+        with contextlib.redirect_stdout(printed):
+            trainer.train()
+    except torch.cuda.OutOfMemoryError as err:
+        if cap_gib is None:
+            raise
+        oom = str(err).splitlines()[0][:300]
+    finally:
+        if cap_gib is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
     planned = advisor.verdict.planned if advisor.verdict is not None else None
-    row = dict(kind="trainer", name=name, model=key, micro_batch=mb, seq_len=seq, checkpointing=ckpt,
+    extra = {} if cap_gib is None else dict(cap_gib=cap_gib, oom=oom,
+                                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
+    row = dict(kind="trainer-cap" if cap_gib is not None else "trainer", name=name, model=key, micro_batch=mb,
+               seq_len=seq, checkpointing=ckpt, **extra,
                weights=dtype, lora_rank=rank, optim=optim, accumulation=accum, allocated=peaks.get("allocated"),
                reserved=peaks.get("reserved"),
                product_line=advisor.memory.line if advisor.memory is not None else None,
@@ -328,7 +354,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more), comma-separated")
+                        "accum, trainer8b, trainer-more, cap), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -362,6 +388,8 @@ def main() -> int:
         jobs += [(actoff_case, c) for c in ACTOFF_CASES]
     if "trainer8b" in groups:
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_8B_CASES]
+    if "cap" in groups:
+        jobs += [(trainer_case, (*c[:8], args.out / "runs", 1, c[8])) for c in CAP_CASES]
     if "trainer-more" in groups:
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_MORE_CASES]
     if "accum" in groups:

@@ -76,11 +76,14 @@ def estimate(row: dict):
     return result.candidate(options["strategy"]).memory_bytes
 
 
-def load(path: Path = RESULTS / "gpu_stacks.jsonl") -> list[dict]:
+def load(path: Path = RESULTS / "gpu_stacks.jsonl", *, capped: bool = False) -> list[dict]:
     """The stored rows; a ``wrap`` row's peaks are read back from the line ``wrap()`` printed (GiB to two
-    decimals: within 0.005 GiB)."""
+    decimals: within 0.005 GiB). ``capped``: instead, the runs under a cap on the allocator (``--only cap``), which
+    say where a job ran out of memory, not what it allocates uncapped."""
     rows = [row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if "error" not in row]
+            if "error" not in row and ("cap_gib" in row) == capped]
+    if capped:
+        return rows
     for row in rows:
         if "allocated" not in row:
             found = re.search(r"peak allocated ([0-9.]+) GiB.*reserved ([0-9.]+) GiB", row["product_line"])
@@ -133,6 +136,24 @@ def main() -> int:
                      f"{mem.peak_allocated / 2**30:.2f} | {a:+.2f}% | {r_cell} |")
         print(lines[-1], flush=True)
     env = rows[0]["env"]
+    capped = load(capped=True)
+    uncapped = next(r for r in rows if r["kind"] == "trainer" and all(r[k] == capped[0][k] for k in (
+        "model", "micro_batch", "seq_len", "checkpointing", "lora_rank")))
+    planned = estimate(uncapped)
+    cap_line = (
+        f"- Under a cap on what the allocator may reserve (`--only cap`, 2026-11-27: "
+        f"`torch.cuda.set_per_process_memory_fraction` once the model is built; the Trainer LoRA r16 job on Llama-3.1-8B, "
+        f"micro-batch {uncapped['micro_batch']}, {uncapped['seq_len']:,} tokens, checkpointing, uncapped "
+        f"{uncapped['allocated'] / 2**30:.2f} GiB allocated and {uncapped['reserved'] / 2**30:.2f} reserved): "
+        + "; ".join(f"{r['cap_gib']:g} GiB " + (f"trained ({r['alloc_retries']} allocator retry, reserved "
+                                                 f"{r['reserved'] / 2**30:.2f} GiB over steps 2-3)" if r["oom"] is None
+                                                 else "ran out of memory allocating "
+                                                 + re.search(r"Tried to allocate ([0-9.]+ GiB)", r["oom"]).group(1))
+                    for r in capped)
+        + f". The caching allocator frees its cached blocks before an allocation fails, so what must fit is near the "
+        f"allocated peak, not the reserved one: the plan's total less the context, "
+        f"{(planned.total - planned.outside_allocator) / 2**30:.2f} GiB, is above the smallest cap that trained, and "
+        f"its reserved, {planned.reserved / 2**30:.2f} GiB with `recompute_cache`, is what an uncapped run holds.")
     summary = (f"allocated: median |err| {statistics.median(alloc):.2f}%, max {max(alloc):.2f}% over {len(alloc)} "
                f"cases; reserved (Trainer, Lightning and wrap() rows): median |err| {statistics.median(reserved):.2f}%, "
                f"max {max(reserved):.2f}% over {len(reserved)}")
@@ -197,6 +218,7 @@ def main() -> int:
         "- Trainer with gradient accumulation (`--only accum`, 2026-11-27): the fp32 gradients of a full fine-tune live "
         "through the later micro-batches' forward, 1.85 GiB above the same job stepped every micro-batch (21.46 against "
         "19.61 GiB); the estimate (`advisor.estimate.accumulation`) is 0.52% below it.",
+        cap_line,
         "- Reserved is the allocator's caching: the estimate adds a calibrated gap (`profiles/allocator_overhead.json`). "
         "These runs show it depends on recomputation: the runs that recompute their blocks reserved 6-37% above what "
         "they allocated, those that do not 2-21% (a one-GPU Trainer run without checkpointing 2-4% at 7-8B). Since "

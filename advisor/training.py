@@ -57,7 +57,7 @@ class TrainingConfig(BaseModel):
                                              "checkpointing, checkpointing_fragmentation, unless given).")
     checkpointing_fragmentation: float = Field(default_factory=lambda: allocator_overhead().checkpointing_fragmentation,
                                                ge=0, le=1, description="Added to fragmentation where a plan recomputes "
-                                               "its blocks (default: calibrated); none where --fragmentation is given.")
+                                               "its blocks (default: calibrated); none where fragmentation is given.")
     context_gib: float | None = Field(default=None, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
                                       "communicator buffers per GPU, outside PyTorch's caching allocator "
                                       "(max_memory_reserved() does not see it, the GPU's memory does; measured on an "
@@ -286,7 +286,7 @@ class TrainingConfig(BaseModel):
     def gap_fraction(self, checkpointing: bool) -> float:
         """The allocator's gap over the peak, as a fraction of it: ``fragmentation``, and under checkpointing
         ``checkpointing_fragmentation`` more (a recomputed block's tensors are allocated again between gradients
-        of other sizes; profiles/allocator_overhead.json), unless --fragmentation was given: then as given."""
+        of other sizes; profiles/allocator_overhead.json), unless ``fragmentation`` was given: then as given."""
         if not checkpointing or "fragmentation" in self.model_fields_set:
             return self.fragmentation
         return min(1.0, self.fragmentation + self.checkpointing_fragmentation)

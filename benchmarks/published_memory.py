@@ -145,18 +145,21 @@ def estimate(case: dict, **overhead: float) -> Estimate:
         cand = next(c for c in plan.candidates if c.strategy == case["strategy"] and c.mesh is not None
                     and (c.mesh.tp, c.mesh.cp) == (tp, cp))
     mem, span, outside = cand.memory_bytes, cand.memory_range, cand.memory_bytes.outside_allocator
-    shift, peak = 0, mem.peak_allocated
+    shift = fit_shift = 0
+    peak = mem.peak_allocated
     if case.get("publisher_code"):  # what the publisher's code held beyond our recipe, at each moment
         extra = publisher_code.extra_bytes(case, plan.model, plan.training)
         peak = max(value + extra.get(name, 0) for name, value in mem.moments.items())
         gap = plan.training.gap_fraction(cand.activation_checkpointing)
-        shift = int((peak - mem.peak_allocated) * (1 + gap))  # through the allocator gap
+        shift = int((peak - mem.peak_allocated) * (1 + gap))  # through the allocator gap (reserved's)
+        fit_shift = int((peak - mem.peak_allocated) * (1 + plan.training.fragmentation))  # what must fit: no cache
     # The range's ends scale with the estimate (memory_error.json's ratios are of the estimate with the code, and
     # of reserved with FSDP's cached gradient blocks; the plan's range is of its total, which leaves them out).
     scale = (mem.reserved + shift) / (mem.total - outside)
-    fit = (mem.total - outside + shift) / (mem.total - outside)  # the total's range with the publisher's code
+    fit = (mem.total - outside + fit_shift) / (mem.total - outside)  # the total's range with the publisher's code
     return Estimate(peak, mem.reserved + shift, outside, int((span.low - outside) * scale),
-                    int((span.high - outside) * scale), mem.gradient_stream_pool + mem.recompute_cache,
+                    int((span.high - outside) * scale),
+                    mem.gradient_stream_pool + mem.recompute_cache + shift - fit_shift,
                     int((span.low - outside) * fit), int((span.high - outside) * fit))
 
 

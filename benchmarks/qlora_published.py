@@ -50,7 +50,7 @@ def estimate_gib(case: dict, **options) -> float:
     passes through the same allocator gap as the peak. A torch_reserved figure
     (torch.cuda.max_memory_reserved) is compared with the estimate's ``reserved``, which leaves out the
     CUDA context and NCCL buffers (``outside_allocator``); an nvidia_smi figure, the whole process, with
-    ``total``, which counts them (--context-gib, default 1 GiB)."""
+    ``reserved`` + ``outside_allocator`` (--context-gib, default 1 GiB), as benchmarks/published_memory.py does."""
     targets = case["lora_targets"]
     lora = LoraConfig(rank=case["lora_rank"], dropout=case.get("lora_dropout", 0.0),
                       targets=targets if isinstance(targets, str) else tuple(targets))
@@ -58,10 +58,12 @@ def estimate_gib(case: dict, **options) -> float:
                   precision=case["precision"], lora=lora, quantize=case["quantize"],
                   micro_batch_size=case["micro_batch_size"], seq_len=case["seq_len"],
                   activation_checkpointing=case["checkpointing"], **options)
-    memory = result.candidate(case["strategy"]).memory_bytes
+    candidate = result.candidate(case["strategy"])
+    memory = candidate.memory_bytes
     extra = era_extra_bytes(case, memory.peak_moment)
-    measured = memory.reserved if case["measure"] == "torch_reserved" else memory.total
-    return (measured + extra * (1 + result.training.fragmentation)) / GIB
+    # nvidia-smi sees every reserved block (the cached gradient and recomputation blocks too) and the context
+    measured = memory.reserved + (0 if case["measure"] == "torch_reserved" else memory.outside_allocator)
+    return (measured + extra * (1 + result.training.gap_fraction(candidate.activation_checkpointing))) / GIB
 
 
 def era_extra_bytes(case: dict, moment: str) -> int:

@@ -185,8 +185,9 @@ class MemoryBreakdown(BaseModel):
     @computed_field  # type: ignore[prop-decorator]
     @property
     def allocator_gap(self) -> int:
-        """The caching allocator's reserved-minus-allocated gap, the calibrated part of runtime_overhead
-        (``profiles/allocator_overhead.json``); the rest is outside_allocator, an assumption (--context-gib)."""
+        """The caching allocator's gap counted in what must fit (total), the calibrated part of runtime_overhead
+        (``profiles/allocator_overhead.json``); the rest is outside_allocator, an assumption (--context-gib).
+        reserved - peak_allocated is this plus gradient_stream_pool and recompute_cache."""
         return self.runtime_overhead - self.outside_allocator
 
     @computed_field  # type: ignore[prop-decorator]

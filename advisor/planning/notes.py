@@ -185,7 +185,9 @@ def stream_pool_note(memory, capacity_bytes: int) -> str | None:
     its reduce-scatter stream (``memory.reduce_scatter_pool_bytes``), do not fit beside the default stream's peak,
     so the caching allocator frees its cached blocks when an allocation fails and allocates them again next
     backward, every step. None otherwise."""
-    if memory is None or not memory.gradient_stream_pool or memory.reserved + memory.outside_allocator < capacity_bytes:
+    # the stream's blocks beside the rest (recompute_cache, capped after them, is not what fails to stay cached)
+    if (memory is None or not memory.gradient_stream_pool
+            or memory.total + memory.gradient_stream_pool < capacity_bytes):
         return None
     return ("reserved memory reaches the GPU's: FSDP's gradient shards, cached for its reduce-scatter stream "
             f"({memory.gradient_stream_pool / GIB:.1f} GiB of them fit beside the rest), cannot stay cached, so the "

@@ -286,8 +286,10 @@ class TrainingConfig(BaseModel):
     def gap_fraction(self, checkpointing: bool) -> float:
         """The allocator's gap over the peak, as a fraction of it: ``fragmentation``, and under checkpointing
         ``checkpointing_fragmentation`` more (a recomputed block's tensors are allocated again between gradients
-        of other sizes; profiles/allocator_overhead.json), unless ``fragmentation`` was given: then as given."""
-        if not checkpointing or "fragmentation" in self.model_fields_set:
+        of other sizes; profiles/allocator_overhead.json), unless ``fragmentation`` was given without it: then as
+        given (a configuration read back from a plan's JSON carries both, and keeps the term)."""
+        given = self.model_fields_set
+        if not checkpointing or ("fragmentation" in given and "checkpointing_fragmentation" not in given):
             return self.fragmentation
         return min(1.0, self.fragmentation + self.checkpointing_fragmentation)
 

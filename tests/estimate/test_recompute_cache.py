@@ -97,3 +97,15 @@ def test_the_stream_pool_line_speaks_of_the_pool_alone(seq_len, says):
                   activation_checkpointing="on", seq_len=seq_len)
     mem = result.candidate("zero3").memory_bytes
     assert (stream_pool_note(mem, result.hardware.gpu_memory_bytes) is not None) == says
+
+
+def test_a_configuration_read_back_from_json_keeps_the_term():
+    """A plan's JSON writes both fields; a TrainingConfig built from them adds the term as the plan did. One given
+    ``fragmentation`` alone means the whole gap as given."""
+    from advisor.training import TrainingConfig
+
+    written = TrainingConfig(activation_checkpointing="on").model_dump(mode="json")
+    assert (written["fragmentation"], written["checkpointing_fragmentation"]) == (0.104, 0.078)
+    assert TrainingConfig.model_validate(written).gap_fraction(True) == pytest.approx(0.182)
+    assert TrainingConfig(fragmentation=0.104).gap_fraction(True) == 0.104
+    assert TrainingConfig(fragmentation=0.1, checkpointing_fragmentation=0.05).gap_fraction(True) == pytest.approx(0.15)

@@ -79,8 +79,13 @@ def place_paged_state(memory, paged_bytes: int, *, capacity_bytes: int):
     if not paged_bytes:
         return memory
     if memory.total + paged_bytes <= capacity_bytes:
+        # the allocator's cached blocks (FSDP's gradient pool, the recompute cache) fit in what the state leaves
+        room = capacity_bytes - memory.total - paged_bytes
+        pool = min(memory.gradient_stream_pool, room)
         return validated_copy(memory, {"runtime_overhead": memory.runtime_overhead + paged_bytes,
-                                         "outside_allocator": memory.outside_allocator + paged_bytes})
+                                         "outside_allocator": memory.outside_allocator + paged_bytes,
+                                         "gradient_stream_pool": pool,
+                                         "recompute_cache": min(memory.recompute_cache, room - pool)})
     return validated_copy(memory, {"cpu_bytes": memory.cpu_bytes + paged_bytes, "paged_on_cpu": paged_bytes})
 
 

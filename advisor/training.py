@@ -284,14 +284,19 @@ class TrainingConfig(BaseModel):
         return int(self.reserve_gib * GIB)
 
     def gap_fraction(self, checkpointing: bool) -> float:
-        """The allocator's gap over the peak, as a fraction of it: ``fragmentation``, and under checkpointing
-        ``checkpointing_fragmentation`` more (a recomputed block's tensors are allocated again between gradients
-        of other sizes; profiles/allocator_overhead.json), unless ``fragmentation`` was given without it: then as
-        given (a configuration read back from a plan's JSON carries both, and keeps the term)."""
+        """The allocator's gap over the peak in reserved, as a fraction of it: ``fragmentation``, and under
+        checkpointing ``checkpointing_fragmentation`` more (a recomputed block's tensors are allocated again between
+        gradients of other sizes; profiles/allocator_overhead.json), at most 1; unless ``fragmentation`` was given
+        without it: then as given (a configuration read back from a plan's JSON carries both, and keeps the term)."""
         given = self.model_fields_set
         if not checkpointing or ("fragmentation" in given and "checkpointing_fragmentation" not in given):
             return self.fragmentation
         return min(1.0, self.fragmentation + self.checkpointing_fragmentation)
+
+    def recompute_fraction(self, checkpointing: bool) -> float:
+        """The part of ``gap_fraction`` that is the cache around recomputation (``recompute_cache``: in reserved,
+        not in what must fit); 0 where ``gap_fraction`` is ``fragmentation`` alone."""
+        return self.gap_fraction(checkpointing) - self.fragmentation
 
     def context_gib_at(self, world: int, gpu: str = "") -> float:
         """What sits outside the caching allocator per GPU: --context-gib when given; else, on one GPU (one

@@ -26,6 +26,7 @@ after it. The fp32 absmax of each 8-bit state (``state["absmax1"]``, ``["absmax2
 from __future__ import annotations
 
 from advisor.frozen import validated_copy
+from advisor.estimate.memory import cached_within
 from advisor.estimate.states import ModelStates, largest_trainable_params, optimizer_step_temporary
 from advisor.model.spec import ModelSpec
 from advisor.training import TrainingConfig
@@ -80,12 +81,11 @@ def place_paged_state(memory, paged_bytes: int, *, capacity_bytes: int):
         return memory
     if memory.total + paged_bytes <= capacity_bytes:
         # the allocator's cached blocks (FSDP's gradient pool, the recompute cache) fit in what the state leaves
-        room = capacity_bytes - memory.total - paged_bytes
-        pool = min(memory.gradient_stream_pool, room)
+        pool, recompute = cached_within(capacity_bytes - memory.total - paged_bytes,
+                                        pool=memory.gradient_stream_pool, recompute=memory.recompute_cache)
         return validated_copy(memory, {"runtime_overhead": memory.runtime_overhead + paged_bytes,
                                          "outside_allocator": memory.outside_allocator + paged_bytes,
-                                         "gradient_stream_pool": pool,
-                                         "recompute_cache": min(memory.recompute_cache, room - pool)})
+                                         "gradient_stream_pool": pool, "recompute_cache": recompute})
     return validated_copy(memory, {"cpu_bytes": memory.cpu_bytes + paged_bytes, "paged_on_cpu": paged_bytes})
 
 

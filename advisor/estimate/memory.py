@@ -560,14 +560,12 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     cpu += acts.offloaded_bytes  # --activation-offload: pinned host copies (advisor.estimate.activation_offload)
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
-    fragmentation = training.gap_fraction(checkpointing)
     overhead = training.reserve_bytes + int(training.fragmentation * gapped) + context
     pool = reduce_scatter_pool_bytes(moments, peak, training, impl, gpu_grads=gpu_grads, held_grads=held_grads,
-                                     fragmentation=fragmentation)
-    recompute = int((fragmentation - training.fragmentation) * gapped)
+                                     fragmentation=training.gap_fraction(checkpointing))
+    recompute = int(training.recompute_fraction(checkpointing) * gapped)
     if device_bytes is not None:  # cached blocks go before an allocation fails: reserved stops at the GPU's memory
-        pool = max(0, min(pool, device_bytes - peak - overhead))
-        recompute = max(0, min(recompute, device_bytes - peak - overhead - pool))
+        pool, recompute = cached_within(device_bytes - peak - overhead, pool=pool, recompute=recompute)
     memory = MemoryBreakdown(
         **parts,
         runtime_overhead=overhead,
@@ -588,6 +586,13 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     from advisor.estimate.in_backward import place_paged_state  # bitsandbytes' paged optimizer state
 
     return place_paged_state(memory, paged, capacity_bytes=capacity_bytes)
+
+
+def cached_within(room: int, *, pool: int, recompute: int) -> tuple[int, int]:
+    """FSDP's gradient pool and the recompute cache (in that order) cut to ``room`` bytes of the GPU: the caching
+    allocator frees cached blocks before an allocation fails, so reserved stops at the GPU's memory."""
+    pool = max(0, min(pool, room))
+    return pool, max(0, min(recompute, room - pool))
 
 
 def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, training: TrainingConfig,

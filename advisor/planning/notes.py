@@ -120,10 +120,9 @@ def overhead_notes(training: TrainingConfig, world: int, gpu: str = "") -> list[
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "
               "error are in profiles/allocator_overhead.json)" if calibrated else "as given (--reserve-gib, --fragmentation)")
            + f", so peak + gap predicts torch.cuda.max_memory_reserved() (JSON 'reserved')"
-           + (f"; where the blocks are recomputed (checkpointing) the allocator caches {training.checkpointing_fragmentation:.1%} "
+           + (f"; where the blocks are recomputed (checkpointing) the allocator caches {training.recompute_fraction(True):.1%} "
               "of the peak more (JSON 'recompute_cache', in reserved), which it frees before an allocation fails, so "
-              "it does not decide the fit" if "fragmentation" not in training.model_fields_set
-              and training.checkpointing_fragmentation else "")
+              "it does not decide the fit" if training.recompute_fraction(True) else "")
            + f"; plus {training.context_gib_at(world, gpu):g} "
              "GiB for the CUDA context" + (" and NCCL buffers" if world > 1 else " (one GPU: no NCCL communicator)")
            + " outside the allocator ("

@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib.metadata
 import io
 import json
 import platform
+import subprocess
 import sys
 import traceback
 import warnings
@@ -114,6 +116,24 @@ CAP_CASES = [
     ("trainer-lora-8b-cap", "llama8b", 1, 4096, False, "bfloat16", 16, "adamw_torch_fused", cap)
     for cap in (42.0, 41.0, 40.5)
 ]
+
+
+# FSDP1 as HF Trainer ran it through accelerate's FSDP1 plugin in fms-acceleration's reference runs (the published set's
+# fms-mistral7b-lora-fsdp rows): 2 ranks (rank 0 of a fake group), FULL_SHARD with PEFT's wrap policy, BACKWARD_PRE,
+# limit_all_gathers, use_orig_params=False (accelerate's default), no MixedPrecision (pure bf16 weights), foreach AdamW
+# over the adapters, LoRA r16 alpha 16 on q, k, v, o. (model key, micro-batch, seq, LoRA dropout, adapter dtype
+# (PEFT's autocast_adapter_dtype gives float32), use_orig_params, checkpointing: "reentrant" / "non-reentrant" (the
+# model's own, as the Trainer's gradient_checkpointing=True applies it; transformers 4.48 defaults to reentrant, and
+# TRL's enable_input_require_grads with it) or "wrapper" (accelerate's fsdp_activation_checkpointing)). Each case runs
+# in a process of its own (in one process a case's model outlived it under FSDP1 and the fake group). Run with the
+# image's libraries, and with the publisher's (transformers 4.48.1, peft 0.13.2, accelerate 1.0.1 first on PYTHONPATH;
+# each row records the versions it ran).
+FSDP1_CASES = [
+    ("mistral7b", 2, 4096, 0.1, "float32", False, "reentrant"), ("mistral7b", 4, 4096, 0.1, "float32", False, "reentrant"),
+    ("mistral7b", 2, 4096, 0.0, "bfloat16", False, "reentrant"), ("mistral7b", 2, 4096, 0.1, "float32", False, "wrapper"),
+]
+# The first two through the Trainer itself (``trainer_fsdp1_case``): (model key, micro-batch, seq)
+TRAINER_FSDP1_CASES = [("mistral7b", 2, 4096), ("mistral7b", 4, 4096)]
 
 
 def register_models() -> None:
@@ -353,11 +373,159 @@ def actoff_case(key: str, strategy: str, world: int, mb: int, seq: int) -> dict:
                 step3=peaks.step3, reserved=peaks.reserved)
 
 
+def fsdp1_case(key: str, mb: int, seq: int, dropout: float, adapters: str, orig_params: bool, ckpt: str,
+               op_trace: Path | None = None) -> dict:
+    """One FSDP1 LoRA job as ``FSDP1_CASES`` describes it, rank 0 of a fake group of 2; the peaks of steps 2-3, each
+    phase's own (forward with the loss, backward, optimizer step) and the allocator's cache emptied once wrapped.
+    ``op_trace``: the second step's operator log (``op_trace.OpTrace``) written there as JSON."""
+    import functools
+
+    import peft
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
+                                                                             apply_activation_checkpointing,
+                                                                             checkpoint_wrapper)
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from peft.utils.other import fsdp_auto_wrap_policy
+
+    import gpu_truth
+    from wrappers.blocks import find_blocks
+
+    if DEVICE == "cuda":
+        _clean()
+    net, cfg = _model(key, "bfloat16", None)
+    net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=dropout, task_type="CAUSAL_LM",
+                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                              autocast_adapter_dtype=adapters == "float32")
+    if ckpt != "wrapper":  # the Trainer's gradient_checkpointing=True: the model's own, before wrapping
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
+        net.enable_input_require_grads()
+    kinds = {type(b) for b in find_blocks(net)}
+    gpu_truth._init_group(2)
+    try:
+        wrapped = FSDP(net, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=fsdp_auto_wrap_policy(net),
+                       backward_prefetch=BackwardPrefetch.BACKWARD_PRE, limit_all_gathers=True,
+                       use_orig_params=orig_params, device_id=torch.device(DEVICE, 0) if DEVICE == "cuda" else torch.device("cpu"))
+        if ckpt == "wrapper":
+            apply_activation_checkpointing(wrapped, check_fn=lambda m: type(m) in kinds, checkpoint_wrapper_fn=functools.partial(
+                checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        opt = torch.optim.AdamW([p for p in wrapped.parameters() if p.requires_grad], lr=1e-5, foreach=True)
+        ids = torch.randint(0, cfg["vocab_size"], (mb, seq), device=DEVICE)
+        gc.collect()
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        phases = {"forward": 0, "backward": 0, "optimizer_step": 0}
+        reserved = dict(phases)
+        at_start = 0
+
+        def mark(phase: str | None) -> None:
+            if DEVICE != "cuda":
+                return
+            torch.cuda.synchronize()
+            if phase is not None:
+                phases[phase] = max(phases[phase], torch.cuda.max_memory_allocated())
+                reserved[phase] = max(reserved[phase], torch.cuda.max_memory_reserved())
+            torch.cuda.reset_peak_memory_stats()
+
+        for step in range(3):
+            if step == 1:
+                mark(None)
+                at_start = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+            trace = None
+            if op_trace is not None and step == 1:
+                from op_trace import OpTrace
+
+                trace = OpTrace(lambda: (torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()))
+            with trace or contextlib.nullcontext():
+                loss = wrapped(input_ids=ids, labels=ids).loss
+                mark("forward" if step else None)
+                loss.backward()
+                del loss
+                mark("backward" if step else None)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                mark("optimizer_step" if step else None)
+            if trace is not None:
+                op_trace.write_text(json.dumps(trace.rows))
+        units = len(FSDP.fsdp_modules(wrapped))
+        trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    finally:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    row = dict(kind="fsdp1", model=key, strategy="zero3", world=2, micro_batch=mb, seq_len=seq, checkpointing=True,
+               checkpoint_impl=ckpt, lora_rank=16, lora_dropout=dropout, adapters=adapters, use_orig_params=orig_params,
+               optimizer_impl="foreach", allocated=max(phases.values()), phases=phases, at_step_start=at_start,
+               reserved=max(reserved.values()), reserved_phases=reserved, units=units, trainable=trainable)
+    del wrapped, net, opt
+    return row
+
+
+def trainer_fsdp1_case(key: str, mb: int, seq: int, workdir: Path) -> dict:
+    """``FSDP1_CASES``' first jobs through the Trainer itself (accelerate's FSDP1 plugin, PEFT's wrap policy set by the
+    Trainer), rank 0 of a fake group of 2 set up as ``accelerate launch`` would leave the environment."""
+    import os
+
+    import peft
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    import gpu_truth
+
+    _clean()
+    net, cfg = _model(key, "bfloat16", None)
+    net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.1, task_type="CAUSAL_LM",
+                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    net.enable_input_require_grads()  # TRL's SFTTrainer with a PEFT config and gradient checkpointing
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="29573")
+    gpu_truth._init_group(2)
+    peaks: dict = {}
+
+    class Peaks(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            if state.global_step == 1:
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == 3:
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+            return control
+
+    args = TrainingArguments(output_dir=str(workdir / "fsdp1"), per_device_train_batch_size=mb, max_steps=3, bf16=False,
+                             optim="adamw_torch", gradient_checkpointing=True,
+                             gradient_checkpointing_kwargs={"use_reentrant": True}, report_to=[], save_strategy="no",
+                             logging_steps=100, dataloader_num_workers=0, remove_unused_columns=False,
+                             learning_rate=1e-5, disable_tqdm=True, fsdp="full_shard auto_wrap",
+                             fsdp_config={"version": 1, "backward_prefetch": "backward_pre", "use_orig_params": False,
+                                          "limit_all_gathers": True})
+    try:
+        trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 6 * mb))
+        trainer.add_callback(Peaks())
+        trainer.train()
+        wrapped = type(trainer.model_wrapped).__name__
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return dict(kind="trainer-fsdp1", model=key, strategy="zero3", world=2, micro_batch=mb, seq_len=seq,
+                checkpointing=True, checkpoint_impl="reentrant", lora_rank=16, lora_dropout=0.1, adapters="float32",
+                use_orig_params=False, optimizer_impl="foreach", allocated=peaks.get("allocated"),
+                reserved=peaks.get("reserved"), wrapped=wrapped)
+
+
+# Groups whose cases each run in a process of their own: (case function, cases)
+ISOLATED = {"fsdp1": (fsdp1_case, FSDP1_CASES), "trainer-fsdp1": (trainer_fsdp1_case, TRAINER_FSDP1_CASES)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
+    parser.add_argument("--case", default="", help=argparse.SUPPRESS)  # GROUP:INDEX, one case of ISOLATED in this process
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more, cap, cap2), comma-separated")
+                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -369,7 +537,7 @@ def main() -> int:
     import transformers
 
     register_models()
-    groups = (set(args.only.split(",")) if args.only
+    groups = ({args.case.split(":")[0]} if args.case else set(args.only.split(",")) if args.only
               else {"trainer", "wrap", "impl", "eager", "lightning", "titan", "actoff", "accum", "trainer8b", "trainer-more"})
     args.out.mkdir(parents=True, exist_ok=True)
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, transformers=transformers.__version__,
@@ -399,6 +567,15 @@ def main() -> int:
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_MORE_CASES]
     if "accum" in groups:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
+    if args.case:  # one case of a group that runs each case in its own process
+        group, index = args.case.split(":")
+        fn, cases = ISOLATED[group]
+        jobs = [(fn, (*cases[int(index)], *((args.out / "runs",) if fn is trainer_fsdp1_case else ())))]
+    for group, (_, cases) in ISOLATED.items():
+        if group in groups and not args.case:
+            for index in range(len(cases)):
+                subprocess.run([sys.executable, __file__, "--out", str(args.out), "--case", f"{group}:{index}"], check=False)
+    env.update(accelerate=importlib.metadata.version("accelerate"))
     with open(args.out / "gpu_stacks.jsonl", "a") as fh:
         for fn, case in jobs:
             try:

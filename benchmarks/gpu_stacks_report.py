@@ -14,10 +14,17 @@ with the job each row ran, so a change of the estimate re-scores the stored meas
   ``--compile`` its loss compiled beside the blocks; ``actoff`` rows: the torch recipe with ``--activation-offload``.
   Both under a fake process group, the allocator's cache emptied once the model is wrapped, so their reserved peak
   is the training's (no NCCL buffers: a fake group has none).
+- FSDP1 rows (``benchmarks/results/gpu_fsdp1.jsonl``, ``--only fsdp1,trainer-fsdp1``): a LoRA under FSDP1 as HF
+  Trainer runs it, recipe ``trainer`` with ``fsdp_version=1``, pure bf16, foreach AdamW, rank 0 of a fake group of 2;
+  rows run with transformers 4.48.1 (fms-acceleration's release) are also estimated with what that release held
+  (``publisher_code``: its loss's shifted logits copy and, under its reentrant checkpointing around FSDP1's units,
+  every block's input and its gradient to the end of backward), as ``published_memory.estimate`` adds it. Their
+  operator logs (``gpu_fsdp1_trace_*.json.gz``) give the allocation at each block's recompute in backward.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import statistics
@@ -89,6 +96,70 @@ def load(path: Path = RESULTS / "gpu_stacks.jsonl", *, capped: bool = False) -> 
             found = re.search(r"peak allocated ([0-9.]+) GiB.*reserved ([0-9.]+) GiB", row["product_line"])
             row["allocated"], row["reserved"] = (round(float(v) * 2**30) for v in found.groups())
     return rows
+
+
+FSDP1_ROWS = RESULTS / "gpu_fsdp1.jsonl"
+OLD_TRANSFORMERS = "4.48.1"  # fms-acceleration's pinned release (profiles/published_memory.json)
+
+
+def fsdp1_case(row: dict) -> dict:
+    """A stored FSDP1 row as a ``published_memory`` case: its job, and under transformers 4.48.1 with the model's own
+    reentrant checkpointing what that release held (``publisher_code``)."""
+    old = row["env"]["transformers"] == OLD_TRANSFORMERS
+    code = ["hf_shift_logits_copy"] if old else []
+    if old and row["checkpoint_impl"] == "reentrant":
+        code.append("hf_checkpoint_around_fsdp1_unit")
+    return dict(id=f"h100-{row['kind']}-mb{row['micro_batch']}-{row['env']['transformers']}", stack="trainer",
+                model=accuracy.MODELS[row["model"]], gpus=f"{row['world']}xH100", strategy=row["strategy"],
+                fsdp_version=1, micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], precision="bf16",
+                activation_checkpointing="on", optimizer="adamw", optimizer_impl=row["optimizer_impl"], loss="hf",
+                lora={"rank": row["lora_rank"], "targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+                      "dropout": row["lora_dropout"]}, publisher_code=code)
+
+
+def published_memory_estimate(case: dict) -> int:
+    """The peak allocated ``published_memory.estimate`` gives a case (its publisher code included)."""
+    import published_memory
+
+    return published_memory.estimate(case).allocated
+
+
+def fsdp1_rows() -> list[tuple[dict, int]]:
+    """Each stored FSDP1 row with its estimated peak allocated (with the publisher code of its release)."""
+    rows = [json.loads(line) for line in FSDP1_ROWS.read_text().splitlines() if line.strip()]
+    return [(row, published_memory_estimate(fsdp1_case(row))) for row in rows]
+
+
+def recompute_levels(path: Path) -> list[int]:
+    """From an operator log (``op_trace``), the bytes allocated as each block's recompute starts in backward (its
+    input norm's upcast: an fp32 copy followed by ``pow``), top block first."""
+    rows = json.loads(gzip.decompress(path.read_bytes()))
+    loss = next(i for i, r in enumerate(rows) if r[0] == "_log_softmax_backward_data")
+    return [rows[i][2] for i in range(loss, len(rows) - 1)
+            if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
+            and rows[i - 1][0] != "add"]
+
+
+def fsdp1_lines() -> list[str]:
+    """The FSDP1 section of the report: each row against its estimate, and what the operator logs show."""
+    lines = ["", "## FSDP1 through the Trainer (pure bf16 LoRA, fake group of 2, Mistral-7B, 4,096 tokens)", "",
+             "| stack | transformers / peft / accelerate | checkpointing | adapters (dropout) | mb | GPU allocated | "
+             "estimate | err |", "| --- | --- | --- | --- | ---: | ---: | ---: | ---: |"]
+    for row, est in fsdp1_rows():
+        env = row["env"]
+        code = " + " + ", ".join(fsdp1_case(row)["publisher_code"]) if fsdp1_case(row)["publisher_code"] else ""
+        lines.append(f"| {'Trainer' if row['kind'] == 'trainer-fsdp1' else 'FSDP1 by hand, as the Trainer wraps'} | "
+                     f"{env['transformers']} / {env['peft']} / {env['accelerate']} | {row['checkpoint_impl']} | "
+                     f"{row['adapters']} ({row['lora_dropout']:g}) | {row['micro_batch']} | "
+                     f"{row['allocated'] / 2**30:.2f} | {est / 2**30:.2f}{code} | {_err(est, row['allocated']):+.2f}% |")
+    steps = []
+    for path in sorted(RESULTS.glob("gpu_fsdp1_trace_*.json.gz")):
+        levels = recompute_levels(path)
+        step = statistics.median(b - a for a, b in zip(levels, levels[1:]))
+        steps.append(f"{path.name}: {len(levels)} blocks, {step / 2**30:+.3f} GiB a block")
+    lines += ["", "Allocated as each block's recompute starts in backward, the median change from one block to the next "
+              "(micro-batch 4; one block's input, 4 x 4096 x 4096 bf16, is 0.125 GiB): " + "; ".join(steps) + "."]
+    return lines
 
 
 def _err(est: int, measured: int) -> float:
@@ -247,7 +318,7 @@ def main() -> int:
         "| stack | model | mb | seq | ckpt | GPU allocated | estimate | err | GPU reserved | estimate | err |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    (RESULTS / "gpu_stacks.md").write_text("\n".join(head + lines) + "\n")
+    (RESULTS / "gpu_stacks.md").write_text("\n".join(head + lines + fsdp1_lines()) + "\n")
     return 0
 
 

@@ -172,6 +172,13 @@ class Recipe(BaseModel):
                                    "another (torchtitan's apply_fsdp), which FSDP2 reshards at its post-backward, "
                                    "before the blocks' backward: neither is held through the blocks. False: the root "
                                    "unit holds the embedding, norm and head (wrap(), accelerate, torchtune).")
+    pure_adapters_fp32: bool = Field(default=False, description="Under a pure precision (bf16) it never casts the "
+                                     "model, so a LoRA model's adapters stay in the fp32 PEFT gives them "
+                                     "(get_peft_model's autocast_adapter_dtype) beside the bf16 base, and with no "
+                                     "autocast each adapter computes in fp32: PEFT casts its input to lora_A's dtype "
+                                     "and autograd saves that copy (or its dropout output). False: the stack casts the "
+                                     "whole module, adapters included (wrap()'s model.to, Lightning's bf16-true, "
+                                     "DeepSpeed, torchtune's default dtype).")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
@@ -196,7 +203,7 @@ class Recipe(BaseModel):
         if not self.kbit_upcast and not self.sources.get("kbit_upcast"):
             missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
-                                      "adapter_units", "chunked_logits", "compile_loss", "precisions",
+                                      "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
                                       "torch_strategies")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:

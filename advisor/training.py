@@ -15,7 +15,7 @@ from advisor.calibration import Margin, allocator_overhead
 from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
 from advisor.model.releases import behaviour_in, release_tuple
-from advisor.precision import Precision, PrecisionInfo, precision_info
+from advisor.precision import FP32, Precision, PrecisionInfo, precision_info
 from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings,
                              get_recipe)
 from advisor.units import GIB
@@ -254,6 +254,21 @@ class TrainingConfig(BaseModel):
         the base's units require no grad and stay as loaded."""
         return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
                 and self.recipe.frozen_base == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
+
+    @property
+    def fp32_adapters(self) -> bool:
+        """A LoRA model trained in a pure 16-bit precision by a stack that never casts the model
+        (``Recipe.pure_adapters_fp32``: HF Trainer): PEFT's adapters stay fp32 beside the 16-bit base and compute in
+        fp32 (no autocast), so their weights, gradients and optimizer state are fp32 and each saves an fp32 copy of
+        its input. Not for a quantised base (its own bytes, ``advisor.estimate.quantized``)."""
+        return (self.lora is not None and not self.mixed and self.precision != "fp32" and self.quantize is None
+                and self.engine == "torch" and self.recipe.pure_adapters_fp32)
+
+    @property
+    def trainable_param_bytes(self) -> int:
+        """Bytes of one trainable parameter (and of its gradient): fp32 for ``fp32_adapters``, else
+        ``param_bytes``."""
+        return FP32 if self.fp32_adapters else self.param_bytes
 
     @property
     def frozen_param_bytes(self) -> int:

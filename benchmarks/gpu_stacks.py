@@ -106,6 +106,17 @@ TRAINER_MORE_CASES = [
 ]
 
 
+# LoRA over a bf16 base without the Trainer's bf16=True (pure bf16, no autocast: fms-acceleration's setting): PEFT's
+# adapters stay fp32 and compute in fp32 (Recipe.pure_adapters_fp32): (name, model key, micro-batch, seq,
+# checkpointing, weights dtype, LoRA rank, Trainer optim); run with bf16=False
+TRAINER_PURE_CASES = [
+    ("trainer-lora-pure", "llama1b", 4, 2048, False, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-pure", "qwen0.5b", 8, 2048, False, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-pure", "mistral7b", 1, 4096, False, "bfloat16", 16, "adamw_torch_fused"),
+    ("trainer-lora-pure-ckpt", "mistral7b", 4, 4096, True, "bfloat16", 16, "adamw_torch_fused"),
+]
+
+
 # The same Trainer job under a cap on what the caching allocator may reserve (torch.cuda.set_per_process_memory_fraction,
 # set once the model is built): does a checkpointed run train where its reserved peak, uncapped, would not fit?
 # (name, model key, micro-batch, seq, checkpointing, weights dtype, LoRA rank, Trainer optim, cap GiB)
@@ -186,7 +197,7 @@ class _Tokens:
 
 
 def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str, rank: int | None,
-                 optim: str, workdir: Path, accum: int = 1, cap_gib: float | None = None) -> dict:
+                 optim: str, workdir: Path, accum: int = 1, cap_gib: float | None = None, bf16: bool = True) -> dict:
     import torch
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -212,7 +223,7 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
             return control
 
     args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=3,
-                             bf16=True, optim=optim, gradient_checkpointing=ckpt, report_to=[], save_strategy="no",
+                             bf16=bf16, optim=optim, gradient_checkpointing=ckpt, report_to=[], save_strategy="no",
                              logging_steps=100, dataloader_num_workers=0, remove_unused_columns=False,
                              learning_rate=1e-5, disable_tqdm=True, use_cpu=DEVICE == "cpu",
                              gradient_accumulation_steps=accum)
@@ -234,6 +245,7 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
     planned = advisor.verdict.planned if advisor.verdict is not None else None
     extra = {} if cap_gib is None else dict(cap_gib=cap_gib, oom=oom,
                                             alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
+    extra.update({} if bf16 else {"bf16": False})
     row = dict(kind="trainer-cap" if cap_gib is not None else "trainer", name=name, model=key, micro_batch=mb,
                seq_len=seq, checkpointing=ckpt, **extra,
                weights=dtype, lora_rank=rank, optim=optim, accumulation=accum, allocated=peaks.get("allocated"),
@@ -525,7 +537,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--case", default="", help=argparse.SUPPRESS)  # GROUP:INDEX, one case of ISOLATED in this process
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1), comma-separated")
+                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -565,6 +577,8 @@ def main() -> int:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", 1, c[8])) for c in CAP_CASES[3:]]
     if "trainer-more" in groups:
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in TRAINER_MORE_CASES]
+    if "trainer-pure" in groups:
+        jobs += [(trainer_case, (*c, args.out / "runs", 1, None, False)) for c in TRAINER_PURE_CASES]
     if "accum" in groups:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
     if args.case:  # one case of a group that runs each case in its own process

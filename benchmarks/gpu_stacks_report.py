@@ -53,7 +53,9 @@ def job(row: dict) -> dict:
     """The ``plan()`` options of the job a stored row ran."""
     ckpt = "selective" if row["checkpointing"] == "selective" else "on" if row["checkpointing"] else "off"
     if row["kind"] == "trainer":
-        pure = row["weights"] == "bfloat16" and row["lora_rank"] is None
+        # bf16 weights train pure bf16 (AdvisorCallback's _hf_precision): a full fine-tune under bf16=True, any job
+        # without it (a LoRA's fp32 adapters then compute in fp32, Recipe.pure_adapters_fp32)
+        pure = row["weights"] == "bfloat16" and (row["lora_rank"] is None or not row.get("bf16", True))
         accumulation = row.get("accumulation", 1)
         return dict(gpus="1xH100", strategy="ddp", recipe="trainer", precision="bf16" if pure else "bf16-mixed",
                     optimizer_impl=IMPL_OF_OPTIM[row["optim"]], lora=row["lora_rank"],
@@ -124,6 +126,14 @@ def published_memory_estimate(case: dict) -> int:
     return published_memory.estimate(case).allocated
 
 
+def estimate_fsdp1_moments(row: dict) -> dict[str, int]:
+    """The estimate's moments for a stored FSDP1 row's job (without any publisher code)."""
+    import published_memory
+
+    case = fsdp1_case(row)
+    return published_memory.plan_of(case).candidate(case["strategy"]).memory_bytes.moments
+
+
 def fsdp1_rows() -> list[tuple[dict, int]]:
     """Each stored FSDP1 row with its estimated peak allocated (with the publisher code of its release)."""
     rows = [json.loads(line) for line in FSDP1_ROWS.read_text().splitlines() if line.strip()]
@@ -138,6 +148,17 @@ def recompute_levels(path: Path) -> list[int]:
     return [rows[i][2] for i in range(loss, len(rows) - 1)
             if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
             and rows[i - 1][0] != "add"]
+
+
+def first_block_backward_peak(path: Path) -> int:
+    """From an operator log, the most allocated while the top block is recomputed and its backward runs (from its
+    recompute's start to the next block's)."""
+    rows = json.loads(gzip.decompress(path.read_bytes()))
+    loss = next(i for i, r in enumerate(rows) if r[0] == "_log_softmax_backward_data")
+    starts = [i for i in range(loss, len(rows) - 1)
+              if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
+              and rows[i - 1][0] != "add"]
+    return max(r[2] for r in rows[starts[0]:starts[1]])
 
 
 def fsdp1_lines() -> list[str]:

@@ -84,7 +84,7 @@ def apply_mesh(model: nn.Module, dims: ParallelDims, recipe: Recipe, *, device: 
         raise ValueError("checkpoint= loads into a model built on the meta device; this one has weights already")
     meshes = build_meshes(dims, device_type=device.type)
     names = param_group_names(optimizer, model) if optimizer is not None else None
-    if recipe.precision == "bf16":
+    if recipe.precision == "bf16" and recipe.cast_model:
         model.to(torch.bfloat16)
     source, tp_modules = apply_tensor_parallel(model, meshes.tp)
     if recipe.checkpointing != "off":

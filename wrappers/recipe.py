@@ -97,6 +97,9 @@ class Recipe(BaseModel):
                                                     "forward; None: as the blocks. False is what torch before 2.8 "
                                                     "ran whatever was asked (the simulator passes it for "
                                                     "TrainingConfig.torch_release before 2.8).")
+    cast_model: bool = Field(default=True, description="Under pure bf16, cast the whole model to bf16 first (what "
+                             "wrap() does); False: leave it as loaded, as HF Trainer does, so a PEFT model's fp32 "
+                             "adapters stay fp32 beside its bf16 base.")
     outer_units: bool = Field(default=False, description="FSDP2: the embedding and the final norm + head get units of "
                               "their own, as torchtitan's apply_fsdp_to_decoder gives them (wrappers.fsdp); False: "
                               "the root holds them.")
@@ -208,7 +211,7 @@ def apply_recipe(
     the group and ``device``.
     """
     bf16 = precision_dtypes("bf16").param_dtype
-    if recipe.precision == "bf16" and any(p.dtype != bf16 for p in model.parameters()):
+    if recipe.precision == "bf16" and recipe.cast_model and any(p.dtype != bf16 for p in model.parameters()):
         model.to(bf16)  # in place: parameter identity is kept
     if recipe.float8:  # before checkpointing and sharding, as torchtitan converts first
         from wrappers.compile_float8 import apply_float8

@@ -99,6 +99,10 @@ class Dtypes(BaseModel):
     input_casts: bool = Field(description="Each linear makes its own low-precision copy of an fp32 input.")
     buffer: int = Field(default=2, description="Bytes of a model buffer (BART's final_logits_bias): 4 unless the "
                         "engine casts the whole module (pure bf16, DeepSpeed); FSDP2 and autocast cast no buffer.")
+    adapter: int | None = Field(default=None, description="Bytes of a LoRA adapter's own input copy and x A where the "
+                                "adapters compute in their own fp32 without autocast (TrainingConfig.fp32_adapters: "
+                                "PEFT casts each input to lora_A's dtype); None: the adapters compute in the compute "
+                                "dtype.")
     mlp: int | None = Field(default=None, description="Bytes of a frozen block's gated-MLP gate, up and activation "
                             "outputs where they are not the compute dtype: 4 where bitsandbytes' 4-bit linears read "
                             "an fp32 norm output and return its dtype (QLoRA over fp32 norms, benchmarks/"

@@ -295,10 +295,12 @@ def frozen_adapters_per_token(dt: Dtypes, ad: Adapters, *, eager: bool = False) 
     its own (``frozen_attention_per_token``), not a view of SDPA's saved output."""
     cb = dt.compute
     width = {"attn_norm": dt.residual, "mlp_norm": dt.residual, "attention": cb, "mlp_act": cb}
-    adapters = len(ad.inputs) * cb * ad.rank
+    adapters = len(ad.inputs) * (dt.adapter or cb) * ad.rank
     if ad.dropout:
         adapters += sum(BOOL * fan_in for fan_in, _ in ad.inputs)
-    if dt.input_casts:
+    if dt.adapter is not None:  # fp32 adapters without autocast: each saves its own fp32 input (or dropout output)
+        adapters += sum(dt.adapter * fan_in for fan_in, _ in ad.inputs)
+    elif dt.input_casts:
         adapters += sum(cb * fan_in for fan_in, _ in ad.inputs)
     elif ad.dropout:
         adapters += sum(width[source] * fan_in for fan_in, source in ad.inputs)

@@ -45,7 +45,8 @@ def first_block_unsaved_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapte
     unsaved = FP32 * h  # the attention norm's fp32 input
     if first > SOURCE_ORDER.index("attn_norm"):
         unsaved += frozen_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
-        if first == SOURCE_ORDER.index("attention") and not dt.input_casts and not ad.dropout and not eager:
+        if (first == SOURCE_ORDER.index("attention") and not dt.input_casts and dt.adapter is None
+                and not ad.dropout and not eager):
             unsaved -= dt.compute * shape.num_attention_heads * shape.head_dim  # o_proj's input: its adapter's own
     if first > SOURCE_ORDER.index("attention"):
         unsaved += FP32 * h * (2 if shape.sandwich_norms else 1)  # the MLP norm (Gemma 2: and the post-attention one)
@@ -85,6 +86,7 @@ def frozen_recompute_end_per_token(shape: ActivationShape, dt: Dtypes, ad: Adapt
     if not any(source == "mlp_act" for _, source in ad.inputs):
         return 0
     h, I, cb = shape.hidden_size, shape.intermediate_size, dt.compute
-    product = 0 if not dt.input_casts and not ad.dropout else cb * I
-    casts = FP32 * I * (2 if ad.dropout else 1) if dt.input_casts else 0
+    copies = dt.input_casts or dt.adapter is not None  # the adapter reads its own fp32 copy of the product
+    product = 0 if not copies and not ad.dropout else cb * I
+    casts = FP32 * I * (2 if ad.dropout else 1) if copies else 0
     return 5 * dt.residual * h + product + casts

@@ -69,6 +69,7 @@ from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_
 from advisor.estimate.states import ModelStates, model_states
 from advisor.estimate.strategy_buffers import StrategyBuffers, block_backward_buffers, estimate_strategy_buffers
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key, saved_head_gradient
+from advisor.precision import FP32
 from advisor.frozen import in_json_order, validated_copy
 from advisor.model.saved_modules import head_frozen
 from advisor.model.block_kinds import kind_of
@@ -211,8 +212,8 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
     """Residual/compute widths under the engine's recipe (see module docstring)."""
     if training.precision == "fp32":
         return Dtypes(residual=4, compute=4, input_casts=False, buffer=4)
-    if training.precision == "bf16" or training.engine == "deepspeed":
-        return Dtypes(residual=2, compute=2, input_casts=False)  # the whole module cast: no autocast
+    if training.precision == "bf16" or training.engine == "deepspeed":  # the whole module 16-bit: no autocast
+        return Dtypes(residual=2, compute=2, input_casts=False, adapter=FP32 if training.fp32_adapters else None)
     if impl.shard_params:  # FSDP2's MixedPrecisionPolicy casts parameters, not buffers
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
     if training.low_precision_base:  # autocast over a bf16 base: a bf16 residual; fp32 adapters cast their input

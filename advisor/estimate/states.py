@@ -101,7 +101,7 @@ def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
 
 
 def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
-    pb = training.param_bytes
+    pb = training.trainable_param_bytes  # a trainable parameter, its gradient and state (fp32 adapters: fp32)
     p, t = spec.total_params, spec.trainable_params
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
     stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)

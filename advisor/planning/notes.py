@@ -92,6 +92,10 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
                    "blocks are not modelled yet)")
     if training.quantize is not None:
         dtypes = ""
+    elif training.fp32_adapters:
+        dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} as loaded, the adapters in fp32 "
+                  f"(PEFT's autocast_adapter_dtype; recipe {training.recipe.name} never casts the model), and with no "
+                  "autocast each adapter computes in fp32 and saves an fp32 copy of its input")
     elif training.low_precision_base:
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
                   f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "

@@ -43,7 +43,8 @@ from advisor.simulate.cuda_kernels import cuda_softmax_backward
 from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, fake_process_group, kernel_scratch,
                                        unpacked_batches)
 from advisor.simulate.measure import DispatchObserver
-from advisor.simulate.model import build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config
+from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
+                                   training_dtypes)
 from advisor.strategies import get_strategy
 from advisor.training import TrainingConfig
 
@@ -70,9 +71,8 @@ def simulate_fsdp1(model: str | dict, *, world_size: int, strategy: str, trainin
     # Real tensors (see the module docstring: FSDP1 compares storages by data_ptr, 0 for every fake tensor).
     with fake_process_group(world_size), unpacked_batches(), cuda_dropout(), kernel_scratch(), \
             cuda_autocast_policy(training):
-        frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
-        materialize(meta, device="cpu", real=True,
-                    dtype=torch.bfloat16 if training.precision == "bf16" else None, frozen_dtype=frozen)
+        dtype, frozen = training_dtypes(training)
+        materialize(meta, device="cpu", real=True, dtype=dtype, frozen_dtype=frozen)
         freeze_to(meta, None)
         meta.train()
         net = _wrap_fsdp1(meta, strategy, training, checkpointing)

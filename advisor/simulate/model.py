@@ -50,6 +50,19 @@ def simulation_config(cfg: dict, *, attention: str, use_cache: bool = False) -> 
     return out
 
 
+def training_dtypes(training: TrainingConfig) -> tuple[Any, Any]:
+    """``materialize``'s ``(dtype, frozen_dtype)`` for a training configuration: pure bf16 makes every weight bf16
+    (the recipe's ``model.to``), except where the stack never casts the model and PEFT's adapters stay fp32
+    (``TrainingConfig.fp32_adapters``: the frozen base bf16 alone); a LoRA base held in the compute dtype under mixed
+    precision (``TrainingConfig.low_precision_base``) makes the frozen weights that dtype, the adapters fp32."""
+    import torch
+
+    if training.fp32_adapters:
+        return None, torch.bfloat16
+    frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
+    return (torch.bfloat16 if training.precision == "bf16" else None), frozen
+
+
 def materialize(model: "torch.nn.Module", *, device: str, real: bool, dtype: "torch.dtype | None" = None,
                 frozen_dtype: "torch.dtype | None" = None) -> None:
     """Give every meta parameter and buffer storage on ``device``, in place, keeping sharing (tied

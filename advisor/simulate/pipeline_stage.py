@@ -127,7 +127,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
     from advisor.simulate.fake_env import cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode, unpacked_batches
     from advisor.simulate.cuda_kernels import cuda_softmax_backward
     from advisor.simulate.measure import LiveBytes
-    from advisor.simulate.model import build_optimizer, materialize, net_vocab
+    from advisor.simulate.model import build_optimizer, materialize, net_vocab, training_dtypes
     from advisor.simulate.pipeline_chunks import WeightGradStore, build_chunk, defer_linears
 
     last_id = len(layers_per_chunk) - 1
@@ -137,8 +137,7 @@ def _run(cfg: dict, order: tuple[StagePass, ...], chunk_ids: list[int], layers_p
     info = training.precision_info
     with fake_mode(), cuda_autocast_policy(training), unpacked_batches(), cuda_dropout(), cuda_kernels():
         for chunk in chunks:
-            materialize(chunk, device="cpu", real=False,
-                        dtype=torch.bfloat16 if training.precision == "bf16" else None)
+            materialize(chunk, device="cpu", real=False, dtype=training_dtypes(training)[0])
             defer_linears(chunk, store)
             chunk.train()
         params = list(dict.fromkeys(p for chunk in chunks for p in chunk.parameters()))

@@ -65,7 +65,7 @@ from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_
 from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, dora_weight_unhooked, live_bytes,
                                       peak_total, skip_frozen_grad_hooks, top_modules)
 from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
-                                    unique_params)
+                                    training_dtypes, unique_params)
 from advisor.simulate.timeline import Timeline
 from advisor.strategies import STRATEGIES, Implementation, get_strategy
 from advisor.training import TrainingConfig
@@ -222,15 +222,13 @@ def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implemen
 
 
 def _build(net: Any, training: TrainingConfig, trainable_params: int | None, *, real: bool) -> tuple[Any, int]:
-    import torch
-
     # Pure bf16 casts the model first (apply_recipe's ``model.to``); fake parameters cannot be
     # swapped in place, so they are made in bf16 and the recipe's cast is a no-op (see _wrap).
     # A LoRA base held in the compute dtype (the recipe's frozen_base, TrainingConfig.low_precision_base):
-    # frozen weights in bf16, PEFT's adapters in fp32 (autocast_adapter_dtype).
-    frozen = getattr(torch, training.precision_info.compute_dtype) if training.low_precision_base else None
-    materialize(net, device="cpu", real=real, dtype=torch.bfloat16 if training.precision == "bf16" else None,
-                frozen_dtype=frozen)
+    # frozen weights in bf16, PEFT's adapters in fp32 (autocast_adapter_dtype); so too under pure bf16 where the
+    # stack never casts the model (TrainingConfig.fp32_adapters), with no autocast. training_dtypes says which.
+    dtype, frozen = training_dtypes(training)
+    materialize(net, device="cpu", real=real, dtype=dtype, frozen_dtype=frozen)
     trainable = freeze_to(net, None if training.lora is not None else trainable_params)
     if trainable == 0:
         raise ValueError("no parameter would train: raise --trainable-params")
@@ -289,7 +287,8 @@ def _wrap_recipe(net: Any, strategy: str, impl: Implementation, training: Traini
                     # an older torch's root, unsharded from its forward to its backward (library_releases.json),
                     # or a stack's that asks for that (Recipe.fsdp_root_reshards)
                     root_reshard_after_forward=None if training.fsdp_root_regathered else False,
-                    outer_units=training.recipe.fsdp_outer_units and training.loss != "fused")
+                    outer_units=training.recipe.fsdp_outer_units and training.loss != "fused",
+                    cast_model=not training.fp32_adapters)
     applied = apply_recipe(net, recipe, device="cpu", optimizer=opt, mesh=mesh_outside_fake_mode())
     return applied.model, applied.optimizer, notes
 

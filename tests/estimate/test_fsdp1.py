@@ -112,8 +112,9 @@ def test_trainer_lora_under_fsdp1_gives_the_adapters_their_own_units():
     assert training.low_precision_base and training.frozen_param_bytes == 2
     assert model_states(spec, training, get_strategy("zero3").on("torch"), 2).grads == 57_344
     # Pure bf16 and fp32: the base rests in the one parameter dtype (2 and 4 bytes); still only the adapters'
-    # gradients (57,344 B in fp32; 28,672 B in bf16).
-    for precision, base_bytes, grads in (("bf16", 2, 28_672), ("fp32", 4, 57_344)):
+    # gradients, fp32 in both: under pure bf16 the Trainer never casts the model, so PEFT's adapters stay fp32
+    # (Recipe.pure_adapters_fp32), 57,344 B (28,672 B were they bf16).
+    for precision, base_bytes, grads in (("bf16", 2, 57_344), ("fp32", 4, 57_344)):
         other = training.model_copy(update={"precision": precision})
         assert other.frozen_param_bytes == base_bytes
         assert model_states(spec, other, get_strategy("zero3").on("torch"), 2).grads == grads

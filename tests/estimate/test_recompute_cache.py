@@ -25,12 +25,24 @@ def _zero3(**options):
 
 
 def test_checkpointed_reserved_carries_the_term_on_its_peak():
-    """Qwen2.5-0.5B zero3 on 8 H100s, micro-batch 4, 2,048 tokens, full checkpointing: 7.8% of the peak allocated
-    (the torch engine flattens nothing, so the whole peak is gapped) in reserved, none of it in total."""
-    mem = _zero3(activation_checkpointing="on")
-    assert PROFILE["checkpointing_fragmentation"] == 0.078
-    assert mem.recompute_cache == int(0.078 * mem.peak_allocated)  # to the byte: no cap on an 80 GB H100
-    assert mem.runtime_overhead == mem.outside_allocator + int(0.104 * mem.peak_allocated) + int(0.256 * GIB)
+    """The stored H100 runs that recompute their blocks and whose reserved peak is the training's (15:
+    benchmarks/results/gpu_stacks.jsonl, the Trainer, wrap(), Lightning, torchtitan-unit and activation-offload rows;
+    7 of them among the 13 runs the term was fit on): the plan's reserved within a median 3.0% of what the GPU
+    reserved with the term, 5.3% without it (reserved less ``recompute_cache``); and what must fit leaves it out."""
+    import statistics
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_stacks_report
+
+    rows = [r for r in gpu_stacks_report.load() if r["kind"] in gpu_stacks_report.RESERVED_SCORED and r["checkpointing"]]
+    assert len(rows) == 15
+    with_term, without = [], []
+    for row in rows:
+        mem = gpu_stacks_report.estimate(row)
+        assert mem.recompute_cache > 0 and mem.total - mem.outside_allocator < mem.reserved
+        with_term.append(abs(mem.reserved / row["reserved"] - 1))
+        without.append(abs((mem.reserved - mem.recompute_cache) / row["reserved"] - 1))
+    assert statistics.median(with_term) < 0.035 < 0.05 < statistics.median(without)
 
 
 def test_nothing_without_recomputation_or_with_a_given_fragmentation():

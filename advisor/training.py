@@ -260,9 +260,10 @@ class TrainingConfig(BaseModel):
         """A LoRA model trained in a pure 16-bit precision by a stack that never casts the model
         (``Recipe.pure_adapters_fp32``: HF Trainer): PEFT's adapters stay fp32 beside the 16-bit base and compute in
         fp32 (no autocast), so their weights, gradients and optimizer state are fp32 and each saves an fp32 copy of
-        its input. Not for a quantised base (its own bytes, ``advisor.estimate.quantized``)."""
+        its input. Not modelled (counted as bf16 adapters, which the LoRA note says): a quantised base
+        (``advisor.estimate.quantized``) and PEFT's ``modules_to_save`` copies, which PEFT does not upcast."""
         return (self.lora is not None and not self.mixed and self.precision != "fp32" and self.quantize is None
-                and self.engine == "torch" and self.recipe.pure_adapters_fp32)
+                and not self.lora.modules_to_save and self.engine == "torch" and self.recipe.pure_adapters_fp32)
 
     @property
     def trainable_param_bytes(self) -> int:

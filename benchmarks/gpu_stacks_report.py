@@ -116,7 +116,8 @@ def fsdp1_case(row: dict) -> dict:
                 fsdp_version=1, micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], precision="bf16",
                 activation_checkpointing="on", optimizer="adamw", optimizer_impl=row["optimizer_impl"], loss="hf",
                 lora={"rank": row["lora_rank"], "targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
-                      "dropout": row["lora_dropout"]}, publisher_code=code)
+                      "dropout": row["lora_dropout"]}, publisher_code=code,
+                **({"pure_adapters_fp32": False} if row["adapters"] == "bfloat16" else {}))
 
 
 def published_memory_estimate(case: dict) -> int:

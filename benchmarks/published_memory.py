@@ -96,6 +96,9 @@ def plan_of(case: dict, **overhead: float):
         if case.get("frozen_base"):  # a script that loads the LoRA base in another dtype than its stack's default
             base = get_recipe(recipe) if isinstance(recipe, str) else recipe
             recipe = base.model_copy(update={"frozen_base": case["frozen_base"]})
+        if case.get("pure_adapters_fp32") is False:  # a run whose PEFT adapters were left in bf16 (no upcast)
+            base = get_recipe(recipe) if isinstance(recipe, str) else recipe
+            recipe = base.model_copy(update={"pure_adapters_fp32": False})
         if case.get("kbit_upcast") is False:  # a QLoRA script that leaves the unquantised base in bf16
             base = get_recipe(recipe) if isinstance(recipe, str) else recipe
             recipe = validated_copy(base, {"kbit_upcast": False, "sources": {
@@ -400,12 +403,13 @@ SYSTEMATIC = [
     "hf_checkpoint_around_fsdp1_unit): the model's loop checkpoints the FSDP wrapper's call, and under reentrant "
     "checkpointing FSDP1's reshard-only hook on each frozen layer unit, registered in the recompute, holds that "
     "block's input and its gradient to the end of backward. Reproduced on an H100 (`python benchmarks/gpu_stacks.py "
-    "--only trainer-fsdp1,fsdp1`, rows in benchmarks/results/gpu_fsdp1.jsonl: the job through the Trainer on rank 0 "
-    "of a fake 2-rank group, torch 2.11): with transformers 4.48.1, PEFT 0.13.2 and accelerate 1.0.1, 14.28 / 20.72 "
+    "--out DIR --only trainer-fsdp1,fsdp1`, the older libraries first on PYTHONPATH for their rows; the rows copied "
+    "to benchmarks/results/gpu_fsdp1.jsonl: the job through the Trainer on rank 0 of a fake 2-rank group, torch "
+    "2.11): with transformers 4.48.1, PEFT 0.13.2 and accelerate 1.0.1, 14.28 / 20.72 "
     "GiB allocated at batch 2 / 4 (published 14.10 / 20.45, on torch 2.4.1); with 5.17 / 0.21 / 1.15, 12.85 / 17.90 "
     "GiB, which today's recipe estimates at 12.79 / 17.84 (-0.5% / -0.3%). With the mechanism the published rows "
-    "read +0.3% / +0.5% allocated, -1.3% / -0.5% nvidia-smi; the Mixtral LoRA rows of the same stack go from "
-    "-2.5% / -4.5% to +1.1% / +2.0% allocated and from +1.8% / +0.6% to +5.5% / +7.2% nvidia-smi. "
+    "read -0.2% / -0.1% allocated, -1.7% / -1.1% nvidia-smi; the Mixtral LoRA rows of the same stack go from "
+    "-2.5% / -4.5% to +1.0% / +1.8% allocated and from +1.8% / +0.6% to +5.4% / +7.0% nvidia-smi. "
     "nvidia-smi of the full fine-tune at batch 4 is -11.4% (+0.9% at batch 2) with the "
     "allocated peak exact: the caching allocator keeps backward's activation blocks reserved into the optimizer step, "
     "and the reserved model scales the peak allocated, not the largest earlier moment.",

@@ -65,10 +65,13 @@ JSON's ``publisher_code`` key.
   hook's closure holds the leaf's ``AccumulateGrad`` node, hence the leaf, and the handle lives on the flat
   parameter until ``_finalize_params`` at the end of backward; the reentrant backward accumulates the block
   input's gradient into that leaf's ``.grad``. So each block's input and its gradient stay from the block's
-  backward to the end of backward: at the first block's backward the gradients of the L - 1 blocks above it
-  beyond what the estimate's block moment holds (every block's input), at the end of backward 2 x L tensors of
-  batch x sequence x hidden. On an H100 (torch 2.11) with transformers 4.48.1, PEFT 0.13.2 and accelerate 1.0.1
-  each block's backward left 0.125 GiB more (Mistral-7B at 4 x 4096 tokens, bf16) where 5.17 frees as much.
+  backward to the end of backward. At the bottom block's backward (the last to run) the L - 1 blocks above it keep
+  their inputs' gradients; the estimate's block moment (the top block's) holds every block's input and the one
+  gradient flowing into the block, which here is one of those L - 1: L - 2 tensors of batch x sequence x hidden more.
+  At the end of backward 2 L - 1 more than today's release holds (every input and gradient; which one is not kept
+  is not identified). On an H100 (torch 2.11) with transformers 4.48.1, PEFT 0.13.2 and accelerate 1.0.1 each block's
+  backward left 0.125 GiB more (Mistral-7B at 4 x 4096 tokens, bf16) where 5.17 frees as much: 30.2 such tensors
+  from the top block's recompute to the bottom one's (L - 2 = 30), 62.9 more than 5.17 at the end of backward.
 """
 
 from __future__ import annotations
@@ -129,18 +132,18 @@ def extra_bytes(case: dict, spec: ModelSpec, training: TrainingConfig, *, previo
 
 
 def checkpoint_around_fsdp1_bytes(case: dict, spec: ModelSpec, training: TrainingConfig) -> dict[str, int]:
-    """``hf_checkpoint_around_fsdp1_unit`` (module docstring) beyond the estimate: at the last block's backward the
-    gradients of the L - 1 blocks above it (their inputs are held at the estimate's block moment already), at the end
-    of backward every block's input and gradient; each batch x sequence x hidden in the compute dtype (the block
-    input's dtype without autocast). ValueError where the case is not an FSDP1 LoRA whose layer units hold only the
-    frozen base (the recipe's adapter units), every block checkpointed, in one dtype."""
+    """``hf_checkpoint_around_fsdp1_unit`` (module docstring) beyond the estimate: at the bottom block's backward L - 2
+    block-input gradients (the estimate's block moment holds every block's input and the gradient flowing into the
+    block), at the end of backward 2 L - 1 block inputs and gradients (62.9 measured); each batch x sequence x hidden
+    in the compute dtype (the block input's dtype without autocast). ValueError where the case is not an FSDP1 LoRA
+    whose layer units hold only the frozen base (the recipe's adapter units), every block checkpointed, in one dtype."""
     if (case.get("fsdp_version") != 1 or case["activation_checkpointing"] != "on" or training.lora is None
             or training.mixed or not training.recipe.adapter_units):
         raise ValueError(f"{case['id']}: {CKPT_AROUND_FSDP1} is modelled for an FSDP1 LoRA with adapter units, every "
                          "block checkpointed, pure bf16/fp32")
     layers = spec.num_layers or 0
     one = training.compute_bytes * case["micro_batch_size"] * case["seq_len"] * (spec.hidden_size or 0)
-    return {"block_backward": (layers - 1) * one, "end_of_backward": 2 * layers * one}
+    return {"block_backward": (layers - 2) * one, "end_of_backward": (2 * layers - 1) * one}
 
 
 def shift_copy_bytes(case: dict, spec: ModelSpec) -> int:
@@ -309,7 +312,7 @@ def main() -> None:
                      lambda case, spec, training: fp32_logits_held_bytes(case, spec)["loss_backward"])
     _mechanism_table(shifted, SHIFT_COPY, "shifted fp32 copy (loss forward)",
                      lambda case, spec, training: shift_copy_bytes(case, spec))
-    _mechanism_table(around, CKPT_AROUND_FSDP1, "blocks' inputs' gradients held (last block's backward)",
+    _mechanism_table(around, CKPT_AROUND_FSDP1, "blocks' inputs' gradients held (bottom block's backward)",
                      lambda case, spec, training: checkpoint_around_fsdp1_bytes(case, spec, training)["block_backward"])
 
 

@@ -169,7 +169,8 @@ def test_the_trainer_and_the_hand_wrapped_fsdp1_allocate_alike():
 def test_transformers_4_48_holds_every_blocks_input_and_its_gradient_through_backward():
     """The operator logs of the micro-batch 4 step: as each block's recompute starts in backward, 4.48.1 holds one
     block input more than at the block before (its input kept and its gradient added), 5.17 one less (its input
-    freed); and the 4.48.1 rows are within 3.5% of the estimate only with the publisher code that says so."""
+    freed); and the 4.48.1 rows are within 2% of the estimate only with the publisher code that says so (-1.4% with
+    it; 10-12% above the estimate without)."""
     steps = {}
     for path in gpu_stacks_report.RESULTS.glob("gpu_fsdp1_trace_*.json.gz"):
         levels = gpu_stacks_report.recompute_levels(path)
@@ -180,9 +181,9 @@ def test_transformers_4_48_holds_every_blocks_input_and_its_gradient_through_bac
     old = [(r, planned) for r, planned in FSDP1 if r["env"]["transformers"] == "4.48.1"]
     assert len(old) == 3
     for row, planned in old:
-        assert abs(planned - row["allocated"]) / row["allocated"] < 0.035
+        assert abs(planned - row["allocated"]) / row["allocated"] < 0.02
         bare = gpu_stacks_report.published_memory_estimate({**gpu_stacks_report.fsdp1_case(row), "publisher_code": []})
-        assert (row["allocated"] - bare) / row["allocated"] > 0.10
+        assert (row["allocated"] - bare) / row["allocated"] > 0.08
 
 
 def test_the_top_blocks_backward_holds_the_fp32_adapters_copies():

@@ -64,7 +64,8 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
     if training.optimizer_in_backward:
         return 0
     if accumulates_unsharded(training, impl):
-        return training.compute_bytes * spec.trainable_params  # on the GPU, offloaded or not
+        # on the GPU, offloaded or not; in the compute dtype, or fp32 for PEFT's fp32 adapters (no policy casts them)
+        return (training.trainable_param_bytes if training.fp32_adapters else training.compute_bytes) * spec.trainable_params
     if states.on_cpu or states.cpu_only_optimizer:
         return 0
     if training.engine == "deepspeed":

@@ -310,7 +310,12 @@ def frozen_adapters_per_token(dt: Dtypes, ad: Adapters, *, eager: bool = False) 
     # DoRA (peft/tuners/lora/dora.py DoraLinearLayer.forward, peft 0.21): (m / ||W + sBA|| - 1) * base_result
     # + (m / ||W + sBA||) * lora_result * s saves both products' tensor operands for the magnitude's gradient:
     # the base layer's output and the adapter's, one out_features-wide tensor each per target.
-    adapters += sum(2 * cb * fan_out for fan_out in ad.dora_outputs)
+    # Where the adapters compute in fp32 (dt.adapter: PEFT casts x to fp32) the adapter's product is fp32, and so is
+    # the base product under dropout, which DoRA recomputes from the dropped fp32 input with the base weight cast to
+    # it; without dropout DoRA reuses the base layer's own output (compute dtype). Simulated on a tiny Llama
+    # (tests/estimate/test_fp32_adapters.py).
+    base_product = dt.adapter if dt.adapter is not None and ad.dropout else cb
+    adapters += sum((base_product + (dt.adapter or cb)) * fan_out for fan_out in ad.dora_outputs)
     return adapters
 
 

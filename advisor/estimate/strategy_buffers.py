@@ -93,6 +93,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
         return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
     pb = training.param_bytes
+    tb = training.trainable_param_bytes  # a trainable parameter's gradient (fp32 adapters: fp32)
     if impl.shard_params and training.fsdp_version == 1:  # FullyShardedDataParallel's flat parameters
         from advisor.estimate.fsdp1_buffers import fsdp1_buffer_fields
 
@@ -110,25 +111,28 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # reduce-scatter input (reduce_dtype); a frozen weight gets neither (LoRA's base).
         per_block_t = layer if root_t >= outside else min(layer, -(-block_t // n_layers))
         # An all-gather output: the root's, a block's. A shard group of one rank gathers nothing, only copies each
-        # parameter into its unsharded tensor, casting the one it is at (fsdp2_one_rank).
+        # parameter into its unsharded tensor, casting the one it is at (fsdp2_one_rank). PEFT's fp32 adapters
+        # (no policy casts them) are gathered in fp32 beside the 16-bit base: ``fp32_extra`` a block.
         gathers = world > 1
-        ag_root, ag_block = (root, ub * (layer + pad)) if gathers else (0, 0)
+        fp32_extra = (tb - ub) * per_block_t if training.fp32_adapters else 0
+        unit = ub * layer + fp32_extra  # one block's unsharded parameters
+        ag_root, ag_block = (root, unit + ub * pad) if gathers else (0, 0)
         root_copy, block_copy = (0, 0) if gathers else unshard_copy_bytes(
             spec, training, ub=ub, root_trainable=root_t, block_trainable=per_block_t, outside=outside, layer=layer)
         if impl.reshard_after_forward:
             # ZeRO-3: at the loss, the last block's all-gather (backward prefetch) is in flight; in a
             # block's backward, that block is unsharded and the next one is being gathered.
-            held, at_loss, blocks_bwd = ub * (layer + pad), ag_block, ub * (layer + pad) + ag_block
+            held, at_loss, blocks_bwd = unit + ub * pad, ag_block, unit + ub * pad + ag_block
         else:
             # ZeRO-2: every block stays unsharded, each as large as it is (MoE dense layers, Jamba's kinds).
             moe_layers = routed_expert_params(spec)[0] // max(1, routed_expert_params(spec)[1])
-            held = at_loss = blocks_bwd = ub * (layer * n_layers - blocks_saving(spec) + moe_layers * pad)
-        grads = (ub + reduce_b) * per_block_t
+            held = at_loss = blocks_bwd = ub * (layer * n_layers - blocks_saving(spec) + moe_layers * pad) + fp32_extra * n_layers
+        grads = ((tb if training.fp32_adapters else ub) + reduce_b) * per_block_t  # fp32 adapters: fp32 gradients
         # The first block's forward: the root unsharded and its all-gather output not yet freed (FSDP2
         # frees an all-gather's output when the next all-gather is waited on: _fsdp_param_group.py
         # wait_for_unshard), the block's all-gather output and its copy-out. One rank: the root's copy-in
         # or the block's, beside the unsharded root.
-        forward_start = (root + ag_root + 2 * ub * layer if gathers else root + max(root_copy, ub * layer + block_copy)) + h2d
+        forward_start = (root + ag_root + 2 * unit if gathers else root + max(root_copy, unit + block_copy)) + h2d
         # A later block's forward: FSDP2 frees the previous all-gather's output only after this block's copy-out
         # (wait_for_unshard clears comm_ctx.all_gather_state, but its local prev_all_gather_state keeps the
         # result until it returns), so the copy-out holds the previous block's all-gather output, this block's
@@ -148,12 +152,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         # ZeRO-2's forward ends with the last block's all-gather output too: FSDP2 frees one when the next
         # all-gather is waited on (_fsdp_param_group.py wait_for_unshard), and ZeRO-2 gathers nothing more; it is
         # gone by the loss's backward (the root's pre-backward). ZeRO-3 frees it when the block reshards.
-        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + (ub * layer if gathers else 0)
+        forward_end = None if impl.reshard_after_forward else root + at_loss + h2d + (unit if gathers else 0)
         if own_outer_units(spec, training, world):
             return StrategyBuffers(**_outer_unit_fields(
                 spec, impl, world, ub=ub, reduce_b=reduce_b, layer=layer, outside=outside, root_t=root_t, held=held,
                 ag_block=ag_block, blocks_bwd=blocks_bwd, grads=grads, h2d=h2d, n_layers=n_layers,
-                last_block_rs=reduce_b * per_block_t, pb=pb, grads_at_backward_end=-(-pb * block_t // world)))
+                last_block_rs=reduce_b * per_block_t, pb=tb, grads_at_backward_end=-(-tb * block_t // world)))
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
@@ -162,12 +166,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                                                                   world=world,
                                                                   last_block_rs=reduce_b * per_block_t,
                                                                   in_place=tied_sum_in_place(training)),
-                               grads_at_backward_end=-(-pb * block_t // world))
-    buckets = ddp_bucket_bytes(pb * spec.trainable_params, impl, world)
+                               grads_at_backward_end=-(-tb * block_t // world))
+    buckets = ddp_bucket_bytes(tb * spec.trainable_params, impl, world)
     # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
     cast_back = training.mixed and not training.low_precision_base
     backward_end, grads_end = (None, 0) if impl.single_process else _replicated_backward_end(
-        spec, pb, cast_back or tied_sum_in_place(training))
+        spec, tb, cast_back or tied_sum_in_place(training))
     if training.optimizer_in_backward:  # every other gradient already stepped and freed (advisor.estimate.in_backward)
         grads_end = 0
     if not training.mixed:
@@ -191,7 +195,7 @@ def fsdp2_reduce_bytes(training: TrainingConfig) -> int:
     precision (fp32: wrap()'s and torchtitan's MixedPrecisionPolicy; compute: accelerate's, bf16/fp16), the
     parameters' dtype otherwise."""
     if not training.mixed:
-        return training.param_bytes
+        return training.trainable_param_bytes  # the gradients' dtype: fp32 for PEFT's fp32 adapters
     return FP32 if training.recipe.fsdp_reduce_dtype == "fp32" else training.compute_bytes
 
 

@@ -93,9 +93,18 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
     if training.quantize is not None:
         dtypes = ""
     elif training.fp32_adapters:
+        counted = (kind_of(base).family != "encdec" and adapter_inputs(base, lora) is not None)
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} as loaded, the adapters in fp32 "
                   f"(PEFT's autocast_adapter_dtype; recipe {training.recipe.name} never casts the model), and with no "
-                  "autocast each adapter computes in fp32 and saves an fp32 copy of its input")
+                  "autocast each adapter computes in fp32 and saves an fp32 copy of its input" +
+                  ("" if counted else f" (those copies are counted in {training.precision_info.compute_dtype} for "
+                   f"{base.model_type}: an underestimate, not modelled yet)"))
+    elif (training.lora is not None and training.recipe.pure_adapters_fp32 and not training.mixed
+          and training.precision != "fp32" and training.lora.modules_to_save):
+        dtypes = (f"; every weight is counted in {training.precision_info.compute_dtype}, though PEFT keeps the adapters "
+                  "in fp32 beside modules_to_save copies, which recipe "
+                  f"{training.recipe.name} never casts: the adapters' fp32 bytes are not modelled with modules_to_save "
+                  "(an underestimate)")
     elif training.low_precision_base:
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
                   f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
@@ -205,10 +214,11 @@ def accumulation_note(training: TrainingConfig) -> str:
     if training.engine == "deepspeed":
         return f"gradient accumulation: {held}; ZeRO-2's flat gradient partition (ZeRO-1 and ZeRO-3 hold theirs anyway)"
     how = ("--accumulation-sync" if training.accumulation_sync is not None else f"recipe {training.recipe.name}")
-    shard = "fp32" if training.mixed or training.param_bytes == 4 else "parameter-dtype"
+    shard = "fp32" if training.mixed or training.trainable_param_bytes == 4 else "parameter-dtype"
     if training.accumulation_mode == "last_micro_batch":
         return (f"gradient accumulation: {held}; FSDP's sync is off until the last micro-batch ({how}; accelerate's "
-                "no_sync), so every unit keeps its unsharded gradient in the compute dtype, the whole model's on each "
+                "no_sync), so every unit keeps its unsharded gradient in the "
+                + ("fp32 of PEFT's adapters" if training.fp32_adapters else "compute dtype") + ", the whole model's on each "
                 "GPU, offload or not (--accumulation-sync every_micro_batch, the Trainer's accelerator_config "
                 f"gradient_accumulation_kwargs sync_each_batch, holds the {shard} shards instead)")
     return f"gradient accumulation: {held}, the rank's {shard} shards under FSDP (reduced every micro-batch: {how})"

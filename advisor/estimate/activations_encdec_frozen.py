@@ -39,7 +39,9 @@ def adapter_bytes(dt: Any, ad: Any, inputs: list[tuple[int, str]]) -> int:
     low-precision cast of it) and ``lora_B`` its input ``x A``. Without casts or dropout the adapters of one
     source share the tensor they read, which nothing of the frozen base saves: counted once."""
     cb = dt.compute
-    total = sum(cb * ad.rank + (BOOL * fan_in if ad.dropout else 0) for fan_in, _ in inputs)
+    total = sum((dt.adapter or cb) * ad.rank + (BOOL * fan_in if ad.dropout else 0) for fan_in, _ in inputs)
+    if dt.adapter is not None:  # fp32 adapters without autocast: each saves its own fp32 input (or dropout output)
+        return total + sum(dt.adapter * fan_in for fan_in, _ in inputs)
     if dt.input_casts:
         return total + sum(cb * fan_in for fan_in, _ in inputs)
 

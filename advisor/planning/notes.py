@@ -93,7 +93,7 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
     if training.quantize is not None:
         dtypes = ""
     elif training.fp32_adapters:
-        counted = (kind_of(base).family != "encdec" and adapter_inputs(base, lora) is not None)
+        counted = adapter_inputs(base, lora) is not None  # a traced family's profile holds bf16 adapters
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} as loaded, the adapters in fp32 "
                   f"(PEFT's autocast_adapter_dtype; recipe {training.recipe.name} never casts the model), and with no "
                   "autocast each adapter computes in fp32 and saves an fp32 copy of its input" +

@@ -11,6 +11,9 @@ said. Simulated peaks (``advisor.simulate.step.simulate``, torch 2.13, fake tens
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from advisor.estimate.memory import estimate_memory
@@ -93,3 +96,26 @@ def test_across_ranks_and_dora_within_half_a_percent_of_the_simulated_step(case)
         est = estimate_memory(spec, parse_gpus(f"{world}xH100"), training, get_strategy(strategy).on("torch"),
                               micro_batch_size=2, checkpointing=checkpointing)
         assert abs(est.peak_allocated - simulated) / simulated < 0.005, recipe
+
+
+def test_an_encoder_decoders_fp32_adapters_add_what_the_simulator_measured():
+    """BART (benchmarks/encdec_checks.py's scaled config: 512 wide, 4 + 4 layers, vocabulary 50,265), LoRA r16 on
+    every linear with dropout 0.1, DDP on 2 ranks, micro-batch 4, source 256, target 128, pure bf16: the simulated
+    trainer step holds 82,313,216 B more than the torch recipe's (716,701,548 against 634,388,332); the estimate's
+    difference within 1% of it. (Both absolute figures are 21-24% under the simulator here: it keeps BART's
+    final_logits_bias buffer fp32 under pure bf16, so its logits and loss are fp32, where wrap()'s model.to casts
+    buffers too; bf16-mixed, the encdec checks' precision, agrees. Gated T5 on q and v: 90% of the simulated
+    difference.)"""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import encdec_checks
+
+    lora = LoraConfig(rank=16, targets="all-linear", dropout=0.1)
+    spec = with_lora(spec_from_config(encdec_checks.BART_SCALED, name="scaled/bart", source="local"), lora)
+    peaks = {}
+    for recipe in ("trainer", "torch"):
+        training = TrainingConfig(seq_len=256, target_len=128, lora=lora, precision="bf16", recipe=recipe,
+                                  optimizer_impl="foreach", attention="sdpa")
+        peaks[recipe] = estimate_memory(spec, parse_gpus("2xH100"), training, get_strategy("ddp").on("torch"),
+                                        micro_batch_size=4, checkpointing=False).peak_allocated
+    simulated = 716_701_548 - 634_388_332
+    assert abs((peaks["trainer"] - peaks["torch"]) - simulated) / simulated < 0.01

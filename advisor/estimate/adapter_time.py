@@ -25,6 +25,9 @@ backward: ``* scaling``'s gradient reads and writes out; lora_B's input and weig
   reads the saved input; autograd adds the adapter's input gradient to the base layer's (reads two,
   writes one in): c x (5 in + 4 out + 4r). The dropout's and the casts' backward move what their
   forward moved.
+fp32 adapters without autocast (``TrainingConfig.fp32_adapters``: PEFT's fp32 adapters under pure bf16 where the
+  stack never casts the model): the adapter path's tensors are fp32 and the input and output are cast
+  (``_fp32_adapter_bytes``).
 checkpointing: the recompute runs the forward again (also under selective checkpointing, which keeps
   some adapter products but recomputes the elementwise ops: a slight over-charge there).
 
@@ -74,11 +77,15 @@ COMPILED_ELEMENTWISE: dict[str, tuple[int, int]] = {
 
 
 def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_bytes: int, input_casts: bool,
-                            dropout: bool, compiled_as: str | None = None) -> tuple[int, int]:
+                            dropout: bool, compiled_as: str | None = None,
+                            fp32_adapters: bool = False) -> tuple[int, int]:
     """(forward, backward) HBM bytes a token of one adapted ``fan_in -> fan_out`` linear (module docstring);
     ``compiled_as``: the target's name when inductor compiles the block (its ``COMPILED_ELEMENTWISE`` row;
-    a name outside the table keeps the eager count)."""
+    a name outside the table keeps the eager count). ``fp32_adapters``: PEFT's fp32 adapters without autocast
+    (``TrainingConfig.fp32_adapters``), counted eager, compiled or not."""
     c = compute_bytes
+    if fp32_adapters:
+        return _fp32_adapter_bytes(fan_in, fan_out, rank, compute_bytes=c, dropout=dropout)
     products = (c * (fan_in + 2 * rank + fan_out), c * (2 * fan_in + 2 * fan_out + 4 * rank))  # the skinny GEMMs
     k = COMPILED_ELEMENTWISE.get(compiled_as or "")
     if k is None:  # eager: * scaling and + in forward; the scaling's and the input gradient's sums in backward
@@ -93,8 +100,22 @@ def adapter_bytes_per_token(fan_in: int, fan_out: int, rank: int, *, compute_byt
     return forward + extra, backward + extra
 
 
+def _fp32_adapter_bytes(fan_in: int, fan_out: int, rank: int, *, compute_bytes: int, dropout: bool) -> tuple[int, int]:
+    """``adapter_bytes_per_token`` for fp32 adapters without autocast, a = 4 bytes, c the base's width: PEFT casts x
+    to fp32 ((c + a) in), the skinny products read and write fp32 (a x the eager count's elements); in forward
+    ``* scaling`` (2a out), ``result +`` the bf16 base output and the fp32 product into fp32 ((c + 2a) out) and
+    ``result.to(c)`` ((a + c) out); in backward the scaling's gradient (2a out), the cast's ((c + a) out), the input
+    cast's ((a + c) in) and the sum with the base layer's input gradient (3c in); dropout on the fp32 input as
+    under autocast."""
+    a, c = FP32, compute_bytes
+    forward = a * (fan_in + 2 * rank + fan_out) + (5 * a + 2 * c) * fan_out + (c + a) * fan_in
+    backward = a * (2 * fan_in + 2 * fan_out + 4 * rank) + (3 * a + c) * fan_out + (a + 4 * c) * fan_in
+    extra = (2 * a + MASK_BYTES) * fan_in if dropout else 0
+    return forward + extra, backward + extra
+
+
 def adapter_bytes(spec: ModelSpec, lora: LoraConfig, *, tokens: int, compute_bytes: int,
-                  input_casts: bool, compiled: bool = False) -> tuple[int, int]:
+                  input_casts: bool, compiled: bool = False, fp32_adapters: bool = False) -> tuple[int, int]:
     """(forward, backward) HBM bytes of one micro-batch of ``tokens`` tokens through every block's adapters;
     ``compiled``: inductor compiles the blocks (``--compile``)."""
     listed = adapted_block_linears(spec, lora)  # unlike blocks (T5, Jamba): each adapted linear once
@@ -106,7 +127,8 @@ def adapter_bytes(spec: ModelSpec, lora: LoraConfig, *, tokens: int, compute_byt
         every = tuple((None, *shape) for shape in listed)
     per_token = [adapter_bytes_per_token(fan_in, fan_out, lora.rank, compute_bytes=compute_bytes,
                                          input_casts=input_casts, dropout=lora.dropout > 0,
-                                         compiled_as=name if compiled else None) for name, fan_in, fan_out in every]
+                                         compiled_as=name if compiled else None, fp32_adapters=fp32_adapters)
+                 for name, fan_in, fan_out in every]
     return tokens * sum(f for f, _ in per_token), tokens * sum(b for _, b in per_token)
 
 
@@ -119,7 +141,8 @@ def adapter_s(spec: ModelSpec, hw: "Hardware", training: "TrainingConfig", impl:
 
     dt = recipe_dtypes(training, impl)
     forward, backward = adapter_bytes(spec, training.lora, tokens=tokens, compute_bytes=dt.compute,
-                                      input_casts=dt.input_casts, compiled=training.compile)
+                                      input_casts=dt.input_casts, compiled=training.compile,
+                                      fp32_adapters=dt.adapter is not None)
     bandwidth = hw.gpu.hbm_bandwidth_gbps * 1e9 * eff.lora_adapters.hbm_efficiency
     return forward / bandwidth, (backward + (forward if checkpointing else 0)) / bandwidth
 

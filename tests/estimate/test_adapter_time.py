@@ -97,3 +97,15 @@ def test_compiled_llama2_7b_qv_by_hand():
     assert adapter_bytes_per_token(4096, 12288, 16, compute_bytes=2, input_casts=False, dropout=False,
                                    compiled_as="qkv_proj") == \
         adapter_bytes_per_token(4096, 12288, 16, compute_bytes=2, input_casts=False, dropout=False)
+
+
+def test_fp32_adapters_without_autocast_by_hand():
+    """PEFT's fp32 adapters under pure bf16 (the trainer recipe), 4096 -> 4096, rank 16, no dropout, a = 4, c = 2.
+    Forward: the skinny products 4 x (4096 + 32 + 4096) = 32,896; * scaling, the fp32 sum and its cast back
+    (5 x 4 + 2 x 2) x 4096 = 98,304; the input's cast to fp32 (2 + 4) x 4096 = 24,576: 155,776. Backward: the products
+    4 x (8192 + 8192 + 64) = 65,792; (3 x 4 + 2) x 4096 = 57,344 on the output side, (4 + 4 x 2) x 4096 = 49,152 on the
+    input side: 172,288. With dropout 9 x 4096 = 36,864 more each way."""
+    assert adapter_bytes_per_token(4096, 4096, 16, compute_bytes=2, input_casts=False, dropout=False,
+                                   fp32_adapters=True) == (155_776, 172_288)
+    assert adapter_bytes_per_token(4096, 4096, 16, compute_bytes=2, input_casts=False, dropout=True,
+                                   fp32_adapters=True) == (155_776 + 36_864, 172_288 + 36_864)

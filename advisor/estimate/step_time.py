@@ -262,7 +262,8 @@ class Traffic(_Frozen):
 def _dtype_bytes(training: TrainingConfig, impl: Implementation) -> tuple[int, int]:
     """(gathered parameter bytes, reduced gradient bytes) per element."""
     gather = training.compute_bytes
-    grad = training.param_bytes if impl.engine == "torch" else training.compute_bytes
+    # the torch engine reduces gradients in the trainable parameters' dtype (PEFT's fp32 adapters: fp32)
+    grad = training.trainable_param_bytes if impl.engine == "torch" else training.compute_bytes
     return gather, grad
 
 
@@ -300,7 +301,7 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
         return Traffic(bwd=run("reduce_scatter", grad_bytes, buckets), after_step=run("all_gather", gather * trainable, buckets))
     all_reduce = run("all_reduce", grad_bytes, buckets)
     if impl.shard_optimizer:  # ZeRO-1: owners broadcast updated parameters (torch: fp32; DeepSpeed: bf16)
-        updated = (training.param_bytes if impl.engine == "torch" else gather) * trainable
+        updated = (training.trainable_param_bytes if impl.engine == "torch" else gather) * trainable
         return Traffic(last_bwd=all_reduce, after_step=run("all_gather", updated, buckets))
     return Traffic(last_bwd=all_reduce)
 

@@ -57,7 +57,14 @@ def _in_adapter(dt: Any, ad: Any, fan_in: int, fan_out: int, tokens: int) -> int
     activation), PEFT's copy of it in the adapter's dtype (autocast: fp32 adapters), the base output, ``lora_B``'s
     output and the product. Without casts or dropout ``lora_A`` saves that very input, counted with the adapters'
     saved tensors already (read on the simulated step: tiny BART all-linear under FSDP2, checkpointed, fc2's input
-    counted twice put the top block's recomputation 327,680 bytes over at micro-batch 4 x 128)."""
+    counted twice put the top block's recomputation 327,680 bytes over at micro-batch 4 x 128). PEFT's fp32 adapters
+    without autocast (``dt.adapter``): ``lora_A`` saves the fp32 copy (counted with the adapters' saved tensors), so
+    the layer's own input is live beside it, and so is the fp32 copy the dropout read; ``lora_B``'s output and the
+    product are fp32 (the base output the compute dtype). Read on the simulated step (tiny T5 and BART, all-linear r8,
+    DDP x2, checkpointed, pure bf16): -3.7% to -8.2% before, within 1.1% with it."""
+    if dt.adapter is not None:
+        return tokens * (dt.compute * fan_in + (dt.adapter * fan_in if ad.dropout else 0)
+                         + (dt.compute + 2 * dt.adapter) * fan_out)
     own_input = 0 if not dt.input_casts and not ad.dropout else dt.compute * fan_in
     return tokens * ((FP32 * fan_in if dt.input_casts else 0) + own_input + 3 * dt.compute * fan_out)
 

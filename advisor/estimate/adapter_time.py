@@ -104,12 +104,12 @@ def _fp32_adapter_bytes(fan_in: int, fan_out: int, rank: int, *, compute_bytes: 
     """``adapter_bytes_per_token`` for fp32 adapters without autocast, a = 4 bytes, c the base's width: PEFT casts x
     to fp32 ((c + a) in), the skinny products read and write fp32 (a x the eager count's elements); in forward
     ``* scaling`` (2a out), ``result +`` the bf16 base output and the fp32 product into fp32 ((c + 2a) out) and
-    ``result.to(c)`` ((a + c) out); in backward the scaling's gradient (2a out), the cast's ((c + a) out), the input
-    cast's ((a + c) in) and the sum with the base layer's input gradient (3c in); dropout on the fp32 input as
-    under autocast."""
+    ``result.to(c)`` ((a + c) out); in backward the scaling's gradient (2a out), the cast back of ``result.to``'s
+    gradient ((c + a) out) and of the add's promoted base-output gradient ((a + c) out), the input cast's ((a + c)
+    in) and the sum with the base layer's input gradient (3c in); dropout on the fp32 input as under autocast."""
     a, c = FP32, compute_bytes
     forward = a * (fan_in + 2 * rank + fan_out) + (5 * a + 2 * c) * fan_out + (c + a) * fan_in
-    backward = a * (2 * fan_in + 2 * fan_out + 4 * rank) + (3 * a + c) * fan_out + (a + 4 * c) * fan_in
+    backward = a * (2 * fan_in + 2 * fan_out + 4 * rank) + (4 * a + 2 * c) * fan_out + (a + 4 * c) * fan_in
     extra = (2 * a + MASK_BYTES) * fan_in if dropout else 0
     return forward + extra, backward + extra
 

@@ -91,7 +91,10 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
                    f"activations are counted as for a full fine-tune (an overestimate: adapters on {base.model_type} "
                    "blocks are not modelled yet)")
     if training.quantize is not None:
-        dtypes = ""
+        dtypes = ("; PEFT keeps the adapters in fp32, which recipe " + training.recipe.name + " never casts under pure "
+                  f"{training.precision}: counted in {training.precision_info.param_dtype} over a quantised base "
+                  "(not modelled yet)" if training.recipe.pure_adapters_fp32 and not training.mixed
+                  and training.precision != "fp32" else "")
     elif training.fp32_adapters:
         counted = adapter_inputs(base, lora) is not None  # a traced family's profile holds bf16 adapters
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} as loaded, the adapters in fp32 "

@@ -256,14 +256,22 @@ class TrainingConfig(BaseModel):
                 and self.recipe.frozen_base == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
 
     @property
+    def keeps_peft_fp32_adapters(self) -> bool:
+        """A LoRA model trained in a pure 16-bit precision by a stack that never casts the model
+        (``Recipe.pure_adapters_fp32``): PEFT's fp32 adapters stay fp32, whether or not the estimate models them
+        (``fp32_adapters``)."""
+        return (self.lora is not None and not self.mixed and self.precision != "fp32"
+                and self.recipe.pure_adapters_fp32)
+
+    @property
     def fp32_adapters(self) -> bool:
         """A LoRA model trained in a pure 16-bit precision by a stack that never casts the model
         (``Recipe.pure_adapters_fp32``: HF Trainer): PEFT's adapters stay fp32 beside the 16-bit base and compute in
         fp32 (no autocast), so their weights, gradients and optimizer state are fp32 and each saves an fp32 copy of
         its input. Not modelled (counted as bf16 adapters, which the LoRA note says): a quantised base
         (``advisor.estimate.quantized``) and PEFT's ``modules_to_save`` copies, which PEFT does not upcast."""
-        return (self.lora is not None and not self.mixed and self.precision != "fp32" and self.quantize is None
-                and not self.lora.modules_to_save and self.engine == "torch" and self.recipe.pure_adapters_fp32)
+        return (self.keeps_peft_fp32_adapters and self.quantize is None and not self.lora.modules_to_save
+                and self.engine == "torch")
 
     @property
     def trainable_param_bytes(self) -> int:

@@ -196,10 +196,38 @@ class _Tokens:
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+def _step_peaks(peaks: dict):
+    """A Trainer callback that writes into ``peaks`` the allocated and reserved peaks of steps 2-3."""
+    import torch
+    from transformers import TrainerCallback
+
+    class Peaks(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            torch.cuda.synchronize()
+            if state.global_step == 1:
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == 3:
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+            return control
+
+    return Peaks()
+
+
+def _fms_lora(net, dropout: float, *, fp32_adapters: bool):
+    """fms-acceleration's standard-peft adapters: LoRA r16, alpha 16 on q, k, v, o (PEFT upcasts them to fp32 unless
+    ``fp32_adapters`` is False)."""
+    import peft
+
+    return peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=dropout, task_type="CAUSAL_LM",
+                                                    target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
+                               autocast_adapter_dtype=fp32_adapters)
+
+
 def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str, rank: int | None,
                  optim: str, workdir: Path, accum: int = 1, cap_gib: float | None = None, bf16: bool = True) -> dict:
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from wrappers.callbacks import AdvisorCallback
 
@@ -212,16 +240,6 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
     peaks: dict = {}
 
-    class Peaks(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            if state.global_step == 1:
-                torch.cuda.reset_peak_memory_stats()
-            elif state.global_step == 3:
-                peaks["allocated"] = torch.cuda.max_memory_allocated()
-                peaks["reserved"] = torch.cuda.max_memory_reserved()
-            return control
-
     args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=3,
                              bf16=bf16, optim=optim, gradient_checkpointing=ckpt, report_to=[], save_strategy="no",
                              logging_steps=100, dataloader_num_workers=0, remove_unused_columns=False,
@@ -229,7 +247,7 @@ def trainer_case(name: str, key: str, mb: int, seq: int, ckpt: bool, dtype: str,
                              gradient_accumulation_steps=accum)
     advisor = AdvisorCallback(seq_len=seq, gpus="1xH100")
     trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 3 * mb * accum),
-                      callbacks=[advisor, Peaks()])
+                      callbacks=[advisor, _step_peaks(peaks)])
     printed = io.StringIO()
     oom = None
     try:
@@ -340,7 +358,7 @@ def lightning_case(key: str, mb: int, seq: int, ckpt: bool) -> dict:
     loader = torch.utils.data.DataLoader(_Tokens(cfg["vocab_size"], seq, 3 * mb), batch_size=mb)
     trainer = lightning.Trainer(accelerator="gpu" if DEVICE == "cuda" else "cpu", devices=1, precision="bf16-mixed",
                                 max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                                enable_model_summary=False, callbacks=[advisor, Peaks()])
+                                enable_model_summary=False, callbacks=[advisor, _step_peaks(peaks)])
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         trainer.fit(Module(), loader)
@@ -392,7 +410,6 @@ def fsdp1_case(key: str, mb: int, seq: int, dropout: float, adapters: str, orig_
     ``op_trace``: the second step's operator log (``op_trace.OpTrace``) written there as JSON."""
     import functools
 
-    import peft
     import torch
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
                                                                              apply_activation_checkpointing,
@@ -407,9 +424,7 @@ def fsdp1_case(key: str, mb: int, seq: int, dropout: float, adapters: str, orig_
     if DEVICE == "cuda":
         _clean()
     net, cfg = _model(key, "bfloat16", None)
-    net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=dropout, task_type="CAUSAL_LM",
-                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]),
-                              autocast_adapter_dtype=adapters == "float32")
+    net = _fms_lora(net, dropout, fp32_adapters=adapters == "float32")
     if ckpt != "wrapper":  # the Trainer's gradient_checkpointing=True: the model's own, before wrapping
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": ckpt == "reentrant"})
         net.enable_input_require_grads()
@@ -479,31 +494,19 @@ def trainer_fsdp1_case(key: str, mb: int, seq: int, workdir: Path) -> dict:
     Trainer), rank 0 of a fake group of 2 set up as ``accelerate launch`` would leave the environment."""
     import os
 
-    import peft
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     import gpu_truth
 
     _clean()
     net, cfg = _model(key, "bfloat16", None)
-    net = peft.get_peft_model(net, peft.LoraConfig(r=16, lora_alpha=16, lora_dropout=0.1, task_type="CAUSAL_LM",
-                                                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    net = _fms_lora(net, 0.1, fp32_adapters=True)
     net.enable_input_require_grads()  # TRL's SFTTrainer with a PEFT config and gradient checkpointing
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="29573")
     gpu_truth._init_group(2)
     peaks: dict = {}
-
-    class Peaks(TrainerCallback):
-        def on_step_end(self, args, state, control, **kw):
-            torch.cuda.synchronize()
-            if state.global_step == 1:
-                torch.cuda.reset_peak_memory_stats()
-            elif state.global_step == 3:
-                peaks["allocated"] = torch.cuda.max_memory_allocated()
-                peaks["reserved"] = torch.cuda.max_memory_reserved()
-            return control
 
     args = TrainingArguments(output_dir=str(workdir / "fsdp1"), per_device_train_batch_size=mb, max_steps=3, bf16=False,
                              optim="adamw_torch", gradient_checkpointing=True,
@@ -514,7 +517,7 @@ def trainer_fsdp1_case(key: str, mb: int, seq: int, workdir: Path) -> dict:
                                           "limit_all_gathers": True})
     try:
         trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, 6 * mb))
-        trainer.add_callback(Peaks())
+        trainer.add_callback(_step_peaks(peaks))
         trainer.train()
         wrapped = type(trainer.model_wrapped).__name__
     finally:

@@ -141,24 +141,26 @@ def fsdp1_rows() -> list[tuple[dict, int]]:
     return [(row, published_memory_estimate(fsdp1_case(row))) for row in rows]
 
 
-def recompute_levels(path: Path) -> list[int]:
-    """From an operator log (``op_trace``), the bytes allocated as each block's recompute starts in backward (its
-    input norm's upcast: an fp32 copy followed by ``pow``), top block first."""
+def _recompute_starts(path: Path) -> tuple[list, list[int]]:
+    """An operator log (``op_trace``) and the index of each block's recompute start in backward (its input norm's
+    upcast: an fp32 copy followed by ``pow``), top block first."""
     rows = json.loads(gzip.decompress(path.read_bytes()))
     loss = next(i for i, r in enumerate(rows) if r[0] == "_log_softmax_backward_data")
-    return [rows[i][2] for i in range(loss, len(rows) - 1)
-            if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
-            and rows[i - 1][0] != "add"]
+    return rows, [i for i in range(loss, len(rows) - 1)
+                  if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
+                  and rows[i - 1][0] != "add"]
+
+
+def recompute_levels(path: Path) -> list[int]:
+    """The bytes allocated as each block's recompute starts in backward (``_recompute_starts``), top block first."""
+    rows, starts = _recompute_starts(path)
+    return [rows[i][2] for i in starts]
 
 
 def first_block_backward_peak(path: Path) -> int:
     """From an operator log, the most allocated while the top block is recomputed and its backward runs (from its
     recompute's start to the next block's)."""
-    rows = json.loads(gzip.decompress(path.read_bytes()))
-    loss = next(i for i, r in enumerate(rows) if r[0] == "_log_softmax_backward_data")
-    starts = [i for i in range(loss, len(rows) - 1)
-              if rows[i][0] == "_to_copy" and rows[i][1][0].startswith("float32") and rows[i + 1][0] == "pow"
-              and rows[i - 1][0] != "add"]
+    rows, starts = _recompute_starts(path)
     return max(r[2] for r in rows[starts[0]:starts[1]])
 
 

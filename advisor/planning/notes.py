@@ -93,8 +93,7 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
     if training.quantize is not None:
         dtypes = ("; PEFT keeps the adapters in fp32, which recipe " + training.recipe.name + " never casts under pure "
                   f"{training.precision}: counted in {training.precision_info.param_dtype} over a quantised base "
-                  "(not modelled yet)" if training.recipe.pure_adapters_fp32 and not training.mixed
-                  and training.precision != "fp32" else "")
+                  "(not modelled yet)" if training.keeps_peft_fp32_adapters else "")
     elif training.fp32_adapters:
         counted = adapter_inputs(base, lora) is not None  # a traced family's profile holds bf16 adapters
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} as loaded, the adapters in fp32 "
@@ -102,8 +101,7 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
                   "autocast each adapter computes in fp32 and saves an fp32 copy of its input" +
                   ("" if counted else f" (those copies are counted in {training.precision_info.compute_dtype} for "
                    f"{base.model_type}: an underestimate, not modelled yet)"))
-    elif (training.lora is not None and training.recipe.pure_adapters_fp32 and not training.mixed
-          and training.precision != "fp32" and training.lora.modules_to_save):
+    elif training.keeps_peft_fp32_adapters and training.lora.modules_to_save:
         dtypes = (f"; every weight is counted in {training.precision_info.compute_dtype}, though PEFT keeps the adapters "
                   "in fp32 beside modules_to_save copies, which recipe "
                   f"{training.recipe.name} never casts: the adapters' fp32 bytes are not modelled with modules_to_save "

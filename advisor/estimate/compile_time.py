@@ -144,11 +144,13 @@ def spec_block_bytes(spec: ModelSpec, training: TrainingConfig) -> BlockBytes:
 
 
 def compile_saving_s(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
-                     tokens: int, checkpointing: bool, flops: FlopCount, rate: float, peak: float) -> tuple[float, float]:
+                     tokens: int, checkpointing: bool, flops: FlopCount, rate: float, peak: float,
+                     shifted: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
     """(forward, backward + recompute) seconds ``--compile`` saves on a micro-batch of ``tokens`` tokens
     whose ``flops`` run at ``rate`` FLOP/s (0, 0 when it is off); the caller divides by its model-parallel
     split. Capped so the matmuls left never run above the datasheet ``peak`` (FLOP/s): on a narrow model
-    the fitted eager utilisation can leave less time than the bytes are worth."""
+    the fitted eager utilisation can leave less time than the bytes are worth. ``shifted``: seconds already
+    added to that time (``advisor.estimate.bandwidth_time``; negative on faster HBM), which the cap counts."""
     if not training.compile:
         return 0.0, 0.0
     check_compile(spec)
@@ -156,8 +158,9 @@ def compile_saving_s(spec: ModelSpec, hardware: Hardware, training: TrainingConf
     per_pass = shape_of(spec).num_layers * tokens / (hardware.gpu.hbm_bandwidth_gbps * 1e9
                                                      * eff.optimizer_step.hbm_efficiency)
     recompute = block.saved_forward if checkpointing else 0
-    return (min(block.saved_forward * per_pass, flops.forward * (1 / rate - 1 / peak)),
-            min((block.saved_backward + recompute) * per_pass, flops.hardware_backward * (1 / rate - 1 / peak)))
+    return (max(0.0, min(block.saved_forward * per_pass, flops.forward * (1 / rate - 1 / peak) + shifted[0])),
+            max(0.0, min((block.saved_backward + recompute) * per_pass,
+                         flops.hardware_backward * (1 / rate - 1 / peak) + shifted[1])))
 
 
 def compile_notes(spec: ModelSpec, saved_s: float) -> list[str]:

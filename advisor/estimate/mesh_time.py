@@ -164,15 +164,15 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    cc_fwd = cc_bwd = 0.0
-    if training.compile:  # imported only when asked (start-up)
-        from advisor.estimate.compile_time import compile_saving_s
+    ew = None
+    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
+        from advisor.estimate.bandwidth_time import elementwise_s
 
-        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                          checkpointing=checkpointing, flops=flops, rate=rate,
-                                          peak=peak * TFLOPS)
-    fwd_s = flops.forward / split / rate - cc_fwd / split
-    bwd_s = (flops.backward + flops.recompute) / split / rate - cc_bwd / split
+        ew = elementwise_s(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
+                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
+    fwd_s = flops.forward / split / rate + ew_fwd / split
+    bwd_s = (flops.backward + flops.recompute) / split / rate + ew_bwd / split
     f8: tuple[float, float, str] = (0.0, 0.0, "")
     if training.float8:
         from advisor.estimate.float8_time import float8_seconds
@@ -200,10 +200,11 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     tokens_gpu = max(1, replica_tokens * accumulation // split)
     model_flops = flops.model * accumulation / split
     notes = [n for n in (peak_note, f8[2]) if n]
-    if training.compile:
-        from advisor.estimate.compile_time import compile_notes
+    if ew:
+        from advisor.estimate.bandwidth_time import elementwise_notes
 
-        notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd) / split))
+        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=accumulation * ew.shift / split,
+                                       saved_s=accumulation * ew.saved / split))
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(

@@ -97,15 +97,15 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    cc_fwd = cc_bwd = 0.0
-    if training.compile:  # imported only when asked (start-up)
-        from advisor.estimate.compile_time import compile_saving_s
+    ew = None
+    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
+        from advisor.estimate.bandwidth_time import elementwise_s
 
-        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=replica_tokens,
-                                          checkpointing=checkpointing, flops=flops, rate=rate,
-                                          peak=peak * TFLOPS)
-    fwd_s = flops.forward * share / split / rate - cc_fwd * share / split
-    bwd_s = (flops.backward + flops.recompute) * share / split / rate - cc_bwd * share / split
+        ew = elementwise_s(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
+                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
+    fwd_s = flops.forward * share / split / rate + ew_fwd * share / split
+    bwd_s = (flops.backward + flops.recompute) * share / split / rate + ew_bwd * share / split
     cut = layers_cut(spec, slowest)
     attention = 4 * slowest * shape.num_attention_heads * shape.head_dim * training.seq_len * replica_tokens
     attention_s = attention * (3 + (1 if checkpointing else 0)) / split / rate
@@ -165,6 +165,11 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     gpus_per_replica = split * p
     model_flops = flops.model * m / gpus_per_replica
     notes = [n for n in (peak_note,) if n]
+    if ew:
+        from advisor.estimate.bandwidth_time import elementwise_notes
+
+        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=m * ew.shift * share / split,
+                                       saved_s=m * ew.saved * share / split))
     if training.float8:  # advisor.estimate.float8_time models data-parallel and mesh steps, not pipeline stages
         notes.append("--float8 is not modelled on a pipeline mesh: this step is timed in bf16")
     notes.append(f"pipeline {mesh.label}: {m} micro-batches a step, bubble {bubble:.2f} s "

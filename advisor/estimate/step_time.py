@@ -42,6 +42,9 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   bandwidth, fp8 weights in FSDP's all-gather (``advisor.estimate.float8_time``).
 - ``--compile``: the HBM bytes inductor's fusion removes from each block's elementwise ops
   (``compile_time``) / (HBM bandwidth x the optimizer step's efficiency), taken off forward and backward.
+- HBM bandwidth: a GPU that takes another GPU's fitted utilisation (the H200 the H100 SXM's, the 40 GB and
+  PCIe A100s the A100-80GB SXM's) moves its blocks' eager elementwise kernels at its own bandwidth
+  (``bandwidth_time``: compile_time's eager bytes x (1 / its bandwidth - 1 / the fit's) / efficiency).
 - Optimizer step on the GPU: memory-bound, bytes per parameter / (HBM bandwidth x efficiency).
 - DataParallel: every micro-batch broadcasts parameters from GPU0, reduces gradients to GPU0 and
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
@@ -422,14 +425,14 @@ def estimate_step_time(
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
     ac_fwd, ac_bwd = autocast_cast_s(spec, hardware, training, impl, eff, checkpointing=checkpointing)
-    cc_fwd = cc_bwd = 0.0
-    if training.compile:  # imported only when asked: the plain plan's start-up stays as it was
-        from advisor.estimate.compile_time import compile_saving_s
+    ew = None
+    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
+        from advisor.estimate.bandwidth_time import elementwise_s
 
-        cc_fwd, cc_bwd = compile_saving_s(spec, hardware, training, eff, tokens=tokens_micro,
-                                          checkpointing=checkpointing, flops=flops, rate=rate,
-                                          peak=peak * TFLOPS)
-    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd + ac_fwd - cc_fwd, bwd_s + deq_bwd + ad_bwd + ac_bwd - cc_bwd
+        ew = elementwise_s(spec, hardware, training, eff, tokens=tokens_micro, checkpointing=checkpointing,
+                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
+    fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd + ac_fwd + ew_fwd, bwd_s + deq_bwd + ad_bwd + ac_bwd + ew_bwd
     f8: tuple[float, float, str] = (0.0, 0.0, "")
     if training.float8:
         from advisor.estimate.float8_time import float8_seconds
@@ -471,10 +474,11 @@ def estimate_step_time(
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
     if ac_fwd:
         notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
-    if training.compile:
-        from advisor.estimate.compile_time import compile_notes
+    if ew:
+        from advisor.estimate.bandwidth_time import elementwise_notes
 
-        notes.extend(compile_notes(spec, accumulation * (cc_fwd + cc_bwd)))
+        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=accumulation * ew.shift,
+                                       saved_s=accumulation * ew.saved))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

@@ -11,11 +11,16 @@ import functools
 import json
 import statistics
 
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from profiles import PROFILES_DIR
 from advisor.recipes import OptimizerImpl
 from advisor.training import Engine
+
+if TYPE_CHECKING:
+    from advisor.hardware.catalog import GpuProfile
 
 EFFICIENCY_FILE = PROFILES_DIR / "efficiency.json"
 
@@ -52,6 +57,10 @@ class GpuUtilisation(_Frozen):
     source: str
     note: str | None = None
     calibration: tuple[CalibrationRow, ...] = Field(default=(), description="Rows the value is the median of.")
+    calibration_gpu: str | None = Field(default=None, description="The GPU profile the rows ran on.")
+    calibration_hbm_gbps: float | None = Field(default=None, gt=0, description="That GPU's HBM bandwidth (GB/s, "
+                                               "profiles/gpus.json): the other GPUs of the group rescale the blocks' "
+                                               "eager elementwise time by theirs (advisor.estimate.bandwidth_time).")
 
 
 class ComputeEfficiency(_Frozen):
@@ -64,6 +73,13 @@ class ComputeEfficiency(_Frozen):
 
     def entry(self, gpu_name: str) -> GpuUtilisation | None:
         return next((e for e in self.gpus if gpu_name in e.gpus), None)
+
+    def calibration_bandwidth(self, gpu: GpuProfile) -> float | None:
+        """HBM bandwidth (GB/s) of the GPU ``gpu``'s utilisation fit ran on, where it differs from ``gpu``'s own
+        (else None): the blocks' eager elementwise time moves with it (``advisor.estimate.bandwidth_time``)."""
+        entry = self.entry(gpu.name)
+        fitted = entry.calibration_hbm_gbps if entry else None
+        return fitted if fitted is not None and fitted != gpu.hbm_bandwidth_gbps else None
 
     def max_utilisation(self, gpu_name: str) -> float:
         entry = self.entry(gpu_name)

@@ -72,7 +72,8 @@ def answer_lines(plan) -> list[str]:
     if rec is None:
         found = plan.smallest_fit.message if plan.smallest_fit is not None else ""
         subject, at = unfit_subject(plan)
-        subject = subject.replace("nothing", "Nothing", 1)  # a strategy's name keeps its case
+        if subject.startswith(("nothing", "no mesh")):  # a strategy's name keeps its case
+            subject = subject[0].upper() + subject[1:]
         lines = [f"[bold red]{subject}{at}.[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
         return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])

@@ -409,7 +409,8 @@ def plan(
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins),
-        from_current=bool(strategy) or training.micro_batch_size is not None)
+        from_current=bool(strategy) or training.micro_batch_size is not None or pins.any,
+        pinned=pins.flags if pins.any else None)
     if smallest is not None:
         why.append(smallest.reason)
     if recommendation is None or recommendation.mesh is None:

@@ -56,6 +56,14 @@ class MeshPins(BaseModel):
         return any(v is not None and v > 1 for v in (self.tp, self.cp, self.dp_replicate)) or self.pipelined
 
     @property
+    def flags(self) -> str:
+        """The pinned degrees as the command line spells them: ``--pp 2 --tp 2``."""
+        pairs = (("--tp", self.tp), ("--cp", self.cp), ("--hybrid", self.dp_replicate), ("--pp", self.pp),
+                 ("--pp-schedule", self.pp_schedule), ("--virtual-stages", self.virtual_stages),
+                 ("--pp-layers", ",".join(map(str, self.pp_layers)) if self.pp_layers else None), ("--ep", self.ep))
+        return " ".join(f"{flag} {value}" for flag, value in pairs if value is not None)
+
+    @property
     def pipelined(self) -> bool:
         """--pp, --pp-schedule, --virtual-stages or --ep given."""
         return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.pp_layers, self.ep))

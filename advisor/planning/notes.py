@@ -54,6 +54,8 @@ def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidat
     if training.loss != "hf" or not shape_of(spec).vocab_size or not candidates or spec.loss_kernel_refusal:
         return []  # no candidates: data parallelism alone was blocked (the global batch), nothing to compare
     if recommendation is None:
+        if any(c.fits for c in candidates):  # pinned mesh degrees left one that fits unchosen: the hf loss is not why
+            return []
         for kernel in ("chunked", "fused"):
             other = validated_copy(training, {"loss": kernel})
             alternative = [evaluate_candidate(spec, hw, other, c.strategy) for c in candidates]

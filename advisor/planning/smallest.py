@@ -77,10 +77,13 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
 def unfit_subject(plan) -> tuple[str, str]:
     """What did not fit in a plan with no recommendation, for its one-line headline and export's refusal:
     ``("ddp does not fit", " at micro-batch 64")`` where something fits the plan's own GPUs (the strategy or the
-    micro-batch was fixed), ``("nothing fits", "")`` otherwise."""
+    micro-batch was fixed), ``("no mesh with --pp 2 --tp 2 fits", "")`` where pinned mesh degrees were,
+    ``("nothing fits", "")`` otherwise."""
     fit = plan.smallest_fit
     if fit is None or not getattr(fit.reason, "current", False):
         return "nothing fits", ""
+    if fit.reason.without is not None:  # pinned mesh degrees: they are what did not fit
+        return f"no mesh with {fit.reason.without} fits", ""
     asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
     micro = plan.training.micro_batch_size
     return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits",
@@ -90,11 +93,12 @@ def unfit_subject(plan) -> tuple[str, str]:
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
-                 from_current: bool = False) -> SmallestFit:
+                 from_current: bool = False, pinned: str | None = None) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
     (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer.
-    ``from_current``: the plan's own count is a candidate too (a pinned strategy did not fit, so the others
-    were not tried on these GPUs)."""
+    ``from_current``: the plan's own count is a candidate too (a pinned strategy or mesh did not fit, so the
+    others were not tried on these GPUs). ``pinned``: the mesh degrees the user fixed (``--pp 2 --tp 2``),
+    which ``meshes`` keep and a data-parallel answer drops: its sentence says so."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     found = []
@@ -139,7 +143,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         return SmallestFit(num_gpus=count, strategy=name,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
                                                      current=count == hardware.world_size,
-                                                     gpu_only_gpus=gpu_only if offloads(name) else None))
+                                                     gpu_only_gpus=gpu_only if offloads(name) else None,
+                                                     without=pinned))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")

@@ -91,3 +91,21 @@ def test_nothing_fits_names_only_remedies_not_yet_tried(checkpointing):
     assert result.recommendation is None and "use fewer or smaller images" in text
     assert ("enable checkpointing" in text) == (checkpointing == "off")
     assert ("(with activation checkpointing)" in text) == (checkpointing != "off")
+
+
+def test_pinned_mesh_degrees_that_do_not_fit_name_what_fits_without_them(capsys):
+    """Llama-3.1-70B on 2 nodes of 8 H200 with --pp 2 --tp 2: a pipeline stage under FSDP2 keeps its rank's
+    weights unsharded in bf16 and their gradients accumulated unsharded in fp32 across the micro-batches
+    (about 17.6B weights a rank: 70.6B / (pp 2 x tp 2), 6 bytes each, some 99 GiB), so no such mesh fits
+    139.8 GiB, while zero3 alone fits these 16 GPUs (the unpinned plan recommends it). The plan said "Nothing
+    fits. 24 x H200 would fit with zero3" (a search that started above the plan's own count) and "nothing fits
+    with the hf loss; with --loss chunked, zero3 fits" (zero3 fit with the hf loss already)."""
+    pinned = plan("meta-llama/Llama-3.1-70B", "8xH200", nodes=2, pp=2, tp=2)
+    assert pinned.recommendation is None
+    assert pinned.smallest_fit.message == "zero3 fits on these 16 x H200 without --tp 2 --pp 2 at micro-batch 1."
+    assert not any("hf loss" in line for line in pinned.why)
+    assert plan("meta-llama/Llama-3.1-70B", "8xH200", nodes=2).recommendation.strategy == "zero3"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "-m", "meta-llama/Llama-3.1-70B", "-g", "2x8xH200", "--pp", "2", "--tp", "2"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_info.value.code == 3 and out.startswith("No mesh with --tp 2 --pp 2 fits. zero3 fits on these 16 x H200")

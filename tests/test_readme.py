@@ -183,6 +183,16 @@ def test_the_readme_accuracy_rows_are_the_reports_figures():
     assert f"| total (reserved + CUDA context) vs published nvidia-smi figures | {p_n} | {p_med}% | {p_max}% |" in readme
 
 
+def test_the_readme_longest_row_is_the_longest_context_summary():
+    """The README's longest-sequence row quotes benchmarks/results/longest_context.md's summary line."""
+    readme = (ROOT / "README.md").read_text()
+    report = (ROOT / "benchmarks/results/longest_context.md").read_text()
+    n, med, top, judged, never = re.search(
+        r"\*\*longest: (\d+) cases, ours / published - 1: median \|error\| ([0-9.]+)%, max ([0-9.]+)%; setups that fit no "
+        r"length: judged not to fit (\d+) of (\d+)\*\*", report).groups()
+    assert f"setups that fit no length | {n} | {med}% | {top}%; {judged} of {never} judged not to fit |" in readme
+
+
 def test_the_readme_panel_row_is_the_published_jobs_summary():
     """The README's published-jobs row quotes benchmarks/results/published_jobs.md's summary line
     (``benchmarks/published_jobs.py`` writes it)."""

@@ -168,8 +168,9 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     if ew:
         from advisor.estimate.bandwidth_time import elementwise_notes
 
-        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=m * ew.shift * share / split,
-                                       saved_s=m * ew.saved * share / split))
+        passes = m + (facts.bubble_coefficient * (p - 1) / v if p > 1 else 0.0)  # the bubble is micro-batch times too
+        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=passes * ew.shift * share / split,
+                                       saved_s=passes * ew.saved * share / split))
     if training.float8:  # advisor.estimate.float8_time models data-parallel and mesh steps, not pipeline stages
         notes.append("--float8 is not modelled on a pipeline mesh: this step is timed in bf16")
     notes.append(f"pipeline {mesh.label}: {m} micro-batches a step, bubble {bubble:.2f} s "

@@ -410,10 +410,10 @@ def plan(
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins),
         from_current=bool(strategy) or training.micro_batch_size is not None or pins.any,
-        pinned=pins.flags if pins.any else None)
+        pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None)
     if smallest is not None:
         why.append(smallest.reason)
-    if recommendation is None or recommendation.mesh is None:
+    if (recommendation is None or recommendation.mesh is None) and not pins.any:  # pinned: the meshes were asked
         why.extend(loss_notes(spec, hw, training, candidates, recommendation))
     candidates += meshes
     chosen = next((c for c in candidates if recommendation is not None and c.strategy == recommendation.strategy

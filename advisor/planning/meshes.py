@@ -57,10 +57,21 @@ class MeshPins(BaseModel):
 
     @property
     def flags(self) -> str:
-        """The pinned degrees as the command line spells them: ``--pp 2 --tp 2``."""
-        pairs = (("--tp", self.tp), ("--cp", self.cp), ("--hybrid", self.dp_replicate), ("--pp", self.pp),
-                 ("--pp-schedule", self.pp_schedule), ("--virtual-stages", self.virtual_stages),
-                 ("--pp-layers", ",".join(map(str, self.pp_layers)) if self.pp_layers else None), ("--ep", self.ep))
+        """The pinned degrees as the command line spells them: ``--tp 2 --pp 2``."""
+        return " ".join(part for part in (self._spelled((("--tp", self.tp), ("--cp", self.cp),
+                                                         ("--hybrid", self.dp_replicate))),
+                                          self.pipeline_flags) if part)
+
+    @property
+    def pipeline_flags(self) -> str:
+        """The pipeline and expert options alone (``--pp 2 --ep 4``), which ``enumerate_meshes`` does not plan."""
+        return self._spelled((("--pp", self.pp), ("--pp-schedule", self.pp_schedule),
+                              ("--virtual-stages", self.virtual_stages),
+                              ("--pp-layers", ",".join(map(str, self.pp_layers)) if self.pp_layers else None),
+                              ("--ep", self.ep)))
+
+    @staticmethod
+    def _spelled(pairs: tuple[tuple[str, object], ...]) -> str:
         return " ".join(f"{flag} {value}" for flag, value in pairs if value is not None)
 
     @property

@@ -199,15 +199,14 @@ def _loss_would_fit(x: r.LossWouldFit) -> str:
 
 
 def _smallest(x: r.SmallestFitFound) -> str:
-    gpu_only = (f" Without offload, {x.gpu_only_gpus} x {x.gpu} would fit with zero3."
+    on = f" on mesh {x.gpu_only_mesh}" if x.gpu_only_mesh is not None else ""
+    gpu_only = (f" Without offload, {x.gpu_only_gpus} x {x.gpu} would fit with zero3{on}."
                 if x.gpu_only_gpus is not None else "")
     dropped = f" without {x.without}" if x.without is not None else ""
+    mesh = f" on mesh {x.mesh_label}" if x.mesh_label is not None else ""
     if x.current:
-        mesh = f" on mesh {x.mesh_label}" if x.mesh_label is not None else ""
         return f"{x.strategy} fits on these {x.num_gpus} x {x.gpu}{mesh}{dropped} at micro-batch 1.{gpu_only}"
-    if x.mesh_label is not None:
-        return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy} on mesh {x.mesh_label} at micro-batch 1."
-    return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy}{dropped} at micro-batch 1.{gpu_only}"
+    return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy}{mesh}{dropped} at micro-batch 1.{gpu_only}"
 
 
 def _longer_with_offload(x: r.LongerWithOffload) -> str:

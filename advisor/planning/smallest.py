@@ -77,30 +77,39 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
 def unfit_subject(plan) -> tuple[str, str]:
     """What did not fit in a plan with no recommendation, for its one-line headline and export's refusal:
     ``("ddp does not fit", " at micro-batch 64")`` where something fits the plan's own GPUs (the strategy or the
-    micro-batch was fixed), ``("no mesh with --pp 2 --tp 2 fits", "")`` where pinned mesh degrees were,
-    ``("nothing fits", "")`` otherwise."""
+    micro-batch was fixed), ``("no mesh with --pp 2 --tp 2 fits", "")`` where what fits them drops pinned
+    degrees, ``("nothing fits", "")`` otherwise."""
     fit = plan.smallest_fit
     if fit is None or not getattr(fit.reason, "current", False):
         return "nothing fits", ""
-    if fit.reason.without is not None:  # pinned mesh degrees: they are what did not fit
-        return f"no mesh with {fit.reason.without} fits", ""
-    asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
     micro = plan.training.micro_batch_size
-    return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits",
-            f" at micro-batch {micro}" if micro is not None else "")
+    at = f" at micro-batch {micro}" if micro is not None else ""
+    asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
+    if fit.reason.without is not None:  # pinned degrees: they are what did not fit
+        return (f"{asked[0] + ' with' if len(asked) == 1 else 'no mesh with'} {fit.reason.without} "
+                f"{'does not fit' if len(asked) == 1 else 'fits'}", at)
+    return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits", at)
 
 
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
-                 from_current: bool = False, pinned: str | None = None) -> SmallestFit:
+                 from_current: bool = False, pinned: str | None = None,
+                 pinned_pipeline: str | None = None) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
-    (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer.
-    ``from_current``: the plan's own count is a candidate too (a pinned strategy or mesh did not fit, so the
-    others were not tried on these GPUs). ``pinned``: the mesh degrees the user fixed (``--pp 2 --tp 2``),
-    which ``meshes`` keep and a data-parallel answer drops: its sentence says so."""
+    (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer;
+    an offloading answer also names the fewest GPUs that hold the job without offload, on a mesh where that
+    is fewer. ``from_current``: the plan's own count is a candidate too (a pinned strategy or mesh did not
+    fit, so the others were not tried on these GPUs). ``pinned``: the degrees the user fixed (``--pp 2 --tp
+    2``), which a data-parallel answer drops and the meshes keep but for ``pinned_pipeline`` (``--pp 2``:
+    ``enumerate_meshes`` plans no pipeline); with them the meshes are tried on the plan's own GPUs too, and the
+    answer's sentence says what it drops."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
+
+    def offloads(strategy: StrategyName) -> bool:
+        return STRATEGIES[strategy].on(training.engine).offloads
+
     found = []
     for order, name in enumerate(strategies):
         # the plan's own GPUs as they are (nodes and all): a count search would resize them
@@ -111,7 +120,9 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                above=hardware.world_size, per_node=per_node)
         if count is not None:
             found.append((count, order, name))
-    if meshes is not None:  # a mesh only matters below the data-parallel answer: counts below it, in order
+    gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
+    on_mesh: tuple[int, ParallelDims] | None = None
+    if meshes is not None:  # a mesh only matters below the data-parallel answer on the GPUs alone: counts below it
         from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
 
         impl = STRATEGIES["zero3"].on(training.engine)
@@ -124,27 +135,33 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                 return False
             return True
 
-        limit = min((count for count, _, _ in found), default=None)
-        counts = [*range(hardware.world_size + 1, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
-        for count in (c for c in counts if c > hardware.world_size and (limit is None or c < limit)):
-            cluster = at_count(hardware, count, per_node)
+        first = hardware.world_size + (0 if pinned is not None and from_current else 1)
+        counts = [*range(first, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
+        # pinned degrees: a mesh that keeps them wins a tie with data parallelism, which drops them
+        for count in (c for c in counts if c >= first and (gpu_only is None or c < gpu_only
+                                                            or (pinned is not None and c == gpu_only))):
+            cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
             fitting = next((m for m in meshes(cluster)
                             if runs(m) and evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits), None)
             if fitting is not None:
-                return SmallestFit(num_gpus=count, strategy="zero3", mesh=fitting, reason=r.SmallestFitFound(
-                    num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=fitting.label))
-    if found:
-        count, _, name = min(found)
-        # an offloading answer also names the fewest GPUs that hold the job without offload, when some do
-        def offloads(strategy: StrategyName) -> bool:
-            return STRATEGIES[strategy].on(training.engine).offloads
-
-        gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
+                on_mesh = (count, fitting)
+                break
+    best = min(found, default=None)
+    if on_mesh is not None and (best is None or on_mesh[0] < best[0] or (pinned is not None and on_mesh[0] == best[0])):
+        count, mesh = on_mesh
+        return SmallestFit(num_gpus=count, strategy="zero3", mesh=mesh, reason=r.SmallestFitFound(
+            num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=mesh.label,
+            current=count == hardware.world_size, without=pinned_pipeline))
+    if best is not None:
+        count, _, name = best
+        gpu_only_mesh = None
+        if on_mesh is not None and offloads(name):  # fewer GPUs than zero3 alone hold it on a mesh
+            gpu_only, gpu_only_mesh = on_mesh[0], on_mesh[1].label
         return SmallestFit(num_gpus=count, strategy=name,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
                                                      current=count == hardware.world_size,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
-                                                     without=pinned))
+                                                     gpu_only_mesh=gpu_only_mesh, without=pinned))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")

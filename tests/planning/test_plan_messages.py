@@ -93,19 +93,38 @@ def test_nothing_fits_names_only_remedies_not_yet_tried(checkpointing):
     assert ("(with activation checkpointing)" in text) == (checkpointing != "off")
 
 
-def test_pinned_mesh_degrees_that_do_not_fit_name_what_fits_without_them(capsys):
+def test_pinned_mesh_degrees_that_do_not_fit_name_what_fits_and_what_it_drops(capsys):
     """Llama-3.1-70B on 2 nodes of 8 H200 with --pp 2 --tp 2: a pipeline stage under FSDP2 keeps its rank's
     weights unsharded in bf16 and their gradients accumulated unsharded in fp32 across the micro-batches
     (about 17.6B weights a rank: 70.6B / (pp 2 x tp 2), 6 bytes each, some 99 GiB), so no such mesh fits
-    139.8 GiB, while zero3 alone fits these 16 GPUs (the unpinned plan recommends it). The plan said "Nothing
-    fits. 24 x H200 would fit with zero3" (a search that started above the plan's own count) and "nothing fits
-    with the hf loss; with --loss chunked, zero3 fits" (zero3 fit with the hf loss already)."""
+    139.8 GiB, while zero3 alone fits these 16 GPUs (the unpinned plan recommends it), and so does the --tp 2 mesh
+    without the pipeline. The plan said "Nothing fits. 24 x H200 would fit with zero3" (a search that started
+    above the plan's own count) and "nothing fits with the hf loss; with --loss chunked, zero3 fits" (zero3 fit
+    with the hf loss already)."""
     pinned = plan("meta-llama/Llama-3.1-70B", "8xH200", nodes=2, pp=2, tp=2)
     assert pinned.recommendation is None
-    assert pinned.smallest_fit.message == "zero3 fits on these 16 x H200 without --tp 2 --pp 2 at micro-batch 1."
+    assert pinned.smallest_fit.message == ("zero3 fits on these 16 x H200 on mesh dp_shard 8 x tp 2 without --pp 2 "
+                                           "at micro-batch 1.")
     assert not any("hf loss" in line for line in pinned.why)
     assert plan("meta-llama/Llama-3.1-70B", "8xH200", nodes=2).recommendation.strategy == "zero3"
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "-m", "meta-llama/Llama-3.1-70B", "-g", "2x8xH200", "--pp", "2", "--tp", "2"])
     out = " ".join(capsys.readouterr().out.split())
-    assert exit_info.value.code == 3 and out.startswith("No mesh with --tp 2 --pp 2 fits. zero3 fits on these 16 x H200")
+    assert exit_info.value.code == 3 and out.startswith("No mesh with --pp 2 fits. zero3 fits on these 16 x H200")
+
+
+def test_a_pinned_degree_keeps_its_mesh_in_the_smallest_fit():
+    """Llama-3.1-8B on 8 H100 with --tp 2 at micro-batch 64 x 4,096 tokens: nothing fits, but the --tp 2 mesh
+    dp_shard 4 x tp 2 does at micro-batch 1 (what --micro-batch 1 recommends), which the answer names rather
+    than data parallelism without --tp 2. Qwen2.5-7B on 4 A10G with --tp 2: only zero3_offload fits these GPUs;
+    the fewest that hold it without offload is 8 on the --tp 2 mesh dp_shard 4 x tp 2 (the plan on 8 x A10G
+    --tp 2 recommends it), not 16 with zero3 alone."""
+    micro = plan("meta-llama/Llama-3.1-8B", "8xH100", tp=2, micro_batch_size=64, seq_len=4096)
+    assert micro.recommendation is None
+    assert micro.smallest_fit.message == "zero3 fits on these 8 x H100-80GB-SXM on mesh dp_shard 4 x tp 2 at micro-batch 1."
+    one = plan("meta-llama/Llama-3.1-8B", "8xH100", tp=2, micro_batch_size=1, seq_len=4096)
+    assert one.recommendation.mesh.label == "dp_shard 4 x tp 2"
+    offload = plan("Qwen/Qwen2.5-7B", "4xA10G", tp=2)
+    assert offload.smallest_fit.message == ("zero3_offload fits on these 4 x A10G without --tp 2 at micro-batch 1. "
+                                            "Without offload, 8 x A10G would fit with zero3 on mesh dp_shard 4 x tp 2.")
+    assert plan("Qwen/Qwen2.5-7B", "8xA10G", tp=2).recommendation.mesh.label == "dp_shard 4 x tp 2"

@@ -299,8 +299,10 @@ class SmallestFitFound(ReasonModel):
                           description="The count is the plan's own: another strategy fits on these GPUs.")
     gpu_only_gpus: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                       description="Where ``strategy`` offloads: the fewest GPUs zero3 fits on alone.")
+    gpu_only_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                                      description="The mesh ``gpu_only_gpus`` holds the job on (None: data parallelism).")
     without: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
-                                description="The pinned mesh degrees a data-parallel answer drops (``--pp 2 --tp 2``).")
+                                description="The pinned degrees the answer drops (``--pp 2 --tp 2``).")
 
 
 class LongerWithOffload(ReasonModel):

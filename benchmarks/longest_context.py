@@ -1,0 +1,104 @@
+"""The longest sequence a published setup fits, ours against the publisher's (``profiles/published_longest.json``).
+
+    PYTHONPATH=$PWD python benchmarks/longest_context.py      # writes benchmarks/results/longest_context.md
+
+For each case, the longest sequence length (micro-batch and everything else as the case states) whose estimated
+total, with what the publisher's code held beyond our recipe (``publisher_code``, ``benchmarks/publisher_code.py``),
+stays within the GPU's memory as the catalogue gives it (what ``advisor plan --seq-len max`` compares: the plan's
+total, the cached blocks the allocator frees before it fails left out, against ``GpuProfile.memory_bytes``), found
+by bisection on the length; the same search without the publisher's code is the run on today's libraries. Each
+estimate is ``benchmarks/published_memory.estimate`` of the case at that length: the same planning and publisher code
+that score the published memory figures. A case of kind ``oom-any-length`` ran out of memory at every length: it is
+judged at its ``seq_len``. The error is ours / published - 1: positive, we would let a longer sequence start than
+fitted (the side that runs out of memory).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import published_memory
+from profiles import PROFILES_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+REPORT = ROOT / "benchmarks" / "results" / "longest_context.md"
+LONGEST_LIMIT = 1 << 20  # tokens: the search's upper end
+
+
+def load_cases() -> list[dict]:
+    return json.loads((PROFILES_DIR / "published_longest.json").read_text())["cases"]
+
+
+def fits(case: dict, seq_len: int, *, publisher: bool = True) -> bool:
+    """Whether ``case`` at ``seq_len`` tokens fits its GPU (module docstring); ``publisher`` False: without the
+    publisher's code (today's libraries)."""
+    at = dict(case, seq_len=seq_len, publisher_code=case.get("publisher_code", []) if publisher else [])
+    est = published_memory.estimate(at)
+    _, total, _, _ = est.compared("oom")
+    return total <= published_memory.plan_of(at).hardware.gpu_memory_bytes
+
+
+def longest(case: dict, *, publisher: bool = True) -> int | None:
+    """The longest length that fits (None when not even one token does), by bisection: memory grows with it."""
+    if not fits(case, 1, publisher=publisher):
+        return None
+    low, high = 1, LONGEST_LIMIT  # low fits; high is taken not to
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(case, mid, publisher=publisher) else (low, mid)
+    return low
+
+
+def score(case: dict) -> dict:
+    """One case's row: ours with the publisher's code and with today's libraries, and the verdict."""
+    if case["kind"] == "longest":
+        ours, today = longest(case), longest(case, publisher=False)
+        return dict(case=case, ours=ours, today=today,
+                    error=None if ours is None else ours / case["figure"] - 1)
+    if case["kind"] == "oom-any-length":
+        return dict(case=case, fits=fits(case, case["seq_len"]), fits_today=fits(case, case["seq_len"], publisher=False))
+    raise ValueError(f"{case['id']}: unknown kind {case['kind']!r}")
+
+
+def summary(rows: list[dict]) -> str:
+    errors = [abs(r["error"]) for r in rows if r.get("error") is not None]
+    never = [r for r in rows if "fits" in r]
+    return (f"**longest: {len(errors)} cases, ours / published - 1: median |error| {statistics.median(errors):.1%}, "
+            f"max {max(errors):.1%}; setups that fit no length: judged not to fit {sum(not r['fits'] for r in never)} "
+            f"of {len(never)}**")
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["# Longest sequence: ours against published", "",
+             "Written by `PYTHONPATH=$PWD python benchmarks/longest_context.py` from `profiles/published_longest.json` "
+             "(sources, settings and assumptions there; the method is the script's docstring). Tokens a sample, "
+             "micro-batch as stated. ours: the longest the estimate fits with the publisher's code "
+             "(+ publisher_code); today: without it, today's libraries; error: ours / published - 1 (positive: "
+             "we would start a longer sequence than fitted).", "", summary(rows), "",
+             "| case | GPU | published | ours | error | today | publisher code |",
+             "| --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        case = r["case"]
+        code = ", ".join(case.get("publisher_code", [])) or "-"
+        if "fits" in r:
+            lines.append(f"| {case['id']} | {case['gpus']} | OOM at any length | "
+                         f"{'fits' if r['fits'] else 'does not fit'} at {case['seq_len']:,} | - | "
+                         f"{'fits' if r['fits_today'] else 'does not fit'} | {code} |")
+            continue
+        ours = "none" if r["ours"] is None else f"{r['ours']:,}"
+        today = "none" if r["today"] is None else f"{r['today']:,}"
+        error = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(f"| {case['id']} | {case['gpus']} | {case['figure']:,} | {ours} | {error} | {today} | {code} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    text = report([score(case) for case in load_cases()])
+    REPORT.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -64,6 +64,7 @@ from advisor.estimate.accumulation import accumulates_unsharded, held_accumulate
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
+from advisor.estimate.activations_blocks import dora_weight_bytes
 from advisor.estimate.activations_loss import loss_kept_bytes
 from advisor.estimate.kv_cache import KvCacheBytes, estimate_kv_cache, kv_cache_not_modelled
 from advisor.estimate.states import ModelStates, model_states
@@ -389,7 +390,11 @@ def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implement
                            dt=dtypes, head_frozen=head_frozen(spec, training.lora))
     head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
     last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
-    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad)
+    adapters = _adapters(spec, training) if training.lora is not None and training.lora.dora else None
+    dora = 0 if adapters is None else dora_weight_bytes(dtypes, adapters, tokens=tokens,
+                                                         quantized=training.quantize is not None,
+                                                         checkpointing=checkpointing)
+    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad, dora_weight=dora)
 
 
 def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens: int, residual_bytes: int,
@@ -437,7 +442,7 @@ def _lower_blocks(acts: ActivationEstimate, buffers: StrategyBuffers, held_grads
 
 
 def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: StrategyBuffers, *, dequantized: int,
-                    held_grads: int, kv: KvCacheBytes | None = None) -> dict[str, int]:
+                    held_grads: int, kv: KvCacheBytes | None = None, dora_weight: int = 0) -> dict[str, int]:
     """The largest point of the blocks' backward: in a block's MLP (its recomputed activations and backward
     temporaries beside ``in_backward``; an MoE block's routing-weight product before it, ``in_backward_early``), late in a block (FSDP2: all its weight gradients, ``in_backward_late``),
     each in the top block or a lower one (``_lower_blocks``), or the top block's reduce-scatter (FSDP2)."""
@@ -449,6 +454,9 @@ def _block_backward(base: dict[str, int], acts: ActivationEstimate, buffers: Str
     if buffers.in_backward_early is not None and acts.early_temp_bytes:  # an MoE block's routing-weight product
         points.append(dict(base, activations=kept + acts.recompute_bytes,
                            temporary=held + buffers.in_backward_early + acts.early_temp_bytes + lower))
+    if dora_weight and acts.recompute_bytes:  # a recomputed DoRA layer building its weight (dora_weight_bytes)
+        points.append(dict(base, activations=kept + acts.recompute_bytes,
+                           temporary=held + buffers.in_backward + dora_weight + lower))
     if acts.recompute_end_bytes:  # a checkpointed block's recomputation stopping, its forward's locals still held
         points.append(dict(base, activations=kept + acts.recompute_bytes,
                            temporary=held + buffers.in_backward + acts.recompute_end_bytes + lower))
@@ -469,7 +477,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None,
                       device_bytes: int | None = None, held_at_backward_end: int | None = None,
-                      checkpointing: bool) -> MemoryBreakdown:
+                      dora_weight: int = 0, checkpointing: bool) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -485,7 +493,9 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     backward (``traced.saved_head_gradient``): not there yet when that backward begins. ``capacity_bytes``: the
     GPU's memory, where bitsandbytes' paged optimizer state is placed (``in_backward.place_paged_state``); None
     counts it on the device. ``held_at_backward_end``: what the held gradients are at the end of backward where
-    that differs (``accumulation.held_at_backward_end``). ``device_bytes``: the GPU's memory, where the reserved memory stops
+    that differs (``accumulation.held_at_backward_end``). ``dora_weight``: what a DoRA layer's forward holds to build
+    and norm its adapter's weight (``activations_blocks.dora_weight_bytes``), in the last block's forward beside what
+    the blocks saved and, checkpointed, in a block's recomputation. ``device_bytes``: the GPU's memory, where the reserved memory stops
     (``reduce_scatter_pool_bytes``: the allocator frees cached blocks before it fails); None: no cap."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
@@ -520,10 +530,17 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
         # labels and the final norm's saved tensors are gone (their backward ran first).
         "block_backward": _block_backward(base, acts, buffers, dequantized=dequantized, held_grads=held_grads,
-                                          kv=kv_cache),
+                                          kv=kv_cache, dora_weight=dora_weight),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }
+    if dora_weight:  # DoRA's weight built in the last block's forward, before the head and the loss run
+        during = (moments["end_of_forward"]["temporary"] if buffers.at_last_block_forward is None
+                  else buffers.persistent + buffers.at_last_block_forward)  # FSDP2: the last block gathered
+        inside = dict(moments["end_of_forward"], activations=acts.saved_bytes - acts.outside_freed_bytes
+                      - saved_head_grad + kv_forward, temporary=during + dora_weight)
+        if sum(inside.values()) > sum(moments["end_of_forward"].values()):
+            moments["end_of_forward"] = inside
     if buffers.at_backward_start is not None:  # FSDP2 ZeRO-3: the root gathered again as the loss backward begins
         saved = acts.saved_bytes - saved_head_grad  # what forward saved; the loss's own kept, up to its forward's
         start = dict(base, activations=saved + gathered + min(loss_kept, acts.logits_bytes + saved_head_grad) + kv_loss,

@@ -238,14 +238,14 @@ def known_gap(case: dict) -> str | None:
                 "(torch 2.13, torch.optim.SGD(momentum=0.9)) keeps one shard each (53,568 bytes of momentum for "
                 "53,568 of parameter shards on a rank). Where another moment decides, the rows are within goal")
     inter = cfg.get("intermediate_size") or 0
-    if (lora is not None and lora["dora"] and job["checkpointing"] == "on"
-            and inter > job["micro_batch"] * job["seq_len"]):
-        return ("DoRA under full checkpointing where the adapter's identity (in x in) outgrows the tokens (MLP width "
-                "above micro-batch x sequence): the recomputed DoRA layer building its weight "
+    if (lora is not None and lora["dora"] and job["checkpointing"] == "on" and job["strategy"] == "ddp"
+            and job["precision"] in ("bf16-mixed", "fp16-mixed") and inter > job["micro_batch"] * job["seq_len"]):
+        return ("DoRA under full checkpointing and autocast over fp32 weights, where the adapter's identity (in x in) "
+                "outgrows the tokens (MLP width above micro-batch x sequence): the recomputed DoRA layer "
                 "(activations_blocks.dora_weight_bytes, checked on real tensors in forward) is counted in a block's "
                 "backward, but the simulated step holds more there: a 384-wide Qwen3, 8 x 128 tokens, DoRA r8 on every "
-                "linear, one rank: -2.6% (bf16, zero3, MLP 1,344), -4.5% (MLP 2,688), -8.1% (bf16-mixed, ddp; -13.9% "
-                "before the weight was counted): which recomputed tensors are not found")
+                "linear, ddp on one rank, MLP 1,344: -3.8% (-13.9% before the weight was counted; bf16 under zero3 "
+                "-1.4%, MLP 2,688 -1.0%): which recomputed tensors are not found")
     if job["tp"] > 1 and job["loss"] == "chunked" and not cfg.get("tie_word_embeddings") and family != "stablelm":
         return ("chunked loss over a vocabulary-parallel head (untied, transformers' TP plan): the per-chunk head "
                 "gradients (V/tp x h DTensor shards) are not modelled under TP; over a whole head (tied: replicated, "

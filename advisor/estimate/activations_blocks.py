@@ -335,10 +335,12 @@ def dora_weight_bytes(dt: Dtypes, ad: Adapters, *, tokens: int, quantized: bool 
     block's end, which the activations count, sits closest to), beside the layer's input where nothing saves it (autocast's
     ``lora_A`` saves its own cast, so neither PEFT's copy nor the MLP's product before ``down_proj`` is kept).
     Real-tensor traces of a 384-wide Llama's last block (down projection 1,344 in, 1,024 tokens) measured 7,025,664
-    bytes above the block's end in bf16 and 18,674,688 under autocast over fp32 weights, both as counted here
-    (tests/estimate/test_dora_weight.py). ``checkpointing``: a checkpointed block saves nothing in forward, and
-    its recomputation stores no tensor for the detached weight's graph (non-reentrant checkpointing keeps a
-    recomputed tensor only for a saved-tensor handle still alive), so the identity lives only inside the call."""
+    bytes above the block's end in bf16, as counted here, and 18,674,688 under autocast over fp32 weights, which
+    the count takes as 20,149,248 (the input copies beside the identity's build: 7.9% above)
+    (tests/estimate/test_dora_weight.py). ``checkpointing``: a checkpointed forward saves nothing, so the identity
+    lives only inside the call; its recomputation in backward saves as the plain forward does (torch's
+    recomputation hook returns each tensor it packs, so the weight's graph keeps the identity until the layer
+    returns): the caller counts the recomputation with ``checkpointing`` False."""
     if not ad.dora_outputs:
         return 0
     cb, autocast = dt.compute, dt.input_casts
@@ -352,16 +354,21 @@ def dora_weight_bytes(dt: Dtypes, ad: Adapters, *, tokens: int, quantized: bool 
     for index, ((fan_in, source), fan_out) in enumerate(zip(ad.inputs, ad.dora_outputs)):
         x, eye, wide = width[source], fan_in * fan_in, fan_in * fan_out
         low = 0 if checkpointing else fan_in * ad.rank * products  # lora_B saves it
-        built = eye * (adapter + cast_eye) + low + wide * products  # inside get_lora_weight
-        cast = eye * eye_held + low + wide * (products + adapter) if products != adapter else 0
-        held = eye * eye_held + low + wide * adapter + (wide * adapter if quantized or weight != adapter else 0)
-        added = held + 2 * wide * adapter  # scaling * lora_weight, then the sum
-        kept = not (autocast or checkpointing) and adapter == x  # lora_A saves the input itself
+        # the layer's input, live through the whole call where nothing saves it: PEFT's copy in the adapters'
+        # dtype (autocast's lora_A saves its own cast of it; a checkpointed forward saves nothing) and the MLP's
+        # product before down_proj (lora_A saves the input itself only in one dtype, without autocast or dropout)
+        kept = not (autocast or checkpointing or ad.dropout) and adapter == x
         copy = tokens * fan_in * adapter if adapter != x and (autocast or checkpointing) else 0
-        own = tokens * fan_in * x if source == "mlp_act" and not kept else 0
+        inputs = copy + (tokens * fan_in * x if source == "mlp_act" and not kept else 0)
+        built = eye * (adapter + cast_eye) + low + wide * products + inputs  # inside get_lora_weight
+        cast = eye * eye_held + low + wide * (products + adapter) + inputs if products != adapter else 0
+        held = eye * eye_held + low + wide * adapter + (wide * adapter if quantized or weight != adapter else 0)
+        added = held + 2 * wide * adapter + inputs  # scaling * lora_weight, then the sum
         # the output's products: counted on the block's last adapted linear only, since what an earlier one makes
-        # sits beside less than the block's end (the layers after it have saved nothing yet)
-        output = held + 3 * tokens * fan_out * adapter + copy + own if index == last else 0
+        # sits beside less than the block's end (the layers after it have saved nothing yet); with dropout DoRA
+        # recomputes the base product on the dropped input, beside the base layer's own result
+        products_out = 3 * tokens * fan_out * adapter + (tokens * fan_out * cb if ad.dropout else 0)
+        output = held + products_out + inputs if index == last else 0
         worst = max(worst, built, cast, added, output)
     return worst
 

@@ -391,10 +391,13 @@ def whole_rank_extras(spec: ModelSpec, training: TrainingConfig, impl: Implement
     head_grad = saved_head_gradient(spec, profile_key(dtypes, training, checkpointing=checkpointing))
     last_acts = last_block_activations(spec, acts, tokens=tokens, residual_bytes=dtypes.residual, head_grad=head_grad)
     adapters = _adapters(spec, training) if training.lora is not None and training.lora.dora else None
-    dora = 0 if adapters is None else dora_weight_bytes(dtypes, adapters, tokens=tokens,
-                                                         quantized=training.quantize is not None,
-                                                         checkpointing=checkpointing)
-    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad, dora_weight=dora)
+    def dora(checkpointed: bool) -> int:
+        return 0 if adapters is None else dora_weight_bytes(dtypes, adapters, tokens=tokens, checkpointing=checkpointed,
+                                                            quantized=training.quantize is not None)
+
+    # a checkpointed forward saves nothing; its recomputation saves as a plain forward does
+    return dict(loss_kept=kept, last_block_acts=last_acts, saved_head_grad=head_grad, dora_weight=dora(checkpointing),
+                dora_recompute=dora(False) if checkpointing else 0)
 
 
 def last_block_activations(spec: ModelSpec, acts: ActivationEstimate, *, tokens: int, residual_bytes: int,
@@ -477,7 +480,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None,
                       device_bytes: int | None = None, held_at_backward_end: int | None = None,
-                      dora_weight: int = 0, checkpointing: bool) -> MemoryBreakdown:
+                      dora_weight: int = 0, dora_recompute: int = 0, checkpointing: bool) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -495,7 +498,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     counts it on the device. ``held_at_backward_end``: what the held gradients are at the end of backward where
     that differs (``accumulation.held_at_backward_end``). ``dora_weight``: what a DoRA layer's forward holds to build
     and norm its adapter's weight (``activations_blocks.dora_weight_bytes``), in the last block's forward beside what
-    the blocks saved and, checkpointed, in a block's recomputation. ``device_bytes``: the GPU's memory, where the reserved memory stops
+    the blocks saved; ``dora_recompute`` the same in a checkpointed block's recomputation. ``device_bytes``: the GPU's memory, where the reserved memory stops
     (``reduce_scatter_pool_bytes``: the allocator frees cached blocks before it fails); None: no cap."""
     loss, logits = acts.loss_transient_bytes, acts.logits_bytes
     gathered = 0
@@ -530,7 +533,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         # A block's backward: its recomputed activations (checkpointing) and its backward temporaries; the
         # labels and the final norm's saved tensors are gone (their backward ran first).
         "block_backward": _block_backward(base, acts, buffers, dequantized=dequantized, held_grads=held_grads,
-                                          kv=kv_cache, dora_weight=dora_weight),
+                                          kv=kv_cache, dora_weight=dora_recompute),
         "optimizer_step": dict(params=gpu_params, grads=gpu_grads, optimizer=gpu_opt, activations=0,
                                temporary=buffers.persistent + (0 if cpu_side else states.step_temporary)),
     }

@@ -86,7 +86,7 @@ def unfit_subject(plan) -> tuple[str, str]:
     at = f" at micro-batch {micro}" if micro is not None else ""
     asked = list(dict.fromkeys(c.strategy for c in plan.candidates))
     if fit.reason.without is not None:  # pinned degrees: they are what did not fit
-        return (f"{asked[0] + ' with' if len(asked) == 1 else 'no mesh with'} {fit.reason.without} "
+        return (f"{asked[0] + ' with' if len(asked) == 1 else 'no mesh with'} {fit.reason.pinned} "
                 f"{'does not fit' if len(asked) == 1 else 'fits'}", at)
     return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits", at)
 
@@ -151,7 +151,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         count, mesh = on_mesh
         return SmallestFit(num_gpus=count, strategy="zero3", mesh=mesh, reason=r.SmallestFitFound(
             num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=mesh.label,
-            current=count == hardware.world_size, without=pinned_pipeline))
+            current=count == hardware.world_size, without=pinned_pipeline,
+            pinned=pinned if pinned_pipeline else None))
     if best is not None:
         count, _, name = best
         gpu_only_mesh = None
@@ -161,7 +162,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
                                                      current=count == hardware.world_size,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
-                                                     gpu_only_mesh=gpu_only_mesh, without=pinned))
+                                                     gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned))
     remedies = ["shorten --seq-len"]
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")

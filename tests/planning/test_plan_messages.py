@@ -110,7 +110,7 @@ def test_pinned_mesh_degrees_that_do_not_fit_name_what_fits_and_what_it_drops(ca
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", "-m", "meta-llama/Llama-3.1-70B", "-g", "2x8xH200", "--pp", "2", "--tp", "2"])
     out = " ".join(capsys.readouterr().out.split())
-    assert exit_info.value.code == 3 and out.startswith("No mesh with --pp 2 fits. zero3 fits on these 16 x H200")
+    assert exit_info.value.code == 3 and out.startswith("No mesh with --tp 2 --pp 2 fits. zero3 fits on these 16 x H200")
 
 
 def test_a_pinned_degree_keeps_its_mesh_in_the_smallest_fit():

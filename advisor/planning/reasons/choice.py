@@ -303,6 +303,9 @@ class SmallestFitFound(ReasonModel):
                                       description="The mesh ``gpu_only_gpus`` holds the job on (None: data parallelism).")
     without: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
                                 description="The pinned degrees the answer drops (``--pp 2 --tp 2``).")
+    pinned: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
+                               description="Every pinned degree (``--tp 2 --pp 2``): what did not fit, where the "
+                               "answer drops some of them.")
 
 
 class LongerWithOffload(ReasonModel):

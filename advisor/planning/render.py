@@ -222,8 +222,10 @@ def _longest_within_headroom(x: r.LongestWithinHeadroom) -> str:
 
 def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
-    return ("No number of these GPUs fits: one sample's activations alone exceed "
-            f"a GPU{tried}, or offloaded states exceed CPU RAM; {' or '.join(x.hints)}.")
+    pinned = f" with {x.pinned}" if x.pinned is not None else ""
+    return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
+            f"a GPU{tried}{' on every mesh that keeps ' + x.pinned if x.pinned else ''}, or offloaded states exceed "
+            f"CPU RAM; {' or '.join(x.hints)}.")
 
 
 def _limit(x: r.Limit) -> str:

@@ -137,6 +137,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
 
         first = hardware.world_size + (0 if pinned is not None and from_current else 1)
         counts = [*range(first, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
+        if pinned is not None and gpu_only is not None:  # the count zero3 alone needs: does a pinned mesh fit it?
+            counts = sorted({*counts, gpu_only})
         # pinned degrees: a mesh that keeps them wins a tie with data parallelism, which drops them
         for count in (c for c in counts if c >= first and (gpu_only is None or c < gpu_only
                                                             or (pinned is not None and c == gpu_only))):
@@ -168,5 +170,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         remedies.append("use fewer or smaller images")
     if training.activation_checkpointing == "off":
         remedies.append("enable checkpointing (--activation-checkpointing on)")
+    if pinned is not None:  # the meshes searched kept the pins; others (more tp or cp) were not tried
+        remedies.append(f"change or drop {pinned}")
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(
-        checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies)))
+        checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned))

@@ -128,3 +128,15 @@ def test_a_pinned_degree_keeps_its_mesh_in_the_smallest_fit():
     assert offload.smallest_fit.message == ("zero3_offload fits on these 4 x A10G without --tp 2 at micro-batch 1. "
                                             "Without offload, 8 x A10G would fit with zero3 on mesh dp_shard 4 x tp 2.")
     assert plan("Qwen/Qwen2.5-7B", "8xA10G", tp=2).recommendation.mesh.label == "dp_shard 4 x tp 2"
+
+
+def test_no_count_with_pinned_degrees_says_the_pins_limited_the_search():
+    """Llama-3.1-405B on A10Gs with --tp 2: no count of GPUs fits a mesh that keeps tp 2 (the blocks' inputs and
+    a gathered block of 405B at 2,048 tokens outgrow 22 GiB even sharded), while the unpinned search finds 1,024 on
+    dp_shard 128 x cp 2 x tp 4. The message blamed the sample alone."""
+    pinned = plan("meta-llama/Llama-3.1-405B", "8xA10G", tp=2)
+    assert pinned.smallest_fit.num_gpus is None
+    assert pinned.smallest_fit.message.startswith("No number of these GPUs fits with --tp 2:")
+    assert pinned.smallest_fit.message.endswith("shorten --seq-len or change or drop --tp 2.")
+    free = plan("meta-llama/Llama-3.1-405B", "8xA10G")
+    assert (free.smallest_fit.num_gpus, free.smallest_fit.mesh.label) == (1024, "dp_shard 128 x cp 2 x tp 4")

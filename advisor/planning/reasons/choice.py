@@ -337,3 +337,5 @@ class NoCountFits(ReasonModel):
     kind: Literal["no-count-fits"] = "no-count-fits"
     checkpointing_tried: bool
     hints: tuple[str, ...] = Field(description="What to change, as CLI advice.")
+    pinned: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
+                               description="The pinned degrees every mesh searched kept (``--tp 2``).")

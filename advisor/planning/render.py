@@ -224,7 +224,7 @@ def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
     pinned = f" with {x.pinned}" if x.pinned is not None else ""
     return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
-            f"a GPU{tried}{' on every mesh that keeps ' + x.pinned if x.pinned else ''}, or offloaded states exceed "
+            f"a GPU{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
             f"CPU RAM; {' or '.join(x.hints)}.")
 
 

@@ -173,4 +173,5 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     if pinned is not None:  # the meshes searched kept the pins; others (more tp or cp) were not tried
         remedies.append(f"change or drop {pinned}")
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(
-        checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned))
+        checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned,
+        kept=(pinned.replace(pinned_pipeline, "").strip() or None) if pinned and pinned_pipeline else pinned))

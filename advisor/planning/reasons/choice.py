@@ -338,4 +338,6 @@ class NoCountFits(ReasonModel):
     checkpointing_tried: bool
     hints: tuple[str, ...] = Field(description="What to change, as CLI advice.")
     pinned: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
-                               description="The pinned degrees every mesh searched kept (``--tp 2``).")
+                               description="The pinned degrees (``--tp 2 --pp 2``).")
+    kept: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
+                             description="Those every mesh searched kept (``--tp 2``; the pipeline's are not searched).")

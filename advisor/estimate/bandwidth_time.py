@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from advisor.estimate.activations import shape_of
 from advisor.estimate.compile_time import check_compile, compile_notes, compile_saving_s, spec_block_bytes
+from advisor.units import GB
 
 if TYPE_CHECKING:
     from advisor.estimate.step_time import FlopCount
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from advisor.hardware.efficiency import EfficiencyProfile
     from advisor.model.spec import ModelSpec
     from advisor.training import TrainingConfig
-
-GB = 1e9
 
 
 class ElementwiseTime(BaseModel):

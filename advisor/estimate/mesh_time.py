@@ -38,7 +38,7 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.model_parallel import tp_rank_spec
 from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
 from advisor.estimate.step_time import (GB, RING_FACTOR, TFLOPS, Collective, StepTime, Traffic, count_flops,
-                                        peak_tflops)
+                                        elementwise_step_notes, elementwise_time, peak_tflops)
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.mesh import ParallelDims
@@ -164,12 +164,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    ew = None
-    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
-        from advisor.estimate.bandwidth_time import elementwise_s
-
-        ew = elementwise_s(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
-                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew = elementwise_time(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
+                          flops=flops, rate=rate, peak=peak * TFLOPS)
     ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
     fwd_s = flops.forward / split / rate + ew_fwd / split
     bwd_s = (flops.backward + flops.recompute) / split / rate + ew_bwd / split
@@ -200,11 +196,7 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     tokens_gpu = max(1, replica_tokens * accumulation // split)
     model_flops = flops.model * accumulation / split
     notes = [n for n in (peak_note, f8[2]) if n]
-    if ew:
-        from advisor.estimate.bandwidth_time import elementwise_notes
-
-        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=accumulation * ew.shift / split,
-                                       saved_s=accumulation * ew.saved / split))
+    notes.extend(elementwise_step_notes(spec, hardware, training, eff, ew, passes=accumulation / split))
     notes.append(f"mesh {mesh.label}: tensor-parallel collectives exposed (no async TP), ring attention hidden "
                  "under attention compute up to its time")
     return StepTime(

@@ -36,7 +36,8 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.mesh_time import cp_ring_s, group_collective_s, tp_comm_s, tp_matmul_width
 from advisor.estimate.pipeline import layers_cut, stage_spec
 from advisor.estimate.pipeline_schedules import load_schedules
-from advisor.estimate.step_time import GB, TFLOPS, StepTime, Traffic, count_flops, peak_tflops
+from advisor.estimate.step_time import (GB, TFLOPS, StepTime, Traffic, count_flops, elementwise_step_notes,
+                                        elementwise_time, peak_tflops)
 from advisor.hardware.cluster import Hardware
 from advisor.hardware.efficiency import EfficiencyProfile, load_efficiency
 from advisor.mesh import ParallelDims
@@ -97,12 +98,8 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
     rate = peak * TFLOPS * util
-    ew = None
-    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
-        from advisor.estimate.bandwidth_time import elementwise_s
-
-        ew = elementwise_s(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
-                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew = elementwise_time(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
+                          flops=flops, rate=rate, peak=peak * TFLOPS)
     ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
     fwd_s = flops.forward * share / split / rate + ew_fwd * share / split
     bwd_s = (flops.backward + flops.recompute) * share / split / rate + ew_bwd * share / split
@@ -165,12 +162,8 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     gpus_per_replica = split * p
     model_flops = flops.model * m / gpus_per_replica
     notes = [n for n in (peak_note,) if n]
-    if ew:
-        from advisor.estimate.bandwidth_time import elementwise_notes
-
-        passes = m + (facts.bubble_coefficient * (p - 1) / v if p > 1 else 0.0)  # the bubble is micro-batch times too
-        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=passes * ew.shift * share / split,
-                                       saved_s=passes * ew.saved * share / split))
+    passes = m + (facts.bubble_coefficient * (p - 1) / v if p > 1 else 0.0)  # the bubble is micro-batch times too
+    notes.extend(elementwise_step_notes(spec, hardware, training, eff, ew, passes=passes * share / split))
     if training.float8:  # advisor.estimate.float8_time models data-parallel and mesh steps, not pipeline stages
         notes.append("--float8 is not modelled on a pipeline mesh: this step is timed in bf16")
     notes.append(f"pipeline {mesh.label}: {m} micro-batches a step, bubble {bubble:.2f} s "

@@ -387,6 +387,28 @@ def _dataparallel_traffic(spec: ModelSpec, hw: Hardware, training: TrainingConfi
     return Traffic(after_step=0.0, fwd=replicate + gather, bwd=reduce)
 
 
+def elementwise_time(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, eff: EfficiencyProfile, *,
+                     tokens: int, checkpointing: bool, flops: FlopCount, rate: float, peak: float):
+    """``bandwidth_time.elementwise_s`` for a micro-batch of ``tokens`` where it counts anything (``--compile``, or
+    HBM other than the utilisation fit's GPU); None otherwise, without importing it (the plain plan's start-up)."""
+    if not (training.compile or eff.compute.calibration_bandwidth(hardware.gpu)):
+        return None
+    from advisor.estimate.bandwidth_time import elementwise_s
+
+    return elementwise_s(spec, hardware, training, eff, tokens=tokens, checkpointing=checkpointing, flops=flops,
+                         rate=rate, peak=peak)
+
+
+def elementwise_step_notes(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, eff: EfficiencyProfile,
+                           ew, *, passes: float) -> list[str]:
+    """The plan's lines on ``ew`` (``elementwise_time``'s answer) over ``passes`` micro-batch times a step."""
+    if ew is None:
+        return []
+    from advisor.estimate.bandwidth_time import elementwise_notes
+
+    return elementwise_notes(spec, hardware, training, eff, shift_s=passes * ew.shift, saved_s=passes * ew.saved)
+
+
 def estimate_step_time(
     spec: ModelSpec,
     hardware: Hardware,
@@ -425,12 +447,8 @@ def estimate_step_time(
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
     ac_fwd, ac_bwd = autocast_cast_s(spec, hardware, training, impl, eff, checkpointing=checkpointing)
-    ew = None
-    if training.compile or eff.compute.calibration_bandwidth(hardware.gpu):  # imported only when needed (start-up)
-        from advisor.estimate.bandwidth_time import elementwise_s
-
-        ew = elementwise_s(spec, hardware, training, eff, tokens=tokens_micro, checkpointing=checkpointing,
-                           flops=flops, rate=rate, peak=peak * TFLOPS)
+    ew = elementwise_time(spec, hardware, training, eff, tokens=tokens_micro, checkpointing=checkpointing,
+                          flops=flops, rate=rate, peak=peak * TFLOPS)
     ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
     fwd_s, bwd_s = fwd_s + deq_fwd + ad_fwd + ac_fwd + ew_fwd, bwd_s + deq_bwd + ad_bwd + ac_bwd + ew_bwd
     f8: tuple[float, float, str] = (0.0, 0.0, "")
@@ -474,11 +492,7 @@ def estimate_step_time(
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
     if ac_fwd:
         notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
-    if ew:
-        from advisor.estimate.bandwidth_time import elementwise_notes
-
-        notes.extend(elementwise_notes(spec, hardware, training, eff, shift_s=accumulation * ew.shift,
-                                       saved_s=accumulation * ew.saved))
+    notes.extend(elementwise_step_notes(spec, hardware, training, eff, ew, passes=accumulation))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"
                      else "the config lacks some shape fields: FLOPs assume Llama-like values for them"

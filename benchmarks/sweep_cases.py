@@ -224,9 +224,10 @@ def known_gap(case: dict) -> str | None:
     if (family in ("stablelm", "starcoder2") and job["precision"] == "fp32" and job["checkpointing"] != "off"
             and kv and heads and kv < heads and lora is None):
         return ("a traced GQA block (StableLM, StarCoder2) in fp32 under checkpointing, where a block's backward "
-                "decides: the simulated step holds 5.05 MB more at s256 (6.70 MB at s512 and s1024) whatever the "
-                "strategy and world (bd258ee4d36a, StableLM kv 1 of 16 heads, zero3 x16: -5.79%; zero2 -5.03%, ddp x2 "
-                "-2.26%, x8 -5.34%, the same bytes short; 1294a9e58f25, StarCoder2 kv 3 of 12, -3.96%); with every "
+                "decides: the simulated step holds 6.69 MB more at s256 (6.70 MB at s512 and s1024) whatever the "
+                "strategy and world (bd258ee4d36a, StableLM kv 1 of 16 heads, zero3 x16: -7.31%, re-simulated with "
+                "CUDA's softmax-backward product of b963660, 5.05 MB and -5.79% before it; zero2 -5.03%, ddp x2 "
+                "-2.26%, x8 -5.34%, measured before it; 1294a9e58f25, StarCoder2 kv 3 of 12, -3.80%); with every "
                 "head its own kv (MHA), in bf16-mixed or without checkpointing it is exact (-0.01%, -0.01%, -0.47%): "
                 "not diagnosed (not the fp32 math-SDPA scores, which grow as s^2, nor the expanded k/v, which grow "
                 "as s)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 import published_memory
@@ -25,6 +26,8 @@ from profiles import PROFILES_DIR
 ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "benchmarks" / "results" / "longest_context.md"
 LONGEST_LIMIT = 1 << 20  # tokens: the search's upper end
+GIB = 2**30
+LINE_MIN_ROWS = 3  # lengths of one model from one source that make a line worth fitting
 
 
 def load_cases() -> list[dict]:
@@ -62,6 +65,41 @@ def score(case: dict) -> dict:
     raise ValueError(f"{case['id']}: unknown kind {case['kind']!r}")
 
 
+def memory_of(case: dict) -> int:
+    """The GPU memory the case is planned on (the catalogue's, or the row's stated size)."""
+    return published_memory.plan_of(case).hardware.gpu_memory_bytes
+
+
+def fitted_lines(rows: list[dict]) -> list[dict]:
+    """Where one source publishes the longest length of one model on several memory sizes, the straight line through
+    them by least squares, memory = fixed + per_token x length, for the published lengths and for ours: the part of
+    the difference that is a constant (fixed) and the part that grows with the length (per_token); ``residual``:
+    the furthest a published row lies from its line, in bytes of memory (a few MiB: the rows follow a formula)."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("ours") is not None:
+            groups[(r["case"]["source"]["url"], r["case"]["model"])].append(r)
+    out = []
+    for (_, model), group in groups.items():
+        if len(group) < LINE_MIN_ROWS:
+            continue
+        memory = [memory_of(r["case"]) for r in group]
+        published = statistics.linear_regression([r["case"]["figure"] for r in group], memory)
+        ours = statistics.linear_regression([r["ours"] for r in group], memory)
+        residual = max(abs(m - published.intercept - published.slope * r["case"]["figure"])
+                       for r, m in zip(group, memory))
+        out.append(dict(model=model, rows=len(group), published=published, ours=ours, residual=residual))
+    return out
+
+
+def line_row(fitted: dict) -> str:
+    """One model's line (``fitted_lines``) as the report's table row."""
+    pub, ours = fitted["published"], fitted["ours"]
+    return (f"| {fitted['model']} | {fitted['rows']} | {pub.slope / 2**20:.3f} | {ours.slope / 2**20:.3f} | "
+            f"{ours.slope / pub.slope - 1:+.1%} | {pub.intercept / GIB:.2f} | {ours.intercept / GIB:.2f} | "
+            f"{(ours.intercept - pub.intercept) / GIB:+.2f} | {fitted['residual'] / 2**20:.1f} |")
+
+
 def summary(rows: list[dict]) -> str:
     errors = [abs(r["error"]) for r in rows if r.get("error") is not None]
     never = [r for r in rows if "fits" in r]
@@ -91,6 +129,19 @@ def report(rows: list[dict]) -> str:
         today = "none" if r["today"] is None else f"{r['today']:,}"
         error = "-" if r["error"] is None else f"{r['error']:+.1%}"
         lines.append(f"| {case['id']} | {case['gpus']} | {case['figure']:,} | {ours} | {error} | {today} | {code} |")
+    fitted = fitted_lines(rows)
+    if fitted:
+        lines += ["", "## One model on several memory sizes: the line through the lengths", "",
+                  "Memory (GiB, as each row is planned) = fixed + per-token x length, by least squares over the published "
+                  "lengths and over ours. A published line that holds every row to a few MiB is a formula the publisher "
+                  "drew (lengths measured on different cards would not fall on it so): the smaller cards' lengths are "
+                  "then its extrapolation, and the difference is better read as the two parts of the line than as each "
+                  "row's error.", "",
+                  "| model | rows | published per token (MiB) | ours per token (MiB) | per token, ours / published - 1 | "
+                  "published fixed (GiB) | ours fixed (GiB) | fixed, ours - published (GiB) | published rows off their "
+                  "line, at most (MiB) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [line_row(f) for f in fitted]
     return "\n".join(lines) + "\n"
 
 

@@ -181,7 +181,7 @@ def _columns(plan, layout: _Layout) -> list[_Column]:
     peak = ((lambda c: _with_range(c.memory_bytes.total, c.memory_range)) if layout.peak_range
             else (lambda c: gib(c.memory_bytes.total)))
     columns = [
-        _Column("max seq", lambda c: f"{longest[c.strategy]:,}" if longest.get(c.strategy) else "-"),
+        _Column("max seq", lambda c: f"{plan.longest_for(c):,}" if plan.longest_for(c) else "-"),
         _Column("peak GiB", peak, optional=False),
         _Column("% of GPU", lambda c: f"{c.memory_bytes.total / c.capacity_bytes:.0%}"),
         _Column("mbs", lambda c: str(c.micro_batch_size)),

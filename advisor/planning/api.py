@@ -29,9 +29,9 @@ from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
-from advisor.planning.longest import (longer_with_offload, longest_all, longest_on_meshes, longest_traced,
+from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
-from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes
+from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
@@ -66,6 +66,11 @@ class Plan(BaseModel):
     @property
     def fits(self) -> bool:
         return self.recommendation is not None
+
+    def longest_for(self, candidate: Candidate) -> int | None:
+        """--seq-len max: the longest sequence ``candidate`` holds (its own mesh's, not its strategy's on data
+        parallelism alone); None where it holds no token or the plan did not search."""
+        return (self.longest_seq_len or {}).get(longest_key(candidate.strategy, candidate.mesh))
 
     def candidate(self, strategy: str) -> Candidate:
         """The data-parallel candidate of ``strategy`` (the first listed; mesh candidates follow)."""
@@ -371,11 +376,14 @@ def plan(
             longest, best = longest_all(spec, hw, training, names)
         on_mesh = names[0] if strategy else MESH_STRATEGIES[0]
         # And on the meshes the planner would consider; not for a family with no formula, whose mesh
-        # estimate does not read the traced profile (advisor.estimate.model_parallel).
+        # estimate does not read the traced profile (advisor.estimate.model_parallel). Pinned pipeline or expert
+        # degrees: the plan is one of their meshes, so the length is the longest one of those holds.
         if on_mesh in MESH_STRATEGIES and not traced_family:
-            on_meshes = longest_on_meshes(spec, hw, training, on_mesh, lambda at: enumerate_meshes(spec, hw, at, pins))
+            listed = (lambda at: pinned_pipeline_meshes(spec, hw, at, pins)) if pins.pipelined else \
+                (lambda at: enumerate_meshes(spec, hw, at, pins))
+            on_meshes = longest_on_meshes(spec, hw, training, on_mesh, listed)
             longest.update(on_meshes)
-            best = planned_length(longest, training)
+            best = planned_length(on_meshes if pins.pipelined else longest, training)
         if best is None:
             raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
                              "advisor plan without --seq-len max")

@@ -139,6 +139,11 @@ def _search(fits: Callable[[int], bool], *, step: int) -> int | None:
     return low * step
 
 
+def longest_key(strategy: str, mesh: ParallelDims | None) -> str:
+    """How a candidate is keyed in the plan's ``longest_seq_len``: its strategy, and on a mesh its label too."""
+    return strategy if mesh is None else f"{strategy} {mesh.label}"
+
+
 def longest_on_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
                     mesh: ParallelDims) -> int | None:
     """The longest ``seq_len`` at which ``strategy`` fits the micro-batch asked for (one sample when none was)
@@ -153,4 +158,4 @@ def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, s
     ``meshes(training)`` lists the meshes the planner would consider; they are listed at a length every
     context-parallel degree of the node divides (the planner keeps a degree only where it divides)."""
     probe = validated_copy(training, {"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
-    return {f"{strategy} {mesh.label}": longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}
+    return {longest_key(strategy, mesh): longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}

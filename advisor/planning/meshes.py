@@ -285,6 +285,13 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     return rec, why + list(alternatives)
 
 
+def pinned_pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> list[ParallelDims]:
+    """The pipeline and expert meshes (``advisor.planning.pipeline_meshes``) with the user's pinned degrees."""
+    return pipeline_meshes(spec, hw, training, pp=pins.pp or (len(pins.pp_layers) if pins.pp_layers else None),
+                           ep=pins.ep, schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
+                           virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp)
+
+
 def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, dp_candidates: list[Candidate],
                        dp_choice: Recommendation | None, dp_why: list[r.Reason], pins: MeshPins,
                        strategy: str | None = None, dp_blocked: str | None = None,
@@ -308,10 +315,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     searched = pipeline_search_reason(spec, training, pinned=pins.pipelined, best=best, closest=closest,
                                       dp_offloads=dp_offloads)
     if searched is not None:  # pipeline and expert meshes join (advisor.planning.pipeline_meshes)
-        more, refused_more = keeping_global_batch(training, pipeline_meshes(
-            spec, hw, training, pp=pins.pp or (len(pins.pp_layers) if pins.pp_layers else None), ep=pins.ep,
-            schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
-            virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp))
+        more, refused_more = keeping_global_batch(training, pinned_pipeline_meshes(spec, hw, training, pins))
         meshes, refused = meshes + more, refused + refused_more
         from advisor.planning.pipeline_meshes import evaluate_pipeline_meshes  # (import kept out of the header)
 

@@ -6,9 +6,12 @@ import json
 import subprocess
 import sys
 
+from rich.console import Console
+
 import advisor
 from advisor.model.lora import LoraConfig
 from advisor.planning.candidates import evaluate_candidate
+from advisor.planning.longest import longest_key
 from advisor.strategies import STRATEGIES, get_strategy
 
 
@@ -71,6 +74,39 @@ def test_meshes_are_searched_too():
         for tokens, fits in ((longest[key], True), (int(longest[key] * 1.1) // step * step, False)):
             at = plan.training.model_copy(update={"seq_len": tokens, "micro_batch_size": 1})
             assert evaluate_candidate(plan.model, plan.hardware, at, "zero3", mesh).fits is fits, (key, tokens)
+
+
+def test_pinned_pipeline_degrees_search_their_own_meshes():
+    """--pp 2 with --seq-len max on Llama-3.1-8B, 8 x H100: the plan must be a pp 2 mesh, so its length is the longest
+    one of those holds. It took the length of context parallelism over the 8 GPUs without the pipeline (cp 8:
+    265,616), where no pp 2 mesh fits, and said 'No mesh with --pp 2 fits'. Now it is planned on a pp 2 mesh at the
+    length that mesh holds, and each pp 2 mesh's length fits on it and 10% more does not."""
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len="max", pp=2)
+    longest = plan.longest_seq_len
+    pipelined = {longest_key(c.strategy, c.mesh): c.mesh for c in plan.candidates if c.mesh is not None}
+    assert pipelined and all(mesh.pp == 2 for mesh in pipelined.values())
+    assert plan.recommendation is not None and plan.recommendation.mesh.pp == 2
+    assert plan.training.seq_len == max(longest[key] for key in pipelined if longest[key]) < 265_616
+    for key, mesh in pipelined.items():
+        if not longest[key]:
+            continue
+        for tokens, fits in ((longest[key], True), (int(longest[key] * 1.1), False)):
+            at = plan.training.model_copy(update={"seq_len": tokens, "micro_batch_size": 1})
+            assert evaluate_candidate(plan.model, plan.hardware, at, "zero3", mesh).fits is fits, (key, tokens)
+
+
+def test_each_row_shows_its_own_longest():
+    """The table's 'max seq' column: a mesh row shows its mesh's length (cp 8: 265,616, the plan's own length), not
+    its strategy's on data parallelism alone (zero3: 33,203, which every mesh row showed)."""
+    from advisor.cli.plan_view import plan_table
+
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len="max")
+    cp8 = next(c for c in plan.candidates if c.mesh is not None and c.mesh.label == "cp 8")
+    assert plan.longest_for(cp8) == plan.training.seq_len == plan.longest_seq_len["zero3 cp 8"] == 265_616
+    console = Console(width=200, record=True, color_system=None)
+    console.print(plan_table(plan))
+    (row,) = [line for line in console.export_text().splitlines() if line.startswith("zero3 cp 8 ")]
+    assert "265,616" in row and "33,203" not in row
 
 
 def test_cli_json_and_bad_values():

@@ -14,6 +14,7 @@ import ast
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -155,13 +156,25 @@ def test_llava_export_imports_and_shards_the_language_and_vision_blocks(llava_di
 
 
 def _fit(tmp_path: Path, source: str, model_dir: str) -> list[str]:
-    exported = tmp_path / "lightning_strategy.py"
-    exported.write_text(source)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, str(SCRIPT), str(exported), model_dir], capture_output=True, text=True,
-                          timeout=FIT_TIMEOUT_S, cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [path.read_text().strip() for path in sorted(tmp_path.glob("rank*.txt"))]
+    """Each rank's line after a two-rank ``Trainer.fit`` under the exported file. A failed launch is tried once more
+    in a fresh folder, with a warning that carries the first failure: one full-suite run under load failed a launch
+    once (its output was not kept; it passed on every rerun), and two gloo processes started by Lightning's own
+    launcher are the part of these tests that depends on the machine (a port, a rendezvous). A second failure fails."""
+    failures = []
+    for attempt in (1, 2):
+        folder = tmp_path / f"attempt{attempt}"
+        folder.mkdir()
+        exported = folder / "lightning_strategy.py"
+        exported.write_text(source)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        done = subprocess.run([sys.executable, str(SCRIPT), str(exported), model_dir], capture_output=True, text=True,
+                              timeout=FIT_TIMEOUT_S, cwd=folder, env=env)
+        if done.returncode == 0:
+            if failures:
+                warnings.warn(f"the first two-rank Lightning launch failed, the second passed: {failures[0]}")
+            return [path.read_text().strip() for path in sorted(folder.glob("rank*.txt"))]
+        failures.append(f"rc {done.returncode}: {done.stdout[-3000:]}{done.stderr[-3000:]}")
+    pytest.fail("\n\n".join(failures))
 
 
 @pytest.mark.parametrize("options,expected", [

@@ -376,14 +376,21 @@ def plan(
             longest, best = longest_all(spec, hw, training, names)
         on_mesh = names[0] if strategy else MESH_STRATEGIES[0]
         # And on the meshes the planner would consider; not for a family with no formula, whose mesh
-        # estimate does not read the traced profile (advisor.estimate.model_parallel). Pinned pipeline or expert
-        # degrees: the plan is one of their meshes, so the length is the longest one of those holds.
+        # estimate does not read the traced profile (advisor.estimate.model_parallel). Pinned degrees: the plan is
+        # one of the pinned meshes (pipeline and expert ones under --pp / --ep), so the length is the longest one
+        # of those holds; where none is listed, the pins' own error comes from the plan below.
         if on_mesh in MESH_STRATEGIES and not traced_family:
             listed = (lambda at: pinned_pipeline_meshes(spec, hw, at, pins)) if pins.pipelined else \
                 (lambda at: enumerate_meshes(spec, hw, at, pins))
             on_meshes = longest_on_meshes(spec, hw, training, on_mesh, listed)
             longest.update(on_meshes)
-            best = planned_length(on_meshes if pins.pipelined else longest, training)
+            if pins.any and on_meshes:
+                best = planned_length(on_meshes, training)
+                if best is None:
+                    raise ValueError(f"not even one token fits a mesh with {pins.flags} at micro-batch "
+                                     f"{training.micro_batch_size}; see advisor plan without --seq-len max")
+            else:
+                best = planned_length(longest, training)
         if best is None:
             raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
                              "advisor plan without --seq-len max")

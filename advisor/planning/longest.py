@@ -14,7 +14,9 @@ until the search returns the length it last traced, where the traced profile its
 Meshes (``longest_on_meshes``): context parallelism splits each sequence over its ranks and tensor
 parallelism splits the blocks, so a mesh can hold a sequence no data-parallel strategy can. Each mesh
 the planner would consider is searched the same way, over lengths its ring attention can split
-(multiples of 2 x cp: each rank holds two chunks, the load-balanced layout).
+(multiples of 2 x cp: each rank holds two chunks, the load-balanced layout). Under pinned degrees (--tp,
+--cp, --hybrid; --pp and --ep, whose pipeline and expert meshes are searched instead) the plan is one of
+the pinned meshes, so the length is the longest one of those holds, whatever data parallelism alone holds.
 
 The plan is shown at the longest length a candidate holds on the GPUs alone (``planned_length``): CPU
 offload reaches further only by moving the states over PCIe, and the plan never offloads while a

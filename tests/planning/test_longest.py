@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from rich.console import Console
 
 import advisor
@@ -93,6 +94,27 @@ def test_pinned_pipeline_degrees_search_their_own_meshes():
         for tokens, fits in ((longest[key], True), (int(longest[key] * 1.1), False)):
             at = plan.training.model_copy(update={"seq_len": tokens, "micro_batch_size": 1})
             assert evaluate_candidate(plan.model, plan.hardware, at, "zero3", mesh).fits is fits, (key, tokens)
+
+
+@pytest.mark.parametrize("model, gpus, pins, flags", [
+    # The length came from zero3_offload on data parallelism alone (83,243), and the plan then refused it: '--cp 2
+    # needs a sequence length divisible by 4; got 83243'.
+    ("mistralai/Mixtral-8x7B-v0.1", "8xH100", {"cp": 2}, "--cp 2"),
+    # The plan was shown at zero3_offload's 8,445 tokens with nothing recommended (no mesh with --tp 2 fits there).
+    ("Qwen/Qwen2.5-7B", "4xA10G", {"tp": 2}, "--tp 2"),
+])
+def test_pinned_degrees_that_hold_no_token_say_so(model, gpus, pins, flags):
+    """Under pinned degrees the plan is one of the pinned meshes, so the length is searched on those alone; where
+    not one token fits any of them, one line says so and points to the plan at a fixed length (which names what
+    fits without the pins). Each pinned mesh at the shortest length it can split (2 x cp tokens) does not fit."""
+    with pytest.raises(ValueError, match=f"not even one token fits a mesh with {flags} at micro-batch 1"):
+        advisor.plan(model, gpus, seq_len="max", **pins)
+    plan = advisor.plan(model, gpus, **pins)
+    meshes = [c.mesh for c in plan.candidates if c.mesh is not None]
+    assert meshes and plan.recommendation is None
+    for mesh in meshes:
+        at = plan.training.model_copy(update={"seq_len": 2 * mesh.cp, "micro_batch_size": 1})
+        assert not evaluate_candidate(plan.model, plan.hardware, at, "zero3", mesh).fits, mesh.label
 
 
 def test_each_row_shows_its_own_longest():

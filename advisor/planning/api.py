@@ -32,7 +32,7 @@ from advisor.planning.live_model import check_quantized, live_lora, live_quantiz
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
-from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
+from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate, larger_past_headroom
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
@@ -421,6 +421,9 @@ def plan(
             why.extend([roomy] if roomy is not None else [])
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
+    if recommendation is not None and not search_length:  # the length search fills the GPU already (above)
+        past = larger_past_headroom(spec, hw, training, recommendation.candidate)
+        why.extend([past] if past is not None else [])
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins),

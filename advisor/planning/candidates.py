@@ -424,6 +424,28 @@ def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:
             or cand.memory_range.at(training.margin) <= (1 - training.headroom) * cand.capacity_bytes)
 
 
+def larger_past_headroom(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, chosen: Candidate):
+    """Where ``--micro-batch auto`` stopped ``chosen`` at the --headroom and the largest micro-batch the GPU holds
+    (at the --margin end, same strategy, mesh and checkpointing) runs more than SAME_SPEED faster: that plan, as a
+    ``reasons.PastHeadroom`` (None otherwise; not under a pinned micro-batch or --policy fastest, which has no
+    headroom). Published runs fill a card so (litgpt's LoRA of Llama 2 7B on an A10G at micro-batch 2, 92% of it by
+    the estimate); the plan keeps the headroom and says what it costs."""
+    from advisor.planning import reasons as r
+
+    if (training.micro_batch_size is not None or training.policy == "fastest" or not chosen.fits
+            or chosen.step_time is None or not within_headroom(chosen, training)):
+        return None
+    at = validated_copy(training, {"headroom": 0.0, "activation_checkpointing": chosen.checkpointing})
+    larger = evaluate_candidate(spec, hardware, at, chosen.strategy, chosen.mesh)
+    if (not larger.fits or larger.step_time is None or larger.micro_batch_size <= chosen.micro_batch_size
+            or larger.step_time.tokens_per_s <= (1 + SAME_SPEED) * chosen.step_time.tokens_per_s):
+        return None
+    return r.PastHeadroom(micro_batch_size=larger.micro_batch_size,
+                          total_bytes=larger.memory_range.at(training.margin), capacity_bytes=larger.capacity_bytes,
+                          headroom=training.headroom, tokens_per_s=larger.step_time.tokens_per_s,
+                          chosen_tokens_per_s=chosen.step_time.tokens_per_s)
+
+
 def _range(spec: ModelSpec, training: TrainingConfig, mem: MemoryBreakdown) -> MemoryRange:
     """The total's low / expected / high from the measured errors of this kind of estimate
     (``profiles/memory_error.json``: stack and tuning, the most specific with data; the reserved part scaled, the CUDA context

@@ -220,6 +220,13 @@ def _longest_within_headroom(x: r.LongestWithinHeadroom) -> str:
             f"fills the GPU); within it, {x.seq_len:,} (--seq-len {x.seq_len}).")
 
 
+def _past_headroom(x: r.PastHeadroom) -> str:
+    return (f"micro-batch {x.micro_batch_size} also fits ({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, "
+            f"{_share(x.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom, and runs "
+            f"{x.tokens_per_s:,.0f} tokens/s against this plan's {x.chosen_tokens_per_s:,.0f} "
+            f"(--micro-batch {x.micro_batch_size}; within the estimate's error of an out-of-memory failure).")
+
+
 def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
     pinned = f" with {x.pinned}" if x.pinned is not None else ""
@@ -383,6 +390,7 @@ _RENDER: dict[str, Callable] = {
     "SmallestFitFound": _smallest,
     "LongerWithOffload": _longer_with_offload,
     "LongestWithinHeadroom": _longest_within_headroom,
+    "PastHeadroom": _past_headroom,
     "NoCountFits": _no_count,
     "DataParallelCannot": lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
     "MeshFits": _mesh_fits,

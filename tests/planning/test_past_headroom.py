@@ -1,0 +1,59 @@
+"""``--micro-batch auto`` stops at the --headroom; where a larger micro-batch still fits the GPU and runs faster, the
+plan says so in numbers (``reasons.PastHeadroom``). The truth behind it is a published run: litgpt trained its LoRA
+of Llama 2 7B on one A10G at micro-batch 2 (profiles/published_jobs.json, litgpt-llama2-7b-lora-a10g), which the
+estimate puts at 92% of the card: past the 10% headroom, so the plan recommends micro-batch 1 and was silent about
+the run that was published."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import advisor
+from advisor.model.lora import LoraConfig
+from advisor.planning.candidates import evaluate_candidate
+from advisor.planning.render import render_reason
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import published_jobs  # noqa: E402
+
+JOB = next(job for job in published_jobs.load_panel().jobs if job.id == "litgpt-llama2-7b-lora-a10g")
+
+
+def _past(plan):
+    return [x for x in plan.reasons if x.kind == "past-headroom"]
+
+
+def test_the_published_micro_batch_is_named_with_its_cost():
+    plan = published_jobs.plan_unpinned(JOB)
+    chosen = plan.recommendation.candidate
+    assert chosen.micro_batch_size == 1 < JOB.micro_batch_size == 2
+    (reason,) = _past(plan)
+    assert reason.micro_batch_size == JOB.micro_batch_size
+    # The published setup, pinned, is the plan the reason describes: same memory and speed, past the headroom.
+    pinned = published_jobs.pinned_candidate(JOB, published_jobs.plan_pinned(JOB))
+    assert pinned.fits and pinned.micro_batch_size == 2
+    assert reason.total_bytes == pinned.memory_range.at("expected")
+    assert 0.9 * reason.capacity_bytes < reason.total_bytes <= reason.capacity_bytes
+    assert reason.tokens_per_s == pinned.step_time.tokens_per_s > 1.03 * chosen.step_time.tokens_per_s
+    assert reason.chosen_tokens_per_s == chosen.step_time.tokens_per_s
+    text = render_reason([reason])
+    assert text.startswith("micro-batch 2 also fits (20.4 GiB of 22.1 GiB, 92%), past the 10% headroom")
+    assert "--micro-batch 2" in text
+
+
+def test_silent_where_the_user_chose_or_no_larger_batch_is_faster():
+    """A pinned micro-batch and --policy fastest (no headroom) say nothing; neither does a plan whose next micro-batch
+    does not fit the GPU (Llama-3.1-8B LoRA, pure bf16, on one 4090: ddp at micro-batch 1 with checkpointing, 2 past the card)."""
+    options = dict(JOB.model_dump(include={"seq_len", "precision", "optimizer"}), recipe="lightning")
+    pinned = advisor.plan(JOB.model, published_jobs.hardware_of(JOB), micro_batch_size=1, **options)
+    fastest = advisor.plan(JOB.model, published_jobs.hardware_of(JOB), policy="fastest", **options)
+    assert not _past(pinned) and not _past(fastest)
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "1xRTX4090", lora=LoraConfig(rank=16), precision="bf16",
+                        recipe="trainer")
+    chosen = plan.recommendation.candidate
+    larger = plan.training.model_copy(update={"micro_batch_size": chosen.micro_batch_size + 1,
+                                              "activation_checkpointing": chosen.checkpointing})
+    assert not evaluate_candidate(plan.model, plan.hardware, larger, chosen.strategy).fits
+    assert not _past(plan)

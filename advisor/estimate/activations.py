@@ -142,7 +142,8 @@ class ActivationEstimate(BaseModel):
     outside_freed_bytes: int = Field(default=0, description="Part of saved_bytes gone before any block's backward: "
                                      "the labels and the final norm's tensors (their backward runs first).")
     mlp_freed_bytes: int = Field(default=0, description="Part of one block's saved tensors its backward has freed by "
-                                 "the MLP's peak: a frozen base's down_proj adapters' (their backward runs first).")
+                                 "the MLP's peak: a frozen base's down_proj adapters' (their backward runs first); "
+                                 "Gemma 2's sandwich norm's where they exceed the MLP's gradients (a narrow TP rank).")
     recompute_end_bytes: int = Field(default=0, description="Live as a checkpointed block's recomputation stops, beside "
                                      "its recomputed tensors (the residual gradient, the forward's locals); 0: no such "
                                      "point (``activations_frozen.frozen_recompute_end_per_token``).")
@@ -336,6 +337,10 @@ def estimate_activations(
     # q, k and v being summed (measured on the simulated step: Mistral, 384 wide, fp32, s 128: six widths).
     late = tokens * h * (dt.residual + 5 * dt.compute) if shape.family == "decoder" else 0
     returned = returned if task is None else task.returned
+    if backward_temp < 0:  # Gemma 2's sandwich norm frees more of the recomputed block than the MLP's gradients take
+        # (a TP rank's share of a narrow MLP: Gemma-2-2B at tp 4); the point's sum is the same, the excess comes off
+        # the block's count as down_proj's freed adapter tensors do
+        mlp_freed, backward_temp = mlp_freed - backward_temp, 0
     return ActivationEstimate(saved_bytes=saved, logits_bytes=logits, loss_transient_bytes=loss, layer_bytes=layer,
                               backward_temp_bytes=backward_temp, returned_logits_bytes=returned, late_temp_bytes=late,
                               recompute_bytes=max(0, recompute), outside_freed_bytes=outside - to_embedding,

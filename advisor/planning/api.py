@@ -31,7 +31,7 @@ from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
-from advisor.planning.meshes import MeshPins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
+from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate, larger_past_headroom
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
@@ -380,6 +380,8 @@ def plan(
         # one of the pinned meshes (pipeline and expert ones under --pp / --ep), so the length is the longest one
         # of those holds; where none is listed, the pins' own error comes from the plan below.
         if on_mesh in MESH_STRATEGIES and not traced_family:
+            if pins.pipelined:  # the pins' own one-line error before any mesh is built with them
+                check_pins(spec, hw, training, pins)
             listed = (lambda at: pinned_pipeline_meshes(spec, hw, at, pins)) if pins.pipelined else \
                 (lambda at: enumerate_meshes(spec, hw, at, pins))
             on_meshes = longest_on_meshes(spec, hw, training, on_mesh, listed)

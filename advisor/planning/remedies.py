@@ -109,17 +109,17 @@ def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
 def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, change: _Change) -> Remedy | None:
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
-    changed = validated_copy(training, change.update)
     # The same micro-batches a step where they still divide the global batch: accumulation holds gradients
     # (advisor.estimate.accumulation), so the saving is measured with the reference's own.
     dp = change.mesh.dp if change.mesh is not None else new_hw.world_size
     total = training.global_batch_size
     kept = total if total is not None and total % (ref.micro_batch_size * dp) == 0 else None
-    pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": kept,
-                                         "activation_checkpointing": ref.checkpointing or "off", **change.update})
-    try:
+    try:  # a change the training config refuses with the user's other settings (--lora under --float8) is none
+        changed = validated_copy(training, change.update)
+        pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": kept,
+                                             "activation_checkpointing": ref.checkpointing or "off", **change.update})
         same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
-    except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
+    except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
         return None
     if same.memory_bytes is None:
         return None

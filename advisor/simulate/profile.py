@@ -181,6 +181,21 @@ def _with_adapters(net: Any, adapters: AdapterKey) -> Any:
 
 
 @contextlib.contextmanager
+def quiet_transformers():
+    """transformers' own log warnings while the tracer builds and steps a model of the user's config (GPT-2's
+    "`loss_type=None` was set in the config but it is unrecognized"): about that model, not the plan, and a line
+    between the plan's progress and its answer. Errors still show."""
+    from transformers.utils import logging  # configures the library's logger first, so its level is not reset later
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
 def _quiet():
     import warnings
 

@@ -89,9 +89,10 @@ def _cached_or_traced(cfg: dict, keys: list[ProfileKey], *, cache_dir: Path | No
         profile = _read(path, key) if path is not None else None
         if profile is None:
             on_miss()
-            from advisor.simulate.profile import trace_profile  # only on a cache miss: a hit never loads the tracer
+            from advisor.simulate.profile import quiet_transformers, trace_profile  # a hit never loads the tracer
 
-            profile = trace_profile(copy.deepcopy(cfg), key, layer_saved=layer_saved.get(dtypes), built=built)
+            with quiet_transformers():
+                profile = trace_profile(copy.deepcopy(cfg), key, layer_saved=layer_saved.get(dtypes), built=built)
             if path is not None:
                 write_entry(path, profile.model_dump(mode="json"), kind="profile")
         layer_saved.setdefault(dtypes, profile.layer_saved_per_sample)

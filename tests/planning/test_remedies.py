@@ -96,3 +96,16 @@ def test_a_size_only_model_gets_remedies_without_the_mesh_ones():
     p = plan(resolve_size("70B"), "2x8xH100", seq_len=4096)
     names = [r.name for r in p.recommendation.remedies]
     assert names and not any(name.startswith("--hybrid") for name in names)
+
+
+def test_a_remedy_the_settings_refuse_is_left_out():
+    """--float8 on one 4090 offloads; LoRA, the usual remedy that changes the mathematics, is refused with --float8
+    (torchao float8 training is full training). The plan was an internal error (exit 1) from the LoRA remedy's
+    config; now that remedy is left out and every other one is the plan with that change."""
+    p = plan("Qwen/Qwen2.5-7B", "1xRTX4090", float8=True)
+    remedies = p.recommendation.remedies
+    assert remedies and not [x for x in remedies if x.name.startswith("--lora")]
+    with pytest.raises(ValueError, match="not with --lora"):
+        plan("Qwen/Qwen2.5-7B", "1xRTX4090", float8=True, lora=16)
+    out = CliRunner().invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "1xRTX4090", "--float8"])
+    assert out.exit_code == 0, out.output

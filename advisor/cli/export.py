@@ -69,6 +69,9 @@ def _export_text(params: dict[str, Any], fmt: str, options):
         click.echo(f"advisor: warning: {', '.join(ignored)} ignored with --cpu: the CPU test config runs "
                    f"{options.processes} processes on this machine (--processes)", err=True)
     kwargs = plan_kwargs(params, need_gpus=False)
+    if kwargs.get("seq_len") == "max":
+        raise ValueError("--seq-len max searches the GPUs' memory, and the --cpu test config plans no GPU: give a "
+                         "length (--seq-len N)")
     spec = resolve_trainable(resolve_model(kwargs["model"], trust_remote_code=kwargs["trust_remote_code"]),
                              kwargs["trainable_params"])
     training = training_from_options({k: v for k, v in kwargs.items() if k not in _NOT_TRAINING})

@@ -109,7 +109,9 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
     tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp)
-    pps = [pp] if pp else [1] + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
+    # --pp-schedule or --virtual-stages without --pp asks for a pipeline: no expert-only (pp 1) mesh, which has neither
+    unpipelined = [] if schedule or virtual_stages else [1]
+    pps = [pp] if pp else unpipelined + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
     schedules = [schedule] if schedule else list(SEARCHED_SCHEDULES)  # the others when pinned (--pp-schedule)
     cp = cp or 1
     meshes: list[ParallelDims] = []

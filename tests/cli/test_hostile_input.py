@@ -188,8 +188,20 @@ def test_tp_help_does_not_promise_sequence_parallelism(capsys):
     # The LoRA remedy of a --float8 plan that offloads: --lora is refused with --float8, and the remedy search
     # built that config anyway; such a remedy is left out now.
     (["-m", "Qwen/Qwen2.5-7B", "-g", "1xRTX4090", "--float8"], 0, "Recommendation: zero3_offload"),
+    # --virtual-stages / --pp-schedule without --pp on an MoE model: the pipeline search also listed expert-only
+    # meshes (pp 1), and gave them the pinned virtual stages (ParallelDims refused '1f1b' with 2); a pinned schedule
+    # or virtual stages now asks for pipelines only.
+    (["-m", "Qwen/Qwen3-30B-A3B", "-g", "8xH100", "--virtual-stages", "2", "--pp-schedule", "zbv"], 3,
+     "No mesh with --pp-schedule zbv --virtual-stages 2 fits"),
 ])
 def test_fuzz_findings_end_as_a_plan_or_one_line(capsys, args, code_expected, expected):
     code, out, err = run_main(["plan", *args], capsys)
     assert code == code_expected and "Traceback" not in err and "internal error" not in err
-    assert expected in (" ".join(out.split()) if code == 0 else _one_line(err))
+    assert expected in (" ".join(out.split()) if code in (0, 3) else _one_line(err))
+
+
+def test_cpu_export_refuses_a_length_search_in_words(capsys):
+    """export --cpu --seq-len max: the CPU test config plans no GPU, so there is no memory to search; it printed
+    pydantic's 'seq-len: Input should be a valid integer ... (got 'max')'."""
+    code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "--cpu", "--seq-len", "max", "-o", "-"], capsys)
+    assert code == 2 and "--seq-len max searches the GPUs' memory" in _one_line(err)

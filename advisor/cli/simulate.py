@@ -32,10 +32,10 @@ def _table(result):
 
 def verify_with_progress(the_plan, *, strategy: str | None = None, timeline: bool = False):
     """``advisor.simulate.verify.verify`` with a progress bar on stderr."""
-    from advisor.simulate.verify import refuse_quantized, verify
+    from advisor.simulate.verify import refuse_unsimulated, verify
     from advisor.simulate.step import STAGES
 
-    refuse_quantized(the_plan)  # before the progress bar: a refusal is one line
+    refuse_unsimulated(the_plan)  # before the progress bar: a refusal is one line
     with click.progressbar(length=len(STAGES), label="simulating", file=sys.stderr) as bar:
         def progress(stage: str) -> None:
             bar.label = f"simulating: {stage}"

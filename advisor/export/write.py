@@ -59,7 +59,10 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
         if not force:
             raise ValueError(f"{target} already exists; pass --force to overwrite it")
     parent = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    try:  # the file is written beside the target and renamed onto it: a directory that takes no new file says so
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    except OSError as err:
+        raise ValueError(f"cannot write {target}: {err.strerror or err} in {parent}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -45,7 +45,12 @@ def _build_config(cfg: dict, *, trust_remote_code: bool, local_dir: str | None) 
 
     model_type = cfg.get("model_type")
     if local_dir is not None and trust_remote_code:
-        return AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
+        if model_type not in transformers.CONFIG_MAPPING and not cfg.get("auto_map"):  # no code of its own to run
+            raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}'")
+        try:
+            return AutoConfig.from_pretrained(local_dir, trust_remote_code=True)
+        except Exception as err:  # transformers' validation, or the model's own config code: the user's files
+            raise ValueError(f"transformers rejects this {model_type} config: {_one_line(err)}") from None
     if model_type not in transformers.CONFIG_MAPPING:
         if cfg.get("auto_map") and not trust_remote_code:
             raise ValueError(f"building model_type '{model_type}' on the meta device needs the model's own code "

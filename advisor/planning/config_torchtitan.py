@@ -42,7 +42,8 @@ def read_torchtitan(r: Reader) -> None:
         r.take("parallelism", "degrees multiplied", "num_gpus", world)
     else:
         r.notes.append("data_parallel_shard_degree -1 takes the GPUs left: their count comes from --gpus")
-    batch_key = "training.local_batch_size" if "local_batch_size" in r.doc.get("training", {}) else "training.batch_size"
+    training = r.section("training") or {}  # a 'training' that is not a table: one line naming it
+    batch_key = "training.local_batch_size" if "local_batch_size" in training else "training.batch_size"
     take_batch(r, micro=batch_key)
     total = r.integer("training.global_batch_size", low=-1)
     if total is not None and total > 0:

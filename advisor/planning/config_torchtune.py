@@ -235,7 +235,8 @@ def _output_adapter(r: Reader, row: dict[str, Any] | None) -> None:
 
 
 def _targets_shown(r: Reader) -> str:
-    doc = r.doc.get("model", {})
+    doc = r.doc.get("model")
+    doc = doc if isinstance(doc, dict) else {}
     return f"{doc.get('lora_attn_modules')}, mlp {bool(doc.get('apply_lora_to_mlp'))}"
 
 

@@ -31,12 +31,15 @@ class Verification(BaseModel):
     error_pct: float = Field(description="(analytic - simulated) / simulated peak_allocated, in %.")
 
 
-def refuse_quantized(plan: Plan) -> None:
-    """ValueError for a quantised base: fake tensors cannot run bitsandbytes kernels, so its estimate is
-    checked against published runs instead (``advisor.estimate.quantized``)."""
+def refuse_unsimulated(plan: Plan) -> None:
+    """ValueError for what the simulator cannot build before it starts: a quantised base (fake tensors cannot run
+    bitsandbytes kernels, so its estimate is checked against published runs instead, ``advisor.estimate.quantized``)
+    and a model given by its size alone or as a live module (no config to build)."""
     if plan.training.quantize is not None:
         raise ValueError(f"--quantize {plan.training.quantize}: fake tensors cannot run bitsandbytes kernels, so a "
                          "quantised base is not simulated (see python benchmarks/qlora_published.py)")
+    if plan.model.source in ("params", "module"):
+        raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
 
 
 def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = False,
@@ -53,10 +56,8 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
     if candidate.memory_bytes is None or candidate.micro_batch_size is None:
         raise ValueError(f"strategy {name} has no estimate here ({candidate.unavailable_reason or 'does not fit'}); "
                          "pass --micro-batch")
-    refuse_quantized(plan)
+    refuse_unsimulated(plan)
     spec = plan.model
-    if spec.source in ("params", "module"):
-        raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
     partial = spec.trainable_params < spec.total_params and plan.training.lora is None  # LoRA: PEFT freezes
     trainable = spec.trainable_params if partial else None
     mode = "selective" if candidate.checkpointing == "selective" else plan.training.activation_checkpointing

@@ -205,3 +205,30 @@ def test_cpu_export_refuses_a_length_search_in_words(capsys):
     pydantic's 'seq-len: Input should be a valid integer ... (got 'max')'."""
     code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "--cpu", "--seq-len", "max", "-o", "-"], capsys)
     assert code == 2 and "--seq-len max searches the GPUs' memory" in _one_line(err)
+
+
+def test_helper_fuzz_findings_are_one_line(tmp_path, capsys):
+    """A second fuzz run (a helper's, about 65,000 calls): two internal errors, a 600-character message, a file name
+    the user never gave and a progress bar before a refusal."""
+    # A torchtitan TOML whose 'training' is not a table: TypeError at the batch key's lookup (exit 1).
+    (tmp_path / "t.toml").write_text("training = 3\n")
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "8xH100", "--from", str(tmp_path / "t.toml")],
+                            capsys)
+    assert code == 2 and "training must be a mapping of keys, got 3" in _one_line(err)
+    # --trust-remote-code on a local config transformers rejects: huggingface_hub's validation error escaped (exit 1),
+    # and an unknown model_type printed transformers' own paragraph; now the messages the flag's absence gives.
+    base = dict(architectures=["LlamaForCausalLM"], hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, vocab_size=1000)
+    for name, cfg, expected in (("m1", dict(base, model_type="llama", intermediate_size=None),
+                                 "transformers rejects this llama config"),
+                                ("m2", dict(base, model_type="zzzz"), "does not know model_type 'zzzz'")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(cfg))
+        code, _, err = run_main(["plan", "-m", str(tmp_path / name), "-g", "2xA100", "--trust-remote-code"], capsys)
+        assert code == 2 and expected in _one_line(err) and len(err) < 400, err
+    # A directory that takes no new file: the error named the hidden temporary file written beside the target.
+    code, _, err = run_main(["export", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "-o", "/proc/x.yaml"], capsys)
+    assert code == 2 and _one_line(err).startswith("advisor: error: cannot write /proc/x.yaml:") and ".tmp" not in err
+    # simulate on a size alone: refused before the progress bar starts, so one line.
+    code, _, err = run_main(["simulate", "--params", "7B", "--gpus", "1xA100", "--seq-len", "128"], capsys)
+    assert code == 2 and "simulate needs a model config" in _one_line(err)

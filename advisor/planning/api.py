@@ -356,6 +356,8 @@ def plan(
                       progress=progress)
     tracing = trace and config is not None
     if tracing and not search_length:  # --seq-len max traces the lengths its search tries (below)
+        if pins.any and needs_trace(spec, training) is not None:  # refused pins: before seconds of tracing
+            check_pins(spec, hw, training, pins)
         spec = _traced(spec, config, training, checkpointing=False, **trace_with)
     if training.global_batch_size is not None and training.global_batch_size % hw.world_size:
         dp_blocked = f"--global-batch {training.global_batch_size} is not divisible by {hw.world_size} GPUs"

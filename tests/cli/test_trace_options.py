@@ -84,3 +84,14 @@ def test_transformers_own_warnings_stay_out_of_the_progress(tmp_path, monkeypatc
                              "--precision", "fp32", "--seq-len", "64", "--json"], capsys)
     lines = err.strip().splitlines()
     assert code == 0 and len(lines) == 2 and "tracing" in lines[0] and "traced in" in lines[1], err
+
+
+def test_refused_pins_come_before_the_trace(tmp_path, monkeypatch, capsys):
+    """GPT-2 with LoRA and --tp 2: a mesh refuses LoRA; the refusal came after a trace of seconds. Now the pins are
+    checked first: one line, no tracing line, nothing cached."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    code, _, err = run_main(["plan", "--model", _model_dir(tmp_path, GPT2), "--gpus", "8xH100", "--lora", "8",
+                             "--tp", "2"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "tensor/context-parallel plans are for full fine-tuning" in lines[0], err
+    assert not (tmp_path / "cache" / "dp-advisor" / "profiles").exists()

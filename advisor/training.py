@@ -241,6 +241,15 @@ class TrainingConfig(BaseModel):
         return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
 
     @property
+    def grads_kept_as_zeros(self) -> bool:
+        """The loop's zero_grad() fills the gradients with zeros instead of freeing them, so every gradient stays
+        allocated through the next step's forward and backward: torch before 2.0 (profiles/library_releases.json
+        ``zero_grad_sets_to_none``) on the torch engine; a gradient stepped and freed in its backward hook
+        (``optimizer_in_backward``) is never kept."""
+        return (self.engine == "torch" and not self.optimizer_in_backward
+                and not behaviour_in("zero_grad_sets_to_none", self.torch_release))
+
+    @property
     def low_precision_base(self) -> bool:
         """A LoRA model's frozen base is held in the compute dtype (bf16 under bf16-mixed), the adapters in
         the parameter dtype: the recipe loads the base as the checkpoint's dtype (``frozen_base: compute``)

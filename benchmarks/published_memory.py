@@ -108,7 +108,7 @@ def plan_of(case: dict, **overhead: float):
                    precision=case["precision"], activation_checkpointing=case["activation_checkpointing"],
                    optimizer=case["optimizer"], loss=case["loss"], engine=case.get("engine", "torch"))
     for key in ("optimizer_impl", "attention", "bitsandbytes", "fsdp_version", "torch_release",  # where the source's stack differs
-                "global_batch_size"):  # gradient accumulation: the held gradients (advisor.estimate.accumulation)
+                "global_batch_size", "target_len"):  # accumulation: the held gradients (advisor.estimate.accumulation)
         if case.get(key):
             options[key] = case[key]
     if case.get("compile"):  # memory as the compiled blocks save it where measured (compile_memory), else eager
@@ -134,7 +134,9 @@ def plan_of(case: dict, **overhead: float):
         hardware = parse_gpus(gpus, nodes=nodes)
         gpu = hardware.gpu.model_copy(update={"memory_bytes": int(case["gpu_memory_gib"] * GIB)})
         gpus, nodes = hardware.model_copy(update={"gpu": gpu}), None
-    return advisor.plan(case["model"], gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
+    # A family with no formula is not bundled (bundled models plan without torch): its config is a benchmark file.
+    model = str(ROOT / case["config_dir"]) if case.get("config_dir") else case["model"]
+    return advisor.plan(model, gpus, nodes=nodes, tp=tp if tp > 1 else None, cp=cp if cp > 1 else None, **options)
 
 
 def estimate(case: dict, **overhead: float) -> Estimate:

@@ -59,10 +59,13 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
     """Gradient bytes on one rank's GPU from the second micro-batch of a step on (module docstring); 0 without
     accumulation. ``spec``: the rank's model (a tensor-parallel rank's share); ``world``: the ranks its states
     are sharded over; ``dp_world``: the ranks that take distinct micro-batches."""
-    if accumulation_steps(training, dp_world=dp_world, micro_batch_size=micro_batch_size) < 2:
+    accumulating = accumulation_steps(training, dp_world=dp_world, micro_batch_size=micro_batch_size) >= 2
+    if not accumulating and not training.grads_kept_as_zeros:
         return 0
     if training.optimizer_in_backward:
         return 0
+    if not accumulating:  # torch before 2.0: zero_grad() left the previous step's gradients allocated, as zeros
+        return 0 if states.on_cpu or states.cpu_only_optimizer else states.grads
     if accumulates_unsharded(training, impl):
         # on the GPU, offloaded or not; in the compute dtype, or fp32 for PEFT's fp32 adapters (no policy casts them)
         return (training.trainable_param_bytes if training.fp32_adapters else training.compute_bytes) * spec.trainable_params

@@ -60,7 +60,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
-from advisor.estimate.accumulation import accumulates_unsharded, held_accumulated_grads, held_at_backward_end
+from advisor.estimate.accumulation import (accumulates_unsharded, accumulation_steps, held_accumulated_grads,
+                                          held_at_backward_end)
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
@@ -371,7 +372,9 @@ def estimate_memory(
                                   micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
-                             held_at_backward_end=held_at_backward_end(spec, training, impl, held=held),
+                             held_at_backward_end=held_at_backward_end(spec, training, impl, held=held)
+                             if accumulation_steps(training, dp_world=world, micro_batch_size=micro_batch_size) > 1
+                             else None,  # kept zeros (torch < 2.0) without accumulation: the held shards stand
                              checkpointing=checkpointing,
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),

@@ -87,12 +87,17 @@ def _whole(*values: object) -> bool:
 
 
 def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
-    """T5ForConditionalGeneration: one shared embedding (the encoder's, the decoder's and, in
-    transformers 5, the LM head, which T5Config always ties); encoder blocks of self-attention
+    """T5ForConditionalGeneration (and mT5's MT5ForConditionalGeneration, the same modules: modeling_mt5.py is
+    modeling_t5.py renamed, less the decoder output's scaling, which the untied T5 v1.1 skips too): one shared
+    embedding (the encoder's and the decoder's), and the LM head
+    tied to it unless the config says ``tie_word_embeddings: false`` (T5 v1.1, Flan-T5, T0: their checkpoints
+    hold ``lm_head.weight`` apart; transformers 5's T5Config sets the flag True whatever the file says, but
+    ``from_pretrained`` leaves a stored head that differs from ``shared`` untied, modeling_utils.tie_weights,
+    so the model a user trains has it, ``advisor.model.meta.untie_stored_head``); encoder blocks of self-attention
     (q, k, v, o without biases; relative position buckets x heads in the first block only) and a
     feed-forward (wi, wo; wi_0, wi_1, wo when gated), each behind a T5LayerNorm (weight only);
     decoder blocks add cross-attention and its norm; a final norm per stack."""
-    if architecture not in (None, "T5ForConditionalGeneration"):
+    if architecture not in (None, "T5ForConditionalGeneration", "MT5ForConditionalGeneration"):
         return None
     d, d_ff, d_kv = cfg.get("d_model", 512), cfg.get("d_ff", 2048), cfg.get("d_kv", 64)
     heads, vocab = cfg.get("num_heads", 8), _get(cfg, "vocab_size", default=32128)
@@ -110,9 +115,10 @@ def t5_parts(cfg: dict, architecture: str | None) -> dict | None:
     enc_layers, dec_layers = n_enc * (attention + ff + 2 * d), n_dec * (2 * attention + ff + 3 * d)
     encoder = enc_layers + buckets * heads + d
     decoder = dec_layers + buckets * heads + d
-    return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
-                num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
-                head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
+    tied = config_flag(cfg, "tie_word_embeddings", True)
+    return dict(embedding_params=vocab * d, head_params=0 if tied else vocab * d, other_params=encoder + decoder,
+                tied_embeddings=tied, num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads,
+                num_kv_heads=heads, head_dim=d_kv, intermediate_size=d_ff, vocab_size=vocab, gated_mlp=gated,
                 encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec, activation=act, gated=gated,
                                    encoder_params=enc_layers, decoder_params=dec_layers,
                                    cross_kv_params=n_dec * 2 * d * heads * d_kv))

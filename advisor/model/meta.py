@@ -77,15 +77,40 @@ def build_meta_model(cfg: dict, *, trust_remote_code: bool = False, local_dir: s
     try:
         with torch.device("meta"):
             if model_cls is not None:
-                return model_cls(config)
+                return untie_stored_head(model_cls(config), cfg)
             try:
-                return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+                model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
             except ValueError:
-                return AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+                model = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+            return untie_stored_head(model, cfg)
     except (ValueError, TypeError, KeyError, IndexError, AssertionError, ZeroDivisionError, AttributeError) as err:
         # A config transformers accepted but its model cannot be built from (inconsistent sizes).
         name = model_cls.__name__ if model_cls is not None else config.model_type
         raise ValueError(f"transformers cannot build {name} from this config: {_one_line(err)}") from None
+
+
+def untie_stored_head(model: "torch.nn.Module", cfg: dict) -> "torch.nn.Module":
+    """``model`` with an output embedding of its own where the config file says ``tie_word_embeddings: false``
+    but the config class ties anyway (transformers 5's T5Config, MT5Config: the flag only chooses the decoder
+    output's scaling there). Such checkpoints (T5 v1.1, Flan-T5, T0, mT5) store ``lm_head.weight`` apart, and
+    ``from_pretrained`` does not tie a stored head that differs from the embedding (modeling_utils.tie_weights):
+    the model a user trains holds both matrices, so the one built here does too."""
+    import torch
+
+    if cfg.get("tie_word_embeddings") is not False:
+        return model
+    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    head = get_out() if callable(get_out) else None
+    embed = get_in() if callable(get_in) else None
+    if head is None or embed is None or head.weight is not embed.weight:
+        return model
+    head.weight = torch.nn.Parameter(torch.empty_like(head.weight), requires_grad=head.weight.requires_grad)
+    names = {name for name, param in model.named_parameters() if param is head.weight}
+    tied = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(tied, dict):  # so a later tie_weights() from this mapping leaves the head apart
+        for target in [k for k, v in tied.items() if k in names or v in names]:
+            tied.pop(target)
+    return model
 
 
 def _text_config(config: Any) -> Any:

@@ -23,6 +23,9 @@ from advisor.model.cache_entry import read_entry, write_entry
 from advisor.model.spec import ModelSpec
 
 _IGNORED = ("_name_or_path", "transformers_version")
+# How the meta-device count is made beyond the library versions: an entry counted before a change here is counted
+# again (stored-head: a config's untied head kept apart where its config class ties anyway, meta.untie_stored_head).
+COUNT_REVISION = "stored-head"
 
 
 @functools.cache
@@ -56,7 +59,7 @@ def cached_spec(cfg: dict, *, name: str, cache_dir: Path | None, count: Callable
     """``count()``'s spec for ``cfg``, from ``cache_dir`` when an earlier plan counted it."""
     if cache_dir is None:
         return count()
-    path = cache_dir / "specs" / f"{cache_file_stem(cfg)}-{config_digest(cfg, versions=library_versions())}.json"
+    path = cache_dir / "specs" / f"{cache_file_stem(cfg)}-{config_digest(cfg, versions=library_versions(), count=COUNT_REVISION)}.json"
     entry = read_entry(path, kind="spec")  # advisor.model.cache_entry: regular files only, checksummed
     if entry is not None:
         try:

@@ -21,6 +21,7 @@ from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import adapts_output_head, lora_of, with_lora
+from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.releases import behaviour_in, installed_release, load_release_behaviours
 from advisor.model.loss_kernels import HEAD_ADAPTER
 from advisor.model.sources import resolve, resolve_model
@@ -171,6 +172,18 @@ def _with_bitsandbytes(training: TrainingConfig, notes: list[str]) -> TrainingCo
     return training
 
 
+def _default_attention(spec: ModelSpec, training: TrainingConfig, notes: list[str]) -> TrainingConfig:
+    """Eager attention where --attention is left unset and the model's transformers class has no SDPA path
+    (Gemma 2, BLOOM, MPT: profiles/attention_support.json), which is what such a model runs by default."""
+    if "attention" in training.model_fields_set or not spec.num_attention_heads \
+            or not runs_eager_by_default(spec.architecture):
+        return training
+    notes.append(f"attention eager (default for {spec.architecture}: transformers has no SDPA path for it, so it "
+                 "runs eager attention and keeps the b x heads x s x s scores; --attention sdpa: the flash or flex "
+                 "attention a model may have, asked for by name, with no s^2 term)")
+    return validated_copy(training, {"attention": "eager"})
+
+
 def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
     """With --torch-release, which of torch's allocation-changing behaviours (profiles/library_releases.json) the
     plan counts; without it the newest release's, unsaid (plans made before the option read the same)."""
@@ -219,6 +232,9 @@ def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_di
     if not spec.traced:
         notes.append(f"{why}: activations traced on fake tensors (one and two blocks, embedding, head and loss, at "
                      f"this sequence length and recipe; cached per config); --no-trace assumes {untraced} instead")
+        if training.attention == "sdpa" and runs_eager_by_default(spec.architecture):  # asked for, not there
+            notes.append(f"attention eager, traced so: transformers' {spec.architecture} has no SDPA path (it runs "
+                         "eager attention whatever is asked, keeping the b x heads x s x s scores)")
     return validated_copy(spec, {"traced": spec.traced + profiles})
 
 
@@ -343,6 +359,7 @@ def plan(
         check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
     training = _with_bitsandbytes(training, notes)
+    training = _default_attention(spec, training, notes)
     _torch_release_note(training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem

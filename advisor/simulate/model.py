@@ -46,8 +46,22 @@ def simulation_config(cfg: dict, *, attention: str, use_cache: bool = False) -> 
         out[key] = 0.0
     out["use_cache"] = use_cache
     if config_value(cfg, "num_attention_heads") is not None:  # Mamba has no attention: transformers rejects one
-        out["attn_implementation"] = attention
+        out["attn_implementation"] = runs_attention(cfg, attention)
     return out
+
+
+def runs_attention(cfg: dict, attention: str) -> str:
+    """The attention the model runs when ``attention`` is asked for: eager where its transformers class has no
+    SDPA path (``_supports_sdpa`` False: BLOOM, MPT), which is what ``from_pretrained`` falls back to, and what
+    building the class with SDPA refuses."""
+    if attention != "sdpa":
+        return attention
+    import transformers
+
+    archs = cfg.get("architectures") or []
+    model_cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
+    return "eager" if isinstance(model_cls, type) and getattr(model_cls, "_supports_sdpa", True) is False \
+        else attention
 
 
 def training_dtypes(training: TrainingConfig) -> tuple[Any, Any]:

@@ -28,7 +28,7 @@ from advisor.model.spec_cache import cache_file_stem, config_digest, library_ver
 # head (LoRA) and accept more families, so LoRA profiles traced under --loss fused held a head gradient no step holds.
 # "logsumexp-scratch": the fused loss's logsumexp holds a chunk-sized scratch (advisor.simulate.fake_env.kernel_scratch).
 # "blocks-window": the blocks' backward peak ends where the bottom block's is done, before the embedding's backward.
-TRACER_REVISION = "cuda-sdpa/autocast/frozen-head-loss/logsumexp-scratch/blocks-window/softmax-product"
+TRACER_REVISION = "cuda-sdpa/autocast/frozen-head-loss/logsumexp-scratch/blocks-window/softmax-product/stored-head"
 
 
 def default_cache_dir() -> Path:

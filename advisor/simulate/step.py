@@ -300,7 +300,8 @@ def _model_config(net: Any) -> Any:
 
 class _Step:
     """One training step of ``--global-batch`` / (micro-batch x ranks) micro-batches (``accumulation_steps``):
-    forward (+ loss) and backward of each, then the optimizer step and zero_grad(set_to_none=True). A recipe
+    forward (+ loss) and backward of each, then the optimizer step and zero_grad(set_to_none=True) (False where
+    the run's torch is before 2.0, whose zero_grad() kept the gradients as zeros). A recipe
     whose loop frees the gradients only before the backward (``zero_grad: before_backward``, Lightning's
     closure) frees them before the first backward instead, so the previous step's live through that forward.
     Under FSDP2, a recipe that syncs only the last micro-batch (``accumulation_sync``: accelerate's no_sync)
@@ -311,6 +312,7 @@ class _Step:
         self.net, self.opt, self.ids, self.training, self.impl = net, opt, ids, training, impl
         self.labels, self.micro_steps = labels, micro_steps
         self.late_zero_grad = training.recipe.zero_grad == "before_backward"
+        self.to_none = not training.grads_kept_as_zeros  # torch < 2.0's zero_grad() kept them, as zeros
         self.sync_last = micro_steps > 1 and accumulates_unsharded(training, impl)
 
     def micro(self, i: int, mark: Callable[[str], None] | None = None) -> None:
@@ -329,7 +331,7 @@ class _Step:
             loss = self.net(input_ids=self.ids, **targets).loss  # a task head's targets: advisor.simulate.heads
         mark("forward")
         if self.late_zero_grad and i == 0:
-            self.opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad(set_to_none=self.to_none)
         loss.backward()
         del loss
         mark("backward")
@@ -340,7 +342,7 @@ class _Step:
         if not self.training.optimizer_in_backward:
             self.opt.step()
         if not self.late_zero_grad:
-            self.opt.zero_grad(set_to_none=True)
+            self.opt.zero_grad(set_to_none=self.to_none)
         mark("optimizer_step")
 
     def __call__(self, mark: Callable[[str], None] | None = None) -> None:

@@ -21,7 +21,8 @@ def test_the_release_reaches_the_plan_and_is_said(capsys):
     assert code == 0, err
     doc = json.loads(out)
     assert doc["training"]["torch_release"] == "2.7.1"
-    assert "torch 2.7.1 (--torch-release): fsdp2 root reshards after forward: no (since 2.8.0)" in doc["assumptions"]
+    assert ("torch 2.7.1 (--torch-release): fsdp2 root reshards after forward: no (since 2.8.0); zero grad sets to "
+            "none: yes (since 2.0.0)") in doc["assumptions"]
     code, out, _ = run_main(ARGS, capsys)
     doc = json.loads(out)
     assert "torch_release" not in doc["training"] and not any("--torch-release" in a for a in doc["assumptions"])

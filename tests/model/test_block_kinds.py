@@ -20,6 +20,7 @@ from advisor.model.spec import ModelSpec, spec_from_size
 # By hand from profiles/models/*: model_type, and the experts / hybrid layer pattern the configs give.
 EXPECTED = {"Qwen/Qwen2.5-VL-7B-Instruct": "qwen_vl", "Qwen/Qwen3-30B-A3B": "moe", "ai21labs/Jamba-v0.1": "jamba",
             "deepseek-ai/DeepSeek-V3": "moe", "facebook/bart-large": "encdec", "google-t5/t5-large": "encdec",
+            "bigscience/T0_3B": "encdec", "bigscience/mt0-xxl": "encdec",
             "llava-hf/llava-1.5-7b-hf": "llava", "mistralai/Mixtral-8x7B-v0.1": "moe",
             "state-spaces/mamba-130m-hf": "mamba", "google-bert/bert-base-uncased": "bert",
             "google-bert/bert-large-uncased": "bert"}

@@ -12,11 +12,15 @@ from advisor.model.meta import build_meta_model
 TINY_KINDS = {
     "t5_relu": dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=32, d_ff=48, d_kv=8,
                     num_heads=4, num_layers=2, vocab_size=100, decoder_start_token_id=0, pad_token_id=0),
-    # T5 v1.1 style: gated GELU, fewer decoder layers, an untied head asked for (transformers 5 ties it anyway).
+    # T5 v1.1 style: gated GELU, fewer decoder layers, an untied head (its own lm_head, as from_pretrained keeps it).
     "t5_gated_uneven": dict(model_type="t5", architectures=["T5ForConditionalGeneration"], d_model=32, d_ff=40,
                             d_kv=12, num_heads=2, num_layers=3, num_decoder_layers=1, vocab_size=90,
                             feed_forward_proj="gated-gelu", tie_word_embeddings=False,
                             relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0),
+    # mT5 (mT0): T5 v1.1's modules under MT5 names, its head untied.
+    "mt5_gated_untied": dict(model_type="mt5", architectures=["MT5ForConditionalGeneration"], d_model=32, d_ff=40,
+                             d_kv=8, num_heads=4, num_layers=2, vocab_size=120, feed_forward_proj="gated-gelu",
+                             tie_word_embeddings=False, decoder_start_token_id=0, pad_token_id=0),
     "mamba_auto_rank": dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=40, num_hidden_layers=2,
                             state_size=8, conv_kernel=3, expand=2, vocab_size=120),
     "mamba_biases_untied": dict(model_type="mamba", architectures=["MambaForCausalLM"], hidden_size=32,
@@ -67,3 +71,24 @@ def test_images_per_sample_adds_image_tokens():
     assert image_tokens(vl, TrainingConfig(images_per_sample=1, image_size=500)) == 18 * 18  # ceil(500 / 28)
     with pytest.raises(ValueError, match="vision-language"):
         image_tokens(resolve_model("Qwen/Qwen2.5-7B"), TrainingConfig(images_per_sample=1))
+
+
+def test_a_stored_untied_t5_head_counts_as_from_pretrained_loads_it(tmp_path):
+    """A T5 v1.1 checkpoint (its config: tie_word_embeddings false) stores lm_head apart from the shared
+    embedding. transformers 5's T5Config sets the flag True, yet from_pretrained leaves a stored head that
+    differs untied: the model trained holds both matrices. The formula and the meta build count what
+    transformers itself loads here."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = TINY_KINDS["t5_gated_uneven"]
+    model = T5ForConditionalGeneration(T5Config(**{k: v for k, v in cfg.items() if k != "model_type"}))
+    model.lm_head.weight = torch.nn.Parameter(torch.randn_like(model.lm_head.weight))  # as a v1.1 file holds it
+    model.save_pretrained(tmp_path)
+    loaded = T5ForConditionalGeneration.from_pretrained(tmp_path)
+    assert loaded.lm_head.weight is not loaded.shared.weight
+    held = sum(p.numel() for p in loaded.parameters())
+    spec = count_from_config(cfg, name="t5_gated_uneven", source="local")
+    assert spec.total_params == held and not spec.tied_embeddings
+    assert sum(p.numel() for p in build_meta_model(cfg).parameters()) == held
+    assert spec.head_params == 90 * 32  # vocab x d_model

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,7 +37,7 @@ from advisor.model.block_profile import CheckpointFlags
 from advisor.model.meta import spec_from_module
 from advisor.model.spec import ModelSpec
 from advisor.planning.policy import default_strategy
-from advisor.strategies import StrategyName
+from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import CheckpointMode, Engine, Precision
 from wrappers import measured
 from wrappers.checkpointing import apply_requested_checkpointing, requested_mode, turn_off_kv_cache
@@ -162,7 +162,8 @@ def plan_wrap(model: nn.Module, env: LaunchEnv, *, optimizer=None, loader=None, 
     loader feeds (its ``batch_size`` and the first sample's tokens) unless ``micro_batch_size`` / ``seq_len``
     say otherwise, with the optimizer's implementation; data parallelism is the mesh with tp = cp = 1."""
     read_batch, read_seq = loader_shape(loader)
-    micro_batch_size, seq_len = micro_batch_size or read_batch, seq_len or read_seq
+    micro_batch_size = read_batch if micro_batch_size is None else micro_batch_size
+    seq_len = read_seq if seq_len is None else seq_len
     meta = is_meta(model)
     decision = decide(spec_from_module(model), env, strategy=strategy, precision=precision or _stored_precision(model),
                       activation_checkpointing=activation_checkpointing, seq_len=seq_len,
@@ -205,6 +206,26 @@ def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: st
                                       world_size=prepared.accelerator.num_processes,
                                       reason=f"{why}; accelerate runs {prepared.runs_as}")
     return prepared.objects
+
+
+def _check_arguments(model: Any, *, strategy: Any, engine: Any, seq_len: Any, micro_batch_size: Any, tp: Any,
+                     cp: Any, hybrid: Any) -> None:
+    """One ValueError naming the argument for what wrap() cannot take (a fuzz run found these reaching pydantic
+    dumps, AttributeErrors, a silently ignored engine, or a plan at micro-batch 64 for a micro-batch of 0)."""
+    from wrappers.mesh_wrap import is_config
+
+    if not isinstance(model, nn.Module) and not is_config(model):
+        raise ValueError(f"model: expected a torch.nn.Module or a transformers config, got {type(model).__name__}")
+    if strategy is not None and (not isinstance(strategy, str) or strategy not in STRATEGIES):
+        raise ValueError(f"strategy: unknown {strategy!r}"[:80] + f"; one of {', '.join(STRATEGIES)}")
+    if engine not in get_args(Preparer):
+        raise ValueError(f"engine: expected one of {', '.join(get_args(Preparer))}, got {engine!r}"[:160])
+    for name, value in (("seq_len", seq_len), ("micro_batch_size", micro_batch_size)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{name}: expected a whole number of at least 1, got {value!r}"[:120])
+    for name, value in (("tp", tp), ("cp", cp), ("hybrid", hybrid)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected a whole number of at least 1, got {value!r}"[:120])
 
 
 def wrap(
@@ -250,6 +271,8 @@ def wrap(
     accelerate's prepare).
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
+    _check_arguments(model, strategy=strategy, engine=engine, seq_len=seq_len, micro_batch_size=micro_batch_size,
+                     tp=tp, cp=cp, hybrid=hybrid)
     _refuse_wrapped(model)
     turn_off_kv_cache(model)  # as HF Trainer does: the cache only costs memory in training
     activation_checkpointing = requested_mode(activation_checkpointing)

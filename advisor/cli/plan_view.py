@@ -87,6 +87,11 @@ def answer_lines(plan) -> list[str]:
     if chosen is not None and chosen.memory_bytes is not None:
         total = chosen.memory_bytes.total
         figures = f": {gib(total)} of {gib(chosen.capacity_bytes)} GiB per GPU ({total / chosen.capacity_bytes:.0%})"
+        margin = plan.training.margin
+        if margin != "expected" and chosen.memory_range is not None:  # the end that decided the fit, said first
+            judged = chosen.memory_range.at(margin)
+            figures = (f": {gib(judged)} of {gib(chosen.capacity_bytes)} GiB per GPU at the {margin} end of its range "
+                       f"({judged / chosen.capacity_bytes:.0%}; expected {gib(total)})")
         step = chosen.step_time
         if step is not None:
             figures += f", {step.step_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s"

@@ -157,6 +157,12 @@ def parse_gpus(
 ) -> Hardware:
     """Parse ``--gpus`` (plus ``--nodes`` and ``--interconnect``) into a validated ``Hardware``."""
     catalog = catalog or load_catalog()
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"--gpus: expected text such as 2xA100, got {type(text).__name__}")
+    if nodes is not None and (isinstance(nodes, bool) or not isinstance(nodes, int)):
+        raise ValueError(f"--nodes: expected a whole number, got {nodes!r}"[:120])
+    if interconnect is not None and not isinstance(interconnect, str):
+        raise ValueError(f"--interconnect: expected a link name, got {type(interconnect).__name__}")
     cleaned = (text or "").strip().lower()
     match = _GRAMMAR.match(cleaned)
     if not cleaned or match is None:

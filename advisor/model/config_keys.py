@@ -160,6 +160,7 @@ def _check_rotary_width(cfg: dict, fail: Any) -> None:
 
 
 def _check_bounds(cfg: dict, fail: Any) -> None:
+    _check_groups(cfg, fail)
     for key in _LAYER_KEYS:
         value = cfg.get(key)
         if isinstance(value, int) and value > MAX_LAYERS:
@@ -173,6 +174,23 @@ def _check_bounds(cfg: dict, fail: Any) -> None:
         if (key in _WIDTH_KEYS or key in _INTEGER_KEYS) and any(
                 isinstance(v, int) and v > limit for v in (value if isinstance(value, list) else [value])):
             fail(key, value, f"at most {limit:,}")
+
+
+def _check_groups(cfg: dict, fail: Any) -> None:
+    """Counts that only make sense against another: a token's experts among the experts there are, and key-value
+    heads that each serve a whole group of query heads (transformers' repeat_kv splits the queries evenly).
+    Without these the counts and the step's FLOPs come out of a model that cannot be built or run."""
+    def whole(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    per, experts = config_value(cfg, "num_experts_per_token"), config_value(cfg, "num_experts")
+    if whole(per) and whole(experts) and per > experts:
+        fail(next(k for k in CONFIG_KEYS["num_experts_per_token"] if cfg.get(k) is not None), per,
+             f"at most the {experts} experts there are")
+    heads, kv = config_value(cfg, "num_attention_heads"), config_value(cfg, "num_kv_heads")
+    if whole(heads) and whole(kv) and (kv > heads or heads % kv):
+        fail(next(k for k in CONFIG_KEYS["num_kv_heads"] if cfg.get(k) is not None), kv,
+             f"a divisor of the {heads} attention heads (each key-value head serves a whole group of queries)")
 
 
 def _bad(value: Any, minimum: int) -> bool:

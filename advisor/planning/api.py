@@ -7,6 +7,7 @@ call this; neither does arithmetic of its own.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -243,6 +244,20 @@ def _needs_checkpointing(candidates: list[Candidate]) -> bool:
     return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
+PIN_FLAGS = {"dp_replicate": "hybrid", "pp_schedule": "pp-schedule", "virtual_stages": "virtual-stages",
+             "pp_layers": "pp-layers"}
+
+
+def _pins(**degrees: Any) -> MeshPins:
+    """The pinned degrees, or one ValueError naming the option (as ``training_from_options`` does)."""
+    try:
+        return MeshPins(**degrees)
+    except ValidationError as err:
+        where, _, problem = validation_problem(err).partition(": ")
+        field = where.split(".")[0]
+        raise ValueError(f"{PIN_FLAGS.get(field, field)}: {problem}") from None
+
+
 def training_from_options(options: dict[str, Any]) -> TrainingConfig:
     """``TrainingConfig(**options)``: the user's options, so a rejected value is a one-line ValueError
     naming the option (a ``ValidationError`` reaching the CLI is a bug of ours: exit code 1)."""
@@ -303,11 +318,19 @@ def plan(
     ``progress``: called with None when a trace starts (not on a cache hit) and with its seconds when it
     ends, so a caller can say why this plan takes seconds (the CLI prints it on stderr).
     """
-    pins = MeshPins(tp=tp, cp=cp, dp_replicate=hybrid, pp=pp, pp_schedule=pp_schedule,
-                    virtual_stages=virtual_stages, pp_layers=pp_layers, ep=ep)
+    pins = _pins(tp=tp, cp=cp, dp_replicate=hybrid, pp=pp, pp_schedule=pp_schedule, virtual_stages=virtual_stages,
+                 pp_layers=pp_layers, ep=ep)
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ValueError(f"cache_dir: expected a directory path, got {type(cache_dir).__name__}")
+    cache_dir = Path(cache_dir) if cache_dir is not None else None
+    if progress is not None and not callable(progress):
+        raise ValueError(f"progress: expected a function of the trace's seconds, got {type(progress).__name__}")
+    if training is not None and not isinstance(training, TrainingConfig):
+        raise ValueError(f"training: expected a TrainingConfig, got {type(training).__name__}")
     search_length = options.get("seq_len") == "max"
     if search_length:
-        options = {**options, "seq_len": 1, "micro_batch_size": options.get("micro_batch_size") or 1}
+        given = options.get("micro_batch_size")
+        options = {**options, "seq_len": 1, "micro_batch_size": 1 if given is None else given}
     if training is None:
         training = training_from_options(options)
     elif options:
@@ -352,6 +375,8 @@ def plan(
     if training.quantize is not None:
         notes.append(check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
+    if isinstance(gpus, Hardware) and (nodes is not None or interconnect is not None):
+        raise ValueError("nodes and interconnect go with a gpus string such as '2x8xH100'; a Hardware fixes them")
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)
     if training.float8:  # imported only when asked (start-up)
         from advisor.estimate.float8_time import check_float8

@@ -63,11 +63,13 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
             lo, hi = (lo, mid) if fits_at(within[mid]) else (mid + 1, hi)
         return within[lo]
     low = max(1, above // per_node)  # node counts up to `low` do not fit (or are not above)
+    if low >= max_nodes:  # already the most nodes a cluster may have
+        return None
     high = low + 1
     while not fits_at(high * per_node):
-        low, high = high, high * 2
-        if high > max_nodes:
+        if high >= max_nodes:
             return None
+        low, high = high, min(high * 2, max_nodes)
     while high - low > 1:
         mid = (low + high) // 2
         low, high = (low, mid) if fits_at(mid * per_node) else (mid, high)

@@ -1,0 +1,84 @@
+"""Bad arguments to the library's ``advisor.plan`` (a helper's fuzz run of about 48,600 calls, 2026-11-28): one
+ValueError naming the argument, never an internal error, a raw pydantic dump or a silently changed estimate."""
+
+from __future__ import annotations
+
+import pytest
+
+import advisor
+from advisor.cli.main import main
+from advisor.hardware.cluster import parse_gpus
+from advisor.model.bundled import load_bundled_config
+from advisor.planning.smallest import smallest_count
+
+
+@pytest.mark.parametrize(("options", "names"), [
+    (dict(tp=0), "tp:"), (dict(tp=1.5), "tp:"), (dict(ep=0), "ep:"), (dict(virtual_stages=-1), "virtual-stages:"),
+    (dict(pp=2, pp_layers="16,16"), "pp-layers:"), (dict(pp_schedule=5), "pp-schedule:"),
+    (dict(hybrid=0), "hybrid:"),
+    (dict(seq_len="max", micro_batch_size=0), "micro-batch-size:"),  # was planned at micro-batch 1
+    (dict(cache_dir=5), "cache_dir:"), (dict(progress=5), "progress:"),  # were caught as trace failures
+    (dict(training={"seq_len": 5}), "training:")])
+def test_one_value_error_naming_the_argument(options, names):
+    with pytest.raises(ValueError) as err:
+        advisor.plan("7B", "2xA100", **options)
+    assert str(err.value).startswith(names) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("gpus", "options", "names"), [
+    (2, {}, "--gpus:"), (b"2xA100", {}, "--gpus:"), ("2xA100", dict(nodes="2"), "--nodes:"),
+    ("2xA100", dict(nodes=2.5), "--nodes:"), ("2xA100", dict(interconnect=5), "--interconnect:")])
+def test_hardware_arguments_of_another_type(gpus, options, names):
+    with pytest.raises(ValueError, match=f"^{names}"):
+        advisor.plan("7B", gpus, **options)
+
+
+def test_a_hardware_and_a_nodes_option_are_not_both_taken():
+    with pytest.raises(ValueError, match="a Hardware fixes them"):
+        advisor.plan("7B", parse_gpus("2xA100"), nodes=4)
+
+
+def test_the_largest_cluster_is_planned_not_refused():
+    """16,384 nodes of 8 H100s, most of each GPU reserved: no count of them fits, and the plan says so (the search
+    for a larger count used to build a 16,385-node Hardware: a ValidationError)."""
+    plan = advisor.plan("7B", "16384x8xH100", reserve_gib=80)
+    assert plan.recommendation is None
+    assert smallest_count(lambda count: False, above=16384 * 8, per_node=8) is None
+    assert smallest_count(lambda count: count >= 16384 * 8, above=8, per_node=8) == 16384 * 8  # the last is tried
+
+
+@pytest.mark.parametrize(("model", "patch", "key"), [
+    ("mistralai/Mixtral-8x7B-v0.1", {"num_experts_per_tok": 100}, "num_experts_per_tok"),
+    ("meta-llama/Llama-3.1-8B", {"num_key_value_heads": 5}, "num_key_value_heads"),
+    ("meta-llama/Llama-3.1-8B", {"num_key_value_heads": 64}, "num_key_value_heads")])
+def test_configs_whose_counts_cannot_go_together(model, patch, key):
+    """Top-100 of 8 experts gave 565B active parameters of a 46.7B model; 5 key-value heads for 32 queries planned."""
+    with pytest.raises(ValueError, match=f'"{key}" is'):
+        advisor.resolve_model({**load_bundled_config(model), **patch})
+
+
+def test_margin_low_says_the_end_that_decided(capsys):
+    """The recommendation's figures are the end of the range that --margin judges, the expected total beside it:
+    'fits: 41.59 of 39.38 GiB (106%)' read as a contradiction."""
+    try:
+        main(["plan", "-m", "1.5B", "-g", "1xA100-40GB-PCIE", "--margin", "low"])
+    except SystemExit as done:
+        assert done.code in (0, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "of 39.38 GiB per GPU at the low end of its range (83%; expected 41.59)" in out
+
+
+@pytest.mark.parametrize(("options", "names"), [
+    (dict(micro_batch_size=0), "micro_batch_size:"), (dict(seq_len=-1), "seq_len:"), (dict(engine="foo"), "engine:"),
+    (dict(strategy=5), "strategy:"), (dict(strategy=["zero3"]), "strategy:"), (dict(tp=None), "tp:"),
+    (dict(tp="2"), "tp:")])
+def test_wrap_names_the_argument(options, names):
+    """wrap() on CPU: a micro-batch of 0 was planned at the loader's (or 64), an unknown engine ignored, and the
+    rest reached pydantic dumps or TypeErrors."""
+    torch = pytest.importorskip("torch")
+    from wrappers.wrap import wrap
+
+    with pytest.raises(ValueError, match=f"^{names}"):
+        wrap(torch.nn.Sequential(torch.nn.Linear(4, 4)), **options)
+    with pytest.raises(ValueError, match="^model:"):
+        wrap(5)

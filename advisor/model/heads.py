@@ -135,6 +135,10 @@ def resolve_head(task: str | None, num_labels: int | None, *, architecture: str 
             raise ValueError("--num-labels needs --task sequence-classification or token-classification")
         return None
     row = load_task_heads()[chosen]
+    if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int)):
+        raise ValueError(f"--num-labels: expected a whole number, got {num_labels!r}"[:100])
+    if num_labels is not None and num_labels > 10**7:
+        raise ValueError(f"--num-labels {num_labels:,}: at most 10,000,000 (a classification head, not a vocabulary)")
     if num_labels is not None and num_labels < 1:
         raise ValueError(f"--num-labels must be at least 1 (got {num_labels})")
     if num_labels is not None and row.width != "num_labels":

@@ -76,7 +76,10 @@ class Plan(BaseModel):
 
     def candidate(self, strategy: str) -> Candidate:
         """The data-parallel candidate of ``strategy`` (the first listed; mesh candidates follow)."""
-        return next(c for c in self.candidates if c.strategy == strategy)
+        found = next((c for c in self.candidates if c.strategy == strategy), None)
+        if found is None:
+            raise ValueError(f"no {strategy!r} candidate in this plan: {', '.join(dict.fromkeys(c.strategy for c in self.candidates))}"[:200])
+        return found
 
     @property
     def chosen(self) -> Candidate | None:
@@ -122,8 +125,12 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
         if not 0 <= share <= 100:
             raise ValueError("--trainable-params percentage must be between 0% and 100%")
         count = round(spec.total_params * share / 100)
+    elif isinstance(trainable, bool) or not isinstance(trainable, (int, str)):
+        raise ValueError(f"--trainable-params: expected a count (7M, 7000000) or a share (0.5%), got {trainable!r}"[:120])
     else:
-        count = trainable if isinstance(trainable, int) else parse_count(str(trainable), what="--trainable-params")
+        count = trainable if isinstance(trainable, int) else parse_count(trainable, what="--trainable-params")
+    if count < 0:
+        raise ValueError(f"--trainable-params must be 0 or more (got {count:,})")
     if count > spec.total_params:
         raise ValueError(f"--trainable-params {count:,} exceeds the model's {spec.total_params:,} parameters")
     return spec.with_trainable(count)
@@ -325,6 +332,10 @@ def plan(
     cache_dir = Path(cache_dir) if cache_dir is not None else None
     if progress is not None and not callable(progress):
         raise ValueError(f"progress: expected a function of the trace's seconds, got {type(progress).__name__}")
+    if strategy is not None:  # '' or 0 meant every strategy; a list was a TypeError
+        if not isinstance(strategy, str):
+            raise ValueError(f"strategy: expected a strategy's name, got {type(strategy).__name__}")
+        get_strategy(strategy)  # an unknown name: one line listing them
     if training is not None and not isinstance(training, TrainingConfig):
         raise ValueError(f"training: expected a TrainingConfig, got {type(training).__name__}")
     search_length = options.get("seq_len") == "max"

@@ -82,3 +82,25 @@ def test_wrap_names_the_argument(options, names):
         wrap(torch.nn.Sequential(torch.nn.Linear(4, 4)), **options)
     with pytest.raises(ValueError, match="^model:"):
         wrap(5)
+
+
+@pytest.mark.parametrize(("options", "names"), [
+    (dict(strategy=5), "strategy:"), (dict(strategy=["zero3"]), "strategy:"), (dict(strategy=""), "unknown strategy"),
+    (dict(trainable_params=-5), "--trainable-params must be 0 or more"),
+    (dict(trainable_params=True), "--trainable-params:"), (dict(trainable_params=1.5), "--trainable-params:")])
+def test_strategy_and_trainable_params_of_another_kind(options, names):
+    with pytest.raises(ValueError, match=f"^{names}"):
+        advisor.plan("7B", "2xA100", **options)
+
+
+@pytest.mark.parametrize(("labels", "names"), [(2.5, "--num-labels:"), ("2", "--num-labels:"),
+                                               (10**30, "--num-labels 1,000,000,000,000")])
+def test_num_labels_of_another_kind(labels, names):
+    with pytest.raises(ValueError, match=f"^{names}"):
+        advisor.plan("meta-llama/Llama-3.1-8B", "2xA100", task="sequence-classification", num_labels=labels)
+
+
+def test_asking_a_plan_for_a_strategy_it_did_not_plan():
+    plan = advisor.plan("7B", "2xA100", strategy="ddp")
+    with pytest.raises(ValueError, match="no 'zero3' candidate"):
+        plan.candidate("zero3")

@@ -123,7 +123,8 @@ PLAN_OPTIONS: list[Callable] = [
                  "wrap() and the exports apply FSDP2."),
     click.option("--torch-release", "torch_release", metavar="VERSION",
                  help="The torch release the run uses, where a release changes what is allocated "
-                      "(profiles/library_releases.json: FSDP2 reshards its root after forward since 2.8.0); "
+                      "(profiles/library_releases.json: FSDP2 reshards its root after forward since 2.8.0; zero_grad() "
+                      "frees the gradients since 2.0.0, before it they stayed allocated as zeros); "
                       "default: the newest release's behaviour."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),

@@ -121,6 +121,15 @@ def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: 
             overridden.append(Override(option="global_batch", file_value=str(total), given=str(merged["global_batch"])))
         return
     micro = merged.get("micro_batch")
+    steps = config.settings.get("gradient_accumulation")
+    if steps is not None and micro is not None and str(micro).strip().isdigit() \
+            and int(micro) * int(steps) * _data_parallel(merged) != int(total):
+        # DeepSpeed checks train_batch_size = micro x steps x world; planning it would change one of the file's values
+        world, rest = divmod(int(total), int(micro) * int(steps))
+        implied = f" = {world} data-parallel GPUs" if not rest else ""
+        raise ValueError(f"--from {config.path}: its global batch {total} over micro-batch {micro} x gradient "
+                         f"accumulation {steps}{implied}, but these options give {_data_parallel(merged)}: pass the "
+                         "--gpus the file was written for, or --global-batch")
     if micro is not None and str(micro).strip().isdigit() and int(micro) * _data_parallel(merged) == int(total):
         derived.append(f"global batch {total} = micro-batch {micro} x {_data_parallel(merged)} data-parallel GPUs: "
                        "no gradient accumulation")

@@ -81,9 +81,11 @@ PLAN_OPTIONS: list[Callable] = [
                  help="Images per sample (vision-language models): their tokens join --seq-len."),
     click.option("--image-size", type=click.IntRange(1, 16384),
                  help="Assumed image side in pixels (default 448: 256 tokens on Qwen2.5-VL)."),
-    click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (largest that fits)."),
+    click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (default: the largest that fits within --headroom; without --global-batch it "
+                      "sets the step's batch)."),
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
-    click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)), help="auto (default), on or off."),
+    click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)),
+                 help="auto (default: off where it fits, else selective, else on), on, selective or off."),
     click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone."),
     click.option("--lora", "lora_rank", type=click.IntRange(1, MAX_LORA_RANK),
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),

@@ -66,8 +66,17 @@ def trainer_optim(opt: Optimizer, impl: OptimizerImpl) -> tuple[dict[str, Any], 
                 f"Trainer(optimizers=(optimizer, None)).")
 
 
-def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: str) -> str:
-    """For formats with no optimizer key: what the script must build so the run is the one planned."""
+def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: str, cpu_adam: bool = False) -> str:
+    """For formats with no optimizer key: what the script must build so the run is the one planned. ``cpu_adam``:
+    DeepSpeed steps an offloaded optimizer on the CPU, the step the plan times, and refuses a torch optimizer
+    there (runtime/engine.py: ZeRO-Offload with a client optimizer other than its own raises unless
+    zero_force_ds_cpu_optimizer is false, which would then step torch's AdamW on the CPU)."""
+    if cpu_adam and opt in ("adam", "adamw"):
+        return ("Optimizer: the plan times DeepSpeed's CPU Adam (offload_optimizer): build "
+                f"deepspeed.ops.adam.DeepSpeedCPUAdam(params, adamw_mode={opt == 'adamw'}) and pass it to "
+                "deepspeed.initialize, or pass none and add an \"optimizer\" section of type "
+                f"{'AdamW' if opt == 'adamw' else 'Adam'} to this file (DeepSpeed builds its CPU Adam for it); a torch "
+                "optimizer is refused with offload_optimizer.")
     deepspeed = (" (on DeepSpeed, an \"optimizer\" section of type AdamW in the JSON runs its FusedAdam when the "
                  "optimizer is not offloaded: the same "
                  "fused step)" if engine == "deepspeed" and opt in ("adam", "adamw") and impl == "fused" else "")
@@ -75,7 +84,7 @@ def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: 
             f"build it so in the script{deepspeed}.")
 
 
-def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]:
+def stack_notes(training: TrainingConfig, fmt: str, *, engine: str, offloads_optimizer: bool = False) -> list[str]:
     """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
     row, recipe = get_format_row(fmt), training.recipe.name
     notes = []
@@ -103,7 +112,8 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str) -> list[str]
         return notes + ([note] if note else [])
     if row.optimizer_key == "torchtitan":  # [optimizer] name and implementation (advisor.export.torchtitan)
         return notes
-    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine)]
+    cpu_adam = engine == "deepspeed" and offloads_optimizer and fmt != "accelerate"  # accelerate swaps in CPU Adam
+    return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine, cpu_adam=cpu_adam)]
 
 
 def _zero_defaults_note(training: TrainingConfig, source: str) -> str:

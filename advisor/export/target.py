@@ -185,7 +185,7 @@ class ExportTarget(CheckpointFlags, BaseModel):
         where = (f"{self.world_size} CPU processes (gloo test config)" if self.cpu
                  else f"{nodes}{self.gpus_per_node} x {self.gpu}")
         return (f"{self.strategy} on {self.engine} ({self.impl.runs_as}) for {self.model_name} on "
-                f"{where}: micro-batch {self.micro_batch_size}, "
+                f"{where}: micro-batch {self.micro_batch_size} of {self.seq_len:,} tokens, "
                 f"gradient accumulation {self.gradient_accumulation_steps}, activation checkpointing "
                 f"{'on' if self.activation_checkpointing else 'off'}, precision {self.precision}"
                 f"{', hybrid sharding (HSDP)' if self.hybrid else ''}"
@@ -369,7 +369,7 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
         block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
             plan.training, selective=ckpt == "selective" and not get_format_row(fmt).selective_key)
-            + stack_notes(plan.training, fmt, engine=engine)),
+            + stack_notes(plan.training, fmt, engine=engine, offloads_optimizer=impl.offload_optimizer)),
         loss=plan.training.loss, **_optimizer(plan.training),
     )
 

@@ -148,8 +148,9 @@ def _also_fits(x: r.AlsoFits) -> str:
 def _fastest(x: r.FastestPolicy) -> str:
     rate = f"{x.tokens_per_s:,.0f} tokens/s (MFU {x.mfu:.0%})"
     if x.num_fitting > 1:
-        return f"Policy fastest: of {x.num_fitting} candidates that fit, {x.strategy} is fastest: {rate}."
-    return f"Policy fastest: {x.strategy} is the only candidate that fits: {rate}."
+        return (f"Policy fastest: of {x.num_fitting} data-parallel strategies that fit, {x.strategy} is fastest: "
+                f"{rate}.")
+    return f"Policy fastest: {x.strategy} is the only data-parallel strategy that fits: {rate}."
 
 
 def _gap(g: r.Gap, slow: str) -> str:

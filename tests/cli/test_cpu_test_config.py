@@ -39,7 +39,7 @@ def test_export_cpu_needs_no_gpus(no_gpu, tmp_path, capsys):
     assert (doc["num_processes"], doc["use_cpu"], doc["mixed_precision"]) == (2, True, "no")
     header = _header(text)
     # What runs: 2 CPU processes, fp32, micro-batch 1 (nothing given); no GPU, no bf16.
-    assert "on 2 CPU processes (gloo test config): micro-batch 1," in header
+    assert "on 2 CPU processes (gloo test config): micro-batch 1 of " in header
     assert "precision fp32" in header and "Per-process batch size in the script: 1." in header
     assert "bf16" not in header and "A100" not in header and "GPU" not in header.replace("GPU plan", "")
 
@@ -50,7 +50,7 @@ def test_processes_and_micro_batch_are_what_the_config_says(no_gpu, tmp_path, ca
     assert code == 0, err
     text = (tmp_path / "cpu.yaml").read_text()
     assert yaml.safe_load(text)["num_processes"] == 3
-    assert "on 3 CPU processes (gloo test config): micro-batch 4," in text
+    assert "on 3 CPU processes (gloo test config): micro-batch 4 of " in text
     assert "--precision bf16-mixed is not used: the CPU test config runs fp32" in err
 
 

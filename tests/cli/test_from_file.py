@@ -379,3 +379,18 @@ def test_trainer_arguments_with_ddps_bucket_and_no_fsdp_or_deepspeed_fix_ddp(tmp
     bad.write_text(json.dumps({"per_device_train_batch_size": 1, "ddp_bucket_cap_mb": "big"}))
     code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--from", str(bad)], capsys)
     assert code == 2 and "ddp_bucket_cap_mb" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_deepspeed_batch_written_for_other_gpus_is_refused(tmp_path, capsys):
+    """train_batch_size 24 = micro-batch 3 x accumulation 1 x 8 GPUs (an export for 8 H100s). Read with
+    --gpus H100 the plan used to keep the global batch and accumulate 8 steps, contradicting the file's
+    gradient_accumulation_steps 1 that it printed; DeepSpeed itself refuses that arithmetic. Now one line."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3,
+                                "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}))
+    code, _, err = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "H100"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "global batch 24 over micro-batch 3 x gradient accumulation 1 = 8 data-parallel GPUs" in err
+    code, out, _ = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100",
+                             "--json"], capsys)
+    assert code in (0, 3) and json.loads(out)["training"]["micro_batch_size"] == 3

@@ -36,7 +36,7 @@ def test_export_policy_fastest_exports_the_plan_policy_fastest_chose(tmp_path, m
     doc = yaml.safe_load(result.stdout)
     # zero2 on torch is FSDP2 without resharding after forward.
     assert doc["distributed_type"] == "FSDP" and doc["fsdp_config"]["fsdp_reshard_after_forward"] is False
-    assert f"micro-batch {fastest['micro_batch_size']}," in result.stdout.splitlines()[0]
+    assert f"micro-batch {fastest['micro_batch_size']} of 2,048 tokens," in result.stdout.splitlines()[0]  # the default length
 
 
 def _command(name: str) -> click.Command:

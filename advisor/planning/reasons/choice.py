@@ -187,7 +187,8 @@ class Requested(ReasonModel):
 # --- --policy fastest (policy.choose_fastest, fastest.explain_tradeoff) -----------------------------
 
 class FastestPolicy(ReasonModel):
-    """``Policy fastest: of 4 candidates that fit, zero1 is fastest: 12,000 tokens/s (MFU 41%).``"""
+    """``Policy fastest: of 4 data-parallel strategies that fit, zero1 is fastest: 12,000 tokens/s (MFU 41%).``
+    (the data-parallel family; meshes are weighed after, advisor.planning.meshes)"""
 
     kind: Literal["fastest"] = "fastest"
     strategy: str

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# torchrun command written by dp-advisor: ddp on torch (DistributedDataParallel) for Qwen/Qwen2.5-0.5B on 2 x A100-80GB-SXM: micro-batch 8, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
+# torchrun command written by dp-advisor: ddp on torch (DistributedDataParallel) for Qwen/Qwen2.5-0.5B on 2 x A100-80GB-SXM: micro-batch 8 of 2,048 tokens, gradient accumulation 1, activation checkpointing off, precision bf16-mixed.
 # torchrun starts the processes; the script applies the strategy (e.g. wrappers.wrap()).
 # Per-GPU batch size in the script: 8.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe torch, foreach step); build it so in the script.

@@ -1,4 +1,4 @@
-# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
+# Lightning strategy written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 9.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)

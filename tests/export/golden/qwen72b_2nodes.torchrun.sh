@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# torchrun command written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
+# torchrun command written by dp-advisor: zero3_offload on torch (FSDP2 fully_shard(reshard_after_forward=True, offload_policy=CPUOffloadPolicy())) for Qwen/Qwen2.5-72B on 2 nodes x 8 x H100-80GB-SXM: micro-batch 9 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
 # torchrun starts the processes; the script applies the strategy (e.g. wrappers.wrap()).
 # Per-GPU batch size in the script: 9.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe torch, foreach step); build it so in the script.

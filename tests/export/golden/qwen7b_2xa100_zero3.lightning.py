@@ -1,4 +1,4 @@
-# Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
+# Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
 # Selective activation checkpointing has no config key here (the configs' checkpointing is per block, in full): call wrap(model, activation_checkpointing="selective") in the script.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 1.

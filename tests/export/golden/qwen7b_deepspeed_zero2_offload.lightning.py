@@ -1,6 +1,6 @@
-# Lightning strategy written by dp-advisor: zero2_offload on deepspeed (DeepSpeed ZeRO stage 2 + offload_optimizer(cpu)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 12, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
+# Lightning strategy written by dp-advisor: zero2_offload on deepspeed (DeepSpeed ZeRO stage 2 + offload_optimizer(cpu)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 12 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
 # DeepSpeed runs with lightning's defaults, which this file does not set and the plan assumed (profiles/zero_defaults.json): reduce_bucket_size 200,000,000, overlap_comm true; --format deepspeed-json writes and plans smaller buckets.
-# Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
+# Optimizer: the plan times DeepSpeed's CPU Adam (offload_optimizer): build deepspeed.ops.adam.DeepSpeedCPUAdam(params, adamw_mode=True) and pass it to deepspeed.initialize, or pass none and add an "optimizer" section of type AdamW to this file (DeepSpeed builds its CPU Adam for it); a torch optimizer is refused with offload_optimizer.
 # DataLoader batch_size per device: 12.
 # Activation checkpointing is part of the plan: call model.gradient_checkpointing_enable().
 from lightning.pytorch import Trainer

@@ -29,9 +29,9 @@ only they are trainable: the base weights are frozen (no gradients, no optimizer
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from advisor.frozen import validated_copy
 from advisor.model.block_kinds import kind_of
@@ -61,6 +61,13 @@ class LoraConfig(BaseModel):
     modules_to_save: tuple[str, ...] | None = Field(
         default=None, exclude_if=lambda names: names is None,
         description="Modules PEFT keeps a trainable full copy of (PEFT's modules_to_save; advisor.model.saved_modules).")
+
+    @field_validator("targets")
+    @classmethod
+    def _some_targets(cls, targets: Any) -> Any:
+        if isinstance(targets, tuple) and not targets:  # PEFT's default was taken silently
+            raise ValueError("no module names: give some, 'all-linear', or leave targets out for PEFT's default")
+        return targets
 
     def peft_kwargs(self, default: tuple[str, ...]) -> dict:
         """``peft.LoraConfig`` keyword arguments for this adapter (``default``: the model's default targets)."""

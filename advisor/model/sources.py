@@ -190,6 +190,9 @@ class Resolved(NamedTuple):
     config: dict | None
 
 
+_SIZE_SHAPE = re.compile(r"^[-+]?[\d.,_e]+\s*[kmbt]?$", re.IGNORECASE)  # digits and an optional unit: meant as a size
+
+
 def _looks_like_size(name: str) -> bool:
     try:
         parse_count(name)
@@ -237,6 +240,8 @@ def resolve(
         return Resolved(spec_from_config(cfg, name=bundled, source="bundled"), cfg)
     if _looks_like_size(name):
         return Resolved(resolve_size(name), None)
+    if _SIZE_SHAPE.match(name.strip()):  # a size parse_count refuses ("0B", "-3B", "1000.4T"): its own reason
+        parse_count(name, what="--params")
     if not _HUB_ID.match(name):
         raise ValueError(unresolved_message(name, "not a local path, bundled id, size or Hub id"))
     cfg = fetch_config(name)

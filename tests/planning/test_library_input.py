@@ -104,3 +104,17 @@ def test_asking_a_plan_for_a_strategy_it_did_not_plan():
     plan = advisor.plan("7B", "2xA100", strategy="ddp")
     with pytest.raises(ValueError, match="no 'zero3' candidate"):
         plan.candidate("zero3")
+
+
+@pytest.mark.parametrize(("model", "said"), [("0B", "must be at least 1"), ("1000.4T", "is more than 1e"),
+                                              ("-3B", "expected a number like 7.5B")])
+def test_a_size_says_what_is_wrong_with_it(model, said):
+    """These read 'not a local path, bundled id, size or Hub id': parse_count's own reason was swallowed."""
+    with pytest.raises(ValueError, match=said):
+        advisor.resolve_model(model)
+
+
+def test_lora_with_no_target_names_is_refused():
+    """targets=[] silently took PEFT's default targets."""
+    with pytest.raises(ValueError, match="no module names"):
+        advisor.plan("meta-llama/Llama-3.1-8B", "1xH100", lora={"rank": 8, "targets": []})

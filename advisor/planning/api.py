@@ -251,18 +251,23 @@ def _needs_checkpointing(candidates: list[Candidate]) -> bool:
     return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
-PIN_FLAGS = {"dp_replicate": "hybrid", "pp_schedule": "pp-schedule", "virtual_stages": "virtual-stages",
-             "pp_layers": "pp-layers"}
+def _option_error(err: ValidationError, rename: dict[str, str] | None = None) -> ValueError:
+    """A rejected option as one line naming it, spelled as the command line does (``rename``: a field whose flag
+    has another name); a check across options keeps its own message, which names them."""
+    first = err.errors()[0]
+    if not first["loc"] and first.get("type") == "value_error":
+        return ValueError(first["msg"].removeprefix("Value error, "))
+    where, _, problem = validation_problem(err).partition(": ")
+    field, dot, rest = where.partition(".")
+    return ValueError(f"{(rename or {}).get(field, field)}{dot}{rest}".replace("_", "-") + f": {problem}")
 
 
 def _pins(**degrees: Any) -> MeshPins:
-    """The pinned degrees, or one ValueError naming the option (as ``training_from_options`` does)."""
+    """The pinned degrees, or one ValueError naming the option (``--hybrid`` is the field dp_replicate)."""
     try:
         return MeshPins(**degrees)
     except ValidationError as err:
-        where, _, problem = validation_problem(err).partition(": ")
-        field = where.split(".")[0]
-        raise ValueError(f"{PIN_FLAGS.get(field, field)}: {problem}") from None
+        raise _option_error(err, {"dp_replicate": "hybrid"}) from None
 
 
 def training_from_options(options: dict[str, Any]) -> TrainingConfig:
@@ -271,11 +276,7 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
     try:
         return TrainingConfig(**options)
     except ValidationError as err:
-        first = err.errors()[0]
-        if not first["loc"] and first.get("type") == "value_error":  # a check across options: its message names them
-            raise ValueError(first["msg"].removeprefix("Value error, ")) from None
-        where, _, problem = validation_problem(err).partition(": ")
-        raise ValueError(f"{where.replace('_', '-')}: {problem}") from None
+        raise _option_error(err) from None
 
 
 def plan(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.config_keys import CONFIG_KEYS, config_value
 from advisor.model.sources import resolve
 from advisor.training import TrainingConfig
@@ -52,16 +53,11 @@ def simulation_config(cfg: dict, *, attention: str, use_cache: bool = False) -> 
 
 def runs_attention(cfg: dict, attention: str) -> str:
     """The attention the model runs when ``attention`` is asked for: eager where its transformers class has no
-    SDPA path (``_supports_sdpa`` False: BLOOM, MPT), which is what ``from_pretrained`` falls back to, and what
-    building the class with SDPA refuses."""
-    if attention != "sdpa":
-        return attention
-    import transformers
-
+    SDPA path (profiles/attention_support.json, the planner's table: BLOOM, MPT), which is what
+    ``from_pretrained`` falls back to, and what building the class with SDPA refuses."""
     archs = cfg.get("architectures") or []
-    model_cls = getattr(transformers, archs[0], None) if archs and isinstance(archs[0], str) else None
-    return "eager" if isinstance(model_cls, type) and getattr(model_cls, "_supports_sdpa", True) is False \
-        else attention
+    architecture = archs[0] if archs and isinstance(archs[0], str) else None
+    return "eager" if attention == "sdpa" and runs_eager_by_default(architecture) else attention
 
 
 def training_dtypes(training: TrainingConfig) -> tuple[Any, Any]:

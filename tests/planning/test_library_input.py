@@ -65,7 +65,11 @@ def test_margin_low_says_the_end_that_decided(capsys):
     except SystemExit as done:
         assert done.code in (0, None)
     out = " ".join(capsys.readouterr().out.split())
-    assert "of 39.38 GiB per GPU at the low end of its range (83%; expected 41.59)" in out
+    # the sentence against the plan's own --json: its low end (which fits the 39.38 GiB card) and its expected total
+    chosen = advisor.plan("1.5B", "1xA100-40GB-PCIE", margin="low").chosen
+    low, total = chosen.memory_range.low / 2**30, chosen.memory_bytes.total / 2**30
+    assert low <= 39.38 < total
+    assert f"{low:.2f} of 39.38 GiB per GPU at the low end of its range ({low / 39.38:.0%}; expected {total:.2f})" in out
 
 
 @pytest.mark.parametrize(("options", "names"), [

@@ -24,11 +24,12 @@ from advisor.estimate.accumulation import accumulates_unsharded
 from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import ParallelDims
+from advisor.mesh import MESH_STRATEGIES, ParallelDims
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting
+from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting, within_headroom
+from advisor.planning.meshes import MeshPins, best_mesh, enumerate_meshes, evaluate_meshes, keeping_global_batch
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
@@ -56,11 +57,13 @@ class _Change(BaseModel):
     spec: ModelSpec | None = None
     hardware: Hardware | None = None
     mesh: ParallelDims | None = None
+    pins: MeshPins | None = None  # a pinned degree: the plan is the mesh search's best under it, as --cp N gives
 
 
 def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidate | None, *,
-                  world: int = 0) -> str | None:
-    """Why remedies are listed (None: the plan needs none): no fit, offload, or a low MFU."""
+                  world: int = 0, training: TrainingConfig | None = None) -> str | None:
+    """Why remedies are listed (None: the plan needs none): no fit, offload, the size default unfit, a plan
+    past the --headroom (even at the micro-batch it was given or 1), or a low MFU."""
     default = next((c for c in candidates if c.strategy == default_strategy(spec, world=world)[0] and c.mesh is None),
                    None)
     if chosen is None:
@@ -69,6 +72,8 @@ def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidat
         return "offload"
     if default is not None and not default.fits:
         return "size default does not fit"
+    if training is not None and not within_headroom(chosen, training):
+        return "past headroom"
     if chosen.step_time is not None and chosen.step_time.mfu < USEFUL_MFU:
         return "low MFU"
     return None
@@ -78,7 +83,7 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
                   chosen: Candidate | None) -> tuple[Remedy, ...]:
     """The remedies that help, ranked: those that keep the mathematics first; within each group the ones
     that fit on the GPUs alone, then the most tokens/s."""
-    reason = remedy_reason(spec, candidates, chosen, world=hw.world_size)
+    reason = remedy_reason(spec, candidates, chosen, world=hw.world_size, training=training)
     if reason is None:
         return ()
     default = next((c for c in candidates if c.strategy == default_strategy(spec, world=hw.world_size)[0]
@@ -90,8 +95,13 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
     found = []
     for change in _changes(spec, hw, training, ref, reason):
-        remedy = _apply(spec, hw, training, ref, change)
-        if remedy is not None and _helps(remedy, on_gpu_now=on_gpu_now, current=current):
+        if change.pins is not None and any(x.name.startswith("--cp ") for x in found):
+            continue  # the smallest context-parallel degree that helps (they come in rising order)
+        applied = _apply(spec, hw, training, ref, change)
+        if applied is None:
+            continue
+        remedy, roomy = applied
+        if _helps(remedy, on_gpu_now=on_gpu_now, current=current) or (reason == "past headroom" and roomy):
             found.append(remedy)
     # An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
     # other remedies of their group whatever their tokens/s (more hardware always runs faster).
@@ -106,9 +116,15 @@ def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
     return faster and (remedy.fits or not on_gpu_now)
 
 
-def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, change: _Change) -> Remedy | None:
-    """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan."""
+def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate,
+           change: _Change) -> tuple[Remedy, bool] | None:
+    """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan, and
+    whether that plan leaves the --headroom free. More GPUs are measured on the size default of their count
+    where ``ref`` is the size default of this one (one GPU's plain model becomes full sharding on several)."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
+    measured = ref.strategy
+    if change.hardware is not None and ref.strategy == default_strategy(spec, world=hw.world_size)[0]:
+        measured = default_strategy(new_spec, world=new_hw.world_size)[0]
     # The same micro-batches a step where they still divide the global batch: accumulation holds gradients
     # (advisor.estimate.accumulation), so the saving is measured with the reference's own.
     dp = change.mesh.dp if change.mesh is not None else new_hw.world_size
@@ -118,7 +134,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         changed = validated_copy(training, change.update)
         pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": kept,
                                              "activation_checkpointing": ref.checkpointing or "off", **change.update})
-        same = evaluate_candidate(new_spec, new_hw, pinned, ref.strategy, change.mesh)
+        same = evaluate_candidate(new_spec, new_hw, pinned, measured, change.mesh)
     except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
         return None
     if same.memory_bytes is None:
@@ -126,16 +142,20 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
     if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
         return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
-    if change.mesh is not None:  # hybrid sharding: the mesh candidate is the plan
+    if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search)
+        meshes, _ = keeping_global_batch(changed, enumerate_meshes(new_spec, new_hw, changed, change.pins))
+        result = best_mesh(evaluate_meshes(new_spec, new_hw, changed, meshes), changed)
+    elif change.mesh is not None:  # hybrid sharding: the mesh candidate is the plan
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
         result = result if result.fits else None
     else:
         result = replan(new_spec, new_hw, changed)
     step = result.step_time if result is not None else None
+    fits = result is not None and not offloads(result)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
                   strategy=result.strategy if result is not None else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
-                  fits=result is not None and not offloads(result))
+                  fits=fits), fits and within_headroom(result, changed)
 
 
 def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
@@ -180,6 +200,8 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         # the saved activations in CPU memory, out under forward and back under backward beside the compute
         # (advisor.estimate.activation_offload): torchtune's and TRL's, after the kernels and checkpointing
         keep.append(_Change(name="--activation-offload", keeps_math=True, update={"activation_offload": True}))
+    if memory_bound and holds_activations:
+        keep += _context_parallel(spec, hw, training, ref)
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
@@ -228,6 +250,24 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
     label = f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
         f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
     return [_Change(name=f"--gpus {label}", keeps_math=True, hardware=bigger)]
+
+
+def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
+    """``--cp N`` for each power of two N inside a node that splits the sequence into 2 x N chunks, as the mesh
+    search would (advisor.planning.meshes.enumerate_meshes): the activations and logits of a sample split over N
+    ranks, FSDP2 over the rest (the saving is measured on that mesh; the plan is the search's best with cp pinned,
+    which may add tensor parallelism). Only for a fully sharded reference whose peak holds activations, with SDPA."""
+    if (ref.strategy not in MESH_STRATEGIES or offloads(ref) or training.attention == "eager"
+            or training.images_per_sample or not spec.num_attention_heads):
+        return []
+    world, changes = hw.world_size, []
+    cp = 2
+    while cp <= hw.gpus_per_node:
+        if world % cp == 0 and training.seq_len % (2 * cp) == 0:
+            mesh = ParallelDims(dp_shard=world // cp, cp=cp, world_size=world)
+            changes.append(_Change(name=f"--cp {cp}", keeps_math=True, mesh=mesh, pins=MeshPins(cp=cp)))
+        cp *= 2
+    return changes
 
 
 def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:

@@ -179,6 +179,11 @@ class Recipe(BaseModel):
                                      "and autograd saves that copy (or its dropout output). False: the stack casts the "
                                      "whole module, adapters included (wrap()'s model.to, Lightning's bf16-true, "
                                      "DeepSpeed, torchtune's default dtype).")
+    checkpoints_via_transformers: bool = Field(
+        default=False, description="Its activation checkpointing is transformers' gradient_checkpointing_enable() "
+        "with no kwargs, reentrant before transformers 5.0.0 (library_releases.json "
+        "gradient_checkpointing_non_reentrant; TrainingConfig.reentrant_checkpointing). False: torch's non-reentrant "
+        "checkpoint whatever the release (wrappers.checkpointing, torchtitan, torchtune, Lightning's FSDP wrapper).")
     adapter_units: bool = Field(default=False, description="Under FSDP its LoRA adapters get FSDP units of their "
                                 "own (PEFT's fsdp_auto_wrap_policy), so a block's unit holds only the frozen base: "
                                 "FSDP1 gives it no gradient and leaves it in its loaded dtype. False: a block's "
@@ -204,7 +209,7 @@ class Recipe(BaseModel):
             missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
-                                      "torch_strategies")
+                                      "torch_strategies", "checkpoints_via_transformers")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

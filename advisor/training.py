@@ -159,7 +159,14 @@ class TrainingConfig(BaseModel):
                                                   "allocated (profiles/library_releases.json: FSDP2's root resharded "
                                                   "after forward since 2.8.0); None: the newest release's behaviour.")
 
-    @field_validator("bitsandbytes", "torch_release")
+    # Left out of the JSON unless set: the planner assumes the newest transformers' behaviours.
+    transformers_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
+                                             description="The transformers release the run uses, where a release "
+                                                         "changes what is allocated (profiles/library_releases.json: "
+                                                         "gradient_checkpointing_enable() non-reentrant since "
+                                                         "5.0.0); None: the newest release's behaviour.")
+
+    @field_validator("bitsandbytes", "torch_release", "transformers_release")
     @classmethod
     def _release_number(cls, value: str | None) -> str | None:
         if value is not None and not release_tuple(value):
@@ -239,6 +246,14 @@ class TrainingConfig(BaseModel):
         begins: the stack asks for it (``Recipe.fsdp_root_reshards``) and the torch release honours it for the root
         (profiles/library_releases.json ``fsdp2_root_reshards_after_forward``, torch >= 2.8)."""
         return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
+
+    @property
+    def reentrant_checkpointing(self) -> bool:
+        """Activation checkpointing runs reentrant: the stack checkpoints through transformers'
+        gradient_checkpointing_enable() (``Recipe.checkpoints_via_transformers``) and the transformers release is
+        before 5.0.0 (profiles/library_releases.json ``gradient_checkpointing_non_reentrant``)."""
+        return (self.recipe.checkpoints_via_transformers
+                and not behaviour_in("gradient_checkpointing_non_reentrant", self.transformers_release))
 
     @property
     def grads_kept_as_zeros(self) -> bool:

@@ -60,6 +60,8 @@ class Lora(_Frozen):
     rank: int = Field(ge=1)
     targets: list[str] | str = Field(description="Module names, or 'all-linear'.")
     dropout: float = Field(ge=0, lt=1)
+    modules_to_save: list[str] | None = Field(default=None, description="PEFT's modules_to_save: trainable full "
+                                              "copies (the head, the embedding).")
 
 
 class Job(_Frozen):
@@ -85,6 +87,9 @@ class Job(_Frozen):
     optimizer_in_backward: bool = Field(default=False, description="The step runs per parameter inside backward "
                                         "(torchtune's optimizer_in_bwd).")
     optimizer_impl: Literal["fused", "foreach", "for-loop"] | None = None
+    transformers_release: str | None = Field(default=None, description="The transformers release that ran it, where "
+                                             "a release changes what is allocated (TrainingConfig."
+                                             "transformers_release); None: the newest.")
     engine: Literal["torch", "deepspeed"]
     strategy: Literal["ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload"]
     strategy_as_run: str
@@ -144,13 +149,17 @@ def _fixed(job: Job) -> dict:
                    engine=job.engine, compile=job.compile, loss=job.loss)
     if job.optimizer_impl is not None:
         options["optimizer_impl"] = job.optimizer_impl
+    if job.transformers_release is not None:
+        options["transformers_release"] = job.transformers_release
     if job.optimizer_in_backward:
         options["optimizer_in_backward"] = True
     if job.bitsandbytes is not None:  # the release its 8-bit optimizer ran (advisor.estimate.optimizer_8bit)
         options["bitsandbytes"] = job.bitsandbytes
     if job.lora is not None:
         targets = job.lora.targets if isinstance(job.lora.targets, str) else tuple(job.lora.targets)
-        options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout)
+        saved = tuple(job.lora.modules_to_save) if job.lora.modules_to_save else None
+        options["lora"] = LoraConfig(rank=job.lora.rank, targets=targets, dropout=job.lora.dropout,
+                                     modules_to_save=saved)
     if job.quantize is not None:
         options.update(quantize=job.quantize, double_quant=bool(job.double_quant))
     if job.float8:  # torchao float8 linears (advisor.estimate.float8_time)
@@ -161,11 +170,9 @@ def _fixed(job: Job) -> dict:
 
 
 def plan_pinned(job: Job):
-    """The published setup, every knob it states pinned (recipe and optimizer_impl: see module docstring).
-    The global batch is left out: it does not change the fit, and with a pinned tp whose mesh does not fit,
-    a global batch that data parallelism alone cannot split makes advisor.plan raise KeyError('zero3') in
-    loss_notes (advisor.planning.notes; no data-parallel candidates to choose from; reported in benchmarks/results/published_jobs.md)."""
-    fixed = {k: v for k, v in _fixed(job).items() if k != "global_batch_size"}
+    """The published setup, every knob it states pinned (recipe and optimizer_impl: see module docstring), its
+    global batch too: gradient accumulation holds the gradients between micro-batches (advisor.estimate.accumulation)."""
+    fixed = _fixed(job)
     options = dict(fixed, micro_batch_size=job.micro_batch_size, loss=job.loss,
                    activation_checkpointing=job.activation_checkpointing)
     mesh = dict(tp=job.tp if job.tp > 1 else None, cp=job.cp if job.cp > 1 else None)

@@ -128,6 +128,10 @@ PLAN_OPTIONS: list[Callable] = [
                       "(profiles/library_releases.json: FSDP2 reshards its root after forward since 2.8.0; zero_grad() "
                       "frees the gradients since 2.0.0, before it they stayed allocated as zeros); "
                       "default: the newest release's behaviour."),
+    click.option("--transformers-release", "transformers_release", metavar="VERSION",
+                 help="The transformers release the run uses, where a release changes what is allocated "
+                      "(profiles/library_releases.json: the Trainer's gradient checkpointing is reentrant before "
+                      "5.0.0, which decides what LLM.int8 linears keep); default: the newest release's behaviour."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -208,6 +212,7 @@ _TRAINING_FIELDS = {
     "optimizer_in_backward": "optimizer_in_backward",
     "activation_offload": "activation_offload",
     "torch_release": "torch_release",
+    "transformers_release": "transformers_release",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",

@@ -272,7 +272,9 @@ def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
     attention output (SDPA saves it), not an input an adapter saves as it is (no dropout, no cast).
     ``MatMul4Bit`` kept its input the same way until bitsandbytes 0.43.2 (PR #1270); it keeps only
     the packed weight now. GPT-2 keeps the full fine-tune count without checkpointing (linear inputs
-    included): only the checkpointed case is added there."""
+    included): only the checkpointed case is added there. Under reentrant checkpointing (transformers
+    before 5.0.0: ``TrainingConfig.reentrant_checkpointing``) a block's first forward runs without grad and
+    makes no ctx: only the block being recomputed keeps its inputs, in its backward."""
     if training.quantize != "int8":
         return 0, 0
     from advisor.estimate.memory import recipe_dtypes  # memory.py imports this module lazily
@@ -283,6 +285,8 @@ def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
     linears = block_linears(spec)
     if not all(name in INPUT_SOURCE for name in linears):  # GPT-2: every linear reads its own input
         per_token = sum(dt.compute * fan_in for shapes in linears.values() for fan_in, _ in shapes)
+        if checkpointing and training.reentrant_checkpointing:
+            return 0, tokens * per_token
         return (tokens * spec.num_layers * per_token, tokens * (spec.num_layers + 1) * per_token) if checkpointing \
             else (0, 0)
     sources = {INPUT_SOURCE[name]: shapes[0][0] for name, shapes in linears.items()}
@@ -292,6 +296,8 @@ def int8_kept_input_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
             shared = {INPUT_SOURCE[name] for name in target_names(spec, training.lora)}
         sources = {src: fan_in for src, fan_in in sources.items() if src != "attention" and src not in shared}
     per_block = tokens * sum(width[src] * fan_in for src, fan_in in sources.items())
+    if checkpointing and training.reentrant_checkpointing:
+        return 0, per_block
     blocks = spec.num_layers
     return blocks * per_block, (blocks + (1 if checkpointing else 0)) * per_block
 

@@ -206,6 +206,19 @@ def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
     notes.append(f"torch {release} (--torch-release): {said}{kept}")
 
 
+def _transformers_release_note(training: TrainingConfig, notes: list[str]) -> None:
+    """With --transformers-release, whether the stack's checkpointing is reentrant (the one transformers behaviour
+    a training config reads; the model's own are the resolver's); without it the newest release's, unsaid."""
+    release = training.transformers_release
+    if release is None:
+        return
+    how = ("reentrant (gradient_checkpointing_enable() passes use_reentrant=True before 5.0.0)"
+           if training.reentrant_checkpointing else "non-reentrant")
+    whose = ("through transformers' gradient_checkpointing_enable()" if training.recipe.checkpoints_via_transformers
+             else f"with torch's own checkpoint (the {training.recipe.name} recipe, whatever the release)")
+    notes.append(f"transformers {release} (--transformers-release): activation checkpointing {whose}: {how}")
+
+
 def _traced(spec: ModelSpec, config: dict, training: TrainingConfig, *, cache_dir: Path | None, notes: list[str],
             names: list[str], trust_remote_code: bool, checkpointing: bool,
             progress: Callable[[float | None], None] | None) -> ModelSpec:
@@ -398,6 +411,7 @@ def plan(
     training = _with_bitsandbytes(training, notes)
     training = _default_attention(spec, training, notes)
     _torch_release_note(training, notes)
+    _transformers_release_note(training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem
 

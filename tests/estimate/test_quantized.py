@@ -124,6 +124,33 @@ def test_int8_linears_keep_their_inputs_past_checkpointing():
     assert buffers("int8", False, 0.1).at_loss - buffers("nf4", False, 0.1).at_loss == 32 * 512 * 2 * 19_200
 
 
+def test_reentrant_checkpointing_keeps_only_the_recomputed_blocks_int8_inputs():
+    """transformers before 5.0.0 checkpoints reentrant (the Trainer's gradient_checkpointing_enable() passed
+    use_reentrant=True): a block's first forward runs under no_grad, so MatMul8bitLt makes no ctx there and only the
+    block recomputed in backward keeps its inputs. Same Llama-2-7B job as above, 23,855,104 bytes a block: under
+    the trainer recipe with transformers 4.48.1, nothing kept until the loss and one block in a block's backward;
+    with 5.0.0 the 32 and 33 of the non-reentrant count; the torch recipe's own (non-reentrant) checkpoint keeps
+    the 32 whatever the transformers release."""
+    from advisor.estimate.quantized import int8_kept_input_bytes
+    from advisor.model.lora import LoraConfig
+    from advisor.strategies import get_strategy
+    from advisor.training import TrainingConfig
+
+    spec = resolve_model("meta-llama/Llama-2-7b-hf")
+    ddp = get_strategy("ddp").on("torch")
+    lora = LoraConfig(rank=64, targets="all-linear")
+
+    def kept(recipe, release):
+        training = TrainingConfig(precision="bf16", seq_len=512, quantize="int8", lora=lora, recipe=recipe,
+                                  transformers_release=release)
+        return int8_kept_input_bytes(spec, training, ddp, tokens=512, checkpointing=True)
+
+    block = 23_855_104
+    assert kept("trainer", "4.48.1") == (0, block)
+    assert kept("trainer", "5.0.0") == kept("trainer", None) == (32 * block, 33 * block)
+    assert kept("torch", "4.48.1") == (32 * block, 33 * block)
+
+
 def test_llama2_70b_qlora_fits_two_24gb_cards_with_offload():
     """Must show: Llama-2-70B, nf4, rank 64, seq 2048 on 2x RTX 4090: FSDP without offload needs more
     than a 24 GB card (as the PEFT docs measured, 35.6 GB per GPU without offload); the plan escalates

@@ -179,6 +179,11 @@ class Recipe(BaseModel):
                                      "and autograd saves that copy (or its dropout output). False: the stack casts the "
                                      "whole module, adapters included (wrap()'s model.to, Lightning's bf16-true, "
                                      "DeepSpeed, torchtune's default dtype).")
+    kbit_casts_copies: bool = Field(
+        default=False, description="Over a 4-bit base under bf16 its loop casts PEFT's modules_to_save copies of the "
+        "embedding and head to bf16 with the originals (TRL's peft_module_casting_to_bf16 after get_peft_model, on a "
+        "base it does not shard), so they train in bf16 with bf16 gradients and AdamW state; the adapters stay fp32. "
+        "False: the copies keep PEFT's dtype (the parameters' under mixed precision).")
     checkpoints_via_transformers: bool = Field(
         default=False, description="Its activation checkpointing is transformers' gradient_checkpointing_enable() "
         "with no kwargs, reentrant before transformers 5.0.0 (library_releases.json "
@@ -209,7 +214,7 @@ class Recipe(BaseModel):
             missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
-                                      "torch_strategies", "checkpoints_via_transformers")
+                                      "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

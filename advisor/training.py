@@ -248,6 +248,14 @@ class TrainingConfig(BaseModel):
         return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
 
     @property
+    def copies_in_compute_dtype(self) -> bool:
+        """PEFT's modules_to_save copies of the embedding and head train in the compute dtype: the recipe casts them
+        over a 4-bit base under bf16-mixed (``Recipe.kbit_casts_copies``: TRL's peft_module_casting_to_bf16); only
+        where the base is not sharded (TRL skips the cast for FSDP / ZeRO-3 QLoRA: checked by the states)."""
+        return (self.recipe.kbit_casts_copies and self.quantize in ("nf4", "fp4") and self.precision == "bf16-mixed"
+                and self.engine == "torch" and self.lora is not None and bool(self.lora.modules_to_save))
+
+    @property
     def reentrant_checkpointing(self) -> bool:
         """Activation checkpointing runs reentrant: the stack checkpoints through transformers'
         gradient_checkpointing_enable() (``Recipe.checkpoints_via_transformers``) and the transformers release is

@@ -25,9 +25,11 @@ KNOWN_MISFITS: dict[str, str] = {  # torchtune-8b-full-4090 fits since --optimiz
     "axolotl-llama3-8b-fft-48gb": "49.3 of 44.3 GiB: 8 accumulated micro-batches hold the bf16 gradients (15.0 GiB) "
                                   "through the 8,192-token loss; the README's '48GB' is the example's class, not a "
                                   "measured peak",
-    "philschmid-llama31-8b-qlora-1xl4-fa": "modules_to_save copies of lm_head and embed_tokens counted in fp32 with "
-                                           "fp32 AdamW state; TRL 0.12's peft_module_casting_to_bf16 casts them to bf16",
-    "philschmid-llama31-8b-qlora-1xl4-liger": "as philschmid-llama31-8b-qlora-1xl4-fa",
+    "philschmid-llama31-8b-qlora-1xl4-fa": "22.6 of 22.0 GiB at the loss backward (the bf16 modules_to_save copies "
+                                           "of the head and embedding, their gradients held over 4 micro-batches and "
+                                           "their AdamW state: 7.8 GiB of it)",
+    "philschmid-llama31-8b-qlora-1xl4-liger": "24.9 of 22.0 GiB at micro-batch 4: 6.1 GiB of loss-backward temporaries "
+                                              "beside Liger's fused loss, not investigated",
     "hf-blog-llama2-70b-full-fsdp-16xa100": "80.5 of 79.2 GiB: 71.8 GiB allocated at the bottom block's backward plus "
                                             "the allocator gap calibrated on unconstrained H100 runs (10.4% + 0.256 GiB)",
 }

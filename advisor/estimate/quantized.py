@@ -164,9 +164,13 @@ def quantized_param_bytes(spec: ModelSpec, training: "TrainingConfig", impl: Imp
     """Parameters per rank at rest: packed weights, the rest of the frozen base in the compute dtype
     and the adapters at ``adapter_bytes``; sharded when the strategy shards parameters; the
     quantisation constants on every rank."""
+    from advisor.estimate.states import compute_dtype_copy_params  # states imports this module lazily
+
     trainable = spec.trainable_params
     dense = spec.total_params - trainable - q.params
-    stored = q.packed_bytes + frozen_dense_bytes(training) * dense + adapter_bytes * trainable
+    cast = compute_dtype_copy_params(spec, training, impl)  # modules_to_save copies the recipe casts to bf16
+    stored = (q.packed_bytes + frozen_dense_bytes(training) * dense + adapter_bytes * (trainable - cast)
+              + training.compute_bytes * cast)
     return (-(-stored // world) if impl.shard_params else stored) + q.constant_bytes
 
 

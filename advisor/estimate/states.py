@@ -100,12 +100,34 @@ def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
     return min(t, widest) or t
 
 
+def compute_dtype_copy_params(spec: ModelSpec, training: TrainingConfig, impl: Implementation) -> int:
+    """Trainable parameters held in the compute dtype rather than ``trainable_param_bytes``: PEFT's modules_to_save
+    copies of the embedding and head that the recipe casts over an unsharded 4-bit base
+    (``TrainingConfig.copies_in_compute_dtype``); 0 elsewhere."""
+    if not training.copies_in_compute_dtype or impl.shard_params:
+        return 0
+    from advisor.model.saved_modules import compute_dtype_copies
+
+    return compute_dtype_copies(spec, training.lora)
+
+
 def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementation, world: int) -> ModelStates:
     pb = training.trainable_param_bytes  # a trainable parameter, its gradient and state (fp32 adapters: fp32)
     p, t = spec.total_params, spec.trainable_params
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
     stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)
     largest = pb * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
+    cast = compute_dtype_copy_params(spec, training, impl)
+    if cast:  # bf16 copies: their weights, gradients and torch optimizer state in bf16 (an 8-bit state is unchanged)
+        less = (pb - training.compute_bytes) * cast
+        opt -= {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(training.optimizer, 0) * less
+        trained = pb * t - less
+        temp = optimizer_step_temporary(training, trainable_bytes=trained, largest_bytes=largest)
+        grads = trained
+        if impl.shard_optimizer:
+            return ModelStates(params=stored - less, grads=grads, optimizer=max(-(-opt // world),
+                               _largest_tensor_bytes(spec, opt)), step_temporary=temp, on_cpu=False)
+        return ModelStates(params=stored - less, grads=grads, optimizer=opt, step_temporary=temp, on_cpu=False)
     if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
         # Each tensor is sharded on dim 0: the largest local shard is about 1/world of the largest tensor.
         temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=-(-largest // world))

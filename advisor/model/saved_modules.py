@@ -91,6 +91,19 @@ def saved_module_params(spec: "ModelSpec", lora: "LoraConfig") -> int:
     return sum(saved_modules(spec, lora.modules_to_save).values())
 
 
+# Module names TRL's peft_module_casting_to_bf16 casts to bf16 (trl/trainer/utils.py: 'lm_head', 'embed_tokens', 'wte',
+# 'wpe' in the qualified name): the frozen originals and PEFT's trainable copies alike.
+CAST_TO_COMPUTE = ("lm_head", "embed_tokens", "wte", "wpe")
+
+
+def compute_dtype_copies(spec: "ModelSpec", lora: "LoraConfig") -> int:
+    """Parameters of the modules_to_save copies whose names TRL casts to the compute dtype (``CAST_TO_COMPUTE``)."""
+    if not lora.modules_to_save:
+        return 0
+    return sum(n for name, n in saved_modules(spec, lora.modules_to_save).items()
+               if any(part in name for part in CAST_TO_COMPUTE))
+
+
 def head_frozen(spec: "ModelSpec", lora: "LoraConfig | None") -> bool:
     """The output head gets no weight gradient: a LoRA model's frozen base, unless PEFT trains a copy of the
     head (``modules_to_save`` naming it; ``ModulesToSaveWrapper.weight`` is the trained copy's, which the fused

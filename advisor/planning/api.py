@@ -394,7 +394,12 @@ def plan(
         _refuse_fused_head_adapter(spec, training)
         notes.append(lora_note(spec, training.lora, training, traced=trace and config is not None))
         if training.lora.modules_to_save and not counted:
-            notes.append(saved_modules_note(spec, training.lora))
+            note = saved_modules_note(spec, training.lora)
+            if training.copies_in_compute_dtype:
+                note += (f"; over the 4-bit base recipe {training.recipe.name} casts the embedding and head copies to "
+                         f"{training.precision_info.compute_dtype} (TRL's peft_module_casting_to_bf16), so they train "
+                         f"in it on a GPU that holds the whole base (not under FSDP / ZeRO-3, where TRL leaves them)")
+            notes.append(note)
         if not counted:
             spec = with_lora(spec, training.lora)
     if training.quantize is not None:

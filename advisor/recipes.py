@@ -179,6 +179,11 @@ class Recipe(BaseModel):
                                      "and autograd saves that copy (or its dropout output). False: the stack casts the "
                                      "whole module, adapters included (wrap()'s model.to, Lightning's bf16-true, "
                                      "DeepSpeed, torchtune's default dtype).")
+    trl_kbit: bool = Field(
+        default=False, description="It prepares a 4-bit / 8-bit LoRA model as TRL's SFTTrainer does, which changed in "
+        "TRL 0.26 (library_releases.json trl_sft_keeps_kbit_base_in_bf16): --trl-release 0.26 or later keeps the base "
+        "in bf16 and trains bf16 adapters (TrainingConfig.trl_bf16_trainables); otherwise the preparation this row's "
+        "kbit_upcast and kbit_casts_copies cite. False: the stack's own preparation on every release.")
     kbit_casts_copies: bool = Field(
         default=False, description="Over a 4-bit base under bf16 its loop casts PEFT's modules_to_save copies of the "
         "embedding and head to bf16 with the originals (TRL's peft_module_casting_to_bf16 after get_peft_model, on a "
@@ -214,7 +219,7 @@ class Recipe(BaseModel):
             missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
-                                      "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies")
+                                      "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies", "trl_kbit")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

@@ -166,7 +166,15 @@ class TrainingConfig(BaseModel):
                                                          "gradient_checkpointing_enable() non-reentrant since "
                                                          "5.0.0); None: the newest release's behaviour.")
 
-    @field_validator("bitsandbytes", "torch_release", "transformers_release")
+    # Left out of the JSON unless set: the trainer recipe's cited TRL preparation of a k-bit model (before 0.26).
+    trl_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
+                                    description="The TRL release the run uses, where a release changes what is "
+                                                "allocated (profiles/library_releases.json: SFTTrainer keeps a k-bit "
+                                                "base in bf16 and casts the adapters to bf16 since 0.26.0); None: the "
+                                                "preparation the trainer recipe cites (prepare_model_for_kbit_training, "
+                                                "as TRL before 0.26 and PEFT's QLoRA examples run it).")
+
+    @field_validator("bitsandbytes", "torch_release", "transformers_release", "trl_release")
     @classmethod
     def _release_number(cls, value: str | None) -> str | None:
         if value is not None and not release_tuple(value):
@@ -248,12 +256,28 @@ class TrainingConfig(BaseModel):
         return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
 
     @property
+    def trl_bf16_trainables(self) -> bool:
+        """TRL 0.26 or later prepares this k-bit LoRA model (``Recipe.trl_kbit``, --trl-release): the base stays in the
+        bf16 it was loaded in and every trainable parameter is cast to bf16 (profiles/library_releases.json
+        ``trl_sft_keeps_kbit_base_in_bf16``); modelled under bf16-mixed on the torch engine."""
+        return (self.recipe.trl_kbit and self.quantize is not None and self.lora is not None
+                and self.trl_release is not None and behaviour_in("trl_sft_keeps_kbit_base_in_bf16", self.trl_release)
+                and self.precision == "bf16-mixed" and self.engine == "torch")
+
+    @property
+    def kbit_upcast(self) -> bool:
+        """The stack upcasts a k-bit model's unquantised base to fp32 (``Recipe.kbit_upcast``), unless TRL 0.26 or
+        later prepares it (``trl_bf16_trainables``)."""
+        return self.recipe.kbit_upcast and not self.trl_bf16_trainables
+
+    @property
     def copies_in_compute_dtype(self) -> bool:
         """PEFT's modules_to_save copies of the embedding and head train in the compute dtype: the recipe casts them
         over a 4-bit base under bf16-mixed (``Recipe.kbit_casts_copies``: TRL's peft_module_casting_to_bf16); only
         where the base is not sharded (TRL skips the cast for FSDP / ZeRO-3 QLoRA: checked by the states)."""
         return (self.recipe.kbit_casts_copies and self.quantize in ("nf4", "fp4") and self.precision == "bf16-mixed"
-                and self.engine == "torch" and self.lora is not None and bool(self.lora.modules_to_save))
+                and self.engine == "torch" and self.lora is not None and bool(self.lora.modules_to_save)
+                and not self.trl_bf16_trainables)  # TRL 0.26+: every trainable parameter in bf16 already
 
     @property
     def reentrant_checkpointing(self) -> bool:
@@ -307,8 +331,10 @@ class TrainingConfig(BaseModel):
 
     @property
     def trainable_param_bytes(self) -> int:
-        """Bytes of one trainable parameter (and of its gradient): fp32 for ``fp32_adapters``, else
-        ``param_bytes``."""
+        """Bytes of one trainable parameter (and of its gradient): fp32 for ``fp32_adapters``, the compute dtype's
+        where TRL 0.26+ casts them (``trl_bf16_trainables``), else ``param_bytes``."""
+        if self.trl_bf16_trainables:
+            return self.compute_bytes
         return FP32 if self.fp32_adapters else self.param_bytes
 
     @property

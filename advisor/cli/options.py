@@ -132,6 +132,11 @@ PLAN_OPTIONS: list[Callable] = [
                  help="The transformers release the run uses, where a release changes what is allocated "
                       "(profiles/library_releases.json: the Trainer's gradient checkpointing is reentrant before "
                       "5.0.0, which decides what LLM.int8 linears keep); default: the newest release's behaviour."),
+    click.option("--trl-release", "trl_release", metavar="VERSION",
+                 help="The TRL release the trainer recipe's SFTTrainer uses: 0.26 or later keeps a 4-bit / 8-bit "
+                      "base in bf16 and trains bf16 adapters (profiles/library_releases.json); default: "
+                      "prepare_model_for_kbit_training's fp32 upcast and fp32 adapters, as TRL before 0.26 and "
+                      "PEFT's QLoRA examples prepare the model."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),
     click.option("--strategy", type=_choice(STRATEGIES), help="Evaluate only this one."),
     click.option("--policy", type=_choice(get_args(Policy)),
@@ -213,6 +218,7 @@ _TRAINING_FIELDS = {
     "activation_offload": "activation_offload",
     "torch_release": "torch_release",
     "transformers_release": "transformers_release",
+    "trl_release": "trl_release",
     "fsdp_version": "fsdp_version",  # set by --from (accelerate's fsdp_version, the Trainer's fsdp_config version)
     "engine": "engine",
     "policy": "policy",

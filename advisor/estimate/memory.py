@@ -220,7 +220,7 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
         return Dtypes(residual=2, compute=2, input_casts=False, buffer=4)
     if training.low_precision_base:  # autocast over a bf16 base: a bf16 residual; fp32 adapters cast their input
         return Dtypes(residual=2, compute=2, input_casts=True, buffer=4)
-    if training.quantize is not None and not training.recipe.kbit_upcast and training.precision == "bf16-mixed":
+    if training.quantize is not None and not training.kbit_upcast and training.precision == "bf16-mixed":
         # a QLoRA base left in bf16, norms too: a bf16 residual, and PEFT's bitsandbytes LoRA layers cast no input
         # under autocast (peft/tuners/lora/bnb.py: the cast only where autocast is off). fp16-mixed stores the
         # unquantised base in fp32 (advisor.estimate.quantized.frozen_dense_bytes), so its norms are fp32 there.

@@ -253,7 +253,7 @@ def apply_quantization(spec: ModelSpec, training: "TrainingConfig", impl: Implem
     the model states with the packed parameters, and the strategy's buffers recomputed over them."""
     q = quantized_base(spec, training.quantize, double_quant=training.double_quant)
     deepspeed = training.engine == "deepspeed"
-    adapter_bytes = training.compute_bytes if deepspeed else training.param_bytes
+    adapter_bytes = training.compute_bytes if deepspeed else training.trainable_param_bytes
     params = quantized_param_bytes(spec, training, impl, world, q, adapter_bytes=adapter_bytes)
     if impl.offload_params:
         params -= q.constant_bytes  # the constants stay on the GPU: counted with the buffers

@@ -206,6 +206,26 @@ def _torch_release_note(training: TrainingConfig, notes: list[str]) -> None:
     notes.append(f"torch {release} (--torch-release): {said}{kept}")
 
 
+def _trl_release_note(training: TrainingConfig, notes: list[str]) -> None:
+    """With --trl-release, how the trainer recipe's SFTTrainer prepares a k-bit LoRA model; without it, unsaid (the
+    recipe's line names the preparation it cites)."""
+    release = training.trl_release
+    if release is None:
+        return
+    if not (training.recipe.trl_kbit and training.quantize is not None and training.lora is not None):
+        notes.append(f"trl {release} (--trl-release): changes nothing here (it decides how SFTTrainer prepares a 4-bit "
+                     "or 8-bit LoRA model under the trainer recipe)")
+    elif training.trl_bf16_trainables:
+        notes.append(f"trl {release} (--trl-release): SFTTrainer keeps the k-bit base in the bf16 it was loaded in "
+                     "(no prepare_model_for_kbit_training since 0.26.0) and casts every trainable parameter to bf16: "
+                     "a bf16 residual stream, bf16 adapters with bf16 gradients and AdamW state")
+    else:
+        notes.append(f"trl {release} (--trl-release): before 0.26.0 SFTTrainer runs prepare_model_for_kbit_training "
+                     "(the unquantised base upcast to fp32, an fp32 residual stream from the first MLP on), fp32 "
+                     "adapters, the embedding and head cast back to bf16" +
+                     ("" if training.precision == "bf16-mixed" else f"; under {training.precision} as planned"))
+
+
 def _transformers_release_note(training: TrainingConfig, notes: list[str]) -> None:
     """With --transformers-release, whether the stack's checkpointing is reentrant (the one transformers behaviour
     a training config reads; the model's own are the resolver's); without it the newest release's, unsaid."""
@@ -417,6 +437,7 @@ def plan(
     training = _default_attention(spec, training, notes)
     _torch_release_note(training, notes)
     _transformers_release_note(training, notes)
+    _trl_release_note(training, notes)
     if training.optimizer_in_backward:  # one GPU, torch engine (advisor.estimate.in_backward)
         from advisor.estimate.in_backward import in_backward_problem
 

@@ -179,6 +179,11 @@ class Recipe(BaseModel):
                                      "and autograd saves that copy (or its dropout output). False: the stack casts the "
                                      "whole module, adapters included (wrap()'s model.to, Lightning's bf16-true, "
                                      "DeepSpeed, torchtune's default dtype).")
+    fused_loss_in_place: bool = Field(
+        default=False, description="Its --loss fused is Liger's fused linear cross-entropy (the Trainer's "
+        "use_liger_kernel): a trained head's gradient accumulated in the head's own dtype (torch.zeros_like(weight), "
+        "addmm in place) and backward scaling the kept gradients in place. False: wrappers.losses' kernel (an fp32 "
+        "accumulator, then a copy in the head's dtype, scaled out of place in backward).")
     trl_kbit: bool = Field(
         default=False, description="It prepares a 4-bit / 8-bit LoRA model as TRL's SFTTrainer does, which changed in "
         "TRL 0.26 (library_releases.json trl_sft_keeps_kbit_base_in_bf16): --trl-release 0.26 or later keeps the base "
@@ -219,7 +224,8 @@ class Recipe(BaseModel):
             missing.append("kbit_upcast")
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
-                                      "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies", "trl_kbit")
+                                      "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies", "trl_kbit",
+                                      "fused_loss_in_place")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

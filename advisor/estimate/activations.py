@@ -190,6 +190,7 @@ def estimate_activations(
     shape: ActivationShape, dt: Dtypes, *, micro_batch_size: int, seq_len: int, checkpointing: bool, eager: bool,
     adapters: Adapters | None = None, loss_kernel: str = "hf", selective: bool = False, kept_width: int = 0,
     kept_tail_width: int = 0, kept_elements: int = 0, target_len: int | None = None, head_grads: bool = True, head_frozen: bool | None = None,
+    head_bytes: int | None = None,
 ) -> ActivationEstimate:
     """Saved activations of one micro-batch at the end of forward, and the loss transient.
     ``kept_width``: the output features of the matrix products selective checkpointing keeps in a block;
@@ -232,7 +233,8 @@ def estimate_activations(
         outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
     shared = (tokens - seq_len) * rope_tables_per_token(shape, dt)  # one RoPE table pair a micro-batch, not a sample
     outside, to_embedding = outside - shared, to_embedding - shared
-    if loss_kernel == "fused" and shape.family == "decoder" and dt.input_casts and not frozen and shape.head is None:
+    if loss_kernel in ("fused", "fused_in_place") and shape.family == "decoder" and dt.input_casts and not frozen \
+            and shape.head is None:
         outside -= tokens * dt.compute * h  # the fused kernel reads the head's input with autocast off, a chunk at a
         # time: no autocast cast of it is saved (read on the simulated step, sweep b86536f72b68 as fused: none there)
     # all blocks: Jamba's layers each as its kind is, an MoE stack's dense layers and router weight copy
@@ -269,7 +271,8 @@ def estimate_activations(
                                                             eager=math_attention)
     logits, loss = loss_bytes(loss_kernel, tokens=tokens, vocab=vocab, hidden=h, dt=dt,
                               head_trains=head_grads and adapters is None,
-                              head_frozen=adapters is not None if head_frozen is None else head_frozen)
+                              head_frozen=adapters is not None if head_frozen is None else head_frozen,
+                              head_bytes=head_bytes)
     if shape.family == "decoder" and dt.input_casts and not frozen:  # the final norm's output: the model's forward
         # holds it while the loss runs, and under autocast no linear saves it (the head saves its cast). Read on the
         # simulated step (sweep b86536f72b68, bf16-mixed, hf, chunked and fused): 4 x 128 bytes a token more at the end

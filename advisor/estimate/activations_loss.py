@@ -19,8 +19,9 @@ LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
 
 
 def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
-               head_trains: bool = True, head_frozen: bool = False) -> tuple[int, int]:
-    """(end of forward, loss backward) bytes of the loss path beyond the saved activations.
+               head_trains: bool = True, head_frozen: bool = False, head_bytes: int | None = None) -> tuple[int, int]:
+    """(end of forward, loss backward) bytes of the loss path beyond the saved activations. ``head_bytes``: a
+    trained head's dtype where it is not the residual's (a copy cast to the compute dtype); None: the residual's.
 
     hf (transformers' ForCausalLMLoss): the forward ends with the low-precision logits, their fp32
     copy and the saved log-softmax output, 2 + 4 + 4 bytes per logit (the loop keeps only the loss,
@@ -44,6 +45,9 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     softmax's ``.to(compute)`` before its product with the head are smaller (compute bytes a logit), the
     latter beside that product's rows. Under autocast over an fp32 residual, also the chunk's
     low-precision input.
+    fused_in_place (Liger's kernel, ``Recipe.fused_loss_in_place``): the same loop, but the head's gradient
+    accumulates in the head's own dtype (``torch.zeros_like(weight)``, ``addmm`` in place) and is the tensor kept,
+    and backward scales the kept gradients in place: no fp32 accumulator, no copy, one kept set in backward.
     ``head_frozen`` (a frozen base: LoRA): the head's weight needs no gradient, so the kernel makes no fp32
     accumulator, no copy of it in the head's dtype and keeps none for backward (``ctx.needs_input_grad``); what
     is left is the input gradient and the chunk's tensors.
@@ -67,7 +71,8 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     if kernel in CHUNKED_KERNELS:
         return chunked_loss_bytes(kernel, tokens=tokens, vocab=vocab, hidden=hidden, dt=dt,
                                   head_grads=head_trains and not head_frozen and tokens >= 2)
-    if kernel == "fused":
+    if kernel in ("fused", "fused_in_place"):
+        in_place = kernel == "fused_in_place"
         head = 0 if head_frozen else vocab * hidden  # the head's gradient; its low-precision copy is made either way
         grad_input = tokens * hidden * dt.residual
         # Each chunk: its fp32 logits beside logsumexp's ``self - maxes`` (fp32, as large), or beside the
@@ -76,11 +81,16 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
         rows = -(-tokens // LOSS_CHUNKS) * hidden * dt.compute
         copy = dt.compute if dt.compute != FP32 else 0
         chunk = max(per_chunk * 2 * FP32, per_chunk * (FP32 + copy) + rows)
-        in_loop = grad_input + head * FP32 + chunk + (rows if dt.residual != dt.compute else 0)
+        head_dtype = dt.residual if head_bytes is None else head_bytes
+        accumulator = head * (head_dtype if in_place else FP32)  # Liger: zeros_like(weight); ours: fp32
+        in_loop = grad_input + accumulator + chunk + (rows if dt.residual != dt.compute else 0)
         if dt.input_casts and dt.residual != dt.compute:  # autocast over an fp32 head: one low-precision copy of
             # it for the chunks; over LoRA's bf16 base (a bf16 residual) the head is bf16 and ``weight.to`` returns it
             in_loop += vocab * hidden * dt.compute
         # After the loop the accumulator becomes the head's dtype (a copy unless that is fp32).
+        if in_place:  # the accumulator is the gradient kept; backward scales it and the input's in place
+            kept = grad_input + accumulator
+            return max(in_loop, kept), kept
         at_end = grad_input + head * FP32 + (head * dt.residual if dt.residual != FP32 else 0)
         kept = grad_input + head * dt.residual
         return max(in_loop, at_end), 2 * kept
@@ -167,7 +177,7 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
     head's gradient its forward computed (none for a frozen head: ``loss_bytes``). A pipeline's last stage
     computes the loss in each micro-batch's forward, so each of its micro-batches in flight keeps this until its
     backward."""
-    if kernel == "fused":
+    if kernel in ("fused", "fused_in_place"):
         return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
     if kernel == "compiled":  # what the end of forward holds: the logits and two fp32 values a token
         return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)[0]

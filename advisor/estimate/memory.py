@@ -240,6 +240,8 @@ def memory_loss_kernel(training: TrainingConfig) -> str:
     if training.loss == "chunked" and training.recipe.chunked_logits is not None:
         held = "_held" if training.recipe.chunked_logits == "model" else ""
         return ("chunked_compiled" if compiled else "chunked") + held
+    if training.loss == "fused" and training.recipe.fused_loss_in_place:
+        return "fused_in_place"  # Liger's kernel (Recipe.fused_loss_in_place)
     return "compiled" if compiled and training.loss == "hf" else training.loss
 
 
@@ -266,6 +268,7 @@ def _activations(spec: ModelSpec, training: TrainingConfig, impl: Implementation
         adapters=_adapters(spec, training),
         head_frozen=head_frozen(spec, training.lora),  # a frozen base's head, whatever the family, unless PEFT trains a copy
         loss_kernel=memory_loss_kernel(training),
+        head_bytes=training.compute_bytes if training.copies_in_compute_dtype or training.trl_bf16_trainables else None,
         selective=checkpointing and training.activation_checkpointing == "selective",
         kept_width=kept.width,
         kept_tail_width=kept.tail_width,

@@ -213,9 +213,14 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
                      f"{compiled}; elsewhere wrappers.losses.use_loss_kernel(model, \"chunked\") runs the eager "
                      "kernel, which holds more: plan with that stack's --recipe to count it.")
     elif training.loss != "hf":
-        trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" if training.loss == "fused" else ""
-        notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in the "
-                     f"script{trainer}; the plan's memory assumes it.")
+        if training.loss == "fused" and training.recipe.fused_loss_in_place:
+            notes.append("--loss fused: the Trainer's use_liger_kernel (pip install liger-kernel); the plan's memory "
+                         "counts Liger's kernel, its head gradient accumulated and scaled in place.")
+        else:
+            trainer = " (Trainer: use_liger_kernel, pip install liger-kernel, the same algorithm)" \
+                if training.loss == "fused" else ""
+            notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in "
+                         f"the script{trainer}; the plan's memory assumes it.")
     if selective:
         notes.append("Selective activation checkpointing has no config key here (the configs' checkpointing is "
                      "per block, in full): call wrap(model, activation_checkpointing=\"selective\") in the script.")

@@ -72,7 +72,7 @@ class TrainingConfig(BaseModel):
                             "as fast as the chosen one, one that leaves this headroom is preferred.")
     cpu_memory_gib: float | None = Field(default=None, gt=0, le=2**20, allow_inf_nan=False,
                                          description="CPU RAM per node (offload check).")
-    cpu_step_rate: float | None = Field(default=None, gt=0, le=1e13, allow_inf_nan=False, exclude_if=lambda r: r is None,
+    cpu_step_rate: float | None = Field(default=None, ge=1e3, le=1e13, allow_inf_nan=False, exclude_if=lambda r: r is None,
                                         description="Parameters a second one process's optimizer steps on the CPU "
                                                     "(offload), as measured on the user's host (benchmarks/"
                                                     "cpu_optimizer.py); None: the measured default "

@@ -165,7 +165,7 @@ PLAN_OPTIONS: list[Callable] = [
                  help="Share of GPU memory a comfortable plan leaves free (default 0.1): auto checkpointing "
                       "turns on to keep it; preferred among equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
-    click.option("--cpu-step-rate", type=FiniteRange(0, 1e13, min_open=True),
+    click.option("--cpu-step-rate", type=FiniteRange(1e3, 1e13),
                  help="Offload: parameters a second one process's optimizer steps on your CPU (torch AdamW: "
                       "python benchmarks/cpu_optimizer.py measures it; DeepSpeed's CPU-Adam: time its step). Default: a "
                       "measured EPYC core's torch AdamW rate, or DeepSpeed's CPU-Adam's."),
@@ -253,10 +253,11 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
     model, params = options.get("model"), options.get("params")
     if (model is None) == (params is None):
         raise click.UsageError("give exactly one of --model or --params")
+    flag = "--params"
     if model is not None and model.strip()[:1].isdigit() and "/" not in model:
-        model, params = None, model  # "--model 7.5B" reads as a size, as `advisor inspect 7.5B` does
+        model, params, flag = None, model, "--model (a size)"  # read as a size, as inspect does
     kwargs: dict[str, Any] = {
-        "model": model if model is not None else _size_spec(params),
+        "model": model if model is not None else _size_spec(params, flag),
         "gpus": options.get("gpus") or (require_local_gpus() if need_gpus else None),
         "nodes": options.get("nodes"),
         "interconnect": options.get("interconnect"),
@@ -372,7 +373,7 @@ def require_local_gpus() -> str:
     return detected
 
 
-def _size_spec(params: str):
+def _size_spec(params: str, flag: str = "--params"):
     from advisor.model.sources import resolve_size
 
-    return resolve_size(params)
+    return resolve_size(params, what=flag)

@@ -241,7 +241,7 @@ def resolve(
     if _looks_like_size(name):
         return Resolved(resolve_size(name), None)
     if _SIZE_SHAPE.match(name.strip()):  # a size parse_count refuses ("0B", "-3B", "1000.4T"): its own reason
-        parse_count(name, what="--params")
+        parse_count(name, what="--model (a size)")
     if not _HUB_ID.match(name):
         raise ValueError(unresolved_message(name, "not a local path, bundled id, size or Hub id"))
     cfg = fetch_config(name)
@@ -259,6 +259,6 @@ def resolve_model(
     return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config).spec
 
 
-def resolve_size(text: str) -> ModelSpec:
-    """``--params 7.5B``: size only."""
-    return with_cache_release(spec_from_size(parse_count(text, what="--params")), installed_behaviours())
+def resolve_size(text: str, *, what: str = "--params") -> ModelSpec:
+    """``--params 7.5B``: size only (``what``: how the size was given, for the error)."""
+    return with_cache_release(spec_from_size(parse_count(text, what=what)), installed_behaviours())

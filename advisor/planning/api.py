@@ -18,6 +18,7 @@ from advisor.estimate.activations import activation_family
 from advisor.estimate.memory import image_tokens
 from advisor.estimate.optimizer_8bit import EIGHT_BIT_OPTIMIZERS, bitsandbytes_note
 from advisor.frozen import validated_copy
+from advisor.units import GIB
 from advisor.hardware.cluster import Hardware, parse_gpus
 from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
@@ -151,6 +152,16 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
     line = (offload_line(remedies, chosen, reference=default_strategy(spec, world=hw.world_size)[0])
             if offloads(chosen) else None)
     return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
+
+
+def _check_fixed_overheads(hw: Hardware, training: TrainingConfig) -> None:
+    """--reserve-gib and --context-gib are per-GPU costs before any tensor: together at or past the GPU's memory, no
+    plan can fit, and the reason is theirs (not the activations a 'nothing fits' would name)."""
+    fixed = training.reserve_gib + training.context_gib_at(hw.world_size, hw.gpu.name)
+    if fixed * GIB >= hw.gpu.memory_bytes:
+        raise ValueError(f"--reserve-gib {training.reserve_gib:g} and the CUDA context ({fixed - training.reserve_gib:g} "
+                         f"GiB) take {fixed:.2f} GiB of the {hw.gpu.name}'s {hw.gpu.memory_bytes / GIB:.2f} GiB before "
+                         "any tensor: no plan can fit")
 
 
 def _without_bf16(hw: Hardware, training: TrainingConfig, notes: list[str]) -> TrainingConfig:
@@ -433,6 +444,7 @@ def plan(
 
         check_float8(spec, hw.gpu.name, hw.gpu.fp8_tflops, training, pp=pp)  # --float8 on A100: ValueError (exit 2)
     training = _without_bf16(hw, training, notes)
+    _check_fixed_overheads(hw, training)
     training = _with_bitsandbytes(training, notes)
     training = _default_attention(spec, training, notes)
     _torch_release_note(training, notes)

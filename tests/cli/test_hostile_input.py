@@ -232,3 +232,19 @@ def test_helper_fuzz_findings_are_one_line(tmp_path, capsys):
     # simulate on a size alone: refused before the progress bar starts, so one line.
     code, _, err = run_main(["simulate", "--params", "7B", "--gpus", "1xA100", "--seq-len", "128"], capsys)
     assert code == 2 and "simulate needs a model config" in _one_line(err)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    # fixed per-GPU costs at or past the card: their own reason, not "one sample's activations"
+    (("-m", "Qwen/Qwen2.5-0.5B", "--reserve-gib", "80"),
+     "--reserve-gib 80 and the CUDA context (1 GiB) take 81.00 GiB of the A100-80GB-SXM's 79.15 GiB before any "
+     "tensor: no plan can fit"),
+    # a CPU rate so small the offloaded step never ends: refused at the option (it reached StepTime's validation)
+    (("-m", "Qwen/Qwen2.5-7B", "--cpu-step-rate", "1e-300"), "1e-300 is not in the range 1000.0<=x<=1e13"),
+    # a size typed as --model is named as typed
+    (("-m", "0B"), "--model (a size) must be at least 1"),
+])
+def test_overheads_rates_and_sizes_are_said_as_given(capsys, extra, expected):
+    code, _, err = run_main(["plan", "-g", "2xA100", *extra], capsys)
+    assert code == 2
+    assert expected in _one_line(err).replace("10000000000000.0", "1e13")

@@ -111,13 +111,15 @@ _FIT_FIGURES = ("DefaultFits", "MeshFits", "Escalated")
 
 def reason_sentence(plan) -> str:
     """One line of why, picked by kind among the planner's reasons. An offloading plan: the best remedy in
-    numbers. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
+    numbers. A --seq-len max past the model's context: that. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
     Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
     figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
     size default fits), the first reason."""
     rec = plan.recommendation
     if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
         return render(plan.reasons[0])  # an offloading plan's first reason names the best remedy in numbers
+    if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
+        return render(plan.reasons[0])  # --seq-len max past the model's context: that first
     if rec.mesh is not None:
         opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
         if opened and opened[0] > 0:

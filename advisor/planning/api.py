@@ -39,7 +39,7 @@ from advisor.planning.candidates import Candidate, Recommendation, evaluate_cand
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
-from advisor.planning.reasons import ReasonModel
+from advisor.planning.reasons import BeyondContext, ReasonModel
 from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
@@ -526,9 +526,14 @@ def plan(
         strategy=strategy, dp_blocked=dp_blocked)
     if search_length:
         why.extend(longer_with_offload(spec, hw, training, longest))
-        if recommendation is not None and recommendation.mesh is None and not spec.traced:
-            roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len)
+        if recommendation is not None and not spec.traced and (recommendation.mesh is None or (
+                recommendation.mesh.pp == 1 and recommendation.mesh.ep == 1)):
+            roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len,
+                                       recommendation.mesh)
             why.extend([roomy] if roomy is not None else [])
+        context = spec.max_position_embeddings
+        if recommendation is not None and context and training.seq_len > context:
+            why.insert(0, BeyondContext(seq_len=training.seq_len, context=context))
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)

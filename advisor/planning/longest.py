@@ -90,21 +90,23 @@ def longer_with_offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
 
 
 def within_headroom_at(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str,
-                       length: int) -> r.LongestWithinHeadroom | None:
-    """Where the plan's ``strategy`` holds ``length`` tokens only past the --headroom (the longest fills the
-    GPU to its last GiB, within the estimate's error of an out-of-memory failure): the longest it holds within
-    the headroom. None where the plan is within it already, or under --policy fastest (no headroom policy)."""
+                       length: int, mesh: ParallelDims | None = None) -> r.LongestWithinHeadroom | None:
+    """Where the plan's ``strategy`` (on ``mesh``, whose ring attention splits lengths of 2 x cp) holds ``length``
+    tokens only past the --headroom (the longest fills the GPU to its last GiB, within the estimate's error of an
+    out-of-memory failure): the longest it holds within the headroom. None where the plan is within it already, or
+    under --policy fastest (no headroom policy)."""
     def roomy(tokens: int) -> bool:
         at = _at_length(training, tokens)
-        cand = evaluate_candidate(spec, hw, at, strategy)
+        cand = evaluate_candidate(spec, hw, at, strategy, mesh)
         return cand.fits and within_headroom(cand, at)
 
     if training.policy == "fastest" or roomy(length):
         return None
-    found = _search(roomy, step=1)
+    found = _search(roomy, step=2 * mesh.cp if mesh is not None else 1)
     if found is None:
         return None
-    return r.LongestWithinHeadroom(strategy=strategy, seq_len=found, longest_seq_len=length,
+    return r.LongestWithinHeadroom(strategy=strategy if mesh is None else f"{strategy} on mesh {mesh.label}",
+                                   seq_len=found, longest_seq_len=length,
                                    headroom=training.headroom)
 
 

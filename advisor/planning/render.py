@@ -216,6 +216,12 @@ def _longer_with_offload(x: r.LongerWithOffload) -> str:
             "the GPUs alone.")
 
 
+def _beyond_context(x: r.BeyondContext) -> str:
+    return (f"{x.seq_len:,} tokens is past the model's context of {x.context:,} tokens (max_position_embeddings): "
+            f"training that long needs RoPE scaling or a longer-context checkpoint (--seq-len {x.context} stays "
+            "within it).")
+
+
 def _longest_within_headroom(x: r.LongestWithinHeadroom) -> str:
     return (f"{x.strategy} holds {x.longest_seq_len:,} tokens only past the {x.headroom:.0%} headroom (the longest "
             f"fills the GPU); within it, {x.seq_len:,} (--seq-len {x.seq_len}).")
@@ -390,6 +396,7 @@ _RENDER: dict[str, Callable] = {
     "LossWouldFit": _loss_would_fit,
     "SmallestFitFound": _smallest,
     "LongerWithOffload": _longer_with_offload,
+    "BeyondContext": _beyond_context,
     "LongestWithinHeadroom": _longest_within_headroom,
     "PastHeadroom": _past_headroom,
     "NoCountFits": _no_count,

@@ -156,3 +156,23 @@ def test_the_longest_within_the_headroom_is_given_beside_the_longest():
         at = plan.training.model_copy(update={"seq_len": tokens})
         cand = evaluate_candidate(plan.model, plan.hardware, at, reason.strategy)
         assert (cand.memory_range.at("expected") <= 0.9 * cand.capacity_bytes) is roomy, tokens
+
+
+def test_past_the_models_context_is_said_first_and_a_mesh_gets_its_headroom_length():
+    """Llama 3.1 8B on 8 x H100: the longest is a context-parallel mesh's, 265,616 tokens, past the model's 131,072
+    (max_position_embeddings): that opens the why, not only an assumption. The mesh also gets the longest it holds
+    within the --headroom, a length its ring attention splits (a multiple of 2 x cp) where 10% of memory stays free
+    and 2 x cp tokens more do not."""
+    plan = advisor.plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len="max")
+    mesh = plan.recommendation.mesh
+    assert mesh is not None and mesh.cp > 1 and plan.training.seq_len > 131_072
+    assert plan.reasons[0].kind == "beyond-context" and plan.reasons[0].context == 131_072
+    assert plan.why[0].startswith(f"{plan.training.seq_len:,} tokens is past the model's context of 131,072 tokens")
+    (roomy,) = [x for x in plan.reasons if x.kind == "longest-within-headroom"]
+    assert roomy.seq_len % (2 * mesh.cp) == 0 and roomy.seq_len < roomy.longest_seq_len
+    for tokens, within in ((roomy.seq_len, True), (roomy.seq_len + 2 * mesh.cp, False)):
+        at = plan.training.model_copy(update={"seq_len": tokens})
+        cand = evaluate_candidate(plan.model, plan.hardware, at, "zero3", mesh)
+        assert (cand.memory_range.at("expected") <= 0.9 * cand.capacity_bytes) is within, tokens
+    short = advisor.plan("Qwen/Qwen2.5-7B", "2xA100", seq_len="max")
+    assert short.training.seq_len < 131_072 and not [x for x in short.reasons if x.kind == "beyond-context"]

@@ -321,6 +321,15 @@ class LongerWithOffload(ReasonModel):
     tokens_per_s: float
 
 
+class BeyondContext(ReasonModel):
+    """``--seq-len max``: ``265,616 tokens is past the model's context of 131,072 tokens (max_position_embeddings):
+    training that long needs RoPE scaling or a longer-context checkpoint (--seq-len 131072 stays within it).``"""
+
+    kind: Literal["beyond-context"] = "beyond-context"
+    seq_len: int = Field(description="The plan's length: the longest the GPUs hold.")
+    context: int = Field(description="The model's max_position_embeddings.")
+
+
 class LongestWithinHeadroom(ReasonModel):
     """``--seq-len max``: ``zero3 holds 37,028 tokens only past the 10% headroom (the longest fills the GPU); within
     it, 32,794 (--seq-len 32794).``"""

@@ -87,6 +87,9 @@ class Job(_Frozen):
     optimizer_in_backward: bool = Field(default=False, description="The step runs per parameter inside backward "
                                         "(torchtune's optimizer_in_bwd).")
     optimizer_impl: Literal["fused", "foreach", "for-loop"] | None = None
+    fsdp_version: Literal[1, 2] | None = Field(default=None, description="The FSDP that ran a sharded strategy: 1 "
+                                               "(FullyShardedDataParallel, flat parameters: accelerate's and "
+                                               "fsdp_qlora's before FSDP2) or 2; None: the recipe's default.")
     transformers_release: str | None = Field(default=None, description="The transformers release that ran it, where "
                                              "a release changes what is allocated (TrainingConfig."
                                              "transformers_release); None: the newest.")
@@ -151,6 +154,8 @@ def _fixed(job: Job) -> dict:
         options["optimizer_impl"] = job.optimizer_impl
     if job.transformers_release is not None:
         options["transformers_release"] = job.transformers_release
+    if job.fsdp_version is not None:
+        options["fsdp_version"] = job.fsdp_version
     if job.optimizer_in_backward:
         options["optimizer_in_backward"] = True
     if job.bitsandbytes is not None:  # the release its 8-bit optimizer ran (advisor.estimate.optimizer_8bit)

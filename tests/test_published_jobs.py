@@ -30,8 +30,6 @@ KNOWN_MISFITS: dict[str, str] = {  # torchtune-8b-full-4090 fits since --optimiz
                                            "their AdamW state: 7.8 GiB of it)",
     "philschmid-llama31-8b-qlora-1xl4-liger": "23.3 of 22.0 GiB at micro-batch 4 (the bf16 copies as above; Liger's "
                                               "RMSNorm, SwiGLU and RoPE kernels, which save less, not modelled)",
-    "hf-blog-llama2-70b-full-fsdp-16xa100": "80.5 of 79.2 GiB: 71.8 GiB allocated at the bottom block's backward plus "
-                                            "the allocator gap calibrated on unconstrained H100 runs (10.4% + 0.256 GiB)",
 }
 
 

@@ -178,7 +178,7 @@ class TrainingConfig(BaseModel):
     @classmethod
     def _release_number(cls, value: str | None) -> str | None:
         if value is not None and not release_tuple(value):
-            raise ValueError(f"{value!r} is not a release number (e.g. 0.43.3)")
+            raise ValueError(f"{value!r} is not a release number (digits and dots, e.g. 2.7.1)")
         return value
 
     @model_validator(mode="before")

@@ -134,7 +134,8 @@ PLAN_OPTIONS: list[Callable] = [
                       "5.0.0, which decides what LLM.int8 linears keep); default: the newest release's behaviour."),
     click.option("--trl-release", "trl_release", metavar="VERSION",
                  help="The TRL release the trainer recipe's SFTTrainer uses: 0.26 or later keeps a 4-bit / 8-bit "
-                      "base in bf16 and trains bf16 adapters (profiles/library_releases.json); default: "
+                      "base in bf16 and trains bf16 adapters (profiles/library_releases.json; modelled under "
+                      "bf16-mixed on the torch engine); default: "
                       "prepare_model_for_kbit_training's fp32 upcast and fp32 adapters, as TRL before 0.26 and "
                       "PEFT's QLoRA examples prepare the model."),
     click.option("--engine", type=_choice(get_args(Engine)), help="torch (default) or deepspeed."),

@@ -223,18 +223,25 @@ def _trl_release_note(training: TrainingConfig, notes: list[str]) -> None:
     release = training.trl_release
     if release is None:
         return
+    said = f"trl {release} (--trl-release)"
     if not (training.recipe.trl_kbit and training.quantize is not None and training.lora is not None):
-        notes.append(f"trl {release} (--trl-release): changes nothing here (it decides how SFTTrainer prepares a 4-bit "
-                     "or 8-bit LoRA model under the trainer recipe)")
+        notes.append(f"{said}: changes nothing here (it decides how SFTTrainer prepares a 4-bit or 8-bit LoRA model "
+                     "under the trainer recipe)")
+    elif training.engine == "deepspeed":
+        notes.append(f"{said}: changes nothing here (the DeepSpeed engine casts the whole model to the 16-bit dtype "
+                     "whatever SFTTrainer prepared)")
     elif training.trl_bf16_trainables:
-        notes.append(f"trl {release} (--trl-release): SFTTrainer keeps the k-bit base in the bf16 it was loaded in "
-                     "(no prepare_model_for_kbit_training since 0.26.0) and casts every trainable parameter to bf16: "
-                     "a bf16 residual stream, bf16 adapters with bf16 gradients and AdamW state")
+        notes.append(f"{said}: SFTTrainer keeps the k-bit base in the bf16 it was loaded in (no "
+                     "prepare_model_for_kbit_training since 0.26.0) and casts every trainable parameter to bf16: a "
+                     "bf16 residual stream, bf16 adapters with bf16 gradients and AdamW state")
+    elif behaviour_in("trl_sft_keeps_kbit_base_in_bf16", release):
+        notes.append(f"{said}: since 0.26.0 SFTTrainer keeps the base in bf16 and casts the adapters to bf16, which is "
+                     f"modelled under bf16-mixed only; this {training.precision} plan counts the preparation before "
+                     "0.26 (prepare_model_for_kbit_training's fp32 upcast, fp32 adapters)")
     else:
-        notes.append(f"trl {release} (--trl-release): before 0.26.0 SFTTrainer runs prepare_model_for_kbit_training "
-                     "(the unquantised base upcast to fp32, an fp32 residual stream from the first MLP on), fp32 "
-                     "adapters, the embedding and head cast back to bf16" +
-                     ("" if training.precision == "bf16-mixed" else f"; under {training.precision} as planned"))
+        notes.append(f"{said}: before 0.26.0 SFTTrainer runs prepare_model_for_kbit_training (the unquantised base "
+                     "upcast to fp32, an fp32 residual stream from the first MLP on), fp32 adapters, the embedding and "
+                     "head cast back to bf16")
 
 
 def _transformers_release_note(training: TrainingConfig, notes: list[str]) -> None:

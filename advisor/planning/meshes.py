@@ -136,7 +136,7 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         return []
     g, world = hw.gpus_per_node, hw.world_size
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp)
+    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp, loss=training.loss)
     meshes = []
     for tp in tps:
         cps = [pins.cp] if pins.cp else [c for c in _powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]

@@ -85,14 +85,22 @@ def _eps(spec: ModelSpec, shard: int, tp: int, g: int) -> list[int]:
     return sorted(({max(inside)} if inside else set()) | {max(fitting)})
 
 
-def tp_degrees(spec: ModelSpec, gpus_per_node: int, *, heads: int, kv_heads: int, pinned: int | None) -> list[int]:
+def tp_degrees(spec: ModelSpec, gpus_per_node: int, *, heads: int, kv_heads: int, pinned: int | None,
+               loss: str = "hf") -> list[int]:
     """The tp degrees a mesh search tries: the pinned one, else every divisor of the node's width that divides
     the heads and key/value heads; only 1 for a family whose transformers TP plan has styles wrap() cannot
-    apply (``profiles/tensor_parallel.json`` unsupported_tp_styles; ``check_mesh_support`` says which)."""
+    apply (``profiles/tensor_parallel.json`` unsupported_tp_styles; ``check_mesh_support`` says which), or whose
+    head tp splits by vocabulary under ``--loss fused``, whose kernel refuses it (``model_parallel.vocab_parallel``:
+    a search that met such a mesh ended the plan with that refusal)."""
     if pinned:
         return [pinned]
     if spec.model_type in load_tensor_parallel().unsupported_tp_styles:
         return [1]
+    if loss == "fused":
+        from advisor.estimate.model_parallel import vocab_parallel  # (loaded with the mesh estimators)
+
+        if vocab_parallel(spec):
+            return [1]
     return [t for t in range(1, gpus_per_node + 1) if gpus_per_node % t == 0 and heads % t == 0 and kv_heads % t == 0]
 
 
@@ -108,7 +116,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp)
+    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp, loss=training.loss)
     # --pp-schedule or --virtual-stages without --pp asks for a pipeline: no expert-only (pp 1) mesh, which has neither
     unpipelined = [] if schedule or virtual_stages else [1]
     pps = [pp] if pp else unpipelined + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]

@@ -101,8 +101,8 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
         if applied is None:
             continue
         remedy, roomy = applied
-        if _helps(remedy, on_gpu_now=on_gpu_now, current=current) or (reason == "past headroom" and roomy):
-            found.append(remedy)
+        if roomy if reason == "past headroom" else _helps(remedy, on_gpu_now=on_gpu_now, current=current):
+            found.append(remedy)  # past the headroom: only what brings the plan back within it
     # An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
     # other remedies of their group whatever their tokens/s (more hardware always runs faster).
     return tuple(sorted(found, key=lambda r: (not r.keeps_math, not r.fits, r.name.startswith("--gpus"),
@@ -234,14 +234,15 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
 
 
 def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[_Change]:
-    """The fewest GPUs of this kind on which zero3 fits on the GPUs alone (micro-batch 1)."""
+    """The fewest GPUs of this kind on which zero3 fits on the GPUs alone within the --headroom (micro-batch 1)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
     total = training.global_batch_size
 
     def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients
         at = relaxed if total is None or total % n else validated_copy(relaxed, {"global_batch_size": total})
-        return evaluate_candidate(spec, at_count(hw, n, per_node), at, "zero3").fits
+        cand = evaluate_candidate(spec, at_count(hw, n, per_node), at, "zero3")
+        return cand.fits and within_headroom(cand, at)  # a count that leaves the --headroom, not one at 99%
 
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
     if count is None or (training.global_batch_size is not None and training.global_batch_size % count):
@@ -272,14 +273,15 @@ def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
 
 def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
     """The longest sequence (a multiple of 128, or a power of two below 128) at which the reference
-    strategy fits on the GPUs alone at micro-batch 1, when shorter than the one asked for."""
+    strategy fits on the GPUs alone within the --headroom at micro-batch 1, when shorter than the one asked for."""
     strategy = ref.strategy if not offloads(ref) else "zero3"
     lengths = [n for n in range(128, training.seq_len, 128)] or [2**k for k in range(training.seq_len.bit_length())
                                                                 if 2**k < training.seq_len]
 
     def fits(length: int) -> bool:
         at = validated_copy(training, {"seq_len": length, "micro_batch_size": 1, "global_batch_size": None})
-        return evaluate_candidate(spec, hw, at, strategy).fits
+        cand = evaluate_candidate(spec, hw, at, strategy)
+        return cand.fits and within_headroom(cand, at)  # the longest that leaves the --headroom
 
     longest = largest_fitting(fits, lengths)
     if longest is None:

@@ -48,3 +48,19 @@ def test_the_release_is_said(capsys):
                doc["assumptions"])
     code, out, _ = run_main(args, capsys)
     assert "trl_release" not in json.loads(out)["training"]
+
+
+def test_the_note_says_what_was_planned(capsys):
+    """Under fp16-mixed the 0.26+ preparation is not modelled (the plan says it counts the older one); under the
+    DeepSpeed engine the release changes nothing (the engine casts the whole model)."""
+    args = ["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "1xRTX4090", "--recipe", "trainer", "--lora", "16",
+            "--quantize", "nf4", "--trl-release", "1.9.0", "--json"]
+
+    def note(*extra):
+        code, out, err = run_main([*args, *extra], capsys)
+        assert code in (0, 3), err
+        return next(a for a in json.loads(out)["assumptions"] if a.startswith("trl 1.9.0"))
+
+    assert "modelled under bf16-mixed only; this fp16-mixed plan counts the preparation before 0.26" in \
+        note("--precision", "fp16-mixed")
+    assert "changes nothing here (the DeepSpeed engine" in note("--engine", "deepspeed")

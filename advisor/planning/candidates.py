@@ -111,6 +111,8 @@ class Remedy(_Frozen):
     saved_gib: float = Field(description="Per-GPU memory it saves on the reference candidate at the same micro-batch "
                              "and checkpointing (negative: it costs memory).")
     strategy: StrategyName | None = Field(default=None, description="The strategy the re-plan chooses.")
+    mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                             description="The mesh that plan runs on, where the change is a pinned degree (--cp).")
     step_s: float | None = Field(default=None, description="Seconds per optimizer step of that plan.")
     tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
     fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")

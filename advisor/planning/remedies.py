@@ -95,14 +95,17 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
     found = []
     for change in _changes(spec, hw, training, ref, reason):
-        if change.pins is not None and any(x.name.startswith("--cp ") for x in found):
-            continue  # the smallest context-parallel degree that helps (they come in rising order)
         applied = _apply(spec, hw, training, ref, change)
         if applied is None:
             continue
         remedy, roomy = applied
         if roomy if reason == "past headroom" else _helps(remedy, on_gpu_now=on_gpu_now, current=current):
             found.append(remedy)  # past the headroom: only what brings the plan back within it
+    # One context-parallel degree: the one whose plan runs fastest (the smallest among equals).
+    degrees = [x for x in found if x.name.startswith("--cp ")]
+    if len(degrees) > 1:
+        best = max(degrees, key=lambda x: (x.fits, x.tokens_per_s or 0))
+        found = [x for x in found if x is best or not x.name.startswith("--cp ")]
     # An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
     # other remedies of their group whatever their tokens/s (more hardware always runs faster).
     return tuple(sorted(found, key=lambda r: (not r.keeps_math, not r.fits, r.name.startswith("--gpus"),
@@ -133,8 +136,15 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     try:  # a change the training config refuses with the user's other settings (--lora under --float8) is none
         changed = validated_copy(training, change.update)
         pinned = validated_copy(training, {"micro_batch_size": ref.micro_batch_size, "global_batch_size": kept,
-                                             "activation_checkpointing": ref.checkpointing or "off", **change.update})
-        same = evaluate_candidate(new_spec, new_hw, pinned, measured, change.mesh)
+                                             "activation_checkpointing": ref.checkpointing or "off",
+                                             **{k: v for k, v in change.update.items() if k != "global_batch_size"}})
+        searched = None
+        if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search); the saving
+            # is measured on the mesh it picks
+            meshes, _ = keeping_global_batch(changed, enumerate_meshes(new_spec, new_hw, changed, change.pins))
+            searched = best_mesh(evaluate_meshes(new_spec, new_hw, changed, meshes), changed)
+        on = searched.mesh if searched is not None else change.mesh
+        same = evaluate_candidate(new_spec, new_hw, pinned, measured, on)
     except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
         return None
     if same.memory_bytes is None:
@@ -142,9 +152,8 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
     if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
         return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
-    if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search)
-        meshes, _ = keeping_global_batch(changed, enumerate_meshes(new_spec, new_hw, changed, change.pins))
-        result = best_mesh(evaluate_meshes(new_spec, new_hw, changed, meshes), changed)
+    if change.pins is not None:
+        result = searched
     elif change.mesh is not None:  # hybrid sharding: the mesh candidate is the plan
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
         result = result if result.fits else None
@@ -154,6 +163,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     fits = result is not None and not offloads(result)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
                   strategy=result.strategy if result is not None else None,
+                  mesh=result.mesh.label if result is not None and result.mesh is not None and change.pins else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
                   fits=fits), fits and within_headroom(result, changed)
 
@@ -256,17 +266,23 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
 def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
     """``--cp N`` for each power of two N inside a node that splits the sequence into 2 x N chunks, as the mesh
     search would (advisor.planning.meshes.enumerate_meshes): the activations and logits of a sample split over N
-    ranks, FSDP2 over the rest (the saving is measured on that mesh; the plan is the search's best with cp pinned,
-    which may add tensor parallelism). Only for a fully sharded reference whose peak holds activations, with SDPA."""
+    ranks, FSDP2 over the rest. The plan is the search's best with cp pinned (it may add tensor parallelism: the
+    remedy names its mesh), the saving is measured on that mesh, the step's samples are kept (``--global-batch``),
+    and the fastest degree is listed. Only for a fully sharded reference whose peak holds activations, with SDPA."""
     if (ref.strategy not in MESH_STRATEGIES or offloads(ref) or training.attention == "eager"
             or training.images_per_sample or not spec.num_attention_heads):
         return []
     world, changes = hw.world_size, []
+    # The step's samples kept: without --global-batch the micro-batch sets them per data-parallel rank, and a cp or
+    # tp mesh has fewer of those ranks, so the remedy names the global batch that keeps the mathematics.
+    keep = {} if training.global_batch_size is not None else {"global_batch_size": ref.micro_batch_size * world}
+    said = "" if not keep else f" --global-batch {keep['global_batch_size']}"
     cp = 2
     while cp <= hw.gpus_per_node:
         if world % cp == 0 and training.seq_len % (2 * cp) == 0:
             mesh = ParallelDims(dp_shard=world // cp, cp=cp, world_size=world)
-            changes.append(_Change(name=f"--cp {cp}", keeps_math=True, mesh=mesh, pins=MeshPins(cp=cp)))
+            changes.append(_Change(name=f"--cp {cp}{said}", keeps_math=True, mesh=mesh, pins=MeshPins(cp=cp),
+                                   update=keep))
         cp *= 2
     return changes
 

@@ -445,6 +445,8 @@ def remedy_line(remedy) -> str:
     if remedy.strategy is None:
         return f"{remedy.name}: {memory}; still nothing fits"
     where = "on the GPUs alone" if remedy.fits else "with CPU offload"
+    if remedy.mesh is not None:
+        where = f"on mesh {remedy.mesh}" + ("" if remedy.fits else " with CPU offload")
     return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
             f"{remedy.tokens_per_s:,.0f} tokens/s")
 

@@ -32,13 +32,13 @@ def _zero3(doc: dict) -> dict:
 def test_the_trainers_unsharded_gradients_offload_the_plan_and_the_remedy_names_sync_each_batch(capsys):
     """Under no_sync zero3 holds 2 x 7,615,616,512 bytes of bf16 gradients; reduce-scattered every micro-batch,
     the fp32 shards 4 x 7,615,616,512 / 8: 11,423,424,768 bytes (10.64 GiB) less, 11.75 GiB with the allocator's
-    10.4% gap. zero3 then fits on the GPUs alone, so the remedy names the change (two-way context parallelism, which
-    splits the activations instead, ranks before it as the faster of the two)."""
+    10.4% gap. zero3 then fits on the GPUs alone, so the remedy names the change (context parallelism, which splits
+    the activations instead, ranks before it as the faster of the two)."""
     default = _plan(capsys, *JOB)
     assert default["recommendation"]["strategy"] == "zero3_offload"
     assert not _zero3(default)["fits"]
     names = [x["name"] for x in default["recommendation"]["remedies"]]
-    assert names[:2] == ["--cp 2", "--accumulation-sync every_micro_batch"]
+    assert names[0].startswith("--cp ") and names[1] == "--accumulation-sync every_micro_batch"
     remedy = default["recommendation"]["remedies"][1]
     assert (remedy["name"], remedy["keeps_math"], remedy["strategy"], remedy["fits"]) == (
         "--accumulation-sync every_micro_batch", True, "zero3", True)

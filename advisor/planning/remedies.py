@@ -4,7 +4,7 @@ Each remedy is one changed knob, re-planned with the planner's own estimate (``e
 ``choose``), never a guessed factor: the GiB it saves on the reference candidate (the size default
 when it does not fit, else the chosen plan) at the same micro-batch and checkpointing, and the step
 time and tokens/s of the plan the change leads to. Changes that keep the mathematics (optimizer
-implementation, loss kernel, selective checkpointing, micro-batch with gradient accumulation, FSDP's gradient
+implementation, SDPA for eager attention, loss kernel, selective checkpointing, micro-batch with gradient accumulation, FSDP's gradient
 sync every micro-batch where the stack holds unsharded gradients until the last, activation offloading,
 hybrid sharding, more GPUs of this kind) are listed before those that change it (8-bit optimizer, LoRA, pure
 bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names the best remedy when
@@ -25,6 +25,7 @@ from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.mesh import MESH_STRATEGIES, ParallelDims
+from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
@@ -189,6 +190,9 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
     if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
         keep += [_Change(name=f"--loss {kernel}", keeps_math=True, update={"loss": kernel})
                  for kernel in ("chunked", "fused")]
+    if training.attention == "eager" and spec.num_attention_heads and not runs_eager_by_default(spec.architecture):
+        # the b x heads x s x s scores gone (SDPA's fused kernels), the same attention
+        keep.append(_Change(name="--attention sdpa", keeps_math=True, update={"attention": "sdpa"}))
     if training.activation_checkpointing in ("on", "off"):
         keep.append(_Change(name="--activation-checkpointing selective", keeps_math=True,
                             update={"activation_checkpointing": "selective"}))

@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from advisor.cli.main import cli
+from advisor.model.lora import LoraConfig
 from advisor.planning.api import plan
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.remedies import USEFUL_MFU
@@ -184,3 +185,16 @@ def test_past_the_headroom_only_what_brings_it_back_is_listed():
         changed = _kwargs(r.name)
         again = plan("meta-llama/Llama-3.1-8B", changed.pop("gpus", "8xH100"), **{"seq_len": 32768, **changed}).chosen
         assert again.memory_bytes.total <= 0.9 * again.capacity_bytes, r.name
+
+
+def test_eager_attention_is_remedied_by_sdpa_where_the_model_has_it():
+    """Llama 3.1 8B with --attention eager at 10k tokens on 8 x H100 fills the card with b x heads x s x s scores;
+    SDPA computes the same attention without them. Gemma 2, whose transformers class has no SDPA path
+    (profiles/attention_support.json), is never offered it."""
+    p = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=10240, attention="eager")
+    sdpa = next(r for r in p.recommendation.remedies if r.name == "--attention sdpa")
+    again = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=10240, attention="sdpa")
+    assert sdpa.keeps_math and (sdpa.strategy, sdpa.fits) == (again.recommendation.strategy, True)
+    assert sdpa.tokens_per_s == pytest.approx(again.chosen.step_time.tokens_per_s)
+    gemma = plan("google/gemma-2-9b", "1xRTX4090", lora=LoraConfig(rank=16))
+    assert gemma.recommendation.remedies and not [r for r in gemma.recommendation.remedies if "attention" in r.name]

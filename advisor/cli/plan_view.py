@@ -76,7 +76,11 @@ def answer_lines(plan) -> list[str]:
             subject = subject[0].upper() + subject[1:]
         lines = [f"[bold red]{subject}{at}.[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
-        return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else [])
+        # the best remedy the planner found (its first RemedyFits, ranked as the remedies are): where one fits, the
+        # count search's hint ("shorten --seq-len") is not the only way out
+        remedy = next((x for x in plan.reasons if type(x).__name__ == "RemedyFits"), None)
+        return lines + ([f"[bold]Why:[/] {render(unfit[-1])}"] if unfit else []) + (
+            [f"[bold]Instead:[/] {render(remedy)}"] if remedy is not None else [])
     ckpt = (f", {'selective ' if rec.selective_checkpointing else ''}activation checkpointing"
             if rec.activation_checkpointing else "")
     accum = (f", {rec.gradient_accumulation_steps} accumulation steps"

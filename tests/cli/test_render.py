@@ -164,3 +164,16 @@ def test_natural_width_is_richs_measurement(model, gpus, kwargs):
     breakdown = memory_table(p)  # --verbose: the same box, no edge
     assert plan_view._natural_width(console, breakdown, {}) == Measurement.get(
         console, console.options.update_width(10_000), breakdown).maximum
+
+
+def test_nothing_fits_names_the_best_remedy_beside_the_count_hint():
+    """A LoRA of Llama 3.1 8B at 65,536 tokens on 8 x H100: no count of GPUs holds it as asked ("shorten --seq-len"),
+    but a loss kernel does; the answer says so on its own line, the planner's first ranked remedy that fits, in the
+    figures its JSON why line carries."""
+    args = ["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "65536", "--lora", "16"]
+    runner = CliRunner()
+    out = runner.invoke(cli, args, env={"COLUMNS": "200"}).output
+    doc = json.loads(runner.invoke(cli, [*args, "--json"]).output)
+    assert doc["recommendation"] is None
+    line = next(w for w in doc["why"] if w.startswith("with --loss "))
+    assert f"Instead: {line}" in out and out.index("Why:") < out.index("Instead:")

@@ -37,6 +37,11 @@ OFFLOAD_NEEDS_CHECKPOINTING = (
     "modelled: use --activation-checkpointing on, selective or auto")
 
 
+def _release_field(description: str):
+    """An optional library release (``--torch-release 2.7.1``), left out of the JSON unless set."""
+    return Field(default=None, exclude_if=lambda release: release is None, description=description)
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -147,32 +152,23 @@ class TrainingConfig(BaseModel):
                                                  "activation_offloading): each checkpointed block's input (needs "
                                                  "activation checkpointing); the output head's and the loss's stay.")
 
-    # Left out of the JSON unless set, so plans made before it read the same (advisor.estimate.optimizer_8bit).
-    bitsandbytes: str | None = Field(default=None, exclude_if=lambda release: release is None,
-                                     description="The bitsandbytes release an 8-bit optimizer's state is counted "
-                                                 "for (its absmax block, profiles/bitsandbytes_optimizers.json); "
-                                                 "None: the installed release, else the newest.")
-
-    # Left out of the JSON unless set: the planner assumes the newest torch's behaviours.
-    torch_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
-                                      description="The torch release the run uses, where a release changes what is "
-                                                  "allocated (profiles/library_releases.json: FSDP2's root resharded "
-                                                  "after forward since 2.8.0); None: the newest release's behaviour.")
-
-    # Left out of the JSON unless set: the planner assumes the newest transformers' behaviours.
-    transformers_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
-                                             description="The transformers release the run uses, where a release "
-                                                         "changes what is allocated (profiles/library_releases.json: "
-                                                         "gradient_checkpointing_enable() non-reentrant since "
-                                                         "5.0.0); None: the newest release's behaviour.")
-
-    # Left out of the JSON unless set: the trainer recipe's cited TRL preparation of a k-bit model (before 0.26).
-    trl_release: str | None = Field(default=None, exclude_if=lambda release: release is None,
-                                    description="The TRL release the run uses, where a release changes what is "
-                                                "allocated (profiles/library_releases.json: SFTTrainer keeps a k-bit "
-                                                "base in bf16 and casts the adapters to bf16 since 0.26.0); None: the "
-                                                "preparation the trainer recipe cites (prepare_model_for_kbit_training, "
-                                                "as TRL before 0.26 and PEFT's QLoRA examples run it).")
+    # Library releases: each left out of the JSON unless set, so plans made before its option read the same
+    # (bitsandbytes: advisor.estimate.optimizer_8bit; the others: profiles/library_releases.json).
+    bitsandbytes: str | None = _release_field("The bitsandbytes release an 8-bit optimizer's state is counted for (its "
+                                              "absmax block, profiles/bitsandbytes_optimizers.json); None: the "
+                                              "installed release, else the newest.")
+    torch_release: str | None = _release_field("The torch release the run uses, where a release changes what is "
+                                               "allocated (profiles/library_releases.json: FSDP2's root resharded "
+                                               "after forward since 2.8.0); None: the newest release's behaviour.")
+    transformers_release: str | None = _release_field("The transformers release the run uses, where a release changes "
+                                                      "what is allocated (profiles/library_releases.json: "
+                                                      "gradient_checkpointing_enable() non-reentrant since 5.0.0); "
+                                                      "None: the newest release's behaviour.")
+    trl_release: str | None = _release_field("The TRL release the run uses, where a release changes what is allocated "
+                                             "(profiles/library_releases.json: SFTTrainer keeps a k-bit base in bf16 "
+                                             "and casts the adapters to bf16 since 0.26.0); None: the preparation the "
+                                             "trainer recipe cites (prepare_model_for_kbit_training, as TRL before "
+                                             "0.26 and PEFT's QLoRA examples run it).")
 
     @field_validator("bitsandbytes", "torch_release", "transformers_release", "trl_release")
     @classmethod

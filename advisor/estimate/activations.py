@@ -30,7 +30,7 @@ from advisor.estimate.activations_blocks import (
     selective_kept_per_token, window_mask_input_bytes,
 )
 from advisor.estimate.activations_frozen import first_block_unsaved_per_token, frozen_mlp_freed_per_token, frozen_recompute_end_per_token
-from advisor.estimate.activations_loss import head_loss_bytes, loss_bytes
+from advisor.estimate.activations_loss import FUSED_KERNELS, head_loss_bytes, loss_bytes
 from advisor.frozen import validated_copy
 from advisor.model.block_kinds import activation_family  # noqa: F401 (re-exported: traced.py, planning.api)
 from advisor.model.kinds import EncDecFacts, SsmFacts
@@ -233,7 +233,7 @@ def estimate_activations(
         outside_per_token=to_embedding // tokens, checkpointing=checkpointing) if math_attention else None
     shared = (tokens - seq_len) * rope_tables_per_token(shape, dt)  # one RoPE table pair a micro-batch, not a sample
     outside, to_embedding = outside - shared, to_embedding - shared
-    if loss_kernel in ("fused", "fused_in_place") and shape.family == "decoder" and dt.input_casts and not frozen \
+    if loss_kernel in FUSED_KERNELS and shape.family == "decoder" and dt.input_casts and not frozen \
             and shape.head is None:
         outside -= tokens * dt.compute * h  # the fused kernel reads the head's input with autocast off, a chunk at a
         # time: no autocast cast of it is saved (read on the simulated step, sweep b86536f72b68 as fused: none there)

@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from advisor.model.heads import TaskHead
 
 LOSS_CHUNKS = 8  # wrappers.losses.CHUNKS
+# The fused linear cross-entropies: wrappers.losses' kernel, and Liger's, which accumulates in place (loss_bytes).
+FUSED_KERNELS = ("fused", "fused_in_place")
 
 
 def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
@@ -71,7 +73,7 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     if kernel in CHUNKED_KERNELS:
         return chunked_loss_bytes(kernel, tokens=tokens, vocab=vocab, hidden=hidden, dt=dt,
                                   head_grads=head_trains and not head_frozen and tokens >= 2)
-    if kernel in ("fused", "fused_in_place"):
+    if kernel in FUSED_KERNELS:
         in_place = kernel == "fused_in_place"
         head = 0 if head_frozen else vocab * hidden  # the head's gradient; its low-precision copy is made either way
         grad_input = tokens * hidden * dt.residual
@@ -177,7 +179,7 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
     head's gradient its forward computed (none for a frozen head: ``loss_bytes``). A pipeline's last stage
     computes the loss in each micro-batch's forward, so each of its micro-batches in flight keeps this until its
     backward."""
-    if kernel in ("fused", "fused_in_place"):
+    if kernel in FUSED_KERNELS:
         return tokens * hidden * dt.residual + (0 if head_frozen else vocab * hidden * dt.residual)
     if kernel == "compiled":  # what the end of forward holds: the logits and two fp32 values a token
         return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)[0]

@@ -117,17 +117,12 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
     stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)
     largest = pb * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
-    cast = compute_dtype_copy_params(spec, training, impl)
-    if cast:  # bf16 copies: their weights, gradients and torch optimizer state in bf16 (an 8-bit state is unchanged)
-        less = (pb - training.compute_bytes) * cast
-        opt -= {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(training.optimizer, 0) * less
-        trained = pb * t - less
-        temp = optimizer_step_temporary(training, trainable_bytes=trained, largest_bytes=largest)
-        grads = trained
-        if impl.shard_optimizer:
-            return ModelStates(params=stored - less, grads=grads, optimizer=max(-(-opt // world),
-                               _largest_tensor_bytes(spec, opt)), step_temporary=temp, on_cpu=False)
-        return ModelStates(params=stored - less, grads=grads, optimizer=opt, step_temporary=temp, on_cpu=False)
+    # bf16 copies (0 under FSDP / ZeRO-3): their weights, gradients and torch optimizer state in bf16 (an 8-bit
+    # state is unchanged)
+    less = (pb - training.compute_bytes) * compute_dtype_copy_params(spec, training, impl)
+    opt -= {"adam": 2, "adamw": 2, "sgd-momentum": 1}.get(training.optimizer, 0) * less
+    stored -= less
+    trained = pb * t - less  # the trainable parameters' bytes, and their gradients'
     if impl.shard_params:  # FSDP2: parameters, gradients and optimizer state are sharded together
         # Each tensor is sharded on dim 0: the largest local shard is about 1/world of the largest tensor.
         temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=-(-largest // world))
@@ -149,10 +144,10 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
                            step_temporary=temp, on_cpu=impl.offload_params)
     if impl.shard_optimizer:  # ZeroRedundancyOptimizer: each rank owns and steps a slice of whole tensors
         share = max(-(-opt // world), _largest_tensor_bytes(spec, opt))
-        temp = optimizer_step_temporary(training, trainable_bytes=-(-pb * t // world), largest_bytes=largest)
-        return ModelStates(params=stored, grads=pb * t, optimizer=share, step_temporary=temp, on_cpu=False)
-    temp = optimizer_step_temporary(training, trainable_bytes=pb * t, largest_bytes=largest)
-    return ModelStates(params=stored, grads=pb * t, optimizer=opt, step_temporary=temp, on_cpu=False)
+        temp = optimizer_step_temporary(training, trainable_bytes=-(-trained // world), largest_bytes=largest)
+        return ModelStates(params=stored, grads=trained, optimizer=share, step_temporary=temp, on_cpu=False)
+    temp = optimizer_step_temporary(training, trainable_bytes=trained, largest_bytes=largest)
+    return ModelStates(params=stored, grads=trained, optimizer=opt, step_temporary=temp, on_cpu=False)
 
 
 def _largest_tensor_bytes(spec: ModelSpec, opt_bytes: int) -> int:

@@ -80,7 +80,7 @@ class MeshPins(BaseModel):
         return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.pp_layers, self.ep))
 
 
-def _powers_of_two(limit: int) -> list[int]:
+def powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
 
 
@@ -139,7 +139,7 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp, loss=training.loss)
     meshes = []
     for tp in tps:
-        cps = [pins.cp] if pins.cp else [c for c in _powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]
+        cps = [pins.cp] if pins.cp else [c for c in powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]
         if (training.attention == "eager" or training.images_per_sample) and not pins.cp:
             cps = [1]  # ring attention needs SDPA, and cannot shard a VLM's input_ids (check_pins)
         for cp in cps:

@@ -30,7 +30,8 @@ from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting, within_headroom
-from advisor.planning.meshes import MeshPins, best_mesh, enumerate_meshes, evaluate_meshes, keeping_global_batch
+from advisor.planning.meshes import (MeshPins, best_mesh, enumerate_meshes, evaluate_meshes, keeping_global_batch,
+                                     powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
@@ -281,13 +282,11 @@ def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
     # tp mesh has fewer of those ranks, so the remedy names the global batch that keeps the mathematics.
     keep = {} if training.global_batch_size is not None else {"global_batch_size": ref.micro_batch_size * world}
     said = "" if not keep else f" --global-batch {keep['global_batch_size']}"
-    cp = 2
-    while cp <= hw.gpus_per_node:
+    for cp in powers_of_two(hw.gpus_per_node)[1:]:  # the degrees the mesh search tries (enumerate_meshes)
         if world % cp == 0 and training.seq_len % (2 * cp) == 0:
             mesh = ParallelDims(dp_shard=world // cp, cp=cp, world_size=world)
             changes.append(_Change(name=f"--cp {cp}{said}", keeps_math=True, mesh=mesh, pins=MeshPins(cp=cp),
                                    update=keep))
-        cp *= 2
     return changes
 
 

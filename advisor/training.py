@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_valid
 from advisor.calibration import Margin, allocator_overhead
 from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
-from advisor.model.releases import behaviour_in, release_tuple
+from advisor.model.releases import behaviour_in, is_release
 from advisor.precision import FP32, Precision, PrecisionInfo, precision_info
 from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings,
                              get_recipe)
@@ -173,8 +173,8 @@ class TrainingConfig(BaseModel):
     @field_validator("bitsandbytes", "torch_release", "transformers_release", "trl_release")
     @classmethod
     def _release_number(cls, value: str | None) -> str | None:
-        if value is not None and not release_tuple(value):
-            raise ValueError(f"{value!r} is not a release number (digits and dots, e.g. 2.7.1)")
+        if value is not None and not is_release(value):
+            raise ValueError(f"{value!r} is not a release number (major.minor[.patch], e.g. 2.7.1)")
         return value
 
     @model_validator(mode="before")

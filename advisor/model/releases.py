@@ -35,6 +35,15 @@ def load_release_behaviours() -> tuple[ReleaseBehaviour, ...]:
     return tuple(ReleaseBehaviour(**row) for row in raw)
 
 
+#: A release as a user writes one: at least major.minor, then PEP 440's pre-, post- and dev-release and local parts
+#: ('2.7.1', '0.26', '5.25.0.dev0', '2.5.0rc1', '2.13.0+cpu'); '0', '1..2' and 'latest' are not releases.
+RELEASE_PATTERN = re.compile(r"\d+(\.\d+)+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[0-9A-Za-z.]+)?")
+
+
+def is_release(version: str) -> bool:
+    return RELEASE_PATTERN.fullmatch(version) is not None
+
+
 def release_tuple(version: str) -> tuple[int, ...]:
     """The numeric release of a version string: '5.24.0' -> (5, 24, 0), '2.13.0+cpu' -> (2, 13, 0),
     '5.25.0.dev0' -> (5, 25, 0) (a pre-release of a version counts as that version)."""

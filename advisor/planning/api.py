@@ -40,7 +40,7 @@ from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
-from advisor.planning.remedies import find_remedies, offload_line, remedy_fits
+from advisor.planning.remedies import find_remedies, offload_line, pinned_remedies, remedy_fits
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
@@ -543,6 +543,8 @@ def plan(
             why.insert(0, BeyondContext(seq_len=training.seq_len, context=context))
     if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
         recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
+    elif strategy and recommendation is None and not (pins.any or search_length or dp_blocked):
+        why.extend(pinned_remedies(spec, hw, training, candidates[0]))
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)
         past = larger_past_headroom(spec, hw, training, recommendation.candidate)
         why.extend([past] if past is not None else [])

@@ -185,7 +185,30 @@ def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate
     return next(c for c in candidates if c.strategy == rec.strategy)
 
 
-def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str) -> list[_Change]:
+def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pinned: Candidate) -> list[r.RemedyFits]:
+    """``--strategy X`` that does not fit on these GPUs: the changes under which X itself fits here, the three best
+    ranked as ``find_remedies`` ranks them (those that keep the mathematics first, then the most tokens/s). More
+    GPUs and other strategies are the count search's answer (``advisor.planning.smallest``), meshes the pins'."""
+    if not pinned.available or pinned.memory_bytes is None:
+        return []
+    found = []
+    for change in _changes(spec, hw, training, pinned, "nothing fits", more_gpus=False):
+        if change.hardware is not None or change.mesh is not None or change.pins is not None:
+            continue
+        try:  # a change the training config refuses with the user's other settings is none
+            changed = validated_copy(training, change.update)
+            cand = evaluate_candidate(change.spec or spec, hw, changed, pinned.strategy)
+        except ValueError:
+            continue
+        if cand.fits and cand.step_time is not None:
+            found.append(r.RemedyFits(remedy=change.name, keeps_math=change.keeps_math, strategy=cand.strategy,
+                                      fits=not offloads(cand), step_s=cand.step_time.step_s,
+                                      tokens_per_s=cand.step_time.tokens_per_s))
+    return sorted(found, key=lambda x: (not x.keeps_math, -x.tokens_per_s))[:3]
+
+
+def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str, *,
+             more_gpus: bool = True) -> list[_Change]:
     memory_bound = reason != "low MFU"
     keep = [*optimizer_impl_changes(training)]
     if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
@@ -220,7 +243,7 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
-    if memory_bound:
+    if memory_bound and more_gpus:
         keep += _more_gpus(spec, hw, training)
     change = []
     if training.optimizer in ("adamw", "adam") and spec.trainable_params:

@@ -237,8 +237,10 @@ def _past_headroom(x: r.PastHeadroom) -> str:
 def _no_count(x: r.NoCountFits) -> str:
     tried = " (with activation checkpointing)" if x.checkpointing_tried else ""
     pinned = f" with {x.pinned}" if x.pinned is not None else ""
+    room = (f"the {_gib(x.left_bytes)} of a GPU that --reserve-gib {x.reserve_gib:g} and the CUDA context leave"
+            if x.reserve_gib is not None else "a GPU")
     return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
-            f"a GPU{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
+            f"{room}{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
             f"CPU RAM; {' or '.join(x.hints)}.")
 
 

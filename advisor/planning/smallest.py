@@ -12,7 +12,9 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from advisor.calibration import allocator_overhead
 from advisor.frozen import validated_copy
+from advisor.units import GIB
 from advisor.hardware.cluster import Hardware, resize
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
@@ -93,6 +95,13 @@ def unfit_subject(plan) -> tuple[str, str]:
     return (f"{asked[0]} does not fit" if len(asked) == 1 else "nothing fits", at)
 
 
+def _reserve_held_back(training: TrainingConfig) -> float | None:
+    """A --reserve-gib the user raised above the calibrated allocator constant: part of why nothing fits."""
+    default = allocator_overhead().allocator_constant_gib
+    given = "reserve_gib" in training.model_fields_set and training.reserve_gib > default
+    return training.reserve_gib if given else None
+
+
 def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
@@ -168,6 +177,9 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
                                                      gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned))
     remedies = ["shorten --seq-len"]
+    held_back = _reserve_held_back(training)
+    if held_back is not None:
+        remedies.insert(0, "lower --reserve-gib")
     if training.images_per_sample:
         remedies.append("use fewer or smaller images")
     if training.activation_checkpointing == "off":
@@ -176,4 +188,6 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         remedies.append(f"change or drop {pinned}")
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(
         checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned,
+        reserve_gib=held_back, left_bytes=None if held_back is None else hardware.gpu.memory_bytes - int(
+            (held_back + training.context_gib_at(hardware.world_size, hardware.gpu.name)) * GIB),
         kept=(pinned.replace(pinned_pipeline, "").strip() or None) if pinned and pinned_pipeline else pinned))

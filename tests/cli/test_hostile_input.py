@@ -248,3 +248,13 @@ def test_overheads_rates_and_sizes_are_said_as_given(capsys, extra, expected):
     code, _, err = run_main(["plan", "-g", "2xA100", *extra], capsys)
     assert code == 2
     assert expected in _one_line(err).replace("10000000000000.0", "1e13")
+
+
+def test_a_reserve_just_under_the_card_is_named_as_the_reason(capsys):
+    """--reserve-gib 78 of an 80 GB A100 (79.15 GiB) with its 1 GiB CUDA context leaves 0.15 GiB: nothing fits,
+    and the answer names the reserve (the smallest plan needs some GiB of its own), not the activations alone."""
+    code, out, err = run_main(["plan", "-g", "2xA100", "-m", "Qwen/Qwen2.5-0.5B", "--reserve-gib", "78"], capsys)
+    assert code == 3 and "Traceback" not in err
+    head = " ".join(out.split("\n\n")[0].split())
+    assert "exceed the 0.2 GiB of a GPU that --reserve-gib 78 and the CUDA context leave" in head, head
+    assert "lower --reserve-gib or shorten --seq-len" in head, head

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from advisor.model.releases import behaviours_in_force, load_release_behaviours, release_tuple
+from advisor.model.releases import behaviours_in_force, is_release, load_release_behaviours, release_tuple
+from advisor.training import TrainingConfig
 
 
 @pytest.mark.parametrize("version,expected", [("5.24.0", (5, 24, 0)), ("2.13.0+cpu", (2, 13, 0)),
@@ -35,3 +36,17 @@ def test_kv_cache_values_dtype_from_5_24(version, keeps):
     """transformers 5.24.0 is the first release whose DynamicCache keeps the values in their own dtype."""
     found = behaviours_in_force({"transformers": version})
     assert found.get("kv_cache_values_keep_their_dtype") == (f"transformers {version}" if keeps else None)
+
+
+@pytest.mark.parametrize("version", ["2.7.1", "0.26", "5.25.0.dev0", "2.5.0rc1", "2.13.0+cpu", "0.45.5.post1"])
+def test_a_release_as_written(version):
+    assert is_release(version)
+    assert TrainingConfig(torch_release=version).torch_release == version
+
+
+@pytest.mark.parametrize("version", ["0", "2", "1..2", "2.7.", ".2.7", "latest", "v2.7.1", "2.7.1 ", "2.7-1", ""])
+def test_not_a_release(version):
+    """One number alone names no release of torch, transformers, TRL or bitsandbytes (all read major.minor)."""
+    assert not is_release(version)
+    with pytest.raises(ValueError, match="not a release number"):
+        TrainingConfig(trl_release=version)

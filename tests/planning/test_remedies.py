@@ -198,3 +198,25 @@ def test_eager_attention_is_remedied_by_sdpa_where_the_model_has_it():
     assert sdpa.tokens_per_s == pytest.approx(again.chosen.step_time.tokens_per_s)
     gemma = plan("google/gemma-2-9b", "1xRTX4090", lora=LoraConfig(rank=16))
     assert gemma.recommendation.remedies and not [r for r in gemma.recommendation.remedies if "attention" in r.name]
+
+
+@pytest.mark.parametrize(("model", "gpus", "options"), [
+    # zero3 pinned for Qwen2.5-7B on 2 x A100: 0.4 GiB short, all of it foreach AdamW's step temporary
+    ("Qwen/Qwen2.5-7B", "2xA100", {"strategy": "zero3"}),
+    # ddp pinned for an 8B full fine-tune on 8 x H100: only the changes of the mathematics bring it on the GPUs
+    ("meta-llama/Llama-3.1-8B", "8xH100", {"strategy": "ddp"})])
+def test_a_pinned_strategy_that_does_not_fit_names_what_makes_it_fit(model, gpus, options):
+    """Each change listed is the plan the user gets with the strategy still pinned and that change: it fits, with
+    the same strategy and tokens/s; those that keep the mathematics come first."""
+    p = plan(model, gpus, **options)
+    assert p.recommendation is None
+    listed = [x for x in p.reasons if x.kind == "remedy-fits"]
+    assert listed and all(x.strategy == options["strategy"] for x in listed)
+    assert [x.keeps_math for x in listed] == sorted((x.keeps_math for x in listed), reverse=True)
+    for x in listed:
+        again = plan(model, gpus, **options, **_kwargs(x.remedy))
+        assert again.recommendation is not None, x.remedy
+        assert again.recommendation.strategy == options["strategy"]
+        assert again.chosen.step_time.tokens_per_s == pytest.approx(x.tokens_per_s, rel=1e-6), x.remedy
+    if options["strategy"] == "zero3":  # the fused step allocates no state-sized temporary (the issue's example)
+        assert listed[0].remedy == "--optimizer-impl fused"

@@ -365,3 +365,8 @@ class NoCountFits(ReasonModel):
                                description="The pinned degrees (``--tp 2 --pp 2``).")
     kept: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
                              description="Those every mesh searched kept (``--tp 2``; the pipeline's are not searched).")
+    reserve_gib: float | None = Field(default=None, exclude_if=lambda gib: gib is None,
+                                      description="--reserve-gib, where the user raised it above the calibrated "
+                                                  "allocator constant.")
+    left_bytes: int | None = Field(default=None, exclude_if=lambda left: left is None,
+                                   description="What that reserve and the CUDA context leave of a GPU.")

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from advisor.planning.render import remedy_line, remedy_sections, render, render_reason
+from advisor.planning.render import offload_remedy_with_host, remedy_line, remedy_sections, render, render_reason
 from advisor.planning.smallest import unfit_subject
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
@@ -121,7 +121,11 @@ def reason_sentence(plan) -> str:
     size default fits), the first reason."""
     rec = plan.recommendation
     if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
-        return render(plan.reasons[0])  # an offloading plan's first reason names the best remedy in numbers
+        # an offloading plan's first reason names the best remedy in numbers, with the host RAM the plan holds
+        first, chosen = plan.reasons[0], recommended_candidate(plan)
+        if type(first).__name__ == "OffloadRemedy" and chosen is not None:
+            return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
+        return render(first)
     if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
         return render(plan.reasons[0])  # --seq-len max past the model's context: that first
     if rec.mesh is not None:

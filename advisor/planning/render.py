@@ -172,13 +172,20 @@ def _tradeoff(x: r.Tradeoff) -> str:
             f"{x.slow_tokens_per_s:,.0f} tokens/s){why}.")
 
 
-def _offload_remedy(x: r.OffloadRemedy) -> str:
+def _offload_remedy(x: r.OffloadRemedy, *, host_bytes: int | None = None) -> str:
+    """``host_bytes``: the CPU RAM a node holds for the offloaded states, said where the tokens/s would be (the CLI's
+    answer line gives those); the --json why keeps the tokens/s."""
     kind = "keeps the mathematics" if x.keeps_math else "changes the mathematics"
     where = "runs on the GPUs alone" if x.remedy_fits else "still offloads but runs"
     saving = f"; it saves {x.saved_gib:.1f} GiB per GPU on {x.reference}" if x.saved_gib >= MIN_SAVED_GIB else ""
-    return (f"{x.strategy} offloads to the CPU ({x.tokens_per_s:,.0f} tokens/s); with {x.remedy} ({kind}), "
+    held = f"{host_bytes / GIB:.1f} GiB of RAM per node" if host_bytes else f"{x.tokens_per_s:,.0f} tokens/s"
+    return (f"{x.strategy} offloads to the CPU ({held}); with {x.remedy} ({kind}), "
             f"{x.remedy_strategy} {where} at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
             f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){saving}.")
+
+
+def offload_remedy_with_host(x: r.OffloadRemedy, host_bytes: int | None) -> str:
+    return _offload_remedy(x, host_bytes=host_bytes)
 
 
 def _remedy_fits(x: r.RemedyFits) -> str:

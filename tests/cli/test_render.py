@@ -177,3 +177,17 @@ def test_nothing_fits_names_the_best_remedy_beside_the_count_hint():
     assert doc["recommendation"] is None
     line = next(w for w in doc["why"] if w.startswith("with --loss "))
     assert f"Instead: {line}" in out and out.index("Why:") < out.index("Instead:")
+
+
+def test_an_offloading_answer_says_the_host_ram_it_holds():
+    """The CPU RAM a node holds for the offloaded states is part of whether the plan runs: the why line says it (the
+    table drops its column first when the terminal is narrow), where the answer line already gives the tokens/s."""
+    out, doc = _run(QWEN, 80)
+    rec = doc["recommendation"]
+    chosen = next(c for c in doc["candidates"] if c["strategy"] == rec["strategy"] and c["mesh"] is None)
+    assert rec["strategy"].endswith("_offload") and chosen["cpu_memory_bytes"] > 0
+    why = " ".join(out.split("Why:")[1].split("\n\n")[0].split())
+    assert why.startswith(f"{rec['strategy']} offloads to the CPU ({chosen['cpu_memory_bytes'] / GIB:.1f} GiB of RAM "
+                          "per node); with --optimizer-impl fused"), why
+    assert doc["why"][0].startswith(f"{rec['strategy']} offloads to the CPU ("
+                                    f"{chosen['step_time']['tokens_per_s']:,.0f} tokens/s)")  # --json: unchanged

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 
 import click
 
-from advisor.cli.options import plan_kwargs, plan_options
+from advisor.cli.options import plan_kwargs, plan_options, refuse_hybrid_switch
 from advisor.units import GIB
 
 
@@ -48,6 +50,33 @@ def _json(comparison) -> str:
     return json.dumps(doc, indent=2)
 
 
+def _from_file(items: list[str], options: dict) -> tuple[list[str], dict]:
+    """--from FILE beside a list of clusters: the file's settings under the options typed, its process count given to
+    each cluster named without one (``--gpus A100,H100`` and 8 processes: 8 x A100, 8 x H100), its global batch kept
+    on every cluster; a gradient accumulation, which gives a different global batch on each, is said and not used."""
+    from advisor.cli.from_file import apply_config_file, summary_lines
+
+    merged, done = apply_config_file(options["from_file"], {**options, "gpus": None}, need_gpus=False)
+    settings = done.config.settings
+    world, nodes = settings.get("num_gpus"), settings.get("nodes")
+    if world is not None:
+        per_node = int(world) // int(nodes or 1)
+        prefix = f"{nodes}x{per_node}x" if nodes not in (None, 1) else f"{per_node}x"
+        counted = [item for item in items if re.match(r"^\s*\d+\s*[x*×]", item)]
+        items = [item if item in counted else prefix + item for item in items]
+    if settings.get("global_batch") is not None and merged.get("global_batch") is None:
+        merged["global_batch"] = int(settings["global_batch"])
+    notes = summary_lines(done)
+    if world is not None and counted:
+        notes.append(f"--from: the counts in --gpus ({', '.join(counted)}) override the file's {world} processes")
+    if settings.get("gradient_accumulation") is not None and merged.get("global_batch") is None:
+        notes.append(f"--from: gradient accumulation {settings['gradient_accumulation']} is not used (it gives another "
+                     "global batch on each cluster): pass --global-batch")
+    for line in notes:
+        click.echo(f"advisor: note: {line}", err=True)
+    return items, {**merged, "gpus": options["gpus"], "from_file": None}
+
+
 @click.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
@@ -63,7 +92,10 @@ def compare(as_json: bool, **options) -> None:
     """
     from advisor.planning.compare import compare as run_compare, split_gpus
 
+    refuse_hybrid_switch(options)
     items = split_gpus(options["gpus"])
+    if options.get("from_file"):
+        items, options = _from_file(items, options)
     kwargs = plan_kwargs(options)
     model, nodes, interconnect = kwargs.pop("model"), kwargs.pop("nodes"), kwargs.pop("interconnect")
     kwargs.pop("gpus")

@@ -64,6 +64,8 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
         if option == "model" and options.get("params") is not None:  # --params given: a size, not the file's model
             overridden.append(Override(option=option, file_value=str(setting), given=f"--params {options['params']}"))
             continue
+        if option == "pp_layers":  # layer counts per pipeline rank, as --pp-layers parses them
+            setting = tuple(int(part) for part in str(setting).split(","))
         if typed is None:
             merged[option] = str(setting) if option == "micro_batch" else setting
         elif str(typed).lower() != str(setting).lower():
@@ -106,7 +108,7 @@ def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Ov
 
 
 def _data_parallel(merged: dict[str, Any]) -> int:
-    return max(_world_size(merged) // ((merged.get("tp") or 1) * (merged.get("cp") or 1)), 1)
+    return max(_world_size(merged) // ((merged.get("tp") or 1) * (merged.get("cp") or 1) * (merged.get("pp") or 1)), 1)
 
 
 def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: list[Override],

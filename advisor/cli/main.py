@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import chart_path, plan_kwargs, plan_options
+from advisor.cli.options import chart_path, plan_kwargs, plan_options, refuse_hybrid_switch
 
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_FITS = 3
@@ -100,6 +100,7 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
     """
     from advisor.planning.api import plan as make_plan
 
+    refuse_hybrid_switch(options)
     read = None
     if from_file is not None:  # a shared plan option; read here too so the values taken can be shown
         from advisor.cli.from_file import apply_config_file

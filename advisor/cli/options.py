@@ -328,6 +328,13 @@ def _pp_layers(value: str | None) -> tuple[int, ...] | None:
     return counts
 
 
+def refuse_hybrid_switch(options: dict[str, Any]) -> None:
+    """``--hybrid on|off`` checks what an export writes; a command that only plans has nothing to check."""
+    if options.get("hybrid") in ("on", "off"):
+        raise click.UsageError(f"--hybrid {options['hybrid']} checks the plan an export writes (advisor export); "
+                               "to plan replicas give --hybrid N")
+
+
 def _hybrid(value: str | None) -> int | str | None:
     """``--hybrid N`` pins dp_replicate; ``auto|on|off`` is the export's HSDP switch (``ExportOptions.hybrid``)."""
     if value is None or value.strip().lower() in ("auto", "on", "off"):

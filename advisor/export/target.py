@@ -387,7 +387,8 @@ def _check_hybrid(plan: Plan, options: ExportOptions) -> None:
     if options.hybrid == "on" and not hybrid:
         raise ValueError(f"--hybrid on: the plan ({rec.strategy}, mesh {label}) is not hybrid-sharded and the export "
                          f"writes the plan; pin replicas in the plan with --hybrid N (e.g. --hybrid "
-                         f"{plan.hardware.nodes}: one per node)")
+                         + (f"{plan.hardware.nodes}: one per node)" if plan.hardware.nodes > 1 else
+                            "2: two replicas, each sharded over half the node)"))
     if options.hybrid == "off" and hybrid:
         raise ValueError(f"--hybrid off: the plan chose mesh {label} and the export writes the plan; "
                          "pin --hybrid 1 to plan without replicas")

@@ -31,7 +31,6 @@ per rank, a split its FQNs cannot say) is a ValueError naming the reason.
 from __future__ import annotations
 
 import json
-from functools import lru_cache
 from typing import Any
 
 from advisor.estimate.pipeline_schedules import load_schedules, num_micro_batches
@@ -39,7 +38,7 @@ from advisor.export.target import ExportOptions, ExportTarget, resolve_target
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
-from profiles import PROFILES_DIR
+from advisor.planning.config_torchtitan import torchtitan_keys
 
 _OPTIMIZER = {"adamw": "AdamW", "adam": "Adam"}
 # [activation_checkpoint] per CheckpointMode (torchtitan config/job_config.py ActivationCheckpoint; selective with
@@ -47,11 +46,6 @@ _OPTIMIZER = {"adamw": "AdamW", "adam": "Adam"}
 _CHECKPOINT = {"off": {"mode": "none"}, "on": {"mode": "full"},
                "selective": {"mode": "selective", "selective_ac_option": "op"}}
 
-
-@lru_cache(maxsize=1)
-def torchtitan_keys() -> dict[str, Any]:
-    """The verified key table (``profiles/torchtitan_job_config.json``)."""
-    return json.loads((PROFILES_DIR / "torchtitan_job_config.json").read_text())
 
 
 def _precision(target: ExportTarget) -> dict[str, str]:

@@ -22,7 +22,7 @@ from advisor.hardware.catalog import Catalog, GpuProfile, Interconnect, load_cat
 
 MAX_GPUS_PER_NODE = 64
 MAX_NODES = 16384
-_COUNT = r"(\d{1,6})\s*[x*×]\s*"
+_COUNT = r"(\d+)\s*[x*×]\s*"  # any length: a count too large is refused by its size, not read as a name
 _GRAMMAR = re.compile(rf"^(?:{_COUNT})?(?:{_COUNT})?([a-z0-9][a-z0-9 ._-]{{0,40}})$")
 # Words people put around a GPU name that carry no information for matching.
 _NOISE = ("nvidia", "amd", "geforce", "tesla", "instinct", "radeon", "hbm2", "hbm2e", "hbm3", "hbm3e", "hgx", "dgx")
@@ -171,6 +171,9 @@ def parse_gpus(
             "8xH100 or 2x8xH100 (nodes x GPUs per node)"
         )
     first, second, name = match.groups()
+    if any(c is not None and len(c.lstrip("0")) > 9 for c in (first, second)):
+        raise ValueError(f"--gpus '{_short(text)}': at most {MAX_GPUS_PER_NODE} GPUs per node and {MAX_NODES} nodes "
+                         "(write several nodes as NODESxGPUSxNAME)")
     counts = [int(c) for c in (first, second) if c is not None]
     if any(c < 1 for c in counts):
         raise ValueError(f"--gpus '{_short(text)}': GPU and node counts must be at least 1")

@@ -79,6 +79,7 @@ MAX_LENGTH = 2**40  # max_position_embeddings
 _LENGTH_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
 _INTEGER_KEYS = tuple(key for fact in _INTEGER_FACTS for key in CONFIG_KEYS[fact])
 MAX_EXPERTS = 65_536
+MAX_NUM_LABELS = 10**7  # a classification head, not a vocabulary (--num-labels has the same bound)
 _LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
                "num_decoder_layers", "depth")
 
@@ -169,6 +170,11 @@ def _check_bounds(cfg: dict, fail: Any) -> None:
         value = cfg.get(key)
         if isinstance(value, int) and value > MAX_EXPERTS:
             fail(key, value, f"at most {MAX_EXPERTS:,} experts")
+    labels = cfg.get("num_labels")
+    if isinstance(labels, int) and labels > MAX_NUM_LABELS:  # transformers builds an id2label entry for each label
+        fail("num_labels", labels, f"at most {MAX_NUM_LABELS:,} (a classification head, not a vocabulary)")
+    if isinstance(cfg.get("id2label"), dict) and len(cfg["id2label"]) > MAX_NUM_LABELS:
+        fail("id2label", f"{len(cfg['id2label']):,} labels", f"at most {MAX_NUM_LABELS:,} labels")
     for key, value in cfg.items():
         limit = MAX_LENGTH if key in _LENGTH_KEYS else MAX_WIDTH
         if (key in _WIDTH_KEYS or key in _INTEGER_KEYS) and any(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.frozen import validated_copy
+from advisor.model.config_keys import MAX_NUM_LABELS
 from profiles import PROFILES_DIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -137,8 +138,9 @@ def resolve_head(task: str | None, num_labels: int | None, *, architecture: str 
     row = load_task_heads()[chosen]
     if num_labels is not None and (isinstance(num_labels, bool) or not isinstance(num_labels, int)):
         raise ValueError(f"--num-labels: expected a whole number, got {num_labels!r}"[:100])
-    if num_labels is not None and num_labels > 10**7:
-        raise ValueError(f"--num-labels {num_labels:,}: at most 10,000,000 (a classification head, not a vocabulary)")
+    if num_labels is not None and num_labels > MAX_NUM_LABELS:
+        raise ValueError(f"--num-labels {num_labels:,}: at most {MAX_NUM_LABELS:,} (a classification head, not a "
+                         "vocabulary)")
     if num_labels is not None and num_labels < 1:
         raise ValueError(f"--num-labels must be at least 1 (got {num_labels})")
     if num_labels is not None and row.width != "num_labels":

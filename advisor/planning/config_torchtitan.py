@@ -2,14 +2,26 @@
 
 Which keys it reads, and what they mean, from the framework's own definitions: torchtitan TOML
 (torchtitan/config/job_config.py): ``[parallelism]`` degrees (``data_parallel_shard_degree = -1`` takes the
-remaining GPUs), ``fsdp_reshard_after_forward`` default / always / never, ``[training] local_batch_size``
+remaining GPUs), the pipeline's schedule, stages and micro-batch size (``_torchtitan_pipeline``), ``fsdp_reshard_after_forward`` default / always / never, ``[training] local_batch_size``
 (``batch_size`` before), ``global_batch_size``, ``seq_len``, ``mixed_precision_param``,
 ``[activation_checkpoint] mode`` none / selective / full, ``[optimizer] name`` and ``implementation``.
 """
 
 from __future__ import annotations
 
+import json
+from functools import lru_cache
+from typing import Any
+
 from advisor.planning.config_file import FILE_FORMAT, Reader, fsdp_strategy, precision_for, take_batch
+from profiles import PROFILES_DIR
+
+
+@lru_cache(maxsize=1)
+def torchtitan_keys() -> dict[str, Any]:
+    """The verified key table of torchtitan's job config (``profiles/torchtitan_job_config.json``): what the reader
+    reads and the export writes."""
+    return json.loads((PROFILES_DIR / "torchtitan_job_config.json").read_text())
 
 
 def read_torchtitan(r: Reader) -> None:
@@ -19,8 +31,9 @@ def read_torchtitan(r: Reader) -> None:
         raise r.fail("parallelism.data_parallel_shard_degree", "must be -1 (the remaining GPUs) or at least 1")
     degrees = {name: r.integer(f"parallelism.{key}", low=1) for name, key in (
         ("tp", "tensor_parallel_degree"), ("cp", "context_parallel_degree"), ("pp", "pipeline_parallel_degree"))}
-    if (degrees["pp"] or 1) > 1:
-        raise r.fail("parallelism.pipeline_parallel_degree", f"is {degrees['pp']}: dp-advisor does not plan pipeline parallelism")
+    pipelined = (degrees["pp"] or 1) > 1
+    if pipelined:
+        _torchtitan_pipeline(r, degrees["pp"])
     for name in ("tp", "cp"):  # degree 1 is data parallelism alone: nothing to pin (the planner's default)
         if (degrees[name] or 1) > 1:
             r.take(f"parallelism.{ {'tp': 'tensor', 'cp': 'context'}[name]}_parallel_degree", degrees[name], name,
@@ -38,14 +51,27 @@ def read_torchtitan(r: Reader) -> None:
     elif replicate > 1:
         r.take("parallelism.data_parallel_replicate_degree", replicate, "strategy", "ddp")
     if shard is not None and shard > 0:
-        world = replicate * shard * (degrees["tp"] or 1) * (degrees["cp"] or 1)
+        world = replicate * shard * (degrees["tp"] or 1) * (degrees["cp"] or 1) * (degrees["pp"] or 1)
         r.take("parallelism", "degrees multiplied", "num_gpus", world)
     else:
         r.notes.append("data_parallel_shard_degree -1 takes the GPUs left: their count comes from --gpus")
     training = r.section("training") or {}  # a 'training' that is not a table: one line naming it
     batch_key = "training.local_batch_size" if "local_batch_size" in training else "training.batch_size"
-    take_batch(r, micro=batch_key)
     total = r.integer("training.global_batch_size", low=-1)
+    if not pipelined:
+        take_batch(r, micro=batch_key)
+    else:  # the local batch is split into the pipeline's micro-batches of pipeline_parallel_microbatch_size
+        local = r.integer(batch_key, low=1)
+        micro = r.integer("parallelism.pipeline_parallel_microbatch_size", low=1)
+        r.take("parallelism.pipeline_parallel_microbatch_size", micro or "1 (torchtitan's default)", "micro_batch",
+               micro or 1)
+        if local is not None and local % (micro or 1):
+            raise r.fail(batch_key, f"is {local}, not a whole number of pipeline micro-batches of {micro or 1}")
+        if local is not None and (total is None or total <= 0) and shard is not None and shard > 0:
+            r.take(batch_key, local, "global_batch", local * replicate * shard)
+        elif local is not None and (total is None or total <= 0):
+            r.notes.append(f"{batch_key} {local}: the pipeline's micro-batches a step come from --global-batch "
+                           "(the data-parallel size is --gpus')")
     if total is not None and total > 0:
         r.take("training.global_batch_size", total, "global_batch", total)
     length = r.integer("training.seq_len", low=1)
@@ -90,7 +116,62 @@ def _torchtitan_compile_float8(r: Reader) -> None:
     converters = r.raw("model.converters") or []
     if isinstance(converters, str):
         converters = converters.split(",")
+    if not isinstance(converters, list) or not all(isinstance(name, str) for name in converters):
+        raise r.fail("model.converters", f"must be a list of converter names, got {str(converters)[:60]}")
     if any(name.strip() in ("quantize.linear.float8", "float8") for name in converters):
         r.take("model.converters", ",".join(converters), "float8", 1)
         if r.flag("quantize.linear.float8.enable_fsdp_float8_all_gather"):
             r.take("quantize.linear.float8.enable_fsdp_float8_all_gather", True, "float8_all_gather", 1)
+
+
+def _torchtitan_pipeline(r: Reader, pp: int) -> None:
+    """``pipeline_parallel_degree`` > 1 (torchtitan/distributed/pipeline_parallel.py at v0.2.2): the schedule by
+    its torch class name less ``Schedule`` (default 1F1B); stages per rank from ``module_fqns_per_model_part``, else
+    1 for a single-stage schedule and 2 for a multi-stage one (torchtitan's fallback), and the layers of each rank
+    from the same list (``--pp-layers`` when uneven)."""
+    from advisor.estimate.pipeline_schedules import load_schedules
+
+    r.take("parallelism.pipeline_parallel_degree", pp, "pp", pp)
+    key = "parallelism.pipeline_parallel_schedule"
+    schedules = load_schedules()
+    by_class = {facts.torch_class.removeprefix("Schedule").lower(): name for name, facts in schedules.items()
+                if facts.torch_class}
+    given = r.text(key)
+    name = by_class.get((given or "1F1B").lower())
+    if name is None:
+        runs = ", ".join(sorted(facts.torch_class.removeprefix("Schedule") for facts in schedules.values()
+                                if facts.torch_class))
+        raise r.fail(key, f"is {given}: the schedules planned are {runs}")
+    multi = schedules[name].torch_class in torchtitan_keys()["multi_stage_schedules"]
+    parts = r.raw("parallelism.module_fqns_per_model_part")
+    if parts is not None and (not isinstance(parts, list) or not all(
+            isinstance(part, list) and all(isinstance(m, str) for m in part) for part in parts)):
+        raise r.fail("parallelism.module_fqns_per_model_part", "must be a list of lists of module names")
+    chunks = len(parts) // pp if parts else (2 if multi else 1)
+    if parts and len(parts) % pp:
+        raise r.fail("parallelism.module_fqns_per_model_part", f"has {len(parts)} parts, not a whole number per "
+                     f"each of {pp} pipeline ranks")
+    if schedules[name].v_shape and chunks != 2:
+        raise r.fail(key, f"{given} runs two stages a rank (a V), and the file gives {chunks}")
+    if multi and chunks < 2 or not multi and chunks != 1:
+        raise r.fail(key, f"{given or '1F1B'} runs {'at least 2 stages' if multi else 'one stage'} per rank, and "
+                     f"the file gives {chunks}")
+    if name == "zb_h1" and chunks > 1:  # torch's InterleavedZeroBubble over several stages a rank: not the ZB-H1 planned
+        raise r.fail(key, f"is {given}: torch's InterleavedZeroBubble with {chunks} stages a rank is not planned "
+                     "(dp-advisor's zb_h1 runs one); plan it as ZBVZeroBubble or Interleaved1F1B")
+    r.take(key, given or "1F1B (torchtitan's default)", "pp_schedule", name)
+    if chunks > 1 and not schedules[name].v_shape:
+        r.take("parallelism.module_fqns_per_model_part" if parts else key, f"{chunks} stages a rank",
+               "virtual_stages", chunks)
+    if parts:
+        per_rank = [0] * pp
+        for stage, part in enumerate(parts):
+            owner = (stage if stage < pp else 2 * pp - 1 - stage) if schedules[name].v_shape else stage % pp
+            per_rank[owner] += sum(1 for module in part if module.startswith("layers."))
+        if min(per_rank) < 1:
+            raise r.fail("parallelism.module_fqns_per_model_part", "leaves a pipeline rank without a decoder layer")
+        if len(set(per_rank)) > 1:
+            r.take("parallelism.module_fqns_per_model_part", "an uneven split", "pp_layers",
+                   ",".join(map(str, per_rank)))
+    elif r.raw("parallelism.pipeline_parallel_layers_per_stage") is not None:
+        r.notes.append("pipeline_parallel_layers_per_stage: planned with the layers split evenly over the stages")

@@ -178,7 +178,8 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
     ("mega.yaml", "distributed_type: MEGATRON_LM\n", "MEGATRON_LM is not planned"),
     ("cpu.yaml", "distributed_type: MULTI_GPU\nuse_cpu: true\n", "a CPU run"),
     ("procs.yaml", "num_processes: 3\nnum_machines: 2\n", "not divisible by num_machines"),
-    ("pp.toml", "[parallelism]\npipeline_parallel_degree = 2\n", "does not plan pipeline parallelism"),
+    ("pp.toml", '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "LoopedBFS"\n',
+     "LoopedBFS: the schedules planned are"),
     ("batch.json", '{"per_device_train_batch_size": "16"}', "per_device_train_batch_size must be an integer"),
     ("clash.json", '{"per_device_train_batch_size": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 8}}', "disagree"),
     ("nods.json", '{"per_device_train_batch_size": 4, "deepspeed": "nowhere.json"}', "is not a file"),
@@ -394,3 +395,67 @@ def test_a_deepspeed_batch_written_for_other_gpus_is_refused(tmp_path, capsys):
     code, out, _ = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100",
                              "--json"], capsys)
     assert code in (0, 3) and json.loads(out)["training"]["micro_batch_size"] == 3
+
+
+@pytest.mark.parametrize("pins", [
+    ["--pp", "2"],  # the search's schedule: interleaved_1f1b with 2 stages a rank
+    ["--pp", "2", "--pp-schedule", "zbv"],  # a V: two stages a rank, no virtual-stages key
+    ["--pp", "4", "--pp-layers", "7,9,8,8", "--pp-schedule", "1f1b"],  # an uneven split: module_fqns_per_model_part
+    ["--pp", "2", "--global-batch", "64"]])
+def test_a_torchtitan_pipeline_export_is_read_back(tmp_path, capsys, pins):
+    """The pipeline a torchtitan export writes (degree, schedule, module_fqns_per_model_part, the pipeline's
+    micro-batch size and the global batch) is the plan read back with --from: the same mesh, micro-batch and
+    accumulation as the plan that wrote it (planned with the torchtitan recipe, the stack that runs the file)."""
+    args = ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100"]
+    written = _plan(capsys, *args, *pins, "--recipe", "torchtitan")
+    code, _, err = run_main(["export", *args, *pins, "--format", "torchtitan", "-o", str(tmp_path / "job.toml")], capsys)
+    assert code == 0, err
+    back = _plan(capsys, *args, "--from", str(tmp_path / "job.toml"))
+    for key in ("strategy", "mesh", "micro_batch_size", "gradient_accumulation_steps"):
+        assert back["recommendation"][key] == written["recommendation"][key], key
+    assert written["recommendation"]["mesh"]["pp"] == int(pins[1])
+
+
+@pytest.mark.parametrize("parallelism, message", [
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "LoopedBFS"\n',
+     "parallelism.pipeline_parallel_schedule is LoopedBFS: the schedules planned are"),
+    # torchtitan's fallback for a multi-stage schedule is 2 stages a rank; dp-advisor's zb_h1 runs one
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "InterleavedZeroBubble"\n',
+     "InterleavedZeroBubble with 2 stages a rank is not planned"),
+    ('pipeline_parallel_degree = 2\npipeline_parallel_schedule = "1F1B"\n'
+     'module_fqns_per_model_part = [["layers.0"], ["layers.1"], ["layers.2"]]\n',
+     "has 3 parts, not a whole number per each of 2 pipeline ranks"),
+    ('pipeline_parallel_degree = 2\npipeline_parallel_microbatch_size = 3\n[training]\nlocal_batch_size = 4\n',
+     "training.local_batch_size is 4, not a whole number of pipeline micro-batches of 3"),
+])
+def test_a_torchtitan_pipeline_it_cannot_plan_is_one_line(tmp_path, parallelism, message):
+    path = tmp_path / "job.toml"
+    path.write_text(f"[parallelism]\n{parallelism}")
+    with pytest.raises(ValueError, match="^--from ") as err:
+        read_config_file(path)
+    assert message in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("converters", ["[1, 2]", "5"])
+def test_torchtitan_converters_that_are_not_names_are_one_line(tmp_path, converters):
+    path = tmp_path / "job.toml"
+    path.write_text(f"[model]\nconverters = {converters}\n")
+    with pytest.raises(ValueError, match="model.converters must be a list of converter names"):
+        read_config_file(path)
+
+
+def test_compare_gives_the_files_process_count_to_each_cluster_named_without_one(tmp_path, capsys):
+    """`compare --gpus A100,H100 --from` a file of 4 processes: 4 x A100 and 4 x H100 (the note said --gpus 4 while
+    each cluster was planned on one GPU); a list with counts is read as such, its counts said to override the file's
+    (it was 'cannot read --gpus 2xA100,4xA100')."""
+    path = tmp_path / "acc.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\n")
+    code, out, err = run_main(["compare", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", "A100,H100", "--from", str(path),
+                               "--json"], capsys)
+    assert code == 0, err
+    assert [r["world_size"] for r in json.loads(out)["results"]] == [4, 4]
+    code, out, err = run_main(["compare", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100,H100", "--from", str(path),
+                               "--json"], capsys)
+    assert code == 0, err
+    assert [r["world_size"] for r in json.loads(out)["results"]] == [2, 4]
+    assert "the counts in --gpus (2xA100) override the file's 4 processes" in err

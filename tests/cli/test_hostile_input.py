@@ -258,3 +258,12 @@ def test_a_reserve_just_under_the_card_is_named_as_the_reason(capsys):
     head = " ".join(out.split("\n\n")[0].split())
     assert "exceed the 0.2 GiB of a GPU that --reserve-gib 78 and the CUDA context leave" in head, head
     assert "lower --reserve-gib or shorten --seq-len" in head, head
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+@pytest.mark.parametrize("switch", ["on", "off"])
+def test_the_exports_hybrid_switch_is_refused_where_nothing_is_exported(capsys, command, switch):
+    """--hybrid on|off checks what an export writes; plan and compare took it and planned as if it was not given."""
+    code, out, err = run_main([command, "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--hybrid", switch], capsys)
+    assert code == 2 and not out and "Traceback" not in err
+    assert f"--hybrid {switch} checks the plan an export writes (advisor export); to plan replicas give --hybrid N" in err

@@ -182,6 +182,11 @@ def test_hybrid_switch_checks_the_plan_and_never_decides():
     with pytest.raises(ValueError, match="not hybrid-sharded.*--hybrid 2"):
         resolve_target(plan, "accelerate", ExportOptions(hybrid="on"))
     assert "parallelism_config" not in build_accelerate(plan, ExportOptions(hybrid="off"))
+    # one node: the example is two replicas of half the node each (it said --hybrid 1, which is no replica)
+    one_node = make_plan("meta-llama/Llama-3.1-8B", "8xH100")
+    with pytest.raises(ValueError, match=r"not hybrid-sharded.*--hybrid 2: two replicas, each sharded over half"):
+        resolve_target(one_node, "accelerate", ExportOptions(hybrid="on"))
+    assert make_plan("meta-llama/Llama-3.1-8B", "8xH100", hybrid=2).recommendation.mesh.dp_replicate == 2
 
 
 def test_cpu_config_for_ddp_and_refused_for_sharded(tmp_path):

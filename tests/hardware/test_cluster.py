@@ -88,3 +88,11 @@ def test_profiles_cite_sources():
                 "A100-40GB-PCIE", "A100-80GB-PCIE", "H100-80GB-SXM", "H100-80GB-PCIE", "H200", "B200",
                 "RTX3090", "RTX4090", "MI250X", "MI300X"}
     assert required <= {g.name for g in catalog.gpus}
+
+
+@pytest.mark.parametrize("text", ["1000000xA100", "100000000000000000000xA100", "2x1000000xA100"])
+def test_a_count_of_many_digits_is_a_count_too_large(text):
+    """A count of seven digits or more was read as part of the GPU's name ("unknown GPU '1000000xa100'")."""
+    with pytest.raises(ValueError, match="at most 64 GPUs per node and 16384 nodes"):
+        parse_gpus(text)
+    assert parse_gpus("100000xA100").world_size == 100_000  # 12,500 servers of 8: within the bounds

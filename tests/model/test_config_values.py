@@ -115,3 +115,12 @@ def test_an_odd_rotary_width_fails_in_transformers_itself():
     model = transformers.PhiForCausalLM(config)
     with pytest.raises(RuntimeError, match="51.*52|52.*51"):
         model(input_ids=torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_a_label_count_past_a_classification_head_is_refused_before_transformers_builds_it(tmp_path):
+    """num_labels 100,000,000 in a config: transformers' PretrainedConfig builds an id2label entry for each label
+    (minutes, gigabytes) before any check of ours ran; the bound is --num-labels' own, 10,000,000."""
+    path = _write(tmp_path, architectures=["LlamaForSequenceClassification"], num_labels=100_000_000)
+    with pytest.raises(ValueError, match='"num_labels" is 100000000; expected at most 10,000,000'):
+        resolve_model(path)
+    check_config({**LLAMA, "num_labels": 10_000_000}, name="x")  # the bound itself is a head

@@ -9,7 +9,8 @@ import json
 
 import click
 
-from advisor.cli.options import plan_kwargs, plan_options, refuse_hybrid_switch
+from advisor.cli.options import EXIT_NOTHING_FITS, plan_kwargs, plan_options, refuse_hybrid_switch
+from advisor.model.spec import size_label
 from advisor.units import GIB
 
 
@@ -23,7 +24,8 @@ def _checkpointing_suffix(result) -> str:
 def _table(comparison):
     from rich.table import Table
 
-    table = Table(title=f"{comparison.model}: {comparison.total_params / 1e9:.3g}B parameters")
+    size = f"{size_label(comparison.total_params)} parameters"
+    table = Table(title=comparison.model if comparison.model == size else f"{comparison.model}: {size}")
     for header in ("cluster", "GPUs", "strategy", "micro", "GiB/GPU", "step s", "tokens/s", "MFU", "GPU-h/1B tok"):
         table.add_column(header, justify="left" if header in ("cluster", "strategy") else "right", no_wrap=True)
     for r in comparison.results:
@@ -88,7 +90,8 @@ def compare(as_json: bool, **options) -> None:
     advisor compare --params 13B --gpus 8xA100,2x8xA100,8xH100 --seq-len 4096 --json
 
     Per cluster: the recommended strategy, memory per GPU, step time, tokens/s, MFU and GPU-hours per
-    billion tokens (estimates; see benchmarks/results/throughput_validation.md for their accuracy).
+    billion tokens (estimates; see benchmarks/results/throughput_validation.md for their accuracy). Exit code 3 when
+    no cluster listed fits.
     """
     from advisor.planning.compare import compare as run_compare, split_gpus
 
@@ -102,6 +105,8 @@ def compare(as_json: bool, **options) -> None:
     result = run_compare(model, items, nodes=nodes, interconnect=interconnect, **kwargs)
     if as_json:
         click.echo(_json(result))
+        if result.fastest is None:
+            click.get_current_context().exit(EXIT_NOTHING_FITS)
         return
     from advisor.cli.render import wide_console
 
@@ -115,3 +120,5 @@ def compare(as_json: bool, **options) -> None:
     for r in result.results:
         if not r.fits:
             console.print(f"{r.label}: {r.message}")
+    if fastest is None:  # as advisor plan: nothing fits on any cluster listed
+        click.get_current_context().exit(EXIT_NOTHING_FITS)

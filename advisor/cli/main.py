@@ -11,10 +11,9 @@ from pathlib import Path
 
 import click
 
-from advisor.cli.options import chart_path, plan_kwargs, plan_options, refuse_hybrid_switch
+from advisor.cli.options import EXIT_NOTHING_FITS, chart_path, plan_kwargs, plan_options, refuse_hybrid_switch
 
 EXIT_BAD_INPUT = 2
-EXIT_NOTHING_FITS = 3
 EXIT_INTERNAL = 1
 
 
@@ -166,10 +165,11 @@ class TraceProgress:
 def _write_chart(result, path: str, *, force: bool) -> None:
     from advisor.cli.charts import plan_svg
     from advisor.cli.svg import as_file
-    from advisor.export.write import write_export
+    from advisor.export.write import CHART, write_export
 
     svg = plan_svg(result)
-    written = write_export(path, as_file(svg, path, title=f"{result.model.name}: memory by strategy"), force=force)
+    written = write_export(path, as_file(svg, path, title=f"{result.model.name}: memory by strategy"), force=force,
+                           **CHART)
     click.echo(f"wrote {written}", err=True)
 
 

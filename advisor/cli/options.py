@@ -41,6 +41,10 @@ class FiniteRange(click.FloatRange):
         return number
 
 
+EXIT_NOTHING_FITS = 3  # plan and compare: nothing fits (the output says how many GPUs would)
+MAX_MICRO_BATCH = 1 << 16  # TrainingConfig.micro_batch_size's bound
+
+
 def _micro_batch(value: str | None) -> int | None:
     if value is None or value.strip().lower() == "auto":
         return None
@@ -48,8 +52,8 @@ def _micro_batch(value: str | None) -> int | None:
         number = int(value)
     except ValueError:
         raise click.BadParameter(f"expected a positive integer or 'auto', got '{value[:20]}'", param_hint="--micro-batch") from None
-    if number < 1:
-        raise click.BadParameter("must be at least 1", param_hint="--micro-batch")
+    if not 1 <= number <= MAX_MICRO_BATCH:
+        raise click.BadParameter(f"must be 1 to {MAX_MICRO_BATCH:,}, got {number}"[:80], param_hint="--micro-batch")
     return number
 
 
@@ -367,7 +371,16 @@ def _lora(options: dict[str, Any]) -> Any:
             raise click.UsageError("--lora-targets names no module: give comma-separated names or all-linear, or leave "
                                    "it out for PEFT's defaults")
     kept = tuple(name.strip() for name in (saved or "").split(",") if name.strip()) or None
-    return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0, modules_to_save=kept)
+    from pydantic import ValidationError
+
+    try:
+        return LoraConfig(rank=rank, targets=names or None, dora=bool(dora), dropout=dropout or 0.0,
+                          modules_to_save=kept)
+    except ValidationError as err:  # LoraConfig's own checks (all-linear among names): one line naming the option
+        problem = err.errors()[0]
+        field = {"targets": "--lora-targets", "rank": "--lora", "dropout": "--lora-dropout",
+                 "modules_to_save": "--lora-modules-to-save"}.get(str(problem["loc"][0]) if problem["loc"] else "", "--lora")
+        raise click.UsageError(f"{field}: {problem['msg'].removeprefix('Value error, ')}") from None
 
 
 def require_local_gpus() -> str:

@@ -48,13 +48,13 @@ def write_timeline(result, path: str, *, force: bool) -> None:
     """The ``--timeline`` chart of a verification, written like an export (``advisor.export.write``)."""
     from advisor.cli.charts import timeline_svg
     from advisor.cli.svg import as_file
-    from advisor.export.write import write_export
+    from advisor.export.write import CHART, write_export
 
     sim = result.simulated
     title = (f"{sim.model}: {sim.strategy} on {sim.world_size} GPUs, micro-batch {sim.micro_batch_size}, "
              f"seq {sim.seq_len}, checkpointing {'on' if sim.checkpointing else 'off'}")
     svg = timeline_svg(sim.timeline, title=title, moments=result.analytic.moments)
-    written = write_export(path, as_file(svg, path, title=title), force=force)
+    written = write_export(path, as_file(svg, path, title=title), force=force, **CHART)
     click.echo(f"wrote {written}", err=True)
 
 

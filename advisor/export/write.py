@@ -20,39 +20,49 @@ import tempfile
 from pathlib import Path
 
 
-def check_destination(path: str | os.PathLike[str], *, force: bool = False, example: str = "chart.svg") -> Path:
+#: How a command that writes a chart names its file (``--chart``, ``--timeline``): no stdout, an .svg or .html name.
+CHART = {"example": "chart.svg", "stdout": None}
+
+
+def check_destination(path: str | os.PathLike[str], *, force: bool = False, example: str = "chart.svg",
+                      stdout: str | None = None) -> Path:
     """What ``write_export`` would refuse, checked before a long computation produces the text: an
     existing file without ``force`` is refused here even if the new text would turn out identical."""
-    target = _writable(path, example=example)
+    target = _writable(path, example=example, stdout=stdout)
     if target.exists() and not force:
         raise ValueError(f"{target} already exists; pass --force to overwrite it")
     return target
 
 
-def _writable(path: str | os.PathLike[str], *, example: str = "accelerate_config.yaml") -> Path:
+def _writable(path: str | os.PathLike[str], *, example: str = "accelerate_config.yaml",
+              stdout: str | None = "-o -") -> Path:
     """``path`` unless it is empty, a directory (or names one with a trailing slash), a link, a non-regular
-    file or in a missing directory."""
+    file or in a missing directory. ``example`` names a file the command writes; ``stdout``, how it prints to
+    stdout instead (None: it does not)."""
     text = os.fspath(path)
+    instead = f", or {stdout} for stdout" if stdout else ""
     if not str(text).strip():
-        raise ValueError("the file name is empty: give a file name, or - for stdout")
+        raise ValueError(f"the file name is empty: give a file name{instead}")
     target = Path(text)
     if str(text).endswith(("/", os.sep)) or target.is_dir():  # Path drops the slash: "newdir/" -> "newdir"
         raise ValueError(f"{text} names a directory; give a file name, e.g. {target / example}")
     if target.is_symlink():
-        raise ValueError(f"{target} is a symbolic link; give the file it points to, or -o - for stdout")
+        raise ValueError(f"{target} is a symbolic link; give the file it points to{instead}")
     if target.exists():
         if not stat.S_ISREG(target.stat().st_mode):
             raise ValueError(f"{target} exists and is not a regular file (a pipe, device or terminal); "
-                             "give a file name, or -o - for stdout")
+                             f"give a file name{instead}")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
         raise ValueError(f"directory {parent} does not exist")
     return target
 
 
-def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False) -> Path:
-    """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file."""
-    target = _writable(path)
+def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False, example: str = "accelerate_config.yaml",
+                 stdout: str | None = "-o -") -> Path:
+    """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file
+    (``example`` and ``stdout`` as ``_writable`` says them: ``**CHART`` for a chart)."""
+    target = _writable(path, example=example, stdout=stdout)
     if target.exists():
         if _same_content(target, text):
             return target
@@ -80,8 +90,11 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
 def _same_content(path: Path, text: str) -> bool:
     """Whether ``path`` holds exactly ``text``, reading no more than ``len(text)`` + 1 bytes."""
     data = text.encode("utf-8")
-    with open(path, "rb") as handle:
-        return handle.read(len(data) + 1) == data
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(data) + 1) == data
+    except OSError as err:  # a file that cannot be read back (/proc/self/mem): not one to replace either
+        raise ValueError(f"cannot read {path} to compare it: {err.strerror or err}; give another file name") from None
 
 
 def _umask() -> int:

@@ -105,7 +105,8 @@ def head_class(architecture: str | None, task: str) -> str:
     if architecture and architecture.endswith(row.class_suffix):
         return architecture
     if not architecture or not architecture.endswith("ForCausalLM"):
-        raise ValueError(f"--task {task} needs a causal-LM config (architectures ...ForCausalLM), not {architecture}")
+        named = f"not {architecture}" if architecture else "and this config names no architectures"
+        raise ValueError(f"--task {task} needs a causal-LM config (architectures ...ForCausalLM), {named}")
     return architecture[: -len("ForCausalLM")] + row.class_suffix
 
 

@@ -67,6 +67,9 @@ class LoraConfig(BaseModel):
     def _some_targets(cls, targets: Any) -> Any:
         if isinstance(targets, tuple) and not targets:  # PEFT's default was taken silently
             raise ValueError("no module names: give some, 'all-linear', or leave targets out for PEFT's default")
+        if isinstance(targets, tuple) and ALL_LINEAR in targets:  # PEFT takes the string alone, not in a list
+            raise ValueError("all-linear stands alone (every linear layer but the head): give it by itself, or name "
+                             "the layers")
         return targets
 
     def peft_kwargs(self, default: tuple[str, ...]) -> dict:

@@ -195,10 +195,18 @@ def parse_count(text: str, *, what: str = "--params") -> int:
     return value
 
 
+def size_label(total_params: int) -> str:
+    """``7.62B``, ``405B``, ``100T``: three significant figures in billions, in trillions from a thousand billion (the
+    billions' ``.3g`` printed 100T as ``1e+05B``)."""
+    if total_params >= 999.5e9:
+        return f"{total_params / 1e12:.3g}T"
+    return f"{total_params / 1e9:.3g}B"
+
+
 def spec_from_size(total_params: int, *, name: str | None = None) -> ModelSpec:
     """A model known only by its size: no architecture, so activations are an assumption later."""
     return ModelSpec(
-        name=name or f"{total_params / 1e9:.3g}B parameters",
+        name=name or f"{size_label(total_params)} parameters",
         source="params",
         count_method="given",
         total_params=total_params,

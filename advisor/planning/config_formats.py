@@ -80,7 +80,9 @@ def read_config_file(path: str | Path) -> ConfigFile:
     """Read ``path`` (format from its suffix, and for JSON from its keys) into the plan settings it fixes."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--from {path}: no such file")
+        what = ("a directory" if path.is_dir() else "not a regular file (a device or pipe)" if path.exists()
+                else "no such file")
+        raise ValueError(f"--from {path}: {what}; give the config file itself")
     kind, doc = _parse(path)
     reader = Reader(doc, where=str(path))
     _READERS[kind](reader, path.parent)

@@ -271,7 +271,8 @@ def _distributed(r: Reader) -> None:
         number = r.integer(field, low=1)
         if number is not None and number > 1:
             r.take(field, number, option, number)
-    r.integer("data_parallel_shard_dim", low=-1)
+    if r.integer("data_parallel_shard_dim", low=-1) == 0:  # as the torchtitan reader: -1 or a degree
+        raise r.fail("data_parallel_shard_dim", "must be -1 (the remaining GPUs) or at least 1")
     layers = r.raw("custom_sharded_layers")
     if layers:
         again = (" (torchtune gathers the head again in backward when 'output' reshards as the layers do; the "

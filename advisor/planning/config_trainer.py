@@ -70,7 +70,7 @@ def read_trainer(r: Reader, base: Path) -> None:
         # strategy: the Trainer also runs FSDP when accelerate launch's own config says so (is_fsdp_enabled reads
         # the accelerator's state), which no key here shows.
         raw = r.raw("ddp_bucket_cap_mb")
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):  # NaN too
             raise r.fail("ddp_bucket_cap_mb", "must be a positive number of MiB")
         r.take("ddp_bucket_cap_mb", raw, "engine", "torch")
         r.take("ddp_bucket_cap_mb", raw, "strategy", "ddp")

@@ -16,7 +16,7 @@ expert-parallel meshes (pp, ep) join the search when ``advisor.planning.pipeline
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
@@ -87,15 +87,18 @@ def powers_of_two(limit: int) -> list[int]:
 def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
     world = hw.world_size
+    if training.fsdp_version == 1 and ((pins.tp or 1) > 1 or (pins.cp or 1) > 1 or pins.pipelined):
+        raise ValueError(f"{pins.flags} needs FSDP2 (accelerate's parallelism_config runs tp, cp and pipelines on "
+                         "fsdp_version 2 only); --fsdp-version 1 plans data parallelism, with --hybrid N at most")
     if pins.pipelined:
         return check_pipeline_pins(spec, hw, training, pins)
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
     if world % fixed:
-        try:  # ParallelDims's own message, printing every factor
-            ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=max(1, world // fixed), cp=pins.cp or 1,
-                         tp=pins.tp or 1, world_size=world)
-        except ValidationError as err:
-            raise ValueError(err.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        named = " x ".join(f"{flag} {degree}" for flag, degree in (
+            ("--tp", pins.tp), ("--cp", pins.cp), ("--hybrid", pins.dp_replicate)) if degree and degree > 1)
+        product = named if " x " not in named else f"{named} = {fixed}"
+        raise ValueError(f"{product} does not divide the {world} GPUs (every pinned degree is a factor of the "
+                         "GPU count; the data-parallel shards take the rest)")
     mesh = ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
                         tp=pins.tp or 1, world_size=world)
     from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes
@@ -136,10 +139,13 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         return []
     g, world = hw.gpus_per_node, hw.world_size
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp, loss=training.loss)
+    # FSDP1 (--fsdp-version 1, accelerate's fsdp_version: 1) runs no tp or cp: replicas (HYBRID_SHARD) at most
+    tps = [1] if training.fsdp_version == 1 else tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp,
+                                                            loss=training.loss)
     meshes = []
     for tp in tps:
-        cps = [pins.cp] if pins.cp else [c for c in powers_of_two(g // tp) if training.seq_len % (2 * c) == 0]
+        cps = [pins.cp] if pins.cp else [c for c in powers_of_two(g // tp) if training.seq_len % (2 * c) == 0
+                                         and (c == 1 or training.fsdp_version == 2)]
         if (training.attention == "eager" or training.images_per_sample) and not pins.cp:
             cps = [1]  # ring attention needs SDPA, and cannot shard a VLM's input_ids (check_pins)
         for cp in cps:

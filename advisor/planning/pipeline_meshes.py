@@ -112,7 +112,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
     shape = shape_of(spec)
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
             or spec.trainable_params < spec.total_params or not kind_of(spec).pipelines or spec.head is not None \
-            or training.activation_offload:  # offloading is planned for data parallelism alone
+            or training.activation_offload or training.fsdp_version == 1:  # offload, FSDP1: data parallelism alone
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads

@@ -459,3 +459,25 @@ def test_compare_gives_the_files_process_count_to_each_cluster_named_without_one
     assert code == 0, err
     assert [r["world_size"] for r in json.loads(out)["results"]] == [2, 4]
     assert "the counts in --gpus (2xA100) override the file's 4 processes" in err
+
+
+def test_a_directory_or_a_device_is_named_as_such(tmp_path):
+    """--from /dev/null and --from a directory both said 'no such file'."""
+    with pytest.raises(ValueError, match="is a directory|: a directory; give the config file itself"):
+        read_config_file(tmp_path)
+    with pytest.raises(ValueError, match="not a regular file"):
+        read_config_file("/dev/null")
+
+
+def test_a_nan_bucket_and_a_zero_shard_degree_are_refused(tmp_path):
+    """JSON's NaN passed 'raw <= 0' as a DDP bucket; torchtune's data_parallel_shard_dim 0 was read as FSDP (the
+    torchtitan reader refused it)."""
+    args = tmp_path / "args.json"
+    args.write_text('{"per_device_train_batch_size": 4, "ddp_bucket_cap_mb": NaN}')
+    with pytest.raises(ValueError, match="ddp_bucket_cap_mb must be a positive number of MiB"):
+        read_config_file(args)
+    tune = tmp_path / "tune.yaml"
+    tune.write_text("model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b\ndata_parallel_shard_dim: 0\n"
+                    "batch_size: 2\n")
+    with pytest.raises(ValueError, match="data_parallel_shard_dim must be -1"):
+        read_config_file(tune)

@@ -243,6 +243,11 @@ def test_helper_fuzz_findings_are_one_line(tmp_path, capsys):
     (("-m", "Qwen/Qwen2.5-7B", "--cpu-step-rate", "1e-300"), "1e-300 is not in the range 1000.0<=x<=1e13"),
     # a size typed as --model is named as typed
     (("-m", "0B"), "--model (a size) must be at least 1"),
+    # the flag as typed, not the field (it said 'micro-batch-size: Input should be ...')
+    (("-m", "Qwen/Qwen2.5-0.5B", "--micro-batch", "99999999"), "--micro-batch: must be 1 to 65,536, got 99999999"),
+    # all-linear among names: refused as such (it said 'no linear layer named all-linear ... (or all-linear)')
+    (("-m", "Qwen/Qwen2.5-0.5B", "--lora", "16", "--lora-targets", "all-linear,q_proj"),
+     "--lora-targets: all-linear stands alone"),
 ])
 def test_overheads_rates_and_sizes_are_said_as_given(capsys, extra, expected):
     code, _, err = run_main(["plan", "-g", "2xA100", *extra], capsys)
@@ -267,3 +272,17 @@ def test_the_exports_hybrid_switch_is_refused_where_nothing_is_exported(capsys, 
     code, out, err = run_main([command, "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--hybrid", switch], capsys)
     assert code == 2 and not out and "Traceback" not in err
     assert f"--hybrid {switch} checks the plan an export writes (advisor export); to plan replicas give --hybrid N" in err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_compare_where_no_cluster_fits_exits_3_as_plan_does(capsys, as_json):
+    """100T parameters on 2 x A100 and 8 x H100: every row 'does not fit' and exit 0 before; the title read
+    '1e+05B parameters: 1e+05B parameters'."""
+    code, out, err = run_main(["compare", "--params", "100T", "--gpus", "2xA100,8xH100", *(["--json"] if as_json else [])],
+                              capsys)
+    assert code == 3 and "Traceback" not in err
+    if as_json:
+        doc = json.loads(out)
+        assert doc["fastest"] is None and not any(r["fits"] for r in doc["results"])
+    else:
+        assert out.split("\n")[0].strip() == "100T parameters"

@@ -155,3 +155,25 @@ def test_a_trailing_slash_or_an_empty_name_is_refused(tmp_path, monkeypatch, nam
     with pytest.raises(ValueError, match="names a directory" if name else "empty"):
         write_export(name, "text")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_chart_is_named_as_a_chart_not_as_an_export(tmp_path):
+    """--chart / --timeline have no stdout: the refusals name a chart file and offer no '-o -' (they named
+    accelerate_config.yaml and '-o - for stdout', which --chart refuses)."""
+    folder = tmp_path / "x.svg"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=r"names a directory; give a file name, e\.g\. .*x\.svg/chart\.svg$"):
+        write_export(folder, "<svg/>", **write_module.CHART)
+    link = tmp_path / "l.svg"
+    link.symlink_to(tmp_path / "elsewhere.svg")
+    with pytest.raises(ValueError, match="is a symbolic link; give the file it points to$"):
+        write_export(link, "<svg/>", **write_module.CHART)
+    with pytest.raises(ValueError, match="or -o - for stdout$"):  # an export keeps its stdout hint
+        write_export(link, "x: 1\n")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/mem"), reason="no /proc")
+def test_a_regular_file_that_cannot_be_read_back_is_one_line():
+    """/proc/self/mem stats as a regular file and fails to read with EIO: it was '[Errno 5] Input/output error'."""
+    with pytest.raises(ValueError, match="cannot read /proc/self/mem to compare it"):
+        write_export("/proc/self/mem", "x: 1\n", force=True)

@@ -124,3 +124,11 @@ def test_a_label_count_past_a_classification_head_is_refused_before_transformers
     with pytest.raises(ValueError, match='"num_labels" is 100000000; expected at most 10,000,000'):
         resolve_model(path)
     check_config({**LLAMA, "num_labels": 10_000_000}, name="x")  # the bound itself is a head
+
+
+@pytest.mark.parametrize("count, label", [(7_615_616_512, "7.62B"), (405 * 10**9, "405B"), (999 * 10**9, "999B"),
+                                          (10**12, "1T"), (100 * 10**12, "100T"), (500 * 10**6, "0.5B")])
+def test_a_size_is_labelled_in_billions_then_trillions(count, label):
+    from advisor.model.spec import size_label
+
+    assert size_label(count) == label

@@ -100,3 +100,14 @@ def test_num_labels_against_the_configs_own_is_refused():
     with pytest.raises(ValueError, match="the config's Qwen2ForSequenceClassification has 3 labels"):
         resolve_head(None, 2, architecture="Qwen2ForSequenceClassification", config=config)
     assert resolve_head(None, None, architecture="Qwen2ForSequenceClassification", config=config).num_labels == 3
+
+
+def test_a_task_on_a_config_without_architectures_says_so():
+    """It said '... (architectures ...ForCausalLM), not None'."""
+    from advisor.model.heads import head_class
+
+    with pytest.raises(ValueError, match=r"needs a causal-LM config \(architectures \.\.\.ForCausalLM\), and this "
+                                         "config names no architectures$"):
+        head_class(None, "sequence-classification")
+    with pytest.raises(ValueError, match="not BertModel$"):
+        head_class("BertModel", "sequence-classification")

@@ -77,8 +77,11 @@ def test_smallest_fit_searches_meshes():
 
 
 @pytest.mark.parametrize("args, constraint", [
-    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "3"], "do not multiply to the world size: dp_replicate 1 x "
-                                                      "dp_shard 2 x cp 1 x tp 3 = 6, not 8"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "3"], "--tp 3 does not divide the 8 GPUs"),
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "2", "--cp", "4", "--hybrid", "2"],
+     "--tp 2 x --cp 4 x --hybrid 2 = 16 does not divide the 8 GPUs"),
+    # FSDP1 runs no tp or cp (accelerate's parallelism_config is FSDP2's): said, not planned as FSDP2
+    (["-m", "meta-llama/Llama-3.1-8B", "--tp", "2", "--fsdp-version", "1"], "--tp 2 needs FSDP2"),
     (["-m", "Qwen/Qwen2.5-7B", "--tp", "8"], "does not divide the model's 28 attention heads"),
     (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--attention", "eager"], "needs SDPA attention"),
     (["-m", "google-bert/bert-base-uncased", "--cp", "2"], "needs a Llama-like attention decoder"),
@@ -110,3 +113,13 @@ def test_degrees_pinned_to_one_plan_data_parallelism():
     free = plan("meta-llama/Llama-3.1-8B", "8xH100", **job).recommendation
     assert pinned is not None and pinned.mesh is None
     assert (pinned.strategy, pinned.micro_batch_size) == (free.strategy, free.micro_batch_size) == ("zero3", 1)
+
+
+def test_fsdp1_searches_no_tensor_or_context_parallel_mesh():
+    """Under --fsdp-version 1 (accelerate's fsdp_version: 1) the mesh search keeps to data parallelism and
+    replicas: Llama-3.1-8B at 131,072 tokens fits 8 x H100 only on a cp mesh under FSDP2, and nothing under FSDP1."""
+    fsdp2 = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072)
+    assert fsdp2.recommendation.mesh is not None and fsdp2.recommendation.mesh.cp > 1
+    fsdp1 = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072, fsdp_version=1)
+    assert all(c.mesh is None or (c.mesh.tp, c.mesh.cp) == (1, 1) for c in fsdp1.candidates)
+    assert fsdp1.recommendation is None or fsdp1.recommendation.mesh is None

@@ -2,7 +2,7 @@
 
 Which keys it reads, and what they mean, from the framework's own definitions: torchtitan TOML
 (torchtitan/config/job_config.py): ``[parallelism]`` degrees (``data_parallel_shard_degree = -1`` takes the
-remaining GPUs), the pipeline's schedule, stages and micro-batch size (``_torchtitan_pipeline``), ``fsdp_reshard_after_forward`` default / always / never, ``[training] local_batch_size``
+remaining GPUs), the pipeline's schedule, stages and micro-batch size (``_torchtitan_pipeline``), the expert degree, ``fsdp_reshard_after_forward`` default / always / never, ``[training] local_batch_size``
 (``batch_size`` before), ``global_batch_size``, ``seq_len``, ``mixed_precision_param``,
 ``[activation_checkpoint] mode`` none / selective / full, ``[optimizer] name`` and ``implementation``.
 """
@@ -30,7 +30,10 @@ def read_torchtitan(r: Reader) -> None:
     if shard == 0:
         raise r.fail("parallelism.data_parallel_shard_degree", "must be -1 (the remaining GPUs) or at least 1")
     degrees = {name: r.integer(f"parallelism.{key}", low=1) for name, key in (
-        ("tp", "tensor_parallel_degree"), ("cp", "context_parallel_degree"), ("pp", "pipeline_parallel_degree"))}
+        ("tp", "tensor_parallel_degree"), ("cp", "context_parallel_degree"), ("pp", "pipeline_parallel_degree"),
+        ("ep", "expert_parallel_degree"))}
+    if (degrees["ep"] or 1) > 1:  # carved out of dp_shard x cp (torchtitan's ParallelDims): not in the GPU count
+        r.take("parallelism.expert_parallel_degree", degrees["ep"], "ep", degrees["ep"])
     pipelined = (degrees["pp"] or 1) > 1
     if pipelined:
         _torchtitan_pipeline(r, degrees["pp"])

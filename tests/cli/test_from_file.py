@@ -401,19 +401,21 @@ def test_a_deepspeed_batch_written_for_other_gpus_is_refused(tmp_path, capsys):
     ["--pp", "2"],  # the search's schedule: interleaved_1f1b with 2 stages a rank
     ["--pp", "2", "--pp-schedule", "zbv"],  # a V: two stages a rank, no virtual-stages key
     ["--pp", "4", "--pp-layers", "7,9,8,8", "--pp-schedule", "1f1b"],  # an uneven split: module_fqns_per_model_part
-    ["--pp", "2", "--global-batch", "64"]])
+    ["--pp", "2", "--global-batch", "64"],
+    ["-m", "mistralai/Mixtral-8x7B-v0.1", "-g", "2x8xH100", "--ep", "8"]])  # expert_parallel_degree
 def test_a_torchtitan_pipeline_export_is_read_back(tmp_path, capsys, pins):
     """The pipeline a torchtitan export writes (degree, schedule, module_fqns_per_model_part, the pipeline's
     micro-batch size and the global batch) is the plan read back with --from: the same mesh, micro-batch and
     accumulation as the plan that wrote it (planned with the torchtitan recipe, the stack that runs the file)."""
-    args = ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100"]
+    args = ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100"] if pins[0] != "-m" else pins[:4]
+    pins = pins if pins[0] != "-m" else pins[4:]
     written = _plan(capsys, *args, *pins, "--recipe", "torchtitan")
     code, _, err = run_main(["export", *args, *pins, "--format", "torchtitan", "-o", str(tmp_path / "job.toml")], capsys)
     assert code == 0, err
     back = _plan(capsys, *args, "--from", str(tmp_path / "job.toml"))
     for key in ("strategy", "mesh", "micro_batch_size", "gradient_accumulation_steps"):
         assert back["recommendation"][key] == written["recommendation"][key], key
-    assert written["recommendation"]["mesh"]["pp"] == int(pins[1])
+    assert written["recommendation"]["mesh"][pins[0].strip("-")] == int(pins[1])
 
 
 @pytest.mark.parametrize("parallelism, message", [

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import re
-
 import json
 
 import click
 
 from advisor.cli.options import EXIT_NOTHING_FITS, plan_kwargs, plan_options, refuse_hybrid_switch
+from advisor.hardware.cluster import has_count
 from advisor.model.spec import size_label
 from advisor.units import GIB
 
@@ -62,15 +61,18 @@ def _from_file(items: list[str], options: dict) -> tuple[list[str], dict]:
     settings = done.config.settings
     world, nodes = settings.get("num_gpus"), settings.get("nodes")
     if world is not None:
-        per_node = int(world) // int(nodes or 1)
-        prefix = f"{nodes}x{per_node}x" if nodes not in (None, 1) else f"{per_node}x"
-        counted = [item for item in items if re.match(r"^\s*\d+\s*[x*×]", item)]
+        per_node, typed_nodes = int(world) // int(nodes or 1), options.get("nodes")
+        # --nodes typed wins over the file's machines (as plan takes it): the file gives the GPUs per node only
+        prefix = f"{nodes}x{per_node}x" if nodes not in (None, 1) and typed_nodes is None else f"{per_node}x"
+        counted = [item for item in items if has_count(item)]
         items = [item if item in counted else prefix + item for item in items]
     if settings.get("global_batch") is not None and merged.get("global_batch") is None:
         merged["global_batch"] = int(settings["global_batch"])
     notes = summary_lines(done)
     if world is not None and counted:
         notes.append(f"--from: the counts in --gpus ({', '.join(counted)}) override the file's {world} processes")
+    if world is not None and options.get("nodes") is not None and int(nodes or 1) != options["nodes"]:
+        notes.append(f"--from: --nodes {options['nodes']} given overrides the file's {nodes or 1} machines")
     if settings.get("gradient_accumulation") is not None and merged.get("global_batch") is None:
         notes.append(f"--from: gradient accumulation {settings['gradient_accumulation']} is not used (it gives another "
                      "global batch on each cluster): pass --global-batch")

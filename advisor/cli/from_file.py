@@ -10,7 +10,6 @@ known. ``render_from_file`` prints one line per value taken; ``from_file_doc`` i
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import click
@@ -20,7 +19,6 @@ from advisor.planning.config_file import ConfigFile
 
 # Settings that are not one plan option: the cluster size, and accumulation (it becomes --global-batch).
 _CLUSTER = ("num_gpus", "nodes", "gradient_accumulation")
-_HAS_COUNT = re.compile(r"^\s*\d+\s*x", re.I)
 
 
 class Override(BaseModel):
@@ -97,8 +95,12 @@ def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Ov
     world, nodes = settings.get("num_gpus"), settings.get("nodes")
     if world is None:
         return
+    from advisor.hardware.cluster import has_count
+
     gpus = _gpus(merged)
-    if not _HAS_COUNT.match(gpus):
+    if merged.get("nodes") is not None and int(merged["nodes"]) != int(nodes or 1):
+        overridden.append(Override(option="nodes", file_value=f"{nodes or 1} machines", given=str(merged["nodes"])))
+    if not has_count(gpus):
         per_node = int(world) // int(nodes or 1)
         merged["gpus"] = f"{per_node}x{gpus.strip()}"
         if nodes is not None and merged.get("nodes") is None:
@@ -132,7 +134,9 @@ def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: 
         raise ValueError(f"--from {config.path}: its global batch {total} over micro-batch {micro} x gradient "
                          f"accumulation {steps}{implied}, but these options give {_data_parallel(merged)}: pass the "
                          "--gpus the file was written for, or --global-batch")
-    if micro is not None and str(micro).strip().isdigit() and int(micro) * _data_parallel(merged) == int(total):
+    pipelined = (merged.get("pp") or 1) > 1  # a pipeline's micro-batches a step come from the global batch
+    if not pipelined and micro is not None and str(micro).strip().isdigit() \
+            and int(micro) * _data_parallel(merged) == int(total):
         derived.append(f"global batch {total} = micro-batch {micro} x {_data_parallel(merged)} data-parallel GPUs: "
                        "no gradient accumulation")
         return
@@ -143,7 +147,8 @@ def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: 
                         derived: list[str]) -> None:
     """Gradient accumulation in the file: ``--global-batch = micro-batch x steps x data-parallel GPUs``."""
     steps = config.settings.get("gradient_accumulation")
-    if steps is None or int(steps) == 1 or "global_batch" in config.settings:
+    pipelined = (merged.get("pp") or 1) > 1  # a pipeline's single micro-batch a step is pinned too (its default is 4 x pp)
+    if steps is None or (int(steps) == 1 and not pipelined) or "global_batch" in config.settings:
         return  # one step is the plan's default; a global batch in the file already says it
     if merged.get("global_batch") is not None and "global_batch" not in config.settings:
         overridden.append(Override(option="gradient_accumulation", file_value=str(steps),

@@ -379,6 +379,18 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
     )
 
 
+def _replicas_example(hw) -> str:
+    """An --hybrid N that runs here: one replica a node, else the fewest replicas that split a node's GPUs evenly."""
+    pin = "pin replicas in the plan with --hybrid N (e.g. --hybrid "
+    if hw.nodes > 1:
+        return f"{pin}{hw.nodes}: one per node)"
+    split = next((n for n in range(2, hw.gpus_per_node) if hw.gpus_per_node % n == 0), None)
+    if split is None:
+        return (f"{hw.gpus_per_node} GPU{'s' if hw.gpus_per_node > 1 else ''} on one node split into no replicas that "
+                "each shard over several GPUs: leave --hybrid out")
+    return f"{pin}{split}: {split} replicas, each sharding over {hw.gpus_per_node // split} GPUs)"
+
+
 def _check_hybrid(plan: Plan, options: ExportOptions) -> None:
     """``--hybrid on|off`` checks the plan's HSDP instead of deciding it: the export writes the plan."""
     rec = plan.recommendation
@@ -386,9 +398,7 @@ def _check_hybrid(plan: Plan, options: ExportOptions) -> None:
     label = rec.mesh.label if rec.mesh is not None else f"dp {plan.hardware.world_size}"
     if options.hybrid == "on" and not hybrid:
         raise ValueError(f"--hybrid on: the plan ({rec.strategy}, mesh {label}) is not hybrid-sharded and the export "
-                         f"writes the plan; pin replicas in the plan with --hybrid N (e.g. --hybrid "
-                         + (f"{plan.hardware.nodes}: one per node)" if plan.hardware.nodes > 1 else
-                            "2: two replicas, each sharded over half the node)"))
+                         f"writes the plan; {_replicas_example(plan.hardware)}")
     if options.hybrid == "off" and hybrid:
         raise ValueError(f"--hybrid off: the plan chose mesh {label} and the export writes the plan; "
                          "pin --hybrid 1 to plan without replicas")

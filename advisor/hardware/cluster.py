@@ -152,6 +152,13 @@ def resolve_gpu_name(name: str, *, catalog: Catalog) -> tuple[GpuProfile, str | 
     raise ValueError(f"unknown GPU '{_short(name)}'; closest known: {', '.join(close)} (see `advisor gpus`)")
 
 
+def has_count(text: str) -> bool:
+    """Whether ``--gpus`` text gives a count (``8xH100``, ``8XH100``, ``8*A100``, ``2x8xH100``) rather than a name
+    alone, read by the grammar ``parse_gpus`` reads (a name such as ``4090`` is no count)."""
+    match = _GRAMMAR.match((text or "").strip().lower())
+    return match is not None and match.group(1) is not None
+
+
 def parse_gpus(
     text: str, *, nodes: int | None = None, interconnect: str | None = None, catalog: Catalog | None = None
 ) -> Hardware:

@@ -35,9 +35,15 @@ def load_release_behaviours() -> tuple[ReleaseBehaviour, ...]:
     return tuple(ReleaseBehaviour(**row) for row in raw)
 
 
-#: A release as a user writes one: at least major.minor, then PEP 440's pre-, post- and dev-release and local parts
-#: ('2.7.1', '0.26', '5.25.0.dev0', '2.5.0rc1', '2.13.0+cpu'); '0', '1..2' and 'latest' are not releases.
-RELEASE_PATTERN = re.compile(r"\d+(\.\d+)+((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[0-9A-Za-z.]+)?")
+#: A release as a user or a package's metadata writes one: at least major.minor, then PEP 440's pre-, post- and
+#: dev-release and local parts in any of their spellings ('2.7.1', '0.26', '5.25.0.dev0', '2.5.0rc1', '1.0.0-rc1',
+#: '1.0.0.dev', '2.13.0+cpu', '2.5.1+cu124-abc'); '0', '1..2' and 'latest' are not releases.
+RELEASE_PATTERN = re.compile(
+    r"\d+(\.\d+)+"
+    r"([-_.]?(a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(-\d+|[-_.]?(post|rev|r)[-_.]?\d*)?"
+    r"([-_.]?dev[-_.]?\d*)?"
+    r"(\+[0-9a-z]+([-_.][0-9a-z]+)*)?", re.IGNORECASE)
 
 
 def is_release(version: str) -> bool:

@@ -24,7 +24,7 @@ from advisor.model.heads import apply_task
 from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import adapts_output_head, lora_of, with_lora
 from advisor.model.attention_support import runs_eager_by_default
-from advisor.model.releases import behaviour_in, installed_release, load_release_behaviours
+from advisor.model.releases import behaviour_in, installed_release, is_release, load_release_behaviours
 from advisor.model.loss_kernels import HEAD_ADAPTER
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
@@ -185,7 +185,7 @@ def _with_bitsandbytes(training: TrainingConfig, notes: list[str]) -> TrainingCo
     given = training.bitsandbytes is not None
     if not given:
         installed = installed_release("bitsandbytes")
-        if installed is not None:
+        if installed is not None and is_release(installed):  # an odd metadata version: the newest, as if absent
             training = validated_copy(training, {"bitsandbytes": installed})
     notes.append(bitsandbytes_note(training.bitsandbytes, installed=not given))
     return training

@@ -17,6 +17,9 @@ from advisor.planning.config_file import FILE_FORMAT, Reader, fsdp_strategy, pre
 from profiles import PROFILES_DIR
 
 
+TORCHTITAN_LOCAL_BATCH = 8  # training.local_batch_size's default (torchtitan/config/job_config.py at v0.2.2)
+
+
 @lru_cache(maxsize=1)
 def torchtitan_keys() -> dict[str, Any]:
     """The verified key table of torchtitan's job config (``profiles/torchtitan_job_config.json``): what the reader
@@ -37,10 +40,11 @@ def read_torchtitan(r: Reader) -> None:
     pipelined = (degrees["pp"] or 1) > 1
     if pipelined:
         _torchtitan_pipeline(r, degrees["pp"])
-    for name in ("tp", "cp"):  # degree 1 is data parallelism alone: nothing to pin (the planner's default)
-        if (degrees[name] or 1) > 1:
-            r.take(f"parallelism.{ {'tp': 'tensor', 'cp': 'context'}[name]}_parallel_degree", degrees[name], name,
-                   degrees[name])
+    # Degree 1 is data parallelism alone: nothing to pin (the planner's default), except beside a pipeline, whose
+    # mesh search would otherwise add the tp or cp the file runs without
+    for name, key in (("tp", "tensor_parallel_degree"), ("cp", "context_parallel_degree")):
+        if (degrees[name] or 1) > 1 or pipelined:
+            r.take(f"parallelism.{key}", degrees[name] or "1 (torchtitan's default)", name, degrees[name] or 1)
     policy = r.raw("parallelism.fsdp_reshard_after_forward")
     reshard = r.choice("parallelism.fsdp_reshard_after_forward", {"default": True, "always": True, "never": False})
     if isinstance(policy, str) and policy.strip().lower() == "always":
@@ -49,7 +53,7 @@ def read_torchtitan(r: Reader) -> None:
     key = "parallelism.data_parallel_shard_degree"
     if shard is None or shard == -1 or shard > 1:
         fsdp_strategy(r, key, reshard=reshard is not False, offload=False, value=str(shard if shard is not None else -1))
-        if replicate > 1:
+        if replicate > 1 or pipelined:
             r.take("parallelism.data_parallel_replicate_degree", replicate, "hybrid", replicate)
     elif replicate > 1:
         r.take("parallelism.data_parallel_replicate_degree", replicate, "strategy", "ddp")
@@ -64,17 +68,19 @@ def read_torchtitan(r: Reader) -> None:
     if not pipelined:
         take_batch(r, micro=batch_key)
     else:  # the local batch is split into the pipeline's micro-batches of pipeline_parallel_microbatch_size
-        local = r.integer(batch_key, low=1)
+        # (pipeline_parallel.py: n_microbatches = local_batch_size // microbatch_size); a global batch, when given,
+        # says the whole step: its micro-batches a rank are the pipeline's times torchtitan's gradient accumulation
+        given = r.integer(batch_key, low=1)
+        local = given or TORCHTITAN_LOCAL_BATCH
         micro = r.integer("parallelism.pipeline_parallel_microbatch_size", low=1)
         r.take("parallelism.pipeline_parallel_microbatch_size", micro or "1 (torchtitan's default)", "micro_batch",
                micro or 1)
-        if local is not None and local % (micro or 1):
-            raise r.fail(batch_key, f"is {local}, not a whole number of pipeline micro-batches of {micro or 1}")
-        if local is not None and (total is None or total <= 0) and shard is not None and shard > 0:
-            r.take(batch_key, local, "global_batch", local * replicate * shard)
-        elif local is not None and (total is None or total <= 0):
-            r.notes.append(f"{batch_key} {local}: the pipeline's micro-batches a step come from --global-batch "
-                           "(the data-parallel size is --gpus')")
+        if local % (micro or 1):
+            raise r.fail(batch_key, f"is {local}{'' if given else ' (torchtitan default)'}, not a whole number of "
+                         f"pipeline micro-batches of {micro or 1}")
+        if total is None or total <= 0:
+            r.take(batch_key, local if given else f"{local} (torchtitan's default)", "gradient_accumulation",
+                   local // (micro or 1))
     if total is not None and total > 0:
         r.take("training.global_batch_size", total, "global_batch", total)
     length = r.integer("training.seq_len", low=1)
@@ -177,4 +183,8 @@ def _torchtitan_pipeline(r: Reader, pp: int) -> None:
             r.take("parallelism.module_fqns_per_model_part", "an uneven split", "pp_layers",
                    ",".join(map(str, per_rank)))
     elif r.raw("parallelism.pipeline_parallel_layers_per_stage") is not None:
-        r.notes.append("pipeline_parallel_layers_per_stage: planned with the layers split evenly over the stages")
+        per_stage = r.raw("parallelism.pipeline_parallel_layers_per_stage")
+        r.notes.append(f"pipeline_parallel_layers_per_stage {str(per_stage)[:20]}: the stages torchtitan builds from it "
+                       "(ceil((layers + 2) / it), the embedding and head counted as a layer each) are not read; planned "
+                       f"with {chunks} stage{'s' if chunks > 1 else ''} a rank and the layers split evenly "
+                       "(--virtual-stages and --pp-layers set them)")

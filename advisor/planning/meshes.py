@@ -87,9 +87,11 @@ def powers_of_two(limit: int) -> list[int]:
 def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
     world = hw.world_size
-    if training.fsdp_version == 1 and ((pins.tp or 1) > 1 or (pins.cp or 1) > 1 or pins.pipelined):
-        raise ValueError(f"{pins.flags} needs FSDP2 (accelerate's parallelism_config runs tp, cp and pipelines on "
-                         "fsdp_version 2 only); --fsdp-version 1 plans data parallelism, with --hybrid N at most")
+    refused = [f"{flag} {degree}" for flag, degree in (("--tp", pins.tp), ("--cp", pins.cp), ("--pp", pins.pp),
+                                                        ("--ep", pins.ep)) if degree is not None and degree > 1]
+    if training.fsdp_version == 1 and refused:
+        raise ValueError(f"{' '.join(refused)} needs FSDP2 (accelerate's parallelism_config runs tp, cp and pipelines "
+                         "on fsdp_version 2 only); --fsdp-version 1 plans data parallelism, with --hybrid N at most")
     if pins.pipelined:
         return check_pipeline_pins(spec, hw, training, pins)
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
@@ -97,8 +99,8 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
         named = " x ".join(f"{flag} {degree}" for flag, degree in (
             ("--tp", pins.tp), ("--cp", pins.cp), ("--hybrid", pins.dp_replicate)) if degree and degree > 1)
         product = named if " x " not in named else f"{named} = {fixed}"
-        raise ValueError(f"{product} does not divide the {world} GPUs (every pinned degree is a factor of the "
-                         "GPU count; the data-parallel shards take the rest)")
+        raise ValueError(f"{product} does not divide the {world} GPUs (the pinned degrees' product must divide "
+                         "the GPU count; the data-parallel shards take the rest)")
     mesh = ParallelDims(dp_replicate=pins.dp_replicate or 1, dp_shard=world // fixed, cp=pins.cp or 1,
                         tp=pins.tp or 1, world_size=world)
     from advisor.estimate.model_parallel import check_mesh_support  # mesh estimators load only for meshes

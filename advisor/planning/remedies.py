@@ -204,7 +204,7 @@ def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pin
             found.append(r.RemedyFits(remedy=change.name, keeps_math=change.keeps_math, strategy=cand.strategy,
                                       fits=not offloads(cand), step_s=cand.step_time.step_s,
                                       tokens_per_s=cand.step_time.tokens_per_s))
-    return sorted(found, key=lambda x: (not x.keeps_math, -x.tokens_per_s))[:3]
+    return sorted(found, key=lambda x: (not x.keeps_math, not x.fits, -x.tokens_per_s))[:3]
 
 
 def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str, *,

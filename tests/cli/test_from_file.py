@@ -402,6 +402,7 @@ def test_a_deepspeed_batch_written_for_other_gpus_is_refused(tmp_path, capsys):
     ["--pp", "2", "--pp-schedule", "zbv"],  # a V: two stages a rank, no virtual-stages key
     ["--pp", "4", "--pp-layers", "7,9,8,8", "--pp-schedule", "1f1b"],  # an uneven split: module_fqns_per_model_part
     ["--pp", "2", "--global-batch", "64"],
+    ["--pp", "2", "--pp-schedule", "1f1b", "--global-batch", "4"],  # one micro-batch a step: kept, not 4 x pp
     ["-m", "mistralai/Mixtral-8x7B-v0.1", "-g", "2x8xH100", "--ep", "8"]])  # expert_parallel_degree
 def test_a_torchtitan_pipeline_export_is_read_back(tmp_path, capsys, pins):
     """The pipeline a torchtitan export writes (degree, schedule, module_fqns_per_model_part, the pipeline's
@@ -483,3 +484,30 @@ def test_a_nan_bucket_and_a_zero_shard_degree_are_refused(tmp_path):
                     "batch_size: 2\n")
     with pytest.raises(ValueError, match="data_parallel_shard_dim must be -1"):
         read_config_file(tune)
+
+
+def test_a_torchtitan_pipeline_without_batch_keys_runs_torchtitans_default_local_batch(tmp_path, capsys):
+    """No [training]: torchtitan's local_batch_size 8 over pipeline micro-batches of 1 is 8 a step (the planner's own
+    default would be 4 x pp = 16); degrees the file leaves at 1 beside the pipeline stay 1 (no tp added by the search)."""
+    path = tmp_path / "job.toml"
+    path.write_text("[parallelism]\ndata_parallel_shard_degree = 2\npipeline_parallel_degree = 4\n")
+    settings = read_config_file(path).settings
+    assert (settings["gradient_accumulation"], settings["micro_batch"], settings["tp"], settings["cp"],
+            settings["hybrid"], settings["num_gpus"]) == (8, 1, 1, 1, 1, 8)
+    rec = _plan(capsys, "-m", "meta-llama/Llama-3.1-8B", "-g", "H100", "--from", str(path))["recommendation"]
+    assert (rec["mesh"]["pp"], rec["mesh"]["dp_shard"], rec["mesh"]["tp"], rec["gradient_accumulation_steps"]) == (
+        4, 2, 1, 8)
+
+
+@pytest.mark.parametrize("gpus", ["A100,8XH100", "A100,8*H100"])
+def test_compare_reads_a_count_in_any_spelling_the_gpus_grammar_takes(tmp_path, capsys, gpus):
+    """'8XH100' (upper case) was taken for a name and given the file's count: 8 x 8 x H100."""
+    path = tmp_path / "acc.yaml"
+    path.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\n")
+    code, out, err = run_main(["compare", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", gpus, "--from", str(path), "--json"],
+                              capsys)
+    assert code == 0, err
+    assert [r["world_size"] for r in json.loads(out)["results"]] == [4, 8]
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", gpus.split(",")[1], "--from", str(path),
+                               "--json"], capsys)
+    assert json.loads(out)["hardware"]["world_size"] == 8, err

@@ -184,9 +184,11 @@ def test_hybrid_switch_checks_the_plan_and_never_decides():
     assert "parallelism_config" not in build_accelerate(plan, ExportOptions(hybrid="off"))
     # one node: the example is two replicas of half the node each (it said --hybrid 1, which is no replica)
     one_node = make_plan("meta-llama/Llama-3.1-8B", "8xH100")
-    with pytest.raises(ValueError, match=r"not hybrid-sharded.*--hybrid 2: two replicas, each sharded over half"):
+    with pytest.raises(ValueError, match=r"not hybrid-sharded.*--hybrid 2: 2 replicas, each sharding over 4 GPUs"):
         resolve_target(one_node, "accelerate", ExportOptions(hybrid="on"))
     assert make_plan("meta-llama/Llama-3.1-8B", "8xH100", hybrid=2).recommendation.mesh.dp_replicate == 2
+    with pytest.raises(ValueError, match="3 GPUs on one node split into no replicas .*: leave --hybrid out"):
+        resolve_target(make_plan("Qwen/Qwen2.5-0.5B", "3xA100"), "accelerate", ExportOptions(hybrid="on"))
 
 
 def test_cpu_config_for_ddp_and_refused_for_sharded(tmp_path):

@@ -96,3 +96,11 @@ def test_a_count_of_many_digits_is_a_count_too_large(text):
     with pytest.raises(ValueError, match="at most 64 GPUs per node and 16384 nodes"):
         parse_gpus(text)
     assert parse_gpus("100000xA100").world_size == 100_000  # 12,500 servers of 8: within the bounds
+
+
+@pytest.mark.parametrize("text, counted", [("8xH100", True), ("8XH100", True), ("8*A100", True), ("2x8xH100", True),
+                                           ("8 × A100", True), ("A100", False), ("4090", False), ("rtx 4090", False)])
+def test_has_count_reads_the_grammar_parse_gpus_reads(text, counted):
+    from advisor.hardware.cluster import has_count
+
+    assert has_count(text) is counted

@@ -38,13 +38,16 @@ def test_kv_cache_values_dtype_from_5_24(version, keeps):
     assert found.get("kv_cache_values_keep_their_dtype") == (f"transformers {version}" if keeps else None)
 
 
-@pytest.mark.parametrize("version", ["2.7.1", "0.26", "5.25.0.dev0", "2.5.0rc1", "2.13.0+cpu", "0.45.5.post1"])
+@pytest.mark.parametrize("version", ["2.7.1", "0.26", "5.25.0.dev0", "2.5.0rc1", "2.13.0+cpu", "0.45.5.post1",
+                                     # PEP 440's other spellings, as metadata may carry them
+                                     "1.0.0-rc1", "1.0.0c1", "1.0.0RC1", "1.0.0.dev", "2.5.1+cu124-abc",
+                                     "2.5.0a0+git1234abc", "2.6.0.dev20241112+cu124", "2.5.0a0+e000cf0ad9.nv24.10"])
 def test_a_release_as_written(version):
     assert is_release(version)
     assert TrainingConfig(torch_release=version).torch_release == version
 
 
-@pytest.mark.parametrize("version", ["0", "2", "1..2", "2.7.", ".2.7", "latest", "v2.7.1", "2.7.1 ", "2.7-1", ""])
+@pytest.mark.parametrize("version", ["0", "2", "1..2", "2.7.", ".2.7", "latest", "v2.7.1", "2.7.1 ", "2.7.x", ""])
 def test_not_a_release(version):
     """One number alone names no release of torch, transformers, TRL or bitsandbytes (all read major.minor)."""
     assert not is_release(version)

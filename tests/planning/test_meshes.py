@@ -82,6 +82,8 @@ def test_smallest_fit_searches_meshes():
      "--tp 2 x --cp 4 x --hybrid 2 = 16 does not divide the 8 GPUs"),
     # FSDP1 runs no tp or cp (accelerate's parallelism_config is FSDP2's): said, not planned as FSDP2
     (["-m", "meta-llama/Llama-3.1-8B", "--tp", "2", "--fsdp-version", "1"], "--tp 2 needs FSDP2"),
+    # only the degrees FSDP1 cannot run are named (replicas it can: HYBRID_SHARD)
+    (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--hybrid", "2", "--fsdp-version", "1"], ": --cp 2 needs FSDP2"),
     (["-m", "Qwen/Qwen2.5-7B", "--tp", "8"], "does not divide the model's 28 attention heads"),
     (["-m", "meta-llama/Llama-3.1-8B", "--cp", "2", "--attention", "eager"], "needs SDPA attention"),
     (["-m", "google-bert/bert-base-uncased", "--cp", "2"], "needs a Llama-like attention decoder"),

@@ -76,8 +76,11 @@ class MeshPins(BaseModel):
 
     @property
     def pipelined(self) -> bool:
-        """--pp, --pp-schedule, --virtual-stages or --ep given."""
-        return any(v is not None for v in (self.pp, self.pp_schedule, self.virtual_stages, self.pp_layers, self.ep))
+        """--pp or --ep above 1, --pp-schedule, --virtual-stages or --pp-layers given. ``--pp 1`` / ``--ep 1`` alone pin
+        no pipeline: they keep the search (where it runs) to one stage / no expert split, and the data-parallel family
+        is planned as without them (they said 'No mesh with --pp 1 fits' where zero3 fits)."""
+        return (any(v is not None for v in (self.pp_schedule, self.virtual_stages, self.pp_layers))
+                or any(v is not None and v > 1 for v in (self.pp, self.ep)))
 
 
 def powers_of_two(limit: int) -> list[int]:

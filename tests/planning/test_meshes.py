@@ -125,3 +125,23 @@ def test_fsdp1_searches_no_tensor_or_context_parallel_mesh():
     fsdp1 = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072, fsdp_version=1)
     assert all(c.mesh is None or (c.mesh.tp, c.mesh.cp) == (1, 1) for c in fsdp1.candidates)
     assert fsdp1.recommendation is None or fsdp1.recommendation.mesh is None
+
+
+@pytest.mark.parametrize("pins", [{"pp": 1}, {"ep": 1}, {"pp": 1, "ep": 1}])
+def test_a_degree_of_one_pins_no_pipeline(pins):
+    """--pp 1 / --ep 1 say 'no pipeline' / 'no expert split': the plan is the one without them (--pp 1 said 'No mesh
+    with --pp 1 fits' for Llama-3.1-8B on 8 x H100, where zero2 fits)."""
+    base = plan("meta-llama/Llama-3.1-8B", "8xH100")
+    pinned = plan("meta-llama/Llama-3.1-8B", "8xH100", **pins)
+    assert pinned.recommendation is not None
+    assert (pinned.recommendation.strategy, pinned.recommendation.mesh, pinned.recommendation.micro_batch_size) == (
+        base.recommendation.strategy, base.recommendation.mesh, base.recommendation.micro_batch_size)
+    assert all(c.mesh is None or (c.mesh.pp, c.mesh.ep) == (1, 1) for c in pinned.candidates)
+
+
+def test_pp_one_keeps_the_fastest_search_to_one_stage():
+    """Under --policy fastest the search tries pp 2 to 16 on Llama-3.1-70B on 4 x 8 x H100; with --pp 1 none."""
+    searched = {c.mesh.pp for c in plan("meta-llama/Llama-3.1-70B", "4x8xH100", policy="fastest").candidates if c.mesh}
+    kept = {c.mesh.pp for c in plan("meta-llama/Llama-3.1-70B", "4x8xH100", policy="fastest", pp=1).candidates
+            if c.mesh}
+    assert max(searched) > 1 and kept == {1}

@@ -198,12 +198,17 @@ def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pin
         try:  # a change the training config refuses with the user's other settings is none
             changed = validated_copy(training, change.update)
             cand = evaluate_candidate(change.spec or spec, hw, changed, pinned.strategy)
+            if not cand.fits and pinned.strategy in MESH_STRATEGIES:  # as the plan does: a sharded strategy on a mesh
+                meshes, _ = keeping_global_batch(changed, enumerate_meshes(change.spec or spec, hw, changed))
+                cand = best_mesh(evaluate_meshes(change.spec or spec, hw, changed, meshes,
+                                                 strategy=pinned.strategy), changed) or cand
         except ValueError:
             continue
         if cand.fits and cand.step_time is not None:
             found.append(r.RemedyFits(remedy=change.name, keeps_math=change.keeps_math, strategy=cand.strategy,
                                       fits=not offloads(cand), step_s=cand.step_time.step_s,
-                                      tokens_per_s=cand.step_time.tokens_per_s))
+                                      tokens_per_s=cand.step_time.tokens_per_s,
+                                      mesh=cand.mesh.label if cand.mesh is not None else None))
     return sorted(found, key=lambda x: (not x.keeps_math, not x.fits, -x.tokens_per_s))[:3]
 
 

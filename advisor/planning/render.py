@@ -189,7 +189,8 @@ def offload_remedy_with_host(x: r.OffloadRemedy, host_bytes: int | None) -> str:
 
 
 def _remedy_fits(x: r.RemedyFits) -> str:
-    return (f"with {x.remedy}{'' if x.keeps_math else ' (changes the mathematics)'}, {x.strategy} fits "
+    on = f" on mesh {x.mesh}" if x.mesh else ""
+    return (f"with {x.remedy}{'' if x.keeps_math else ' (changes the mathematics)'}, {x.strategy}{on} fits "
             f"{'on the GPUs alone' if x.fits else 'with CPU offload'}: {x.step_s:.2f} s/step, "
             f"{x.tokens_per_s:,.0f} tokens/s")
 

@@ -259,6 +259,8 @@ class RemedyFits(ReasonModel):
     fits: bool
     step_s: float
     tokens_per_s: float
+    mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                             description="The mesh the strategy runs on with the change (a pinned sharded strategy).")
 
 
 class LossSaving(ReasonModel):

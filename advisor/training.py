@@ -252,12 +252,16 @@ class TrainingConfig(BaseModel):
         return self.recipe.fsdp_root_reshards and behaviour_in("fsdp2_root_reshards_after_forward", self.torch_release)
 
     @property
+    def trl_prepares_kbit(self) -> bool:
+        """TRL's SFTTrainer prepares this model (``Recipe.trl_kbit``): a 4-bit or 8-bit base with LoRA."""
+        return self.recipe.trl_kbit and self.quantize is not None and self.lora is not None
+
+    @property
     def trl_bf16_trainables(self) -> bool:
         """TRL 0.26 or later prepares this k-bit LoRA model (``Recipe.trl_kbit``, --trl-release): the base stays in the
         bf16 it was loaded in and every trainable parameter is cast to bf16 (profiles/library_releases.json
         ``trl_sft_keeps_kbit_base_in_bf16``); modelled under bf16-mixed on the torch engine."""
-        return (self.recipe.trl_kbit and self.quantize is not None and self.lora is not None
-                and self.trl_release is not None and behaviour_in("trl_sft_keeps_kbit_base_in_bf16", self.trl_release)
+        return (self.trl_prepares_kbit and self.trl_release is not None and behaviour_in("trl_sft_keeps_kbit_base_in_bf16", self.trl_release)
                 and self.precision == "bf16-mixed" and self.engine == "torch")
 
     @property

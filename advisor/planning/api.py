@@ -224,7 +224,7 @@ def _trl_release_note(training: TrainingConfig, notes: list[str]) -> None:
     if release is None:
         return
     said = f"trl {release} (--trl-release)"
-    if not (training.recipe.trl_kbit and training.quantize is not None and training.lora is not None):
+    if not training.trl_prepares_kbit:
         notes.append(f"{said}: changes nothing here (it decides how SFTTrainer prepares a 4-bit or 8-bit LoRA model "
                      "under the trainer recipe)")
     elif training.engine == "deepspeed":

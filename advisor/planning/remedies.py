@@ -143,8 +143,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         searched = None
         if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search); the saving
             # is measured on the mesh it picks
-            meshes, _ = keeping_global_batch(changed, enumerate_meshes(new_spec, new_hw, changed, change.pins))
-            searched = best_mesh(evaluate_meshes(new_spec, new_hw, changed, meshes), changed)
+            searched = _best_searched_mesh(new_spec, new_hw, changed, change.pins)
         on = searched.mesh if searched is not None else change.mesh
         same = evaluate_candidate(new_spec, new_hw, pinned, measured, on)
     except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
@@ -168,6 +167,14 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
                   mesh=result.mesh.label if result is not None and result.mesh is not None and change.pins else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
                   fits=fits), fits and within_headroom(result, changed)
+
+
+def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None, *,
+                        strategy: str | None = None) -> Candidate | None:
+    """The mesh search's best plan, as the planner runs it (the meshes that keep the global batch; ``pins`` fixed,
+    ``strategy`` a pinned sharded one); None where no mesh fits."""
+    meshes, _ = keeping_global_batch(training, enumerate_meshes(spec, hw, training, pins))
+    return best_mesh(evaluate_meshes(spec, hw, training, meshes, strategy=strategy), training)
 
 
 def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
@@ -199,9 +206,7 @@ def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pin
             changed = validated_copy(training, change.update)
             cand = evaluate_candidate(change.spec or spec, hw, changed, pinned.strategy)
             if not cand.fits and pinned.strategy in MESH_STRATEGIES:  # as the plan does: a sharded strategy on a mesh
-                meshes, _ = keeping_global_batch(changed, enumerate_meshes(change.spec or spec, hw, changed))
-                cand = best_mesh(evaluate_meshes(change.spec or spec, hw, changed, meshes,
-                                                 strategy=pinned.strategy), changed) or cand
+                cand = _best_searched_mesh(change.spec or spec, hw, changed, strategy=pinned.strategy) or cand
         except ValueError:
             continue
         if cand.fits and cand.step_time is not None:

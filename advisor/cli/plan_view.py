@@ -115,7 +115,8 @@ _FIT_FIGURES = ("DefaultFits", "MeshFits", "Escalated")
 
 def reason_sentence(plan) -> str:
     """One line of why, picked by kind among the planner's reasons. An offloading plan: the best remedy in
-    numbers. A --seq-len max past the model's context: that. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
+    numbers. A --seq-len max past the model's context: that; one that fills the GPU past the --headroom: the
+    longest within it. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
     Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
     figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
     size default fits), the first reason."""
@@ -128,6 +129,9 @@ def reason_sentence(plan) -> str:
         return render(first)
     if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
         return render(plan.reasons[0])  # --seq-len max past the model's context: that first
+    roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
+    if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next
+        return render(roomy)
     if rec.mesh is not None:
         opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
         if opened and opened[0] > 0:

@@ -2,7 +2,8 @@
 
 The data-parallel family (``planner.choose``) stays the default wherever it fits. Meshes (tensor,
 context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are searched when
-nothing in that family fits, when the global batch cannot give every GPU a sample, when the user
+nothing in that family fits on the GPUs alone (a GPU-only mesh then replaces its offloading plan, but for
+``_room_past_the_states`` and ``_offload_kept``), when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
 only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
 would: tp a divisor of the GPUs in a node that divides the attention and key/value heads, cp a
@@ -313,7 +314,8 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     if pins.any:
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
-            dp_offloads and not strategy and expert_share(spec) > 0.5):
+            dp_offloads and not strategy and (expert_share(spec) > 0.5 or _room_past_the_states(dp_candidates,
+                                                                                               training))):
         return [], dp_choice, dp_why
     elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
         if dp_blocked:
@@ -345,12 +347,18 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     dp_why = dp_why + pp_lines
     if dp_offloads and best is None and searched is not None and not pins.any:
         return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
+    offloaded = None  # the data-parallel plan a GPU-only mesh replaces: it runs only by offloading
     if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
-        dp_choice = None  # a GPU-only mesh beats offloading the experts' states
+        offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        kept = _offload_kept(spec, training, best, offloaded)
+        if kept is not None:
+            return candidates, dp_choice, dp_why + [kept]
+        dp_choice = None  # a GPU-only mesh beats offloading (never offload while a GPU-only plan fits)
     if pins.any:
         rec, why = _pinned(spec, hw, training, candidates, best, pins)
     elif dp_choice is None:
-        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked, candidates)
+        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked, candidates,
+                           offloaded=offloaded)
     else:
         dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
         rec, why = _faster(spec, hw, training, best, dp_best, candidates)
@@ -372,16 +380,52 @@ def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates:
                                candidates=candidates)
 
 
+def _offload_kept(spec: ModelSpec, training: TrainingConfig, best: Candidate,
+                  offloaded: Candidate) -> r.OffloadKeptOverMesh | None:
+    """A dense model's offloading plan is kept over the best GPU-only mesh only where that mesh fits past the
+    --headroom alone and runs slower than the offload (within SAME_SPEED counts as not slower): a plan at 99% of
+    memory that is also slower is not what an expert takes over a CPU offload. Routed experts always go to the mesh
+    (offloading them is the slowest plan there is)."""
+    if expert_share(spec) > 0.5 or within_headroom(best, training) or offloaded.step_time is None:
+        return None
+    mesh_rate, offload_rate = _tokens_per_s(best), offloaded.step_time.tokens_per_s
+    if mesh_rate >= (1 - SAME_SPEED) * offload_rate:
+        return None
+    return r.OffloadKeptOverMesh(mesh_label=best.mesh.label, total_bytes=best.memory_range.at(training.margin),
+                                 capacity_bytes=best.capacity_bytes, headroom=training.headroom,
+                                 tokens_per_s=mesh_rate, offload_strategy=offloaded.strategy,
+                                 offload_tokens_per_s=offload_rate)
+
+
+def _room_past_the_states(dp_candidates: list[Candidate], training: TrainingConfig) -> bool:
+    """Whether a GPU-only mesh might hold what the data-parallel family holds only by offloading. Every mesh runs
+    FSDP2 over all the GPUs (tp shards a tensor, dp_shard x cp its rows; a pipeline stage holds its layers' share),
+    so each GPU holds at least zero3's optimizer step: its shard of the states and the step's temporaries. Where
+    that moment of zero3 alone (its total at the --margin end, scaled by the moment's share of the peak) exceeds the
+    GPU, no mesh fits, and none is searched: the search would add a third to the plan's time for no answer (the
+    README's first command: zero3's foreach step alone needs 79.6 of 79.2 GiB)."""
+    zero3 = next((c for c in dp_candidates if c.strategy == "zero3" and c.mesh is None and c.memory_bytes), None)
+    if zero3 is None or zero3.memory_range is None:
+        return True
+    step, peak = zero3.memory_bytes.at_optimizer_step, zero3.memory_bytes.peak_allocated
+    if step is None or not peak:
+        return True
+    return zero3.memory_range.at(training.margin) * step / peak <= zero3.capacity_bytes
+
+
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
-            dp_blocked: str | None, candidates: list[Candidate] | None = None
-            ) -> tuple[Recommendation | None, list[r.Reason]]:
-    """Nothing in the data-parallel family runs: the best mesh, and the limit that forced it."""
+            dp_blocked: str | None, candidates: list[Candidate] | None = None, *,
+            offloaded: Candidate | None = None) -> tuple[Recommendation | None, list[r.Reason]]:
+    """Nothing in the data-parallel family runs on the GPUs alone (``offloaded``: the plan that runs it only by
+    offloading to the CPU): the best mesh, and the limit that forced it."""
     if best is None:
         return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample))] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
-    return mesh_recommendation(spec, hw, training, best, candidates=candidates,
-                               opening=r.DataParallelCannot(limit=limit))
+    step = offloaded.step_time if offloaded is not None else None
+    opening = r.DataParallelCannot(limit=limit) if step is None else r.DataParallelCannot(
+        limit=limit, offload_strategy=offloaded.strategy, offload_tokens_per_s=step.tokens_per_s)
+    return mesh_recommendation(spec, hw, training, best, candidates=candidates, opening=opening)
 
 
 def _timing(c: Candidate) -> r.MeshTiming:

@@ -293,12 +293,48 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
         return cand.fits and within_headroom(cand, at)  # a count that leaves the --headroom, not one at 99%
 
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
-    if count is None or (training.global_batch_size is not None and training.global_batch_size % count):
+    if count is not None and training.global_batch_size is not None and training.global_batch_size % count:
+        count = None
+    on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count)
+    if on_mesh is not None:
+        return [on_mesh]
+    if count is None:
         return []
-    bigger = at_count(hw, count, per_node)
-    label = f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
+    return [_Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=at_count(hw, count, per_node))]
+
+
+def _gpus_flag(hw: Hardware, count: int) -> str:
+    bigger = at_count(hw, count, server_size(hw))
+    return f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
         f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
-    return [_Change(name=f"--gpus {label}", keeps_math=True, hardware=bigger)]
+
+
+def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, below: int | None) -> _Change | None:
+    """More GPUs on a tensor/context-parallel mesh where that takes fewer of them than data parallelism alone
+    (``below``: zero3's count; None where none holds the job): a sample's activations and logits do not shrink
+    with data-parallel ranks, they do over cp and tp ranks, so a long sequence that needs 24 GPUs of zero3 fits
+    2 on cp 2. The plan at each count is the mesh search's best, as the planner runs it (``_best_searched_mesh``),
+    on the GPUs alone within the --headroom, at a count where no data-parallel strategy fits on the GPUs alone (where
+    one does, even past the headroom, the planner runs it and no mesh). Counts tried: powers of two within a node, then whole nodes doubling
+    (the degrees cp and tp take), so the search stays a few mesh searches."""
+    per_node = server_size(hw)
+    counts = [n for n in powers_of_two(per_node) if n > hw.world_size]
+    counts += [per_node * 2**k for k in range(1, 15) if per_node * 2**k > hw.world_size]
+    total = training.global_batch_size
+    for count in (n for n in counts if below is None or n < below):
+        if total is not None and total % count:
+            continue
+        cluster = at_count(hw, count, per_node)
+        dp = replan(spec, cluster, training)
+        if dp is not None and not offloads(dp):  # the planner runs data parallelism there (past the headroom)
+            continue
+        try:
+            best = _best_searched_mesh(spec, cluster, training)
+        except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
+            return None
+        if best is not None and not offloads(best) and within_headroom(best, training):
+            return _Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=cluster, pins=MeshPins())
+    return None
 
 
 def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
@@ -350,10 +386,10 @@ def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: 
     return r.OffloadRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name,
                            keeps_math=best.keeps_math, remedy_strategy=best.strategy, remedy_fits=best.fits,
                            remedy_step_s=best.step_s, remedy_tokens_per_s=best.tokens_per_s, saved_gib=best.saved_gib,
-                           reference=reference)
+                           reference=reference, remedy_mesh=best.mesh)
 
 
 def remedy_fits(remedy: Remedy) -> r.RemedyFits:
     """Nothing fits: what one remedy leads to."""
     return r.RemedyFits(remedy=remedy.name, keeps_math=remedy.keeps_math, strategy=remedy.strategy, fits=remedy.fits,
-                        step_s=remedy.step_s, tokens_per_s=remedy.tokens_per_s)
+                        step_s=remedy.step_s, tokens_per_s=remedy.tokens_per_s, mesh=remedy.mesh)

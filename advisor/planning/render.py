@@ -179,8 +179,9 @@ def _offload_remedy(x: r.OffloadRemedy, *, host_bytes: int | None = None) -> str
     where = "runs on the GPUs alone" if x.remedy_fits else "still offloads but runs"
     saving = f"; it saves {x.saved_gib:.1f} GiB per GPU on {x.reference}" if x.saved_gib >= MIN_SAVED_GIB else ""
     held = f"{host_bytes / GIB:.1f} GiB of RAM per node" if host_bytes else f"{x.tokens_per_s:,.0f} tokens/s"
+    on = f" on mesh {x.remedy_mesh}" if x.remedy_mesh else ""
     return (f"{x.strategy} offloads to the CPU ({held}); with {x.remedy} ({kind}), "
-            f"{x.remedy_strategy} {where} at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
+            f"{x.remedy_strategy}{on} {where} at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
             f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){saving}.")
 
 
@@ -250,6 +251,13 @@ def _no_count(x: r.NoCountFits) -> str:
     return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
             f"{room}{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
             f"CPU RAM; {' or '.join(x.hints)}.")
+
+
+def _dp_cannot(x: r.DataParallelCannot) -> str:
+    if x.offload_strategy is None:
+        return f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}."
+    return (f"Data parallelism alone runs this only with CPU offload ({x.offload_strategy}, "
+            f"{x.offload_tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is {_limit(x.limit)}.")
 
 
 def _limit(x: r.Limit) -> str:
@@ -335,8 +343,12 @@ def _pipeline_summary(x: r.PipelineSummary) -> str:
 
 
 def _no_gpu_only(x: r.NoGpuOnlyMesh) -> str:
-    return (f"No GPU-only mesh fits ({cause_text(x.cause)}): the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} "
-            f"per GPU of {_gib(x.capacity_bytes)} on its worst rank at micro-batch {x.micro_batch_size}, of which the "
+    # the cause's closest tp/cp mesh is often the closest of all: the search said once, not its figures twice
+    searched = ("meshes of tp, cp and HSDP inside a node, then pipeline stages, searched"
+                if x.cause.kind == "no-mesh-fits" else cause_text(x.cause))
+    worst = "" if x.cause.kind == "no-mesh-fits" and " pp " not in f" {x.mesh_label} " else " on its worst rank"
+    return (f"No GPU-only mesh fits ({searched}): the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} "
+            f"per GPU of {_gib(x.capacity_bytes)}{worst} at micro-batch {x.micro_batch_size}, of which the "
             f"model states alone (parameters, gradients, optimizer) are {_gib(x.states_bytes)}.")
 
 
@@ -410,7 +422,7 @@ _RENDER: dict[str, Callable] = {
     "LongestWithinHeadroom": _longest_within_headroom,
     "PastHeadroom": _past_headroom,
     "NoCountFits": _no_count,
-    "DataParallelCannot": lambda x: f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}.",
+    "DataParallelCannot": _dp_cannot,
     "MeshFits": _mesh_fits,
     "DegreeEffect": _degree,
     "StagePeaks": _stage_peaks,
@@ -421,6 +433,11 @@ _RENDER: dict[str, Callable] = {
     "PinnedDegrees": lambda x: f"Pinned degrees: {', '.join(f'--{flag} {value}' for flag, value in x.flags)}.",
     "NoPinnedMeshFits": _no_pinned,
     "NoMeshFits": _no_mesh,
+    "OffloadKeptOverMesh": lambda x: (
+        f"zero3 on mesh {x.mesh_label} fits on the GPUs alone only past the {x.headroom:.0%} headroom "
+        f"({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, {x.total_bytes / x.capacity_bytes:.0%}) and runs "
+        f"{x.tokens_per_s:,.0f} tokens/s against {x.offload_strategy}'s {x.offload_tokens_per_s:,.0f}: the offload is "
+        "kept."),
     "MeshNotFaster": lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
                                 f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
     "FastestMesh": _fastest_mesh,

@@ -33,8 +33,12 @@ def test_the_trainers_unsharded_gradients_offload_the_plan_and_the_remedy_names_
     """Under no_sync zero3 holds 2 x 7,615,616,512 bytes of bf16 gradients; reduce-scattered every micro-batch,
     the fp32 shards 4 x 7,615,616,512 / 8: 11,423,424,768 bytes (10.64 GiB) less, 11.75 GiB with the allocator's
     10.4% gap. zero3 then fits on the GPUs alone, so the remedy names the change (context parallelism, which splits
-    the activations instead, ranks before it as the faster of the two)."""
-    default = _plan(capsys, *JOB)
+    the activations instead, ranks before it as the faster of the two). Unpinned, the plan is that GPU-only mesh
+    rather than the offload (never offload while a GPU-only plan fits); --tp 1 --cp 1 --pp 1 keep the data-parallel
+    family, whose answer offloads and lists the remedies."""
+    unpinned = _plan(capsys, *JOB)
+    assert unpinned["recommendation"]["mesh"]["cp"] > 1 and unpinned["recommendation"]["strategy"] == "zero3"
+    default = _plan(capsys, *JOB, "--tp", "1", "--cp", "1", "--pp", "1")
     assert default["recommendation"]["strategy"] == "zero3_offload"
     assert not _zero3(default)["fits"]
     names = [x["name"] for x in default["recommendation"]["remedies"]]
@@ -43,7 +47,7 @@ def test_the_trainers_unsharded_gradients_offload_the_plan_and_the_remedy_names_
     assert (remedy["name"], remedy["keeps_math"], remedy["strategy"], remedy["fits"]) == (
         "--accumulation-sync every_micro_batch", True, "zero3", True)
     assert remedy["saved_gib"] == 11.75
-    synced = _plan(capsys, *JOB, "--accumulation-sync", "every_micro_batch")
+    synced = _plan(capsys, *JOB, "--tp", "1", "--cp", "1", "--pp", "1", "--accumulation-sync", "every_micro_batch")
     assert synced["recommendation"]["strategy"] == "zero3"
     held = _zero3(default)["memory_bytes"]["grads"] - _zero3(synced)["memory_bytes"]["grads"]
     assert held == 2 * 7_615_616_512 - 4 * 7_615_616_512 // 8

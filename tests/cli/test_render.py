@@ -191,3 +191,16 @@ def test_an_offloading_answer_says_the_host_ram_it_holds():
                           "per node); with --optimizer-impl fused"), why
     assert doc["why"][0].startswith(f"{rec['strategy']} offloads to the CPU ("
                                     f"{chosen['step_time']['tokens_per_s']:,.0f} tokens/s)")  # --json: unchanged
+
+
+def test_seq_len_max_that_fills_the_gpu_gives_the_longest_within_the_headroom_as_its_why():
+    """--seq-len max answers with a length that fills the GPU (100%); the one line of why gives the longest the same
+    plan holds within the --headroom, the figure the JSON's longest-within-headroom reason carries (worked and tested
+    against the estimate in tests/planning/test_longest.py). Qwen2.5-7B's longest on one H100 is inside its 32,768
+    context, so no context caveat comes first."""
+    out, doc = _run(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "1xH100", "--lora", "16", "--seq-len", "max"], 200)
+    (roomy,) = [x for x in doc["reasons"] if x["kind"] == "longest-within-headroom"]
+    assert roomy["longest_seq_len"] == doc["training"]["seq_len"] < 32_768
+    why = next(line for line in out.splitlines() if line.startswith("Why:"))
+    assert why == (f"Why: ddp holds {roomy['longest_seq_len']:,} tokens only past the 10% headroom (the longest fills "
+                   f"the GPU); within it, {roomy['seq_len']:,} (--seq-len {roomy['seq_len']}).")

@@ -145,3 +145,50 @@ def test_pp_one_keeps_the_fastest_search_to_one_stage():
     kept = {c.mesh.pp for c in plan("meta-llama/Llama-3.1-70B", "4x8xH100", policy="fastest", pp=1).candidates
             if c.mesh}
     assert max(searched) > 1 and kept == {1}
+
+
+def _offloads(candidate) -> bool:
+    return candidate.strategy.endswith("_offload")
+
+
+def test_a_gpu_only_mesh_replaces_a_data_parallel_plan_that_only_offloads():
+    """Llama 3.1 8B at 32,768 tokens on 4 x A100: zero3 alone needs 90.4 GiB (the fp32 logits of one sample), so the
+    data-parallel family runs it only as zero3_offload; a context-parallel mesh runs it on the GPUs alone within the
+    headroom, and is the plan (never offload while a GPU-only plan fits). The why names the offload it replaces,
+    with that candidate's own tokens/s."""
+    p = plan("meta-llama/Llama-3.1-8B", "4xA100", seq_len=32768)
+    rec, chosen = p.recommendation, p.chosen
+    assert rec.strategy == "zero3" and rec.mesh is not None and rec.mesh.cp > 1
+    assert chosen.memory_bytes.total <= 0.9 * chosen.capacity_bytes
+    offload = next(c for c in p.candidates if c.strategy == "zero3_offload" and c.mesh is None)
+    assert offload.fits and not next(c for c in p.candidates if c.strategy == "zero3" and c.mesh is None).fits
+    assert chosen.step_time.tokens_per_s > offload.step_time.tokens_per_s
+    opening = (f"Data parallelism alone runs this only with CPU offload (zero3_offload, "
+               f"{offload.step_time.tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is activations")
+    assert [w for w in p.why if w.startswith(opening)]
+
+
+def test_no_mesh_is_searched_where_zero3s_optimizer_step_alone_overfills_the_gpu():
+    """The README's first command: zero3 needs 70.93 GiB allocated at its optimizer step (7.62B parameters' shard of
+    the states, 56.7 GiB, and foreach AdamW's 14.19 GiB temporary), 79.56 GiB with the allocator's gap and the
+    context, above the A100's 79.15. Every mesh holds at least that shard and that step, so none can fit and none
+    is searched: the plan offloads, as before, and lists no mesh candidate."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100")
+    zero3 = next(c for c in p.candidates if c.strategy == "zero3")
+    assert zero3.memory_bytes.peak_moment == "optimizer_step" and zero3.memory_bytes.total > zero3.capacity_bytes
+    assert p.recommendation.strategy == "zero3_offload" and not [c for c in p.candidates if c.mesh is not None]
+
+
+def test_an_offload_is_kept_over_a_mesh_that_fits_only_past_the_headroom_and_runs_slower():
+    """Qwen2.5-72B under the Trainer recipe on 2 x 8 x H100: the best GPU-only mesh fits at 99% of the card, past the
+    10% headroom, and runs slower than zero3_offload; the offload stays the plan and a reason gives both rates, each
+    the candidate's own."""
+    p = plan("Qwen/Qwen2.5-72B", "8xH100", nodes=2, recipe="trainer")
+    assert p.recommendation.strategy == "zero3_offload" and p.recommendation.mesh is None
+    (kept,) = [x for x in p.reasons if x.kind == "offload-kept-over-mesh"]
+    mesh = next(c for c in p.candidates if c.mesh is not None and c.mesh.label == kept.mesh_label)
+    assert mesh.fits and kept.total_bytes == mesh.memory_range.at("expected") > 0.9 * mesh.capacity_bytes
+    assert kept.tokens_per_s == mesh.step_time.tokens_per_s < p.chosen.step_time.tokens_per_s
+    assert kept.offload_tokens_per_s == p.chosen.step_time.tokens_per_s
+    assert all(c.memory_range.at("expected") > 0.9 * c.capacity_bytes for c in p.candidates
+               if c.mesh is not None and c.fits)

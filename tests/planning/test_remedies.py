@@ -225,3 +225,18 @@ def test_a_pinned_strategy_that_does_not_fit_names_what_makes_it_fit(model, gpus
         assert again.chosen.step_time.tokens_per_s == pytest.approx(x.tokens_per_s, rel=1e-6), x.remedy
     if options == {"strategy": "zero3"}:  # the fused step allocates no state-sized temporary (the issue's example)
         assert listed[0].remedy == "--optimizer-impl fused"
+
+
+def test_more_gpus_on_a_mesh_where_that_takes_fewer_than_data_parallelism():
+    """Llama 3.1 8B at 32,768 tokens on one A100 offloads. Data parallelism needs many more A100s (a sample's fp32
+    logits do not shrink with its ranks); a context-parallel mesh holds it on 4: the remedy names 4 and the mesh,
+    and is what the planner gives on 4 A100s. On 2, nothing runs on the GPUs alone within the headroom."""
+    p = plan("meta-llama/Llama-3.1-8B", "1xA100", seq_len=32768)
+    (more,) = [r for r in p.recommendation.remedies if r.name.startswith("--gpus")]
+    assert (more.name, more.strategy, more.fits) == ("--gpus 4xA100-80GB-SXM", "zero3", True)
+    again = plan("meta-llama/Llama-3.1-8B", "4xA100", seq_len=32768)
+    assert again.chosen.mesh is not None and again.chosen.mesh.label == more.mesh
+    assert again.chosen.step_time.tokens_per_s == pytest.approx(more.tokens_per_s, rel=1e-9)
+    two = plan("meta-llama/Llama-3.1-8B", "2xA100", seq_len=32768).chosen
+    assert two.strategy.endswith("_offload") or two.memory_bytes.total > 0.9 * two.capacity_bytes
+    assert p.why[0].startswith("zero3_offload offloads to the CPU") and f"zero3 on mesh {more.mesh} runs" in p.why[0]

@@ -247,6 +247,8 @@ class OffloadRemedy(ReasonModel):
     remedy_tokens_per_s: float
     saved_gib: float = Field(description="Remedy.saved_gib: GiB saved on the reference candidate.")
     reference: str = Field(description="The candidate the saving is measured on.")
+    remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                                    description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
 
 
 class RemedyFits(ReasonModel):

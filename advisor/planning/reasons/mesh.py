@@ -39,10 +39,16 @@ Limit = Annotated[Union[BatchLimit, MemoryLimit, NoDataParallelFits], Field(disc
 
 
 class DataParallelCannot(ReasonModel):
-    """``Data parallelism alone cannot run this: the limit is ...``"""
+    """``Data parallelism alone cannot run this: the limit is ...``; where it runs only by offloading: ``Data
+    parallelism alone runs this only with CPU offload (zero3_offload, 4,794 tokens/s); on the GPUs alone the limit
+    is ...``"""
 
     kind: Literal["data-parallel-cannot"] = "data-parallel-cannot"
     limit: Limit
+    offload_strategy: str | None = Field(default=None, exclude_if=lambda name: name is None,
+                                         description="The data-parallel plan that runs it only by offloading to the "
+                                                     "CPU, which a GPU-only mesh replaces.")
+    offload_tokens_per_s: float | None = Field(default=None, exclude_if=lambda rate: rate is None)
 
 
 class MeshFits(FitFigures):
@@ -163,6 +169,21 @@ class MeshNotFaster(ReasonModel):
     tokens_per_s: float
     dp_tokens_per_s: float
     same_speed: float
+
+
+class OffloadKeptOverMesh(ReasonModel):
+    """The data-parallel family fits only by offloading, and the best GPU-only mesh fits only past the --headroom
+    and runs slower: ``zero3 on mesh dp_shard 4 x tp 4 fits on the GPUs alone only past the 10% headroom (78.7 of
+    79.2 GiB, 99%) and runs 7,950 tokens/s against zero3_offload's 10,629: the offload is kept.``"""
+
+    kind: Literal["offload-kept-over-mesh"] = "offload-kept-over-mesh"
+    mesh_label: str
+    total_bytes: int
+    capacity_bytes: int
+    headroom: float
+    tokens_per_s: float
+    offload_strategy: str
+    offload_tokens_per_s: float
 
 
 class MeshTiming(ReasonModel):

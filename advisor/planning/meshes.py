@@ -256,6 +256,7 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
     assert mesh is not None and chosen.memory_bytes is not None and chosen.step_time is not None
     fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size, "global_batch_size": None,
                                         "activation_checkpointing": chosen.checkpointing})
+    total = training.global_batch_size
     lines = []
     for dim in ("pp", "ep", "tp", "cp", "dp_replicate"):
         degree = getattr(mesh, dim)
@@ -266,10 +267,15 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
             without = validated_copy(mesh, {dim: 1, "dp_shard": mesh.dp_shard * degree, **folded})
         except ValueError:  # the mesh without this degree breaks a rule (ep no longer divides dp_shard x cp)
             continue
-        other = evaluate_candidate(spec, hw, fixed, chosen.strategy, without if not without.is_data_parallel_only
+        # The same samples a step where --global-batch divides the mesh without the degree (its data-parallel ranks
+        # grow), so seconds per step compare like with like; otherwise the two steps hold different numbers of
+        # samples (no --global-batch: a micro-batch per data-parallel rank), and so does a pp step (m micro-batches):
+        # compare throughput.
+        same_step = total is not None and total % (chosen.micro_batch_size * without.dp) == 0
+        at = validated_copy(fixed, {"global_batch_size": total}) if same_step else fixed
+        other = evaluate_candidate(spec, hw, at, chosen.strategy, without if not without.is_data_parallel_only
                                    else None)
-        # a pp step holds m micro-batches: compare throughput; otherwise seconds per step
-        compare = ("tokens" if dim == "pp" else "step") if other.step_time is not None else (
+        compare = ("step" if same_step and dim != "pp" else "tokens") if other.step_time is not None else (
             "unfit" if not other.fits else "none")
         lines.append(r.DegreeEffect(
             dim=dim, degree=degree, total_bytes=chosen.memory_bytes.total, without_bytes=other.memory_bytes.total,

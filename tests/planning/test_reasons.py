@@ -333,3 +333,35 @@ def test_checkpointing_for_speed_within_the_headroom_says_so(qwen_2xa100):
         off.micro_batch_size, off.memory_range.at("expected"), off.step_time.tokens_per_s)
     assert x.total_bytes <= (1 - x.headroom) * x.capacity_bytes and x.chosen_tokens_per_s > x.tokens_per_s
     assert "runs faster" in render(x) and "past the" not in render(x)
+
+
+def test_a_degrees_effect_is_measured_at_the_steps_own_global_batch():
+    """Qwen2.5-7B under the Trainer recipe on 8 x A100 40GB, 128 samples a step: the plan runs zero3 on cp 4 x tp 2,
+    128 accumulation steps. What tp 2 buys is measured against cp 4 with the same 128 samples a step (64 steps of two
+    data-parallel ranks, which the Trainer's no_sync holds unsharded gradients for), the candidate `advisor plan` gives
+    with --cp 4 --tp 1 pinned at the same micro-batch and checkpointing; it was measured at one micro-batch a step,
+    which fitted and was said to take 0.61 s against the plan's 40 s. Without --global-batch the two meshes' steps
+    hold different numbers of samples, so the time clause compares tokens/s."""
+    job = dict(seq_len=8192, recipe="trainer")
+    p = plan("Qwen/Qwen2.5-7B", "8xA100-40GB", global_batch_size=128, **job)
+    assert p.chosen.mesh.label == "cp 4 x tp 2"
+    (tp,) = [x for x in p.reasons if isinstance(x, r.DegreeEffect) and x.dim == "tp"]
+    pinned = plan("Qwen/Qwen2.5-7B", "8xA100-40GB", global_batch_size=128, cp=4, tp=1,
+                  micro_batch_size=p.chosen.micro_batch_size, activation_checkpointing=p.chosen.checkpointing or "off",
+                  **job)
+    without = next(c for c in pinned.candidates if c.mesh is not None and c.mesh.label == "dp_shard 2 x cp 4")
+    assert (tp.without_bytes, tp.compare, without.fits) == (without.memory_bytes.total, "unfit", False)
+    # Llama 3.1 8B at 8,192 tokens on 8 x H100, zero3 on dp_shard 4 x tp 2 against zero3 alone (which fits), no
+    # --global-batch: one sample a step per data-parallel rank, 4 against 8, so tokens/s are compared
+    from advisor.mesh import ParallelDims
+    from advisor.planning.candidates import evaluate_candidate
+    from advisor.planning.meshes import degree_effects
+
+    base = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=8192, micro_batch_size=1, activation_checkpointing="on")
+    mesh = evaluate_candidate(base.model, base.hardware, base.training, "zero3",
+                              ParallelDims(dp_shard=4, tp=2, world_size=8))
+    alone = base.candidate("zero3")
+    (effect,) = degree_effects(base.model, base.hardware, base.training, mesh)
+    assert alone.fits and (effect.dim, effect.compare) == ("tp", "tokens")
+    assert (effect.without_tokens_per_s, effect.without_bytes) == (alone.step_time.tokens_per_s,
+                                                                  alone.memory_bytes.total)

@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from advisor.precision import Precision
 from profiles import PROFILES_DIR
 
+# A device mesh's dimensions (advisor.mesh.ParallelDims), in torchtitan's order.
+MeshDim = Literal["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"]
+
 Engine = Literal["torch", "deepspeed"]
 LossKernel = Literal["hf", "chunked", "fused"]
 OptimizerImpl = Literal["fused", "foreach", "for-loop"]
@@ -150,6 +153,16 @@ class Recipe(BaseModel):
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")
 
+    mesh_dims: tuple[MeshDim, ...] | None = Field(
+        default=None, min_length=1, description="The mesh dimensions (a degree above 1) its own loop runs beside "
+        "plain data parallelism, as its configuration expresses them; the planner searches and accepts no other. None: "
+        "every one (the planner's own layouts: wrap() runs dp_replicate, dp_shard, cp and tp; pipeline and expert "
+        "meshes are torchtitan's, written with --format torchtitan).")
+
+    def runs_mesh_dim(self, dim: MeshDim) -> bool:
+        """Whether its loop runs ``dim`` above 1 (``mesh_dims``)."""
+        return self.mesh_dims is None or dim in self.mesh_dims
+
     torch_strategies: tuple[str, ...] | None = Field(
         default=None, min_length=1, description="The data-parallel strategies (advisor.strategies) its own loop runs "
         "on the torch engine across GPUs, as its configuration expresses them; the others are unavailable in its "
@@ -225,7 +238,7 @@ class Recipe(BaseModel):
         missing += [fact for fact in ("tp_sequence_parallel", "tp_loss_parallel", "shard_experts_on_dim1", "fsdp_outer_units",
                                       "adapter_units", "pure_adapters_fp32", "chunked_logits", "compile_loss", "precisions",
                                       "torch_strategies", "checkpoints_via_transformers", "kbit_casts_copies", "trl_kbit",
-                                      "fused_loss_in_place")
+                                      "fused_loss_in_place", "mesh_dims")
                     if getattr(self, fact) and not self.sources.get(fact)]
         if missing:
             raise ValueError(f"recipe {self.name}: no source for {', '.join(missing)}")

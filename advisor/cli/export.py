@@ -24,7 +24,25 @@ def _plan(params: dict[str, Any], fmt: str):
     from advisor.planning.api import plan
 
     kwargs = format_plan_options(fmt, plan_kwargs(params))
+    _refuse_pins_the_format_cannot_write(fmt, kwargs)
     return plan(**kwargs)
+
+
+def _refuse_pins_the_format_cannot_write(fmt: str, kwargs: dict[str, Any]) -> None:
+    """A pinned degree the format cannot carry: the format's own reason (and which format can), before its recipe's
+    plan refuses the same degree for the stack that runs it."""
+    from advisor.export.formats import get_format_row
+
+    row = get_format_row(fmt)
+    staged = any(kwargs.get(key) is not None for key in ("pp_schedule", "virtual_stages", "pp_layers"))
+    pinned = [dim for dim, key in (("tp", "tp"), ("cp", "cp"), ("dp_replicate", "hybrid"), ("pp", "pp"), ("ep", "ep"))
+              if (kwargs.get(key) or 1) > 1 or (dim == "pp" and staged)]
+    missing = [dim for dim in pinned if dim not in row.mesh_dims]
+    if set(missing) & {"pp", "ep"}:
+        raise ValueError(f"the {fmt} format cannot express the pinned {' and '.join(missing)} (pipeline / expert "
+                         f"parallelism): {row.pp_ep_gap}")
+    if missing:
+        raise ValueError(f"the {fmt} format cannot express the pinned {' and '.join(missing)}: {row.mesh_gap}")
 
 
 def _recipe_note(params: dict[str, Any], fmt: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from advisor.recipes import RecipeName, ZeroDefaultsSource, zero_config_defaults
+from advisor.recipes import MeshDim, RecipeName, ZeroDefaultsSource, zero_config_defaults
 
 FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args", "lightning", "torchtitan"]
 # Which (strategy, engine) pairs a format writes (``advisor.export.target.expresses`` reads the strategy
@@ -24,7 +24,6 @@ FormatName = Literal["accelerate", "deepspeed-json", "torchrun", "trainer-args",
 # one-process DataParallel, no torch ZeroRedundancyOptimizer); ``deepspeed`` DeepSpeed only; ``any`` all;
 # ``fsdp2`` torch DDP and FSDP2 only (torchtitan: no DeepSpeed, no ZeroRedundancyOptimizer).
 Runs = Literal["launcher", "deepspeed", "any", "fsdp2"]
-MeshDim = Literal["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"]
 # How a format carries the plan's optimizer: ``note`` (no key: a note names the constructor), ``trainer``
 # (TrainingArguments.optim), ``torchtitan`` ([optimizer] name and implementation).
 OptimizerKey = Literal["note", "trainer", "torchtitan"]

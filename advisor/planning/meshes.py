@@ -88,9 +88,25 @@ def powers_of_two(limit: int) -> list[int]:
     return [1 << k for k in range(limit.bit_length()) if 1 << k <= limit]
 
 
+_DIM_NAMES = {"tp": "tensor parallelism", "cp": "context parallelism", "dp_replicate": "replicas (HSDP)",
+              "pp": "pipeline stages", "ep": "expert parallelism"}
+
+
 def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> None:
     """ValueError (one line, naming the constraint) for pinned degrees no mesh can honour."""
     world = hw.world_size
+    recipe = training.recipe
+    staged = pins.pipelined and not (pins.ep and pins.ep > 1)  # --pp-schedule, --virtual-stages, --pp-layers ask for stages
+    unrun = [(flag, dim) for flag, dim, asked in (
+        (f"--tp {pins.tp}", "tp", (pins.tp or 1) > 1), (f"--cp {pins.cp}", "cp", (pins.cp or 1) > 1),
+        (f"--hybrid {pins.dp_replicate}", "dp_replicate", (pins.dp_replicate or 1) > 1),
+        (f"--pp {pins.pp}" if pins.pp else pins.pipeline_flags, "pp", (pins.pp or 1) > 1 or staged),
+        (f"--ep {pins.ep}", "ep", (pins.ep or 1) > 1)) if asked and not recipe.runs_mesh_dim(dim)]
+    if unrun:
+        raise ValueError(f"{' '.join(flag for flag, _ in unrun)}: the {recipe.name} recipe's stack does not run "
+                         f"{' or '.join(_DIM_NAMES[dim] for _, dim in unrun)} (its meshes are over "
+                         f"{', '.join(recipe.mesh_dims or ())} only: profiles/recipes.json mesh_dims); --recipe "
+                         "torch or torchtitan plans every degree")
     refused = [f"{flag} {degree}" for flag, degree in (("--tp", pins.tp), ("--cp", pins.cp), ("--pp", pins.pp),
                                                         ("--ep", pins.ep)) if degree is not None and degree > 1]
     if training.fsdp_version == 1 and refused:
@@ -143,22 +159,26 @@ def enumerate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     if shape.family != "decoder" or shape.assumed or training.lora is not None or training.engine != "torch" \
             or spec.trainable_params < spec.total_params or training.activation_offload:  # offload: data parallel
         return []
+    runs = training.recipe.runs_mesh_dim  # the degrees the user's stack runs (profiles/recipes.json mesh_dims)
+    if any(degree is not None and degree > 1 and not runs(dim)
+           for dim, degree in (("tp", pins.tp), ("cp", pins.cp), ("dp_replicate", pins.dp_replicate))):
+        return []
     g, world = hw.gpus_per_node, hw.world_size
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
     # FSDP1 (--fsdp-version 1, accelerate's fsdp_version: 1) runs no tp or cp: replicas (HYBRID_SHARD) at most
-    tps = [1] if training.fsdp_version == 1 else tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=pins.tp,
-                                                            loss=training.loss)
+    tps = [1] if training.fsdp_version == 1 or not runs("tp") else tp_degrees(spec, g, heads=heads, kv_heads=kv,
+                                                                               pinned=pins.tp, loss=training.loss)
     meshes = []
     for tp in tps:
         cps = [pins.cp] if pins.cp else [c for c in powers_of_two(g // tp) if training.seq_len % (2 * c) == 0
                                          and (c == 1 or training.fsdp_version == 2)]
-        if (training.attention == "eager" or training.images_per_sample) and not pins.cp:
+        if (training.attention == "eager" or training.images_per_sample or not runs("cp")) and not pins.cp:
             cps = [1]  # ring attention needs SDPA, and cannot shard a VLM's input_ids (check_pins)
         for cp in cps:
             if world % (tp * cp):
                 continue
             dp = world // (tp * cp)
-            replicas = [pins.dp_replicate] if pins.dp_replicate else sorted({1, hw.nodes})
+            replicas = [pins.dp_replicate] if pins.dp_replicate else sorted({1, hw.nodes if runs("dp_replicate") else 1})
             for replicate in replicas:
                 if dp % replicate or (replicate > 1 and dp // replicate == 1) or (dp // replicate) * cp == 1:
                     continue  # launch_rule: something to shard, within each replica

@@ -114,12 +114,17 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
             or spec.trainable_params < spec.total_params or not kind_of(spec).pipelines or spec.head is not None \
             or training.activation_offload or training.fsdp_version == 1:  # offload, FSDP1: data parallelism alone
         return []  # a Jamba stack's stages (their Mamba / attention / MoE blocks), a task head's last stage: not modelled
+    runs = training.recipe.runs_mesh_dim  # the degrees the user's stack runs (profiles/recipes.json mesh_dims)
+    if (not runs("pp") and not runs("ep")) or any(degree is not None and degree > 1 and not runs(dim) for dim, degree in
+                                                  (("pp", pp), ("ep", ep), ("tp", tp), ("cp", cp))):
+        return []
     g, world, layers = hw.gpus_per_node, hw.world_size, shape.num_layers
     heads, kv = shape.num_attention_heads, shape.num_kv_heads
-    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp, loss=training.loss)
+    tps = tp_degrees(spec, g, heads=heads, kv_heads=kv, pinned=tp, loss=training.loss) if runs("tp") else [1]
     # --pp-schedule or --virtual-stages without --pp asks for a pipeline: no expert-only (pp 1) mesh, which has neither
     unpipelined = [] if schedule or virtual_stages else [1]
-    pps = [pp] if pp else unpipelined + [q for q in (1 << k for k in range(1, 5)) if q <= MAX_PP and 2 * q <= layers]
+    pps = [pp] if pp else unpipelined + [q for q in (1 << k for k in range(1, 5))
+                                         if q <= MAX_PP and 2 * q <= layers and runs("pp")]
     schedules = [schedule] if schedule else list(SEARCHED_SCHEDULES)  # the others when pinned (--pp-schedule)
     cp = cp or 1
     meshes: list[ParallelDims] = []
@@ -137,7 +142,7 @@ def pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, 
                 split = pp_layers or (split_layers(layers, q, chunks) if q > 1 else None)
                 if q > 1 and split is None and layers % (q * chunks):
                     continue
-                for e in ([ep] if ep else _eps(spec, shard * cp, t, g)):
+                for e in ([ep] if ep else _eps(spec, shard * cp, t, g) if runs("ep") else [1]):
                     if q == 1 and e == 1 or (shard * cp) % e:
                         continue
                     meshes.append(ParallelDims(pp=q, pp_schedule=name, virtual_stages=v, pp_layers=split, ep=e,

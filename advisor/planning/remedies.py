@@ -344,7 +344,7 @@ def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
     remedy names its mesh), the saving is measured on that mesh, the step's samples are kept (``--global-batch``),
     and the fastest degree is listed. Only for a fully sharded reference whose peak holds activations, with SDPA."""
     if (ref.strategy not in MESH_STRATEGIES or offloads(ref) or training.attention == "eager"
-            or training.images_per_sample or not spec.num_attention_heads):
+            or training.images_per_sample or not spec.num_attention_heads or not training.recipe.runs_mesh_dim("cp")):
         return []
     world, changes = hw.world_size, []
     # The step's samples kept: without --global-batch the micro-batch sets them per data-parallel rank, and a cp or

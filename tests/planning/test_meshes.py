@@ -192,3 +192,32 @@ def test_an_offload_is_kept_over_a_mesh_that_fits_only_past_the_headroom_and_run
     assert kept.offload_tokens_per_s == p.chosen.step_time.tokens_per_s
     assert all(c.memory_range.at("expected") > 0.9 * c.capacity_bytes for c in p.candidates
                if c.mesh is not None and c.fits)
+
+
+def test_a_recipe_plans_only_the_mesh_degrees_its_stack_runs(capsys):
+    """profiles/recipes.json mesh_dims: accelerate's ParallelismConfig (the Trainer) has dp_replicate, dp_shard, tp
+    and cp sizes, no pipeline or expert degree; Lightning's snippet writes FSDP2 and HSDP. A pinned zero3 of
+    Mixtral-8x7B under the Trainer was planned on a pp x ep mesh the Trainer cannot run (a helper's docs review);
+    now no candidate has a degree its recipe lacks, and a pinned one is one line, exit 2."""
+    mixtral = plan("mistralai/Mixtral-8x7B-v0.1", "8xH100", nodes=2, strategy="zero3", micro_batch_size=1,
+                   recipe="trainer")
+    meshes = [c.mesh for c in mixtral.candidates if c.mesh is not None]
+    assert meshes and all(m.pp == 1 and m.ep == 1 for m in meshes)
+    assert mixtral.recommendation is None or mixtral.recommendation.mesh is None
+    from advisor.planning.pipeline_meshes import pipeline_meshes
+
+    default = plan("mistralai/Mixtral-8x7B-v0.1", "8xH100", nodes=2, strategy="zero3", micro_batch_size=1)
+    assert pipeline_meshes(default.model, default.hardware, default.training)  # the torch recipe: pp and ep searched
+    assert not pipeline_meshes(mixtral.model, mixtral.hardware, mixtral.training)
+    long = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072, recipe="lightning")
+    assert not [c for c in long.candidates if c.mesh is not None and (c.mesh.cp > 1 or c.mesh.tp > 1)]
+    for args, named in ((["--tp", "2", "--recipe", "lightning"], "--tp 2: the lightning recipe's stack does not run "
+                                                                 "tensor parallelism"),
+                        (["--pp-schedule", "zbv", "--recipe", "trainer"], "--pp-schedule zbv: the trainer recipe's "
+                                                                          "stack does not run pipeline stages")):
+        code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", *args], capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and named in err, err
+    # export: the format's own reason, which names the format that can carry it
+    code, _, err = run_main(["export", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--tp", "2", "--format",
+                             "lightning", "-o", "-"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "the lightning format cannot express the pinned tp" in err

@@ -216,7 +216,11 @@ def main(argv: list[str] | None = None) -> None:
     except ValidationError as err:  # the user's input is validated (and reworded) at the edges: this is ours
         _fail(_internal(err), EXIT_INTERNAL)
     except (ValueError, OSError) as err:
-        _fail(str(err), EXIT_BAD_INPUT)
+        # export, launch: no plan to write or run is "nothing fits" (plan and compare exit 3 themselves); the module
+        # that defines it is loaded wherever a plan was made, and left unloaded otherwise (start-up)
+        smallest = sys.modules.get("advisor.planning.smallest")
+        nothing = smallest is not None and isinstance(err, smallest.NothingFits)
+        _fail(str(err), EXIT_NOTHING_FITS if nothing else EXIT_BAD_INPUT)
     except RecursionError as err:
         _fail(_internal(err), EXIT_INTERNAL)
     except Exception as err:  # noqa: BLE001 - a bug: one line that says where, not a traceback

@@ -25,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.planning.api import Plan
-from advisor.planning.smallest import unfit_subject
+from advisor.planning.smallest import NothingFits, unfit_subject
 from advisor.export.quantization import quantization_notes
 from advisor.export.formats import FormatName, Runs, get_format_row
 from advisor.export.mesh_target import mesh_engine, mesh_notes, mesh_unavailable
@@ -200,8 +200,8 @@ def require_recommendation(plan: Plan) -> None:
     hint = fit.message if fit is not None else "no strategy fits these GPUs"
     what, at = unfit_subject(plan)
     what += " on" if what.endswith("does not fit") else ""
-    raise ValueError(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}{at}, "
-                     f"so there is nothing to export: {hint}")
+    raise NothingFits(f"{what} {plan.hardware.world_size} x {plan.hardware.gpu.name} for {plan.model.name}{at}, "
+                      f"so there is nothing to export: {hint}")
 
 
 def _training_notes(training: TrainingConfig, *, selective: bool = False) -> list[str]:

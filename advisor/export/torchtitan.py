@@ -34,7 +34,8 @@ import json
 from typing import Any
 
 from advisor.estimate.pipeline_schedules import load_schedules, num_micro_batches
-from advisor.export.target import ExportOptions, ExportTarget, resolve_target
+from advisor.export.target import (DEFAULT_PORT, PLACEHOLDER_IP, PLACEHOLDER_RANK, ExportOptions, ExportTarget,
+                                   resolve_target)
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.api import Plan
@@ -119,6 +120,9 @@ def _parallelism(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
 
 def torchtitan_doc(target: ExportTarget, model: ModelSpec) -> dict[str, dict[str, Any]]:
     """The job config's sections for a resolved target of ``model``."""
+    if model.trainable_params < model.total_params:  # the recipe row's frozen_base source: torchtitan has no LoRA
+        raise ValueError("torchtitan 0.2.2 trains every parameter of the model it builds (no LoRA, no frozen or "
+                         "quantised base); export this plan with --format accelerate, trainer-args or torchrun")
     precision = _precision(target)
     if target.optimizer not in _OPTIMIZER:
         raise ValueError(f"torchtitan 0.2.2 builds Adam and AdamW only (components/optimizer.py), not --optimizer "
@@ -166,8 +170,11 @@ def _toml_value(value: Any) -> str:
 def torchtitan_text(target: ExportTarget, model: ModelSpec) -> str:
     doc = torchtitan_doc(target, model)
     lines = [f"# torchtitan job config written by dp-advisor (keys of torchtitan <= 0.2.2): {target.summary}.",
-             f"# Launch: torchrun --nproc-per-node {target.gpus_per_node} --nnodes {target.num_nodes} -m "
-             "torchtitan.train --job.config_file THIS_FILE",
+             f"# Launch: torchrun --nproc-per-node {target.gpus_per_node} --nnodes {target.num_nodes}"
+             + (f" --node-rank {PLACEHOLDER_RANK} --master-addr {PLACEHOLDER_IP} --master-port {DEFAULT_PORT}"
+                if target.num_nodes > 1 else "")
+             + " -m torchtitan.train --job.config_file THIS_FILE"
+             + (" (on each node, its rank filled in)" if target.num_nodes > 1 else ""),
              f"# [model] is yours to {'complete' if target.float8 else 'add'}: the torchtitan model name, flavor and "
              "hf_assets_path matching "
              f"{target.model_name} (the plan counted that model's layers and shapes)."]

@@ -131,7 +131,7 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
     else:
         count = trainable if isinstance(trainable, int) else parse_count(trainable, what="--trainable-params")
     if count < 0:
-        raise ValueError(f"--trainable-params must be 0 or more (got {count:,})")
+        raise ValueError(f"--trainable-params must be at least 1 (got {count:,})")
     if count > spec.total_params:
         raise ValueError(f"--trainable-params {count:,} exceeds the model's {spec.total_params:,} parameters")
     return spec.with_trainable(count)
@@ -443,6 +443,10 @@ def plan(
     if training.quantize is not None:
         notes.append(check_quantized(spec, training, strategy))
     spec = resolve_trainable(spec, trainable_params)
+    if spec.trainable_params == 0:  # a plan of a backward pass and an optimizer with nothing to update
+        raise ValueError("nothing trains: " + ("--trainable-params rounds to 0 parameters" if trainable_params is not None
+                         else "every parameter of the model is frozen (requires_grad False)")
+                         + "; give at least one trainable parameter, or --lora RANK")
     if isinstance(gpus, Hardware) and (nodes is not None or interconnect is not None):
         raise ValueError("nodes and interconnect go with a gpus string such as '2x8xH100'; a Hardware fixes them")
     hw = gpus if isinstance(gpus, Hardware) else parse_gpus(gpus, nodes=nodes, interconnect=interconnect)

@@ -106,6 +106,13 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
         key, sharding = "fsdp_config.fsdp_reshard_after_forward", (r.flag("fsdp_config.fsdp_reshard_after_forward"), hybrid)
     elif raw is not None:  # FSDP1 spelt its sharding strategy here too (accelerate >= 1.6)
         key, sharding = "fsdp_config.fsdp_reshard_after_forward", r.choice("fsdp_config.fsdp_reshard_after_forward", SHARDING)
+    elif version == 2:
+        # FSDP2 with no reshard key: accelerate launch's --fsdp_reshard_after_forward defaults to "true"
+        # (commands/launch.py), and FullyShardedDataParallelPlugin reads sharding_strategy under fsdp_version 1 only
+        if r.raw(key) is not None:
+            r.notes.append(f"fsdp_sharding_strategy {r.raw(key)} is FSDP1's: accelerate's FSDP2 ignores it and "
+                           "reshards after forward (fsdp_reshard_after_forward's default true), as zero3")
+        key, sharding = "fsdp_config.fsdp_version", (True, False)
     elif sharding is None and r.raw(key) is None:
         key, sharding = "distributed_type", (True, False)  # accelerate's default: FULL_SHARD
     checkpointing = r.flag("fsdp_config.fsdp_activation_checkpointing")
@@ -137,16 +144,16 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
         return
     stage = r.integer("deepspeed_config.zero_stage")
     devices = [r.choice(f"deepspeed_config.{k}", OFFLOAD_DEVICES) for k in ("offload_optimizer_device", "offload_param_device")]
-    if stage is not None:
-        if stage > 3:
-            raise r.fail("deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {stage}")
-        take_zero_strategy(r, "deepspeed_config.zero_stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
-        defaults = zero_config_defaults("accelerate")  # the config accelerate builds sets no bucket size
-        for name in zero_keys_read(stage):
-            value = getattr(defaults, name)
-            r.take("deepspeed_config", "no deepspeed_config_file: accelerate leaves DeepSpeed's defaults",
-                   f"zero.{name}", str(value).lower() if isinstance(value, bool) else value)
-    else:
-        r.take("distributed_type", "DEEPSPEED", "engine", "deepspeed")
+    said = str(stage)
+    if stage is None:  # DeepSpeedPlugin: zero_stage = int(os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", 2))
+        stage, said = 2, "not set: accelerate's default 2"
+    if stage > 3:
+        raise r.fail("deepspeed_config.zero_stage", f"must be 0, 1, 2 or 3, got {stage}")
+    take_zero_strategy(r, "deepspeed_config.zero_stage", said, stage=stage, optimizer=devices[0], params=devices[1])
+    defaults = zero_config_defaults("accelerate")  # the config accelerate builds sets no bucket size
+    for name in zero_keys_read(stage):
+        value = getattr(defaults, name)
+        r.take("deepspeed_config", "no deepspeed_config_file: accelerate leaves DeepSpeed's defaults",
+               f"zero.{name}", str(value).lower() if isinstance(value, bool) else value)
     take_batch(r, accumulation="deepspeed_config.gradient_accumulation_steps")
     r.take("distributed_type", "DEEPSPEED", "recipe", ACCELERATE_RECIPE)  # the script's own torch optimizer

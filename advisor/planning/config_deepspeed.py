@@ -42,22 +42,26 @@ def take_zero_strategy(r: Reader, key: str, value: str, *, stage: int, optimizer
 
 
 def read_deepspeed(r: Reader) -> None:
-    """A DeepSpeed config (standalone, accelerate's deepspeed_config_file, or the Trainer's ``deepspeed``)."""
+    """A DeepSpeed config (standalone, accelerate's deepspeed_config_file, or the Trainer's ``deepspeed``). No
+    ``zero_optimization.stage`` is DeepSpeed's default, stage 0 (deepspeed/runtime/zero/config.py
+    DeepSpeedZeroConfig.stage: ZeroStageEnum.disabled): the data-parallel engine, no state sharded."""
+    devices: list[str | None] = [None, None]
+    stage = None
     if r.section("zero_optimization") is not None:
         stage = r.integer("zero_optimization.stage")
         if stage is not None and stage > 3:
             raise r.fail("zero_optimization.stage", f"must be 0, 1, 2 or 3, got {stage}")
-        devices = []
-        for part in ("offload_optimizer", "offload_param"):
-            device = None
+        for i, part in enumerate(("offload_optimizer", "offload_param")):
             if r.section(f"zero_optimization.{part}") is not None:
-                device = r.choice(f"zero_optimization.{part}.device", OFFLOAD_DEVICES)
-            devices.append(device)
+                devices[i] = r.choice(f"zero_optimization.{part}.device", OFFLOAD_DEVICES)
         if r.flag("zero_optimization.cpu_offload"):  # the old spelling of offload_optimizer: cpu
             devices[0] = "cpu"
-        if stage is not None:
-            take_zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
-            take_zero_sizes(r, stage)
+    if stage is not None:
+        take_zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
+        take_zero_sizes(r, stage)
+    else:
+        take_zero_strategy(r, "zero_optimization.stage", "not set: DeepSpeed's default 0", stage=0,
+                           optimizer=devices[0], params=devices[1])
     bf16_key = "bfloat16.enabled" if "bfloat16" in r.doc else "bf16.enabled"
     take_precision(r, "deepspeed", bf16_key, "fp16.enabled")
     take_batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")

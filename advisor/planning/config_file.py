@@ -211,12 +211,16 @@ def strategy_for(engine: str, *, shard_optimizer: bool, shard_grads: bool, shard
     return None
 
 
-def fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: str) -> None:
-    """FSDP2 on the torch engine: the strategy of this resharding and offload, with ``key`` as its source."""
+def fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: str,
+                  offload_key: str | None = None) -> None:
+    """FSDP2 on the torch engine: the strategy of this resharding and offload, with ``key`` as its source (and
+    ``offload_key``, where a key of its own turns the offload on, as the offload's)."""
     r.take(key, value, "engine", "torch")
     name = strategy_for("torch", shard_optimizer=True, shard_grads=True, shard_params=True,
                         reshard_after_forward=reshard, offload_optimizer=offload, offload_params=offload)
     assert name is not None, (reshard, offload)  # FSDP2 runs all four (advisor/strategies.py)
+    if offload and offload_key is not None:
+        r.take(offload_key, True, "strategy", name)
     r.take(key, value, "strategy", name)
 
 

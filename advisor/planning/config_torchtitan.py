@@ -4,7 +4,8 @@ Which keys it reads, and what they mean, from the framework's own definitions: t
 (torchtitan/config/job_config.py): ``[parallelism]`` degrees (``data_parallel_shard_degree = -1`` takes the
 remaining GPUs), the pipeline's schedule, stages and micro-batch size (``_torchtitan_pipeline``), the expert degree, ``fsdp_reshard_after_forward`` default / always / never, ``[training] local_batch_size``
 (``batch_size`` before), ``global_batch_size``, ``seq_len``, ``mixed_precision_param``,
-``[activation_checkpoint] mode`` none / selective / full, ``[optimizer] name`` and ``implementation``.
+``[activation_checkpoint] mode`` none / selective / full, ``[optimizer] name`` and ``implementation``,
+``training.enable_cpu_offload`` (the offload strategies).
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ def read_torchtitan(r: Reader) -> None:
         r.notes.append("fsdp_reshard_after_forward always: the norm + output unit reshards too and is gathered again "
                        "in backward, which the torchtitan recipe (its default policy keeps it) does not count")
     key = "parallelism.data_parallel_shard_degree"
+    # training.enable_cpu_offload: FSDP2's CPUOffloadPolicy on every unit (torchtitan/distributed/fsdp.py), what our
+    # export writes for zero3_offload / zero2_offload
+    offload = r.flag("training.enable_cpu_offload")
     if shard is None or shard == -1 or shard > 1:
-        fsdp_strategy(r, key, reshard=reshard is not False, offload=False, value=str(shard if shard is not None else -1))
+        fsdp_strategy(r, key, reshard=reshard is not False, offload=bool(offload),
+                      value=str(shard if shard is not None else -1), offload_key="training.enable_cpu_offload")
         if replicate > 1 or pipelined:
             r.take("parallelism.data_parallel_replicate_degree", replicate, "hybrid", replicate)
     elif replicate > 1:

@@ -26,6 +26,19 @@ _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 
+def _momentum(args: str | None) -> float:
+    """The momentum in ``optim_args`` ("momentum=0.9,nesterov=True": transformers' trainer_optimizer._parse_optim_args
+    splits it on commas and equals signs, _get_sgd hands momentum to torch.optim.SGD), 0 where absent or not a number."""
+    for part in (args or "").split(","):
+        key, _, value = part.partition("=")
+        if key.strip() == "momentum":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
 def read_trainer(r: Reader, base: Path) -> None:
     take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
     take_precision(r, "trainer", "bf16", "fp16")
@@ -33,7 +46,10 @@ def read_trainer(r: Reader, base: Path) -> None:
     optim = optim.lower() if optim is not None else None
     if optim in _TRAINER_OPTIM:
         optimizer, impl = _TRAINER_OPTIM[optim]
-        r.take("optim", optim, "optimizer", optimizer)
+        if optimizer == "sgd" and _momentum(r.text("optim_args")):  # torch.optim.SGD(momentum=...): a buffer a parameter
+            r.take("optim_args", r.text("optim_args"), "optimizer", "sgd-momentum")
+        else:
+            r.take("optim", optim, "optimizer", optimizer)
         if impl is not None:
             r.take("optim", optim, "optimizer_impl", impl)
     elif optim is not None:

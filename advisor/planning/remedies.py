@@ -96,7 +96,10 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     on_gpu_now = chosen is not None and not offloads(chosen)
     current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
     found = []
-    for change in _changes(spec, hw, training, ref, reason):
+    # the step's samples are the recommended plan's (its micro-batch on every GPU), which a remedy that keeps the
+    # mathematics keeps: a cp mesh has fewer data-parallel ranks and names the --global-batch that does
+    samples = (chosen if chosen is not None and chosen.mesh is None else ref).micro_batch_size * hw.world_size
+    for change in _changes(spec, hw, training, ref, reason, samples=samples):
         applied = _apply(spec, hw, training, ref, change)
         if applied is None:
             continue
@@ -218,7 +221,7 @@ def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pin
 
 
 def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str, *,
-             more_gpus: bool = True) -> list[_Change]:
+             more_gpus: bool = True, samples: int | None = None) -> list[_Change]:
     memory_bound = reason != "low MFU"
     keep = [*optimizer_impl_changes(training)]
     if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
@@ -249,7 +252,7 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         # (advisor.estimate.activation_offload): torchtune's and TRL's, after the kernels and checkpointing
         keep.append(_Change(name="--activation-offload", keeps_math=True, update={"activation_offload": True}))
     if memory_bound and holds_activations:
-        keep += _context_parallel(spec, hw, training, ref)
+        keep += _context_parallel(spec, hw, training, ref, samples=samples)
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
@@ -337,19 +340,22 @@ def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *,
     return None
 
 
-def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate) -> list[_Change]:
+def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, *,
+                      samples: int | None = None) -> list[_Change]:
     """``--cp N`` for each power of two N inside a node that splits the sequence into 2 x N chunks, as the mesh
     search would (advisor.planning.meshes.enumerate_meshes): the activations and logits of a sample split over N
     ranks, FSDP2 over the rest. The plan is the search's best with cp pinned (it may add tensor parallelism: the
-    remedy names its mesh), the saving is measured on that mesh, the step's samples are kept (``--global-batch``),
-    and the fastest degree is listed. Only for a fully sharded reference whose peak holds activations, with SDPA."""
+    remedy names its mesh), the saving is measured on that mesh, the step's samples are kept (``--global-batch``:
+    ``samples``, the recommended plan's, else the reference's micro-batch on every GPU), and the fastest degree is
+    listed. Only for a fully sharded reference whose peak holds activations, with SDPA."""
     if (ref.strategy not in MESH_STRATEGIES or offloads(ref) or training.attention == "eager"
             or training.images_per_sample or not spec.num_attention_heads or not training.recipe.runs_mesh_dim("cp")):
         return []
     world, changes = hw.world_size, []
     # The step's samples kept: without --global-batch the micro-batch sets them per data-parallel rank, and a cp or
     # tp mesh has fewer of those ranks, so the remedy names the global batch that keeps the mathematics.
-    keep = {} if training.global_batch_size is not None else {"global_batch_size": ref.micro_batch_size * world}
+    keep = {} if training.global_batch_size is not None else {
+        "global_batch_size": samples if samples is not None else ref.micro_batch_size * world}
     said = "" if not keep else f" --global-batch {keep['global_batch_size']}"
     for cp in powers_of_two(hw.gpus_per_node)[1:]:  # the degrees the mesh search tries (enumerate_meshes)
         if world % cp == 0 and training.seq_len % (2 * cp) == 0:

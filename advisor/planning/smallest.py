@@ -78,6 +78,10 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
     return high * per_node
 
 
+class NothingFits(ValueError):
+    """A command that needs a plan (export, launch) got none: nothing fits. The CLI exits 3 on it, as plan does."""
+
+
 def unfit_subject(plan) -> tuple[str, str]:
     """What did not fit in a plan with no recommendation, for its one-line headline and export's refusal:
     ``("ddp does not fit", " at micro-batch 64")`` where something fits the plan's own GPUs (the strategy or the

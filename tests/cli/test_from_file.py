@@ -206,7 +206,11 @@ ROUND_TRIPS = [("accelerate", "yaml", ["-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"])
                ("trainer-args", "json", ["-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--recipe", "trainer"]),
                ("trainer-args", "json", ["-m", "Qwen/Qwen2.5-7B", "-g", "4xA100", "--recipe", "trainer",
                                          "--activation-checkpointing", "on", "--micro-batch", "2",
-                                         "--global-batch", "16"])]
+                                         "--global-batch", "16"]),
+               # training.enable_cpu_offload, which the export writes for the offload strategies (a fuzz round
+               # found it read as zero3: nothing fits on 8 x H100)
+               ("torchtitan", "toml", ["-m", "meta-llama/Llama-3.1-70B", "-g", "8xH100"]),
+               ("torchtitan", "toml", ["-m", "meta-llama/Llama-3.1-8B", "-g", "2xA100", "--strategy", "zero2_offload"])]
 
 
 def _recommended(doc: dict) -> tuple:
@@ -511,3 +515,37 @@ def test_compare_reads_a_count_in_any_spelling_the_gpus_grammar_takes(tmp_path, 
     code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", gpus.split(",")[1], "--from", str(path),
                                "--json"], capsys)
     assert json.loads(out)["hardware"]["world_size"] == 8, err
+
+
+@pytest.mark.parametrize("name,text,expected", [
+    # FSDP2 with FSDP1's sharding strategy and no fsdp_reshard_after_forward: accelerate launch's
+    # --fsdp_reshard_after_forward defaults to "true" and its FSDP2 plugin reads no sharding_strategy
+    # (accelerate 1.15 commands/launch.py, utils/dataclasses.py FullyShardedDataParallelPlugin.__post_init__)
+    ("fsdp2_grad_op.yaml", "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n  fsdp_sharding_strategy: "
+     "SHARD_GRAD_OP\nmixed_precision: bf16\nnum_processes: 2\n", {"strategy": "zero3", "engine": "torch"}),
+    # DEEPSPEED with no zero_stage: DeepSpeedPlugin's zero_stage = ACCELERATE_DEEPSPEED_ZERO_STAGE or 2, and the
+    # offload device the file gives applies to it
+    ("ds_nostage.yaml", "distributed_type: DEEPSPEED\ndeepspeed_config:\n  offload_optimizer_device: cpu\n"
+     "num_processes: 2\n", {"strategy": "zero2_offload", "engine": "deepspeed"}),
+    # a DeepSpeed JSON with no zero_optimization: DeepSpeed's default stage 0 (no state sharded)
+    ("ds_nozero.json", '{"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true}}',
+     {"strategy": "ddp", "engine": "deepspeed"}),
+])
+def test_a_stage_the_file_leaves_out_is_the_frameworks_default(name, text, expected, tmp_path):
+    path = tmp_path / name
+    path.write_text(text)
+    settings = read_config_file(path).settings
+    assert {key: settings[key] for key in expected} == expected
+
+
+def test_sgd_with_momentum_in_optim_args_reads_back_as_sgd_momentum(tmp_path, capsys):
+    """The trainer-args export writes --optimizer sgd-momentum as optim sgd with optim_args "momentum=0.9"
+    (transformers' _get_sgd hands it to torch.optim.SGD, one buffer a parameter); it read back as plain sgd."""
+    path = tmp_path / "args.json"
+    code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--optimizer", "sgd-momentum",
+                             "--format", "trainer-args", "-o", str(path)], capsys)
+    assert code == 0, err
+    assert json.loads(path.read_text())["optim_args"] == "momentum=0.9"
+    assert read_config_file(path).settings["optimizer"] == "sgd-momentum"
+    path.write_text(json.dumps({"optim": "sgd", "optim_args": "nesterov=True"}))
+    assert read_config_file(path).settings["optimizer"] == "sgd"

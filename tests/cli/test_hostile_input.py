@@ -286,3 +286,36 @@ def test_compare_where_no_cluster_fits_exits_3_as_plan_does(capsys, as_json):
         assert doc["fastest"] is None and not any(r["fits"] for r in doc["results"])
     else:
         assert out.split("\n")[0].strip() == "100T parameters"
+
+
+def test_nothing_to_train_is_refused(capsys):
+    """A fuzz round: --trainable-params 0% was planned as a ddp training step (0 was refused), and a live model with
+    every parameter frozen got a plan whose wrap() then failed inside torch's DDP."""
+    from tests.cli._main import run_main
+
+    for share in ("0%", "0.0000001%"):
+        code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", f"--trainable-params={share}"],
+                                  capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and "nothing trains" in err, err
+    import advisor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    model.requires_grad_(False)
+    with pytest.raises(ValueError, match="nothing trains: every parameter of the model is frozen"):
+        advisor.plan(model, "2xA100")
+
+
+def test_export_and_launch_exit_3_when_nothing_fits(tmp_path, capsys):
+    """README: exit code 3 is 'nothing fits'; export and launch said it with 2 (a fuzz round)."""
+    from tests.cli._main import run_main
+
+    job = ["-m", "meta-llama/Llama-3.1-70B", "-g", "8xH100", "--strategy", "ddp"]
+    code, _, err = run_main(["export", *job, "-o", str(tmp_path / "a.yaml")], capsys)
+    assert code == 3 and "nothing to export" in err and not (tmp_path / "a.yaml").exists()
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    code, _, err = run_main(["launch", *job, "--dry-run", "--config-file", str(tmp_path / "l.yaml"), str(script)],
+                            capsys)
+    assert code == 3 and "ddp does not fit" in err

@@ -16,6 +16,7 @@ import pytest
 from export_plans import PLANS, make_plan
 
 from advisor.export import export_text
+from advisor.planning.api import plan
 from advisor.export.formats import FORMAT_TABLE
 from advisor.export.torchtitan import build_torchtitan, torchtitan_keys
 
@@ -160,3 +161,17 @@ def test_what_torchtitan_cannot_run_is_refused():
 def test_precision_keys(precision, keys):
     training = _reloaded(make_plan("Qwen/Qwen2.5-0.5B", precision=precision, recipe="torchtitan"))["training"]
     assert {k: training[k] for k in ("mixed_precision_param", "dtype") if k in training} == keys
+
+
+def test_a_lora_plan_is_not_written_as_a_torchtitan_job_and_several_nodes_get_a_rendezvous():
+    """torchtitan trains every parameter of the model it builds (profiles/recipes.json, torchtitan frozen_base): a
+    QLoRA plan was written with PEFT instructions torchtitan cannot follow. Two nodes: the launch line names the node
+    rank and the main node's address, as the torchrun export does (it said neither)."""
+    qlora = plan("meta-llama/Llama-3.1-8B", "2xA100", lora=16, quantize="nf4", recipe="torchtitan")
+    with pytest.raises(ValueError, match="no LoRA, no frozen or quantised base"):
+        export_text(qlora, "torchtitan")
+    two, _ = export_text(plan("meta-llama/Llama-3.1-8B", "8xH100", nodes=2, recipe="torchtitan"), "torchtitan")
+    (launch,) = [line for line in two.splitlines() if line.startswith("# Launch:")]
+    assert "--nnodes 2 --node-rank <MACHINE_RANK> --master-addr <MAIN_NODE_IP> --master-port 29500" in launch
+    one, _ = export_text(plan("meta-llama/Llama-3.1-8B", "8xH100", recipe="torchtitan"), "torchtitan")
+    assert "--node-rank" not in one

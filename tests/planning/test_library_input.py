@@ -90,7 +90,7 @@ def test_wrap_names_the_argument(options, names):
 
 @pytest.mark.parametrize(("options", "names"), [
     (dict(strategy=5), "strategy:"), (dict(strategy=["zero3"]), "strategy:"), (dict(strategy=""), "unknown strategy"),
-    (dict(trainable_params=-5), "--trainable-params must be 0 or more"),
+    (dict(trainable_params=-5), "--trainable-params must be at least 1"),
     (dict(trainable_params=True), "--trainable-params:"), (dict(trainable_params=1.5), "--trainable-params:")])
 def test_strategy_and_trainable_params_of_another_kind(options, names):
     with pytest.raises(ValueError, match=f"^{names}"):

@@ -240,3 +240,14 @@ def test_more_gpus_on_a_mesh_where_that_takes_fewer_than_data_parallelism():
     two = plan("meta-llama/Llama-3.1-8B", "2xA100", seq_len=32768).chosen
     assert two.strategy.endswith("_offload") or two.memory_bytes.total > 0.9 * two.capacity_bytes
     assert p.why[0].startswith("zero3_offload offloads to the CPU") and f"zero3 on mesh {more.mesh} runs" in p.why[0]
+
+
+def test_a_context_parallel_remedy_keeps_the_recommended_plans_samples():
+    """Llama 3.1 70B on 2 x 8 x H100 under the torchtitan recipe offloads at micro-batch 10: 160 samples a step. The
+    --cp remedy, which keeps the mathematics, names --global-batch 160 (it named 16, the size default's micro-batch 1
+    on every GPU: a fuzz round)."""
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", nodes=2, recipe="torchtitan")
+    chosen = p.chosen
+    assert chosen.strategy == "zero3_offload" and chosen.micro_batch_size == 10
+    (cp,) = [r for r in p.recommendation.remedies if r.name.startswith("--cp ")]
+    assert cp.keeps_math and cp.name.endswith(f"--global-batch {chosen.micro_batch_size * 16}")

@@ -31,7 +31,8 @@ from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
-from advisor.planning.live_model import check_quantized, live_lora, live_quantization, with_recorded_linears
+from advisor.planning.live_model import (check_quantized, config_quantization, live_lora, live_quantization,
+                                          with_recorded_linears)
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
@@ -417,6 +418,14 @@ def plan(
         if training.quantize not in (None, quantized[0]):
             raise ValueError(f"quantize={training.quantize} given for a model loaded in {quantized[0]}; leave it out")
         training = validated_copy(training, {"quantize": quantized[0], "double_quant": quantized[1]})
+    elif (saved := config_quantization(config)) is not None:  # a checkpoint saved quantised: its config.json says so
+        if training.quantize not in (None, saved[0]):
+            raise ValueError(f"quantize={training.quantize} given for a checkpoint saved in {saved[0]} (its config's "
+                             "quantization_config); leave it out")
+        if training.lora is None:
+            raise ValueError(f"the checkpoint is saved in bitsandbytes {saved[0]} (config.json's quantization_config): "
+                             "its base is frozen, so it trains only with --lora RANK (QLoRA)")
+        training = validated_copy(training, {"quantize": saved[0], "double_quant": saved[1]})
     if live is not None:
         if training.lora is not None and training.lora != live:
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "

@@ -46,6 +46,10 @@ def read_accelerate(r: Reader, base: Path) -> None:
         r.notes.append("mixed_precision fp8 is not modelled: planned with --precision's default")
     elif mixed is not None:
         r.take("mixed_precision", mixed, "precision", precision_for("accelerate", mixed))
+    else:  # the launcher passes none; Accelerator(mixed_precision=None) reads ACCELERATE_MIXED_PRECISION, default "no"
+        r.notes.append("mixed_precision not set: accelerate runs fp32 (its default no) unless the script's "
+                       "Accelerator(mixed_precision=...) or the Trainer's bf16 / fp16 sets it; planned with "
+                       "--precision's default")
     _accelerate_compile(r)
     if r.section("parallelism_config") is not None:  # accelerate's ParallelismConfig (FSDP2 / TP / CP mesh)
         take_degrees(r, "parallelism_config.parallelism_config_", {"dp_replicate_size": "hybrid", "tp_size": "tp",

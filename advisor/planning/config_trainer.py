@@ -26,6 +26,16 @@ _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 
+def _deepspeed_given(r: Reader) -> bool:
+    return r.raw("deepspeed") is not None
+
+
+def _batch_elsewhere(r: Reader) -> bool:
+    """A DeepSpeed config the file names may fix the micro-batch itself (train_micro_batch_size_per_gpu): the
+    Trainer's default then is not taken here (the nested reader's value, or its 'auto', stands)."""
+    return _deepspeed_given(r)
+
+
 def _momentum(args: str | None) -> float:
     """The momentum in ``optim_args`` ("momentum=0.9,nesterov=True": transformers' trainer_optimizer._parse_optim_args
     splits it on commas and equals signs, _get_sgd hands momentum to torch.optim.SGD), 0 where absent or not a number."""
@@ -39,8 +49,15 @@ def _momentum(args: str | None) -> float:
     return 0.0
 
 
+# TrainingArguments' defaults for what a file leaves out (transformers/training_args.py, 5.23): the Trainer runs them.
+TRAINER_MICRO_BATCH = 8  # per_device_train_batch_size
+
+
 def read_trainer(r: Reader, base: Path) -> None:
     take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
+    if r.raw("per_device_train_batch_size") is None and not _batch_elsewhere(r):
+        r.take("per_device_train_batch_size", f"not set: the Trainer's default {TRAINER_MICRO_BATCH}", "micro_batch",
+               TRAINER_MICRO_BATCH)
     take_precision(r, "trainer", "bf16", "fp16")
     optim = r.text("optim")
     optim = optim.lower() if optim is not None else None
@@ -75,6 +92,8 @@ def read_trainer(r: Reader, base: Path) -> None:
     if given:
         key = next((k for k, on in given.items() if on), next(iter(given)))
         r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
+    elif not _deepspeed_given(r):  # TrainingArguments.gradient_checkpointing defaults to False: the Trainer runs none
+        r.take("gradient_checkpointing", "not set: the Trainer's default false", "activation_checkpointing", "off")
     _trainer_deepspeed(r, base)
     _trl_offloading(r)
     if r.section("parallelism_config") is not None:

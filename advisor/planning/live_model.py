@@ -62,6 +62,25 @@ def live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
+def config_quantization(config: dict | None) -> tuple[str, bool] | None:
+    """``(scheme, double_quant)`` of a checkpoint whose config.json carries bitsandbytes' ``quantization_config``
+    (``load_in_4bit`` / ``load_in_8bit``, as ``BitsAndBytesConfig.to_dict`` saves it), None without one; a
+    ValueError for another method (GPTQ, AWQ, ...), whose packed layout is not modelled."""
+    found = (config or {}).get("quantization_config")
+    if found is None:
+        return None
+    if not isinstance(found, dict):
+        raise ValueError(f"config.json's quantization_config must be a mapping, got {str(found)[:40]!r}")
+    method = str(found.get("quant_method", "bitsandbytes")).lower()
+    if method == "bitsandbytes" and found.get("load_in_8bit"):
+        return "int8", True
+    if method == "bitsandbytes" and found.get("load_in_4bit"):
+        return str(found.get("bnb_4bit_quant_type", "fp4")), bool(found.get("bnb_4bit_use_double_quant", False))
+    raise ValueError(f"the checkpoint is quantised ({method}, config.json's quantization_config): its packed weights "
+                     "are not modelled (bitsandbytes 4-bit and 8-bit are); plan the unquantised model's config, with "
+                     "--lora and --quantize for a QLoRA run")
+
+
 def check_quantized(spec: ModelSpec, training: TrainingConfig, strategy: str | None) -> str:
     """ValueError for a quantised base nothing trains on, or a pinned strategy that cannot run it;
     otherwise the assumption line (``advisor.estimate.quantized`` says where the bytes come from)."""

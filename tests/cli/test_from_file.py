@@ -549,3 +549,17 @@ def test_sgd_with_momentum_in_optim_args_reads_back_as_sgd_momentum(tmp_path, ca
     assert read_config_file(path).settings["optimizer"] == "sgd-momentum"
     path.write_text(json.dumps({"optim": "sgd", "optim_args": "nesterov=True"}))
     assert read_config_file(path).settings["optimizer"] == "sgd"
+
+
+def test_trainer_arguments_a_file_leaves_out_are_the_trainers_defaults(tmp_path):
+    """A TrainingArguments file with no batch size and no checkpointing key runs TrainingArguments' defaults,
+    per_device_train_batch_size 8 and gradient_checkpointing False (checked against the installed transformers
+    here); a fuzz round found it planned as 'micro-batch 3 fits' where the Trainer's run needs 151 GiB a GPU."""
+    from transformers import TrainingArguments
+
+    defaults = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"output_dir": "out", "bf16": True, "fsdp": "full_shard auto_wrap"}))
+    settings = read_config_file(path).settings
+    assert (settings["micro_batch"], settings["activation_checkpointing"]) == (
+        defaults.per_device_train_batch_size, "on" if defaults.gradient_checkpointing else "off")

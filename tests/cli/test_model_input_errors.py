@@ -44,3 +44,30 @@ def test_config_transformers_rejects_is_one_line_exit_2(tmp_path, capsys, cfg, e
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     assert expected in lines[0] and len(lines[0]) < 400
+
+
+def test_a_checkpoint_saved_quantised_is_planned_as_its_config_says(tmp_path, capsys):
+    """config.json's quantization_config (a fuzz round: ignored, so a 4-bit checkpoint was planned as a full bf16
+    fine-tune): bitsandbytes 4-bit is the QLoRA base (nf4, double quantisation as saved) and needs --lora; GPTQ's
+    packed layout is not modelled and is refused in one line."""
+    import json
+
+    from tests.cli._main import run_main
+
+    base = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+            "intermediate_size": 1376, "num_hidden_layers": 4, "num_attention_heads": 8, "vocab_size": 32000}
+    bnb = tmp_path / "bnb"
+    bnb.mkdir()
+    (bnb / "config.json").write_text(json.dumps({**base, "quantization_config": {
+        "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True}}))
+    code, out, _ = run_main(["plan", "-m", str(bnb), "-g", "1xA100", "--lora", "16", "--json"], capsys)
+    assert code == 0 and (json.loads(out)["training"]["quantize"], json.loads(out)["training"]["double_quant"]) == (
+        "nf4", True)
+    code, _, err = run_main(["plan", "-m", str(bnb), "-g", "1xA100"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "trains only with --lora RANK" in err
+    gptq = tmp_path / "gptq"
+    gptq.mkdir()
+    (gptq / "config.json").write_text(json.dumps({**base, "quantization_config": {"quant_method": "gptq", "bits": 4}}))
+    code, _, err = run_main(["plan", "-m", str(gptq), "-g", "1xA100", "--lora", "16"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "quantised (gptq" in err

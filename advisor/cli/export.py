@@ -132,7 +132,7 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
     _echo_notes(target.notes)
     if not cpu:
         _recipe_note(params, fmt)
-    click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} processes)")
+    click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} process{'es' if target.world_size != 1 else ''})")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -107,6 +107,13 @@ def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Ov
             merged["nodes"] = nodes
     elif _world_size(merged) != world:
         overridden.append(Override(option="num_gpus", file_value=f"{world} processes", given=gpus))
+        if nodes is not None and merged.get("nodes") is None and int(nodes) > 1:  # the typed count's nodes win too
+            overridden.append(Override(option="nodes", file_value=f"{nodes} machines", given=gpus))
+            if merged.get("hybrid") is not None and merged.get("hybrid") == config.settings.get("hybrid"):
+                # the file's replicas were its machines (HYBRID_SHARD), which the typed GPUs replace
+                merged.pop("hybrid")
+                overridden.append(Override(option="hybrid", file_value=f"{config.settings['hybrid']} replicas",
+                                           given=gpus))
 
 
 def _data_parallel(merged: dict[str, Any]) -> int:

@@ -89,7 +89,8 @@ PLAN_OPTIONS: list[Callable] = [
                       "sets the step's batch)."),
     click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
     click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)),
-                 help="auto (default: off where it fits, else selective, else on), on, selective or off."),
+                 help="auto (default: every mode tried at its largest micro-batch within --headroom; the one "
+                      "that recomputes least within 3% of the fastest), on, selective or off."),
     click.option("--trainable-params", help="Only N (or P%) parameters train: frozen backbone."),
     click.option("--lora", "lora_rank", type=click.IntRange(1, MAX_LORA_RANK),
                  help="LoRA rank: adapters on --lora-targets train, the base is frozen."),
@@ -175,7 +176,7 @@ PLAN_OPTIONS: list[Callable] = [
                       "python benchmarks/cpu_optimizer.py measures it; DeepSpeed's CPU-Adam: time its step). Default: a "
                       "measured EPYC core's torch AdamW rate, or DeepSpeed's CPU-Adam's."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
-    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank)."),
+    click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank, except under --recipe torchtitan, which shards them along the sequence and keeps the loss vocabulary-parallel)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--pp", type=click.IntRange(1, 1024), help="Pin the pipeline-parallel degree (stages across nodes "
                  "first; it must divide the layers)."),

@@ -89,6 +89,9 @@ def zero_keys_read(stage: int) -> tuple[str, ...]:
     return ("reduce_bucket_size",) + (stage3 if stage == 3 else ("allgather_bucket_size", "overlap_comm"))
 
 
+MAX_ZERO_ELEMENTS = 10**12  # a bucket or sub-group past a trillion elements is no model's: a typo, refused in one line
+
+
 def take_zero_sizes(r: Reader, stage: int) -> None:
     """The bucket sizes and overlap_comm under ``zero_optimization`` that ``stage`` reads (the plan's
     ``zero`` settings): a number is taken, ``"auto"`` is left to the plan (the Trainer and accelerate fill it
@@ -101,7 +104,7 @@ def take_zero_sizes(r: Reader, stage: int) -> None:
             value = r.flag(key)
             value = None if value is None else str(value).lower()
         else:
-            value = r.integer(key, low=1 if name != "stage3_prefetch_bucket_size" else 0)
+            value = r.integer(key, low=1 if name != "stage3_prefetch_bucket_size" else 0, high=MAX_ZERO_ELEMENTS)
         if value is not None:
             r.take(key, value, f"zero.{name}", value)
         elif f"{r.prefix}{key}" not in r.auto:

@@ -111,7 +111,7 @@ class Reader:
         self.read.discard(key)  # its keys are read one by one (unread ones are listed)
         return value
 
-    def integer(self, key: str, *, low: int | None = 0) -> int | None:
+    def integer(self, key: str, *, low: int | None = 0, high: int | None = None) -> int | None:
         value = self.raw(key)
         if value is None:
             return None
@@ -122,6 +122,8 @@ class Reader:
                             f"must be an integer, got {_shown(value)}")
         if low is not None and value < low:
             raise self.fail(key, f"must be at least {low}, got {value}")
+        if high is not None and value > high:
+            raise self.fail(key, f"must be at most {high:,}, got {_shown(value)}")
         return value
 
     def flag(self, key: str) -> bool | None:
@@ -183,7 +185,14 @@ class Reader:
 
 
 def _shown(value: Any, limit: int = 60) -> str:
-    text = value if isinstance(value, str) else repr(value) if not isinstance(value, bool) else str(value).lower()
+    """``value`` for a one-line message, at most ``limit`` characters; a nested value is shown a few levels and items
+    deep (reprlib), so a YAML alias bomb's billion-item expansion is never written out whole first."""
+    import reprlib
+
+    bounded = reprlib.Repr()  # keyword arguments from Python 3.12 only
+    bounded.maxlevel, bounded.maxlist, bounded.maxtuple, bounded.maxdict, bounded.maxset = 3, 4, 4, 4, 4
+    bounded.maxstring = bounded.maxlong = bounded.maxother = limit
+    text = value if isinstance(value, str) else bounded.repr(value) if not isinstance(value, bool) else str(value).lower()
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

@@ -248,6 +248,9 @@ def _no_count(x: r.NoCountFits) -> str:
     pinned = f" with {x.pinned}" if x.pinned is not None else ""
     room = (f"the {_gib(x.left_bytes)} of a GPU that --reserve-gib {x.reserve_gib:g} and the CUDA context leave"
             if x.reserve_gib is not None else "a GPU")
+    if x.bucket is not None:  # the user's DeepSpeed size, not the sample
+        return (f"No number of these GPUs fits{pinned}: DeepSpeed's {x.bucket} alone takes {_gib(x.bucket_bytes)} a "
+                f"buffer in 16 bits, beside the model; {' or '.join(x.hints)}.")
     return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
             f"{room}{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
             f"CPU RAM; {' or '.join(x.hints)}.")

@@ -181,6 +181,9 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
                                                      gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned))
     remedies = ["shorten --seq-len"]
+    bucket = _oversized_bucket(training, hardware)
+    if bucket is not None:  # the user's own DeepSpeed size, not the sample, is what no GPU holds
+        remedies.insert(0, f"lower DeepSpeed's {bucket[0]}")
     held_back = _reserve_held_back(training)
     if held_back is not None:
         remedies.insert(0, "lower --reserve-gib")
@@ -194,4 +197,18 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned,
         reserve_gib=held_back, left_bytes=None if held_back is None else hardware.gpu.memory_bytes - int(
             (held_back + training.context_gib_at(hardware.world_size, hardware.gpu.name)) * GIB),
-        kept=(pinned.replace(pinned_pipeline, "").strip() or None) if pinned and pinned_pipeline else pinned))
+        kept=(pinned.replace(pinned_pipeline, "").strip() or None) if pinned and pinned_pipeline else pinned,
+        bucket=None if bucket is None else bucket[0], bucket_bytes=None if bucket is None else bucket[1]))
+
+
+def _oversized_bucket(training: TrainingConfig, hardware: Hardware) -> tuple[str, int] | None:
+    """The DeepSpeed size the user's config set (``training.zero``: reduce, all-gather or prefetch bucket, or the
+    live-parameter cap) whose one buffer, in the 16-bit compute dtype, fills half a GPU or more: ``(name, bytes)``
+    of the largest, else None."""
+    zero = training.zero
+    if zero is None or training.engine != "deepspeed":
+        return None
+    sizes = {name: getattr(zero, name) for name in ("reduce_bucket_size", "allgather_bucket_size",
+                                                     "stage3_prefetch_bucket_size", "stage3_max_live_parameters")}
+    name, elements = max(((n, e) for n, e in sizes.items() if e), key=lambda item: item[1], default=(None, 0))
+    return (name, 2 * elements) if name is not None and 2 * elements >= hardware.gpu.memory_bytes // 2 else None

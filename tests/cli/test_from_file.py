@@ -563,3 +563,42 @@ def test_trainer_arguments_a_file_leaves_out_are_the_trainers_defaults(tmp_path)
     settings = read_config_file(path).settings
     assert (settings["micro_batch"], settings["activation_checkpointing"]) == (
         defaults.per_device_train_batch_size, "on" if defaults.gradient_checkpointing else "off")
+
+
+def test_a_deepspeed_bucket_no_gpu_holds_is_named_and_an_absurd_one_refused(tmp_path, capsys):
+    """A fuzz round: reduce_bucket_size 5e10 (one 16-bit buffer of 2 x 5e10 bytes = 93.1 GiB) was blamed on one
+    sample's activations ('shorten --seq-len'); 1e300 was accepted and printed whole."""
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e10}, "bf16": {"enabled": true}}')
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path), "--json"], capsys)
+    (reason,) = [x for x in json.loads(out)["reasons"] if x["kind"] == "no-count-fits"]
+    assert code == 3 and (reason["bucket"], reason["bucket_bytes"]) == ("reduce_bucket_size", 2 * 5 * 10**10)
+    assert reason["hints"][0] == "lower DeepSpeed's reduce_bucket_size"
+    path.write_text('{"zero_optimization": {"stage": 2, "reduce_bucket_size": 1e300}}')
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and len(err) < 300 and "must be at most 1,000,000,000,000" in err
+
+
+def test_a_yaml_alias_bomb_is_shown_a_few_items_deep(tmp_path, capsys):
+    """num_processes as nine levels of nine aliases (9**9 strings once expanded): the one-line error shows a few
+    items of a few levels (reprlib) instead of writing out the expansion first (6.5 s at eight levels before)."""
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    lines += [f'{chr(98 + i)}: &{chr(98 + i)} [{",".join(["*" + chr(97 + i)] * 9)}]' for i in range(8)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\nnum_processes: *i\ndistributed_type: FSDP\n")
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "num_processes must be an integer" in err and len(err) < 300
+
+
+def test_a_typed_gpu_count_overrides_the_files_machines_and_their_replicas(tmp_path, capsys):
+    """A two-machine HYBRID_SHARD file planned on a typed '2xA100': the file's 16 processes, 2 machines and their 2
+    replicas are each listed as overridden (the machines were not, and the replicas gave 'dp_replicate 2 leaves
+    nothing for FSDP2 to shard ... use fewer --tp ranks', naming a flag nobody typed: a fuzz round)."""
+    path = tmp_path / "hybrid.yaml"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
+                    "mixed_precision: bf16\nnum_machines: 2\nnum_processes: 16\n")
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path), "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert {o["option"] for o in doc["from_file"]["overridden"]} == {"num_gpus", "nodes", "hybrid"}
+    assert doc["hardware"]["world_size"] == 2 and doc["recommendation"]["mesh"] is None

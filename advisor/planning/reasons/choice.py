@@ -374,3 +374,8 @@ class NoCountFits(ReasonModel):
                                                   "allocator constant.")
     left_bytes: int | None = Field(default=None, exclude_if=lambda left: left is None,
                                    description="What that reserve and the CUDA context leave of a GPU.")
+    bucket: str | None = Field(default=None, exclude_if=lambda name: name is None,
+                               description="The DeepSpeed size the user's config set whose one buffer fills half a "
+                                           "GPU or more (reduce_bucket_size, ...).")
+    bucket_bytes: int | None = Field(default=None, exclude_if=lambda size: size is None,
+                                     description="That buffer's bytes in the 16-bit compute dtype.")

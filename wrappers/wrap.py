@@ -209,7 +209,7 @@ def _prepare_with_accelerate(objects: list, why: str, env: LaunchEnv, plugin: st
 
 
 def _check_arguments(model: Any, *, strategy: Any, engine: Any, seq_len: Any, micro_batch_size: Any, tp: Any,
-                     cp: Any, hybrid: Any) -> None:
+                     cp: Any, hybrid: Any, optimizer: Any = None, precision: Any = None) -> None:
     """One ValueError naming the argument for what wrap() cannot take (a fuzz run found these reaching pydantic
     dumps, AttributeErrors, a silently ignored engine, or a plan at micro-batch 64 for a micro-batch of 0)."""
     from wrappers.mesh_wrap import is_config
@@ -226,6 +226,13 @@ def _check_arguments(model: Any, *, strategy: Any, engine: Any, seq_len: Any, mi
     for name, value in (("tp", tp), ("cp", cp), ("hybrid", hybrid)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a whole number of at least 1, got {value!r}"[:120])
+    # wrap(model, "adamw"): a name, not an optimizer (what the accelerate path prepares beside the model may be any
+    # object accelerate takes, a loader among them, so only plain values are refused)
+    if isinstance(optimizer, (str, bytes, bool, int, float, dict, list, tuple)):
+        raise ValueError(f"optimizer: expected a torch.optim.Optimizer built on the model's parameters, got "
+                         f"{type(optimizer).__name__} {optimizer!r}"[:160])
+    if precision is not None and precision not in get_args(Precision):
+        raise ValueError(f"precision: expected one of {', '.join(get_args(Precision))}, got {precision!r}"[:160])
 
 
 def wrap(
@@ -272,7 +279,7 @@ def wrap(
     Returns ``model`` alone, or the tuple of what was passed (model, optimizer, loader) in order.
     """
     _check_arguments(model, strategy=strategy, engine=engine, seq_len=seq_len, micro_batch_size=micro_batch_size,
-                     tp=tp, cp=cp, hybrid=hybrid)
+                     tp=tp, cp=cp, hybrid=hybrid, optimizer=optimizer, precision=precision)
     _refuse_wrapped(model)
     turn_off_kv_cache(model)  # as HF Trainer does: the cache only costs memory in training
     activation_checkpointing = requested_mode(activation_checkpointing)

@@ -104,8 +104,10 @@ def check_mesh_support(spec: ModelSpec, training: TrainingConfig, impl: Implemen
     if mesh.is_data_parallel_only:
         return
     if training.engine != "torch" or not impl.shard_params or impl.engine != "torch":
+        split = " or ".join(name for name, degree in (("tensor", mesh.tp), ("context", mesh.cp), ("pipeline", mesh.pp),
+                                                         ("expert", mesh.ep)) if degree > 1) or "model"
         raise ValueError(f"mesh {mesh.label} runs FSDP2 on the torch engine (zero2/zero3); {impl.runs_as or impl.engine} "
-                         "cannot carry tensor or context parallelism here")
+                         f"cannot carry {split} parallelism here")
     if training.activation_offload:
         raise ValueError(f"mesh {mesh.label}: --activation-offload is modelled for data parallelism on one mesh "
                          "dimension (advisor.estimate.activation_offload); use --tp 1 --cp 1 --pp 1 --hybrid 1")

@@ -277,8 +277,14 @@ def load_json(path: Path) -> dict[str, Any]:
 def take_degrees(r: Reader, prefix: str, options: dict[str, str], *, implied: str) -> None:
     """Mesh degrees above 1 pin --hybrid (replicas), --tp, --cp; 1 is data parallelism alone, the default.
     ``implied`` (the shard degree) follows from the GPU count and the others."""
+    product = 1
     for field, option in options.items():
         number = r.integer(prefix + field, low=1)
+        product *= number or 1
         if number is not None and number > 1:
             r.take(prefix + field, number, option, number)
-    r.raw(prefix + implied)
+    shard = r.integer(prefix + implied, low=1)
+    world = next((value.setting for value in r.values if value.option == "num_gpus"), None)
+    if shard is not None and world is not None and shard * product != int(world):  # accelerate's ParallelismConfig
+        raise r.fail(prefix + implied, f"{shard} times the other degrees ({product}) is {shard * product} processes, "
+                     f"not the file's num_processes {world}")  # refuses this too (its total must be the world size)

@@ -602,3 +602,16 @@ def test_a_typed_gpu_count_overrides_the_files_machines_and_their_replicas(tmp_p
     doc = json.loads(out)
     assert {o["option"] for o in doc["from_file"]["overridden"]} == {"num_gpus", "nodes", "hybrid"}
     assert doc["hardware"]["world_size"] == 2 and doc["recommendation"]["mesh"] is None
+
+
+def test_parallelism_degrees_that_do_not_make_the_process_count_are_refused(tmp_path, capsys):
+    """dp_shard 2 x tp 2 x cp 2 = 8 with num_processes 4 (accelerate's ParallelismConfig refuses it) was planned on
+    cp 2 x tp 2, its dp_shard size dropped without a word (a fuzz round)."""
+    path = tmp_path / "pc.yaml"
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\nparallelism_config:\n"
+                    "  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n"
+                    "  parallelism_config_cp_size: 2\nnum_processes: 4\n")
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "A100", "--from", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "is 8 processes, not the file's num_processes 4" in err
+    path.write_text(path.read_text().replace("num_processes: 4", "num_processes: 8"))
+    assert read_config_file(path).settings["num_gpus"] == 8

@@ -198,3 +198,14 @@ def test_fsdp2_on_two_gloo_ranks_tears_down_its_process_group(ending):
         assert "group left at exit: False" in out, out
         if ending == "finish":
             assert "group after finish(): False" in out, out
+
+
+def test_an_optimizer_name_or_an_unknown_precision_is_one_value_error():
+    """A fuzz round: wrap(model, "adamw") raised an AttributeError from reading the optimizer's defaults, and
+    wrap(precision="fp8") a pydantic dump; both now name the argument."""
+    env = LaunchEnv(world_size=1, rank=0, local_rank=0, local_world_size=1, num_gpus=0, gpu_name=None,
+                    accelerate_plugin=None)
+    with pytest.raises(ValueError, match="optimizer: expected a torch.optim.Optimizer .* got str"):
+        wrap(tiny_llama(), "adamw", env=env)
+    with pytest.raises(ValueError, match="precision: expected one of fp32, bf16-mixed, fp16-mixed, bf16, got 'fp8'"):
+        wrap(tiny_llama(), precision="fp8", env=env)

@@ -568,8 +568,10 @@ def plan(
         pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None)
     if smallest is not None:
         why.append(smallest.reason)
-    if (recommendation is None or recommendation.mesh is None) and not pins.any:  # pinned: the meshes were asked
-        why.extend(loss_notes(spec, hw, training, candidates, recommendation))
+    if not pins.any:  # pinned: the meshes were asked
+        why.extend(loss_notes(spec, hw, training, candidates + (meshes if recommendation is not None and
+                                                               recommendation.mesh is not None else []),
+                              recommendation))
     candidates += meshes
     chosen = next((c for c in candidates if recommendation is not None and c.strategy == recommendation.strategy
                    and c.mesh == recommendation.mesh), None)

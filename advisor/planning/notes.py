@@ -66,21 +66,26 @@ def loss_notes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidat
                 return [r.LossWouldFit(kernel=kernel, strategy=best.strategy, micro_batch_size=best.micro_batch_size,
                                        total_bytes=best.memory_bytes.total)]
         return []
-    chosen = next(c for c in candidates if c.strategy == recommendation.strategy)
+    chosen = next(c for c in candidates if c.strategy == recommendation.strategy and c.mesh == recommendation.mesh)
     fixed = validated_copy(training, {"micro_batch_size": chosen.micro_batch_size,
                                       "activation_checkpointing": chosen.checkpointing})
     total = chosen.memory_bytes.total
-    saved = {kernel: total - evaluate_candidate(spec, hw, validated_copy(fixed, {"loss": kernel}),
-                                                chosen.strategy).memory_bytes.total
-             for kernel in ("chunked", "fused")}
-    if max(saved.values()) < 0.1 * total:
+    saved = {}
+    for kernel in ("chunked", "fused"):
+        try:  # on a mesh: a kernel the mesh cannot run (fused under tp) has no saving to quote
+            other = evaluate_candidate(spec, hw, validated_copy(fixed, {"loss": kernel}), chosen.strategy, chosen.mesh)
+        except ValueError:
+            continue
+        if other.memory_bytes is not None:
+            saved[kernel] = total - other.memory_bytes.total
+    if not saved or max(saved.values()) < 0.1 * total:
         return []
     # Only savings: a kernel whose own buffers outweigh the logits it drops (fused under a quantised base)
     # is left out rather than quoted as a negative saving.
     savings = tuple(r.LossSaving(kernel=kernel, saved_bytes=bytes_) for kernel, bytes_ in saved.items()
                     if bytes_ >= 0.05 * GIB)
     return [r.LossPeak(strategy=chosen.strategy, total_bytes=total, micro_batch_size=chosen.micro_batch_size,
-                       savings=savings)]
+                       savings=savings, mesh_label=chosen.mesh.label if chosen.mesh is not None else None)]
 
 
 def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, traced: bool) -> str:

@@ -199,7 +199,8 @@ def _remedy_fits(x: r.RemedyFits) -> str:
 def _loss_peak(x: r.LossPeak) -> str:
     listed = " and ".join(f"--loss {s.kernel}{' would save' if i == 0 else ''} {s.saved_bytes / GIB:.1f} GiB"
                           for i, s in enumerate(x.savings))
-    return (f"the loss decides the peak of {x.strategy} (hf loss: full logits and their fp32 copy): {listed} of its "
+    on = f" on mesh {x.mesh_label}" if x.mesh_label else ""
+    return (f"the loss decides the peak of {x.strategy}{on} (hf loss: full logits and their fp32 copy): {listed} of its "
             f"{x.total_bytes / GIB:.1f} GiB per GPU at micro-batch {x.micro_batch_size}")
 
 

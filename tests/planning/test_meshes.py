@@ -221,3 +221,19 @@ def test_a_recipe_plans_only_the_mesh_degrees_its_stack_runs(capsys):
     code, _, err = run_main(["export", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--tp", "2", "--format",
                              "lightning", "-o", "-"], capsys)
     assert code == 2 and err.count("\n") == 1 and "the lightning format cannot express the pinned tp" in err
+
+
+def test_a_mesh_plan_whose_peak_is_the_loss_says_what_each_kernel_saves():
+    """Llama 3.1 8B at 262,144 tokens on 8 x H100 runs on cp 8 at 99% of the card, the hf loss's fp32 logits its
+    peak; the plan now says what --loss chunked and fused save there (it said it for data-parallel plans only), each
+    the cp 8 plan with that kernel pinned (--cp 8 at the same micro-batch and checkpointing)."""
+    p = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=262144)
+    assert p.chosen.mesh.label == "cp 8" and p.chosen.memory_bytes.total > 0.9 * p.chosen.capacity_bytes
+    (peak,) = [x for x in p.reasons if x.kind == "loss-peak"]
+    assert (peak.mesh_label, peak.total_bytes) == ("cp 8", p.chosen.memory_bytes.total)
+    for saving in peak.savings:
+        pinned = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=262144, cp=8, loss=saving.kernel,
+                      micro_batch_size=p.chosen.micro_batch_size, activation_checkpointing=p.chosen.checkpointing)
+        assert pinned.chosen.mesh.label == "cp 8"
+        assert saving.saved_bytes == peak.total_bytes - pinned.chosen.memory_bytes.total
+    assert any(w.startswith("the loss decides the peak of zero3 on mesh cp 8") for w in p.why)

@@ -278,6 +278,8 @@ class LossPeak(ReasonModel):
     total_bytes: int
     micro_batch_size: int
     savings: tuple[LossSaving, ...]
+    mesh_label: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                                   description="The plan's mesh, where it runs on one.")
 
 
 class LossWouldFit(ReasonModel):

@@ -128,6 +128,10 @@ def _trl_offloading(r: Reader) -> None:
                    "the plan is made without it (it holds more on the GPU than the run does)")
 
 
+# transformers.trainer_utils.FSDPOption (5.23): the words of the legacy fsdp string or list
+_FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
+
+
 def _trainer_fsdp(r: Reader) -> bool | None:
     """FSDP from ``fsdp`` / ``fsdp_config``; returns fsdp_config's activation_checkpointing (None: not given)."""
     raw = r.raw("fsdp")
@@ -136,6 +140,9 @@ def _trainer_fsdp(r: Reader) -> bool | None:
     if not isinstance(raw, (bool, str, list)):
         raise r.fail("fsdp", "must be true, a string such as 'full_shard auto_wrap', or a list of such words")
     words = _words(raw).lower().split()
+    unknown = [word for word in words if word not in _FSDP_OPTIONS] if raw is not True else []
+    if unknown:  # TrainingArguments refuses it: "Unknown `fsdp` option" (training_args.py, transformers 5.23)
+        raise r.fail("fsdp", f"has the unknown option '{unknown[0][:40]}' (one of {', '.join(_FSDP_OPTIONS)})")
     if "no_shard" in words:
         r.take("fsdp", raw, "engine", "torch")
         r.take("fsdp", raw, "strategy", "ddp")

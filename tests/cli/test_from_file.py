@@ -615,3 +615,14 @@ def test_parallelism_degrees_that_do_not_make_the_process_count_are_refused(tmp_
     assert code == 2 and err.count("\n") == 1 and "is 8 processes, not the file's num_processes 4" in err
     path.write_text(path.read_text().replace("num_processes: 4", "num_processes: 8"))
     assert read_config_file(path).settings["num_gpus"] == 8
+
+
+def test_an_unknown_fsdp_word_is_refused_as_transformers_refuses_it(tmp_path):
+    """'fulll_shard auto_wrap' was planned as zero3 without a word (a fuzz round); TrainingArguments raises
+    "Unknown `fsdp` option" for it (training_args.py)."""
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"fsdp": "fulll_shard auto_wrap", "per_device_train_batch_size": 1}))
+    with pytest.raises(ValueError, match="fsdp has the unknown option 'fulll_shard'"):
+        read_config_file(path)
+    path.write_text(json.dumps({"fsdp": ["full_shard", "auto_wrap"], "per_device_train_batch_size": 1}))
+    assert read_config_file(path).settings["strategy"] == "zero3"

@@ -17,6 +17,14 @@ import click
 from advisor.cli.options import plan_kwargs, plan_options
 from advisor.export.formats import FORMAT_NAMES  # the format table (pure data: no yaml import)
 
+def _differs(path: str, text: str) -> bool:
+    """An existing file at ``path`` whose contents are not ``text`` (what the launch would refuse without --force)."""
+    try:
+        return Path(path).is_file() and Path(path).read_text() != text
+    except (OSError, UnicodeDecodeError):
+        return True
+
+
 def _plan(params: dict[str, Any], fmt: str):
     """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
     on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
@@ -173,7 +181,8 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
             click.echo(f"advisor: note: {script}: no such file here; advisor launch checks it before writing "
                        "anything", err=True)
         click.echo(f"advisor: note: --dry-run wrote nothing; advisor launch writes {config_file} (advisor export "
-                   "-o - shows it)", err=True)
+                   "-o - shows it)" + (", which exists with other contents: the launch needs --force to overwrite it"
+                                       if not force and _differs(config_file, config) else ""), err=True)
         click.echo(format_command(command))
         return
     if refusal:  # before anything is written: a refused launch leaves the config on disk as it was

@@ -54,7 +54,7 @@ def _writable(path: str | os.PathLike[str], *, example: str = "accelerate_config
                              f"give a file name{instead}")
     parent = target.parent if str(target.parent) else Path(".")
     if not parent.is_dir():
-        raise ValueError(f"directory {parent} does not exist")
+        raise ValueError(f"{parent} is a file, not a directory" if parent.exists() else f"directory {parent} does not exist")
     return target
 
 

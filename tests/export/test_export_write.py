@@ -177,3 +177,20 @@ def test_a_regular_file_that_cannot_be_read_back_is_one_line():
     """/proc/self/mem stats as a regular file and fails to read with EIO: it was '[Errno 5] Input/output error'."""
     with pytest.raises(ValueError, match="cannot read /proc/self/mem to compare it"):
         write_export("/proc/self/mem", "x: 1\n", force=True)
+
+
+def test_a_parent_that_is_a_file_and_a_dry_run_over_a_users_config_are_said(tmp_path, capsys):
+    """A fuzz round: '-o existing.yaml/sub.yaml' said 'directory existing.yaml does not exist'; launch --dry-run over
+    a config file of the user's said it 'writes' it, where the launch refuses without --force."""
+    from tests.cli._main import run_main
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("MINE: keep\n")
+    code, _, err = run_main(["export", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "-o", str(mine / "sub.yaml")], capsys)
+    assert code == 2 and f"{mine} is a file, not a directory" in err
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    code, _, err = run_main(["launch", "--cpu", "--processes", "1", "-m", "Qwen/Qwen2.5-0.5B", "--config-file",
+                             str(mine), "--dry-run", str(script)], capsys)
+    assert code == 0 and "which exists with other contents: the launch needs --force" in err
+    assert mine.read_text() == "MINE: keep\n"

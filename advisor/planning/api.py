@@ -140,12 +140,13 @@ def resolve_trainable(spec: ModelSpec, trainable: int | str | None) -> ModelSpec
 
 def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
                    recommendation: Recommendation | None,
-                   why: list[Reason]) -> tuple[Recommendation | None, list[Reason]]:
-    """The ranked remedies (``advisor.planning.remedies``) on the recommendation; when it offloads, the best
-    one opens the 'why'; when nothing fits, the three best are why lines."""
+                   why: list[Reason], *, meshes: list[Candidate] = (), pins: MeshPins | None = None,
+                   ) -> tuple[Recommendation | None, list[Reason]]:
+    """The ranked remedies (``advisor.planning.remedies``) on the recommendation (a data-parallel candidate or one of
+    ``meshes``); when it offloads, the best one opens the 'why'; when nothing fits, the three best are why lines."""
     chosen = None if recommendation is None else next(
-        c for c in candidates if c.strategy == recommendation.strategy and c.mesh is None)
-    remedies = find_remedies(spec, hw, training, candidates, chosen)
+        c for c in [*candidates, *meshes] if c.strategy == recommendation.strategy and c.mesh == recommendation.mesh)
+    remedies = find_remedies(spec, hw, training, candidates, chosen, pins=pins)
     if not remedies:
         return recommendation, why
     if recommendation is None:
@@ -541,7 +542,8 @@ def plan(
         else:
             recommendation, why = choose(spec, candidates, only=names[0] if strategy else None,
                                          headroom=training.headroom, margin=training.margin, world=hw.world_size)
-    meshes, recommendation, why = choose_with_meshes(
+    asked = training  # a mesh that replaces an offload is planned at that plan's samples a step (its training)
+    meshes, recommendation, why, training = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
         strategy=strategy, dp_blocked=dp_blocked)
     if search_length:
@@ -554,8 +556,11 @@ def plan(
         context = spec.max_position_embeddings
         if recommendation is not None and context and training.seq_len > context:
             why.insert(0, BeyondContext(seq_len=training.seq_len, context=context))
-    if not (strategy or pins.any or search_length or dp_blocked) and (recommendation is None or recommendation.mesh is None):
-        recommendation, why = _with_remedies(spec, hw, training, candidates, recommendation, why)
+    if not (strategy or pins.any or search_length or dp_blocked) and (
+            recommendation is None or recommendation.mesh is None or asked.policy != "fastest"):
+        # a remedy is the command with one change: planned from what was asked (advisor.planning.remedies)
+        recommendation, why = _with_remedies(spec, hw, asked, candidates, recommendation, why, meshes=meshes,
+                                             pins=pins)
     elif strategy and recommendation is None and not (pins.any or search_length or dp_blocked):
         why.extend(pinned_remedies(spec, hw, training, candidates[0]))
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)

@@ -2,8 +2,9 @@
 
 The data-parallel family (``planner.choose``) stays the default wherever it fits. Meshes (tensor,
 context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are searched when
-nothing in that family fits on the GPUs alone (a GPU-only mesh then replaces its offloading plan, but for
-``_room_past_the_states`` and ``_offload_kept``), when the global batch cannot give every GPU a sample, when the user
+nothing in that family fits on the GPUs alone (a GPU-only mesh within the --headroom then replaces its offloading
+plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
+remedies' re-plans run the same rule), when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
 only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
 would: tp a divisor of the GPUs in a node that divides the attention and key/value heads, cp a
@@ -308,8 +309,10 @@ def degree_effects(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chos
 
 def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig, chosen: Candidate, *,
                         opening: r.Reason, candidates: list[Candidate] | None = None,
-                        alternatives: tuple[r.Reason, ...] = ()) -> tuple[Recommendation, list[r.Reason]]:
-    """The recommendation for a mesh candidate and the reasons, ``opening`` first."""
+                        alternatives: tuple[r.Reason, ...] = (), closing: tuple[r.Reason, ...] = ()
+                        ) -> tuple[Recommendation, list[r.Reason]]:
+    """The recommendation for a mesh candidate and the reasons, ``opening`` first (``closing`` after what the
+    mesh's degrees buy)."""
     m = chosen.memory_bytes
     step = chosen.step_time
     why: list[r.Reason] = [opening, r.MeshFits(
@@ -318,6 +321,7 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
         checkpointing=checkpointing(chosen), step_s=step.step_s, tokens_per_s=step.tokens_per_s, mfu=step.mfu)]
     why += degree_effects(spec, hw, training, chosen)
     why += [line for line in (stage_line(chosen), without_pp_line(candidates or [])) if line and chosen.stage_peaks]
+    why += closing
     rec = Recommendation(candidate=chosen, reasons=tuple(why[1:]), reason=render_reason(tuple(why[1:])),
                          alternatives=tuple(render_alternative(a) for a in alternatives))
     return rec, why + list(alternatives)
@@ -333,34 +337,41 @@ def pinned_pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConf
 def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, dp_candidates: list[Candidate],
                        dp_choice: Recommendation | None, dp_why: list[r.Reason], pins: MeshPins,
                        strategy: str | None = None, dp_blocked: str | None = None,
-                       ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason]]:
-    """Mesh candidates, the recommendation and the 'why', given the data-parallel family's choice
-    (module docstring: when meshes are searched and when one wins)."""
+                       ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
+    """Mesh candidates, the recommendation, the 'why' and the training config the recommendation is planned at
+    (``training`` but where a GPU-only mesh replaces an offloading plan: the offload plan's samples a step,
+    ``at_offload_samples``), given the data-parallel family's choice (module docstring: when meshes are searched
+    and when one wins)."""
     dp_offloads = dp_choice is not None and _offloads(dp_choice)
+    offloaded = None  # the data-parallel plan that runs only by offloading: a GPU-only mesh may replace it, and
+    # is planned at its samples a step (under --policy fastest too, so the two compare at the same mathematics)
+    if dp_offloads and not pins.any and not strategy:
+        offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+    replacing = offloaded is not None and training.policy != "fastest"
     if pins.any:
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
-            dp_offloads and not strategy and (expert_share(spec) > 0.5 or _room_past_the_states(dp_candidates,
-                                                                                               training))):
-        return [], dp_choice, dp_why
+            replacing and searches_past_offload(spec, dp_candidates, offloaded, training)):
+        return [], dp_choice, dp_why, training
     elif strategy and strategy not in MESH_STRATEGIES:  # --strategy ddp etc.: that strategy alone
         if dp_blocked:
             raise ValueError(dp_blocked)
-        return [], dp_choice, dp_why
-    meshes, refused = keeping_global_batch(training, [] if pins.pipelined else enumerate_meshes(spec, hw, training, pins))
-    candidates = evaluate_meshes(spec, hw, training, meshes, strategy=strategy)
-    best = best_mesh(candidates, training)
+        return [], dp_choice, dp_why, training
+    planned = training if offloaded is None else at_offload_samples(training, offloaded, hw.world_size)
+    meshes, refused = keeping_global_batch(planned, [] if pins.pipelined else enumerate_meshes(spec, hw, planned, pins))
+    candidates = evaluate_meshes(spec, hw, planned, meshes, strategy=strategy)
+    best = best_mesh(candidates, planned)
     closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
-    searched = pipeline_search_reason(spec, training, pinned=pins.pipelined, best=best, closest=closest,
+    searched = pipeline_search_reason(spec, planned, pinned=pins.pipelined, best=best, closest=closest,
                                       dp_offloads=dp_offloads)
     if searched is not None:  # pipeline and expert meshes join (advisor.planning.pipeline_meshes)
-        more, refused_more = keeping_global_batch(training, pinned_pipeline_meshes(spec, hw, training, pins))
+        more, refused_more = keeping_global_batch(planned, pinned_pipeline_meshes(spec, hw, planned, pins))
         meshes, refused = meshes + more, refused + refused_more
         from advisor.planning.pipeline_meshes import evaluate_pipeline_meshes  # (import kept out of the header)
 
-        candidates += evaluate_pipeline_meshes(more, lambda m: evaluate_meshes(spec, hw, training, [m], strategy=strategy),
+        candidates += evaluate_pipeline_meshes(more, lambda m: evaluate_meshes(spec, hw, planned, [m], strategy=strategy),
                                                dense=not spec.num_experts, prune=not pins.pipelined)
-        best = best_mesh(candidates, training)
+        best = best_mesh(candidates, planned)
     if not meshes and refused and (dp_blocked or pins.any):
         raise ValueError(_batch_refusal(training, refused, dp_blocked))
     if dp_blocked and not meshes:
@@ -372,26 +383,81 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
     dp_why = dp_why + pp_lines
     if dp_offloads and best is None and searched is not None and not pins.any:
-        return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched)
-    offloaded = None  # the data-parallel plan a GPU-only mesh replaces: it runs only by offloading
-    if dp_offloads and best is not None and not pins.any and training.policy != "fastest":
-        offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        kept = _offload_kept(spec, training, best, offloaded)
+        return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched), training
+    if replacing and best is not None:
+        kept = offload_kept(spec, planned, best, offloaded,
+                            samples_per_step=planned.global_batch_size if planned is not training else None)
         if kept is not None:
-            return candidates, dp_choice, dp_why + [kept]
-        dp_choice = None  # a GPU-only mesh beats offloading (never offload while a GPU-only plan fits)
+            return candidates, dp_choice, dp_why + [kept], training
+        dp_choice = None  # a GPU-only mesh within the headroom: never offload while one fits
+    elif replacing:
+        return candidates, dp_choice, dp_why, training
     if pins.any:
         rec, why = _pinned(spec, hw, training, candidates, best, pins)
     elif dp_choice is None:
-        rec, why = _forced(spec, hw, training, best, meshes, dp_candidates, dp_blocked, candidates,
-                           offloaded=offloaded)
+        rec, why = _forced(spec, hw, planned, best, meshes, dp_candidates, dp_blocked, candidates,
+                           offloaded=offloaded, samples_kept=planned is not training)
     else:
         dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        rec, why = _faster(spec, hw, training, best, dp_best, candidates)
+        rec, why = _faster(spec, hw, planned, best, dp_best, candidates)
         if rec is None:
-            return candidates, dp_choice, dp_why + why
-        return candidates, rec, why + pp_lines
-    return candidates, rec, dp_why + why
+            return candidates, dp_choice, dp_why + why, training
+        return candidates, rec, why + pp_lines, planned
+    return candidates, rec, dp_why + why, planned if rec is not None else training
+
+
+def at_offload_samples(training: TrainingConfig, offloaded: Candidate, world: int) -> TrainingConfig:
+    """The training config a mesh that may replace ``offloaded`` is planned at: the offload plan's samples a step
+    (its micro-batch on each of the ``world`` GPUs), so the two are compared at the same mathematics (a tp or cp
+    mesh has fewer data-parallel ranks, and at micro-batch 1 without accumulation it would step on fewer samples).
+    ``training`` itself where --global-batch fixed them already or the optimizer steps in backward (no
+    accumulation)."""
+    if training.global_batch_size is not None or training.optimizer_in_backward:
+        return training
+    return validated_copy(training, {"global_batch_size": offloaded.micro_batch_size * world})
+
+
+def offload_kept(spec: ModelSpec, training: TrainingConfig, best: Candidate, offloaded: Candidate, *,
+                 samples_per_step: int | None = None) -> r.OffloadKeptOverMesh | None:
+    """Whether a dense model's offloading plan stays (its reason) or the best GPU-only mesh replaces it (None).
+    The mesh replaces it where its --margin end leaves the --headroom free, as every plan of the thresholds policy
+    must (never offload while a GPU-only plan fits within the user's settings), whatever the two speeds: a slower
+    mesh says so (``MeshSlowerThanOffload``). A mesh past the headroom does not replace an offload within it, however
+    fast (--policy fastest takes it: the reason says so); where both are past it, the mesh replaces the offload
+    unless slower by more than SAME_SPEED. Routed experts always go to the mesh (offloading them is the slowest
+    plan there is)."""
+    if expert_share(spec) > 0.5 or within_headroom(best, training) or offloaded.step_time is None:
+        return None
+    mesh_rate, offload_rate = _tokens_per_s(best), offloaded.step_time.tokens_per_s
+    if not within_headroom(offloaded, training) and mesh_rate >= (1 - SAME_SPEED) * offload_rate:
+        return None
+    return r.OffloadKeptOverMesh(mesh_label=best.mesh.label, total_bytes=best.memory_range.at(training.margin),
+                                 capacity_bytes=best.capacity_bytes, headroom=training.headroom,
+                                 tokens_per_s=mesh_rate, offload_strategy=offloaded.strategy,
+                                 offload_tokens_per_s=offload_rate,
+                                 fastest_takes_mesh=mesh_rate > (1 + SAME_SPEED) * offload_rate,
+                                 samples_per_step=samples_per_step)
+
+
+def searches_past_offload(spec: ModelSpec, dp_candidates: list[Candidate], offloaded: Candidate,
+                          training: TrainingConfig) -> bool:
+    """Whether a GPU-only mesh might replace ``offloaded`` (``offload_kept``): routed experts always search; a dense
+    model where a mesh could fit within the room that rule leaves (the --headroom where the offload is within it).
+    Every mesh runs FSDP2 over all the GPUs (tp shards a tensor, dp_shard x cp its rows; a pipeline stage holds its
+    layers' share), so each GPU holds at least zero3's optimizer step: its shard of the states and the step's
+    temporaries. Where that moment of zero3 alone (its total at the --margin end, scaled by the moment's share of the
+    peak) exceeds the room, no mesh can replace the offload, and none is searched: the search would add a third to
+    the plan's time for no answer (the README's first command: zero3's foreach step alone needs 79.6 of 79.2 GiB)."""
+    if expert_share(spec) > 0.5:
+        return True
+    zero3 = next((c for c in dp_candidates if c.strategy == "zero3" and c.mesh is None and c.memory_bytes), None)
+    if zero3 is None or zero3.memory_range is None:
+        return True
+    step, peak = zero3.memory_bytes.at_optimizer_step, zero3.memory_bytes.peak_allocated
+    if step is None or not peak:
+        return True
+    room = (1 - training.headroom) if within_headroom(offloaded, training) else 1.0
+    return zero3.memory_range.at(training.margin) * step / peak <= room * zero3.capacity_bytes
 
 
 def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
@@ -406,52 +472,29 @@ def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates:
                                candidates=candidates)
 
 
-def _offload_kept(spec: ModelSpec, training: TrainingConfig, best: Candidate,
-                  offloaded: Candidate) -> r.OffloadKeptOverMesh | None:
-    """A dense model's offloading plan is kept over the best GPU-only mesh only where that mesh fits past the
-    --headroom alone and runs slower than the offload (within SAME_SPEED counts as not slower): a plan at 99% of
-    memory that is also slower is not what an expert takes over a CPU offload. Routed experts always go to the mesh
-    (offloading them is the slowest plan there is)."""
-    if expert_share(spec) > 0.5 or within_headroom(best, training) or offloaded.step_time is None:
-        return None
-    mesh_rate, offload_rate = _tokens_per_s(best), offloaded.step_time.tokens_per_s
-    if mesh_rate >= (1 - SAME_SPEED) * offload_rate:
-        return None
-    return r.OffloadKeptOverMesh(mesh_label=best.mesh.label, total_bytes=best.memory_range.at(training.margin),
-                                 capacity_bytes=best.capacity_bytes, headroom=training.headroom,
-                                 tokens_per_s=mesh_rate, offload_strategy=offloaded.strategy,
-                                 offload_tokens_per_s=offload_rate)
-
-
-def _room_past_the_states(dp_candidates: list[Candidate], training: TrainingConfig) -> bool:
-    """Whether a GPU-only mesh might hold what the data-parallel family holds only by offloading. Every mesh runs
-    FSDP2 over all the GPUs (tp shards a tensor, dp_shard x cp its rows; a pipeline stage holds its layers' share),
-    so each GPU holds at least zero3's optimizer step: its shard of the states and the step's temporaries. Where
-    that moment of zero3 alone (its total at the --margin end, scaled by the moment's share of the peak) exceeds the
-    GPU, no mesh fits, and none is searched: the search would add a third to the plan's time for no answer (the
-    README's first command: zero3's foreach step alone needs 79.6 of 79.2 GiB)."""
-    zero3 = next((c for c in dp_candidates if c.strategy == "zero3" and c.mesh is None and c.memory_bytes), None)
-    if zero3 is None or zero3.memory_range is None:
-        return True
-    step, peak = zero3.memory_bytes.at_optimizer_step, zero3.memory_bytes.peak_allocated
-    if step is None or not peak:
-        return True
-    return zero3.memory_range.at(training.margin) * step / peak <= zero3.capacity_bytes
-
-
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
             dp_blocked: str | None, candidates: list[Candidate] | None = None, *,
-            offloaded: Candidate | None = None) -> tuple[Recommendation | None, list[r.Reason]]:
+            offloaded: Candidate | None = None, samples_kept: bool = False
+            ) -> tuple[Recommendation | None, list[r.Reason]]:
     """Nothing in the data-parallel family runs on the GPUs alone (``offloaded``: the plan that runs it only by
-    offloading to the CPU): the best mesh, and the limit that forced it."""
+    offloading to the CPU; ``samples_kept``: ``training`` holds its samples a step, ``at_offload_samples``): the best
+    mesh, the limit that forced it, and where the mesh is slower than the offload, by how much."""
     if best is None:
         return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample))] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     step = offloaded.step_time if offloaded is not None else None
     opening = r.DataParallelCannot(limit=limit) if step is None else r.DataParallelCannot(
-        limit=limit, offload_strategy=offloaded.strategy, offload_tokens_per_s=step.tokens_per_s)
-    return mesh_recommendation(spec, hw, training, best, candidates=candidates, opening=opening)
+        limit=limit, offload_strategy=offloaded.strategy, offload_tokens_per_s=step.tokens_per_s,
+        samples_per_step=training.global_batch_size if samples_kept else None)
+    slower = ()
+    if step is not None and _tokens_per_s(best) < (1 - SAME_SPEED) * step.tokens_per_s:
+        fastest = best_mesh(candidates or [])  # what --policy fastest compares with the offload (no headroom)
+        takes = fastest is not None and _tokens_per_s(fastest) > (1 + SAME_SPEED) * step.tokens_per_s
+        slower = (r.MeshSlowerThanOffload(mesh_label=best.mesh.label, tokens_per_s=_tokens_per_s(best),
+                                          offload_strategy=offloaded.strategy, offload_tokens_per_s=step.tokens_per_s,
+                                          fastest_mesh_label=fastest.mesh.label if takes else None),)
+    return mesh_recommendation(spec, hw, training, best, candidates=candidates, opening=opening, closing=slower)
 
 
 def _timing(c: Candidate) -> r.MeshTiming:

@@ -30,8 +30,9 @@ from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting, within_headroom
-from advisor.planning.meshes import (MeshPins, best_mesh, enumerate_meshes, evaluate_meshes, keeping_global_batch,
-                                     powers_of_two)
+from advisor.planning.meshes import (MeshPins, at_offload_samples, best_mesh, enumerate_meshes, evaluate_meshes,
+                                     keeping_global_batch, offload_kept, powers_of_two, searches_past_offload)
+from advisor.planning.pipeline_meshes import expert_share
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
@@ -82,9 +83,10 @@ def remedy_reason(spec: ModelSpec, candidates: list[Candidate], chosen: Candidat
 
 
 def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate],
-                  chosen: Candidate | None) -> tuple[Remedy, ...]:
+                  chosen: Candidate | None, *, pins: MeshPins | None = None) -> tuple[Remedy, ...]:
     """The remedies that help, ranked: those that keep the mathematics first; within each group the ones
-    that fit on the GPUs alone, then the most tokens/s."""
+    that fit on the GPUs alone, then the most tokens/s. ``pins``: degrees of 1 the user fixed (``--tp 1``), which
+    limit the mesh search of every re-plan as they limit the plan's."""
     reason = remedy_reason(spec, candidates, chosen, world=hw.world_size, training=training)
     if reason is None:
         return ()
@@ -96,11 +98,14 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     on_gpu_now = chosen is not None and not offloads(chosen)
     current = chosen.step_time.tokens_per_s if chosen is not None and chosen.step_time else 0.0
     found = []
-    # the step's samples are the recommended plan's (its micro-batch on every GPU), which a remedy that keeps the
-    # mathematics keeps: a cp mesh has fewer data-parallel ranks and names the --global-batch that does
-    samples = (chosen if chosen is not None and chosen.mesh is None else ref).micro_batch_size * hw.world_size
+    # the step's samples are the recommended plan's (--global-batch, else its micro-batch on each data-parallel
+    # rank), which a remedy that keeps the mathematics keeps: a cp mesh has fewer data-parallel ranks and names the
+    # --global-batch that does
+    plan = chosen or ref
+    samples = training.global_batch_size or plan.micro_batch_size * (plan.gradient_accumulation_steps or 1) * (
+        plan.mesh.dp if plan.mesh is not None else hw.world_size)
     for change in _changes(spec, hw, training, ref, reason, samples=samples):
-        applied = _apply(spec, hw, training, ref, change)
+        applied = _apply(spec, hw, training, ref, change, pins=pins)
         if applied is None:
             continue
         remedy, roomy = applied
@@ -125,7 +130,7 @@ def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
 
 
 def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate,
-           change: _Change) -> tuple[Remedy, bool] | None:
+           change: _Change, *, pins: MeshPins | None = None) -> tuple[Remedy, bool] | None:
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan, and
     whether that plan leaves the --headroom free. More GPUs are measured on the size default of their count
     where ``ref`` is the size default of this one (one GPU's plain model becomes full sharding on several)."""
@@ -162,12 +167,13 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
         result = result if result.fits else None
     else:
-        result = replan(new_spec, new_hw, changed)
+        result = replan(new_spec, new_hw, changed, pins)
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
                   strategy=result.strategy if result is not None else None,
-                  mesh=result.mesh.label if result is not None and result.mesh is not None and change.pins else None,
+                  mesh=result.mesh.label if result is not None and result.mesh is not None and (
+                      change.pins is not None or change.mesh is None) else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
                   fits=fits), fits and within_headroom(result, changed)
 
@@ -180,12 +186,40 @@ def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     return best_mesh(evaluate_meshes(spec, hw, training, meshes, strategy=strategy), training)
 
 
-def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
-    """The planner's choice (under the config's policy) over the GPU-only strategies, and the offload ones
-    only when none of those fits."""
+def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None) -> Candidate | None:
+    """The planner's choice: the data-parallel family's (``replan_data_parallel``), and where that offloads a dense
+    model under the thresholds policy, the GPU-only mesh that replaces it by the planner's own rule
+    (``advisor.planning.meshes``: ``searches_past_offload``, ``at_offload_samples``, ``offload_kept``). The meshes
+    searched are the tensor/context/HSDP ones (``_best_searched_mesh``); the pipeline ones, which the planner adds only
+    where none of those fits, and routed-expert models (always a mesh there, ep among them) are not re-planned here.
+    ``pins``: the degrees of 1 the user fixed, which limit the search."""
+    candidates = _data_parallel(spec, hw, training)
+    chosen = _chosen(spec, hw, training, candidates)
+    if (chosen is None or not offloads(chosen) or training.policy == "fastest" or expert_share(spec) > 0.5
+            or not searches_past_offload(spec, candidates, chosen, training)):
+        return chosen
+    planned = at_offload_samples(training, chosen, hw.world_size)
+    try:
+        best = _best_searched_mesh(spec, hw, planned, pins)
+    except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
+        return chosen
+    return chosen if best is None or offload_kept(spec, planned, best, chosen) is not None else best
+
+
+def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
+    """The data-parallel family's choice (under the config's policy) over the GPU-only strategies, and the offload
+    ones only when none of those fits."""
+    return _chosen(spec, hw, training, _data_parallel(spec, hw, training))
+
+
+def _data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[Candidate]:
     candidates = [evaluate_candidate(spec, hw, training, name) for name in GPU_ONLY]
     if not any(c.fits for c in candidates):
         candidates += [evaluate_candidate(spec, hw, training, name) for name in OFFLOAD]
+    return candidates
+
+
+def _chosen(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate]) -> Candidate | None:
     if training.policy == "fastest":
         rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size, world=hw.world_size)
     else:
@@ -257,7 +291,7 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
     if memory_bound and more_gpus:
-        keep += _more_gpus(spec, hw, training)
+        keep += _more_gpus(spec, hw, training, samples=samples)
     change = []
     if training.optimizer in ("adamw", "adam") and spec.trainable_params:
         change.append(_Change(name="--optimizer adamw-8bit", keeps_math=False, update={"optimizer": "adamw-8bit"}))
@@ -284,8 +318,10 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
     return [_Change(name="--optimizer-impl fused", keeps_math=True, update={"optimizer_impl": "fused"})]
 
 
-def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[_Change]:
-    """The fewest GPUs of this kind on which zero3 fits on the GPUs alone within the --headroom (micro-batch 1)."""
+def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, samples: int | None = None
+               ) -> list[_Change]:
+    """The fewest GPUs of this kind on which zero3 fits on the GPUs alone within the --headroom (micro-batch 1), or
+    fewer on a mesh (``_fewer_on_a_mesh``, at the plan's ``samples`` a step)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
     total = training.global_batch_size
@@ -298,7 +334,7 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
     if count is not None and training.global_batch_size is not None and training.global_batch_size % count:
         count = None
-    on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count)
+    on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count, samples=samples)
     if on_mesh is not None:
         return [on_mesh]
     if count is None:
@@ -312,31 +348,35 @@ def _gpus_flag(hw: Hardware, count: int) -> str:
         f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
 
 
-def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, below: int | None) -> _Change | None:
+def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, below: int | None,
+                     samples: int | None = None) -> _Change | None:
     """More GPUs on a tensor/context-parallel mesh where that takes fewer of them than data parallelism alone
     (``below``: zero3's count; None where none holds the job): a sample's activations and logits do not shrink
     with data-parallel ranks, they do over cp and tp ranks, so a long sequence that needs 24 GPUs of zero3 fits
     2 on cp 2. The plan at each count is the mesh search's best, as the planner runs it (``_best_searched_mesh``),
     on the GPUs alone within the --headroom, at a count where no data-parallel strategy fits on the GPUs alone (where
-    one does, even past the headroom, the planner runs it and no mesh). Counts tried: powers of two within a node, then whole nodes doubling
+    one does, even past the headroom, the planner runs it and no mesh). The step keeps the plan's ``samples``: without
+    --global-batch the remedy names the one that keeps them (a mesh only needs its data-parallel ranks' micro-batches
+    to divide it, ``keeping_global_batch``). Counts tried: powers of two within a node, then whole nodes doubling
     (the degrees cp and tp take), so the search stays a few mesh searches."""
     per_node = server_size(hw)
     counts = [n for n in powers_of_two(per_node) if n > hw.world_size]
     counts += [per_node * 2**k for k in range(1, 15) if per_node * 2**k > hw.world_size]
-    total = training.global_batch_size
+    keep = training.global_batch_size is None and samples is not None
+    at = validated_copy(training, {"global_batch_size": samples}) if keep else training
+    said = f" --global-batch {samples}" if keep else ""
     for count in (n for n in counts if below is None or n < below):
-        if total is not None and total % count:
-            continue
         cluster = at_count(hw, count, per_node)
-        dp = replan(spec, cluster, training)
+        dp = replan_data_parallel(spec, cluster, at)
         if dp is not None and not offloads(dp):  # the planner runs data parallelism there (past the headroom)
             continue
         try:
-            best = _best_searched_mesh(spec, cluster, training)
+            best = _best_searched_mesh(spec, cluster, at)
         except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
             return None
-        if best is not None and not offloads(best) and within_headroom(best, training):
-            return _Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=cluster, pins=MeshPins())
+        if best is not None and not offloads(best) and within_headroom(best, at):
+            return _Change(name=f"--gpus {_gpus_flag(hw, count)}{said}", keeps_math=True, hardware=cluster,
+                           pins=MeshPins(), update={"global_batch_size": samples} if keep else {})
     return None
 
 

@@ -257,11 +257,18 @@ def _no_count(x: r.NoCountFits) -> str:
             f"CPU RAM; {' or '.join(x.hints)}.")
 
 
+def _at_offload_samples(samples: int | None) -> str:
+    return "" if samples is None else f" at the offload plan's {samples} samples a step"
+
+
 def _dp_cannot(x: r.DataParallelCannot) -> str:
     if x.offload_strategy is None:
         return f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}."
+    kept = "" if x.samples_per_step is None else (
+        f" The mesh is planned at the offload plan's {x.samples_per_step} samples a step (--global-batch "
+        f"{x.samples_per_step}).")
     return (f"Data parallelism alone runs this only with CPU offload ({x.offload_strategy}, "
-            f"{x.offload_tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is {_limit(x.limit)}.")
+            f"{x.offload_tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is {_limit(x.limit)}.{kept}")
 
 
 def _limit(x: r.Limit) -> str:
@@ -439,9 +446,15 @@ _RENDER: dict[str, Callable] = {
     "NoMeshFits": _no_mesh,
     "OffloadKeptOverMesh": lambda x: (
         f"zero3 on mesh {x.mesh_label} fits on the GPUs alone only past the {x.headroom:.0%} headroom "
-        f"({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, {x.total_bytes / x.capacity_bytes:.0%}) and runs "
+        f"({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, {x.total_bytes / x.capacity_bytes:.0%}"
+        f"{_at_offload_samples(x.samples_per_step)}), at "
         f"{x.tokens_per_s:,.0f} tokens/s against {x.offload_strategy}'s {x.offload_tokens_per_s:,.0f}: the offload is "
-        "kept."),
+        f"kept{'; --policy fastest takes the mesh' if x.fastest_takes_mesh else ''}."),
+    "MeshSlowerThanOffload": lambda x: (
+        f"zero3 on mesh {x.mesh_label} runs {1 - x.tokens_per_s / x.offload_tokens_per_s:.0%} slower than "
+        f"{x.offload_strategy} ({x.tokens_per_s:,.0f} against {x.offload_tokens_per_s:,.0f} tokens/s), and is taken "
+        "because it fits on the GPUs alone within the headroom; --policy fastest "
+        f"{'keeps the offload' if x.fastest_mesh_label is None else f'takes mesh {x.fastest_mesh_label}'}."),
     "MeshNotFaster": lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
                                 f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
     "FastestMesh": _fastest_mesh,

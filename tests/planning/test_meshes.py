@@ -165,7 +165,10 @@ def test_a_gpu_only_mesh_replaces_a_data_parallel_plan_that_only_offloads():
     assert chosen.step_time.tokens_per_s > offload.step_time.tokens_per_s
     opening = (f"Data parallelism alone runs this only with CPU offload (zero3_offload, "
                f"{offload.step_time.tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is activations")
-    assert [w for w in p.why if w.startswith(opening)]
+    samples = offload.micro_batch_size * 4  # the offload plan's step, which the mesh keeps (4 accumulation steps)
+    assert [w for w in p.why if w.startswith(opening) and w.endswith(
+        f"The mesh is planned at the offload plan's {samples} samples a step (--global-batch {samples}).")]
+    assert chosen.micro_batch_size * chosen.gradient_accumulation_steps * chosen.mesh.dp == samples
 
 
 def test_no_mesh_is_searched_where_zero3s_optimizer_step_alone_overfills_the_gpu():
@@ -179,19 +182,66 @@ def test_no_mesh_is_searched_where_zero3s_optimizer_step_alone_overfills_the_gpu
     assert p.recommendation.strategy == "zero3_offload" and not [c for c in p.candidates if c.mesh is not None]
 
 
-def test_an_offload_is_kept_over_a_mesh_that_fits_only_past_the_headroom_and_runs_slower():
-    """Qwen2.5-72B under the Trainer recipe on 2 x 8 x H100: the best GPU-only mesh fits at 99% of the card, past the
-    10% headroom, and runs slower than zero3_offload; the offload stays the plan and a reason gives both rates, each
-    the candidate's own."""
-    p = plan("Qwen/Qwen2.5-72B", "8xH100", nodes=2, recipe="trainer")
+def _samples(candidate, world: int = 8) -> int:
+    """Samples a step: micro-batch x accumulation x the data-parallel ranks (``world`` GPUs)."""
+    dp = candidate.mesh.dp if candidate.mesh is not None else world
+    return candidate.micro_batch_size * (candidate.gradient_accumulation_steps or 1) * dp
+
+
+def test_an_offload_within_the_headroom_is_kept_over_a_mesh_past_it_however_fast():
+    """Qwen2.5-3B at 8,192 tokens on 4 x RTX 4090 under the Trainer recipe: zero3_offload at micro-batch 1 (4 samples
+    a step) uses 80% of the card; the fastest GPU-only mesh at those 4 samples (the Trainer's accumulation holds
+    unsharded gradients) fits only past the 10% headroom, though faster (a review found such meshes replacing offloads
+    at 99-100%). The offload stays; the reason gives both rates, each the candidate's own, and names --policy fastest,
+    which takes the faster mesh (it does). --headroom 0 (the user's own setting) lets the mesh replace it."""
+    job = dict(seq_len=8192, recipe="trainer")
+    p = plan("Qwen/Qwen2.5-3B", "4xRTX4090", **job)
     assert p.recommendation.strategy == "zero3_offload" and p.recommendation.mesh is None
+    assert p.chosen.memory_range.at("expected") <= 0.9 * p.chosen.capacity_bytes
     (kept,) = [x for x in p.reasons if x.kind == "offload-kept-over-mesh"]
     mesh = next(c for c in p.candidates if c.mesh is not None and c.mesh.label == kept.mesh_label)
     assert mesh.fits and kept.total_bytes == mesh.memory_range.at("expected") > 0.9 * mesh.capacity_bytes
-    assert kept.tokens_per_s == mesh.step_time.tokens_per_s < p.chosen.step_time.tokens_per_s
-    assert kept.offload_tokens_per_s == p.chosen.step_time.tokens_per_s
+    assert _samples(mesh, 4) == kept.samples_per_step == _samples(p.chosen, 4) == 4
+    assert kept.tokens_per_s == mesh.step_time.tokens_per_s > 1.03 * p.chosen.step_time.tokens_per_s
+    assert kept.offload_tokens_per_s == p.chosen.step_time.tokens_per_s and kept.fastest_takes_mesh
+    assert any(w.endswith("the offload is kept; --policy fastest takes the mesh.") for w in p.why)
     assert all(c.memory_range.at("expected") > 0.9 * c.capacity_bytes for c in p.candidates
                if c.mesh is not None and c.fits)
+    assert plan("Qwen/Qwen2.5-3B", "4xRTX4090", policy="fastest", **job).chosen.mesh.label == kept.mesh_label
+    roomy = plan("Qwen/Qwen2.5-3B", "4xRTX4090", headroom=0.0, **job)
+    assert roomy.chosen.mesh.label == kept.mesh_label and roomy.chosen.step_time.tokens_per_s == kept.tokens_per_s
+
+
+def test_a_mesh_within_the_headroom_replaces_a_faster_offload_and_says_it_is_slower():
+    """Qwen2.5-14B on 8 x A100-40GB with fused AdamW: a cp 2 x tp 4 mesh fits within the headroom at the offload
+    plan's 48 samples a step but runs slower than zero3_offload. Never offload while a GPU-only plan fits within the
+    user's settings: the mesh is the plan, and one line says by how much it is slower, with both rates, and what
+    --policy fastest takes instead (a faster mesh past the headroom, which it does take)."""
+    p = plan("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", optimizer_impl="fused")
+    offload = next(c for c in p.candidates if c.strategy == "zero3_offload" and c.mesh is None)
+    assert p.chosen.mesh is not None and p.chosen.memory_bytes.total <= 0.9 * p.chosen.capacity_bytes
+    assert _samples(p.chosen) == _samples(offload) == p.training.global_batch_size == 48
+    (slower,) = [x for x in p.reasons if x.kind == "mesh-slower-than-offload"]
+    assert slower.tokens_per_s == p.chosen.step_time.tokens_per_s < 0.97 * offload.step_time.tokens_per_s
+    assert slower.offload_tokens_per_s == offload.step_time.tokens_per_s
+    share = 1 - slower.tokens_per_s / slower.offload_tokens_per_s
+    fastest = plan("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", optimizer_impl="fused", policy="fastest").chosen
+    assert fastest.step_time.tokens_per_s > offload.step_time.tokens_per_s  # a mesh past the headroom, at 48 samples
+    assert fastest.memory_range.at("expected") > 0.9 * fastest.capacity_bytes and _samples(fastest) == 48
+    assert any(w.startswith(f"zero3 on mesh {p.chosen.mesh.label} runs {share:.0%} slower than zero3_offload")
+               and w.endswith(f"--policy fastest takes mesh {fastest.mesh.label}.") for w in p.why)
+
+
+def test_a_mesh_that_replaces_an_offload_keeps_its_samples_a_step():
+    """The torchtune recipe's Llama-3.1-70B on 8 x H100 (a review's case): zero3_offload steps on 14 x 8 = 112
+    samples; the mesh that would replace it stepped on 4 (micro-batch 1 on dp_shard 4 x tp 2) at 99% of the card.
+    At the offload plan's 112 samples no mesh fits within the headroom, so the offload stays, as it does where
+    --global-batch 112 is asked (the same decision), and as --headroom 0.2 asks."""
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", recipe="torchtune")
+    asked = plan("meta-llama/Llama-3.1-70B", "8xH100", recipe="torchtune", global_batch_size=_samples(p.chosen))
+    assert p.recommendation.strategy == asked.recommendation.strategy == "zero3_offload"
+    assert all(_samples(c) == 112 for c in p.candidates if c.mesh is not None and c.micro_batch_size)
+    assert plan("meta-llama/Llama-3.1-70B", "8xH100", recipe="torchtune", headroom=0.2).chosen.mesh is None
 
 
 def test_a_recipe_plans_only_the_mesh_degrees_its_stack_runs(capsys):

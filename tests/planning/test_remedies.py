@@ -43,7 +43,11 @@ CASES = [("Qwen/Qwen2.5-7B", "2xA100", {}), ("mistralai/Mixtral-8x7B-v0.1", "8xH
          ("meta-llama/Llama-3.1-70B", "4x8xH100", {"interconnect": "eth-100g"}),
          ("Qwen/Qwen2.5-7B", "2xA100", {"policy": "fastest"}),
          # fits at 99% even at micro-batch 1: past the 10% headroom
-         ("meta-llama/Llama-3.1-8B", "8xH100", {"seq_len": 32768})]
+         ("meta-llama/Llama-3.1-8B", "8xH100", {"seq_len": 32768}),
+         # offloads; some remedies' plans are GPU-only meshes, which replace the offload as the planner's own does
+         ("meta-llama/Llama-3.1-8B", "2xA100", {"seq_len": 32768}),
+         # a GPU-only mesh replaced the offload: its remedies, planned from the command as asked
+         ("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", {"optimizer_impl": "fused"})]
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), CASES)
@@ -51,7 +55,8 @@ def test_each_remedy_is_the_plan_with_that_change(model, gpus, options):
     p = plan(model, gpus, **options)
     remedies = p.recommendation.remedies
     assert remedies and (p.chosen.strategy.endswith("offload") or p.chosen.step_time.mfu < USEFUL_MFU
-                         or p.chosen.memory_bytes.total > 0.9 * p.chosen.capacity_bytes)
+                         or p.chosen.memory_bytes.total > 0.9 * p.chosen.capacity_bytes
+                         or p.chosen.mesh is not None)  # a mesh the size default's unfit forced
     for r in remedies:
         changed = {**options, **_kwargs(r.name)}
         target = changed.pop("gpus", gpus)
@@ -59,6 +64,7 @@ def test_each_remedy_is_the_plan_with_that_change(model, gpus, options):
         assert again.recommendation is not None, r.name
         assert (again.recommendation.strategy, "offload" not in again.recommendation.strategy) == (r.strategy, r.fits)
         assert again.chosen.step_time.tokens_per_s == pytest.approx(r.tokens_per_s, rel=1e-9), r.name
+        assert r.mesh is None or again.chosen.mesh.label == r.mesh, r.name
 
 
 def test_ranked_math_keeping_first_and_the_why_opens_with_the_best():
@@ -229,12 +235,14 @@ def test_a_pinned_strategy_that_does_not_fit_names_what_makes_it_fit(model, gpus
 
 def test_more_gpus_on_a_mesh_where_that_takes_fewer_than_data_parallelism():
     """Llama 3.1 8B at 32,768 tokens on one A100 offloads. Data parallelism needs many more A100s (a sample's fp32
-    logits do not shrink with its ranks); a context-parallel mesh holds it on 4: the remedy names 4 and the mesh,
-    and is what the planner gives on 4 A100s. On 2, nothing runs on the GPUs alone within the headroom."""
+    logits do not shrink with its ranks); a context-parallel mesh holds it on 4: the remedy names 4, the mesh, and the
+    --global-batch that keeps the plan's one sample a step (cp 4 has one data-parallel rank; a review found the remedy
+    "kept the mathematics" while changing the step's samples), and is what the planner gives on 4 A100s with it. On
+    2, nothing runs on the GPUs alone within the headroom."""
     p = plan("meta-llama/Llama-3.1-8B", "1xA100", seq_len=32768)
     (more,) = [r for r in p.recommendation.remedies if r.name.startswith("--gpus")]
-    assert (more.name, more.strategy, more.fits) == ("--gpus 4xA100-80GB-SXM", "zero3", True)
-    again = plan("meta-llama/Llama-3.1-8B", "4xA100", seq_len=32768)
+    assert (more.name, more.strategy, more.fits) == ("--gpus 4xA100-80GB-SXM --global-batch 1", "zero3", True)
+    again = plan("meta-llama/Llama-3.1-8B", "4xA100", seq_len=32768, global_batch_size=1)
     assert again.chosen.mesh is not None and again.chosen.mesh.label == more.mesh
     assert again.chosen.step_time.tokens_per_s == pytest.approx(more.tokens_per_s, rel=1e-9)
     two = plan("meta-llama/Llama-3.1-8B", "2xA100", seq_len=32768).chosen

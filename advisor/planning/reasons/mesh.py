@@ -49,6 +49,9 @@ class DataParallelCannot(ReasonModel):
                                          description="The data-parallel plan that runs it only by offloading to the "
                                                      "CPU, which a GPU-only mesh replaces.")
     offload_tokens_per_s: float | None = Field(default=None, exclude_if=lambda rate: rate is None)
+    samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                         description="The offload plan's samples a step, at which the mesh that "
+                                                     "replaces it is planned (no --global-batch was given).")
 
 
 class MeshFits(FitFigures):
@@ -172,9 +175,10 @@ class MeshNotFaster(ReasonModel):
 
 
 class OffloadKeptOverMesh(ReasonModel):
-    """The data-parallel family fits only by offloading, and the best GPU-only mesh fits only past the --headroom
-    and runs slower: ``zero3 on mesh dp_shard 4 x tp 4 fits on the GPUs alone only past the 10% headroom (78.7 of
-    79.2 GiB, 99%) and runs 7,950 tokens/s against zero3_offload's 10,629: the offload is kept.``"""
+    """The data-parallel family fits only by offloading, within the --headroom, and the best GPU-only mesh fits only
+    past it: ``zero3 on mesh dp_shard 4 x tp 4 fits on the GPUs alone only past the 10% headroom (78.7 of 79.2 GiB,
+    99%), at 7,950 tokens/s against zero3_offload's 10,629: the offload is kept.`` (where the mesh is faster, ``;
+    --policy fastest takes the mesh``)."""
 
     kind: Literal["offload-kept-over-mesh"] = "offload-kept-over-mesh"
     mesh_label: str
@@ -184,6 +188,26 @@ class OffloadKeptOverMesh(ReasonModel):
     tokens_per_s: float
     offload_strategy: str
     offload_tokens_per_s: float
+    fastest_takes_mesh: bool = Field(default=False, description="The mesh is faster than the offload by more than "
+                                     "SAME_SPEED, so --policy fastest takes it.")
+    samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                         description="The offload plan's samples a step, at which the mesh was "
+                                                     "planned (no --global-batch was given).")
+
+
+class MeshSlowerThanOffload(ReasonModel):
+    """A GPU-only mesh within the --headroom replaced an offloading plan the estimate makes faster: ``zero3 on mesh
+    cp 4 x tp 2 runs 15% slower than zero3_offload (5,321 against 6,281 tokens/s), and is taken because it fits on
+    the GPUs alone within the headroom; --policy fastest keeps the offload.`` (or takes the faster mesh past the
+    headroom that it names)."""
+
+    kind: Literal["mesh-slower-than-offload"] = "mesh-slower-than-offload"
+    mesh_label: str
+    tokens_per_s: float
+    offload_strategy: str
+    offload_tokens_per_s: float
+    fastest_mesh_label: str | None = Field(default=None, description="The mesh --policy fastest takes instead "
+                                           "(faster than the offload, past the headroom); None: it keeps the offload.")
 
 
 class MeshTiming(ReasonModel):

@@ -34,7 +34,7 @@ def _table(comparison):
         step = r.step
         micro = f"{r.micro_batch_size}" + (f" x{r.gradient_accumulation_steps}" if r.gradient_accumulation_steps > 1 else "")
         table.add_row(
-            r.label, str(r.world_size), r.strategy + _checkpointing_suffix(r), micro,
+            r.label, str(r.world_size), r.strategy + (f" {r.mesh}" if r.mesh else "") + _checkpointing_suffix(r), micro,
             f"{r.memory_per_gpu_bytes / GIB:.1f}/{r.capacity_bytes / GIB:.0f}", f"{step.step_s:.2f}",
             f"{step.tokens_per_s:,.0f}", f"{step.mfu:.0%}", f"{r.gpu_hours_per_billion_tokens:,.1f}",
         )

@@ -198,6 +198,8 @@ def render_from_file(done: FromFile) -> None:
     replaced = {o.option: o.given for o in done.overridden}
     for value in config.values:
         setting = f"{flag(value.option)} {value.setting}"
+        if value.option == "activation_offload":  # a switch: the flag alone
+            setting = flag(value.option)
         if value.option == "gradient_accumulation":
             setting = f"gradient accumulation {value.setting}"
         if value.option in replaced:

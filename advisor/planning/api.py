@@ -419,7 +419,7 @@ def plan(
         if training.quantize not in (None, quantized[0]):
             raise ValueError(f"quantize={training.quantize} given for a model loaded in {quantized[0]}; leave it out")
         training = validated_copy(training, {"quantize": quantized[0], "double_quant": quantized[1]})
-    elif (saved := config_quantization(config)) is not None:  # a checkpoint saved quantised: its config.json says so
+    elif (saved := config_quantization(config, notes)) is not None:  # a checkpoint saved quantised: its config.json says so
         if training.quantize not in (None, saved[0]):
             raise ValueError(f"quantize={training.quantize} given for a checkpoint saved in {saved[0]} (its config's "
                              "quantization_config); leave it out")

@@ -36,6 +36,8 @@ class ClusterResult(_Frozen):
     world_size: int
     fits: bool
     strategy: str | None = None
+    mesh: str | None = Field(default=None, description="The recommended mesh (advisor.mesh.ParallelDims.label), "
+                             "None for data parallelism alone or where nothing fits.")
     micro_batch_size: int | None = None
     gradient_accumulation_steps: int | None = None
     checkpointing: CheckpointMode | None = Field(default=None, exclude=True, description="How the recommended step "
@@ -64,7 +66,7 @@ class ClusterResult(_Frozen):
         return in_json_order(handler(self), _KEYS)
 
 
-_KEYS = ("gpus", "label", "world_size", "fits", "strategy", "micro_batch_size", "gradient_accumulation_steps",
+_KEYS = ("gpus", "label", "world_size", "fits", "strategy", "mesh", "micro_batch_size", "gradient_accumulation_steps",
          "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes", "capacity_bytes", "step",
          "gpu_hours_per_billion_tokens", "message")
 
@@ -123,7 +125,8 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     cand = result.chosen
     hours = gpu_hours_per_billion_tokens(hw.world_size, step.tokens_per_s)
     return ClusterResult(
-        **base, fits=True, strategy=rec.strategy, micro_batch_size=cand.micro_batch_size,
+        **base, fits=True, strategy=rec.strategy, mesh=cand.mesh.label if cand.mesh is not None else None,
+        micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,
         checkpointing=cand.checkpointing, memory_per_gpu_bytes=cand.memory_bytes.total,
         step=step, gpu_hours_per_billion_tokens=hours, message=rec.reason,

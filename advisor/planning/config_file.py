@@ -285,6 +285,10 @@ def take_degrees(r: Reader, prefix: str, options: dict[str, str], *, implied: st
             r.take(prefix + field, number, option, number)
     shard = r.integer(prefix + implied, low=1)
     world = next((value.setting for value in r.values if value.option == "num_gpus"), None)
-    if shard is not None and world is not None and shard * product != int(world):  # accelerate's ParallelismConfig
-        raise r.fail(prefix + implied, f"{shard} times the other degrees ({product}) is {shard * product} processes, "
-                     f"not the file's num_processes {world}")  # refuses this too (its total must be the world size)
+    # accelerate's ParallelismConfig refuses this too: its total must be the world size, the shard size defaulting to
+    # 1 (PARALLELISM_CONFIG_DP_SHARD_SIZE), except where every size is 1 (then the processes replicate: DDP)
+    total = (shard or 1) * product
+    if world is not None and total != int(world) and total > 1:
+        said = f"{shard}" if shard is not None else "not set (accelerate's default 1), so 1"
+        raise r.fail(prefix + implied, f"{said} times the other degrees ({product}) is {total} processes, "
+                     f"not the file's num_processes {world}")

@@ -62,6 +62,9 @@ def read_torchtitan(r: Reader) -> None:
             r.take("parallelism.data_parallel_replicate_degree", replicate, "hybrid", replicate)
     elif replicate > 1:
         r.take("parallelism.data_parallel_replicate_degree", replicate, "strategy", "ddp")
+    if offload and not (shard is None or shard == -1 or shard > 1):  # apply_fsdp alone takes the CPUOffloadPolicy
+        r.notes.append("training.enable_cpu_offload with data_parallel_shard_degree 1: torchtitan offloads only "
+                       "through FSDP (apply_fsdp), so this run does not offload and is planned without it")
     if shard is not None and shard > 0:
         world = replicate * shard * (degrees["tp"] or 1) * (degrees["cp"] or 1) * (degrees["pp"] or 1)
         r.take("parallelism", "degrees multiplied", "num_gpus", world)

@@ -7,7 +7,10 @@ foreach on CUDA, and ``adamw_torch_fused`` to fused=True), ``gradient_checkpoint
 (``activation_checkpointing`` in transformers 5), ``accelerator_config.gradient_accumulation_kwargs.sync_each_batch``
 (FSDP reduce-scatters every micro-batch instead of accelerate's no_sync), ``fsdp`` / ``fsdp_config``, ``deepspeed`` (a DeepSpeed
 config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bucket_cap_mb`` (DDP's own key: the file chose DDP),
-and TRL's SFTConfig key ``activation_offloading`` (trl/trainer/sft_config.py: its copy of torchtune's offloading hooks).
+and TRL's SFTConfig keys ``activation_offloading`` (trl/trainer/sft_config.py: its copy of torchtune's offloading hooks)
+and ``max_length``. A key left out runs at the framework's default, TrainingArguments' (per_device_train_batch_size 8,
+no checkpointing, DeepSpeed config or not) or, for a file with a key only SFTConfig has, TRL's (checkpointing on, bf16,
+max_length 1024).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from advisor.planning.config_deepspeed import read_nested_deepspeed
-from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json, take_batch,
-                                          take_degrees, take_precision)
+from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json,
+                                          precision_for, take_batch, take_degrees, take_precision)
 
 _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
@@ -26,14 +29,17 @@ _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 
-def _deepspeed_given(r: Reader) -> bool:
-    return r.raw("deepspeed") is not None
+# Keys only TRL's SFTConfig has (trl/trainer/sft_config.py): a file with one is an SFTConfig, whose defaults differ
+# from TrainingArguments' ("gradient_checkpointing: Defaults to True instead of False", "bf16: Defaults to True if fp16
+# is not set"; max_length defaults to 1024).
+SFT_KEYS = ("dataset_text_field", "dataset_kwargs", "dataset_num_proc", "packing", "packing_strategy", "padding_free",
+             "completion_only_loss", "assistant_only_loss", "activation_offloading", "eval_packing",
+             "chat_template_path", "shuffle_dataset", "truncation_mode")
+SFT_MAX_LENGTH = 1024  # SFTConfig.max_length's default
 
 
-def _batch_elsewhere(r: Reader) -> bool:
-    """A DeepSpeed config the file names may fix the micro-batch itself (train_micro_batch_size_per_gpu): the
-    Trainer's default then is not taken here (the nested reader's value, or its 'auto', stands)."""
-    return _deepspeed_given(r)
+def _sft(r: Reader) -> bool:
+    return any(r.raw(key) is not None for key in SFT_KEYS)
 
 
 def _momentum(args: str | None) -> float:
@@ -54,17 +60,27 @@ TRAINER_MICRO_BATCH = 8  # per_device_train_batch_size
 
 
 def read_trainer(r: Reader, base: Path) -> None:
+    sft = _sft(r)
     take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
-    if r.raw("per_device_train_batch_size") is None and not _batch_elsewhere(r):
+    if r.raw("per_device_train_batch_size") is None:
+        # the Trainer's default, DeepSpeed config or not: it fills a DeepSpeed "auto" micro-batch with it and refuses
+        # another number (HfTrainerDeepSpeedConfig.trainer_config_process; here the two keys disagree, one line)
         r.take("per_device_train_batch_size", f"not set: the Trainer's default {TRAINER_MICRO_BATCH}", "micro_batch",
                TRAINER_MICRO_BATCH)
+    if sft and r.raw("bf16") is None and not r.flag("fp16"):
+        r.take("bf16", "not set: TRL SFTConfig's default true", "precision", precision_for("trainer", "bf16"))
     take_precision(r, "trainer", "bf16", "fp16")
+    if sft:
+        _sft_length_and_loss(r)
     optim = r.text("optim")
     optim = optim.lower() if optim is not None else None
     if optim in _TRAINER_OPTIM:
         optimizer, impl = _TRAINER_OPTIM[optim]
         if optimizer == "sgd" and _momentum(r.text("optim_args")):  # torch.optim.SGD(momentum=...): a buffer a parameter
             r.take("optim_args", r.text("optim_args"), "optimizer", "sgd-momentum")
+            r.notes.append("optim_args reach torch.optim.SGD since huggingface/transformers#44203 (February 2026); "
+                           "earlier releases build SGD from the learning rate alone, with no momentum buffer: for them "
+                           "plan --optimizer sgd")
         else:
             r.take("optim", optim, "optimizer", optimizer)
         if impl is not None:
@@ -92,7 +108,10 @@ def read_trainer(r: Reader, base: Path) -> None:
     if given:
         key = next((k for k, on in given.items() if on), next(iter(given)))
         r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
-    elif not _deepspeed_given(r):  # TrainingArguments.gradient_checkpointing defaults to False: the Trainer runs none
+    elif sft:  # SFTConfig.gradient_checkpointing defaults to True
+        r.take("gradient_checkpointing", "not set: TRL SFTConfig's default true", "activation_checkpointing", "on")
+    else:  # TrainingArguments.gradient_checkpointing defaults to False: the Trainer runs none (a DeepSpeed config's
+        # activation_checkpointing section is not read by Hugging Face models: gradient_checkpointing turns it on)
         r.take("gradient_checkpointing", "not set: the Trainer's default false", "activation_checkpointing", "off")
     _trainer_deepspeed(r, base)
     _trl_offloading(r)
@@ -110,6 +129,23 @@ def read_trainer(r: Reader, base: Path) -> None:
         r.take("ddp_bucket_cap_mb", raw, "engine", "torch")
         r.take("ddp_bucket_cap_mb", raw, "strategy", "ddp")
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
+
+
+def _sft_length_and_loss(r: Reader) -> None:
+    """An SFTConfig's ``max_length`` is the longest sample (every sample with ``packing``): the plan's sequence length
+    (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type`` "chunked_nll" (the
+    default since TRL 1.4.0, trl#5846) is not modelled: planned with the loss the recipe runs, said so."""
+    if "max_length" not in r.doc:
+        r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
+    else:
+        length = r.integer("max_length", low=1)
+        if length is not None:
+            r.take("max_length", length, "seq_len", length)
+    loss = r.text("loss_type")
+    if loss is None or loss.lower() == "chunked_nll":
+        said = "not set (TRL 1.4.0 and later default to chunked_nll)" if loss is None else "chunked_nll"
+        r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default (more "
+                       "memory at the loss than TRL's kernel holds; --loss chunked is this tool's)")
 
 
 def _trl_offloading(r: Reader) -> None:

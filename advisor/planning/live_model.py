@@ -62,9 +62,15 @@ def live_quantization(model: Any) -> tuple[str, bool] | None:
     return None
 
 
-def config_quantization(config: dict | None) -> tuple[str, bool] | None:
+# Checkpoints saved in 8-bit floats (DeepSeek-V3's released config, the *-FP8 Qwen checkpoints): a fine-tune loads
+# them dequantised (or trains them as --float8 says), so the architecture is planned as it is, with a note.
+FLOAT_CHECKPOINTS = ("fp8", "fbgemm_fp8")
+
+
+def config_quantization(config: dict | None, notes: list[str] | None = None) -> tuple[str, bool] | None:
     """``(scheme, double_quant)`` of a checkpoint whose config.json carries bitsandbytes' ``quantization_config``
-    (``load_in_4bit`` / ``load_in_8bit``, as ``BitsAndBytesConfig.to_dict`` saves it), None without one; a
+    (``load_in_4bit`` / ``load_in_8bit``, as ``BitsAndBytesConfig.to_dict`` saves it, or the private ``_load_in_*``
+    keys older releases saved), None without one; an fp8 checkpoint is None too, with a line in ``notes``; a
     ValueError for another method (GPTQ, AWQ, ...), whose packed layout is not modelled."""
     found = (config or {}).get("quantization_config")
     if found is None:
@@ -72,9 +78,15 @@ def config_quantization(config: dict | None) -> tuple[str, bool] | None:
     if not isinstance(found, dict):
         raise ValueError(f"config.json's quantization_config must be a mapping, got {str(found)[:40]!r}")
     method = str(found.get("quant_method", "bitsandbytes")).lower()
-    if method == "bitsandbytes" and found.get("load_in_8bit"):
+    if method in FLOAT_CHECKPOINTS:
+        if notes is not None:
+            notes.append(f"the checkpoint is saved in {method} (config.json's quantization_config): planned as the "
+                         "unquantised architecture at the precision asked (a fine-tune loads it dequantised; --float8 "
+                         "plans fp8 matmuls)")
+        return None
+    if method == "bitsandbytes" and (found.get("load_in_8bit") or found.get("_load_in_8bit")):
         return "int8", True
-    if method == "bitsandbytes" and found.get("load_in_4bit"):
+    if method == "bitsandbytes" and (found.get("load_in_4bit") or found.get("_load_in_4bit")):
         return str(found.get("bnb_4bit_quant_type", "fp4")), bool(found.get("bnb_4bit_use_double_quant", False))
     raise ValueError(f"the checkpoint is quantised ({method}, config.json's quantization_config): its packed weights "
                      "are not modelled (bitsandbytes 4-bit and 8-bit are); plan the unquantised model's config, with "

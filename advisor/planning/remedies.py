@@ -389,7 +389,8 @@ def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
     ``samples``, the recommended plan's, else the reference's micro-batch on every GPU), and the fastest degree is
     listed. Only for a fully sharded reference whose peak holds activations, with SDPA."""
     if (ref.strategy not in MESH_STRATEGIES or offloads(ref) or training.attention == "eager"
-            or training.images_per_sample or not spec.num_attention_heads or not training.recipe.runs_mesh_dim("cp")):
+            or training.images_per_sample or not spec.num_attention_heads or not training.recipe.runs_mesh_dim("cp")
+            or training.fsdp_version == 1):  # FSDP1 runs no cp (advisor.planning.meshes.check_pins refuses it)
         return []
     world, changes = hw.world_size, []
     # The step's samples kept: without --global-batch the micro-batch sets them per data-parallel rank, and a cp or

@@ -121,18 +121,28 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     answer's sentence says what it drops."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
+    total = training.global_batch_size  # a count (a mesh's data-parallel ranks) must divide it: the run keeps it
 
     def offloads(strategy: StrategyName) -> bool:
         return STRATEGIES[strategy].on(training.engine).offloads
 
+    def keeps(ranks: int) -> bool:
+        return total is None or total % ranks == 0
+
     found = []
     for order, name in enumerate(strategies):
         # the plan's own GPUs as they are (nodes and all): a count search would resize them
-        if from_current and evaluate_candidate(spec, hardware, relaxed, name).fits:
+        if from_current and keeps(hardware.world_size) and evaluate_candidate(spec, hardware, relaxed, name).fits:
             found.append((hardware.world_size, order, name))
             continue
-        count = smallest_count(lambda n: evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits,
-                               above=hardware.world_size, per_node=per_node)
+
+        def fits(n: int) -> bool:
+            return evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits
+
+        count = smallest_count(fits, above=hardware.world_size, per_node=per_node)
+        if count is not None and not keeps(count):  # the next count that divides --global-batch (and fits)
+            larger = [*range(count + 1, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
+            count = next((n for n in larger if n > count and keeps(n) and fits(n)), None)
         if count is not None:
             found.append((count, order, name))
     gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
@@ -158,8 +168,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         for count in (c for c in counts if c >= first and (gpu_only is None or c < gpu_only
                                                             or (pinned is not None and c == gpu_only))):
             cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
-            fitting = next((m for m in meshes(cluster)
-                            if runs(m) and evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits), None)
+            fitting = next((m for m in meshes(cluster) if keeps(m.dp) and runs(m)
+                            and evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits), None)
             if fitting is not None:
                 on_mesh = (count, fitting)
                 break

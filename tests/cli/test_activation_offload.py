@@ -135,10 +135,11 @@ def test_the_reason_says_why_checkpointing_is_on(capsys):
 
 
 def test_trl_offloading_where_not_modelled_is_planned_without_it_and_said(tmp_path, capsys):
-    """A saved SFTConfig with activation_offloading but no gradient checkpointing: the plan is made without it,
-    with a note naming the key, instead of refusing the whole file."""
+    """A saved SFTConfig with activation_offloading and gradient checkpointing turned off (TRL's default is on): the
+    plan is made without it, with a note naming the key, instead of refusing the whole file."""
     path = tmp_path / "sft_config.json"
-    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "activation_offloading": True}))
+    path.write_text(json.dumps({"per_device_train_batch_size": 2, "bf16": True, "activation_offloading": True,
+                                "gradient_checkpointing": False}))
     code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.2-3B", "-g", "1xA100-80GB-SXM", "--from", str(path),
                                "--json"], capsys)
     assert code == 0, err

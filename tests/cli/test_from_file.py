@@ -547,6 +547,8 @@ def test_sgd_with_momentum_in_optim_args_reads_back_as_sgd_momentum(tmp_path, ca
     assert code == 0, err
     assert json.loads(path.read_text())["optim_args"] == "momentum=0.9"
     assert read_config_file(path).settings["optimizer"] == "sgd-momentum"
+    # releases before transformers#44203 dropped optim_args for sgd (a review): said
+    assert any("#44203" in note and "--optimizer sgd" in note for note in read_config_file(path).notes)
     path.write_text(json.dumps({"optim": "sgd", "optim_args": "nesterov=True"}))
     assert read_config_file(path).settings["optimizer"] == "sgd"
 
@@ -563,6 +565,56 @@ def test_trainer_arguments_a_file_leaves_out_are_the_trainers_defaults(tmp_path)
     settings = read_config_file(path).settings
     assert (settings["micro_batch"], settings["activation_checkpointing"]) == (
         defaults.per_device_train_batch_size, "on" if defaults.gradient_checkpointing else "off")
+
+
+def test_a_trainer_file_naming_a_deepspeed_config_still_runs_the_trainers_defaults(tmp_path, capsys):
+    """A review: a TrainingArguments file with a DeepSpeed config skipped the Trainer's defaults, so a DeepSpeed
+    "auto" micro-batch was planned at the planner's choice and checkpointing left to the plan. The Trainer fills "auto"
+    from per_device_train_batch_size (HfTrainerDeepSpeedConfig.trainer_config_process) and refuses another number, and
+    Hugging Face models checkpoint only under gradient_checkpointing: the defaults (checked against the installed
+    TrainingArguments) stand, and a DeepSpeed micro-batch other than the Trainer's is one line, as the Trainer's."""
+    from transformers import TrainingArguments
+
+    defaults = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True)
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"output_dir": "out", "bf16": True, "deepspeed": {
+        "zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+        "activation_checkpointing": {"partition_activations": True}}}))
+    settings = read_config_file(path).settings
+    assert (settings["micro_batch"], settings["activation_checkpointing"], settings["strategy"]) == (
+        defaults.per_device_train_batch_size, "on" if defaults.gradient_checkpointing else "off", "zero3")
+    path.write_text(json.dumps({"output_dir": "out", "deepspeed": {"zero_optimization": {"stage": 3},
+                                                                   "train_micro_batch_size_per_gpu": 4}}))
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "per_device_train_batch_size (not set: the Trainer's default 8) and deepspeed.train_micro_batch_size_per_" \
+           "gpu (4) disagree on micro-batch" in err
+
+
+def test_a_trl_sft_config_runs_trls_defaults(tmp_path, capsys):
+    """A review: a saved SFTConfig (its own keys: packing, activation_offloading) was planned with TrainingArguments'
+    defaults, checkpointing off, so its activation offloading was dropped and its max_length ignored. TRL's
+    SFTConfig defaults gradient_checkpointing and bf16 to true (trl/trainer/sft_config.py: "These parameters have
+    default values different from TrainingArguments") and truncates (with packing, packs) to max_length, default
+    1024: the plan runs them, each line saying so, and says TRL's chunked loss is not modelled."""
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps({"output_dir": "out", "max_length": 4096, "packing": True,
+                                "activation_offloading": True, "per_device_train_batch_size": 4}))
+    settings = read_config_file(path).settings
+    assert (settings["activation_checkpointing"], settings["precision"], settings["seq_len"],
+            settings["activation_offload"]) == ("on", "bf16-mixed", 4096, True)
+    code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--from", str(path)], capsys)
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "gradient_checkpointing: not set: TRL SFTConfig's default true -> --activation-checkpointing on" in said
+    assert "activation_offloading: true -> --activation-offload (file format)" in said
+    assert "TRL's chunked loss is not modelled" in said
+    path.write_text(json.dumps({"packing": False, "fp16": True}))  # fp16 set: no bf16 default; max_length's default
+    settings = read_config_file(path).settings
+    assert (settings["precision"], settings["seq_len"], settings["activation_checkpointing"]) == (
+        "fp16-mixed", 1024, "on")
+    path.write_text(json.dumps({"output_dir": "out", "bf16": True}))  # no SFTConfig key: TrainingArguments' defaults
+    assert "seq_len" not in read_config_file(path).settings
 
 
 def test_a_deepspeed_bucket_no_gpu_holds_is_named_and_an_absurd_one_refused(tmp_path, capsys):
@@ -615,6 +667,14 @@ def test_parallelism_degrees_that_do_not_make_the_process_count_are_refused(tmp_
     assert code == 2 and err.count("\n") == 1 and "is 8 processes, not the file's num_processes 4" in err
     path.write_text(path.read_text().replace("num_processes: 4", "num_processes: 8"))
     assert read_config_file(path).settings["num_gpus"] == 8
+    # no dp_shard size: accelerate's default is 1, so cp 2 alone is 2 processes of 8 (a review); every size 1 is DDP
+    path.write_text("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\nparallelism_config:\n"
+                    "  parallelism_config_cp_size: 2\nnum_processes: 8\n")
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "A100", "--from", str(path)], capsys)
+    assert code == 2 and err.count("\n") == 1 and "dp_shard_size not set (accelerate's default 1), so 1 times the " \
+                                                  "other degrees (2) is 2 processes, not the file's num_processes 8" in err
+    path.write_text(path.read_text().replace("cp_size: 2", "cp_size: 1"))
+    assert read_config_file(path).settings["num_gpus"] == 8
 
 
 def test_an_unknown_fsdp_word_is_refused_as_transformers_refuses_it(tmp_path):
@@ -626,3 +686,18 @@ def test_an_unknown_fsdp_word_is_refused_as_transformers_refuses_it(tmp_path):
         read_config_file(path)
     path.write_text(json.dumps({"fsdp": ["full_shard", "auto_wrap"], "per_device_train_batch_size": 1}))
     assert read_config_file(path).settings["strategy"] == "zero3"
+
+
+def test_torchtitan_cpu_offload_under_ddp_is_said_not_planned(tmp_path):
+    """torchtitan hands training.enable_cpu_offload to apply_fsdp alone; with data_parallel_shard_degree 1 and
+    replicas (DDP) nothing offloads. The key was read and dropped without a word (a review): the plan is DDP and a
+    note says the offload does not run."""
+    path = tmp_path / "job.toml"
+    path.write_text("[training]\nlocal_batch_size = 2\nenable_cpu_offload = true\n[parallelism]\n"
+                    "data_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 4\n")
+    config = read_config_file(path)
+    assert config.settings["strategy"] == "ddp"
+    assert any(note.startswith("training.enable_cpu_offload with data_parallel_shard_degree 1") for note in config.notes)
+    path.write_text(path.read_text().replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = 2"))
+    config = read_config_file(path)
+    assert config.settings["strategy"] == "zero3_offload" and not config.notes

@@ -71,3 +71,23 @@ def test_a_checkpoint_saved_quantised_is_planned_as_its_config_says(tmp_path, ca
     (gptq / "config.json").write_text(json.dumps({**base, "quantization_config": {"quant_method": "gptq", "bits": 4}}))
     code, _, err = run_main(["plan", "-m", str(gptq), "-g", "1xA100", "--lora", "16"], capsys)
     assert code == 2 and err.count("\n") == 1 and "quantised (gptq" in err
+    # a review: the private _load_in_4bit key older BitsAndBytesConfig.to_dict saved is read too
+    (bnb / "config.json").write_text(json.dumps({**base, "quantization_config": {
+        "quant_method": "bitsandbytes", "_load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}))
+    code, out, err = run_main(["plan", "-m", str(bnb), "-g", "1xA100", "--lora", "16", "--json"], capsys)
+    assert code == 0 and json.loads(out)["training"]["quantize"] == "nf4", err
+    # an fp8 checkpoint (DeepSeek-V3's released config) is the unquantised architecture, said: as the same config
+    # without quantization_config plans it (it was refused: a review)
+    fp8 = tmp_path / "fp8"
+    fp8.mkdir()
+    (fp8 / "config.json").write_text(json.dumps({**base, "quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps(base))
+    code, out, err = run_main(["plan", "-m", str(fp8), "-g", "1xA100", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(out)
+    assert any("saved in fp8" in line for line in doc["assumptions"])
+    code, out, _ = run_main(["plan", "-m", str(plain), "-g", "1xA100", "--json"], capsys)
+    assert doc["candidates"] == json.loads(out)["candidates"]

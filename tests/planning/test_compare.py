@@ -89,3 +89,18 @@ def test_compare_times_selective_checkpointing_as_the_plan_does():
     out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", "--seq-len", "8192"],
                              env={"COLUMNS": "160"})
     assert out.exit_code == 0 and "zero2 +SAC" in out.output and "52,698" in out.output
+
+
+def test_compare_names_the_mesh_the_plan_runs_on():
+    """A review: compare said 'zero3 +SAC' for a plan on mesh cp 4 and its JSON had no mesh. The row names the plan's
+    own mesh (None for data parallelism alone), in the table and the JSON."""
+    from advisor.planning.api import plan
+
+    planned = plan("meta-llama/Llama-3.1-8B", "4xA100", seq_len=32768).chosen
+    assert planned.mesh is not None
+    rows = compare("meta-llama/Llama-3.1-8B", ["2xA100", "4xA100"], seq_len=32768).results
+    assert (rows[0].mesh, rows[1].mesh) == (None, planned.mesh.label)
+    assert rows[1].model_dump(mode="json")["mesh"] == planned.mesh.label
+    out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--seq-len", "32768"],
+                             env={"COLUMNS": "160"})
+    assert out.exit_code == 0 and f"zero3 {planned.mesh.label} +SAC" in out.output

@@ -58,8 +58,8 @@ def test_an_unavailable_candidate_has_no_mode():
 def test_compare_keeps_its_keys():
     doc = compare("Qwen/Qwen2.5-0.5B", "1xA100", activation_checkpointing="selective").model_dump(mode="json")
     row = doc["results"][0]
-    assert list(row)[6:10] == ["gradient_accumulation_steps", "activation_checkpointing", "selective_checkpointing",
-                               "memory_per_gpu_bytes"]
+    assert list(row)[4:11] == ["strategy", "mesh", "micro_batch_size", "gradient_accumulation_steps",
+                               "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes"]
     assert (row["activation_checkpointing"], row["selective_checkpointing"]) == (True, True)
 
 

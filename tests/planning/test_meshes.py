@@ -264,7 +264,10 @@ def test_a_recipe_plans_only_the_mesh_degrees_its_stack_runs(capsys):
     for args, named in ((["--tp", "2", "--recipe", "lightning"], "--tp 2: the lightning recipe's stack does not run "
                                                                  "tensor parallelism"),
                         (["--pp-schedule", "zbv", "--recipe", "trainer"], "--pp-schedule zbv: the trainer recipe's "
-                                                                          "stack does not run pipeline stages")):
+                                                                          "stack does not run pipeline stages"),
+                        # Ulysses is not modelled on the DeepSpeed engine: a listed cp was never plannable (a review)
+                        (["--cp", "2", "--recipe", "deepspeed"], "--cp 2: the deepspeed recipe's stack does not run "
+                                                                 "context parallelism")):
         code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "8xH100", *args], capsys)
         assert code == 2 and not out and err.count("\n") == 1 and named in err, err
     # export: the format's own reason, which names the format that can carry it

@@ -223,3 +223,15 @@ def test_auto_micro_batch_says_it_sets_the_step_batch_without_a_global_batch():
     assert any(said in note for note in free.assumptions)
     assert not any(said in note for note in fixed.assumptions)
     assert fixed.chosen.micro_batch_size * 2 * (fixed.chosen.gradient_accumulation_steps or 1) == 32
+
+
+def test_the_smallest_fit_is_a_count_the_global_batch_runs_on():
+    """Llama-3.1-8B at 32,768 tokens with --global-batch 7 on 2 x A100 fits nothing (7 samples do not split over 2
+    GPUs, and no 2-GPU mesh holds it). The answer named 3 x A100 with zero3_offload (7 % 3: --gpus 3xA100 exits 2)
+    and dp_shard 2 x cp 2 on 4 (7 % 2 data-parallel ranks; a review); now a count, and a mesh, whose data-parallel
+    ranks divide 7, which the planner then runs: cp 4 on 4 A100s."""
+    p = plan("meta-llama/Llama-3.1-8B", "2xA100", seq_len=32768, global_batch_size=7)
+    fit = p.smallest_fit
+    assert p.recommendation is None and fit.num_gpus == 4 and fit.mesh is not None and 7 % fit.mesh.dp == 0
+    again = plan("meta-llama/Llama-3.1-8B", f"{fit.num_gpus}xA100", seq_len=32768, global_batch_size=7)
+    assert again.chosen.strategy == fit.strategy and again.chosen.mesh == fit.mesh

@@ -47,7 +47,9 @@ CASES = [("Qwen/Qwen2.5-7B", "2xA100", {}), ("mistralai/Mixtral-8x7B-v0.1", "8xH
          # offloads; some remedies' plans are GPU-only meshes, which replace the offload as the planner's own does
          ("meta-llama/Llama-3.1-8B", "2xA100", {"seq_len": 32768}),
          # a GPU-only mesh replaced the offload: its remedies, planned from the command as asked
-         ("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", {"optimizer_impl": "fused"})]
+         ("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", {"optimizer_impl": "fused"}),
+         # FSDP1 runs no cp: no --cp remedy (it offered one whose command exits 2: a review)
+         ("meta-llama/Llama-3.1-8B", "4xA100", {"seq_len": 32768, "fsdp_version": 1})]
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), CASES)

@@ -143,7 +143,7 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
     r.section("deepspeed_config")
     path = r.text("deepspeed_config.deepspeed_config_file")
     if path:
-        sub = read_nested_deepspeed(r, load_json(beside(path, base, r)), f"{Path(path).name}:")
+        sub = read_nested_deepspeed(r, load_json(beside(path, base, r), deepspeed=True), f"{Path(path).name}:")
         r.take("deepspeed_config.deepspeed_config_file", path, "recipe", "deepspeed" if "optimizer" in sub.doc else "torch")
         return
     stage = r.integer("deepspeed_config.zero_stage")

@@ -263,14 +263,38 @@ def beside(path: str, base: Path, r: Reader) -> Path:
                      "it and in the working directory)")
 
 
-def load_json(path: Path) -> dict[str, Any]:
-    """A JSON file that holds a mapping; anything else is a one-line ValueError."""
+def load_json(path: Path, *, deepspeed: bool = False) -> dict[str, Any]:
+    """A JSON file that holds a mapping; anything else is a one-line ValueError. ``deepspeed``: a key given twice in
+    one object is refused too, as DeepSpeed's own loader refuses it (deepspeed/runtime/config.py reads the file with
+    config_utils.dict_raise_error_on_duplicate_keys); elsewhere the last one wins, as json.load gives it."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(), object_pairs_hook=_refusing_duplicates if deepspeed else None)
+    except _Duplicate as err:
+        raise ValueError(f"--from {path}: {err}") from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"--from {path}: not a readable JSON file ({' '.join(str(err).split())[:120]})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
+    return doc
+
+
+def is_deepspeed_json(doc: dict[str, Any]) -> bool:
+    """A JSON config DeepSpeed reads: one of its top-level keys, or a bf16/fp16 block."""
+    return any(key in doc for key in ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")) \
+        or isinstance(doc.get("bf16"), dict) or isinstance(doc.get("fp16"), dict)
+
+
+class _Duplicate(ValueError):
+    """A key given twice in one JSON object of a DeepSpeed config."""
+
+
+def _refusing_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _Duplicate(f"'{_shown(twice)}' is given twice in one object, and DeepSpeed refuses a duplicate key: "
+                         "keep one")
     return doc
 
 

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from advisor.planning.config_accelerate import read_accelerate
 from advisor.planning.config_deepspeed import read_deepspeed
-from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, load_json
+from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json
 from advisor.planning.config_torchtitan import read_torchtitan
 from advisor.planning.config_torchtune import is_torchtune, read_torchtune
 from advisor.planning.config_trainer import SFT_KEYS, read_trainer
@@ -23,11 +23,11 @@ from advisor.planning.config_trainer import SFT_KEYS, read_trainer
 _TRAINER_KEYS = ("per_device_train_batch_size", "output_dir", "optim", "fsdp", "deepspeed", "gradient_checkpointing",
                  "activation_checkpointing", "learning_rate", "num_train_epochs", "gradient_accumulation_steps",
                  *SFT_KEYS)  # TRL's SFTConfig is a TrainingArguments with keys of its own
-_DEEPSPEED_KEYS = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")
 
 
 def _json_format(doc: dict[str, Any], path: Path) -> str:
-    if any(key in doc for key in _DEEPSPEED_KEYS) or isinstance(doc.get("bf16"), dict) or isinstance(doc.get("fp16"), dict):
+    if is_deepspeed_json(doc):
+        load_json(path, deepspeed=True)  # DeepSpeed's loader refuses a key given twice
         return "deepspeed"
     if any(key in doc for key in _TRAINER_KEYS) or isinstance(doc.get("bf16"), bool):
         return "trainer"

@@ -222,7 +222,7 @@ def _trainer_deepspeed(r: Reader, base: Path) -> None:
     if raw is None or raw == "":
         return
     if isinstance(raw, str):
-        doc, prefix = load_json(beside(raw, base, r)), f"{Path(raw).name}:"
+        doc, prefix = load_json(beside(raw, base, r), deepspeed=True), f"{Path(raw).name}:"
     elif isinstance(raw, dict):
         doc, prefix = raw, "deepspeed."
     else:

@@ -701,3 +701,19 @@ def test_torchtitan_cpu_offload_under_ddp_is_said_not_planned(tmp_path):
     path.write_text(path.read_text().replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = 2"))
     config = read_config_file(path)
     assert config.settings["strategy"] == "zero3_offload" and not config.notes
+
+
+def test_a_deepspeed_config_with_a_key_given_twice_is_refused(tmp_path, capsys):
+    """DeepSpeed's loader refuses a duplicate key (config_utils.dict_raise_error_on_duplicate_keys); json.load kept the
+    last one, so a file DeepSpeed will not start was planned (a fuzz round). Refused in one line, exit 2, as a file of
+    its own and as one a TrainingArguments file names; a Trainer file itself keeps json.load's last value, as the
+    Trainer's parser does."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"stage": 2, "stage": 3}, "train_micro_batch_size_per_gpu": 2}')
+    args = tmp_path / "args.json"
+    args.write_text(json.dumps({"output_dir": "out", "deepspeed": str(ds)}))
+    for path in (ds, args):
+        code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and "'stage' is given twice in one object" in err, err
+    args.write_text('{"output_dir": "out", "per_device_train_batch_size": 2, "per_device_train_batch_size": 4}')
+    assert read_config_file(args).settings["micro_batch"] == 4

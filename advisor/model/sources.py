@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple
 
 from advisor.model.architectures import count_from_config
 from advisor.frozen import validated_copy
-from advisor.model.config_keys import check_config
+from advisor.model.config_keys import CONFIG_KEYS, check_config
 from advisor.model.loss_kernels import loss_kernel_refusal
 from advisor.model.releases import installed_behaviours
 from advisor.model.spec import ModelSpec, Source, parse_count, spec_from_size
@@ -143,12 +143,32 @@ def with_config_facts(spec: ModelSpec, cfg: dict) -> ModelSpec:
     modeling_gpt_neox ``GPTNeoXLayer.forward``: ``use_parallel_residual`` false adds the attention output to
     the residual before ``post_attention_layernorm``, which saves that sum; GPTNeoXConfig defaults it true)."""
     facts: dict = {}
+    defaulted = defaulted_shape_keys(cfg)
+    if defaulted:
+        facts["defaulted"] = defaulted
     refusal = loss_kernel_refusal(cfg)
     if refusal is not None:
         facts["loss_kernel_refusal"] = refusal
     if cfg.get("model_type") == "gpt_neox" and cfg.get("use_parallel_residual", True) is False:
         facts["sequential_residual"] = True
     return validated_copy(spec, facts) if facts else spec
+
+
+# The widths a decoder's count rests on: a config without one is built at its config class's default (LlamaConfig's
+# hidden_size 4096), which the plan then says.
+SHAPE_FACTS = ("hidden_size", "num_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+
+
+def defaulted_shape_keys(cfg: dict) -> tuple[str, ...]:
+    """The shape facts a decoder family's config (or its text_config) gives under none of its spellings."""
+    from advisor.model.bundled import load_architectures
+
+    info = load_architectures().get(str(cfg.get("model_type", "")))
+    if info is None or info.formula != "decoder":
+        return ()
+    given = {**cfg, **(cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {})}
+    return tuple(fact for fact in SHAPE_FACTS if not any(key in given for key in CONFIG_KEYS[fact])
+                 and not (fact == "intermediate_size" and cfg.get("model_type") == "gpt2"))  # n_inner None: 4 x
 
 
 def with_cache_release(spec: ModelSpec, behaviours: dict[str, str]) -> ModelSpec:

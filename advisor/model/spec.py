@@ -105,6 +105,9 @@ class ModelSpec(BaseModel):
     block_classes: tuple[str, ...] = Field(default=(), description="Block classes FSDP wraps, one unit each; "
                                            "empty when unknown (wrap by size).")
     dtype: str | None = Field(default=None, description="Checkpoint dtype from the config.")
+    defaulted: tuple[str, ...] = Field(default=(), exclude_if=lambda keys: not keys,
+                                       description="Shape keys the config leaves out, planned at transformers' "
+                                                   "defaults for its model_type (a note says so).")
     head: TaskHead | None = Field(default=None, exclude_if=lambda head: head is None,
                                   description="Task head in place of the causal-LM head (advisor.model.heads); "
                                               "None: the vocabulary head.")

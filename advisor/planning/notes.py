@@ -234,6 +234,10 @@ def accumulation_note(training: TrainingConfig) -> str:
 
 def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[str]:
     notes = list(hw.assumptions)
+    if spec.defaulted:  # a local or Hub config.json without a width: its config class's default was built
+        values = ", ".join(f"{fact} {getattr(spec, fact)}" for fact in spec.defaulted if getattr(spec, fact) is not None)
+        notes.append(f"the config gives no {', '.join(spec.defaulted)}: planned at transformers' defaults for "
+                     f"{spec.model_type}{f' ({values})' if values else ''}; check they are the model's")
     recipe = recipe_note(training)
     if recipe is not None:
         notes.append(recipe)

@@ -91,3 +91,25 @@ def test_a_checkpoint_saved_quantised_is_planned_as_its_config_says(tmp_path, ca
     assert any("saved in fp8" in line for line in doc["assumptions"])
     code, out, _ = run_main(["plan", "-m", str(plain), "-g", "1xA100", "--json"], capsys)
     assert doc["candidates"] == json.loads(out)["candidates"]
+
+
+def test_a_config_without_a_width_says_which_default_was_planned(tmp_path, capsys):
+    """A local config.json without hidden_size or intermediate_size was built at LlamaConfig's defaults (4096 and
+    11008, transformers' configuration_llama.py) without a word (a fuzz round); the assumptions now name the keys and
+    the values planned. A complete config has no such line."""
+    import json
+
+    from tests.cli._main import run_main
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                   "num_hidden_layers": 4, "num_attention_heads": 8,
+                                                   "vocab_size": 32000}))
+    code, out, err = run_main(["plan", "-m", str(model), "-g", "1xA100", "--json"], capsys)
+    assert code == 0, err
+    lines = [line for line in json.loads(out)["assumptions"] if line.startswith("the config gives no")]
+    assert lines == ["the config gives no hidden_size, intermediate_size: planned at transformers' defaults for llama "
+                     "(hidden_size 4096, intermediate_size 11008); check they are the model's"]
+    code, out, _ = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "1xA100", "--json"], capsys)
+    assert not [line for line in json.loads(out)["assumptions"] if line.startswith("the config gives no")]

@@ -4,7 +4,7 @@ The data-parallel family (``planner.choose``) stays the default wherever it fits
 context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are searched when
 nothing in that family fits on the GPUs alone (a GPU-only mesh within the --headroom then replaces its offloading
 plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
-remedies' re-plans run the same rule), when the global batch cannot give every GPU a sample, when the user
+remedies' re-plans run this step too), when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
 only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
 would: tp a divisor of the GPUs in a node that divides the attention and key/value heads, cp a

@@ -11,7 +11,9 @@ bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names t
 the plan offloads is built here from the same numbers (``offload_line``, rendered by ``advisor.planning.render``).
 
 Cost is bounded: a re-plan evaluates the four GPU-only strategies, and the two offload ones only when
-none of those fits; the sequence search and the GPU-count search are bisections on one strategy.
+none of those fits, then the planner's mesh step where the planner searches meshes (an offloading answer within
+reach of a mesh, routed experts, --policy fastest); the sequence search and the GPU-count search are bisections on
+one strategy.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting, within_headroom
-from advisor.planning.meshes import (MeshPins, at_offload_samples, best_mesh, enumerate_meshes, evaluate_meshes,
-                                     keeping_global_batch, offload_kept, powers_of_two, searches_past_offload)
-from advisor.planning.pipeline_meshes import expert_share
+from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, enumerate_meshes, evaluate_meshes,
+                                     keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, server_size, smallest_count
@@ -187,23 +188,19 @@ def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
 
 
 def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None) -> Candidate | None:
-    """The planner's choice: the data-parallel family's (``replan_data_parallel``), and where that offloads a dense
-    model under the thresholds policy, the GPU-only mesh that replaces it by the planner's own rule
-    (``advisor.planning.meshes``: ``searches_past_offload``, ``at_offload_samples``, ``offload_kept``). The meshes
-    searched are the tensor/context/HSDP ones (``_best_searched_mesh``); the pipeline ones, which the planner adds only
-    where none of those fits, and routed-expert models (always a mesh there, ep among them) are not re-planned here.
-    ``pins``: the degrees of 1 the user fixed, which limit the search."""
+    """The planner's choice, by the planner's own two steps: the data-parallel family's (``replan_data_parallel``'s
+    candidates and rule), then ``advisor.planning.meshes.choose_with_meshes`` (a GPU-only mesh in place of an offload,
+    routed experts' meshes, ``--policy fastest``'s faster mesh). ``pins``: the degrees of 1 the user fixed."""
     candidates = _data_parallel(spec, hw, training)
-    chosen = _chosen(spec, hw, training, candidates)
-    if (chosen is None or not offloads(chosen) or training.policy == "fastest" or expert_share(spec) > 0.5
-            or not searches_past_offload(spec, candidates, chosen, training)):
-        return chosen
-    planned = at_offload_samples(training, chosen, hw.world_size)
+    rec = _recommended(spec, hw, training, candidates)
+    if rec is None:
+        return None
     try:
-        best = _best_searched_mesh(spec, hw, planned, pins)
+        meshes, rec, _, _ = choose_with_meshes(spec, hw, training, dp_candidates=candidates, dp_choice=rec, dp_why=[],
+                                               pins=pins or MeshPins())
     except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
-        return chosen
-    return chosen if best is None or offload_kept(spec, planned, best, chosen) is not None else best
+        return next(c for c in candidates if c.strategy == rec.strategy)
+    return next(c for c in [*candidates, *meshes] if c.strategy == rec.strategy and c.mesh == rec.mesh)
 
 
 def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
@@ -219,14 +216,15 @@ def _data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
     return candidates
 
 
-def _chosen(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate]) -> Candidate | None:
+def _recommended(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate]):
     if training.policy == "fastest":
-        rec, _ = choose_fastest(spec, candidates, global_batch_size=training.global_batch_size, world=hw.world_size)
-    else:
-        rec, _ = choose(spec, candidates, headroom=training.headroom, margin=training.margin, world=hw.world_size)
-    if rec is None:
-        return None
-    return next(c for c in candidates if c.strategy == rec.strategy)
+        return choose_fastest(spec, candidates, global_batch_size=training.global_batch_size, world=hw.world_size)[0]
+    return choose(spec, candidates, headroom=training.headroom, margin=training.margin, world=hw.world_size)[0]
+
+
+def _chosen(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate]) -> Candidate | None:
+    rec = _recommended(spec, hw, training, candidates)
+    return None if rec is None else next(c for c in candidates if c.strategy == rec.strategy)
 
 
 def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pinned: Candidate) -> list[r.RemedyFits]:

@@ -49,7 +49,10 @@ CASES = [("Qwen/Qwen2.5-7B", "2xA100", {}), ("mistralai/Mixtral-8x7B-v0.1", "8xH
          # a GPU-only mesh replaced the offload: its remedies, planned from the command as asked
          ("Qwen/Qwen2.5-14B", "8xA100-40GB-SXM", {"optimizer_impl": "fused"}),
          # FSDP1 runs no cp: no --cp remedy (it offered one whose command exits 2: a review)
-         ("meta-llama/Llama-3.1-8B", "4xA100", {"seq_len": 32768, "fsdp_version": 1})]
+         ("meta-llama/Llama-3.1-8B", "4xA100", {"seq_len": 32768, "fsdp_version": 1}),
+         # routed experts and --policy fastest: a remedy's plan is the planner's mesh step too (it offloaded)
+         ("Qwen/Qwen3-30B-A3B", "8xH100", {"seq_len": 32768}),
+         ("mistralai/Mixtral-8x7B-v0.1", "8xH100", {"policy": "fastest"})]
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), CASES)

@@ -14,6 +14,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
+from advisor.training import MAX_SEQ_LEN
 from advisor.planning.config_file import FILE_FORMAT, Reader, fsdp_strategy, precision_for, take_batch
 from profiles import PROFILES_DIR
 
@@ -91,7 +92,7 @@ def read_torchtitan(r: Reader) -> None:
                    local // (micro or 1))
     if total is not None and total > 0:
         r.take("training.global_batch_size", total, "global_batch", total)
-    length = r.integer("training.seq_len", low=1)
+    length = r.integer("training.seq_len", low=1, high=MAX_SEQ_LEN)
     if length is not None:
         r.take("training.seq_len", length, "seq_len", length)
     param = r.choice("training.mixed_precision_param", {"bfloat16": "bf16", "float32": "no"})

@@ -24,6 +24,7 @@ import json
 from functools import cache
 from typing import Any
 
+from advisor.training import MAX_SEQ_LEN
 from advisor.model.lora import MAX_LORA_RANK
 from advisor.planning.config_file import FILE_FORMAT, Reader, fsdp_strategy, take_batch
 
@@ -69,7 +70,7 @@ def is_torchtune(doc: dict[str, Any]) -> bool:
 def read_torchtune(r: Reader) -> None:
     row, lora = _model(r)
     take_batch(r, micro="batch_size", accumulation="gradient_accumulation_steps")
-    length = r.integer("tokenizer.max_seq_len", low=1)
+    length = r.integer("tokenizer.max_seq_len", low=1, high=MAX_SEQ_LEN)
     packed = r.flag("dataset.packed")
     if length is not None:
         r.take("tokenizer.max_seq_len", length, "seq_len", length)

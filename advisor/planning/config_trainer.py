@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.training import MAX_SEQ_LEN
 from advisor.planning.config_deepspeed import read_nested_deepspeed
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json,
                                           precision_for, take_batch, take_degrees, take_precision)
@@ -138,7 +139,7 @@ def _sft_length_and_loss(r: Reader) -> None:
     if "max_length" not in r.doc:
         r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
     else:
-        length = r.integer("max_length", low=1)
+        length = r.integer("max_length", low=1, high=MAX_SEQ_LEN)
         if length is not None:
             r.take("max_length", length, "seq_len", length)
     loss = r.text("loss_type")

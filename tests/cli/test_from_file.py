@@ -615,6 +615,9 @@ def test_a_trl_sft_config_runs_trls_defaults(tmp_path, capsys):
         "fp16-mixed", 1024, "on")
     path.write_text(json.dumps({"output_dir": "out", "bf16": True}))  # no SFTConfig key: TrainingArguments' defaults
     assert "seq_len" not in read_config_file(path).settings
+    path.write_text(json.dumps({"packing": True, "max_length": 1e300}))  # past --seq-len's bound: the key's one line
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1 and "max_length must be at most 4,194,304" in err
 
 
 def test_a_deepspeed_bucket_no_gpu_holds_is_named_and_an_absurd_one_refused(tmp_path, capsys):

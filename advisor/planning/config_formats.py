@@ -18,11 +18,11 @@ from advisor.planning.config_deepspeed import read_deepspeed
 from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json
 from advisor.planning.config_torchtitan import read_torchtitan
 from advisor.planning.config_torchtune import is_torchtune, read_torchtune
-from advisor.planning.config_trainer import SFT_KEYS, read_trainer
+from advisor.planning.config_trainer import TRL_KEYS, read_trainer
 
 _TRAINER_KEYS = ("per_device_train_batch_size", "output_dir", "optim", "fsdp", "deepspeed", "gradient_checkpointing",
                  "activation_checkpointing", "learning_rate", "num_train_epochs", "gradient_accumulation_steps",
-                 *SFT_KEYS)  # TRL's SFTConfig is a TrainingArguments with keys of its own
+                 *TRL_KEYS)  # TRL's configs are TrainingArguments with keys of its own
 
 
 def _json_format(doc: dict[str, Any], path: Path) -> str:

@@ -10,7 +10,7 @@ config inline or a path), ``use_liger_kernel``, ``parallelism_config``, ``ddp_bu
 and TRL's SFTConfig keys ``activation_offloading`` (trl/trainer/sft_config.py: its copy of torchtune's offloading hooks)
 and ``max_length``. A key left out runs at the framework's default, TrainingArguments' (per_device_train_batch_size 8,
 no checkpointing, DeepSpeed config or not) or, for a file with a key only SFTConfig has, TRL's (checkpointing on, bf16,
-max_length 1024).
+max_length 1024; other TRL configs the first two).
 """
 
 from __future__ import annotations
@@ -30,17 +30,27 @@ _TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 
-# Keys only TRL's SFTConfig has (trl/trainer/sft_config.py): a file with one is an SFTConfig, whose defaults differ
-# from TrainingArguments' ("gradient_checkpointing: Defaults to True instead of False", "bf16: Defaults to True if fp16
-# is not set"; max_length defaults to 1024).
-SFT_KEYS = ("dataset_text_field", "dataset_kwargs", "dataset_num_proc", "packing", "packing_strategy", "padding_free",
-             "completion_only_loss", "assistant_only_loss", "activation_offloading", "eval_packing",
-             "chat_template_path", "shuffle_dataset", "truncation_mode")
+# Keys of TRL's configs (trl/trainer/*_config.py): a file with one is a TRL config, whose shared base
+# (trl/trainer/base_config.py _BaseConfig) defaults gradient_checkpointing to True and bf16 to True when fp16 is not
+# set. Those only SFTConfig has make it an SFTConfig (max_length, default 1024; loss_type); those of the preference and
+# RL trainers (DPO's beta, GRPO's num_generations, completion lengths) make it another trainer's, whose sequence is
+# not max_length.
+TRL_KEYS = ("dataset_text_field", "dataset_kwargs", "dataset_num_proc", "packing", "packing_strategy", "padding_free",
+            "completion_only_loss", "assistant_only_loss", "activation_offloading", "eval_packing",
+            "chat_template_path", "shuffle_dataset", "truncation_mode")
+SFT_ONLY_KEYS = ("dataset_text_field", "dataset_kwargs", "packing", "packing_strategy", "completion_only_loss",
+                 "assistant_only_loss", "eval_packing")
+OTHER_TRAINER_KEYS = ("beta", "num_generations", "max_completion_length", "max_prompt_length", "loss_type_dpo")
 SFT_MAX_LENGTH = 1024  # SFTConfig.max_length's default
 
 
+def _trl(r: Reader) -> bool:
+    return any(r.raw(key) is not None for key in TRL_KEYS)
+
+
 def _sft(r: Reader) -> bool:
-    return any(r.raw(key) is not None for key in SFT_KEYS)
+    return (any(r.raw(key) is not None for key in SFT_ONLY_KEYS)
+            and not any(r.raw(key) is not None for key in OTHER_TRAINER_KEYS))
 
 
 def _momentum(args: str | None) -> float:
@@ -61,18 +71,21 @@ TRAINER_MICRO_BATCH = 8  # per_device_train_batch_size
 
 
 def read_trainer(r: Reader, base: Path) -> None:
-    sft = _sft(r)
+    trl, sft = _trl(r) or _sft(r), _sft(r)
     take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
     if r.raw("per_device_train_batch_size") is None:
         # the Trainer's default, DeepSpeed config or not: it fills a DeepSpeed "auto" micro-batch with it and refuses
         # another number (HfTrainerDeepSpeedConfig.trainer_config_process; here the two keys disagree, one line)
         r.take("per_device_train_batch_size", f"not set: the Trainer's default {TRAINER_MICRO_BATCH}", "micro_batch",
                TRAINER_MICRO_BATCH)
-    if sft and r.raw("bf16") is None and not r.flag("fp16"):
-        r.take("bf16", "not set: TRL SFTConfig's default true", "precision", precision_for("trainer", "bf16"))
+    if trl and r.raw("bf16") is None and not r.flag("fp16"):
+        r.take("bf16", "not set: TRL's default true", "precision", precision_for("trainer", "bf16"))
     take_precision(r, "trainer", "bf16", "fp16")
     if sft:
         _sft_length_and_loss(r)
+    elif trl and any(r.raw(key) is not None for key in OTHER_TRAINER_KEYS):
+        r.notes.append("a TRL config of a preference or RL trainer (DPO, GRPO, ...): its prompt and completion "
+                       "lengths are not read (--seq-len), nor its reference model or generations")
     optim = r.text("optim")
     optim = optim.lower() if optim is not None else None
     if optim in _TRAINER_OPTIM:
@@ -109,8 +122,8 @@ def read_trainer(r: Reader, base: Path) -> None:
     if given:
         key = next((k for k, on in given.items() if on), next(iter(given)))
         r.take(key, given[key], "activation_checkpointing", "on" if given[key] else "off")
-    elif sft:  # SFTConfig.gradient_checkpointing defaults to True
-        r.take("gradient_checkpointing", "not set: TRL SFTConfig's default true", "activation_checkpointing", "on")
+    elif trl:  # TRL's _BaseConfig.gradient_checkpointing defaults to True
+        r.take("gradient_checkpointing", "not set: TRL's default true", "activation_checkpointing", "on")
     else:  # TrainingArguments.gradient_checkpointing defaults to False: the Trainer runs none (a DeepSpeed config's
         # activation_checkpointing section is not read by Hugging Face models: gradient_checkpointing turns it on)
         r.take("gradient_checkpointing", "not set: the Trainer's default false", "activation_checkpointing", "off")
@@ -143,6 +156,8 @@ def _sft_length_and_loss(r: Reader) -> None:
         if length is not None:
             r.take("max_length", length, "seq_len", length)
     loss = r.text("loss_type")
+    if loss is None and r.flag("use_liger_kernel"):  # SFTConfig.__post_init__: nll under Liger (planned as fused)
+        return
     if loss is None or loss.lower() == "chunked_nll":
         said = "not set (TRL 1.4.0 and later default to chunked_nll)" if loss is None else "chunked_nll"
         r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default (more "
@@ -228,5 +243,10 @@ def _trainer_deepspeed(r: Reader, base: Path) -> None:
         doc, prefix = raw, "deepspeed."
     else:
         raise r.fail("deepspeed", "must be a DeepSpeed config (a mapping) or the path of one")
+    steps = doc.get("gradient_accumulation_steps")
+    if (r.raw("gradient_accumulation_steps") is None and isinstance(steps, int) and not isinstance(steps, bool)
+            and steps != 1):  # HfTrainerDeepSpeedConfig.trainer_config_process fill_match refuses the mismatch
+        raise r.fail("gradient_accumulation_steps", f"is not set (the Trainer's default 1) and {prefix}"
+                     f"gradient_accumulation_steps is {steps}: the Trainer refuses the mismatch; set it in the arguments")
     read_nested_deepspeed(r, doc, prefix)
     r.take("deepspeed", "DeepSpeed config", "engine", "deepspeed")

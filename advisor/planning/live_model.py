@@ -81,8 +81,9 @@ def config_quantization(config: dict | None, notes: list[str] | None = None) -> 
     if method in FLOAT_CHECKPOINTS:
         if notes is not None:
             notes.append(f"the checkpoint is saved in {method} (config.json's quantization_config): planned as the "
-                         "unquantised architecture at the precision asked (a fine-tune loads it dequantised; --float8 "
-                         "plans fp8 matmuls)")
+                         "unquantised architecture at the precision asked, as transformers loads it with "
+                         "dequantize=True (or on GPUs below sm_89); loaded in fp8 it trains only adapters, and "
+                         "--float8 plans fp8 matmuls)")
         return None
     if method == "bitsandbytes" and (found.get("load_in_8bit") or found.get("_load_in_8bit")):
         return "int8", True

@@ -606,7 +606,7 @@ def test_a_trl_sft_config_runs_trls_defaults(tmp_path, capsys):
     code, out, err = run_main(["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--from", str(path)], capsys)
     assert code == 0, err
     said = " ".join(out.split())
-    assert "gradient_checkpointing: not set: TRL SFTConfig's default true -> --activation-checkpointing on" in said
+    assert "gradient_checkpointing: not set: TRL's default true -> --activation-checkpointing on" in said
     assert "activation_offloading: true -> --activation-offload (file format)" in said
     assert "TRL's chunked loss is not modelled" in said
     path.write_text(json.dumps({"packing": False, "fp16": True}))  # fp16 set: no bf16 default; max_length's default
@@ -720,3 +720,23 @@ def test_a_deepspeed_config_with_a_key_given_twice_is_refused(tmp_path, capsys):
         assert code == 2 and not out and err.count("\n") == 1 and "'stage' is given twice in one object" in err, err
     args.write_text('{"output_dir": "out", "per_device_train_batch_size": 2, "per_device_train_batch_size": 4}')
     assert read_config_file(args).settings["micro_batch"] == 4
+
+
+def test_other_trl_configs_and_liger_and_a_deepspeed_accumulation_mismatch(tmp_path, capsys):
+    """A review: a GRPO config (shuffle_dataset is in GRPOConfig too) was read as an SFTConfig, at 'SFTConfig's default'
+    max_length 1024; an SFTConfig with use_liger_kernel got the chunked_nll note though TRL then runs nll
+    (SFTConfig.__post_init__); a DeepSpeed gradient_accumulation_steps of 4 beside TrainingArguments' default 1 was
+    planned, though the Trainer refuses the mismatch (HfTrainerDeepSpeedConfig fill_match), as it refuses the
+    micro-batch's. TRL's base config's defaults (checkpointing, bf16) still hold for every TRL config."""
+    path = tmp_path / "grpo.json"
+    path.write_text(json.dumps({"num_generations": 8, "max_completion_length": 4096, "shuffle_dataset": True}))
+    config = read_config_file(path)
+    assert "seq_len" not in config.settings and config.settings["activation_checkpointing"] == "on"
+    assert any(note.startswith("a TRL config of a preference or RL trainer") for note in config.notes)
+    path.write_text(json.dumps({"packing": True, "use_liger_kernel": True}))
+    config = read_config_file(path)
+    assert config.settings["loss"] == "fused" and not any("chunked_nll" in note for note in config.notes)
+    path.write_text(json.dumps({"output_dir": "out", "deepspeed": {"zero_optimization": {"stage": 3},
+                                                                   "gradient_accumulation_steps": 4}}))
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1 and "the Trainer refuses the mismatch" in err

@@ -341,11 +341,19 @@ def evaluate_candidate(
     roomy_limit = capacity * (1 - training.headroom) if training.micro_batch_size is None else capacity
 
     def largest(mode: str) -> tuple[int | None, bool]:
-        """The largest micro-batch within the headroom, else the smallest that fits; and whether it is roomy."""
+        """The largest micro-batch within the headroom, else the smallest that fits; and whether it is roomy. Memory
+        grows with the micro-batch but for one step: where accumulation holds gradients (the Trainer's FSDP holds them
+        unsharded until the last micro-batch, advisor.estimate.accumulation), the micro-batch that takes the whole
+        global batch at once (no accumulation) can fit where every smaller one does not, so it is tried first."""
+        if single_step is not None and fits(memory(single_step, mode), mode, roomy_limit):
+            return single_step, True
         micro = largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
         if micro is not None:
             return micro, True
-        return (min(choices), False) if fits(memory(min(choices), mode), mode) else (None, False)
+        for m in (min(choices), single_step):
+            if m is not None and fits(memory(m, mode), mode):
+                return m, False
+        return None, False
 
     def staged(cand: Candidate) -> Candidate:
         """A pipeline mesh's candidate with every rank's peak (the worst is its memory_bytes)."""
@@ -364,8 +372,11 @@ def evaluate_candidate(
         return validated_copy(cand, update)
 
     choices = _micro_batch_choices(training, dp_world)
+    single_step = max(choices) if len(choices) > 1 and _accumulation(training, dp_world, max(choices)) == 1 else None
     lightest = memory(min(choices), modes[-1])  # the smallest micro-batch with the most recompute
-    if not fits(lightest, modes[-1]):  # nothing fits: report it, the configuration closest to fitting
+    if not fits(lightest, modes[-1]) and not (single_step is not None and fits(memory(single_step, modes[-1]),
+                                                                              modes[-1])):
+        # nothing fits: report it, the configuration closest to fitting
         return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          checkpointing=modes[-1],
                          gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),

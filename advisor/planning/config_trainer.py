@@ -155,6 +155,9 @@ def _sft_length_and_loss(r: Reader) -> None:
         length = r.integer("max_length", low=1, high=MAX_SEQ_LEN)
         if length is not None:
             r.take("max_length", length, "seq_len", length)
+        else:  # null: TRL truncates nothing, so the longest sample in the data sets the peak
+            r.notes.append("max_length null: TRL truncates nothing; planned at --seq-len (the longest sample in the "
+                           "data decides the peak: give it as --seq-len)")
     loss = r.text("loss_type")
     if loss is None and r.flag("use_liger_kernel"):  # SFTConfig.__post_init__: nll under Liger (planned as fused)
         return
@@ -248,5 +251,10 @@ def _trainer_deepspeed(r: Reader, base: Path) -> None:
             and steps != 1):  # HfTrainerDeepSpeedConfig.trainer_config_process fill_match refuses the mismatch
         raise r.fail("gradient_accumulation_steps", f"is not set (the Trainer's default 1) and {prefix}"
                      f"gradient_accumulation_steps is {steps}: the Trainer refuses the mismatch; set it in the arguments")
+    total = doc.get("train_batch_size")
+    if r.raw("gradient_accumulation_steps") is None and isinstance(total, int) and not isinstance(total, bool):
+        # the Trainer fill_match's train_batch_size against GPUs x micro-batch x its accumulation (1 here): the global
+        # batch is checked against that when the plan's GPUs are known (advisor.cli.from_file)
+        r.take("gradient_accumulation_steps", "not set: the Trainer's default 1", "gradient_accumulation", 1)
     read_nested_deepspeed(r, doc, prefix)
     r.take("deepspeed", "DeepSpeed config", "engine", "deepspeed")

@@ -358,6 +358,55 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
             raise ValueError(dp_blocked)
         return [], dp_choice, dp_why, training
     planned = training if offloaded is None else at_offload_samples(training, offloaded, hw.world_size)
+    meshes, refused, candidates, best, searched = _search(spec, hw, planned, pins, strategy, dp_offloads)
+    own_unfit = None  # the offload plan's samples a step, where no mesh fits within the headroom at them but one does
+    # at its own micro-batch: those samples were the offload's micro-batch search's, not the user's (no --global-batch),
+    # and the rule is never to offload while a GPU-only plan fits within the user's settings
+    if replacing and planned is not training and (best is None or not within_headroom(best, planned)):
+        own = _search(spec, hw, training, pins, strategy, dp_offloads)
+        if own[3] is not None and within_headroom(own[3], training):
+            own_unfit = planned.global_batch_size
+            planned, (meshes, refused, candidates, best, searched) = training, own
+    if not meshes and refused and (dp_blocked or pins.any):
+        raise ValueError(_batch_refusal(training, refused, dp_blocked))
+    if dp_blocked and not meshes:
+        raise ValueError(dp_blocked)
+    pp_lines: list[r.Reason] = []  # what the pipeline/expert search found, in numbers
+    if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
+        pp_lines = [r.PipelineSearched(cause=searched)]
+    elif searched is not None and best is not None:
+        pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
+    dp_why = dp_why + pp_lines
+    if dp_offloads and best is None and searched is not None and not pins.any:
+        return candidates, dp_choice, dp_why + no_gpu_only_lines(
+            candidates, searched, samples_per_step=planned.global_batch_size if planned is not training else None
+        ), training
+    if replacing and best is not None:
+        kept = offload_kept(spec, planned, best, offloaded,
+                            samples_per_step=planned.global_batch_size if planned is not training else None)
+        if kept is not None:
+            return candidates, dp_choice, dp_why + [kept], training
+        dp_choice = None  # a GPU-only mesh within the headroom: never offload while one fits
+    elif replacing:
+        return candidates, dp_choice, dp_why, training
+    if pins.any:
+        rec, why = _pinned(spec, hw, training, candidates, best, pins)
+    elif dp_choice is None:
+        rec, why = _forced(spec, hw, planned, best, meshes, dp_candidates, dp_blocked, candidates,
+                           offloaded=offloaded, samples_kept=planned is not training, own_unfit=own_unfit)
+    else:
+        dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        rec, why = _faster(spec, hw, planned, best, dp_best, candidates)
+        if rec is None:
+            return candidates, dp_choice, dp_why + why, training
+        return candidates, rec, why + pp_lines, planned
+    return candidates, rec, dp_why + why, planned if rec is not None else training
+
+
+def _search(spec: ModelSpec, hw: Hardware, planned: TrainingConfig, pins: MeshPins, strategy: str | None,
+            dp_offloads: bool):
+    """The mesh search at ``planned``: the meshes that keep its global batch and those refused for it, their
+    candidates, the best (``best_mesh``) and why pipeline and expert meshes joined (None where they did not)."""
     meshes, refused = keeping_global_batch(planned, [] if pins.pipelined else enumerate_meshes(spec, hw, planned, pins))
     candidates = evaluate_meshes(spec, hw, planned, meshes, strategy=strategy)
     best = best_mesh(candidates, planned)
@@ -372,38 +421,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         candidates += evaluate_pipeline_meshes(more, lambda m: evaluate_meshes(spec, hw, planned, [m], strategy=strategy),
                                                dense=not spec.num_experts, prune=not pins.pipelined)
         best = best_mesh(candidates, planned)
-    if not meshes and refused and (dp_blocked or pins.any):
-        raise ValueError(_batch_refusal(training, refused, dp_blocked))
-    if dp_blocked and not meshes:
-        raise ValueError(dp_blocked)
-    pp_lines: list[r.Reason] = []  # what the pipeline/expert search found, in numbers
-    if searched is not None and best is not None and (best.mesh.pp > 1 or best.mesh.ep > 1):
-        pp_lines = [r.PipelineSearched(cause=searched)]
-    elif searched is not None and best is not None:
-        pp_lines = [line for line in (pipeline_summary_line(candidates, searched),) if line]
-    dp_why = dp_why + pp_lines
-    if dp_offloads and best is None and searched is not None and not pins.any:
-        return candidates, dp_choice, dp_why + no_gpu_only_lines(candidates, searched), training
-    if replacing and best is not None:
-        kept = offload_kept(spec, planned, best, offloaded,
-                            samples_per_step=planned.global_batch_size if planned is not training else None)
-        if kept is not None:
-            return candidates, dp_choice, dp_why + [kept], training
-        dp_choice = None  # a GPU-only mesh within the headroom: never offload while one fits
-    elif replacing:
-        return candidates, dp_choice, dp_why, training
-    if pins.any:
-        rec, why = _pinned(spec, hw, training, candidates, best, pins)
-    elif dp_choice is None:
-        rec, why = _forced(spec, hw, planned, best, meshes, dp_candidates, dp_blocked, candidates,
-                           offloaded=offloaded, samples_kept=planned is not training)
-    else:
-        dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        rec, why = _faster(spec, hw, planned, best, dp_best, candidates)
-        if rec is None:
-            return candidates, dp_choice, dp_why + why, training
-        return candidates, rec, why + pp_lines, planned
-    return candidates, rec, dp_why + why, planned if rec is not None else training
+    return meshes, refused, candidates, best, searched
 
 
 def at_offload_samples(training: TrainingConfig, offloaded: Candidate, world: int) -> TrainingConfig:
@@ -475,18 +493,20 @@ def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates:
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
             dp_blocked: str | None, candidates: list[Candidate] | None = None, *,
-            offloaded: Candidate | None = None, samples_kept: bool = False
+            offloaded: Candidate | None = None, samples_kept: bool = False, own_unfit: int | None = None
             ) -> tuple[Recommendation | None, list[r.Reason]]:
     """Nothing in the data-parallel family runs on the GPUs alone (``offloaded``: the plan that runs it only by
-    offloading to the CPU; ``samples_kept``: ``training`` holds its samples a step, ``at_offload_samples``): the best
-    mesh, the limit that forced it, and where the mesh is slower than the offload, by how much."""
+    offloading to the CPU; ``samples_kept``: ``training`` holds its samples a step, ``at_offload_samples``;
+    ``own_unfit``: those samples, where no mesh fits within the headroom at them and the mesh steps on its own): the
+    best mesh, the limit that forced it, and where the mesh is slower than the offload, by how much."""
     if best is None:
         return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample))] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     step = offloaded.step_time if offloaded is not None else None
     opening = r.DataParallelCannot(limit=limit) if step is None else r.DataParallelCannot(
         limit=limit, offload_strategy=offloaded.strategy, offload_tokens_per_s=step.tokens_per_s,
-        samples_per_step=training.global_batch_size if samples_kept else None)
+        samples_per_step=training.global_batch_size if samples_kept else None, offload_samples_unfit=own_unfit,
+        mesh_samples_per_step=best.micro_batch_size * best.mesh.dp if own_unfit is not None else None)
     slower = ()
     if step is not None and _tokens_per_s(best) < (1 - SAME_SPEED) * step.tokens_per_s:
         fastest = best_mesh(candidates or [])  # what --policy fastest compares with the offload (no headroom)

@@ -245,8 +245,10 @@ def check_pipeline_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     mesh.check_node(hw.gpus_per_node)
 
 
-def no_gpu_only_lines(candidates: list[Candidate], searched: r.SearchCause) -> list[r.NoGpuOnlyMesh]:
-    """Why no GPU-only mesh replaces the offloading choice, in numbers."""
+def no_gpu_only_lines(candidates: list[Candidate], searched: r.SearchCause, *,
+                      samples_per_step: int | None = None) -> list[r.NoGpuOnlyMesh]:
+    """Why no GPU-only mesh replaces the offloading choice, in numbers (``samples_per_step``: the offload plan's,
+    at which the meshes were planned)."""
     tried = [c for c in candidates if c.memory_bytes is not None and c.mesh is not None]
     if not tried:
         return []
@@ -254,4 +256,4 @@ def no_gpu_only_lines(candidates: list[Candidate], searched: r.SearchCause) -> l
     m = c.memory_bytes
     return [r.NoGpuOnlyMesh(cause=searched, mesh_label=c.mesh.label, total_bytes=m.total,
                             capacity_bytes=c.capacity_bytes, micro_batch_size=c.micro_batch_size,
-                            states_bytes=m.states_total)]
+                            states_bytes=m.states_total, samples_per_step=samples_per_step)]

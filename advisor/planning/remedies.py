@@ -36,7 +36,7 @@ from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, en
                                      keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
 from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
-from advisor.planning.smallest import at_count, server_size, smallest_count
+from advisor.planning.smallest import at_count, counts_above, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -206,7 +206,9 @@ def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPi
 def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
     """The data-parallel family's choice (under the config's policy) over the GPU-only strategies, and the offload
     ones only when none of those fits."""
-    return _chosen(spec, hw, training, _data_parallel(spec, hw, training))
+    candidates = _data_parallel(spec, hw, training)
+    rec = _recommended(spec, hw, training, candidates)
+    return None if rec is None else next(c for c in candidates if c.strategy == rec.strategy)
 
 
 def _data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[Candidate]:
@@ -220,11 +222,6 @@ def _recommended(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candid
     if training.policy == "fastest":
         return choose_fastest(spec, candidates, global_batch_size=training.global_batch_size, world=hw.world_size)[0]
     return choose(spec, candidates, headroom=training.headroom, margin=training.margin, world=hw.world_size)[0]
-
-
-def _chosen(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates: list[Candidate]) -> Candidate | None:
-    rec = _recommended(spec, hw, training, candidates)
-    return None if rec is None else next(c for c in candidates if c.strategy == rec.strategy)
 
 
 def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pinned: Candidate) -> list[r.RemedyFits]:
@@ -288,8 +285,8 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
     if hw.nodes > 1 and STRATEGIES[ref.strategy].on(training.engine).shard_params:
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
-    if memory_bound and more_gpus:
-        keep += _more_gpus(spec, hw, training, samples=samples)
+    if memory_bound and more_gpus:  # where nothing fits there is no plan whose samples a step more GPUs keep
+        keep += _more_gpus(spec, hw, training, samples=samples, keeps_plan=reason != "nothing fits")
     change = []
     if training.optimizer in ("adamw", "adam") and spec.trainable_params:
         change.append(_Change(name="--optimizer adamw-8bit", keeps_math=False, update={"optimizer": "adamw-8bit"}))
@@ -316,13 +313,16 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
     return [_Change(name="--optimizer-impl fused", keeps_math=True, update={"optimizer_impl": "fused"})]
 
 
-def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, samples: int | None = None
-               ) -> list[_Change]:
+def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, samples: int | None = None,
+               keeps_plan: bool = True) -> list[_Change]:
     """The fewest GPUs of this kind on which zero3 fits on the GPUs alone within the --headroom (micro-batch 1), or
-    fewer on a mesh (``_fewer_on_a_mesh``, at the plan's ``samples`` a step)."""
+    fewer on a mesh (``_fewer_on_a_mesh``), at the plan's ``samples`` a step (``keeps_plan``: there is a plan): without
+    --global-batch the remedy names the one that keeps them, and the count must divide them (data parallelism steps on
+    a micro-batch per GPU); where no count that fits does, the count plans its own (those samples were the plan's
+    micro-batch search's, not the user's), and the remedy names no --global-batch."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
-    total = training.global_batch_size
+    total = training.global_batch_size or (samples if keeps_plan else None)
 
     def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients
         at = relaxed if total is None or total % n else validated_copy(relaxed, {"global_batch_size": total})
@@ -330,20 +330,35 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, sampl
         return cand.fits and within_headroom(cand, at)  # a count that leaves the --headroom, not one at 99%
 
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
-    if count is not None and training.global_batch_size is not None and training.global_batch_size % count:
-        count = None
+    keeps_samples = True
+    if count is not None and total is not None and total % count:  # the next count that keeps the samples
+        kept = next((n for n in counts_above(count, per_node) if n <= total and total % n == 0 and fits(n)), None)
+        keeps_samples = kept is not None
+        if keeps_samples or training.global_batch_size is not None:  # --global-batch asked: only a count keeping it
+            count = kept
     on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count, samples=samples)
     if on_mesh is not None:
         return [on_mesh]
     if count is None:
         return []
-    return [_Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=at_count(hw, count, per_node))]
+    keep, said = _keeping(training, total if keeps_samples else None)
+    return [_Change(name=f"--gpus {_gpus_flag(hw, count)}{said}", keeps_math=True,
+                    hardware=at_count(hw, count, per_node), update=keep)]
 
 
 def _gpus_flag(hw: Hardware, count: int) -> str:
     bigger = at_count(hw, count, server_size(hw))
     return f"{bigger.gpus_per_node}x{hw.gpu.name}" if bigger.nodes == 1 else \
         f"{bigger.nodes}x{bigger.gpus_per_node}x{hw.gpu.name}"
+
+
+def _keeping(training: TrainingConfig, samples: int | None) -> tuple[dict[str, int], str]:
+    """The update and the flag that keep the plan's ``samples`` a step, where no --global-batch was given (a remedy
+    that changes the data-parallel ranks changes them otherwise): ``({"global_batch_size": 8}, " --global-batch 8")``,
+    else ``({}, "")``."""
+    if training.global_batch_size is not None or samples is None:
+        return {}, ""
+    return {"global_batch_size": samples}, f" --global-batch {samples}"
 
 
 def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, below: int | None,
@@ -358,11 +373,9 @@ def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *,
     to divide it, ``keeping_global_batch``). Counts tried: powers of two within a node, then whole nodes doubling
     (the degrees cp and tp take), so the search stays a few mesh searches."""
     per_node = server_size(hw)
-    counts = [n for n in powers_of_two(per_node) if n > hw.world_size]
-    counts += [per_node * 2**k for k in range(1, 15) if per_node * 2**k > hw.world_size]
-    keep = training.global_batch_size is None and samples is not None
-    at = validated_copy(training, {"global_batch_size": samples}) if keep else training
-    said = f" --global-batch {samples}" if keep else ""
+    counts = counts_above(hw.world_size, per_node, every=False)
+    keep, said = _keeping(training, samples)
+    at = validated_copy(training, keep) if keep else training
     for count in (n for n in counts if below is None or n < below):
         cluster = at_count(hw, count, per_node)
         dp = replan_data_parallel(spec, cluster, at)
@@ -374,7 +387,7 @@ def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *,
             return None
         if best is not None and not offloads(best) and within_headroom(best, at):
             return _Change(name=f"--gpus {_gpus_flag(hw, count)}{said}", keeps_math=True, hardware=cluster,
-                           pins=MeshPins(), update={"global_batch_size": samples} if keep else {})
+                           pins=MeshPins(), update=keep)
     return None
 
 
@@ -393,9 +406,7 @@ def _context_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
     world, changes = hw.world_size, []
     # The step's samples kept: without --global-batch the micro-batch sets them per data-parallel rank, and a cp or
     # tp mesh has fewer of those ranks, so the remedy names the global batch that keeps the mathematics.
-    keep = {} if training.global_batch_size is not None else {
-        "global_batch_size": samples if samples is not None else ref.micro_batch_size * world}
-    said = "" if not keep else f" --global-batch {keep['global_batch_size']}"
+    keep, said = _keeping(training, samples if samples is not None else ref.micro_batch_size * world)
     for cp in powers_of_two(hw.gpus_per_node)[1:]:  # the degrees the mesh search tries (enumerate_meshes)
         if world % cp == 0 and training.seq_len % (2 * cp) == 0:
             mesh = ParallelDims(dp_shard=world // cp, cp=cp, world_size=world)

@@ -267,6 +267,10 @@ def _dp_cannot(x: r.DataParallelCannot) -> str:
     kept = "" if x.samples_per_step is None else (
         f" The mesh is planned at the offload plan's {x.samples_per_step} samples a step (--global-batch "
         f"{x.samples_per_step}).")
+    if x.offload_samples_unfit is not None:
+        n, m = x.offload_samples_unfit, x.mesh_samples_per_step
+        kept = (f" At the offload plan's {n} samples a step no mesh fits within the headroom (--global-batch {n} plans "
+                f"at them); the mesh steps on its own {m} sample{'s' if m != 1 else ''}.")
     return (f"Data parallelism alone runs this only with CPU offload ({x.offload_strategy}, "
             f"{x.offload_tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is {_limit(x.limit)}.{kept}")
 
@@ -358,7 +362,7 @@ def _no_gpu_only(x: r.NoGpuOnlyMesh) -> str:
     searched = ("meshes of tp, cp and HSDP inside a node, then pipeline stages, searched"
                 if x.cause.kind == "no-mesh-fits" else cause_text(x.cause))
     worst = "" if x.cause.kind == "no-mesh-fits" and " pp " not in f" {x.mesh_label} " else " on its worst rank"
-    return (f"No GPU-only mesh fits ({searched}): the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} "
+    return (f"No GPU-only mesh fits{_at_offload_samples(x.samples_per_step)} ({searched}): the closest, {x.mesh_label}, needs {_gib(x.total_bytes)} "
             f"per GPU of {_gib(x.capacity_bytes)}{worst} at micro-batch {x.micro_batch_size}, of which the "
             f"model states alone (parameters, gradients, optimizer) are {_gib(x.states_bytes)}.")
 

@@ -54,6 +54,14 @@ def at_count(hardware: Hardware, count: int, per_node: int) -> Hardware:
     return resize(hardware, nodes=nodes, gpus_per_node=per)
 
 
+def counts_above(above: int, per_node: int, *, every: bool = True) -> list[int]:
+    """The GPU counts a search tries past ``above``: within a node every count (``every``), else the powers of two
+    (the degrees tp and cp take), then whole nodes doubling, up to 2**14 nodes."""
+    within = range(above + 1, per_node + 1) if every else (n for n in (1 << k for k in range(per_node.bit_length()))
+                                                           if above < n <= per_node)
+    return [*within, *(per_node * 2**k for k in range(1, 15) if per_node * 2**k > above)]
+
+
 def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
     """The fewest GPUs, more than ``above``, for which the monotone test ``fits_at`` holds: any count up to
     ``per_node``, whole nodes beyond; None when not even ``max_nodes`` nodes do."""
@@ -118,10 +126,15 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     fit, so the others were not tried on these GPUs). ``pinned``: the degrees the user fixed (``--pp 2 --tp
     2``), which a data-parallel answer drops and the meshes keep but for ``pinned_pipeline`` (``--pp 2``:
     ``enumerate_meshes`` plans no pipeline); with them the meshes are tried on the plan's own GPUs too, and the
-    answer's sentence says what it drops."""
+    answer's sentence says what it drops. With --global-batch, a count (a mesh's data-parallel ranks) must divide it,
+    and the fit is judged at it (micro-batch 1, the rest accumulated: accumulation may hold gradients)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     total = training.global_batch_size  # a count (a mesh's data-parallel ranks) must divide it: the run keeps it
+    kept = relaxed if total is None else validated_copy(relaxed, {"global_batch_size": total})
+
+    def at(ranks: int) -> TrainingConfig:  # the run at --global-batch where the ranks divide it
+        return kept if total is not None and total % ranks == 0 else relaxed
 
     def offloads(strategy: StrategyName) -> bool:
         return STRATEGIES[strategy].on(training.engine).offloads
@@ -132,17 +145,17 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     found = []
     for order, name in enumerate(strategies):
         # the plan's own GPUs as they are (nodes and all): a count search would resize them
-        if from_current and keeps(hardware.world_size) and evaluate_candidate(spec, hardware, relaxed, name).fits:
+        if (from_current and keeps(hardware.world_size)
+                and evaluate_candidate(spec, hardware, at(hardware.world_size), name).fits):
             found.append((hardware.world_size, order, name))
             continue
 
         def fits(n: int) -> bool:
-            return evaluate_candidate(spec, at_count(hardware, n, per_node), relaxed, name).fits
+            return evaluate_candidate(spec, at_count(hardware, n, per_node), at(n), name).fits
 
         count = smallest_count(fits, above=hardware.world_size, per_node=per_node)
         if count is not None and not keeps(count):  # the next count that divides --global-batch (and fits)
-            larger = [*range(count + 1, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
-            count = next((n for n in larger if n > count and keeps(n) and fits(n)), None)
+            count = next((n for n in counts_above(count, per_node) if keeps(n) and fits(n)), None)
         if count is not None:
             found.append((count, order, name))
     gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
@@ -161,15 +174,15 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
             return True
 
         first = hardware.world_size + (0 if pinned is not None and from_current else 1)
-        counts = [*range(first, per_node + 1), *(per_node * 2**k for k in range(1, 15))]
+        counts = counts_above(first - 1, per_node)
         if pinned is not None and gpu_only is not None:  # the count zero3 alone needs: does a pinned mesh fit it?
             counts = sorted({*counts, gpu_only})
         # pinned degrees: a mesh that keeps them wins a tie with data parallelism, which drops them
         for count in (c for c in counts if c >= first and (gpu_only is None or c < gpu_only
-                                                            or (pinned is not None and c == gpu_only))):
+                                                           or (pinned is not None and c == gpu_only))):
             cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
             fitting = next((m for m in meshes(cluster) if keeps(m.dp) and runs(m)
-                            and evaluate_candidate(spec, cluster, relaxed, "zero3", m).fits), None)
+                            and evaluate_candidate(spec, cluster, at(m.dp), "zero3", m).fits), None)
             if fitting is not None:
                 on_mesh = (count, fitting)
                 break

@@ -740,3 +740,25 @@ def test_other_trl_configs_and_liger_and_a_deepspeed_accumulation_mismatch(tmp_p
                                                                    "gradient_accumulation_steps": 4}}))
     code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
     assert code == 2 and not out and err.count("\n") == 1 and "the Trainer refuses the mismatch" in err
+
+
+def test_a_deepspeed_train_batch_size_the_trainer_would_refuse_and_trls_null_max_length(tmp_path, capsys):
+    """A review: a TrainingArguments file whose DeepSpeed config says train_batch_size 64 was planned on 4 GPUs as
+    --global-batch 64 (micro-batch 8 x 2 accumulation steps), though the Trainer fills train_batch_size with GPUs x
+    per_device_train_batch_size x gradient_accumulation_steps (4 x 8 x 1 = 32) and refuses another number
+    (HfTrainerDeepSpeedConfig fill_match). Now one line and exit 2 on 4 GPUs; on 8 (8 x 8 x 1 = 64) it plans, with no
+    accumulation. An SFTConfig's max_length null (TRL truncates nothing) was planned at --seq-len without a word."""
+    path = tmp_path / "args.json"
+    path.write_text(json.dumps({"bf16": True, "deepspeed": {"zero_optimization": {"stage": 3}, "train_batch_size": 64,
+                                                            "train_micro_batch_size_per_gpu": "auto"}}))
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "4xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "its global batch 64 over micro-batch 8 x gradient accumulation 1 = 8 data-parallel GPUs" in err
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xA100", "--from", str(path), "--json"],
+                              capsys)
+    rec = json.loads(out)["recommendation"]
+    assert code == 0 and rec["micro_batch_size"] == 8 and rec["gradient_accumulation_steps"] in (None, 1)
+    path.write_text(json.dumps({"packing": False, "max_length": None, "per_device_train_batch_size": 2}))
+    config = read_config_file(path)
+    assert "seq_len" not in config.settings
+    assert any(note.startswith("max_length null: TRL truncates nothing; planned at --seq-len") for note in config.notes)

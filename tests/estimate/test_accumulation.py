@@ -179,3 +179,22 @@ def test_a_mesh_holds_what_its_rank_holds():
                                   micro_batch_size=1, checkpointing=True)
         held[recipe] = tp.grads
     assert held == {"torch": 4_015_263_744, "trainer": 8_030_527_488}
+
+
+def test_the_micro_batch_search_tries_the_whole_global_batch_at_once():
+    """Memory grows with the micro-batch but for one step: under the Trainer, FSDP holds unsharded gradients while it
+    accumulates, so micro-batch 3 with no accumulation can fit where micro-batch 1 with 3 steps does not. Qwen2.5-32B
+    at 8,192 tokens on 8 x A100: without --global-batch, zero3_offload runs micro-batch 3 (24 samples a step);
+    with --global-batch 24 it was "nothing fits" (zero3_offload needs 94.3 GiB at micro-batch 1 x 3 steps), as
+    the search stopped at the smallest micro-batch. It is the same plan now."""
+    from advisor.planning.api import plan
+
+    job = dict(seq_len=8192, recipe="trainer")
+    free = plan("Qwen/Qwen2.5-32B", "8xA100", **job).candidate("zero3_offload")
+    assert (free.micro_batch_size, free.mesh) == (3, None)
+    asked = plan("Qwen/Qwen2.5-32B", "8xA100", global_batch_size=24, **job).chosen
+    assert (asked.strategy, asked.micro_batch_size, asked.gradient_accumulation_steps) == ("zero3_offload", 3, 1)
+    assert asked.step_time.tokens_per_s == free.step_time.tokens_per_s
+    one = plan("Qwen/Qwen2.5-32B", "8xA100", global_batch_size=24, micro_batch_size=1, strategy="zero3_offload", **job)
+    pinned = one.candidate("zero3_offload")
+    assert one.chosen is None and not pinned.fits and pinned.gradient_accumulation_steps == 3

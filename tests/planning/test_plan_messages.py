@@ -130,6 +130,26 @@ def test_a_pinned_degree_keeps_its_mesh_in_the_smallest_fit():
     assert plan("Qwen/Qwen2.5-7B", "8xA10G", tp=2).recommendation.mesh.label == "dp_shard 4 x tp 2"
 
 
+def test_the_smallest_fit_is_judged_at_the_asked_global_batch():
+    """The torchtune recipe's Llama-3.1-70B on 8 x H100 with --tp 2 --global-batch 112 (a review's case): the pinned
+    search finds no mesh (dp_shard 4 x tp 2 accumulates 28 micro-batches, and the recipe holds the gradients they
+    add up), yet the smallest fit named that very mesh on these GPUs, judged at micro-batch 1 without accumulation.
+    Each count it names now holds the 112 samples: the plan with --global-batch 112 on the GPUs it names, with the
+    strategy and mesh it names, fits (on these 8 only by offloading, without --tp 2; on 16 with --tp 2 on the GPUs
+    alone)."""
+    job = dict(recipe="torchtune", global_batch_size=112)
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", tp=2, **job)
+    fit = p.smallest_fit
+    assert p.recommendation is None and fit.strategy == "zero3_offload" and fit.num_gpus == 8
+    assert fit.message == ("zero3_offload fits on these 8 x H100-80GB-SXM without --tp 2 at micro-batch 1. "
+                           "Without offload, 16 x H100-80GB-SXM would fit with zero3 on mesh dp_shard 8 x tp 2.")
+    here = plan("meta-llama/Llama-3.1-70B", "8xH100", strategy="zero3_offload", micro_batch_size=1, **job)
+    assert here.chosen.fits and here.chosen.gradient_accumulation_steps == 14
+    more = plan("meta-llama/Llama-3.1-70B", "2x8xH100", tp=2, micro_batch_size=1, **job)
+    assert more.chosen.mesh.label == "dp_shard 8 x tp 2" and more.chosen.fits and more.chosen.strategy == "zero3"
+    assert more.chosen.gradient_accumulation_steps == 14
+
+
 def test_no_count_with_pinned_degrees_says_the_pins_limited_the_search():
     """Llama-3.1-405B on A10Gs with --tp 2: no count of GPUs fits a mesh that keeps tp 2 (the blocks' inputs and
     a gathered block of 405B at 2,048 tokens outgrow 22 GiB even sharded), while the unpinned search finds 1,024 on

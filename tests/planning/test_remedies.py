@@ -82,7 +82,7 @@ def test_ranked_math_keeping_first_and_the_why_opens_with_the_best():
     assert keeps == sorted(keeps, reverse=True) and keeps[0] and not keeps[-1]
     names = [r.name for r in remedies]
     assert names[0] == "--optimizer-impl fused" and {"--lora 16", "--optimizer adamw-8bit", "--precision bf16"} <= set(names)
-    assert names.index("--gpus 3xA100-80GB-SXM") > names.index("--optimizer-impl fused")
+    assert names.index("--gpus 3xA100-80GB-SXM --global-batch 30") > names.index("--optimizer-impl fused")
     best = remedies[0]
     assert best.fits and best.strategy == "zero3" and best.saved_gib > 0
     assert p.why[0] == (f"zero3_offload offloads to the CPU ({p.chosen.step_time.tokens_per_s:,.0f} tokens/s); with "
@@ -132,6 +132,34 @@ def test_more_gpus_are_measured_on_their_own_size_default():
                  activation_checkpointing="on").chosen
     assert more.saved_gib == pytest.approx((ref.memory_bytes.total - zero3.memory_bytes.total) / 2**30, abs=0.01)
     assert more.saved_gib > 100
+
+
+def test_more_gpus_keep_the_plans_samples_a_step_or_say_they_change_them():
+    """A review: "--gpus 2x8xH100" was filed as keeping the mathematics while its plan stepped on 16 samples where the
+    torchtune 70B offload plan steps on 14 x 8 = 112. More GPUs now keep the plan's samples where the count divides
+    them, and name the --global-batch that does (that plan: micro-batch 7 on 16 GPUs); the README's first command
+    (micro-batch 15 on 2 GPUs) gets 3 GPUs at 30 samples. Qwen2.5-14B on 2 x A100 offloads at micro-batch 13 (26
+    samples): zero3 needs 5 GPUs within the headroom and no count from 5 up divides 26 within a node or in whole
+    nodes, so the remedy is 5 GPUs at their own samples (those 26 were the offload's micro-batch search's, not the
+    user's), and names no --global-batch."""
+    for model, gpus, options, name in [
+            ("meta-llama/Llama-3.1-70B", "8xH100", {"recipe": "torchtune"}, "--gpus 2x8xH100-80GB-SXM --global-batch 112"),
+            ("Qwen/Qwen2.5-7B", "2xA100", {}, "--gpus 3xA100-80GB-SXM --global-batch 30")]:
+        p = plan(model, gpus, **options)
+        world = p.hardware.world_size
+        samples = p.chosen.micro_batch_size * (p.chosen.gradient_accumulation_steps or 1) * world
+        more = next(r for r in p.recommendation.remedies if r.name.startswith("--gpus"))
+        assert more.name == name and more.name.endswith(f"--global-batch {samples}") and more.keeps_math
+        again = plan(model, **options, **_kwargs(more.name))
+        assert again.chosen.mesh is None and again.chosen.strategy == more.strategy
+        assert again.chosen.micro_batch_size * (again.chosen.gradient_accumulation_steps or 1) * (
+            again.hardware.world_size) == samples
+    p = plan("Qwen/Qwen2.5-14B", "2xA100")
+    assert p.chosen.strategy == "zero3_offload" and p.chosen.micro_batch_size * 2 == 26
+    more = next(r for r in p.recommendation.remedies if r.name.startswith("--gpus"))
+    assert more.name == "--gpus 5xA100-80GB-SXM" and more.keeps_math and more.fits
+    four = plan("Qwen/Qwen2.5-14B", "4xA100", strategy="zero3", micro_batch_size=1).chosen  # past the headroom
+    assert four.memory_range.at("expected") > 0.9 * four.capacity_bytes
 
 
 def test_no_remedies_when_the_default_fits_at_a_useful_mfu():

@@ -52,6 +52,13 @@ class DataParallelCannot(ReasonModel):
     samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                          description="The offload plan's samples a step, at which the mesh that "
                                                      "replaces it is planned (no --global-batch was given).")
+    offload_samples_unfit: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The offload plan's samples a step, at which no mesh fits "
+                                                          "within the headroom: the mesh is planned at its own "
+                                                          "micro-batch (no --global-batch was given).")
+    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The mesh's own samples a step, where "
+                                                          "offload_samples_unfit is given.")
 
 
 class MeshFits(FitFigures):
@@ -142,6 +149,9 @@ class NoGpuOnlyMesh(ReasonModel):
     capacity_bytes: int
     micro_batch_size: int
     states_bytes: int
+    samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                         description="The offload plan's samples a step, at which the meshes were "
+                                                     "planned (no --global-batch was given).")
 
 
 class PinnedDegrees(ReasonModel):

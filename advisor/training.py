@@ -27,6 +27,10 @@ Attention = Literal["sdpa", "eager"]
 Policy = Literal["thresholds", "fastest"]
 Quantization = Literal["nf4", "fp4", "int8"]
 MAX_SEQ_LEN = 1 << 22  # the longest --seq-len accepted (4M tokens)
+# The largest --global-batch accepted, in samples: a thousand times the largest published (Llama 3 405B's 16M tokens a
+# step are 2,048 samples of 8,192), so it refuses only a typo (1e12 accumulation steps planned a 10^11-second step)
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_MICRO_BATCH = 1 << 16  # the largest --micro-batch accepted
 
 
 # --activation-offload is planned under checkpointing only (advisor.estimate.activation_offload).
@@ -48,8 +52,8 @@ class TrainingConfig(BaseModel):
     optimizer: Optimizer = Field(default="adamw", description="Optimizer; decides optimizer-state bytes.")
     precision: Precision = Field(default="bf16-mixed", description="Parameter and compute dtypes.")
     seq_len: int = Field(default=2048, ge=1, le=MAX_SEQ_LEN, description="Tokens per sample.")
-    micro_batch_size: int | None = Field(default=None, ge=1, le=1 << 16, description="Per-GPU batch; None: largest that fits.")
-    global_batch_size: int | None = Field(default=None, ge=1, description="Samples per optimizer step (gradient accumulation).")
+    micro_batch_size: int | None = Field(default=None, ge=1, le=MAX_MICRO_BATCH, description="Per-GPU batch; None: largest that fits.")
+    global_batch_size: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH, description="Samples per optimizer step (gradient accumulation).")
     activation_checkpointing: Checkpointing = Field(default="auto", description="Per-block recompute: "
                                                  "on (full), selective (keep attention and every other matmul), off, auto.")
     engine: Engine = Field(default="torch", description="What runs the strategy: torch or deepspeed.")

@@ -16,6 +16,7 @@ import click
 from pydantic import BaseModel, ConfigDict
 
 from advisor.planning.config_file import ConfigFile
+from advisor.training import MAX_GLOBAL_BATCH
 
 # Settings that are not one plan option: the cluster size, and accumulation (it becomes --global-batch).
 _CLUSTER = ("num_gpus", "nodes", "gradient_accumulation")
@@ -167,6 +168,10 @@ def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: 
                        "--micro-batch, or --global-batch)")
         return
     data_parallel = _data_parallel(merged)
+    if int(micro) * int(steps) * data_parallel > MAX_GLOBAL_BATCH:
+        raise ValueError(f"--from {config.path}: gradient accumulation {steps} x micro-batch {micro} x {data_parallel} "
+                         f"data-parallel GPUs is {int(micro) * int(steps) * data_parallel:,} samples a step, above "
+                         f"--global-batch's bound {MAX_GLOBAL_BATCH:,}")
     merged["global_batch"] = int(micro) * int(steps) * data_parallel
     derived.append(f"--global-batch {merged['global_batch']} = micro-batch {micro} x gradient accumulation "
                    f"{steps} x {data_parallel} data-parallel GPUs")

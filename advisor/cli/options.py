@@ -20,8 +20,8 @@ from advisor.precision import PRECISIONS
 from advisor.recipes import AccumulationSync, OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
 from advisor.calibration import Margin
-from advisor.training import (MAX_SEQ_LEN, Attention, Checkpointing, Engine, LossKernel, Optimizer, Policy,
-                               Quantization)
+from advisor.training import (MAX_GLOBAL_BATCH, MAX_MICRO_BATCH, MAX_SEQ_LEN, Attention, Checkpointing, Engine,
+                               LossKernel, Optimizer, Policy, Quantization)
 from advisor.simulate.profile_cache import default_cache_dir
 
 
@@ -42,7 +42,6 @@ class FiniteRange(click.FloatRange):
 
 
 EXIT_NOTHING_FITS = 3  # plan and compare: nothing fits (the output says how many GPUs would)
-MAX_MICRO_BATCH = 1 << 16  # TrainingConfig.micro_batch_size's bound
 
 
 def _micro_batch(value: str | None) -> int | None:
@@ -87,7 +86,7 @@ PLAN_OPTIONS: list[Callable] = [
                  help="Assumed image side in pixels (default 448: 256 tokens on Qwen2.5-VL)."),
     click.option("--micro-batch", "micro_batch", help="Per-GPU batch, or 'auto' (default: the largest that fits within --headroom; without --global-batch it "
                       "sets the step's batch)."),
-    click.option("--global-batch", type=click.IntRange(1), help="Samples per optimizer step (grad accumulation)."),
+    click.option("--global-batch", type=click.IntRange(1, MAX_GLOBAL_BATCH), help="Samples per optimizer step (grad accumulation)."),
     click.option("--activation-checkpointing", type=_choice(get_args(Checkpointing)),
                  help="auto (default: every mode tried at its largest micro-batch within --headroom; the one "
                       "that recomputes least within 3% of the fastest), on, selective or off."),

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
+from advisor.training import MAX_GLOBAL_BATCH, MAX_MICRO_BATCH
 
 FileFormat = Literal["accelerate", "deepspeed", "torchtitan", "torchtune", "trainer"]
 FORMAT_TITLES: dict[str, str] = {"accelerate": "accelerate config (YAML)", "deepspeed": "DeepSpeed config (JSON)",
@@ -234,10 +235,13 @@ def fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: s
 
 
 def take_batch(r: Reader, *, micro: str | None = None, accumulation: str | None = None, total: str | None = None) -> None:
-    """The micro-batch, accumulation steps and global batch at these keys, each a positive integer."""
-    for key, option in ((micro, "micro_batch"), (accumulation, "gradient_accumulation"), (total, "global_batch")):
+    """The micro-batch, accumulation steps and global batch at these keys, each a positive integer within the bounds
+    the options take (accumulation steps within the global batch's)."""
+    for key, option, high in ((micro, "micro_batch", MAX_MICRO_BATCH), (accumulation, "gradient_accumulation",
+                                                                         MAX_GLOBAL_BATCH),
+                              (total, "global_batch", MAX_GLOBAL_BATCH)):
         if key is not None:
-            number = r.integer(key, low=1)
+            number = r.integer(key, low=1, high=high)
             if number is not None:
                 r.take(key, number, option, number)
 

@@ -319,3 +319,23 @@ def test_export_and_launch_exit_3_when_nothing_fits(tmp_path, capsys):
     code, _, err = run_main(["launch", *job, "--dry-run", "--config-file", str(tmp_path / "l.yaml"), str(script)],
                             capsys)
     assert code == 3 and "ddp does not fit" in err
+
+
+def test_an_absurd_global_batch_or_accumulation_is_one_line_and_exit_2(tmp_path, capsys):
+    """A fuzz round: 10^12 accumulation steps in a TrainingArguments file planned a 4.5 x 10^11-second step. The global
+    batch is bounded at 2^24 samples (a thousand times Llama 3 405B's 2,048 samples of 8,192 tokens a step), on the
+    command line, in a file's keys, and where a file's accumulation x micro-batch x GPUs makes it."""
+    from advisor.training import MAX_GLOBAL_BATCH
+
+    assert MAX_GLOBAL_BATCH == 16_777_216
+    path = tmp_path / "args.json"
+    cases = [([], "--global-batch", str(2**24 + 1), "is not in the range 1<=x<=16777216"),
+             (["--from", str(path)], None, 10**12, "gradient_accumulation_steps must be at most 16,777,216"),
+             (["--from", str(path)], None, 2**21, "is 33,554,432 samples a step, above --global-batch's bound 16,777,216")]
+    for extra, flag, value, said in cases:
+        path.write_text(json.dumps({"gradient_accumulation_steps": value, "per_device_train_batch_size": 2}))
+        args = ["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", *extra, *([flag, value] if flag else [])]
+        code, out, err = run_main(args, capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and said in err, err
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--global-batch", str(2**24)], capsys)
+    assert code == 0 and err == ""

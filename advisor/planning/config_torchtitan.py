@@ -44,9 +44,17 @@ def read_torchtitan(r: Reader) -> None:
         _torchtitan_pipeline(r, degrees["pp"])
     # Degree 1 is data parallelism alone: nothing to pin (the planner's default), except beside a pipeline, whose
     # mesh search would otherwise add the tp or cp the file runs without
+    left = []
     for name, key in (("tp", "tensor_parallel_degree"), ("cp", "context_parallel_degree")):
         if (degrees[name] or 1) > 1 or pipelined:
             r.take(f"parallelism.{key}", degrees[name] or "1 (torchtitan's default)", name, degrees[name] or 1)
+        elif degrees[name] == 1:
+            left.append((name, key))
+    if left:  # read, not pinned: said, so a plan on a mesh the file does not run is not a surprise
+        r.notes.append(f"{' and '.join(key for _, key in left)} 1: left to the plan, which adds "
+                       f"{' or '.join(name for name, _ in left)} where data parallelism alone does not fit on the "
+                       f"GPUs (or, under --policy fastest, runs slower); pin with "
+                       f"{' '.join(f'--{name} 1' for name, _ in left)}")
     policy = r.raw("parallelism.fsdp_reshard_after_forward")
     reshard = r.choice("parallelism.fsdp_reshard_after_forward", {"default": True, "always": True, "never": False})
     if isinstance(policy, str) and policy.strip().lower() == "always":

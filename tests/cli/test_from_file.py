@@ -762,3 +762,22 @@ def test_a_deepspeed_train_batch_size_the_trainer_would_refuse_and_trls_null_max
     config = read_config_file(path)
     assert "seq_len" not in config.settings
     assert any(note.startswith("max_length null: TRL truncates nothing; planned at --seq-len") for note in config.notes)
+
+
+def test_a_torchtitan_files_degrees_of_one_are_read_and_said_to_be_left_to_the_plan(tmp_path, capsys):
+    """A fuzz round: a torchtitan TOML with tensor_parallel_degree = 1 and context_parallel_degree = 1 at 32,768
+    tokens on 4 x A100 was planned on mesh cp 4 with no word that the file's degrees were not pinned. They stay the
+    plan's to choose (data parallelism alone does not fit there), and a note says so and how to pin them; pinned,
+    the plan keeps to data parallelism (zero3 does not fit; only its offload does)."""
+    path = tmp_path / "job.toml"
+    path.write_text("[training]\nlocal_batch_size = 1\nseq_len = 32768\n[parallelism]\n"
+                    "data_parallel_shard_degree = -1\ntensor_parallel_degree = 1\ncontext_parallel_degree = 1\n")
+    config = read_config_file(path)
+    assert "tp" not in config.settings and "cp" not in config.settings
+    assert any(note.startswith("tensor_parallel_degree and context_parallel_degree 1: left to the plan")
+               and note.endswith("pin with --tp 1 --cp 1") for note in config.notes)
+    args = ["plan", "-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--from", str(path), "--json"]
+    code, out, _ = run_main(args, capsys)
+    assert code == 0 and json.loads(out)["recommendation"]["mesh"]["cp"] > 1
+    code, out, _ = run_main([*args, "--tp", "1", "--cp", "1"], capsys)
+    assert code == 3 and json.loads(out)["recommendation"] is None

@@ -359,12 +359,21 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         return [], dp_choice, dp_why, training
     planned = training if offloaded is None else at_offload_samples(training, offloaded, hw.world_size)
     meshes, refused, candidates, best, searched = _search(spec, hw, planned, pins, strategy, dp_offloads)
-    own_unfit = None  # the offload plan's samples a step, where no mesh fits within the headroom at them but one does
-    # at its own micro-batch: those samples were the offload's micro-batch search's, not the user's (no --global-batch),
-    # and the rule is never to offload while a GPU-only plan fits within the user's settings
-    if replacing and planned is not training and (best is None or not within_headroom(best, planned)):
+    own_unfit = None  # the offload plan's samples a step, where no mesh at them replaces the offload but one at its
+    # own micro-batch does: those samples were the offload's micro-batch search's, not the user's (no --global-batch).
+    # The rule is never to offload while a GPU-only plan fits within the user's settings; --policy fastest's, the
+    # fastest plan (a mesh faster than the offload by more than SAME_SPEED)
+
+    def replaces(found: Candidate | None, at: TrainingConfig) -> bool:
+        if found is None:
+            return False
+        if replacing:
+            return within_headroom(found, at)
+        return _tokens_per_s(found) > (1 + SAME_SPEED) * _tokens_per_s(offloaded)
+
+    if offloaded is not None and planned is not training and not replaces(best, planned):
         own = _search(spec, hw, training, pins, strategy, dp_offloads)
-        if own[3] is not None and within_headroom(own[3], training):
+        if replaces(own[3], training):
             own_unfit = planned.global_batch_size
             planned, (meshes, refused, candidates, best, searched) = training, own
     if not meshes and refused and (dp_blocked or pins.any):
@@ -396,7 +405,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                            offloaded=offloaded, samples_kept=planned is not training, own_unfit=own_unfit)
     else:
         dp_best = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        rec, why = _faster(spec, hw, planned, best, dp_best, candidates)
+        rec, why = _faster(spec, hw, planned, best, dp_best, candidates, own_unfit=own_unfit)
         if rec is None:
             return candidates, dp_choice, dp_why + why, training
         return candidates, rec, why + pp_lines, planned
@@ -524,16 +533,18 @@ def _timing(c: Candidate) -> r.MeshTiming:
 
 
 def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
-            dp_best: Candidate, candidates: list[Candidate] | None = None
+            dp_best: Candidate, candidates: list[Candidate] | None = None, *, own_unfit: int | None = None
             ) -> tuple[Recommendation | None, list[r.Reason]]:
     """``--policy fastest`` with a data-parallel choice: the mesh when faster by more than SAME_SPEED
-    (its recommendation and the why, the DP choice side by side), else None and one line."""
+    (its recommendation and the why, the DP choice side by side), else None and one line. ``own_unfit``: the offload
+    plan's samples a step, at which no mesh was faster (the mesh steps on its own)."""
     if best is None or _tokens_per_s(best) <= (1 + SAME_SPEED) * _tokens_per_s(dp_best):
         return None, ([] if best is None else [r.MeshNotFaster(
             mesh_label=best.mesh.label, tokens_per_s=_tokens_per_s(best), dp_tokens_per_s=_tokens_per_s(dp_best),
             same_speed=SAME_SPEED)])
     opening = r.FastestMesh(mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best),
-                            dp=_timing(dp_best))
+                            dp=_timing(dp_best), offload_samples_unfit=own_unfit,
+                            mesh_samples_per_step=best.micro_batch_size * best.mesh.dp if own_unfit else None)
     b = dp_best.step_time
     alternative = r.DataParallelAlsoFits(strategy=dp_best.strategy, world_size=hw.world_size,
                                          total_bytes=dp_best.memory_bytes.total, step_s=b.step_s,

@@ -261,6 +261,14 @@ def _at_offload_samples(samples: int | None) -> str:
     return "" if samples is None else f" at the offload plan's {samples} samples a step"
 
 
+def _own_samples(n: int | None, m: int | None, what: str) -> str:
+    """A mesh planned at its own samples a step, not at the offload plan's ``n`` (none there ``what``)."""
+    if n is None:
+        return ""
+    return (f" At the offload plan's {n} samples a step no mesh {what} (--global-batch {n} plans at them); the mesh "
+            f"steps on its own {m} sample{'s' if m != 1 else ''}.")
+
+
 def _dp_cannot(x: r.DataParallelCannot) -> str:
     if x.offload_strategy is None:
         return f"Data parallelism alone cannot run this: the limit is {_limit(x.limit)}."
@@ -268,9 +276,7 @@ def _dp_cannot(x: r.DataParallelCannot) -> str:
         f" The mesh is planned at the offload plan's {x.samples_per_step} samples a step (--global-batch "
         f"{x.samples_per_step}).")
     if x.offload_samples_unfit is not None:
-        n, m = x.offload_samples_unfit, x.mesh_samples_per_step
-        kept = (f" At the offload plan's {n} samples a step no mesh fits within the headroom (--global-batch {n} plans "
-                f"at them); the mesh steps on its own {m} sample{'s' if m != 1 else ''}.")
+        kept = _own_samples(x.offload_samples_unfit, x.mesh_samples_per_step, "fits within the headroom")
     return (f"Data parallelism alone runs this only with CPU offload ({x.offload_strategy}, "
             f"{x.offload_tokens_per_s:,.0f} tokens/s); on the GPUs alone the limit is {_limit(x.limit)}.{kept}")
 
@@ -394,7 +400,7 @@ def _fastest_mesh(x: r.FastestMesh) -> str:
             f"({a.step_s:.2f} s/step at micro-batch {a.micro_batch_size} vs {b.step_s:.2f} s at "
             f"{b.micro_batch_size}; {_gib(a.total_bytes)} vs {_gib(b.total_bytes)} "
             f"per GPU; exposed communication {a.exposed_communication_s:.2f} vs {b.exposed_communication_s:.2f} s"
-            f"{ckpt_note}).")
+            f"{ckpt_note}).{_own_samples(x.offload_samples_unfit, x.mesh_samples_per_step, 'is faster')}")
 
 
 def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:

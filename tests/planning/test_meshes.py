@@ -236,6 +236,12 @@ def test_a_mesh_that_fits_only_at_its_own_samples_replaces_the_offload_and_says_
     assert at_four.recommendation.strategy == "zero3_offload"
     assert all(not c.fits or c.memory_range.at("expected") > 0.9 * c.capacity_bytes
                for c in at_four.candidates if c.mesh is not None)
+    # --policy fastest kept the offload here (no mesh at 4 samples is faster), slower than the default's mesh
+    fastest = plan("Qwen/Qwen2.5-14B", "4xA100", policy="fastest", **job)
+    assert fastest.chosen.mesh == chosen.mesh and fastest.chosen.step_time.tokens_per_s == chosen.step_time.tokens_per_s
+    assert any(w.endswith("At the offload plan's 4 samples a step no mesh is faster (--global-batch 4 plans at them); "
+                          "the mesh steps on its own 1 sample.") for w in fastest.why)
+    assert plan("Qwen/Qwen2.5-14B", "4xA100", policy="fastest", global_batch_size=4, **job).chosen.mesh is None
 
 
 def test_a_mesh_within_the_headroom_replaces_a_faster_offload_and_says_it_is_slower():

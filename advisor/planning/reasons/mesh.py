@@ -237,6 +237,13 @@ class FastestMesh(ReasonModel):
     dp_strategy: str
     mesh: MeshTiming
     dp: MeshTiming
+    offload_samples_unfit: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The offload plan's samples a step, at which no mesh was "
+                                                          "faster: the mesh is planned at its own micro-batch (no "
+                                                          "--global-batch was given).")
+    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The mesh's own samples a step, where "
+                                                          "offload_samples_unfit is given.")
 
 
 class DataParallelAlsoFits(ReasonModel):

@@ -324,8 +324,10 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, sampl
     per_node = server_size(hw)
     total = training.global_batch_size or (samples if keeps_plan else None)
 
-    def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients
-        at = relaxed if total is None or total % n else validated_copy(relaxed, {"global_batch_size": total})
+    def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients, and
+        # the micro-batch search (the whole batch at once first) finds the lightest split, as the plan there would
+        at = relaxed if total is None or total % n else validated_copy(
+            training, {"micro_batch_size": training.micro_batch_size, "global_batch_size": total})
         cand = evaluate_candidate(spec, at_count(hw, n, per_node), at, "zero3")
         return cand.fits and within_headroom(cand, at)  # a count that leaves the --headroom, not one at 99%
 

@@ -162,6 +162,22 @@ def test_more_gpus_keep_the_plans_samples_a_step_or_say_they_change_them():
     assert four.memory_range.at("expected") > 0.9 * four.capacity_bytes
 
 
+def test_more_gpus_at_the_plans_samples_are_counted_at_the_lightest_micro_batch():
+    """Qwen2.5-32B on 4 x A100 under the Trainer offloads at micro-batch 12 (48 samples a step). The count search for
+    more GPUs judged zero3 at micro-batch 1 with the rest accumulated, which under the Trainer holds the unsharded
+    gradients (64 GB for 32B in bf16), so it asked for 32 GPUs; at 16 the 48 samples fit as 3 a GPU at once (the
+    micro-batch search tries the whole batch first). The remedy is 16 GPUs at 48 samples, the plan `advisor plan`
+    gives there on the GPUs alone; 8 GPUs at 48 samples still offload."""
+    p = plan("Qwen/Qwen2.5-32B", "4xA100", recipe="trainer")
+    assert p.chosen.strategy == "zero3_offload" and p.chosen.micro_batch_size * 4 == 48
+    more = next(r for r in p.recommendation.remedies if r.name.startswith("--gpus"))
+    assert more.name == "--gpus 2x8xA100-80GB-SXM --global-batch 48" and more.fits
+    there = plan("Qwen/Qwen2.5-32B", "2x8xA100", recipe="trainer", global_batch_size=48).chosen
+    assert (there.strategy, there.mesh, there.micro_batch_size) == ("zero3", None, 3)
+    assert there.memory_range.at("expected") <= 0.9 * there.capacity_bytes
+    assert plan("Qwen/Qwen2.5-32B", "8xA100", recipe="trainer", global_batch_size=48).chosen.strategy == "zero3_offload"
+
+
 def test_no_remedies_when_the_default_fits_at_a_useful_mfu():
     p = plan("Qwen/Qwen2.5-7B", "8xH100")
     assert p.chosen.step_time.mfu >= USEFUL_MFU and p.recommendation.remedies == ()

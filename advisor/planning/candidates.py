@@ -350,10 +350,12 @@ def evaluate_candidate(
         micro = largest_fitting(lambda m: fits(memory(m, mode), mode, roomy_limit), choices)
         if micro is not None:
             return micro, True
-        for m in (min(choices), single_step):
-            if m is not None and fits(memory(m, mode), mode):
-                return m, False
-        return None, False
+        fitting_past = [m for m in (min(choices), single_step) if m is not None and fits(memory(m, mode), mode)]
+        if not fitting_past:
+            return None, False
+        # past the headroom either way: the one that needs less (the smallest micro-batch, unless accumulating it
+        # holds more than the whole batch at once)
+        return min(fitting_past, key=lambda m: span(memory(m, mode), mode).at(training.margin)), False
 
     def staged(cand: Candidate) -> Candidate:
         """A pipeline mesh's candidate with every rank's peak (the worst is its memory_bytes)."""

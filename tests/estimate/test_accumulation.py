@@ -198,3 +198,20 @@ def test_the_micro_batch_search_tries_the_whole_global_batch_at_once():
     one = plan("Qwen/Qwen2.5-32B", "8xA100", global_batch_size=24, micro_batch_size=1, strategy="zero3_offload", **job)
     pinned = one.candidate("zero3_offload")
     assert one.chosen is None and not pinned.fits and pinned.gradient_accumulation_steps == 3
+
+
+def test_past_the_headroom_the_lighter_of_accumulating_and_the_whole_batch_is_taken():
+    """Qwen2.5-14B at 8,192 tokens on 8 x A100 under the Trainer, --global-batch 16: zero3 at micro-batch 1 x 2 steps
+    holds the unsharded gradients (98.6% of the card), micro-batch 2 at once needs 85.3%. With --headroom 0.2 both are
+    past it; the plan took micro-batch 1 (the smallest that fits), the heavier. Each figure from the plan with that
+    micro-batch pinned."""
+    from advisor.planning.api import plan
+
+    job = dict(seq_len=8192, recipe="trainer", global_batch_size=16, strategy="zero3")
+    one = plan("Qwen/Qwen2.5-14B", "8xA100", micro_batch_size=1, **job).candidate("zero3")
+    two = plan("Qwen/Qwen2.5-14B", "8xA100", micro_batch_size=2, **job).candidate("zero3")
+    share = [c.memory_range.at("expected") / c.capacity_bytes for c in (one, two)]
+    assert one.fits and two.fits and share[1] < 0.9 < share[0] and share[1] > 0.8
+    chosen = plan("Qwen/Qwen2.5-14B", "8xA100", headroom=0.2, **job).candidate("zero3")
+    assert (chosen.micro_batch_size, chosen.gradient_accumulation_steps) == (2, 1)
+    assert chosen.memory_range.at("expected") == two.memory_range.at("expected")

@@ -215,9 +215,10 @@ def _smallest(x: r.SmallestFitFound) -> str:
                 if x.gpu_only_gpus is not None else "")
     dropped = f" without {x.without}" if x.without is not None else ""
     mesh = f" on mesh {x.mesh_label}" if x.mesh_label is not None else ""
+    micro = x.micro_batch_size
     if x.current:
-        return f"{x.strategy} fits on these {x.num_gpus} x {x.gpu}{mesh}{dropped} at micro-batch 1.{gpu_only}"
-    return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy}{mesh}{dropped} at micro-batch 1.{gpu_only}"
+        return f"{x.strategy} fits on these {x.num_gpus} x {x.gpu}{mesh}{dropped} at micro-batch {micro}.{gpu_only}"
+    return f"{x.num_gpus} x {x.gpu} would fit with {x.strategy}{mesh}{dropped} at micro-batch {micro}.{gpu_only}"
 
 
 def _longer_with_offload(x: r.LongerWithOffload) -> str:

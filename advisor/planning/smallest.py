@@ -22,7 +22,7 @@ from advisor.planning import reasons as r
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, StrategyName
-from advisor.training import TrainingConfig
+from advisor.training import MAX_MICRO_BATCH, TrainingConfig
 
 
 class SmallestFit(BaseModel):
@@ -127,7 +127,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     2``), which a data-parallel answer drops and the meshes keep but for ``pinned_pipeline`` (``--pp 2``:
     ``enumerate_meshes`` plans no pipeline); with them the meshes are tried on the plan's own GPUs too, and the
     answer's sentence says what it drops. With --global-batch, a count (a mesh's data-parallel ranks) must divide it,
-    and the fit is judged at it (micro-batch 1, the rest accumulated: accumulation may hold gradients)."""
+    and the fit is judged at it: micro-batch 1 with the rest accumulated, else the whole batch at once (where
+    accumulation holds gradients, as the Trainer's FSDP does, the latter can need less), the sentence naming which."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     total = training.global_batch_size  # a count (a mesh's data-parallel ranks) must divide it: the run keeps it
@@ -135,6 +136,18 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
 
     def at(ranks: int) -> TrainingConfig:  # the run at --global-batch where the ranks divide it
         return kept if total is not None and total % ranks == 0 else relaxed
+
+    def micro_fitting(cluster: Hardware, name: StrategyName, ranks: int, mesh: ParallelDims | None = None
+                      ) -> int | None:
+        """The micro-batch ``name`` fits at on ``cluster`` (``ranks`` data-parallel ranks): 1, else (--global-batch
+        kept) the whole batch at once; None where neither fits."""
+        if evaluate_candidate(spec, cluster, at(ranks), name, mesh).fits:
+            return 1
+        whole = total // ranks if total is not None and total % ranks == 0 else 1
+        if 1 < whole <= MAX_MICRO_BATCH and evaluate_candidate(
+                spec, cluster, validated_copy(kept, {"micro_batch_size": whole}), name, mesh).fits:
+            return whole
+        return None
 
     def offloads(strategy: StrategyName) -> bool:
         return STRATEGIES[strategy].on(training.engine).offloads
@@ -146,12 +159,12 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     for order, name in enumerate(strategies):
         # the plan's own GPUs as they are (nodes and all): a count search would resize them
         if (from_current and keeps(hardware.world_size)
-                and evaluate_candidate(spec, hardware, at(hardware.world_size), name).fits):
+                and micro_fitting(hardware, name, hardware.world_size) is not None):
             found.append((hardware.world_size, order, name))
             continue
 
         def fits(n: int) -> bool:
-            return evaluate_candidate(spec, at_count(hardware, n, per_node), at(n), name).fits
+            return micro_fitting(at_count(hardware, n, per_node), name, n) is not None
 
         count = smallest_count(fits, above=hardware.world_size, per_node=per_node)
         if count is not None and not keeps(count):  # the next count that divides --global-batch (and fits)
@@ -182,25 +195,29 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                                            or (pinned is not None and c == gpu_only))):
             cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
             fitting = next((m for m in meshes(cluster) if keeps(m.dp) and runs(m)
-                            and evaluate_candidate(spec, cluster, at(m.dp), "zero3", m).fits), None)
+                            and micro_fitting(cluster, "zero3", m.dp, m) is not None), None)
             if fitting is not None:
                 on_mesh = (count, fitting)
                 break
     best = min(found, default=None)
     if on_mesh is not None and (best is None or on_mesh[0] < best[0] or (pinned is not None and on_mesh[0] == best[0])):
         count, mesh = on_mesh
+        cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
         return SmallestFit(num_gpus=count, strategy="zero3", mesh=mesh, reason=r.SmallestFitFound(
             num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=mesh.label,
             current=count == hardware.world_size, without=pinned_pipeline,
-            pinned=pinned if pinned_pipeline else None))
+            pinned=pinned if pinned_pipeline else None,
+            micro_batch_size=micro_fitting(cluster, "zero3", mesh.dp, mesh) or 1))
     if best is not None:
         count, _, name = best
         gpu_only_mesh = None
         if on_mesh is not None and offloads(name):  # fewer GPUs than zero3 alone hold it on a mesh
             gpu_only, gpu_only_mesh = on_mesh[0], on_mesh[1].label
+        cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
         return SmallestFit(num_gpus=count, strategy=name,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
                                                      current=count == hardware.world_size,
+                                                     micro_batch_size=micro_fitting(cluster, name, count) or 1,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
                                                      gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned))
     remedies = ["shorten --seq-len"]

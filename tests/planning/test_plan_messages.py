@@ -150,6 +150,23 @@ def test_the_smallest_fit_is_judged_at_the_asked_global_batch():
     assert more.chosen.gradient_accumulation_steps == 14
 
 
+def test_the_smallest_fit_at_a_global_batch_names_the_micro_batch_it_fits_at():
+    """Qwen2.5-32B at 8,192 tokens under the Trainer with --global-batch 24 and zero3 pinned on 4 x A100: nothing fits.
+    Judged at micro-batch 1 with the rest accumulated (the Trainer's FSDP holds the unsharded gradients through it),
+    zero3_offload needs more GPUs than it does at 3 samples a GPU at once; the answer is 8 GPUs at micro-batch 3, which
+    the plan there confirms (and micro-batch 1 there does not fit)."""
+    job = dict(seq_len=8192, recipe="trainer", global_batch_size=24)
+    p = plan("Qwen/Qwen2.5-32B", "4xA100", strategy="zero3", **job)
+    assert p.recommendation is None
+    assert p.smallest_fit.message.startswith("8 x A100-80GB-SXM would fit with zero3_offload at micro-batch 3. ")
+    there = plan("Qwen/Qwen2.5-32B", "8xA100", strategy="zero3_offload", micro_batch_size=3, **job).candidate(
+        "zero3_offload")
+    assert there.fits and there.gradient_accumulation_steps == 1
+    one = plan("Qwen/Qwen2.5-32B", "8xA100", strategy="zero3_offload", micro_batch_size=1, **job).candidate(
+        "zero3_offload")
+    assert not one.fits
+
+
 def test_no_count_with_pinned_degrees_says_the_pins_limited_the_search():
     """Llama-3.1-405B on A10Gs with --tp 2: no count of GPUs fits a mesh that keeps tp 2 (the blocks' inputs and
     a gathered block of 405B at 2,048 tokens outgrow 22 GiB even sharded), while the unpinned search finds 1,024 on

@@ -313,6 +313,9 @@ class SmallestFitFound(ReasonModel):
     pinned: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
                                description="Every pinned degree (``--tp 2 --pp 2``): what did not fit, where the "
                                "answer drops some of them.")
+    micro_batch_size: int = Field(default=1, exclude_if=lambda n: n == 1,
+                                  description="The micro-batch it fits at: 1, or with --global-batch the whole batch "
+                                              "at once where accumulating it does not fit.")
 
 
 class LongerWithOffload(ReasonModel):

@@ -38,6 +38,7 @@ from advisor.planning.longest import (longer_with_offload, longest_all, longest_
 from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate, larger_past_headroom
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
+from advisor.planning.pipeline_meshes import pipeline_meshes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
@@ -332,6 +333,21 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
         raise _option_error(err) from None
 
 
+def _replanning_flags(chosen: Candidate, training: TrainingConfig, asked: TrainingConfig, pins: MeshPins) -> str | None:
+    """The flags beside a changed --micro-batch that plan ``chosen`` again where the planner chose its checkpointing
+    (a larger micro-batch would take more of it), its mesh (no pins) or its global batch (a mesh planned at an offload
+    plan's samples): ``--activation-checkpointing off --cp 2 --tp 2``; None where none is needed."""
+    parts = []
+    if training.activation_checkpointing == "auto" and chosen.checkpointing in ("off", "selective"):  # (the most
+        # recompute, "on", is what the planner falls back to)
+        parts.append(f"--activation-checkpointing {chosen.checkpointing}")
+    if chosen.mesh is not None and not chosen.mesh.is_data_parallel_only and not pins.any:
+        parts.append(MeshPins.of(chosen.mesh).flags)
+    if training.global_batch_size is not None and asked.global_batch_size is None:
+        parts.append(f"--global-batch {training.global_batch_size}")
+    return " ".join(parts) or None
+
+
 def plan(
     model: Any,
     gpus: str | Hardware = "2xA100",
@@ -564,11 +580,13 @@ def plan(
     elif strategy and recommendation is None and not (pins.any or search_length or dp_blocked):
         why.extend(pinned_remedies(spec, hw, training, candidates[0]))
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)
-        past = larger_past_headroom(spec, hw, training, recommendation.candidate)
+        past = larger_past_headroom(spec, hw, training, recommendation.candidate,
+                                    flags=_replanning_flags(recommendation.candidate, training, asked, pins))
         why.extend([past] if past is not None else [])
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
-        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins),
+        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins) + (
+            [] if pins.any else pipeline_meshes(spec, cluster, training)),  # the pipeline and expert meshes too
         from_current=bool(strategy) or training.micro_batch_size is not None or pins.any,
         pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None)
     if smallest is not None:

@@ -116,6 +116,13 @@ class Remedy(_Frozen):
     step_s: float | None = Field(default=None, description="Seconds per optimizer step of that plan.")
     tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
     fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")
+    own_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                    description="That plan's samples a step, where it is a mesh at its own micro-batch "
+                                                "in place of an offload (no mesh fits within the headroom at the "
+                                                "offload's samples; no --global-batch was given) and they differ from "
+                                                "this plan's.")
+    plan_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                     description="This plan's samples a step, where own_samples is given.")
 
 
 class Recommendation(_Frozen):
@@ -439,12 +446,14 @@ def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:
             or cand.memory_range.at(training.margin) <= (1 - training.headroom) * cand.capacity_bytes)
 
 
-def larger_past_headroom(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, chosen: Candidate):
+def larger_past_headroom(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, chosen: Candidate, *,
+                         flags: str | None = None):
     """Where ``--micro-batch auto`` stopped ``chosen`` at the --headroom and the largest micro-batch the GPU holds
     (at the --margin end, same strategy, mesh and checkpointing) runs more than SAME_SPEED faster: that plan, as a
     ``reasons.PastHeadroom`` (None otherwise; not under a pinned micro-batch or --policy fastest, which has no
     headroom). Published runs fill a card so (litgpt's LoRA of Llama 2 7B on an A10G at micro-batch 2, 92% of it by
-    the estimate); the plan keeps the headroom and says what it costs."""
+    the estimate); the plan keeps the headroom and says what it costs. ``flags``: those beside --micro-batch that plan
+    it (the mesh and global batch the planner chose)."""
     from advisor.planning import reasons as r
 
     if (training.micro_batch_size is not None or training.policy == "fastest" or not chosen.fits
@@ -458,7 +467,7 @@ def larger_past_headroom(spec: ModelSpec, hardware: Hardware, training: Training
     return r.PastHeadroom(micro_batch_size=larger.micro_batch_size,
                           total_bytes=larger.memory_range.at(training.margin), capacity_bytes=larger.capacity_bytes,
                           headroom=training.headroom, tokens_per_s=larger.step_time.tokens_per_s,
-                          chosen_tokens_per_s=chosen.step_time.tokens_per_s)
+                          chosen_tokens_per_s=chosen.step_time.tokens_per_s, flags=flags)
 
 
 def _range(spec: ModelSpec, training: TrainingConfig, mem: MemoryBreakdown) -> MemoryRange:

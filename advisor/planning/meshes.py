@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from advisor.estimate.activations import shape_of
 from advisor.frozen import validated_copy
 from advisor.hardware.cluster import Hardware
-from advisor.mesh import MESH_STRATEGIES, ParallelDims
+from advisor.mesh import MESH_STRATEGIES, V_SCHEDULES, ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share, no_gpu_only_lines, pipeline_meshes,
                                               pipeline_search_reason, pipeline_summary_line, stage_line, tp_degrees,
@@ -56,6 +56,20 @@ class MeshPins(BaseModel):
         """A mesh is pinned: some degree above 1 (or a pipeline/expert option). ``--tp 1 --cp 1`` alone pins
         data parallelism, which the data-parallel family plans; each 1 still limits the mesh search."""
         return any(v is not None and v > 1 for v in (self.tp, self.cp, self.dp_replicate)) or self.pipelined
+
+    @classmethod
+    def of(cls, mesh: ParallelDims) -> "MeshPins":
+        """Every degree of ``mesh`` pinned (those above 1; dp_shard is what they leave): the flags that plan it."""
+        staged = mesh.pp > 1
+
+        def above_one(degree: int) -> int | None:
+            return degree if degree > 1 else None
+
+        return cls(tp=above_one(mesh.tp), cp=above_one(mesh.cp), dp_replicate=above_one(mesh.dp_replicate),
+                   pp=above_one(mesh.pp), ep=above_one(mesh.ep),
+                   pp_schedule=mesh.pp_schedule if staged and mesh.pp_schedule != "1f1b" else None,
+                   virtual_stages=above_one(mesh.virtual_stages) if staged and mesh.pp_schedule not in V_SCHEDULES
+                   else None, pp_layers=mesh.pp_layers if staged else None)
 
     @property
     def flags(self) -> str:

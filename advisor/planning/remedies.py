@@ -11,7 +11,7 @@ bf16, a shorter sequence). Rendering belongs to the CLI; the reason that names t
 the plan offloads is built here from the same numbers (``offload_line``, rendered by ``advisor.planning.render``).
 
 Cost is bounded: a re-plan evaluates the four GPU-only strategies, and the two offload ones only when
-none of those fits, then the planner's mesh step where the planner searches meshes (an offloading answer within
+none of those fits or under --policy fastest, then the planner's mesh step where the planner searches meshes (an offloading answer within
 reach of a mesh, routed experts, --policy fastest); the sequence search and the GPU-count search are bisections on
 one strategy.
 """
@@ -106,7 +106,7 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     samples = training.global_batch_size or plan.micro_batch_size * (plan.gradient_accumulation_steps or 1) * (
         plan.mesh.dp if plan.mesh is not None else hw.world_size)
     for change in _changes(spec, hw, training, ref, reason, samples=samples):
-        applied = _apply(spec, hw, training, ref, change, pins=pins)
+        applied = _apply(spec, hw, training, ref, change, pins=pins, samples=samples)
         if applied is None:
             continue
         remedy, roomy = applied
@@ -131,10 +131,12 @@ def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
 
 
 def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate,
-           change: _Change, *, pins: MeshPins | None = None) -> tuple[Remedy, bool] | None:
+           change: _Change, *, pins: MeshPins | None = None, samples: int | None = None) -> tuple[Remedy, bool] | None:
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan, and
     whether that plan leaves the --headroom free. More GPUs are measured on the size default of their count
-    where ``ref`` is the size default of this one (one GPU's plain model becomes full sharding on several)."""
+    where ``ref`` is the size default of this one (one GPU's plain model becomes full sharding on several).
+    ``samples``: the plan's samples a step, named beside the re-plan's where that is a mesh at its own micro-batch
+    (the planner's rule where no mesh fits at the offload's samples) and steps on other samples."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
     measured = ref.strategy
     if change.hardware is not None and ref.strategy == default_strategy(spec, world=hw.world_size)[0]:
@@ -160,6 +162,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     if same.memory_bytes is None:
         return None
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
+    own_samples = None
     if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
         return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
     if change.pins is not None:
@@ -168,7 +171,9 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
         result = result if result.fits else None
     else:
-        result = replan(new_spec, new_hw, changed, pins)
+        result, own = replan(new_spec, new_hw, changed, pins)
+        if own is not None and own != samples:
+            own_samples = own
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
@@ -176,7 +181,8 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
                   mesh=result.mesh.label if result is not None and result.mesh is not None and (
                       change.pins is not None or change.mesh is None) else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
-                  fits=fits), fits and within_headroom(result, changed)
+                  fits=fits, own_samples=own_samples, plan_samples=samples if own_samples is not None else None
+                  ), fits and within_headroom(result, changed)
 
 
 def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None, *,
@@ -187,20 +193,26 @@ def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     return best_mesh(evaluate_meshes(spec, hw, training, meshes, strategy=strategy), training)
 
 
-def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None) -> Candidate | None:
+def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
+           pins: MeshPins | None = None) -> tuple[Candidate | None, int | None]:
     """The planner's choice, by the planner's own two steps: the data-parallel family's (``replan_data_parallel``'s
     candidates and rule), then ``advisor.planning.meshes.choose_with_meshes`` (a GPU-only mesh in place of an offload,
-    routed experts' meshes, ``--policy fastest``'s faster mesh). ``pins``: the degrees of 1 the user fixed."""
+    routed experts' meshes, ``--policy fastest``'s faster mesh). ``pins``: the degrees of 1 the user fixed. Second:
+    the chosen mesh's own samples a step where it was planned at its own micro-batch because none fits at the
+    offload plan's (``offload_samples_unfit`` in its why), else None."""
     candidates = _data_parallel(spec, hw, training)
     rec = _recommended(spec, hw, training, candidates)
     if rec is None:
-        return None
+        return None, None
     try:
-        meshes, rec, _, _ = choose_with_meshes(spec, hw, training, dp_candidates=candidates, dp_choice=rec, dp_why=[],
-                                               pins=pins or MeshPins())
+        meshes, rec, why, _ = choose_with_meshes(spec, hw, training, dp_candidates=candidates, dp_choice=rec,
+                                                 dp_why=[], pins=pins or MeshPins())
     except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
-        return next(c for c in candidates if c.strategy == rec.strategy)
-    return next(c for c in [*candidates, *meshes] if c.strategy == rec.strategy and c.mesh == rec.mesh)
+        return next(c for c in candidates if c.strategy == rec.strategy), None
+    chosen = next(c for c in [*candidates, *meshes] if c.strategy == rec.strategy and c.mesh == rec.mesh)
+    own = next((x.mesh_samples_per_step for x in why if getattr(x, "offload_samples_unfit", None) is not None
+                and chosen.mesh is not None), None)
+    return chosen, own
 
 
 def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:
@@ -212,8 +224,10 @@ def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig
 
 
 def _data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> list[Candidate]:
+    """The GPU-only strategies, and the offload ones where none of those fits or under --policy fastest (which takes
+    an offload that runs faster, as the planner's own does)."""
     candidates = [evaluate_candidate(spec, hw, training, name) for name in GPU_ONLY]
-    if not any(c.fits for c in candidates):
+    if training.policy == "fastest" or not any(c.fits for c in candidates):
         candidates += [evaluate_candidate(spec, hw, training, name) for name in OFFLOAD]
     return candidates
 
@@ -444,7 +458,8 @@ def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: 
     return r.OffloadRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name,
                            keeps_math=best.keeps_math, remedy_strategy=best.strategy, remedy_fits=best.fits,
                            remedy_step_s=best.step_s, remedy_tokens_per_s=best.tokens_per_s, saved_gib=best.saved_gib,
-                           reference=reference, remedy_mesh=best.mesh)
+                           reference=reference, remedy_mesh=best.mesh, remedy_samples=best.own_samples,
+                           samples=best.plan_samples)
 
 
 def remedy_fits(remedy: Remedy) -> r.RemedyFits:

@@ -182,7 +182,14 @@ def _offload_remedy(x: r.OffloadRemedy, *, host_bytes: int | None = None) -> str
     on = f" on mesh {x.remedy_mesh}" if x.remedy_mesh else ""
     return (f"{x.strategy} offloads to the CPU ({held}); with {x.remedy} ({kind}), "
             f"{x.remedy_strategy}{on} {where} at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
-            f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){saving}.")
+            f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){_own_step(x.remedy_samples, x.samples)}{saving}.")
+
+
+def _own_step(own: int | None, plan: int | None) -> str:
+    """A remedy's mesh at its own micro-batch: ``, on its own 1 sample a step where this plan steps on 8``."""
+    if own is None:
+        return ""
+    return f", on its own {own} sample{'s' if own != 1 else ''} a step where this plan steps on {plan}"
 
 
 def offload_remedy_with_host(x: r.OffloadRemedy, host_bytes: int | None) -> str:
@@ -242,7 +249,8 @@ def _past_headroom(x: r.PastHeadroom) -> str:
     return (f"micro-batch {x.micro_batch_size} also fits ({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, "
             f"{_share(x.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom, and runs "
             f"{x.tokens_per_s:,.0f} tokens/s against this plan's {x.chosen_tokens_per_s:,.0f} "
-            f"(--micro-batch {x.micro_batch_size}; within the estimate's error of an out-of-memory failure).")
+            f"(--micro-batch {x.micro_batch_size}{' ' + x.flags if x.flags else ''}; within the estimate's error of an "
+            f"out-of-memory failure).")
 
 
 def _no_count(x: r.NoCountFits) -> str:
@@ -250,6 +258,10 @@ def _no_count(x: r.NoCountFits) -> str:
     pinned = f" with {x.pinned}" if x.pinned is not None else ""
     room = (f"the {_gib(x.left_bytes)} of a GPU that --reserve-gib {x.reserve_gib:g} and the CUDA context leave"
             if x.reserve_gib is not None else "a GPU")
+    if x.without_batch is not None:  # the batch, not the sample, is what no count holds
+        return (f"No number of these GPUs fits{pinned} at --global-batch {x.global_batch_size} (a count's "
+                f"data-parallel ranks must divide it, each accumulating its share); without it, "
+                f"{_smallest(x.without_batch)} Change --global-batch.")
     if x.bucket is not None:  # the user's DeepSpeed size, not the sample
         return (f"No number of these GPUs fits{pinned}: DeepSpeed's {x.bucket} alone takes {_gib(x.bucket_bytes)} a "
                 f"buffer in 16 bits, beside the model; {' or '.join(x.hints)}.")
@@ -503,7 +515,7 @@ def remedy_line(remedy) -> str:
     if remedy.mesh is not None:
         where = f"on mesh {remedy.mesh}" + ("" if remedy.fits else " with CPU offload")
     return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
-            f"{remedy.tokens_per_s:,.0f} tokens/s")
+            f"{remedy.tokens_per_s:,.0f} tokens/s{_own_step(remedy.own_samples, remedy.plan_samples)}")
 
 
 def remedy_sections(remedies) -> list[tuple[str, list[str]]]:

@@ -54,12 +54,21 @@ def at_count(hardware: Hardware, count: int, per_node: int) -> Hardware:
     return resize(hardware, nodes=nodes, gpus_per_node=per)
 
 
-def counts_above(above: int, per_node: int, *, every: bool = True) -> list[int]:
+# Whole-node counts beyond doubling that a search under --global-batch also tries: the node counts up to this that
+# divide it (3 nodes for --global-batch 3: the data-parallel ranks of a mesh cp 8 on each node).
+MAX_DIVIDING_NODES = 64
+
+
+def counts_above(above: int, per_node: int, *, every: bool = True, divides: int | None = None) -> list[int]:
     """The GPU counts a search tries past ``above``: within a node every count (``every``), else the powers of two
-    (the degrees tp and cp take), then whole nodes doubling, up to 2**14 nodes."""
+    (the degrees tp and cp take), then whole nodes doubling, up to 2**14 nodes, and (``divides``: --global-batch)
+    the node counts up to ``MAX_DIVIDING_NODES`` that divide it."""
     within = range(above + 1, per_node + 1) if every else (n for n in (1 << k for k in range(per_node.bit_length()))
                                                            if above < n <= per_node)
-    return [*within, *(per_node * 2**k for k in range(1, 15) if per_node * 2**k > above)]
+    nodes = {per_node * 2**k for k in range(1, 15)}
+    if divides is not None:
+        nodes |= {per_node * k for k in range(2, MAX_DIVIDING_NODES + 1) if divides % k == 0}
+    return [*within, *sorted(n for n in nodes if n > above)]
 
 
 def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
@@ -168,7 +177,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
 
         count = smallest_count(fits, above=hardware.world_size, per_node=per_node)
         if count is not None and not keeps(count):  # the next count that divides --global-batch (and fits)
-            count = next((n for n in counts_above(count, per_node) if keeps(n) and fits(n)), None)
+            count = next((n for n in counts_above(count, per_node, divides=total) if keeps(n) and fits(n)), None)
         if count is not None:
             found.append((count, order, name))
     gpu_only = min((c for c, _, n in found if not offloads(n)), default=None)
@@ -187,7 +196,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
             return True
 
         first = hardware.world_size + (0 if pinned is not None and from_current else 1)
-        counts = counts_above(first - 1, per_node)
+        counts = counts_above(first - 1, per_node, divides=total)
         if pinned is not None and gpu_only is not None:  # the count zero3 alone needs: does a pinned mesh fit it?
             counts = sorted({*counts, gpu_only})
         # pinned degrees: a mesh that keeps them wins a tie with data parallelism, which drops them
@@ -200,7 +209,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                 on_mesh = (count, fitting)
                 break
     best = min(found, default=None)
-    if on_mesh is not None and (best is None or on_mesh[0] < best[0] or (pinned is not None and on_mesh[0] == best[0])):
+    if on_mesh is not None and (best is None or on_mesh[0] < best[0] or (
+            on_mesh[0] == best[0] and (pinned is not None or offloads(best[2])))):  # a tie: the GPUs alone
         count, mesh = on_mesh
         cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
         return SmallestFit(num_gpus=count, strategy="zero3", mesh=mesh, reason=r.SmallestFitFound(
@@ -233,7 +243,13 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
         remedies.append("enable checkpointing (--activation-checkpointing on)")
     if pinned is not None:  # the meshes searched kept the pins; others (more tp or cp) were not tried
         remedies.append(f"change or drop {pinned}")
+    unbatched = None  # --global-batch is the limit where the search without it finds a count
+    if total is not None:
+        unbatched = smallest_fit(spec, hardware, validated_copy(training, {"global_batch_size": None}), strategies,
+                                 meshes, from_current=from_current, pinned=pinned, pinned_pipeline=pinned_pipeline)
+        unbatched = unbatched.reason if unbatched.num_gpus is not None else None
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(
+        global_batch_size=total if unbatched is not None else None, without_batch=unbatched,
         checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned,
         reserve_gib=held_back, left_bytes=None if held_back is None else hardware.gpu.memory_bytes - int(
             (held_back + training.context_gib_at(hardware.world_size, hardware.gpu.name)) * GIB),

@@ -322,3 +322,44 @@ def test_a_mesh_plan_whose_peak_is_the_loss_says_what_each_kernel_saves():
         assert pinned.chosen.mesh.label == "cp 8"
         assert saving.saved_bytes == peak.total_bytes - pinned.chosen.memory_bytes.total
     assert any(w.startswith("the loss decides the peak of zero3 on mesh cp 8") for w in p.why)
+
+
+def test_the_smallest_fit_under_a_global_batch_tries_the_node_counts_that_divide_it():
+    """A review: Llama-3.1-70B at 16k under the Trainer with --global-batch 3 on 8 x H100 said no number of GPUs fits
+    and to shorten --seq-len; counts doubled whole nodes (16, 32), whose data-parallel ranks never divide 3. Three nodes
+    (24 GPUs) hold it on a mesh with 3 data-parallel ranks, as the plan there shows."""
+    job = dict(seq_len=16384, recipe="trainer", global_batch_size=3)
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", **job)
+    assert p.recommendation is None and p.smallest_fit.num_gpus == 3 * 8
+    there = plan("meta-llama/Llama-3.1-70B", "3x8xH100", **job).chosen
+    assert there.mesh is not None and there.mesh.dp == 3 and not there.strategy.endswith("offload")
+    assert p.smallest_fit.mesh.dp == 3
+
+
+def test_where_the_global_batch_is_the_limit_the_sentence_says_so():
+    """Llama-3.1-70B at 16k under the Trainer (no pipeline), --global-batch 1: every count steps on one data-parallel
+    rank, whose cp x tp ranks inside a node cannot hold 70B's states; the sentence said to shorten --seq-len. Without
+    the batch, 16 H100s hold it on a mesh with 2 data-parallel ranks (the plan on 2 x 8 with those degrees pinned shows
+    it), and the sentence names --global-batch as the limit."""
+    job = dict(seq_len=16384, recipe="trainer")
+    p = plan("meta-llama/Llama-3.1-70B", "8xH100", global_batch_size=1, **job)
+    reason = p.smallest_fit.reason
+    assert p.smallest_fit.num_gpus is None and reason.global_batch_size == 1
+    assert reason.without_batch.num_gpus == 16 and reason.without_batch.mesh_label == "dp_shard 2 x cp 4 x tp 2"
+    assert p.smallest_fit.message.startswith("No number of these GPUs fits at --global-batch 1")
+    assert "without it, 16 x H100-80GB-SXM would fit with zero3 on mesh" in p.smallest_fit.message
+    assert "--seq-len" not in p.smallest_fit.message
+    there = plan("meta-llama/Llama-3.1-70B", "2x8xH100", cp=4, tp=2, **job).chosen
+    assert there is not None and there.mesh.dp == 2 and there.fits
+    with pytest.raises(ValueError, match="--global-batch 1 is not divisible"):
+        plan("meta-llama/Llama-3.1-70B", "2x8xH100", global_batch_size=1, **job)
+
+
+def test_the_smallest_fit_tries_pipeline_meshes():
+    """A review: Qwen2.5-14B at 16k on RTX 4090s under torchtitan, --global-batch 1, said no number of GPUs fits while
+    a pipeline holds the one sample on 16 of them (pp 4 x tp 4: the plan on 4 x 4 picks it)."""
+    job = dict(seq_len=16384, recipe="torchtitan", global_batch_size=1)
+    p = plan("Qwen/Qwen2.5-14B", "4xRTX4090", **job)
+    assert p.smallest_fit.num_gpus == 16 and p.smallest_fit.mesh.pp > 1
+    there = plan("Qwen/Qwen2.5-14B", "4x4xRTX4090", **job).chosen
+    assert there.mesh == p.smallest_fit.mesh and there.fits

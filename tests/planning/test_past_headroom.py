@@ -57,3 +57,37 @@ def test_silent_where_the_user_chose_or_no_larger_batch_is_faster():
                                               "activation_checkpointing": chosen.checkpointing})
     assert not evaluate_candidate(plan.model, plan.hardware, larger, chosen.strategy).fits
     assert not _past(plan)
+
+
+def test_a_mesh_the_planner_chose_is_named_beside_the_larger_micro_batch():
+    """Qwen2.5-7B at 8k on 4 x RTX 4090 under torchtune: the plan is a mesh at its own micro-batch (none fits within the
+    headroom at the offload plan's samples). ``--micro-batch 2`` alone re-plans the offload there; the reason names the
+    mesh's degrees beside it, and that command is the plan it quotes."""
+    options = dict(seq_len=8192, recipe="torchtune")
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "4xRTX4090", **options)
+    chosen = plan.recommendation.candidate
+    assert chosen.mesh is not None and (chosen.mesh.cp, chosen.mesh.tp) == (2, 2)
+    (reason,) = _past(plan)
+    assert reason.flags == "--tp 2 --cp 2"
+    assert f"(--micro-batch {reason.micro_batch_size} --tp 2 --cp 2;" in render_reason([reason])
+    quoted = advisor.plan("Qwen/Qwen2.5-7B", "4xRTX4090", micro_batch_size=reason.micro_batch_size, tp=2, cp=2,
+                          **options).recommendation.candidate
+    assert quoted.mesh == chosen.mesh and quoted.step_time.tokens_per_s == reason.tokens_per_s
+    alone = advisor.plan("Qwen/Qwen2.5-7B", "4xRTX4090", micro_batch_size=reason.micro_batch_size,
+                         **options).recommendation.candidate
+    assert alone.mesh is None  # why the degrees are named
+
+
+def test_the_checkpointing_the_planner_chose_is_named_beside_the_larger_micro_batch():
+    """Qwen2.5-7B on 8 x V100-32GB: the plan runs selective checkpointing at micro-batch 1, and micro-batch 2 with it
+    fits past the headroom, faster. ``--micro-batch 2`` alone is planned with full checkpointing (within the headroom,
+    slower: a self-check found the quoted tokens/s did not reproduce); the reason names the mode beside it."""
+    plan = advisor.plan("Qwen/Qwen2.5-7B", "8xV100-32GB")
+    assert plan.recommendation.candidate.checkpointing == "selective"
+    (reason,) = _past(plan)
+    assert reason.flags == "--activation-checkpointing selective"
+    quoted = advisor.plan("Qwen/Qwen2.5-7B", "8xV100-32GB", micro_batch_size=reason.micro_batch_size,
+                          activation_checkpointing="selective").recommendation.candidate
+    assert quoted.step_time.tokens_per_s == reason.tokens_per_s
+    alone = advisor.plan("Qwen/Qwen2.5-7B", "8xV100-32GB", micro_batch_size=reason.micro_batch_size)
+    assert alone.recommendation.candidate.step_time.tokens_per_s < reason.tokens_per_s

@@ -14,6 +14,7 @@ from advisor.model.lora import LoraConfig
 from advisor.planning.api import plan
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.remedies import USEFUL_MFU
+from advisor.planning.render import render_reason
 
 
 def _kwargs(name: str) -> dict:
@@ -52,7 +53,11 @@ CASES = [("Qwen/Qwen2.5-7B", "2xA100", {}), ("mistralai/Mixtral-8x7B-v0.1", "8xH
          ("meta-llama/Llama-3.1-8B", "4xA100", {"seq_len": 32768, "fsdp_version": 1}),
          # routed experts and --policy fastest: a remedy's plan is the planner's mesh step too (it offloaded)
          ("Qwen/Qwen3-30B-A3B", "8xH100", {"seq_len": 32768}),
-         ("mistralai/Mixtral-8x7B-v0.1", "8xH100", {"policy": "fastest"})]
+         ("mistralai/Mixtral-8x7B-v0.1", "8xH100", {"policy": "fastest"}),
+         # --policy fastest takes an offload that runs faster than a GPU-only plan: a remedy's re-plan weighs the offload
+         # strategies too (a self-check found --gpus, --lora and --activation-offload quoting the GPU-only plan)
+         ("meta-llama/Llama-3.1-8B", "1xA100", {"seq_len": 16384, "recipe": "trainer", "policy": "fastest"}),
+         ("meta-llama/Llama-3.1-8B", "3xA100", {"seq_len": 16384, "recipe": "trainer", "policy": "fastest"})]
 
 
 @pytest.mark.parametrize(("model", "gpus", "options"), CASES)
@@ -308,3 +313,23 @@ def test_a_context_parallel_remedy_keeps_the_recommended_plans_samples():
     assert chosen.strategy == "zero3_offload" and chosen.micro_batch_size == 10
     (cp,) = [r for r in p.recommendation.remedies if r.name.startswith("--cp ")]
     assert cp.keeps_math and cp.name.endswith(f"--global-batch {chosen.micro_batch_size * 16}")
+
+
+def test_a_remedy_whose_mesh_steps_on_its_own_samples_says_so():
+    """A review: on 8 x L4, Qwen2.5-7B at 8k offloads at micro-batch 1 (8 samples a step); with the fused optimizer the
+    planner's own rule runs a GPU-only mesh at its own micro-batch (none fits within the headroom at the offload's 8),
+    and the remedy, filed as keeping the mathematics, was silent that its plan steps on 1 sample. The remedy carries
+    both counts; the plan with the change steps on the first."""
+    p = plan("Qwen/Qwen2.5-7B", "8xL4", seq_len=8192)
+    assert p.chosen.strategy == "zero3_offload" and p.chosen.micro_batch_size == 1
+    fused = next(r for r in p.recommendation.remedies if r.name == "--optimizer-impl fused")
+    assert (fused.own_samples, fused.plan_samples) == (1, 8)  # 1 x 8 GPUs, by hand
+    again = plan("Qwen/Qwen2.5-7B", "8xL4", seq_len=8192, optimizer_impl="fused").chosen
+    assert again.mesh is not None and again.micro_batch_size * (again.gradient_accumulation_steps or 1) * (
+        again.mesh.dp) == fused.own_samples
+    (line,) = [x for x in p.reasons if x.kind == "offload-remedy"]  # the why's first line names that remedy
+    assert line.remedy == fused.name and (line.remedy_samples, line.samples) == (1, 8)
+    assert "on its own 1 sample a step where this plan steps on 8" in render_reason([line])
+    # a remedy whose plan steps on the plan's samples, or that no mesh replaced, carries neither count
+    assert all(r.own_samples is None and r.plan_samples is None for r in plan("Qwen/Qwen2.5-7B", "2xA100")
+               .recommendation.remedies)

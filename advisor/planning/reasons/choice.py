@@ -249,6 +249,11 @@ class OffloadRemedy(ReasonModel):
     reference: str = Field(description="The candidate the saving is measured on.")
     remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
                                     description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
+    remedy_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                       description="Remedy.own_samples: the re-plan's samples a step, a mesh at its "
+                                                   "own micro-batch where they differ from the plan's.")
+    samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                description="The plan's samples a step, where remedy_samples is given.")
 
 
 class RemedyFits(ReasonModel):
@@ -362,6 +367,9 @@ class PastHeadroom(ReasonModel):
     headroom: float
     tokens_per_s: float
     chosen_tokens_per_s: float = Field(description="The plan's tokens/s.")
+    flags: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
+                              description="The flags beside --micro-batch that plan it, where the plan's mesh or "
+                                          "global batch was the planner's choice (``--cp 2 --tp 2``).")
 
 
 class NoCountFits(ReasonModel):
@@ -384,3 +392,8 @@ class NoCountFits(ReasonModel):
                                            "GPU or more (reduce_bucket_size, ...).")
     bucket_bytes: int | None = Field(default=None, exclude_if=lambda size: size is None,
                                      description="That buffer's bytes in the 16-bit compute dtype.")
+    global_batch_size: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                          description="--global-batch, where it is the limit: without it a count "
+                                                      "fits (without_batch).")
+    without_batch: SmallestFitFound | None = Field(default=None, exclude_if=lambda fit: fit is None,
+                                                   description="What fits without --global-batch.")

@@ -37,6 +37,15 @@ class NoDataParallelFits(ReasonModel):
 
 Limit = Annotated[Union[BatchLimit, MemoryLimit, NoDataParallelFits], Field(discriminator="kind")]
 
+# A mesh planned at its own micro-batch in place of an offload (no --global-batch was given): the offload plan's
+# samples a step, at which no mesh fits within the headroom (or, under --policy fastest, none was faster), and the
+# mesh's own samples a step.
+OffloadSamplesUnfit = Annotated[int | None, Field(
+    exclude_if=lambda n: n is None, description="The offload plan's samples a step, at which no mesh fits within the "
+    "headroom (--policy fastest: none was faster): the mesh is planned at its own micro-batch (no --global-batch).")]
+MeshOwnSamples = Annotated[int | None, Field(exclude_if=lambda n: n is None, description="The mesh's own samples a "
+                                             "step, where offload_samples_unfit is given.")]
+
 
 class DataParallelCannot(ReasonModel):
     """``Data parallelism alone cannot run this: the limit is ...``; where it runs only by offloading: ``Data
@@ -52,13 +61,8 @@ class DataParallelCannot(ReasonModel):
     samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                          description="The offload plan's samples a step, at which the mesh that "
                                                      "replaces it is planned (no --global-batch was given).")
-    offload_samples_unfit: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                              description="The offload plan's samples a step, at which no mesh fits "
-                                                          "within the headroom: the mesh is planned at its own "
-                                                          "micro-batch (no --global-batch was given).")
-    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                              description="The mesh's own samples a step, where "
-                                                          "offload_samples_unfit is given.")
+    offload_samples_unfit: OffloadSamplesUnfit = None
+    mesh_samples_per_step: MeshOwnSamples = None
 
 
 class MeshFits(FitFigures):
@@ -237,13 +241,8 @@ class FastestMesh(ReasonModel):
     dp_strategy: str
     mesh: MeshTiming
     dp: MeshTiming
-    offload_samples_unfit: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                              description="The offload plan's samples a step, at which no mesh was "
-                                                          "faster: the mesh is planned at its own micro-batch (no "
-                                                          "--global-batch was given).")
-    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                              description="The mesh's own samples a step, where "
-                                                          "offload_samples_unfit is given.")
+    offload_samples_unfit: OffloadSamplesUnfit = None
+    mesh_samples_per_step: MeshOwnSamples = None
 
 
 class DataParallelAlsoFits(ReasonModel):

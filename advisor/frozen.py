@@ -11,12 +11,15 @@ readers have always seen.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
+F = TypeVar("F", bound=Callable[..., Any])
+PER_INSTANCE_ENTRIES = 32  # argument tuples ``per_instance`` keeps: a plan's spec, LoRA and remedies' variants
 
 
 def validated_copy(model: M, update: Mapping[str, Any]) -> M:
@@ -34,3 +37,24 @@ def in_json_order(data: Any, keys: Sequence[str]) -> Any:
     if not isinstance(data, dict):
         return data
     return {**{key: data[key] for key in keys if key in data}, **data}
+
+
+def per_instance(fn: F) -> F:
+    """``fn`` of frozen models (or None) remembered by the identity of its arguments: the planner asks the same
+    spec's shape hundreds of times a plan, and a frozen model's value cannot change under it. A few recent argument
+    tuples are kept (with the arguments themselves, so no identity is reused while remembered)."""
+    memo: dict[tuple[int, ...], tuple[tuple[Any, ...], Any]] = {}
+
+    @functools.wraps(fn)
+    def remembered(*args: Any) -> Any:
+        key = tuple(map(id, args))
+        hit = memo.get(key)
+        if hit is not None:
+            return hit[1]
+        value = fn(*args)
+        if len(memo) >= PER_INSTANCE_ENTRIES:
+            memo.pop(next(iter(memo)))
+        memo[key] = (args, value)
+        return value
+
+    return remembered  # type: ignore[return-value]

@@ -30,3 +30,23 @@ def test_the_fields_given_stay_the_fields_given():
     base = TrainingConfig(seq_len=1024)
     copy = validated_copy(base, {"micro_batch_size": 2})
     assert copy.model_fields_set == {"seq_len", "micro_batch_size"}
+
+
+def test_per_instance_remembers_by_identity_and_keeps_a_bounded_few():
+    from advisor.frozen import PER_INSTANCE_ENTRIES, per_instance
+
+    calls = []
+
+    @per_instance
+    def width(model):
+        calls.append(model)
+        return (model.micro_batch_size,)
+
+    first = TrainingConfig(micro_batch_size=2)
+    assert width(first) is width(first) and len(calls) == 1  # the same instance: asked once
+    twin = TrainingConfig(micro_batch_size=2)
+    assert width(twin) == width(first) and len(calls) == 2  # an equal copy is its own instance
+    for size in range(1, PER_INSTANCE_ENTRIES + 2):  # the oldest entries give way
+        width(TrainingConfig(micro_batch_size=size))
+    width(first)
+    assert len(calls) == 2 + PER_INSTANCE_ENTRIES + 1 + 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.activation_kinds import activation_kind, row_of
+from advisor.frozen import per_instance
 from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
     eager_remaining_per_token, frozen_adapters_per_token, frozen_decoder_layer_per_token, outside_norm_per_token,
@@ -152,6 +153,7 @@ class ActivationEstimate(BaseModel):
                                  "block's offloaded tensors (``activation_offload``); 0: none offloaded.")
 
 
+@per_instance
 def shape_of(spec: ModelSpec) -> ActivationShape:
     """The spec's own shape; for a bare size an assumed Llama-like one; for a language model of a
     family with no formula, a Llama-like decoder of its own vocabulary, width and depth; for a

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from advisor.frozen import per_instance
 from advisor.model.bundled import load_architectures
 from advisor.model.lora import LoraConfig, block_linears, target_names
 from advisor.model.spec import ModelSpec
@@ -82,6 +83,7 @@ def block_products(spec: ModelSpec, lora: LoraConfig | None = None) -> tuple[Pro
     return tuple(products)
 
 
+@per_instance
 def selective_kept(spec: ModelSpec, lora: LoraConfig | None = None) -> SelectiveKept | None:
     """The products the policy keeps in one block (every other counted one, from the first) and the
     tail among them: the block's last product when it is kept and is a base layer's or plain LoRA's

@@ -138,10 +138,14 @@ def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: 
             and int(micro) * int(steps) * _data_parallel(merged) != int(total):
         # DeepSpeed checks train_batch_size = micro x steps x world; planning it would change one of the file's values
         world, rest = divmod(int(total), int(micro) * int(steps))
-        implied = f" = {world} data-parallel GPUs" if not rest else ""
+        if rest:  # no GPU count gives it
+            raise ValueError(f"--from {config.path}: its global batch {total} is not a multiple of micro-batch {micro} "
+                             f"x gradient accumulation {steps} = {int(micro) * int(steps)}, so no number of GPUs gives "
+                             "it (DeepSpeed checks train_batch_size = micro-batch x accumulation x GPUs): change the "
+                             "file's values, or pass --global-batch")
         raise ValueError(f"--from {config.path}: its global batch {total} over micro-batch {micro} x gradient "
-                         f"accumulation {steps}{implied}, but these options give {_data_parallel(merged)}: pass the "
-                         "--gpus the file was written for, or --global-batch")
+                         f"accumulation {steps} = {world} data-parallel GPUs, but these options give "
+                         f"{_data_parallel(merged)}: pass the --gpus the file was written for, or --global-batch")
     pipelined = (merged.get("pp") or 1) > 1  # a pipeline's micro-batches a step come from the global batch
     if not pipelined and micro is not None and str(micro).strip().isdigit() \
             and int(micro) * _data_parallel(merged) == int(total):

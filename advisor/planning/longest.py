@@ -1,4 +1,4 @@
-"""``--seq-len max``: the longest sequence each strategy fits at micro-batch 1.
+"""``--seq-len max``: the longest sequence each strategy fits at micro-batch 1 (with --global-batch, at that batch).
 
 Memory grows with the sequence length at every moment of the step (activations, logits, loss), so
 whether a candidate fits is monotone in it and a binary search over the lengths the training config
@@ -34,21 +34,26 @@ from advisor.hardware.cluster import Hardware
 from advisor.mesh import ParallelDims
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import evaluate_candidate, within_headroom
+from advisor.planning.candidates import batch_split_problem, evaluate_candidate, within_headroom
 from advisor.strategies import get_strategy
 from advisor.training import MAX_SEQ_LEN, TrainingConfig
 
 
 def _at_length(training: TrainingConfig, length: int) -> TrainingConfig:
     """``training`` at ``length`` tokens and the micro-batch asked for (one sample when none was), no global batch:
-    what every length search here evaluates."""
+    what every length search here evaluates. With --global-batch, that batch, split as the planner's micro-batch
+    search splits it (accumulation holds memory: a length one sample holds, the batch may not)."""
+    if training.global_batch_size is not None:
+        return validated_copy(training, {"seq_len": length})
     return validated_copy(training, {"seq_len": length, "micro_batch_size": training.micro_batch_size or 1,
                                      "global_batch_size": None})
 
 
 def longest_seq_len(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str) -> int | None:
     """The longest ``seq_len`` at which ``strategy`` fits ``training``'s micro-batch (default one sample) per
-    GPU; None if not even one token."""
+    GPU, or its --global-batch; None if not even one token (or the GPUs cannot split that batch)."""
+    if batch_split_problem(training, hw.world_size) is not None:
+        return None
     return _search(lambda length: evaluate_candidate(spec, hw, _at_length(training, length), strategy).fits, step=1)
 
 
@@ -162,4 +167,5 @@ def longest_on_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, s
     ``meshes(training)`` lists the meshes the planner would consider; they are listed at a length every
     context-parallel degree of the node divides (the planner keeps a degree only where it divides)."""
     probe = validated_copy(training, {"seq_len": 2 * (1 << (hw.gpus_per_node - 1).bit_length())})
-    return {longest_key(strategy, mesh): longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)}
+    return {longest_key(strategy, mesh): longest_on_mesh(spec, hw, training, strategy, mesh) for mesh in meshes(probe)
+            if batch_split_problem(training, mesh.dp) is None}  # a mesh keeps --global-batch or is not a candidate

@@ -127,6 +127,9 @@ def check_pins(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: Me
     if training.fsdp_version == 1 and refused:
         raise ValueError(f"{' '.join(refused)} needs FSDP2 (accelerate's parallelism_config runs tp, cp and pipelines "
                          "on fsdp_version 2 only); --fsdp-version 1 plans data parallelism, with --hybrid N at most")
+    if pins.pipelined and (pins.dp_replicate or 1) > 1:
+        raise ValueError(f"--hybrid {pins.dp_replicate} with {pins.pipeline_flags}: pipeline and expert meshes are "
+                         "planned with FSDP2 over dp_shard only, not HSDP replicas; drop one of them")
     if pins.pipelined:
         return check_pipeline_pins(spec, hw, training, pins)
     fixed = (pins.tp or 1) * (pins.cp or 1) * (pins.dp_replicate or 1)
@@ -342,7 +345,10 @@ def mesh_recommendation(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
 
 
 def pinned_pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins) -> list[ParallelDims]:
-    """The pipeline and expert meshes (``advisor.planning.pipeline_meshes``) with the user's pinned degrees."""
+    """The pipeline and expert meshes (``advisor.planning.pipeline_meshes``) with the user's pinned degrees; none under
+    --hybrid, which they do not run (HSDP replicas: ``enumerate_meshes``' meshes), so the pin is never dropped."""
+    if pins.dp_replicate is not None and pins.dp_replicate > 1:
+        return []
     return pipeline_meshes(spec, hw, training, pp=pins.pp or (len(pins.pp_layers) if pins.pp_layers else None),
                            ep=pins.ep, schedule=pins.pp_schedule, pp_layers=pins.pp_layers,
                            virtual_stages=pins.virtual_stages, tp=pins.tp, cp=pins.cp)

@@ -218,7 +218,8 @@ def _loss_would_fit(x: r.LossWouldFit) -> str:
 
 def _smallest(x: r.SmallestFitFound) -> str:
     on = f" on mesh {x.gpu_only_mesh}" if x.gpu_only_mesh is not None else ""
-    gpu_only = (f" Without offload, {x.gpu_only_gpus} x {x.gpu} would fit with zero3{on}."
+    gpu_only = (f" Without offload, {x.gpu_only_gpus} x {x.gpu} would fit with zero3{on}"
+                f"{'' if x.gpu_only_micro_batch is None else f' at micro-batch {x.gpu_only_micro_batch}'}."
                 if x.gpu_only_gpus is not None else "")
     dropped = f" without {x.without}" if x.without is not None else ""
     mesh = f" on mesh {x.mesh_label}" if x.mesh_label is not None else ""

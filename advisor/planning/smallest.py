@@ -220,16 +220,20 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
             micro_batch_size=micro_fitting(cluster, "zero3", mesh.dp, mesh) or 1))
     if best is not None:
         count, _, name = best
-        gpu_only_mesh = None
+        gpu_only_mesh = gpu_only_micro = None
         if on_mesh is not None and offloads(name):  # fewer GPUs than zero3 alone hold it on a mesh
             gpu_only, gpu_only_mesh = on_mesh[0], on_mesh[1].label
+            gpu_only_micro = micro_fitting(at_count(hardware, gpu_only, per_node), "zero3", on_mesh[1].dp, on_mesh[1])
+        elif gpu_only is not None and offloads(name):
+            gpu_only_micro = micro_fitting(at_count(hardware, gpu_only, per_node), "zero3", gpu_only)
         cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
         return SmallestFit(num_gpus=count, strategy=name,
                            reason=r.SmallestFitFound(num_gpus=count, gpu=hardware.gpu.name, strategy=name,
                                                      current=count == hardware.world_size,
                                                      micro_batch_size=micro_fitting(cluster, name, count) or 1,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
-                                                     gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned))
+                                                     gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned,
+                                                     gpu_only_micro_batch=gpu_only_micro))
     remedies = ["shorten --seq-len"]
     bucket = _oversized_bucket(training, hardware)
     if bucket is not None:  # the user's own DeepSpeed size, not the sample, is what no GPU holds

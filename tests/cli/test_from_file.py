@@ -183,6 +183,14 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
     ("batch.json", '{"per_device_train_batch_size": "16"}', "per_device_train_batch_size must be an integer"),
     ("clash.json", '{"per_device_train_batch_size": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 8}}', "disagree"),
     ("nods.json", '{"per_device_train_batch_size": 4, "deepspeed": "nowhere.json"}', "is not a file"),
+    # 3 samples a step over the Trainer's default micro-batch 8: no GPU count gives them (a review: the sentence
+    # advised a --gpus)
+    ("three.json", '{"deepspeed": {"zero_optimization": {"stage": 3}, "train_batch_size": 3}}',
+     "its global batch 3 is not a multiple of micro-batch 8 x gradient accumulation 1 = 8, so no number of GPUs"),
+    # 32 samples over micro-batch 4 x accumulation 2 = 4 data-parallel GPUs, planned on 2
+    ("four.json", '{"zero_optimization": {"stage": 3}, "train_batch_size": 32, '
+     '"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}',
+     "over micro-batch 4 x gradient accumulation 2 = 4 data-parallel GPUs, but these options give 2"),
 ])
 def test_a_bad_file_is_one_line_and_exit_2(name, text, message, tmp_path, capsys):
     path = tmp_path / name

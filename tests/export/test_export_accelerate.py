@@ -234,7 +234,7 @@ def test_nothing_fits_is_refused_naming_the_smallest_fit():
     # (the torch recipe's foreach AdamW leaves zero3 alone 0.4 GiB short on two A100s)
     assert message == ("zero1 does not fit on 2 x A100-80GB-SXM for Qwen/Qwen2.5-7B, so there is nothing to export: "
                        "zero3_offload fits on these 2 x A100-80GB-SXM at micro-batch 1. Without offload, "
-                       "3 x A100-80GB-SXM would fit with zero3.")
+                       "3 x A100-80GB-SXM would fit with zero3 at micro-batch 1.")
     assert "\n" not in message and os.linesep not in message
     unpinned = make_plan("Qwen/Qwen2.5-72B", "1xA10G", activation_checkpointing="on")
     with pytest.raises(ValueError) as err:

@@ -176,3 +176,20 @@ def test_past_the_models_context_is_said_first_and_a_mesh_gets_its_headroom_leng
         assert (cand.memory_range.at("expected") <= 0.9 * cand.capacity_bytes) is within, tokens
     short = advisor.plan("Qwen/Qwen2.5-7B", "2xA100", seq_len="max")
     assert short.training.seq_len < 131_072 and not [x for x in short.reasons if x.kind == "beyond-context"]
+
+
+def test_the_longest_keeps_the_global_batch():
+    """A review: ``--global-batch 8 --seq-len max`` on 4 x A100 searched one sample without accumulation (cp 4 at
+    97,856 tokens), then said nothing fits there: 8 samples over cp 4's one data-parallel rank accumulate 8 steps,
+    whose held gradients leave room for fewer tokens. The length is now searched at the batch: the plan at it fits
+    with the 8 steps, and a tenth more tokens does not."""
+    p = advisor.plan("Qwen/Qwen2.5-7B", "4xA100", global_batch_size=8, seq_len="max")
+    chosen = p.chosen
+    assert chosen is not None and chosen.mesh.cp == 4 and chosen.gradient_accumulation_steps == 8
+    longest = p.training.seq_len
+    alone = advisor.plan("Qwen/Qwen2.5-7B", "4xA100", seq_len="max").training.seq_len
+    assert longest < alone
+    at = advisor.plan("Qwen/Qwen2.5-7B", "4xA100", global_batch_size=8, seq_len=longest, cp=4).chosen
+    assert at is not None and at.fits
+    beyond = 8 * (int(longest * 1.1) // 8)
+    assert advisor.plan("Qwen/Qwen2.5-7B", "4xA100", global_batch_size=8, seq_len=beyond, cp=4).chosen is None

@@ -363,3 +363,27 @@ def test_the_smallest_fit_tries_pipeline_meshes():
     assert p.smallest_fit.num_gpus == 16 and p.smallest_fit.mesh.pp > 1
     there = plan("Qwen/Qwen2.5-14B", "4x4xRTX4090", **job).chosen
     assert there.mesh == p.smallest_fit.mesh and there.fits
+
+
+def test_the_gpu_only_clause_of_a_smallest_fit_names_its_micro_batch():
+    """A review: with --micro-batch 4 the sentence "Without offload, 8 x A100 would fit with zero3 on mesh dp_shard 4 x
+    cp 2" held only at micro-batch 1 (the count search relaxes the micro-batch); it now says so, and that plan fits."""
+    job = dict(seq_len=16384, recipe="trainer", global_batch_size=4)
+    reason = plan("Qwen/Qwen2.5-14B", "4xA100", micro_batch_size=4, **job).smallest_fit.reason
+    assert (reason.gpu_only_gpus, reason.gpu_only_mesh, reason.gpu_only_micro_batch) == (8, "dp_shard 4 x cp 2", 1)
+    assert "dp_shard 4 x cp 2 at micro-batch 1." in plan("Qwen/Qwen2.5-14B", "4xA100", micro_batch_size=4,
+                                                         **job).smallest_fit.message
+    there = plan("Qwen/Qwen2.5-14B", "8xA100", micro_batch_size=1, cp=2, **job).chosen
+    assert there.fits and there.mesh.label == "dp_shard 4 x cp 2" and not there.strategy.endswith("offload")
+
+
+def test_a_hybrid_pin_is_never_dropped_for_a_pipeline():
+    """A review: ``--hybrid 2 --global-batch 3`` on 2 x 8 H100 planned pp 4 x tp 4 (no replicas) and said "Pinned degrees:
+    --hybrid 2"; ``--hybrid 2 --pp 2`` planned pp 2 x dp_shard 8. Pipeline meshes are planned without HSDP replicas, so
+    the first is the batch refusal (2 replicas cannot split 3 samples) and the second names the clash."""
+    with pytest.raises(ValueError, match="--global-batch 3 is not divisible"):
+        plan("Qwen/Qwen2.5-7B", "2x8xH100", global_batch_size=3, hybrid=2)
+    with pytest.raises(ValueError, match="--hybrid 2 with --pp 2: pipeline and expert meshes are planned with FSDP2 "
+                                         "over dp_shard only"):
+        plan("Qwen/Qwen2.5-7B", "2x8xH100", hybrid=2, pp=2)
+    assert plan("Qwen/Qwen2.5-7B", "2x8xH100", global_batch_size=4, hybrid=2).chosen.mesh.dp_replicate == 2

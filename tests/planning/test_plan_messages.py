@@ -70,7 +70,7 @@ def test_a_fixed_strategy_that_does_not_fit_names_what_fits_on_the_plans_own_gpu
     assert trainer.smallest_fit.message == "zero3 fits on these 2 x A100-80GB-SXM at micro-batch 1."
     torch_recipe = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="ddp")
     assert torch_recipe.smallest_fit.message == ("zero3_offload fits on these 2 x A100-80GB-SXM at micro-batch 1. "
-                                                 "Without offload, 3 x A100-80GB-SXM would fit with zero3.")
+                                                 "Without offload, 3 x A100-80GB-SXM would fit with zero3 at micro-batch 1.")
     nodes = plan("Qwen/Qwen2.5-72B", "4xA100", nodes=3, strategy="ddp")
     assert (nodes.smallest_fit.num_gpus, nodes.smallest_fit.strategy) == (12, "zero3_offload")
     assert nodes.smallest_fit.message.startswith("zero3_offload fits on these 12 x A100-80GB-SXM")
@@ -126,7 +126,7 @@ def test_a_pinned_degree_keeps_its_mesh_in_the_smallest_fit():
     assert one.recommendation.mesh.label == "dp_shard 4 x tp 2"
     offload = plan("Qwen/Qwen2.5-7B", "4xA10G", tp=2)
     assert offload.smallest_fit.message == ("zero3_offload fits on these 4 x A10G without --tp 2 at micro-batch 1. "
-                                            "Without offload, 8 x A10G would fit with zero3 on mesh dp_shard 4 x tp 2.")
+                                            "Without offload, 8 x A10G would fit with zero3 on mesh dp_shard 4 x tp 2 at micro-batch 1.")
     assert plan("Qwen/Qwen2.5-7B", "8xA10G", tp=2).recommendation.mesh.label == "dp_shard 4 x tp 2"
 
 
@@ -142,7 +142,7 @@ def test_the_smallest_fit_is_judged_at_the_asked_global_batch():
     fit = p.smallest_fit
     assert p.recommendation is None and fit.strategy == "zero3_offload" and fit.num_gpus == 8
     assert fit.message == ("zero3_offload fits on these 8 x H100-80GB-SXM without --tp 2 at micro-batch 1. "
-                           "Without offload, 16 x H100-80GB-SXM would fit with zero3 on mesh dp_shard 8 x tp 2.")
+                           "Without offload, 16 x H100-80GB-SXM would fit with zero3 on mesh dp_shard 8 x tp 2 at micro-batch 1.")
     here = plan("meta-llama/Llama-3.1-70B", "8xH100", strategy="zero3_offload", micro_batch_size=1, **job)
     assert here.chosen.fits and here.chosen.gradient_accumulation_steps == 14
     more = plan("meta-llama/Llama-3.1-70B", "2x8xH100", tp=2, micro_batch_size=1, **job)

@@ -321,6 +321,9 @@ class SmallestFitFound(ReasonModel):
     micro_batch_size: int = Field(default=1, exclude_if=lambda n: n == 1,
                                   description="The micro-batch it fits at: 1, or with --global-batch the whole batch "
                                               "at once where accumulating it does not fit.")
+    gpu_only_micro_batch: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                             description="The micro-batch ``gpu_only_gpus`` fit at, as "
+                                                         "micro_batch_size.")
 
 
 class LongerWithOffload(ReasonModel):

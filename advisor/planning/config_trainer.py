@@ -148,7 +148,9 @@ def read_trainer(r: Reader, base: Path) -> None:
 def _sft_length_and_loss(r: Reader) -> None:
     """An SFTConfig's ``max_length`` is the longest sample (every sample with ``packing``): the plan's sequence length
     (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type`` "chunked_nll" (the
-    default since TRL 1.4.0, trl#5846) is not modelled: planned with the loss the recipe runs, said so."""
+    default since TRL 1.4.0, trl#5846) is not modelled: planned with the loss the recipe runs, said so with what
+    benchmarks/trl_chunked_loss_bytes.py measured of it (its per-chunk fp32 copy of the head weight makes it hold more
+    than the full logits for short micro-batches, the opposite of what the note said before)."""
     if "max_length" not in r.doc:
         r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
     else:
@@ -163,8 +165,11 @@ def _sft_length_and_loss(r: Reader) -> None:
         return
     if loss is None or loss.lower() == "chunked_nll":
         said = "not set (TRL 1.4.0 and later default to chunked_nll)" if loss is None else "chunked_nll"
-        r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default (more "
-                       "memory at the loss than TRL's kernel holds; --loss chunked is this tool's)")
+        r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default, the full "
+                       "logits. TRL's keeps one 256-token chunk of logits but copies the head weight to fp32 for each "
+                       "chunk (and in backward holds its fp32 gradient where the head trains): on bf16 tensors it "
+                       "held more than the full logits below about as many tokens a micro-batch as the model's "
+                       "width (a frozen head: about half), far less above (benchmarks/trl_chunked_loss_bytes.py)")
 
 
 def _trl_offloading(r: Reader) -> None:

@@ -142,7 +142,7 @@ def _apply_global_batch(config: ConfigFile, merged: dict[str, Any], overridden: 
             raise ValueError(f"--from {config.path}: its global batch {total} is not a multiple of micro-batch {micro} "
                              f"x gradient accumulation {steps} = {int(micro) * int(steps)}, so no number of GPUs gives "
                              "it (DeepSpeed checks train_batch_size = micro-batch x accumulation x GPUs): change the "
-                             "file's values, or pass --global-batch")
+                             "micro-batch, the accumulation or the global batch, or pass --global-batch")
         raise ValueError(f"--from {config.path}: its global batch {total} over micro-batch {micro} x gradient "
                          f"accumulation {steps} = {world} data-parallel GPUs, but these options give "
                          f"{_data_parallel(merged)}: pass the --gpus the file was written for, or --global-batch")

@@ -333,10 +333,36 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
         raise _option_error(err) from None
 
 
+def _strategy_named(spec: ModelSpec, hw: Hardware, asked: TrainingConfig, chosen: Candidate, past, pins: MeshPins):
+    """``past`` (a ``reasons.PastHeadroom``) with ``--strategy`` among its flags where the command it names could plan
+    another strategy at that micro-batch: the data-parallel family's re-plan of that command (``remedies.
+    replan_data_parallel``) takes another (a faster one within the headroom there: ddp's larger micro-batch past it,
+    zero2's within it), or offloads, where the planner's mesh step may take a mesh instead (that step is not run here:
+    it loads the mesh estimators, and the pinned strategy reproduces the plan quoted either way)."""
+    from advisor.planning.remedies import replan_data_parallel
+
+    if chosen.mesh is not None and not chosen.mesh.is_data_parallel_only:  # the mesh's degrees are named: pinned
+        return past
+    named = (past.flags or "").split()
+    update = {"micro_batch_size": past.micro_batch_size}
+    if "--activation-checkpointing" in named:
+        update["activation_checkpointing"] = named[named.index("--activation-checkpointing") + 1]
+    if "--global-batch" in named:
+        update["global_batch_size"] = int(named[named.index("--global-batch") + 1])
+    try:
+        again = replan_data_parallel(spec, hw, validated_copy(asked, update))
+    except ValueError:
+        again = None
+    if again is not None and again.strategy == chosen.strategy and not offloads(again):
+        return past
+    return validated_copy(past, {"flags": " ".join([f"--strategy {chosen.strategy}", *named])})
+
+
 def _replanning_flags(chosen: Candidate, training: TrainingConfig, asked: TrainingConfig, pins: MeshPins) -> str | None:
     """The flags beside a changed --micro-batch that plan ``chosen`` again where the planner chose its checkpointing
     (a larger micro-batch would take more of it), its mesh (no pins) or its global batch (a mesh planned at an offload
-    plan's samples): ``--activation-checkpointing off --cp 2 --tp 2``; None where none is needed."""
+    plan's samples): ``--activation-checkpointing off``, ``--tp 2 --cp 2``; None where none is needed. The strategy is
+    named where the plan at the larger micro-batch would take another (``_strategy_named``)."""
     parts = []
     if training.activation_checkpointing == "auto" and chosen.checkpointing in ("off", "selective"):  # (the most
         # recompute, "on", is what the planner falls back to)
@@ -538,9 +564,15 @@ def plan(
                                      f"{training.micro_batch_size}; see advisor plan without --seq-len max")
             else:
                 best = planned_length(longest, training)
+            if best is None and training.global_batch_size is not None and not pins.any:
+                # a batch no data-parallel rank count here splits: a pipeline's stages take the GPUs it leaves
+                longest.update(longest_on_meshes(spec, hw, training, on_mesh,
+                                                 lambda at: pipeline_meshes(spec, hw, at)))
+                best = planned_length(longest, training)
         if best is None:
-            raise ValueError(f"not even one token fits on these GPUs at micro-batch {training.micro_batch_size}; see "
-                             "advisor plan without --seq-len max")
+            at = (f"--global-batch {training.global_batch_size}" if training.global_batch_size is not None else
+                  f"micro-batch {training.micro_batch_size or 1}")
+            raise ValueError(f"not even one token fits on these GPUs at {at}; see advisor plan without --seq-len max")
         training = validated_copy(training, {"seq_len": best})
         notes.append(longest_note(spec, longest, best, training.micro_batch_size))
     candidates, recommendation, why = [], None, []  # why: the reasons (advisor.planning.reasons), in order
@@ -582,11 +614,14 @@ def plan(
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)
         past = larger_past_headroom(spec, hw, training, recommendation.candidate,
                                     flags=_replanning_flags(recommendation.candidate, training, asked, pins))
+        past = past if past is None else _strategy_named(spec, hw, asked, recommendation.candidate, past, pins)
         why.extend([past] if past is not None else [])
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
-        spec, hw, training, meshes=lambda cluster: enumerate_meshes(spec, cluster, training, pins) + (
-            [] if pins.any else pipeline_meshes(spec, cluster, training)),  # the pipeline and expert meshes too
+        spec, hw, training, meshes=lambda cluster: (  # the pipeline and expert meshes too (first: pinned ones)
+            pinned_pipeline_meshes(spec, cluster, training, pins) + enumerate_meshes(spec, cluster, training, pins)
+            if pins.pipelined else enumerate_meshes(spec, cluster, training, pins) + (
+                [] if pins.any else pipeline_meshes(spec, cluster, training))),
         from_current=bool(strategy) or training.micro_batch_size is not None or pins.any,
         pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None)
     if smallest is not None:

@@ -117,10 +117,10 @@ class Remedy(_Frozen):
     tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
     fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")
     own_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                    description="That plan's samples a step, where it is a mesh at its own micro-batch "
-                                                "in place of an offload (no mesh fits within the headroom at the "
-                                                "offload's samples; no --global-batch was given) and they differ from "
-                                                "this plan's.")
+                                    description="That plan's samples a step where they differ from this plan's and no "
+                                                "--global-batch fixes them (the user's or the remedy's): its own "
+                                                "micro-batch search's, or a mesh's fewer data-parallel ranks; its "
+                                                "step_s is for that many samples.")
     plan_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                      description="This plan's samples a step, where own_samples is given.")
 

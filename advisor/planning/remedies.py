@@ -135,8 +135,9 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     """Re-plan with one change: the saving on ``ref`` (same micro-batch and checkpointing) and the new plan, and
     whether that plan leaves the --headroom free. More GPUs are measured on the size default of their count
     where ``ref`` is the size default of this one (one GPU's plain model becomes full sharding on several).
-    ``samples``: the plan's samples a step, named beside the re-plan's where that is a mesh at its own micro-batch
-    (the planner's rule where no mesh fits at the offload's samples) and steps on other samples."""
+    ``samples``: the plan's samples a step, named beside the re-plan's where no --global-batch fixes them (the user's,
+    or the remedy's own) and the re-plan steps on others (its own micro-batch search's, or a mesh's fewer data-parallel
+    ranks): its s/step is then for that many samples."""
     new_spec, new_hw = change.spec or spec, change.hardware or hw
     measured = ref.strategy
     if change.hardware is not None and ref.strategy == default_strategy(spec, world=hw.world_size)[0]:
@@ -162,7 +163,6 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     if same.memory_bytes is None:
         return None
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
-    own_samples = None
     if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
         return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
     if change.pins is not None:
@@ -171,9 +171,12 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
         result = result if result.fits else None
     else:
-        result, own = replan(new_spec, new_hw, changed, pins)
-        if own is not None and own != samples:
-            own_samples = own
+        result = replan(new_spec, new_hw, changed, pins)
+    own_samples = None  # the re-plan's samples a step where no --global-batch fixes them and they are not the plan's
+    if result is not None and samples is not None and changed.global_batch_size is None:
+        ran = result.micro_batch_size * (result.gradient_accumulation_steps or 1) * (
+            result.mesh.dp if result.mesh is not None else new_hw.world_size)
+        own_samples = ran if ran != samples else None
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
@@ -193,26 +196,20 @@ def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
     return best_mesh(evaluate_meshes(spec, hw, training, meshes, strategy=strategy), training)
 
 
-def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
-           pins: MeshPins | None = None) -> tuple[Candidate | None, int | None]:
+def replan(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None) -> Candidate | None:
     """The planner's choice, by the planner's own two steps: the data-parallel family's (``replan_data_parallel``'s
     candidates and rule), then ``advisor.planning.meshes.choose_with_meshes`` (a GPU-only mesh in place of an offload,
-    routed experts' meshes, ``--policy fastest``'s faster mesh). ``pins``: the degrees of 1 the user fixed. Second:
-    the chosen mesh's own samples a step where it was planned at its own micro-batch because none fits at the
-    offload plan's (``offload_samples_unfit`` in its why), else None."""
+    routed experts' meshes, ``--policy fastest``'s faster mesh). ``pins``: the degrees of 1 the user fixed."""
     candidates = _data_parallel(spec, hw, training)
     rec = _recommended(spec, hw, training, candidates)
     if rec is None:
-        return None, None
+        return None
     try:
-        meshes, rec, why, _ = choose_with_meshes(spec, hw, training, dp_candidates=candidates, dp_choice=rec,
-                                                 dp_why=[], pins=pins or MeshPins())
+        meshes, rec, _, _ = choose_with_meshes(spec, hw, training, dp_candidates=candidates, dp_choice=rec, dp_why=[],
+                                               pins=pins or MeshPins())
     except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
-        return next(c for c in candidates if c.strategy == rec.strategy), None
-    chosen = next(c for c in [*candidates, *meshes] if c.strategy == rec.strategy and c.mesh == rec.mesh)
-    own = next((x.mesh_samples_per_step for x in why if getattr(x, "offload_samples_unfit", None) is not None
-                and chosen.mesh is not None), None)
-    return chosen, own
+        return next(c for c in candidates if c.strategy == rec.strategy)
+    return next(c for c in [*candidates, *meshes] if c.strategy == rec.strategy and c.mesh == rec.mesh)
 
 
 def replan_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> Candidate | None:

@@ -260,9 +260,10 @@ def _no_count(x: r.NoCountFits) -> str:
     room = (f"the {_gib(x.left_bytes)} of a GPU that --reserve-gib {x.reserve_gib:g} and the CUDA context leave"
             if x.reserve_gib is not None else "a GPU")
     if x.without_batch is not None:  # the batch, not the sample, is what no count holds
-        return (f"No number of these GPUs fits{pinned} at --global-batch {x.global_batch_size} (a count's "
-                f"data-parallel ranks must divide it, each accumulating its share); without it, "
-                f"{_smallest(x.without_batch)} Change --global-batch.")
+        return (f"No count of these GPUs above {x.above} fits{pinned} at --global-batch {x.global_batch_size} "
+                f"(tried: whole nodes whose data-parallel ranks divide it, each accumulating its share, up to "
+                f"{x.max_nodes} nodes, and doubling beyond); without it, {_smallest(x.without_batch)} Change "
+                f"--global-batch.")
     if x.bucket is not None:  # the user's DeepSpeed size, not the sample
         return (f"No number of these GPUs fits{pinned}: DeepSpeed's {x.bucket} alone takes {_gib(x.bucket_bytes)} a "
                 f"buffer in 16 bits, beside the model; {' or '.join(x.hints)}.")

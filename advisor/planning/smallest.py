@@ -54,8 +54,8 @@ def at_count(hardware: Hardware, count: int, per_node: int) -> Hardware:
     return resize(hardware, nodes=nodes, gpus_per_node=per)
 
 
-# Whole-node counts beyond doubling that a search under --global-batch also tries: the node counts up to this that
-# divide it (3 nodes for --global-batch 3: the data-parallel ranks of a mesh cp 8 on each node).
+# Whole-node counts beyond doubling that a search under --global-batch also tries, up to this many nodes: those whose
+# GPUs are a divisor of it times a power of two (3 nodes of 8 for --global-batch 3: dp 3 x cp 8; 6 nodes: pp 16 x dp 3).
 MAX_DIVIDING_NODES = 64
 
 
@@ -66,9 +66,15 @@ def counts_above(above: int, per_node: int, *, every: bool = True, divides: int 
     within = range(above + 1, per_node + 1) if every else (n for n in (1 << k for k in range(per_node.bit_length()))
                                                            if above < n <= per_node)
     nodes = {per_node * 2**k for k in range(1, 15)}
-    if divides is not None:
-        nodes |= {per_node * k for k in range(2, MAX_DIVIDING_NODES + 1) if divides % k == 0}
+    if divides is not None:  # a mesh's GPUs are its data-parallel ranks (a divisor) times powers of two (tp, cp, pp)
+        nodes |= {count for d in _divisors(divides) for count in (d << k for k in range(15))
+                  if count % per_node == 0 and per_node < count <= MAX_DIVIDING_NODES * per_node}
     return [*within, *sorted(n for n in nodes if n > above)]
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int, max_nodes: int = 2**14) -> int | None:
@@ -127,7 +133,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
                  from_current: bool = False, pinned: str | None = None,
-                 pinned_pipeline: str | None = None) -> SmallestFit:
+                 pinned_pipeline: str | None = None, meshes_here: bool = False) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
     (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer;
     an offloading answer also names the fewest GPUs that hold the job without offload, on a mesh where that
@@ -137,7 +143,9 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     ``enumerate_meshes`` plans no pipeline); with them the meshes are tried on the plan's own GPUs too, and the
     answer's sentence says what it drops. With --global-batch, a count (a mesh's data-parallel ranks) must divide it,
     and the fit is judged at it: micro-batch 1 with the rest accumulated, else the whole batch at once (where
-    accumulation holds gradients, as the Trainer's FSDP does, the latter can need less), the sentence naming which."""
+    accumulation holds gradients, as the Trainer's FSDP does, the latter can need less), the sentence naming which;
+    where no count does, the same search without it (these GPUs too: ``meshes_here``, a mesh on the plan's own count)
+    says whether --global-batch is the limit."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     total = training.global_batch_size  # a count (a mesh's data-parallel ranks) must divide it: the run keeps it
@@ -195,7 +203,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                 return False
             return True
 
-        first = hardware.world_size + (0 if pinned is not None and from_current else 1)
+        first = hardware.world_size + (0 if (pinned is not None or meshes_here) and from_current else 1)
         counts = counts_above(first - 1, per_node, divides=total)
         if pinned is not None and gpu_only is not None:  # the count zero3 alone needs: does a pinned mesh fit it?
             counts = sorted({*counts, gpu_only})
@@ -212,11 +220,12 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     if on_mesh is not None and (best is None or on_mesh[0] < best[0] or (
             on_mesh[0] == best[0] and (pinned is not None or offloads(best[2])))):  # a tie: the GPUs alone
         count, mesh = on_mesh
+        staged = mesh if mesh.pp > 1 or mesh.ep > 1 else None  # a pipeline or expert mesh keeps --pp / --ep
         cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
         return SmallestFit(num_gpus=count, strategy="zero3", mesh=mesh, reason=r.SmallestFitFound(
             num_gpus=count, gpu=hardware.gpu.name, strategy="zero3", mesh_label=mesh.label,
-            current=count == hardware.world_size, without=pinned_pipeline,
-            pinned=pinned if pinned_pipeline else None,
+            current=count == hardware.world_size, without=pinned_pipeline if staged is None else None,
+            pinned=pinned if pinned_pipeline and staged is None else None,
             micro_batch_size=micro_fitting(cluster, "zero3", mesh.dp, mesh) or 1))
     if best is not None:
         count, _, name = best
@@ -250,10 +259,14 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     unbatched = None  # --global-batch is the limit where the search without it finds a count
     if total is not None:
         unbatched = smallest_fit(spec, hardware, validated_copy(training, {"global_batch_size": None}), strategies,
-                                 meshes, from_current=from_current, pinned=pinned, pinned_pipeline=pinned_pipeline)
-        unbatched = unbatched.reason if unbatched.num_gpus is not None else None
+                                 meshes, from_current=True, pinned=pinned, pinned_pipeline=pinned_pipeline,
+                                 meshes_here=True)  # these GPUs too: without the batch they may fit
+        unbatched = unbatched.reason if unbatched.num_gpus is not None and unbatched.reason.without is None else None
+        # (an answer that drops pinned degrees is not this command without --global-batch)
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(
         global_batch_size=total if unbatched is not None else None, without_batch=unbatched,
+        above=hardware.world_size if unbatched is not None else None,
+        max_nodes=MAX_DIVIDING_NODES if unbatched is not None else None,
         checkpointing_tried=training.activation_checkpointing != "off", hints=tuple(remedies), pinned=pinned,
         reserve_gib=held_back, left_bytes=None if held_back is None else hardware.gpu.memory_bytes - int(
             (held_back + training.context_gib_at(hardware.world_size, hardware.gpu.name)) * GIB),

@@ -193,3 +193,12 @@ def test_the_longest_keeps_the_global_batch():
     assert at is not None and at.fits
     beyond = 8 * (int(longest * 1.1) // 8)
     assert advisor.plan("Qwen/Qwen2.5-7B", "4xA100", global_batch_size=8, seq_len=beyond, cp=4).chosen is None
+
+
+def test_a_batch_only_a_pipeline_splits_is_searched_on_the_pipelines():
+    """A review: Llama-3.1-8B on 2 x 8 H100 with --global-batch 3 and --seq-len max said "not even one token fits":
+    neither 16 GPUs nor any tp/cp mesh's data-parallel ranks divide 3, and the length search had no pipeline meshes,
+    whose stages take the GPUs a single data-parallel rank leaves (the plan at 4,096 tokens runs one)."""
+    p = advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len="max")
+    assert p.chosen is not None and p.chosen.mesh.pp > 1 and p.chosen.fits
+    assert advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len=4096).chosen.mesh.pp > 1

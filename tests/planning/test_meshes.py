@@ -345,10 +345,13 @@ def test_where_the_global_batch_is_the_limit_the_sentence_says_so():
     p = plan("meta-llama/Llama-3.1-70B", "8xH100", global_batch_size=1, **job)
     reason = p.smallest_fit.reason
     assert p.smallest_fit.num_gpus is None and reason.global_batch_size == 1
-    assert reason.without_batch.num_gpus == 16 and reason.without_batch.mesh_label == "dp_shard 2 x cp 4 x tp 2"
-    assert p.smallest_fit.message.startswith("No number of these GPUs fits at --global-batch 1")
-    assert "without it, 16 x H100-80GB-SXM would fit with zero3 on mesh" in p.smallest_fit.message
+    without = reason.without_batch  # these 8 offload; 16 hold it on the GPUs alone
+    assert (without.num_gpus, without.current, without.strategy) == (8, True, "zero3_offload")
+    assert (without.gpu_only_gpus, without.gpu_only_mesh) == (16, "dp_shard 2 x cp 4 x tp 2")
+    assert p.smallest_fit.message.startswith("No count of these GPUs above 8 fits at --global-batch 1")
+    assert "without it, zero3_offload fits on these 8 x H100-80GB-SXM" in p.smallest_fit.message
     assert "--seq-len" not in p.smallest_fit.message
+    assert plan("meta-llama/Llama-3.1-70B", "8xH100", **job).chosen.strategy == "zero3_offload"
     there = plan("meta-llama/Llama-3.1-70B", "2x8xH100", cp=4, tp=2, **job).chosen
     assert there is not None and there.mesh.dp == 2 and there.fits
     with pytest.raises(ValueError, match="--global-batch 1 is not divisible"):
@@ -387,3 +390,19 @@ def test_a_hybrid_pin_is_never_dropped_for_a_pipeline():
                                          "over dp_shard only"):
         plan("Qwen/Qwen2.5-7B", "2x8xH100", hybrid=2, pp=2)
     assert plan("Qwen/Qwen2.5-7B", "2x8xH100", global_batch_size=4, hybrid=2).chosen.mesh.dp_replicate == 2
+
+
+def test_without_the_global_batch_the_plans_own_gpus_are_tried_too():
+    """A review: Qwen2.5-7B at 32k on 2 x 8 L4 with --global-batch 1 said "without it, 32 x L4 would fit" while these 16
+    hold it without the batch (the plan there: a mesh with 2 data-parallel ranks); and Mixtral-8x7B at 32k with
+    --global-batch 3 was "no number fits" while 6 nodes do, pp 16 x dp_shard 3 (48 GPUs: 3 x 2^4, not a divisor of 3
+    in whole nodes)."""
+    p = plan("Qwen/Qwen2.5-7B", "2x8xL4", seq_len=32768, global_batch_size=1)
+    without = p.smallest_fit.reason.without_batch
+    assert (without.num_gpus, without.current) == (16, True)
+    here = plan("Qwen/Qwen2.5-7B", "2x8xL4", seq_len=32768).chosen
+    assert here.fits and here.mesh.label == without.mesh_label
+    mixtral = plan("mistralai/Mixtral-8x7B-v0.1", "2x8xH100", seq_len=32768, global_batch_size=3)
+    assert mixtral.smallest_fit.num_gpus == 48 and mixtral.smallest_fit.mesh.dp == 3
+    there = plan("mistralai/Mixtral-8x7B-v0.1", "6x8xH100", seq_len=32768, global_batch_size=3).chosen
+    assert there is not None and there.fits and there.mesh.dp == 3

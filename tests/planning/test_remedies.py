@@ -93,8 +93,12 @@ def test_ranked_math_keeping_first_and_the_why_opens_with_the_best():
     assert p.why[0] == (f"zero3_offload offloads to the CPU ({p.chosen.step_time.tokens_per_s:,.0f} tokens/s); with "
                         f"--optimizer-impl fused (keeps the mathematics), zero3 runs on the GPUs alone at "
                         f"{best.step_s:.2f} s/step, {best.tokens_per_s:,.0f} tokens/s "
-                        f"({best.tokens_per_s / p.chosen.step_time.tokens_per_s:.1f}x); it saves "
+                        f"({best.tokens_per_s / p.chosen.step_time.tokens_per_s:.1f}x), on its own "
+                        f"{best.own_samples} samples a step where this plan steps on 30; it saves "
                         f"{best.saved_gib:.1f} GiB per GPU on zero3.")
+    fused = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer_impl="fused").chosen  # its samples: micro-batch x steps x 2
+    assert best.plan_samples == 15 * 2 and best.own_samples == fused.micro_batch_size * (
+        fused.gradient_accumulation_steps or 1) * 2 != 30
     eight_bit = next(r for r in remedies if r.name == "--optimizer adamw-8bit")
     assert not eight_bit.keeps_math and eight_bit.fits and eight_bit.saved_gib > 20
 
@@ -192,7 +196,8 @@ def test_json_carries_the_remedies_and_the_table_prints_them():
     runner = CliRunner()
     doc = json.loads(runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--json"]).output)
     first = doc["recommendation"]["remedies"][0]
-    assert set(first) == {"name", "keeps_math", "saved_gib", "strategy", "step_s", "tokens_per_s", "fits"}
+    assert set(first) == {"name", "keeps_math", "saved_gib", "strategy", "step_s", "tokens_per_s", "fits",
+                          "own_samples", "plan_samples"}  # its plan steps on other samples than this one
     out = runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"], env={"COLUMNS": "200"}).output
     assert "Remedies (the best 3; --verbose lists all):" in out and "(changes the mathematics)" in out
     assert f"  - {first['name']}: saves {first['saved_gib']:.1f} GiB per GPU; then zero3 on the GPUs alone" in out
@@ -318,7 +323,8 @@ def test_a_context_parallel_remedy_keeps_the_recommended_plans_samples():
 def test_a_remedy_whose_mesh_steps_on_its_own_samples_says_so():
     """A review: on 8 x L4, Qwen2.5-7B at 8k offloads at micro-batch 1 (8 samples a step); with the fused optimizer the
     planner's own rule runs a GPU-only mesh at its own micro-batch (none fits within the headroom at the offload's 8),
-    and the remedy, filed as keeping the mathematics, was silent that its plan steps on 1 sample. The remedy carries
+    and the remedy, filed as keeping the mathematics, was silent that its plan steps on 1 sample (its s/step is for
+    that one). Every remedy whose plan steps on other samples than the plan, with no --global-batch fixing them, carries
     both counts; the plan with the change steps on the first."""
     p = plan("Qwen/Qwen2.5-7B", "8xL4", seq_len=8192)
     assert p.chosen.strategy == "zero3_offload" and p.chosen.micro_batch_size == 1
@@ -330,6 +336,6 @@ def test_a_remedy_whose_mesh_steps_on_its_own_samples_says_so():
     (line,) = [x for x in p.reasons if x.kind == "offload-remedy"]  # the why's first line names that remedy
     assert line.remedy == fused.name and (line.remedy_samples, line.samples) == (1, 8)
     assert "on its own 1 sample a step where this plan steps on 8" in render_reason([line])
-    # a remedy whose plan steps on the plan's samples, or that no mesh replaced, carries neither count
-    assert all(r.own_samples is None and r.plan_samples is None for r in plan("Qwen/Qwen2.5-7B", "2xA100")
-               .recommendation.remedies)
+    # a remedy that names the --global-batch keeping the plan's samples carries neither count
+    more = next(r for r in plan("Qwen/Qwen2.5-7B", "2xA100").recommendation.remedies if r.name.startswith("--gpus"))
+    assert more.name.endswith("--global-batch 30") and more.own_samples is None is more.plan_samples

@@ -250,8 +250,8 @@ class OffloadRemedy(ReasonModel):
     remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
                                     description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
     remedy_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                       description="Remedy.own_samples: the re-plan's samples a step, a mesh at its "
-                                                   "own micro-batch where they differ from the plan's.")
+                                       description="Remedy.own_samples: the re-plan's samples a step, where they "
+                                                   "differ from the plan's and no --global-batch fixes them.")
     samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                 description="The plan's samples a step, where remedy_samples is given.")
 
@@ -400,3 +400,7 @@ class NoCountFits(ReasonModel):
                                                       "fits (without_batch).")
     without_batch: SmallestFitFound | None = Field(default=None, exclude_if=lambda fit: fit is None,
                                                    description="What fits without --global-batch.")
+    above: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                              description="With global_batch_size: the plan's GPUs, above which counts were tried.")
+    max_nodes: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                  description="With global_batch_size: the most nodes tried beyond doubling.")

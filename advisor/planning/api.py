@@ -36,7 +36,8 @@ from advisor.planning.live_model import (check_quantized, config_quantization, l
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
-from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate, larger_past_headroom
+from advisor.planning.candidates import (Candidate, Recommendation, batch_split_problem, evaluate_candidate,
+                                         larger_past_headroom)
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.pipeline_meshes import pipeline_meshes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
@@ -564,11 +565,17 @@ def plan(
                                      f"{training.micro_batch_size}; see advisor plan without --seq-len max")
             else:
                 best = planned_length(longest, training)
-            if best is None and training.global_batch_size is not None and not pins.any:
+            if best is None and training.global_batch_size is not None and not pins.pipelined:
                 # a batch no data-parallel rank count here splits: a pipeline's stages take the GPUs it leaves
+                # (with the pinned --tp / --cp degrees)
                 longest.update(longest_on_meshes(spec, hw, training, on_mesh,
-                                                 lambda at: pipeline_meshes(spec, hw, at)))
+                                                 lambda at: pinned_pipeline_meshes(spec, hw, at, pins)))
                 best = planned_length(longest, training)
+        unsplit = batch_split_problem(training, hw.world_size) is not None and not any(" " in key for key in longest)
+        if best is None and unsplit:  # no strategy's or mesh's ranks keep --global-batch: nothing was searched
+            raise ValueError(f"--global-batch {training.global_batch_size} cannot be split over these GPUs: no "
+                             "strategy's or mesh's data-parallel ranks (x the micro-batch) divide it; change "
+                             "--global-batch")
         if best is None:
             at = (f"--global-batch {training.global_batch_size}" if training.global_batch_size is not None else
                   f"micro-batch {training.micro_batch_size or 1}")

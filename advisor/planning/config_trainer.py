@@ -149,8 +149,8 @@ def _sft_length_and_loss(r: Reader) -> None:
     """An SFTConfig's ``max_length`` is the longest sample (every sample with ``packing``): the plan's sequence length
     (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type`` "chunked_nll" (the
     default since TRL 1.4.0, trl#5846) is not modelled: planned with the loss the recipe runs, said so with what
-    benchmarks/trl_chunked_loss_bytes.py measured of it (its per-chunk fp32 copy of the head weight makes it hold more
-    than the full logits for short micro-batches, the opposite of what the note said before)."""
+    benchmarks/trl_chunked_loss_bytes.py measured of it (its per-chunk cast of the whole head weight makes its loss
+    backward hold more than the full logits for short micro-batches, the opposite of what the note said before)."""
     if "max_length" not in r.doc:
         r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
     else:
@@ -166,10 +166,13 @@ def _sft_length_and_loss(r: Reader) -> None:
     if loss is None or loss.lower() == "chunked_nll":
         said = "not set (TRL 1.4.0 and later default to chunked_nll)" if loss is None else "chunked_nll"
         r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default, the full "
-                       "logits. TRL's keeps one 256-token chunk of logits but copies the head weight to fp32 for each "
-                       "chunk (and in backward holds its fp32 gradient where the head trains): on bf16 tensors it "
-                       "held more than the full logits below about as many tokens a micro-batch as the model's "
-                       "width (a frozen head: about half), far less above (benchmarks/trl_chunked_loss_bytes.py)")
+                       "logits. TRL's keeps one 256-token chunk of logits but casts the whole head weight for every "
+                       "chunk (under bf16 autocast a bf16 copy; a bf16 head, as LoRA's base, is copied to fp32 first) "
+                       "and, where the head trains, sums a head-sized gradient per chunk: measured on CPU tensors its "
+                       "loss backward held more than the full logits below about as many tokens a micro-batch as the "
+                       "model's width (a frozen head: about half), far less above (benchmarks/"
+                       "trl_chunked_loss_bytes.py); not counted: FSDP2's full_tensor() of the head for the loss, "
+                       "ZeRO-3's gather of it per chunk")
 
 
 def _trl_offloading(r: Reader) -> None:

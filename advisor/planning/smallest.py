@@ -212,6 +212,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                                            or (pinned is not None and c == gpu_only))):
             cluster = hardware if count == hardware.world_size else at_count(hardware, count, per_node)
             fitting = next((m for m in meshes(cluster) if keeps(m.dp) and runs(m)
+                            and m.model_parallel <= cluster.gpus_per_node  # tp x cp inside a node (check_node)
                             and micro_fitting(cluster, "zero3", m.dp, m) is not None), None)
             if fitting is not None:
                 on_mesh = (count, fitting)

@@ -202,3 +202,15 @@ def test_a_batch_only_a_pipeline_splits_is_searched_on_the_pipelines():
     p = advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len="max")
     assert p.chosen is not None and p.chosen.mesh.pp > 1 and p.chosen.fits
     assert advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len=4096).chosen.mesh.pp > 1
+
+
+def test_a_batch_no_rank_count_splits_is_named_not_the_length():
+    """A review: under the Trainer (no pipelines) 16 H100s split --global-batch 3 neither as data parallelism nor on a
+    tp/cp mesh; --seq-len max said "not even one token fits". It names the batch, as a fixed length does; with --tp 2
+    pinned (torch recipe) the pipelines with that degree are searched, as unpinned."""
+    with pytest.raises(ValueError, match="--global-batch 3 cannot be split over these GPUs"):
+        advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len="max", recipe="trainer")
+    with pytest.raises(ValueError, match="--global-batch 3"):
+        advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len=4096, recipe="trainer")
+    pinned = advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len="max", tp=2).chosen
+    assert pinned.mesh.pp > 1 and pinned.mesh.tp == 2

@@ -396,7 +396,8 @@ def test_without_the_global_batch_the_plans_own_gpus_are_tried_too():
     """A review: Qwen2.5-7B at 32k on 2 x 8 L4 with --global-batch 1 said "without it, 32 x L4 would fit" while these 16
     hold it without the batch (the plan there: a mesh with 2 data-parallel ranks); and Mixtral-8x7B at 32k with
     --global-batch 3 was "no number fits" while 6 nodes do, pp 16 x dp_shard 3 (48 GPUs: 3 x 2^4, not a divisor of 3
-    in whole nodes)."""
+    in whole nodes). Not the fewest there are: pp 16 x cp 2 runs it on 32 when pinned, but the pipelines the planner
+    searches unpinned keep cp at 1 (advisor.planning.pipeline_meshes), and the smallest fit searches what it plans."""
     p = plan("Qwen/Qwen2.5-7B", "2x8xL4", seq_len=32768, global_batch_size=1)
     without = p.smallest_fit.reason.without_batch
     assert (without.num_gpus, without.current) == (16, True)
@@ -406,3 +407,13 @@ def test_without_the_global_batch_the_plans_own_gpus_are_tried_too():
     assert mixtral.smallest_fit.num_gpus == 48 and mixtral.smallest_fit.mesh.dp == 3
     there = plan("mistralai/Mixtral-8x7B-v0.1", "6x8xH100", seq_len=32768, global_batch_size=3).chosen
     assert there is not None and there.fits and there.mesh.dp == 3
+
+
+def test_the_smallest_fit_names_no_mesh_whose_tp_and_cp_span_nodes():
+    """A review: with --pp 2 --cp 8 pinned on 8-GPU L4 nodes the smallest fit named pp 2 x cp 8 x tp 4 on 64 GPUs, a mesh
+    the planner refuses (tp x cp = 32 ranks span nodes). Every mesh it names keeps tp x cp inside a node."""
+    p = plan("Qwen/Qwen2.5-7B", "2x8xL4", seq_len=32768, global_batch_size=1, pp=2, cp=8)
+    fit = p.smallest_fit
+    assert fit.mesh is None or fit.mesh.tp * fit.mesh.cp <= 8
+    with pytest.raises(ValueError, match="span more than one node"):
+        plan("Qwen/Qwen2.5-7B", "8x8xL4", seq_len=32768, global_batch_size=1, pp=2, cp=8, tp=4)

@@ -267,9 +267,13 @@ def _no_count(x: r.NoCountFits) -> str:
     if x.bucket is not None:  # the user's DeepSpeed size, not the sample
         return (f"No number of these GPUs fits{pinned}: DeepSpeed's {x.bucket} alone takes {_gib(x.bucket_bytes)} a "
                 f"buffer in 16 bits, beside the model; {' or '.join(x.hints)}.")
-    return (f"No number of these GPUs fits{pinned}: one sample's activations alone exceed "
-            f"{room}{tried}{' on every mesh that keeps ' + x.kept if x.kept else ''}, or offloaded states exceed "
-            f"CPU RAM; {' or '.join(x.hints)}.")
+    if x.pinned is not None:  # the pins limited the counts and meshes tried: say what was, not why it failed
+        checkpointed = ", with activation checkpointing" if x.checkpointing_tried else ""
+        return (f"No count tried fits{pinned}{checkpointed} (every count within a node, then whole nodes doubling, "
+                f"on the meshes that keep {x.kept or x.pinned} and data parallelism without them); "
+                f"{' or '.join(x.hints)}.")
+    return (f"No number of these GPUs fits: one sample's activations alone exceed {room}{tried}, or offloaded states "
+            f"exceed CPU RAM; {' or '.join(x.hints)}.")
 
 
 def _at_offload_samples(samples: int | None) -> str:

@@ -170,10 +170,13 @@ def test_the_smallest_fit_at_a_global_batch_names_the_micro_batch_it_fits_at():
 def test_no_count_with_pinned_degrees_says_the_pins_limited_the_search():
     """Llama-3.1-405B on A10Gs with --tp 2: no count of GPUs fits a mesh that keeps tp 2 (the blocks' inputs and
     a gathered block of 405B at 2,048 tokens outgrow 22 GiB even sharded), while the unpinned search finds 1,024 on
-    dp_shard 128 x cp 2 x tp 4. The message blamed the sample alone."""
+    dp_shard 128 x cp 2 x tp 4. The message blamed the sample alone; a review found pinned searches that miss counts
+    (a --pp 5 no power of two divides), so it says which counts and meshes were tried, not why none fits."""
     pinned = plan("meta-llama/Llama-3.1-405B", "8xA10G", tp=2)
     assert pinned.smallest_fit.num_gpus is None
-    assert pinned.smallest_fit.message.startswith("No number of these GPUs fits with --tp 2:")
+    assert pinned.smallest_fit.message.startswith("No count tried fits with --tp 2, with activation checkpointing "
+                                                   "(every count within a node, then whole nodes doubling, on the "
+                                                   "meshes that keep --tp 2")
     assert pinned.smallest_fit.message.endswith("shorten --seq-len or change or drop --tp 2.")
     free = plan("meta-llama/Llama-3.1-405B", "8xA10G")
     assert (free.smallest_fit.num_gpus, free.smallest_fit.mesh.label) == (1024, "dp_shard 128 x cp 2 x tp 4")

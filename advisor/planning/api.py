@@ -630,7 +630,8 @@ def plan(
             if pins.pipelined else enumerate_meshes(spec, cluster, training, pins) + (
                 [] if pins.any else pipeline_meshes(spec, cluster, training))),
         from_current=bool(strategy) or training.micro_batch_size is not None or pins.any,
-        pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None)
+        pinned=pins.flags if pins.any else None, pinned_pipeline=pins.pipeline_flags or None,
+        multiple_of=(pins.pp or 1) * (pins.tp or 1) * (pins.cp or 1) if pins.any else None)
     if smallest is not None:
         why.append(smallest.reason)
     if not pins.any:  # pinned: the meshes were asked

@@ -133,7 +133,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                  strategies: tuple[StrategyName, ...] = ("zero3", "zero3_offload"),
                  meshes: Callable[[Hardware], list[ParallelDims]] | None = None, *,
                  from_current: bool = False, pinned: str | None = None,
-                 pinned_pipeline: str | None = None, meshes_here: bool = False) -> SmallestFit:
+                 pinned_pipeline: str | None = None, meshes_here: bool = False,
+                 multiple_of: int | None = None) -> SmallestFit:
     """The fewest GPUs of this kind on which a sharded strategy fits at micro-batch 1; with ``meshes``
     (``advisor.planning.meshes.enumerate_meshes`` at a cluster), on one of those meshes when that is fewer;
     an offloading answer also names the fewest GPUs that hold the job without offload, on a mesh where that
@@ -145,7 +146,8 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     and the fit is judged at it: micro-batch 1 with the rest accumulated, else the whole batch at once (where
     accumulation holds gradients, as the Trainer's FSDP does, the latter can need less), the sentence naming which;
     where no count does, the same search without it (these GPUs too: ``meshes_here``, a mesh on the plan's own count)
-    says whether --global-batch is the limit."""
+    says whether --global-batch is the limit. ``multiple_of``: the pinned degrees' product, whose multiples in whole
+    nodes (up to ``MAX_DIVIDING_NODES``) are tried too where no power of two is one (``--pp 5``)."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hardware)
     total = training.global_batch_size  # a count (a mesh's data-parallel ranks) must divide it: the run keeps it
@@ -205,6 +207,9 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
 
         first = hardware.world_size + (0 if (pinned is not None or meshes_here) and from_current else 1)
         counts = counts_above(first - 1, per_node, divides=total)
+        if multiple_of is not None and multiple_of & (multiple_of - 1):  # pinned degrees no power of two divides
+            counts = sorted({*counts, *(per_node * k for k in range(1, MAX_DIVIDING_NODES + 1)
+                                        if per_node * k >= first and per_node * k % multiple_of == 0)})
         if pinned is not None and gpu_only is not None:  # the count zero3 alone needs: does a pinned mesh fit it?
             counts = sorted({*counts, gpu_only})
         # pinned degrees: a mesh that keeps them wins a tie with data parallelism, which drops them
@@ -261,7 +266,7 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
     if total is not None:
         unbatched = smallest_fit(spec, hardware, validated_copy(training, {"global_batch_size": None}), strategies,
                                  meshes, from_current=True, pinned=pinned, pinned_pipeline=pinned_pipeline,
-                                 meshes_here=True)  # these GPUs too: without the batch they may fit
+                                 meshes_here=True, multiple_of=multiple_of)  # these GPUs too: without the batch they may fit
         unbatched = unbatched.reason if unbatched.num_gpus is not None and unbatched.reason.without is None else None
         # (an answer that drops pinned degrees is not this command without --global-batch)
     return SmallestFit(num_gpus=None, reason=r.NoCountFits(

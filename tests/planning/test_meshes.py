@@ -417,3 +417,14 @@ def test_the_smallest_fit_names_no_mesh_whose_tp_and_cp_span_nodes():
     assert fit.mesh is None or fit.mesh.tp * fit.mesh.cp <= 8
     with pytest.raises(ValueError, match="span more than one node"):
         plan("Qwen/Qwen2.5-7B", "8x8xL4", seq_len=32768, global_batch_size=1, pp=2, cp=8, tp=4)
+
+
+def test_a_pinned_degree_no_power_of_two_divides_gets_its_multiples_tried():
+    """A review: Llama-3.1-70B at 1,024 tokens on L4 nodes with --pp 5 and --global-batch 8 said no number of GPUs fits;
+    the counts tried (whole nodes doubling, a divisor of the batch times a power of two) are never a multiple of 5. 20
+    nodes (160 = 5 x 32) run it on pp 5 x dp_shard 4 x tp 8, as the plan there shows."""
+    job = dict(seq_len=1024, global_batch_size=8, pp=5)
+    p = plan("meta-llama/Llama-3.1-70B", "5x8xL4", **job)
+    assert p.smallest_fit.num_gpus == 20 * 8 and p.smallest_fit.mesh.pp == 5
+    there = plan("meta-llama/Llama-3.1-70B", "20x8xL4", **job).chosen
+    assert there is not None and there.fits and there.mesh.pp == 5

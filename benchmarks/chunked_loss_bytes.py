@@ -70,6 +70,12 @@ def measure(kernel: str, *, tokens: int, vocab: int, width: int, head_trains: bo
         hidden.grad = weight.grad = None
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             step()
+    return forward_backward_peaks(prof, marker)
+
+
+def forward_backward_peaks(prof, marker: int) -> tuple[int, int]:
+    """(forward peak, backward peak) bytes live under ``prof`` (``profile_memory``: kineto's raw allocation records,
+    in order), the forward ending at the allocation of ``marker`` bytes, which the backward's figure leaves out."""
     records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
                      key=lambda e: e.start_ns())
     live, forward, backward, in_forward = 0, 0, 0, True

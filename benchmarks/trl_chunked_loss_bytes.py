@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from chunked_loss_bytes import forward_backward_peaks  # benchmarks/: the same reading of the allocation records
+
 CHUNK = 256  # trl/trainer/sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
 SHAPES = ((512, 32768, 1024), (2048, 32768, 1024), (8192, 32768, 1024), (1024, 16384, 2048), (4096, 16384, 2048))
 # (weights and hidden states dtype, autocast to bf16): the three setups of the module docstring
@@ -77,19 +79,7 @@ def measure(loss_fn, *, tokens: int, vocab: int, width: int, head_trains: bool, 
         flag = torch.empty(marker, dtype=torch.uint8)
         loss.backward()
         del flag
-    records = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                     key=lambda e: e.start_ns())
-    live, forward, backward, in_forward = 0, 0, 0, True
-    for record in records:
-        live += record.nbytes()
-        if in_forward and record.nbytes() == marker:
-            in_forward = False
-            continue
-        if in_forward:
-            forward = max(forward, live)
-        else:
-            backward = max(backward, live - marker if live >= marker else live)
-    return forward, backward
+    return forward_backward_peaks(prof, marker)
 
 
 def main() -> int:

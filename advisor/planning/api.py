@@ -334,45 +334,49 @@ def training_from_options(options: dict[str, Any]) -> TrainingConfig:
         raise _option_error(err) from None
 
 
-def _strategy_named(spec: ModelSpec, hw: Hardware, asked: TrainingConfig, chosen: Candidate, past, pins: MeshPins):
+def _strategy_named(spec: ModelSpec, hw: Hardware, asked: TrainingConfig, chosen: Candidate, past,
+                    update: dict[str, Any]):
     """``past`` (a ``reasons.PastHeadroom``) with ``--strategy`` among its flags where the command it names could plan
-    another strategy at that micro-batch: the data-parallel family's re-plan of that command (``remedies.
-    replan_data_parallel``) takes another (a faster one within the headroom there: ddp's larger micro-batch past it,
-    zero2's within it), or offloads, where the planner's mesh step may take a mesh instead (that step is not run here:
-    it loads the mesh estimators, and the pinned strategy reproduces the plan quoted either way)."""
+    another strategy at that micro-batch: the data-parallel family's re-plan of that command (``asked`` with ``update``
+    and the micro-batch: ``remedies.replan_data_parallel``) takes another (a faster one within the headroom there:
+    ddp's larger micro-batch past it, zero2's within it), or offloads, where the planner's mesh step may take a mesh
+    instead (that step is not run here: it loads the mesh estimators, and the pinned strategy reproduces the plan
+    quoted either way)."""
     from advisor.planning.remedies import replan_data_parallel
 
     if chosen.mesh is not None and not chosen.mesh.is_data_parallel_only:  # the mesh's degrees are named: pinned
         return past
-    named = (past.flags or "").split()
-    update = {"micro_batch_size": past.micro_batch_size}
-    if "--activation-checkpointing" in named:
-        update["activation_checkpointing"] = named[named.index("--activation-checkpointing") + 1]
-    if "--global-batch" in named:
-        update["global_batch_size"] = int(named[named.index("--global-batch") + 1])
     try:
-        again = replan_data_parallel(spec, hw, validated_copy(asked, update))
+        again = replan_data_parallel(spec, hw, validated_copy(asked, {**update,
+                                                                      "micro_batch_size": past.micro_batch_size}))
     except ValueError:
         again = None
     if again is not None and again.strategy == chosen.strategy and not offloads(again):
         return past
-    return validated_copy(past, {"flags": " ".join([f"--strategy {chosen.strategy}", *named])})
+    return validated_copy(past, {"flags": " ".join(part for part in (f"--strategy {chosen.strategy}", past.flags)
+                                                   if part)})
 
 
-def _replanning_flags(chosen: Candidate, training: TrainingConfig, asked: TrainingConfig, pins: MeshPins) -> str | None:
-    """The flags beside a changed --micro-batch that plan ``chosen`` again where the planner chose its checkpointing
-    (a larger micro-batch would take more of it), its mesh (no pins) or its global batch (a mesh planned at an offload
-    plan's samples): ``--activation-checkpointing off``, ``--tp 2 --cp 2``; None where none is needed. The strategy is
-    named where the plan at the larger micro-batch would take another (``_strategy_named``)."""
-    parts = []
+def _replanning(chosen: Candidate, training: TrainingConfig, asked: TrainingConfig,
+                pins: MeshPins) -> tuple[dict[str, Any], str | None]:
+    """What beside a changed --micro-batch plans ``chosen`` again where the planner chose it: its checkpointing (a
+    larger micro-batch would take more of it), its mesh (no pins) and its global batch (a mesh planned at an offload
+    plan's samples), as a training-config update (the mesh aside) and as flags (``--activation-checkpointing off``,
+    ``--tp 2 --cp 2``; None where none is needed). The strategy is named where the plan at the larger micro-batch would
+    take another (``_strategy_named``)."""
+    update: dict[str, Any] = {}
     if training.activation_checkpointing == "auto" and chosen.checkpointing in ("off", "selective"):  # (the most
         # recompute, "on", is what the planner falls back to)
-        parts.append(f"--activation-checkpointing {chosen.checkpointing}")
+        update["activation_checkpointing"] = chosen.checkpointing
+    if training.global_batch_size is not None and asked.global_batch_size is None:
+        update["global_batch_size"] = training.global_batch_size
+    parts = [f"--activation-checkpointing {update['activation_checkpointing']}"] if "activation_checkpointing" in \
+        update else []
     if chosen.mesh is not None and not chosen.mesh.is_data_parallel_only and not pins.any:
         parts.append(MeshPins.of(chosen.mesh).flags)
-    if training.global_batch_size is not None and asked.global_batch_size is None:
-        parts.append(f"--global-batch {training.global_batch_size}")
-    return " ".join(parts) or None
+    if "global_batch_size" in update:
+        parts.append(f"--global-batch {update['global_batch_size']}")
+    return update, " ".join(parts) or None
 
 
 def plan(
@@ -619,9 +623,9 @@ def plan(
     elif strategy and recommendation is None and not (pins.any or search_length or dp_blocked):
         why.extend(pinned_remedies(spec, hw, training, candidates[0]))
     if recommendation is not None and not search_length:  # the length search fills the GPU already (above)
-        past = larger_past_headroom(spec, hw, training, recommendation.candidate,
-                                    flags=_replanning_flags(recommendation.candidate, training, asked, pins))
-        past = past if past is None else _strategy_named(spec, hw, asked, recommendation.candidate, past, pins)
+        update, flags = _replanning(recommendation.candidate, training, asked, pins)
+        past = larger_past_headroom(spec, hw, training, recommendation.candidate, flags=flags)
+        past = past if past is None else _strategy_named(spec, hw, asked, recommendation.candidate, past, update)
         why.extend([past] if past is not None else [])
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(

@@ -439,6 +439,13 @@ def _least_recompute_of_fastest(fitting: list[Candidate], comfort: list[bool], *
     return next(i for i in pool if fitting[i].step_time.tokens_per_s * (1 + same_speed) >= fastest)
 
 
+def samples_per_step(cand: Candidate, world: int) -> int:
+    """The samples one optimizer step of ``cand`` takes: micro-batch x accumulation steps x data-parallel ranks (its
+    mesh's, else all ``world`` GPUs)."""
+    return cand.micro_batch_size * (cand.gradient_accumulation_steps or 1) * (
+        cand.mesh.dp if cand.mesh is not None else world)
+
+
 def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:
     """A fitting candidate whose ``--margin`` end leaves ``training.headroom`` of memory free; under --policy
     fastest every fitting one (that policy has no headroom preference)."""

@@ -31,7 +31,8 @@ from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import Candidate, Remedy, evaluate_candidate, largest_fitting, within_headroom
+from advisor.planning.candidates import (Candidate, Remedy, evaluate_candidate, largest_fitting, samples_per_step,
+                                         within_headroom)
 from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, enumerate_meshes, evaluate_meshes,
                                      keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
@@ -103,8 +104,7 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     # rank), which a remedy that keeps the mathematics keeps: a cp mesh has fewer data-parallel ranks and names the
     # --global-batch that does
     plan = chosen or ref
-    samples = training.global_batch_size or plan.micro_batch_size * (plan.gradient_accumulation_steps or 1) * (
-        plan.mesh.dp if plan.mesh is not None else hw.world_size)
+    samples = training.global_batch_size or samples_per_step(plan, hw.world_size)
     for change in _changes(spec, hw, training, ref, reason, samples=samples):
         applied = _apply(spec, hw, training, ref, change, pins=pins, samples=samples)
         if applied is None:
@@ -174,8 +174,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         result = replan(new_spec, new_hw, changed, pins)
     own_samples = None  # the re-plan's samples a step where no --global-batch fixes them and they are not the plan's
     if result is not None and samples is not None and changed.global_batch_size is None:
-        ran = result.micro_batch_size * (result.gradient_accumulation_steps or 1) * (
-            result.mesh.dp if result.mesh is not None else new_hw.world_size)
+        ran = samples_per_step(result, new_hw.world_size)
         own_samples = ran if ran != samples else None
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)

@@ -33,7 +33,7 @@ ZeroGrad = Literal["before_forward", "before_backward"]
 AccumulationSync = Literal["every_micro_batch", "last_micro_batch"]
 ReduceDtype = Literal["fp32", "compute"]
 RecipeName = Literal["torch", "trainer", "lightning", "torchtitan", "deepspeed", "torchtune"]
-ChunkedLogits = Literal["loss", "model"]
+ChunkedLogits = Literal["loss", "model", "checkpointed"]
 DEFAULT_RECIPE: RecipeName = "torch"
 ZeroDefaultsSource = Literal["deepspeed", "accelerate", "lightning"]
 _FACTS = ("optimizer_impl", "frozen_base", "loss", "engine", "kv_cache")
@@ -147,8 +147,10 @@ class Recipe(BaseModel):
         "each chunk of hidden states through the head and computes its cross-entropy, torchtune's "
         "LinearCrossEntropyLoss) or model (the model returns every chunk's logits, which the loss then reads, "
         "torchtune's CEWithChunkedOutputLoss before May 2025); under --compile with compile_loss each chunk's "
-        "cross-entropy is compiled (advisor.estimate.activations_loss.chunked_loss_bytes). None: the stack has no "
-        "chunked loss of its own; --loss chunked is wrappers.losses' kernel, run eager.")
+        "cross-entropy is compiled (advisor.estimate.activations_loss.chunked_loss_bytes); checkpointed (the loss "
+        "projects each 256-token chunk through the whole head under torch.utils.checkpoint, recomputed in backward: "
+        "TRL SFTTrainer's loss_type chunked_nll, advisor.estimate.activations_loss.chunked_nll_bytes). None: the "
+        "stack has no chunked loss of its own; --loss chunked is wrappers.losses' kernel, run eager.")
     kv_cache: bool = Field(default=False, description="Its loop leaves a Hugging Face model's KV cache on in "
                            "training (config.use_cache, under a checkpointing that does not turn it off); the "
                            "estimate then counts it (advisor.estimate.kv_cache). False: the stack turns it off.")

@@ -356,6 +356,13 @@ class TrainingConfig(BaseModel):
         return self.precision_info.mixed
 
     @property
+    def chunked_nll(self) -> bool:
+        """--loss chunked is TRL's chunked_nll here (``Recipe.chunked_logits`` "checkpointed": the trainer recipe):
+        each 256-token chunk of the head and its cross-entropy under torch.utils.checkpoint, recomputed in backward
+        (``advisor.estimate.activations_loss.chunked_nll_bytes``)."""
+        return self.loss == "chunked" and self.recipe.chunked_logits == "checkpointed"
+
+    @property
     def param_bytes(self) -> int:
         """Bytes of one stored parameter (mixed precision keeps fp32 parameters in the torch recipe)."""
         return self.precision_info.param_bytes

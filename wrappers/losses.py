@@ -61,6 +61,47 @@ def chunked_cross_entropy(hidden: torch.Tensor, head: nn.Module, targets: torch.
     return total / (goal != IGNORE).sum().clamp(min=1)
 
 
+NLL_CHUNK = 256  # tokens a chunk of the checkpointed kernel (TRL's _CHUNKED_LM_HEAD_CHUNK_SIZE)
+
+
+def _nll_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+               targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk's summed NLL in fp32, with the count of tokens predicted right and the summed entropy of the
+    prediction (what TRL logs beside the loss)."""
+    logits = hidden.float() @ weight.float().t()
+    if bias is not None:
+        logits = logits + bias.float()
+    log_p = F.log_softmax(logits, dim=-1)
+    loss = F.nll_loss(log_p, targets, ignore_index=IGNORE, reduction="sum")
+    counted = targets != IGNORE
+    right = ((logits.argmax(dim=-1) == targets) & counted).sum().float()
+    entropy = (-(log_p.exp() * log_p).sum(dim=-1) * counted).sum()
+    return loss, right, entropy
+
+
+def checkpointed_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                               bias: torch.Tensor | None = None, chunk: int = NLL_CHUNK) -> torch.Tensor:
+    """Mean cross-entropy of ``hidden @ weight.T (+ bias)`` against ``targets`` over the counted tokens, as TRL's
+    SFTTrainer computes it under ``loss_type="chunked_nll"`` (trl/trainer/sft_trainer.py
+    ``_chunked_cross_entropy_loss``, the planner's ``Recipe.chunked_logits`` "checkpointed"): the counted tokens
+    moved to the front in one copy of the hidden states, then ``chunk`` tokens at a time under non-reentrant
+    ``torch.utils.checkpoint``, each chunk's logits made in fp32 from fp32 copies of its hidden states and of the
+    whole weight, so nothing of a chunk outlives it and backward recomputes it. TRL skips the chunks past the
+    counted tokens; here every chunk runs (no count read back from the device), adding nothing to the loss."""
+    from torch.utils.checkpoint import checkpoint
+
+    flat, goal = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    counted = goal != IGNORE
+    order = counted.to(torch.int8).argsort(descending=True, stable=True)
+    flat, goal = flat[order], goal[order]
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, goal.numel(), chunk):  # every chunk: no data-dependent count (the simulator's fake tensors)
+        part, _, _ = checkpoint(_nll_chunk, flat[start:start + chunk], weight, bias, goal[start:start + chunk],
+                                use_reentrant=False)
+        total = total + part
+    return total / counted.sum().clamp(min=1)
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Loss and the gradients in one pass over chunks; backward only scales the saved gradients. A head bias
     adds to each chunk's logits (``addmm``, as ``F.linear`` computes it); its gradient is the sum over the
@@ -136,6 +177,9 @@ def _forward(self: nn.Module, input_ids: Any = None, labels: Any = None, **kwarg
     if self._advisor_loss == "fused":
         _refuse_adapted_head(head)  # PEFT adapted the head after use_loss_kernel
         loss = fused_linear_cross_entropy(hidden, head.weight, targets, bias=head.bias)
+    elif self._advisor_checkpointed:
+        _refuse_adapted_head(head, checkpointed=True)
+        loss = checkpointed_cross_entropy(hidden, head.weight, targets, bias=head.bias)
     else:
         loss = chunked_cross_entropy(hidden, head, targets, logits_first=self._advisor_logits_first)
     if num_items is not None:
@@ -180,11 +224,13 @@ def _load_balancing_loss(causal_lm: nn.Module, kernel: str) -> Any:
     return balance
 
 
-def use_loss_kernel(model: nn.Module, kernel: LossKernel, *, logits_first: bool = False) -> nn.Module:
+def use_loss_kernel(model: nn.Module, kernel: LossKernel, *, logits_first: bool = False,
+                    checkpointed: bool = False) -> nn.Module:
     """Make ``model`` (a Hugging Face causal LM whose head is a plain linear over its decoder's last hidden
     state: ``_decoder_and_head``) compute its loss with ``kernel``; ``"hf"`` leaves it as it is. Returns
     ``model``. ``logits_first``: the chunked kernel makes every chunk's logits before the first chunk's loss
-    (``chunked_cross_entropy``)."""
+    (``chunked_cross_entropy``); ``checkpointed``: the chunked kernel is TRL's chunked_nll
+    (``checkpointed_cross_entropy``)."""
     if kernel == "hf":
         return model
     causal_lm = _causal_lm(model)
@@ -196,12 +242,13 @@ def use_loss_kernel(model: nn.Module, kernel: LossKernel, *, logits_first: bool 
     if transform:
         raise ValueError(f"loss kernel {kernel!r} computes the loss on the head's raw output; "
                          f"{type(causal_lm).__name__} transforms its logits first ({transform}): use loss='hf'")
-    if kernel == "fused":
-        _refuse_adapted_head(getattr(causal_lm, parts[1]))
+    if kernel == "fused" or (checkpointed and kernel == "chunked"):
+        _refuse_adapted_head(getattr(causal_lm, parts[1]), checkpointed=kernel == "chunked")
     if getattr(getattr(causal_lm, "config", None), "output_router_logits", False):
         _load_balancing_loss(causal_lm, kernel)  # refused now rather than at the first forward
     causal_lm._advisor_loss = kernel
     causal_lm._advisor_logits_first = logits_first and kernel == "chunked"
+    causal_lm._advisor_checkpointed = checkpointed and kernel == "chunked"
     causal_lm._advisor_parts = parts  # attribute names, not modules (a module attribute would be a submodule)
     causal_lm.forward = types.MethodType(_forward, causal_lm)
     return model
@@ -261,12 +308,15 @@ def _base_linear(head: nn.Module | None) -> nn.Module | None:
     return head
 
 
-def _refuse_adapted_head(head: nn.Module) -> None:
+def _refuse_adapted_head(head: nn.Module, *, checkpointed: bool = False) -> None:
     """ValueError when ``head`` is a PEFT tuner layer whose forward adds its adapters to the base layer's output
     (enabled, not merged into the weight): its ``weight`` property is the base layer's, which is all the fused
-    kernel reads. The chunked kernel calls the module, adapters included."""
+    and the checkpointed kernels read (TRL refuses the same). The eager chunked kernel calls the module, adapters
+    included."""
     if getattr(head, "base_layer", None) is not None and not getattr(head, "disable_adapters", False) \
             and not getattr(head, "merged", False):
+        if checkpointed:
+            raise ValueError(f"loss kernel 'chunked' as TRL's chunked_nll {HEAD_ADAPTER}: use loss='hf'")
         raise ValueError(f"loss kernel 'fused' {HEAD_ADAPTER}: use loss='chunked' (it calls the adapted head)")
 
 

@@ -70,6 +70,9 @@ def loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: Dtypes,
     (a Phi at micro-batch 4: fused +0.16%, chunked +0.03% of the simulated step,
     tests/estimate/test_loss_kernels_traced.py)."""
     per_chunk = -(-tokens // LOSS_CHUNKS) * vocab
+    if kernel in CHUNKED_NLL_KERNELS:
+        return chunked_nll_bytes(kernel, tokens=tokens, vocab=vocab, hidden=hidden, dt=dt,
+                                 head_trains=head_trains and not head_frozen, head_bytes=head_bytes)
     if kernel in CHUNKED_KERNELS:
         return chunked_loss_bytes(kernel, tokens=tokens, vocab=vocab, hidden=hidden, dt=dt,
                                   head_grads=head_trains and not head_frozen and tokens >= 2)
@@ -158,6 +161,71 @@ def chunked_loss_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt:
     return forward, backward
 
 
+# TRL's SFTTrainer loss_type "chunked_nll" (``Recipe.chunked_logits`` "checkpointed"): run under the Trainer's autocast
+# (accelerate's native_amp: the torch engine under a mixed precision) or without (DeepSpeed, pure bf16, fp32).
+CHUNKED_NLL_KERNELS = ("chunked_nll", "chunked_nll_autocast")
+NLL_CHUNK = 256  # trl/trainer/sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
+
+
+def chunked_nll_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "Dtypes", head_trains: bool,
+                      head_bytes: int | None = None) -> tuple[int, int]:
+    """(loss forward's peak, loss backward's peak) bytes beyond the saved activations of TRL's chunked_nll
+    (trl/trainer/sft_trainer.py ``_chunked_cross_entropy_loss`` and ``_chunk``, huggingface/trl@f2cd577): the valid
+    tokens reordered into one copy of the hidden states (``hidden[order]``, kept for backward: every chunk's
+    checkpoint saves its slice), then per 256-token chunk under ``torch.utils.checkpoint`` (non-reentrant)
+    ``logits = hidden.float() @ weight.float().t()``, their log-softmax, NLL, argmax and entropy, so a chunk's
+    tensors live only while it runs, in forward and again in backward's recomputation. ``head_bytes``: the head
+    weight's dtype as the kernel reads it where it is not the residual's (a QLoRA base's bf16 head under fp32 norms).
+
+    Per chunk (c tokens, vocabulary V, width H, w the weight's dtype at the matmul: the compute dtype under
+    autocast, else fp32; L the logits' dtype, the same): ``weight.float()`` copies a 16-bit head to fp32 (4VH) and
+    autocast casts an fp32 weight (the head itself or that copy) to bf16 (2VH): the weight is read through its
+    transpose, a view, which autocast never caches; the hidden chunk likewise (4cH where it is 16-bit, 2cH under
+    autocast). Forward's peak is the matmul (those copies and cV L) or the entropy (the logits, the log-softmax,
+    its exponential and their product: cV (L + 12)). Backward recomputes each chunk: a frozen head holds the
+    matmul's saved copy of the weight beside the chunk's fp32 tensors, or the recomputed matmul; a trained head
+    adds its gradient's chain through the copies (the matmul's weight gradient beside its saved weight, then each
+    cast's backward: 2VH to 4VH under autocast, 4VH to the head's dtype after ``.float()``) beside the running sum
+    of the chunks' head gradients in autograd's input buffer (the head's dtype; every chunk's gradient reaches the
+    head's one ``AccumulateGrad``), and from the second chunk that sum made out of place (3 x the head).
+
+    Measured on real CPU tensors with the profiler's allocation records under CUDA's autocast op list
+    (``python benchmarks/trl_chunked_loss_bytes.py --rows``; tests/estimate/test_trl_chunked_loss.py): the fp32
+    head under autocast (a full fine-tune on DDP), a bf16 head under autocast (FSDP2's unsharded parameters; a bf16
+    LoRA base, frozen), a bf16 head without autocast (pure bf16, DeepSpeed) and fp32 throughout, training and
+    frozen. Not counted here: the hidden states' gradient (the blocks' side counts it), FSDP2's ``full_tensor()`` of a
+    head sharded as its own unit (the planned stacks' root unit holds the head unsharded while the loss runs),
+    DeepSpeed ZeRO-3's gather of the head per chunk (counted as the head's gather at the loss)."""
+    autocast = kernel == "chunked_nll_autocast"
+    chunk, chunks = min(tokens, NLL_CHUNK), -(-tokens // NLL_CHUNK)
+    cv, ch, vh = chunk * vocab, chunk * hidden, vocab * hidden
+    head = dt.residual if head_bytes is None else head_bytes
+    logit = dt.compute if autocast else FP32
+    float_copy = FP32 if head != FP32 else 0  # weight.float()
+    cast = dt.compute if autocast else 0  # autocast's copy of the fp32 weight (or of that copy) for the matmul
+    weight_copy = cast or float_copy  # the copy the matmul saves for its backward
+    hidden_copies = (FP32 if dt.residual != FP32 else 0) + cast
+    reordered = tokens * hidden * dt.residual
+    matmul = vh * (float_copy + cast) + ch * hidden_copies + cv * logit
+    entropy = cv * (logit + 3 * FP32)
+    forward = reordered + max(matmul, entropy)
+    saved_weight = vh * weight_copy + entropy
+    if not head_trains:
+        return forward, reordered + max(matmul, saved_weight)
+    running = vh * head if chunks > 1 else 0
+    w = dt.compute if autocast else FP32
+    chunk_grads = cv * logit + ch * hidden_copies
+    moments = [vh * (weight_copy + w) + chunk_grads + ch * w]  # the matmul's backward
+    if autocast:
+        moments.append(vh * (w + FP32))  # autocast's cast backward: the bf16 gradient to fp32
+    if float_copy:
+        moments.append(vh * (FP32 + head) + chunk_grads)  # .float()'s backward: to the head's dtype
+    heads = running + max(moments)
+    if chunks > 1:  # the running sum, the chunk's gradient and their out-of-place sum
+        heads = max(heads, 3 * vh * head + ch * (hidden_copies + w))
+    return forward, reordered + max(heads, running + max(matmul, saved_weight))
+
+
 def compiled_loss_bytes(*, tokens: int, vocab: int, dt: "Dtypes") -> tuple[int, int]:
     """(end of forward, loss backward) bytes of ``F.cross_entropy(logits.float(), labels)`` under ``torch.compile``
     (a stack whose recipe compiles the loss: ``Recipe.compile_loss``): inductor fuses the upcast, the log-softmax
@@ -176,7 +244,8 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
                     head_frozen: bool = False) -> int:
     """What the loss path keeps for its backward once the forward has returned the loss (``loss_bytes``'
     kernels): hf and chunked the fp32 log-softmax output of every logit; fused the input gradient and the
-    head's gradient its forward computed (none for a frozen head: ``loss_bytes``). A pipeline's last stage
+    head's gradient its forward computed (none for a frozen head: ``loss_bytes``); TRL's chunked_nll the reordered
+    hidden states its checkpoints saved (``chunked_nll_bytes``). A pipeline's last stage
     computes the loss in each micro-batch's forward, so each of its micro-batches in flight keeps this until its
     backward."""
     if kernel in FUSED_KERNELS:
@@ -185,6 +254,8 @@ def loss_kept_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: "D
         return compiled_loss_bytes(tokens=tokens, vocab=vocab, dt=dt)[0]
     if kernel in ("chunked_compiled", "chunked_compiled_held"):  # each chunk's logits and its two fp32 values a token
         return tokens * vocab * dt.compute + tokens * 2 * FP32
+    if kernel in CHUNKED_NLL_KERNELS:  # the reordered hidden states, every chunk's checkpointed input
+        return tokens * hidden * dt.residual
     return tokens * vocab * FP32
 
 

@@ -234,9 +234,12 @@ def recipe_dtypes(training: TrainingConfig, impl: Implementation) -> Dtypes:
 def memory_loss_kernel(training: TrainingConfig) -> str:
     """The loss path the single-mesh estimate counts: 'compiled' where --compile meets a stack that compiles its
     loss too (``Recipe.compile_loss``: torchtitan) over the plain cross-entropy; under --loss chunked a stack's own
-    chunked loss (``Recipe.chunked_logits``: torchtune), its chunks compiled likewise
-    (``activations_loss.chunked_loss_bytes``); else the --loss kernel."""
+    chunked loss (``Recipe.chunked_logits``: torchtune's, its chunks compiled likewise,
+    ``activations_loss.chunked_loss_bytes``; TRL's chunked_nll, ``chunked_nll_bytes``); else the --loss kernel."""
     compiled = training.compile and training.recipe.compile_loss
+    if training.chunked_nll:  # TRL's, under the Trainer's
+        # autocast where accelerate runs one (native_amp: a mixed precision on the torch engine)
+        return "chunked_nll_autocast" if training.mixed and training.engine == "torch" else "chunked_nll"
     if training.loss == "chunked" and training.recipe.chunked_logits is not None:
         held = "_held" if training.recipe.chunked_logits == "model" else ""
         return ("chunked_compiled" if compiled else "chunked") + held

@@ -159,7 +159,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
     split = mesh.model_parallel
     replica_tokens = micro_batch_size * training.seq_len
     flops = count_flops(spec, tokens=replica_tokens, seq_len=training.seq_len, checkpointing=checkpointing,
-                        selective=training.activation_checkpointing == "selective", target_len=training.target_len)
+                        selective=training.activation_checkpointing == "selective", target_len=training.target_len,
+                        head_recompute=training.chunked_nll)
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
                                    tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))

@@ -175,11 +175,14 @@ def _encdec_forward_terms(spec: ModelSpec, *, tokens: int, seq_len: int, target_
 
 
 def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bool,
-                selective: bool = False, target_len: int | None = None, lora: LoraConfig | None = None) -> FlopCount:
+                selective: bool = False, target_len: int | None = None, lora: LoraConfig | None = None,
+                head_recompute: bool = False) -> FlopCount:
     """Training FLOPs for ``tokens`` tokens of ``seq_len``-long samples (see module docstring);
     an encoder-decoder's decoder runs on ``target_len`` target tokens a sample (default ``seq_len``).
     Selective checkpointing recomputes the forward less the attention kernels and the base layers'
-    products it kept (which ``lora``'s DoRA products move: ``advisor.model.selective``)."""
+    products it kept (which ``lora``'s DoRA products move: ``advisor.model.selective``). ``head_recompute``: the
+    loss checkpoints the head's product too (TRL's chunked_nll, ``TrainingConfig.chunked_nll``), so backward
+    recomputes it, with or without the blocks' checkpointing."""
     shape = shape_of(spec)
     trainable_share = spec.trainable_params / spec.total_params
     if kind_of(spec).family == "encdec":
@@ -200,6 +203,8 @@ def count_flops(spec: ModelSpec, *, tokens: int, seq_len: int, checkpointing: bo
     if kept is not None:  # the recompute skips the attention kernels and the base layers' products kept
         kept_params = sum(fan_in * fan_out for fan_in, fan_out in kept.linears)
         recompute = max(0.0, forward - head_fwd - attention_fwd - 2 * kept_params * shape.num_layers * tokens)
+    if head_recompute:
+        recompute += head_fwd
     return FlopCount(forward=forward, backward=backward, recompute=recompute)
 
 
@@ -437,7 +442,7 @@ def estimate_step_time(
     tokens_micro = micro_batch_size * training.seq_len
     flops = count_flops(spec, tokens=tokens_micro, seq_len=training.seq_len, checkpointing=checkpointing,
                         selective=training.activation_checkpointing == "selective", target_len=training.target_len,
-                        lora=training.lora)
+                        lora=training.lora, head_recompute=training.chunked_nll)
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
     if impl.single_process and hardware.world_size > 1:

@@ -183,11 +183,19 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         uncast_all, uncast_one = routed_expert_params(spec)  # grouped_mm: no autocast cast of the experts
         forward_end, at_loss, in_backward = _autocast_weight_casts(
             spec, layer * n_layers - blocks_saving(spec) - uncast_all, layer - uncast_one, checkpointing,
-            head_cast=training.loss != "fused")
+            head_cast=not loss_reads_head_weight(training))
     if not training.recipe.autocast_cache:  # no cache: at the end of forward only the copies autograd saved
         forward_end = at_loss
     return StrategyBuffers(persistent=buckets, at_loss=at_loss, in_backward=in_backward, at_forward_end=forward_end,
                            at_backward_end=backward_end, grads_at_backward_end=grads_end)
+
+
+def loss_reads_head_weight(training: TrainingConfig) -> bool:
+    """Whether the loss reads the head's weight itself instead of calling the head (wrappers.losses' fused kernel,
+    and TRL's chunked_nll: ``Recipe.chunked_logits`` "checkpointed", which reads it through its transpose, a view
+    autocast never caches), so that autocast holds no copy of the head; the loss's own copies are counted in
+    ``activations_loss.loss_bytes``."""
+    return training.loss == "fused" or training.chunked_nll
 
 
 def fsdp2_reduce_bytes(training: TrainingConfig) -> int:

@@ -207,7 +207,11 @@ def require_recommendation(plan: Plan) -> None:
 def _training_notes(training: TrainingConfig, *, selective: bool = False) -> list[str]:
     """What the configs cannot carry of the plan's training settings, and how the script supplies it."""
     notes = []
-    if training.loss == "chunked" and training.recipe.chunked_logits is not None:  # the stack's own chunked loss
+    if training.chunked_nll:  # TRL's
+        notes.append("--loss chunked: the plan counts TRL's chunked_nll, SFTConfig(loss_type=\"chunked_nll\") (the "
+                     "default of TRL 1.4.0 and later; not a TrainingArguments key); with the Trainer alone, "
+                     "wrappers.losses.use_loss_kernel(model, \"chunked\", checkpointed=True) runs the same algorithm.")
+    elif training.loss == "chunked" and training.recipe.chunked_logits is not None:  # the stack's own chunked loss
         compiled = " compiled chunk by chunk" if training.compile and training.recipe.compile_loss else ""
         notes.append(f"--loss chunked: the plan counts the {training.recipe.name} recipe's own chunked cross-entropy"
                      f"{compiled}; elsewhere wrappers.losses.use_loss_kernel(model, \"chunked\") runs the eager "

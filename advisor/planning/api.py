@@ -656,8 +656,12 @@ def plan(
 
 
 def _refuse_fused_head_adapter(spec: ModelSpec, training: TrainingConfig) -> None:
-    """ValueError when ``--loss fused`` meets a LoRA adapter on the output head (``wrappers.losses`` refuses it too:
-    the kernel would train without the adapter's contribution)."""
+    """ValueError when ``--loss fused``, or TRL's chunked_nll (``Recipe.chunked_logits`` "checkpointed"), meets a
+    LoRA adapter on the output head (``wrappers.losses`` and TRL refuse it too: the kernel would train without the
+    adapter's contribution)."""
     if training.loss == "fused" and training.lora is not None and adapts_output_head(spec, training.lora):
         raise ValueError(f"--loss fused: wrappers.losses' fused kernel {HEAD_ADAPTER}; use --loss chunked "
                          "(it calls the adapted head)")
+    if training.chunked_nll and training.lora is not None and adapts_output_head(spec, training.lora):
+        raise ValueError(f"--loss chunked under --recipe {training.recipe.name}: TRL's chunked_nll {HEAD_ADAPTER} "
+                         "(TRL refuses it too); use --loss hf")

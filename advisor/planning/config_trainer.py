@@ -147,10 +147,10 @@ def read_trainer(r: Reader, base: Path) -> None:
 
 def _sft_length_and_loss(r: Reader) -> None:
     """An SFTConfig's ``max_length`` is the longest sample (every sample with ``packing``): the plan's sequence length
-    (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type`` "chunked_nll" (the
-    default since TRL 1.4.0, trl#5846) is not modelled: planned with the loss the recipe runs, said so with what
-    benchmarks/trl_chunked_loss_bytes.py measured of it (its per-chunk cast of the whole head weight makes its loss
-    backward hold more than the full logits for short micro-batches, the opposite of what the note said before)."""
+    (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type``: "chunked_nll" (the
+    default since TRL 1.4.0, trl#5846, unless ``use_liger_kernel``) is --loss chunked, which the trainer recipe plans
+    as TRL's kernel (``Recipe.chunked_logits`` "checkpointed"); "nll" the full logits (--loss hf); "dft" is not
+    modelled (planned as nll, the same tensors with a per-token weight)."""
     if "max_length" not in r.doc:
         r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
     else:
@@ -163,16 +163,20 @@ def _sft_length_and_loss(r: Reader) -> None:
     loss = r.text("loss_type")
     if loss is None and r.flag("use_liger_kernel"):  # SFTConfig.__post_init__: nll under Liger (planned as fused)
         return
-    if loss is None or loss.lower() == "chunked_nll":
-        said = "not set (TRL 1.4.0 and later default to chunked_nll)" if loss is None else "chunked_nll"
-        r.notes.append(f"loss_type {said}: TRL's chunked loss is not modelled; planned with --loss's default, the full "
-                       "logits. TRL's keeps one 256-token chunk of logits but casts the whole head weight for every "
-                       "chunk (under bf16 autocast a bf16 copy; a bf16 head, as LoRA's base, is copied to fp32 first) "
-                       "and, where the head trains, sums a head-sized gradient per chunk: measured on CPU tensors its "
-                       "loss backward held more than the full logits below about as many tokens a micro-batch as the "
-                       "model's width (a frozen head: about half), far less above (benchmarks/"
-                       "trl_chunked_loss_bytes.py); not counted: FSDP2's full_tensor() of the head for the loss, "
-                       "ZeRO-3's gather of it per chunk")
+    loss = loss.lower() if loss is not None else None
+    if loss is None:
+        r.take("loss_type", "not set: TRL's default chunked_nll (since TRL 1.4.0)", "loss", "chunked")
+        r.notes.append("loss_type not set: TRL before 1.4.0 runs nll, the full logits: for it plan --loss hf")
+    elif loss == "chunked_nll":
+        if r.flag("use_liger_kernel"):
+            raise r.fail("loss_type", "chunked_nll with use_liger_kernel: TRL refuses the pair (SFTTrainer: 'not "
+                         "compatible with use_liger_kernel=True')")
+        r.take("loss_type", loss, "loss", "chunked")
+    elif loss == "nll" and not r.flag("use_liger_kernel"):
+        r.take("loss_type", loss, "loss", "hf")
+    elif loss == "dft":
+        r.notes.append("loss_type dft is not modelled: planned as nll, the full logits (DFT weights each token's "
+                       "loss by its probability)")
 
 
 def _trl_offloading(r: Reader) -> None:

@@ -267,7 +267,14 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
                          "holds the logits and their gradient in their own dtype, no fp32 copy or log-softmax "
                          "(advisor.estimate.activations_loss.compiled_loss_bytes; a data-parallel or HSDP mesh; tensor, "
                          "context and pipeline parallel plans count it eager); its time is not counted")
-    if training.loss == "chunked" and training.recipe.chunked_logits is not None:  # memory_loss_kernel
+    if training.chunked_nll:  # memory_loss_kernel
+        notes.append(f"--loss chunked: the {training.recipe.name} recipe's own chunked loss, TRL SFTTrainer's "
+                     "loss_type chunked_nll (its default since TRL 1.4.0): 256-token chunks, each casting the whole "
+                     "head weight, under checkpointing, recomputed in backward (timed: one more product with the "
+                     "head): advisor.estimate.activations_loss.chunked_nll_bytes; tensor, context parallel and HSDP "
+                     "plans and traced model families count wrappers.losses' eager kernel; a Trainer without TRL "
+                     "runs it as wrappers.losses.use_loss_kernel(model, \"chunked\", checkpointed=True)")
+    elif training.loss == "chunked" and training.recipe.chunked_logits is not None:  # memory_loss_kernel
         compiled = training.compile and training.recipe.compile_loss
         made = ("the model returns every chunk's logits first" if training.recipe.chunked_logits == "model"
                 else "each chunk's logits made in the loss")

@@ -158,7 +158,8 @@ def meta_model(cfg: dict, training: TrainingConfig) -> Any:
 
     net = build_meta_model(simulation_config(cfg, attention=training.attention, use_cache=training.keeps_kv_cache))
     # before PEFT: the adapters wrap the model, not its forward; a stack's own chunked loss as its recipe makes the logits
-    use_loss_kernel(net, training.loss, logits_first=training.recipe.chunked_logits == "model")
+    use_loss_kernel(net, training.loss, logits_first=training.recipe.chunked_logits == "model",
+                    checkpointed=training.recipe.chunked_logits == "checkpointed")
     return net if training.lora is None else _with_lora(net, cfg, training.lora)
 
 

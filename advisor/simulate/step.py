@@ -322,8 +322,11 @@ class _Step:
         mark = mark or (lambda phase: None)
         if self.sync_last:
             self.net.set_requires_gradient_sync(i == self.micro_steps - 1)
-        # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast.
-        cast = contextlib.nullcontext() if self.impl.shard_params else autocast_context(
+        # FSDP2 casts through its MixedPrecisionPolicy; DDP and the plain model run under autocast. Accelerate runs
+        # autocast under FSDP2 too, which only TRL's chunked_nll reads (its fp32 copies of the bf16 head are cast back
+        # for the matmul: advisor.estimate.activations_loss.chunked_nll_bytes): there the step runs it.
+        sharded = self.impl.shard_params and not self.training.chunked_nll
+        cast = contextlib.nullcontext() if sharded else autocast_context(
             self.training.precision, "cpu", cache_enabled=self.training.recipe.autocast_cache)
         with cast:
             labels = self.labels

@@ -604,7 +604,7 @@ def test_a_trl_sft_config_runs_trls_defaults(tmp_path, capsys):
     defaults, checkpointing off, so its activation offloading was dropped and its max_length ignored. TRL's
     SFTConfig defaults gradient_checkpointing and bf16 to true (trl/trainer/sft_config.py: "These parameters have
     default values different from TrainingArguments") and truncates (with packing, packs) to max_length, default
-    1024: the plan runs them, each line saying so, and says TRL's chunked loss is not modelled."""
+    1024: the plan runs them, each line saying so, and TRL's chunked_nll loss (its default: --loss chunked)."""
     path = tmp_path / "sft.json"
     path.write_text(json.dumps({"output_dir": "out", "max_length": 4096, "packing": True,
                                 "activation_offloading": True, "per_device_train_batch_size": 4}))
@@ -616,7 +616,7 @@ def test_a_trl_sft_config_runs_trls_defaults(tmp_path, capsys):
     said = " ".join(out.split())
     assert "gradient_checkpointing: not set: TRL's default true -> --activation-checkpointing on" in said
     assert "activation_offloading: true -> --activation-offload (file format)" in said
-    assert "TRL's chunked loss is not modelled" in said
+    assert "loss_type: not set: TRL's default chunked_nll (since TRL 1.4.0) -> --loss chunked" in said
     path.write_text(json.dumps({"packing": False, "fp16": True}))  # fp16 set: no bf16 default; max_length's default
     settings = read_config_file(path).settings
     assert (settings["precision"], settings["seq_len"], settings["activation_checkpointing"]) == (
@@ -789,3 +789,26 @@ def test_a_torchtitan_files_degrees_of_one_are_read_and_said_to_be_left_to_the_p
     assert code == 0 and json.loads(out)["recommendation"]["mesh"]["cp"] > 1
     code, out, _ = run_main([*args, "--tp", "1", "--cp", "1"], capsys)
     assert code == 3 and json.loads(out)["recommendation"] is None
+
+
+def test_an_sftconfigs_loss_type_sets_the_loss(tmp_path, capsys):
+    """TRL's SFTConfig.loss_type: left out it is chunked_nll (TRL 1.4.0 and later; sft_config.py __post_init__), which
+    the trainer recipe plans as TRL's kernel (--loss chunked); nll is the full logits (--loss hf); chunked_nll beside
+    use_liger_kernel is refused by SFTTrainer, so the file is one line and exit 2."""
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps({"packing": True}))
+    config = read_config_file(path)
+    assert config.settings["loss"] == "chunked" and config.settings["recipe"] == "trainer"
+    assert any(value.key == "loss_type" and value.value.startswith("not set: TRL's default chunked_nll")
+               for value in config.values)
+    path.write_text(json.dumps({"packing": True, "loss_type": "nll"}))
+    assert read_config_file(path).settings["loss"] == "hf"
+    path.write_text(json.dumps({"packing": True, "loss_type": "chunked_nll", "use_liger_kernel": True}))
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1 and "TRL refuses the pair" in err, err
+    path.write_text(json.dumps({"packing": True, "max_length": 4096}))
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--from", str(path), "--json"], capsys)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["training"]["loss"] == "chunked"
+    assert any("TRL SFTTrainer's loss_type chunked_nll" in note for note in plan["assumptions"])

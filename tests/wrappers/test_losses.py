@@ -137,3 +137,27 @@ def test_a_causal_lm_with_its_own_unshifted_loss_is_refused(model_type):
         model = transformers.AutoModelForCausalLM.from_config(config)
     with pytest.raises(ValueError, match="needs a causal LM whose loss is transformers' loss_function"):
         use_loss_kernel(model, "fused")
+
+
+@pytest.mark.parametrize("model_type", ["llama", "phi"])
+def test_the_checkpointed_kernel_matches_transformers_loss_and_gradients(model_type, monkeypatch):
+    """TRL's chunked_nll as wrappers.losses runs it (``checkpointed=True``: the counted tokens packed to the front,
+    chunks under torch.utils.checkpoint): transformers' loss and every gradient, Phi's head bias's too. Chunks of 8
+    tokens here, so 46 tokens make six, the masked ones last."""
+    import wrappers.losses as losses
+
+    monkeypatch.setattr(losses, "NLL_CHUNK", 8)
+    monkeypatch.setattr(losses.checkpointed_cross_entropy, "__kwdefaults__", {"bias": None, "chunk": 8})
+    make = tiny_llama if model_type == "llama" else (lambda: _tiny("phi"))
+    reference = make()
+    ids = torch.randint(0, 128, (2, 24), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[0, :5] = -100  # a masked prompt: packed behind the counted tokens, adding nothing
+    expected_loss, expected_grads = _loss_and_grads(reference, ids, labels)
+    model = use_loss_kernel(make(), "chunked", checkpointed=True)
+    loss, grads = _loss_and_grads(model, ids, labels)
+    assert model(input_ids=ids, labels=labels).logits is None  # the kernel ran, not transformers' loss
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-5, atol=1e-6)
+    assert sorted(grads) == sorted(expected_grads)
+    for name, grad in expected_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")

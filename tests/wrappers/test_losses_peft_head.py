@@ -109,6 +109,19 @@ def test_plan_refuses_fused_with_a_lora_adapter_on_the_head(targets, capsys):
     assert err.strip().count("\n") == 0 and "--loss fused" in err and "use --loss chunked" in err, err
 
 
+def test_trls_chunked_loss_refuses_a_lora_adapter_on_the_head(capsys):
+    """TRL's chunked_nll reads the head's weight as the fused kernel does, and TRL refuses the adapter too
+    (SFTTrainer: "not supported when lm_head is wrapped by a PEFT adapter"): in the plan under the trainer recipe, at
+    use_loss_kernel."""
+    code, out, err = run_main(["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "1xRTX4090", "--lora", "16",
+                               "--lora-targets", "q_proj,lm_head", "--recipe", "trainer", "--loss", "chunked",
+                               "--json"], capsys)
+    assert code == 2 and not out
+    assert err.strip().count("\n") == 0 and "TRL's chunked_nll" in err and "use --loss hf" in err, err
+    with pytest.raises(ValueError, match="TRL's chunked_nll"):
+        use_loss_kernel(_peft(tiny_llama(), target_modules=["q_proj", "lm_head"]), "chunked", checkpointed=True)
+
+
 CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 
 

@@ -75,8 +75,8 @@ import functools
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.activations_blocks import cuda_math_sdpa_at
 from advisor.estimate.accumulation import held_accumulated_grads
-from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, model_states, recipe_dtypes,
-                                     vision_tower_bytes, whole_rank_extras)
+from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, memory_loss_kernel, model_states,
+                                     recipe_dtypes, vision_tower_bytes, whole_rank_extras)
 from advisor.estimate.states import FP32
 from advisor.estimate.traced import activations_from_profile, find_profile, profile_key
 from advisor.estimate.strategy_buffers import block_backward_buffers, block_params, estimate_strategy_buffers
@@ -211,10 +211,13 @@ def mesh_activations(spec: ModelSpec, training: TrainingConfig, impl: Implementa
     products = selective_kept(spec) if selective else None  # the mesh's blocks train whole (no adapters)
     kept, tail = (products.width, products.tail_width) if products is not None else (0, 0)
     kept_rank, tail_rank = kept_widths_on_rank(spec, tp) if selective else (0, 0)
+    # TRL's chunked_nll on a rank's sequence shard (context parallel, HSDP: the head whole on each rank); under tensor
+    # parallelism TRL gathers a vocabulary-sharded head with full_tensor(), not modelled: wrappers.losses' eager kernel
+    kernel = memory_loss_kernel(training) if training.chunked_nll and tp == 1 else training.loss
     est = estimate_activations(_tp_shape(spec, tp), dt, micro_batch_size=micro_batch_size,
                                seq_len=rank_len, checkpointing=checkpointing,
                                eager=training.attention == "eager",
-                               loss_kernel=training.loss, selective=selective, kept_width=kept_rank,
+                               loss_kernel=kernel, selective=selective, kept_width=kept_rank,
                                kept_tail_width=tail_rank,
                                head_grads=tp == 1 or not vocab_parallel(spec))
     profile = find_profile(spec, profile_key(dt, training, checkpointing=checkpointing)) \

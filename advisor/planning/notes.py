@@ -271,8 +271,9 @@ def assumptions_of(spec: ModelSpec, hw: Hardware, training: TrainingConfig) -> l
         notes.append(f"--loss chunked: the {training.recipe.name} recipe's own chunked loss, TRL SFTTrainer's "
                      "loss_type chunked_nll (its default since TRL 1.4.0): 256-token chunks, each casting the whole "
                      "head weight, under checkpointing, recomputed in backward (timed: one more product with the "
-                     "head): advisor.estimate.activations_loss.chunked_nll_bytes; tensor, context parallel and HSDP "
-                     "plans and traced model families count wrappers.losses' eager kernel; a Trainer without TRL "
+                     "head): advisor.estimate.activations_loss.chunked_nll_bytes, on a context-parallel or HSDP mesh "
+                     "for each rank's tokens; tensor-parallel plans (TRL's full_tensor() of the sharded head) and "
+                     "traced model families count wrappers.losses' eager kernel; a Trainer without TRL "
                      "runs it as wrappers.losses.use_loss_kernel(model, \"chunked\", checkpointed=True)")
     elif training.loss == "chunked" and training.recipe.chunked_logits is not None:  # memory_loss_kernel
         compiled = training.compile and training.recipe.compile_loss

@@ -18,6 +18,8 @@ Context parallelism is not simulated (its ring attention needs CUDA SDPA kernels
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,6 +64,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                            fake_process_group, unpacked_batches)
     from advisor.simulate.measure import breakdown, dora_weight_unhooked
+    from wrappers.recipe import autocast_context
     from advisor.simulate.model import (build_optimizer, materialize, meta_model, net_vocab, resolve_config,
                                         unique_params)
     from wrappers.blocks import find_blocks
@@ -94,7 +97,11 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
             ids = torch.randint(0, int(net_vocab(cfg)), (micro_batch_size, training.seq_len))
 
             def step() -> None:
-                net(input_ids=ids, labels=ids).loss.backward()
+                # FSDP2 casts through its MixedPrecisionPolicy; accelerate autocasts too, which only TRL's chunked_nll
+                # reads (simulate()'s _Step.micro runs the same)
+                with autocast_context(training.precision, "cpu") if training.chunked_nll else contextlib.nullcontext():
+                    loss = net(input_ids=ids, labels=ids).loss
+                loss.backward()
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 

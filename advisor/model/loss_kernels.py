@@ -60,6 +60,9 @@ def load_loss_kernel_facts() -> dict[str, LossKernelFacts]:
     return {k: LossKernelFacts(**v) for k, v in raw.items()}
 
 
+TRANSFORMS_LOGITS = "computes the loss on the head's raw output"  # how loss_kernel_refusal's transform reason begins
+
+
 def loss_kernel_refusal(cfg: dict) -> str | None:
     """Why ``use_loss_kernel`` refuses the causal LM of ``cfg``, worded as it words it after
     ``loss kernel '<kernel>'`` (less its closing "use loss='hf'"); None when it accepts it."""
@@ -79,7 +82,7 @@ def loss_kernel_refusal(cfg: dict) -> str | None:
                 and value != 1:
             found.append(f"{key}={value}")
     if found:
-        return (f"computes the loss on the head's raw output; {name} transforms its logits first "
+        return (f"{TRANSFORMS_LOGITS}; {name} transforms its logits first "
                 f"({', '.join(found)})")
     if cfg.get("output_router_logits") and model_type not in router_aux_loss_types():
         return ROUTER_AUX.format(name=name)

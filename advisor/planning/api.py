@@ -25,7 +25,7 @@ from advisor.model.saved_modules import saved_modules_note
 from advisor.model.lora import adapts_output_head, lora_of, with_lora
 from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.releases import behaviour_in, installed_release, is_release, load_release_behaviours
-from advisor.model.loss_kernels import HEAD_ADAPTER
+from advisor.model.loss_kernels import HEAD_ADAPTER, TRANSFORMS_LOGITS
 from advisor.model.sources import resolve, resolve_model
 from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
@@ -453,6 +453,13 @@ def plan(
     live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
         model.config.to_dict()  # a live model's own config: its label count
     spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
+    if training.chunked_nll and spec.head is None and spec.loss_kernel_refusal \
+            and spec.loss_kernel_refusal.startswith(TRANSFORMS_LOGITS):
+        # TRL's chunked_nll applies a soft-cap or a scale to each chunk itself, which chunked_nll_bytes does not count
+        training = validated_copy(training, {"loss": "hf"})
+        notes.append(f"--loss chunked (TRL's chunked_nll): this model transforms its logits ("
+                     f"{spec.loss_kernel_refusal.rsplit('(', 1)[-1]}, which TRL applies to each chunk and the "
+                     "estimate does not count: planned with --loss hf, the full logits")
     if training.loss != "hf" and spec.head is None and spec.loss_kernel_refusal:
         raise ValueError(f"--loss {training.loss}: wrappers.losses' kernel {spec.loss_kernel_refusal}; "
                          "use --loss hf")

@@ -177,6 +177,8 @@ def _sft_length_and_loss(r: Reader) -> None:
     elif loss == "dft":
         r.notes.append("loss_type dft is not modelled: planned as nll, the full logits (DFT weights each token's "
                        "loss by its probability)")
+    elif loss != "nll":  # SFTTrainer raises ValueError("Invalid `loss_type` ...") for any other
+        raise r.fail("loss_type", f"{loss!r} is not one TRL's SFTTrainer accepts (nll, dft, chunked_nll)")
 
 
 def _trl_offloading(r: Reader) -> None:

@@ -803,6 +803,9 @@ def test_an_sftconfigs_loss_type_sets_the_loss(tmp_path, capsys):
                for value in config.values)
     path.write_text(json.dumps({"packing": True, "loss_type": "nll"}))
     assert read_config_file(path).settings["loss"] == "hf"
+    path.write_text(json.dumps({"packing": True, "loss_type": "focal"}))
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1 and "'focal' is not one TRL's SFTTrainer accepts" in err, err
     path.write_text(json.dumps({"packing": True, "loss_type": "chunked_nll", "use_liger_kernel": True}))
     code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--from", str(path)], capsys)
     assert code == 2 and not out and err.count("\n") == 1 and "TRL refuses the pair" in err, err
@@ -812,3 +815,17 @@ def test_an_sftconfigs_loss_type_sets_the_loss(tmp_path, capsys):
     plan = json.loads(out)
     assert plan["training"]["loss"] == "chunked"
     assert any("TRL SFTTrainer's loss_type chunked_nll" in note for note in plan["assumptions"])
+
+
+def test_an_sftconfig_on_a_model_that_softcaps_its_logits_plans_the_full_logits(tmp_path, capsys):
+    """An SFTConfig (loss_type left out: TRL's chunked_nll) on Gemma 2, whose final_logit_softcapping TRL applies to
+    each chunk and the estimate does not count: planned with the full logits and said so, not refused as a typed
+    --loss chunked is on the other stacks."""
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps({"packing": True, "max_length": 2048}))
+    code, out, err = run_main(["plan", "-m", "google/gemma-2-2b", "-g", "1xA100", "--from", str(path), "--json"], capsys)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["training"]["loss"] == "hf"
+    assert any("final_logit_softcapping=30.0" in note and "planned with --loss hf" in note
+               for note in plan["assumptions"])

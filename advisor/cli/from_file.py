@@ -48,6 +48,17 @@ def flag(option: str) -> str:
     return {"num_gpus": "--gpus", "lora_rank": "--lora"}.get(option, f"--{option.replace('_', '-')}")
 
 
+def shown(option: str, setting: int | str) -> str:
+    """The typed options a file's setting stands for: a switch as its flag alone."""
+    if option in ("activation_offload", "dora"):
+        return flag(option)
+    if option == "double_quant":
+        return "--double-quant" if setting else "--no-double-quant"
+    if option == "gradient_accumulation":
+        return f"gradient accumulation {setting}"
+    return f"{flag(option)} {setting}"
+
+
 def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = True) -> tuple[dict[str, Any], FromFile]:
     """``options`` (parsed CLI values, None where not typed) with the file's settings filled in, and
     ``from_file`` cleared (it has been applied). ``need_gpus=False`` (the ``--cpu`` test config) leaves
@@ -184,7 +195,7 @@ def _apply_accumulation(config: ConfigFile, merged: dict[str, Any], overridden: 
 def summary_lines(done: FromFile) -> list[str]:
     """What --from did in a few lines, for the commands that do not print the plan (export, simulate, ...)."""
     config = done.config
-    taken = ", ".join(f"{flag(v.option)} {v.setting}" for v in config.values if v.option != "gradient_accumulation")
+    taken = ", ".join(shown(v.option, v.setting) for v in config.values if v.option != "gradient_accumulation")
     lines = [f"--from {config.path} ({config.title}): {taken or 'nothing the plan uses'}"]
     lines += [f"--from: {o.given} given overrides the file's {flag(o.option)} {o.file_value}" for o in done.overridden]
     return lines + list(done.derived) + list(config.notes)
@@ -206,16 +217,12 @@ def render_from_file(done: FromFile) -> None:
     lines: dict[tuple[str, str], list[str]] = {}
     replaced = {o.option: o.given for o in done.overridden}
     for value in config.values:
-        setting = f"{flag(value.option)} {value.setting}"
-        if value.option == "activation_offload":  # a switch: the flag alone
-            setting = flag(value.option)
-        if value.option == "gradient_accumulation":
-            setting = f"gradient accumulation {value.setting}"
+        setting = shown(value.option, value.setting)
         if value.option in replaced:
             setting += f" (overridden: {replaced[value.option]} given)"
         lines.setdefault((value.key, value.value), []).append(setting)
-    for (key, shown), settings in lines.items():
-        click.echo(f"  {key}: {shown} -> {', '.join(settings)}")
+    for (key, said), settings in lines.items():
+        click.echo(f"  {key}: {said} -> {', '.join(settings)}")
     for line in done.derived:
         click.echo(f"  {line}")
     if config.not_read:

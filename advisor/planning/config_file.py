@@ -72,6 +72,8 @@ class ConfigFile(BaseModel):
 
     @property
     def title(self) -> str:
+        if self.format == "trainer" and self.path.lower().endswith((".yaml", ".yml")):
+            return "Hugging Face TrainingArguments / TRL config (YAML)"
         return FORMAT_TITLES[self.format]
 
 
@@ -125,6 +127,14 @@ class Reader:
             raise self.fail(key, f"must be at least {low}, got {value}")
         if high is not None and value > high:
             raise self.fail(key, f"must be at most {high:,}, got {_shown(value)}")
+        return value
+
+    def fraction(self, key: str) -> float | None:
+        """A number from 0 to below 1 (a dropout probability)."""
+        value = self.raw(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value < 1):
+            raise self.fail(key, f"must be a number from 0 to below 1, got {value!r}"[:160])
         return value
 
     def flag(self, key: str) -> bool | None:

@@ -1,7 +1,8 @@
 """``read_config_file``: which training-config format a file is (``advisor plan --from FILE``), read by its reader.
 
-The format comes from the suffix (``.yaml``/``.yml`` accelerate, or torchtune where a section names a torchtune
-``_component_``; ``.toml`` torchtitan) and, for JSON, from its keys (DeepSpeed or TrainingArguments). One module
+The format comes from the suffix (``.yaml``/``.yml`` accelerate, torchtune where a section names a torchtune
+``_component_``, TrainingArguments where it has their keys and none of accelerate's: a TRL CLI or alignment-handbook
+config; ``.toml`` torchtitan) and, for JSON, from its keys (DeepSpeed or TrainingArguments). One module
 per format reads it, and its docstring says which keys it reads and where their meaning is defined:
 ``advisor.planning.config_accelerate``, ``config_deepspeed``, ``config_torchtitan``, ``config_torchtune``,
 ``config_trainer``. The shared part (the result type, the typed key reader, the
@@ -35,6 +36,21 @@ def _json_format(doc: dict[str, Any], path: Path) -> str:
                      "or bf16/fp16 block) nor TrainingArguments (no per_device_train_batch_size, bf16, optim, ...)")
 
 
+# Keys only an accelerate config has (accelerate/commands/config/config_args.py BaseConfig and ClusterConfig): a YAML
+# with one is accelerate's, whatever else it holds.
+_ACCELERATE_KEYS = ("compute_environment", "distributed_type", "num_processes", "num_machines", "machine_rank",
+                    "main_training_function", "mixed_precision", "use_cpu", "gpu_ids", "downcast_bf16",
+                    "rdzv_backend", "same_network", "main_process_ip", "main_process_port", "deepspeed_config",
+                    "dynamo_config", "megatron_lm_config", "fp8_config", "enable_cpu_affinity")
+# A TRL CLI config (``trl sft --config``: TrlParser) or an alignment-handbook recipe (H4ArgumentParser) is
+# TrainingArguments, a TRL config's own keys and the model's (TRL's ModelConfig) in one YAML.
+_MODEL_KEYS = ("model_name_or_path", "use_peft", "lora_r", "load_in_4bit", "max_seq_length", "max_length")
+
+
+def _trainer_yaml(doc: dict[str, Any]) -> bool:
+    return not any(key in doc for key in _ACCELERATE_KEYS) and any(key in doc for key in (*_TRAINER_KEYS, *_MODEL_KEYS))
+
+
 def _parse(path: Path) -> tuple[str, dict[str, Any]]:
     suffix = path.suffix.lower()
     try:
@@ -48,7 +64,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
-        kind = "torchtune" if isinstance(doc, dict) and is_torchtune(doc) else "accelerate"
+        kind = "torchtune" if isinstance(doc, dict) and is_torchtune(doc) else \
+            "trainer" if isinstance(doc, dict) and _trainer_yaml(doc) else "accelerate"
     elif suffix == ".toml":
         import tomllib
 
@@ -61,8 +78,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         doc = load_json(path)
         kind = _json_format(doc, path)
     else:
-        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate or torchtune "
-                         ".yaml, a DeepSpeed or TrainingArguments .json, or a torchtitan .toml")
+        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate, torchtune or "
+                         "TRL .yaml, a DeepSpeed or TrainingArguments .json, or a torchtitan .toml")
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the file holds no mapping of keys")
     return kind, doc

@@ -192,10 +192,7 @@ def _model(r: Reader) -> tuple[dict[str, Any] | None, bool]:
     r.take("model.lora_rank", rank, "lora_rank", rank)
     r.take("model.lora_attn_modules + apply_lora_to_mlp", _targets_shown(r), "lora_targets", ",".join(_targets(r)))
     _output_adapter(r, row)
-    dropout = r.raw("model.lora_dropout")
-    if dropout is not None and (isinstance(dropout, bool) or not isinstance(dropout, (int, float))
-                                or not 0 <= dropout < 1):
-        raise r.fail("model.lora_dropout", f"must be a number from 0 to below 1, got {dropout!r}")
+    dropout = r.fraction("model.lora_dropout")
     if dropout:
         r.take("model.lora_dropout", dropout, "lora_dropout", str(dropout))
     if r.flag("model.use_dora"):

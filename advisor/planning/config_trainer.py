@@ -1,4 +1,5 @@
-"""The Hugging Face TrainingArguments JSON reader (``advisor plan --from training_args.json``).
+"""The Hugging Face TrainingArguments reader (``advisor plan --from training_args.json``, or a TRL CLI / alignment-
+handbook YAML: TrainingArguments, TRL's config and its ModelConfig in one file, ``_model_arguments``).
 
 Which keys it reads, and what they mean, from the framework's own definitions: TrainingArguments JSON
 (transformers/training_args.py): ``per_device_train_batch_size``, ``gradient_accumulation_steps``, ``bf16`` /
@@ -18,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from advisor.model.lora import MAX_LORA_RANK
 from advisor.training import MAX_SEQ_LEN
 from advisor.planning.config_deepspeed import read_nested_deepspeed
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json,
@@ -39,7 +41,7 @@ TRL_KEYS = ("dataset_text_field", "dataset_kwargs", "dataset_num_proc", "packing
             "completion_only_loss", "assistant_only_loss", "activation_offloading", "eval_packing",
             "chat_template_path", "shuffle_dataset", "truncation_mode")
 SFT_ONLY_KEYS = ("dataset_text_field", "dataset_kwargs", "packing", "packing_strategy", "completion_only_loss",
-                 "assistant_only_loss", "eval_packing")
+                 "assistant_only_loss", "eval_packing", "max_seq_length")
 OTHER_TRAINER_KEYS = ("beta", "num_generations", "max_completion_length", "max_prompt_length", "loss_type_dpo")
 SFT_MAX_LENGTH = 1024  # SFTConfig.max_length's default
 
@@ -71,7 +73,17 @@ TRAINER_MICRO_BATCH = 8  # per_device_train_batch_size
 
 
 def read_trainer(r: Reader, base: Path) -> None:
-    trl, sft = _trl(r) or _sft(r), _sft(r)
+    # A TRL CLI file (model_name_or_path beside the trainer's keys) names its trainer on the command line (trl sft,
+    # trl dpo, ...): without another trainer's keys, read as SFTConfig
+    cli = "model_name_or_path" in r.doc and not any(key in r.doc for key in OTHER_TRAINER_KEYS) and not _sft(r)
+    sft = _sft(r) or cli
+    if cli:
+        r.notes.append("a TRL CLI config does not name its trainer (trl sft, trl dpo, ... on the command line): read "
+                       "as trl sft's, SFTConfig's defaults for what it leaves out")
+    # max_seq_length without max_length: an SFTConfig of TRL 0.9-0.19, older than TRL's own defaults (checkpointing
+    # and bf16 on since 0.22, trl#3510): the Trainer's run
+    trl = (_trl(r) or sft) and not (r.raw("max_seq_length") is not None and "max_length" not in r.doc)
+    _model_arguments(r, trl=trl)
     take_batch(r, micro="per_device_train_batch_size", accumulation="gradient_accumulation_steps")
     if r.raw("per_device_train_batch_size") is None:
         # the Trainer's default, DeepSpeed config or not: it fills a DeepSpeed "auto" micro-batch with it and refuses
@@ -145,13 +157,107 @@ def read_trainer(r: Reader, base: Path) -> None:
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 
+# TRL's ModelConfig (trl/trainer/model_config.py, huggingface/trl@f2cd577; alignment-handbook's ModelArguments before
+# it, the same names and defaults): a TRL CLI or alignment-handbook YAML holds its keys beside the SFTConfig ones
+# (TrlParser reads one file into both). Its LoRA defaults: rank 16, dropout 0.05, PEFT's targets for the model;
+# load_in_4bit's nf4 without nested (double) quantisation.
+TRL_LORA_RANK, TRL_LORA_DROPOUT = 16, 0.05
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "auto"}
+
+
+def _model_arguments(r: Reader, *, trl: bool) -> None:
+    """The model, its adapters and its quantised base from ModelConfig's keys (``model_name_or_path``,
+    ``use_peft``, ``lora_*``, ``use_dora``, ``load_in_4bit`` / ``load_in_8bit``, ``bnb_4bit_quant_type``,
+    ``use_bnb_nested_quant``); ``dtype`` (``torch_dtype`` before) as a note where the plan holds the weights
+    otherwise. ``lora_alpha`` and ``use_rslora`` scale the adapters' output: no memory or time."""
+    name = r.text("model_name_or_path")
+    if name:
+        r.take("model_name_or_path", name, "model", name)
+    _attention(r)
+    peft = r.flag("use_peft")
+    four, eight = r.flag("load_in_4bit"), r.flag("load_in_8bit")
+    if (four or eight) and not peft:  # transformers' Trainer refuses to train a purely quantised model
+        raise r.fail("load_in_4bit" if four else "load_in_8bit", "needs use_peft: true (a quantised base trains only "
+                     "through adapters)")
+    if four and eight:
+        raise r.fail("load_in_4bit", "and load_in_8bit are both true: transformers loads one or the other")
+    dtype_key = "dtype" if "dtype" in r.doc else "torch_dtype"
+    dtype = r.choice(dtype_key, _DTYPES) if r.raw(dtype_key) is not None else None
+    if not peft:
+        if dtype in ("bf16", "fp16"):
+            r.notes.append(f"{dtype_key} {r.text(dtype_key)}: a full fine-tune keeps 16-bit weights and AdamW state "
+                           "on DDP or one GPU (plan --precision bf16 for it); accelerate's FSDP upcasts the trained "
+                           "weights to fp32 under mixed precision and DeepSpeed keeps fp32 master weights, as planned")
+        return
+    rank = r.integer("lora_r", low=1, high=MAX_LORA_RANK)
+    r.take("lora_r", rank if rank is not None else f"not set: TRL's default {TRL_LORA_RANK}", "lora_rank",
+           rank or TRL_LORA_RANK)
+    for key, option in (("lora_target_modules", "lora_targets"), ("lora_modules_to_save", "lora_modules_to_save")):
+        names = _names(r, key)  # None: PEFT's targets for the model; no full copy
+        if names:
+            r.take(key, names, option, names)
+    dropout = r.fraction("lora_dropout")
+    r.take("lora_dropout", dropout if dropout is not None else f"not set: TRL's default {TRL_LORA_DROPOUT}",
+           "lora_dropout", str(dropout if dropout is not None else TRL_LORA_DROPOUT))
+    if r.flag("use_dora"):
+        r.take("use_dora", True, "dora", 1)
+    r.raw("lora_alpha"), r.raw("use_rslora")  # scales: no memory or time
+    if four:
+        kind = r.choice("bnb_4bit_quant_type", {"nf4": "nf4", "fp4": "fp4"}) or "nf4"
+        r.take("load_in_4bit", True, "quantize", kind)
+        nested = r.flag("use_bnb_nested_quant")
+        r.take("use_bnb_nested_quant", nested if nested is not None else "not set: TRL's default false",
+               "double_quant", int(bool(nested)))
+    elif eight:
+        r.take("load_in_8bit", True, "quantize", "int8")
+    if dtype == "fp32" or (dtype is None and trl):
+        said = f"{dtype_key} float32" if dtype == "fp32" else "dtype not set: TRL ModelConfig's default float32"
+        r.notes.append(f"{said}: the frozen base is loaded in fp32, 4 bytes a weight where the plan holds 2 (the "
+                       "trainer recipe's bf16 base, profiles/recipes.json frozen_base); set dtype: bfloat16 to run "
+                       "what is planned")
+
+
+def _names(r: Reader, key: str) -> str | None:
+    """A module name or a list of them (PEFT's target_modules, modules_to_save; "all-linear" too), comma-joined."""
+    names = r.raw(key)
+    if isinstance(names, str):
+        names = [names]
+    if names is not None and (not isinstance(names, list)
+                              or not all(isinstance(name, str) and name.strip() for name in names)):
+        raise r.fail(key, f"must be a module name or a list of them, got {names!r}"[:160])
+    return ",".join(name.strip() for name in names) if names else None
+
+
+# attn_implementation (transformers' attention interface): eager keeps the b x heads x s x s scores; the others keep
+# none, planned as SDPA (--attention sdpa)
+_SCORELESS = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def _attention(r: Reader) -> None:
+    kernel = r.text("attn_implementation")
+    if kernel is None:
+        return
+    if kernel.lower() == "eager":
+        r.take("attn_implementation", kernel, "attention", "eager")
+    elif kernel.lower() in _SCORELESS:
+        r.take("attn_implementation", kernel, "attention", "sdpa")
+    else:
+        r.notes.append(f"attn_implementation {kernel} is not modelled: planned with --attention's default (sdpa)")
+
+
 def _sft_length_and_loss(r: Reader) -> None:
     """An SFTConfig's ``max_length`` is the longest sample (every sample with ``packing``): the plan's sequence length
     (1024 where not set; a null truncates nothing and is left to --seq-len). Its ``loss_type``: "chunked_nll" (the
     default since TRL 1.4.0, trl#5846, unless ``use_liger_kernel``) is --loss chunked, which the trainer recipe plans
     as TRL's kernel (``Recipe.chunked_logits`` "checkpointed"); "nll" the full logits (--loss hf); "dft" is not
     modelled (planned as nll, the same tensors with a per-token weight)."""
-    if "max_length" not in r.doc:
+    if "max_length" not in r.doc and r.raw("max_seq_length") is not None:  # its name in TRL 0.9-0.19 (trl#2895)
+        length = r.integer("max_seq_length", low=1, high=MAX_SEQ_LEN)
+        r.take("max_seq_length", length, "seq_len", length)
+        if r.raw("loss_type") is None:  # before chunked_nll existed (TRL 1.4.0): the full logits
+            r.take("loss_type", "not set: nll (TRL before 0.20 has no other)", "loss", "hf")
+            return
+    elif "max_length" not in r.doc:
         r.take("max_length", f"not set: TRL SFTConfig's default {SFT_MAX_LENGTH}", "seq_len", SFT_MAX_LENGTH)
     else:
         length = r.integer("max_length", low=1, high=MAX_SEQ_LEN)

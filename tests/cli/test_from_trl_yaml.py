@@ -1,0 +1,107 @@
+"""``advisor plan --from`` on a TRL CLI config or an alignment-handbook recipe: one YAML holding TrainingArguments,
+TRL's own keys and TRL's ModelConfig (the model, its adapters, its quantised base). A review found them read as an
+accelerate config: nothing taken (not the micro-batch, the length, the checkpointing or the LoRA), and a
+``distributed_type: NO`` the file never said. Expected values are read off each document by hand (the fixtures'
+first lines cite them) and TRL's defaults from trl/trainer/model_config.py and sft_config.py at f2cd577."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from advisor.planning.config_formats import read_config_file
+from tests.cli._main import run_main
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+def test_trls_cli_example_plans_sft_with_trls_defaults():
+    """model_name_or_path, a dataset, a learning rate: the model is the file's, the rest SFTConfig's defaults
+    (per_device_train_batch_size 8, bf16 and gradient checkpointing on, max_length 1024, loss_type chunked_nll)."""
+    config = read_config_file(CONFIGS / "trl_cli_example.yaml")
+    assert config.format == "trainer" and config.title.endswith("(YAML)")
+    assert config.settings == {"model": "Qwen/Qwen2.5-0.5B", "micro_batch": 8, "precision": "bf16-mixed",
+                               "seq_len": 1024, "loss": "chunked", "activation_checkpointing": "on",
+                               "recipe": "trainer"}
+    assert set(config.not_read) == {"dataset_name", "report_to", "learning_rate", "lr_scheduler_type"}
+    assert any("does not name its trainer" in note for note in config.notes)
+
+
+def test_the_handbooks_qlora_recipe_reads_its_adapters_and_4_bit_base():
+    """Mistral-7B-v0.1, flash_attention_2 (no score matrix: planned as SDPA), 4-bit (bnb_4bit_quant_type left at
+    nf4, use_bnb_nested_quant at false), LoRA rank 16 on seven projections with dropout 0.05, 4 samples x 2 steps
+    of accumulation, checkpointing, bf16, 2,048 tokens."""
+    config = read_config_file(CONFIGS / "handbook_zephyr_sft_qlora.yaml")
+    assert config.settings == {
+        "model": "mistralai/Mistral-7B-v0.1", "attention": "sdpa", "lora_rank": 16,
+        "lora_targets": "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", "lora_dropout": "0.05",
+        "quantize": "nf4", "double_quant": 0, "micro_batch": 4, "gradient_accumulation": 2,
+        "precision": "bf16-mixed", "seq_len": 2048, "loss": "chunked", "activation_checkpointing": "on",
+        "recipe": "trainer"}
+
+
+def _plan(capsys, *args: str) -> dict:
+    code, out, err = run_main(["plan", *args, "--json"], capsys)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def test_the_file_plans_what_the_same_options_typed_plan(capsys):
+    """The recipe read from the file and the options it stands for, typed: the same candidates."""
+    from_file = _plan(capsys, "-g", "1xA100", "--from", str(CONFIGS / "handbook_zephyr_sft_qlora.yaml"))
+    typed = _plan(capsys, "-m", "mistralai/Mistral-7B-v0.1", "-g", "1xA100", "--recipe", "trainer", "--attention",
+                  "sdpa", "--lora", "16", "--lora-targets", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                  "--lora-dropout", "0.05", "--quantize", "nf4", "--no-double-quant", "--micro-batch", "4",
+                  "--global-batch", "8", "--precision", "bf16-mixed", "--seq-len", "2048", "--loss", "chunked",
+                  "--activation-checkpointing", "on")
+    assert from_file["candidates"] == typed["candidates"]
+    assert from_file["recommendation"] == typed["recommendation"]
+
+
+def _read(tmp_path: Path, doc: dict):
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps(doc))  # JSON is YAML
+    return read_config_file(path)
+
+
+def test_an_older_sftconfig_with_max_seq_length_runs_nll_and_the_trainers_defaults(tmp_path):
+    """max_seq_length is SFTConfig's name for the length in TRL 0.9-0.19 (removed in 0.20, trl#3704): the run is
+    older than chunked_nll (1.4.0) and than TRL's own checkpointing and bf16 defaults (0.22, trl#3510)."""
+    config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "max_seq_length": 4096})
+    assert (config.settings["seq_len"], config.settings["loss"], config.settings["activation_checkpointing"]) == (
+        4096, "hf", "off")
+    assert "precision" not in config.settings
+
+
+def test_a_yaml_with_an_accelerate_key_stays_an_accelerate_config(tmp_path):
+    config = _read(tmp_path, {"distributed_type": "MULTI_GPU", "num_processes": 2, "learning_rate": 1e-4})
+    assert config.format == "accelerate" and config.settings["num_gpus"] == 2
+
+
+def test_a_bf16_full_fine_tune_says_what_ddp_holds(tmp_path):
+    config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "dtype": "bfloat16"})
+    assert any(note.startswith("dtype bfloat16: a full fine-tune keeps 16-bit weights") for note in config.notes)
+    config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "use_peft": True})
+    assert config.settings["lora_rank"] == 16 and config.settings["lora_dropout"] == "0.05"
+    assert any(note.startswith("dtype not set: TRL ModelConfig's default float32") for note in config.notes)
+
+
+def test_model_keys_trl_refuses_are_one_line_and_exit_2(tmp_path, capsys):
+    for doc, said in (({"model_name_or_path": "Qwen/Qwen2.5-0.5B", "load_in_4bit": True}, "needs use_peft"),
+                      ({"use_peft": True, "lora_target_modules": 5, "max_length": 512}, "lora_target_modules must"),
+                      ({"use_peft": True, "lora_dropout": 1.5, "max_length": 512}, "lora_dropout must"),
+                      ({"use_peft": True, "load_in_4bit": True, "load_in_8bit": True, "max_length": 512}, "both"),
+                      ({"model_name_or_path": "Qwen/Qwen2.5-0.5B", "dtype": "int7"}, "dtype must be one of")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(json.dumps(doc))
+        code, out, err = run_main(["plan", "-g", "2xA100", "-m", "Qwen/Qwen2.5-0.5B", "--from", str(path)], capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and said in err, (doc, err)
+
+
+def test_the_files_model_gives_way_to_a_typed_one(capsys):
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-1.5B", "-g", "2xA100", "--from",
+                               str(CONFIGS / "trl_cli_example.yaml"), "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["model"]["name"] == "Qwen/Qwen2.5-1.5B"
+    (override,) = [o for o in doc["from_file"]["overridden"] if o["option"] == "model"]
+    assert override["file_value"] == "Qwen/Qwen2.5-0.5B"

@@ -195,7 +195,8 @@ def chunked_nll_bytes(kernel: str, *, tokens: int, vocab: int, hidden: int, dt: 
     LoRA base, frozen), a bf16 head without autocast (pure bf16, DeepSpeed) and fp32 throughout, training and
     frozen. Not counted here: the hidden states' gradient (the blocks' side counts it), FSDP2's ``full_tensor()`` of a
     head sharded as its own unit (the planned stacks' root unit holds the head unsharded while the loss runs),
-    DeepSpeed ZeRO-3's gather of the head per chunk (counted as the head's gather at the loss)."""
+    DeepSpeed ZeRO-3's gather of the head per chunk (its memory counted as the head's gather at the loss, its time by
+    ``step_time.chunked_head_gather_s``)."""
     autocast = kernel == "chunked_nll_autocast"
     chunk, chunks = min(tokens, NLL_CHUNK), -(-tokens // NLL_CHUNK)
     cv, ch, vh = chunk * vocab, chunk * hidden, vocab * hidden

@@ -63,6 +63,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from advisor.estimate.accumulation import reduces_once_a_step
 from advisor.estimate.activations import shape_of
+from advisor.estimate.activations_loss import NLL_CHUNK
 from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
@@ -314,6 +315,21 @@ def _collectives(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: 
     return Traffic(last_bwd=all_reduce)
 
 
+def chunked_head_gather_s(spec: ModelSpec, hw: Hardware, training: TrainingConfig, impl: Implementation,
+                          eff: EfficiencyProfile, *, tokens: int) -> float:
+    """Seconds each micro-batch of ``tokens`` waits on TRL's gathers of the head under DeepSpeed ZeRO-3: its
+    chunked_nll reads ``lm_head.weight`` itself, so it wraps each 256-token chunk's matmul in
+    ``deepspeed.zero.GatheredParameters`` (trl/trainer/sft_trainer.py ``_maybe_gather_lm_head_ctx``,
+    huggingface/trl#5873), a blocking all-gather of the whole head, in forward and again in backward's
+    recomputation, where ZeRO-3's own hooks gather a module once each way (``_collectives`` counts those two). An
+    untied head only: a head tied to the embeddings may still be gathered (the PR skips a parameter ZeRO-3 holds
+    AVAILABLE), not counted. Zero on any other engine, stage or loss."""
+    if not (training.chunked_nll and impl.engine == "deepspeed" and impl.shard_params and spec.head_params):
+        return 0.0
+    chunks = -(-tokens // NLL_CHUNK)
+    return (2 * chunks - 2) * collective_s("all_gather", spec.head_params * training.compute_bytes, hw, eff, count=1)
+
+
 def _cpu_rate(hw: Hardware, training: TrainingConfig, impl: Implementation, eff: EfficiencyProfile) -> float:
     """Parameters a second a node's CPU optimizer steps (``_offload``): ``--cpu-step-rate`` per process when given
     (under the node's memory bandwidth on the torch engine), else the measured defaults."""
@@ -465,12 +481,17 @@ def estimate_step_time(
                             hbm_efficiency=eff.optimizer_step.hbm_efficiency)
     fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
     overlap = eff.communication.overlap_fraction
+    head_gathers = 0.0
     if impl.single_process:
         comm = _dataparallel_traffic(spec, hardware, training, eff, micro_batch_size)
         comm_exposed = comm.total_s(accumulation)  # DataParallel overlaps nothing
     else:
         comm = _collectives(spec, hardware, training, impl, eff)
         comm_exposed = comm.exposed_s(fwd_s=fwd_s, bwd_s=bwd_s, accumulation=accumulation, overlap=overlap)
+        head_gathers = chunked_head_gather_s(spec, hardware, training, impl, eff, tokens=tokens_micro)
+        if head_gathers:  # blocking: nothing hides them (a step's every micro-batch)
+            comm = validated_copy(comm, {"fwd": comm.fwd + head_gathers / 2, "bwd": comm.bwd + head_gathers / 2})
+            comm_exposed += accumulation * head_gathers
     pcie, cpu_step = _offload(spec, hardware, training, impl, eff)
     if offloaded_activation_bytes:  # --activation-offload: out in forward, back in backward, each micro-batch
         moved = pcie_s(offloaded_activation_bytes, hardware, eff)  # (advisor.estimate.activation_offload)
@@ -497,6 +518,10 @@ def estimate_step_time(
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
     if ac_fwd:
         notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
+    if head_gathers:
+        notes.append(f"TRL's chunked_nll under ZeRO-3 gathers the head for each of its {-(-tokens_micro // NLL_CHUNK)} chunks a micro-batch, "
+                     f"in forward and in backward's recomputation: {head_gathers:.2f} s a micro-batch of blocking "
+                     "all-gathers (--loss hf gathers it once each way)")
     notes.extend(elementwise_step_notes(spec, hardware, training, eff, ew, passes=accumulation))
     if shape.assumed or shape.family == "mamba":  # a bare size, or a config that lacks some shape fields
         notes.append("only the size is known: FLOPs assume a Llama-like shape" if spec.source == "params"

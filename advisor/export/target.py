@@ -226,8 +226,11 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
             notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in "
                          f"the script{trainer}; the plan's memory assumes it.")
     if selective:
-        notes.append("Selective activation checkpointing has no config key here (the configs' checkpointing is "
-                     "per block, in full): call wrap(model, activation_checkpointing=\"selective\") in the script.")
+        notes.append("Selective activation checkpointing has no config key here: the file checkpoints each block in "
+                     "full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint "
+                     "selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, the "
+                     "Lightning strategy): wrappers.checkpointing.apply_requested_checkpointing(model, \"selective\"); "
+                     "in your own loop wrap(model, activation_checkpointing=\"selective\") does both.")
     if training.activation_offload:
         notes.append("--activation-offload has no key in these configs: with TRL, SFTConfig(activation_offloading=True) "
                      "(a TrainingArguments key there only); in your own loop, wrap(model, activation_offload=True) or "

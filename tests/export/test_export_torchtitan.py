@@ -175,3 +175,15 @@ def test_a_lora_plan_is_not_written_as_a_torchtitan_job_and_several_nodes_get_a_
     assert "--nnodes 2 --node-rank <MACHINE_RANK> --master-addr <MAIN_NODE_IP> --master-port 29500" in launch
     one, _ = export_text(plan("meta-llama/Llama-3.1-8B", "8xH100", recipe="torchtitan"), "torchtitan")
     assert "--node-rank" not in one
+
+
+@pytest.mark.parametrize("fmt", ["trainer-args", "accelerate"])
+def test_a_selective_plan_names_how_to_run_it_where_the_format_has_no_key(fmt):
+    """A review: the note said to call wrap() in the script, which under the Trainer prepares the model a second
+    time; the file itself checkpoints in full. The note says what the file runs and the call that runs the plan
+    before the Trainer or accelerate prepares the model (what wrap() does on accelerate's path)."""
+    plan = make_plan("Qwen/Qwen2.5-7B", "8xH100", recipe="trainer", seq_len=16384, activation_checkpointing="selective")
+    notes = export_text(plan, fmt)[1].notes
+    (note,) = [n for n in notes if n.startswith("Selective activation checkpointing has no config key")]
+    assert "checkpoints each block in full" in note
+    assert 'wrappers.checkpointing.apply_requested_checkpointing(model, "selective")' in note

@@ -1,5 +1,5 @@
 # Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
-# Selective activation checkpointing has no config key here (the configs' checkpointing is per block, in full): call wrap(model, activation_checkpointing="selective") in the script.
+# Selective activation checkpointing has no config key here: the file checkpoints each block in full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, the Lightning strategy): wrappers.checkpointing.apply_requested_checkpointing(model, "selective"); in your own loop wrap(model, activation_checkpointing="selective") does both.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 1.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)

@@ -47,7 +47,16 @@ _ACCELERATE_KEYS = ("compute_environment", "distributed_type", "num_processes", 
 _MODEL_KEYS = ("model_name_or_path", "use_peft", "lora_r", "load_in_4bit", "max_seq_length", "max_length")
 
 
-def _trainer_yaml(doc: dict[str, Any]) -> bool:
+# Keys of an axolotl config (axolotl's own YAML: base_model, sequence_len, micro_batch_size, adapter), whose names
+# mean other things than TrainingArguments' (or nothing to it): not read as one.
+_AXOLOTL_KEYS = ("base_model", "sequence_len", "micro_batch_size", "adapter", "lora_target_linear")
+
+
+def _trainer_yaml(doc: dict[str, Any], path: Path) -> bool:
+    if sum(key in doc for key in _AXOLOTL_KEYS) >= 2:
+        raise ValueError(f"--from {path}: an axolotl config, which --from does not read: give its settings as options "
+                         "(base_model -> --model, micro_batch_size -> --micro-batch, sequence_len -> --seq-len, "
+                         "lora_r -> --lora, --recipe trainer)")
     return not any(key in doc for key in _ACCELERATE_KEYS) and any(key in doc for key in (*_TRAINER_KEYS, *_MODEL_KEYS))
 
 
@@ -65,7 +74,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         except yaml.YAMLError as err:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
         kind = "torchtune" if isinstance(doc, dict) and is_torchtune(doc) else \
-            "trainer" if isinstance(doc, dict) and _trainer_yaml(doc) else "accelerate"
+            "trainer" if isinstance(doc, dict) and _trainer_yaml(doc, path) else "accelerate"
     elif suffix == ".toml":
         import tomllib
 

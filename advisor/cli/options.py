@@ -192,9 +192,10 @@ PLAN_OPTIONS: list[Callable] = [
                       "hybrid-sharded; the export writes the plan."),
     click.option("--from", "from_file", metavar="FILE",
                  help="Read the run's own config: an accelerate YAML, a DeepSpeed JSON, a torchtitan TOML, a torchtune "
-                      "YAML, a TrainingArguments JSON or a TRL (trl sft --config) YAML. It sets the recipe and every knob "
-                      "it fixes (strategy, engine, precision, batch, checkpointing, optimizer, degrees; torchtune's "
-                      "builder and TRL's model keys also the model and LoRA); options given here win over the file. --gpus NAME without a count takes the file's "
+                      "YAML, a TrainingArguments JSON, a TRL (trl sft --config) YAML or an axolotl YAML. It sets the recipe "
+                      "and every knob it fixes (strategy, engine, precision, batch, checkpointing, optimizer, degrees; "
+                      "torchtune's builder, TRL's and axolotl's model keys also the model and LoRA); options given here "
+                      "win over the file. --gpus NAME without a count takes the file's "
                       "process count."),
     click.option("--no-trace", is_flag=True, help="A family with no activation formula: assume a Llama-like decoder "
                  "instead of tracing the model on fake tensors (the default; cached in ~/.cache/dp-advisor)."),

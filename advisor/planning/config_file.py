@@ -27,8 +27,9 @@ from advisor.precision import PRECISIONS
 from advisor.strategies import STRATEGIES
 from advisor.training import MAX_GLOBAL_BATCH, MAX_MICRO_BATCH
 
-FileFormat = Literal["accelerate", "deepspeed", "torchtitan", "torchtune", "trainer"]
-FORMAT_TITLES: dict[str, str] = {"accelerate": "accelerate config (YAML)", "deepspeed": "DeepSpeed config (JSON)",
+FileFormat = Literal["accelerate", "axolotl", "deepspeed", "torchtitan", "torchtune", "trainer"]
+FORMAT_TITLES: dict[str, str] = {"accelerate": "accelerate config (YAML)", "axolotl": "axolotl config (YAML)",
+                                 "deepspeed": "DeepSpeed config (JSON)",
                                  "torchtitan": "torchtitan job config (TOML)", "torchtune": "torchtune config (YAML)",
                                  "trainer": "Hugging Face TrainingArguments (JSON)"}
 # The key a setting is credited to when the file's format, not one of its keys, implies it (a torchtitan file

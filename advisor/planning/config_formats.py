@@ -1,11 +1,12 @@
 """``read_config_file``: which training-config format a file is (``advisor plan --from FILE``), read by its reader.
 
 The format comes from the suffix (``.yaml``/``.yml`` accelerate, torchtune where a section names a torchtune
-``_component_``, TrainingArguments where it has their keys and none of accelerate's: a TRL CLI or alignment-handbook
-config; ``.toml`` torchtitan) and, for JSON, from its keys (DeepSpeed or TrainingArguments). One module
+``_component_``, axolotl's where it has two of its own keys (base_model, sequence_len, micro_batch_size, adapter),
+TrainingArguments where it has their keys and none of accelerate's: a TRL CLI or alignment-handbook config; ``.toml``
+torchtitan) and, for JSON, from its keys (DeepSpeed or TrainingArguments). One module
 per format reads it, and its docstring says which keys it reads and where their meaning is defined:
 ``advisor.planning.config_accelerate``, ``config_deepspeed``, ``config_torchtitan``, ``config_torchtune``,
-``config_trainer``. The shared part (the result type, the typed key reader, the
+``config_trainer``, ``config_axolotl``. The shared part (the result type, the typed key reader, the
 reverse look-ups) is ``advisor.planning.config_file``.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from advisor.planning.config_accelerate import read_accelerate
+from advisor.planning.config_axolotl import is_axolotl, read_axolotl
 from advisor.planning.config_deepspeed import read_deepspeed
 from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json
 from advisor.planning.config_torchtitan import read_torchtitan
@@ -47,16 +49,7 @@ _ACCELERATE_KEYS = ("compute_environment", "distributed_type", "num_processes", 
 _MODEL_KEYS = ("model_name_or_path", "use_peft", "lora_r", "load_in_4bit", "max_seq_length", "max_length")
 
 
-# Keys of an axolotl config (axolotl's own YAML: base_model, sequence_len, micro_batch_size, adapter), whose names
-# mean other things than TrainingArguments' (or nothing to it): not read as one.
-_AXOLOTL_KEYS = ("base_model", "sequence_len", "micro_batch_size", "adapter", "lora_target_linear")
-
-
-def _trainer_yaml(doc: dict[str, Any], path: Path) -> bool:
-    if sum(key in doc for key in _AXOLOTL_KEYS) >= 2:
-        raise ValueError(f"--from {path}: an axolotl config, which --from does not read: give its settings as options "
-                         "(base_model -> --model, micro_batch_size -> --micro-batch, sequence_len -> --seq-len, "
-                         "lora_r -> --lora, --recipe trainer)")
+def _trainer_yaml(doc: dict[str, Any]) -> bool:
     return not any(key in doc for key in _ACCELERATE_KEYS) and any(key in doc for key in (*_TRAINER_KEYS, *_MODEL_KEYS))
 
 
@@ -73,8 +66,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
             doc = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
-        kind = "torchtune" if isinstance(doc, dict) and is_torchtune(doc) else \
-            "trainer" if isinstance(doc, dict) and _trainer_yaml(doc, path) else "accelerate"
+        kind = "accelerate" if not isinstance(doc, dict) else "torchtune" if is_torchtune(doc) else \
+            "axolotl" if is_axolotl(doc) else "trainer" if _trainer_yaml(doc) else "accelerate"
     elif suffix == ".toml":
         import tomllib
 
@@ -87,8 +80,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         doc = load_json(path)
         kind = _json_format(doc, path)
     else:
-        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate, torchtune or "
-                         "TRL .yaml, a DeepSpeed or TrainingArguments .json, or a torchtitan .toml")
+        raise ValueError(f"--from {path}: unknown format '{suffix or path.name}': give an accelerate, torchtune, "
+                         "TRL or axolotl .yaml, a DeepSpeed or TrainingArguments .json, or a torchtitan .toml")
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the file holds no mapping of keys")
     return kind, doc
@@ -96,6 +89,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
 
 _READERS: dict[str, Callable[[Reader, Path], None]] = {
     "accelerate": read_accelerate,
+    "axolotl": read_axolotl,
     "deepspeed": lambda r, base: (read_deepspeed(r), r.take(FILE_FORMAT, "DeepSpeed", "recipe", "deepspeed")),
     "torchtitan": lambda r, base: read_torchtitan(r),
     "torchtune": lambda r, base: read_torchtune(r),

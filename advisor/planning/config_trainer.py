@@ -25,10 +25,13 @@ from advisor.planning.config_deepspeed import read_nested_deepspeed
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json,
                                           precision_for, take_batch, take_degrees, take_precision)
 
-_TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
+TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
     "adamw_bnb_8bit": ("adamw-8bit", None), "adamw_8bit": ("adamw-8bit", None),
     "paged_adamw_8bit": ("adamw-8bit-paged", None),
+    # bitsandbytes' PagedAdamW32bit: torch AdamW's fp32 state, stepped in place per parameter (no step temporary);
+    # its paging to CPU under memory pressure is not modelled
+    "paged_adamw_32bit": ("adamw", "fused"),
     "adafactor": ("adafactor", None), "sgd": ("sgd", None)}
 
 
@@ -100,8 +103,8 @@ def read_trainer(r: Reader, base: Path) -> None:
                        "lengths are not read (--seq-len), nor its reference model or generations")
     optim = r.text("optim")
     optim = optim.lower() if optim is not None else None
-    if optim in _TRAINER_OPTIM:
-        optimizer, impl = _TRAINER_OPTIM[optim]
+    if optim in TRAINER_OPTIM:
+        optimizer, impl = TRAINER_OPTIM[optim]
         if optimizer == "sgd" and _momentum(r.text("optim_args")):  # torch.optim.SGD(momentum=...): a buffer a parameter
             r.take("optim_args", r.text("optim_args"), "optimizer", "sgd-momentum")
             r.notes.append("optim_args reach torch.optim.SGD since huggingface/transformers#44203 (February 2026); "
@@ -139,7 +142,7 @@ def read_trainer(r: Reader, base: Path) -> None:
     else:  # TrainingArguments.gradient_checkpointing defaults to False: the Trainer runs none (a DeepSpeed config's
         # activation_checkpointing section is not read by Hugging Face models: gradient_checkpointing turns it on)
         r.take("gradient_checkpointing", "not set: the Trainer's default false", "activation_checkpointing", "off")
-    _trainer_deepspeed(r, base)
+    trainer_deepspeed(r, base)
     _trl_offloading(r)
     if r.section("parallelism_config") is not None:
         take_degrees(r, "parallelism_config.", {"dp_replicate_size": "hybrid", "tp_size": "tp", "cp_size": "cp"},
@@ -173,7 +176,7 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
     name = r.text("model_name_or_path")
     if name:
         r.take("model_name_or_path", name, "model", name)
-    _attention(r)
+    take_attention(r)
     peft = r.flag("use_peft")
     four, eight = r.flag("load_in_4bit"), r.flag("load_in_8bit")
     if (four or eight) and not peft:  # transformers' Trainer refuses to train a purely quantised model
@@ -193,7 +196,7 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
     r.take("lora_r", rank if rank is not None else f"not set: TRL's default {TRL_LORA_RANK}", "lora_rank",
            rank or TRL_LORA_RANK)
     for key, option in (("lora_target_modules", "lora_targets"), ("lora_modules_to_save", "lora_modules_to_save")):
-        names = _names(r, key)  # None: PEFT's targets for the model; no full copy
+        names = module_names(r, key)  # None: PEFT's targets for the model; no full copy
         if names:
             r.take(key, names, option, names)
     dropout = r.fraction("lora_dropout")
@@ -217,7 +220,7 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                        "what is planned")
 
 
-def _names(r: Reader, key: str) -> str | None:
+def module_names(r: Reader, key: str) -> str | None:
     """A module name or a list of them (PEFT's target_modules, modules_to_save; "all-linear" too), comma-joined."""
     names = r.raw(key)
     if isinstance(names, str):
@@ -230,19 +233,21 @@ def _names(r: Reader, key: str) -> str | None:
 
 # attn_implementation (transformers' attention interface): eager keeps the b x heads x s x s scores; the others keep
 # none, planned as SDPA (--attention sdpa)
-_SCORELESS = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")
+_SCORELESS = ("sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "xformers")  # xformers: axolotl's
 
 
-def _attention(r: Reader) -> None:
-    kernel = r.text("attn_implementation")
+def take_attention(r: Reader, key: str = "attn_implementation", kernel: str | None = None) -> None:
+    """The attention ``key`` names (``kernel``: what a switch at ``key`` stands for) as --attention."""
+    kernel = kernel or r.text(key)
     if kernel is None:
         return
+    shown = kernel if key == "attn_implementation" else True
     if kernel.lower() == "eager":
-        r.take("attn_implementation", kernel, "attention", "eager")
+        r.take(key, shown, "attention", "eager")
     elif kernel.lower() in _SCORELESS:
-        r.take("attn_implementation", kernel, "attention", "sdpa")
+        r.take(key, shown, "attention", "sdpa")
     else:
-        r.notes.append(f"attn_implementation {kernel} is not modelled: planned with --attention's default (sdpa)")
+        r.notes.append(f"{key} {kernel} is not modelled: planned with --attention's default (sdpa)")
 
 
 def _sft_length_and_loss(r: Reader) -> None:
@@ -356,7 +361,7 @@ def _words(raw: Any) -> str:
     return raw if isinstance(raw, str) else " ".join(map(str, raw)) if isinstance(raw, list) else str(raw).lower()
 
 
-def _trainer_deepspeed(r: Reader, base: Path) -> None:
+def trainer_deepspeed(r: Reader, base: Path) -> None:
     raw = r.raw("deepspeed")
     if raw is None or raw == "":
         return

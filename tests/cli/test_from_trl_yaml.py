@@ -106,13 +106,3 @@ def test_the_files_model_gives_way_to_a_typed_one(capsys):
     (override,) = [o for o in doc["from_file"]["overridden"] if o["option"] == "model"]
     assert override["file_value"] == "Qwen/Qwen2.5-0.5B"
 
-
-def test_an_axolotl_config_is_named_not_read_as_trainingarguments(tmp_path, capsys):
-    """axolotl's YAML shares some names with TrainingArguments (gradient_accumulation_steps, bf16, load_in_4bit) but
-    not its batch (micro_batch_size), length (sequence_len) or adapter (adapter: qlora) keys: read as a Trainer's
-    file it would plan the Trainer's batch of 8 and refuse its 4-bit base. One line naming it, exit 2."""
-    path = tmp_path / "qlora.yml"
-    path.write_text("base_model: NousResearch/Meta-Llama-3-8B\nadapter: qlora\nload_in_4bit: true\nlora_r: 32\n"
-                    "sequence_len: 4096\nmicro_batch_size: 2\ngradient_accumulation_steps: 4\nbf16: auto\n")
-    code, out, err = run_main(["plan", "-g", "1xA100", "-m", "Qwen/Qwen2.5-7B", "--from", str(path)], capsys)
-    assert code == 2 and not out and err.count("\n") == 1 and "an axolotl config" in err

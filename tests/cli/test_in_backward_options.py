@@ -47,8 +47,8 @@ def test_trainer_paged_optimizer_names_map_to_ours(optim, ours):
     read by the Trainer callback and by --from as adamw-8bit-paged; ``adamw_bnb_8bit`` stays unpaged."""
     from types import SimpleNamespace
 
-    from advisor.planning.config_trainer import _TRAINER_OPTIM
+    from advisor.planning.config_trainer import TRAINER_OPTIM
     from wrappers.callbacks import _hf_optimizer
 
     assert _hf_optimizer(SimpleNamespace(optim=optim)) == ours
-    assert _TRAINER_OPTIM[optim][0] == ours
+    assert TRAINER_OPTIM[optim][0] == ours

@@ -1,0 +1,157 @@
+"""The axolotl config reader (``advisor plan --from config.yml``: axolotl's own YAML, run by ``axolotl train``).
+
+axolotl trains through Hugging Face's Trainer (the trainer recipe); its keys and defaults are read from its schema
+(axolotl-ai-cloud/axolotl@067b021, src/axolotl/utils/schemas/): ``base_model``, ``micro_batch_size`` (default 1),
+``gradient_accumulation_steps`` (1), ``sequence_len`` (512), ``adapter`` (lora, or qlora with ``load_in_4bit``:
+nf4 with double quantisation, src/axolotl/loaders/model.py) with ``lora_r``, ``lora_target_modules`` /
+``lora_target_linear`` (every linear layer), ``lora_dropout`` (0.0), ``lora_modules_to_save``, ``peft_use_dora``,
+``load_in_8bit``; ``bf16`` (default "auto": bf16 where the GPU has it, the model loaded in bf16,
+utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false), ``optimizer`` (TrainingArguments'
+names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
+``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
+mapping, as the Trainer reads it), and Liger's ``liger_fused_linear_cross_entropy``. A full fine-tune in bf16 keeps
+the model's bf16 weights and a bf16 AdamW state on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights
+and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed. ``fsdp_config``
+(axolotl's own schema) is not read: the strategy is left to the plan, with a note.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from advisor.model.lora import MAX_LORA_RANK
+from advisor.planning.config_file import FILE_FORMAT, Reader, take_batch
+from advisor.planning.config_trainer import TRAINER_OPTIM, module_names, take_attention, trainer_deepspeed
+from advisor.training import MAX_SEQ_LEN
+
+# axolotl's schema defaults (training.py, config.py, peft.py at 067b021)
+AXOLOTL_MICRO_BATCH, AXOLOTL_SEQ_LEN, AXOLOTL_OPTIM = 1, 512, "adamw_torch_fused"
+_OLD_ATTENTION = {"flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "flex_attention": "flex_attention",
+                  "eager_attention": "eager", "xformers_attention": "xformers"}
+
+
+def is_axolotl(doc: dict) -> bool:
+    """Two or more keys only axolotl's YAML has (its batch, length, model and adapter names)."""
+    return sum(key in doc for key in ("base_model", "sequence_len", "micro_batch_size", "adapter",
+                                      "lora_target_linear")) >= 2
+
+
+def read_axolotl(r: Reader, base: Path) -> None:
+    model = r.text("base_model")
+    if model:
+        r.take("base_model", model, "model", model)
+    _attention_switches(r)
+    adapter = _adapter(r)
+    if r.raw("micro_batch_size") is None:
+        r.take("micro_batch_size", f"not set: axolotl's default {AXOLOTL_MICRO_BATCH}", "micro_batch",
+               AXOLOTL_MICRO_BATCH)
+    take_batch(r, micro="micro_batch_size", accumulation="gradient_accumulation_steps")
+    length = r.integer("sequence_len", low=1, high=MAX_SEQ_LEN)
+    r.take("sequence_len", length if length is not None else f"not set: axolotl's default {AXOLOTL_SEQ_LEN}",
+           "seq_len", length or AXOLOTL_SEQ_LEN)
+    trainer_deepspeed(r, base)
+    _precision(r, adapter=adapter)
+    optim = (r.text("optimizer") or "").lower()
+    if optim in TRAINER_OPTIM or not optim:
+        optimizer, impl = TRAINER_OPTIM[optim or AXOLOTL_OPTIM]
+        shown = optim or f"not set: axolotl's default {AXOLOTL_OPTIM}"
+        r.take("optimizer", shown, "optimizer", optimizer)
+        if impl is not None:
+            r.take("optimizer", shown, "optimizer_impl", impl)
+    else:
+        r.notes.append(f"optimizer {optim} is not modelled: planned with --optimizer's default")
+    checkpointing = r.raw("gradient_checkpointing")
+    if checkpointing in ("offload", "offload_disk"):
+        r.take("gradient_checkpointing", checkpointing, "activation_checkpointing", "on")
+        r.notes.append(f"gradient_checkpointing {checkpointing}: axolotl moves each checkpointed block input off the "
+                       "GPU, not modelled: planned as full checkpointing (the plan holds more on the GPU than the run)")
+    else:
+        on = r.flag("gradient_checkpointing")
+        r.take("gradient_checkpointing", on if on is not None else "not set: axolotl's default false",
+               "activation_checkpointing", "on" if on else "off")
+    if r.flag("liger_fused_linear_cross_entropy"):
+        r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
+    for key in ("fsdp_config", "fsdp"):
+        if r.raw(key) is not None:
+            r.notes.append(f"{key}: axolotl's FSDP settings are not read; the strategy is left to the plan "
+                           "(--strategy zero3 / zero2 for FSDP's full or gradient sharding)")
+            break
+    r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
+
+
+def _attention_switches(r: Reader) -> None:
+    if r.raw("attn_implementation") is not None:
+        take_attention(r)
+        return
+    for key, kernel in _OLD_ATTENTION.items():
+        if r.flag(key):  # axolotl maps each switch to its attn_implementation (schemas/config.py, deprecated)
+            take_attention(r, key, kernel)
+            return
+
+
+def _adapter(r: Reader) -> str | None:
+    """LoRA or QLoRA from ``adapter``; the base's quantisation with it."""
+    adapter = r.text("adapter")
+    four, eight = r.flag("load_in_4bit"), r.flag("load_in_8bit")
+    if adapter is None:
+        if four or eight:
+            raise r.fail("load_in_4bit" if four else "load_in_8bit", "needs adapter: lora or qlora (a quantised base "
+                         "trains only through adapters)")
+        return None
+    adapter = adapter.lower()
+    if adapter not in ("lora", "qlora"):
+        raise r.fail("adapter", f"{adapter!r} is not modelled (lora, qlora)")
+    if adapter == "qlora" and not four:
+        raise r.fail("adapter", "qlora needs load_in_4bit: true (axolotl's QLoRA is its 4-bit base)")
+    rank = r.integer("lora_r", low=1, high=MAX_LORA_RANK)
+    if rank is None:
+        raise r.fail("lora_r", f"is missing: adapter {adapter} needs a rank")
+    r.take("lora_r", rank, "lora_rank", rank)
+    if r.flag("lora_target_linear"):
+        r.take("lora_target_linear", True, "lora_targets", "all-linear")
+    else:
+        names = module_names(r, "lora_target_modules")
+        if names:
+            r.take("lora_target_modules", names, "lora_targets", names)
+    dropout = r.fraction("lora_dropout")
+    if dropout:
+        r.take("lora_dropout", dropout, "lora_dropout", str(dropout))
+    saved = module_names(r, "lora_modules_to_save")
+    if saved:
+        r.take("lora_modules_to_save", saved, "lora_modules_to_save", saved)
+    if r.flag("peft_use_dora"):
+        r.take("peft_use_dora", True, "dora", 1)
+    r.raw("lora_alpha")  # a scale: no memory or time
+    if four:  # src/axolotl/loaders/model.py: nf4, bnb_4bit_use_double_quant True
+        r.take("load_in_4bit", True, "quantize", "nf4")
+        r.take("adapter", "qlora: axolotl's nested quantisation", "double_quant", 1)
+    elif eight:
+        r.take("load_in_8bit", True, "quantize", "int8")
+    return adapter
+
+
+def _precision(r: Reader, *, adapter: str | None) -> None:
+    """bf16 (true, or axolotl's default "auto") loads the model in bf16: pure bf16 for a full fine-tune on one GPU or
+    DDP, bf16-mixed for adapters and where DeepSpeed or accelerate's FSDP keep or make fp32 weights."""
+    said = r.doc.get("bf16")
+    if said is None or (isinstance(said, str) and said.strip().lower() == "auto"):  # bf16 where the GPU has it
+        r.read.add("bf16")
+        bf16_on = None if r.flag("fp16") else True
+        shown = "auto" if said is not None else "not set: axolotl's default auto"
+    else:
+        bf16_on, shown = r.flag("bf16"), None
+    fp16 = r.flag("fp16")
+    if bf16_on and fp16 and shown is None:
+        raise r.fail("bf16", "and fp16 are both true")
+    if fp16:
+        r.take("fp16", True, "precision", "fp16-mixed")
+    elif bf16_on:
+        kept_fp32 = adapter is not None or any(v.option == "engine" for v in r.values) or r.raw("fsdp_config") \
+            is not None or r.raw("fsdp") is not None
+        r.take("bf16", shown or True, "precision", "bf16-mixed" if kept_fp32 else "bf16")
+        if not kept_fp32:
+            r.notes.append("bf16 full fine-tune: axolotl loads the model in bf16 and the Trainer keeps its weights and "
+                           "AdamW state in bf16 on one GPU or DDP (pure bf16); under FSDP or DeepSpeed they are fp32 "
+                           "(plan --precision bf16-mixed with --strategy)")
+    else:
+        r.take("bf16", False, "precision", "fp32")

@@ -1,0 +1,87 @@
+"""``advisor plan --from`` on axolotl's own YAML (``axolotl train config.yml``): its keys read into the knobs they fix,
+checked against the published jobs panel, whose rows for these two examples were read off the same files by hand
+(profiles/published_jobs.json), and against axolotl's schema defaults (axolotl-ai-cloud/axolotl@067b021,
+src/axolotl/utils/schemas/) for what a file leaves out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from advisor.planning.config_formats import read_config_file
+from tests.cli._main import run_main
+
+CONFIGS = Path(__file__).parent / "configs"
+PANEL = {job["id"]: job for job in json.loads((Path(__file__).parents[2] / "profiles" / "published_jobs.json")
+                                             .read_text())["jobs"]}
+
+
+@pytest.mark.parametrize("name,job", [("axolotl_llama2_qlora.yml", "axolotl-llama2-7b-qlora-4090"),
+                                      ("axolotl_llama3_fft_8b.yaml", "axolotl-llama3-8b-fft-48gb")])
+def test_the_example_reads_as_the_panel_row_written_from_it(name, job):
+    config, row = read_config_file(CONFIGS / name), PANEL[job]
+    settings = config.settings
+    assert config.format == "axolotl" and settings["recipe"] == row["recipe"] == "trainer"
+    assert (settings["micro_batch"], settings["seq_len"], settings["precision"], settings["optimizer"]) == (
+        row["micro_batch_size"], row["seq_len"], row["precision"], row["optimizer"])
+    assert settings["micro_batch"] * settings["gradient_accumulation"] == row["global_batch_size"]
+    assert settings["activation_checkpointing"] == row["activation_checkpointing"] == "on"
+    lora = row["lora"]
+    if lora is None:
+        assert "lora_rank" not in settings and "quantize" not in settings
+    else:
+        assert (settings["lora_rank"], settings["lora_targets"], float(settings["lora_dropout"])) == (
+            lora["rank"], lora["targets"], lora["dropout"])
+        assert (settings["quantize"], bool(settings["double_quant"])) == (row["quantize"], row["double_quant"])
+
+
+def _read(tmp_path: Path, text: str):
+    path = tmp_path / "config.yml"
+    path.write_text(text)
+    return read_config_file(path)
+
+
+def test_what_a_file_leaves_out_runs_at_axolotls_defaults(tmp_path):
+    """micro_batch_size 1, sequence_len 512, gradient_checkpointing false, optimizer adamw_torch_fused, bf16 auto
+    (a LoRA: bf16-mixed, the adapters fp32 beside the bf16 base), lora_dropout 0.0 (nothing to take)."""
+    config = _read(tmp_path, "base_model: Qwen/Qwen2.5-0.5B\nadapter: lora\nlora_r: 8\n")
+    assert config.settings == {"model": "Qwen/Qwen2.5-0.5B", "lora_rank": 8, "micro_batch": 1, "seq_len": 512,
+                               "precision": "bf16-mixed", "optimizer": "adamw", "optimizer_impl": "fused",
+                               "activation_checkpointing": "off", "recipe": "trainer"}
+
+
+def test_a_deepspeed_config_sets_the_engine_and_keeps_fp32_master_weights(tmp_path):
+    config = _read(tmp_path, "base_model: Qwen/Qwen2.5-0.5B\nsequence_len: 2048\n"
+                             "deepspeed: {zero_optimization: {stage: 3}, bf16: {enabled: auto}}\n")
+    assert (config.settings["engine"], config.settings["strategy"], config.settings["precision"]) == (
+        "deepspeed", "zero3", "bf16-mixed")
+
+
+def test_the_file_plans_what_the_same_options_typed_plan(capsys):
+    def plan(*args: str) -> dict:
+        code, out, err = run_main(["plan", "-g", "1xRTX4090", *args, "--json"], capsys)
+        assert code == 0, err
+        return json.loads(out)
+
+    from_file = plan("-m", "meta-llama/Llama-2-7b-hf", "--from", str(CONFIGS / "axolotl_llama2_qlora.yml"))
+    typed = plan("-m", "meta-llama/Llama-2-7b-hf", "--recipe", "trainer", "--attention", "sdpa", "--lora", "32",
+                 "--lora-targets", "all-linear", "--lora-dropout", "0.05", "--quantize", "nf4", "--double-quant",
+                 "--micro-batch", "2", "--global-batch", "8", "--seq-len", "4096", "--precision", "bf16-mixed",
+                 "--optimizer", "adamw", "--optimizer-impl", "fused", "--activation-checkpointing", "on")
+    assert from_file["candidates"] == typed["candidates"]
+
+
+@pytest.mark.parametrize("text,said", [
+    ("base_model: m\nadapter: qlora\nlora_r: 8\nsequence_len: 512\n", "qlora needs load_in_4bit"),
+    ("base_model: m\nadapter: ia3\nsequence_len: 512\n", "'ia3' is not modelled"),
+    ("base_model: m\nadapter: lora\nsequence_len: 512\n", "lora_r is missing"),
+    ("base_model: m\nload_in_4bit: true\nsequence_len: 512\n", "needs adapter"),
+    ("base_model: m\nsequence_len: 0\n", "sequence_len must be at least 1"),
+])
+def test_settings_axolotl_refuses_are_one_line_and_exit_2(tmp_path, capsys, text, said):
+    path = tmp_path / "bad.yml"
+    path.write_text(text)
+    code, out, err = run_main(["plan", "-g", "1xA100", "-m", "Qwen/Qwen2.5-0.5B", "--from", str(path)], capsys)
+    assert code == 2 and not out and err.count("\n") == 1 and said in err, err

@@ -9,10 +9,10 @@ nf4 with double quantisation, src/axolotl/loaders/model.py) with ``lora_r``, ``l
 utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false), ``optimizer`` (TrainingArguments'
 names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
 ``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
-mapping, as the Trainer reads it), and Liger's ``liger_fused_linear_cross_entropy``. A full fine-tune in bf16 keeps
+mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` / ``fsdp_version`` (``_fsdp``), and Liger's
+``liger_fused_linear_cross_entropy``. A full fine-tune in bf16 keeps
 the model's bf16 weights and a bf16 AdamW state on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights
-and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed. ``fsdp_config``
-(axolotl's own schema) is not read: the strategy is left to the plan, with a note.
+and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.model.lora import MAX_LORA_RANK
-from advisor.planning.config_file import FILE_FORMAT, Reader, take_batch
-from advisor.planning.config_trainer import TRAINER_OPTIM, module_names, take_attention, trainer_deepspeed
+from advisor.planning.config_file import FILE_FORMAT, SHARDING, Reader, fsdp_strategy, take_batch
+from advisor.planning.config_trainer import (TRAINER_OPTIM, module_names, take_attention, trainer_deepspeed,
+                                             trainer_fsdp)
 from advisor.training import MAX_SEQ_LEN
 
 # axolotl's schema defaults (training.py, config.py, peft.py at 067b021)
@@ -60,8 +61,11 @@ def read_axolotl(r: Reader, base: Path) -> None:
             r.take("optimizer", shown, "optimizer_impl", impl)
     else:
         r.notes.append(f"optimizer {optim} is not modelled: planned with --optimizer's default")
+    fsdp_checkpointing = _fsdp(r)
     checkpointing = r.raw("gradient_checkpointing")
-    if checkpointing in ("offload", "offload_disk"):
+    if fsdp_checkpointing:  # FSDP's own, per block (accelerate applies it)
+        r.take("fsdp_config.activation_checkpointing", True, "activation_checkpointing", "on")
+    elif checkpointing in ("offload", "offload_disk"):
         r.take("gradient_checkpointing", checkpointing, "activation_checkpointing", "on")
         r.notes.append(f"gradient_checkpointing {checkpointing}: axolotl moves each checkpointed block input off the "
                        "GPU, not modelled: planned as full checkpointing (the plan holds more on the GPU than the run)")
@@ -71,12 +75,40 @@ def read_axolotl(r: Reader, base: Path) -> None:
                "activation_checkpointing", "on" if on else "off")
     if r.flag("liger_fused_linear_cross_entropy"):
         r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
-    for key in ("fsdp_config", "fsdp"):
-        if r.raw(key) is not None:
-            r.notes.append(f"{key}: axolotl's FSDP settings are not read; the strategy is left to the plan "
-                           "(--strategy zero3 / zero2 for FSDP's full or gradient sharding)")
-            break
     r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
+
+
+def _fsdp(r: Reader) -> bool | None:
+    """FSDP from the Trainer's ``fsdp`` words with ``fsdp_config`` (axolotl hands both to TrainingArguments), or from
+    ``fsdp_config`` alone (axolotl's own schema, schemas/fsdp.py: full sharding unless ``reshard_after_forward`` is
+    false, ``offload_params``); the version from ``fsdp_version`` (top level or in ``fsdp_config``), axolotl's
+    default 1 (schemas/validation.py ``_resolve_fsdp_version``). Returns fsdp_config's activation_checkpointing."""
+    config = r.raw("fsdp_config")
+    words = r.raw("fsdp")
+    if not config and not words:
+        return None
+    if config is not None and not isinstance(config, dict):
+        raise r.fail("fsdp_config", "must be a mapping of keys")
+    sub = Reader({k.removeprefix("fsdp_"): v for k, v in (config or {}).items()}, where=r.where, prefix="fsdp_config.")
+    top = r.raw("fsdp_version")
+    version = r.choice("fsdp_version", {"1": 1, "2": 2}) if top is not None else sub.choice("version", {"1": 1, "2": 2})
+    key = "fsdp_version" if top is not None else "fsdp_config.fsdp_version"
+    r.take(key if version else "fsdp_version", version or "not set: axolotl's default 1", "fsdp_version",
+           version or 1)
+    if words:
+        return trainer_fsdp(r)
+    r.read.add("fsdp_config")
+    sharding = sub.choice("sharding_strategy", SHARDING) if sub.raw("sharding_strategy") is not None else (True, False)
+    if sharding is None:  # NO_SHARD
+        r.take("fsdp_config.sharding_strategy", "NO_SHARD", "engine", "torch")
+        r.take("fsdp_config.sharding_strategy", "NO_SHARD", "strategy", "ddp")
+        return sub.flag("activation_checkpointing")
+    reshard = sub.flag("reshard_after_forward")
+    fsdp_strategy(r, "fsdp_config", reshard=sharding[0] if reshard is None else reshard,
+                  offload=bool(sub.flag("offload_params")), value="fsdp_config")
+    checkpointing = sub.flag("activation_checkpointing")
+    r.nested.extend(sub.unread())
+    return checkpointing
 
 
 def _attention_switches(r: Reader) -> None:

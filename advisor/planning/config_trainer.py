@@ -128,7 +128,7 @@ def read_trainer(r: Reader, base: Path) -> None:
                    "every_micro_batch" if sync else "last_micro_batch")
     if r.flag("use_liger_kernel"):
         r.take("use_liger_kernel", True, "loss", "fused")
-    fsdp_checkpointing = _trainer_fsdp(r)
+    fsdp_checkpointing = trainer_fsdp(r)
     # Checkpointing is on when any of its keys says so: with FSDP, fsdp_config's own flag is the one that
     # counts and the top-level one is false (transformers issue 30404; advisor export writes it that way).
     said = {key: r.flag(key) for key in ("gradient_checkpointing", "activation_checkpointing")}
@@ -312,7 +312,7 @@ def _trl_offloading(r: Reader) -> None:
 _FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
 
 
-def _trainer_fsdp(r: Reader) -> bool | None:
+def trainer_fsdp(r: Reader) -> bool | None:
     """FSDP from ``fsdp`` / ``fsdp_config``; returns fsdp_config's activation_checkpointing (None: not given)."""
     raw = r.raw("fsdp")
     if raw is None or raw is False or raw == "" or raw == []:

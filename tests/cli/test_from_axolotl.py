@@ -19,15 +19,23 @@ PANEL = {job["id"]: job for job in json.loads((Path(__file__).parents[2] / "prof
 
 
 @pytest.mark.parametrize("name,job", [("axolotl_llama2_qlora.yml", "axolotl-llama2-7b-qlora-4090"),
-                                      ("axolotl_llama3_fft_8b.yaml", "axolotl-llama3-8b-fft-48gb")])
+                                      ("axolotl_llama3_fft_8b.yaml", "axolotl-llama3-8b-fft-48gb"),
+                                      ("axolotl_llama3_qlora_fsdp_70b.yaml",
+                                       "axolotl-llama3-70b-qlora-fsdp-offload-2gpu")])
 def test_the_example_reads_as_the_panel_row_written_from_it(name, job):
     config, row = read_config_file(CONFIGS / name), PANEL[job]
     settings = config.settings
     assert config.format == "axolotl" and settings["recipe"] == row["recipe"] == "trainer"
     assert (settings["micro_batch"], settings["seq_len"], settings["precision"], settings["optimizer"]) == (
         row["micro_batch_size"], row["seq_len"], row["precision"], row["optimizer"])
-    assert settings["micro_batch"] * settings["gradient_accumulation"] == row["global_batch_size"]
+    gpus = int(row["gpus"].split("x")[0])  # "2xRTX4090"
+    assert settings["micro_batch"] * settings["gradient_accumulation"] * gpus == row["global_batch_size"]
     assert settings["activation_checkpointing"] == row["activation_checkpointing"] == "on"
+    if row["optimizer_impl"]:
+        assert settings["optimizer_impl"] == row["optimizer_impl"]
+    if row.get("fsdp_version"):  # FSDP through the Trainer: the strategy and version the row ran
+        assert (settings["strategy"], settings["engine"], settings["fsdp_version"]) == (
+            row["strategy"], row["engine"], row["fsdp_version"])
     lora = row["lora"]
     if lora is None:
         assert "lora_rank" not in settings and "quantize" not in settings
@@ -57,6 +65,18 @@ def test_a_deepspeed_config_sets_the_engine_and_keeps_fp32_master_weights(tmp_pa
                              "deepspeed: {zero_optimization: {stage: 3}, bf16: {enabled: auto}}\n")
     assert (config.settings["engine"], config.settings["strategy"], config.settings["precision"]) == (
         "deepspeed", "zero3", "bf16-mixed")
+
+
+@pytest.mark.parametrize("fsdp,strategy", [
+    ("fsdp_version: 2\nfsdp_config: {activation_checkpointing: true}", "zero3"),
+    ("fsdp_config: {fsdp_version: 2, reshard_after_forward: false}", "zero2"),
+    ("fsdp_version: 2\nfsdp_config: {offload_params: true}", "zero3_offload")])
+def test_axolotls_own_fsdp_config_sets_the_strategy(tmp_path, fsdp, strategy):
+    """axolotl's FSDPConfig (schemas/fsdp.py) with no Trainer fsdp words: full sharding unless reshard_after_forward
+    is false, offload_params the offload, its activation_checkpointing FSDP's own (full, per block)."""
+    settings = _read(tmp_path, f"base_model: Qwen/Qwen2.5-0.5B\nsequence_len: 512\n{fsdp}\n").settings
+    assert (settings["strategy"], settings["engine"], settings["fsdp_version"]) == (strategy, "torch", 2)
+    assert settings["activation_checkpointing"] == ("on" if "activation_checkpointing" in fsdp else "off")
 
 
 def test_the_file_plans_what_the_same_options_typed_plan(capsys):

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 
 from advisor.frozen import validated_copy
 from advisor.planning.api import Plan, plan
+from advisor.planning.config_trainer import TRAINER_OPTIM
 from advisor.precision import PRECISIONS
 from advisor.training import TrainingConfig
 from advisor.units import GIB
@@ -152,17 +153,24 @@ def _hf_precision(args: Any, model: Any) -> str:
     return "bf16" if first is not None and str(first.dtype) == "torch.bfloat16" else "fp32"
 
 
+def _optim_name(args: Any) -> str:
+    return str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", ""))).lower()
+
+
 def _hf_optimizer(args: Any) -> str:
-    name = str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", ""))).lower()
+    """The Trainer's ``optim`` as ``--from`` reads it (``config_trainer.TRAINER_OPTIM``); another name by the family
+    its name says (an 8-bit one as bitsandbytes' 8-bit AdamW), else AdamW."""
+    name = _optim_name(args)
+    if name in TRAINER_OPTIM:
+        return TRAINER_OPTIM[name][0]
     return next((ours for key, ours in _HF_OPTIMIZERS if key in name), "adamw")
 
 
 def _hf_optimizer_impl(args: Any) -> str | None:
-    """How the Trainer's AdamW steps (transformers/trainer_optimizer.py): ``adamw_torch_fused`` is
-    ``torch.optim.AdamW(fused=True)``, ``adamw_torch`` the torch default (foreach on CUDA); None: another
+    """How the Trainer's AdamW steps (transformers/trainer_optimizer.py, as ``--from`` reads it): ``adamw_torch_fused``
+    is ``torch.optim.AdamW(fused=True)``, ``adamw_torch`` the torch default (foreach on CUDA); None: another
     optimizer, or the trainer recipe's default."""
-    name = str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", ""))).lower()
-    return {"adamw_torch_fused": "fused", "adamw_torch": "foreach"}.get(name)
+    return TRAINER_OPTIM.get(_optim_name(args), (None, None))[1]
 
 
 def _hf_checkpointing(args: Any) -> bool:

@@ -41,10 +41,12 @@ def test_default_plan_has_no_new_key(capsys):
     assert "optimizer_in_backward" not in out and "paged_on_cpu" not in out
 
 
-@pytest.mark.parametrize("optim, ours", [("paged_adamw_8bit", "adamw-8bit-paged"), ("adamw_bnb_8bit", "adamw-8bit")])
+@pytest.mark.parametrize("optim, ours", [("paged_adamw_8bit", "adamw-8bit-paged"), ("adamw_bnb_8bit", "adamw-8bit"),
+                                         ("paged_adamw_32bit", "adamw")])
 def test_trainer_paged_optimizer_names_map_to_ours(optim, ours):
     """transformers' OptimizerNames: ``paged_adamw_8bit`` is bitsandbytes' PagedAdamW8bit (trainer_optimizer.py),
-    read by the Trainer callback and by --from as adamw-8bit-paged; ``adamw_bnb_8bit`` stays unpaged."""
+    read by the Trainer callback and by --from as adamw-8bit-paged; ``adamw_bnb_8bit`` stays unpaged;
+    ``paged_adamw_32bit`` keeps AdamW's fp32 state (PagedAdamW32bit, stepped in place: fused's memory)."""
     from types import SimpleNamespace
 
     from advisor.planning.config_trainer import TRAINER_OPTIM
@@ -52,3 +54,7 @@ def test_trainer_paged_optimizer_names_map_to_ours(optim, ours):
 
     assert _hf_optimizer(SimpleNamespace(optim=optim)) == ours
     assert TRAINER_OPTIM[optim][0] == ours
+    if optim == "paged_adamw_32bit":
+        from wrappers.callbacks import _hf_optimizer_impl
+
+        assert _hf_optimizer_impl(SimpleNamespace(optim=optim)) == "fused"

@@ -184,7 +184,11 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                      "through adapters)")
     if four and eight:
         raise r.fail("load_in_4bit", "and load_in_8bit are both true: transformers loads one or the other")
-    dtype_key = "dtype" if "dtype" in r.doc else "torch_dtype"
+    # ModelConfig's dtype (torch_dtype before), or SFTConfig's model_init_kwargs (TRL loads a model named by a string
+    # with them: float32 unless they say, sft_trainer.py)
+    inits = r.doc.get("model_init_kwargs") if isinstance(r.doc.get("model_init_kwargs"), dict) else {}
+    dtype_key = next((key for key in ("dtype", "torch_dtype") if key in r.doc),
+                     next((f"model_init_kwargs.{key}" for key in ("dtype", "torch_dtype") if key in inits), "dtype"))
     dtype = r.choice(dtype_key, _DTYPES) if r.raw(dtype_key) is not None else None
     if not peft:
         if dtype in ("bf16", "fp16"):

@@ -81,6 +81,8 @@ def test_a_yaml_with_an_accelerate_key_stays_an_accelerate_config(tmp_path):
 def test_a_bf16_full_fine_tune_says_what_ddp_holds(tmp_path):
     config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "dtype": "bfloat16"})
     assert any(note.startswith("dtype bfloat16: a full fine-tune keeps 16-bit weights") for note in config.notes)
+    config = _read(tmp_path, {"packing": True, "model_init_kwargs": {"dtype": "bfloat16"}})  # SFTConfig's own
+    assert any(n.startswith("model_init_kwargs.dtype bfloat16: a full fine-tune keeps 16-bit") for n in config.notes)
     config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "use_peft": True})
     assert config.settings["lora_rank"] == 16 and config.settings["lora_dropout"] == "0.05"
     assert any(note.startswith("dtype not set: TRL ModelConfig's default float32") for note in config.notes)

@@ -10,7 +10,8 @@ utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false)
 names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
 ``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
 mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` / ``fsdp_version`` (``_fsdp``), and Liger's
-``liger_fused_linear_cross_entropy``. A full fine-tune in bf16 keeps
+``liger_fused_linear_cross_entropy``. A file with neither FSDP nor DeepSpeed runs DDP (one process per GPU: axolotl
+shards only through them), so the strategy is ddp. A full fine-tune in bf16 keeps
 the model's bf16 weights and a bf16 AdamW state on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights
 and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed.
 """
@@ -75,6 +76,9 @@ def read_axolotl(r: Reader, base: Path) -> None:
                "activation_checkpointing", "on" if on else "off")
     if r.flag("liger_fused_linear_cross_entropy"):
         r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
+    if not any(v.option == "strategy" for v in r.values):  # axolotl shards only through fsdp_config or deepspeed
+        r.take(FILE_FORMAT, "axolotl, no fsdp_config or deepspeed", "engine", "torch")
+        r.take(FILE_FORMAT, "axolotl, no fsdp_config or deepspeed", "strategy", "ddp")
     r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
 
 
@@ -183,7 +187,6 @@ def _precision(r: Reader, *, adapter: str | None) -> None:
         r.take("bf16", shown or True, "precision", "bf16-mixed" if kept_fp32 else "bf16")
         if not kept_fp32:
             r.notes.append("bf16 full fine-tune: axolotl loads the model in bf16 and the Trainer keeps its weights and "
-                           "AdamW state in bf16 on one GPU or DDP (pure bf16); under FSDP or DeepSpeed they are fp32 "
-                           "(plan --precision bf16-mixed with --strategy)")
+                           "AdamW state in bf16 on one GPU or DDP (pure bf16); under FSDP or DeepSpeed they are fp32")
     else:
         r.take("bf16", False, "precision", "fp32")

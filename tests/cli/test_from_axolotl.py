@@ -33,9 +33,9 @@ def test_the_example_reads_as_the_panel_row_written_from_it(name, job):
     assert settings["activation_checkpointing"] == row["activation_checkpointing"] == "on"
     if row["optimizer_impl"]:
         assert settings["optimizer_impl"] == row["optimizer_impl"]
-    if row.get("fsdp_version"):  # FSDP through the Trainer: the strategy and version the row ran
-        assert (settings["strategy"], settings["engine"], settings["fsdp_version"]) == (
-            row["strategy"], row["engine"], row["fsdp_version"])
+    assert (settings["strategy"], settings["engine"]) == (row["strategy"], row["engine"])
+    if row.get("fsdp_version"):  # FSDP through the Trainer: the version the row ran
+        assert settings["fsdp_version"] == row["fsdp_version"]
     lora = row["lora"]
     if lora is None:
         assert "lora_rank" not in settings and "quantize" not in settings
@@ -57,7 +57,8 @@ def test_what_a_file_leaves_out_runs_at_axolotls_defaults(tmp_path):
     config = _read(tmp_path, "base_model: Qwen/Qwen2.5-0.5B\nadapter: lora\nlora_r: 8\n")
     assert config.settings == {"model": "Qwen/Qwen2.5-0.5B", "lora_rank": 8, "micro_batch": 1, "seq_len": 512,
                                "precision": "bf16-mixed", "optimizer": "adamw", "optimizer_impl": "fused",
-                               "activation_checkpointing": "off", "recipe": "trainer"}
+                               "activation_checkpointing": "off", "engine": "torch", "strategy": "ddp",
+                               "recipe": "trainer"}
 
 
 def test_a_deepspeed_config_sets_the_engine_and_keeps_fp32_master_weights(tmp_path):
@@ -86,7 +87,8 @@ def test_the_file_plans_what_the_same_options_typed_plan(capsys):
         return json.loads(out)
 
     from_file = plan("-m", "meta-llama/Llama-2-7b-hf", "--from", str(CONFIGS / "axolotl_llama2_qlora.yml"))
-    typed = plan("-m", "meta-llama/Llama-2-7b-hf", "--recipe", "trainer", "--attention", "sdpa", "--lora", "32",
+    typed = plan("-m", "meta-llama/Llama-2-7b-hf", "--recipe", "trainer", "--strategy", "ddp", "--engine", "torch",
+                 "--attention", "sdpa", "--lora", "32",
                  "--lora-targets", "all-linear", "--lora-dropout", "0.05", "--quantize", "nf4", "--double-quant",
                  "--micro-batch", "2", "--global-batch", "8", "--seq-len", "4096", "--precision", "bf16-mixed",
                  "--optimizer", "adamw", "--optimizer-impl", "fused", "--activation-checkpointing", "on")

@@ -95,6 +95,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="lightning", summary="Lightning strategy snippet (Python)",
                     default_filename="lightning_strategy.py", module="advisor.export.lightning", recipe="lightning",
                     runs="launcher", mesh_dims=("dp_replicate", "dp_shard"), zero_defaults="lightning",
+                    selective_key=True,
                     cpu_note="CPU test config: Lightning starts the {processes} processes itself (DDP on gloo).",
                     pp_ep_gap="Lightning's ModelParallelStrategy has data_parallel_size and tensor_parallel_size only; "
                               "use --format torchtitan",

@@ -76,7 +76,9 @@ def _shard_function(target: ExportTarget) -> list[str]:
         lines += ["    if getattr(getattr(model, \"config\", None), \"use_cache\", False):",
                   "        model.config.use_cache = False  # checkpoint_wrapper leaves the KV cache on: it would hold "
                   "every layer's K/V",
-                  "    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)",
+                  "    apply_activation_checkpointing(model, checkpoint_wrapper_fn="
+                  + ("functools.partial(checkpoint_wrapper, context_fn=selective_context)"  # wrappers' per-op policy
+                     if target.selective_checkpointing else "checkpoint_wrapper") + ", check_fn=is_block)",
                   "    blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]"]
     else:
         lines.append("    blocks = [m for m in model.modules() if is_block(m)]")
@@ -107,6 +109,9 @@ def _imports(target: ExportTarget, cls: str) -> list[str]:
     if target.activation_checkpointing:
         lines.insert(-2, "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (\n"
                      "    CheckpointWrapper, apply_activation_checkpointing, checkpoint_wrapper,\n)")
+    if target.selective_checkpointing:  # torchtitan's per-op policy, as wrap() applies it (wrappers.checkpointing)
+        lines.insert(0, "import functools")
+        lines.append("from wrappers.checkpointing import selective_context")
     return lines
 
 
@@ -137,6 +142,9 @@ def _header(target: ExportTarget, cls: str) -> list[str]:
         if target.precision_info.mixed and target.precision_info.compute_dtype == "float16":
             lines.append("# fp16 without a loss scaler: ModelParallelStrategy has no 16-mixed; prefer bf16-mixed "
                          "or --engine deepspeed.")
+    elif target.selective_checkpointing:
+        lines.append("# Selective activation checkpointing is part of the plan: call "
+                     "wrappers.checkpointing.apply_requested_checkpointing(model, \"selective\") before fit().")
     elif target.activation_checkpointing:
         lines.append("# Activation checkpointing is part of the plan: call model.gradient_checkpointing_enable().")
     return lines

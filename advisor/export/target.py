@@ -187,7 +187,7 @@ class ExportTarget(CheckpointFlags, BaseModel):
         return (f"{self.strategy} on {self.engine} ({self.impl.runs_as}) for {self.model_name} on "
                 f"{where}: micro-batch {self.micro_batch_size} of {self.seq_len:,} tokens, "
                 f"gradient accumulation {self.gradient_accumulation_steps}, activation checkpointing "
-                f"{'on' if self.activation_checkpointing else 'off'}, precision {self.precision}"
+                f"{self.checkpointing}, precision {self.precision}"
                 f"{', hybrid sharding (HSDP)' if self.hybrid else ''}"
                 f"{f', mesh {self.mesh.label}' if self.mesh is not None else ''}")
 

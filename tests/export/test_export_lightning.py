@@ -182,6 +182,10 @@ def _fit(tmp_path: Path, source: str, model_dir: str) -> list[str]:
     (dict(strategy="zero3", activation_checkpointing="on"),
      "units=FSDPCheckpointWrapper,FSDPCheckpointWrapper,FSDPLlamaForCausalLM meshes=[2] stored=torch.float32 "
      "param_dtype=torch.bfloat16"),
+    # Selective: the same units, each wrapper recomputing under wrappers.checkpointing's per-op policy.
+    (dict(strategy="zero3", activation_checkpointing="selective"),
+     "units=FSDPCheckpointWrapper,FSDPCheckpointWrapper,FSDPLlamaForCausalLM meshes=[2] stored=torch.float32 "
+     "param_dtype=torch.bfloat16"),
     # Pure bf16: the model is cast before sharding, no policy, and Lightning's bf16-true leaves it so.
     (dict(strategy="zero2", precision="bf16", activation_checkpointing="off"),
      "units=FSDPLlamaDecoderLayer,FSDPLlamaDecoderLayer,FSDPLlamaForCausalLM meshes=[2] stored=torch.bfloat16 "
@@ -190,6 +194,7 @@ def _fit(tmp_path: Path, source: str, model_dir: str) -> list[str]:
 def test_exported_fsdp2_strategy_trains_on_two_gloo_ranks(tmp_path, llama_dir, options, expected):
     """Each rank holds half of every parameter; blocks (checkpointed when planned) are the FSDP units."""
     source = build_lightning(plan(llama_dir, "2xA100", **options))
+    assert ("context_fn=selective_context" in source) == (options["activation_checkpointing"] == "selective")
     lines = _fit(tmp_path, source, llama_dir)
     assert lines == [f"rank={r} world=2 {expected} steps=2" for r in (0, 1)]
 

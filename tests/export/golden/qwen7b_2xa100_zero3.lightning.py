@@ -1,9 +1,9 @@
-# Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1 of 2,048 tokens, gradient accumulation 1, activation checkpointing on, precision bf16-mixed.
-# Selective activation checkpointing has no config key here: the file checkpoints each block in full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, the Lightning strategy): wrappers.checkpointing.apply_requested_checkpointing(model, "selective"); in your own loop wrap(model, activation_checkpointing="selective") does both.
+# Lightning strategy written by dp-advisor: zero3 on torch (FSDP2 fully_shard(reshard_after_forward=True)) for Qwen/Qwen2.5-7B on 2 x A100-80GB-SXM: micro-batch 1 of 2,048 tokens, gradient accumulation 1, activation checkpointing selective, precision bf16-mixed.
 # Optimizer: the plan assumes torch.optim.AdamW(params, foreach=True) (recipe lightning, foreach step); build it so in the script.
 # DataLoader batch_size per device: 1.
 # FSDP2 (fully_shard) through ModelParallelStrategy: in your LightningModule, def configure_model(self): shard_model(self.model, self.device_mesh)
 # (configure_model can run more than once: skip it when the model is already sharded.)
+import functools
 import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -12,6 +12,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from wrappers.checkpointing import selective_context
 
 
 BLOCK_CLASSES = ("Qwen2DecoderLayer",)  # one FSDP unit each, matched by class name (like accelerate's TRANSFORMER_BASED_WRAP)
@@ -26,7 +27,7 @@ def shard_model(model: torch.nn.Module, device_mesh: DeviceMesh) -> torch.nn.Mod
 
     if getattr(getattr(model, "config", None), "use_cache", False):
         model.config.use_cache = False  # checkpoint_wrapper leaves the KV cache on: it would hold every layer's K/V
-    apply_activation_checkpointing(model, checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=is_block)
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, context_fn=selective_context), check_fn=is_block)
     blocks = [m for m in model.modules() if isinstance(m, CheckpointWrapper)]
     options = dict(
         mesh=mesh,

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.planning.config_deepspeed import OFFLOAD_DEVICES, read_nested_deepspeed, take_zero_strategy, zero_keys_read
-from advisor.planning.config_file import (SHARDING, Reader, beside, fsdp_strategy, load_json, precision_for, take_batch,
-                                          take_degrees)
+from advisor.planning.config_file import (SHARDING, Reader, beside, ddp_strategy, fsdp_strategy, load_json,
+                                          precision_for, take_batch, take_degrees)
 from advisor.recipes import zero_config_defaults
 
 # An accelerate config runs the stack the accelerate export plans with (advisor/export/formats.py's row:
@@ -57,8 +57,7 @@ def read_accelerate(r: Reader, base: Path) -> None:
     if kind != "DEEPSPEED":
         r.take("distributed_type", kind, "recipe", ACCELERATE_RECIPE)
     if kind == "MULTI_GPU":
-        r.take("distributed_type", kind, "engine", "torch")
-        r.take("distributed_type", kind, "strategy", "ddp")
+        ddp_strategy(r, "distributed_type", kind)
     elif kind == "FSDP":
         _accelerate_fsdp(r, machines)
     elif kind == "DEEPSPEED":
@@ -124,8 +123,7 @@ def _accelerate_fsdp(r: Reader, machines: int) -> None:
         r.take("fsdp_config.fsdp_activation_checkpointing", checkpointing, "activation_checkpointing",
                "on" if checkpointing else "off")
     if sharding is None:  # NO_SHARD: DDP
-        r.take(key, "NO_SHARD", "engine", "torch")
-        r.take(key, "NO_SHARD", "strategy", "ddp")
+        ddp_strategy(r, key, "NO_SHARD")
         return
     offload = bool(r.flag("fsdp_config.fsdp_offload_params"))
     reshard, hybrid = sharding

@@ -21,8 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.model.lora import MAX_LORA_RANK
-from advisor.planning.config_file import FILE_FORMAT, SHARDING, Reader, fsdp_strategy, take_batch
-from advisor.planning.config_trainer import (TRAINER_OPTIM, module_names, take_attention, trainer_deepspeed,
+from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, ddp_strategy, fsdp_strategy,
+                                          fsdp_sub_reader, take_batch)
+from advisor.planning.config_trainer import (TRAINER_OPTIM, take_attention, take_peft_keys, trainer_deepspeed,
                                              trainer_fsdp)
 from advisor.training import MAX_SEQ_LEN
 
@@ -77,8 +78,7 @@ def read_axolotl(r: Reader, base: Path) -> None:
     if r.flag("liger_fused_linear_cross_entropy"):
         r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
     if not any(v.option == "strategy" for v in r.values):  # axolotl shards only through fsdp_config or deepspeed
-        r.take(FILE_FORMAT, "axolotl, no fsdp_config or deepspeed", "engine", "torch")
-        r.take(FILE_FORMAT, "axolotl, no fsdp_config or deepspeed", "strategy", "ddp")
+        ddp_strategy(r, FILE_FORMAT, "axolotl, no fsdp_config or deepspeed")
     r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
 
 
@@ -93,7 +93,7 @@ def _fsdp(r: Reader) -> bool | None:
         return None
     if config is not None and not isinstance(config, dict):
         raise r.fail("fsdp_config", "must be a mapping of keys")
-    sub = Reader({k.removeprefix("fsdp_"): v for k, v in (config or {}).items()}, where=r.where, prefix="fsdp_config.")
+    sub = fsdp_sub_reader(r, config)
     top = r.raw("fsdp_version")
     version = r.choice("fsdp_version", {"1": 1, "2": 2}) if top is not None else sub.choice("version", {"1": 1, "2": 2})
     key = "fsdp_version" if top is not None else "fsdp_config.fsdp_version"
@@ -104,8 +104,7 @@ def _fsdp(r: Reader) -> bool | None:
     r.read.add("fsdp_config")
     sharding = sub.choice("sharding_strategy", SHARDING) if sub.raw("sharding_strategy") is not None else (True, False)
     if sharding is None:  # NO_SHARD
-        r.take("fsdp_config.sharding_strategy", "NO_SHARD", "engine", "torch")
-        r.take("fsdp_config.sharding_strategy", "NO_SHARD", "strategy", "ddp")
+        ddp_strategy(r, "fsdp_config.sharding_strategy", "NO_SHARD")
         return sub.flag("activation_checkpointing")
     reshard = sub.flag("reshard_after_forward")
     fsdp_strategy(r, "fsdp_config", reshard=sharding[0] if reshard is None else reshard,
@@ -143,21 +142,10 @@ def _adapter(r: Reader) -> str | None:
     if rank is None:
         raise r.fail("lora_r", f"is missing: adapter {adapter} needs a rank")
     r.take("lora_r", rank, "lora_rank", rank)
-    if r.flag("lora_target_linear"):
+    linear = r.flag("lora_target_linear")
+    if linear:
         r.take("lora_target_linear", True, "lora_targets", "all-linear")
-    else:
-        names = module_names(r, "lora_target_modules")
-        if names:
-            r.take("lora_target_modules", names, "lora_targets", names)
-    dropout = r.fraction("lora_dropout")
-    if dropout:
-        r.take("lora_dropout", dropout, "lora_dropout", str(dropout))
-    saved = module_names(r, "lora_modules_to_save")
-    if saved:
-        r.take("lora_modules_to_save", saved, "lora_modules_to_save", saved)
-    if r.flag("peft_use_dora"):
-        r.take("peft_use_dora", True, "dora", 1)
-    r.raw("lora_alpha")  # a scale: no memory or time
+    take_peft_keys(r, dora_key="peft_use_dora", targets_key=None if linear else "lora_target_modules")
     if four:  # src/axolotl/loaders/model.py: nf4, bnb_4bit_use_double_quant True
         r.take("load_in_4bit", True, "quantize", "nf4")
         r.take("adapter", "qlora: axolotl's nested quantisation", "double_quant", 1)

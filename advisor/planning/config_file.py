@@ -232,6 +232,18 @@ def strategy_for(engine: str, *, shard_optimizer: bool, shard_grads: bool, shard
     return None
 
 
+def ddp_strategy(r: Reader, key: str, value: Any) -> None:
+    """DDP on the torch engine, with ``key`` (saying ``value``) as its source."""
+    r.take(key, value, "engine", "torch")
+    r.take(key, value, "strategy", "ddp")
+
+
+def fsdp_sub_reader(r: Reader, config: dict[str, Any] | None) -> Reader:
+    """A reader of an ``fsdp_config`` mapping with its keys' ``fsdp_`` prefixes dropped, as TrainingArguments reads it
+    (transformers training_args.py ``_process_fsdp_args``; axolotl's schema takes both spellings)."""
+    return Reader({k.removeprefix("fsdp_"): v for k, v in (config or {}).items()}, where=r.where, prefix="fsdp_config.")
+
+
 def fsdp_strategy(r: Reader, key: str, *, reshard: bool, offload: bool, value: str,
                   offload_key: str | None = None) -> None:
     """FSDP2 on the torch engine: the strategy of this resharding and offload, with ``key`` as its source (and

@@ -22,8 +22,9 @@ from typing import Any
 from advisor.model.lora import MAX_LORA_RANK
 from advisor.training import MAX_SEQ_LEN
 from advisor.planning.config_deepspeed import read_nested_deepspeed
-from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, fsdp_strategy, load_json,
-                                          precision_for, take_batch, take_degrees, take_precision)
+from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, ddp_strategy, fsdp_strategy,
+                                          fsdp_sub_reader, load_json, precision_for, take_batch, take_degrees,
+                                          take_precision)
 
 TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
     "adamw_torch_fused": ("adamw", "fused"), "adamw_torch": ("adamw", "foreach"), "adamw_apex_fused": ("adamw", "fused"),
@@ -155,8 +156,7 @@ def read_trainer(r: Reader, base: Path) -> None:
         raw = r.raw("ddp_bucket_cap_mb")
         if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0 < raw < float("inf"):  # NaN too
             raise r.fail("ddp_bucket_cap_mb", "must be a positive number of MiB")
-        r.take("ddp_bucket_cap_mb", raw, "engine", "torch")
-        r.take("ddp_bucket_cap_mb", raw, "strategy", "ddp")
+        ddp_strategy(r, "ddp_bucket_cap_mb", raw)
     r.take(FILE_FORMAT, "TrainingArguments", "recipe", "trainer")
 
 
@@ -199,16 +199,8 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
     rank = r.integer("lora_r", low=1, high=MAX_LORA_RANK)
     r.take("lora_r", rank if rank is not None else f"not set: TRL's default {TRL_LORA_RANK}", "lora_rank",
            rank or TRL_LORA_RANK)
-    for key, option in (("lora_target_modules", "lora_targets"), ("lora_modules_to_save", "lora_modules_to_save")):
-        names = module_names(r, key)  # None: PEFT's targets for the model; no full copy
-        if names:
-            r.take(key, names, option, names)
-    dropout = r.fraction("lora_dropout")
-    r.take("lora_dropout", dropout if dropout is not None else f"not set: TRL's default {TRL_LORA_DROPOUT}",
-           "lora_dropout", str(dropout if dropout is not None else TRL_LORA_DROPOUT))
-    if r.flag("use_dora"):
-        r.take("use_dora", True, "dora", 1)
-    r.raw("lora_alpha"), r.raw("use_rslora")  # scales: no memory or time
+    take_peft_keys(r, dora_key="use_dora", dropout_default=(TRL_LORA_DROPOUT, "TRL's"))
+    r.raw("use_rslora")  # a scale: no memory or time
     if four:
         kind = r.choice("bnb_4bit_quant_type", {"nf4": "nf4", "fp4": "fp4"}) or "nf4"
         r.take("load_in_4bit", True, "quantize", kind)
@@ -224,7 +216,28 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                        "what is planned")
 
 
-def module_names(r: Reader, key: str) -> str | None:
+def take_peft_keys(r: Reader, *, dora_key: str, targets_key: str | None = "lora_target_modules",
+                   dropout_default: tuple[float, str] | None = None) -> None:
+    """The LoRA keys TRL's ModelConfig and axolotl name alike: ``targets_key`` (None: already taken),
+    ``lora_modules_to_save``, ``lora_dropout`` (``dropout_default``: the framework's value and whose, taken when left
+    out; without one a dropout of 0 is left to the plan's default 0), DoRA at ``dora_key``; ``lora_alpha`` scales the
+    adapters' output: no memory or time."""
+    for key, option in ((targets_key, "lora_targets"), ("lora_modules_to_save", "lora_modules_to_save")):
+        names = _module_names(r, key) if key else None  # None: PEFT's targets for the model; no full copy
+        if names:
+            r.take(key, names, option, names)
+    dropout = r.fraction("lora_dropout")
+    if dropout is None and dropout_default is not None:
+        value, whose = dropout_default
+        r.take("lora_dropout", f"not set: {whose} default {value}", "lora_dropout", str(value))
+    elif dropout or (dropout is not None and dropout_default is not None):
+        r.take("lora_dropout", dropout, "lora_dropout", str(dropout))
+    if r.flag(dora_key):
+        r.take(dora_key, True, "dora", 1)
+    r.raw("lora_alpha")
+
+
+def _module_names(r: Reader, key: str) -> str | None:
     """A module name or a list of them (PEFT's target_modules, modules_to_save; "all-linear" too), comma-joined."""
     names = r.raw(key)
     if isinstance(names, str):
@@ -328,8 +341,7 @@ def trainer_fsdp(r: Reader) -> bool | None:
     if unknown:  # TrainingArguments refuses it: "Unknown `fsdp` option" (training_args.py, transformers 5.23)
         raise r.fail("fsdp", f"has the unknown option '{unknown[0][:40]}' (one of {', '.join(_FSDP_OPTIONS)})")
     if "no_shard" in words:
-        r.take("fsdp", raw, "engine", "torch")
-        r.take("fsdp", raw, "strategy", "ddp")
+        ddp_strategy(r, "fsdp", raw)
         return None
     config = r.raw("fsdp_config")
     if isinstance(config, str):
@@ -338,7 +350,7 @@ def trainer_fsdp(r: Reader) -> bool | None:
     elif config is not None and not isinstance(config, dict):
         raise r.fail("fsdp_config", "must be a mapping of keys or a file path")
     # TrainingArguments strips the fsdp_ prefix of fsdp_config keys (training_args.py _process_fsdp_args).
-    sub = Reader({k.removeprefix("fsdp_"): v for k, v in (config or {}).items()}, where=r.where, prefix="fsdp_config.")
+    sub = fsdp_sub_reader(r, config)
     key, value = "fsdp", _words(raw)
     reshard = not any(w in ("shard_grad_op", "hybrid_shard_zero2") for w in words)
     written = sub.raw("reshard_after_forward")

@@ -519,7 +519,8 @@ def estimate_step_time(
     if ac_fwd:
         notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
     if head_gathers:
-        notes.append(f"TRL's chunked_nll under ZeRO-3 gathers the head for each of its {-(-tokens_micro // NLL_CHUNK)} chunks a micro-batch, "
+        chunks = -(-tokens_micro // NLL_CHUNK)
+        notes.append(f"TRL's chunked_nll under ZeRO-3 gathers the head for each of its {chunks} chunks a micro-batch, "
                      f"in forward and in backward's recomputation: {head_gathers:.2f} s a micro-batch of blocking "
                      "all-gathers (--loss hf gathers it once each way)")
     notes.extend(elementwise_step_notes(spec, hardware, training, eff, ew, passes=accumulation))

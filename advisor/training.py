@@ -16,8 +16,8 @@ from advisor.model.block_profile import CheckpointMode
 from advisor.model.lora import LoraConfig
 from advisor.model.releases import behaviour_in, is_release
 from advisor.precision import FP32, Precision, PrecisionInfo, precision_info
-from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, LossKernel, OptimizerImpl, Recipe, ZeroSettings,
-                             get_recipe)
+from advisor.recipes import (DEFAULT_RECIPE, AccumulationSync, Engine, FrozenBase, LossKernel, OptimizerImpl, Recipe,
+                             ZeroSettings, get_recipe)
 from advisor.units import GIB
 
 # adamw-8bit-paged: bitsandbytes' PagedAdamW8bit, its 8-bit moments in CUDA managed memory (advisor.estimate.in_backward).
@@ -128,6 +128,11 @@ class TrainingConfig(BaseModel):
     optimizer_impl: OptimizerImpl | None = Field(default=None, exclude_if=lambda impl: impl is None,
                                                  description="fused, foreach or for-loop; None: the recipe's "
                                                              "(optimizer_implementation).")
+    frozen_base: FrozenBase | None = Field(default=None, exclude_if=lambda held: held is None,
+                                           description="The dtype a LoRA model's frozen base is loaded in under mixed "
+                                                       "precision: compute (bf16 / fp16) or param (fp32: TRL's "
+                                                       "ModelConfig dtype default float32); None: the recipe's "
+                                                       "(frozen_base_dtype).")
     accumulation_sync: AccumulationSync | None = Field(
         default=None, exclude_if=lambda sync: sync is None,
         description="How gradients are accumulated over micro-batches: every_micro_batch (reduced after each "
@@ -243,6 +248,11 @@ class TrainingConfig(BaseModel):
         return self.optimizer_impl or self.recipe.optimizer_impl
 
     @property
+    def frozen_base_dtype(self) -> FrozenBase:
+        """The dtype a LoRA model's frozen base is held in: ``frozen_base`` when given, else the recipe's."""
+        return self.frozen_base or self.recipe.frozen_base
+
+    @property
     def keeps_kv_cache(self) -> bool:
         """The model's KV cache is built in training: ``--use-cache``, or a recipe whose loop leaves it on
         (``Recipe.kv_cache``; every row turns it off, profiles/recipes.json)."""
@@ -313,7 +323,7 @@ class TrainingConfig(BaseModel):
         recipe gives the adapters units of their own (``Recipe.adapter_units``: the Trainer's PEFT wrap policy),
         the base's units require no grad and stay as loaded."""
         return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
-                and self.recipe.frozen_base == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
+                and self.frozen_base_dtype == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
 
     @property
     def keeps_peft_fp32_adapters(self) -> bool:

@@ -17,7 +17,7 @@ from advisor.mesh import PP_SCHEDULES
 from advisor.model.heads import CAUSAL_LM, task_names
 from advisor.model.lora import MAX_LORA_RANK
 from advisor.precision import PRECISIONS
-from advisor.recipes import AccumulationSync, OptimizerImpl, RecipeName
+from advisor.recipes import AccumulationSync, FrozenBase, OptimizerImpl, RecipeName
 from advisor.strategies import STRATEGIES
 from advisor.calibration import Margin
 from advisor.training import (MAX_GLOBAL_BATCH, MAX_MICRO_BATCH, MAX_SEQ_LEN, Attention, Checkpointing, Engine,
@@ -112,6 +112,10 @@ PLAN_OPTIONS: list[Callable] = [
                       "deepspeed or torchtune; sets the optimizer implementation, frozen-base dtype, loss and engine."),
     click.option("--optimizer-impl", type=_choice(get_args(OptimizerImpl)),
                  help="How AdamW steps: fused, foreach or for-loop (default: the recipe's)."),
+    click.option("--frozen-base", "frozen_base", type=_choice(get_args(FrozenBase)),
+                 help="The dtype a LoRA base is loaded in under mixed precision: compute (bf16 / fp16, as "
+                      "from_pretrained's dtype='auto' or bfloat16 loads it) or param (fp32: TRL's trl sft leaves "
+                      "dtype at float32 unless told). Default: the recipe's."),
     click.option("--accumulation-sync", type=_choice(get_args(AccumulationSync)),
                  help="How gradients accumulate over micro-batches under FSDP: every_micro_batch (reduce-scatter each; "
                       "the Trainer's sync_each_batch) or last_micro_batch (unsharded until the last, accelerate's "
@@ -219,6 +223,7 @@ _TRAINING_FIELDS = {
     "activation_checkpointing": "activation_checkpointing",
     "recipe": "recipe",
     "optimizer_impl": "optimizer_impl",
+    "frozen_base": "frozen_base",
     "accumulation_sync": "accumulation_sync",
     "optimizer_in_backward": "optimizer_in_backward",
     "activation_offload": "activation_offload",

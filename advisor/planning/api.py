@@ -31,8 +31,8 @@ from advisor.estimate.memory import recipe_dtypes
 from advisor.estimate.traced import needs_trace, trace_keys
 from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
-from advisor.planning.live_model import (check_quantized, config_quantization, live_lora, live_quantization,
-                                          with_recorded_linears)
+from advisor.planning.live_model import (check_quantized, config_quantization, live_frozen_base, live_lora,
+                                          live_quantization, with_recorded_linears)
 from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
@@ -486,6 +486,9 @@ def plan(
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
                              "adapters; leave lora= out")
         training = validated_copy(training, {"lora": live})
+        held = live_frozen_base(model) if quantized is None and training.frozen_base is None else None
+        if held is not None and held != training.frozen_base_dtype:  # the base as the user loaded it
+            training = validated_copy(training, {"frozen_base": held})
         if spec.head is not None and any(name.endswith(spec.head.module) for name in live.modules_to_save or ()):
             spec = validated_copy(spec, {"head": validated_copy(spec.head, {"saved_copy": True})})  # PEFT trains it
     if training.lora is not None:

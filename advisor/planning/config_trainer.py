@@ -171,8 +171,8 @@ _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "auto": "au
 def _model_arguments(r: Reader, *, trl: bool) -> None:
     """The model, its adapters and its quantised base from ModelConfig's keys (``model_name_or_path``,
     ``use_peft``, ``lora_*``, ``use_dora``, ``load_in_4bit`` / ``load_in_8bit``, ``bnb_4bit_quant_type``,
-    ``use_bnb_nested_quant``); ``dtype`` (``torch_dtype`` before) as a note where the plan holds the weights
-    otherwise. ``lora_alpha`` and ``use_rslora`` scale the adapters' output: no memory or time."""
+    ``use_bnb_nested_quant``); ``dtype`` (``torch_dtype`` before): a LoRA base's dtype (``frozen_base``; TRL's default
+    float32 where left out), a note for a quantised base or a 16-bit full fine-tune. ``lora_alpha`` and ``use_rslora`` scale the adapters' output: no memory or time."""
     name = r.text("model_name_or_path")
     if name:
         r.take("model_name_or_path", name, "model", name)
@@ -209,11 +209,16 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                "double_quant", int(bool(nested)))
     elif eight:
         r.take("load_in_8bit", True, "quantize", "int8")
-    if dtype == "fp32" or (dtype is None and trl):
+    if dtype in ("bf16", "fp16") and not (four or eight):
+        r.take(dtype_key, r.text(dtype_key), "frozen_base", "compute")
+    elif dtype == "fp32" or (dtype is None and trl):
         said = f"{dtype_key} float32" if dtype == "fp32" else "dtype not set: TRL ModelConfig's default float32"
-        r.notes.append(f"{said}: the frozen base is loaded in fp32, 4 bytes a weight where the plan holds 2 (the "
-                       "trainer recipe's bf16 base, profiles/recipes.json frozen_base); set dtype: bfloat16 to run "
-                       "what is planned")
+        if four or eight:  # the quantised linears have their own bytes; the rest is upcast as the preparation does
+            r.notes.append(f"{said}: the modules left unquantised (embeddings, norms, head) load in fp32; planned "
+                           "as the k-bit preparation holds them (--trl-release)")
+        else:  # the base rests in fp32 beside the adapters (TRL's sft script passes dtype to from_pretrained)
+            r.take(dtype_key, r.text(dtype_key) if dtype == "fp32" else "not set: TRL's default float32",
+                   "frozen_base", "param")
 
 
 def take_peft_keys(r: Reader, *, dora_key: str, targets_key: str | None = "lora_target_modules",

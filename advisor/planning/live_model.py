@@ -31,6 +31,18 @@ def live_lora(model: Any, spec: ModelSpec, notes: list[str]) -> LoraConfig | Non
     return live
 
 
+def live_frozen_base(model: Any) -> str | None:
+    """The dtype a live model's frozen base is held in, as ``TrainingConfig.frozen_base`` names it: "param" for
+    fp32 weights (loaded without a dtype, as TRL's SFTTrainer does by default), "compute" for bf16 / fp16 ones; None
+    for a name or config, or a model with no frozen floating-point weight (read off its first one)."""
+    if isinstance(model, (str, dict, ModelSpec)) or not hasattr(model, "parameters"):
+        return None
+    for param in model.parameters():
+        if not param.requires_grad and param.is_floating_point():
+            return "param" if param.element_size() == 4 else "compute"
+    return None
+
+
 def with_recorded_linears(spec: ModelSpec, config: dict, *, cache_dir: Path | None, trust_remote_code: bool) -> ModelSpec:
     """The spec with its linear layers recorded on the meta device (``advisor.simulate.linears``) when no
     formula lists its family's, so LoRA can count its adapters; unchanged otherwise."""

@@ -117,6 +117,9 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
                   f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
                   f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
+    elif training.frozen_base == "param" and training.mixed:
+        dtypes = (f"; every weight is held in {training.precision_info.param_dtype}, the frozen base too (--frozen-base "
+                  f"param: loaded in {training.precision_info.param_dtype}, as TRL loads a model whose dtype is not set)")
     else:
         dtypes = "; every weight is held in the precision's parameter dtype"
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
@@ -169,8 +172,8 @@ def recipe_note(training: TrainingConfig) -> str | None:
     impl = training.optimizer_implementation
     how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
     base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
-            "fp32 (PEFT's autocast_adapter_dtype)" if recipe.frozen_base == "compute" else
-            "frozen base in the precision's parameter dtype")
+            "fp32 (PEFT's autocast_adapter_dtype)" if training.frozen_base_dtype == "compute" else
+            "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if training.frozen_base else "")
     return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
             f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
             "(sources: profiles/recipes.json)")

@@ -85,7 +85,7 @@ def test_a_bf16_full_fine_tune_says_what_ddp_holds(tmp_path):
     assert any(n.startswith("model_init_kwargs.dtype bfloat16: a full fine-tune keeps 16-bit") for n in config.notes)
     config = _read(tmp_path, {"model_name_or_path": "Qwen/Qwen2.5-0.5B", "use_peft": True})
     assert config.settings["lora_rank"] == 16 and config.settings["lora_dropout"] == "0.05"
-    assert any(note.startswith("dtype not set: TRL ModelConfig's default float32") for note in config.notes)
+    assert config.settings["frozen_base"] == "param"  # dtype not set: TRL's float32 (the test below)
 
 
 def test_model_keys_trl_refuses_are_one_line_and_exit_2(tmp_path, capsys):
@@ -108,3 +108,32 @@ def test_the_files_model_gives_way_to_a_typed_one(capsys):
     (override,) = [o for o in doc["from_file"]["overridden"] if o["option"] == "model"]
     assert override["file_value"] == "Qwen/Qwen2.5-0.5B"
 
+
+
+def test_a_trl_lora_base_rests_in_the_dtype_trl_loads_it_in(tmp_path, capsys):
+    """TRL loads a model named by a string in ModelConfig's dtype, float32 unless the file says
+    (trl/trainer/model_config.py dtype default "float32", trl/trainer/utils.py create_model_from_path at f2cd577), so a
+    LoRA of Qwen2.5-0.5B (494,032,768 weights; rank 16 on q_proj and v_proj, PEFT's targets for qwen2: 24 x 16 x
+    (896 + 896 + 896 + 128) = 1,081,344 adapter weights, fp32) rests at 4 x 494,032,768 + 4 x 1,081,344 =
+    1,980,456,448 bytes; with dtype: bfloat16, 2 x 494,032,768 + 4 x 1,081,344 = 992,390,912."""
+    rested = {}
+    for dtype in (None, "bfloat16", "float32"):
+        path = tmp_path / f"{dtype}.yaml"
+        path.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n" +
+                        (f"dtype: {dtype}\n" if dtype else ""))
+        config = read_config_file(path)
+        assert config.settings["frozen_base"] == ("compute" if dtype == "bfloat16" else "param")
+        plan = _plan(capsys, "-g", "1xA100", "--strategy", "ddp", "--from", str(path))
+        rested[dtype] = plan["candidates"][0]["memory_bytes"]["states_params"]
+    assert rested == {None: 1_980_456_448, "bfloat16": 992_390_912, "float32": 1_980_456_448}
+
+
+def test_a_quantised_trl_base_leaves_the_dtype_to_the_k_bit_preparation(tmp_path):
+    """load_in_4bit: the 4-bit linears have their own bytes and the preparation upcasts the rest (planned as before):
+    the file's dtype is a note, not a setting."""
+    path = tmp_path / "qlora.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nload_in_4bit: true\n")
+    config = read_config_file(path)
+    assert "frozen_base" not in config.settings
+    assert any(note.startswith("dtype not set: TRL ModelConfig's default float32: the modules left unquantised")
+               for note in config.notes)

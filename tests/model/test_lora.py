@@ -138,3 +138,25 @@ def test_a_live_bitsandbytes_peft_model_is_planned_as_qlora():
     assert plan.model.trainable_params == 1_792  # as in the unquantised case above
     assert plan.model.total_params == sum(p.numel() for p in model.parameters())
     assert not plan.candidate("dp").available
+
+
+def test_a_live_peft_models_base_is_planned_in_the_dtype_it_was_loaded_in():
+    """The tiny Llama above loaded in fp32 (as TRL's SFTTrainer loads a model without a dtype) and in bf16: 512 x 64
+    x 2 embedding and head + 2 x (64 x 64 x 2 + 64 x 32 x 2 + 3 x 64 x 176 + 2 x 64) + 64 = 158,016 frozen weights, so
+    DDP's resting weights differ by 2 x 158,016 = 316,032 bytes; PEFT's adapters stay fp32 in both."""
+    peft = pytest.importorskip("peft")
+    import torch
+
+    import advisor
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    plans = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        base = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, vocab_size=512)).to(dtype)
+        model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+        plans[dtype] = advisor.plan(model, "2xA100", strategy="ddp")
+    assert plans[torch.float32].training.frozen_base == "param"
+    assert plans[torch.bfloat16].training.frozen_base is None  # the recipe's own: the compute dtype
+    rest = {dtype: plan.candidate("ddp").memory_bytes.params for dtype, plan in plans.items()}
+    assert rest[torch.float32] - rest[torch.bfloat16] == 316_032

@@ -6,7 +6,8 @@ axolotl trains through Hugging Face's Trainer (the trainer recipe); its keys and
 nf4 with double quantisation, src/axolotl/loaders/model.py) with ``lora_r``, ``lora_target_modules`` /
 ``lora_target_linear`` (every linear layer), ``lora_dropout`` (0.0), ``lora_modules_to_save``, ``peft_use_dora``,
 ``load_in_8bit``; ``bf16`` (default "auto": bf16 where the GPU has it, the model loaded in bf16,
-utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false), ``optimizer`` (TrainingArguments'
+utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false) with ``activation_offloading``
+(``_offloading``), ``optimizer`` (TrainingArguments'
 names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
 ``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
 mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` / ``fsdp_version`` (``_fsdp``), and Liger's
@@ -23,8 +24,8 @@ from pathlib import Path
 from advisor.model.lora import MAX_LORA_RANK
 from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, ddp_strategy, fsdp_strategy,
                                           fsdp_sub_reader, take_batch)
-from advisor.planning.config_trainer import (TRAINER_OPTIM, take_attention, take_peft_keys, trainer_deepspeed,
-                                             trainer_fsdp)
+from advisor.planning.config_trainer import (TRAINER_OPTIM, take_activation_offload, take_attention, take_peft_keys,
+                                             trainer_deepspeed, trainer_fsdp)
 from advisor.training import MAX_SEQ_LEN
 
 # axolotl's schema defaults (training.py, config.py, peft.py at 067b021)
@@ -69,17 +70,47 @@ def read_axolotl(r: Reader, base: Path) -> None:
         r.take("fsdp_config.activation_checkpointing", True, "activation_checkpointing", "on")
     elif checkpointing in ("offload", "offload_disk"):
         r.take("gradient_checkpointing", checkpointing, "activation_checkpointing", "on")
-        r.notes.append(f"gradient_checkpointing {checkpointing}: axolotl moves each checkpointed block input off the "
-                       "GPU, not modelled: planned as full checkpointing (the plan holds more on the GPU than the run)")
     else:
         on = r.flag("gradient_checkpointing")
         r.take("gradient_checkpointing", on if on is not None else "not set: axolotl's default false",
                "activation_checkpointing", "on" if on else "off")
+    _offloading(r, checkpointing, adapter=adapter)
     if r.flag("liger_fused_linear_cross_entropy"):
         r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
     if not any(v.option == "strategy" for v in r.values):  # axolotl shards only through fsdp_config or deepspeed
         ddp_strategy(r, FILE_FORMAT, "axolotl, no fsdp_config or deepspeed")
     r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
+
+
+def _offloading(r: Reader, checkpointing: object, *, adapter: str | None) -> None:
+    """``activation_offloading`` (true, legacy, disk, hidden_states), or ``gradient_checkpointing`` offload /
+    offload_disk, which axolotl's schema turns into checkpointing plus ``activation_offloading`` true / disk
+    (schemas/validation.py ``check_gradient_checkpointing_w_offload``). TRL's offloader moves the checkpointed blocks'
+    inputs to CPU memory (--activation-offload) for a full fine-tune (loaders/model.py
+    ``_apply_activation_checkpointing`` keeps the recomputation) and under hidden_states; with adapters it replaces
+    the recomputation, every saved tensor offloaded (planned as the checkpointed form, said); disk is not modelled."""
+    key = "activation_offloading"
+    if r.raw(key) is not None:
+        mode = r.raw(key) if isinstance(r.raw(key), bool) else r.choice(key, {
+            "true": True, "false": False, "legacy": "legacy", "disk": "disk", "hidden_states": "hidden_states"})
+    elif checkpointing in ("offload", "offload_disk"):
+        key, mode = "gradient_checkpointing", True if checkpointing == "offload" else "disk"
+    else:
+        return
+    if mode is False:
+        return
+    if not any(v.option == "activation_checkpointing" and v.setting == "on" for v in r.values):
+        raise r.fail(key, "needs gradient_checkpointing (axolotl: 'activation_offloading requires "
+                          "gradient_checkpointing')")
+    shown = r.text(key) if isinstance(r.raw(key), str) else True
+    if mode == "disk":
+        r.notes.append(f"{key} {shown}: axolotl offloads the saved activations to disk, not modelled: planned as full "
+                       "checkpointing (the plan holds more on the GPU than the run)")
+    elif take_activation_offload(r, key, shown) and adapter and mode != "hidden_states":
+        r.notes.append(f"{key} {shown} with adapters: axolotl's TRL offloader replaces the recomputation, every saved "
+                       "tensor moved to CPU memory and none recomputed (loaders/model.py); planned as checkpointed "
+                       "blocks with their inputs offloaded: near what the GPU holds (one block's saved tensors back at "
+                       "a time), not the step's time")
 
 
 def _fsdp(r: Reader) -> bool | None:

@@ -319,15 +319,23 @@ def _trl_offloading(r: Reader) -> None:
     modelled, under checkpointing on the torch engine (advisor.estimate.activation_offload); elsewhere planned
     without it, said so (the plan then holds more on the GPU than the run does)."""
     offload = r.flag("activation_offloading")
-    if not offload:
-        return
+    if offload:
+        take_activation_offload(r, "activation_offloading", offload)
+
+
+def take_activation_offload(r: Reader, key: str, value: Any) -> bool:
+    """``key`` (saying ``value``) offloads the checkpointed blocks' inputs: taken as --activation-offload where that is
+    modelled, under checkpointing on the torch engine (advisor.estimate.activation_offload); elsewhere a note, the plan
+    made without it (it then holds more on the GPU than the run does). True when taken."""
     taken = {v.option: v.setting for v in r.values}
     if taken.get("activation_checkpointing") == "on" and taken.get("engine", "torch") == "torch":
-        r.take("activation_offloading", offload, "activation_offload", True)
-        return
+        r.take(key, value, "activation_offload", True)
+        return True
     where = "on the DeepSpeed engine" if taken.get("engine") == "deepspeed" else "without gradient checkpointing"
-    r.notes.append(f"activation_offloading is planned under gradient checkpointing on the torch engine only; {where} "
-                   "the plan is made without it (it holds more on the GPU than the run does)")
+    what = key if key == "activation_offloading" else f"{key} {value} (activation offloading)"
+    r.notes.append(f"{what} is planned under gradient checkpointing on the torch engine only; {where} the plan is made "
+                   "without it (it holds more on the GPU than the run does)")
+    return False
 
 
 # transformers.trainer_utils.FSDPOption (5.23): the words of the legacy fsdp string or list

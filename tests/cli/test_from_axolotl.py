@@ -80,6 +80,27 @@ def test_axolotls_own_fsdp_config_sets_the_strategy(tmp_path, fsdp, strategy):
     assert settings["activation_checkpointing"] == ("on" if "activation_checkpointing" in fsdp else "off")
 
 
+@pytest.mark.parametrize("text,offload,said", [
+    # schemas/validation.py check_gradient_checkpointing_w_offload (axolotl@067b021): offload is checkpointing plus
+    # activation_offloading true, offload_disk plus disk
+    ("gradient_checkpointing: offload", True, None),
+    ("gradient_checkpointing: true\nactivation_offloading: legacy", True, None),
+    ("gradient_checkpointing: true\nactivation_offloading: hidden_states\nadapter: lora\nlora_r: 8", True, None),
+    ("gradient_checkpointing: offload\nadapter: lora\nlora_r: 8", True, "replaces the recomputation"),
+    ("gradient_checkpointing: offload_disk", False, "to disk, not modelled"),
+    ("gradient_checkpointing: true\nactivation_offloading: false", False, None),
+    ("gradient_checkpointing: offload\ndeepspeed: {zero_optimization: {stage: 3}}", False, "on the DeepSpeed engine"),
+])
+def test_activation_offloading_offloads_the_checkpointed_inputs(tmp_path, text, offload, said):
+    """TRL's offloader under checkpointing moves each checkpointed block's input to CPU memory (--activation-offload);
+    with adapters axolotl runs it without recomputation (loaders/model.py _apply_activation_checkpointing), said."""
+    config = _read(tmp_path, f"base_model: Qwen/Qwen2.5-0.5B\nsequence_len: 2048\n{text}\n")
+    assert config.settings["activation_checkpointing"] == "on"
+    assert bool(config.settings.get("activation_offload")) is offload
+    assert (said is None) == all("offload" not in note for note in config.notes), config.notes
+    assert said is None or any(said in note for note in config.notes)
+
+
 def test_the_file_plans_what_the_same_options_typed_plan(capsys):
     def plan(*args: str) -> dict:
         code, out, err = run_main(["plan", "-g", "1xRTX4090", *args, "--json"], capsys)
@@ -101,6 +122,9 @@ def test_the_file_plans_what_the_same_options_typed_plan(capsys):
     ("base_model: m\nadapter: lora\nsequence_len: 512\n", "lora_r is missing"),
     ("base_model: m\nload_in_4bit: true\nsequence_len: 512\n", "needs adapter"),
     ("base_model: m\nsequence_len: 0\n", "sequence_len must be at least 1"),
+    ("base_model: m\nsequence_len: 512\nactivation_offloading: true\n", "needs gradient_checkpointing"),
+    ("base_model: m\nsequence_len: 512\ngradient_checkpointing: true\nactivation_offloading: 7\n",
+     "must be one of true, false, legacy, disk, hidden_states"),
 ])
 def test_settings_axolotl_refuses_are_one_line_and_exit_2(tmp_path, capsys, text, said):
     path = tmp_path / "bad.yml"

@@ -215,6 +215,9 @@ class TrainingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
+        if self.frozen_base is not None and (self.lora is None or self.quantize is not None):
+            raise ValueError("--frozen-base sets the dtype of a LoRA model's frozen base: give it with --lora and "
+                             "without --quantize (a quantised base has its own bytes)")
         if self.float8_all_gather and not self.float8:
             raise ValueError("--float8-all-gather needs --float8")
         clash = [flag for flag, bad in (("--lora", self.lora is not None), ("--quantize", self.quantize is not None),

@@ -117,11 +117,17 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
                   f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
                   f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
-    elif training.frozen_base == "param" and training.mixed:
+    elif training.frozen_base == "param" and training.mixed and training.engine == "torch":
         dtypes = (f"; every weight is held in {training.precision_info.param_dtype}, the frozen base too (--frozen-base "
                   f"param: loaded in {training.precision_info.param_dtype}, as TRL loads a model whose dtype is not set)")
+    elif training.engine == "deepspeed" and training.mixed:
+        dtypes = (f"; every weight is held in {training.precision_info.compute_dtype} (DeepSpeed casts the whole "
+                  "module), the adapters' fp32 master copies in its optimizer state")
     else:
         dtypes = "; every weight is held in the precision's parameter dtype"
+    if training.frozen_base is not None and not (training.mixed and training.engine == "torch"):
+        dtypes += ("; --frozen-base changes nothing here (" + ("DeepSpeed casts the whole module to the compute dtype"
+                   if training.engine == "deepspeed" else f"pure {training.precision} holds the base in {training.precision}") + ")")
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
             f"PEFT counts them); {activations}{dtypes}")
 

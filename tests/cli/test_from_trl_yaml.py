@@ -137,3 +137,10 @@ def test_a_quantised_trl_base_leaves_the_dtype_to_the_k_bit_preparation(tmp_path
     assert "frozen_base" not in config.settings
     assert any(note.startswith("dtype not set: TRL ModelConfig's default float32: the modules left unquantised")
                for note in config.notes)
+
+
+def test_frozen_base_without_a_lora_base_it_could_hold_is_one_line_and_exit_2(capsys):
+    for extra in ([], ["--lora", "8", "--quantize", "nf4"]):
+        code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--frozen-base", "param",
+                                   *extra], capsys)
+        assert code == 2 and not out and err.count("\n") == 1 and "give it with --lora" in err, err

@@ -63,7 +63,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
     from advisor.simulate.cuda_kernels import cuda_softmax_backward
     from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_kernels, fake_mode,
                                            fake_process_group, unpacked_batches)
-    from advisor.simulate.measure import breakdown, dora_weight_unhooked
+    from advisor.simulate.measure import breakdown, dora_weight_unhooked, fast_peaks
     from wrappers.recipe import autocast_context
     from advisor.simulate.model import (build_optimizer, materialize, meta_model, net_vocab, resolve_config,
                                         unique_params)
@@ -106,7 +106,7 @@ def simulate_mesh(model: str | dict, *, dims: ParallelDims, training: TrainingCo
                 opt.zero_grad(set_to_none=True)
 
             step()  # warm-up: optimizer state exists from here on, as in a steady state
-            tracker = FSDPMemTracker(net, opt)
+            tracker = fast_peaks(FSDPMemTracker(net, opt))
             tracker.track_inputs((ids,))
             with tracker, cuda_softmax_backward():
                 step()

@@ -243,6 +243,13 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
                      f"{', use_dora=True' if lora.dora else ''}"
                      f"{f', modules_to_save={list(lora.modules_to_save)!r}' if lora.modules_to_save else ''})) before "
                      "wrap() or the Trainer.")
+        if training.quantize is None and training.mixed and training.engine == "torch":
+            dtype = (training.precision_info.compute_dtype if training.low_precision_base
+                     else training.precision_info.param_dtype)
+            trl = ", as TRL does when dtype is not set" if dtype == "float32" else \
+                f" (TRL: dtype: {dtype}; its default is float32)"
+            notes.append(f"The plan holds the frozen base in {dtype}: load it with from_pretrained(..., "
+                         f"dtype=torch.{dtype}){trl}.")
     return notes
 
 

@@ -93,3 +93,19 @@ def test_fp16_autocast_stores_the_4bit_weights_in_fp32(tmp_path, monkeypatch):
     config = _bnb_config(text)
     assert config.bnb_4bit_quant_storage == torch.float32 and config.bnb_4bit_compute_dtype == torch.float16
     assert "dtype=torch.float32)" in text
+
+
+@pytest.mark.parametrize("recipe,frozen,dtype", [("trainer", None, "bfloat16"), ("trainer", "param", "float32"),
+                                                 ("lightning", None, "float32")])
+def test_a_lora_export_says_the_dtype_the_plan_holds_the_base_in(recipe, frozen, dtype):
+    """The base's dtype is the script's from_pretrained call, no config key: the note names the one the plan counted
+    (the trainer recipe: bf16 as loaded; --frozen-base param or Lightning's bf16-mixed: fp32), and TRL's default."""
+    import torch
+
+    options = {"frozen_base": frozen} if frozen else {}
+    notes = resolve_target(plan(MODEL, "2xA100", lora=8, recipe=recipe, **options), "accelerate").notes
+    said = [note for note in notes if note.startswith("The plan holds the frozen base")]
+    assert len(said) == 1 and f"dtype=torch.{dtype})" in said[0], notes
+    assert isinstance(getattr(torch, dtype), torch.dtype)
+    qnotes = resolve_target(_qlora_plan(recipe=recipe), "accelerate").notes  # a 4-bit base: the QLoRA note's dtype
+    assert not any(note.startswith("The plan holds the frozen base") for note in qnotes)

@@ -11,8 +11,8 @@ utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false)
 names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
 ``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
 mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` / ``fsdp_version`` (``_fsdp``), and Liger's
-``liger_fused_linear_cross_entropy``. A file with neither FSDP nor DeepSpeed runs DDP (one process per GPU: axolotl
-shards only through them), so the strategy is ddp. A full fine-tune in bf16 keeps
+``liger_fused_linear_cross_entropy`` or the Cut Cross-Entropy plugin (``_cut_cross_entropy``). A file with neither
+FSDP nor DeepSpeed runs DDP (one process per GPU: axolotl shards only through them), so the strategy is ddp. A full fine-tune in bf16 keeps
 the model's bf16 weights and a bf16 AdamW state on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights
 and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed.
 """
@@ -77,9 +77,35 @@ def read_axolotl(r: Reader, base: Path) -> None:
     _offloading(r, checkpointing, adapter=adapter)
     if r.flag("liger_fused_linear_cross_entropy"):
         r.take("liger_fused_linear_cross_entropy", True, "loss", "fused")
+    _cut_cross_entropy(r)
     if not any(v.option == "strategy" for v in r.values):  # axolotl shards only through fsdp_config or deepspeed
         ddp_strategy(r, FILE_FORMAT, "axolotl, no fsdp_config or deepspeed")
     r.take(FILE_FORMAT, "axolotl", "recipe", "trainer")
+
+
+def _cut_cross_entropy(r: Reader) -> None:
+    """``plugins`` naming axolotl's CutCrossEntropyPlugin, whose ``cut_cross_entropy`` defaults to true
+    (integrations/cut_cross_entropy/args.py): Apple's Cut Cross-Entropy computes the head and the loss block by block
+    without keeping the logits, planned as --loss fused (Liger's fused linear cross-entropy, the kernel the trainer
+    recipe counts, which keeps no full logits either). axolotl refuses it without bf16 or fp16, and beside its own
+    chunked_cross_entropy."""
+    plugins = r.raw("plugins")
+    if plugins is None:
+        return
+    if not isinstance(plugins, list) or not all(isinstance(name, str) for name in plugins):
+        raise r.fail("plugins", "must be a list of plugin class names")
+    if not any(name.strip().endswith("CutCrossEntropyPlugin") for name in plugins):
+        return
+    if r.flag("cut_cross_entropy") is False:
+        return
+    if not (r.doc.get("bf16") or r.doc.get("fp16")):
+        raise r.fail("plugins", "CutCrossEntropyPlugin needs bf16 or fp16 set (axolotl: 'Cut Cross Entropy requires "
+                                "fp16/bf16 training')")
+    if r.flag("chunked_cross_entropy"):
+        raise r.fail("chunked_cross_entropy", "and CutCrossEntropyPlugin are both on: axolotl refuses the pair")
+    r.take("plugins", "CutCrossEntropyPlugin", "loss", "fused")
+    r.notes.append("Cut Cross-Entropy planned as --loss fused (Liger's fused linear cross-entropy: neither keeps the "
+                   "logits; CCE keeps no logit chunk in GPU memory either, so the plan may hold a little more)")
 
 
 def _offloading(r: Reader, checkpointing: object, *, adapter: str | None) -> None:

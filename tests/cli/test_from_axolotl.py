@@ -101,6 +101,19 @@ def test_activation_offloading_offloads_the_checkpointed_inputs(tmp_path, text, 
     assert said is None or any(said in note for note in config.notes)
 
 
+CCE = "plugins:\n  - axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin\n"
+
+
+@pytest.mark.parametrize("text,loss", [(CCE + "bf16: auto", "fused"), (CCE + "bf16: true\ncut_cross_entropy: false", None),
+                                       ("plugins: [axolotl.integrations.liger.LigerPlugin]\nbf16: true", None)])
+def test_cut_cross_entropy_is_planned_as_the_fused_loss(tmp_path, text, loss):
+    """axolotl's CutCrossEntropyPlugin (cut_cross_entropy defaults to true, integrations/cut_cross_entropy/args.py at
+    067b021; 72 of the 252 example YAMLs list it) keeps no logits: --loss fused, said; another plugin changes nothing."""
+    config = _read(tmp_path, f"base_model: Qwen/Qwen2.5-0.5B\nsequence_len: 2048\n{text}\n")
+    assert config.settings.get("loss") == loss
+    assert (loss is not None) == any(note.startswith("Cut Cross-Entropy planned as --loss fused") for note in config.notes)
+
+
 def test_the_file_plans_what_the_same_options_typed_plan(capsys):
     def plan(*args: str) -> dict:
         code, out, err = run_main(["plan", "-g", "1xRTX4090", *args, "--json"], capsys)
@@ -123,6 +136,9 @@ def test_the_file_plans_what_the_same_options_typed_plan(capsys):
     ("base_model: m\nload_in_4bit: true\nsequence_len: 512\n", "needs adapter"),
     ("base_model: m\nsequence_len: 0\n", "sequence_len must be at least 1"),
     ("base_model: m\nsequence_len: 512\nactivation_offloading: true\n", "needs gradient_checkpointing"),
+    ("base_model: m\nsequence_len: 512\n" + CCE, "needs bf16 or fp16"),
+    ("base_model: m\nsequence_len: 512\nbf16: true\nchunked_cross_entropy: true\n" + CCE, "refuses the pair"),
+    ("base_model: m\nsequence_len: 512\nplugins: 7\n", "must be a list"),
     ("base_model: m\nsequence_len: 512\ngradient_checkpointing: true\nactivation_offloading: 7\n",
      "must be one of true, false, legacy, disk, hidden_states"),
 ])

@@ -60,46 +60,33 @@ def build_tracker(net: Any, opt: Any, ids: Any, impl: Implementation) -> Any:
 
 
 def fast_peaks(tracker: Any) -> Any:
-    """``tracker`` with its per-op peak update looking up only the modules being run. torch's
-    ``MemTracker._update_peak_stats`` (2.13) walks every module it has tracked on every op, through a weak dictionary
-    whose each lookup asks the module ``hasattr(_fix_weakref)`` (a failed ``nn.Module.__getattr__``, twice through a
-    checkpoint wrapper): a fifth of a simulated FSDP step's time. The updates are the same: each active module's
-    local peak and peak snapshot, then the global peak. A tracker without those attributes is left as it is."""
+    """``tracker`` with torch's per-op peak update made without dereferencing every tracked module. torch's
+    ``MemTracker._update_peak_stats`` (2.13) walks its weak dictionary of module stats on every op, and each step of
+    that walk asks the module ``hasattr(_fix_weakref)`` (a failed ``nn.Module.__getattr__``, twice through a
+    checkpoint wrapper): a fifth of a simulated FSDP step's time. Here the walk reads each entry's name first and
+    dereferences only the entries of running modules; the same entries are updated in the same way (an entry whose
+    module is gone is skipped, as torch's walk skips it). A tracker without those attributes is left as it is."""
     if not all(hasattr(tracker, name) for name in ("memory_tracking", "_mod_tracker", "_curr_mem_snap", "_peak_mem",
-                                                   "_peak_mem_snap", "_update_peak_stats", "reset_mod_stats")):
+                                                   "_peak_mem_snap", "_update_peak_stats")) \
+            or not isinstance(getattr(tracker.memory_tracking, "data", None), dict):
         return tracker
     from copy import deepcopy
 
-    by_name: dict[str, list[Any]] = {}
-    known = [-1]
-
     def update_peak_stats(peak_state: Any) -> None:
-        if len(tracker.memory_tracking) != known[0]:  # entries are only added, or all cleared (reset_mod_stats)
-            by_name.clear()
-            for stats in tracker.memory_tracking.values():
-                by_name.setdefault(stats.mod_fqn, []).append(stats)
-            known[0] = len(tracker.memory_tracking)
         snap = tracker._curr_mem_snap
-        for name in tracker._mod_tracker.parents:
-            for stats in by_name.get(name, ()):
-                if peak_state in stats.snapshots:
-                    for dev, dev_snap in snap.items():
-                        if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
-                            stats.local_peak[dev] = dev_snap["Total"]
-                            stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
+        parents = tracker._mod_tracker.parents
+        for ref, stats in list(tracker.memory_tracking.data.items()):
+            if stats.mod_fqn in parents and peak_state in stats.snapshots and ref() is not None:
+                for dev, dev_snap in snap.items():
+                    if stats.local_peak.get(dev, 0) < dev_snap["Total"]:
+                        stats.local_peak[dev] = dev_snap["Total"]
+                        stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
         for dev, dev_snap in snap.items():
             if tracker._peak_mem.get(dev, 0) < dev_snap["Total"]:
                 tracker._peak_mem[dev] = dev_snap["Total"]
                 tracker._peak_mem_snap[dev] = deepcopy(dev_snap)
 
-    reset = tracker.reset_mod_stats
-
-    def reset_mod_stats() -> None:  # the modules are tracked afresh: look them up afresh
-        reset()
-        known[0] = -1
-
     tracker._update_peak_stats = update_peak_stats
-    tracker.reset_mod_stats = reset_mod_stats
     return tracker
 
 

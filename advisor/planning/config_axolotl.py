@@ -110,29 +110,32 @@ def _cut_cross_entropy(r: Reader) -> None:
 
 def _offloading(r: Reader, checkpointing: object, *, adapter: str | None) -> None:
     """``activation_offloading`` (true, legacy, disk, hidden_states), or ``gradient_checkpointing`` offload /
-    offload_disk, which axolotl's schema turns into checkpointing plus ``activation_offloading`` true / disk
-    (schemas/validation.py ``check_gradient_checkpointing_w_offload``). TRL's offloader moves the checkpointed blocks'
-    inputs to CPU memory (--activation-offload) for a full fine-tune (loaders/model.py
+    offload_disk, which axolotl's schema turns into checkpointing plus ``activation_offloading`` true / disk whatever
+    the file says of it (schemas/validation.py ``check_gradient_checkpointing_w_offload``). TRL's offloader moves the
+    checkpointed blocks' inputs to CPU memory (--activation-offload) for a full fine-tune (loaders/model.py
     ``_apply_activation_checkpointing`` keeps the recomputation) and under hidden_states; with adapters it replaces
-    the recomputation, every saved tensor offloaded (planned as the checkpointed form, said); disk is not modelled."""
+    the recomputation, every saved tensor offloaded (planned as the checkpointed form, said). disk runs the same CPU
+    offloader at axolotl@067b021: the disk patch (loaders/patch_manager.py) waits for "offload_disk", which the schema
+    has already turned into "disk", and the trainer's offloading mixin has no disk branch."""
     key = "activation_offloading"
-    if r.raw(key) is not None:
+    if checkpointing in ("offload", "offload_disk"):
+        r.raw(key)  # set by the schema whatever the file says
+        key, mode = "gradient_checkpointing", True if checkpointing == "offload" else "disk"
+    elif r.raw(key) is not None:
         mode = r.raw(key) if isinstance(r.raw(key), bool) else r.choice(key, {
             "true": True, "false": False, "legacy": "legacy", "disk": "disk", "hidden_states": "hidden_states"})
-    elif checkpointing in ("offload", "offload_disk"):
-        key, mode = "gradient_checkpointing", True if checkpointing == "offload" else "disk"
     else:
         return
     if mode is False:
         return
-    if not any(v.option == "activation_checkpointing" and v.setting == "on" for v in r.values):
+    if checkpointing not in ("offload", "offload_disk") and not r.flag("gradient_checkpointing"):
         raise r.fail(key, "needs gradient_checkpointing (axolotl: 'activation_offloading requires "
-                          "gradient_checkpointing')")
+                          "gradient_checkpointing'; FSDP's own activation_checkpointing does not count)")
     shown = r.text(key) if isinstance(r.raw(key), str) else True
     if mode == "disk":
-        r.notes.append(f"{key} {shown}: axolotl offloads the saved activations to disk, not modelled: planned as full "
-                       "checkpointing (the plan holds more on the GPU than the run)")
-    elif take_activation_offload(r, key, shown) and adapter and mode != "hidden_states":
+        r.notes.append(f"{key} {shown}: axolotl@067b021 runs TRL's CPU offloader for it, as for true (its disk patch "
+                       "waits for 'offload_disk', which the schema has turned into 'disk')")
+    if take_activation_offload(r, key, shown) and adapter and mode != "hidden_states":
         r.notes.append(f"{key} {shown} with adapters: axolotl's TRL offloader replaces the recomputation, every saved "
                        "tensor moved to CPU memory and none recomputed (loaders/model.py); planned as checkpointed "
                        "blocks with their inputs offloaded: near what the GPU holds (one block's saved tensors back at "

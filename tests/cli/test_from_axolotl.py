@@ -87,8 +87,10 @@ def test_axolotls_own_fsdp_config_sets_the_strategy(tmp_path, fsdp, strategy):
     ("gradient_checkpointing: true\nactivation_offloading: legacy", True, None),
     ("gradient_checkpointing: true\nactivation_offloading: hidden_states\nadapter: lora\nlora_r: 8", True, None),
     ("gradient_checkpointing: offload\nadapter: lora\nlora_r: 8", True, "replaces the recomputation"),
-    ("gradient_checkpointing: offload_disk", False, "to disk, not modelled"),
+    ("gradient_checkpointing: offload_disk", True, "runs TRL's CPU offloader for it"),
+    ("gradient_checkpointing: true\nactivation_offloading: disk", True, "runs TRL's CPU offloader for it"),
     ("gradient_checkpointing: true\nactivation_offloading: false", False, None),
+    ("gradient_checkpointing: offload\nactivation_offloading: false", True, None),  # the schema sets it
     ("gradient_checkpointing: offload\ndeepspeed: {zero_optimization: {stage: 3}}", False, "on the DeepSpeed engine"),
 ])
 def test_activation_offloading_offloads_the_checkpointed_inputs(tmp_path, text, offload, said):
@@ -136,6 +138,8 @@ def test_the_file_plans_what_the_same_options_typed_plan(capsys):
     ("base_model: m\nload_in_4bit: true\nsequence_len: 512\n", "needs adapter"),
     ("base_model: m\nsequence_len: 0\n", "sequence_len must be at least 1"),
     ("base_model: m\nsequence_len: 512\nactivation_offloading: true\n", "needs gradient_checkpointing"),
+    ("base_model: m\nsequence_len: 512\nfsdp_version: 2\nfsdp_config: {activation_checkpointing: true}\n"
+     "activation_offloading: true\n", "needs gradient_checkpointing"),
     ("base_model: m\nsequence_len: 512\n" + CCE, "needs bf16 or fp16"),
     ("base_model: m\nsequence_len: 512\nbf16: true\nchunked_cross_entropy: true\n" + CCE, "refuses the pair"),
     ("base_model: m\nsequence_len: 512\nplugins: 7\n", "must be a list"),

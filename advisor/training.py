@@ -325,8 +325,26 @@ class TrainingConfig(BaseModel):
         ``prepare_model``): where a block's unit holds its adapters too, the base rests in fp32 there; where the
         recipe gives the adapters units of their own (``Recipe.adapter_units``: the Trainer's PEFT wrap policy),
         the base's units require no grad and stay as loaded."""
+        return self.base_dtype_counts and self.frozen_base_dtype == "compute"
+
+    @property
+    def base_dtype_counts(self) -> bool:
+        """The dtype a LoRA base is loaded in decides its bytes (``frozen_base_dtype``; see ``low_precision_base``):
+        adapters on an unquantised base, mixed precision on the torch engine, and no FSDP1 unit flattening the base
+        with its adapters (which accelerate upcasts to fp32 whatever the base was loaded in)."""
         return (self.lora is not None and self.mixed and self.quantize is None and self.engine == "torch"
-                and self.frozen_base_dtype == "compute" and (self.fsdp_version == 2 or self.recipe.adapter_units))
+                and (self.fsdp_version == 2 or self.recipe.adapter_units))
+
+    @property
+    def base_dtype_ignored(self) -> str | None:
+        """Why a ``frozen_base`` that was given changes nothing in this plan, else None."""
+        if self.frozen_base is None or self.base_dtype_counts:
+            return None
+        if self.engine == "deepspeed":
+            return "DeepSpeed casts the whole module to the compute dtype"
+        if not self.mixed:
+            return f"the plan holds every weight in {self.precision_info.param_dtype}"
+        return "FSDP1 flattens each block's base with its adapters and accelerate upcasts the unit to fp32"
 
     @property
     def keeps_peft_fp32_adapters(self) -> bool:

@@ -80,6 +80,11 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
             merged[option] = str(setting) if option == "micro_batch" else setting
         elif str(typed).lower() != str(setting).lower():
             overridden.append(Override(option=option, file_value=str(setting), given=str(typed)))
+    if config.settings.get("frozen_base") is not None and options.get("frozen_base") is None and \
+            options.get("quantize") is not None:  # a typed quantised base: the file's dtype loads no weight it plans
+        merged["frozen_base"] = None
+        overridden.append(Override(option="frozen_base", file_value=str(config.settings["frozen_base"]),
+                                   given=f"--quantize {options['quantize']}"))
     if need_gpus or merged.get("gpus") is not None:
         _apply_count(config, merged, overridden)
         _apply_global_batch(config, merged, overridden, derived)

@@ -243,7 +243,7 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
                      f"{', use_dora=True' if lora.dora else ''}"
                      f"{f', modules_to_save={list(lora.modules_to_save)!r}' if lora.modules_to_save else ''})) before "
                      "wrap() or the Trainer.")
-        if training.quantize is None and training.mixed and training.engine == "torch":
+        if training.base_dtype_counts:
             dtype = (training.precision_info.compute_dtype if training.low_precision_base
                      else training.precision_info.param_dtype)
             trl = ", as TRL does when dtype is not set" if dtype == "float32" else \

@@ -486,7 +486,7 @@ def plan(
             raise ValueError(f"lora={training.lora.rank} given for a PEFT model that already has rank {live.rank} "
                              "adapters; leave lora= out")
         training = validated_copy(training, {"lora": live})
-        held = live_frozen_base(model) if quantized is None and training.frozen_base is None else None
+        held = live_frozen_base(model) if training.quantize is None and training.frozen_base is None else None
         if held is not None and held != training.frozen_base_dtype:  # the base as the user loaded it
             training = validated_copy(training, {"frozen_base": held})
         if spec.head is not None and any(name.endswith(spec.head.module) for name in live.modules_to_save or ()):

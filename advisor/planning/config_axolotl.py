@@ -2,19 +2,19 @@
 
 axolotl trains through Hugging Face's Trainer (the trainer recipe); its keys and defaults are read from its schema
 (axolotl-ai-cloud/axolotl@067b021, src/axolotl/utils/schemas/): ``base_model``, ``micro_batch_size`` (default 1),
-``gradient_accumulation_steps`` (1), ``sequence_len`` (512), ``adapter`` (lora, or qlora with ``load_in_4bit``:
-nf4 with double quantisation, src/axolotl/loaders/model.py) with ``lora_r``, ``lora_target_modules`` /
+``gradient_accumulation_steps`` (1), ``sequence_len`` (512), ``adapter`` (lora, or qlora with ``load_in_4bit``: nf4
+with double quantisation, src/axolotl/loaders/model.py) with ``lora_r``, ``lora_target_modules`` /
 ``lora_target_linear`` (every linear layer), ``lora_dropout`` (0.0), ``lora_modules_to_save``, ``peft_use_dora``,
 ``load_in_8bit``; ``bf16`` (default "auto": bf16 where the GPU has it, the model loaded in bf16,
 utils/config/__init__.py) / ``fp16``, ``gradient_checkpointing`` (default false) with ``activation_offloading``
-(``_offloading``), ``optimizer`` (TrainingArguments'
-names, default adamw_torch_fused), the attention switches (``attn_implementation``, or the older
-``flash_attention`` / ``sdp_attention`` / ``flex_attention`` / ``eager_attention``), ``deepspeed`` (a path or a
-mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` / ``fsdp_version`` (``_fsdp``), and Liger's
-``liger_fused_linear_cross_entropy`` or the Cut Cross-Entropy plugin (``_cut_cross_entropy``). A file with neither
-FSDP nor DeepSpeed runs DDP (one process per GPU: axolotl shards only through them), so the strategy is ddp. A full fine-tune in bf16 keeps
-the model's bf16 weights and a bf16 AdamW state on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights
-and accelerate's FSDP upcasts the trained ones, so there and for adapters the plan is bf16-mixed.
+(``_offloading``), ``optimizer`` (TrainingArguments' names, default adamw_torch_fused), the attention switches
+(``attn_implementation``, or the older ``flash_attention`` / ``sdp_attention`` / ``flex_attention`` /
+``eager_attention``), ``deepspeed`` (a path or a mapping, as the Trainer reads it), ``fsdp`` / ``fsdp_config`` /
+``fsdp_version`` (``_fsdp``), and Liger's ``liger_fused_linear_cross_entropy`` or the Cut Cross-Entropy plugin
+(``_cut_cross_entropy``). A file with neither FSDP nor DeepSpeed runs DDP (one process per GPU: axolotl shards only
+through them), so the strategy is ddp. A full fine-tune in bf16 keeps the model's bf16 weights and a bf16 AdamW state
+on one GPU or DDP (pure bf16); DeepSpeed keeps fp32 master weights and accelerate's FSDP upcasts the trained ones, so
+there and for adapters the plan is bf16-mixed.
 """
 
 from __future__ import annotations

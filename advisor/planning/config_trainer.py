@@ -172,7 +172,8 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
     """The model, its adapters and its quantised base from ModelConfig's keys (``model_name_or_path``,
     ``use_peft``, ``lora_*``, ``use_dora``, ``load_in_4bit`` / ``load_in_8bit``, ``bnb_4bit_quant_type``,
     ``use_bnb_nested_quant``); ``dtype`` (``torch_dtype`` before): a LoRA base's dtype (``frozen_base``; TRL's default
-    float32 where left out), a note for a quantised base or a 16-bit full fine-tune. ``lora_alpha`` and ``use_rslora`` scale the adapters' output: no memory or time."""
+    float32 where left out), a note for a quantised base or a 16-bit full fine-tune. ``lora_alpha`` and ``use_rslora``
+    scale the adapters' output: no memory or time."""
     name = r.text("model_name_or_path")
     if name:
         r.take("model_name_or_path", name, "model", name)
@@ -184,12 +185,7 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                      "through adapters)")
     if four and eight:
         raise r.fail("load_in_4bit", "and load_in_8bit are both true: transformers loads one or the other")
-    # ModelConfig's dtype (torch_dtype before), or SFTConfig's model_init_kwargs (TRL loads a model named by a string
-    # with them: float32 unless they say, sft_trainer.py)
-    inits = r.doc.get("model_init_kwargs") if isinstance(r.doc.get("model_init_kwargs"), dict) else {}
-    dtype_key = next((key for key in ("dtype", "torch_dtype") if key in r.doc),
-                     next((f"model_init_kwargs.{key}" for key in ("dtype", "torch_dtype") if key in inits), "dtype"))
-    dtype = r.choice(dtype_key, _DTYPES) if r.raw(dtype_key) is not None else None
+    dtype_key, dtype = _load_dtype(r)
     if not peft:
         if dtype in ("bf16", "fp16"):
             r.notes.append(f"{dtype_key} {r.text(dtype_key)}: a full fine-tune keeps 16-bit weights and AdamW state "
@@ -209,7 +205,13 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                "double_quant", int(bool(nested)))
     elif eight:
         r.take("load_in_8bit", True, "quantize", "int8")
-    if dtype in ("bf16", "fp16") and not (four or eight):
+    if dtype == "auto" and not (four or eight):
+        node = r.doc
+        for part in dtype_key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        r.take(dtype_key, f"{'null' if node is None else 'auto'} (the checkpoint's dtype, planned as the compute "
+               "dtype)", "frozen_base", "compute")
+    elif dtype in ("bf16", "fp16") and not (four or eight):
         r.take(dtype_key, r.text(dtype_key), "frozen_base", "compute")
     elif dtype == "fp32" or (dtype is None and trl):
         said = f"{dtype_key} float32" if dtype == "fp32" else "dtype not set: TRL ModelConfig's default float32"
@@ -219,6 +221,33 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
         else:  # the base rests in fp32 beside the adapters (TRL's sft script passes dtype to from_pretrained)
             r.take(dtype_key, r.text(dtype_key) if dtype == "fp32" else "not set: TRL's default float32",
                    "frozen_base", "param")
+
+
+def _load_dtype(r: Reader) -> tuple[str, str | None]:
+    """The key that says the dtype TRL loads the model in, and its value (bf16, fp16, fp32, auto; None: not said):
+    ModelConfig's ``dtype`` (``torch_dtype`` before), else an SFTConfig's ``model_init_kwargs`` ones (TRL loads a
+    model named by a string with them, float32 unless they say: trl/trainer/utils.py create_model_from_path). A file
+    with ModelConfig's keys is a ``trl sft`` config, whose script replaces model_init_kwargs with ModelConfig's dtype
+    (trl/scripts/sft.py): its model_init_kwargs dtype is said to be ignored. "auto" and null load the checkpoint's
+    dtype (transformers 5 reads a None dtype as "auto")."""
+    inits = r.doc.get("model_init_kwargs") if isinstance(r.doc.get("model_init_kwargs"), dict) else {}
+    init_key = next((f"model_init_kwargs.{key}" for key in ("dtype", "torch_dtype") if key in inits), None)
+    key = next((key for key in ("dtype", "torch_dtype") if key in r.doc), None)
+    if init_key is not None and any(name in r.doc for name in ("model_name_or_path", "use_peft")):
+        r.raw(init_key)
+        instead = f"the file's {key}" if key else "float32, as dtype is not set"
+        r.notes.append(f"{init_key}: trl sft replaces model_init_kwargs with ModelConfig's dtype ({instead}; "
+                       "trl/scripts/sft.py)")
+        init_key = None
+    key = key or init_key
+    if key is None:
+        return "dtype", None
+    value = r.raw(key)
+    if value is None:  # "auto" (Reader.raw's None, listed as auto) or null: the checkpoint's dtype
+        if f"{r.prefix}{key}" in r.auto:
+            r.auto.remove(f"{r.prefix}{key}")
+        return key, "auto"
+    return key, r.choice(key, _DTYPES)
 
 
 def take_peft_keys(r: Reader, *, dora_key: str, targets_key: str | None = "lora_target_modules",

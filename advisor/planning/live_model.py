@@ -39,7 +39,8 @@ def live_frozen_base(model: Any) -> str | None:
         return None
     for param in model.parameters():
         if not param.requires_grad and param.is_floating_point():
-            return "param" if param.element_size() == 4 else "compute"
+            return {"torch.float32": "param", "torch.bfloat16": "compute", "torch.float16": "compute"}.get(
+                str(param.dtype))  # another dtype (float64, float8): the recipe's, as before
     return None
 
 

@@ -117,17 +117,18 @@ def lora_note(base: ModelSpec, lora: LoraConfig, training: TrainingConfig, *, tr
         dtypes = (f"; the frozen base is held in {training.precision_info.compute_dtype} (recipe {training.recipe.name}: "
                   f"loaded in the checkpoint's dtype, from_pretrained's dtype='auto'), the adapters in "
                   f"{training.precision_info.param_dtype} (PEFT's autocast_adapter_dtype)")
-    elif training.frozen_base == "param" and training.mixed and training.engine == "torch":
-        dtypes = (f"; every weight is held in {training.precision_info.param_dtype}, the frozen base too (--frozen-base "
-                  f"param: loaded in {training.precision_info.param_dtype}, as TRL loads a model whose dtype is not set)")
+    elif training.frozen_base == "param" and training.base_dtype_counts:
+        held = training.precision_info.param_dtype
+        dtypes = (f"; every weight is held in {held}, the frozen base too (--frozen-base param: loaded in {held}, "
+                  "as TRL loads a model whose dtype is not set)")
     elif training.engine == "deepspeed" and training.mixed:
         dtypes = (f"; every weight is held in {training.precision_info.compute_dtype} (DeepSpeed casts the whole "
                   "module), the adapters' fp32 master copies in its optimizer state")
     else:
         dtypes = "; every weight is held in the precision's parameter dtype"
-    if training.frozen_base is not None and not (training.mixed and training.engine == "torch"):
-        dtypes += ("; --frozen-base changes nothing here (" + ("DeepSpeed casts the whole module to the compute dtype"
-                   if training.engine == "deepspeed" else f"pure {training.precision} holds the base in {training.precision}") + ")")
+    if training.base_dtype_ignored:
+        dtypes += (f"; the frozen-base dtype ({training.frozen_base}) changes nothing here "
+                   f"({training.base_dtype_ignored})")
     return (f"{'DoRA' if lora.dora else 'LoRA'} rank {lora.rank} on {targets}: only the adapters train (counted as "
             f"PEFT counts them); {activations}{dtypes}")
 
@@ -177,9 +178,10 @@ def recipe_note(training: TrainingConfig) -> str | None:
     recipe = training.recipe
     impl = training.optimizer_implementation
     how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
+    given = training.frozen_base is not None and training.base_dtype_counts  # else the recipe's fact is the note
     base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
-            "fp32 (PEFT's autocast_adapter_dtype)" if training.frozen_base_dtype == "compute" else
-            "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if training.frozen_base else "")
+            "fp32 (PEFT's autocast_adapter_dtype)" if (training.frozen_base_dtype if given else recipe.frozen_base)
+            == "compute" else "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if given else "")
     return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
             f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
             "(sources: profiles/recipes.json)")

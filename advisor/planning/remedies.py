@@ -307,8 +307,7 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
                                   spec=with_lora(spec, lora)))
         except ValueError:  # no block linears known for this model: no LoRA to plan
             pass
-    if (training.frozen_base_dtype == "param" and training.lora is not None and training.quantize is None
-            and training.mixed and training.engine == "torch"):
+    if training.base_dtype_counts and training.frozen_base_dtype == "param":
         # the base loaded as the checkpoint's bf16 (from_pretrained's dtype='auto'): the same weights, half the bytes;
         # the linears compute alike under autocast, the norms and the residual stream in bf16
         change.append(_Change(name="--frozen-base compute", keeps_math=False, update={"frozen_base": "compute"}))

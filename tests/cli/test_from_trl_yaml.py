@@ -109,7 +109,6 @@ def test_the_files_model_gives_way_to_a_typed_one(capsys):
     assert override["file_value"] == "Qwen/Qwen2.5-0.5B"
 
 
-
 def test_a_trl_lora_base_rests_in_the_dtype_trl_loads_it_in(tmp_path, capsys):
     """TRL loads a model named by a string in ModelConfig's dtype, float32 unless the file says
     (trl/trainer/model_config.py dtype default "float32", trl/trainer/utils.py create_model_from_path at f2cd577), so a
@@ -144,3 +143,30 @@ def test_frozen_base_without_a_lora_base_it_could_hold_is_one_line_and_exit_2(ca
         code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "1xA100", "--frozen-base", "param",
                                    *extra], capsys)
         assert code == 2 and not out and err.count("\n") == 1 and "give it with --lora" in err, err
+
+
+def test_auto_null_and_an_overwritten_model_init_kwargs_dtype(tmp_path):
+    """dtype auto or null loads the checkpoint's dtype (create_model_from_path passes them on; transformers 5 reads
+    None as "auto"): the compute dtype planned. trl sft replaces model_init_kwargs with ModelConfig's dtype
+    (trl/scripts/sft.py), so there it is said to be ignored and TRL's float32 is planned."""
+    for text, held in (("dtype: auto", "compute"), ("dtype: null", "compute"),
+                       ("model_init_kwargs: {dtype: bfloat16}", "param")):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n{text}\n")
+        config = read_config_file(path)
+        assert config.settings["frozen_base"] == held, text
+        assert "dtype" not in " ".join(config.not_read), config.not_read
+    assert any("trl sft replaces model_init_kwargs" in note for note in config.notes)
+
+
+def test_a_typed_quantize_sets_the_files_dtype_aside(tmp_path, capsys):
+    """A LoRA file (TRL's float32 base) planned with --quantize typed: the 4-bit base has its own bytes, so the file's
+    frozen-base dtype is reported as overridden and the plan is the QLoRA one, not an error."""
+    path = tmp_path / "lora.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\n")
+    code, out, err = run_main(["plan", "-g", "1xA100", "--from", str(path), "--quantize", "nf4", "--json"], capsys)
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["training"]["quantize"] == "nf4" and "frozen_base" not in plan["training"]
+    assert plan["from_file"]["overridden"] == [{"option": "frozen_base", "file_value": "param",
+                                                "given": "--quantize nf4"}]

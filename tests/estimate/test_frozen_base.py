@@ -39,3 +39,31 @@ def test_the_recipes_dtype_unless_given():
     assert TrainingConfig(recipe="lightning", lora=LORA).frozen_base_dtype == "param"
     assert TrainingConfig(recipe="trainer", lora=LORA, frozen_base="param").frozen_base_dtype == "param"
     assert not TrainingConfig(recipe="trainer", lora=LORA, frozen_base="param").low_precision_base
+
+
+@pytest.mark.parametrize("options,counts,why", [
+    (dict(recipe="trainer"), True, None),
+    (dict(recipe="trainer", fsdp_version=1), True, None),  # the Trainer's PEFT wrap policy: adapters in own units
+    (dict(recipe="torch", fsdp_version=1), False, "FSDP1 flattens"),
+    (dict(recipe="trainer", engine="deepspeed"), False, "DeepSpeed casts"),
+    (dict(recipe="trainer", precision="bf16"), False, "every weight in bfloat16"),
+])
+def test_where_the_bases_dtype_counts(options, counts, why):
+    """Only where the loaded dtype is what the base rests in: mixed precision on the torch engine, unquantised, and
+    no FSDP1 unit holding the base with its adapters (accelerate upcasts that unit to fp32)."""
+    training = TrainingConfig(lora=LORA, frozen_base="param", **options)
+    assert training.base_dtype_counts is counts
+    assert (training.base_dtype_ignored is None) if why is None else why in training.base_dtype_ignored
+
+
+def test_the_remedy_is_offered_only_where_it_changes_the_bytes():
+    """Qwen2.5-7B LoRA on one RTX 4090 with its base in fp32 offloads; loading the base in bf16 saves 2 bytes a frozen
+    weight and names that remedy. Under the torch recipe's FSDP1 the unit is upcast either way: no such remedy."""
+    import advisor
+
+    def names(**options):
+        plan = advisor.plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, frozen_base="param", **options)
+        return [remedy.name for remedy in plan.recommendation.remedies or ()]
+
+    assert "--frozen-base compute" in names(recipe="trainer")
+    assert "--frozen-base compute" not in names(recipe="torch", fsdp_version=1)

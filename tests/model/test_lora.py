@@ -151,12 +151,13 @@ def test_a_live_peft_models_base_is_planned_in_the_dtype_it_was_loaded_in():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     plans = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
         base = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                                             num_attention_heads=4, num_key_value_heads=2, vocab_size=512)).to(dtype)
         model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
         plans[dtype] = advisor.plan(model, "2xA100", strategy="ddp")
     assert plans[torch.float32].training.frozen_base == "param"
     assert plans[torch.bfloat16].training.frozen_base is None  # the recipe's own: the compute dtype
+    assert plans[torch.float16].training.frozen_base is None  # 2 bytes a weight too
     rest = {dtype: plan.candidate("ddp").memory_bytes.params for dtype, plan in plans.items()}
     assert rest[torch.float32] - rest[torch.bfloat16] == 316_032

@@ -251,6 +251,8 @@ def evaluate_candidate(
     """Best micro-batch and checkpointing for one strategy (no checkpointing preferred when it fits),
     on ``mesh`` when given (``advisor.estimate.model_parallel`` / ``mesh_time``)."""
     impl = STRATEGIES[name].on(training.engine)
+    if training.fsdp_version == 1 and not impl.shard_params:  # FSDP's version plays no part where FSDP does not run
+        training = validated_copy(training, {"fsdp_version": 2})
     capacity = hardware.gpu_memory_bytes
     cpu_capacity = None if training.cpu_memory_gib is None else int(training.cpu_memory_gib * GIB)
     runs_as = ("the plain model (one GPU: no DDP wrapper, as every stack runs it)"

@@ -67,3 +67,18 @@ def test_the_remedy_is_offered_only_where_it_changes_the_bytes():
 
     assert "--frozen-base compute" in names(recipe="trainer")
     assert "--frozen-base compute" not in names(recipe="torch", fsdp_version=1)
+
+
+def test_fsdp1_changes_nothing_where_fsdp_does_not_run():
+    """--fsdp-version 1 (an accelerate FSDP1 file) flattens FSDP's units; DDP and DataParallel run no FSDP, so their
+    LoRA base rests as loaded (bf16 under the torch recipe): Qwen2.5-7B's 7,615,616,512 weights x 2 bytes plus rank-16
+    q/v adapters (28 x 16 x (3,584 + 3,584 + 3,584 + 512) = 5,046,272 weights) x 4 = 15,251,418,112 bytes either
+    way; an FSDP1 unit holds the base with its adapters, upcast to fp32 (half of it on each of 2 GPUs)."""
+    import advisor
+
+    rest = {}
+    for version in (1, 2):
+        plan = advisor.plan("Qwen/Qwen2.5-7B", "2xA100", lora=16, fsdp_version=version)
+        rest[version] = {c.strategy: c.memory_bytes.states_params for c in plan.candidates if c.memory_bytes}
+    assert rest[1]["ddp"] == rest[2]["ddp"] == rest[1]["dp"] == 15_251_418_112
+    assert rest[1]["zero3"] == (7_615_616_512 + 5_046_272) * 4 // 2

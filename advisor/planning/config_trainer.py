@@ -205,12 +205,8 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
                "double_quant", int(bool(nested)))
     elif eight:
         r.take("load_in_8bit", True, "quantize", "int8")
-    if dtype == "auto" and not (four or eight):
-        node = r.doc
-        for part in dtype_key.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        r.take(dtype_key, f"{'null' if node is None else 'auto'} (the checkpoint's dtype, planned as the compute "
-               "dtype)", "frozen_base", "compute")
+    if dtype in ("auto", "null") and not (four or eight):
+        r.take(dtype_key, f"{dtype} (the checkpoint's dtype, planned as the compute dtype)", "frozen_base", "compute")
     elif dtype in ("bf16", "fp16") and not (four or eight):
         r.take(dtype_key, r.text(dtype_key), "frozen_base", "compute")
     elif dtype == "fp32" or (dtype is None and trl):
@@ -224,7 +220,8 @@ def _model_arguments(r: Reader, *, trl: bool) -> None:
 
 
 def _load_dtype(r: Reader) -> tuple[str, str | None]:
-    """The key that says the dtype TRL loads the model in, and its value (bf16, fp16, fp32, auto; None: not said):
+    """The key that says the dtype TRL loads the model in, and its value (bf16, fp16, fp32, auto, null; None: not
+    said):
     ModelConfig's ``dtype`` (``torch_dtype`` before), else an SFTConfig's ``model_init_kwargs`` ones (TRL loads a
     model named by a string with them, float32 unless they say: trl/trainer/utils.py create_model_from_path). A file
     with ModelConfig's keys is a ``trl sft`` config, whose script replaces model_init_kwargs with ModelConfig's dtype
@@ -242,11 +239,11 @@ def _load_dtype(r: Reader) -> tuple[str, str | None]:
     key = key or init_key
     if key is None:
         return "dtype", None
-    value = r.raw(key)
-    if value is None:  # "auto" (Reader.raw's None, listed as auto) or null: the checkpoint's dtype
+    if r.raw(key) is None:  # "auto" (Reader.raw's None, listed as auto) or null: the checkpoint's dtype
         if f"{r.prefix}{key}" in r.auto:
             r.auto.remove(f"{r.prefix}{key}")
-        return key, "auto"
+            return key, "auto"
+        return key, "null"
     return key, r.choice(key, _DTYPES)
 
 

@@ -179,9 +179,10 @@ def recipe_note(training: TrainingConfig) -> str | None:
     impl = training.optimizer_implementation
     how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
     given = training.frozen_base is not None and training.base_dtype_counts  # else the recipe's fact is the note
+    held = training.frozen_base_dtype if given else recipe.frozen_base
     base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
-            "fp32 (PEFT's autocast_adapter_dtype)" if (training.frozen_base_dtype if given else recipe.frozen_base)
-            == "compute" else "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if given else "")
+            "fp32 (PEFT's autocast_adapter_dtype)" if held == "compute" else
+            "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if given else "")
     return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
             f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
             "(sources: profiles/recipes.json)")

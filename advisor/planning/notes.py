@@ -18,6 +18,7 @@ from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
 from advisor.planning.candidates import Candidate, Recommendation, evaluate_candidate
 from advisor.planning.policy import SAME_SPEED, choose
+from advisor.precision import precision_info
 from advisor.training import TrainingConfig
 from advisor.units import GIB
 
@@ -180,12 +181,25 @@ def recipe_note(training: TrainingConfig) -> str | None:
     how = ("--optimizer-impl" if training.optimizer_impl is not None else f"recipe {recipe.name}")
     given = training.frozen_base is not None and training.base_dtype_counts  # else the recipe's fact is the note
     held = training.frozen_base_dtype if given else recipe.frozen_base
-    base = ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in "
-            "fp32 (PEFT's autocast_adapter_dtype)" if held == "compute" else
-            "frozen base in the precision's parameter dtype") + (" (--frozen-base)" if given else "")
+    base = _frozen_base_phrase(recipe, held) + (" (--frozen-base)" if given else "")
     return (f"recipe {recipe.name} ({recipe.summary}): optimizer step {impl} ({how}; "
             f"{_IMPL_TEMPORARIES[impl]}); {base}; loss {recipe.loss}, engine {recipe.engine} by default "
             "(sources: profiles/recipes.json)")
+
+
+def _frozen_base_phrase(recipe, held: str) -> str:
+    """How ``recipe`` holds a LoRA model's frozen base (``held``: its frozen_base, or --frozen-base's) and adapters:
+    DeepSpeed casts the whole module, a recipe with no mixed precision (torchtune) builds every weight in one dtype,
+    the PEFT stacks load the base as the checkpoint's dtype and upcast the adapters."""
+    if held != "compute":
+        return "frozen base in the precision's parameter dtype"
+    if recipe.engine == "deepspeed":
+        return ("frozen base and adapters cast to the compute dtype with the whole module, the adapters' fp32 master "
+                "copies in the optimizer")
+    if recipe.precisions is not None and not any(precision_info(name).mixed for name in recipe.precisions):
+        return "the whole model, adapters too, built in the precision's one dtype (no mixed precision)"
+    return ("frozen base in the compute dtype (loaded as from_pretrained's dtype='auto' does), adapters in fp32 "
+            "(PEFT's autocast_adapter_dtype)")
 
 
 def kv_cache_note(use_cache: bool, release: str | None = None) -> str:

@@ -180,3 +180,18 @@ def test_no_count_with_pinned_degrees_says_the_pins_limited_the_search():
     assert pinned.smallest_fit.message.endswith("shorten --seq-len or change or drop --tp 2.")
     free = plan("meta-llama/Llama-3.1-405B", "8xA10G")
     assert (free.smallest_fit.num_gpus, free.smallest_fit.mesh.label) == (1024, "dp_shard 128 x cp 2 x tp 4")
+
+
+@pytest.mark.parametrize(("recipe", "said", "not_said"), [
+    # torchtune builds the model under set_default_dtype(cfg.dtype): no PEFT, no fp32 adapters
+    ("torchtune", "the whole model, adapters too, built in the precision's one dtype", "autocast_adapter_dtype"),
+    # DeepSpeed casts the whole module; the adapters' fp32 copies are its optimizer's masters
+    ("deepspeed", "cast to the compute dtype with the whole module", "autocast_adapter_dtype"),
+    ("trainer", "adapters in fp32 (PEFT's autocast_adapter_dtype)", "one dtype"),
+])
+def test_the_recipe_note_says_how_that_stack_holds_a_lora_model(recipe, said, not_said):
+    """The recipe line said every stack whose base rests in the compute dtype upcasts PEFT's adapters to fp32,
+    torchtune's and DeepSpeed's too, which hold them in bf16 (the LoRA line beside it said so)."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", recipe=recipe, lora=16)
+    note = next(line for line in p.assumptions if line.startswith(f"recipe {recipe} ("))
+    assert said in note and not_said not in note

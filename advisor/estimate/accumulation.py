@@ -17,7 +17,10 @@ on how the stack accumulates (``TrainingConfig.accumulation_mode``: --accumulati
 - FSDP, sync switched off until the last micro-batch (Hugging Face Trainer through accelerate's
   ``no_sync``): every FSDP unit keeps its unsharded gradient, in the compute dtype (accelerate's FSDP2
   policy reduces in the parameter dtype, so nothing is upcast; FSDP1 keeps the low-precision FlatParameter
-  gradient), of every trainable parameter: the whole model's, not a shard; on the GPU even where the
+  gradient), or in fp32 where an FSDP2 policy reduces in fp32 under mixed precision (``Recipe.fsdp_reduce_dtype``:
+  wrap()'s and torchtitan's; torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``to_accumulated_grad_if_needed``
+  upcasts the unsharded gradient to the policy's reduce_dtype when the sync is off, and later micro-batches sum
+  into it), of every trainable parameter: the whole model's, not a shard; on the GPU even where the
   states are offloaded (FSDP1's ``no_sync`` docstring: "the gradients will not be offloaded to CPU when inside
   the context manager"; FSDP2 offloads a gradient only when it reduces it);
 - DeepSpeed ZeRO-2: the flat gradient partition (``advisor.estimate.zero_buffers``), which the parameters'
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 from advisor.estimate.states import ModelStates
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
@@ -54,6 +58,17 @@ def reduces_once_a_step(training: TrainingConfig, impl: Implementation) -> bool:
     return accumulates_unsharded(training, impl) and training.global_batch_size is not None
 
 
+def unsharded_grad_bytes(training: TrainingConfig) -> int:
+    """Bytes of one element of the unsharded gradient an FSDP unit accumulates under no_sync: fp32 where an FSDP2
+    policy reduces in fp32 under mixed precision (FSDP2 upcasts it to the reduce dtype), fp32 for PEFT's fp32
+    adapters (no policy casts them), else the compute dtype (module docstring)."""
+    if training.fp32_adapters:
+        return training.trainable_param_bytes
+    if training.mixed and training.fsdp_version == 2 and training.recipe.fsdp_reduce_dtype == "fp32":
+        return FP32
+    return training.compute_bytes
+
+
 def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Implementation, states: ModelStates, *,
                            world: int, dp_world: int, micro_batch_size: int) -> int:
     """Gradient bytes on one rank's GPU from the second micro-batch of a step on (module docstring); 0 without
@@ -66,9 +81,8 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
         return 0
     if not accumulating:  # torch before 2.0: zero_grad() left the previous step's gradients allocated, as zeros
         return 0 if states.on_cpu or states.cpu_only_optimizer else states.grads
-    if accumulates_unsharded(training, impl):
-        # on the GPU, offloaded or not; in the compute dtype, or fp32 for PEFT's fp32 adapters (no policy casts them)
-        return (training.trainable_param_bytes if training.fp32_adapters else training.compute_bytes) * spec.trainable_params
+    if accumulates_unsharded(training, impl):  # on the GPU, offloaded or not
+        return unsharded_grad_bytes(training) * spec.trainable_params
     if states.on_cpu or states.cpu_only_optimizer:
         return 0
     if training.engine == "deepspeed":

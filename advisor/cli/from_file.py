@@ -123,7 +123,7 @@ def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Ov
         if nodes is not None and merged.get("nodes") is None:
             merged["nodes"] = nodes
     elif _world_size(merged) != world:
-        overridden.append(Override(option="num_gpus", file_value=f"{world} processes", given=gpus))
+        overridden.append(Override(option="num_gpus", file_value=f"{world} process{'es' if world != 1 else ''}", given=gpus))
         if nodes is not None and merged.get("nodes") is None and int(nodes) > 1:  # the typed count's nodes win too
             overridden.append(Override(option="nodes", file_value=f"{nodes} machines", given=gpus))
             if merged.get("hybrid") is not None and merged.get("hybrid") == config.settings.get("hybrid"):

@@ -33,7 +33,12 @@ def read_accelerate(r: Reader, base: Path) -> None:
     if r.flag("use_cpu"):
         raise r.fail("use_cpu", "is true: a CPU run (dp-advisor plans GPUs)")
     processes, machines = r.integer("num_processes", low=1), r.integer("num_machines", low=1) or 1
-    if processes is not None:
+    if kind == "NO" and r.raw("distributed_type") is not None:  # accelerate launch's simple launcher: one process
+        if processes is not None and processes > 1:
+            r.notes.append(f"num_processes {processes}: distributed_type NO runs one process whatever it says "
+                           "(accelerate launch's simple launcher)")
+        r.take("distributed_type", "NO: one process", "num_gpus", 1)
+    elif processes is not None:
         if processes % machines:
             raise r.fail("num_processes", f"{processes} is not divisible by num_machines {machines}")
         r.take("num_processes", processes, "num_gpus", processes)

@@ -44,6 +44,11 @@ _ACCELERATE_KEYS = ("compute_environment", "distributed_type", "num_processes", 
                     "main_training_function", "mixed_precision", "use_cpu", "gpu_ids", "downcast_bf16",
                     "rdzv_backend", "same_network", "main_process_ip", "main_process_port", "deepspeed_config",
                     "dynamo_config", "megatron_lm_config", "fp8_config", "enable_cpu_affinity")
+# The sections of a torchtitan job config (torchtitan/config/job_config.py JobConfig); a TOML with none is another
+# program's file.
+_TORCHTITAN_SECTIONS = ("job", "model", "optimizer", "lr_scheduler", "training", "parallelism", "checkpoint",
+                        "activation_checkpoint", "compile", "quantize", "float8", "metrics", "profiling", "comm",
+                        "experimental", "validation", "fault_tolerance", "memory_estimation")
 # A TRL CLI config (``trl sft --config``: TrlParser) or an alignment-handbook recipe (H4ArgumentParser) is
 # TrainingArguments, a TRL config's own keys and the model's (TRL's ModelConfig) in one YAML.
 _MODEL_KEYS = ("model_name_or_path", "use_peft", "lora_r", "load_in_4bit", "max_seq_length", "max_length")
@@ -68,6 +73,11 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
         kind = "accelerate" if not isinstance(doc, dict) else "torchtune" if is_torchtune(doc) else \
             "axolotl" if is_axolotl(doc) else "trainer" if _trainer_yaml(doc) else "accelerate"
+        if isinstance(doc, dict) and kind == "accelerate" and not any(
+                key in doc for key in (*_ACCELERATE_KEYS, "fsdp_config", "parallelism_config")):
+            raise ValueError(f"--from {path}: not a config file dp-advisor reads: no accelerate key "
+                             "(distributed_type, num_processes, mixed_precision, ...), no torchtune model "
+                             "_component_, no axolotl, TRL or TrainingArguments keys")
     elif suffix == ".toml":
         import tomllib
 
@@ -76,6 +86,9 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"--from {path}: not valid TOML ({' '.join(str(err).split())[:120]})") from None
         kind = "torchtitan"
+        if isinstance(doc, dict) and not any(key in doc for key in _TORCHTITAN_SECTIONS):
+            raise ValueError(f"--from {path}: not a torchtitan config: none of its sections "
+                             f"({', '.join(_TORCHTITAN_SECTIONS)})")
     elif suffix == ".json":
         doc = load_json(path)
         kind = _json_format(doc, path)
@@ -90,11 +103,25 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
 _READERS: dict[str, Callable[[Reader, Path], None]] = {
     "accelerate": read_accelerate,
     "axolotl": read_axolotl,
-    "deepspeed": lambda r, base: (read_deepspeed(r), r.take(FILE_FORMAT, "DeepSpeed", "recipe", "deepspeed")),
+    "deepspeed": lambda r, base: _read_standalone_deepspeed(r),
     "torchtitan": lambda r, base: read_torchtitan(r),
     "torchtune": lambda r, base: read_torchtune(r),
     "trainer": read_trainer,
 }
+
+
+def _read_standalone_deepspeed(r: Reader) -> None:
+    """A DeepSpeed JSON given itself: as read_deepspeed, and where it enables neither bf16 nor fp16 a line saying
+    that DeepSpeed alone trains in fp32 (both blocks default to disabled, deepspeed/runtime/precision_config.py),
+    while the launcher that usually carries such a file fills one in (accelerate's DeepSpeedPlugin adds
+    bf16.enabled under mixed_precision bf16; the Trainer's bf16=True goes through it): planned with --precision's
+    default, as the accelerate reader plans a file that leaves mixed_precision out."""
+    read_deepspeed(r)
+    r.take(FILE_FORMAT, "DeepSpeed", "recipe", "deepspeed")
+    if not any(value.option == "precision" for value in r.values):
+        r.notes.append("bf16 / fp16 not set: DeepSpeed alone trains in fp32 (both disabled by default) unless the "
+                       "launcher enables one (the Trainer's bf16 / fp16, accelerate's mixed_precision); planned with "
+                       "--precision's default")
 
 
 def read_config_file(path: str | Path) -> ConfigFile:

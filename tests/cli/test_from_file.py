@@ -829,3 +829,43 @@ def test_an_sftconfig_on_a_model_that_softcaps_its_logits_plans_the_full_logits(
     assert plan["training"]["loss"] == "hf"
     assert any("final_logit_softcapping=30.0" in note and "planned with --loss hf" in note
                for note in plan["assumptions"])
+
+
+def test_a_deepspeed_json_without_bf16_or_fp16_says_deepspeed_alone_runs_fp32(tmp_path, capsys):
+    """DeepSpeedBF16Config.enabled and DeepSpeedFP16Config.enabled default to False: a JSON that leaves both out
+    trains in fp32 under DeepSpeed alone, in bf16 when the Trainer or accelerate adds the block. A review found the
+    plan took --precision's default without a word, where the accelerate reader says so."""
+    path = tmp_path / "ds.json"
+    path.write_text('{"zero_optimization": {"stage": 3}}')
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 0 and "bf16 / fp16 not set: DeepSpeed alone trains in fp32" in out
+    path.write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}')
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 0 and "bf16 / fp16 not set" not in out and "bf16.enabled: true -> --precision bf16-mixed" in out
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    # a YAML of another program was read as accelerate's, with a distributed_type NO the file does not hold
+    ("random.yaml", "foo: bar\n", "not a config file dp-advisor reads: no accelerate key"),
+    # an empty TOML, or one of another program, was read as torchtitan's with zero3 pinned
+    ("empty.toml", "", "not a torchtitan config: none of its sections"),
+    ("other.toml", "x = 1\n", "not a torchtitan config: none of its sections"),
+])
+def test_a_file_of_no_known_format_is_refused(name, text, message, tmp_path, capsys):
+    path = tmp_path / name
+    path.write_text(text)
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_distributed_type_no_runs_one_process(tmp_path, capsys):
+    """accelerate launch runs a NO config through its simple launcher (accelerate/commands/launch.py: multi_gpu only
+    for a MULTI_* distributed_type): one process on one GPU, whatever num_processes says. A review found it planned
+    as DDP over the GPUs typed."""
+    path = tmp_path / "no.yaml"
+    path.write_text('distributed_type: "NO"\nnum_processes: 2\nmixed_precision: bf16\n')
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-0.5B", "-g", "A100", "--from", str(path))
+    assert doc["hardware"]["world_size"] == 1
+    assert any("distributed_type NO runs one process" in note for note in doc["from_file"]["notes"])
+    doc = _plan(capsys, "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path))
+    assert doc["from_file"]["overridden"] == [{"option": "num_gpus", "file_value": "1 process", "given": "2xA100"}]

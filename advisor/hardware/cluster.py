@@ -212,6 +212,13 @@ def build_hardware(gpu_name: str, *, gpus_per_node: int, nodes: int | None = Non
         nodes, per_node = per_node // server, server
         assumptions.append(f"{nodes * per_node} GPUs read as {nodes} nodes x {per_node} "
                            "(write NODESxGPUSxNAME to change)")
+    elif nodes is None and per_node > server:
+        # "20xH100" is neither one usual server nor a whole number of them: planning it as one machine would time
+        # every collective on a single NVLink domain no such server has
+        fewer, more = per_node // server, -(-per_node // server)
+        raise ValueError(f"--gpus '{_short(text)}': {per_node} GPUs are more than one {server}-GPU {gpu.name} "
+                         f"server and not a whole number of them: write NODESxGPUSxNAME ({fewer}x{server}x{gpu.name} "
+                         f"or {more}x{server}x{gpu.name}), or 1x{per_node}x{gpu.name} for one machine holding them all")
     nodes = nodes or 1
     if per_node < 1 or per_node > MAX_GPUS_PER_NODE or nodes > MAX_NODES:
         raise ValueError(

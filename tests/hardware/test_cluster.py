@@ -104,3 +104,13 @@ def test_has_count_reads_the_grammar_parse_gpus_reads(text, counted):
     from advisor.hardware.cluster import has_count
 
     assert has_count(text) is counted
+
+
+@pytest.mark.parametrize("text", ["20xH100", "12xA100", "9xH100"])
+def test_a_count_that_is_not_whole_servers_is_refused_not_one_nvlink_machine(text):
+    """20 x H100 was planned as one node of 20 NVLink GPUs (no HGX server has one), so its collectives were timed
+    on NVLink and 20 GPUs came out faster per step than 24 (3 nodes of 8): a review's finding."""
+    with pytest.raises(ValueError, match="not a whole number of them: write NODESxGPUSxNAME"):
+        parse_gpus(text)
+    assert parse_gpus("24xH100").nodes == 3 and parse_gpus("1x20xH100").gpus_per_node == 20
+    assert parse_gpus("20xH100", nodes=1).gpus_per_node == 20  # --nodes says one machine

@@ -85,6 +85,10 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
         merged["frozen_base"] = None
         overridden.append(Override(option="frozen_base", file_value=str(config.settings["frozen_base"]),
                                    given=f"--quantize {options['quantize']}"))
+    said = next((note for note in config.notes if "not mapped to a bundled model" in note), None)
+    if said is not None and merged.get("model") is None and merged.get("params") is None:
+        # the file names a model the planner does not map: say so, not only "give --model or --params"
+        raise ValueError(f"--from {config.path}: {said} (a Hub id or a local config folder) or --params")
     if need_gpus or merged.get("gpus") is not None:
         _apply_count(config, merged, overridden)
         _apply_global_batch(config, merged, overridden, derived)

@@ -300,3 +300,13 @@ def test_any_torchtune_document_reads_or_is_a_one_line_value_error(tmp_path):
         assert all(isinstance(v.setting, (int, str)) for v in config.values)
 
     check()
+
+
+def test_an_unknown_builder_without_model_names_the_builder(tmp_path, capsys):
+    """A review: the file's unmapped builder was said only when --model was already given; without it the error was
+    the generic 'give exactly one of --model or --params'."""
+    path = tmp_path / "unknown.yaml"
+    path.write_text("model:\n  _component_: torchtune.models.nonexistent.foo\nbatch_size: 2\n")
+    code, out, err = run_main(["plan", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "model torchtune.models.nonexistent.foo is not mapped to a bundled model: give it with --model" in err

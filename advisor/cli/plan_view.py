@@ -76,6 +76,8 @@ def answer_lines(plan) -> list[str]:
             subject = subject[0].upper() + subject[1:]
         lines = [f"[bold red]{subject}{at}.[/] {found}".rstrip()]
         unfit = [x for x in plan.reasons if type(x).__name__ in _UNFIT]
+        if len(unfit) > 1 and type(unfit[-1]).__name__ == "NoMeshFits":  # it names no figure: the shortfall before it
+            unfit = unfit[:-1]
         # the best remedy the planner found (its first RemedyFits, ranked as the remedies are): where one fits, the
         # count search's hint ("shorten --seq-len") is not the only way out
         remedy = next((x for x in plan.reasons if type(x).__name__ == "RemedyFits"), None)

@@ -519,6 +519,12 @@ def _pinned(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candidates:
                                candidates=candidates)
 
 
+def tried_dimensions(meshes: list[ParallelDims]) -> tuple[str, ...]:
+    """The parallel dimensions ``meshes`` take past 1, named as the plan's text names them."""
+    names = (("tp", "tp"), ("cp", "cp"), ("dp_replicate", "HSDP"), ("pp", "pp"), ("ep", "ep"))
+    return tuple(shown for dim, shown in names if any(getattr(mesh, dim) > 1 for mesh in meshes))
+
+
 def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candidate | None,
             meshes: list[ParallelDims], dp_candidates: list[Candidate],
             dp_blocked: str | None, candidates: list[Candidate] | None = None, *,
@@ -529,7 +535,8 @@ def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
     ``own_unfit``: those samples, where no mesh fits within the headroom at them and the mesh steps on its own): the
     best mesh, the limit that forced it, and where the mesh is slower than the offload, by how much."""
     if best is None:
-        return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample))] if meshes else [])
+        return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample),
+                                    tried=tried_dimensions(meshes))] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     step = offloaded.step_time if offloaded is not None else None
     opening = r.DataParallelCannot(limit=limit) if step is None else r.DataParallelCannot(

@@ -399,9 +399,11 @@ def _no_pinned(x: r.NoPinnedMeshFits) -> str:
 
 
 def _no_mesh(x: r.NoMeshFits) -> str:
-    tried = ("tp and HSDP degrees inside a node; no cp: context parallelism cannot shard a vision-language "
-             "model's input_ids" if x.images else "tp, cp and HSDP degrees inside a node")
-    return f"No mesh fits either (tried {x.num_tried}: {tried})."
+    named = list(x.tried)
+    kinds = (", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else "".join(named)) + " degrees" \
+        if named else "meshes"
+    no_cp = "; no cp: context parallelism cannot shard a vision-language model's input_ids" if x.images else ""
+    return f"No mesh fits either (tried {x.num_tried}: {kinds}{no_cp})."
 
 
 def _ckpt_word(mode: r.Checkpointing) -> str:

@@ -195,3 +195,17 @@ def test_the_recipe_note_says_how_that_stack_holds_a_lora_model(recipe, said, no
     p = plan("Qwen/Qwen2.5-7B", "2xA100", recipe=recipe, lora=16)
     note = next(line for line in p.assumptions if line.startswith(f"recipe {recipe} ("))
     assert said in note and not_said not in note
+
+
+def test_no_mesh_fits_names_the_degrees_it_tried_and_the_short_why_gives_the_shortfall(capsys):
+    """Qwen2.5-7B pinned to zero3 on 2 x A100: the meshes tried are cp 2 and pp 2, none with tp or HSDP, yet the line
+    said 'tp, cp and HSDP degrees inside a node'; and the short output's only why was that line, not zero3's own
+    79.6 of 79.2 GiB (a review's findings)."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", strategy="zero3")
+    assert {c.mesh.label for c in p.candidates if c.mesh is not None} == {"cp 2", "pp 2 (1f1b)"}
+    assert "No mesh fits either (tried 3: cp and pp degrees)." in p.why  # pp 2 twice (one schedule pruned)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--strategy", "zero3"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exit_info.value.code == 3
+    assert "Why: zero3 does not fit: needs 79.6 GiB per GPU of 79.2 GiB even at micro-batch 1" in out

@@ -176,6 +176,8 @@ class NoMeshFits(ReasonModel):
     kind: Literal["no-mesh-fits"] = "no-mesh-fits"
     num_tried: int
     images: bool = Field(description="Image batches: no cp was tried.")
+    tried: tuple[str, ...] = Field(default=(), description="The parallel dimensions the meshes tried take past 1 "
+                                   "(tp, cp, HSDP, pp, ep), in that order.")
 
 
 class MeshNotFaster(ReasonModel):

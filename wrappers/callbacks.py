@@ -85,8 +85,10 @@ def check(model: Any, *, strategy: str, training: TrainingConfig, world_size: in
         mesh = f" on mesh {advice.mesh.label}" if advice.mesh is not None else ""
         lines.append(f"advisor: advice: {advice.strategy} ({advice.engine}){mesh}, micro-batch {advice.micro_batch_size}, "
                      f"checkpointing {'on' if advice.activation_checkpointing else 'off'}: {advice.reason}")
-        from advisor.planning.remedies import remedy_sections  # the same ranked list `advisor plan` prints
+        from advisor.planning.remedies import remedy_basis, remedy_sections  # the ranked list `advisor plan` prints
 
+        if advice.remedies:
+            lines.append(f"advisor: remedies: {remedy_basis(advice.remedies)}")
         for header, remedies in remedy_sections(advice.remedies):
             lines.extend(f"advisor: {header.lower()}: {line}" for line in remedies)
     elif open_plan.smallest_fit is not None:

@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from advisor.planning.render import offload_remedy_with_host, remedy_line, remedy_sections, render, render_reason
+from advisor.planning.render import (offload_remedy_with_host, remedy_basis, remedy_line, remedy_sections, render,
+                                     render_reason)
 from advisor.planning.smallest import unfit_subject
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
@@ -373,7 +374,8 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
     remedies = plan.recommendation.remedies if plan.recommendation is not None else ()
     if not verbose:
         if remedies:
-            console.print("[bold]Remedies[/] (the best 3; --verbose lists all):", highlight=False)
+            shown = (f"the best 3 of {len(remedies)}, --verbose lists all; " if len(remedies) > 3 else "")
+            console.print(f"[bold]Remedies[/] ({shown}{remedy_basis(remedies)}):", highlight=False)
             console.print(_bullets([f"{remedy_line(r)}{'' if r.keeps_math else ' (changes the mathematics)'}"
                                     for r in remedies[:3]]), highlight=False)
         console.print(f"--verbose: memory per component, bars, {len(plan.why)} reasons, "
@@ -397,7 +399,9 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
         console.print(_bullets([f"{candidate_label(c)}: {', '.join(f'{p / GIB:.1f}' for p in c.stage_peaks)}"
                                 for c in staged]), highlight=False)
         console.print()
-    for heading, lines in (("Why", plan.why), *remedy_sections(remedies), ("Assumptions", plan.assumptions)):
+    sections = [(f"{heading} ({remedy_basis(remedies)})" if i == 0 else heading, lines)
+                for i, (heading, lines) in enumerate(remedy_sections(remedies))]  # the basis once, on the first
+    for heading, lines in (("Why", plan.why), *sections, ("Assumptions", plan.assumptions)):
         console.print(f"[bold]{heading}:[/]", highlight=False)
         console.print(_bullets(lines), highlight=False)
 

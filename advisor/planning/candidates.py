@@ -110,9 +110,15 @@ class Remedy(_Frozen):
                              "global batch); False: it changes what or how the model trains.")
     saved_gib: float = Field(description="Per-GPU memory it saves on the reference candidate at the same micro-batch "
                              "and checkpointing (negative: it costs memory).")
+    reference: str | None = Field(default=None, exclude_if=lambda name: name is None,
+                                  description="The reference candidate's strategy: the size default where it does "
+                                              "not fit, else the chosen plan.")
     strategy: StrategyName | None = Field(default=None, description="The strategy the re-plan chooses.")
     mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
                              description="The mesh that plan runs on, where the change is a pinned degree (--cp).")
+    total_gib: float | None = Field(default=None, exclude_if=lambda gib: gib is None,
+                                   description="That plan's per-GPU total (peak with the allocator gap and CUDA "
+                                               "context), at its own micro-batch and checkpointing.")
     step_s: float | None = Field(default=None, description="Seconds per optimizer step of that plan.")
     tokens_per_s: float | None = Field(default=None, description="Global tokens per second of that plan.")
     fits: bool = Field(description="That plan fits on the GPUs alone (no CPU offload).")

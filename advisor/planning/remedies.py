@@ -36,7 +36,7 @@ from advisor.planning.candidates import (Candidate, Remedy, evaluate_candidate, 
 from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, enumerate_meshes, evaluate_meshes,
                                      keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
-from advisor.planning.render import MIN_SAVED_GIB, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
+from advisor.planning.render import MIN_SAVED_GIB, remedy_basis, remedy_line, remedy_sections  # noqa: F401 (callbacks read them here)
 from advisor.planning.smallest import at_count, counts_above, server_size, smallest_count
 from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
@@ -178,10 +178,12 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         own_samples = ran if ran != samples else None
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)
-    return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2),
+    return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2), reference=ref.strategy,
                   strategy=result.strategy if result is not None else None,
                   mesh=result.mesh.label if result is not None and result.mesh is not None and (
                       change.pins is not None or change.mesh is None) else None,
+                  total_gib=round(result.memory_bytes.total / GIB, 2) if result is not None and
+                  result.memory_bytes is not None else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
                   fits=fits, own_samples=own_samples, plan_samples=samples if own_samples is not None else None
                   ), fits and within_headroom(result, changed)

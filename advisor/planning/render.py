@@ -522,8 +522,18 @@ def remedy_line(remedy) -> str:
     where = "on the GPUs alone" if remedy.fits else "with CPU offload"
     if remedy.mesh is not None:
         where = f"on mesh {remedy.mesh}" + ("" if remedy.fits else " with CPU offload")
-    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}, {remedy.step_s:.2f} s/step, "
+    # the saving is on the reference at its micro-batch and checkpointing (remedy_basis); the plan it leads to picks
+    # its own, so its own total is said too
+    total = f" at {remedy.total_gib:.2f} GiB" if remedy.total_gib is not None else ""
+    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}{total}, {remedy.step_s:.2f} s/step, "
             f"{remedy.tokens_per_s:,.0f} tokens/s{_own_step(remedy.own_samples, remedy.plan_samples)}")
+
+
+def remedy_basis(remedies) -> str:
+    """What a remedy's "saves" is measured on, said once above a list of remedy_line's."""
+    reference = next((x.reference for x in remedies if x.reference), None)
+    on = f"on {reference} at its" if reference else "at the"
+    return f"a saving is {on} micro-batch and checkpointing; the plan after it picks its own"
 
 
 def remedy_sections(remedies) -> list[tuple[str, list[str]]]:

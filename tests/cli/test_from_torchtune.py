@@ -138,7 +138,8 @@ def test_an_unmapped_builder_leaves_the_model_to_the_command_line(tmp_path, caps
     assert "model" not in config.settings and config.settings["recipe"] == "torchtune"
     assert any(note.startswith("model torchtune.models.phi3.phi3_mini is not mapped") for note in config.notes)
     code, _, err = run_main(["plan", "-g", "A100", "--from", str(path)], capsys)
-    assert code == 2 and "give exactly one of --model or --params" in err
+    assert code == 2 and "model torchtune.models.phi3.phi3_mini is not mapped to a bundled model: give it with " \
+        "--model" in err
 
 
 def test_a_yaml_without_torchtune_components_stays_an_accelerate_config(tmp_path):

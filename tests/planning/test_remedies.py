@@ -196,14 +196,18 @@ def test_json_carries_the_remedies_and_the_table_prints_them():
     runner = CliRunner()
     doc = json.loads(runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--json"]).output)
     first = doc["recommendation"]["remedies"][0]
-    assert set(first) == {"name", "keeps_math", "saved_gib", "strategy", "step_s", "tokens_per_s", "fits",
-                          "own_samples", "plan_samples"}  # its plan steps on other samples than this one
+    assert set(first) == {"name", "keeps_math", "saved_gib", "reference", "strategy", "total_gib", "step_s",
+                          "tokens_per_s", "fits", "own_samples", "plan_samples"}  # other samples than this plan's
+    assert first["reference"] == "zero3"  # the size default, which does not fit: the saving is measured on it
     out = runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100"], env={"COLUMNS": "200"}).output
-    assert "Remedies (the best 3; --verbose lists all):" in out and "(changes the mathematics)" in out
-    assert f"  - {first['name']}: saves {first['saved_gib']:.1f} GiB per GPU; then zero3 on the GPUs alone" in out
+    assert ("Remedies (the best 3 of 5, --verbose lists all; a saving is on zero3 at its micro-batch and "
+            "checkpointing; the plan after it picks its own):") in out and "(changes the mathematics)" in out
+    assert (f"  - {first['name']}: saves {first['saved_gib']:.1f} GiB per GPU; then zero3 on the GPUs alone at "
+            f"{first['total_gib']:.2f} GiB,") in out
     verbose = runner.invoke(cli, ["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "2xA100", "--verbose"],
                             env={"COLUMNS": "200"}).output
-    assert "Remedies that keep the mathematics:" in verbose and "Remedies that change the mathematics:" in verbose
+    assert "Remedies that keep the mathematics (a saving is on zero3 at its" in verbose
+    assert "Remedies that change the mathematics:" in verbose
 
 
 def test_a_size_only_model_gets_remedies_without_the_mesh_ones():

@@ -125,7 +125,7 @@ _PROCESSES = click.option("--processes", type=click.IntRange(1, 1024), default=N
 def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int | None, **params: Any) -> None:
     """Write the recommended strategy as a launcher config (accelerate YAML by default)."""
     from advisor.export import get_format
-    from advisor.export.write import write_export
+    from advisor.export.write import write_or_keep, written
 
     text, target = _export_text(params, fmt, _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes))
     if output == "-":
@@ -136,11 +136,12 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
         return
     if output is not None and not output.strip():
         raise ValueError("-o/--output is empty: give a file name, or - for stdout")
-    path = write_export(get_format(fmt).default_filename if output is None else output, text, force=force)
+    path, changed = write_or_keep(get_format(fmt).default_filename if output is None else output, text, force=force)
     _echo_notes(target.notes)
     if not cpu:
         _recipe_note(params, fmt)
-    click.echo(f"wrote {path} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} process{'es' if target.world_size != 1 else ''})")
+    click.echo(f"{written(path, changed)} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} "
+               f"process{'es' if target.world_size != 1 else ''})")
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -165,12 +165,11 @@ class TraceProgress:
 def _write_chart(result, path: str, *, force: bool) -> None:
     from advisor.cli.charts import plan_svg
     from advisor.cli.svg import as_file
-    from advisor.export.write import CHART, write_export
+    from advisor.export.write import CHART, write_or_keep, written
 
     svg = plan_svg(result)
-    written = write_export(path, as_file(svg, path, title=f"{result.model.name}: memory by strategy"), force=force,
-                           **CHART)
-    click.echo(f"wrote {written}", err=True)
+    click.echo(written(*write_or_keep(path, as_file(svg, path, title=f"{result.model.name}: memory by strategy"),
+                                      force=force, **CHART)), err=True)
 
 
 @cli.command()

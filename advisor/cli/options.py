@@ -62,6 +62,9 @@ CHART_SUFFIXES = (".svg", ".html", ".htm")
 def chart_path(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A chart file's name: the charts are SVG (or SVG in an HTML page), so another suffix such as .png is
     refused before any work rather than written as SVG under a name that says otherwise."""
+    if value is not None and value.rstrip().endswith(("/", "\\")):  # a folder's name: its .svg is not a file's
+        raise click.BadParameter(f"'{value[:60]}' ends in a path separator, a folder: name the chart file itself "
+                                 "(.svg or .html)", param_hint=f"--{param.name.split('_')[0]}")
     if value is not None and not value.lower().endswith(CHART_SUFFIXES):
         raise click.BadParameter(f"the chart is written as SVG or HTML: name the file .svg or .html, "
                                  f"not '{Path(value).name[:40]}'", param_hint=f"--{param.name.split('_')[0]}")

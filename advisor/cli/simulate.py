@@ -48,14 +48,13 @@ def write_timeline(result, path: str, *, force: bool) -> None:
     """The ``--timeline`` chart of a verification, written like an export (``advisor.export.write``)."""
     from advisor.cli.charts import timeline_svg
     from advisor.cli.svg import as_file
-    from advisor.export.write import CHART, write_export
+    from advisor.export.write import CHART, write_or_keep, written
 
     sim = result.simulated
     title = (f"{sim.model}: {sim.strategy} on {sim.world_size} GPUs, micro-batch {sim.micro_batch_size}, "
              f"seq {sim.seq_len}, checkpointing {'on' if sim.checkpointing else 'off'}")
     svg = timeline_svg(sim.timeline, title=title, moments=result.analytic.moments)
-    written = write_export(path, as_file(svg, path, title=title), force=force, **CHART)
-    click.echo(f"wrote {written}", err=True)
+    click.echo(written(*write_or_keep(path, as_file(svg, path, title=title), force=force, **CHART)), err=True)
 
 
 def print_verification(result) -> None:

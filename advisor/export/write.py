@@ -62,10 +62,21 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
                  stdout: str | None = "-o -") -> Path:
     """Write ``text`` to ``path`` atomically and return the path; ValueError on a directory or an existing file
     (``example`` and ``stdout`` as ``_writable`` says them: ``**CHART`` for a chart)."""
+    return write_or_keep(path, text, force=force, example=example, stdout=stdout)[0]
+
+
+def written(path: Path, changed: bool) -> str:
+    """What a command says of ``write_or_keep``'s file: it wrote it, or the file held that text already."""
+    return f"wrote {path}" if changed else f"kept {path}, which holds this already"
+
+
+def write_or_keep(path: str | os.PathLike[str], text: str, *, force: bool = False,
+                  example: str = "accelerate_config.yaml", stdout: str | None = "-o -") -> tuple[Path, bool]:
+    """``write_export``, and whether the file was written (False: it held exactly ``text`` and is left as it was)."""
     target = _writable(path, example=example, stdout=stdout)
     if target.exists():
         if _same_content(target, text):
-            return target
+            return target, False
         if not force:
             raise ValueError(f"{target} already exists; pass --force to overwrite it")
     parent = target.parent if str(target.parent) else Path(".")
@@ -84,7 +95,7 @@ def write_export(path: str | os.PathLike[str], text: str, *, force: bool = False
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return target
+    return target, True
 
 
 def _same_content(path: Path, text: str) -> bool:

@@ -279,6 +279,16 @@ def resolve_model(
     return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config).spec
 
 
+# The fewest parameters a size alone may give: the shape planned for it (advisor.estimate.activation_kinds
+# _size_shape: width at least 256, a 32,000-token vocabulary) holds 16.4M in its embedding and head alone.
+MIN_SIZE_ONLY_PARAMS = 20_000_000
+
+
 def resolve_size(text: str, *, what: str = "--params") -> ModelSpec:
     """``--params 7.5B``: size only (``what``: how the size was given, for the error)."""
-    return with_cache_release(spec_from_size(parse_count(text, what=what)), installed_behaviours())
+    count = parse_count(text, what=what)
+    if count < MIN_SIZE_ONLY_PARAMS:
+        raise ValueError(f"{what} '{text.strip()[:40]}' is {count:,} parameters, below the 20M a size alone can "
+                         "describe (the Llama-like shape planned for a size holds 16.4M in its 32,000-token "
+                         "embedding and head): give the model's config (a Hub id or a local folder)")
+    return with_cache_release(spec_from_size(count), installed_behaviours())

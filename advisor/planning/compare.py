@@ -100,6 +100,23 @@ def split_gpus(text: str) -> list[str]:
     return items
 
 
+def _refuse_repeats(items: list[str], *, nodes: int | None, interconnect: str | None) -> None:
+    """ValueError where two items name one cluster (2xA100 and 2xA100-80GB-SXM): its row would be printed twice."""
+    from advisor.hardware.cluster import parse_gpus
+
+    seen: dict[tuple, str] = {}
+    for item in items:
+        if not isinstance(item, str):
+            continue  # a Hardware handed in by a caller: compared as given
+        hw = parse_gpus(item, nodes=nodes, interconnect=interconnect)
+        key = (hw.gpu.name, hw.gpus_per_node, hw.nodes, hw.intra_node_link.name,
+               hw.inter_node_link.name if hw.inter_node_link is not None else None)
+        if key in seen:
+            raise ValueError(f"--gpus lists one cluster twice ({seen[key]} and {item}: {hw.nodes} x "
+                             f"{hw.gpus_per_node} x {hw.gpu.name}): give each cluster once")
+        seen[key] = item
+
+
 def time_recommendation(result: Plan) -> StepTime | None:
     """Step time of the plan's recommended candidate (None when nothing fits), as the planner timed it: its own
     checkpointing mode (selective or full), micro-batch, accumulation and mesh. Re-timing it here from a bool
@@ -139,6 +156,7 @@ def compare(model: Any, gpus: Sequence[str] | str, *, nodes: int | None = None, 
     items = split_gpus(gpus) if isinstance(gpus, str) else list(gpus)
     if not items:
         raise ValueError("give at least one cluster to compare")
+    _refuse_repeats(items, nodes=nodes, interconnect=interconnect)
     results, spec = [], None
     for item in items:
         result = plan(model, item, nodes=nodes, interconnect=interconnect, **plan_options)

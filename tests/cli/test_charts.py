@@ -192,3 +192,10 @@ def test_plan_chart_names_each_mesh_and_keeps_labels_apart(tmp_path, capsys):
     assert min(b - a for a, b in zip(ys, ys[1:])) >= 24  # one row each: no two names share a line
     assert root.find(".//svg:text[@class='recommended']", NS).get("data-label") == "zero3 cp 8"
     assert "".join(root.find(".//svg:text[@class='recommended']", NS).itertext()) == "zero3 cp 8"
+
+
+def test_a_chart_path_ending_in_a_separator_is_named_a_folder(tmp_path, capsys):
+    """'d.svg/' was refused as 'not d.svg', though d.svg is an SVG name (a review's finding)."""
+    code, out, err = run_main(["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "4xA100", "--chart",
+                               f"{tmp_path}/d.svg/"], capsys)
+    assert code == 2 and out == "" and "ends in a path separator, a folder" in err and len(err.strip().splitlines()) == 1

@@ -243,6 +243,8 @@ def test_helper_fuzz_findings_are_one_line(tmp_path, capsys):
     (("-m", "Qwen/Qwen2.5-7B", "--cpu-step-rate", "1e-300"), "1e-300 is not in the range 1000.0<=x<=1e13"),
     # a size typed as --model is named as typed
     (("-m", "0B"), "--model (a size) must be at least 1"),
+    # 5 parameters planned as a Llama-like shape with a 32,000-token vocabulary (46.9 GiB of logits; a review)
+    (("-m", "5"), "--model (a size) '5' is 5 parameters, below the 20M a size alone can describe"),
     # the flag as typed, not the field (it said 'micro-batch-size: Input should be ...')
     (("-m", "Qwen/Qwen2.5-0.5B", "--micro-batch", "99999999"), "--micro-batch: must be 1 to 65,536, got 99999999"),
     # all-linear among names: refused as such (it said 'no linear layer named all-linear ... (or all-linear)')

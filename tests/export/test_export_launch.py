@@ -86,6 +86,8 @@ def test_export_writes_refuses_overwrite_and_forces(in_tmp):
     # zero3, not the torch recipe's zero2_offload: the accelerate format plans with the trainer recipe, whose fused
     # AdamW step holds no state-sized temporary, so zero3 fits on the GPUs (issue 19's README case).
     assert first.exit_code == 0 and "wrote cfg.yaml (accelerate: zero3 on torch, 2 processes)" in first.stdout
+    again = CliRunner().invoke(cli, args)  # the same text: nothing written, and said so (it said "wrote")
+    assert again.exit_code == 0 and "kept cfg.yaml, which holds this already (accelerate:" in again.stdout
     (in_tmp / "cfg.yaml").write_text("edited\n")
     second = CliRunner().invoke(cli, args)
     assert isinstance(second.exception, ValueError) and "--force" in str(second.exception)

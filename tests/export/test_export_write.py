@@ -7,7 +7,7 @@ import os
 import pytest
 
 from advisor.export import write as write_module
-from advisor.export.write import write_export
+from advisor.export.write import write_export, write_or_keep
 
 
 def test_writes_and_returns_the_path(tmp_path):
@@ -29,6 +29,7 @@ def test_identical_content_is_not_an_overwrite(tmp_path):
     path = write_export(tmp_path / "a.yaml", "x: 1\n")
     before = path.stat().st_mtime_ns
     assert write_export(path, "x: 1\n") == path and path.stat().st_mtime_ns == before
+    assert write_or_keep(path, "x: 1\n") == (path, False) and write_or_keep(path, "x: 2\n", force=True) == (path, True)
 
 
 def test_directory_is_refused(tmp_path):

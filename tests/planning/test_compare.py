@@ -104,3 +104,9 @@ def test_compare_names_the_mesh_the_plan_runs_on():
     out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "-g", "4xA100", "--seq-len", "32768"],
                              env={"COLUMNS": "160"})
     assert out.exit_code == 0 and f"zero3 {planned.mesh.label} +SAC" in out.output
+
+
+def test_one_cluster_listed_twice_is_refused():
+    """2xA100 and 2xA100-80GB-SXM are one cluster: its row was printed twice (a review's finding)."""
+    with pytest.raises(ValueError, match=r"--gpus lists one cluster twice \(2xA100 and 2xA100-80GB-SXM"):
+        compare("Qwen/Qwen2.5-0.5B", "2xA100,2xA100-80GB-SXM")

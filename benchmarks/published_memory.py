@@ -87,7 +87,7 @@ def plan_of(case: dict, **overhead: float):
     context_gib instead of the defaults)."""
     lora = case.get("lora")
     if case.get("stack"):
-        recipe = case["stack"]
+        recipe = case.get("recipe") or case["stack"]  # a loop of its own planned with the recipe that holds its facts
         if case.get("loss_compiled") is False:  # a stack whose recipe compiles its loss, at a release that did not
             recipe = get_recipe(recipe).model_copy(update={"compile_loss": False})
         if case.get("chunked_logits"):  # a stack's own chunked loss as it was at the source's date

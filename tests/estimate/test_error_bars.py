@@ -128,7 +128,7 @@ def test_held_out_coverage_in_the_report_is_the_stored_one():
                       r"(\d+) of (\d+)", text)
     assert found and tuple(map(int, found.groups())) == _held_out_hits()
     hits, total = _held_out_hits()
-    assert total == 31 and hits >= 28
+    assert total == 32 and hits >= 29  # 2026-11-29: llama-recipes' FSDP LoRA reserved figure joined, held
 
 
 def test_margin_high_makes_a_borderline_plan_not_fit():

@@ -62,6 +62,10 @@ def read_deepspeed(r: Reader) -> None:
     else:
         take_zero_strategy(r, "zero_optimization.stage", "not set: DeepSpeed's default 0", stage=0,
                            optimizer=devices[0], params=devices[1])
+    for block in ("bf16", "bfloat16", "fp16"):  # DeepSpeedBF16Config(**value): a bool is no block DeepSpeed reads
+        if block in r.doc and not isinstance(r.doc[block], dict):
+            raise r.fail(block, f'must be a block such as {{"enabled": true}}, got {r.doc[block]!r:.40} (DeepSpeed '
+                                "refuses anything else)")
     bf16_key = "bfloat16.enabled" if "bfloat16" in r.doc else "bf16.enabled"
     take_precision(r, "deepspeed", bf16_key, "fp16.enabled")
     take_batch(r, micro="train_micro_batch_size_per_gpu", accumulation="gradient_accumulation_steps", total="train_batch_size")

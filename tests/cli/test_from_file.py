@@ -183,6 +183,8 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
     ("batch.json", '{"per_device_train_batch_size": "16"}', "per_device_train_batch_size must be an integer"),
     ("clash.json", '{"per_device_train_batch_size": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 8}}', "disagree"),
     ("nods.json", '{"per_device_train_batch_size": 4, "deepspeed": "nowhere.json"}', "is not a file"),
+    # DeepSpeedBF16Config(**True) raises: a bool bf16 was listed as not read and the plan said bf16 was not set
+    ("boolbf16.json", '{"zero_optimization": {"stage": 2}, "bf16": true}', 'bf16 must be a block such as {"enabled"'),
     # 3 samples a step over the Trainer's default micro-batch 8: no GPU count gives them (a review: the sentence
     # advised a --gpus)
     ("three.json", '{"deepspeed": {"zero_optimization": {"stage": 3}, "train_batch_size": 3}}',

@@ -247,8 +247,8 @@ def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candi
         return chosen, None
     peers = [c for c in fitting if offloads(c) and c.step_time is not None and c.mesh is None]
     best = max(peers, key=lambda c: c.step_time.tokens_per_s)
-    if best is chosen or best.step_time.tokens_per_s <= chosen.step_time.tokens_per_s * (1 + SAME_SPEED):
-        return chosen, None
+    if best is chosen or as_fast(best.step_time.tokens_per_s, chosen.step_time.tokens_per_s):
+        return chosen, None  # "faster" as as_fast measures it: against the faster of the pair
     return best, r.FasterOffload(strategy=best.strategy, tokens_per_s=best.step_time.tokens_per_s,
                                  micro_batch_size=best.micro_batch_size, instead_of=chosen.strategy,
                                  instead_tokens_per_s=chosen.step_time.tokens_per_s,

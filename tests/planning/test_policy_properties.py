@@ -133,6 +133,10 @@ def test_a_candidate_past_the_headroom_is_one_no_checkpointing_mode_brings_withi
 
 @_SETTINGS
 @given(jobs())
+# found by this property (2026-11-29): the offload step called zero3_offload faster, 470 against 456 tokens/s, more
+# than 3% of the slower, while the headroom rule called the pair as fast, within 3% of the faster
+@example({"model": "mistralai/Mistral-7B-v0.1", "gpus": "1xA100-40GB-PCIE", "seq_len": 8192, "precision": "bf16",
+          "micro_batch_size": 1})
 def test_the_why_never_prefers_each_of_two_plans_to_the_other(job):
     """No 'A rather than B' beside 'B rather than A' (the headroom and dominance rules once judged one pair
     with two different references), and no 'communicates less' on one GPU, where nothing communicates."""

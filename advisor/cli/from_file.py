@@ -64,6 +64,7 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
     ``from_file`` cleared (it has been applied). ``need_gpus=False`` (the ``--cpu`` test config) leaves
     the GPUs alone: the file's process count and accumulation are not applied."""
     from advisor.planning.config_formats import read_config_file
+    from advisor.planning.config_torchtune import UNMAPPED_MODEL
 
     config = read_config_file(path)
     merged, overridden, derived = {**options, "from_file": None}, [], []
@@ -85,7 +86,7 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
         merged["frozen_base"] = None
         overridden.append(Override(option="frozen_base", file_value=str(config.settings["frozen_base"]),
                                    given=f"--quantize {options['quantize']}"))
-    said = next((note for note in config.notes if "not mapped to a bundled model" in note), None)
+    said = next((note for note in config.notes if UNMAPPED_MODEL in note), None)
     if said is not None and merged.get("model") is None and merged.get("params") is None:
         # the file names a model the planner does not map: say so, not only "give --model or --params"
         raise ValueError(f"--from {config.path}: {said} (a Hub id or a local config folder) or --params")

@@ -166,6 +166,11 @@ def _loss(r: Reader, row: dict[str, Any] | None) -> None:
         r.notes.append(note)
 
 
+# What the note on a builder with no bundled model says (advisor.cli.from_file turns it into the error when no
+# --model is given)
+UNMAPPED_MODEL = "is not mapped to a bundled model"
+
+
 def _model(r: Reader) -> tuple[dict[str, Any] | None, bool]:
     """The builder's model and LoRA settings; returns (the builder's table row or None, whether it is LoRA)."""
     component = r.text("model._component_")
@@ -176,7 +181,7 @@ def _model(r: Reader) -> tuple[dict[str, Any] | None, bool]:
     base = builder.removeprefix(kind)
     row = torchtune_models()["builders"].get(base)
     if row is None:
-        r.notes.append(f"model {component} is not mapped to a bundled model: give it with --model")
+        r.notes.append(f"model {component} {UNMAPPED_MODEL}: give it with --model")
     else:
         if kind == "qlora_" and not row["qlora"]:
             raise r.fail("model._component_", f"names {builder}: torchtune has no QLoRA builder for {base} (use "

@@ -40,7 +40,7 @@ from advisor.planning.candidates import (Candidate, Recommendation, batch_split_
                                          larger_past_headroom)
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.pipeline_meshes import pipeline_meshes
-from advisor.planning.policy import choose, choose_fastest, default_strategy, offloads
+from advisor.planning.policy import choose, choose_fastest, default_strategy, offload_not_taken, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
 from advisor.planning.remedies import find_remedies, offload_line, pinned_remedies, remedy_fits
@@ -637,6 +637,10 @@ def plan(
         past = larger_past_headroom(spec, hw, training, recommendation.candidate, flags=flags)
         past = past if past is None else _strategy_named(spec, hw, asked, recommendation.candidate, past, update)
         why.extend([past] if past is not None else [])
+    if recommendation is not None and asked.policy != "fastest" and not (strategy or pins.any or search_length
+                                                                         or dp_blocked):
+        passed_over = offload_not_taken(recommendation.candidate, candidates)  # a faster offload the policy left
+        why.extend([passed_over] if passed_over is not None else [])
     # --optimizer-in-backward is planned on one GPU only: no larger count to look for.
     smallest = None if recommendation or training.optimizer_in_backward else smallest_fit(
         spec, hw, training, meshes=lambda cluster: (  # the pipeline and expert meshes too (first: pinned ones)

@@ -255,6 +255,25 @@ def _fastest_offload(chosen: Candidate, fitting: list[Candidate]) -> tuple[Candi
                                  instead_micro_batch_size=chosen.micro_batch_size)
 
 
+def offload_not_taken(chosen: Candidate, candidates: list[Candidate]) -> r.OffloadNotTaken | None:
+    """The fastest data-parallel offload plan that fits and runs faster than the GPU-only ``chosen`` (tokens/s
+    above ``SAME_SPEED``, as ``as_fast`` measures it), as a reason; None when there is none. The policy keeps the
+    GPU-only plan (offload only when nothing fits on the GPUs alone: host RAM, PCIe traffic shared by the node's
+    GPUs); the reason names the trade so the user can take it."""
+    if offloads(chosen) or chosen.step_time is None or chosen.mesh is not None:
+        return None
+    speed = chosen.step_time.tokens_per_s
+    faster = [c for c in candidates if c.available and c.fits and c.mesh is None and offloads(c)
+              and c.step_time is not None and c.step_time.tokens_per_s > speed
+              and not as_fast(c.step_time.tokens_per_s, speed)]
+    if not faster:
+        return None
+    best = max(faster, key=lambda c: c.step_time.tokens_per_s)
+    return r.OffloadNotTaken(strategy=best.strategy, tokens_per_s=best.step_time.tokens_per_s,
+                             micro_batch_size=best.micro_batch_size, checkpointing=checkpointing(best),
+                             cpu_bytes=best.cpu_memory_bytes or 0, chosen=chosen.strategy, chosen_tokens_per_s=speed)
+
+
 def _recommend(cand: Candidate, reasons: tuple[r.Reason, ...], alternatives: tuple[r.Reason, ...] = ()
                ) -> Recommendation:
     return Recommendation(candidate=cand, reasons=reasons, reason=render_reason(reasons),

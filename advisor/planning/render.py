@@ -75,6 +75,14 @@ def _faster_offload(x: r.FasterOffload) -> str:
             f"{x.instead_micro_batch_size}).")
 
 
+def _offload_not_taken(x: r.OffloadNotTaken) -> str:
+    return (f"{x.strategy} would run faster: {x.tokens_per_s:,.0f} tokens/s against {x.chosen}'s "
+            f"{x.chosen_tokens_per_s:,.0f} ({x.tokens_per_s / x.chosen_tokens_per_s - 1:+.0%}) at micro-batch "
+            f"{x.micro_batch_size}{_with_which_ckpt(x.checkpointing) or ' without checkpointing'}, with "
+            f"{_gib(x.cpu_bytes)} of CPU RAM per node; offload is taken only when nothing fits on the GPUs alone "
+            f"(--strategy {x.strategy} or --policy fastest runs it).")
+
+
 def _figures(f: r.Figures, *, first: bool) -> str:
     return (f"{f.strategy} {_share(f.total_bytes, f.capacity_bytes):.0%}{' of memory' if first else ''}, "
             f"{f.step_s:.2f} s/step at micro-batch {f.micro_batch_size} ({f.tokens_per_s:,.0f} tokens/s)")
@@ -445,6 +453,7 @@ _RENDER: dict[str, Callable] = {
     "Unavailable": lambda x: f"{x.strategy} is unavailable: {x.detail}.",
     "Escalated": _escalated,
     "FasterOffload": _faster_offload,
+    "OffloadNotTaken": _offload_not_taken,
     "MarginChoice": _margin,
     "Dominates": _dominates,
     "CpuRam": _cpu_ram,

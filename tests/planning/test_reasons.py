@@ -15,6 +15,7 @@ import pytest
 
 from advisor.planning import reasons as r
 from advisor.planning.api import plan
+from advisor.planning.candidates import SAME_SPEED
 from advisor.planning.render import render
 from advisor.units import GIB
 
@@ -52,6 +53,11 @@ def mixtral():
 @pytest.fixture(scope="module")
 def llama_long():
     return plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=131072)
+
+
+@pytest.fixture(scope="module")
+def qwen72_lora():
+    return plan("Qwen/Qwen2.5-72B", "8xH100", lora=16)
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +211,25 @@ def test_long_sequence_mesh_names_the_limit_and_what_cp_buys(llama_long):
     assert p.recommendation.reasons == (fits, cp)
 
 
+def test_a_faster_offload_the_policy_passes_over_is_named(qwen72_lora):
+    """Qwen2.5-72B LoRA on 8 x H100: zero3 fits only with selective checkpointing, while zero3_offload, its frozen
+    bf16 shards (72.7B x 2 B / 8 = 18 GB) resting on the CPU, fits without it. The policy keeps the GPU-only plan;
+    the why names the faster offload with the figures of its own candidate, and --policy fastest takes it."""
+    p = qwen72_lora
+    x = _one(p, r.OffloadNotTaken)
+    off, chosen = p.candidate("zero3_offload"), p.chosen
+    assert chosen.strategy == "zero3" and x.chosen == "zero3" and x.chosen_tokens_per_s == chosen.step_time.tokens_per_s
+    assert (x.strategy, x.tokens_per_s, x.micro_batch_size, x.checkpointing, x.cpu_bytes) == (
+        "zero3_offload", off.step_time.tokens_per_s, off.micro_batch_size, "off", off.cpu_memory_bytes)
+    assert chosen.selective_checkpointing and x.tokens_per_s > (1 + SAME_SPEED) * x.chosen_tokens_per_s
+    assert x not in p.recommendation.reasons  # a note in the why, not the reason for the choice
+    fastest = plan("Qwen/Qwen2.5-72B", "8xH100", lora=16, policy="fastest")
+    assert fastest.chosen.strategy == "zero3_offload" and not [y for y in fastest.reasons
+                                                               if isinstance(y, r.OffloadNotTaken)]
+    pinned = plan("Qwen/Qwen2.5-72B", "8xH100", lora=16, strategy="zero3")
+    assert not [y for y in pinned.reasons if isinstance(y, r.OffloadNotTaken)]
+
+
 def test_a_requested_strategy_says_so(pinned_zero2):
     p = pinned_zero2
     assert p.reasons[0] == r.Requested(strategy="zero2")
@@ -272,6 +297,8 @@ def _shown(reason) -> set[str]:
         out.add(f"{abs(reason.without_bytes - reason.total_bytes) / GIB:.1f}")
         if reason.step_s is not None and reason.without_step_s is not None:
             out.add(f"{reason.step_s - reason.without_step_s:+.2f}".lstrip("+-"))
+    if isinstance(reason, r.OffloadNotTaken):
+        out.add(f"{reason.tokens_per_s / reason.chosen_tokens_per_s - 1:+.0%}"[1:-1])
     if isinstance(reason, r.FastestMesh):
         out.add(f"{reason.mesh.tokens_per_s / reason.dp.tokens_per_s - 1:.0%}"[:-1])
     if isinstance(reason, (r.DataParallelCannot,)) and isinstance(reason.limit, r.BatchLimit):
@@ -282,7 +309,7 @@ def _shown(reason) -> set[str]:
 
 
 @pytest.mark.parametrize("fixture", ["qwen_2xa100", "qwen_trainer", "qwen_lora_4090", "mixtral", "llama_long",
-                                     "pinned_zero2", "llama_405b_fastest"])
+                                     "pinned_zero2", "llama_405b_fastest", "qwen72_lora"])
 def test_every_number_in_a_sentence_is_in_its_reason(fixture, request):
     p = request.getfixturevalue(fixture)
     assert len(p.why) == len(p.reasons) and p.why
@@ -317,6 +344,12 @@ def test_kinds_no_readme_plan_reaches_render_as_before():
     none = r.NoCountFits(checkpointing_tried=True, hints=("shorten --seq-len",))
     assert render(none) == ("No number of these GPUs fits: one sample's activations alone exceed a GPU (with "
                             "activation checkpointing), or offloaded states exceed CPU RAM; shorten --seq-len.")
+    passed = r.OffloadNotTaken(strategy="zero3_offload", tokens_per_s=1200.0, micro_batch_size=2, checkpointing="off",
+                               cpu_bytes=100 * GIB, chosen="zero3", chosen_tokens_per_s=1000.0)
+    assert render(passed) == ("zero3_offload would run faster: 1,200 tokens/s against zero3's 1,000 (+20%) at "
+                              "micro-batch 2 without checkpointing, with 100.0 GiB of CPU RAM per node; offload is "
+                              "taken only when nothing fits on the GPUs alone (--strategy zero3_offload or --policy "
+                              "fastest runs it).")
     also = r.AlsoFits(strategy="ddp", total_bytes=61 * GIB, capacity_bytes=100 * GIB, micro_batch_size=2, step_s=1.2)
     assert render(also) == "ddp also fits (61% of memory, micro-batch 2, 1.20 s/step) and communicates less"
 

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
 from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits,
-    DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, Figures, MarginChoice,
+    DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, OffloadNotTaken, Figures, MarginChoice,
     Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
     OffloadRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, LongerWithOffload, BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits, Gap)
 
@@ -50,7 +50,7 @@ def _reason_union() -> Any:
 
     return Annotated[Union[
         SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
-        Unavailable, Escalated, FasterOffload, MarginChoice, Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy,
+        Unavailable, Escalated, FasterOffload, OffloadNotTaken, MarginChoice, Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy,
         Tradeoff, OffloadRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, LongerWithOffload,
         BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits,
         DataParallelCannot,
@@ -62,7 +62,7 @@ def _reason_union() -> Any:
 
 __all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "SizeDefault", "SizeDefaultUnfit",
            "AlsoSizeDefault", "DefaultFits", "DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "Unavailable",
-           "Escalated", "FasterOffload", "Figures", "MarginChoice", "Dominates", "CpuRam", "CheckpointingOn", "CheckpointingForHeadroom", "AlsoFits",
+           "Escalated", "FasterOffload", "OffloadNotTaken", "Figures", "MarginChoice", "Dominates", "CpuRam", "CheckpointingOn", "CheckpointingForHeadroom", "AlsoFits",
            "Requested", "FastestPolicy", "Spends", "Recomputes", "MicroBatches", "Tradeoff", "OffloadRemedy",
            "RemedyFits", "LossSaving", "LossPeak", "LossWouldFit", "SmallestFitFound", "LongerWithOffload",
            "BeyondContext", "LongestWithinHeadroom", "PastHeadroom", "NoCountFits",

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import Field
 
-from advisor.planning.reasons.base import FitFigures, ReasonModel
+from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
 
 # --- the data-parallel choice (policy.choose) -------------------------------------------------------
 
@@ -91,6 +91,21 @@ class FasterOffload(ReasonModel):
     instead_of: str
     instead_tokens_per_s: float
     instead_micro_batch_size: int
+
+
+class OffloadNotTaken(ReasonModel):
+    """``zero3_offload would run faster: 10,108 tokens/s against zero3's 8,396 (+20%) ...; offload is taken only
+    when nothing fits on the GPUs alone``: a data-parallel offload plan that fits and runs faster (by more than
+    SAME_SPEED) than the GPU-only recommendation, named so the trade is the user's to make."""
+
+    kind: Literal["offload-not-taken"] = "offload-not-taken"
+    strategy: str
+    tokens_per_s: float
+    micro_batch_size: int
+    checkpointing: Checkpointing
+    cpu_bytes: int = Field(description="CPU RAM per node it needs for the offloaded states.")
+    chosen: str = Field(description="The recommended (GPU-only) strategy.")
+    chosen_tokens_per_s: float
 
 
 class Figures(ReasonModel):

@@ -207,6 +207,12 @@ class TrainingConfig(BaseModel):
     def _recipe_name(self, recipe: Recipe) -> str:
         return recipe.name
 
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_bool(cls, value: object) -> object:
+        """``True`` / ``False``: on / off, as ``wrap()`` reads them."""
+        return {True: "on", False: "off"}[value] if isinstance(value, bool) else value
+
     @field_validator("lora", mode="before")
     @classmethod
     def _rank_alone(cls, value: object) -> object:

@@ -393,6 +393,16 @@ SYSTEMATIC = [
     "8 GPUs at batch 4 trained, estimated at 35.7 GiB. Suspected, not checked: the Trainer's FSDP1 checkpoint save of "
     "2023 (FULL_STATE_DICT gathered on the GPU, 27 GB of fp32 weights for 7B) or the evaluation batch (the comment "
     "lowered both), neither of them the training step we model.",
+    "- torchtune's README, Llama 3.1 70B LoRA on 8 x A100 (27.6 GiB 'Peak Memory per GPU', batch 2 packed to 2048): "
+    "the estimate is 30.4 GiB allocated (+10%), 36.2 reserved (+31%), the one reserved case past 15%. By hand, in a "
+    "block's backward: the bf16 shards (70.6B x 2 B / 8 = 16.44 GiB); the root, embedding and head (2 x 128,256 x "
+    "8,192 x 2 B = 3.91 GiB), unsharded from its forward to the end of backward (FSDP2 before torch 2.8 clamps the "
+    "root's reshard_after_forward to False, and the frozen root gets no post-backward hook, its input being token "
+    "ids, so only the final callback reshards it; on torch 2.8 and later it is gathered again in backward and held "
+    "the same way); the 80 checkpointed block inputs (2 x 2,048 x 8,192 x 2 B = 64 MiB each, 5.0 GiB); the block and "
+    "the one it prefetches (2 x 856M x 2 B = 3.19 GiB); the block's recomputed activations (1.1 GiB): 29.6 GiB before "
+    "a backward temporary, above the published figure whichever of active, allocated or reserved it is. Not "
+    "explained; the same table's 8B rows are within 6.4%.",
     "- fms-acceleration's A100 80GB reference runs (HF Trainer, transformers 4.48.1, pure bf16, packed 4096 tokens, "
     "checkpointing; each run gives the Trainer's peak allocated and nvidia-smi): the full fine-tunes of Mistral-7B under "
     "FSDP1 on 2 GPUs peak at the optimizer step, the states at rest plus torch AdamW's foreach temporary (the "

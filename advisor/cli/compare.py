@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import click
 
-from advisor.cli.options import EXIT_NOTHING_FITS, plan_kwargs, plan_options, refuse_hybrid_switch
+from advisor.cli.options import (EXIT_NOTHING_FITS, plan_kwargs, plan_options, refuse_hybrid_switch,
+                                 require_local_gpus)
 from advisor.hardware.cluster import has_count
 from advisor.model.spec import size_label
 from advisor.units import GIB
@@ -81,11 +83,17 @@ def _from_file(items: list[str], options: dict) -> tuple[list[str], dict]:
     return items, {**merged, "gpus": options["gpus"], "from_file": None}
 
 
+# Several clusters: a comma-separated list, or --gpus repeated (each value may itself be a list).
+_CLUSTERS = click.option("--gpus", "-g", multiple=True, callback=lambda ctx, param, values: ",".join(values) or None,
+                         help="Clusters to compare: 2xA100,8xH100 or --gpus 2xA100 --gpus 8xH100 (see `advisor gpus`); "
+                              "default: this machine's GPUs.")
+
+
 @click.command()
-@plan_options
+@functools.partial(plan_options, gpus=_CLUSTERS)
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 def compare(as_json: bool, **options) -> None:
-    """Plan and time the same model on several clusters: --gpus takes a comma-separated list.
+    """Plan and time the same model on several clusters: --gpus takes a comma-separated list, or repeats.
 
     \b
     advisor compare --model meta-llama/Llama-3.1-8B --gpus 2xA100,4xA100,8xH100
@@ -98,6 +106,8 @@ def compare(as_json: bool, **options) -> None:
     from advisor.planning.compare import compare as run_compare, split_gpus
 
     refuse_hybrid_switch(options)
+    if not options["gpus"]:  # the help's default: this machine's GPUs
+        options["gpus"] = require_local_gpus()
     items = split_gpus(options["gpus"])
     if options.get("from_file"):
         items, options = _from_file(items, options)

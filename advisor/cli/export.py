@@ -53,14 +53,19 @@ def _refuse_pins_the_format_cannot_write(fmt: str, kwargs: dict[str, Any]) -> No
         raise ValueError(f"the {fmt} format cannot express the pinned {' and '.join(missing)}: {row.mesh_gap}")
 
 
-def _recipe_note(params: dict[str, Any], fmt: str) -> None:
-    """After a successful export: which recipe planned it, when the format chose it (bad input stays one line)."""
+def _recipe_note(params: dict[str, Any], fmt: str, target, path: str | None = None) -> None:
+    """After a successful export: which recipe planned it, when the format chose it (bad input stays one line), and
+    the command that shows this plan: where the file runs DeepSpeed with its launcher's defaults, which the plan
+    assumed (``format_plan_options``) and no plan option asks for, ``advisor plan --from`` the file."""
     from advisor.export.formats import get_format_row
 
+    row = get_format_row(fmt)
     if params.get("recipe") is None:
-        recipe = get_format_row(fmt).recipe
-        click.echo(f"advisor: note: planned with recipe {recipe}, the stack that runs --format {fmt} (advisor plan "
-                   f"... --recipe {recipe} shows this plan; --recipe to choose another)", err=True)
+        with_defaults = target.engine == "deepspeed" and row.zero_defaults is not None
+        shows = (f"advisor plan --from {path or 'THE_FILE'} ... shows this plan, with {row.zero_defaults}'s DeepSpeed "
+                 "defaults" if with_defaults else f"advisor plan ... --recipe {row.recipe} shows this plan")
+        click.echo(f"advisor: note: planned with recipe {row.recipe}, the stack that runs --format {fmt} ({shows}; "
+                   "--recipe to choose another)", err=True)
 
 
 # plan() arguments that are not TrainingConfig fields
@@ -132,14 +137,14 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
         click.echo(text, nl=False)
         _echo_notes(target.notes)
         if not cpu:
-            _recipe_note(params, fmt)
+            _recipe_note(params, fmt, target)
         return
     if output is not None and not output.strip():
         raise ValueError("-o/--output is empty: give a file name, or - for stdout")
     path, changed = write_or_keep(get_format(fmt).default_filename if output is None else output, text, force=force)
     _echo_notes(target.notes)
     if not cpu:
-        _recipe_note(params, fmt)
+        _recipe_note(params, fmt, target, str(path))
     click.echo(f"{written(path, changed)} ({fmt}: {target.strategy} on {target.engine}, {target.world_size} "
                f"process{'es' if target.world_size != 1 else ''})")
 

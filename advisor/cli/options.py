@@ -71,10 +71,12 @@ def chart_path(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
+GPUS_OPTION = click.option("--gpus", "-g", help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`); default: this "
+                           "machine's GPUs.")
 PLAN_OPTIONS: list[Callable] = [
     click.option("--model", "-m", "model", help="Bundled id, Hub id, local dir / config.json."),
     click.option("--params", "params", help="Model size only, e.g. 7.5B (no architecture)."),
-    click.option("--gpus", "-g", help="e.g. 2xA100, 8xH100, 2x8xH100 (see `advisor gpus`); default: this machine's GPUs."),
+    GPUS_OPTION,
     click.option("--nodes", type=click.IntRange(1, 16384), help="Nodes (then --gpus counts per node)."),
     click.option("--interconnect", help="Inter-node link, e.g. ib-ndr, eth-100g."),
     click.option("--optimizer", type=_choice(get_args(Optimizer)), help="Default adamw."),
@@ -186,8 +188,9 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
     click.option("--pp", type=click.IntRange(1, 1024), help="Pin the pipeline-parallel degree (stages across nodes "
                  "first; it must divide the layers)."),
-    click.option("--pp-schedule", type=_choice(PP_SCHEDULES), help="Pipeline schedule: "
-                 f"{', '.join(PP_SCHEDULES)} (default 1f1b)."),
+    click.option("--pp-schedule", type=_choice(PP_SCHEDULES), help="Pin the pipeline schedule: "
+                 f"{', '.join(PP_SCHEDULES)} (default: the planner tries 1f1b and interleaved_1f1b with 2 "
+                 "chunks a rank and takes the faster that fits)."),
     click.option("--virtual-stages", type=click.IntRange(1, 64), help="Model chunks per pipeline rank "
                  "(interleaved_1f1b; zbv and dualpipev run 2)."),
     click.option("--pp-layers", callback=lambda ctx, param, value: _pp_layers(value),
@@ -209,9 +212,10 @@ PLAN_OPTIONS: list[Callable] = [
 ]
 
 
-def plan_options(func: Callable) -> Callable:
+def plan_options(func: Callable, *, gpus: Callable = GPUS_OPTION) -> Callable:
+    """The plan's options on ``func``; ``gpus``: the --gpus option to use (compare's takes several)."""
     for option in reversed(PLAN_OPTIONS):
-        func = option(func)
+        func = (gpus if option is GPUS_OPTION else option)(func)
     return func
 
 

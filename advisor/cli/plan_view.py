@@ -378,8 +378,9 @@ def print_plan(plan, *, verbose: bool = False, console: Console | None = None) -
             console.print(f"[bold]Remedies[/] ({shown}{remedy_basis(remedies)}):", highlight=False)
             console.print(_bullets([f"{remedy_line(r)}{'' if r.keeps_math else ' (changes the mathematics)'}"
                                     for r in remedies[:3]]), highlight=False)
-        console.print(f"--verbose: memory per component, bars, {len(plan.why)} reasons, "
-                      f"{len(plan.assumptions)} assumptions.", highlight=False)
+        reasons, assumptions = len(plan.why), len(plan.assumptions)
+        console.print(f"--verbose: memory per component, bars, {reasons} reason{'s' if reasons != 1 else ''}, "
+                      f"{assumptions} assumption{'s' if assumptions != 1 else ''}.", highlight=False)
         return
     console.print(PLAN_NOTES, highlight=False)
     console.print()

@@ -145,9 +145,7 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
               f"Per-{per} batch size in the script: {target.micro_batch_size}."]
     if target.engine == "deepspeed":
         header.append(f"gradient_clipping {GRADIENT_CLIPPING:g} is a default, not part of the plan.")
-    if target.activation_checkpointing and not target.fsdp:  # FSDP's own flag is in fsdp_config
-        header.append("Activation checkpointing is part of the plan: call model.gradient_checkpointing_enable().")
-    elif target.activation_checkpointing:  # torch's checkpoint_wrapper (fsdp2_apply_ac) leaves the KV cache on
+    if target.activation_checkpointing and target.fsdp:  # FSDP's own flag; elsewhere a note (checkpointing_notes)  # torch's checkpoint_wrapper (fsdp2_apply_ac) leaves the KV cache on
         header.append("fsdp_activation_checkpointing leaves a model's KV cache on: set model.config.use_cache = False "
                       "in your script (HF Trainer does), or it holds every layer's K/V to the last block's backward.")
     if target.precision == "bf16":

@@ -50,6 +50,10 @@ class ExportFormatRow(BaseModel):
     mesh_note: str = Field(default="", description="What the script must do with the mesh in this format, if anything.")
     selective_key: bool = Field(default=False, description="It has a key for selective (per-op) activation "
                                 "checkpointing; else a note says to ask wrap() for it.")
+    checkpointing_key: Literal["never", "fsdp", "always"] = Field(
+        default="never", description="Whether the file itself turns full activation checkpointing on: 'always' (a key "
+        "or code and an instruction of its own, as the Lightning snippet writes), 'fsdp' (only where it writes torch FSDP: accelerate's fsdp_activation_checkpointing), "
+        "'never' (a note tells the script to: advisor.export.target.checkpointing_notes).")
     compile_key: bool = Field(default=False, description="It has a key for --compile (torch.compile on the blocks); "
                               "else a note says what the script must do (advisor.export.optimizer.stack_notes).")
     float8_key: bool = Field(default=False, description="It has a key for --float8 (torchao Float8Linear); else a note.")
@@ -66,7 +70,7 @@ class ExportFormatRow(BaseModel):
 FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="accelerate", summary="accelerate launch --config_file YAML",
                     default_filename="accelerate_config.yaml", module="advisor.export.accelerate", recipe="trainer",
-                    compile_key=True, float8_key=True,
+                    compile_key=True, float8_key=True, checkpointing_key="fsdp",
                     runs="launcher", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"), zero_defaults="accelerate",
                     pp_ep_gap="accelerate 1.15's ParallelismConfig has dp_replicate, dp_shard, tp and cp sizes only (no pipeline "
                               "or expert degree); use --format torchtitan"),
@@ -86,6 +90,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                               "stages or expert sharding in this version; use --format torchtitan"),
     ExportFormatRow(name="trainer-args", summary="Hugging Face TrainingArguments keys (JSON)",
                     default_filename="training_args.json", module="advisor.export.trainer", recipe="trainer", compile_key=True,
+                    checkpointing_key="always",
                     runs="launcher", optimizer_key="trainer", mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
                     pp_ep_gap="TrainingArguments.parallelism_config is accelerate's ParallelismConfig: dp_replicate, "
                               "dp_shard, tp and cp sizes only (no pipeline or expert degree); use --format torchtitan",
@@ -95,7 +100,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="lightning", summary="Lightning strategy snippet (Python)",
                     default_filename="lightning_strategy.py", module="advisor.export.lightning", recipe="lightning",
                     runs="launcher", mesh_dims=("dp_replicate", "dp_shard"), zero_defaults="lightning",
-                    selective_key=True,
+                    selective_key=True, checkpointing_key="always",
                     cpu_note="CPU test config: Lightning starts the {processes} processes itself (DDP on gloo).",
                     pp_ep_gap="Lightning's ModelParallelStrategy has data_parallel_size and tensor_parallel_size only; "
                               "use --format torchtitan",
@@ -104,7 +109,7 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="torchtitan", summary="torchtitan job config (TOML, torchtitan <= 0.2.2)",
                     default_filename="torchtitan_job.toml", module="advisor.export.torchtitan", recipe="torchtitan",
                     compile_key=True, float8_key=True,
-                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
+                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True, checkpointing_key="always",
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )
 

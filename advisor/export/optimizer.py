@@ -84,8 +84,10 @@ def optimizer_note(opt: Optimizer, impl: OptimizerImpl, *, recipe: str, engine: 
             f"build it so in the script{deepspeed}.")
 
 
-def stack_notes(training: TrainingConfig, fmt: str, *, engine: str, offloads_optimizer: bool = False) -> list[str]:
-    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer)."""
+def stack_notes(training: TrainingConfig, fmt: str, *, engine: str, offloads_optimizer: bool = False,
+                zero3: bool = False) -> list[str]:
+    """The recipe and optimizer the plan assumed, where the file cannot say it (advisor.export.optimizer); ``zero3``:
+    the file runs DeepSpeed ZeRO stage 3."""
     row, recipe = get_format_row(fmt), training.recipe.name
     notes = []
     if training.optimizer_in_backward:  # no format has a key for it (advisor.estimate.in_backward)
@@ -105,7 +107,7 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str, offloads_opt
                      f"(profiles/recipes.json): plan with --recipe {row.recipe} (advisor export does unless "
                      f"--recipe is given) for its optimizer step, frozen-base dtype and loss.")
     if engine == "deepspeed" and row.zero_defaults is not None:
-        notes.append(_zero_defaults_note(training, row.zero_defaults))
+        notes.append(_zero_defaults_note(training, row.zero_defaults, zero3=zero3))
     opt, impl = training.optimizer, training.optimizer_implementation
     if row.optimizer_key == "trainer":
         note = trainer_optim(opt, impl)[1]
@@ -116,16 +118,18 @@ def stack_notes(training: TrainingConfig, fmt: str, *, engine: str, offloads_opt
     return notes + [optimizer_note(opt, impl, recipe=recipe, engine=engine, cpu_adam=cpu_adam)]
 
 
-def _zero_defaults_note(training: TrainingConfig, source: str) -> str:
+def _zero_defaults_note(training: TrainingConfig, source: str, *, zero3: bool = False) -> str:
     """The DeepSpeed sizes a file that cannot set them runs with, and whether the plan assumed them."""
     zero = training.zero
     if zero is None or zero != zero_config_defaults(source):
         return (f"This file does not set DeepSpeed's bucket sizes or overlap_comm, so the run gets {source}'s defaults "
                 f"(profiles/zero_defaults.json), not the sizes this plan assumed: plan it with advisor export, which "
                 f"does, or use --format deepspeed-json.")
+    # DeepSpeed resolves an unset overlap_comm to stage == 3 (zero_defaults.json's source): on under ZeRO-3
+    overlap = zero.overlap_comm or zero3
     return (f"DeepSpeed runs with {source}'s defaults, which this file does not set and the plan assumed "
             f"(profiles/zero_defaults.json): reduce_bucket_size {zero.reduce_bucket_size:,}, overlap_comm "
-            f"{str(zero.overlap_comm).lower()}; --format deepspeed-json writes and plans smaller buckets.")
+            f"{str(overlap).lower()}; --format deepspeed-json writes and plans smaller buckets.")
 
 
 def _script_notes(training: TrainingConfig, fmt: str, *, compile_key: bool, float8_key: bool) -> list[str]:

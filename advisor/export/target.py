@@ -204,7 +204,32 @@ def require_recommendation(plan: Plan) -> None:
                       f"so there is nothing to export: {hint}")
 
 
-def _training_notes(training: TrainingConfig, *, selective: bool = False) -> list[str]:
+def checkpointing_notes(mode: str, fmt: FormatName, *, fsdp: bool) -> list[str]:
+    """What the script must do for the plan's checkpointing (``mode``) where the ``fmt`` file cannot turn it on
+    (``ExportFormatRow.checkpointing_key``; ``fsdp``: the file writes torch FSDP), one instruction only: the
+    selective mode where the file checkpoints in full says to turn that off; elsewhere the call that runs the
+    plan's mode."""
+    row = get_format_row(fmt)
+    in_file = row.checkpointing_key == "always" or (row.checkpointing_key == "fsdp" and fsdp)
+    if mode == "off" or (mode == "on" and in_file) or (mode == "selective" and row.selective_key):
+        return []
+    if mode == "on":
+        return ["Activation checkpointing is part of the plan and this file has no key for it: call "
+                "model.gradient_checkpointing_enable() in the script (the Trainer: TrainingArguments("
+                "activation_checkpointing=True); wrap() applies the plan's own); the plan's memory assumes it."]
+    call = ('wrappers.checkpointing.apply_requested_checkpointing(model, "selective"); in your own loop '
+            'wrap(model, activation_checkpointing="selective") does both')
+    if in_file:
+        return ["Selective activation checkpointing has no config key here: the file checkpoints each block in "
+                "full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint "
+                "selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, the "
+                f"Lightning strategy): {call}."]
+    return ["Selective activation checkpointing is part of the plan and this file has no key for it: checkpoint "
+            "selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, "
+            f"deepspeed.initialize): {call.replace(' does both', ' does it')}."]
+
+
+def _training_notes(training: TrainingConfig) -> list[str]:
     """What the configs cannot carry of the plan's training settings, and how the script supplies it."""
     notes = []
     if training.chunked_nll:  # TRL's
@@ -225,12 +250,6 @@ def _training_notes(training: TrainingConfig, *, selective: bool = False) -> lis
                 if training.loss == "fused" else ""
             notes.append(f"--loss {training.loss}: call wrappers.losses.use_loss_kernel(model, \"{training.loss}\") in "
                          f"the script{trainer}; the plan's memory assumes it.")
-    if selective:
-        notes.append("Selective activation checkpointing has no config key here: the file checkpoints each block in "
-                     "full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint "
-                     "selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, the "
-                     "Lightning strategy): wrappers.checkpointing.apply_requested_checkpointing(model, \"selective\"); "
-                     "in your own loop wrap(model, activation_checkpointing=\"selective\") does both.")
     if training.activation_offload:
         notes.append("--activation-offload has no key in these configs: with TRL, SFTConfig(activation_offloading=True) "
                      "(a TrainingArguments key there only); in your own loop, wrap(model, activation_offload=True) or "
@@ -345,7 +364,7 @@ def cpu_target(model: ModelSpec, training: TrainingConfig, fmt: FormatName, opti
         strategy="ddp", engine="torch", impl=STRATEGIES["ddp"].on("torch"), micro_batch_size=micro,
         gradient_accumulation_steps=accum, checkpointing=mode, precision="fp32", num_nodes=1, gpus_per_node=processes,
         cpu=True, model_name=model.name, block_classes=model.block_classes, gpu="CPU",
-        notes=tuple(notes + _training_notes(training, selective=mode == "selective")), loss=training.loss,
+        notes=tuple(notes + checkpointing_notes(mode, fmt, fsdp=False) + _training_notes(training)), loss=training.loss,
         **_optimizer(training),
     )
 
@@ -386,9 +405,10 @@ def resolve_target(plan: Plan, fmt: FormatName, options: ExportOptions | None = 
         strategy=strategy, engine=engine, impl=impl, micro_batch_size=micro, gradient_accumulation_steps=accum or 1,
         checkpointing=ckpt, precision=plan.training.precision, num_nodes=hw.nodes,
         gpus_per_node=hw.gpus_per_node, cpu=options.cpu, model_name=plan.model.name,
-        block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(notes + _training_notes(
-            plan.training, selective=ckpt == "selective" and not get_format_row(fmt).selective_key)
-            + stack_notes(plan.training, fmt, engine=engine, offloads_optimizer=impl.offload_optimizer)),
+        block_classes=plan.model.block_classes, gpu=hw.gpu.name, notes=tuple(
+            notes + checkpointing_notes(ckpt, fmt, fsdp=torch_fsdp) + _training_notes(plan.training)
+            + stack_notes(plan.training, fmt, engine=engine, offloads_optimizer=impl.offload_optimizer,
+                          zero3=engine == "deepspeed" and impl.shard_params)),
         loss=plan.training.loss, **_optimizer(plan.training),
     )
 
@@ -433,9 +453,9 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, checkpointing=rec.checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + _training_notes(plan.training, selective=rec.checkpointing == "selective"
-                                            and not get_format_row(fmt).selective_key)
-                    + stack_notes(plan.training, fmt, engine=engine)),
+        notes=tuple(notes + checkpointing_notes(rec.checkpointing, fmt, fsdp=engine == "torch"
+                                                and STRATEGIES[strategy].on(engine).shard_params)
+                    + _training_notes(plan.training) + stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, mesh=mesh,
         **_optimizer(plan.training),
     )

@@ -10,7 +10,8 @@ job configs with a Python registry (#2386), so the file targets the last TOML re
   ``profiles/pipeline_schedules.json``), micro-batch size and ``module_fqns_per_model_part`` (the plan's
   split of the decoder layers, embedding on the first stage, norm and head on the last), and
   ``expert_parallel_degree`` (torchtitan carves ep out of dp_shard x cp, as the plan does);
-  ``fsdp_reshard_after_forward`` from the strategy (zero3 always, zero2 never).
+  ``fsdp_reshard_after_forward`` from the strategy (zero3 default, which keeps the norm + head unit as the
+  torchtitan recipe plans, or always under pp, where default would keep the blocks; zero2 never).
 - ``[training]``: ``local_batch_size`` (the micro-batch, times the pipeline's micro-batches under pp),
   ``global_batch_size``, ``seq_len``, the precision (``mixed_precision_param`` / ``dtype``) and
   ``enable_cpu_offload`` for the offload strategies.
@@ -105,7 +106,11 @@ def _parallelism(target: ExportTarget, model: ModelSpec) -> dict[str, Any]:
         replicate, shard = replicate * shard, 1
     section: dict[str, Any] = {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard}
     if target.impl.shard_params:
-        section["fsdp_reshard_after_forward"] = "always" if target.impl.reshard_after_forward else "never"
+        # torchtitan's "default" reshards the blocks unless pp is on and keeps the norm + head unit, as the
+        # torchtitan recipe plans (Recipe.fsdp_outer_units); "always" reshards that unit too (gathered again in
+        # backward), the one way to reshard the blocks under pp.
+        section["fsdp_reshard_after_forward"] = ("never" if not target.impl.reshard_after_forward else
+                                                 "always" if mesh.pp > 1 else "default")
     section.update({"tensor_parallel_degree": mesh.tp, "context_parallel_degree": mesh.cp,
                     "pipeline_parallel_degree": mesh.pp})
     if mesh.pp > 1:

@@ -148,7 +148,9 @@ def resolve_gpu_name(name: str, *, catalog: Catalog) -> tuple[GpuProfile, str | 
     import difflib  # here, not at the top: only an unknown name needs it
 
     names = [g.name for g in catalog.gpus]
-    close = difflib.get_close_matches(name.upper(), names, n=3, cutoff=0.3) or names[:5]
+    close = difflib.get_close_matches(name.upper(), names, n=3, cutoff=0.3)
+    if not close:  # the first profiles would be named as if they were close
+        raise ValueError(f"unknown GPU '{_short(name)}': no known GPU is close to it (see `advisor gpus`)")
     raise ValueError(f"unknown GPU '{_short(name)}'; closest known: {', '.join(close)} (see `advisor gpus`)")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import os
 
 import pytest
@@ -256,3 +258,29 @@ def test_llava_wraps_the_language_and_vision_blocks(tmp_path, monkeypatch):
     assert FullyShardedDataParallelPlugin().transformer_cls_names_to_wrap == ["LlamaDecoderLayer", "CLIPEncoderLayer"]
     args = build_trainer_args(plan)
     assert args["fsdp_config"]["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer", "CLIPEncoderLayer"]
+
+
+def test_a_zero3_file_on_deepspeeds_defaults_names_overlap_on_and_the_command_that_shows_its_plan(tmp_path, capsys,
+                                                                                                   monkeypatch):
+    """A review: the note said overlap_comm false of a ZeRO-3 file (DeepSpeed resolves an unset overlap_comm to
+    stage == 3, profiles/zero_defaults.json) and sent the user to `advisor plan --recipe trainer`, which plans our own
+    buckets, not the accelerate defaults this file runs and the export planned; `--from` the file reproduces it."""
+    from tests.cli._main import run_main
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_main(["export", "--model", "meta-llama/Llama-3.1-70B", "--gpus", "2x8xH100", "--engine",
+                               "deepspeed", "-o", "ds.yaml"], capsys)
+    assert code == 0, err
+    assert "zero3 on deepspeed" in out and "overlap_comm true" in err and "overlap_comm false" not in err
+    assert "advisor plan --from ds.yaml ... shows this plan" in err
+    code, exported, _ = run_main(["plan", "--from", "ds.yaml", "--model", "meta-llama/Llama-3.1-70B", "--gpus",
+                                  "2x8xH100", "--json"], capsys)
+    from advisor.export.formats import format_plan_options
+    from advisor.planning.api import plan
+
+    planned = plan(**format_plan_options("accelerate", dict(model="meta-llama/Llama-3.1-70B", gpus="2x8xH100",
+                                                           engine="deepspeed")))
+    doc = json.loads(exported)
+    assert code == 0 and doc["recommendation"]["strategy"] == planned.recommendation.strategy == "zero3"
+    from_file = next(c for c in doc["candidates"] if c["strategy"] == "zero3")
+    assert from_file["memory_bytes"]["total"] == planned.candidate("zero3").memory_bytes.total

@@ -96,3 +96,34 @@ def test_loss_and_lora_reach_the_exports():
     assert any('use_loss_kernel(model, "fused")' in note for note in notes)
     # target_modules=None: PEFT picks its default for the model type, as the plan counted.
     assert any("LoraConfig(r=16, target_modules=None, lora_dropout=0.05))" in note for note in notes)
+
+
+def _checkpointing_notes(plan_, fmt: str) -> list[str]:
+    from advisor.export import export_text
+
+    return [note for note in export_text(plan_, fmt)[1].notes if "checkpoint" in note.lower()]
+
+
+def test_a_file_that_cannot_checkpoint_says_once_how_the_script_does():
+    """A review: the DeepSpeed JSON of a plan that fits only with checkpointing (Qwen2.5-7B on 4 x A100 40GB, zero3)
+    said nothing of it, and a DDP accelerate file of a selective plan said both 'call gradient_checkpointing_enable()'
+    and 'the file checkpoints each block in full ... turn that off', though a MULTI_GPU config checkpoints nothing.
+    A file without the key gets one instruction, the plan's mode; one that turns full checkpointing on, none (or, for a
+    selective plan, the turn-that-off note)."""
+    from advisor.planning.api import plan
+
+    full = plan("Qwen/Qwen2.5-7B", "4xA100-40GB-SXM", recipe="deepspeed")
+    assert full.recommendation.checkpointing == "on"
+    (note,) = _checkpointing_notes(full, "deepspeed-json")
+    assert "model.gradient_checkpointing_enable()" in note and "activation_checkpointing=True" in note
+    assert _checkpointing_notes(full, "torchrun") == [note]
+    selective = plan("meta-llama/Llama-3.1-8B", "1xRTX4090", lora=16, quantize="nf4", recipe="trainer")
+    assert (selective.recommendation.strategy, selective.recommendation.checkpointing) == ("ddp", "selective")
+    for fmt in ("accelerate", "torchrun"):
+        (note,) = _checkpointing_notes(selective, fmt)
+        assert 'apply_requested_checkpointing(model, "selective")' in note, fmt
+        assert "in full" not in note and "gradient_checkpointing_enable" not in note, fmt
+    (note,) = _checkpointing_notes(selective, "trainer-args")  # its file turns full checkpointing on
+    assert "checkpoints each block in full" in note
+    fsdp = plan("Qwen/Qwen2.5-7B", "2xA100", recipe="trainer", strategy="zero3", activation_checkpointing="on")
+    assert _checkpointing_notes(fsdp, "accelerate") == []  # fsdp_activation_checkpointing carries it

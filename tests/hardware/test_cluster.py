@@ -62,6 +62,9 @@ def test_bad_values_give_one_line(bad):
 def test_unknown_names_closest_known():
     with pytest.raises(ValueError, match="closest known: .*B200"):
         parse_gpus("2xB9000")
+    # nothing close: no list (the first five profiles were named, as if close to it)
+    with pytest.raises(ValueError, match="^unknown GPU 'foo': no known GPU is close to it"):
+        parse_gpus("8xFOO")
 
 
 @settings(max_examples=300, deadline=None)
@@ -114,3 +117,20 @@ def test_a_count_that_is_not_whole_servers_is_refused_not_one_nvlink_machine(tex
         parse_gpus(text)
     assert parse_gpus("24xH100").nodes == 3 and parse_gpus("1x20xH100").gpus_per_node == 20
     assert parse_gpus("20xH100", nodes=1).gpus_per_node == 20  # --nodes says one machine
+
+
+def test_an_mi250x_is_the_gcd_torch_sees():
+    """A review: MI250X was one 128 GiB OAM package, while ROCm shows each of its 2 GCDs as a device of 64 GB; a plan
+    of 102 GiB 'per GPU' fitted no rank, and 4xMI250X exported 4 processes for a node of 8 devices. By hand from the
+    package's datasheet (383 bf16 TFLOPS, 3,276.8 GB/s, 128 GB): a GCD has half, and a 4-OAM node 8 of them."""
+    hw = parse_gpus("MI250X")
+    assert hw.gpu_memory_bytes == 64 * 2**30 and hw.gpus_per_node == 1
+    gpu = hw.gpu
+    assert (gpu.bf16_tflops, gpu.hbm_bandwidth_gbps) == (383.0 / 2, 3276.8 / 2)
+    assert parse_gpus("16xMI250X").nodes == 2  # 8 GCDs a node
+
+
+def test_an_a10_holds_what_torch_reports_of_its_24_gb():
+    """nvidia-smi reports 23028 MiB of both the A10 and the A10G (24 GB GDDR6); torch printed 22587 MiB of the A10G,
+    which the A10 now uses too (24 GiB overstated it by 1.9 GiB, a review found)."""
+    assert parse_gpus("A10").gpu_memory_bytes == parse_gpus("A10G").gpu_memory_bytes == 22587 * 2**20

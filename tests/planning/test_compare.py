@@ -61,6 +61,24 @@ def test_compare_json_one_document_with_a_row_that_does_not_fit():
     assert doc["fastest"] == "8xH100" and doc["cheapest"] == "8xH100"
 
 
+def test_a_repeated_gpus_adds_clusters_as_the_list_does():
+    """A review: --gpus A --gpus B kept B alone (click's last value wins), exit 0, and named it the fastest and the
+    cheapest of one cluster; repeated, --gpus lists as the comma form does."""
+    repeated = CliRunner().invoke(compare_command, ["--params", "7B", "--gpus", "2xA100", "--gpus", "8xH100,4xL4",
+                                                    "--json"])
+    listed = CliRunner().invoke(compare_command, ["--params", "7B", "--gpus", "2xA100,8xH100,4xL4", "--json"])
+    assert repeated.exit_code == listed.exit_code == 0, repeated.output
+    assert [row["gpus"] for row in json.loads(repeated.output)["results"]] == ["2xA100", "8xH100", "4xL4"]
+    assert repeated.output == listed.output
+
+
+def test_compare_without_gpus_on_a_machine_without_one_says_so(monkeypatch):
+    """The help's default is this machine's GPUs: with none, the plan's one line (it read "cannot read --gpus ''")."""
+    monkeypatch.setattr("advisor.hardware.local_gpus.detect_local_gpus", lambda: None)
+    out = CliRunner().invoke(compare_command, ["--params", "7B"])
+    assert out.exit_code == 2 and "no --gpus given and no NVIDIA GPU found on this machine" in out.output
+
+
 def test_compare_passes_plan_options():
     out = CliRunner().invoke(compare_command, ["--model", MODEL, "--gpus", "4xA100", "--strategy", "ddp",
                                                "--micro-batch", "2", "--json"])

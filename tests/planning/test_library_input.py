@@ -122,3 +122,12 @@ def test_lora_with_no_target_names_is_refused():
     """targets=[] silently took PEFT's default targets."""
     with pytest.raises(ValueError, match="no module names"):
         advisor.plan("meta-llama/Llama-3.1-8B", "1xH100", lora={"rank": 8, "targets": []})
+
+
+def test_checkpointing_true_and_false_read_as_wrap_reads_them():
+    """A review: wrap(activation_checkpointing=True) is on, plan(activation_checkpointing=True) was refused."""
+    for flag, mode in ((True, "on"), (False, "off")):
+        as_bool = advisor.plan("Qwen/Qwen2.5-0.5B", "2xA100", activation_checkpointing=flag)
+        as_mode = advisor.plan("Qwen/Qwen2.5-0.5B", "2xA100", activation_checkpointing=mode)
+        assert as_bool.training.activation_checkpointing == mode
+        assert as_bool.model_dump_json() == as_mode.model_dump_json()

@@ -63,7 +63,10 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
     from advisor.estimate.activations import shape_of
     from advisor.model.sources import resolve_model
 
-    spec = resolve_model(model, trust_remote_code=trust_remote_code)
+    from advisor.simulate.profile_cache import default_cache_dir
+
+    # the meta-device count of a family without a formula is kept where plan keeps it (seconds; then milliseconds)
+    spec = resolve_model(model, trust_remote_code=trust_remote_code, cache_dir=default_cache_dir())
     note = shape_of(spec).note  # what the estimates cannot model from this description
     if as_json:
         doc = spec.model_dump()

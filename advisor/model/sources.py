@@ -274,9 +274,11 @@ def resolve_model(
     *,
     trust_remote_code: bool = False,
     fetch_config: ConfigFetcher = download_hub_config,
+    cache_dir: Path | None = None,
 ) -> ModelSpec:
-    """A ``ModelSpec`` for anything ``resolve`` accepts (what ``--model`` accepts, and more)."""
-    return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config).spec
+    """A ``ModelSpec`` for anything ``resolve`` accepts (what ``--model`` accepts, and more); ``cache_dir`` as
+    ``resolve`` reads it."""
+    return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config, cache_dir=cache_dir).spec
 
 
 # The fewest parameters a size alone may give: the shape planned for it (advisor.estimate.activation_kinds

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from tests.cli._main import run_main
 
 OPT = dict(model_type="opt", architectures=["OPTForCausalLM"], hidden_size=64, ffn_dim=256, num_hidden_layers=2,
@@ -43,6 +45,19 @@ def test_plan_traces_by_default_and_no_trace_keeps_the_llama_like_note(tmp_path,
     assert code == 0
     assert not any("traced" in n for n in notes)
     assert any("activations assume a Llama-like decoder" in n for n in notes)
+
+
+def test_inspect_keeps_the_meta_device_count_where_plan_keeps_it(tmp_path, monkeypatch, capsys):
+    """A review: inspect of a family without a formula built the model on the meta device every time (7 s), while
+    plan reads the count from its cache; inspect now writes and reads the same entry."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = _model_dir(tmp_path, OPT)
+    code, first, _ = run_main(["inspect", model, "--json"], capsys)
+    specs = tmp_path / "cache" / "dp-advisor" / "specs"
+    assert code == 0 and len(list(specs.iterdir())) == 1
+    monkeypatch.setattr("advisor.model.meta.build_meta_model", lambda *a, **k: pytest.fail("counted again"))
+    code, again, _ = run_main(["inspect", model, "--json"], capsys)
+    assert code == 0 and again == first
 
 
 def test_custom_code_without_trust_is_one_line_and_exit_2(tmp_path, capsys):

@@ -193,12 +193,23 @@ def gpus(as_json: bool) -> None:
 
 
 @cli.command()
-def models() -> None:
-    """List the bundled model ids (usable offline)."""
+@click.option("--json", "as_json", is_flag=True, help="One JSON document: each id with its architecture and counts.")
+def models(as_json: bool) -> None:
+    """List the bundled model ids (usable offline), with their size and family."""
     from advisor.model.bundled import bundled_model_ids
+    from advisor.model.sources import resolve_model
+    from advisor.model.spec import size_label
 
-    for model_id in bundled_model_ids():
-        click.echo(model_id)
+    specs = [resolve_model(model_id) for model_id in bundled_model_ids()]
+    if as_json:
+        keys = ("architecture", "model_type", "total_params", "num_layers", "hidden_size", "vocab_size",
+                "max_position_embeddings")
+        click.echo(json.dumps({"models": [{"id": spec.name, **{key: getattr(spec, key) for key in keys},
+                                           "active_params": spec.active_params} for spec in specs]}, indent=2))
+        return
+    width = max(len(spec.name) for spec in specs)
+    for spec in specs:
+        click.echo(f"{spec.name:<{width}}  {size_label(spec.total_params):>7}  {spec.model_type or ''}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -74,3 +74,15 @@ def test_gpus_default_to_this_machine(tmp_path, monkeypatch):
     stub.unlink()
     result = CliRunner().invoke(cli, ["plan", "--model", "Qwen/Qwen2.5-0.5B"])
     assert result.exit_code == 2 and "no NVIDIA GPU" in result.output
+
+
+def test_models_lists_each_bundled_id_with_its_size_and_json_agrees():
+    """A review: models printed ids only and had no --json, which gpus, inspect, plan and compare have."""
+    from advisor.model.bundled import bundled_model_ids
+
+    listed = CliRunner().invoke(cli, ["models"])
+    doc = json.loads(CliRunner().invoke(cli, ["models", "--json"]).output)
+    assert listed.exit_code == 0 and [row["id"] for row in doc["models"]] == list(bundled_model_ids())
+    qwen = next(row for row in doc["models"] if row["id"] == "Qwen/Qwen2.5-7B")
+    assert qwen["total_params"] == 7_615_616_512  # the model card's 7.61B
+    assert any(line.split() == ["Qwen/Qwen2.5-7B", "7.62B", "qwen2"] for line in listed.output.splitlines())

@@ -91,6 +91,7 @@ def apply_config_file(path: str, options: dict[str, Any], *, need_gpus: bool = T
         # the file names a model the planner does not map: say so, not only "give --model or --params"
         raise ValueError(f"--from {config.path}: {said} (a Hub id or a local config folder) or --params")
     if need_gpus or merged.get("gpus") is not None:
+        _apply_implied_count(config, merged, derived)
         _apply_count(config, merged, overridden)
         _apply_global_batch(config, merged, overridden, derived)
         _apply_accumulation(config, merged, overridden, derived)
@@ -109,6 +110,25 @@ def _world_size(merged: dict[str, Any]) -> int:
     from advisor.hardware.cluster import parse_gpus
 
     return parse_gpus(_gpus(merged), nodes=merged.get("nodes"), interconnect=merged.get("interconnect")).world_size
+
+
+def _apply_implied_count(config: ConfigFile, merged: dict[str, Any], derived: list[str]) -> None:
+    """A file that gives no process count but its global batch, micro-batch and accumulation (a DeepSpeed JSON:
+    DeepSpeed checks train_batch_size = micro-batch x accumulation x GPUs) implies its data-parallel GPUs: they fill
+    in ``--gpus NAME`` as a file's process count does (one data-parallel rank a GPU: no tp, cp or pp typed)."""
+    settings = config.settings
+    total, micro, steps = (settings.get(key) for key in ("global_batch", "micro_batch", "gradient_accumulation"))
+    if settings.get("num_gpus") is not None or None in (total, micro, steps) or merged.get("gpus") is None:
+        return
+    from advisor.hardware.cluster import has_count
+
+    pinned = any((merged.get(key) or 1) > 1 for key in ("tp", "cp", "pp"))
+    world, rest = divmod(int(total), int(micro) * int(steps))
+    if has_count(_gpus(merged)) or pinned or rest or world < 1 or str(merged.get("micro_batch")) != str(micro):
+        return
+    merged["gpus"] = f"{world}x{_gpus(merged).strip()}"
+    derived.append(f"{world} GPU{'s' if world != 1 else ''}: its global batch {total} over micro-batch {micro} x "
+                   f"gradient accumulation {steps} (--gpus NAME without a count takes them)")
 
 
 def _apply_count(config: ConfigFile, merged: dict[str, Any], overridden: list[Override]) -> None:

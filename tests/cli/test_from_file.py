@@ -398,17 +398,20 @@ def test_trainer_arguments_with_ddps_bucket_and_no_fsdp_or_deepspeed_fix_ddp(tmp
 
 def test_a_deepspeed_batch_written_for_other_gpus_is_refused(tmp_path, capsys):
     """train_batch_size 24 = micro-batch 3 x accumulation 1 x 8 GPUs (an export for 8 H100s). Read with
-    --gpus H100 the plan used to keep the global batch and accumulate 8 steps, contradicting the file's
-    gradient_accumulation_steps 1 that it printed; DeepSpeed itself refuses that arithmetic. Now one line."""
+    --gpus 4xH100 the plan used to keep the global batch and accumulate 2 steps, contradicting the file's
+    gradient_accumulation_steps 1 that it printed; DeepSpeed itself refuses that arithmetic. Now one line. A bare
+    --gpus H100 takes the 8 GPUs the file implies (test_a_deepspeed_jsons_batch_sizes_give_the_count_...)."""
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 3,
                                 "gradient_accumulation_steps": 1, "zero_optimization": {"stage": 3}}))
-    code, _, err = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "H100"], capsys)
+    code, _, err = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "4xH100"], capsys)
     assert code == 2 and err.count("\n") == 1
     assert "global batch 24 over micro-batch 3 x gradient accumulation 1 = 8 data-parallel GPUs" in err
-    code, out, _ = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100",
-                             "--json"], capsys)
-    assert code in (0, 3) and json.loads(out)["training"]["micro_batch_size"] == 3
+    for gpus in ("8xH100", "H100"):
+        code, out, _ = run_main(["plan", "--from", str(path), "-m", "meta-llama/Llama-3.1-8B", "--gpus", gpus,
+                                 "--json"], capsys)
+        doc = json.loads(out)
+        assert code in (0, 3) and doc["training"]["micro_batch_size"] == 3 and doc["hardware"]["world_size"] == 8
 
 
 @pytest.mark.parametrize("pins", [
@@ -871,3 +874,22 @@ def test_distributed_type_no_runs_one_process(tmp_path, capsys):
     assert any("distributed_type NO runs one process" in note for note in doc["from_file"]["notes"])
     doc = _plan(capsys, "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path))
     assert doc["from_file"]["overridden"] == [{"option": "num_gpus", "file_value": "1 process", "given": "2xA100"}]
+
+
+def test_a_deepspeed_jsons_batch_sizes_give_the_count_a_bare_gpu_name_takes(tmp_path, capsys):
+    """A review: --gpus A100 (no count) with a DeepSpeed JSON of train_batch_size 18, micro-batch 9 and accumulation 1
+    was refused ("2 data-parallel GPUs, but these options give 1"), though --gpus NAME takes the file's count: DeepSpeed
+    checks train_batch_size = micro-batch x accumulation x GPUs, so this file is 18 / (9 x 1) = 2 GPUs."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 18, "train_micro_batch_size_per_gpu": 9,
+                                "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
+                                "zero_optimization": {"stage": 2}}))
+    code, out, err = run_main(["plan", "--from", str(path), "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "A100", "--json"],
+                              capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["hardware"]["world_size"] == 2 and doc["recommendation"]["micro_batch_size"] == 9
+    assert doc["from_file"]["derived"][0].startswith("2 GPUs: its global batch 18 over micro-batch 9 x gradient "
+                                                     "accumulation 1")
+    # a count typed wins, and a count that cannot give the batch is refused as before
+    code, _, err = run_main(["plan", "--from", str(path), "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "4xA100"], capsys)
+    assert code == 2 and "2 data-parallel GPUs, but these options give 4" in err

@@ -21,8 +21,7 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-from advisor.planning.render import (offload_remedy_with_host, remedy_basis, remedy_line, remedy_sections, render,
-                                     render_reason)
+from advisor.planning.render import headline_reason, remedy_basis, remedy_line, remedy_sections, render
 from advisor.planning.smallest import unfit_subject
 from advisor.cli.render import gib, terminal_console
 from advisor.units import GIB
@@ -104,7 +103,7 @@ def answer_lines(plan) -> list[str]:
             figures += f", {step.step_s:.2f} s/step, {step.tokens_per_s:,.0f} tokens/s"
     return [f"[bold]Recommendation:[/] {rec.strategy} ({rec.engine}){mesh}, micro-batch {rec.micro_batch_size}"
             f"{ckpt}{accum}{figures}",
-            f"[bold]Why:[/] {reason_sentence(plan)}"]
+            f"[bold]Why:[/] {headline_reason(plan)}"]
 
 
 # Why nothing fits: a candidate's or a mesh's shortfall (the smallest count that would fit is said already).
@@ -112,39 +111,6 @@ def answer_lines(plan) -> list[str]:
 # plan (advisor.planning.reasons loads them on first use).
 _UNFIT = ("DoesNotFit", "HighEndDoesNotFit", "CpuRamDoesNotFit", "SizeDefaultUnfit", "NoMeshFits", "NoPinnedMeshFits",
           "NoGpuOnlyMesh")
-# Reasons that only give a candidate's fit figures, which the answer line already prints.
-_FIT_FIGURES = ("DefaultFits", "MeshFits", "Escalated")
-
-
-def reason_sentence(plan) -> str:
-    """One line of why, picked by kind among the planner's reasons. An offloading plan: the best remedy in
-    numbers. A --seq-len max past the model's context: that; one that fills the GPU past the --headroom: the
-    longest within it. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
-    Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
-    figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
-    size default fits), the first reason."""
-    rec = plan.recommendation
-    if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
-        # an offloading plan's first reason names the best remedy in numbers, with the host RAM the plan holds
-        first, chosen = plan.reasons[0], recommended_candidate(plan)
-        if type(first).__name__ == "OffloadRemedy" and chosen is not None:
-            return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
-        return render(first)
-    if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
-        return render(plan.reasons[0])  # --seq-len max past the model's context: that first
-    roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
-    if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next
-        return render(roomy)
-    if rec.mesh is not None:
-        opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
-        if opened and opened[0] > 0:
-            return render(plan.reasons[opened[0] - 1])
-    picked = next((x for x in rec.reasons if type(x).__name__ not in _FIT_FIGURES), None)
-    if picked is not None:
-        return render_reason((picked,))
-    return plan.why[0] if plan.why else rec.reason
-
-
 # --- the table -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

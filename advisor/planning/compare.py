@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_seriali
 
 from advisor.frozen import in_json_order
 from advisor.planning.api import Plan, plan
+from advisor.planning.render import headline_reason
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
 from advisor.training import CheckpointMode
@@ -47,7 +48,8 @@ class ClusterResult(_Frozen):
     capacity_bytes: int
     step: StepTime | None = None
     gpu_hours_per_billion_tokens: float | None = None
-    message: str = Field(default="", description="Why nothing fits, or the recommendation's reason.")
+    message: str = Field(default="", description="Why nothing fits, or the one line of why advisor plan answers with "
+                         "(advisor.planning.render.headline_reason).")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -146,7 +148,7 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
         micro_batch_size=cand.micro_batch_size,
         gradient_accumulation_steps=step.gradient_accumulation_steps,
         checkpointing=cand.checkpointing, memory_per_gpu_bytes=cand.memory_bytes.total,
-        step=step, gpu_hours_per_billion_tokens=hours, message=rec.reason,
+        step=step, gpu_hours_per_billion_tokens=hours, message=headline_reason(result),
     )
 
 

@@ -557,3 +557,37 @@ def remedy_sections(remedies) -> list[tuple[str, list[str]]]:
     groups = [("Remedies that keep the mathematics", [x for x in remedies if x.keeps_math]),
               ("Remedies that change the mathematics", [x for x in remedies if not x.keeps_math])]
     return [(header, [remedy_line(x) for x in group]) for header, group in groups if group]
+
+
+# Reasons that only give a candidate's fit figures, which the answer line already prints.
+_FIT_FIGURES = ("DefaultFits", "MeshFits", "Escalated")
+
+
+def headline_reason(plan) -> str:
+    """One line of why (``advisor plan``'s answer and ``advisor compare``'s message), picked by kind among the
+    planner's reasons (``plan``: a ``Plan`` with a recommendation). An offloading plan: the best remedy in
+    numbers. A --seq-len max past the model's context: that; one that fills the GPU past the --headroom: the
+    longest within it. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
+    Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
+    figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
+    size default fits), the first reason."""
+    rec = plan.recommendation
+    if rec.remedies and rec.strategy.endswith("_offload") and plan.reasons:
+        # an offloading plan's first reason names the best remedy in numbers, with the host RAM the plan holds
+        first, chosen = plan.reasons[0], plan.chosen
+        if type(first).__name__ == "OffloadRemedy" and chosen is not None:
+            return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
+        return render(first)
+    if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
+        return render(plan.reasons[0])  # --seq-len max past the model's context: that first
+    roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
+    if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next
+        return render(roomy)
+    if rec.mesh is not None:
+        opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
+        if opened and opened[0] > 0:
+            return render(plan.reasons[opened[0] - 1])
+    picked = next((x for x in rec.reasons if type(x).__name__ not in _FIT_FIGURES), None)
+    if picked is not None:
+        return render_reason((picked,))
+    return plan.why[0] if plan.why else rec.reason

@@ -128,3 +128,17 @@ def test_one_cluster_listed_twice_is_refused():
     """2xA100 and 2xA100-80GB-SXM are one cluster: its row was printed twice (a review's finding)."""
     with pytest.raises(ValueError, match=r"--gpus lists one cluster twice \(2xA100 and 2xA100-80GB-SXM"):
         compare("Qwen/Qwen2.5-0.5B", "2xA100,2xA100-80GB-SXM")
+
+
+def test_each_rows_message_is_the_why_line_its_plan_answers_with():
+    """A review: the message opened with the size default's fit ("zero3 fits: ...") on a row that recommends zero2;
+    it is the one line advisor plan prints after 'Why:' (advisor.planning.render.headline_reason)."""
+    from advisor.planning.api import plan
+    from advisor.planning.render import headline_reason
+
+    result = compare(MODEL, ["8xH100", "2xA100"])
+    for row, gpus in zip(result.results, ("8xH100", "2xA100")):
+        planned = plan(MODEL, gpus)
+        assert row.strategy == planned.recommendation.strategy
+        assert row.message == headline_reason(planned)
+        assert " fits: " not in row.message.split(".")[0] or row.message.startswith(f"{row.strategy} fits: ")

@@ -81,7 +81,7 @@ class Decision(CheckpointFlags, BaseModel):
     def summary(self) -> str:
         ckpt = {"off": "", "on": ", activation checkpointing",
                 "selective": ", selective activation checkpointing"}[self.checkpointing]
-        applied = self.strategy or "unchanged"
+        applied = self.strategy or "not parallelised"  # precision and checkpointing may still apply: named beside it
         if self.mesh is not None and not self.mesh.is_data_parallel_only:
             applied = f"{applied} on mesh {self.mesh.label}"
         return f"[advisor] {applied} ({self.engine}, {self.precision}{ckpt}) on {self.world_size} process(es): {self.reason}"

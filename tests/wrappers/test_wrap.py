@@ -59,7 +59,9 @@ def test_one_process_without_gpu_returns_model_unchanged(capsys):
     same, same_optimizer = wrap(model, optimizer, env=env)
     assert same is model and same_optimizer is optimizer
     assert model.advisor_decision.strategy is None
-    assert "unchanged" in capsys.readouterr().err
+    # "not parallelised" (it said "unchanged", which a review found misleading beside the precision and checkpointing
+    # it names, which wrap() may still apply on one process)
+    assert "[advisor] not parallelised (torch, " in capsys.readouterr().err
 
 
 def test_one_process_refuses_multi_process_strategy():

@@ -145,7 +145,9 @@ def accelerate_text(target: ExportTarget, options: ExportOptions | None = None) 
               f"Per-{per} batch size in the script: {target.micro_batch_size}."]
     if target.engine == "deepspeed":
         header.append(f"gradient_clipping {GRADIENT_CLIPPING:g} is a default, not part of the plan.")
-    if target.activation_checkpointing and target.fsdp:  # FSDP's own flag; elsewhere a note (checkpointing_notes)  # torch's checkpoint_wrapper (fsdp2_apply_ac) leaves the KV cache on
+    # FSDP's own flag turns checkpointing on (elsewhere target.checkpointing_notes says how); torch's
+    # checkpoint_wrapper (fsdp2_apply_ac) leaves the KV cache on
+    if target.activation_checkpointing and target.fsdp:
         header.append("fsdp_activation_checkpointing leaves a model's KV cache on: set model.config.use_cache = False "
                       "in your script (HF Trainer does), or it holds every layer's K/V to the last block's backward.")
     if target.precision == "bf16":

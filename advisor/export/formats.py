@@ -51,9 +51,10 @@ class ExportFormatRow(BaseModel):
     selective_key: bool = Field(default=False, description="It has a key for selective (per-op) activation "
                                 "checkpointing; else a note says to ask wrap() for it.")
     checkpointing_key: Literal["never", "fsdp", "always"] = Field(
-        default="never", description="Whether the file itself turns full activation checkpointing on: 'always' (a key "
-        "or code and an instruction of its own, as the Lightning snippet writes), 'fsdp' (only where it writes torch FSDP: accelerate's fsdp_activation_checkpointing), "
-        "'never' (a note tells the script to: advisor.export.target.checkpointing_notes).")
+        default="never", description="Whether the file itself turns full activation checkpointing on: 'always' (a key, "
+        "or code and an instruction of its own, as the Lightning snippet writes), 'fsdp' (only where it writes torch "
+        "FSDP: accelerate's fsdp_activation_checkpointing), 'never' (a note tells the script to: "
+        "advisor.export.target.checkpointing_notes).")
     compile_key: bool = Field(default=False, description="It has a key for --compile (torch.compile on the blocks); "
                               "else a note says what the script must do (advisor.export.optimizer.stack_notes).")
     float8_key: bool = Field(default=False, description="It has a key for --float8 (torchao Float8Linear); else a note.")
@@ -109,7 +110,8 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="torchtitan", summary="torchtitan job config (TOML, torchtitan <= 0.2.2)",
                     default_filename="torchtitan_job.toml", module="advisor.export.torchtitan", recipe="torchtitan",
                     compile_key=True, float8_key=True,
-                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True, checkpointing_key="always",
+                    runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
+                    checkpointing_key="always",
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )
 

@@ -218,7 +218,7 @@ def checkpointing_notes(mode: str, fmt: FormatName, *, fsdp: bool) -> list[str]:
                 "model.gradient_checkpointing_enable() in the script (the Trainer: TrainingArguments("
                 "activation_checkpointing=True); wrap() applies the plan's own); the plan's memory assumes it."]
     call = ('wrappers.checkpointing.apply_requested_checkpointing(model, "selective"); in your own loop '
-            'wrap(model, activation_checkpointing="selective") does both')
+            f'wrap(model, activation_checkpointing="selective") does {"both" if in_file else "it"}')
     if in_file:
         return ["Selective activation checkpointing has no config key here: the file checkpoints each block in "
                 "full (it fits; it recomputes more than the plan). To run the plan, turn that off and checkpoint "
@@ -226,7 +226,7 @@ def checkpointing_notes(mode: str, fmt: FormatName, *, fsdp: bool) -> list[str]:
                 f"Lightning strategy): {call}."]
     return ["Selective activation checkpointing is part of the plan and this file has no key for it: checkpoint "
             "selectively in the script before the model is prepared (Trainer(...), accelerator.prepare, "
-            f"deepspeed.initialize): {call.replace(' does both', ' does it')}."]
+            f"deepspeed.initialize): {call}."]
 
 
 def _training_notes(training: TrainingConfig) -> list[str]:
@@ -446,15 +446,15 @@ def _mesh_target(plan: Plan, fmt: FormatName) -> ExportTarget:
     if why_not:
         raise ValueError(why_not)
     strategy, engine = mesh_engine(fmt, rec.strategy)
+    impl = STRATEGIES[strategy].on(engine)
     hw = plan.hardware
     notes = mesh_notes(fmt, mesh, seq_len=plan.training.seq_len)
     return ExportTarget(
-        strategy=strategy, engine=engine, impl=STRATEGIES[strategy].on(engine), micro_batch_size=rec.micro_batch_size,
+        strategy=strategy, engine=engine, impl=impl, micro_batch_size=rec.micro_batch_size,
         gradient_accumulation_steps=rec.gradient_accumulation_steps or 1, checkpointing=rec.checkpointing,
         precision=plan.training.precision, num_nodes=hw.nodes, gpus_per_node=hw.gpus_per_node, cpu=False,
         model_name=plan.model.name, block_classes=plan.model.block_classes, gpu=hw.gpu.name,
-        notes=tuple(notes + checkpointing_notes(rec.checkpointing, fmt, fsdp=engine == "torch"
-                                                and STRATEGIES[strategy].on(engine).shard_params)
+        notes=tuple(notes + checkpointing_notes(rec.checkpointing, fmt, fsdp=engine == "torch" and impl.shard_params)
                     + _training_notes(plan.training) + stack_notes(plan.training, fmt, engine=engine)),
         loss=plan.training.loss, mesh=mesh,
         **_optimizer(plan.training),

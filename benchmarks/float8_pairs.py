@@ -31,7 +31,7 @@ def hardware(pair: dict) -> Hardware:
     if pair["gpu_memory_gib"] is None:
         return hw
     gib = pair["gpu_memory_gib"]
-    return hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"memory_gib": gib, "memory_bytes": int(gib * GIB)})})
+    return hw.model_copy(update={"gpu": hw.gpu.model_copy(update={"nominal_memory_gb": gib, "memory_bytes": int(gib * GIB)})})
 
 
 def tokens_per_s_per_gpu(pair: dict, **float8: bool) -> float:

@@ -136,7 +136,7 @@ def hardware_of(job: Job) -> Hardware:
     hw = parse_gpus(job.gpus)
     if job.gpu_memory_gib is None:
         return hw
-    gpu = hw.gpu.model_copy(update={"memory_gib": job.gpu_memory_gib, "memory_bytes": int(job.gpu_memory_gib * GIB)})
+    gpu = hw.gpu.model_copy(update={"nominal_memory_gb": job.gpu_memory_gib, "memory_bytes": int(job.gpu_memory_gib * GIB)})
     return hw.model_copy(update={"gpu": gpu})
 
 

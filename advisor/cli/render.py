@@ -53,7 +53,7 @@ def spec_table(spec: ModelSpec) -> Table:
         ("attention heads", spec.num_attention_heads, None),
         ("KV heads", spec.num_kv_heads, None),
         ("head dim", spec.head_dim, None),
-        ("intermediate size", spec.intermediate_size, None),
+        ("expert intermediate size" if spec.num_experts else "intermediate size", spec.intermediate_size, None),
         ("vocabulary", spec.vocab_size, None),
         ("experts (active)", f"{spec.num_experts} ({spec.num_experts_per_token})" if spec.num_experts else None, None),
         ("block classes", ", ".join(spec.block_classes) or None, None),

@@ -21,8 +21,10 @@ class GpuProfile(_Frozen):
     name: str = Field(description="Canonical name, e.g. A100-80GB-SXM.")
     vendor: Literal["nvidia", "amd"] = Field(description="Who makes it.")
     aliases: tuple[str, ...] = Field(default=(), description="Extra spellings users type.")
-    memory_gib: float = Field(gt=0, description="Marketed memory size.")
-    memory_bytes: int = Field(gt=0, description="Device memory in bytes used for 'fits'.")
+    nominal_memory_gb: float = Field(gt=0, description="The memory the product name gives (80 for an 80GB board); "
+                                     "not what a plan fits against.")
+    memory_bytes: int = Field(gt=0, description="Device memory in bytes a plan fits against: what torch reports as "
+                                   "the device's total where a printout was found (memory_note).")
     memory_note: str | None = Field(default=None, description="Where memory_bytes comes from.")
     bf16_tflops: float | None = Field(default=None, description="Dense bf16 tensor peak.")
     fp16_tflops: float | None = Field(default=None, description="Dense fp16 tensor peak.")

@@ -55,7 +55,9 @@ def _build_config(cfg: dict, *, trust_remote_code: bool, local_dir: str | None) 
         if cfg.get("auto_map") and not trust_remote_code:
             raise ValueError(f"building model_type '{model_type}' on the meta device needs the model's own code "
                              "(its config's auto_map); pass --trust-remote-code to run it, or --params SIZE")
-        raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}'")
+        raise ValueError(f"transformers {transformers.__version__} does not know model_type '{model_type}': give its "
+                         "size instead (--params 7B; a Llama-like shape), or a directory whose config names its own "
+                         "code (auto_map) with --trust-remote-code")
     try:
         return AutoConfig.for_model(model_type, **{k: v for k, v in _config_dict(cfg).items() if k != "model_type"})
     except Exception as err:  # transformers' own validation of the values: the user's config is at fault

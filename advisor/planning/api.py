@@ -306,15 +306,23 @@ def _needs_checkpointing(candidates: list[Candidate]) -> bool:
     return any(c.available and (not c.fits or c.activation_checkpointing) for c in candidates)
 
 
+# Fields whose command-line flag is not the field's name with hyphens (the others with none are set by --from only).
+_FLAGS = {"micro_batch_size": "--micro-batch", "global_batch_size": "--global-batch", "dp_replicate": "--hybrid",
+          "fragmentation": None, "checkpointing_fragmentation": None, "zero": None, "bitsandbytes": None}
+
+
 def _option_error(err: ValidationError, rename: dict[str, str] | None = None) -> ValueError:
-    """A rejected option as one line naming it, spelled as the command line does (``rename``: a field whose flag
-    has another name); a check across options keeps its own message, which names them."""
+    """A rejected option as one line naming it as ``advisor.plan`` takes it and as the command line spells it:
+    "seq_len (--seq-len): ..." (``rename``: a field ``plan()`` takes under another keyword); a check across options
+    keeps its own message, which names them."""
     first = err.errors()[0]
     if not first["loc"] and first.get("type") == "value_error":
         return ValueError(first["msg"].removeprefix("Value error, "))
     where, _, problem = validation_problem(err).partition(": ")
     field, dot, rest = where.partition(".")
-    return ValueError(f"{(rename or {}).get(field, field)}{dot}{rest}".replace("_", "-") + f": {problem}")
+    flag = _FLAGS.get(field, f"--{field.replace('_', '-')}")
+    named = f"{(rename or {}).get(field, field)}{dot}{rest}"
+    return ValueError(f"{named}{f' ({flag})' if flag and not dot else ''}: {problem}")
 
 
 def _pins(**degrees: Any) -> MeshPins:

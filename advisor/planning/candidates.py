@@ -220,6 +220,12 @@ def _accumulation(training: TrainingConfig, world: int, micro: int) -> int | Non
     return training.global_batch_size // (micro * world)
 
 
+def _steps(training: TrainingConfig, world: int, micro: int) -> int:
+    """The micro-batches one optimizer step of a candidate runs: 1 without a global batch (what its step time and
+    every export assume; a pipeline's schedule sets its own, see ``staged``)."""
+    return _accumulation(training, world, micro) or 1
+
+
 def _micro_batch_choices(training: TrainingConfig, world: int) -> list[int]:
     """Micro-batch sizes to try, largest first."""
     if training.micro_batch_size is not None:
@@ -396,7 +402,7 @@ def evaluate_candidate(
         # nothing fits: report it, the configuration closest to fitting
         return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          checkpointing=modes[-1],
-                         gradient_accumulation_steps=_accumulation(training, dp_world, min(choices)),
+                         gradient_accumulation_steps=_steps(training, dp_world, min(choices)),
                          memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware)))
     fitting: list[Candidate] = []
@@ -404,8 +410,8 @@ def evaluate_candidate(
         micro, is_roomy = largest(mode)
         if micro is not None:
             mem = memory(micro, mode)
-            accumulation = _accumulation(training, dp_world, micro)
-            timing = timing_of(micro, mode, accumulation or 1)
+            accumulation = _steps(training, dp_world, micro)
+            timing = timing_of(micro, mode, accumulation)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      checkpointing=mode,
                                      gradient_accumulation_steps=accumulation, memory_bytes=mem,
@@ -434,7 +440,7 @@ def evaluate_candidate(
     mem = memory(micro, mode)
     return staged(Candidate(**base, available=True, fits=False, micro_batch_size=micro,
                             checkpointing=mode,
-                            gradient_accumulation_steps=_accumulation(training, dp_world, micro),
+                            gradient_accumulation_steps=_steps(training, dp_world, micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))
 

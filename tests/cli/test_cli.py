@@ -29,9 +29,28 @@ def test_inspect_size():
     assert doc["total_params"] == 7_500_000_000 and doc["source"] == "params"
 
 
+def test_inspect_labels_an_moe_width_as_one_experts():
+    """Qwen3-30B-A3B's config: moe_intermediate_size 768 (one expert), intermediate_size 6144 (unused by its
+    blocks); the table said "intermediate size 768" (a review)."""
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in CliRunner().invoke(cli, ["inspect", "Qwen/Qwen3-30B-A3B"]).output.splitlines() if "│" in line}
+    assert rows["expert intermediate size"] == "768" and "intermediate size" not in rows
+
+
 def test_gpus_lists_profiles():
     result = CliRunner().invoke(cli, ["gpus"])
     assert result.exit_code == 0 and "H100-80GB-SXM" in result.output and "MI300X" in result.output
+
+
+def test_gpus_json_names_the_nominal_size_apart_from_the_memory_plans_fit_against():
+    """A review: gpus --json's memory_gib was the product name's 16 for a V100-16GB whose table column read 15.75,
+    one label for two numbers. deviceQuery's 16,128 MBytes (profiles/gpus.json's note) = 15.75 GiB."""
+    rows = {g["name"]: g for g in json.loads(CliRunner().invoke(cli, ["gpus", "--json"]).output)["gpus"]}
+    v100 = rows["V100-16GB"]
+    assert (v100["nominal_memory_gb"], v100["memory_bytes"] / 2**30) == (16, 16_128 / 1024)
+    assert "memory_gib" not in v100
+    table = CliRunner().invoke(cli, ["gpus"]).output
+    assert next(line for line in table.splitlines() if "V100-16GB" in line).split("│")[2].strip() == "15.75"
 
 
 @pytest.mark.parametrize(
@@ -86,3 +105,16 @@ def test_models_lists_each_bundled_id_with_its_size_and_json_agrees():
     qwen = next(row for row in doc["models"] if row["id"] == "Qwen/Qwen2.5-7B")
     assert qwen["total_params"] == 7_615_616_512  # the model card's 7.61B
     assert any(line.split() == ["Qwen/Qwen2.5-7B", "7.62B", "qwen2"] for line in listed.output.splitlines())
+
+
+@pytest.mark.parametrize("global_batch,expected", [(None, 1), (64, 64 // (8 * 2))])
+def test_json_accumulation_steps_is_the_step_the_timing_and_exports_assume(global_batch, expected):
+    """A review: without --global-batch the JSON's candidates and recommendation said null while their step time and
+    every export said 1. Pinned micro-batch 8 on 2 GPUs: one micro-batch a step, else 64 / (8 x 2) = 4."""
+    args = ["plan", "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "2xA100", "--micro-batch", "8", "--json"]
+    args += ["--global-batch", str(global_batch)] if global_batch else []
+    doc = json.loads(CliRunner().invoke(cli, args).output)
+    fitting = [c for c in doc["candidates"] if c["fits"]]
+    assert fitting and doc["recommendation"]["gradient_accumulation_steps"] == expected
+    assert {(c["gradient_accumulation_steps"], c["step_time"]["gradient_accumulation_steps"]) for c in fitting} == {
+        (expected, expected)}

@@ -114,8 +114,17 @@ def test_an_internal_validation_error_is_exit_1_not_bad_input(capsys, monkeypatc
 def test_a_bad_option_value_is_still_exit_2_through_the_library(capsys):
     from advisor.planning.api import plan
 
-    with pytest.raises(ValueError, match=r"^seq-len: Input should be greater than or equal to 1 \(got 0\)"):
+    with pytest.raises(ValueError, match=r"^seq_len \(--seq-len\): Input should be greater than or equal to 1 "
+                                         r"\(got 0\)"):
         plan("Qwen/Qwen2.5-0.5B", gpus="2xA100", seq_len=0)
+    # a review: the library named its keywords as the command line does ('micro-batch-size', a flag that is not one)
+    for keywords, named in ((dict(micro_batch_size=0), "micro_batch_size (--micro-batch): "),
+                            (dict(hybrid=0), "hybrid (--hybrid): "),
+                            (dict(activation_checkpointing="maybe"),
+                             "activation_checkpointing (--activation-checkpointing): ")):
+        with pytest.raises(ValueError) as err:
+            plan("Qwen/Qwen2.5-0.5B", gpus="2xA100", **keywords)
+        assert str(err.value).startswith(named), str(err.value)
 
 
 def test_ctrl_c_during_start_up_is_one_line_and_exit_130():

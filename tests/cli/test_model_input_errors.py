@@ -36,7 +36,9 @@ def test_inspect_size_through_the_one_resolver(capsys):
      '"state_size" is "x"; expected a positive integer'),
     ({**TINY_CONFIGS["gpt_neox_fallback"], "hidden_size": 65},
      "transformers rejects this gpt_neox config: Class validation error"),
-    ({"model_type": "no_such_type", "hidden_size": 64}, "does not know model_type 'no_such_type'"),
+    # and the way forward (a review: it named none)
+    ({"model_type": "no_such_type", "hidden_size": 64},
+     "does not know model_type 'no_such_type': give its size instead (--params 7B"),
 ])
 def test_config_transformers_rejects_is_one_line_exit_2(tmp_path, capsys, cfg, expected):
     (tmp_path / "config.json").write_text(json.dumps(cfg))

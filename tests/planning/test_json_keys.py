@@ -67,7 +67,7 @@ def test_the_recommendation_reads_its_candidate(long_plan):
     rec, chosen = long_plan.recommendation, long_plan.chosen
     assert rec.candidate is chosen
     assert (rec.strategy, rec.engine, rec.micro_batch_size, rec.gradient_accumulation_steps, rec.mesh) == (
-        "zero2", "torch", 1, None, None)
+        "zero2", "torch", 1, 1, None)  # one micro-batch a step: no --global-batch
     assert "candidate" not in long_plan.model_dump(mode="json")["recommendation"]
 
 

@@ -13,10 +13,12 @@ from advisor.planning.smallest import smallest_count
 
 
 @pytest.mark.parametrize(("options", "names"), [
-    (dict(tp=0), "tp:"), (dict(tp=1.5), "tp:"), (dict(ep=0), "ep:"), (dict(virtual_stages=-1), "virtual-stages:"),
-    (dict(pp=2, pp_layers="16,16"), "pp-layers:"), (dict(pp_schedule=5), "pp-schedule:"),
-    (dict(hybrid=0), "hybrid:"),
-    (dict(seq_len="max", micro_batch_size=0), "micro-batch-size:"),  # was planned at micro-batch 1
+    # the keyword, then the flag (a review: it gave the flag's spelling alone, 'micro-batch-size', not a flag)
+    (dict(tp=0), "tp (--tp):"), (dict(tp=1.5), "tp (--tp):"), (dict(ep=0), "ep (--ep):"),
+    (dict(virtual_stages=-1), "virtual_stages (--virtual-stages):"),
+    (dict(pp=2, pp_layers="16,16"), "pp_layers (--pp-layers):"), (dict(pp_schedule=5), "pp_schedule (--pp-schedule):"),
+    (dict(hybrid=0), "hybrid (--hybrid):"),
+    (dict(seq_len="max", micro_batch_size=0), "micro_batch_size (--micro-batch):"),  # was planned at micro-batch 1
     (dict(cache_dir=5), "cache_dir:"), (dict(progress=5), "progress:"),  # were caught as trace failures
     (dict(training={"seq_len": 5}), "training:")])
 def test_one_value_error_naming_the_argument(options, names):

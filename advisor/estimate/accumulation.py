@@ -95,16 +95,33 @@ def held_accumulated_grads(spec: ModelSpec, training: TrainingConfig, impl: Impl
     return states.grads
 
 
-def held_at_backward_end(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, held: int) -> int | None:
+def accumulator_beside_embedding(training: TrainingConfig) -> bool:
+    """Whether a unit's accumulated gradient is the gradient autograd sums the new one into (no_sync in the
+    gradient's own dtype, the Trainer's): at the end of backward it sits beside the embedding's backward, and the
+    root's reduce-scatter reduces it in the new gradient's place. An fp32 accumulator under a policy that reduces in
+    fp32 is a tensor of FSDP's own beside the gradient (module docstring)."""
+    return unsharded_grad_bytes(training) == training.compute_bytes
+
+
+def held_at_backward_end(spec: ModelSpec, training: TrainingConfig, impl: Implementation, *, held: int,
+                         split: bool) -> int | None:
     """What accumulation adds at the end of the last micro-batch's backward (beside the new gradients that moment
-    already counts), where it differs from ``held``: under no_sync (the Trainer) FSDP reduce-scatters each
-    block's accumulated gradient in its post-backward and frees it, so only the root's are left, and the
-    embedding's backward, the last, sums its new gradient into its accumulator out of place (autograd sums in
-    place only into a gradient it holds the last reference to; the simulator applies the GPU's rule): the
-    accumulator and the sum, 2 x vocabulary x hidden in the compute dtype (the head's, summed earlier, is freed
-    again). Simulated: Qwen2.5-0.5B (tied), zero3 x8, seq 256, 1.5% above the measured peak, where ``held`` there
-    was 12% above; the tiny untied Llama of tests/estimate/test_accumulation.py below its measured peak, the
-    loss's. None: ``held`` stands (nothing held, or shards reduced every micro-batch)."""
+    already counts), where it differs from ``held``: under no_sync FSDP reduce-scatters each block's accumulated
+    gradient in its post-backward and frees it, so only the root's are left. ``split``: the buffers give the
+    embedding's backward apart (``StrategyBuffers.at_embedding_backward``).
+
+    In the gradient's dtype (``accumulator_beside_embedding``: the Trainer) and ``split``, the embedding's
+    accumulator, vocabulary x hidden in the compute dtype, beside the embedding's backward only (the root's
+    reduce-scatter then reduces it where it would reduce the new gradient): simulated with Qwen2.5-0.5B's shapes
+    (4 blocks, seq 256, the Trainer, zero3), tied over 8 ranks and untied over 2, 4 and 8, that moment is the
+    step's without accumulation plus 272,269,312 bytes (2 x 151,936 x 896), or the reduce-scatter's where that
+    is larger (untied over 2 ranks), to the byte (tests/estimate/test_accumulation.py). Counting the accumulator
+    and an out-of-place sum, as before, put the moment one such tensor over.
+
+    Otherwise (an fp32 accumulator, FSDP1, the head and embedding units of their own) 2 x vocabulary x hidden
+    in the compute dtype, as before: with FSDP2 reducing in fp32 (the torch recipe under --accumulation-sync
+    last_micro_batch) exact over two ranks and 2 x vocabulary x hidden bytes short over four and eight (the same
+    untied shapes). None: ``held`` stands (nothing held, or shards reduced every micro-batch)."""
     if not held or not accumulates_unsharded(training, impl):
         return None
     from advisor.estimate.block_sizes import block_params
@@ -112,4 +129,5 @@ def held_at_backward_end(spec: ModelSpec, training: TrainingConfig, impl: Implem
 
     layer, n_layers, _ = block_params(spec)
     embedding = min(trainable_split(spec, layer, n_layers)[1], (spec.vocab_size or 0) * (spec.hidden_size or 0))
-    return 2 * training.compute_bytes * embedding
+    copies = 1 if split and accumulator_beside_embedding(training) else 2
+    return copies * training.compute_bytes * embedding

@@ -60,8 +60,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_serializer
 
-from advisor.estimate.accumulation import (accumulates_unsharded, accumulation_steps, held_accumulated_grads,
-                                          held_at_backward_end)
+from advisor.estimate.accumulation import (accumulates_unsharded, accumulation_steps, accumulator_beside_embedding,
+                                          held_accumulated_grads, held_at_backward_end)
 from advisor.estimate.activation_kinds import activation_kind
 from advisor.estimate.activations import ActivationEstimate, Adapters, Dtypes, estimate_activations, shape_of
 from advisor.estimate.activations_encdec import ENCDEC_DORA_REFUSED
@@ -378,7 +378,8 @@ def estimate_memory(
                                   micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
-                             held_at_backward_end=held_at_backward_end(spec, training, impl, held=held)
+                             held_at_backward_end=held_at_backward_end(
+                                 spec, training, impl, held=held, split=buffers.at_embedding_backward is not None)
                              if accumulation_steps(training, dp_world=world, micro_batch_size=micro_batch_size) > 1
                              else None,  # kept zeros (torch < 2.0) without accumulation: the held shards stand
                              checkpointing=checkpointing,
@@ -576,8 +577,12 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     if buffers.at_backward_end is not None:  # the embedding's (FSDP2: the root's) backward, other gradients kept
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
         late = max(shards, held_grads) if held_at_backward_end is None else shards + held_at_backward_end
+        end = buffers.at_backward_end
+        if (held_at_backward_end is not None and buffers.at_embedding_backward is not None
+                and accumulator_beside_embedding(training)):  # the accumulator beside the embedding's backward only
+            end = max(end - held_at_backward_end, buffers.at_embedding_backward)
         moments["end_of_backward"] = dict(base, grads=rest_grads + late, activations=0,
-                                          temporary=buffers.persistent + buffers.at_backward_end)
+                                          temporary=buffers.persistent + end)
     moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
     # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).
     moment, parts = max(moments.items(), key=lambda item: (sum(item[1].values()), item[0] in CORE_MOMENTS))

@@ -33,6 +33,9 @@ class StrategyBuffers(BaseModel):
     at_backward_end: int | None = Field(default=None, description="Held at the end of backward beyond the "
                                         "gradients (FSDP2: the root's backward; replicated: the embedding's "
                                         "gradient and a tied head's); None: not a moment of its own.")
+    at_embedding_backward: int | None = Field(default=None, description="Of at_backward_end, the embedding's "
+                                              "backward alone (FSDP2, the root one unit): where a gradient accumulated "
+                                              "over micro-batches sits beside the new one; None: not split out.")
     grads_at_backward_end: int = Field(default=0, description="Gradients (shards) at the end of backward "
                                        "(FSDP2: the blocks' and, with fsdp_outer_units, the head's; the root's is "
                                        "being reduce-scattered; replicated: "
@@ -158,14 +161,14 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                 spec, impl, world, ub=ub, reduce_b=reduce_b, layer=layer, outside=outside, root_t=root_t, held=held,
                 ag_block=ag_block, blocks_bwd=blocks_bwd, grads=grads, h2d=h2d, n_layers=n_layers,
                 last_block_rs=reduce_b * per_block_t, pb=tb, grads_at_backward_end=-(-tb * block_t // world)))
+        backward_end, embedding_backward = _root_backward_end(
+            spec, outside, root_t, ub=ub, reduce_b=reduce_b, shard_b=tb, world=world,
+            last_block_rs=reduce_b * per_block_t, in_place=tied_sum_in_place(training))
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
                                in_backward=root + blocks_bwd + grads + h2d,
                                at_forward_start=forward_start, at_backward_start=backward_start,
                                at_last_block_forward=last_block_forward,
-                               at_backward_end=_root_backward_end(spec, outside, root_t, ub=ub, reduce_b=reduce_b,
-                                                                  world=world,
-                                                                  last_block_rs=reduce_b * per_block_t,
-                                                                  in_place=tied_sum_in_place(training)),
+                               at_backward_end=backward_end, at_embedding_backward=embedding_backward,
                                grads_at_backward_end=-(-tb * block_t // world))
     buckets = ddp_bucket_bytes(tb * spec.trainable_params, impl, world)
     # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
@@ -417,18 +420,20 @@ def tied_sum_in_place(training: TrainingConfig) -> bool:
     return training.loss == "fused" or (training.loss == "chunked" and training.seq_len >= 2)
 
 
-def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, reduce_b: int, world: int,
-                       last_block_rs: int, in_place: bool) -> int:
+def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, reduce_b: int, shard_b: int,
+                       world: int, last_block_rs: int, in_place: bool) -> tuple[int, int | None]:
     """FSDP2's buffers at the end of backward, beyond the blocks' gradient shards: the larger of the
     embedding's backward (the unsharded root, the head's gradient waiting in autograd's input buffer,
     the embedding's gradient, the root's other gradients, and under tied weights their sum, out of place unless ``in_place``
     (``tied_sum_in_place``: FSDP2's MixedPrecisionPolicy casts no weight, so only the loss kernel decides);
     the last block's reduce-scatter input, freed only when the next reduce-scatter is waited on) and the
     root's own reduce-scatter (its unsharded gradients and their reduce_dtype copy: _fsdp_collectives.py
-    foreach_reduce). Measured on the simulated step (tests/estimate/test_backward_end.py)."""
+    foreach_reduce), and the embedding's backward alone (None where the root makes no gradient): an accumulated
+    gradient sits beside it (``accumulation.held_at_backward_end``). Measured on the simulated step
+    (tests/estimate/test_backward_end.py, tests/estimate/test_accumulation.py)."""
     reduce_root = (ub + reduce_b) * root_t
     if root_t < outside:  # a frozen (or partly frozen) root: no embedding gradient is computed
-        return reduce_root
+        return reduce_root, None
     head = _head_params(spec)
     embedding = spec.embedding_params if spec.embedding_params is not None else head
     # Then foreach_reduce frees the gradients it copied in and allocates the reduce-scatter output (the rank's
@@ -439,9 +444,16 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     # ranks or one the output is half the input or all of it, and this point the larger. Counted for an untied head:
     # tied (StarCoder2's and OLMo 2's rows on one rank) the estimate was exact without it and 0.9-9.5% over with it.
     # Phi's untied rows are over with it too (sweep_cases.known_gap).
+    # Where the shard is reduced in another dtype than the parameters' (the Trainer's bf16 over fp32 shards)
+    # foreach_reduce casts the output to theirs beside it (_to_dtype_if_needed): the rank's shard once more, which the
+    # untied point holds. Simulated (the Trainer, bf16-mixed, zero3, Qwen2.5-0.5B's shapes untied, 4 blocks, seq 256):
+    # 4 x 272,270,208 / 2 = 544,540,416 bytes over two ranks, where the estimate's end of backward was 514,717,268
+    # short of the simulated one (-13.7%; over four ranks 106,311,956, -4.7%), now 2,516 bytes short on both.
     tied = bool(spec.tied_embeddings) or spec.head_params == 0
     if not tied:
-        reduce_root = max(reduce_root, reduce_b * root_t + reduce_b * -(-root_t // world) + ub * embedding)
+        shard = -(-root_t // world)
+        cast = shard_b * shard if shard_b != reduce_b else 0
+        reduce_root = max(reduce_root, reduce_b * root_t + reduce_b * shard + cast + ub * embedding)
     head_grad = embedding if tied else (spec.head_params if spec.head_params is not None else head)
     summed = embedding if tied and not in_place else 0
     # The root's other parameters (a learned position table, the final norm) got their gradients earlier in
@@ -449,7 +461,7 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     # after it in forward). Sweep fe471bf63189 (GPT-2, 8,192 positions, zero3 x4, s128): -5.78% without them.
     others = max(0, outside - embedding - (0 if tied else head_grad))
     embedding_backward = ub * outside + ub * (head_grad + embedding + summed + others) + last_block_rs
-    return max(reduce_root, embedding_backward)
+    return max(reduce_root, embedding_backward), embedding_backward
 
 
 def _replicated_backward_end(spec: ModelSpec, pb: int, in_place: bool) -> tuple[int | None, int]:

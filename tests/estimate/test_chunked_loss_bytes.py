@@ -16,9 +16,10 @@ TOKENS = 1024
 BF16 = Dtypes(residual=2, compute=2, input_casts=False)
 
 
-# Vocabulary to width 64:1, 4:1 and 2:1. Small: a CPU without bf16 matrix instructions (AVX2 only, as CI's) runs a bf16
-# matmul some 300x slower than fp32 (49 s for 1,024 x 1,024 x 4,096 where fp32 takes 0.14 s).
-@pytest.mark.parametrize("vocab,width", [(4096, 64), (2048, 512), (1024, 512)])
+# Vocabulary to width 64:1 and 2:1 (4:1, 2,048 x 512, passed as well and was left out for CI's time: 88 s of its
+# two workers). Small: a CPU without bf16 matrix instructions (AVX2 only, as CI's) runs a bf16 matmul some 300x slower
+# than fp32 (49 s for 1,024 x 1,024 x 4,096 where fp32 takes 0.14 s).
+@pytest.mark.parametrize("vocab,width", [(4096, 64), (1024, 512)])
 @pytest.mark.parametrize("head_trains", [False, True])
 def test_each_form_against_its_real_step(vocab, width, head_trains):
     from benchmarks.chunked_loss_bytes import measure

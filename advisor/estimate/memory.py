@@ -376,12 +376,13 @@ def estimate_memory(
     flat_params = training.compute_bytes * spec.trainable_params // (world if impl.shard_params else 1)
     held = held_accumulated_grads(spec, training, impl, states, world=world, dp_world=world,
                                   micro_batch_size=micro_batch_size)
+    steps = accumulation_steps(training, dp_world=world, micro_batch_size=micro_batch_size)
     return memory_at_moments(states, acts, buffers, training, impl, world=world, dequantized=dequantized,
                              flat_param_bytes=flat_params, gpu=hardware.gpu.name, held_grads=held,
                              held_at_backward_end=held_at_backward_end(
                                  spec, training, impl, held=held, split=buffers.at_embedding_backward is not None)
-                             if accumulation_steps(training, dp_world=world, micro_batch_size=micro_batch_size) > 1
-                             else None,  # kept zeros (torch < 2.0) without accumulation: the held shards stand
+                             if steps > 1 else None,  # kept zeros (torch < 2.0) without accumulation: the
+                             micro_batches=steps,       # held shards stand
                              checkpointing=checkpointing,
                              **whole_rank_extras(spec, training, impl, acts, micro_batch_size=micro_batch_size,
                                                  checkpointing=checkpointing),
@@ -490,7 +491,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
                       kv_cache: KvCacheBytes | None = None, last_block_acts: int | None = None,
                       saved_head_grad: int = 0, capacity_bytes: int | None = None,
                       device_bytes: int | None = None, held_at_backward_end: int | None = None,
-                      dora_weight: int = 0, dora_recompute: int = 0, checkpointing: bool) -> MemoryBreakdown:
+                      micro_batches: int = 1, dora_weight: int = 0, dora_recompute: int = 0,
+                      checkpointing: bool) -> MemoryBreakdown:
     """The moments of the step from one rank's states, activations and strategy buffers; the
     largest is the peak. Shared by the data-parallel estimate above and the mesh estimate
     (``advisor.estimate.model_parallel``), which passes its own per-rank shares. ``dequantized``: one
@@ -506,7 +508,8 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     backward (``traced.saved_head_gradient``): not there yet when that backward begins. ``capacity_bytes``: the
     GPU's memory, where bitsandbytes' paged optimizer state is placed (``in_backward.place_paged_state``); None
     counts it on the device. ``held_at_backward_end``: what the held gradients are at the end of backward where
-    that differs (``accumulation.held_at_backward_end``). ``dora_weight``: what a DoRA layer's forward holds to build
+    that differs (``accumulation.held_at_backward_end``); ``micro_batches``: how many a step runs (an earlier one's
+    end of backward, under no_sync, can be the larger). ``dora_weight``: what a DoRA layer's forward holds to build
     and norm its adapter's weight (``activations_blocks.dora_weight_bytes``), in the last block's forward beside what
     the blocks saved; ``dora_recompute`` the same in a checkpointed block's recomputation. ``device_bytes``: the GPU's memory, where the reserved memory stops
     (``reduce_scatter_pool_bytes``: the allocator frees cached blocks before it fails); None: no cap."""
@@ -583,6 +586,12 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
             end = max(end - held_at_backward_end, buffers.at_embedding_backward)
         moments["end_of_backward"] = dict(base, grads=rest_grads + late, activations=0,
                                           temporary=buffers.persistent + end)
+        if (held_at_backward_end is not None and buffers.at_unsynced_embedding_backward is not None
+                and accumulator_beside_embedding(training)):  # an earlier micro-batch's: every gradient held
+            first, later = buffers.at_unsynced_embedding_backward
+            earlier = dict(base, activations=0, temporary=buffers.persistent + (later if micro_batches > 2 else first))
+            if sum(earlier.values()) > sum(moments["end_of_backward"].values()):
+                moments["end_of_backward"] = earlier
     moments = {name: moments[name] for name in get_args(PeakMoment) if name in moments}  # step order
     # Ties go to the core moments (so a plan whose peak is unchanged keeps its peak_moment).
     moment, parts = max(moments.items(), key=lambda item: (sum(item[1].values()), item[0] in CORE_MOMENTS))

@@ -36,6 +36,9 @@ class StrategyBuffers(BaseModel):
     at_embedding_backward: int | None = Field(default=None, description="Of at_backward_end, the embedding's "
                                               "backward alone (FSDP2, the root one unit): where a gradient accumulated "
                                               "over micro-batches sits beside the new one; None: not split out.")
+    at_unsynced_embedding_backward: tuple[int, int] | None = Field(
+        default=None, description="The embedding's backward in a micro-batch before the last under no_sync (FSDP2, "
+        "the root one unit), beyond the gradients held: (the first micro-batch's, a later one's).")
     grads_at_backward_end: int = Field(default=0, description="Gradients (shards) at the end of backward "
                                        "(FSDP2: the blocks' and, with fsdp_outer_units, the head's; the root's is "
                                        "being reduce-scattered; replicated: "
@@ -161,7 +164,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                 spec, impl, world, ub=ub, reduce_b=reduce_b, layer=layer, outside=outside, root_t=root_t, held=held,
                 ag_block=ag_block, blocks_bwd=blocks_bwd, grads=grads, h2d=h2d, n_layers=n_layers,
                 last_block_rs=reduce_b * per_block_t, pb=tb, grads_at_backward_end=-(-tb * block_t // world)))
-        backward_end, embedding_backward = _root_backward_end(
+        backward_end, embedding_backward, unsynced = _root_backward_end(
             spec, outside, root_t, ub=ub, reduce_b=reduce_b, shard_b=tb, world=world,
             last_block_rs=reduce_b * per_block_t, in_place=tied_sum_in_place(training))
         return StrategyBuffers(persistent=0, at_loss=root + at_loss + h2d, at_forward_end=forward_end,
@@ -169,6 +172,7 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
                                at_forward_start=forward_start, at_backward_start=backward_start,
                                at_last_block_forward=last_block_forward,
                                at_backward_end=backward_end, at_embedding_backward=embedding_backward,
+                               at_unsynced_embedding_backward=unsynced,
                                grads_at_backward_end=-(-tb * block_t // world))
     buckets = ddp_bucket_bytes(tb * spec.trainable_params, impl, world)
     # Autocast casts fp32 weights: the head's gradient reaches the tied matrix as a fresh cast-back copy.
@@ -421,7 +425,8 @@ def tied_sum_in_place(training: TrainingConfig) -> bool:
 
 
 def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, reduce_b: int, shard_b: int,
-                       world: int, last_block_rs: int, in_place: bool) -> tuple[int, int | None]:
+                       world: int, last_block_rs: int,
+                       in_place: bool) -> tuple[int, int | None, tuple[int, int] | None]:
     """FSDP2's buffers at the end of backward, beyond the blocks' gradient shards: the larger of the
     embedding's backward (the unsharded root, the head's gradient waiting in autograd's input buffer,
     the embedding's gradient, the root's other gradients, and under tied weights their sum, out of place unless ``in_place``
@@ -429,11 +434,12 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     the last block's reduce-scatter input, freed only when the next reduce-scatter is waited on) and the
     root's own reduce-scatter (its unsharded gradients and their reduce_dtype copy: _fsdp_collectives.py
     foreach_reduce), and the embedding's backward alone (None where the root makes no gradient): an accumulated
-    gradient sits beside it (``accumulation.held_at_backward_end``). Measured on the simulated step
-    (tests/estimate/test_backward_end.py, tests/estimate/test_accumulation.py)."""
+    gradient sits beside it (``accumulation.held_at_backward_end``); and that backward in a micro-batch before the
+    last under no_sync, beyond the gradients held (``StrategyBuffers.at_unsynced_embedding_backward``). Measured on
+    the simulated step (tests/estimate/test_backward_end.py, tests/estimate/test_accumulation.py)."""
     reduce_root = (ub + reduce_b) * root_t
     if root_t < outside:  # a frozen (or partly frozen) root: no embedding gradient is computed
-        return reduce_root, None
+        return reduce_root, None, None
     head = _head_params(spec)
     embedding = spec.embedding_params if spec.embedding_params is not None else head
     # Then foreach_reduce frees the gradients it copied in and allocates the reduce-scatter output (the rank's
@@ -461,7 +467,12 @@ def _root_backward_end(spec: ModelSpec, outside: int, root_t: int, *, ub: int, r
     # after it in forward). Sweep fe471bf63189 (GPT-2, 8,192 positions, zero3 x4, s128): -5.78% without them.
     others = max(0, outside - embedding - (0 if tied else head_grad))
     embedding_backward = ub * outside + ub * (head_grad + embedding + summed + others) + last_block_rs
-    return max(reduce_root, embedding_backward), embedding_backward
+    # A micro-batch before the last under no_sync reduce-scatters nothing: no block's input is held, and the
+    # gradients it makes here come beside the held ones (the whole model's, counted apart): from the second on
+    # these, as in the last one; in the first a tied head's gradient is the held one (its weight had none).
+    later = embedding_backward - last_block_rs
+    unsynced = (later - (ub * head_grad if tied else 0), later)
+    return max(reduce_root, embedding_backward), embedding_backward, unsynced
 
 
 def _replicated_backward_end(spec: ModelSpec, pb: int, in_place: bool) -> tuple[int | None, int]:

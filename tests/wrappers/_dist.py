@@ -140,7 +140,7 @@ def run_scenarios(
                 if time.monotonic() > deadline:
                     died = f"timed out: no scenario finished within {timeout_s:.0f}s"
                     break
-        except mp.ProcessException as error:  # a rank died outside a scenario (a signal, a C++ abort)
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as error:  # a rank died outside a scenario
             died = f"a rank exited early: {error}"
         finally:
             for process in context.processes:

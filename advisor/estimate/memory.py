@@ -581,13 +581,14 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
         shards = 0 if cpu_side else buffers.grads_at_backward_end  # offloaded shards go to the CPU
         late = max(shards, held_grads) if held_at_backward_end is None else shards + held_at_backward_end
         end = buffers.at_backward_end
-        if (held_at_backward_end is not None and buffers.at_embedding_backward is not None
-                and accumulator_beside_embedding(training)):  # the accumulator beside the embedding's backward only
+        # The Trainer's no_sync accumulator, split out where the buffers give the embedding's backward apart
+        beside = (held_at_backward_end is not None and buffers.at_embedding_backward is not None
+                  and accumulator_beside_embedding(training))
+        if beside:  # the accumulator beside the embedding's backward only
             end = max(end - held_at_backward_end, buffers.at_embedding_backward)
         moments["end_of_backward"] = dict(base, grads=rest_grads + late, activations=0,
                                           temporary=buffers.persistent + end)
-        if (held_at_backward_end is not None and buffers.at_unsynced_embedding_backward is not None
-                and accumulator_beside_embedding(training)):  # an earlier micro-batch's: every gradient held
+        if beside:  # an earlier micro-batch's end of backward: every gradient held
             first, later = buffers.at_unsynced_embedding_backward
             earlier = dict(base, activations=0, temporary=buffers.persistent + (later if micro_batches > 2 else first))
             if sum(earlier.values()) > sum(moments["end_of_backward"].values()):

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, computed_fiel
 from advisor.frozen import in_json_order, validated_copy
 from advisor.hardware.cluster import Hardware
 from advisor.calibration import error_table
+from advisor.estimate.accumulation import accumulation_steps
 from advisor.estimate.error_bars import MemoryRange, memory_range, relative_bounds
 from advisor.estimate.memory import MemoryBreakdown, estimate_memory
 from advisor.estimate.quantized import quantization_unavailable
@@ -220,12 +221,6 @@ def _accumulation(training: TrainingConfig, world: int, micro: int) -> int | Non
     return training.global_batch_size // (micro * world)
 
 
-def _steps(training: TrainingConfig, world: int, micro: int) -> int:
-    """The micro-batches one optimizer step of a candidate runs: 1 without a global batch (what its step time and
-    every export assume; a pipeline's schedule sets its own, see ``staged``)."""
-    return _accumulation(training, world, micro) or 1
-
-
 def _micro_batch_choices(training: TrainingConfig, world: int) -> list[int]:
     """Micro-batch sizes to try, largest first."""
     if training.micro_batch_size is not None:
@@ -402,7 +397,8 @@ def evaluate_candidate(
         # nothing fits: report it, the configuration closest to fitting
         return staged(Candidate(**base, available=True, fits=False, micro_batch_size=min(choices),
                          checkpointing=modes[-1],
-                         gradient_accumulation_steps=_steps(training, dp_world, min(choices)),
+                         gradient_accumulation_steps=accumulation_steps(training, dp_world=dp_world,
+                                                                  micro_batch_size=min(choices)),
                          memory_bytes=lightest, memory_range=span(lightest, modes[-1]),
                          cpu_memory_bytes=_cpu_per_node(lightest, hardware)))
     fitting: list[Candidate] = []
@@ -410,7 +406,7 @@ def evaluate_candidate(
         micro, is_roomy = largest(mode)
         if micro is not None:
             mem = memory(micro, mode)
-            accumulation = _steps(training, dp_world, micro)
+            accumulation = accumulation_steps(training, dp_world=dp_world, micro_batch_size=micro)
             timing = timing_of(micro, mode, accumulation)
             fitting.append(Candidate(**base, available=True, fits=True, micro_batch_size=micro,
                                      checkpointing=mode,
@@ -440,7 +436,8 @@ def evaluate_candidate(
     mem = memory(micro, mode)
     return staged(Candidate(**base, available=True, fits=False, micro_batch_size=micro,
                             checkpointing=mode,
-                            gradient_accumulation_steps=_steps(training, dp_world, micro),
+                            gradient_accumulation_steps=accumulation_steps(training, dp_world=dp_world,
+                                                                            micro_batch_size=micro),
                             memory_bytes=mem, memory_range=span(mem, mode),
                             cpu_memory_bytes=_cpu_per_node(mem, hardware)))
 

@@ -74,7 +74,7 @@ import functools
 
 from advisor.estimate.activations import ActivationEstimate, ActivationShape, estimate_activations, shape_of
 from advisor.estimate.activations_blocks import cuda_math_sdpa_at
-from advisor.estimate.accumulation import held_accumulated_grads
+from advisor.estimate.accumulation import accumulation_steps, held_accumulated_grads, held_at_backward_end
 from advisor.estimate.memory import (MemoryBreakdown, image_tokens, memory_at_moments, memory_loss_kernel, model_states,
                                      recipe_dtypes, vision_tower_bytes, whole_rank_extras)
 from advisor.estimate.states import FP32
@@ -381,6 +381,12 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
                               checkpointing=checkpointing) if mesh.tp == 1 and mesh.cp == 1 else {}
     held = held_accumulated_grads(local, training, impl, states, world=shard_world, dp_world=mesh.dp,
                                   micro_batch_size=micro_batch_size)
+    steps = accumulation_steps(training, dp_world=mesh.dp, micro_batch_size=micro_batch_size)
+    # The end of backward under no_sync as data parallelism holds it (tp 1: the same blocks, root and buffers;
+    # replicas only all-reduce the shards the reduce-scatter made); under TP not read yet: ``held`` stands.
+    at_end = (held_at_backward_end(local, training, impl, held=held, split=buffers.at_embedding_backward is not None)
+              if steps > 1 and mesh.tp == 1 else None)
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
                              gpu=hardware.gpu.name, held_grads=held, device_bytes=hardware.gpu_memory_bytes,
+                             held_at_backward_end=at_end, micro_batches=steps if at_end is not None else 1,
                              checkpointing=checkpointing, **whole)

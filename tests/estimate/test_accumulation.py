@@ -11,7 +11,9 @@ import pytest
 
 from advisor.estimate.accumulation import accumulation_steps, held_accumulated_grads
 from advisor.estimate.memory import estimate_memory, model_states
+from advisor.estimate.model_parallel import estimate_mesh_memory
 from advisor.hardware.cluster import parse_gpus
+from advisor.mesh import ParallelDims
 from advisor.model.sources import resolve_model, spec_from_config
 from advisor.simulate.step import simulate
 from advisor.strategies import get_strategy
@@ -178,18 +180,48 @@ def test_the_trainers_end_of_backward_against_the_simulated_embedding_backward(t
       backward adds the head's and the embedding's new gradients (and, tied, their sum; in the first micro-batch a
       tied head's gradient is the held one) beside them, the step's peak untied over 4 ranks (154,514,668, where
       the estimate said 154,511,872 of the last micro-batch's) and tied over 8 at 3 micro-batches (the second)."""
-    from advisor.model.bundled import load_bundled_config
-
-    config = {**load_bundled_config("Qwen/Qwen2.5-0.5B"), "hidden_size": 256, "intermediate_size": 704,
-              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "num_hidden_layers": 2,
-              "tie_word_embeddings": tied, "_name_or_path": f"small-qwen2-{'tied' if tied else 'untied'}"}
+    config = _small_qwen2(tied)
     training = TrainingConfig(seq_len=256, recipe="trainer", global_batch_size=world * steps if steps > 1 else None)
     spec = spec_from_config(config, name="small-qwen2", source="local")
     estimate = _estimate("zero3", world, training, checkpointing=True, spec=spec).at_end_of_backward
+    measured = _simulated_embedding_backward(config, world, training)
+    assert abs(estimate / measured - 1) < 0.001, (estimate, measured)
+
+
+def test_an_hsdp_mesh_ends_backward_as_its_shard_group_does_under_the_trainer():
+    """HSDP over 2 replicas of 2 shards (4 GPUs), the Trainer, 2 micro-batches a step (global batch 8): each rank
+    shards and accumulates as zero3 over 2 ranks does (the replicas all-reduce the shards the last micro-batch's
+    reduce-scatter makes, in place), so its end of backward is the simulated zero3 step's over 2 ranks with 2
+    micro-batches (global batch 4), to 0.1%. The mesh estimate passed neither the accumulator nor the earlier
+    micro-batch before: 240,665,856 bytes against the simulated 207,899,884 (+15.8%; 2 x 4 shards, global batch 16:
+    +5.3%): every unit's held gradient counted at the end of backward, where the last micro-batch has reduced and
+    freed all but the embedding's accumulator."""
+    config = _small_qwen2(False)
+    spec = spec_from_config(config, name="small-qwen2", source="local")
+    mesh = ParallelDims(dp_replicate=2, dp_shard=2, world_size=4)
+    estimate = estimate_mesh_memory(spec, parse_gpus("4xH100"), TrainingConfig(seq_len=256, recipe="trainer",
+                                                                                global_batch_size=8),
+                                    get_strategy("zero3").on("torch"), mesh, micro_batch_size=1,
+                                    checkpointing=True).at_end_of_backward
+    measured = _simulated_embedding_backward(config, 2, TrainingConfig(seq_len=256, recipe="trainer",
+                                                                       global_batch_size=4))
+    assert abs(estimate / measured - 1) < 0.001, (estimate, measured)
+
+
+def _small_qwen2(tied: bool) -> dict:
+    """Qwen2.5-0.5B's config at width 256 (8 heads, 2 key-value), MLP 704, 2 blocks, vocabulary 32,000."""
+    from advisor.model.bundled import load_bundled_config
+
+    return {**load_bundled_config("Qwen/Qwen2.5-0.5B"), "hidden_size": 256, "intermediate_size": 704,
+            "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 32000, "num_hidden_layers": 2,
+            "tie_word_embeddings": tied, "_name_or_path": f"small-qwen2-{'tied' if tied else 'untied'}"}
+
+
+def _simulated_embedding_backward(config: dict, world: int, training: TrainingConfig) -> int:
+    """The largest of the simulated zero3 step's embedding backwards (one a micro-batch), checkpointing on."""
     sim = simulate(config, world_size=world, strategy="zero3", training=training, micro_batch_size=1,
                    checkpointing=True, timeline=True)
-    measured = max(s.peak.total for s in sim.timeline.segments if s.label == "embed_tokens" and s.phase == "backward")
-    assert abs(estimate / measured - 1) < 0.001, (estimate, measured)
+    return max(s.peak.total for s in sim.timeline.segments if s.label == "embed_tokens" and s.phase == "backward")
 
 
 def test_an_earlier_micro_batch_ends_backward_holding_every_gradient_by_hand():

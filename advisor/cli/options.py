@@ -82,7 +82,7 @@ PLAN_OPTIONS: list[Callable] = [
     click.option("--optimizer", type=_choice(get_args(Optimizer)), help="Default adamw."),
     click.option("--precision", type=_choice(PRECISIONS), help="Default bf16-mixed."),
     click.option("--seq-len", callback=lambda ctx, param, value: _seq_len(value),
-                 help="Tokens per sample (default 2048), or 'max': the longest that fits at micro-batch 1."),
+                 help="Tokens per sample (default 2048, or the model's context where shorter), or 'max': the longest that fits at micro-batch 1."),
     click.option("--target-len", type=click.IntRange(1, MAX_SEQ_LEN),
                  help="Decoder tokens per sample (encoder-decoder models; default: --seq-len)."),
     click.option("--images-per-sample", type=click.IntRange(0, 4096),

@@ -116,6 +116,7 @@ def _gpt2(cfg: dict, info: ArchitectureInfo) -> dict | None:
         vocab_size=vocab,
         gated_mlp=False,
         max_position_embeddings=positions,
+        learned_positions=True,
         # transformers' ACT2FN: 'gelu' is F.gelu, 'gelu_pytorch_tanh' F.gelu(approximate='tanh'), 'relu'
         # nn.ReLU: one op each; the default 'gelu_new' is NewGELUActivation, a chain of Python ops.
         one_op_mlp_act=cfg.get("activation_function", "gelu_new") in ONE_OP_ACTIVATIONS,
@@ -158,6 +159,7 @@ def _bert(cfg: dict, info: ArchitectureInfo, architecture: str | None) -> dict |
         vocab_size=vocab,
         gated_mlp=False,
         max_position_embeddings=positions,
+        learned_positions=True,
     )
 
 

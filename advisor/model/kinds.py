@@ -148,7 +148,7 @@ def bart_parts(cfg: dict, architecture: str | None) -> dict | None:
     return dict(embedding_params=vocab * d, head_params=0, other_params=encoder + decoder, tied_embeddings=True,
                 num_layers=n_enc + n_dec, hidden_size=d, num_attention_heads=heads, num_kv_heads=heads,
                 head_dim=d // heads, intermediate_size=f_enc, vocab_size=vocab, gated_mlp=False,
-                max_position_embeddings=pos,
+                max_position_embeddings=pos, learned_positions=True,
                 encdec=EncDecFacts(num_encoder_layers=n_enc, num_decoder_layers=n_dec,
                                    activation=str(cfg.get("activation_function", "gelu")), gated=False, kind="bart",
                                    activation_dropout=bool(cfg.get("activation_dropout", 0.0)),

@@ -70,6 +70,9 @@ class ModelSpec(BaseModel):
     encdec: EncDecFacts | None = Field(default=None, description="Encoder and decoder depths, feed-forward kind (T5).")
     hybrid: HybridFacts | None = Field(default=None, description="Per-layer attention / Mamba and MoE / MLP pattern (Jamba).")
     max_position_embeddings: int | None = Field(default=None, ge=1, description="Longest context.")
+    learned_positions: bool = Field(default=False, exclude_if=lambda learned: not learned,
+                                    description="Absolute positions from a learned table of max_position_embeddings "
+                                                "rows (GPT-2, BERT, BART): no longer input runs.")
     sliding_window: int | None = Field(default=None, ge=1, exclude_if=lambda window: window is None,
                                        description="Sliding-window attention span of every layer (tokens); "
                                                    "None: full causal attention.")

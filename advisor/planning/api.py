@@ -461,6 +461,11 @@ def plan(
     live_config = config if config is not None or not hasattr(getattr(model, "config", None), "to_dict") else \
         model.config.to_dict()  # a live model's own config: its label count
     spec, training = apply_task(spec, live_config, training, task=task, num_labels=num_labels, notes=notes)
+    context = spec.max_position_embeddings
+    if not search_length and "seq_len" not in training.model_fields_set and context and training.seq_len > context:
+        notes.append(f"sequence length {context:,} tokens: the model's context (max_position_embeddings), where the "
+                     f"default {training.seq_len:,} is past it (--seq-len)")
+        training = validated_copy(training, {"seq_len": context})
     if training.chunked_nll and spec.head is None and spec.loss_kernel_refusal \
             and spec.loss_kernel_refusal.startswith(TRANSFORMS_LOGITS):
         # TRL's chunked_nll applies a soft-cap or a scale to each chunk itself, which chunked_nll_bytes does not count
@@ -602,8 +607,10 @@ def plan(
             at = (f"--global-batch {training.global_batch_size}" if training.global_batch_size is not None else
                   f"micro-batch {training.micro_batch_size or 1}")
             raise ValueError(f"not even one token fits on these GPUs at {at}; see advisor plan without --seq-len max")
-        training = validated_copy(training, {"seq_len": best})
         notes.append(longest_note(spec, longest, best, training.micro_batch_size))
+        if spec.learned_positions and spec.max_position_embeddings and best > spec.max_position_embeddings:
+            best = spec.max_position_embeddings  # a learned position table: no longer input runs
+        training = validated_copy(training, {"seq_len": best})
     candidates, recommendation, why = [], None, []  # why: the reasons (advisor.planning.reasons), in order
     if dp_blocked is None:
         candidates = [evaluate_candidate(spec, hw, training, name) for name in names]
@@ -630,9 +637,8 @@ def plan(
             roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len,
                                        recommendation.mesh)
             why.extend([roomy] if roomy is not None else [])
-        context = spec.max_position_embeddings
-        if recommendation is not None and context and training.seq_len > context:
-            why.insert(0, BeyondContext(seq_len=training.seq_len, context=context))
+    if recommendation is not None and context and training.seq_len > context:  # --seq-len max, or a given length
+        why.insert(0, BeyondContext(seq_len=training.seq_len, context=context, learned=spec.learned_positions))
     if not (strategy or pins.any or search_length or dp_blocked) and (
             recommendation is None or recommendation.mesh is None or asked.policy != "fastest"):
         # a remedy is the command with one change: planned from what was asked (advisor.planning.remedies)

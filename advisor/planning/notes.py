@@ -43,6 +43,9 @@ def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, mic
     context = spec.max_position_embeddings
     beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
               "scaling or a longer-context checkpoint" if context and best > context else "")
+    if context and best > context and spec.learned_positions:
+        beyond = (f"; the plan is shown at the model's context, {context:,} tokens (max_position_embeddings): its "
+                  "positions are a learned table, so no longer input runs")
     return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
             "the estimate; "
             f"the candidates are shown at the longest on the GPUs alone (where one holds a token), {best:,} tokens{beyond}")

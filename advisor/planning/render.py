@@ -251,6 +251,10 @@ def _longer_with_offload(x: r.LongerWithOffload) -> str:
 
 
 def _beyond_context(x: r.BeyondContext) -> str:
+    if x.learned:
+        return (f"{x.seq_len:,} tokens is past the model's context of {x.context:,} tokens (max_position_embeddings): "
+                f"its positions are a learned table of {x.context:,} rows, so a longer input fails (--seq-len "
+                f"{x.context} stays within it).")
     return (f"{x.seq_len:,} tokens is past the model's context of {x.context:,} tokens (max_position_embeddings): "
             f"training that long needs RoPE scaling or a longer-context checkpoint (--seq-len {x.context} stays "
             "within it).")
@@ -579,7 +583,7 @@ def headline_reason(plan) -> str:
             return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
         return render(first)
     if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
-        return render(plan.reasons[0])  # --seq-len max past the model's context: that first
+        return render(plan.reasons[0])  # a length past the model's context: that first
     roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
     if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next
         return render(roomy)

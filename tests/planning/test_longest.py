@@ -214,3 +214,32 @@ def test_a_batch_no_rank_count_splits_is_named_not_the_length():
         advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len=4096, recipe="trainer")
     pinned = advisor.plan("meta-llama/Llama-3.1-8B", "2x8xH100", global_batch_size=3, seq_len="max", tp=2).chosen
     assert pinned.mesh.pp > 1 and pinned.mesh.tp == 2
+
+
+def test_the_default_length_stays_within_the_models_context():
+    """GPT-2's learned position table has 1,024 rows (n_positions) and BERT's 512 (max_position_embeddings): a
+    plan without --seq-len was shown at the default 2,048, a length neither model can take. The default stops at
+    the context, said among the assumptions; a rotary model's default is 2,048 as before."""
+    for model, context in (("openai-community/gpt2", 1024), ("google-bert/bert-base-uncased", 512)):
+        plan = advisor.plan(model, "1xA100")
+        assert plan.training.seq_len == context
+        assert f"sequence length {context:,} tokens: the model's context (max_position_embeddings)" in \
+            " ".join(plan.assumptions)
+        assert not [x for x in plan.reasons if x.kind == "beyond-context"]
+    assert advisor.plan("Qwen/Qwen2.5-0.5B", "1xA100").training.seq_len == 2048
+
+
+def test_a_given_length_past_learned_positions_is_said_first_and_max_stops_at_them():
+    """--seq-len 4096 on GPT-2 is planned as asked, but the why opens with the limit: a learned table of 1,024
+    positions, so no longer input runs (not the RoPE scaling a rotary model's line suggests). --seq-len max on GPT-2
+    holds over 100,000 tokens on an A100 by the estimate; the plan is shown at the 1,024 the model takes."""
+    plan = advisor.plan("openai-community/gpt2", "1xA100", seq_len=4096)
+    assert plan.training.seq_len == 4096
+    assert plan.reasons[0].kind == "beyond-context" and plan.reasons[0].learned
+    assert plan.why[0] == ("4,096 tokens is past the model's context of 1,024 tokens (max_position_embeddings): its "
+                           "positions are a learned table of 1,024 rows, so a longer input fails (--seq-len 1024 "
+                           "stays within it).")
+    longest = advisor.plan("openai-community/gpt2", "1xA100", seq_len="max")
+    assert longest.training.seq_len == 1024 and max(v for v in longest.longest_seq_len.values() if v) > 100_000
+    assert not [x for x in longest.reasons if x.kind == "beyond-context"]
+    assert "the plan is shown at the model's context, 1,024 tokens" in " ".join(longest.assumptions)

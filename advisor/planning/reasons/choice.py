@@ -354,12 +354,15 @@ class LongerWithOffload(ReasonModel):
 
 
 class BeyondContext(ReasonModel):
-    """``--seq-len max``: ``265,616 tokens is past the model's context of 131,072 tokens (max_position_embeddings):
-    training that long needs RoPE scaling or a longer-context checkpoint (--seq-len 131072 stays within it).``"""
+    """``--seq-len max``, or a ``--seq-len`` past the context: ``265,616 tokens is past the model's context of
+    131,072 tokens (max_position_embeddings): training that long needs RoPE scaling or a longer-context checkpoint
+    (--seq-len 131072 stays within it).`` With learned positions (GPT-2, BERT, BART) no longer input runs."""
 
     kind: Literal["beyond-context"] = "beyond-context"
-    seq_len: int = Field(description="The plan's length: the longest the GPUs hold.")
+    seq_len: int = Field(description="The plan's length: the longest the GPUs hold, or the one given.")
     context: int = Field(description="The model's max_position_embeddings.")
+    learned: bool = Field(default=False, exclude_if=lambda learned: not learned,
+                          description="The positions are a learned table of `context` rows: a longer input fails.")
 
 
 class LongestWithinHeadroom(ReasonModel):

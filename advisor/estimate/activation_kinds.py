@@ -260,7 +260,7 @@ ACTIVATION_KINDS: dict[str, ActivationKind] = {row.name: row for row in (
              frozen_base=False),
     ActivationKind("gpt2", _formula("gpt2"), layer=encoder_layer_per_token,
                    one_op_mlp=lambda shape: shape.one_op_mlp_act),
-    ActivationKind("bert", _formula("bert"), layer=encoder_layer_per_token),
+    ActivationKind("bert", _formula("bert"), layer=encoder_layer_per_token, eager_softmax=lambda shape: True),
     ActivationKind("gpt_neox", _formula("gpt_neox"), layer=neox_layer_per_token, one_op_mlp=lambda shape: True),
     _decoder("decoder"),
     _decoder("size", shape=_size_fields, note=lambda spec: SIZE_ONLY_NOTE),

@@ -195,6 +195,15 @@ def eager_remaining_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: in
     return norm + attn
 
 
+def encoder_eager_remaining_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int) -> int:
+    """What a BERT block still holds when its eager softmax runs backward (``eager_backward_per_token``): q and k,
+    saved by the scores' matmul, and the softmax output (fp32 under autocast). Its LayerNorms, MLP, dropout masks
+    and the dropped-out probabilities were freed by their backward; its input belongs to the block below."""
+    scores = shape.num_attention_heads * seq_len
+    softmax = FP32 if dt.input_casts else dt.compute
+    return 2 * dt.compute * shape.num_attention_heads * shape.head_dim + softmax * scores
+
+
 def attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """Bytes one token leaves saved in a Llama-style block's attention (q, k, v to the output; the
     norm before it and the input casts are the block's). Latent attention: ``advisor.estimate.activations_moe``."""

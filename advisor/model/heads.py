@@ -34,6 +34,20 @@ if TYPE_CHECKING:  # pragma: no cover
 CAUSAL_LM = "causal-lm"
 Task = Literal["sequence-classification", "token-classification", "question-answering"]
 DEFAULT_NUM_LABELS = 2  # transformers PretrainedConfig: id2label of two labels unless the config says
+ENCODER_CLASS_SUFFIXES = ("ForMaskedLM", "ForPreTraining", "Model")  # BertForMaskedLM, BertModel: the family prefix
+
+
+class EncoderHead(BaseModel):
+    """How an encoder family's head class differs from the decoders' (``HeadRow.encoders``): BERT's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    module: str = Field(description="The head's linear layer (classifier, qa_outputs).")
+    bias: bool = Field(description="The linear layer has a bias.")
+    pooler: bool = Field(description="The base model keeps its pooler (dense hidden x hidden and tanh over the "
+                                     "first token), which the head reads; the loss reads one row a sequence.")
+    dropout: bool = Field(description="Dropout on the last hidden state of every token before the head.")
+    base_prefix: str = Field(description="The base model's attribute (base_model_prefix): bert.")
 
 
 class HeadRow(BaseModel):
@@ -53,6 +67,8 @@ class HeadRow(BaseModel):
     model_types: tuple[str, ...] = Field(description="The decoder families transformers defines this head class for.")
     base_prefix: str = Field(description="The base model's attribute (base_model_prefix): model.")
     base_prefix_by_model_type: dict[str, str] = Field(description="Families whose class keeps another prefix.")
+    encoders: dict[str, EncoderHead] = Field(default={}, description="Encoder families (BERT) with this head "
+                                             "class, and how theirs differs, by model_type.")
 
 
 class TaskHead(BaseModel):
@@ -104,10 +120,12 @@ def head_class(architecture: str | None, task: str) -> str:
     row = load_task_heads()[task]
     if architecture and architecture.endswith(row.class_suffix):
         return architecture
-    if not architecture or not architecture.endswith("ForCausalLM"):
-        named = f"not {architecture}" if architecture else "and this config names no architectures"
-        raise ValueError(f"--task {task} needs a causal-LM config (architectures ...ForCausalLM), {named}")
-    return architecture[: -len("ForCausalLM")] + row.class_suffix
+    for suffix in ("ForCausalLM", *ENCODER_CLASS_SUFFIXES):
+        if architecture and architecture.endswith(suffix):
+            return architecture[: -len(suffix)] + row.class_suffix
+    named = f"not {architecture}" if architecture else "and this config names no architectures"
+    raise ValueError(f"--task {task} needs a causal-LM config (architectures ...ForCausalLM), or BERT's "
+                     f"(...ForMaskedLM), {named}")
 
 
 def config_num_labels(config: dict | None) -> int | None:
@@ -178,15 +196,22 @@ def with_head(spec: "ModelSpec", head: TaskHead) -> "ModelSpec":
         update = {"head_params": size, "other_params": spec.other_params + spec.head_params - size,
                   "tied_embeddings": False}
         return validated_copy(spec, {**update, "head": head})
-    if spec.model_type not in row.model_types:
+    encoder = row.encoders.get(spec.model_type or "")
+    if spec.model_type not in row.model_types and encoder is None:
         raise ValueError(f"--task {head.task} is modelled for the Llama-like decoders transformers defines a "
-                         f"...{row.class_suffix} for ({', '.join(row.model_types)}); {spec.name[:60]} is "
-                         f"{spec.model_type or 'a size only'}")
+                         f"...{row.class_suffix} for ({', '.join(row.model_types)}) and for "
+                         f"{', '.join(row.encoders)}; {spec.name[:60]} is {spec.model_type or 'a size only'}")
     assert spec.trainable_params == spec.total_params, "a task head goes on the whole model, before LoRA"
-    total = spec.total_params - spec.head_params + size
+    other = spec.other_params
+    if encoder is not None:  # BERT's: a biased linear layer, after the pooler (sequence classification)
+        head = validated_copy(head, {"module": encoder.module, "bias": encoder.bias, "pooled": encoder.pooler,
+                                     "dropout": encoder.dropout, "base_prefix": encoder.base_prefix})
+        size = head_params(head, spec.hidden_size)
+        other += spec.hidden_size * spec.hidden_size + spec.hidden_size if encoder.pooler else 0
+    total = spec.total_params - spec.head_params - spec.other_params + other + size
     return validated_copy(spec, {
         "architecture": head_class(spec.architecture, head.task), "head_params": size, "tied_embeddings": False,
-        "total_params": total, "trainable_params": total, "head": head})
+        "other_params": other, "total_params": total, "trainable_params": total, "head": head})
 
 
 def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, named_by: str | None) -> str:
@@ -196,9 +221,14 @@ def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, named_by: s
             "token-classification": f"{head.num_labels} labels per token (dropout before the head, fp32 "
                                     "cross-entropy over every token)",
             "question-answering": "start and end logits over the sequence, a cross-entropy for each"}[head.task]
+    if head.task == "sequence-classification" and load_task_heads()[head.task].encoders.get(spec.model_type or ""):
+        what = f"{head.num_labels} labels over the pooler's output (the first token), a cross-entropy over the batch"
     why = named_by or f"--task {head.task}"
     gone = f"the untied lm_head ({vocab_head / 1e6:,.1f}M) is gone" if vocab_head else \
         "the tied embedding stays the input embedding"
+    if vocab_head and load_task_heads()[head.task].encoders.get(spec.model_type or ""):
+        gone = (f"the masked-LM head ({vocab_head / 1e6:,.1f}M: its transform and bias; the decoder is the tied "
+                "embedding, which stays the input embedding) is gone")
     return (f"task head ({why}): {spec.architecture}, {head.module} = Linear({spec.hidden_size}, {head.out_features}"
             f"{', bias' if head.bias else ''}) in place of the vocabulary head ({what}; no vocabulary logits); {gone}")
 

@@ -24,8 +24,11 @@ if TYPE_CHECKING:  # pragma: no cover
 # draw the dropout mask inside the kernel and save only an RNG seed and offset
 # (aten/src/ATen/native/transformers/cuda/attention.cu), so attention dropout costs no memory on a
 # GPU. The CPU SDPA (``_fused_sdp_choice_cpp``) has no dropout in its flash kernel and falls back to
-# the math path, which saves the s x s probabilities and mask. The simulator therefore trains with
-# attention dropout 0, which is what a GPU's memory looks like either way.
+# the math path, which saves the s x s probabilities and mask. The simulator therefore trains SDPA with
+# attention dropout 0, which is what a GPU's memory looks like either way. Eager attention drops the
+# probabilities out with ``F.dropout`` on a GPU too (transformers' ``eager_attention_forward``), which saves
+# the bool mask and the dropped-out probabilities (``fake_env.cuda_dropout`` runs CUDA's native_dropout): it
+# keeps the config's attention dropout (BERT's 0.1, GPT-2's).
 ATTENTION_DROPOUT_KEYS = CONFIG_KEYS["attention_dropout"]
 
 
@@ -40,14 +43,15 @@ def resolve_config(model: str | dict) -> tuple[str, dict]:
 
 
 def simulation_config(cfg: dict, *, attention: str, use_cache: bool = False) -> dict:
-    """The config the simulator builds: no attention dropout (see above), no KV cache unless ``use_cache``
-    (``TrainingConfig.use_cache``: a stack that leaves it on, ``advisor.estimate.kv_cache``)."""
+    """The config the simulator builds: no attention dropout under SDPA (see above), no KV cache unless
+    ``use_cache`` (``TrainingConfig.use_cache``: a stack that leaves it on, ``advisor.estimate.kv_cache``)."""
     out = {k: v for k, v in cfg.items() if not k.startswith("_advisor")}
-    for key in ATTENTION_DROPOUT_KEYS:  # set even when absent: the families default them to 0.1
-        out[key] = 0.0
     out["use_cache"] = use_cache
     if config_value(cfg, "num_attention_heads") is not None:  # Mamba has no attention: transformers rejects one
         out["attn_implementation"] = runs_attention(cfg, attention)
+    if out.get("attn_implementation") != "eager":
+        for key in ATTENTION_DROPOUT_KEYS:  # set even when absent: the families default them to 0.1
+            out[key] = 0.0
     return out
 
 

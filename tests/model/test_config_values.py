@@ -54,10 +54,13 @@ def test_one_alias_table():
     assert (config_value(gpt2, "hidden_size"), config_value(gpt2, "num_layers"),
             config_value(gpt2, "num_attention_heads"), config_value(gpt2, "max_position_embeddings")) == (64, 2, 4, 128)
     assert config_value(TINY_CONFIGS["mixtral_moe"], "num_experts") == 4
-    # The simulator's attention-dropout keys are the table's, and it zeroes every one of them.
+    # The simulator's attention-dropout keys are the table's, and it zeroes every one of them under SDPA (a GPU's
+    # kernels keep no mask); eager attention drops its probabilities out on a GPU too, so the config's stays.
     assert ATTENTION_DROPOUT_KEYS is CONFIG_KEYS["attention_dropout"]
     out = simulation_config({"model_type": "gpt2", "attn_pdrop": 0.1}, attention="sdpa")
     assert all(out[key] == 0.0 for key in CONFIG_KEYS["attention_dropout"])
+    bert = {"model_type": "bert", "num_attention_heads": 4, "attention_probs_dropout_prob": 0.1}
+    assert simulation_config(bert, attention="eager")["attention_probs_dropout_prob"] == 0.1
 
 
 def test_one_resolver_returns_spec_and_config(tmp_path):

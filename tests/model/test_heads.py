@@ -43,7 +43,8 @@ def test_untied_lm_head_leaves_and_bias_heads_count_their_bias():
 SMALL = dict(num_hidden_layers=2)
 
 
-@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-7B"])
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-0.5B", "meta-llama/Llama-3.2-1B", "Qwen/Qwen2.5-7B",
+                                   "google-bert/bert-large-uncased"])
 @pytest.mark.parametrize("task,num_labels", [("sequence-classification", 2), ("token-classification", 7),
                                               ("question-answering", None)])
 def test_counts_equal_the_head_class_on_the_meta_device(model, task, num_labels):
@@ -106,8 +107,28 @@ def test_a_task_on_a_config_without_architectures_says_so():
     """It said '... (architectures ...ForCausalLM), not None'."""
     from advisor.model.heads import head_class
 
-    with pytest.raises(ValueError, match=r"needs a causal-LM config \(architectures \.\.\.ForCausalLM\), and this "
-                                         "config names no architectures$"):
+    with pytest.raises(ValueError, match=r"needs a causal-LM config \(architectures \.\.\.ForCausalLM\), or "
+                                         r"BERT's \(\.\.\.ForMaskedLM\), and this config names no architectures$"):
         head_class(None, "sequence-classification")
-    with pytest.raises(ValueError, match="not BertModel$"):
-        head_class("BertModel", "sequence-classification")
+    with pytest.raises(ValueError, match="not T5ForConditionalGeneration$"):
+        head_class("T5ForConditionalGeneration", "sequence-classification")
+    assert head_class("BertModel", "sequence-classification") == "BertForSequenceClassification"
+
+
+def test_bert_heads_worked_by_hand():
+    # bert-large-uncased (config.json): hidden 1024, 24 layers, MLP 4096, vocabulary 30,522, 512 positions, 2 token
+    # types. BertForMaskedLM: embeddings 30,522 x 1024 + (512 + 2) x 1024 + LayerNorm 2,048 = 31,782,912; one layer
+    # 4 x (1024^2 + 1024) + 2,048 + 2 x 1024 x 4096 + 4096 + 1024 + 2,048 = 12,596,224, x 24 = 302,309,376; the
+    # masked-LM head's transform 1024^2 + 1024, its LayerNorm 2,048 and decoder bias 30,522 (the decoder is the tied
+    # embedding) = 1,082,170: 335,174,458. BertForSequenceClassification drops that head for the pooler
+    # (1024^2 + 1024 = 1,049,600) and classifier = Linear(1024, 2) with a bias (2,050): 335,143,938;
+    # token classification and question answering keep no pooler: 334,094,338 (transformers' own classes on the
+    # meta device agree, test_counts_equal_the_head_class_on_the_meta_device).
+    spec = resolve_model("google-bert/bert-large-uncased")
+    assert spec.total_params == 335_174_458
+    seq = _head(spec, "sequence-classification")
+    assert (seq.total_params, seq.head_params, seq.architecture) == (335_143_938, 2_050, "BertForSequenceClassification")
+    assert (seq.head.module, seq.head.bias, seq.head.base_prefix) == ("classifier", True, "bert")
+    assert _head(spec, "token-classification", 2).total_params == 334_094_338
+    qa = _head(spec, "question-answering")
+    assert (qa.total_params, qa.head.module) == (334_094_338, "qa_outputs")

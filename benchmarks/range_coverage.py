@@ -104,7 +104,7 @@ def lines(found: list | None = None) -> list[str]:
         f"  - min-max ceiling held out: {_ceiling(published, found)} of {len(published)} published reserved figures lie "
         "within the lowest..highest reserved ratio of every other source together, so no plain min-max of the other "
         "sources holds more (the table's rule pushes each end out by the farthest one source lay beyond the others)",
-        _line("published reserved figures, in sample (the table as shipped)",
+        _line("published reserved figures, in sample (a table built from every comparison found now, as benchmarks/error_table.py would write it)",
               [s for s in score(found, table_of(found)) if s.comparison.measured == "reserved"
                and s.comparison.source not in OURS]),
         "",

@@ -14,7 +14,8 @@ kin, ``model.embed_tokens``, ``model.layers.N``, ``model.norm``, ``lm_head``, or
 ``score`` / ``qa_outputs``, ``advisor.model.heads``, whose base model some question-answering classes call
 ``transformer``) and for the modules outside the blocks: a name
 matching a module inside a block (a whole block, a norm or a linear layer of one) is refused, since
-its copy would sit in every block the estimate places as one. No torch.
+its copy would sit in every block the estimate places as one. For BERT only its task head (``classifier``,
+``qa_outputs``: what PEFT's task models save) is offered. No torch.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _SANDWICH_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")
 def outside_modules(spec: "ModelSpec") -> dict[str, int]:
     """The modules outside the blocks by qualified name, with their parameters (decoders only)."""
     info = load_architectures().get(spec.model_type or "")
+    if info is not None and info.formula == "bert" and spec.head is not None:
+        return {spec.head.module: spec.head_params}  # BERT's task head, which PEFT's task models save; nothing else
     if info is None or info.formula != "decoder" or None in (spec.embedding_params, spec.hidden_size,
                                                              spec.vocab_size, spec.head_params):
         raise ValueError(f"--lora-modules-to-save is modelled for Llama-like decoders; {spec.name[:60]} "
@@ -58,6 +61,8 @@ def _inside_keys(spec: "ModelSpec") -> list[str]:
     """Qualified names of the modules inside the blocks, and of the containers above them (the base model,
     its layer list, its rotary embedding: no parameter of its own)."""
     info = load_architectures()[spec.model_type]
+    if info.formula != "decoder":  # BERT: only its task head is offered (outside_modules)
+        return []
     names = ("", *_ATTENTION, *_PROJECTIONS[info.fused_projections], *_MLP_AND_NORMS,
              *(_QK_NORMS if info.qk_norm else ()), *(_SANDWICH_NORMS if info.norms_per_layer == 4 else ()))
     base = _prefix(spec)

@@ -41,6 +41,8 @@ def test_qwen25_05b_score_and_embeddings_worked_by_hand():
     ("Qwen/Qwen2.5-0.5B", None, ("lm_head",)),  # tied: PEFT copies the shared weight whole
     ("meta-llama/Llama-3.2-1B", None, ("embed_tokens", "lm_head")),
     ("Qwen/Qwen2.5-7B", None, ("lm_head",)),  # untied
+    ("google-bert/bert-base-uncased", "sequence-classification", ("classifier",)),  # BERT: its task head only
+    ("google-bert/bert-base-uncased", "question-answering", ("qa_outputs",)),
 ])
 def test_trainable_count_equals_peft_on_the_meta_device(model, task, names):
     peft = pytest.importorskip("peft")

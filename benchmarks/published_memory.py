@@ -560,13 +560,9 @@ def _range_line(ranged: list[tuple[dict, bool]]) -> str:
     """How many published figures the plan's range holds, in sample, and of those whose settings we can express."""
     expressible = [inside for case, inside in ranged if not case["not_expressible"]]
     missed = sorted(case["id"] for case, inside in ranged if case["not_expressible"] and not inside)
-    tabled = {c["source"] for c in json.loads((PROFILES_DIR / "memory_error.json").read_text())["comparisons"]}
-    later = sorted({case["id"].split("-")[0] for case, _ in ranged if not case["not_expressible"]} - tabled)
-    held = (f"; {', '.join(later)} not among them: added after the table was built, so held out of it"
-            if later else "")
     line = (f"- published reserved, unspecified and nvidia-smi figures inside the plan's low-high range (in sample: the "
-            f"table was built from these cases too{held}; held out by source: the section after the per-source "
-            f"lines): {sum(inside for _, inside in ranged)} of {len(ranged)}; of those whose settings we can express "
+            f"table was built from these cases too; held out by source: the section after the per-source lines): "
+            f"{sum(inside for _, inside in ranged)} of {len(ranged)}; of those whose settings we can express "
             f"{sum(expressible)} of {len(expressible)}")
     if missed:
         line += f" (outside: {', '.join(missed)}, estimated without settings we cannot express)"

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Callable
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    decoder_layer_per_token, encoder_layer_per_token, mamba_layer_per_token, neox_layer_per_token,
+    decoder_layer_per_token, encoder_eager_remaining_per_token, encoder_layer_per_token, mamba_layer_per_token,
+    neox_layer_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token
@@ -226,6 +227,8 @@ class ActivationKind:
     kept_width: Callable[..., int] | None = None  # selective checkpointing's kept products, when not given
     frozen_base: bool = False  # LoRA's frozen-base block formula applies (activations_blocks, Llama-like dense)
     eager_softmax: Callable[..., bool] = lambda shape: False  # eager_backward_per_token describes its block
+    eager_remaining: Callable[..., int] | None = None  # what it holds at that backward (shape, dt, seq_len); None: the
+    # Llama block's (eager_remaining_per_token, with its adapters and checkpointing)
     one_op_mlp: Callable[..., bool] = lambda shape: False  # its MLP is fc1 / one activation op / fc2
     tower: Callable[..., int] | None = None  # a vision tower's saved bytes (spec, dt, micro_batch_size, images)
 
@@ -260,7 +263,8 @@ ACTIVATION_KINDS: dict[str, ActivationKind] = {row.name: row for row in (
              frozen_base=False),
     ActivationKind("gpt2", _formula("gpt2"), layer=encoder_layer_per_token,
                    one_op_mlp=lambda shape: shape.one_op_mlp_act),
-    ActivationKind("bert", _formula("bert"), layer=encoder_layer_per_token, eager_softmax=lambda shape: True),
+    ActivationKind("bert", _formula("bert"), layer=encoder_layer_per_token, eager_softmax=lambda shape: True,
+                   eager_remaining=encoder_eager_remaining_per_token),
     ActivationKind("gpt_neox", _formula("gpt_neox"), layer=neox_layer_per_token, one_op_mlp=lambda shape: True),
     _decoder("decoder"),
     _decoder("size", shape=_size_fields, note=lambda spec: SIZE_ONLY_NOTE),

@@ -26,7 +26,6 @@ from advisor.estimate.activation_kinds import activation_kind, row_of
 from advisor.frozen import per_instance
 from advisor.estimate.activations_blocks import (
     block_input_in_layer_per_token, cuda_math_sdpa_at, eager_backward_per_token, eager_masks_bytes,
-    encoder_eager_remaining_per_token,
     eager_remaining_per_token, frozen_adapters_per_token, frozen_decoder_layer_per_token, outside_norm_per_token,
     outside_to_embedding_per_token, rope_tables_per_token,
     selective_kept_per_token, window_mask_input_bytes,
@@ -172,11 +171,12 @@ def _eager_attention_backward(shape: ActivationShape, dt: Dtypes, adapters: Adap
     labels (``outside_per_token``, less the token ids and the RoPE tables the blocks still read) were
     freed by their backward; under checkpointing a block's fp32 input is the tensor the checkpoint kept
     (counted once, in ``saved_bytes``), which the recomputed norm reads instead of a copy of its own."""
-    if not row_of(shape).eager_softmax(shape):
+    row = row_of(shape)
+    if not row.eager_softmax(shape):
         return None
-    if shape.family == "bert":
+    if row.eager_remaining is not None:  # a block of its own kind (BERT's)
         return eager_backward_per_token(shape, dt, seq_len=seq_len, layer=layer_per_token,
-                                        remaining=encoder_eager_remaining_per_token(shape, dt, seq_len=seq_len))
+                                        remaining=row.eager_remaining(shape, dt, seq_len=seq_len))
     remaining = eager_remaining_per_token(shape, dt, seq_len=seq_len, frozen=adapters is not None)
     if checkpointing and dt.residual == FP32:
         remaining -= FP32 * shape.hidden_size

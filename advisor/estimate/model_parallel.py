@@ -388,5 +388,5 @@ def estimate_mesh_memory(spec: ModelSpec, hardware: Hardware, training: Training
               if steps > 1 and mesh.tp == 1 else None)
     return memory_at_moments(states, acts, buffers, training, impl, world=shard_world, processes=mesh.world_size,
                              gpu=hardware.gpu.name, held_grads=held, device_bytes=hardware.gpu_memory_bytes,
-                             held_at_backward_end=at_end, micro_batches=steps if at_end is not None else 1,
+                             held_at_backward_end=at_end, micro_batches=steps,
                              checkpointing=checkpointing, **whole)

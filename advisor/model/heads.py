@@ -221,12 +221,13 @@ def head_note(spec: "ModelSpec", head: TaskHead, *, vocab_head: int, named_by: s
             "token-classification": f"{head.num_labels} labels per token (dropout before the head, fp32 "
                                     "cross-entropy over every token)",
             "question-answering": "start and end logits over the sequence, a cross-entropy for each"}[head.task]
-    if head.task == "sequence-classification" and load_task_heads()[head.task].encoders.get(spec.model_type or ""):
+    encoder = load_task_heads()[head.task].encoders.get(spec.model_type or "")
+    if head.task == "sequence-classification" and encoder:
         what = f"{head.num_labels} labels over the pooler's output (the first token), a cross-entropy over the batch"
     why = named_by or f"--task {head.task}"
     gone = f"the untied lm_head ({vocab_head / 1e6:,.1f}M) is gone" if vocab_head else \
         "the tied embedding stays the input embedding"
-    if vocab_head and load_task_heads()[head.task].encoders.get(spec.model_type or ""):
+    if vocab_head and encoder:
         gone = (f"the masked-LM head ({vocab_head / 1e6:,.1f}M: its transform and bias; the decoder is the tied "
                 "embedding, which stays the input embedding) is gone")
     return (f"task head ({why}): {spec.architecture}, {head.module} = Linear({spec.hidden_size}, {head.out_features}"

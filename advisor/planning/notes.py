@@ -41,11 +41,12 @@ ACTIVATION_OFFLOAD_NOTE = (
 def longest_note(spec: ModelSpec, longest: dict[str, int | None], best: int, micro_batch_size: int) -> str:
     """What --seq-len max found, and whether it is past the model's own context."""
     context = spec.max_position_embeddings
-    beyond = (f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
-              "scaling or a longer-context checkpoint" if context and best > context else "")
-    if context and best > context and spec.learned_positions:
+    beyond = ""
+    if context and best > context:
         beyond = (f"; the plan is shown at the model's context, {context:,} tokens (max_position_embeddings): its "
-                  "positions are a learned table, so no longer input runs")
+                  "positions are a learned table, so no longer input runs" if spec.learned_positions else
+                  f"; beyond the model's context of {context:,} tokens (max_position_embeddings): it needs RoPE "
+                  "scaling or a longer-context checkpoint")
     return (f"--seq-len max: the longest sequence each strategy fits at micro-batch {micro_batch_size}, by search on "
             "the estimate; "
             f"the candidates are shown at the longest on the GPUs alone (where one holds a token), {best:,} tokens{beyond}")

@@ -187,7 +187,8 @@ def test_qlora_range_is_the_default_while_few_qlora_runs_are_measured():
     batch 1 with checkpointing, fp16 and Adafactor on a V100, 27% below the estimate's reserved: the fitted gap on
     a step of model states; the others' lowest is torchtune's 70B LoRA row on 8 A100s, 27.6 GiB of unstated kind
     against 36.2 estimated reserved) and our gpu_truth runs' 21.18 points above the others' +23.11% (the same
-    docs' batch-4 fp16 BERT run): -30.22%, +65.46% (4 decimals, rounded outward). The +44.29% is our H100 run of
+    docs' batch-4 fp16 BERT run): -30.22%, +65.46% (from the unrounded ratios, 4 decimals rounded outward; the
+    4-decimal ratios quoted here add up to +65.47%). The +44.29% is our H100 run of
     Qwen2.5-0.5B LoRA under FSDP2 x8, full checkpointing and the fused loss (re-measured 2026-11-27): 3.66 GiB
     reserved for 2.02 allocated, the plan 2.54 with the allocator's cache under checkpointing. (Before the docs'
     rows joined on 2026-11-29: torchtune's 7.96 points below our GPT-2 ddp x8 run's -15.78%, and our runs' 26.97

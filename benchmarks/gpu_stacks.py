@@ -62,7 +62,7 @@ GEMMA2_2B = dict(
     _name_or_path="hand/gemma-2-2b",
 )
 EXTRA_MODELS = {"gemma2-2b": GEMMA2_2B, "llama8b": "meta-llama/Llama-3.1-8B", "qwen3b": "Qwen/Qwen2.5-3B",
-                "mistral7b": "mistralai/Mistral-7B-v0.1"}
+                "mistral7b": "mistralai/Mistral-7B-v0.1", "qwen7b": "Qwen/Qwen2.5-7B"}
 # (model key, strategy, world, micro-batch, seq, checkpointing): eager attention, the torch recipe (foreach AdamW)
 EAGER_CASES = [
     ("gemma2-2b", "zero3", 8, 1, 2048, False), ("gemma2-2b", "zero3", 8, 1, 4096, True),
@@ -531,6 +531,157 @@ def trainer_fsdp1_case(key: str, mb: int, seq: int, workdir: Path) -> dict:
                 reserved=peaks.get("reserved"), wrapped=wrapped)
 
 
+# BERT-large sequence classification under the Trainer, as transformers' single-GPU docs measured it on a V100 (the
+# published set's hfdocs- rows: 512 tokens, eager attention, batch 4 or batch 1 with 4 micro-batches a step, gradient
+# checkpointing, fp16, Adafactor), with today's default optimizer (adamw_torch_fused), plus batches, SDPA and a LoRA
+# around them: what the GPU allocates and reserves, what nvidia-smi shows and the step's seconds.
+# (name, micro-batch, checkpointing, precision: fp32 / fp16 / bf16, Trainer optim, accumulation, attention, LoRA rank)
+BERT_CASES = [
+    ("bert-bs4", 4, False, "fp32", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs1-ga4", 1, False, "fp32", "adamw_torch_fused", 4, "eager", None),
+    ("bert-bs1-ga4-gc", 1, True, "fp32", "adamw_torch_fused", 4, "eager", None),
+    ("bert-bs4-fp16", 4, False, "fp16", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs1-ga4-gc-fp16", 1, True, "fp16", "adamw_torch_fused", 4, "eager", None),
+    ("bert-bs4-adafactor", 4, False, "fp32", "adafactor", 1, "eager", None),
+    ("bert-bs1-ga4-gc-fp16-adafactor", 1, True, "fp16", "adafactor", 4, "eager", None),
+    ("bert-bs4-foreach", 4, False, "fp32", "adamw_torch", 1, "eager", None),
+    ("bert-bs2", 2, False, "fp32", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs8", 8, False, "fp32", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs16-fp16", 16, False, "fp16", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs16-gc", 16, True, "fp32", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs4-sdpa", 4, False, "fp32", "adamw_torch_fused", 1, "sdpa", None),
+    ("bert-bs16-bf16-sdpa", 16, False, "bf16", "adamw_torch_fused", 1, "sdpa", None),
+    ("bert-bs8-fp16-lora", 8, False, "fp16", "adamw_torch_fused", 1, "eager", 16),
+    ("bert-bs16-bf16-sdpa-lora", 16, False, "bf16", "adamw_torch_fused", 1, "sdpa", 16),
+]
+BERT = "google-bert/bert-large-uncased"
+BERT_STEPS = 6  # memory peaks over steps 2-6, seconds a step over steps 3-6
+
+
+def _nvml_used() -> int | None:
+    """What nvidia-smi shows used on GPU 0 (bytes), or None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).used)
+    except Exception:  # no NVML on a CPU smoke run
+        return None
+
+
+class _Labelled:
+    """Random token rows of ``seq`` with one class label each (the hfdocs runs: labels of one class)."""
+
+    def __init__(self, vocab: int, seq: int, n: int) -> None:
+        import torch
+
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq), generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": self.ids[i], "labels": self.labels[i]}
+
+
+def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum: int, attention: str,
+              rank: int | None, workdir: Path, seq: int = 512) -> dict:
+    import time
+
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from advisor.model.bundled import load_bundled_config
+    from advisor.model.heads import resolve_head
+    from advisor.model.meta import build_meta_model
+    from advisor.simulate.heads import head_config
+    from advisor.simulate.model import materialize
+
+    if DEVICE == "cuda":
+        _clean()
+    head = resolve_head("sequence-classification", 2, architecture="BertForMaskedLM", config=None)
+    cfg = dict(head_config(load_bundled_config(BERT), head), attn_implementation=attention)
+    net = build_meta_model(cfg)
+    materialize(net, device=DEVICE, real=True)
+    if rank is not None:
+        import peft
+
+        net = peft.get_peft_model(net, peft.LoraConfig(r=rank, lora_alpha=2 * rank, task_type="SEQ_CLS"))
+    peaks: dict = {}
+    times: list[float] = []
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            peaks["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            if state.global_step >= 3:
+                times.append(time.perf_counter() - peaks["t0"])
+            if state.global_step == 1 and DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == BERT_STEPS and DEVICE == "cuda":
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+                peaks["nvidia_smi"] = _nvml_used()
+                peaks["reserved_now"] = torch.cuda.memory_reserved()
+            return control
+
+    args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=BERT_STEPS,
+                             fp16=precision == "fp16", bf16=precision == "bf16", optim=optim,
+                             gradient_checkpointing=ckpt, gradient_accumulation_steps=accum, report_to=[],
+                             save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+                             remove_unused_columns=False, learning_rate=1e-5, disable_tqdm=True,
+                             use_cpu=DEVICE == "cpu")
+    trainer = Trainer(model=net, args=args, train_dataset=_Labelled(cfg["vocab_size"], seq, BERT_STEPS * mb * accum),
+                      callbacks=[Measure()])
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    row = dict(kind="bert", name=name, model=BERT, task="sequence-classification", micro_batch=mb, seq_len=seq,
+               checkpointing=ckpt, precision=precision, optim=optim, accumulation=accum, attention=attention,
+               lora_rank=rank, allocated=peaks.get("allocated"), reserved=peaks.get("reserved"),
+               nvidia_smi=peaks.get("nvidia_smi"), reserved_at_nvidia_smi=peaks.get("reserved_now"),
+               step_seconds=sorted(times)[len(times) // 2] if times else None, steps_timed=len(times),
+               wrapped=type(trainer.model_wrapped).__name__,
+               trainable=sum(p.numel() for p in net.parameters() if p.requires_grad))
+    del trainer, net
+    return row
+
+
+def context_row() -> dict:
+    """What nvidia-smi shows before CUDA starts, and with CUDA's context and one small tensor on the GPU (the hfdocs
+    page's own measurement: ``torch.ones((1, 1)).to("cuda")``)."""
+    import torch
+
+    before = _nvml_used()
+    torch.ones((1, 1)).to(DEVICE)
+    torch.cuda.synchronize()
+    return dict(kind="context", before_cuda=before, with_context=_nvml_used(),
+                reserved=torch.cuda.memory_reserved())
+
+
+# The README's first command's remedy: Qwen2.5-7B, zero3 over 2 ranks (rank 0 of a fake group), fused AdamW,
+# micro-batch 1, 2,048 tokens, no checkpointing (``advisor plan -m Qwen/Qwen2.5-7B -g 2xA100 --optimizer-impl fused``)
+HEADLINE_CASES = [("qwen7b", "zero3", 2, 1, 2048, False)]
+# The README's LoRA command as the Trainer runs it (``advisor plan -m Qwen/Qwen2.5-7B -g 1xRTX4090 --lora 16``: one
+# GPU, micro-batch 1, 2,048 tokens, checkpointing), the base loaded in bf16: a ``trainer`` row
+HEADLINE_TRAINER_CASES = [("trainer-lora-7b-readme", "qwen7b", 1, 2048, True, "bfloat16", 16, "adamw_torch_fused")]
+
+
+def headline_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> dict:
+    import gpu_truth
+
+    peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, optimizer_impl="fused", fresh_cache=True)
+    return dict(kind="headline", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
+                checkpointing=ckpt, optimizer_impl="fused", step1=peaks.step1, allocated=peaks.step2,
+                step3=peaks.step3, reserved=peaks.reserved)
+
+
 # Groups whose cases each run in a process of their own: (case function, cases)
 ISOLATED = {"fsdp1": (fsdp1_case, FSDP1_CASES), "trainer-fsdp1": (trainer_fsdp1_case, TRAINER_FSDP1_CASES)}
 
@@ -540,7 +691,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--case", default="", help=argparse.SUPPRESS)  # GROUP:INDEX, one case of ISOLATED in this process
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure), comma-separated")
+                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure, bert, headline), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -584,6 +735,11 @@ def main() -> int:
         jobs += [(trainer_case, (*c, args.out / "runs", 1, None, False)) for c in TRAINER_PURE_CASES]
     if "accum" in groups:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
+    if "bert" in groups:
+        jobs += [(context_row, ())] + [(bert_case, (*c, args.out / "runs")) for c in BERT_CASES]
+    if "headline" in groups:
+        jobs += [(headline_case, c) for c in HEADLINE_CASES]
+        jobs += [(trainer_case, (*c, args.out / "runs")) for c in HEADLINE_TRAINER_CASES]
     if args.case:  # one case of a group that runs each case in its own process
         group, index = args.case.split(":")
         fn, cases = ISOLATED[group]

@@ -673,13 +673,48 @@ HEADLINE_CASES = [("qwen7b", "zero3", 2, 1, 2048, False)]
 HEADLINE_TRAINER_CASES = [("trainer-lora-7b-readme", "qwen7b", 1, 2048, True, "bfloat16", 16, "adamw_torch_fused")]
 
 
-def headline_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool) -> dict:
+# The same job under caps on what the caching allocator may reserve (set before the model is built; building it in
+# fp32 takes about 46 GiB at most): an A100-80GB's 79.15 GiB less the 1.3 GiB outside the allocator with NCCL
+# (profiles/allocator_overhead.json measured_context), the plan's total less that context, and below it
+HEADLINE_CAPS = (77.85, 68.5, 64.0)
+BERT_MORE_CASES = [  # the compute-bound end of the same model: seconds a step where launches no longer decide
+    ("bert-bs64-fp16", 64, False, "fp16", "adamw_torch_fused", 1, "eager", None),
+    ("bert-bs64-bf16-sdpa", 64, False, "bf16", "adamw_torch_fused", 1, "sdpa", None),
+    ("bert-bs32", 32, False, "fp32", "adamw_torch_fused", 1, "eager", None),
+]
+
+
+def headline_case(key: str, strategy: str, world: int, mb: int, seq: int, ckpt: bool,
+                  cap_gib: float | None = None) -> dict:
+    import torch
+
     import gpu_truth
 
-    peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, optimizer_impl="fused", fresh_cache=True)
+    if cap_gib is not None:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(cap_gib * 2**30 / torch.cuda.get_device_properties(0).total_memory)
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+    oom = None
+    try:
+        peaks = gpu_truth.measure(key, strategy, world, mb, seq, ckpt, optimizer_impl="fused", fresh_cache=True)
+    except torch.cuda.OutOfMemoryError as err:
+        if cap_gib is None:
+            raise
+        peaks, oom = None, str(err).splitlines()[0][:300]
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    finally:
+        if cap_gib is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0)
+    extra = {} if cap_gib is None else dict(cap_gib=cap_gib, oom=oom,
+                                            alloc_retries=torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
     return dict(kind="headline", model=key, strategy=strategy, world=world, micro_batch=mb, seq_len=seq,
-                checkpointing=ckpt, optimizer_impl="fused", step1=peaks.step1, allocated=peaks.step2,
-                step3=peaks.step3, reserved=peaks.reserved)
+                checkpointing=ckpt, optimizer_impl="fused", **extra, step1=getattr(peaks, "step1", None),
+                allocated=getattr(peaks, "step2", None), step3=getattr(peaks, "step3", None),
+                reserved=getattr(peaks, "reserved", None))
 
 
 # Groups whose cases each run in a process of their own: (case function, cases)
@@ -691,7 +726,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--case", default="", help=argparse.SUPPRESS)  # GROUP:INDEX, one case of ISOLATED in this process
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure, bert, headline), comma-separated")
+                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure, bert, bert-more, headline, headline-cap), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -737,6 +772,10 @@ def main() -> int:
         jobs += [(trainer_case, (*c[:8], args.out / "runs", c[8])) for c in ACCUM_CASES]
     if "bert" in groups:
         jobs += [(context_row, ())] + [(bert_case, (*c, args.out / "runs")) for c in BERT_CASES]
+    if "headline-cap" in groups:
+        jobs += [(headline_case, (*HEADLINE_CASES[0], cap)) for cap in HEADLINE_CAPS]
+    if "bert-more" in groups:
+        jobs += [(bert_case, (*c, args.out / "runs")) for c in BERT_MORE_CASES]
     if "headline" in groups:
         jobs += [(headline_case, c) for c in HEADLINE_CASES]
         jobs += [(trainer_case, (*c, args.out / "runs")) for c in HEADLINE_TRAINER_CASES]

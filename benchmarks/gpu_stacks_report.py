@@ -42,16 +42,28 @@ import gpu_stacks  # noqa: E402  (the configs only it measures)
 gpu_stacks.register_models()
 
 RESULTS = HERE / "results"
-FRESH_CACHE = ("titan", "actoff")  # fake-group rows whose cache was emptied before training (gpu_truth fresh_cache)
+FRESH_CACHE = ("titan", "actoff", "headline")  # fake-group rows whose cache was emptied before training (gpu_truth fresh_cache)
 # Rows whose reserved peak is the training's: one GPU, and the fake-group rows run from an empty cache (impl and
 # eager rows run a fake group's rank 0 with the cache that building the whole model left)
-RESERVED_SCORED = ("trainer", "wrap", "lightning", *FRESH_CACHE)
+RESERVED_SCORED = ("trainer", "wrap", "lightning", "bert", *FRESH_CACHE)
 IMPL_OF_OPTIM = {"adamw_torch_fused": "fused", "adamw_torch": "foreach"}
+
+
+BERT_PRECISION = {"fp32": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed"}
 
 
 def job(row: dict) -> dict:
     """The ``plan()`` options of the job a stored row ran."""
     ckpt = "selective" if row["checkpointing"] == "selective" else "on" if row["checkpointing"] else "off"
+    if row["kind"] == "bert":  # BERT-large loaded in fp32 (its checkpoint's dtype), the Trainer's fp16 / bf16 autocast
+        adamw = row["optim"] != "adafactor"
+        accumulation = row["accumulation"]
+        return dict(gpus="1xH200", strategy="ddp", recipe="trainer", task=row["task"], num_labels=2,
+                    precision=BERT_PRECISION[row["precision"]], optimizer="adamw" if adamw else "adafactor",
+                    optimizer_impl=IMPL_OF_OPTIM[row["optim"]] if adamw else None, lora=row["lora_rank"],
+                    attention=row["attention"], micro_batch_size=row["micro_batch"], seq_len=row["seq_len"],
+                    activation_checkpointing=ckpt,
+                    global_batch_size=row["micro_batch"] * accumulation if accumulation > 1 else None)
     if row["kind"] == "trainer":
         # bf16 weights train pure bf16 (AdvisorCallback's _hf_precision): a full fine-tune under bf16=True, any job
         # without it (a LoRA's fp32 adapters then compute in fp32, Recipe.pure_adapters_fp32)
@@ -59,6 +71,8 @@ def job(row: dict) -> dict:
         accumulation = row.get("accumulation", 1)
         return dict(gpus="1xH100", strategy="ddp", recipe="trainer", precision="bf16" if pure else "bf16-mixed",
                     optimizer_impl=IMPL_OF_OPTIM[row["optim"]], lora=row["lora_rank"],
+                    # the base as the run loaded it (the hand-written configs state no dtype)
+                    frozen_base="compute" if row["lora_rank"] and row["weights"] == "bfloat16" and not pure else None,
                     micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], activation_checkpointing=ckpt,
                     global_batch_size=row["micro_batch"] * accumulation if accumulation > 1 else None)
     if row["kind"] == "lightning":
@@ -76,13 +90,18 @@ def job(row: dict) -> dict:
                 activation_checkpointing=ckpt, **({"attention": "eager"} if row["kind"] == "eager" else {}))
 
 
-def estimate(row: dict):
-    """The estimate's ``MemoryBreakdown`` for a stored row."""
+def planned(row: dict):
+    """The plan's candidate for a stored row's job."""
     from advisor.planning.api import plan
 
     options = {k: v for k, v in job(row).items() if v is not None}
-    result = plan(accuracy.spec_for(accuracy.MODELS[row["model"]]), options.pop("gpus"), **options)
-    return result.candidate(options["strategy"]).memory_bytes
+    model = row["model"] if row["kind"] == "bert" else accuracy.spec_for(accuracy.MODELS[row["model"]])
+    return plan(model, options.pop("gpus"), **options).candidate(options["strategy"])
+
+
+def estimate(row: dict):
+    """The estimate's ``MemoryBreakdown`` for a stored row."""
+    return planned(row).memory_bytes
 
 
 def load(path: Path = RESULTS / "gpu_stacks.jsonl", *, capped: bool = False) -> list[dict]:
@@ -90,7 +109,7 @@ def load(path: Path = RESULTS / "gpu_stacks.jsonl", *, capped: bool = False) -> 
     decimals: within 0.005 GiB). ``capped``: instead, the runs under a cap on the allocator (``--only cap``), which
     say where a job ran out of memory, not what it allocates uncapped."""
     rows = [row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if "error" not in row and ("cap_gib" in row) == capped]
+            if "error" not in row and row["kind"] != "context" and ("cap_gib" in row) == capped]
     if capped:
         return rows
     for row in rows:
@@ -205,6 +224,13 @@ def label(row: dict) -> str:
         return "Lightning, bf16-mixed, foreach AdamW"
     if row["kind"] == "eager":
         return f"torch recipe, eager attention, {row['strategy']} x{row['world']}"
+    if row["kind"] == "bert":
+        how = f"LoRA r{row['lora_rank']} over the fp32 base" if row["lora_rank"] else "full"
+        accumulation = f", {row['accumulation']} micro-batches a step" if row["accumulation"] > 1 else ""
+        optim = "Adafactor" if row["optim"] == "adafactor" else f"{IMPL_OF_OPTIM[row['optim']]} AdamW"
+        return f"Trainer, BERT seq-cls, {how}, {row['precision']}, {row['attention']}, {optim}{accumulation}"
+    if row["kind"] == "headline":
+        return f"README's remedy: torch recipe, {row['strategy']} x{row['world']}, fused AdamW"
     return f"torch recipe, {row['strategy']} x{row['world']}, {row['optimizer_impl']} AdamW"
 
 
@@ -240,11 +266,66 @@ def capped_line(rows: list[dict]) -> str:
             "trained: the calibrated gap is conservative near a card's limit.")
 
 
+def context_row(path: Path = RESULTS / "gpu_stacks.jsonl") -> dict:
+    """What NVML read before CUDA started and with its context (``--only bert``'s first row)."""
+    return next(row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+                if row["kind"] == "context")
+
+
+def bert_lines(rows: list[dict]) -> list[str]:
+    """The BERT section: each run's allocated, reserved and nvidia-smi figures and seconds a step against the plan."""
+    bert = [r for r in rows if r["kind"] == "bert"]
+    if not bert:
+        return []
+    ctx = context_row()
+    table, alloc, reserved, smi, ratio = [], [], [], [], []
+    for row in bert:
+        cand = planned(row)
+        mem = cand.memory_bytes
+        a, r = _err(mem.peak_allocated, row["allocated"]), _err(mem.reserved, row["reserved"])
+        outside = row["nvidia_smi"] - row["reserved_at_nvidia_smi"] - ctx["before_cuda"]  # nvidia-smi's figure less reserved
+        s = _err(mem.total, row["nvidia_smi"] - ctx["before_cuda"])
+        alloc.append(abs(a)), reserved.append(abs(r)), smi.append(abs(s)), ratio.append(row["reserved"] / row["allocated"])
+        table.append(f"| {label(row)} | {row['micro_batch']} | {job(row)['activation_checkpointing']} | "
+                     f"{row['allocated'] / 2**30:.2f} | {mem.peak_allocated / 2**30:.2f} | {a:+.1f}% | "
+                     f"{row['reserved'] / 2**30:.2f} | {mem.reserved / 2**30:.2f} | {r:+.1f}% | "
+                     f"{(row['nvidia_smi'] - ctx['before_cuda']) / 2**30:.2f} ({outside / 2**20:,.0f} MiB outside) | "
+                     f"{mem.total / 2**30:.2f} | {s:+.1f}% | {row['step_seconds']:.3f} | {cand.step_time_s:.3f} | "
+                     f"{cand.step_time_s / row['step_seconds']:.2f} |")
+    env = bert[0]["env"]
+    return [
+        "", f"## BERT-large sequence classification under the Trainer ({env['device']}, `--only bert`, 2026-11-29)", "",
+        "The runs transformers' single-GPU docs measured on a V100 in January 2022 (the published set's `hfdocs-` rows: "
+        "512 tokens, eager attention, batch 4 or batch 1 with 4 micro-batches a step, gradient checkpointing, fp16, "
+        "Adafactor), with today's Trainer (fused AdamW unless named), and batches, SDPA and LoRA r16 around them "
+        f"(torch {env['torch']}, transformers {env['transformers']}, peft {env['peft']}). The model is built from the "
+        "bundled config in fp32, as `from_pretrained` loads this checkpoint; memory peaks over steps 2-6, seconds a "
+        "step the median of steps 3-6 (synchronised wall clock around each Trainer step). nvidia-smi: NVML's used "
+        f"memory after step 6 less the {ctx['before_cuda'] / 2**20:,.0f} MiB it read before CUDA started; 'outside' "
+        "is that figure less `torch.cuda.memory_reserved()` at the same moment (the context with the kernels training "
+        f"loaded: {(ctx['with_context'] - ctx['before_cuda']) / 2**20:,.0f} MiB with only CUDA's context and one small "
+        "tensor). The plan is `advisor plan -m google-bert/bert-large-uncased -g 1xH200 --task "
+        "sequence-classification --recipe trainer` at each run's settings (`gpu_stacks_report.job`).",
+        "",
+        f"- allocated: median |err| {statistics.median(alloc):.1f}%, max {max(alloc):.1f}% over {len(alloc)}; reserved "
+        f"median {statistics.median(reserved):.1f}%, max {max(reserved):.1f}%; nvidia-smi median "
+        f"{statistics.median(smi):.1f}%, max {max(smi):.1f}%. The GPU reserved {min(ratio):.3f}-{max(ratio):.3f} x what "
+        "it allocated, where the calibrated gap (fit on decoder LLM runs, whose peaks are made of logit-sized and "
+        "FSDP blocks) adds 10.4% (+7.8% under checkpointing) and 0.256 GiB: the plan's reserved is high on every run.",
+        "",
+        "| run | mb | ckpt | GPU allocated | estimate | err | GPU reserved | estimate | err | nvidia-smi | plan's total "
+        "| err | s/step | estimate | ratio |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        *table]
+
+
 def main() -> int:
     warnings.filterwarnings("ignore")
     rows = load()
     lines, alloc, reserved, stacks, fresh, fresh_alloc = [], [], [], [], [], []
     for row in rows:
+        if row["kind"] == "bert":  # their own section (bert_lines)
+            continue
         mem = estimate(row)
         a = _err(mem.peak_allocated, row["allocated"])
         alloc.append(abs(a))
@@ -342,7 +423,7 @@ def main() -> int:
         "| stack | model | mb | seq | ckpt | GPU allocated | estimate | err | GPU reserved | estimate | err |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    (RESULTS / "gpu_stacks.md").write_text("\n".join(head + lines + fsdp1_lines()) + "\n")
+    (RESULTS / "gpu_stacks.md").write_text("\n".join(head + lines + bert_lines(rows) + fsdp1_lines()) + "\n")
     return 0
 
 

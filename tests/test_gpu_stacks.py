@@ -23,9 +23,11 @@ ROWS = [r for r in gpu_stacks_report.load() if r["kind"] in ("trainer", "wrap")]
 
 def test_the_measured_set_is_there():
     kinds = [r["kind"] for r in ROWS]
-    # two of the Trainer rows accumulate; seven are the 3-8B models measured 2026-11-27
-    assert kinds.count("trainer") == 18 and kinds.count("wrap") == 2
-    assert all(r["env"]["device"].startswith("NVIDIA H100") for r in ROWS)
+    # two of the Trainer rows accumulate; seven are the 3-8B models measured 2026-11-27; the last, the README's LoRA
+    # command (Qwen2.5-7B r16, micro-batch 1, 2,048 tokens, checkpointing), ran on an H200 on 2026-11-29
+    assert kinds.count("trainer") == 19 and kinds.count("wrap") == 2
+    devices = [r["env"]["device"] for r in ROWS]
+    assert sum(d.startswith("NVIDIA H100") for d in devices) == 20 and devices[-1] == "NVIDIA H200"
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r['kind']}-{r.get('name', '')}-{r['model']}")
@@ -196,3 +198,29 @@ def test_the_top_blocks_backward_holds_the_fp32_adapters_copies():
         gpu_stacks_report.RESULTS / "gpu_fsdp1_trace_transformers5.17.json.gz")
     planned = gpu_stacks_report.estimate_fsdp1_moments(row)["block_backward"]
     assert abs(planned - measured) / measured < 0.03
+
+
+BERT = [r for r in gpu_stacks_report.load() if r["kind"] == "bert"]
+
+
+@pytest.mark.parametrize("row", [r for r in BERT if not r["lora_rank"]], ids=lambda r: r["name"])
+def test_bert_full_fine_tunes_on_the_h200(row):
+    """BERT-large sequence classification under the Trainer on an H200 (2026-11-29), 14 full fine-tunes as
+    transformers' single-GPU docs ran them and around them: fp32 within 2% of the allocated peak (measured -1.2% to
+    +1.8%), fp16 / bf16 autocast within 4% (-1.6% to -3.7%: the estimate low, unexplained), Adafactor included (its
+    fp16 checkpointed row was +16.9% while the step's temporaries were every parameter's)."""
+    planned = gpu_stacks_report.estimate(row).peak_allocated
+    within = 0.02 if row["precision"] == "fp32" else 0.04
+    assert len(BERT) == 16
+    assert abs(planned - row["allocated"]) / row["allocated"] < within
+
+
+def test_the_readme_remedy_on_the_h200():
+    """The README's first command's remedy, ``--optimizer-impl fused`` (zero3 over 2 ranks, micro-batch 1, 2,048
+    tokens, Qwen2.5-7B), rank 0 of a fake group: 61.98 GiB allocated, the plan within 1%. It reserved 82.89 GiB
+    from an empty cache, more than an A100-80GB holds: what must fit is the allocated peak, since the allocator
+    frees its cache before it fails an allocation (the cap runs above)."""
+    row = next(r for r in gpu_stacks_report.load() if r["kind"] == "headline")
+    planned = gpu_stacks_report.estimate(row)
+    assert abs(planned.peak_allocated - row["allocated"]) / row["allocated"] < 0.01
+    assert row["reserved"] > 79.15 * 2**30 > planned.total

@@ -57,7 +57,8 @@ def in_backward_states(spec: ModelSpec, training: TrainingConfig, states: ModelS
     temporaries are one parameter's (a foreach step over one tensor allocates its square root, a for-loop
     step two of them; the fused and 8-bit steps none: ``states.optimizer_step_temporary``)."""
     largest = training.param_bytes * largest_trainable_params(spec, training)
-    temp = optimizer_step_temporary(training, trainable_bytes=largest, largest_bytes=largest)
+    temp = optimizer_step_temporary(training, trainable_bytes=largest, largest_bytes=largest,
+                                    element_bytes=training.param_bytes)
     return validated_copy(states, {"grads": largest, "step_temporary": temp})
 
 

@@ -67,11 +67,19 @@ def optimizer_state_bytes(spec: ModelSpec, training: TrainingConfig, *, state_by
     return state_bytes * 2 * t // width
 
 
-def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int, largest_bytes: int = 0) -> int:
-    """Temporaries of the optimizer step over ``trainable_bytes`` of fp32 state per rank, of which the
-    largest single tensor holds ``largest_bytes`` (see the module docstring for each implementation)."""
+def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int, largest_bytes: int = 0,
+                             element_bytes: int | None = None) -> int:
+    """Temporaries of the optimizer step over ``trainable_bytes`` of state per rank, of which the largest
+    single tensor holds ``largest_bytes`` at ``element_bytes`` a value (default the trainable parameters'; see
+    the module docstring for each implementation)."""
     if training.optimizer == "adafactor":
-        return trainable_bytes  # factored variance estimate (torch.optim.Adafactor has no fused kernel)
+        # transformers' Adafactor (the Trainer's optim="adafactor", and what wrap() and the exports build) steps one
+        # tensor at a time in Python (optimization.py, Adafactor.step): its fp32 update and the next expression's
+        # result coexist (``(grad**2) + eps``, the factored estimate times the gradient, ``-update``), beside the
+        # fp32 copies ``grad.float()`` and ``p.float()`` of a 16-bit gradient and parameter
+        size = element_bytes or training.trainable_param_bytes
+        copies = 2 if size < FP32 else 0
+        return FP32 * (largest_bytes // size) * (2 + copies)
     if training.optimizer not in ("adam", "adamw"):
         return 0
     impl = training.optimizer_implementation
@@ -80,6 +88,12 @@ def optimizer_step_temporary(training: TrainingConfig, *, trainable_bytes: int, 
     if impl == "for-loop":
         return 2 * largest_bytes  # sqrt(v) and sqrt(v) / bias_correction2_sqrt of one tensor
     return trainable_bytes  # foreach: _foreach_sqrt(exp_avg_sqs)
+
+
+def steps_per_tensor(training: TrainingConfig) -> bool:
+    """Whether the optimizer's temporaries are one tensor's at a time: a for-loop AdamW, or Adafactor."""
+    return training.optimizer == "adafactor" or (training.optimizer in ("adam", "adamw")
+                                                 and training.optimizer_implementation == "for-loop")
 
 
 def largest_trainable_params(spec: ModelSpec, training: TrainingConfig) -> int:
@@ -116,7 +130,7 @@ def _torch_states(spec: ModelSpec, training: TrainingConfig, impl: Implementatio
     p, t = spec.total_params, spec.trainable_params
     opt = optimizer_state_bytes(spec, training, state_bytes=pb)
     stored = pb * t + training.frozen_param_bytes * (p - t)  # a LoRA base may rest in bf16 (low_precision_base)
-    largest = pb * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
+    largest = pb * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0
     # bf16 copies (0 under FSDP / ZeRO-3): their weights, gradients and torch optimizer state in bf16 (an 8-bit
     # state is unchanged)
     less = (pb - training.compute_bytes) * compute_dtype_copy_params(spec, training, impl)
@@ -168,8 +182,9 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     grads = pb * t // world if impl.shard_grads else pb * t
     opt = k_bytes // world if impl.shard_optimizer else k_bytes
     share = world if impl.shard_optimizer else 1
-    largest = FP32 * largest_trainable_params(spec, training) if training.optimizer_implementation == "for-loop" else 0
-    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share))
+    largest = FP32 * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0
+    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share),
+                                    element_bytes=FP32)
     from advisor.estimate.zero_buffers import zero_facts, zero_step_temporary  # a recipe with DeepSpeed's facts
 
     facts = zero_facts(training, impl)

@@ -104,7 +104,8 @@ def zero_step_temporary(spec: ModelSpec, training: TrainingConfig, impl: Impleme
     flat = cb * elements
     fp32 = FP32 * elements if cb != FP32 else 0  # .to(fp32) of an fp32 tensor is the tensor itself
     stepped = fp32 or flat  # the fp32 gradient the optimizer reads
-    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * elements, largest_bytes=FP32 * elements)
+    temp = optimizer_step_temporary(training, trainable_bytes=FP32 * elements, largest_bytes=FP32 * elements,
+                                    element_bytes=FP32)
     # ZeRO-1/2 free the partition's views once cast (stage_1_and_2.py step); ZeRO-3 keeps its buffer.
     freed = 0 if impl.shard_params else cb * elements
     return max(flat + fp32, stepped - freed + temp, 0)

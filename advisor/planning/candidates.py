@@ -251,6 +251,14 @@ def _training_at(training: TrainingConfig, mode: str) -> TrainingConfig:
     return validated_copy(training, {"activation_checkpointing": mode})
 
 
+# Run by the simulator (fake tensors, torch's FSDP2, a fake group): transformers' Adafactor builds a matrix's factored
+# state as plain tensors (``torch.zeros(grad_shape[:-1]).to(grad)``, optimization.py) and adds the DTensor gradient's
+# means to them; FSDP1's flat parameters and ZeroRedundancyOptimizer's are plain tensors
+ADAFACTOR_ON_FSDP2 = ("transformers' Adafactor cannot step FSDP2's sharded (DTensor) parameters: its factored state is "
+                      "built as plain tensors and DTensor refuses the mix (RuntimeError: got mixed torch.Tensor and "
+                      "DTensor); zero1, ddp, --fsdp-version 1 or --engine deepspeed run it")
+
+
 def evaluate_candidate(
     spec: ModelSpec, hardware: Hardware, training: TrainingConfig, name: StrategyName,
     mesh: ParallelDims | None = None,
@@ -279,6 +287,8 @@ def evaluate_candidate(
         return Candidate(**base, available=False, unavailable_reason=(
             f"the {training.recipe.name} recipe does not run {impl.runs_as}: its loop runs "
             f"{', '.join(stack)} (profiles/recipes.json torch_strategies){instead}"))
+    if training.optimizer == "adafactor" and impl.engine == "torch" and impl.shard_params and training.fsdp_version != 1:
+        return Candidate(**base, available=False, unavailable_reason=ADAFACTOR_ON_FSDP2)
     if training.optimizer_in_backward and not runs_plain(impl, hardware.world_size):  # advisor.estimate.in_backward
         return Candidate(**base, available=False, unavailable_reason="--optimizer-in-backward is modelled on the plain "
                          "model of one GPU (torchtune's single-device recipes), not under " + impl.runs_as)

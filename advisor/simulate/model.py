@@ -200,4 +200,8 @@ def build_optimizer(params: list, training: TrainingConfig) -> Any:
     if training.optimizer in ("sgd", "sgd-momentum"):
         momentum = 0.9 if training.optimizer == "sgd-momentum" else 0.0
         return torch.optim.SGD(params, lr=1e-4, momentum=momentum, **flags)
-    raise ValueError(f"simulate runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")
+    if training.optimizer == "adafactor":  # transformers' Adafactor as the Trainer's optim="adafactor" builds it
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
+    raise ValueError(f"simulate runs adamw, adam, sgd, sgd-momentum and adafactor, not '{training.optimizer}'")

@@ -214,8 +214,8 @@ def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implemen
         raise ValueError(f"'{strategy}' is not simulated yet: {why}")
     if training.engine != "torch":
         raise ValueError("simulate runs the torch engine only (--engine torch)")
-    if training.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum"):
-        raise ValueError(f"simulate runs adamw, adam, sgd and sgd-momentum, not '{training.optimizer}'")
+    if training.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "adafactor"):
+        raise ValueError(f"simulate runs adamw, adam, sgd, sgd-momentum and adafactor, not '{training.optimizer}'")
     if world_size < 1:
         raise ValueError("world size must be at least 1")
     return impl

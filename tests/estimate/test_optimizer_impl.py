@@ -54,3 +54,15 @@ def test_recipe_sets_the_implementation_unless_given():
     assert TrainingConfig().optimizer_implementation == "foreach"
     assert TrainingConfig(recipe="trainer").optimizer_implementation == "fused"
     assert TrainingConfig(recipe="trainer", optimizer_impl="for-loop").optimizer_implementation == "for-loop"
+
+
+@pytest.mark.parametrize("strategy, world, precision, temp", [
+    ("ddp", 2, "bf16-mixed", 2 * 4 * EMBEDDING),  # the fp32 update and the next expression's result
+    ("zero1", 2, "bf16-mixed", 2 * 4 * EMBEDDING),  # ZeroRedundancyOptimizer never splits a tensor
+    ("ddp", 2, "bf16", (2 + 2) * 4 * EMBEDDING),  # and grad.float(), p.float() of the bf16 gradient and parameter
+])
+def test_adafactor_steps_one_tensor_at_a_time(strategy, world, precision, temp):
+    """transformers' Adafactor loops over the parameters in Python (optimization.py Adafactor.step): the largest
+    tensor's temporaries, not a copy of every parameter (the H200's BERT-large run with Adafactor under fp16 and
+    checkpointing peaked 16.9% below the estimate that counted every parameter: benchmarks/results/gpu_stacks.md)."""
+    assert _temp("fused", strategy, world, optimizer="adafactor", precision=precision) == temp

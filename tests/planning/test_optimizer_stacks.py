@@ -1,0 +1,44 @@
+"""What the optimizer and the checkpoint's dtype decide before any byte is counted: transformers' Adafactor cannot
+step FSDP2's DTensor parameters (tests/simulate/test_optimizer_impl.py runs it), so no FSDP2 strategy is offered with
+it; a LoRA base whose config states no dtype (an fp32-era checkpoint: BERT, GPT-2, T5, BART) loads in float32 under
+the recipes that load the checkpoint's dtype."""
+
+from __future__ import annotations
+
+import pytest
+
+from advisor.planning.api import plan
+
+
+def test_adafactor_leaves_fsdp2_unavailable_and_zero1_open():
+    result = plan("Qwen/Qwen2.5-0.5B", "2xA100", optimizer="adafactor")
+    for name in ("zero2", "zero3", "zero2_offload", "zero3_offload"):
+        cand = result.candidate(name)
+        assert not cand.available and "DTensor" in cand.unavailable_reason
+    assert result.candidate("zero1").available and result.candidate("ddp").available
+    assert result.chosen.strategy not in ("zero2", "zero3", "zero2_offload", "zero3_offload")
+
+
+def test_adafactor_pinned_on_fsdp2_is_an_error_with_the_reason():
+    with pytest.raises(ValueError, match="Adafactor cannot step FSDP2"):
+        plan("Qwen/Qwen2.5-0.5B", "2xA100", optimizer="adafactor", strategy="zero3")
+
+
+def test_adafactor_runs_under_fsdp1_and_deepspeed():
+    assert plan("Qwen/Qwen2.5-0.5B", "2xA100", optimizer="adafactor", strategy="zero3",
+                fsdp_version=1).candidate("zero3").available
+    assert plan("Qwen/Qwen2.5-0.5B", "2xA100", optimizer="adafactor", strategy="zero3",
+                engine="deepspeed").candidate("zero3").available
+
+
+def test_a_base_whose_config_states_no_dtype_loads_in_float32():
+    """bert-large-uncased's config.json states no dtype and its weights are fp32: LoRA over it holds the base in
+    float32 (4 bytes a frozen weight) where Qwen2.5's bf16 checkpoint holds 2; --frozen-base compute keeps 2."""
+    def base_bytes(model, **options):
+        result = plan(model, "1xH100", strategy="ddp", lora=16, precision="bf16-mixed", **options)
+        return result.training.frozen_param_bytes, result
+
+    bert, result = base_bytes("google-bert/bert-large-uncased", task="sequence-classification")
+    assert bert == 4 and any("frozen base in float32" in note for note in result.assumptions)
+    assert base_bytes("Qwen/Qwen2.5-0.5B")[0] == 2
+    assert base_bytes("google-bert/bert-large-uncased", task="sequence-classification", frozen_base="compute")[0] == 2

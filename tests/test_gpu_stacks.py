@@ -138,7 +138,8 @@ def test_without_checkpointing_the_cap_that_failed_is_below_what_must_fit():
     reserved): it trained capped at 42.0 GiB with no allocator retry and ran out of memory at 41.0 and 40.5, allocating
     the 1.96 GiB fp32 logits with 2.00 GiB reserved but not allocated, in blocks the allocator could not free. The
     plan's total less the context (44.35 GiB) is above both caps that failed; this plan carries no recompute cache."""
-    capped = {row["cap_gib"]: row for row in gpu_stacks_report.load(capped=True) if not row["checkpointing"]}
+    capped = {row["cap_gib"]: row for row in gpu_stacks_report.load(capped=True)
+              if row["kind"] == "trainer-cap" and not row["checkpointing"]}
     assert sorted(capped) == [40.5, 41.0, 42.0]
     assert capped[42.0]["oom"] is None and capped[41.0]["oom"] is not None and capped[40.5]["oom"] is not None
     uncapped = next(r for r in ROWS if r["model"] == "llama8b" and r["micro_batch"] == 1 and r["seq_len"] == 4096)
@@ -203,15 +204,19 @@ def test_the_top_blocks_backward_holds_the_fp32_adapters_copies():
 BERT = [r for r in gpu_stacks_report.load() if r["kind"] == "bert"]
 
 
-@pytest.mark.parametrize("row", [r for r in BERT if not r["lora_rank"]], ids=lambda r: r["name"])
-def test_bert_full_fine_tunes_on_the_h200(row):
-    """BERT-large sequence classification under the Trainer on an H200 (2026-11-29), 14 full fine-tunes as
-    transformers' single-GPU docs ran them and around them: fp32 within 2% of the allocated peak (measured -1.2% to
-    +1.8%), fp16 / bf16 autocast within 4% (-1.6% to -3.7%: the estimate low, unexplained), Adafactor included (its
-    fp16 checkpointed row was +16.9% while the step's temporaries were every parameter's)."""
+@pytest.mark.parametrize("row", BERT, ids=lambda r: r["name"])
+def test_bert_on_the_h200(row):
+    """BERT-large sequence classification under the Trainer on an H200 (2026-11-29): 17 full fine-tunes as
+    transformers' single-GPU docs ran them and around them, and two LoRA r16 over the fp32 base, within 3% of the
+    allocated peak (measured -2.8% to +0.7%; fp32 within 2%). Three findings moved the estimate: Adafactor's step
+    holds one tensor's temporaries (its fp16 checkpointed row read +16.9% while they were every parameter's); under
+    autocast the query, key and value each save their own cast of the block's input, and a CUDA SDPA's output is the
+    tensor the output projection saves (fp16 / bf16 rows -2.9% to -4.5%, the fp32 SDPA row +1.8%, before); a frozen
+    BERT block saves no input of a frozen linear (the LoRA rows +12.0% and +27.6% with the base counted in fp32, as
+    loaded, and the blocks as a full fine-tune's)."""
     planned = gpu_stacks_report.estimate(row).peak_allocated
-    within = 0.02 if row["precision"] == "fp32" else 0.04
-    assert len(BERT) == 16
+    within = 0.02 if row["precision"] == "fp32" else 0.03
+    assert len(BERT) == 19
     assert abs(planned - row["allocated"]) / row["allocated"] < within
 
 
@@ -219,8 +224,12 @@ def test_the_readme_remedy_on_the_h200():
     """The README's first command's remedy, ``--optimizer-impl fused`` (zero3 over 2 ranks, micro-batch 1, 2,048
     tokens, Qwen2.5-7B), rank 0 of a fake group: 61.98 GiB allocated, the plan within 1%. It reserved 82.89 GiB
     from an empty cache, more than an A100-80GB holds: what must fit is the allocated peak, since the allocator
-    frees its cache before it fails an allocation (the cap runs above)."""
+    frees its cache before it fails an allocation: capped at 77.85 GiB (an A100's less 1.3 GiB outside the allocator),
+    68.5 and 64.0 GiB it trained, with 3, 9 and 15 allocator retries."""
     row = next(r for r in gpu_stacks_report.load() if r["kind"] == "headline")
     planned = gpu_stacks_report.estimate(row)
     assert abs(planned.peak_allocated - row["allocated"]) / row["allocated"] < 0.01
     assert row["reserved"] > 79.15 * 2**30 > planned.total
+    capped = {r["cap_gib"]: r for r in gpu_stacks_report.load(capped=True) if r["kind"] == "headline"}
+    assert sorted(capped) == [64.0, 68.5, 77.85] and all(r["oom"] is None for r in capped.values())
+    assert (planned.total - planned.outside_allocator) / 2**30 > 68.5  # what must fit is above a cap that trained

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Callable
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    decoder_layer_per_token, encoder_eager_remaining_per_token, encoder_layer_per_token, mamba_layer_per_token,
+    decoder_layer_per_token, encoder_eager_remaining_per_token, encoder_layer_per_token, frozen_encoder_layer_per_token, mamba_layer_per_token,
     neox_layer_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
@@ -226,6 +226,8 @@ class ActivationKind:
     backward: Callable[..., tuple[int, int]] | None = None  # (backward_temp, early) of a block; None: the MLP's
     kept_width: Callable[..., int] | None = None  # selective checkpointing's kept products, when not given
     frozen_base: bool = False  # LoRA's frozen-base block formula applies (activations_blocks, Llama-like dense)
+    frozen_layer: Callable[..., int] | None = None  # a frozen block of its own under LoRA (shape, dt, adapters, seq_len,
+    # eager); the rest of the count stays the full fine-tune's
     eager_softmax: Callable[..., bool] = lambda shape: False  # eager_backward_per_token describes its block
     eager_remaining: Callable[..., int] | None = None  # what it holds at that backward (shape, dt, seq_len); None: the
     # Llama block's (eager_remaining_per_token, with its adapters and checkpointing)
@@ -264,7 +266,7 @@ ACTIVATION_KINDS: dict[str, ActivationKind] = {row.name: row for row in (
     ActivationKind("gpt2", _formula("gpt2"), layer=encoder_layer_per_token,
                    one_op_mlp=lambda shape: shape.one_op_mlp_act),
     ActivationKind("bert", _formula("bert"), layer=encoder_layer_per_token, eager_softmax=lambda shape: True,
-                   eager_remaining=encoder_eager_remaining_per_token),
+                   eager_remaining=encoder_eager_remaining_per_token, frozen_layer=frozen_encoder_layer_per_token),
     ActivationKind("gpt_neox", _formula("gpt_neox"), layer=neox_layer_per_token, one_op_mlp=lambda shape: True),
     _decoder("decoder"),
     _decoder("size", shape=_size_fields, note=lambda spec: SIZE_ONLY_NOTE),

@@ -205,8 +205,9 @@ def estimate_activations(
     kept products that do not grow with the tokens (DoRA's weight products, ``advisor.model.selective``).
     ``head_grads``: count the chunked loss's per-chunk head gradients (``loss_bytes``) when the head
     trains; False leaves them out (a vocabulary-sharded TP head, not checked against the simulator).
-    ``adapters``: LoRA on a frozen base (Llama-like dense decoders; T5 and BART in their own module,
-    ``activations_encdec``; other families keep the full fine-tune count, an overestimate, and the plan says so)."""
+    ``adapters``: LoRA on a frozen base (Llama-like dense decoders; BERT's block, ``ActivationKind.frozen_layer``; T5
+    and BART in their own module, ``activations_encdec``; other families keep the full fine-tune count, an
+    overestimate, and the plan says so)."""
     row = row_of(shape)
     if row.whole is not None:  # composed apart: the encoder-decoder's two stacks, or no activation model
         return ActivationEstimate(**row.whole(shape, dt, micro_batch_size=micro_batch_size, seq_len=seq_len,
@@ -227,7 +228,8 @@ def estimate_activations(
         to_embedding = tokens * (INT64 + 2 * dt.residual * shape.head_dim)
         frozen = True
     else:
-        layer = tokens * row.layer(shape, dt, seq_len=seq_len, eager=eager)
+        layer = tokens * (row.layer(shape, dt, seq_len=seq_len, eager=eager) if adapters is None or row.frozen_layer is None
+                          else row.frozen_layer(shape, dt, adapters, seq_len=seq_len, eager=eager))
         # Outside the blocks: token ids (embedding backward) and the shifted int64 labels (nll_loss),
         # the final norm and the head's input (its autocast cast, or the norm output).
         outside = tokens * (2 * INT64 + outside_norm_per_token(shape, dt))

@@ -403,7 +403,12 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     # transformers' ``transpose(1, 2).contiguous()`` and GPT-2's ``reshape`` are views, and c_proj saves
     # the SDPA output counted above (as the Llama count: ``attention_per_token``). Read on the simulated
     # step (sweep 720464dad0a9: 384-wide GPT-2, fp32, s 8192, checkpointed): +4.0% with a second copy.
-    o_in = 0 if shape.family == "gpt2" and not eager else cb * h
+    o_in = 0 if not eager else cb * h
+    if dt.input_casts and shape.family == "bert":
+        # BERT's query, key and value are three linears: under autocast each casts the LayerNorm's fp32 output
+        # itself (autocast caches only casts of weights, aten/src/ATen/autocast_mode.cpp cached_cast) and saves its
+        # own copy for its weight's gradient, two beyond the one ``layer_norms`` counts
+        o_in += 2 * cb * h
     # attention-output and MLP-output dropout (native_dropout: bool mask); none at p = 0 (GPT-2's resid_pdrop 0:
     # the sweep's 720464dad0a9, read on the simulated step, which runs CUDA's dropout: 2h bytes a token less)
     dropout_masks = 0 if shape.no_residual_dropout else 2 * BOOL * h
@@ -415,6 +420,35 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
     else:
         mlp = 2 * cb * I  # F.gelu (BERT; GPT-2 with activation_function 'gelu') saves its input; fc2 the output
     return layer_norms + attn + o_in + dropout_masks + mlp
+
+
+def frozen_encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, adapters: Adapters, *, seq_len: int,
+                                   eager: bool) -> int:
+    """A frozen BERT block with LoRA on its query, key or value (the linears ``advisor.model.lora.block_linears``
+    lists for it): what ``encoder_layer_per_token`` counts, less what only a trained weight's gradient reads. A frozen
+    linear saves its weight alone (the input gradient's), so the LayerNorm outputs the key and the intermediate dense
+    read, the attention output dense's input and the GELU output the output dense reads go unsaved. Each adapter's
+    lora_A saves its input: under autocast its own cast of the LayerNorm's fp32 output (autocast caches only weights'
+    casts), without autocast the block's input itself, once for all; with dropout its own dropped-out input and bool
+    mask; lora_B saves ``x A`` (r wide). Read on saved-tensor hooks of transformers' BertLayer with PEFT's default
+    query and value adapters under CPU autocast and checked against the simulated step (tests/estimate/
+    test_encoder_heads.py)."""
+    h, heads = shape.hidden_size, shape.num_attention_heads
+    cb = dt.compute
+    adapted = len(adapters.inputs)
+    layer_norm_inputs = 2 * dt.residual * h  # their backward reads the input (the block's gradient flows through)
+    if eager:
+        softmax = FP32 if dt.input_casts else cb
+        attn = cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
+    else:
+        attn = cb * 3 * h + FP32 * heads + cb * h
+    dropout_masks = 0 if shape.no_residual_dropout else 2 * BOOL * h
+    gelu_input = cb * shape.intermediate_size
+    if adapters.dropout:
+        adapter_inputs = adapted * (cb + BOOL) * h
+    else:
+        adapter_inputs = (adapted if dt.input_casts else min(adapted, 1)) * cb * h
+    return layer_norm_inputs + attn + dropout_masks + gelu_input + adapter_inputs + adapted * cb * adapters.rank
 
 
 def neox_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:

@@ -244,11 +244,15 @@ def linear_names(spec: ModelSpec) -> tuple[str, ...]:
 
 def adapter_inputs(spec: ModelSpec, lora: LoraConfig) -> tuple[AdapterInput, ...] | None:
     """Each adapted linear's input width and source in one block, for the activation model; None
-    where the block's sources are not modelled (GPT-2, BERT, mixture-of-experts blocks, a family with
-    no formula: its activations are traced with the adapters instead)."""
+    where the block's sources are not modelled (GPT-2, mixture-of-experts blocks, DoRA on BERT, a family with
+    no formula: its activations are traced with the adapters instead). BERT's adapted linears (query, key, value)
+    all read the block's input."""
     info = load_architectures().get(spec.model_type or "")
     if info is not None and info.formula in ("t5", "bart") and formula_layout(spec) is not None:
         return _encdec_adapter_inputs(spec, lora)
+    if info is not None and info.formula == "bert" and not lora.dora:  # the query, key and value read the block input
+        return tuple(AdapterInput(fan_in, "block_input") for name in target_names(spec, lora)
+                     for fan_in, _ in block_linears(spec)[name])
     if info is None or info.formula != "decoder" or info.moe:
         return None
     linears = block_linears(spec)

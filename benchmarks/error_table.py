@@ -11,6 +11,9 @@ Comparisons (truth / estimate - 1, one per measured figure):
   estimated ``reserved`` (torch recipe);
 - ``h100-stacks``: Trainer / PEFT / ``wrap()`` on the H100 (``benchmarks/results/gpu_stacks.jsonl``, planned as
   ``benchmarks/gpu_stacks_report.py`` plans them; the fake-group ``impl`` and ``eager`` rows give allocated only);
+  ``h200-stacks``: that file's rows of 2026-11-29 (``gpu_stacks_report.source_of``: BERT-large under the Trainer,
+  the README's two jobs, on an H200; their nvidia-smi figures are reserved plus what stays outside the allocator,
+  scored in gpu_stacks.md, not here);
 - each published source of ``profiles/published_memory.json`` (its id's first word), the cases whose settings we
   can express, planned as ``benchmarks/published_memory.py`` plans them: allocated and active figures against the
   peak allocated; reserved, unspecified and nvidia-smi figures against ``reserved`` (nvidia-smi less the CUDA
@@ -156,9 +159,10 @@ def _stack_rows() -> list[Comparison]:
     for row in gpu_stacks_report.load():
         mem = gpu_stacks_report.estimate(row)
         recipe = gpu_stacks_report.job(row).get("recipe", "torch")
-        common = dict(source="h100-stacks", case=f"{gpu_stacks_report.label(row)} {row['model']} mb{row['micro_batch']} "
-                      f"s{row['seq_len']}", recipe=recipe, tuning="lora" if row.get("lora_rank") else "full",
-                      family=accuracy.spec_for(accuracy.MODELS[row["model"]]).model_type or "unknown")
+        common = dict(source=gpu_stacks_report.source_of(row), case=f"{gpu_stacks_report.label(row)} {row['model']} "
+                      f"mb{row['micro_batch']} s{row['seq_len']}", recipe=recipe,
+                      tuning="lora" if row.get("lora_rank") else "full",
+                      family=accuracy.spec_for(accuracy.MODELS.get(row["model"], row["model"])).model_type or "unknown")
         out.append(Comparison(measured="allocated", ratio=row["allocated"] / mem.peak_allocated - 1, **common))
         # impl and eager rows run a fake group's rank 0 after materialising the whole model: allocated only
         if row["kind"] in gpu_stacks_report.RESERVED_SCORED:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent))
 import error_table  # noqa: E402
 from advisor.calibration import ErrorTable  # noqa: E402
 
-OURS = ("h100-truth", "h100-stacks")  # our own measurements; the rest are published sources
+OURS = ("h100-truth", "h100-stacks", "h200-stacks")  # our own measurements; the rest are published sources
 
 
 class Scored(NamedTuple):

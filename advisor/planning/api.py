@@ -504,10 +504,11 @@ def plan(
             training = validated_copy(training, {"frozen_base": held})
         if spec.head is not None and any(name.endswith(spec.head.module) for name in live.modules_to_save or ()):
             spec = validated_copy(spec, {"head": validated_copy(spec.head, {"saved_copy": True})})  # PEFT trains it
-    if (live is None and training.frozen_base is None and spec.dtype is None and training.base_dtype_counts
-            and training.frozen_base_dtype == "compute"):
-        # The recipe loads the base as the checkpoint's dtype (from_pretrained's dtype='auto'); a config that states
-        # none is an fp32-era checkpoint (BERT, GPT-2, T5, BART), which loads in float32
+    if (live is None and training.frozen_base is None and spec.dtype is None and spec.source in ("bundled", "hub")
+            and training.base_dtype_counts and training.frozen_base_dtype == "compute"):
+        # The recipe loads the base as the checkpoint's dtype (from_pretrained's dtype='auto'); a published config
+        # that states none is an fp32-era checkpoint (BERT, GPT-2, T5, BART: written before transformers recorded the
+        # dtype), which loads in float32. A hand-written or local config says nothing either way.
         training = validated_copy(training, {"frozen_base": "param"})
         notes.append("frozen base in float32: the config states no dtype (an fp32 checkpoint), which from_pretrained's "
                      "dtype='auto' loads as float32; loaded in 16 bits, it is --frozen-base compute")

@@ -653,6 +653,68 @@ def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum:
     return row
 
 
+# Seconds a step of decoders under the Trainer on one GPU, beside BERT's: pure fp32 (the Trainer's default without
+# bf16=True / fp16=True: fp32 matmuls on the CUDA cores), bf16 autocast, and a small micro-batch where launches decide.
+# (name, model key, micro-batch, seq, precision: fp32 / bf16 / fp16)
+SPEED_CASES = [
+    ("speed-qwen0.5b-fp32", "qwen0.5b", 4, 1024, "fp32"), ("speed-llama1b-fp32", "llama1b", 2, 2048, "fp32"),
+    ("speed-qwen0.5b-bf16", "qwen0.5b", 4, 1024, "bf16"), ("speed-qwen0.5b-bf16-small", "qwen0.5b", 1, 256, "bf16"),
+    ("speed-llama1b-bf16", "llama1b", 2, 2048, "bf16"),
+]
+
+
+BERT_FLOOR_CASES = [("bert-bs1-fp16", 1, False, "fp16", "adamw_torch_fused", 1, "eager", None)]  # launches decide
+
+
+def speed_case(name: str, key: str, mb: int, seq: int, precision: str, workdir: Path) -> dict:
+    """A causal LM under the Trainer (fused AdamW, fp32 weights, autocast as ``precision`` says): peaks over steps
+    2-6 and the median seconds of steps 3-6, as ``bert_case`` times them."""
+    import time
+
+    import torch
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    if DEVICE == "cuda":
+        _clean()
+    net, cfg = _model(key, "float32", None)
+    peaks: dict = {}
+    times: list[float] = []
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            peaks["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            if state.global_step >= 3:
+                times.append(time.perf_counter() - peaks["t0"])
+            if state.global_step == 1 and DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == BERT_STEPS and DEVICE == "cuda":
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+            return control
+
+    args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=BERT_STEPS,
+                             fp16=precision == "fp16", bf16=precision == "bf16", optim="adamw_torch_fused",
+                             report_to=[], save_strategy="no", logging_steps=100, dataloader_num_workers=0,
+                             remove_unused_columns=False, learning_rate=1e-5, disable_tqdm=True,
+                             use_cpu=DEVICE == "cpu")
+    trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, BERT_STEPS * mb),
+                      callbacks=[Measure()])
+    with contextlib.redirect_stdout(io.StringIO()):
+        trainer.train()
+    row = dict(kind="speed", name=name, model=key, micro_batch=mb, seq_len=seq, checkpointing=False,
+               precision=precision, optim="adamw_torch_fused", allocated=peaks.get("allocated"),
+               reserved=peaks.get("reserved"), step_seconds=sorted(times)[len(times) // 2] if times else None,
+               steps_timed=len(times))
+    del trainer, net
+    return row
+
+
 def context_row() -> dict:
     """What nvidia-smi shows before CUDA starts, and with CUDA's context and one small tensor on the GPU (the hfdocs
     page's own measurement: ``torch.ones((1, 1)).to("cuda")``)."""
@@ -726,7 +788,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder for gpu_stacks.jsonl")
     parser.add_argument("--case", default="", help=argparse.SUPPRESS)  # GROUP:INDEX, one case of ISOLATED in this process
     parser.add_argument("--only", default="", help="run the groups named (trainer, wrap, impl, eager, lightning, titan, actoff, "
-                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure, bert, bert-more, headline, headline-cap), comma-separated")
+                        "accum, trainer8b, trainer-more, cap, cap2, fsdp1, trainer-fsdp1, trainer-pure, bert, bert-more, speed, headline, headline-cap), comma-separated")
     args = parser.parse_args()
     import torch
 
@@ -774,6 +836,9 @@ def main() -> int:
         jobs += [(context_row, ())] + [(bert_case, (*c, args.out / "runs")) for c in BERT_CASES]
     if "headline-cap" in groups:
         jobs += [(headline_case, (*HEADLINE_CASES[0], cap)) for cap in HEADLINE_CAPS]
+    if "speed" in groups:
+        jobs += [(speed_case, (*c, args.out / "runs")) for c in SPEED_CASES]
+        jobs += [(bert_case, (*c, args.out / "runs")) for c in BERT_FLOOR_CASES]
     if "bert-more" in groups:
         jobs += [(bert_case, (*c, args.out / "runs")) for c in BERT_MORE_CASES]
     if "headline" in groups:

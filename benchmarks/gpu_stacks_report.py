@@ -75,6 +75,10 @@ def job(row: dict) -> dict:
                     frozen_base="compute" if row["lora_rank"] and row["weights"] == "bfloat16" and not pure else None,
                     micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], activation_checkpointing=ckpt,
                     global_batch_size=row["micro_batch"] * accumulation if accumulation > 1 else None)
+    if row["kind"] == "speed":  # a causal LM under the Trainer, fp32 weights, fused AdamW (gpu_stacks.speed_case)
+        return dict(gpus="1xH200", strategy="ddp", recipe="trainer", precision=BERT_PRECISION[row["precision"]],
+                    optimizer_impl="fused", micro_batch_size=row["micro_batch"], seq_len=row["seq_len"],
+                    activation_checkpointing="off")
     if row["kind"] == "lightning":
         return dict(gpus="1xH100", strategy="ddp", recipe="lightning", precision="bf16-mixed",
                     micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], activation_checkpointing=ckpt)
@@ -94,7 +98,7 @@ def source_of(row: dict) -> str:
     """The error table's source of a stored row: the runs of 2026-11-29 (the BERT rows, the README's two jobs) are a
     source of their own, ``h200-stacks``; every earlier row is ``h100-stacks`` (the eager-attention rows of 2026-11-27
     ran on an H200 with the same harness and stay in it)."""
-    later = row["kind"] in ("bert", "headline") or row.get("name") == "trainer-lora-7b-readme"
+    later = row["kind"] in ("bert", "headline", "speed") or row.get("name") == "trainer-lora-7b-readme"
     return "h200-stacks" if later else "h100-stacks"
 
 
@@ -239,6 +243,8 @@ def label(row: dict) -> str:
         return f"Trainer, BERT seq-cls, {how}, {row['precision']}, {row['attention']}, {optim}{accumulation}"
     if row["kind"] == "headline":
         return f"README's remedy: torch recipe, {row['strategy']} x{row['world']}, fused AdamW"
+    if row["kind"] == "speed":
+        return f"Trainer, full, float32 weights, {row['precision']}, fused AdamW (timed)"
     return f"torch recipe, {row['strategy']} x{row['world']}, {row['optimizer_impl']} AdamW"
 
 

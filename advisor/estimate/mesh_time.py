@@ -163,7 +163,8 @@ def estimate_mesh_step_time(spec: ModelSpec, hardware: Hardware, training: Train
                         head_recompute=training.chunked_nll)
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
-                                   tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
+                                   tokens_per_micro_batch=max(1, replica_tokens // mesh.cp),
+                                   rate=training.precision_info.peak_rate)
     rate = peak * TFLOPS * util
     ew = elementwise_time(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
                           flops=flops, rate=rate, peak=peak * TFLOPS)

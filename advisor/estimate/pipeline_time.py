@@ -96,7 +96,8 @@ def estimate_pipeline_step_time(spec: ModelSpec, hardware: Hardware, training: T
     share = slowest / shape.num_layers
     peak, peak_note = peak_tflops(hardware.gpu, training)
     util = eff.compute.utilisation(hardware.gpu.name, hidden_size=tp_matmul_width(shape.hidden_size, mesh.tp),
-                                   tokens_per_micro_batch=max(1, replica_tokens // mesh.cp))
+                                   tokens_per_micro_batch=max(1, replica_tokens // mesh.cp),
+                                   rate=training.precision_info.peak_rate)
     rate = peak * TFLOPS * util
     ew = elementwise_time(spec, hardware, training, eff, tokens=replica_tokens, checkpointing=checkpointing,
                           flops=flops, rate=rate, peak=peak * TFLOPS)

@@ -460,7 +460,8 @@ def estimate_step_time(
                         selective=training.activation_checkpointing == "selective", target_len=training.target_len,
                         lora=training.lora, head_recompute=training.chunked_nll)
     peak, peak_note = peak_tflops(hardware.gpu, training)
-    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro)
+    util = eff.compute.utilisation(hardware.gpu.name, hidden_size=shape.hidden_size, tokens_per_micro_batch=tokens_micro,
+                                   rate=training.precision_info.peak_rate)
     if impl.single_process and hardware.world_size > 1:
         util *= eff.dataparallel.compute_penalty
     rate = peak * TFLOPS * util

@@ -67,6 +67,12 @@ class ComputeEfficiency(_Frozen):
     hidden_half: int = Field(gt=0, description="Width at which the size factor is 1/2.")
     tokens_half: int = Field(gt=0, description="Micro-batch tokens at which the batch factor is 1/2.")
     default_max_utilisation: float = Field(gt=0, le=1, description="For GPUs with no calibration.")
+    fp32_max_utilisation: float | None = Field(default=None, gt=0, le=1, description="An fp32 step's utilisation of "
+                                               "the fp32 peak before the shape factor, one figure for every GPU (plain "
+                                               "fp32 matmuls on the CUDA cores, beside which the elementwise and launch "
+                                               "costs inside the bf16 fits weigh little): measured (fp32_source). "
+                                               "None: the GPU's own max_utilisation.")
+    fp32_source: str | None = None
     source: str
     note: str | None = None
     gpus: tuple[GpuUtilisation, ...]
@@ -91,10 +97,10 @@ class ComputeEfficiency(_Frozen):
         batch = tokens_per_micro_batch / (tokens_per_micro_batch + self.tokens_half)
         return size * batch
 
-    def utilisation(self, gpu_name: str, *, hidden_size: int, tokens_per_micro_batch: int) -> float:
-        return self.max_utilisation(gpu_name) * self.shape_factor(
-            hidden_size=hidden_size, tokens_per_micro_batch=tokens_per_micro_batch
-        )
+    def utilisation(self, gpu_name: str, *, hidden_size: int, tokens_per_micro_batch: int, rate: str = "bf16") -> float:
+        """``rate``: the precision's peak rate (``Precision.peak_rate``); an fp32 step takes ``fp32_max_utilisation``."""
+        top = self.fp32_max_utilisation if rate == "fp32" and self.fp32_max_utilisation else self.max_utilisation(gpu_name)
+        return top * self.shape_factor(hidden_size=hidden_size, tokens_per_micro_batch=tokens_per_micro_batch)
 
     def calibrated_max(self, entry: GpuUtilisation) -> float:
         """The documented rule: median over the rows of published MFU (HFU where the run recomputed) / shape factor."""

@@ -333,6 +333,20 @@ def bert_lines(rows: list[dict]) -> list[str]:
         *table]
 
 
+def speed_line(rows: list[dict]) -> str:
+    """The timed decoder rows (``--only speed``): seconds a step against the plan's."""
+    parts = []
+    for row in (r for r in rows if r["kind"] == "speed"):
+        cand = planned(row)
+        parts.append(f"{row['model']} {row['precision']} {row['micro_batch']} x {row['seq_len']:,} tokens "
+                     f"{row['step_seconds']:.3f} s (the plan {cand.step_time_s:.3f})")
+    return ("- Seconds a step under the Trainer on the H200 (`--only speed`, 2026-11-29; fp32 weights, fused AdamW, "
+            "the median of steps 3-6): " + "; ".join(parts) + ". The fp32 rows are among those "
+            "`benchmarks/fp32_speed.py` fits the fp32 utilisation on; Qwen2.5-0.5B's bf16 steps sit on a floor the plan "
+            "does not model (kernel launches from Python, about 0.14 s a step for its 24 blocks: docs/accuracy.md, "
+            "step time on a real GPU).")
+
+
 def headline_cap_line(rows: list[dict]) -> str:
     """The README remedy's job (zero3 x2, fused AdamW, Qwen2.5-7B) under caps on what the allocator may reserve."""
     uncapped = next(r for r in rows if r["kind"] == "headline")
@@ -447,6 +461,7 @@ def main() -> int:
         "19.61 GiB); the estimate (`advisor.estimate.accumulation`) is 0.52% below it.",
         cap_line,
         headline_cap_line(rows),
+        speed_line(rows),
         "- Reserved is the allocator's caching: the estimate adds a calibrated gap (`profiles/allocator_overhead.json`). "
         "These runs show it depends on recomputation: the runs that recompute their blocks reserved 6-37% above what "
         "they allocated, those that do not 2-21% (a one-GPU Trainer run without checkpointing 2-4% at 7-8B; over every "

@@ -586,12 +586,42 @@ class _Labelled:
         return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
 
-def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum: int, attention: str,
-              rank: int | None, workdir: Path, seq: int = 512) -> dict:
+def _timed_peaks(peaks: dict, times: list[float], *, nvidia_smi: bool = False):
+    """A Trainer callback that writes into ``peaks`` the allocated and reserved peaks of steps 2 to ``BERT_STEPS``
+    (``nvidia_smi``: and NVML's used memory with the reserved bytes at that moment) and appends to ``times`` the
+    synchronised seconds of steps 3 on."""
     import time
 
     import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import TrainerCallback
+
+    class Measure(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            peaks["t0"] = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+            if state.global_step >= 3:
+                times.append(time.perf_counter() - peaks["t0"])
+            if state.global_step == 1 and DEVICE == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            elif state.global_step == BERT_STEPS and DEVICE == "cuda":
+                peaks["allocated"] = torch.cuda.max_memory_allocated()
+                peaks["reserved"] = torch.cuda.max_memory_reserved()
+                if nvidia_smi:
+                    peaks["nvidia_smi"] = _nvml_used()
+                    peaks["reserved_now"] = torch.cuda.memory_reserved()
+            return control
+
+    return Measure()
+
+
+def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum: int, attention: str,
+              rank: int | None, workdir: Path, seq: int = 512) -> dict:
+    from transformers import Trainer, TrainingArguments
 
     from advisor.model.bundled import load_bundled_config
     from advisor.model.heads import resolve_head
@@ -612,26 +642,6 @@ def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum:
     peaks: dict = {}
     times: list[float] = []
 
-    class Measure(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            if DEVICE == "cuda":
-                torch.cuda.synchronize()
-            peaks["t0"] = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if DEVICE == "cuda":
-                torch.cuda.synchronize()
-            if state.global_step >= 3:
-                times.append(time.perf_counter() - peaks["t0"])
-            if state.global_step == 1 and DEVICE == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            elif state.global_step == BERT_STEPS and DEVICE == "cuda":
-                peaks["allocated"] = torch.cuda.max_memory_allocated()
-                peaks["reserved"] = torch.cuda.max_memory_reserved()
-                peaks["nvidia_smi"] = _nvml_used()
-                peaks["reserved_now"] = torch.cuda.memory_reserved()
-            return control
-
     args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=BERT_STEPS,
                              fp16=precision == "fp16", bf16=precision == "bf16", optim=optim,
                              gradient_checkpointing=ckpt, gradient_accumulation_steps=accum, report_to=[],
@@ -639,7 +649,7 @@ def bert_case(name: str, mb: int, ckpt: bool, precision: str, optim: str, accum:
                              remove_unused_columns=False, learning_rate=1e-5, disable_tqdm=True,
                              use_cpu=DEVICE == "cpu")
     trainer = Trainer(model=net, args=args, train_dataset=_Labelled(cfg["vocab_size"], seq, BERT_STEPS * mb * accum),
-                      callbacks=[Measure()])
+                      callbacks=[_timed_peaks(peaks, times, nvidia_smi=True)])
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     row = dict(kind="bert", name=name, model=BERT, task="sequence-classification", micro_batch=mb, seq_len=seq,
@@ -669,10 +679,7 @@ BERT_FLOOR_CASES = [("bert-bs1-fp16", 1, False, "fp16", "adamw_torch_fused", 1, 
 def speed_case(name: str, key: str, mb: int, seq: int, precision: str, workdir: Path) -> dict:
     """A causal LM under the Trainer (fused AdamW, fp32 weights, autocast as ``precision`` says): peaks over steps
     2-6 and the median seconds of steps 3-6, as ``bert_case`` times them."""
-    import time
-
-    import torch
-    from transformers import Trainer, TrainerCallback, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     if DEVICE == "cuda":
         _clean()
@@ -680,31 +687,13 @@ def speed_case(name: str, key: str, mb: int, seq: int, precision: str, workdir: 
     peaks: dict = {}
     times: list[float] = []
 
-    class Measure(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            if DEVICE == "cuda":
-                torch.cuda.synchronize()
-            peaks["t0"] = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kw):
-            if DEVICE == "cuda":
-                torch.cuda.synchronize()
-            if state.global_step >= 3:
-                times.append(time.perf_counter() - peaks["t0"])
-            if state.global_step == 1 and DEVICE == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            elif state.global_step == BERT_STEPS and DEVICE == "cuda":
-                peaks["allocated"] = torch.cuda.max_memory_allocated()
-                peaks["reserved"] = torch.cuda.max_memory_reserved()
-            return control
-
     args = TrainingArguments(output_dir=str(workdir / name), per_device_train_batch_size=mb, max_steps=BERT_STEPS,
                              fp16=precision == "fp16", bf16=precision == "bf16", optim="adamw_torch_fused",
                              report_to=[], save_strategy="no", logging_steps=100, dataloader_num_workers=0,
                              remove_unused_columns=False, learning_rate=1e-5, disable_tqdm=True,
                              use_cpu=DEVICE == "cpu")
     trainer = Trainer(model=net, args=args, train_dataset=_Tokens(cfg["vocab_size"], seq, BERT_STEPS * mb),
-                      callbacks=[Measure()])
+                      callbacks=[_timed_peaks(peaks, times)])
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     row = dict(kind="speed", name=name, model=key, micro_batch=mb, seq_len=seq, checkpointing=False,

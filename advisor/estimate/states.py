@@ -182,7 +182,9 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     grads = pb * t // world if impl.shard_grads else pb * t
     opt = k_bytes // world if impl.shard_optimizer else k_bytes
     share = world if impl.shard_optimizer else 1
-    largest = FP32 * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0
+    # DeepSpeed hands a client optimizer each rank's flat fp32 partition: Adafactor steps it as one (unfactored) tensor
+    largest = (FP32 * t if training.optimizer == "adafactor" else
+               FP32 * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0)
     temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share),
                                     element_bytes=FP32)
     from advisor.estimate.zero_buffers import zero_facts, zero_step_temporary  # a recipe with DeepSpeed's facts

@@ -27,7 +27,7 @@ def _temp(impl: str, strategy: str, world: int, **training) -> int:
     spec = spec_from_config(TINY, name="tiny", source="local")
     if config.lora is not None:
         spec = with_lora(spec, config.lora)
-    return model_states(spec, config, get_strategy(strategy).on("torch"), world).step_temporary
+    return model_states(spec, config, get_strategy(strategy).on(config.engine), world).step_temporary
 
 
 def test_tiny_llama_count_is_the_hand_count():
@@ -66,3 +66,9 @@ def test_adafactor_steps_one_tensor_at_a_time(strategy, world, precision, temp):
     tensor's temporaries, not a copy of every parameter (the H200's BERT-large run with Adafactor under fp16 and
     checkpointing peaked 16.9% below the estimate that counted every parameter: benchmarks/results/gpu_stacks.md)."""
     assert _temp("fused", strategy, world, optimizer="adafactor", precision=precision) == temp
+
+
+def test_adafactor_under_deepspeed_steps_the_flat_partition():
+    """DeepSpeed hands a client optimizer each rank's flat fp32 partition, one tensor: Adafactor's two fp32
+    temporaries are that partition's size (ZeRO-2 over 2 ranks: 2 x 4 x PARAMS / 2), not the largest parameter's."""
+    assert _temp("fused", "zero2", 2, optimizer="adafactor", engine="deepspeed") == 2 * 4 * PARAMS // 2

@@ -177,7 +177,10 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     p, t = spec.total_params, spec.trainable_params
     pb = training.compute_bytes
     master = 0 if pb == 4 else FP32 * t
-    k_bytes = master + optimizer_state_bytes(spec, training, state_bytes=FP32)
+    # Adafactor factors a matrix's second moment (transformers' _get_options: two or more dims); DeepSpeed hands it
+    # each rank's flat 1-D fp32 partition, so it keeps the whole second moment
+    state = FP32 * t if training.optimizer == "adafactor" else optimizer_state_bytes(spec, training, state_bytes=FP32)
+    k_bytes = master + state
     params = pb * p // world if impl.shard_params else pb * p
     grads = pb * t // world if impl.shard_grads else pb * t
     opt = k_bytes // world if impl.shard_optimizer else k_bytes

@@ -72,3 +72,13 @@ def test_adafactor_under_deepspeed_steps_the_flat_partition():
     """DeepSpeed hands a client optimizer each rank's flat fp32 partition, one tensor: Adafactor's two fp32
     temporaries are that partition's size (ZeRO-2 over 2 ranks: 2 x 4 x PARAMS / 2), not the largest parameter's."""
     assert _temp("fused", "zero2", 2, optimizer="adafactor", engine="deepspeed") == 2 * 4 * PARAMS // 2
+
+
+def test_adafactor_under_deepspeed_keeps_the_whole_second_moment():
+    """On a flat 1-D partition Adafactor cannot factor (transformers' _get_options: two or more dims): bf16-mixed
+    ZeRO-2 over 2 ranks holds the fp32 master and a full fp32 second moment, (4 + 4) x PARAMS / 2, where the torch
+    engine's per-parameter tensors keep a row and a column per matrix."""
+    config = TrainingConfig(optimizer="adafactor", engine="deepspeed")
+    spec = spec_from_config(TINY, name="tiny", source="local")
+    states = model_states(spec, config, get_strategy("zero2").on("deepspeed"), 2)
+    assert states.optimizer == (4 + 4) * PARAMS // 2

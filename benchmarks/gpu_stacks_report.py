@@ -49,7 +49,7 @@ RESERVED_SCORED = ("trainer", "wrap", "lightning", "bert", *FRESH_CACHE)
 IMPL_OF_OPTIM = {"adamw_torch_fused": "fused", "adamw_torch": "foreach"}
 
 
-BERT_PRECISION = {"fp32": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed"}
+TRAINER_PRECISION = {"fp32": "fp32", "fp16": "fp16-mixed", "bf16": "bf16-mixed"}  # the Trainer's flags -> the plan's
 
 
 def job(row: dict) -> dict:
@@ -59,7 +59,7 @@ def job(row: dict) -> dict:
         adamw = row["optim"] != "adafactor"
         accumulation = row["accumulation"]
         return dict(gpus="1xH200", strategy="ddp", recipe="trainer", task=row["task"], num_labels=2,
-                    precision=BERT_PRECISION[row["precision"]], optimizer="adamw" if adamw else "adafactor",
+                    precision=TRAINER_PRECISION[row["precision"]], optimizer="adamw" if adamw else "adafactor",
                     optimizer_impl=IMPL_OF_OPTIM[row["optim"]] if adamw else None, lora=row["lora_rank"],
                     attention=row["attention"], micro_batch_size=row["micro_batch"], seq_len=row["seq_len"],
                     activation_checkpointing=ckpt,
@@ -76,7 +76,7 @@ def job(row: dict) -> dict:
                     micro_batch_size=row["micro_batch"], seq_len=row["seq_len"], activation_checkpointing=ckpt,
                     global_batch_size=row["micro_batch"] * accumulation if accumulation > 1 else None)
     if row["kind"] == "speed":  # a causal LM under the Trainer, fp32 weights, fused AdamW (gpu_stacks.speed_case)
-        return dict(gpus="1xH200", strategy="ddp", recipe="trainer", precision=BERT_PRECISION[row["precision"]],
+        return dict(gpus="1xH200", strategy="ddp", recipe="trainer", precision=TRAINER_PRECISION[row["precision"]],
                     optimizer_impl="fused", micro_batch_size=row["micro_batch"], seq_len=row["seq_len"],
                     activation_checkpointing="off")
     if row["kind"] == "lightning":
@@ -116,12 +116,16 @@ def estimate(row: dict):
     return planned(row).memory_bytes
 
 
+def _stored(path: Path) -> list[dict]:
+    """Every row of a results file, one JSON object a line."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def load(path: Path = RESULTS / "gpu_stacks.jsonl", *, capped: bool = False) -> list[dict]:
     """The stored rows; a ``wrap`` row's peaks are read back from the line ``wrap()`` printed (GiB to two
     decimals: within 0.005 GiB). ``capped``: instead, the runs under a cap on the allocator (``--only cap``), which
     say where a job ran out of memory, not what it allocates uncapped."""
-    rows = [row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-            if "error" not in row and row["kind"] != "context" and ("cap_gib" in row) == capped]
+    rows = [row for row in _stored(path) if "error" not in row and row["kind"] != "context" and ("cap_gib" in row) == capped]
     if capped:
         return rows
     for row in rows:
@@ -168,7 +172,7 @@ def estimate_fsdp1_moments(row: dict) -> dict[str, int]:
 
 def fsdp1_rows() -> list[tuple[dict, int]]:
     """Each stored FSDP1 row with its estimated peak allocated (with the publisher code of its release)."""
-    rows = [json.loads(line) for line in FSDP1_ROWS.read_text().splitlines() if line.strip()]
+    rows = _stored(FSDP1_ROWS)
     return [(row, published_memory_estimate(fsdp1_case(row))) for row in rows]
 
 
@@ -282,8 +286,7 @@ def capped_line(rows: list[dict]) -> str:
 
 def context_row(path: Path = RESULTS / "gpu_stacks.jsonl") -> dict:
     """What NVML read before CUDA started and with its context (``--only bert``'s first row)."""
-    return next(row for row in (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-                if row["kind"] == "context")
+    return next(row for row in _stored(path) if row["kind"] == "context")
 
 
 def bert_lines(rows: list[dict]) -> list[str]:

@@ -384,34 +384,24 @@ def dora_weight_bytes(dt: Dtypes, ad: Adapters, *, tokens: int, quantized: bool 
 
 def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
     """GPT-2 / BERT block: two LayerNorms, fused-QKV MHA with biases, GELU MLP, two dropouts."""
-    h, I, heads = shape.hidden_size, shape.intermediate_size, shape.num_attention_heads
+    h, I = shape.hidden_size, shape.intermediate_size
     cb = dt.compute
     # LayerNorm saves its input (mean/rstd are tiny); the next linear saves the output, or under
     # autocast its bf16 cast (CUDA runs layer_norm in fp32, so the fp32 output itself is not saved).
     layer_norms = 2 * (dt.residual * h + cb * h)
-    if eager:
-        # QK^T saves q and k, AV the dropped-out probabilities and v (q, k, v: views of the 3h buffer).
-        # Softmax saves its output, in fp32 only under autocast (HF's GPT-2/BERT eager attention does
-        # not upcast); dropout its bool mask. Without autocast this is Korthikanti et al.'s 5as^2b.
-        softmax = FP32 if dt.input_casts else cb
-        attn = cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
-    else:
-        # q, k, v are views of the fused c_attn output (one 3h buffer); SDPA adds output + fp32 lse.
-        attn = cb * 3 * h + FP32 * heads + cb * h
-    # The merged heads, made contiguous for the output projection. GPT-2 under SDPA: CUDA's flash and
+    attn = _encoder_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
+    # The merged heads, made contiguous for the output projection. GPT-2 and BERT under SDPA: CUDA's flash and
     # memory-efficient kernels allocate their output (b, s, heads, d) and return it transposed, so
     # transformers' ``transpose(1, 2).contiguous()`` and GPT-2's ``reshape`` are views, and c_proj saves
     # the SDPA output counted above (as the Llama count: ``attention_per_token``). Read on the simulated
-    # step (sweep 720464dad0a9: 384-wide GPT-2, fp32, s 8192, checkpointed): +4.0% with a second copy.
+    # step (sweep 720464dad0a9: 384-wide GPT-2, fp32, s 8192, checkpointed): +4.0% with a second copy; BERT's SDPA
+    # run on an H200 (benchmarks/results/gpu_stacks.md): +1.8% with it.
     o_in = 0 if not eager else cb * h
-    if dt.input_casts and shape.family == "bert":
-        # BERT's query, key and value are three linears: under autocast each casts the LayerNorm's fp32 output
-        # itself (autocast caches only casts of weights, aten/src/ATen/autocast_mode.cpp cached_cast) and saves its
-        # own copy for its weight's gradient, two beyond the one ``layer_norms`` counts
-        o_in += 2 * cb * h
-    # attention-output and MLP-output dropout (native_dropout: bool mask); none at p = 0 (GPT-2's resid_pdrop 0:
-    # the sweep's 720464dad0a9, read on the simulated step, which runs CUDA's dropout: 2h bytes a token less)
-    dropout_masks = 0 if shape.no_residual_dropout else 2 * BOOL * h
+    # BERT's query, key and value are three linears: under autocast each casts the LayerNorm's fp32 output itself
+    # (autocast caches only casts of weights, aten/src/ATen/autocast_mode.cpp cached_cast) and saves its own copy for
+    # its weight's gradient, two beyond the one ``layer_norms`` counts
+    qkv_casts = 2 * cb * h if dt.input_casts and shape.family == "bert" else 0
+    dropout_masks = _residual_dropout_masks_per_token(shape)
     if shape.family == "gpt2" and not shape.one_op_mlp_act:
         # gelu_new, Python ops: pow saves its input (cast to fp32 under CUDA autocast), tanh saves its
         # fp32 output, (1 + tanh) and 0.5 * x are saved by the final mul, whose output fc2 casts.
@@ -419,7 +409,26 @@ def encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int,
         mlp = 3 * wide * I + 2 * cb * I
     else:
         mlp = 2 * cb * I  # F.gelu (BERT; GPT-2 with activation_function 'gelu') saves its input; fc2 the output
-    return layer_norms + attn + o_in + dropout_masks + mlp
+    return layer_norms + attn + o_in + qkv_casts + dropout_masks + mlp
+
+
+def _encoder_attention_per_token(shape: ActivationShape, dt: Dtypes, *, seq_len: int, eager: bool) -> int:
+    """What a GPT-2 / BERT block's attention saves a token, full fine-tune or frozen alike (the input gradient reads
+    the same tensors). Eager: QK^T saves q and k, AV the dropped-out probabilities and v (q, k, v: views of the 3h
+    buffer); softmax saves its output, in fp32 only under autocast (HF's GPT-2/BERT eager attention does not upcast);
+    dropout its bool mask. Without autocast this is Korthikanti et al.'s 5as^2b. SDPA: q, k, v (views of the fused
+    c_attn output, one 3h buffer), its output and the fp32 lse."""
+    h, heads, cb = shape.hidden_size, shape.num_attention_heads, dt.compute
+    if eager:
+        softmax = FP32 if dt.input_casts else cb
+        return cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
+    return cb * 3 * h + FP32 * heads + cb * h
+
+
+def _residual_dropout_masks_per_token(shape: ActivationShape) -> int:
+    """The attention-output and MLP-output dropouts' bool masks (native_dropout); none at p = 0 (GPT-2's resid_pdrop 0:
+    the sweep's 720464dad0a9, read on the simulated step, which runs CUDA's dropout: 2h bytes a token less)."""
+    return 0 if shape.no_residual_dropout else 2 * BOOL * shape.hidden_size
 
 
 def frozen_encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, adapters: Adapters, *, seq_len: int,
@@ -433,16 +442,11 @@ def frozen_encoder_layer_per_token(shape: ActivationShape, dt: Dtypes, adapters:
     mask; lora_B saves ``x A`` (r wide). Read on saved-tensor hooks of transformers' BertLayer with PEFT's default
     query and value adapters under CPU autocast and checked against the simulated step (tests/estimate/
     test_encoder_heads.py)."""
-    h, heads = shape.hidden_size, shape.num_attention_heads
-    cb = dt.compute
+    h, cb = shape.hidden_size, dt.compute
     adapted = len(adapters.inputs)
     layer_norm_inputs = 2 * dt.residual * h  # their backward reads the input (the block's gradient flows through)
-    if eager:
-        softmax = FP32 if dt.input_casts else cb
-        attn = cb * 3 * h + (softmax + BOOL + cb) * heads * seq_len
-    else:
-        attn = cb * 3 * h + FP32 * heads + cb * h
-    dropout_masks = 0 if shape.no_residual_dropout else 2 * BOOL * h
+    attn = _encoder_attention_per_token(shape, dt, seq_len=seq_len, eager=eager)
+    dropout_masks = _residual_dropout_masks_per_token(shape)
     gelu_input = cb * shape.intermediate_size
     if adapters.dropout:
         adapter_inputs = adapted * (cb + BOOL) * h

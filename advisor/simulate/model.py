@@ -188,6 +188,9 @@ def _with_lora(net: Any, cfg: dict, lora: Any) -> Any:
 OPTIMIZER_FLAGS = {"fused": dict(fused=True), "foreach": dict(foreach=True), "for-loop": dict(foreach=False)}
 
 
+SIMULATED_OPTIMIZERS = ("adamw", "adam", "sgd", "sgd-momentum", "adafactor")  # what build_optimizer builds
+
+
 def build_optimizer(params: list, training: TrainingConfig) -> Any:
     """The recipe's optimizer over ``params`` in its implementation (``training.optimizer_implementation``),
     as on a GPU; ``ValueError`` for an optimizer the simulators do not run."""
@@ -204,4 +207,4 @@ def build_optimizer(params: list, training: TrainingConfig) -> Any:
         from transformers.optimization import Adafactor
 
         return Adafactor(params, lr=1e-4, scale_parameter=False, relative_step=False)
-    raise ValueError(f"simulate runs adamw, adam, sgd, sgd-momentum and adafactor, not '{training.optimizer}'")
+    raise ValueError(f"simulate runs {', '.join(SIMULATED_OPTIMIZERS)}, not '{training.optimizer}'")

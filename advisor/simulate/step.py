@@ -64,7 +64,7 @@ from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
 from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, dora_weight_unhooked, live_bytes,
                                       peak_total, skip_frozen_grad_hooks, top_modules)
-from advisor.simulate.model import (build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
+from advisor.simulate.model import (SIMULATED_OPTIMIZERS, build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
                                     training_dtypes, unique_params)
 from advisor.simulate.timeline import Timeline
 from advisor.strategies import STRATEGIES, Implementation, get_strategy
@@ -214,8 +214,8 @@ def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implemen
         raise ValueError(f"'{strategy}' is not simulated yet: {why}")
     if training.engine != "torch":
         raise ValueError("simulate runs the torch engine only (--engine torch)")
-    if training.optimizer not in ("adamw", "adam", "sgd", "sgd-momentum", "adafactor"):
-        raise ValueError(f"simulate runs adamw, adam, sgd, sgd-momentum and adafactor, not '{training.optimizer}'")
+    if training.optimizer not in SIMULATED_OPTIMIZERS:
+        raise ValueError(f"simulate runs {', '.join(SIMULATED_OPTIMIZERS)}, not '{training.optimizer}'")
     if world_size < 1:
         raise ValueError("world size must be at least 1")
     return impl

@@ -74,6 +74,10 @@ class AllocatorOverhead(BaseModel):
     fragmentation: float = Field(ge=0, le=1, description="Reserved over allocated - 1, calibrated.")
     checkpointing_fragmentation: float = Field(ge=0, le=1, description="Added to fragmentation where the step recomputes "
                                                "its blocks (full or selective checkpointing), calibrated.")
+    capped_fit_fragmentation: float = Field(ge=0, le=1, description="The part of fragmentation that must fit, read "
+                                            "from runs under a cap on reserved memory (the allocator frees the rest, "
+                                            "cached blocks, before an allocation fails); --fit-fragmentation, not a "
+                                            "default.")
     allocator_constant_gib: float = Field(ge=0, description="Fixed part of the allocator's reserve, calibrated.")
     context_gib: float = Field(ge=0, description="CUDA context, cuBLAS and NCCL outside the allocator (an assumption, "
                                "where measured_context has no row for the GPU).")

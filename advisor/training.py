@@ -67,6 +67,10 @@ class TrainingConfig(BaseModel):
     checkpointing_fragmentation: float = Field(default_factory=lambda: allocator_overhead().checkpointing_fragmentation,
                                                ge=0, le=1, description="Added to fragmentation where a plan recomputes "
                                                "its blocks (default: calibrated); none where fragmentation is given.")
+    fit_fragmentation: float | None = Field(default=None, ge=0, le=1, exclude_if=lambda share: share is None,
+                                            description="The part of fragmentation that "
+                                            "must fit; the allocator frees the rest, cached blocks, before an allocation "
+                                            "fails (allocator_cache, in reserved only). None: all of it.")
     context_gib: float | None = Field(default=None, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
                                       "communicator buffers per GPU, outside PyTorch's caching allocator "
                                       "(max_memory_reserved() does not see it, the GPU's memory does; measured on an "
@@ -422,6 +426,14 @@ class TrainingConfig(BaseModel):
         if not checkpointing or ("fragmentation" in given and "checkpointing_fragmentation" not in given):
             return self.fragmentation
         return min(1.0, self.fragmentation + self.checkpointing_fragmentation)
+
+    def fit_fraction(self) -> float:
+        """The part of ``fragmentation`` that must fit: ``fit_fragmentation`` (at most ``fragmentation``), the caching
+        allocator freeing the rest, cached blocks (``allocator_cache``), before an allocation fails; all of it where
+        not given (profiles/allocator_overhead.json capped_fit_fragmentation: what runs under a cap support)."""
+        if self.fit_fragmentation is None:
+            return self.fragmentation
+        return min(self.fragmentation, self.fit_fragmentation)
 
     def recompute_fraction(self, checkpointing: bool) -> float:
         """The part of ``gap_fraction`` that is the cache around recomputation (``recompute_cache``: in reserved,

@@ -34,23 +34,23 @@ def load_cases() -> list[dict]:
     return json.loads((PROFILES_DIR / "published_longest.json").read_text())["cases"]
 
 
-def fits(case: dict, seq_len: int, *, publisher: bool = True) -> bool:
+def fits(case: dict, seq_len: int, *, publisher: bool = True, **overhead: float) -> bool:
     """Whether ``case`` at ``seq_len`` tokens fits its GPU (module docstring); ``publisher`` False: without the
-    publisher's code (today's libraries)."""
+    publisher's code (today's libraries); ``overhead``: allocator settings in place of the defaults."""
     at = dict(case, seq_len=seq_len, publisher_code=case.get("publisher_code", []) if publisher else [])
-    est = published_memory.estimate(at)
+    est = published_memory.estimate(at, **overhead)
     _, total, _, _ = est.compared("oom")
     return total <= published_memory.plan_of(at).hardware.gpu_memory_bytes
 
 
-def longest(case: dict, *, publisher: bool = True) -> int | None:
+def longest(case: dict, *, publisher: bool = True, **overhead: float) -> int | None:
     """The longest length that fits (None when not even one token does), by bisection: memory grows with it."""
-    if not fits(case, 1, publisher=publisher):
+    if not fits(case, 1, publisher=publisher, **overhead):
         return None
     low, high = 1, LONGEST_LIMIT  # low fits; high is taken not to
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if fits(case, mid, publisher=publisher) else (low, mid)
+        low, high = (mid, high) if fits(case, mid, publisher=publisher, **overhead) else (low, mid)
     return low
 
 

@@ -174,18 +174,18 @@ def _fixed(job: Job) -> dict:
     return options
 
 
-def plan_pinned(job: Job):
+def plan_pinned(job: Job, **overhead: float):
     """The published setup, every knob it states pinned (recipe and optimizer_impl: see module docstring), its
     global batch too: gradient accumulation holds the gradients between micro-batches (advisor.estimate.accumulation)."""
     fixed = _fixed(job)
     options = dict(fixed, micro_batch_size=job.micro_batch_size, loss=job.loss,
                    activation_checkpointing=job.activation_checkpointing)
     mesh = dict(tp=job.tp if job.tp > 1 else None, cp=job.cp if job.cp > 1 else None)
-    return advisor.plan(job.model, hardware_of(job), strategy=job.strategy, **mesh, **options)
+    return advisor.plan(job.model, hardware_of(job), strategy=job.strategy, **mesh, **options, **overhead)
 
 
-def plan_unpinned(job: Job):
-    return advisor.plan(job.model, hardware_of(job), **_fixed(job))
+def plan_unpinned(job: Job, **overhead: float):
+    return advisor.plan(job.model, hardware_of(job), **_fixed(job), **overhead)
 
 
 def pinned_candidate(job: Job, plan):
@@ -225,12 +225,13 @@ class Verdict(NamedTuple):
         return self.tokens_per_s_per_gpu / self.job.tokens_per_s_per_gpu
 
 
-def judge(job: Job) -> Verdict:
+def judge(job: Job, **overhead: float) -> Verdict:
+    """The job's verdicts (``overhead``: allocator settings in place of the defaults, e.g. fit_fragmentation)."""
     try:
         resolve(job.model)
     except (ValueError, LookupError, OSError) as err:  # a model the resolver cannot read: skipped, reason printed
         return Verdict(job, skipped=f"{type(err).__name__}: {' '.join(str(err).split())[:160]}")
-    pinned, unpinned = plan_pinned(job), plan_unpinned(job)  # a planner error here is a finding: let it raise
+    pinned, unpinned = plan_pinned(job, **overhead), plan_unpinned(job, **overhead)  # a planner error: a finding
     cand = pinned_candidate(job, pinned)
     mem = cand.memory_bytes
     rec, chosen = unpinned.recommendation, unpinned.chosen

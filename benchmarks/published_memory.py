@@ -62,8 +62,8 @@ class Estimate(NamedTuple):
     outside: int
     low: int
     high: int
-    stream_pool: int = 0  # cached blocks the allocator frees before it fails (FSDP's gradient blocks for its own
-    # stream, those around recomputation): in reserved, not in what must fit
+    stream_pool: int = 0  # cached blocks the allocator frees before it fails (the cached part of its gap, FSDP's
+    # gradient blocks for its own stream, those around recomputation): in reserved, not in what must fit
     total_low: int = 0  # the plan's range of its total (what must fit), less the outside part
     total_high: int = 0
 
@@ -161,14 +161,14 @@ def estimate(case: dict, **overhead: float) -> Estimate:
         peak = max(value + extra.get(name, 0) for name, value in mem.moments.items())
         gap = plan.training.gap_fraction(cand.activation_checkpointing)
         shift = int((peak - mem.peak_allocated) * (1 + gap))  # through the allocator gap (reserved's)
-        fit_shift = int((peak - mem.peak_allocated) * (1 + plan.training.fragmentation))  # what must fit: no cache
+        fit_shift = int((peak - mem.peak_allocated) * (1 + plan.training.fit_fraction()))  # what must fit: no cache
     # The range's ends scale with the estimate (memory_error.json's ratios are of the estimate with the code, and
     # of reserved with FSDP's cached gradient blocks; the plan's range is of its total, which leaves them out).
     scale = (mem.reserved + shift) / (mem.total - outside)
     fit = (mem.total - outside + fit_shift) / (mem.total - outside)  # the total's range with the publisher's code
     return Estimate(peak, mem.reserved + shift, outside, int((span.low - outside) * scale),
                     int((span.high - outside) * scale),
-                    mem.gradient_stream_pool + mem.recompute_cache + shift - fit_shift,
+                    mem.allocator_cache + mem.gradient_stream_pool + mem.recompute_cache + shift - fit_shift,
                     int((span.low - outside) * fit), int((span.high - outside) * fit))
 
 

@@ -27,9 +27,11 @@ KNOWN_MISFITS: dict[str, str] = {  # torchtune-8b-full-4090 fits since --optimiz
                                   "measured peak",
     "philschmid-llama31-8b-qlora-1xl4-fa": "22.6 of 22.0 GiB at the loss backward (the bf16 modules_to_save copies "
                                            "of the head and embedding, their gradients held over 4 micro-batches and "
-                                           "their AdamW state: 7.8 GiB of it)",
+                                           "their AdamW state: 7.8 GiB of it); fits with --fit-fragmentation 0.028 "
+                                           "(benchmarks/results/fit_gap.md)",
     "philschmid-llama31-8b-qlora-1xl4-liger": "23.3 of 22.0 GiB at micro-batch 4 (the bf16 copies as above; Liger's "
-                                              "RMSNorm, SwiGLU and RoPE kernels, which save less, not modelled)",
+                                              "RMSNorm, SwiGLU and RoPE kernels, which save less, not modelled); "
+                                              "fits with --fit-fragmentation 0.028",
 }
 
 

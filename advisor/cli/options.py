@@ -173,6 +173,11 @@ PLAN_OPTIONS: list[Callable] = [
                       "checkpointing, else as eager). Default off."),
     click.option("--reserve-gib", type=FiniteRange(0, 1024), help="Fixed runtime overhead per GPU in GiB (default: calibrated, 0.256)."),
     click.option("--context-gib", type=FiniteRange(0, 64), help="CUDA context and NCCL buffers per GPU in GiB, outside the allocator (default 1, 0.5 on one GPU, which has no NCCL communicator: assumptions; on an H100 1.3 and 0.75, measured, NCCL's buffers at world size 1 only)."),
+    click.option("--fit-fragmentation", "fit_fragmentation", type=FiniteRange(0, 1),
+                 help="The part of the allocator's gap (a share of the peak) that must fit; the allocator frees the "
+                      "rest, its cached blocks, before an allocation fails (default: all of it, the calibrated 10.4%; "
+                      "0.028 judges every measured run under a cap on reserved memory right: "
+                      "profiles/allocator_overhead.json capped_fit_fragmentation)."),
     click.option("--margin", type=_choice(get_args(Margin)),
                  help="Which end of the estimate's measured range decides the fit: low, expected (default) or high."),
     click.option("--headroom", type=FiniteRange(0, 1, max_open=True),
@@ -250,6 +255,7 @@ _TRAINING_FIELDS = {
     "double_quant": "double_quant",
     "reserve_gib": "reserve_gib",
     "context_gib": "context_gib",
+    "fit_fragmentation": "fit_fragmentation",
     "headroom": "headroom",
     "margin": "margin",
     "cpu_memory_gib": "cpu_memory_gib",

@@ -82,11 +82,13 @@ def place_paged_state(memory, paged_bytes: int, *, capacity_bytes: int):
         return memory
     if memory.total + paged_bytes <= capacity_bytes:
         # the allocator's cached blocks (FSDP's gradient pool, the recompute cache) fit in what the state leaves
-        pool, recompute = cached_within(capacity_bytes - memory.total - paged_bytes,
-                                        pool=memory.gradient_stream_pool, recompute=memory.recompute_cache)
+        cache, pool, recompute = cached_within(capacity_bytes - memory.total - paged_bytes,
+                                               cache=memory.allocator_cache, pool=memory.gradient_stream_pool,
+                                               recompute=memory.recompute_cache)
         return validated_copy(memory, {"runtime_overhead": memory.runtime_overhead + paged_bytes,
                                          "outside_allocator": memory.outside_allocator + paged_bytes,
-                                         "gradient_stream_pool": pool, "recompute_cache": recompute})
+                                         "allocator_cache": cache, "gradient_stream_pool": pool,
+                                         "recompute_cache": recompute})
     return validated_copy(memory, {"cpu_bytes": memory.cpu_bytes + paged_bytes, "paged_on_cpu": paged_bytes})
 
 

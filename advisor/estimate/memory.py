@@ -107,11 +107,17 @@ class MemoryBreakdown(BaseModel):
     optimizer: int = Field(ge=0, description="Optimizer state (and master weights) on the GPU.")
     activations: int = Field(ge=0, description="Saved activations and returned logits.")
     temporary: int = Field(ge=0, description="Buffers: comm buckets, all-gathers, casts, loss, optimizer temps.")
-    runtime_overhead: int = Field(ge=0, description="The allocator's gap (reserved minus allocated) plus "
-                                  "outside_allocator: what the GPU holds beyond peak_allocated.")
+    runtime_overhead: int = Field(ge=0, description="The part of the allocator's gap (reserved minus allocated) that "
+                                  "must fit, plus outside_allocator: what the GPU needs beyond peak_allocated.")
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
+    allocator_cache: int = Field(
+        default=0, ge=0, exclude_if=lambda cached: cached == 0,
+        description="The part of the allocator's calibrated gap it caches while memory allows and frees before an "
+                    "allocation fails (fragmentation less fit_fragmentation of the peak, profiles/allocator_overhead.json: "
+                    "read from runs under a cap on reserved memory): in reserved, not in total. Left out of the JSON "
+                    "when 0.")
     gradient_stream_pool: int = Field(
         default=0, ge=0, exclude_if=lambda pool: pool == 0,
         description="What FSDP's gradient shards, cached for its reduce-scatter stream alone, add to "
@@ -190,18 +196,19 @@ class MemoryBreakdown(BaseModel):
     def allocator_gap(self) -> int:
         """The caching allocator's gap counted in what must fit (total), the calibrated part of runtime_overhead
         (``profiles/allocator_overhead.json``); the rest is outside_allocator, an assumption (--context-gib).
-        reserved - peak_allocated is this plus gradient_stream_pool and recompute_cache."""
+        reserved - peak_allocated is this plus allocator_cache, gradient_stream_pool and recompute_cache."""
         return self.runtime_overhead - self.outside_allocator
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def reserved(self) -> int:
-        """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL, plus
-        FSDP's gradient blocks cached for its reduce-scatter stream (``gradient_stream_pool``) and the blocks
-        cached around recomputation (``recompute_cache``), which the
+        """What ``torch.cuda.max_memory_reserved()`` should report: total less the CUDA context and NCCL, plus the
+        cached part of the calibrated gap (``allocator_cache``), FSDP's gradient blocks cached for its reduce-scatter
+        stream (``gradient_stream_pool``) and the blocks cached around recomputation (``recompute_cache``), which the
         allocator keeps while memory allows and frees before an allocation would fail (c10/cuda/
         CUDACachingAllocator.cpp ``malloc``: ``release_cached_blocks`` and a retry before out-of-memory)."""
-        return self.total - self.outside_allocator + self.gradient_stream_pool + self.recompute_cache
+        return (self.total - self.outside_allocator + self.allocator_cache + self.gradient_stream_pool
+                + self.recompute_cache)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -605,16 +612,22 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     cpu += acts.offloaded_bytes  # --activation-offload: pinned host copies (advisor.estimate.activation_offload)
     gapped = peak - _flat_bytes(parts, moment, training, impl, flat_param_bytes)
     context = training.context_bytes_at(world if processes is None else processes, gpu)  # one process: no NCCL
-    overhead = training.reserve_bytes + int(training.fragmentation * gapped) + context
+    # What must fit holds the part of the allocator's gap it cannot free (fit_fraction); the rest it caches while
+    # memory allows (allocator_cache, in reserved only)
+    must_fit = int(training.fit_fraction() * gapped)
+    cache = int(training.fragmentation * gapped) - must_fit
+    overhead = training.reserve_bytes + must_fit + context
     pool = reduce_scatter_pool_bytes(moments, peak, training, impl, gpu_grads=gpu_grads, held_grads=held_grads,
                                      fragmentation=training.gap_fraction(checkpointing))
     recompute = int(training.recompute_fraction(checkpointing) * gapped)
     if device_bytes is not None:  # cached blocks go before an allocation fails: reserved stops at the GPU's memory
-        pool, recompute = cached_within(device_bytes - peak - overhead, pool=pool, recompute=recompute)
+        cache, pool, recompute = cached_within(device_bytes - peak - overhead, cache=cache, pool=pool,
+                                               recompute=recompute)
     memory = MemoryBreakdown(
         **parts,
         runtime_overhead=overhead,
         outside_allocator=context,
+        allocator_cache=cache,
         gradient_stream_pool=pool,
         recompute_cache=recompute,
         cpu_bytes=cpu,
@@ -633,11 +646,13 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     return place_paged_state(memory, paged, capacity_bytes=capacity_bytes)
 
 
-def cached_within(room: int, *, pool: int, recompute: int) -> tuple[int, int]:
-    """FSDP's gradient pool and the recompute cache (in that order) cut to ``room`` bytes of the GPU: the caching
-    allocator frees cached blocks before an allocation fails, so reserved stops at the GPU's memory."""
-    pool = max(0, min(pool, room))
-    return pool, max(0, min(recompute, room - pool))
+def cached_within(room: int, *, cache: int, pool: int, recompute: int) -> tuple[int, int, int]:
+    """The allocator's cached part of its gap, FSDP's gradient pool and the recompute cache (in that order) cut to
+    ``room`` bytes of the GPU: the caching allocator frees cached blocks before an allocation fails, so reserved stops
+    at the GPU's memory."""
+    cache = max(0, min(cache, room))
+    pool = max(0, min(pool, room - cache))
+    return cache, pool, max(0, min(recompute, room - cache - pool))
 
 
 def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, training: TrainingConfig,

@@ -164,6 +164,12 @@ def overhead_notes(training: TrainingConfig, world: int, gpu: str = "") -> list[
            + " outside the allocator ("
            + (context_basis(gpu, world) if training.context_gib is None else "as given")
            + "); total = reserved + that, compared with the GPU's memory")
+    if training.fit_fraction() < training.fragmentation:  # --fit-fragmentation: part of the gap in reserved only
+        gap += (f"; of the gap, {training.fit_fraction():.1%} of the peak must fit (--fit-fragmentation): the allocator "
+                f"frees the other {training.fragmentation - training.fit_fraction():.1%}, its cached blocks (JSON "
+                "'allocator_cache', in reserved), and retries before an allocation fails, so total is that much less "
+                "than reserved + context (a plan near the GPU's limit then runs with those retries, slower by an "
+                "amount not modelled; benchmarks/results/fit_gap.md)")
     margin = (f"--margin {training.margin}: the {training.margin} end of each estimate's range decides whether it "
               "fits; the range (low-high) is the lowest to highest measured reserved / estimate of its kind (its stack "
               "and full / LoRA / QLoRA where 8 or more were measured, else its tuning, else every comparison), from "

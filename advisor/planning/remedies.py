@@ -31,8 +31,8 @@ from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import (Candidate, Remedy, evaluate_candidate, largest_fitting, samples_per_step,
-                                         within_headroom)
+from advisor.planning.candidates import (ADAFACTOR_ON_FSDP2, Candidate, Remedy, evaluate_candidate, largest_fitting,
+                                         samples_per_step, within_headroom)
 from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, enumerate_meshes, evaluate_meshes,
                                      keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
@@ -94,7 +94,8 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
         return ()
     default = next((c for c in candidates if c.strategy == default_strategy(spec, world=hw.world_size)[0]
                     and c.mesh is None), None)
-    ref = chosen if default is None or (default.fits and chosen is not None) else default
+    stack = stack_changes(training, default)  # the size default runs on another stack: measured on the plan
+    ref = chosen if default is None or stack or (default.fits and chosen is not None) else default
     if ref is None or not ref.available or ref.memory_bytes is None:
         return ()
     on_gpu_now = chosen is not None and not offloads(chosen)
@@ -105,7 +106,7 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     # --global-batch that does
     plan = chosen or ref
     samples = training.global_batch_size or samples_per_step(plan, hw.world_size)
-    for change in _changes(spec, hw, training, ref, reason, samples=samples):
+    for change in [*stack, *_changes(spec, hw, training, ref, reason, samples=samples)]:
         applied = _apply(spec, hw, training, ref, change, pins=pins, samples=samples)
         if applied is None:
             continue
@@ -318,6 +319,18 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
     if memory_bound:
         change += _shorter_sequence(spec, hw, training, ref)
     return keep + change
+
+
+def stack_changes(training: TrainingConfig, default: Candidate | None) -> list[_Change]:
+    """Where the size default cannot run on the user's stack but does, with the same mathematics, on another the
+    recipe launches: transformers' Adafactor under FSDP1 (accelerate's fsdp_version 1) or DeepSpeed's ZeRO
+    (``candidates.ADAFACTOR_ON_FSDP2``). Empty otherwise."""
+    if default is None or default.available or default.unavailable_reason != ADAFACTOR_ON_FSDP2:
+        return []
+    found = [_Change(name="--fsdp-version 1", keeps_math=True, update={"fsdp_version": 1})]
+    if "deepspeed" in training.recipe.engines and STRATEGIES[default.strategy].on("deepspeed").available:
+        found.append(_Change(name="--engine deepspeed", keeps_math=True, update={"engine": "deepspeed"}))
+    return found
 
 
 def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:

@@ -343,3 +343,20 @@ def test_a_remedy_whose_mesh_steps_on_its_own_samples_says_so():
     # a remedy that names the --global-batch keeping the plan's samples carries neither count
     more = next(r for r in plan("Qwen/Qwen2.5-7B", "2xA100").recommendation.remedies if r.name.startswith("--gpus"))
     assert more.name.endswith("--global-batch 30") and more.own_samples is None is more.plan_samples
+
+
+def test_an_optimizer_fsdp2_cannot_step_names_the_stacks_that_run_the_size_default():
+    """transformers' Adafactor cannot step FSDP2 (candidates.ADAFACTOR_ON_FSDP2): on 2 x A100 the size default, zero3,
+    is unavailable and DataParallel is what fits. The remedies name --fsdp-version 1 first, which runs the sharded
+    strategies on the same GPUs with the same mathematics, and its numbers are the plan with it; DeepSpeed runs
+    Adafactor too but keeps its whole second moment (a flat partition is not factored) and offloads: no remedy."""
+    p = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor")
+    assert p.recommendation.strategy == "dp" and not p.candidate("zero3").available
+    first = p.recommendation.remedies[0]
+    assert first.name == "--fsdp-version 1" and first.keeps_math and first.fits and first.strategy in ("zero2", "zero3")
+    again = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor", fsdp_version=1)
+    assert again.chosen.strategy == first.strategy
+    assert again.chosen.step_time.tokens_per_s == pytest.approx(first.tokens_per_s, rel=1e-9)
+    assert first.tokens_per_s > 1.5 * p.chosen.step_time.tokens_per_s
+    assert "--engine deepspeed" not in [r.name for r in p.recommendation.remedies]
+    assert plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor", engine="deepspeed").chosen.strategy.endswith("offload")

@@ -94,6 +94,13 @@ _KEYS = ("params", "grads", "optimizer", "activations", "temporary", "runtime_ov
          "cpu_bytes", "peak_phase", "peak_moment")
 
 
+def _cached_bytes(description: str):
+    """A field of bytes in reserved, not in total (cached blocks the allocator frees before an allocation fails),
+    left out of the JSON when 0."""
+    return Field(default=0, ge=0, exclude_if=lambda cached: cached == 0,
+                 description=f"{description} Left out of the JSON when 0.")
+
+
 class MemoryBreakdown(BaseModel):
     """Per-GPU memory in two views. The peak view (``params`` .. ``temporary``, ``runtime_overhead``,
     ``total``) is what is live at ``peak_moment``, so it differs between strategies whose peaks fall
@@ -112,25 +119,21 @@ class MemoryBreakdown(BaseModel):
     outside_allocator: int = Field(default=0, ge=0, description="CUDA context and NCCL buffers, part of "
                                    "runtime_overhead, that torch.cuda.max_memory_reserved() does not count.")
     cpu_bytes: int = Field(default=0, ge=0, description="CPU RAM per rank (offloaded states).")
-    allocator_cache: int = Field(
-        default=0, ge=0, exclude_if=lambda cached: cached == 0,
-        description="The part of the allocator's calibrated gap it caches while memory allows and frees before an "
-                    "allocation fails (fragmentation less fit_fragmentation of the peak, profiles/allocator_overhead.json: "
-                    "read from runs under a cap on reserved memory): in reserved, not in total. Left out of the JSON "
-                    "when 0.")
-    gradient_stream_pool: int = Field(
-        default=0, ge=0, exclude_if=lambda pool: pool == 0,
-        description="What FSDP's gradient shards, cached for its reduce-scatter stream alone, add to "
-                    "torch.cuda.max_memory_reserved() beyond the calibrated gap (reduce_scatter_pool_bytes): in "
-                    "reserved, not in total, since the allocator frees another stream's cached blocks before it "
-                    "fails an allocation, so they do not decide whether a plan fits. Left out of the JSON when 0.")
-    recompute_cache: int = Field(
-        default=0, ge=0, exclude_if=lambda cached: cached == 0,
-        description="What the caching allocator holds beyond the calibrated gap where the blocks are recomputed "
-                    "(checkpointing_fragmentation of the peak, profiles/allocator_overhead.json): in reserved, not in "
-                    "total, since the allocator frees its cached blocks before it fails an allocation (a Llama-3.1-8B "
-                    "full fine-tune under checkpointing trained on a 24 GB RTX 4090 where reserved with it would be "
-                    "24.1 GiB: benchmarks/results/published_jobs.md). Left out of the JSON when 0.")
+    allocator_cache: int = _cached_bytes(
+        "The part of the allocator's calibrated gap it caches while memory allows and frees before an allocation fails "
+        "(fragmentation less fit_fragmentation of the peak, profiles/allocator_overhead.json: read from runs under a "
+        "cap on reserved memory): in reserved, not in total.")
+    gradient_stream_pool: int = _cached_bytes(
+        "What FSDP's gradient shards, cached for its reduce-scatter stream alone, add to "
+        "torch.cuda.max_memory_reserved() beyond the calibrated gap (reduce_scatter_pool_bytes): in "
+        "reserved, not in total, since the allocator frees another stream's cached blocks before it "
+        "fails an allocation, so they do not decide whether a plan fits.")
+    recompute_cache: int = _cached_bytes(
+        "What the caching allocator holds beyond the calibrated gap where the blocks are recomputed "
+        "(checkpointing_fragmentation of the peak, profiles/allocator_overhead.json): in reserved, not in "
+        "total, since the allocator frees its cached blocks before it fails an allocation (a Llama-3.1-8B "
+        "full fine-tune under checkpointing trained on a 24 GB RTX 4090 where reserved with it would be "
+        "24.1 GiB: benchmarks/results/published_jobs.md).")
     paged_on_cpu: int = Field(default=0, ge=0, exclude_if=lambda paged: paged == 0,
                               description="Paged optimizer state the driver evicts to CPU RAM (part of cpu_bytes; "
                                           "advisor.estimate.in_backward); left out of the JSON when 0.")

@@ -43,7 +43,8 @@ from advisor.planning.pipeline_meshes import pipeline_meshes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offload_not_taken, offloads
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
-from advisor.planning.remedies import find_remedies, offload_line, pinned_remedies, remedy_fits
+from advisor.planning.remedies import (find_remedies, headroom_line, offload_line, pinned_remedies, remedy_fits,
+                                       remedy_reason)
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
@@ -145,7 +146,8 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
                    why: list[Reason], *, meshes: list[Candidate] = (), pins: MeshPins | None = None,
                    ) -> tuple[Recommendation | None, list[Reason]]:
     """The ranked remedies (``advisor.planning.remedies``) on the recommendation (a data-parallel candidate or one of
-    ``meshes``); when it offloads, the best one opens the 'why'; when nothing fits, the three best are why lines."""
+    ``meshes``); when it offloads or leaves less than the --headroom free, the best one opens the 'why'; when nothing
+    fits, the three best are why lines."""
     chosen = None if recommendation is None else next(
         c for c in [*candidates, *meshes] if c.strategy == recommendation.strategy and c.mesh == recommendation.mesh)
     remedies = find_remedies(spec, hw, training, candidates, chosen, pins=pins)
@@ -153,8 +155,11 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
         return recommendation, why
     if recommendation is None:
         return None, why + [remedy_fits(r) for r in remedies if r.strategy is not None][:3]
-    line = (offload_line(remedies, chosen, reference=default_strategy(spec, world=hw.world_size)[0])
-            if offloads(chosen) else None)
+    line = None
+    if offloads(chosen):
+        line = offload_line(remedies, chosen, reference=default_strategy(spec, world=hw.world_size)[0])
+    elif remedy_reason(spec, candidates, chosen, world=hw.world_size, training=training) == "past headroom":
+        line = headroom_line(remedies, chosen, training)
     return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
 
 

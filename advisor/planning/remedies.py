@@ -477,6 +477,20 @@ def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: 
                            samples=best.plan_samples)
 
 
+def headroom_line(remedies: tuple[Remedy, ...], chosen: Candidate, training: TrainingConfig) -> r.HeadroomRemedy | None:
+    """The first reason of a plan past the --headroom (the remedies were kept only where their plan leaves it: the
+    "past headroom" reason of ``find_remedies``): the best of them, in numbers."""
+    best = next((x for x in remedies if x.fits and x.total_gib is not None and x.tokens_per_s is not None), None)
+    if best is None or chosen.step_time is None:
+        return None
+    return r.HeadroomRemedy(strategy=chosen.strategy, total_bytes=chosen.memory_range.at(training.margin),
+                            capacity_bytes=chosen.capacity_bytes, headroom=training.headroom,
+                            tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name, keeps_math=best.keeps_math,
+                            remedy_strategy=best.strategy, remedy_total_gib=best.total_gib, remedy_step_s=best.step_s,
+                            remedy_tokens_per_s=best.tokens_per_s, remedy_mesh=best.mesh,
+                            remedy_samples=best.own_samples, samples=best.plan_samples)
+
+
 def remedy_fits(remedy: Remedy) -> r.RemedyFits:
     """Nothing fits: what one remedy leads to."""
     return r.RemedyFits(remedy=remedy.name, keeps_math=remedy.keeps_math, strategy=remedy.strategy, fits=remedy.fits,

@@ -200,6 +200,17 @@ def _offload_remedy(x: r.OffloadRemedy, *, host_bytes: int | None = None) -> str
             f"({x.remedy_tokens_per_s / x.tokens_per_s:.1f}x){_own_step(x.remedy_samples, x.samples)}{saving}.")
 
 
+def _headroom_remedy(x: r.HeadroomRemedy) -> str:
+    kind = "keeps the mathematics" if x.keeps_math else "changes the mathematics"
+    on = f" on mesh {x.remedy_mesh}" if x.remedy_mesh else ""
+    return (f"{x.strategy} needs {_gib(x.total_bytes)} of {_gib(x.capacity_bytes)} "
+            f"({_share(x.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom: within the "
+            f"estimate's error of an out-of-memory failure; with {x.remedy} ({kind}), {x.remedy_strategy}{on} needs "
+            f"{x.remedy_total_gib:.2f} GiB ({x.remedy_total_gib * GIB / x.capacity_bytes:.0%}) at "
+            f"{x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
+            f"({x.remedy_tokens_per_s / x.tokens_per_s:.2f}x){_own_step(x.remedy_samples, x.samples)}.")
+
+
 def _own_step(own: int | None, plan: int | None) -> str:
     """A remedy's mesh at its own micro-batch: ``, on its own 1 sample a step where this plan steps on 8``."""
     if own is None:
@@ -475,6 +486,7 @@ _RENDER: dict[str, Callable] = {
     "FastestPolicy": _fastest,
     "Tradeoff": _tradeoff,
     "OffloadRemedy": _offload_remedy,
+    "HeadroomRemedy": _headroom_remedy,
     "RemedyFits": _remedy_fits,
     "LossPeak": _loss_peak,
     "LossWouldFit": _loss_would_fit,
@@ -582,7 +594,7 @@ def headline_reason(plan) -> str:
         if type(first).__name__ == "OffloadRemedy" and chosen is not None:
             return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
         return render(first)
-    if plan.reasons and type(plan.reasons[0]).__name__ == "BeyondContext":
+    if plan.reasons and type(plan.reasons[0]).__name__ in ("BeyondContext", "HeadroomRemedy"):
         return render(plan.reasons[0])  # a length past the model's context: that first
     roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
     if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next

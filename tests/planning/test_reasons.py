@@ -297,6 +297,8 @@ def _shown(reason) -> set[str]:
         out.add(f"{abs(reason.without_bytes - reason.total_bytes) / GIB:.1f}")
         if reason.step_s is not None and reason.without_step_s is not None:
             out.add(f"{reason.step_s - reason.without_step_s:+.2f}".lstrip("+-"))
+    if isinstance(reason, r.HeadroomRemedy):  # the re-plan's share of the same GPU
+        out.add(f"{reason.remedy_total_gib * GIB / reason.capacity_bytes:.0%}"[:-1])
     if isinstance(reason, r.OffloadNotTaken):
         out.add(f"{reason.tokens_per_s / reason.chosen_tokens_per_s - 1:+.0%}"[1:-1])
     if isinstance(reason, r.FastestMesh):

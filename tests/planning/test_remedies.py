@@ -11,10 +11,12 @@ from click.testing import CliRunner
 
 from advisor.cli.main import cli
 from advisor.model.lora import LoraConfig
+from advisor.planning import reasons as r
 from advisor.planning.api import plan
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.remedies import USEFUL_MFU
-from advisor.planning.render import render_reason
+from advisor.planning.render import headline_reason, render_reason
+from advisor.units import GIB
 
 
 def _kwargs(name: str) -> dict:
@@ -360,3 +362,19 @@ def test_an_optimizer_fsdp2_cannot_step_names_the_stacks_that_run_the_size_defau
     assert first.tokens_per_s > 1.5 * p.chosen.step_time.tokens_per_s
     assert "--engine deepspeed" not in [r.name for r in p.recommendation.remedies]
     assert plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor", engine="deepspeed").chosen.strategy.endswith("offload")
+
+
+def test_a_plan_past_the_headroom_opens_its_why_with_the_remedy_that_brings_it_back():
+    """Llama-3.1-8B at 32,768 tokens on 8 x H100: zero3 fits at 99% even at micro-batch 1, within the estimate's error
+    of an out-of-memory failure. The first reason (and the answer line's why) names the best remedy, which the
+    planner kept because its plan leaves the headroom, with that plan's memory and tokens/s."""
+    p = plan("meta-llama/Llama-3.1-8B", "8xH100", seq_len=32768)
+    first, best = p.reasons[0], p.recommendation.remedies[0]
+    assert isinstance(first, r.HeadroomRemedy)
+    assert first.total_bytes > 0.9 * first.capacity_bytes == 0.9 * p.chosen.capacity_bytes
+    assert (first.remedy, first.remedy_strategy, first.remedy_total_gib, first.remedy_tokens_per_s) == (
+        best.name, best.strategy, best.total_gib, best.tokens_per_s)
+    assert best.keeps_math and best.total_gib * GIB <= 0.9 * first.capacity_bytes
+    assert headline_reason(p).startswith(f"zero3 needs {first.total_bytes / GIB:.1f} GiB of ")
+    roomy = plan("Qwen/Qwen2.5-7B", "2xA100", recipe="trainer")  # within the headroom: no such line
+    assert not any(isinstance(x, r.HeadroomRemedy) for x in roomy.reasons)

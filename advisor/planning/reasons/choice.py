@@ -271,6 +271,30 @@ class OffloadRemedy(ReasonModel):
                                 description="The plan's samples a step, where remedy_samples is given.")
 
 
+class HeadroomRemedy(ReasonModel):
+    """The first line of a plan past the --headroom: the best remedy that brings it back within it, in numbers."""
+
+    kind: Literal["headroom-remedy"] = "headroom-remedy"
+    strategy: str
+    total_bytes: int = Field(description="The plan's total at the --margin end.")
+    capacity_bytes: int
+    headroom: float
+    tokens_per_s: float
+    remedy: str = Field(description="The change as the CLI spells it.")
+    keeps_math: bool
+    remedy_strategy: str
+    remedy_total_gib: float = Field(description="Remedy.total_gib: the re-plan's total per GPU.")
+    remedy_step_s: float
+    remedy_tokens_per_s: float
+    remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
+                                    description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
+    remedy_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                       description="Remedy.own_samples: the re-plan's samples a step, where they "
+                                                   "differ from the plan's and no --global-batch fixes them.")
+    samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                description="The plan's samples a step, where remedy_samples is given.")
+
+
 class RemedyFits(ReasonModel):
     """Nothing fits: ``with --lora 16 (changes the mathematics), zero3 fits on the GPUs alone: ...``"""
 

@@ -195,11 +195,12 @@ def test_gpu_only_plan_before_offload_on_either_side_of_the_default():
     GPU's FSDP2 copies its parameters without all-gather buffers (advisor.estimate.fsdp2_one_rank), so zero3
     fits at 1.0 GiB (100%) and at one GPU's default 0.5 GiB, where the headroom policy, not the escalation,
     picks ddp; 1.25 GiB keeps zero3 out and ddp in. Since 2026-11-27 one GPU's default is the plain model
-    itself (ddp), which fits: no escalation, no offload."""
+    itself (ddp), which fits: no escalation, no offload. At 91% of the card, past the headroom, the first reason
+    names the remedy that leaves it (--loss fused)."""
     p = plan("Qwen/Qwen2.5-7B", "1xRTX4090", lora=16, precision="bf16", context_gib=1.25)
     assert not p.candidate("zero3").fits and p.candidate("ddp").fits
     assert p.recommendation.strategy == "ddp"
-    assert [x.kind for x in p.reasons][:2] == ["size-default", "default-fits"]
+    assert [x.kind for x in p.reasons][:3] == ["headroom-remedy", "size-default", "default-fits"]
 
 
 def test_cpu_ram_line_says_whether_it_was_checked():

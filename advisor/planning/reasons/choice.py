@@ -248,51 +248,55 @@ class Tradeoff(ReasonModel):
 
 # --- remedies and the loss (remedies, notes) ---------------------------------------------------------
 
-class OffloadRemedy(ReasonModel):
-    """The first line of a plan that offloads: the best remedy, in numbers."""
+def _optional(description: str):
+    """A field a remedy line has only sometimes: None, and left out of the JSON, where it has none."""
+    return Field(default=None, exclude_if=lambda value: value is None, description=description)
 
-    kind: Literal["offload-remedy"] = "offload-remedy"
+
+RemedyMesh = Annotated[str | None, _optional("The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")]
+RemedySamples = Annotated[int | None, _optional("Remedy.own_samples: the re-plan's samples a step, where they differ "
+                                                "from the plan's and no --global-batch fixes them.")]
+PlanSamples = Annotated[int | None, _optional("The plan's samples a step, where remedy_samples is given.")]
+
+
+class _RemedyLine(ReasonModel):
+    """What the first line of a plan says of its best remedy: the plan, the change and the strategy it leads to."""
+
+    kind: str
     strategy: str
     tokens_per_s: float
     remedy: str = Field(description="The change as the CLI spells it.")
     keeps_math: bool
     remedy_strategy: str
+
+
+class OffloadRemedy(_RemedyLine):
+    """The first line of a plan that offloads: the best remedy, in numbers."""
+
+    kind: Literal["offload-remedy"] = "offload-remedy"
     remedy_fits: bool = Field(description="The re-plan runs on the GPUs alone.")
     remedy_step_s: float
     remedy_tokens_per_s: float
     saved_gib: float = Field(description="Remedy.saved_gib: GiB saved on the reference candidate.")
     reference: str = Field(description="The candidate the saving is measured on.")
-    remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
-                                    description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
-    remedy_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                       description="Remedy.own_samples: the re-plan's samples a step, where they "
-                                                   "differ from the plan's and no --global-batch fixes them.")
-    samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                description="The plan's samples a step, where remedy_samples is given.")
+    remedy_mesh: RemedyMesh = None
+    remedy_samples: RemedySamples = None
+    samples: PlanSamples = None
 
 
-class HeadroomRemedy(ReasonModel):
+class HeadroomRemedy(_RemedyLine):
     """The first line of a plan past the --headroom: the best remedy that brings it back within it, in numbers."""
 
     kind: Literal["headroom-remedy"] = "headroom-remedy"
-    strategy: str
     total_bytes: int = Field(description="The plan's total at the --margin end.")
     capacity_bytes: int
     headroom: float
-    tokens_per_s: float
-    remedy: str = Field(description="The change as the CLI spells it.")
-    keeps_math: bool
-    remedy_strategy: str
     remedy_total_gib: float = Field(description="Remedy.total_gib: the re-plan's total per GPU.")
     remedy_step_s: float
     remedy_tokens_per_s: float
-    remedy_mesh: str | None = Field(default=None, exclude_if=lambda label: label is None,
-                                    description="The mesh the re-plan runs on (--cp N, more GPUs on a mesh).")
-    remedy_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                       description="Remedy.own_samples: the re-plan's samples a step, where they "
-                                                   "differ from the plan's and no --global-batch fixes them.")
-    samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                description="The plan's samples a step, where remedy_samples is given.")
+    remedy_mesh: RemedyMesh = None
+    remedy_samples: RemedySamples = None
+    samples: PlanSamples = None
 
 
 class RemedyFits(ReasonModel):

@@ -68,9 +68,9 @@ class TrainingConfig(BaseModel):
                                                ge=0, le=1, description="Added to fragmentation where a plan recomputes "
                                                "its blocks (default: calibrated); none where fragmentation is given.")
     fit_fragmentation: float | None = Field(default=None, ge=0, le=1, exclude_if=lambda share: share is None,
-                                            description="The part of fragmentation that "
-                                            "must fit; the allocator frees the rest, cached blocks, before an allocation "
-                                            "fails (allocator_cache, in reserved only). None: all of it.")
+                                            description="The part of fragmentation that must fit; the allocator frees "
+                                            "the rest, cached blocks, before an allocation fails (allocator_cache, in "
+                                            "reserved only). None: all of it.")
     context_gib: float | None = Field(default=None, ge=0, le=64, description="CUDA context, cuBLAS/NCCL workspaces and "
                                       "communicator buffers per GPU, outside PyTorch's caching allocator "
                                       "(max_memory_reserved() does not see it, the GPU's memory does; measured on an "

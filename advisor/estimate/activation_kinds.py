@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable
 
 from advisor.estimate import activations_moe as moe_acts
 from advisor.estimate.activations_blocks import (
-    decoder_layer_per_token, encoder_eager_remaining_per_token, encoder_layer_per_token, frozen_encoder_layer_per_token, mamba_layer_per_token,
-    neox_layer_per_token,
+    decoder_layer_per_token, encoder_eager_remaining_per_token, encoder_layer_per_token, frozen_encoder_layer_per_token,
+    mamba_layer_per_token, neox_layer_per_token,
 )
 from advisor.estimate.activations_encdec import BART_NOTE, ENCDEC_NOTE, estimate_encdec_activations
 from advisor.estimate.activations_hybrid import JAMBA_NOTE, hybrid_layers_per_token

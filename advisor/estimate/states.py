@@ -177,16 +177,16 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     p, t = spec.total_params, spec.trainable_params
     pb = training.compute_bytes
     master = 0 if pb == 4 else FP32 * t
-    # Adafactor factors a matrix's second moment (transformers' _get_options: two or more dims); DeepSpeed hands it
-    # each rank's flat 1-D fp32 partition, so it keeps the whole second moment
-    state = FP32 * t if training.optimizer == "adafactor" else optimizer_state_bytes(spec, training, state_bytes=FP32)
+    # DeepSpeed hands a client optimizer each rank's flat 1-D fp32 partition; Adafactor factors only tensors of two or
+    # more dims (transformers' _get_options), so it keeps the whole second moment and steps the partition as one tensor
+    flat_adafactor = training.optimizer == "adafactor"
+    state = FP32 * t if flat_adafactor else optimizer_state_bytes(spec, training, state_bytes=FP32)
     k_bytes = master + state
     params = pb * p // world if impl.shard_params else pb * p
     grads = pb * t // world if impl.shard_grads else pb * t
     opt = k_bytes // world if impl.shard_optimizer else k_bytes
     share = world if impl.shard_optimizer else 1
-    # DeepSpeed hands a client optimizer each rank's flat fp32 partition: Adafactor steps it as one (unfactored) tensor
-    largest = (FP32 * t if training.optimizer == "adafactor" else
+    largest = (FP32 * t if flat_adafactor else
                FP32 * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0)
     temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share),
                                     element_bytes=FP32)

@@ -64,8 +64,8 @@ from advisor.simulate.fake_env import (cuda_autocast_policy, cuda_dropout, cuda_
                                        fake_process_group, mesh_outside_fake_mode, unpacked_batches)
 from advisor.simulate.measure import (ModulePeak, breakdown, build_tracker, dora_weight_unhooked, live_bytes,
                                       peak_total, skip_frozen_grad_hooks, top_modules)
-from advisor.simulate.model import (SIMULATED_OPTIMIZERS, build_optimizer, freeze_to, materialize, meta_model, net_vocab, resolve_config,
-                                    training_dtypes, unique_params)
+from advisor.simulate.model import (SIMULATED_OPTIMIZERS, build_optimizer, freeze_to, materialize, meta_model,
+                                    net_vocab, resolve_config, training_dtypes, unique_params)
 from advisor.simulate.timeline import Timeline
 from advisor.strategies import STRATEGIES, Implementation, get_strategy
 from advisor.training import TrainingConfig

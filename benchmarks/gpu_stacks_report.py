@@ -345,9 +345,9 @@ def speed_line(rows: list[dict]) -> str:
                      f"{row['step_seconds']:.3f} s (the plan {cand.step_time_s:.3f})")
     return ("- Seconds a step under the Trainer on the H200 (`--only speed`, 2026-11-29; fp32 weights, fused AdamW, "
             "the median of steps 3-6): " + "; ".join(parts) + ". The fp32 rows are among those "
-            "`benchmarks/fp32_speed.py` fits the fp32 utilisation on; Qwen2.5-0.5B's bf16 steps sit on a floor the plan "
-            "does not model (kernel launches from Python, about 0.14 s a step for its 24 blocks: docs/accuracy.md, "
-            "step time on a real GPU).")
+            "`benchmarks/fp32_speed.py` fits the fp32 utilisation on; Qwen2.5-0.5B's bf16 steps sit on the host's floor "
+            "(kernel launches from Python, about 0.14 s a step for its 24 blocks), which the plan counts since "
+            "2026-11-30 (advisor/estimate/host_time.py, benchmarks/results/host_ops.md; these rows held out of its fit).")
 
 
 def headline_cap_line(rows: list[dict]) -> str:

@@ -64,3 +64,13 @@ def _private_cache_dir(tmp_path_factory):
     patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
     yield
     patch.undo()
+
+
+@pytest.fixture
+def gpu_work_only():
+    """Plans without the host floor (advisor.estimate.host_time): for tests that work a term of the GPU's time by
+    hand on a model or micro-batch small enough for the host's launches to decide the step."""
+    from advisor.estimate.host_time import floor_disabled
+
+    with floor_disabled():
+        yield

@@ -50,7 +50,11 @@ efficiency profile (``advisor.hardware.efficiency``); it returns seconds. The mo
   gathers logits to GPU0, none of it overlapped; GPU0 alone steps the optimizer; utilisation times
   a documented single-process penalty.
 
-Not modelled: kernel launch gaps, data loading, compute slowdown from concurrent NCCL kernels,
+- Host floor (``host_time``): a micro-batch takes at least the host time of the operators it launches from Python
+  (counted per block for its family, x seconds an operator fitted on an H200 host); not under ``--compile`` (not
+  measured). Data-parallel plans only: the mesh and pipeline estimators (large models) leave it out.
+
+Not modelled: launch gaps within a step above the floor, data loading, compute slowdown from concurrent NCCL kernels,
 the first all-gather of a step that nothing can hide, stragglers.
 """
 
@@ -66,6 +70,7 @@ from advisor.estimate.activations import shape_of
 from advisor.estimate.activations_loss import NLL_CHUNK
 from advisor.estimate.adapter_time import adapter_note, adapter_s
 from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
+from advisor.estimate.host_time import host_floor_note, host_floor_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
 from advisor.frozen import validated_copy
@@ -481,6 +486,11 @@ def estimate_step_time(
                             utilisation=util, bf16_tflops=peak, hardware_flops=flops.hardware,
                             hbm_efficiency=eff.optimizer_step.hbm_efficiency)
     fwd_s, bwd_s = fwd_s + f8[0], bwd_s + f8[1]
+    host_note = ""
+    floor = host_floor_s(spec, training, impl, checkpointing=checkpointing)
+    if floor > fwd_s + bwd_s:  # the GPU waits for the host's launches: the micro-batch takes the host's time
+        host_note = host_floor_note(spec, training, impl, checkpointing=checkpointing, gpu_s=fwd_s + bwd_s)
+        fwd_s, bwd_s = fwd_s * floor / (fwd_s + bwd_s), bwd_s * floor / (fwd_s + bwd_s)
     overlap = eff.communication.overlap_fraction
     head_gathers = 0.0
     if impl.single_process:
@@ -506,7 +516,7 @@ def estimate_step_time(
     step = compute + comm_exposed + offload_exposed + optimizer
     tokens_gpu = tokens_micro * accumulation
     model_flops = flops.model * accumulation
-    notes = [n for n in (peak_note, f8[2]) if n]
+    notes = [n for n in (peak_note, f8[2], host_note) if n]
     if cpu_step:
         notes.append(_cpu_step_note(hardware, training, impl, eff, cpu_step))
     if paged_s:

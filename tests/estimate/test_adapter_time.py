@@ -21,6 +21,7 @@ def _compute_s(spec, training: TrainingConfig, *, ckpt: bool) -> float:
     return run.compute_s
 
 
+@pytest.mark.usefixtures("gpu_work_only")
 def test_llama2_7b_lora_r16_qv_by_hand():
     """Llama-2-7B (32 blocks, hidden 4096, 32 heads: q and v both 4096 -> 4096), LoRA r16 on q,v, no dropout,
     pure bf16 (c = 2 B, no input casts), one micro-batch of 1 x 512 tokens on one A100-80GB SXM.

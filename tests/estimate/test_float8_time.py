@@ -63,6 +63,7 @@ def test_linears_not_multiples_of_16_stay_bf16():
     assert work.forward_flops == 1_048_576
 
 
+@pytest.mark.usefixtures("gpu_work_only")
 def test_step_time_change_by_hand():
     """One H100 SXM, the tiny model, 32 tokens, no checkpointing. float8 changes the compute by the GEMMs' own
     time: 7,864,320 fp8 FLOPs at 0.78 (torchao's large-GEMM share, above this tiny model's end-to-end

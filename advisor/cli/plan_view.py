@@ -215,7 +215,11 @@ def _caption(plan, layout: _Layout, width: int | None) -> str:
                                                           if col.header in layout.dropped]
     if hidden and width is not None:
         lines.append(f"Not shown at {width} columns: {', '.join(hidden)} (a wider terminal or --json).")
-    lines += [f"n/a {candidate_label(c)}: {c.unavailable_reason}" for c in plan.candidates if not c.available]
+    unavailable: dict[str | None, list[str]] = {}  # one line a reason, naming every row it holds for
+    for c in plan.candidates:
+        if not c.available:
+            unavailable.setdefault(c.unavailable_reason, []).append(candidate_label(c))
+    lines += [f"n/a {', '.join(labels)}: {reason}" for reason, labels in unavailable.items()]
     return "\n".join(lines)
 
 

@@ -294,6 +294,9 @@ def _no_count(x: r.NoCountFits) -> str:
                 f"(tried: whole nodes whose data-parallel ranks divide it, each accumulating its share, up to "
                 f"{x.max_nodes} nodes, and doubling beyond); without it, {_smallest(x.without_batch)} Change "
                 f"--global-batch.")
+    if x.sharding_unavailable is not None:  # only the strategies that replicate the model could run
+        return (f"No number of these GPUs fits: every strategy that shards the model is unavailable here "
+                f"({x.sharding_unavailable}), and dp, ddp and zero1 hold every parameter and gradient on each GPU.")
     if x.bucket is not None:  # the user's DeepSpeed size, not the sample
         return (f"No number of these GPUs fits{pinned}: DeepSpeed's {x.bucket} alone takes {_gib(x.bucket_bytes)} a "
                 f"buffer in 16 bits, beside the model; {' or '.join(x.hints)}.")

@@ -249,6 +249,11 @@ def smallest_fit(spec: ModelSpec, hardware: Hardware, training: TrainingConfig,
                                                      gpu_only_gpus=gpu_only if offloads(name) else None,
                                                      gpu_only_mesh=gpu_only_mesh, without=pinned, pinned=pinned,
                                                      gpu_only_micro_batch=gpu_only_micro))
+    sharding = evaluate_candidate(spec, hardware, relaxed, "zero3")
+    if not sharding.available:  # no count helps: the strategies left replicate the model on every GPU
+        return SmallestFit(num_gpus=None, reason=r.NoCountFits(
+            checkpointing_tried=training.activation_checkpointing != "off", hints=(),
+            sharding_unavailable=sharding.unavailable_reason))
     remedies = ["shorten --seq-len"]
     bucket = _oversized_bucket(training, hardware)
     if bucket is not None:  # the user's own DeepSpeed size, not the sample, is what no GPU holds

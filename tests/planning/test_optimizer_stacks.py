@@ -31,6 +31,19 @@ def test_adafactor_runs_under_fsdp1_and_deepspeed():
                 engine="deepspeed").candidate("zero3").available
 
 
+def test_adafactor_where_only_sharding_fits_says_why_not_the_sequence():
+    """Qwen2.5-14B under Adafactor needs its states sharded (ddp: 190 GiB a GPU at micro-batch 1); FSDP2 cannot step
+    Adafactor, so no count of H100s fits, and the sentence names that reason, not the sequence length. Under FSDP1
+    the same job fits on these 8 GPUs."""
+    result = plan("Qwen/Qwen2.5-14B", "8xH100", optimizer="adafactor")
+    assert result.recommendation is None
+    reason = result.smallest_fit.reason
+    assert reason.sharding_unavailable is not None and "Adafactor cannot step FSDP2" in reason.sharding_unavailable
+    sentence = next(line for line in result.why if line.startswith("No number of these GPUs fits"))
+    assert "shorten --seq-len" not in sentence and "--fsdp-version 1" in sentence
+    assert plan("Qwen/Qwen2.5-14B", "8xH100", optimizer="adafactor", fsdp_version=1).recommendation is not None
+
+
 def test_a_base_whose_config_states_no_dtype_loads_in_float32():
     """bert-large-uncased's config.json states no dtype and its weights are fp32: LoRA over it holds the base in
     float32 (4 bytes a frozen weight) where Qwen2.5's bf16 checkpoint holds 2; --frozen-base compute keeps 2."""

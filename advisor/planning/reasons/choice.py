@@ -426,6 +426,9 @@ class NoCountFits(ReasonModel):
 
     kind: Literal["no-count-fits"] = "no-count-fits"
     checkpointing_tried: bool
+    sharding_unavailable: str | None = Field(default=None, exclude_if=lambda reason: reason is None,
+                                             description="Why zero3 cannot run this job on this stack, where that is "
+                                                         "what no count gets past (the others replicate the model).")
     hints: tuple[str, ...] = Field(description="What to change, as CLI advice.")
     pinned: str | None = Field(default=None, exclude_if=lambda flags: flags is None,
                                description="The pinned degrees (``--tp 2 --pp 2``).")

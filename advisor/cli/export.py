@@ -170,6 +170,9 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
         raise ValueError(f"{script} {' '.join(script_args[:1])}: advisor launch does not pass options to accelerate "
                          "(the written config sets them, from the plan: use --processes with --cpu, --gpus "
                          "otherwise); the script comes first, then its own arguments")
+    if config_file == "-" or not config_file.strip():  # accelerate reads the config from a file
+        raise ValueError(f"--config-file {config_file or repr(config_file)}: advisor launch writes the config to a file "
+                         "that accelerate reads; give a file name (advisor export -o - prints the config)")
     options = _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes, script=script,
                        script_args=script_args)
     text, target = _export_text(params, "accelerate", options)

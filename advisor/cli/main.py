@@ -83,7 +83,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @cli.command()
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
-@click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare.")
+@click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare; "
+              "where the simulator cannot run it (offload, a mesh, a quantised base) the plan is printed with a note.")
 @click.option("--chart", "chart_file", metavar="FILE", callback=chart_path,
               help="Also write the per-strategy bars (FILE.svg, or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
@@ -114,15 +115,22 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
     tracing.finish()
     if chart_file:
         _write_chart(result, chart_file, force=force)
-    checked = None
+    checked = skipped = None
     if verify and result.recommendation is not None:
         from advisor.cli.simulate import verify_with_progress
+        from advisor.simulate.verify import unverified_reason
 
-        checked = verify_with_progress(result, strategy=kwargs.get("strategy"))
+        skipped = unverified_reason(result, strategy=kwargs.get("strategy"))  # the plan stands, unverified
+        if skipped is None:
+            checked = verify_with_progress(result, strategy=kwargs.get("strategy"))
+        else:
+            click.echo(f"note: --verify: not simulated: {skipped}", err=True)
     if as_json:
         doc = result.model_dump(mode="json")
         if checked is not None:
             doc["verification"] = checked.model_dump(mode="json")
+        if skipped is not None:
+            doc["verification_skipped"] = skipped
         if read is not None:
             from advisor.cli.from_file import from_file_doc
 

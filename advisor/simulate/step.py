@@ -148,7 +148,7 @@ def simulate(
     ``progress`` is called with each stage's name (``STAGES``) as it starts.
     ``timeline``: also record memory segment by segment (``advisor.simulate.timeline``).
     """
-    impl = _check(strategy, training, world_size)
+    impl = check_simulated(strategy, training, world_size)
     import torch
 
     from advisor.simulate.heads import task_targets
@@ -206,7 +206,7 @@ def simulate(
     )
 
 
-def _check(strategy: str, training: TrainingConfig, world_size: int) -> Implementation:
+def check_simulated(strategy: str, training: TrainingConfig, world_size: int) -> Implementation:
     """The strategy's torch implementation, or ``ValueError`` for what the simulator cannot run."""
     impl = get_strategy(strategy).on("torch")
     why = not_simulated(impl)

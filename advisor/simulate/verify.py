@@ -42,6 +42,26 @@ def refuse_unsimulated(plan: Plan) -> None:
         raise ValueError("simulate needs a model config (a bundled id, local config.json or Hub id)")
 
 
+def unverified_reason(plan: Plan, strategy: str | None = None) -> str | None:
+    """Why ``verify`` cannot simulate ``plan``'s candidate (the recommendation, or ``strategy``), found before it
+    starts: nothing recommended, a mesh, a model or settings the simulator cannot build, a strategy it does not run;
+    None when it can (``advisor plan --verify`` then prints the plan unverified, with this reason)."""
+    from advisor.simulate.step import check_simulated
+
+    name = strategy or (plan.recommendation.strategy if plan.recommendation else None)
+    if name is None:
+        return "nothing fits, so there is no candidate to simulate; pass --strategy and --micro-batch"
+    if strategy is None and plan.recommendation.mesh is not None:
+        return (f"the simulator runs data-parallel steps; the recommendation runs on mesh "
+                f"{plan.recommendation.mesh.label}: pass --strategy to simulate a data-parallel candidate")
+    try:
+        refuse_unsimulated(plan)
+        check_simulated(name, plan.training, plan.hardware.world_size)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = False,
            progress: Progress | None = None, timeline: bool = False) -> Verification:
     """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate;

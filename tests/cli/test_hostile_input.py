@@ -350,3 +350,15 @@ def test_an_absurd_global_batch_or_accumulation_is_one_line_and_exit_2(tmp_path,
         assert code == 2 and not out and err.count("\n") == 1 and said in err, err
     code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "8xH100", "--global-batch", str(2**24)], capsys)
     assert code == 0 and err == ""
+
+
+@pytest.mark.parametrize("name", ["-", ""])
+def test_launch_refuses_a_config_file_it_cannot_hand_to_accelerate(tmp_path, monkeypatch, capsys, name):
+    """``advisor launch --config-file -`` wrote a file named '-' (the review of issue 19): accelerate reads the
+    config from a file, so '-' and an empty name are refused in one line, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    code, _, err = run_main(["launch", "-m", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "1", "--config-file", name,
+                             "train.py"], capsys)
+    assert code == 2 and "advisor export -o - prints the config" in _one_line(err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]

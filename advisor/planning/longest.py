@@ -81,9 +81,11 @@ def planned_length(longest: dict[str, int | None], training: TrainingConfig) -> 
 def longer_with_offload(spec: ModelSpec, hw: Hardware, training: TrainingConfig,
                         longest: dict[str, int | None]) -> list[r.LongerWithOffload]:
     """Where an offloading strategy holds more than the length the plan is shown at (``training.seq_len``),
-    how much more and how fast it runs there."""
+    how much more and how fast it runs there; none past a learned position table (GPT-2, BERT: no longer input
+    runs, and the plan is shown at the table's length, not the longest on the GPUs alone)."""
+    table = spec.max_position_embeddings if spec.learned_positions else None
     beyond = [(length, key) for key, length in longest.items()
-              if length and length > training.seq_len and offloads(key, training)]
+              if length and length > training.seq_len and offloads(key, training) and (table is None or length <= table)]
     if not beyond or not any(length for key, length in longest.items() if not offloads(key, training)):
         return []  # nothing longer, or the plan itself offloads (no GPU-only candidate holds a token)
     length, key = max(beyond)

@@ -47,6 +47,9 @@ from advisor.units import GIB
 # 8 x H100 38%, torchtitan Llama 3 8B on 64 x A100 58%); half the lowest of them is the line drawn here.
 USEFUL_MFU = 0.20
 LORA_RANK = 16  # PEFT's examples and the README's use the rank 16 most often
+# More GPUs of this kind is a remedy up to this many times the user's count; beyond it (2,712 L4s for a 70B model on 4)
+# it is another job, and the remedies on the user's own GPUs (LoRA, an 8-bit optimizer, ...) are the advice
+MORE_GPUS_AT_MOST = 8
 # Knobs that act on memory alone: when one saves nothing on the reference it cannot change the plan.
 MEMORY_KNOBS = {"loss", "activation_checkpointing", "activation_offload"}
 GPU_ONLY: tuple[StrategyName, ...] = ("ddp", "zero1", "zero2", "zero3")
@@ -118,9 +121,14 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     if len(degrees) > 1:
         best = max(degrees, key=lambda x: (x.fits, x.tokens_per_s or 0))
         found = [x for x in found if x is best or not x.name.startswith("--cp ")]
-    # An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
-    # other remedies of their group whatever their tokens/s (more hardware always runs faster).
-    return tuple(sorted(found, key=lambda r: (not r.keeps_math, not r.fits, r.name.startswith("--gpus"),
+    # A plan on the GPUs alone that runs at least as fast comes first in its group; one on the GPUs alone that runs
+    # slower than the plan (more GPUs on a mesh can: 405B on twice the H100s at 0.6x) ranks among the rest by its
+    # tokens/s. An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
+    # other remedies of their group whatever their tokens/s.
+    def better(x: Remedy) -> bool:
+        return x.fits and (x.tokens_per_s or 0) >= current * (1 - SAME_SPEED)
+
+    return tuple(sorted(found, key=lambda r: (not r.keeps_math, not better(r), r.name.startswith("--gpus"),
                                               -(r.tokens_per_s or 0), -r.saved_gib)))
 
 
@@ -361,6 +369,8 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, sampl
         return cand.fits and within_headroom(cand, at)  # a count that leaves the --headroom, not one at 99%
 
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
+    if count is not None and count > MORE_GPUS_AT_MOST * hw.world_size:
+        count = None  # a different job, not a remedy (the no-fit answer still counts them: advisor.planning.smallest)
     keeps_samples = True
     if count is not None and total is not None and total % count:  # the next count that keeps the samples
         kept = next((n for n in counts_above(count, per_node) if n <= total and total % n == 0 and fits(n)), None)
@@ -407,7 +417,7 @@ def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *,
     counts = counts_above(hw.world_size, per_node, every=False)
     keep, said = _keeping(training, samples)
     at = validated_copy(training, keep) if keep else training
-    for count in (n for n in counts if below is None or n < below):
+    for count in (n for n in counts if (below is None or n < below) and n <= MORE_GPUS_AT_MOST * hw.world_size):
         cluster = at_count(hw, count, per_node)
         dp = replan_data_parallel(spec, cluster, at)
         if dp is not None and not offloads(dp):  # the planner runs data parallelism there (past the headroom)
@@ -465,10 +475,22 @@ def _shorter_sequence(spec: ModelSpec, hw: Hardware, training: TrainingConfig, r
 
 
 def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: StrategyName) -> r.OffloadRemedy | None:
-    """The first reason of a plan that offloads: the best remedy (the first that runs on the GPUs
-    alone, else the first), in numbers; ``reference`` is the candidate its saving is measured on."""
-    best = next((x for x in remedies if x.fits), remedies[0] if remedies else None)
-    if best is None or best.tokens_per_s is None or chosen.step_time is None:
+    """The first reason of a plan that offloads: the best remedy, in numbers; ``reference`` is the candidate its
+    saving is measured on. Best: among those that keep the mathematics, the first that runs on the GPUs alone at least
+    as fast as the plan, else the first that runs faster; else the first of the others on the GPUs alone at least as
+    fast; else the first (``find_remedies``' order)."""
+    if chosen.step_time is None:
+        return None
+    speed = chosen.step_time.tokens_per_s
+
+    def gpu_only(x: Remedy) -> bool:
+        return x.fits and (x.tokens_per_s or 0) >= speed * (1 - SAME_SPEED)
+
+    keeping = [x for x in remedies if x.keeps_math]
+    best = next((x for x in keeping if gpu_only(x)), None) or next(
+        (x for x in keeping if (x.tokens_per_s or 0) > speed * (1 + SAME_SPEED)), None) or next(
+        (x for x in remedies if gpu_only(x)), remedies[0] if remedies else None)
+    if best is None or best.tokens_per_s is None:
         return None
     return r.OffloadRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name,
                            keeps_math=best.keeps_math, remedy_strategy=best.strategy, remedy_fits=best.fits,

@@ -243,3 +243,5 @@ def test_a_given_length_past_learned_positions_is_said_first_and_max_stops_at_th
     assert longest.training.seq_len == 1024 and max(v for v in longest.longest_seq_len.values() if v) > 100_000
     assert not [x for x in longest.reasons if x.kind == "beyond-context"]
     assert "the plan is shown at the model's context, 1,024 tokens" in " ".join(longest.assumptions)
+    # no offloading strategy is offered a length past the table (it called 1,024 "the longest on the GPUs alone")
+    assert not [x for x in longest.reasons if x.kind == "longer-with-offload"]

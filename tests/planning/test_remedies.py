@@ -378,3 +378,29 @@ def test_a_plan_past_the_headroom_opens_its_why_with_the_remedy_that_brings_it_b
     assert headline_reason(p).startswith(f"zero3 needs {first.total_bytes / GIB:.1f} GiB of ")
     roomy = plan("Qwen/Qwen2.5-7B", "2xA100", recipe="trainer")  # within the headroom: no such line
     assert not any(isinstance(x, r.HeadroomRemedy) for x in roomy.reasons)
+
+
+def test_more_gpus_is_a_remedy_only_within_eight_times_the_users_count():
+    """Llama-3.1-70B on 4 L4s offloads; zero3 on the GPUs alone needs 2,712 L4s (339 nodes of 8: the count the
+    review of issue 19 found offered as the headline remedy). Past 8 x the user's count more GPUs is another job: no
+    --gpus remedy is listed, the remedies on these GPUs are (the optimizer implementation, LoRA)."""
+    result = plan("meta-llama/Llama-3.1-70B", "4xL4")
+    names = [x.name for x in result.recommendation.remedies]
+    assert result.recommendation.strategy == "zero3_offload"
+    assert not [name for name in names if name.startswith("--gpus")]
+    assert {"--optimizer-impl fused", "--lora 16"} <= set(names)
+
+
+def test_the_offload_line_never_headlines_a_remedy_slower_than_the_plan():
+    """Llama-3.1-405B on 8 x 8 H100s offloads at 5,078 tokens/s. Twice the GPUs holds it on the GPUs alone but at
+    3,271 tokens/s (0.6x), so it no longer leads: the headline remedy keeps the mathematics and runs faster than the
+    plan, and the listed --gpus remedy ranks below the faster ones of its group."""
+    result = plan("meta-llama/Llama-3.1-405B", "8x8xH100")
+    rec = result.recommendation
+    line = next(x for x in result.reasons if x.kind == "offload-remedy")
+    assert line.keeps_math and line.remedy_tokens_per_s > line.tokens_per_s
+    assert not line.remedy.startswith("--gpus")
+    keeping = [x for x in rec.remedies if x.keeps_math]
+    slower = next(x for x in keeping if x.name.startswith("--gpus"))
+    assert slower.fits and slower.tokens_per_s < line.tokens_per_s
+    assert keeping.index(slower) == len(keeping) - 1

@@ -86,7 +86,7 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
 @click.option("--verify", is_flag=True, help="Also run the chosen step in PyTorch (fake tensors, CPU) and compare; "
               "where the simulator cannot run it (offload, a mesh, a quantised base) the plan is printed with a note.")
 @click.option("--chart", "chart_file", metavar="FILE", callback=chart_path,
-              help="Also write the per-strategy bars (FILE.svg, or .html).")
+              help="Also write the per-strategy bars to FILE (a name ending .svg or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --chart file.")
 @click.option("--verbose", "-v", is_flag=True, help="Also print memory per component, bars, every reason and assumption.")
 def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbose: bool, from_file: str | None,

@@ -185,9 +185,9 @@ PLAN_OPTIONS: list[Callable] = [
                       "turns on to keep it; preferred among equally fast plans."),
     click.option("--cpu-memory-gib", type=FiniteRange(0, 2**20, min_open=True), help="CPU RAM per node, for offload."),
     click.option("--cpu-step-rate", type=FiniteRange(1e3, 1e13),
-                 help="Offload: parameters a second one process's optimizer steps on your CPU (torch AdamW: "
-                      "python benchmarks/cpu_optimizer.py measures it; DeepSpeed's CPU-Adam: time its step). Default: a "
-                      "measured EPYC core's torch AdamW rate, or DeepSpeed's CPU-Adam's."),
+                 help="Offload: how many parameters a second the optimizer of one training process steps on your "
+                      "CPU (torch AdamW: python benchmarks/cpu_optimizer.py measures it; DeepSpeed's CPU-Adam: time "
+                      "its step). Default: a measured EPYC core's torch AdamW rate, or DeepSpeed's CPU-Adam's."),
     click.option("--trust-remote-code", is_flag=True, help="Allow the model's own code to run."),
     click.option("--tp", type=click.IntRange(1, 1024), help="Pin the tensor-parallel degree (Megatron column/row split; no sequence parallelism: norms and block inputs stay whole on every TP rank, except under --recipe torchtitan, which shards them along the sequence and keeps the loss vocabulary-parallel)."),
     click.option("--cp", type=click.IntRange(1, 1024), help="Pin the context-parallel degree (ring attention)."),
@@ -282,7 +282,7 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
         model, params, flag = None, model, "--model (a size)"  # read as a size, as inspect does
     kwargs: dict[str, Any] = {
         "model": model if model is not None else _size_spec(params, flag),
-        "gpus": options.get("gpus") or (require_local_gpus() if need_gpus else None),
+        "gpus": options.get("gpus") or (require_local_gpus(options.get("gpus")) if need_gpus else None),
         "nodes": options.get("nodes"),
         "interconnect": options.get("interconnect"),
         "trainable_params": options.get("trainable_params"),
@@ -402,10 +402,13 @@ def _lora(options: dict[str, Any]) -> Any:
         raise click.UsageError(f"{field}: {problem['msg'].removeprefix('Value error, ')}") from None
 
 
-def require_local_gpus() -> str:
-    """The ``--gpus`` default: this machine's GPUs (said on stderr), or a usage error when it has none."""
+def require_local_gpus(given: str | None = None) -> str:
+    """The ``--gpus`` default: this machine's GPUs (said on stderr), or a usage error when it has none; an empty
+    ``given`` (``--gpus ''``) is a usage error of its own."""
     from advisor.hardware.local_gpus import detect_local_gpus
 
+    if given is not None:
+        raise click.UsageError("--gpus is empty: pass e.g. --gpus 8xH100 (or leave it out for this machine's GPUs)")
     detected = detect_local_gpus()
     if detected is None:
         raise click.UsageError("no --gpus given and no NVIDIA GPU found on this machine; pass e.g. --gpus 8xH100")

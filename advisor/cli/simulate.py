@@ -73,7 +73,7 @@ def print_verification(result) -> None:
 @plan_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly one JSON document.")
 @click.option("--timeline", "timeline_file", metavar="FILE", callback=chart_path,
-              help="Also write a chart of one GPU's memory over the step (FILE.svg, or .html).")
+              help="Also write a chart of one GPU's memory over the step to FILE (a name ending .svg or .html).")
 @click.option("--force", is_flag=True, help="Overwrite an existing --timeline file.")
 def simulate(as_json: bool, timeline_file: str | None, force: bool, **options) -> None:
     """Run one training step of the plan in PyTorch (no GPU) and measure each rank's peak memory."""

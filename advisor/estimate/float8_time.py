@@ -143,6 +143,9 @@ def check_float8(spec: ModelSpec, gpu_name: str, fp8_tflops: float | None, train
         raise ValueError(f"--float8 is modelled for decoder-only language models, not {spec.model_type or spec.name}")
     if pp is not None and pp > 1:
         raise ValueError("--float8 with --pp: the pipeline step time does not model float8; leave out one of them")
+    if spec.source == "params":  # torchao converts the linears whose sizes it divides: a size alone names none
+        raise ValueError("--float8 needs the model's linear layers: give --model (a bundled id or a config), not "
+                         "--params alone")
     float8_linears(spec)  # a family whose linear layers are not known: ValueError now
 
 

@@ -87,8 +87,10 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
     ExportFormatRow(name="torchrun", summary="torchrun command line (shell)", default_filename="launch.sh",
                     module="advisor.export.torchrun", recipe="torch", runs="any",
                     mesh_dims=("dp_replicate", "dp_shard", "cp", "tp"),
-                    pp_ep_gap="the launched script applies the mesh through wrappers.wrap(), which runs no pipeline "
-                              "stages or expert sharding in this version; use --format torchtitan"),
+                    pp_ep_gap="the launched script's loop (loss.backward(), optimizer.step()) cannot step pipeline "
+                              "stages, which wrappers.wrap_pipeline returns to be stepped by their schedule, and "
+                              "wrap() does not compose expert parallelism with FSDP2 (wrappers.experts shards experts "
+                              "alone); use --format torchtitan"),
     ExportFormatRow(name="trainer-args", summary="Hugging Face TrainingArguments keys (JSON)",
                     default_filename="training_args.json", module="advisor.export.trainer", recipe="trainer", compile_key=True,
                     checkpointing_key="always",

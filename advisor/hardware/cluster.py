@@ -230,6 +230,12 @@ def build_hardware(gpu_name: str, *, gpus_per_node: int, nodes: int | None = Non
     inter = None
     if interconnect is not None:
         inter = catalog.interconnect(interconnect.strip().lower())
+        if inter.kind != "inter_node":  # a GPU-to-GPU link inside a server, not a NIC between them
+            nics = ", ".join(link.name for link in catalog.interconnects if link.kind == "inter_node")
+            raise ValueError(f"--interconnect {inter.name} links GPUs inside a server (the GPU's own link, "
+                             f"{gpu.intra_node_link} here, is taken from the GPU); between nodes give one of: {nics}")
+        if nodes == 1:
+            assumptions.append(f"--interconnect {inter.name} is not used: one node, no link between nodes")
     elif nodes > 1:
         link = catalog.defaults.inter_node_link.get(gpu.name, catalog.defaults.fallback_inter_node_link)
         inter = catalog.interconnect(link)

@@ -119,9 +119,14 @@ def _read_standalone_deepspeed(r: Reader) -> None:
     read_deepspeed(r)
     r.take(FILE_FORMAT, "DeepSpeed", "recipe", "deepspeed")
     if not any(value.option == "precision" for value in r.values):
-        r.notes.append("bf16 / fp16 not set: DeepSpeed alone trains in fp32 (both disabled by default) unless the "
-                       "launcher enables one (the Trainer's bf16 / fp16, accelerate's mixed_precision); planned with "
-                       "--precision's default")
+        auto = [key for key in ("bf16", "fp16") if isinstance(r.doc.get(key), dict) and r.doc[key].get("enabled") == "auto"]
+        if auto:  # the Trainer's DeepSpeed integration fills "auto" from its own bf16 / fp16 arguments
+            r.notes.append(f"{' / '.join(key + '.enabled' for key in auto)} 'auto': the Trainer fills it from its bf16 / "
+                           "fp16 arguments, which this file does not hold; planned with --precision's default")
+        else:
+            r.notes.append("bf16 / fp16 not set: DeepSpeed alone trains in fp32 (both disabled by default) unless the "
+                           "launcher enables one (the Trainer's bf16 / fp16, accelerate's mixed_precision); planned "
+                           "with --precision's default")
 
 
 def read_config_file(path: str | Path) -> ConfigFile:

@@ -28,6 +28,14 @@ def test_refusals_are_one_line_exit_2(capsys, args, says):
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and not out
 
 
+def test_a_size_alone_is_refused_for_its_missing_linears_not_for_lora(capsys):
+    """--params names no linear layer for torchao to convert; the refusal said "LoRA counting needs a known
+    architecture" though no LoRA was asked (the review of issue 19)."""
+    code, out, err = run_main(["plan", "--params", "3B", "--gpus", "2x8xH100", "--float8"], capsys)
+    assert code == 2 and not out and len(err.strip().splitlines()) == 1
+    assert "--float8 needs the model's linear layers" in err and "LoRA" not in err
+
+
 def test_export_writes_float8_where_the_format_can_and_notes_it_where_not(capsys):
     """torchtitan has a float8 converter key (tests/export/test_export_compile_float8.py); torchrun has none."""
     code, out, err = run_main(["export", "--model", "meta-llama/Llama-3.2-1B", "--gpus", "2xH100", "--float8",

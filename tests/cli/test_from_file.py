@@ -847,6 +847,11 @@ def test_a_deepspeed_json_without_bf16_or_fp16_says_deepspeed_alone_runs_fp32(tm
     path.write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}')
     code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
     assert code == 0 and "bf16 / fp16 not set" not in out and "bf16.enabled: true -> --precision bf16-mixed" in out
+    # "auto", as Hugging Face's DeepSpeed examples write it: the Trainer fills it, so it is not "not set"
+    path.write_text('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": "auto"}}')
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 0 and "bf16 / fp16 not set" not in out
+    assert "bf16.enabled 'auto': the Trainer fills it from its bf16 / fp16 arguments" in out
 
 
 @pytest.mark.parametrize(("name", "text", "message"), [

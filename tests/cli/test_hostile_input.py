@@ -362,3 +362,9 @@ def test_launch_refuses_a_config_file_it_cannot_hand_to_accelerate(tmp_path, mon
                              "train.py"], capsys)
     assert code == 2 and "advisor export -o - prints the config" in _one_line(err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
+def test_an_empty_gpus_is_said_empty_not_missing(capsys):
+    """``--gpus ''`` said "no --gpus given" (the review of issue 19): one was given, and it was empty."""
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "--gpus", ""], capsys)
+    assert code == 2 and "--gpus is empty" in _one_line(err)

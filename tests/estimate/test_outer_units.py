@@ -119,7 +119,7 @@ def test_the_head_unit_reduce_scatters_the_whole_head_once():
                                                for s in self.comm_ctx.reduce_scatter_states[-1:])))
         return done
 
-    impl = sim._check("zero3", training, 8)
+    impl = sim.check_simulated("zero3", training, 8)
     _, config = sim.resolve_config(TINY)
     meta = sim.meta_model(config, training)
     with warnings.catch_warnings(), pytest.MonkeyPatch.context() as patch:

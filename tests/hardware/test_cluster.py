@@ -134,3 +134,18 @@ def test_an_a10_holds_what_torch_reports_of_its_24_gb():
     """nvidia-smi reports 23028 MiB of both the A10 and the A10G (24 GB GDDR6); torch printed 22587 MiB of the A10G,
     which the A10 now uses too (24 GiB overstated it by 1.9 GiB, a review found)."""
     assert parse_gpus("A10").gpu_memory_bytes == parse_gpus("A10G").gpu_memory_bytes == 22587 * 2**20
+
+
+@pytest.mark.parametrize("link", ["pcie3", "nvlink5"])
+def test_an_intra_node_link_is_refused_between_nodes(link):
+    """profiles/interconnects.json marks PCIe and NVLink "intra_node": the GPU's own link inside a server, never the
+    NIC between nodes that --interconnect names (the review of issue 19 found them accepted)."""
+    with pytest.raises(ValueError, match=f"--interconnect {link} links GPUs inside a server") as err:
+        parse_gpus("8xH100", nodes=2, interconnect=link)
+    assert "ib-ndr" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_interconnect_on_one_node_is_said_unused():
+    hw = parse_gpus("8xH100", interconnect="ib-ndr")
+    assert "--interconnect ib-ndr is not used: one node, no link between nodes" in hw.assumptions
+    assert parse_gpus("8xH100", nodes=2, interconnect="ib-ndr").inter_node_link.name == "ib-ndr"

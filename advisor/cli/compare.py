@@ -127,8 +127,12 @@ def compare(as_json: bool, **options) -> None:
     fastest, cheapest = result.fastest, result.cheapest
     if fastest is not None:
         console.print(f"Fastest: {fastest.label} ({fastest.step.tokens_per_s:,.0f} tokens/s). "
-                      f"Cheapest per token: {cheapest.label} ({cheapest.gpu_hours_per_billion_tokens:,.1f} GPU-hours "
-                      "per billion tokens).")
+                      f"Fewest GPU-hours per token: {cheapest.label} ({cheapest.gpu_hours_per_billion_tokens:,.1f} "
+                      "GPU-hours per billion tokens; an hour's price differs by GPU).")
+    precisions = {r.precision for r in result.results if r.precision}
+    if len(precisions) > 1:  # a GPU without bf16 is planned in fp16-mixed (advisor plan's assumptions say so)
+        console.print("Precision differs: " + "; ".join(f"{r.label} {r.precision}" for r in result.results
+                                                        if r.precision) + ".")
     for r in result.results:
         if not r.fits:
             console.print(f"{r.label}: {r.message}")

@@ -130,6 +130,9 @@ class Remedy(_Frozen):
                                                 "step_s is for that many samples.")
     plan_samples: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                      description="This plan's samples a step, where own_samples is given.")
+    past_headroom: bool = Field(default=False, exclude_if=lambda past: not past,
+                                description="That plan fits on the GPUs alone only past the --headroom (within the "
+                                            "estimate's error of an out-of-memory failure).")
 
 
 class Recommendation(_Frozen):

@@ -50,6 +50,8 @@ class ClusterResult(_Frozen):
     gpu_hours_per_billion_tokens: float | None = None
     message: str = Field(default="", description="Why nothing fits, or the one line of why advisor plan answers with "
                          "(advisor.planning.render.headline_reason).")
+    precision: str | None = Field(default=None, exclude=True, description="The precision the cluster was planned in "
+                                  "(fp16-mixed on a GPU without bf16); the table says so where they differ.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -138,7 +140,7 @@ def time_recommendation(result: Plan) -> StepTime | None:
 def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
     hw, rec = result.hardware, result.recommendation
     base = dict(gpus=gpus, label=hw.label, world_size=hw.world_size,
-                capacity_bytes=hw.gpu_memory_bytes)
+                capacity_bytes=hw.gpu_memory_bytes, precision=result.training.precision)
     if rec is None or step is None:
         return ClusterResult(**base, fits=False, message=" ".join(result.why[-1:]))
     cand = result.chosen

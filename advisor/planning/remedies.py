@@ -121,12 +121,12 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     if len(degrees) > 1:
         best = max(degrees, key=lambda x: (x.fits, x.tokens_per_s or 0))
         found = [x for x in found if x is best or not x.name.startswith("--cp ")]
-    # A plan on the GPUs alone that runs at least as fast comes first in its group; one on the GPUs alone that runs
+    # A plan on the GPUs alone within the headroom that runs at least as fast comes first in its group; one that runs
     # slower than the plan (more GPUs on a mesh can: 405B on twice the H100s at 0.6x) ranks among the rest by its
     # tokens/s. An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
     # other remedies of their group whatever their tokens/s.
-    def better(x: Remedy) -> bool:
-        return x.fits and (x.tokens_per_s or 0) >= current * (1 - SAME_SPEED)
+    def better(x: Remedy) -> bool:  # within the headroom too: one at 99.9% of the GPU ranks with the rest
+        return x.fits and not x.past_headroom and (x.tokens_per_s or 0) >= current * (1 - SAME_SPEED)
 
     return tuple(sorted(found, key=lambda r: (not r.keeps_math, not better(r), r.name.startswith("--gpus"),
                                               -(r.tokens_per_s or 0), -r.saved_gib)))
@@ -187,6 +187,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
         own_samples = ran if ran != samples else None
     step = result.step_time if result is not None else None
     fits = result is not None and not offloads(result)
+    roomy = fits and within_headroom(result, changed)
     return Remedy(name=change.name, keeps_math=change.keeps_math, saved_gib=round(saved, 2), reference=ref.strategy,
                   strategy=result.strategy if result is not None else None,
                   mesh=result.mesh.label if result is not None and result.mesh is not None and (
@@ -194,8 +195,8 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
                   total_gib=round(result.memory_bytes.total / GIB, 2) if result is not None and
                   result.memory_bytes is not None else None,
                   step_s=step.step_s if step else None, tokens_per_s=step.tokens_per_s if step else None,
-                  fits=fits, own_samples=own_samples, plan_samples=samples if own_samples is not None else None
-                  ), fits and within_headroom(result, changed)
+                  fits=fits, own_samples=own_samples, plan_samples=samples if own_samples is not None else None,
+                  past_headroom=fits and not roomy), roomy
 
 
 def _best_searched_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pins: MeshPins | None = None, *,
@@ -484,7 +485,7 @@ def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: 
     speed = chosen.step_time.tokens_per_s
 
     def gpu_only(x: Remedy) -> bool:
-        return x.fits and (x.tokens_per_s or 0) >= speed * (1 - SAME_SPEED)
+        return x.fits and not x.past_headroom and (x.tokens_per_s or 0) >= speed * (1 - SAME_SPEED)
 
     keeping = [x for x in remedies if x.keeps_math]
     best = next((x for x in keeping if gpu_only(x)), None) or next(

@@ -560,7 +560,9 @@ def remedy_line(remedy) -> str:
     # the saving is on the reference at its micro-batch and checkpointing (remedy_basis); the plan it leads to picks
     # its own, so its own total is said too
     total = f" at {remedy.total_gib:.2f} GiB" if remedy.total_gib is not None else ""
-    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}{total}, {remedy.step_s:.2f} s/step, "
+    past = (" (past the headroom: within the estimate's error of an out-of-memory failure)"
+            if remedy.past_headroom else "")
+    return (f"{remedy.name}: {memory}; then {remedy.strategy} {where}{total}{past}, {remedy.step_s:.2f} s/step, "
             f"{remedy.tokens_per_s:,.0f} tokens/s{_own_step(remedy.own_samples, remedy.plan_samples)}")
 
 

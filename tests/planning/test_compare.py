@@ -142,3 +142,16 @@ def test_each_rows_message_is_the_why_line_its_plan_answers_with():
         assert row.strategy == planned.recommendation.strategy
         assert row.message == headline_reason(planned)
         assert " fits: " not in row.message.split(".")[0] or row.message.startswith(f"{row.strategy} fits: ")
+
+
+def test_clusters_planned_in_different_precisions_are_said_so():
+    """A V100 has no bf16, so its row is planned in fp16-mixed beside an H100's bf16-mixed; the table said nothing
+    (the review of issue 19). The JSON's keys are unchanged."""
+    out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "--gpus", "8xH100,8xV100-32GB"])
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "Precision differs: 8xH100-80GB-SXM bf16-mixed; 8xV100-32GB fp16-mixed." in text
+    assert "Fewest GPU-hours per token: 8xH100-80GB-SXM" in text
+    doc = json.loads(CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "--gpus",
+                                                          "8xH100,8xV100-32GB", "--json"]).output)
+    assert all("precision" not in row for row in doc["results"])

@@ -15,7 +15,7 @@ from advisor.planning import reasons as r
 from advisor.planning.api import plan
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.remedies import USEFUL_MFU
-from advisor.planning.render import headline_reason, render_reason
+from advisor.planning.render import headline_reason, remedy_line as render_remedy, render_reason
 from advisor.units import GIB
 
 
@@ -404,3 +404,17 @@ def test_the_offload_line_never_headlines_a_remedy_slower_than_the_plan():
     slower = next(x for x in keeping if x.name.startswith("--gpus"))
     assert slower.fits and slower.tokens_per_s < line.tokens_per_s
     assert keeping.index(slower) == len(keeping) - 1
+
+
+def test_a_remedy_that_fits_only_past_the_headroom_says_so_and_ranks_below():
+    """Qwen2.5-7B on one A100 offloads; --precision bf16 holds it on the GPU alone at 79.06 of 79.15 GiB (micro-batch
+    1): within the estimate's error of an out-of-memory failure, which the remedy line now says; it ranks after the
+    remedies of its group whose plan leaves the headroom."""
+    result = plan("Qwen/Qwen2.5-7B", "1xA100")
+    remedy = next(x for x in result.recommendation.remedies if x.name == "--precision bf16")
+    capacity = result.recommendation.candidate.capacity_bytes
+    assert remedy.fits and remedy.total_gib * GIB > (1 - result.training.headroom) * capacity
+    assert remedy.past_headroom
+    assert "(past the headroom: within the estimate's error of an out-of-memory failure)" in render_remedy(remedy)
+    ranked = [x.name for x in result.recommendation.remedies]
+    assert ranked.index("--lora 16") < ranked.index("--precision bf16")  # LoRA: 58.66 GiB, within the headroom

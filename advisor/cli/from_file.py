@@ -261,3 +261,13 @@ def render_from_file(done: FromFile) -> None:
     for note in config.notes:
         click.echo(f"  note: {note}")
     click.echo("")
+
+
+def from_file_origin(message: str, read: FromFile) -> str:
+    """``message`` (a plan's one-line refusal) with where the option it opens with came from, where --from's file
+    set it: ``--tp 3 does not divide the 8 GPUs (...); --tp 3 is parallelism.tensor_parallel_degree in tt.toml``."""
+    for value in read.config.values:
+        said = shown(value.option, value.setting)
+        if said.startswith("--") and message.startswith(said):  # not one the command line overrode with another
+            return f"{message}; {said} is {value.key} in {read.config.path}"
+    return message

@@ -111,7 +111,14 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
         options, read = apply_config_file(from_file, options)
     kwargs = plan_kwargs(options)  # --policy is a shared plan option (advisor/cli/options.py)
     tracing = TraceProgress(str(kwargs.get("model") or "the model"))
-    result = make_plan(**kwargs, progress=tracing)
+    try:
+        result = make_plan(**kwargs, progress=tracing)
+    except ValueError as exc:  # an option the file set: say where it came from
+        if read is None:
+            raise
+        from advisor.cli.from_file import from_file_origin
+
+        raise ValueError(from_file_origin(str(exc), read)) from None
     tracing.finish()
     if chart_file:
         _write_chart(result, chart_file, force=force)

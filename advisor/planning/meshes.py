@@ -236,8 +236,8 @@ def evaluate_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, mes
     names = [strategy] if strategy else list(MESH_STRATEGIES[:1])
     for name in names:
         if name not in MESH_STRATEGIES:
-            raise ValueError(f"--strategy {name} cannot run on a mesh: tensor/context parallelism here runs "
-                             f"FSDP2 ({' or '.join(MESH_STRATEGIES)}) on the data-parallel ranks")
+            raise ValueError(f"--strategy {name} cannot run on a mesh: every mesh (tensor, context, pipeline, expert "
+                             f"or hybrid) runs FSDP2 ({' or '.join(MESH_STRATEGIES)}) on its data-parallel ranks")
     return [evaluate_candidate(spec, hw, training, name, mesh) for mesh in meshes for name in names]
 
 

@@ -338,7 +338,8 @@ def _limit(x: r.Limit) -> str:
         return "no data-parallel strategy fits"
     if isinstance(x, r.BatchLimit):
         if x.kind == "batch-indivisible":
-            return (f"the global batch: {x.global_batch_size} samples cannot give each of {x.world_size} GPUs whole "
+            return (f"the global batch: {x.global_batch_size} sample{'s' if x.global_batch_size != 1 else ''} cannot give each "
+                    f"of {x.world_size} GPUs whole "
                     "micro-batches, so some GPUs must share a sample (tensor or context parallelism)")
         micro = x.micro_batch_size
         return (f"the global batch: {x.global_batch_size} samples are not a whole number of micro-steps of "

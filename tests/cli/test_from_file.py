@@ -898,3 +898,14 @@ def test_a_deepspeed_jsons_batch_sizes_give_the_count_a_bare_gpu_name_takes(tmp_
     # a count typed wins, and a count that cannot give the batch is refused as before
     code, _, err = run_main(["plan", "--from", str(path), "--model", "Qwen/Qwen2.5-0.5B", "--gpus", "4xA100"], capsys)
     assert code == 2 and "2 data-parallel GPUs, but these options give 4" in err
+
+
+def test_a_refusal_of_a_value_the_file_set_names_the_files_key(tmp_path, capsys):
+    """A torchtitan TOML's tensor_parallel_degree 3 on 8 GPUs was refused as "--tp 3 does not divide the 8 GPUs",
+    though the user gave no --tp (the review of issue 19): the line now says where --tp 3 came from."""
+    path = tmp_path / "tt.toml"
+    path.write_text("[parallelism]\ntensor_parallel_degree = 3\n")
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-7B", "-g", "8xH100", "--from", str(path)], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("advisor: error: --tp 3 does not divide the 8 GPUs")
+    assert lines[0].endswith(f"; --tp 3 is parallelism.tensor_parallel_degree in {path}")

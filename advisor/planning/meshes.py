@@ -535,8 +535,9 @@ def _forced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
     ``own_unfit``: those samples, where no mesh fits within the headroom at them and the mesh steps on its own): the
     best mesh, the limit that forced it, and where the mesh is slower than the offload, by how much."""
     if best is None:
+        none_ran = bool(candidates) and not any(c.available for c in candidates)  # FSDP2 cannot run the job here
         return None, ([r.NoMeshFits(num_tried=len(meshes), images=bool(training.images_per_sample),
-                                    tried=tried_dimensions(meshes))] if meshes else [])
+                                    tried=tried_dimensions(meshes), unavailable=none_ran)] if meshes else [])
     limit = forcing_limit(spec, [] if dp_blocked else dp_candidates, training, hw.world_size)
     step = offloaded.step_time if offloaded is not None else None
     opening = r.DataParallelCannot(limit=limit) if step is None else r.DataParallelCannot(

@@ -437,6 +437,8 @@ def _no_mesh(x: r.NoMeshFits) -> str:
     kinds = (", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else "".join(named)) + " degrees" \
         if named else "meshes"
     no_cp = "; no cp: context parallelism cannot shard a vision-language model's input_ids" if x.images else ""
+    if x.unavailable:
+        return f"No mesh can run it either: the {x.num_tried} meshes ({kinds}) run FSDP2, which cannot run this job here."
     return f"No mesh fits either (tried {x.num_tried}: {kinds}{no_cp})."
 
 

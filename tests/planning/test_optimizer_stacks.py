@@ -41,6 +41,8 @@ def test_adafactor_where_only_sharding_fits_says_why_not_the_sequence():
     assert reason.sharding_unavailable is not None and "Adafactor cannot step FSDP2" in reason.sharding_unavailable
     sentence = next(line for line in result.why if line.startswith("No number of these GPUs fits"))
     assert "shorten --seq-len" not in sentence and "--fsdp-version 1" in sentence
+    meshes = next(x for x in result.reasons if x.kind == "no-mesh-fits")  # not "tried": none could run
+    assert meshes.unavailable and any(line.startswith("No mesh can run it either: the ") for line in result.why)
     assert plan("Qwen/Qwen2.5-14B", "8xH100", optimizer="adafactor", fsdp_version=1).recommendation is not None
 
 

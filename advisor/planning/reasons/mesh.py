@@ -178,6 +178,9 @@ class NoMeshFits(ReasonModel):
     images: bool = Field(description="Image batches: no cp was tried.")
     tried: tuple[str, ...] = Field(default=(), description="The parallel dimensions the meshes tried take past 1 "
                                    "(tp, cp, HSDP, pp, ep), in that order.")
+    unavailable: bool = Field(default=False, exclude_if=lambda none_ran: not none_ran,
+                              description="No mesh could run the job at all: every mesh runs FSDP2, which this job's "
+                                          "settings rule out (transformers' Adafactor).")
 
 
 class MeshNotFaster(ReasonModel):

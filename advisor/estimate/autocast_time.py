@@ -109,3 +109,25 @@ def autocast_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile",
             f", and the trainable ones' gradients back in backward: {seconds:.3f} s a micro-batch at "
             f"{cost.down_hbm_efficiency:.0%} / {cost.up_hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s "
             "(down / up, measured on an H100)")
+
+
+def one_rank_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig", impl: "Implementation",
+                    eff: "EfficiencyProfile") -> tuple[float, float]:
+    """(forward, backward) seconds of FSDP2's casts a micro-batch on a group of one rank
+    (``fsdp2_one_rank.one_rank_cast_bytes``), at the shares of HBM bandwidth measured for casts down and up."""
+    from advisor.estimate.fsdp2_one_rank import one_rank_cast_bytes
+
+    down, back = one_rank_cast_bytes(spec, training, reshard_after_forward=impl.reshard_after_forward)
+    if not down:
+        return 0.0, 0.0
+    cost, datasheet = eff.autocast_casts, hw.gpu.hbm_bandwidth_gbps * 1e9
+    grads = back - (down if impl.reshard_after_forward else 0)
+    return down / (datasheet * cost.down_hbm_efficiency), ((back - grads) / (datasheet * cost.down_hbm_efficiency)
+                                                           + grads / (datasheet * cost.up_hbm_efficiency))
+
+
+def one_rank_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile") -> str:
+    cost = eff.autocast_casts
+    return (f"FSDP2 on one rank casts every fp32 parameter to the compute dtype at each unshard and the gradients back "
+            f"for its reduce: {seconds:.3f} s a micro-batch at {cost.down_hbm_efficiency:.0%} / "
+            f"{cost.up_hbm_efficiency:.0%} of {hw.gpu.hbm_bandwidth_gbps:,.0f} GB/s (down / up, measured on an H100)")

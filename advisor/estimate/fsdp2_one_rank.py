@@ -13,12 +13,20 @@ and the previous one until the loop variable is rebound, so at most the group's 
 one copy of its largest parameter (``unshard_copy_bytes``). A bf16 frozen base (LoRA's
 ``low_precision_base``) and pure bf16 or fp32 cast nothing. Measured on the simulated step
 (tests/estimate/test_fsdp2_one_rank.py). Pure: no torch import.
+
+The same copy-in is time (``one_rank_cast_bytes``, charged by ``step_time`` as autocast's casts are): on a group
+of one the shard is the whole parameter, so every unshard casts every fp32 parameter to ``param_dtype`` (4 bytes read,
+2 written), once a forward, and again in backward where the group reshards after forward (zero3); and
+``foreach_reduce`` copies each unsharded gradient into its ``reduce_dtype`` (fp32) reduce-scatter input (2 read, 4
+written) a micro-batch (``_fsdp_collectives.py``). Where the group has more ranks the casts are of a shard, and the
+gradients' copy is counted with the collectives' bytes as their cost is, so nothing is added there.
 """
 
 from __future__ import annotations
 
 from advisor.estimate.activations import shape_of
 from advisor.model.spec import ModelSpec
+from advisor.precision import FP32
 from advisor.training import TrainingConfig
 
 
@@ -35,3 +43,16 @@ def unshard_copy_bytes(spec: ModelSpec, training: TrainingConfig, *, ub: int, ro
     if not training.low_precision_base:  # every parameter rests in fp32 (a full fine-tune, or an fp32 base)
         return ub * largest_root, ub * largest_block
     return ub * min(largest_root, root_trainable), ub * min(largest_block, block_trainable)
+
+
+def one_rank_cast_bytes(spec: ModelSpec, training: TrainingConfig, *, reshard_after_forward: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes one micro-batch's casts move on an FSDP2 group of one rank under bf16/fp16
+    mixed precision (module docstring): the fp32 parameters cast at each unshard (every parameter of a full fine-tune
+    or an fp32 LoRA base; a bf16 base's or a quantised base's trainable ones only), the trainable ones' gradients
+    cast up for the reduce. (0, 0) where nothing rests in fp32 (pure bf16, fp32, DeepSpeed)."""
+    if not training.mixed or training.engine != "torch":
+        return 0, 0
+    per_weight = FP32 + training.compute_bytes
+    cast = spec.trainable_params if (training.low_precision_base or training.quantize is not None) else spec.total_params
+    down = cast * per_weight
+    return down, (down if reshard_after_forward else 0) + spec.trainable_params * per_weight

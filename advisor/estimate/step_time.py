@@ -69,7 +69,7 @@ from advisor.estimate.accumulation import reduces_once_a_step
 from advisor.estimate.activations import shape_of
 from advisor.estimate.activations_loss import NLL_CHUNK
 from advisor.estimate.adapter_time import adapter_note, adapter_s
-from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s
+from advisor.estimate.autocast_time import autocast_cast_note, autocast_cast_s, one_rank_cast_note, one_rank_cast_s
 from advisor.estimate.host_time import host_floor_note, host_floor_s
 from advisor.estimate.quantized import dequantization_note, dequantization_step_s, stored_param_bytes
 from advisor.estimate.strategy_buffers import fsdp2_reduce_bytes
@@ -473,7 +473,9 @@ def estimate_step_time(
     fwd_s, bwd_s = flops.forward / rate, (flops.backward + flops.recompute) / rate
     deq_fwd, deq_bwd = dequantization_step_s(spec, hardware, training, eff, checkpointing=checkpointing)
     ad_fwd, ad_bwd = adapter_s(spec, hardware, training, impl, eff, tokens=tokens_micro, checkpointing=checkpointing)
-    ac_fwd, ac_bwd = autocast_cast_s(spec, hardware, training, impl, eff, checkpointing=checkpointing)
+    one_rank = impl.shard_params and hardware.world_size == 1  # FSDP2 on one rank: it casts whole parameters
+    ac_fwd, ac_bwd = (one_rank_cast_s(spec, hardware, training, impl, eff) if one_rank else
+                      autocast_cast_s(spec, hardware, training, impl, eff, checkpointing=checkpointing))
     ew = elementwise_time(spec, hardware, training, eff, tokens=tokens_micro, checkpointing=checkpointing,
                           flops=flops, rate=rate, peak=peak * TFLOPS)
     ew_fwd, ew_bwd = (ew.forward, ew.backward) if ew else (0.0, 0.0)
@@ -528,7 +530,8 @@ def estimate_step_time(
     if ad_fwd:
         notes.append(adapter_note(ad_fwd + ad_bwd, hardware, eff, compiled=bool(training.compile)))
     if ac_fwd:
-        notes.append(autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
+        notes.append(one_rank_cast_note(ac_fwd + ac_bwd, hardware, eff) if one_rank else
+                     autocast_cast_note(ac_fwd + ac_bwd, hardware, eff, checkpointing=checkpointing))
     if head_gathers:
         chunks = -(-tokens_micro // NLL_CHUNK)
         notes.append(f"TRL's chunked_nll under ZeRO-3 gathers the head for each of its {chunks} chunks a micro-batch, "

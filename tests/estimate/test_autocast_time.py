@@ -84,3 +84,26 @@ def test_seconds_at_the_measured_shares_of_hbm_bandwidth_and_the_step_grows_by_t
     monkeypatch.setattr(step_time_module, "autocast_cast_s", lambda *a, **k: (0.0, 0.0))
     without = estimate_step_time(llama1b, hw, training, impl, micro_batch_size=4, checkpointing=False)
     assert step.compute_s - without.compute_s == pytest.approx(2.634999e-3 + 4.024362e-3, rel=1e-6)
+
+
+def test_fsdp2_on_one_rank_casts_whole_parameters_each_unshard(llama1b):
+    """On a group of one FSDP2's copy-in casts the whole fp32 parameter (advisor.estimate.fsdp2_one_rank): Llama-3.2-1B,
+    1,235,814,400 parameters, 6 bytes each way. zero3 unshards in forward and again in backward: forward
+    7,414,886,400 bytes at 2.814e12 B/s = 2.634999 ms; backward the same again plus the gradients' casts up for the
+    reduce, 7,414,886,400 at 1.8425e12 = 4.024362 ms: 6.659361 ms. zero2 keeps the forward's unshard: backward 4.024362
+    ms. On 8 ranks the casts are of shards: nothing is added."""
+    from advisor.estimate.autocast_time import one_rank_cast_s
+
+    hw, training, eff = parse_gpus("1xH100"), TrainingConfig(), load_efficiency()
+    fwd, bwd = one_rank_cast_s(llama1b, hw, training, STRATEGIES["zero3"].on("torch"), eff)
+    assert fwd == pytest.approx(2.634999e-3, rel=1e-6) and bwd == pytest.approx(6.659361e-3, rel=1e-6)
+    _, bwd2 = one_rank_cast_s(llama1b, hw, training, STRATEGIES["zero2"].on("torch"), eff)
+    assert bwd2 == pytest.approx(4.024362e-3, rel=1e-6)
+    one = estimate_step_time(llama1b, hw, training, STRATEGIES["zero3"].on("torch"), micro_batch_size=4,
+                             checkpointing=False)
+    assert any(n.startswith("FSDP2 on one rank casts every fp32 parameter") for n in one.notes)
+    eight = estimate_step_time(llama1b, parse_gpus("8xH100"), training, STRATEGIES["zero3"].on("torch"),
+                               micro_batch_size=4, checkpointing=False)
+    assert not any(n.startswith("FSDP2 on one rank") for n in eight.notes)
+    pure = one_rank_cast_s(llama1b, hw, TrainingConfig(precision="bf16"), STRATEGIES["zero3"].on("torch"), eff)
+    assert pure == (0.0, 0.0)

@@ -152,6 +152,7 @@ def simulate(
     import torch
 
     from advisor.simulate.heads import task_targets
+    from advisor.simulate.profile import quiet_transformers  # the model's own log warnings are not the step's
 
     tell = progress or (lambda stage: None)
     start = time.perf_counter()
@@ -160,7 +161,7 @@ def simulate(
     tell("build")
     meta = meta_model(cfg, training)
     with fake_process_group(world_size), fake, cuda_autocast_policy(training), unpacked_batches(), \
-            cuda_dropout(), cuda_kernels(), dora_weight_unhooked():
+            cuda_dropout(), cuda_kernels(), dora_weight_unhooked(), quiet_transformers():
         net, trainable = _build(meta, training, trainable_params, real=real_tensors)
         tell("wrap")
         net, opt, notes = _wrap(net, strategy, impl, training, checkpointing)

@@ -44,7 +44,7 @@ from advisor.planning.policy import choose, choose_fastest, default_strategy, of
 from advisor.planning.smallest import SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
 from advisor.planning.remedies import (find_remedies, headroom_line, offload_line, pinned_remedies, remedy_fits,
-                                       remedy_reason)
+                                       remedy_reason, single_process_line)
 from advisor.planning.render import render
 from advisor.strategies import STRATEGIES, get_strategy
 from advisor.training import TrainingConfig
@@ -160,6 +160,8 @@ def _with_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, cand
         line = offload_line(remedies, chosen, reference=default_strategy(spec, world=hw.world_size)[0])
     elif remedy_reason(spec, candidates, chosen, world=hw.world_size, training=training) == "past headroom":
         line = headroom_line(remedies, chosen, training)
+    elif STRATEGIES[chosen.strategy].on(chosen.engine).single_process and hw.world_size > 1:
+        line = single_process_line(remedies, chosen)  # DataParallel as the fallback: what runs faster, first
     return validated_copy(recommendation, {"remedies": remedies}), ([line] if line else []) + why
 
 

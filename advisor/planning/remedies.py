@@ -514,6 +514,22 @@ def headroom_line(remedies: tuple[Remedy, ...], chosen: Candidate, training: Tra
                             remedy_samples=best.own_samples, samples=best.plan_samples)
 
 
+def single_process_line(remedies: tuple[Remedy, ...], chosen: Candidate) -> r.SingleProcessRemedy | None:
+    """The first reason of a plan that falls back to DataParallel: the best remedy that runs on the GPUs alone, within
+    the --headroom and faster (``SAME_SPEED``), those that keep the mathematics first; None where none does."""
+    if chosen.step_time is None:
+        return None
+    speed = chosen.step_time.tokens_per_s * (1 + SAME_SPEED)
+    better = [x for x in remedies if x.fits and not x.past_headroom and (x.tokens_per_s or 0) > speed]
+    best = next((x for x in better if x.keeps_math), better[0] if better else None)
+    if best is None:
+        return None
+    return r.SingleProcessRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s,
+                                 remedy=best.name, keeps_math=best.keeps_math, remedy_strategy=best.strategy,
+                                 remedy_step_s=best.step_s, remedy_tokens_per_s=best.tokens_per_s,
+                                 remedy_mesh=best.mesh, remedy_samples=best.own_samples, samples=best.plan_samples)
+
+
 def remedy_fits(remedy: Remedy) -> r.RemedyFits:
     """Nothing fits: what one remedy leads to."""
     return r.RemedyFits(remedy=remedy.name, keeps_math=remedy.keeps_math, strategy=remedy.strategy, fits=remedy.fits,

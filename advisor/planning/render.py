@@ -211,6 +211,15 @@ def _headroom_remedy(x: r.HeadroomRemedy) -> str:
             f"({x.remedy_tokens_per_s / x.tokens_per_s:.2f}x){_own_step(x.remedy_samples, x.samples)}.")
 
 
+def _single_process_remedy(x: r.SingleProcessRemedy) -> str:
+    kind = "keeps the mathematics" if x.keeps_math else "changes the mathematics"
+    on = f" on mesh {x.remedy_mesh}" if x.remedy_mesh else ""
+    return (f"{x.strategy} (torch.nn.DataParallel: one process drives every GPU, and GPU 0 gathers the outputs and "
+            f"steps the optimizer) is the only strategy that fits here; with {x.remedy} ({kind}), {x.remedy_strategy}"
+            f"{on} runs on the GPUs alone at {x.remedy_step_s:.2f} s/step, {x.remedy_tokens_per_s:,.0f} tokens/s "
+            f"({x.remedy_tokens_per_s / x.tokens_per_s:.2f}x){_own_step(x.remedy_samples, x.samples)}.")
+
+
 def _own_step(own: int | None, plan: int | None) -> str:
     """A remedy's mesh at its own micro-batch: ``, on its own 1 sample a step where this plan steps on 8``."""
     if own is None:
@@ -493,6 +502,7 @@ _RENDER: dict[str, Callable] = {
     "Tradeoff": _tradeoff,
     "OffloadRemedy": _offload_remedy,
     "HeadroomRemedy": _headroom_remedy,
+    "SingleProcessRemedy": _single_process_remedy,
     "RemedyFits": _remedy_fits,
     "LossPeak": _loss_peak,
     "LossWouldFit": _loss_would_fit,
@@ -602,7 +612,7 @@ def headline_reason(plan) -> str:
         if type(first).__name__ == "OffloadRemedy" and chosen is not None:
             return offload_remedy_with_host(first, chosen.cpu_memory_bytes)
         return render(first)
-    if plan.reasons and type(plan.reasons[0]).__name__ in ("BeyondContext", "HeadroomRemedy"):
+    if plan.reasons and type(plan.reasons[0]).__name__ in ("BeyondContext", "HeadroomRemedy", "SingleProcessRemedy"):
         return render(plan.reasons[0])  # a length past the model's context: that first
     roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
     if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next

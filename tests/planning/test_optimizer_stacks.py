@@ -57,3 +57,17 @@ def test_a_base_whose_config_states_no_dtype_loads_in_float32():
     assert bert == 4 and any("frozen base in float32" in note for note in result.assumptions)
     assert base_bytes("Qwen/Qwen2.5-0.5B")[0] == 2
     assert base_bytes("google-bert/bert-large-uncased", task="sequence-classification", frozen_base="compute")[0] == 2
+
+
+def test_a_dataparallel_fallback_opens_with_the_remedy_that_runs_faster():
+    """Qwen2.5-7B under Adafactor on 2 A100s: FSDP2 cannot step it, ddp and zero1 do not fit, so the plan falls back to
+    DataParallel (5,278 tokens/s). The first line names what runs faster on the GPUs alone, FSDP1 (zero2 at 8,297
+    tokens/s, the --fsdp-version 1 remedy), where it had opened with the unavailable zero3 (the review of issue 19)."""
+    result = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor")
+    assert result.recommendation.strategy == "dp"
+    first = result.reasons[0]
+    assert first.kind == "single-process-remedy" and first.remedy == "--fsdp-version 1" and first.keeps_math
+    fsdp1 = plan("Qwen/Qwen2.5-7B", "2xA100", optimizer="adafactor", fsdp_version=1).chosen
+    assert (first.remedy_strategy, first.remedy_tokens_per_s) == (fsdp1.strategy, fsdp1.step_time.tokens_per_s)
+    assert first.remedy_tokens_per_s > 1.5 * first.tokens_per_s
+    assert result.why[0].startswith("dp (torch.nn.DataParallel: one process drives every GPU")

@@ -299,6 +299,18 @@ class HeadroomRemedy(_RemedyLine):
     samples: PlanSamples = None
 
 
+class SingleProcessRemedy(_RemedyLine):
+    """The first line of a plan that falls back to DataParallel (one process, GPU 0 the bottleneck): the best remedy
+    that runs faster on the GPUs alone, in numbers."""
+
+    kind: Literal["single-process-remedy"] = "single-process-remedy"
+    remedy_step_s: float
+    remedy_tokens_per_s: float
+    remedy_mesh: RemedyMesh = None
+    remedy_samples: RemedySamples = None
+    samples: PlanSamples = None
+
+
 class RemedyFits(ReasonModel):
     """Nothing fits: ``with --lora 16 (changes the mathematics), zero3 fits on the GPUs alone: ...``"""
 

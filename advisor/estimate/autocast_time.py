@@ -95,11 +95,16 @@ def autocast_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig
     """(forward, backward) seconds of the casts a micro-batch, on the compute stream (they add to compute): the
     weights' casts down at the GPU's HBM bandwidth x ``autocast_casts.down_hbm_efficiency``, the gradients' casts
     up at ``up_hbm_efficiency`` (measured apart on an H100: benchmarks/results/gpu_cast_bandwidth.md)."""
-    down, recompute, up = _cast_bytes(spec, training, impl, checkpointing=checkpointing)
+    return _cast_seconds(*_cast_bytes(spec, training, impl, checkpointing=checkpointing), hw, eff)
+
+
+def _cast_seconds(down: int, again: int, up: int, hw: "Hardware", eff: "EfficiencyProfile") -> tuple[float, float]:
+    """(forward, backward) seconds of casts down in forward, down again in backward and up in backward, at the shares
+    of HBM bandwidth measured for casts down and up (0, 0 where nothing is cast)."""
     if not down:
         return 0.0, 0.0
     cost, datasheet = eff.autocast_casts, hw.gpu.hbm_bandwidth_gbps * 1e9
-    return down / (datasheet * cost.down_hbm_efficiency), (recompute / (datasheet * cost.down_hbm_efficiency)
+    return down / (datasheet * cost.down_hbm_efficiency), (again / (datasheet * cost.down_hbm_efficiency)
                                                            + up / (datasheet * cost.up_hbm_efficiency))
 
 
@@ -117,13 +122,7 @@ def one_rank_cast_s(spec: "ModelSpec", hw: "Hardware", training: "TrainingConfig
     (``fsdp2_one_rank.one_rank_cast_bytes``), at the shares of HBM bandwidth measured for casts down and up."""
     from advisor.estimate.fsdp2_one_rank import one_rank_cast_bytes
 
-    down, back = one_rank_cast_bytes(spec, training, reshard_after_forward=impl.reshard_after_forward)
-    if not down:
-        return 0.0, 0.0
-    cost, datasheet = eff.autocast_casts, hw.gpu.hbm_bandwidth_gbps * 1e9
-    grads = back - (down if impl.reshard_after_forward else 0)
-    return down / (datasheet * cost.down_hbm_efficiency), ((back - grads) / (datasheet * cost.down_hbm_efficiency)
-                                                           + grads / (datasheet * cost.up_hbm_efficiency))
+    return _cast_seconds(*one_rank_cast_bytes(spec, training, reshard_after_forward=impl.reshard_after_forward), hw, eff)
 
 
 def one_rank_cast_note(seconds: float, hw: "Hardware", eff: "EfficiencyProfile") -> str:

@@ -45,14 +45,16 @@ def unshard_copy_bytes(spec: ModelSpec, training: TrainingConfig, *, ub: int, ro
     return ub * min(largest_root, root_trainable), ub * min(largest_block, block_trainable)
 
 
-def one_rank_cast_bytes(spec: ModelSpec, training: TrainingConfig, *, reshard_after_forward: bool) -> tuple[int, int]:
-    """(forward, backward) HBM bytes one micro-batch's casts move on an FSDP2 group of one rank under bf16/fp16
-    mixed precision (module docstring): the fp32 parameters cast at each unshard (every parameter of a full fine-tune
-    or an fp32 LoRA base; a bf16 base's or a quantised base's trainable ones only), the trainable ones' gradients
-    cast up for the reduce. (0, 0) where nothing rests in fp32 (pure bf16, fp32, DeepSpeed)."""
+def one_rank_cast_bytes(spec: ModelSpec, training: TrainingConfig, *,
+                        reshard_after_forward: bool) -> tuple[int, int, int]:
+    """(forward's casts down, backward's casts down, backward's casts up) in HBM bytes of one micro-batch on an FSDP2
+    group of one rank under bf16/fp16 mixed precision (module docstring): the fp32 parameters cast at each unshard
+    (every parameter of a full fine-tune or an fp32 LoRA base; a bf16 base's or a quantised base's trainable ones
+    only), again in backward where the group reshards after forward, and the trainable ones' gradients cast up for
+    the reduce. Zeros where nothing rests in fp32 (pure bf16, fp32, DeepSpeed)."""
     if not training.mixed or training.engine != "torch":
-        return 0, 0
+        return 0, 0, 0
     per_weight = FP32 + training.compute_bytes
     cast = spec.trainable_params if (training.low_precision_base or training.quantize is not None) else spec.total_params
     down = cast * per_weight
-    return down, (down if reshard_after_forward else 0) + spec.trainable_params * per_weight
+    return down, down if reshard_after_forward else 0, spec.trainable_params * per_weight

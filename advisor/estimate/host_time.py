@@ -121,9 +121,8 @@ def _adapted_linears(spec: "ModelSpec", training: "TrainingConfig") -> int:
 
 def host_ops(spec: "ModelSpec", training: "TrainingConfig", impl: "Implementation", *, checkpointing: bool) -> int:
     """ATen operators one micro-batch launches (module docstring)."""
-    from advisor.estimate.memory import recipe_dtypes
-
     from advisor.estimate.activations import shape_of
+    from advisor.estimate.memory import recipe_dtypes
 
     family = load_host_overhead().families[_family(spec)[0]]
     counts = family.autocast if recipe_dtypes(training, impl).input_casts else family.plain

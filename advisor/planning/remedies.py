@@ -125,11 +125,14 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     # slower than the plan (more GPUs on a mesh can: 405B on twice the H100s at 0.6x) ranks among the rest by its
     # tokens/s. An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
     # other remedies of their group whatever their tokens/s.
-    def better(x: Remedy) -> bool:  # within the headroom too: one at 99.9% of the GPU ranks with the rest
-        return x.fits and not x.past_headroom and (x.tokens_per_s or 0) >= current * (1 - SAME_SPEED)
+    return tuple(sorted(found, key=lambda r: (not r.keeps_math, not _roomy_at(r, current * (1 - SAME_SPEED)),
+                                              r.name.startswith("--gpus"), -(r.tokens_per_s or 0), -r.saved_gib)))
 
-    return tuple(sorted(found, key=lambda r: (not r.keeps_math, not better(r), r.name.startswith("--gpus"),
-                                              -(r.tokens_per_s or 0), -r.saved_gib)))
+
+def _roomy_at(remedy: Remedy, speed: float) -> bool:
+    """The remedy's plan runs on the GPUs alone, within the --headroom (one at 99.9% of the GPU ranks with the rest),
+    at ``speed`` tokens/s or more."""
+    return remedy.fits and not remedy.past_headroom and (remedy.tokens_per_s or 0) >= speed
 
 
 def _helps(remedy: Remedy, *, on_gpu_now: bool, current: float) -> bool:
@@ -483,14 +486,10 @@ def offload_line(remedies: tuple[Remedy, ...], chosen: Candidate, *, reference: 
     if chosen.step_time is None:
         return None
     speed = chosen.step_time.tokens_per_s
-
-    def gpu_only(x: Remedy) -> bool:
-        return x.fits and not x.past_headroom and (x.tokens_per_s or 0) >= speed * (1 - SAME_SPEED)
-
     keeping = [x for x in remedies if x.keeps_math]
-    best = next((x for x in keeping if gpu_only(x)), None) or next(
+    best = next((x for x in keeping if _roomy_at(x, speed * (1 - SAME_SPEED))), None) or next(
         (x for x in keeping if (x.tokens_per_s or 0) > speed * (1 + SAME_SPEED)), None) or next(
-        (x for x in remedies if gpu_only(x)), remedies[0] if remedies else None)
+        (x for x in remedies if _roomy_at(x, speed * (1 - SAME_SPEED))), remedies[0] if remedies else None)
     if best is None or best.tokens_per_s is None:
         return None
     return r.OffloadRemedy(strategy=chosen.strategy, tokens_per_s=chosen.step_time.tokens_per_s, remedy=best.name,
@@ -519,8 +518,7 @@ def single_process_line(remedies: tuple[Remedy, ...], chosen: Candidate) -> r.Si
     the --headroom and faster (``SAME_SPEED``), those that keep the mathematics first; None where none does."""
     if chosen.step_time is None:
         return None
-    speed = chosen.step_time.tokens_per_s * (1 + SAME_SPEED)
-    better = [x for x in remedies if x.fits and not x.past_headroom and (x.tokens_per_s or 0) > speed]
+    better = [x for x in remedies if _roomy_at(x, chosen.step_time.tokens_per_s * (1 + SAME_SPEED))]
     best = next((x for x in better if x.keeps_math), better[0] if better else None)
     if best is None:
         return None

@@ -66,17 +66,14 @@ def verify(plan: Plan, *, strategy: str | None = None, real_tensors: bool = Fals
            progress: Progress | None = None, timeline: bool = False) -> Verification:
     """Simulate ``plan``'s recommended candidate (or ``strategy``) and compare with its estimate;
     ``timeline`` also records the step segment by segment (``simulated.timeline``)."""
-    name = strategy or (plan.recommendation.strategy if plan.recommendation else None)
-    if name is None:
-        raise ValueError("nothing fits, so there is no candidate to simulate; pass --strategy and --micro-batch")
-    if strategy is None and plan.recommendation.mesh is not None:
-        raise ValueError(f"the simulator runs data-parallel steps; the recommendation runs on mesh "
-                         f"{plan.recommendation.mesh.label}: pass --strategy to simulate a data-parallel candidate")
+    why = unverified_reason(plan, strategy)
+    if why is not None:
+        raise ValueError(why)
+    name = strategy or plan.recommendation.strategy
     candidate = plan.candidate(name)
     if candidate.memory_bytes is None or candidate.micro_batch_size is None:
         raise ValueError(f"strategy {name} has no estimate here ({candidate.unavailable_reason or 'does not fit'}); "
                          "pass --micro-batch")
-    refuse_unsimulated(plan)
     spec = plan.model
     partial = spec.trainable_params < spec.total_params and plan.training.lora is None  # LoRA: PEFT freezes
     trainable = spec.trainable_params if partial else None

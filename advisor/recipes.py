@@ -106,8 +106,9 @@ class Recipe(BaseModel):
                                     "(the precision's parameter dtype, fp32). Adapters stay in the parameter dtype.")
     loss: LossKernel = Field(description="The loss kernel it runs unless --loss says otherwise.")
     sources: dict[str, str] = Field(description="Fact name -> the framework source it was read from.")
-    zero: ZeroFacts | None = Field(default=None, description="DeepSpeed ZeRO's own buffers, read from its source; "
-                                   "None: the ZeRO paper's accounting alone.")
+    zero: ZeroFacts | None = Field(default=None, description="DeepSpeed ZeRO's own buffers, read from its source "
+                                   "(the deepspeed row; they are the engine's, so every recipe on --engine deepspeed "
+                                   "plans with them: recipes.deepspeed_zero_facts).")
     zero_grad: ZeroGrad = Field(default="before_forward", description="When the loop frees the previous step's "
                                 "gradients: before the forward (after the optimizer step, or first thing in the "
                                 "step), or only before the backward, so they live through the forward and the loss.")
@@ -268,6 +269,12 @@ def load_recipes() -> dict[str, Recipe]:
     """Every recipe by name, validated (``profiles/recipes.json``)."""
     table = RecipeTable.model_validate(json.loads((PROFILES_DIR / "recipes.json").read_text()))
     return {r.name: r for r in table.recipes}
+
+
+def deepspeed_zero_facts() -> ZeroFacts | None:
+    """What DeepSpeed's ZeRO optimizers allocate: the deepspeed row's ``zero`` facts, which are the engine's, so
+    they hold under any recipe on ``--engine deepspeed`` (``advisor.estimate.zero_buffers``)."""
+    return load_recipes()["deepspeed"].zero
 
 
 def get_recipe(name: str) -> Recipe:

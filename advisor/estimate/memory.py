@@ -46,7 +46,7 @@ compare on one footing.
 Model states follow the engine (``advisor.estimate.states``). What the strategy holds beyond
 them, torch engine: DDP keeps a second copy of the gradients in its buckets
 (``gradient_as_bucket_view=False``); autocast keeps bf16 copies of the weights for backward; FSDP2
-all-gathers bf16 blocks. Deepspeed engine under a recipe with DeepSpeed's ZeRO facts (the deepspeed row):
+all-gathers bf16 blocks. Deepspeed engine at ZeRO stage 1 or more, whichever recipe drives it (DeepSpeed's ZeRO facts, the deepspeed row):
 ZeRO's IPG buffers, flat gradient partition and the step's copies (``advisor.estimate.zero_buffers``), and
 its flat states get no allocator gap (``_flat_bytes``).
 
@@ -510,7 +510,7 @@ def memory_at_moments(states: ModelStates, acts: ActivationEstimate, buffers: St
     ``held_grads``: gradients already allocated during forward and backward (a pipeline rank's own,
     from its first backward on: ``advisor.estimate.pipeline``; accumulated over micro-batches:
     ``advisor.estimate.accumulation``). ``flat_param_bytes``: the parameters a
-    ZeRO recipe holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
+    ZeRO holds flat (its trainable ones; None: all of them), which get no allocator gap. ``loss_kept``:
     what the loss keeps for its backward (``activations_loss.loss_kept_bytes``), live when the loss backward begins.
     ``kv_cache``: what a kept KV cache adds at each moment (``advisor.estimate.kv_cache``). ``last_block_acts``:
     the activations live at the last block's forward (``last_block_activations``; None: not estimated).
@@ -688,16 +688,15 @@ def reduce_scatter_pool_bytes(moments: dict[str, dict[str, int]], peak: int, tra
 
 def _flat_bytes(parts: dict[str, int], moment: str, training: TrainingConfig, impl: Implementation,
                 flat_param_bytes: int | None) -> int:
-    """Bytes of the peak the caching allocator holds without a gap: under a recipe with DeepSpeed's ZeRO
-    facts, the model states of the trainable parameters (ZeRO keeps their weights, gradient partition,
+    """Bytes of the peak the caching allocator holds without a gap: on DeepSpeed's ZeRO (stage 1 or more), the model states of the trainable parameters (ZeRO keeps their weights, gradient partition,
     master weights and moments as a few flat tensors; a frozen base stays in per-parameter tensors) and,
     at the step, its flat copies of the gradient partition. A plain-torch replay of
     the ZeRO-2 step's allocations (Llama-2-7B, one rank of two, H100; benchmarks/zero2_step_replay.py)
     peaked at 75.31 GiB allocated and 75.63 GiB reserved: a gap of 0.4%, not the calibrated 10.4%, which
     was fitted on torch runs of many tensors. Elsewhere: 0 (the calibrated gap applies to the whole peak)."""
-    if training.engine != "deepspeed" or training.recipe.zero is None:
+    if training.engine != "deepspeed":
         return 0
-    from advisor.estimate.zero_buffers import zero_facts  # loaded only for a ZeRO recipe
+    from advisor.estimate.zero_buffers import zero_facts  # loaded only for the deepspeed engine
 
     if zero_facts(training, impl) is None:
         return 0

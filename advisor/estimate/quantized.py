@@ -332,16 +332,13 @@ def _strategy_moments(spec: ModelSpec, training: "TrainingConfig", impl: Impleme
         from advisor.estimate.zero_buffers import zero_facts, zero_strategy_buffers  # DeepSpeed's own buffers
 
         facts = zero_facts(training, impl)
-        if facts is not None:  # the recipe's ZeRO facts, over the packed base (ZeRO-3 gathers it packed)
+        if facts is not None:  # ZeRO stage 1+, over the packed base (ZeRO-3 gathers it packed)
             packed = q.packed_bytes + training.compute_bytes * (spec.total_params - q.params)
             zero = zero_strategy_buffers(spec, training, impl, world, facts, packed_bytes=packed)
             return validated_copy(zero, {"persistent": zero.persistent + on_gpu_constants})
-        buckets = deepspeed_buckets(spec, training.zero)
-        bucket = 2 * min(trainable, buckets.reduce_elements)
-        stored = q.packed_bytes + 2 * (spec.total_params - q.params)
-        own = 0 if impl.offload_params else stored // world
-        live = min(stored - own, 2 * buckets.max_live_parameters) if impl.shard_params else 0
-        return StrategyBuffers(persistent=bucket + on_gpu_constants, at_loss=live, in_backward=live)
+        # ZeRO stage 0 (ddp on the engine): one reduce bucket of the adapters' 16-bit gradients.
+        bucket = 2 * min(trainable, deepspeed_buckets(spec, training.zero).reduce_elements)
+        return StrategyBuffers(persistent=bucket + on_gpu_constants, at_loss=0, in_backward=0)
     pb = training.param_bytes
     if impl.shard_params:  # FSDP2 (strategy_buffers.estimate_strategy_buffers), blocks gathered packed
         ub = training.compute_bytes if training.mixed else pb

@@ -190,7 +190,7 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
                FP32 * largest_trainable_params(spec, training) if steps_per_tensor(training) else 0)
     temp = optimizer_step_temporary(training, trainable_bytes=FP32 * t // share, largest_bytes=-(-largest // share),
                                     element_bytes=FP32)
-    from advisor.estimate.zero_buffers import zero_facts, zero_step_temporary  # a recipe with DeepSpeed's facts
+    from advisor.estimate.zero_buffers import zero_facts, zero_step_temporary  # ZeRO stage 1+ on the deepspeed engine
 
     facts = zero_facts(training, impl)
     if facts is not None:

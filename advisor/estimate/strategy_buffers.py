@@ -85,19 +85,12 @@ def estimate_strategy_buffers(spec: ModelSpec, training: TrainingConfig, impl: I
         from advisor.estimate.zero_buffers import zero_facts, zero_strategy_buffers
 
         facts = zero_facts(training, impl)
-        if facts is not None:  # the recipe carries DeepSpeed's own buffers (profiles/recipes.json)
+        if facts is not None:  # ZeRO stage 1+: DeepSpeed's own buffers (profiles/recipes.json)
             return zero_strategy_buffers(spec, training, impl, world, facts)
 
-        buckets = deepspeed_buckets(spec, training.zero)
-        # The IPG buffer: one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
-        bucket = 2 * min(spec.trainable_params, buckets.reduce_elements)
-        # Gathered parameters, capped by stage3_max_live_parameters. On
-        # the GPU the rank's own partition is part of the gathered tensor, so at most the whole
-        # model is resident, as under ZeRO-2; offloaded partitions live on the CPU.
-        own = 0 if impl.offload_params else spec.total_params // world
-        gathered = spec.total_params - own
-        live = 2 * min(gathered, buckets.max_live_parameters) if impl.shard_params else 0
-        return StrategyBuffers(persistent=bucket, at_loss=live, in_backward=live)
+        # ZeRO stage 0 (dp / ddp on the engine): one reduce bucket of 16-bit gradients (reduce_bucket_size elements).
+        bucket = 2 * min(spec.trainable_params, deepspeed_buckets(spec, training.zero).reduce_elements)
+        return StrategyBuffers(persistent=bucket, at_loss=0, in_backward=0)
     pb = training.param_bytes
     tb = training.trainable_param_bytes  # a trainable parameter's gradient (fp32 adapters: fp32)
     if impl.shard_params and training.fsdp_version == 1:  # FullyShardedDataParallel's flat parameters

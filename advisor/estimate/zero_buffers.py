@@ -1,7 +1,10 @@
-"""DeepSpeed ZeRO's own buffers, for a recipe whose row carries ``zero`` facts (``advisor.recipes.ZeroFacts``:
-the deepspeed row of ``profiles/recipes.json``, each fact cited there from DeepSpeed's source). Without
-those facts (a torch-side recipe handed to DeepSpeed) the estimate keeps the ZeRO paper's accounting
-(``advisor.estimate.states``, ``advisor.estimate.strategy_buffers``).
+"""DeepSpeed ZeRO's own buffers (``advisor.recipes.ZeroFacts``: the deepspeed row of ``profiles/recipes.json``,
+each fact cited there from DeepSpeed's source). They are the engine's, so every recipe on the deepspeed engine
+plans with them: HF Trainer (through accelerate), Lightning's DeepSpeedStrategy and ``wrap()`` hand the model
+and their optimizer to ``deepspeed.initialize``, which wraps that optimizer in ZeRO's own
+(deepspeed/runtime/engine.py ``_configure_zero_optimizer``); the recipe still decides how that optimizer steps
+the flat partition (its ``optimizer_impl``). ZeRO stage 0 (ddp on the engine) keeps the paper's accounting
+(``advisor.estimate.strategy_buffers``).
 
 What the facts add to the resting states (2 bytes a parameter, 2 a gradient, 12 of optimizer state):
 
@@ -27,16 +30,17 @@ from advisor.estimate.buckets import deepspeed_buckets
 from advisor.estimate.states import FP32, optimizer_step_temporary
 from advisor.estimate.strategy_buffers import StrategyBuffers
 from advisor.model.spec import ModelSpec
-from advisor.recipes import ZeroFacts
+from advisor.recipes import ZeroFacts, deepspeed_zero_facts
 from advisor.strategies import Implementation
 from advisor.training import TrainingConfig
 
 
 def zero_facts(training: TrainingConfig, impl: Implementation) -> ZeroFacts | None:
-    """The recipe's ZeRO facts where they apply: the deepspeed engine at ZeRO stage 1 or more."""
+    """DeepSpeed's ZeRO facts where they apply: the deepspeed engine at ZeRO stage 1 or more, whichever recipe
+    drives it (the module docstring)."""
     if training.engine != "deepspeed" or not impl.shard_optimizer:
         return None
-    return training.recipe.zero
+    return deepspeed_zero_facts()
 
 
 def _partition_elements(spec: ModelSpec, world: int) -> int:

@@ -149,8 +149,8 @@ def context_basis(gpu: str, world: int) -> str:
 def overhead_notes(training: TrainingConfig, world: int, gpu: str = "") -> list[str]:
     """The allocator gap (calibrated unless overridden) and which end of the range decides the fit."""
     calibrated = {"reserve_gib", "fragmentation"}.isdisjoint(training.model_fields_set)
-    # A ZeRO recipe's flat states and step copies get no gap (advisor.estimate.memory._flat_bytes).
-    flat = " less ZeRO's flat states and step copies" if training.engine == "deepspeed" and training.recipe.zero else ""
+    # ZeRO's flat states and step copies get no gap (advisor.estimate.memory._flat_bytes).
+    flat = " less ZeRO's flat states and step copies" if training.engine == "deepspeed" else ""
     gap = (f"runtime overhead per GPU: the allocator's gap, {training.fragmentation:.1%} of the peak{flat} + "
            f"{training.reserve_gib:g} GiB, "
            + ("calibrated on real H100 runs (measured allocated -> reserved; the cases fitted and the held-out "

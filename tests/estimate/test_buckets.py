@@ -21,8 +21,9 @@ def test_exported_json_writes_the_buckets_the_estimate_assumed():
     spec = resolve_model("Qwen/Qwen2.5-7B")
     training = TrainingConfig(engine="deepspeed")
     buffers = estimate_strategy_buffers(spec, training, STRATEGIES["zero2"].on("deepspeed"), 8)
-    # The IPG buffer is one reduce bucket of bf16 gradients: 2 bytes x 3584^2, not 2 x 5e8.
-    assert buffers.persistent == 2 * HIDDEN_SQ == 25_690_112
+    # Two IPG buffers (overlap_comm) of one reduce bucket of bf16 gradients each: 2 x 2 bytes x 3584^2, not
+    # 2 x 2 x 5e8; beside them in backward the rank's flat gradient partition, 2 x 7,615,616,512 / 8.
+    assert buffers.in_backward == 2 * 2 * HIDDEN_SQ + 1_903_904_128 == 1_955_284_352
 
 
 def test_zero3_json_writes_prefetch_and_live_parameter_caps():

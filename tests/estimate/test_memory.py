@@ -179,9 +179,17 @@ def test_adding_gpus_never_raises_sharded_memory(spec, training, micro, ckpt, na
        gpus=st.sampled_from([2, 4, 8, 16]))
 def test_more_sharding_never_costs_more(spec, training, micro, ckpt, gpus):
     hw = parse_gpus(f"{gpus}xH100", nodes=1)
+    """Except DeepSpeed's ZeRO-3 against its ZeRO-2 (only against ddp): on a model under stage3_max_reuse_distance
+    (1e9 elements) ZeRO-3 releases no gathered parameter before backward reuses it, so it holds every parameter as
+    ZeRO-2 does and adds the IPG buffer and gradient buffer it keeps from initialisation (Qwen2.5-0.5B in fp32 on 2
+    GPUs: 4 x 896^2 = 3,211,264 B more)."""
+    names = ("ddp", "zero1", "zero2", "zero3")
     peaks = [estimate_memory(spec, hw, training, _impl(n, training.engine), micro_batch_size=micro,
-                             checkpointing=ckpt).peak_allocated for n in ("ddp", "zero1", "zero2", "zero3")]
-    assert peaks == sorted(peaks, reverse=True), dict(zip(("ddp", "zero1", "zero2", "zero3"), peaks))
+                             checkpointing=ckpt).peak_allocated for n in names]
+    if training.engine == "deepspeed":
+        assert peaks[3] <= peaks[0], dict(zip(names, peaks))
+        names, peaks = names[:3], peaks[:3]
+    assert peaks == sorted(peaks, reverse=True), dict(zip(names, peaks))
 
 
 @settings_
@@ -197,4 +205,7 @@ def test_freezing_never_raises_memory(spec, training, micro, ckpt, name, share):
     full = estimate_memory(spec, hw, training, impl, micro_batch_size=micro, checkpointing=ckpt)
     frozen = estimate_memory(spec.with_trainable(int(spec.total_params * share)), hw, training, impl,
                              micro_batch_size=micro, checkpointing=ckpt)
+    assert frozen.peak_allocated <= full.peak_allocated
+    if training.engine == "deepspeed" and impl.shard_optimizer:  # ZeRO's flat states get no allocator gap, a
+        return  # frozen base's per-parameter tensors do: where the states do not decide the peak it can reserve more
     assert frozen.total <= full.total

@@ -70,8 +70,10 @@ def test_adafactor_steps_one_tensor_at_a_time(strategy, world, precision, temp):
 
 def test_adafactor_under_deepspeed_steps_the_flat_partition():
     """DeepSpeed hands a client optimizer each rank's flat fp32 partition, one tensor: Adafactor's two fp32
-    temporaries are that partition's size (ZeRO-2 over 2 ranks: 2 x 4 x PARAMS / 2), not the largest parameter's."""
-    assert _temp("fused", "zero2", 2, optimizer="adafactor", engine="deepspeed") == 2 * 4 * PARAMS // 2
+    temporaries are that partition's size, not the largest parameter's. ZeRO-2 over 2 ranks, E = PARAMS / 2
+    elements a partition: ZeRO's fp32 cast of the flat gradient (4E) and Adafactor's two temporaries (2 x 4E),
+    less the bf16 partition freed once cast (2E): 10E."""
+    assert _temp("fused", "zero2", 2, optimizer="adafactor", engine="deepspeed") == (4 + 2 * 4 - 2) * PARAMS // 2
 
 
 def test_adafactor_under_deepspeed_keeps_the_whole_second_moment():

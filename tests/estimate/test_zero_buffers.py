@@ -129,13 +129,23 @@ def test_a_users_own_bucket_sizes_and_overlap_decide_the_ipg_buffers(qwen7b):
         500_000_000, False, 200_000_000)
 
 
-def test_a_torch_recipe_on_deepspeed_keeps_the_zero_paper_accounting(qwen7b):
-    """Only the deepspeed row carries DeepSpeed's facts: the torch recipe's plan is unchanged (one IPG
-    bucket at rest, 2 x 12,845,056 B; the fused step allocates nothing)."""
-    training = TrainingConfig(engine="deepspeed", optimizer_impl="fused")
-    buffers = estimate_strategy_buffers(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2)
-    assert buffers.persistent == 25_690_112 and buffers.in_backward == 0
-    assert model_states(qwen7b, training, STRATEGIES["zero2"].on("deepspeed"), 2).step_temporary == 0
+@pytest.mark.parametrize("recipe", ["torch", "trainer", "lightning"])
+def test_every_recipe_on_the_deepspeed_engine_holds_zeros_own_buffers(qwen7b, recipe):
+    """The buffers are the engine's: HF Trainer, Lightning and wrap() hand their optimizer to
+    deepspeed.initialize, which wraps it in ZeRO's. Under each recipe, ZeRO-2 on 2 GPUs holds in backward the
+    two IPG buffers and the flat partition (51,380,224 + 7,615,616,512 B, as worked above), and the fused step
+    the flat bf16 copy and its fp32 cast (7,615,616,512 + 15,231,233,024 B)."""
+    training = TrainingConfig(recipe=recipe, engine="deepspeed", optimizer_impl="fused")
+    impl = STRATEGIES["zero2"].on("deepspeed")
+    assert estimate_strategy_buffers(qwen7b, training, impl, 2).in_backward == 7_666_996_736
+    assert model_states(qwen7b, training, impl, 2).step_temporary == 7_615_616_512 + 15_231_233_024
+
+
+def test_zero_stage_0_keeps_one_reduce_bucket(qwen7b):
+    """ddp on the deepspeed engine (stage 0): one reduce bucket of bf16 gradients at rest,
+    2 x 12,845,056 = 25,690,112 B, and nothing else."""
+    buffers = estimate_strategy_buffers(qwen7b, _ds(), STRATEGIES["ddp"].on("deepspeed"), 2)
+    assert (buffers.persistent, buffers.at_loss, buffers.in_backward) == (25_690_112, 0, 0)
 
 
 def test_published_zero2_oom_is_judged_not_to_fit_and_zero3_run_to_fit():

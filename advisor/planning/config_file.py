@@ -298,11 +298,18 @@ def load_json(path: Path, *, deepspeed: bool = False) -> dict[str, Any]:
         doc = json.loads(path.read_text(), object_pairs_hook=_refusing_duplicates if deepspeed else None)
     except _Duplicate as err:
         raise ValueError(f"--from {path}: {err}") from None
+    except RecursionError:  # the json decoder recurses once a level, up to the interpreter's limit
+        raise ValueError(too_deep(path)) from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
         raise ValueError(f"--from {path}: not a readable JSON file ({' '.join(str(err).split())[:120]})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
     return doc
+
+
+def too_deep(path: Path) -> str:
+    """The one-line refusal of a file nested deeper than its parser recurses (the interpreter's recursion limit)."""
+    return f"--from {path}: the file nests too deeply (lists or mappings hundreds of levels deep; no config does)"
 
 
 def is_deepspeed_json(doc: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from advisor.planning.config_accelerate import read_accelerate
 from advisor.planning.config_axolotl import is_axolotl, read_axolotl
 from advisor.planning.config_deepspeed import read_deepspeed
-from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json
+from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json, too_deep
 from advisor.planning.config_torchtitan import read_torchtitan
 from advisor.planning.config_torchtune import is_torchtune, read_torchtune
 from advisor.planning.config_trainer import TRL_KEYS, read_trainer
@@ -69,6 +69,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
 
         try:
             doc = yaml.safe_load(text)
+        except RecursionError:  # PyYAML's composer recurses once a level
+            raise ValueError(too_deep(path)) from None
         except yaml.YAMLError as err:
             raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
         kind = "accelerate" if not isinstance(doc, dict) else "torchtune" if is_torchtune(doc) else \
@@ -83,6 +85,8 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
 
         try:
             doc = tomllib.loads(text)
+        except RecursionError:  # tomllib parses nested arrays recursively
+            raise ValueError(too_deep(path)) from None
         except tomllib.TOMLDecodeError as err:
             raise ValueError(f"--from {path}: not valid TOML ({' '.join(str(err).split())[:120]})") from None
         kind = "torchtitan"

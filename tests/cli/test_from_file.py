@@ -193,6 +193,12 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
     ("four.json", '{"zero_optimization": {"stage": 3}, "train_batch_size": 32, '
      '"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}',
      "over micro-batch 4 x gradient accumulation 2 = 4 data-parallel GPUs, but these options give 2"),
+    # nested past each parser's recursion: a RecursionError reported as a bug of ours (exit 1) before
+    ("deep.json", '{"a":' * 5000 + "1" + "}" * 5000, "deep.json: the file nests too deeply"),
+    ("deep.yaml", "a: " + "[" * 3000 + "]" * 3000, "deep.yaml: the file nests too deeply"),
+    ("deep.toml", "x = " + "[" * 3000 + "]" * 3000, "deep.toml: the file nests too deeply"),
+    ("deepds.json", '{"per_device_train_batch_size": 4, "deepspeed": {"zero_optimization": ' + "[" * 5000 + "]" * 5000
+     + "}}", "deepds.json: the file nests too deeply"),
 ])
 def test_a_bad_file_is_one_line_and_exit_2(name, text, message, tmp_path, capsys):
     path = tmp_path / name

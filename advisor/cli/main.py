@@ -117,8 +117,10 @@ def plan(as_json: bool, verify: bool, chart_file: str | None, force: bool, verbo
         if read is None:
             raise
         from advisor.cli.from_file import from_file_origin
+        from advisor.planning.smallest import NothingFits  # exit 3 stays exit 3
 
-        raise ValueError(from_file_origin(str(exc), read)) from None
+        kind = NothingFits if isinstance(exc, NothingFits) else ValueError
+        raise kind(from_file_origin(str(exc), read)) from None
     tracing.finish()
     if chart_file:
         _write_chart(result, chart_file, force=force)

@@ -41,7 +41,7 @@ from advisor.planning.candidates import (Candidate, Recommendation, batch_split_
 from advisor.planning.notes import assumptions_of, longest_note, lora_note, loss_notes, stream_pool_note
 from advisor.planning.pipeline_meshes import pipeline_meshes
 from advisor.planning.policy import choose, choose_fastest, default_strategy, offload_not_taken, offloads
-from advisor.planning.smallest import SmallestFit, smallest_fit
+from advisor.planning.smallest import NothingFits, SmallestFit, smallest_fit
 from advisor.planning.reasons import BeyondContext, ReasonModel
 from advisor.planning.remedies import (find_remedies, headroom_line, offload_line, pinned_remedies, remedy_fits,
                                        remedy_reason, single_process_line)
@@ -603,7 +603,7 @@ def plan(
             if pins.any and on_meshes:
                 best = planned_length(on_meshes, training)
                 if best is None:
-                    raise ValueError(f"not even one token fits a mesh with {pins.flags} at micro-batch "
+                    raise NothingFits(f"not even one token fits a mesh with {pins.flags} at micro-batch "
                                      f"{training.micro_batch_size}; see advisor plan without --seq-len max")
             else:
                 best = planned_length(longest, training)
@@ -621,7 +621,7 @@ def plan(
         if best is None:
             at = (f"--global-batch {training.global_batch_size}" if training.global_batch_size is not None else
                   f"micro-batch {training.micro_batch_size or 1}")
-            raise ValueError(f"not even one token fits on these GPUs at {at}; see advisor plan without --seq-len max")
+            raise NothingFits(f"not even one token fits on these GPUs at {at}; see advisor plan without --seq-len max")
         notes.append(longest_note(spec, longest, best, training.micro_batch_size))
         if spec.learned_positions and spec.max_position_embeddings and best > spec.max_position_embeddings:
             best = spec.max_position_embeddings  # a learned position table: no longer input runs

@@ -102,7 +102,8 @@ def smallest_count(fits_at: Callable[[int], bool], *, above: int, per_node: int,
 
 
 class NothingFits(ValueError):
-    """A command that needs a plan (export, launch) got none: nothing fits. The CLI exits 3 on it, as plan does."""
+    """A command that needs a plan (export, launch) got none, or --seq-len max found no length that fits: nothing
+    fits. The CLI exits 3 on it, as plan does."""
 
 
 def unfit_subject(plan) -> tuple[str, str]:

@@ -177,6 +177,20 @@ def test_seq_len_max_keeps_the_micro_batch_asked_for():
     assert any("fits at micro-batch 4" in note for note in four.assumptions)
 
 
+def test_seq_len_max_where_no_length_fits_exits_3_as_nothing_fits(tmp_path, capsys):
+    """405B parameters on one 16 GB T4 with 16 GiB of CPU memory: without --seq-len max nothing fits (exit 3); with it
+    the length search's "not even one token fits" was exit 2, the code of bad input. Through --from too."""
+    job = ["plan", "-m", "meta-llama/Llama-3.1-405B", "-g", "1xT4", "--cpu-memory-gib", "16"]
+    code, _, _ = run_main(job, capsys)
+    assert code == 3
+    (tmp_path / "z3.json").write_text('{"zero_optimization": {"stage": 3}}')
+    for extra in ([], ["--from", str(tmp_path / "z3.json")]):
+        code, out, err = run_main([*job, "--seq-len", "max", *extra], capsys)
+        assert code == 3 and not out
+        assert _one_line(err) == ("advisor: error: not even one token fits on these GPUs at micro-batch 1; see advisor "
+                                  "plan without --seq-len max")
+
+
 def test_tp_help_does_not_promise_sequence_parallelism(capsys):
     """The TP the planner models and wrap() applies keeps norms and block inputs whole (wrappers/tensor_parallel.py)."""
     code, out, _ = run_main(["plan", "--help"], capsys)

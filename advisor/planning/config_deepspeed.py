@@ -59,6 +59,8 @@ def read_deepspeed(r: Reader) -> None:
     if stage is not None:
         take_zero_strategy(r, "zero_optimization.stage", str(stage), stage=stage, optimizer=devices[0], params=devices[1])
         take_zero_sizes(r, stage)
+    elif f"{r.prefix}zero_optimization.stage" in r.auto:
+        _auto_stage(r, devices)
     else:
         take_zero_strategy(r, "zero_optimization.stage", "not set: DeepSpeed's default 0", stage=0,
                            optimizer=devices[0], params=devices[1])
@@ -77,6 +79,21 @@ def read_deepspeed(r: Reader) -> None:
             r.notes.append(f"{r.prefix}optimizer.type {kind} is not modelled: planned with --optimizer's default")
         if r.flag("optimizer.params.torch_adam"):  # torch.optim.Adam(W) with its default, foreach on CUDA
             r.take("optimizer.params.torch_adam", True, "optimizer_impl", "foreach")
+
+
+def _auto_stage(r: Reader, devices: list[str | None]) -> None:
+    """``"stage": "auto"``: no stage DeepSpeed takes (DeepSpeedZeroConfig.stage is 0 to 3), and the Trainer's own
+    "auto" filling (HfTrainerDeepSpeedConfig.trainer_config_process) leaves it; accelerate's DeepSpeedPlugin, which
+    the Trainer builds too, fills it from its zero_stage (the accelerate config's, else ACCELERATE_DEEPSPEED_ZERO_STAGE
+    or 2: accelerate/utils/dataclasses.py). The file still runs DeepSpeed; which stage is left to the plan."""
+    key = "zero_optimization.stage"
+    r.auto.remove(f"{r.prefix}{key}")  # said on its own line, not again among the keys not read
+    r.take(key, "auto: the stage left to the plan", "engine", "deepspeed")
+    given = [f"{part} {device}" for part, device in (("offload_optimizer", devices[0]), ("offload_param", devices[1]))
+             if device is not None]
+    r.notes.append(f"{r.prefix}{key} 'auto' is no stage DeepSpeed itself takes: accelerate (and the Trainer, through "
+                   "it) fills it from accelerate's zero_stage, 2 unless its config sets one; the plan picks the stage"
+                   + (f" and whether to offload ({', '.join(given)} is read with a stage only)" if given else ""))
 
 
 ZERO_SIZES = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters",

@@ -915,3 +915,38 @@ def test_a_refusal_of_a_value_the_file_set_names_the_files_key(tmp_path, capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("advisor: error: --tp 3 does not divide the 8 GPUs")
     assert lines[0].endswith(f"; --tp 3 is parallelism.tensor_parallel_degree in {path}")
+
+
+def test_a_deepspeed_stage_auto_runs_deepspeed_and_leaves_the_stage_to_the_plan(tmp_path, capsys):
+    """``"stage": "auto"`` was read as a stage left out (DeepSpeed's default 0: --strategy ddp pinned) and listed as
+    left to the plan as well. No DeepSpeed stage is "auto"; accelerate's DeepSpeedPlugin fills it (its zero_stage,
+    default 2), the Trainer through it: the engine is DeepSpeed's, the stage the plan's."""
+    path = tmp_path / "stage_auto.json"
+    path.write_text('{"zero_optimization": {"stage": "auto"}}')
+    assert read_config_file(path).settings == {"engine": "deepspeed", "recipe": "deepspeed"}
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path)], capsys)
+    assert code == 0 and err == ""
+    assert "  zero_optimization.stage: auto: the stage left to the plan -> --engine deepspeed\n" in out
+    assert "stage: not set" not in out and "not read" not in out and "--strategy" not in out.split("\n\n")[0]
+    assert "fills it from accelerate's zero_stage, 2 unless its config sets one; the plan picks the stage\n" in out
+    # "auto" everywhere (the Trainer's template): only what the file pins, the optimizer, is taken
+    keys = ("fp16.enabled", "bf16.enabled", "zero_optimization.offload_optimizer.device",
+            "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "train_batch_size")
+    doc = {"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}, "gradient_accumulation_steps": "auto",
+           "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}, "train_batch_size": "auto",
+           "train_micro_batch_size_per_gpu": "auto",
+           "zero_optimization": {"stage": "auto", "offload_optimizer": {"device": "auto"}, "reduce_bucket_size": "auto"}}
+    path.write_text(json.dumps(doc))
+    config = read_config_file(path)
+    assert config.settings == {"engine": "deepspeed", "optimizer": "adamw", "recipe": "deepspeed"}
+    assert {f"{key} (auto: left to the plan)" for key in keys} <= set(config.not_read)
+    assert not any("stage" in key for key in config.not_read)
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(path), "--json"], capsys)
+    assert code == 0 and json.loads(out)["recommendation"]["engine"] == "deepspeed"
+    # inside TrainingArguments, with an offload device the stage would apply to
+    path.write_text('{"per_device_train_batch_size": 2, "deepspeed": {"zero_optimization": {"stage": "auto", '
+                    '"offload_optimizer": {"device": "cpu"}}}}')
+    config = read_config_file(path)
+    assert "strategy" not in config.settings and config.settings["engine"] == "deepspeed"
+    assert config.notes[0].endswith("the plan picks the stage and whether to offload (offload_optimizer cpu is read "
+                                    "with a stage only)")

@@ -25,6 +25,20 @@ def _differs(path: str, text: str) -> bool:
         return True
 
 
+def _script_problem(script: str, *, here: bool = False) -> str | None:
+    """Why ``script`` is not a training script advisor launch can run (None: a file), as the refusal says it."""
+    path = Path(script)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "a directory, not a file"
+    return "not a regular file (a pipe or device)" if path.exists() else "no such file" + (" here" if here else "")
+
+
+# --config-file's refusals: launch writes a file accelerate reads, and has no stdout to offer instead (advisor export has)
+_CONFIG_FILE = {"example": "accelerate_config.yaml", "stdout": None}
+
+
 def _plan(params: dict[str, Any], fmt: str):
     """Call ``advisor.planning.api.plan`` with only the options the user gave (shared parsing: cli_options),
     on the format's own recipe unless ``--recipe`` is given: the exported run is the run that was planned."""
@@ -162,7 +176,7 @@ def export(output: str | None, fmt: str, force: bool, cpu: bool, processes: int 
 def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: int | None, script: str,
            script_args: tuple[str, ...], **params: Any) -> None:
     """Plan, write the accelerate config, and run SCRIPT under `accelerate launch`."""
-    from advisor.export.write import write_export
+    from advisor.export.write import check_writable, write_export
     from advisor.export.launch import build_launch_command, check_launchable, cuda_refusal, find_placeholders, \
         format_command, local_gpus, parse_config, run_launch
 
@@ -173,6 +187,10 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
     if config_file == "-" or not config_file.strip():  # accelerate reads the config from a file
         raise ValueError(f"--config-file {config_file or repr(config_file)}: advisor launch writes the config to a file "
                          "that accelerate reads; give a file name (advisor export -o - prints the config)")
+    try:  # what the launch refuses to write, refused by --dry-run too (before seconds of planning)
+        check_writable(config_file, **_CONFIG_FILE)
+    except ValueError as err:
+        raise ValueError(f"--config-file {config_file}: {err}") from None
     options = _options(cpu=cpu, hybrid=params.get("hybrid"), processes=processes, script=script,
                        script_args=script_args)
     text, target = _export_text(params, "accelerate", options)
@@ -186,19 +204,21 @@ def launch(config_file: str, force: bool, dry_run: bool, cpu: bool, processes: i
             click.echo(f"advisor: note: fill in {', '.join(missing)} in {config_file} before launching", err=True)
         if refusal:
             click.echo(f"advisor: note: advisor launch would refuse to run this here: {refusal}", err=True)
-        if not Path(script).is_file():
-            click.echo(f"advisor: note: {script}: no such file here; advisor launch checks it before writing "
-                       "anything", err=True)
+        problem = _script_problem(script, here=True)
+        if problem:
+            click.echo(f"advisor: note: {script}: {problem}; advisor launch checks it before writing anything",
+                       err=True)
         click.echo(f"advisor: note: --dry-run wrote nothing; advisor launch writes {config_file} (advisor export "
                    "-o - shows it)" + (", which exists with other contents: the launch needs --force to overwrite it"
-                                       if not force and _differs(config_file, config) else ""), err=True)
+                                       if not force and _differs(config_file, text) else ""), err=True)
         click.echo(format_command(command))
         return
     if refusal:  # before anything is written: a refused launch leaves the config on disk as it was
         raise ValueError(refusal)
-    if not Path(script).is_file():
-        raise ValueError(f"{script}: no such file (the training script advisor launch runs)")
-    path = write_export(config_file, text, force=force)
+    problem = _script_problem(script)
+    if problem:
+        raise ValueError(f"{script}: {problem} (the training script advisor launch runs)")
+    path = write_export(config_file, text, force=force, **_CONFIG_FILE)
     _echo_notes(target.notes)
     check_launchable(path)
     click.echo(f"advisor: running {format_command(command)}", err=True)

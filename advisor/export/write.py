@@ -34,6 +34,14 @@ def check_destination(path: str | os.PathLike[str], *, force: bool = False, exam
     return target
 
 
+def check_writable(path: str | os.PathLike[str], *, example: str = "accelerate_config.yaml",
+                   stdout: str | None = "-o -") -> Path:
+    """What ``write_export`` refuses whatever the file holds and whatever ``force`` says (an empty name, a directory,
+    a link, a pipe or device, a missing directory), checked before anything is planned or written: ``advisor launch``
+    and its ``--dry-run`` run this same check on ``--config-file``."""
+    return _writable(path, example=example, stdout=stdout)
+
+
 def _writable(path: str | os.PathLike[str], *, example: str = "accelerate_config.yaml",
               stdout: str | None = "-o -") -> Path:
     """``path`` unless it is empty, a directory (or names one with a trailing slash), a link, a non-regular

@@ -118,3 +118,53 @@ def test_accelerate_options_are_not_passed_through(launched, monkeypatch, capsys
     line = err.strip().splitlines()
     assert code == 2 and launched == [] and len(line) == 1 and "--num_processes 4: advisor launch does not pass" in line[0]
     assert not (tmp_path / "accelerate_config.yaml").exists()
+
+
+def test_dry_run_refuses_the_config_paths_the_launch_refuses(launched, monkeypatch, capsys, tmp_path):
+    """--dry-run approved a directory, a FIFO, a path in a missing directory and a link (it said the link 'needs
+    --force', and the launch with --force refused it with a hint, '-o - for stdout', naming an option launch lacks)."""
+    import os
+
+    _no_gpu(monkeypatch)
+    (tmp_path / "exp").mkdir()
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "mine.yaml").write_text("mine\n")
+    (tmp_path / "link.yaml").symlink_to("mine.yaml")
+    cases = {"exp": "--config-file exp: exp names a directory; give a file name, e.g. exp/accelerate_config.yaml",
+             "fifo.yaml": "--config-file fifo.yaml: fifo.yaml exists and is not a regular file (a pipe, device or "
+                          "terminal); give a file name",
+             "nodir/x.yaml": "--config-file nodir/x.yaml: directory nodir does not exist",
+             "link.yaml": "--config-file link.yaml: link.yaml is a symbolic link; give the file it points to"}
+    job = ["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "1"]
+    for name, said in cases.items():
+        for extra in (["--dry-run"], ["--force"]):  # the same refusal, dry or not
+            code, out, err = _run([*job, *extra, "--config-file", name, "train.py"], capsys)
+            assert code == 2 and out == "" and err == f"advisor: error: {said}\n", (name, extra, err)
+    assert launched == [] and (tmp_path / "link.yaml").is_symlink() and (tmp_path / "mine.yaml").read_text() == "mine\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp", "fifo.yaml", "link.yaml", "mine.yaml", "train.py"]
+
+
+def test_a_script_that_is_a_directory_is_named_as_one(launched, monkeypatch, capsys, tmp_path):
+    """The dry run said 'exp: no such file here' of a directory."""
+    _no_gpu(monkeypatch)
+    (tmp_path / "exp").mkdir()
+    job = ["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "1"]
+    code, out, err = _run([*job, "--dry-run", "exp"], capsys)
+    assert code == 0 and out.strip().endswith("accelerate_config.yaml exp")
+    assert "advisor: note: exp: a directory, not a file; advisor launch checks it before writing anything\n" in err
+    code, out, err = _run([*job, "exp"], capsys)
+    assert code == 2 and launched == []
+    assert err == "advisor: error: exp: a directory, not a file (the training script advisor launch runs)\n"
+
+
+def test_dry_run_over_a_config_holding_this_plan_needs_no_force(launched, monkeypatch, capsys, tmp_path):
+    """The dry run compared the file with the parsed config (a dict), so it always said 'needs --force'; the launch
+    keeps a file that already holds the text it writes."""
+    _no_gpu(monkeypatch)
+    job = ["launch", "--model", "Qwen/Qwen2.5-0.5B", "--cpu", "--processes", "1"]
+    assert _run([*job, "train.py"], capsys)[0] == 0 and len(launched) == 1
+    code, _, err = _run([*job, "--dry-run", "train.py"], capsys)
+    assert code == 0 and "advisor launch writes accelerate_config.yaml (advisor export -o - shows it)\n" in err
+    (tmp_path / "accelerate_config.yaml").write_text("mine\n")
+    code, _, err = _run([*job, "--dry-run", "train.py"], capsys)
+    assert code == 0 and "which exists with other contents: the launch needs --force to overwrite it\n" in err

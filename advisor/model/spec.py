@@ -202,8 +202,11 @@ def parse_count(text: str, *, what: str = "--params") -> int:
 
 
 def size_label(total_params: int) -> str:
-    """``7.62B``, ``405B``, ``100T``: three significant figures in billions, in trillions from a thousand billion (the
-    billions' ``.3g`` printed 100T as ``1e+05B``)."""
+    """``7.62B``, ``405B``, ``100T``, ``1,000T``: three significant figures in billions, in trillions from a thousand
+    billion, and whole trillions with a thousands separator from a thousand trillion (``.3g`` printed 100T in
+    billions as ``1e+05B``, and a thousand trillion as ``1e+03T``)."""
+    if total_params >= 999.5e12:  # MAX_PARAMS is 10**15: at most 1,000T
+        return f"{total_params / 1e12:,.0f}T"
     if total_params >= 999.5e9:
         return f"{total_params / 1e12:.3g}T"
     return f"{total_params / 1e9:.3g}B"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from advisor.model.spec import size_label
 from advisor.planning import reasons as r
 from advisor.units import GIB
 
@@ -26,7 +27,10 @@ def _share(total: int, capacity: int) -> float:
 
 
 def _count(n: int, small: str = ".3g") -> str:
-    """``7.62B``; below 0.1B in millions or thousands (``27K``: billions printed 2.7e-05B)."""
+    """``7.62B``; in trillions from a thousand billion (``size_label``: billions printed 1e+03B); below 0.1B in
+    millions or thousands (``27K``: billions printed 2.7e-05B)."""
+    if n >= 999.5e9:
+        return size_label(n)
     if n >= 1e8:
         return f"{n / 1e9:{small}}B"
     return f"{n / 1e6:.3g}M" if n >= 1e6 else f"{n / 1e3:.3g}K"
@@ -34,14 +38,13 @@ def _count(n: int, small: str = ".3g") -> str:
 
 def size_rationale(x: r.SizeBand) -> str:
     """``7.62B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)``."""
-    billions = x.num_params / 1e9
     if x.band == "one-gpu":
         return f"{_count(x.num_params)} parameters on one GPU: nothing to shard or replicate, the plain model"
     if x.band == "small":
         return f"{_count(x.num_params, small='.2g')} parameters (< 1B): replicas fit, DDP communicates least"
     if x.band == "medium":
-        return f"{billions:.3g}B parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)"
-    return f"{billions:.3g}B parameters (> 10B): full sharding, CPU offload considered"
+        return f"{_count(x.num_params)} parameters (1-10B): full sharding (FSDP FULL_SHARD / ZeRO-3)"
+    return f"{_count(x.num_params)} parameters (> 10B): full sharding, CPU offload considered"
 
 
 def _with_ckpt(mode: r.Checkpointing) -> str:

@@ -4,6 +4,7 @@ code 2 (the user's input), 3 (nothing fits) or 1 (a bug of ours), never a traceb
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -311,6 +312,21 @@ def test_compare_where_no_cluster_fits_exits_3_as_plan_does(capsys, as_json):
         assert doc["fastest"] is None and not any(r["fits"] for r in doc["results"])
     else:
         assert out.split("\n")[0].strip() == "100T parameters"
+
+
+def test_sizes_from_a_thousand_billion_up_are_written_without_an_exponent(capsys):
+    """--params 1T -v gave the size default as '1e+03B parameters (> 10B)'; --params 10**15 named the model
+    '1e+03T parameters'. size_label writes them (1T, 1,000T), 405B as before."""
+    for size, label in (("1T", "1T"), ("1000000000000000", "1,000T"), ("405B", "405B")):
+        code, out, err = run_main(["plan", "--params", size, "-g", "2xA100", "--json"], capsys)
+        doc = json.loads(out)
+        assert code in (0, 3) and doc["model"]["name"] == f"{label} parameters", err
+        assert f"Default from size: zero3 ({label} parameters (> 10B): full sharding, CPU offload considered)." \
+            in doc["why"] + doc["assumptions"]
+        assert re.search(r"e\+\d+[BT] parameters", out) is None
+    code, out, _ = run_main(["plan", "--params", "1T", "-g", "2xA100", "--precision", "bf16", "-v"], capsys)
+    assert code in (0, 3) and "Default from size: zero3 (1T parameters (> 10B)" in " ".join(out.split())
+    assert re.search(r"e\+\d+[BT] parameters", out) is None
 
 
 def test_nothing_to_train_is_refused(capsys):

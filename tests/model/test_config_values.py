@@ -130,7 +130,8 @@ def test_a_label_count_past_a_classification_head_is_refused_before_transformers
 
 
 @pytest.mark.parametrize("count, label", [(7_615_616_512, "7.62B"), (405 * 10**9, "405B"), (999 * 10**9, "999B"),
-                                          (10**12, "1T"), (100 * 10**12, "100T"), (500 * 10**6, "0.5B")])
+                                          (10**12, "1T"), (100 * 10**12, "100T"), (500 * 10**6, "0.5B"),
+                                          (999_499 * 10**9, "999T"), (999_500 * 10**9, "1,000T"), (10**15, "1,000T")])
 def test_a_size_is_labelled_in_billions_then_trillions(count, label):
     from advisor.model.spec import size_label
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from advisor.planning.config_deepspeed import OFFLOAD_DEVICES, read_nested_deepspeed, take_zero_strategy, zero_keys_read
-from advisor.planning.config_file import (SHARDING, Reader, beside, ddp_strategy, fsdp_strategy, load_json,
+from advisor.planning.config_file import (SHARDING, Reader, ddp_strategy, fsdp_strategy, named_deepspeed,
                                           precision_for, take_batch, take_degrees)
 from advisor.recipes import zero_config_defaults
 
@@ -146,7 +146,8 @@ def _accelerate_deepspeed(r: Reader, base: Path) -> None:
     r.section("deepspeed_config")
     path = r.text("deepspeed_config.deepspeed_config_file")
     if path:
-        sub = read_nested_deepspeed(r, load_json(beside(path, base, r), deepspeed=True), f"{Path(path).name}:")
+        sub = read_nested_deepspeed(r, named_deepspeed(r, "deepspeed_config.deepspeed_config_file", path, base),
+                                    f"{Path(path).name}:")
         r.take("deepspeed_config.deepspeed_config_file", path, "recipe", "deepspeed" if "optimizer" in sub.doc else "torch")
         return
     stage = r.integer("deepspeed_config.zero_stage")

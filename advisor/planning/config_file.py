@@ -290,6 +290,20 @@ def beside(path: str, base: Path, r: Reader) -> Path:
                      "it and in the working directory)")
 
 
+def named_deepspeed(r: Reader, key: str, path: str, base: Path) -> dict[str, Any]:
+    """The DeepSpeed config that ``key`` of the file being read names (``path``, found as ``beside`` finds it): the file
+    itself, or a JSON that holds none of DeepSpeed's keys (a TrainingArguments file, say), is refused in one line;
+    read as a DeepSpeed config it would plan DeepSpeed's defaults (stage 0) from keys DeepSpeed never reads."""
+    found = beside(path, base, r)
+    if found.resolve() == Path(r.where).resolve():
+        raise r.fail(key, f"names {path[:80]}, this file itself, not a DeepSpeed config: name the DeepSpeed JSON")
+    doc = load_json(found, deepspeed=True)
+    if not is_deepspeed_json(doc):
+        raise r.fail(key, f"names {path[:80]}, which is not a DeepSpeed config (no zero_optimization, "
+                          "train_micro_batch_size_per_gpu, train_batch_size or bf16/fp16 block)")
+    return doc
+
+
 def load_json(path: Path, *, deepspeed: bool = False) -> dict[str, Any]:
     """A JSON file that holds a mapping; anything else is a one-line ValueError. ``deepspeed``: a key given twice in
     one object is refused too, as DeepSpeed's own loader refuses it (deepspeed/runtime/config.py reads the file with

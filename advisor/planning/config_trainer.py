@@ -22,8 +22,8 @@ from typing import Any
 from advisor.model.lora import MAX_LORA_RANK
 from advisor.training import MAX_SEQ_LEN
 from advisor.planning.config_deepspeed import read_nested_deepspeed
-from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, beside, ddp_strategy, fsdp_strategy,
-                                          fsdp_sub_reader, load_json, precision_for, take_batch, take_degrees,
+from advisor.planning.config_file import (FILE_FORMAT, SHARDING, Reader, ddp_strategy, fsdp_strategy,
+                                          fsdp_sub_reader, named_deepspeed, precision_for, take_batch, take_degrees,
                                           take_precision)
 
 TRAINER_OPTIM: dict[str, tuple[str, str | None]] = {
@@ -421,7 +421,7 @@ def trainer_deepspeed(r: Reader, base: Path) -> None:
     if raw is None or raw == "":
         return
     if isinstance(raw, str):
-        doc, prefix = load_json(beside(raw, base, r), deepspeed=True), f"{Path(raw).name}:"
+        doc, prefix = named_deepspeed(r, "deepspeed", raw, base), f"{Path(raw).name}:"
     elif isinstance(raw, dict):
         doc, prefix = raw, "deepspeed."
     else:

@@ -183,6 +183,9 @@ def test_accelerate_names_a_deepspeed_config_file_beside_it(tmp_path, capsys):
     ("batch.json", '{"per_device_train_batch_size": "16"}', "per_device_train_batch_size must be an integer"),
     ("clash.json", '{"per_device_train_batch_size": 4, "deepspeed": {"train_micro_batch_size_per_gpu": 8}}', "disagree"),
     ("nods.json", '{"per_device_train_batch_size": 4, "deepspeed": "nowhere.json"}', "is not a file"),
+    # TrainingArguments naming themselves as their DeepSpeed config: read as one, stage 0 (ddp) was planned
+    ("self.json", '{"output_dir": "x", "per_device_train_batch_size": 2, "deepspeed": "self.json"}',
+     "self.json: deepspeed names self.json, this file itself, not a DeepSpeed config: name the DeepSpeed JSON"),
     # DeepSpeedBF16Config(**True) raises: a bool bf16 was listed as not read and the plan said bf16 was not set
     ("boolbf16.json", '{"zero_optimization": {"stage": 2}, "bf16": true}', 'bf16 must be a block such as {"enabled"'),
     # 3 samples a step over the Trainer's default micro-batch 8: no GPU count gives them (a review: the sentence
@@ -950,3 +953,21 @@ def test_a_deepspeed_stage_auto_runs_deepspeed_and_leaves_the_stage_to_the_plan(
     assert "strategy" not in config.settings and config.settings["engine"] == "deepspeed"
     assert config.notes[0].endswith("the plan picks the stage and whether to offload (offload_optimizer cpu is read "
                                     "with a stage only)")
+
+
+def test_a_named_deepspeed_config_that_holds_no_deepspeed_key_is_refused(tmp_path, capsys):
+    """A TrainingArguments JSON (or accelerate YAML) naming a JSON with none of DeepSpeed's keys: read as DeepSpeed's
+    stage 0 with every key 'not read'; accelerate's DeepSpeedPlugin refuses a config without zero_optimization."""
+    (tmp_path / "targs.json").write_text('{"output_dir": "y", "bf16": true}')
+    files = {"ta.json": ('{"output_dir": "x", "per_device_train_batch_size": 2, "deepspeed": "targs.json"}',
+                         "deepspeed"),
+             "acc.yaml": ("distributed_type: DEEPSPEED\nnum_processes: 2\ndeepspeed_config:\n"
+                          "  deepspeed_config_file: targs.json\n", "deepspeed_config.deepspeed_config_file")}
+    for name, (text, key) in files.items():
+        (tmp_path / name).write_text(text)
+        code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", str(tmp_path / name)],
+                                  capsys)
+        assert code == 2 and out == ""
+        assert err == (f"advisor: error: --from {tmp_path / name}: {key} names targs.json, which is not a DeepSpeed "
+                       "config (no zero_optimization, train_micro_batch_size_per_gpu, train_batch_size or bf16/fp16 "
+                       "block)\n")

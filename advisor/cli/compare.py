@@ -109,7 +109,7 @@ def compare(as_json: bool, **options) -> None:
     if not options["gpus"]:  # the help's default: this machine's GPUs
         options["gpus"] = require_local_gpus()
     items = split_gpus(options["gpus"])
-    if options.get("from_file"):
+    if options.get("from_file") is not None:  # an empty --from is refused by the reader, not ignored
         items, options = _from_file(items, options)
     kwargs = plan_kwargs(options)
     model, nodes, interconnect = kwargs.pop("model"), kwargs.pop("nodes"), kwargs.pop("interconnect")

@@ -15,6 +15,7 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict
 
+from advisor.cli.text import printable
 from advisor.planning.config_file import ConfigFile
 from advisor.training import MAX_GLOBAL_BATCH
 
@@ -228,7 +229,7 @@ def summary_lines(done: FromFile) -> list[str]:
     taken = ", ".join(shown(v.option, v.setting) for v in config.values if v.option != "gradient_accumulation")
     lines = [f"--from {config.path} ({config.title}): {taken or 'nothing the plan uses'}"]
     lines += [f"--from: {o.given} given overrides the file's {flag(o.option)} {o.file_value}" for o in done.overridden]
-    return lines + list(done.derived) + list(config.notes)
+    return [printable(line) for line in lines + list(done.derived) + list(config.notes)]
 
 
 def from_file_doc(done: FromFile) -> dict[str, Any]:
@@ -240,10 +241,15 @@ def from_file_doc(done: FromFile) -> dict[str, Any]:
             "derived": list(done.derived), "not_read": list(config.not_read), "notes": list(config.notes)}
 
 
+def echo(line: str) -> None:
+    """A line of what the file holds: its keys and values as it wrote them, a control character escaped."""
+    click.echo(printable(line))
+
+
 def render_from_file(done: FromFile) -> None:
     """One line per value taken (several options set by one key share its line), then what was not read."""
     config = done.config
-    click.echo(f"From {config.path} ({config.title}):")
+    echo(f"From {config.path} ({config.title}):")
     lines: dict[tuple[str, str], list[str]] = {}
     replaced = {o.option: o.given for o in done.overridden}
     for value in config.values:
@@ -252,14 +258,14 @@ def render_from_file(done: FromFile) -> None:
             setting += f" (overridden: {replaced[value.option]} given)"
         lines.setdefault((value.key, value.value), []).append(setting)
     for (key, said), settings in lines.items():
-        click.echo(f"  {key}: {said} -> {', '.join(settings)}")
+        echo(f"  {key}: {said} -> {', '.join(settings)}")
     for line in done.derived:
-        click.echo(f"  {line}")
+        echo(f"  {line}")
     if config.not_read:
-        click.echo(f"  not read ({len(config.not_read)}, no effect on the plan or not modelled): "
-                   f"{', '.join(config.not_read)}")
+        echo(f"  not read ({len(config.not_read)}, no effect on the plan or not modelled): "
+             f"{', '.join(config.not_read)}")
     for note in config.notes:
-        click.echo(f"  note: {note}")
+        echo(f"  note: {note}")
     click.echo("")
 
 

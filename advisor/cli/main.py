@@ -18,7 +18,9 @@ EXIT_INTERNAL = 1
 
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"advisor: error: {' '.join(str(message).split())}", err=True)
+    from advisor.cli.text import printable  # a file's key or an option's value may hold a NUL or an escape
+
+    click.echo(f"advisor: error: {printable(' '.join(str(message).split()))}", err=True)
     sys.exit(code)
 
 
@@ -66,7 +68,8 @@ def inspect(model: str, as_json: bool, trust_remote_code: bool) -> None:
     from advisor.simulate.profile_cache import default_cache_dir
 
     # the meta-device count of a family without a formula is kept where plan keeps it (seconds; then milliseconds)
-    spec = resolve_model(model, trust_remote_code=trust_remote_code, cache_dir=default_cache_dir())
+    spec = resolve_model(model, trust_remote_code=trust_remote_code, cache_dir=default_cache_dir(),
+                         size_as="MODEL (a size)")
     note = shape_of(spec).note  # what the estimates cannot model from this description
     if as_json:
         doc = spec.model_dump()

@@ -268,7 +268,7 @@ def plan_kwargs(options: dict[str, Any], *, need_gpus: bool = True) -> dict[str,
 
     ``need_gpus=False`` (the ``--cpu`` test config, which makes no GPU plan) leaves ``gpus`` as given,
     possibly None, instead of detecting this machine's GPUs."""
-    if options.get("from_file"):  # --from FILE: its settings under the options typed (advisor/cli/from_file.py)
+    if options.get("from_file") is not None:  # --from FILE: its settings under the options typed (advisor/cli/from_file.py)
         from advisor.cli.from_file import apply_config_file, summary_lines
 
         options, done = apply_config_file(options["from_file"], options, need_gpus=need_gpus)

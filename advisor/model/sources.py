@@ -227,9 +227,11 @@ def resolve(
     trust_remote_code: bool = False,
     fetch_config: ConfigFetcher = download_hub_config,
     cache_dir: Path | None = None,
+    size_as: str = "--model (a size)",
 ) -> Resolved:
     """The spec and config for a name, path, size string, config dict, ``ModelSpec`` or live module.
-    ``cache_dir``: where meta-device counts are kept between calls (None: count every time)."""
+    ``cache_dir``: where meta-device counts are kept between calls (None: count every time); ``size_as``: how a
+    refused size is named (``advisor inspect`` takes it as its MODEL argument)."""
     if isinstance(model, ModelSpec):
         return Resolved(model, None)
     if isinstance(model, dict):  # a config.json already read (the simulator's and benchmarks' callers)
@@ -259,9 +261,9 @@ def resolve(
         cfg = load_bundled_config(bundled)
         return Resolved(spec_from_config(cfg, name=bundled, source="bundled"), cfg)
     if _looks_like_size(name):
-        return Resolved(resolve_size(name), None)
+        return Resolved(resolve_size(name, what=size_as), None)
     if _SIZE_SHAPE.match(name.strip()):  # a size parse_count refuses ("0B", "-3B", "1000.4T"): its own reason
-        parse_count(name, what="--model (a size)")
+        parse_count(name, what=size_as)
     if not _HUB_ID.match(name):
         raise ValueError(unresolved_message(name, "not a local path, bundled id, size or Hub id"))
     cfg = fetch_config(name)
@@ -275,10 +277,12 @@ def resolve_model(
     trust_remote_code: bool = False,
     fetch_config: ConfigFetcher = download_hub_config,
     cache_dir: Path | None = None,
+    size_as: str = "--model (a size)",
 ) -> ModelSpec:
-    """A ``ModelSpec`` for anything ``resolve`` accepts (what ``--model`` accepts, and more); ``cache_dir`` as
-    ``resolve`` reads it."""
-    return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config, cache_dir=cache_dir).spec
+    """A ``ModelSpec`` for anything ``resolve`` accepts (what ``--model`` accepts, and more); ``cache_dir`` and
+    ``size_as`` as ``resolve`` reads them."""
+    return resolve(model, trust_remote_code=trust_remote_code, fetch_config=fetch_config, cache_dir=cache_dir,
+                   size_as=size_as).spec
 
 
 # The fewest parameters a size alone may give: the shape planned for it (advisor.estimate.activation_kinds

@@ -315,10 +315,19 @@ def load_json(path: Path, *, deepspeed: bool = False) -> dict[str, Any]:
     except RecursionError:  # the json decoder recurses once a level, up to the interpreter's limit
         raise ValueError(too_deep(path)) from None
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"--from {path}: not a readable JSON file ({' '.join(str(err).split())[:120]})") from None
+        raise ValueError(f"--from {path}: not a readable JSON file ({brief(str(err))})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"--from {path}: the JSON holds a {type(doc).__name__}, not a mapping of keys")
     return doc
+
+
+def brief(text: str, limit: int = 120) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut at a word (a parser's message can be long)."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = text[:limit - 3]
+    return (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(",;:") + "..."
 
 
 def too_deep(path: Path) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from advisor.planning.config_accelerate import read_accelerate
 from advisor.planning.config_axolotl import is_axolotl, read_axolotl
 from advisor.planning.config_deepspeed import read_deepspeed
-from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, is_deepspeed_json, load_json, too_deep
+from advisor.planning.config_file import FILE_FORMAT, ConfigFile, Reader, brief, is_deepspeed_json, load_json, too_deep
 from advisor.planning.config_torchtitan import read_torchtitan
 from advisor.planning.config_torchtune import is_torchtune, read_torchtune
 from advisor.planning.config_trainer import TRL_KEYS, read_trainer
@@ -58,6 +58,19 @@ def _trainer_yaml(doc: dict[str, Any]) -> bool:
     return not any(key in doc for key in _ACCELERATE_KEYS) and any(key in doc for key in (*_TRAINER_KEYS, *_MODEL_KEYS))
 
 
+def _yaml_reason(err: Exception) -> str:
+    """PyYAML's problem and where it is, on one line (its own message quotes the offending lines over several)."""
+    problem, mark = getattr(err, "problem", None), getattr(err, "problem_mark", None)
+    if not problem:
+        return brief(str(err))
+    prefix = "could not determine a constructor for the tag "
+    if problem.startswith(prefix):  # !!python/object/apply and the like: what safe_load refuses to build
+        tag = problem.removeprefix(prefix).strip("'\"").replace("tag:yaml.org,2002:", "!!")
+        problem = f"the tag {tag}: only plain data is read, no tag that builds an object"
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return brief(where + problem, 160)
+
+
 def _parse(path: Path) -> tuple[str, dict[str, Any]]:
     suffix = path.suffix.lower()
     try:
@@ -72,7 +85,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         except RecursionError:  # PyYAML's composer recurses once a level
             raise ValueError(too_deep(path)) from None
         except yaml.YAMLError as err:
-            raise ValueError(f"--from {path}: not valid YAML ({' '.join(str(err).split())[:120]})") from None
+            raise ValueError(f"--from {path}: not valid YAML ({_yaml_reason(err)})") from None
         kind = "accelerate" if not isinstance(doc, dict) else "torchtune" if is_torchtune(doc) else \
             "axolotl" if is_axolotl(doc) else "trainer" if _trainer_yaml(doc) else "accelerate"
         if isinstance(doc, dict) and kind == "accelerate" and not any(
@@ -88,7 +101,7 @@ def _parse(path: Path) -> tuple[str, dict[str, Any]]:
         except RecursionError:  # tomllib parses nested arrays recursively
             raise ValueError(too_deep(path)) from None
         except tomllib.TOMLDecodeError as err:
-            raise ValueError(f"--from {path}: not valid TOML ({' '.join(str(err).split())[:120]})") from None
+            raise ValueError(f"--from {path}: not valid TOML ({brief(str(err))})") from None
         kind = "torchtitan"
         if isinstance(doc, dict) and not any(key in doc for key in _TORCHTITAN_SECTIONS):
             raise ValueError(f"--from {path}: not a torchtitan config: none of its sections "
@@ -135,6 +148,8 @@ def _read_standalone_deepspeed(r: Reader) -> None:
 
 def read_config_file(path: str | Path) -> ConfigFile:
     """Read ``path`` (format from its suffix, and for JSON from its keys) into the plan settings it fixes."""
+    if not str(path).strip():  # Path("") is ".", the working directory
+        raise ValueError("--from is empty: give the config file")
     path = Path(path)
     if not path.is_file():
         what = ("a directory" if path.is_dir() else "not a regular file (a device or pipe)" if path.exists()

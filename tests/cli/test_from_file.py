@@ -971,3 +971,28 @@ def test_a_named_deepspeed_config_that_holds_no_deepspeed_key_is_refused(tmp_pat
         assert err == (f"advisor: error: --from {tmp_path / name}: {key} names targs.json, which is not a DeepSpeed "
                        "config (no zero_optimization, train_micro_batch_size_per_gpu, train_batch_size or bf16/fp16 "
                        "block)\n")
+
+
+def test_an_empty_name_a_yaml_tag_and_control_characters_are_said_plainly(tmp_path, capsys, monkeypatch):
+    """A review's small messages: --from "" said '--from .: a directory' (Path("") is "."), and compare and export
+    ignored it; a !!python tag was refused with PyYAML's message cut mid-word ('in "<unicode string>", l'); a key
+    holding a NUL or an escape sequence was written to the terminal as it is."""
+    monkeypatch.chdir(tmp_path)
+    for command in (["plan"], ["compare"], ["export", "-o", "-"]):
+        code, out, err = run_main([*command, "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", ""], capsys)
+        assert code == 2 and out == "" and err == "advisor: error: --from is empty: give the config file\n", command
+    (tmp_path / "evil.yaml").write_text('distributed_type: !!python/object/apply:os.system ["true"]\n')
+    code, out, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", "evil.yaml"], capsys)
+    assert code == 2 and out == ""
+    assert err == ("advisor: error: --from evil.yaml: not valid YAML (line 1, column 19: the tag "
+                   "!!python/object/apply:os.system: only plain data is read, no tag that builds an object)\n")
+    (tmp_path / "ctl.json").write_text(json.dumps({"zero_optimization": {"stage": 2}, "\u0000x": 1, "a\nb": 2,
+                                                   "\u001b[31mred": 3}))
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", "ctl.json"], capsys)
+    assert code == 0 and "  not read (3, no effect on the plan or not modelled): \\x00x, a\\nb, \\x1b[31mred\n" in out
+    assert "\x00" not in out and "\x1b" not in out
+    code, out, _ = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", "ctl.json", "--json"], capsys)
+    assert code == 0 and json.loads(out)["from_file"]["not_read"] == ["\u0000x", "a\nb", "\u001b[31mred"]  # as read
+    (tmp_path / "ctl.yaml").write_text(json.dumps({"distributed_type": "FSDP\u0000\u001b[2J"}))
+    code, _, err = run_main(["plan", "-m", "Qwen/Qwen2.5-0.5B", "-g", "2xA100", "--from", "ctl.yaml"], capsys)
+    assert code == 2 and err.startswith("advisor: error: --from ctl.yaml: distributed_type FSDP\\x00\\x1b[2J is not ")

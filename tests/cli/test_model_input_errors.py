@@ -23,6 +23,17 @@ def test_bad_config_value_one_line_exit_2(tmp_path, capsys, family, value, shown
     assert f'"hidden_size" is {shown}; expected a positive integer' in lines[0]
 
 
+@pytest.mark.parametrize("size, said", [
+    ("0B", "MODEL (a size) must be at least 1"),
+    ("5", "MODEL (a size) '5' is 5 parameters, below the 20M a size alone can describe"),
+])
+def test_inspect_names_a_refused_size_as_its_argument(capsys, size, said):
+    """inspect takes MODEL, an argument: it said '--model (a size)' and '--params', options it does not have."""
+    code, out, err = _run(["inspect", size], capsys)
+    assert code == 2 and out == "" and err.startswith(f"advisor: error: {said}") and err.count("\n") == 1
+    assert "--model" not in err and "--params" not in err
+
+
 def test_inspect_size_through_the_one_resolver(capsys):
     code, out, _ = _run(["inspect", "7.5B", "--json"], capsys)
     doc = json.loads(out)

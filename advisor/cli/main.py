@@ -241,6 +241,9 @@ def main(argv: list[str] | None = None) -> None:
         code = cli.main(args=argv, prog_name="advisor", standalone_mode=False)
     except (click.exceptions.Abort, KeyboardInterrupt):
         _fail("interrupted", 130)
+    except click.exceptions.NoArgsIsHelpError as err:  # bare `advisor`: click's help page, as a click group prints it
+        err.show()
+        sys.exit(err.exit_code)
     except click.UsageError as err:
         hint = f" (see advisor {err.ctx.command_path.split(' ', 1)[-1]} --help)" if err.ctx and " " in err.ctx.command_path else " (see advisor --help)"
         _fail(err.format_message() + hint, EXIT_BAD_INPUT)

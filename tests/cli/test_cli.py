@@ -80,6 +80,18 @@ def test_help_and_version(capsys):
     assert code == 0 and "0.1.0" in out
 
 
+def test_bare_advisor_prints_the_help_page_as_click_groups_do(capsys):
+    """``advisor`` alone squashed the whole help page into one ~900-character 'advisor: error: Usage: ...' line.
+    A click group given no arguments (no_args_is_help) prints its help on stderr, formatted, and exits 2."""
+    code, out, err = run_main([], capsys)
+    _, help_page, _ = run_main(["--help"], capsys)
+    assert code == 2 and out == "" and err == help_page
+    assert err.startswith("Usage: advisor [OPTIONS] COMMAND [ARGS]...\n\n") and "\nCommands:\n" in err
+    assert "advisor: error" not in err
+    code, _, err = run_main(["nosuchcommand"], capsys)  # a real error stays one line
+    assert code == 2 and err == "advisor: error: No such command 'nosuchcommand'. (see advisor --help)\n"
+
+
 def test_gpus_default_to_this_machine(tmp_path, monkeypatch):
     """Without --gpus, nvidia-smi's list (stubbed here) becomes COUNTxNAME; without a GPU, a clear error."""
     stub = tmp_path / "nvidia-smi"

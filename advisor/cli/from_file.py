@@ -241,7 +241,7 @@ def from_file_doc(done: FromFile) -> dict[str, Any]:
             "derived": list(done.derived), "not_read": list(config.not_read), "notes": list(config.notes)}
 
 
-def echo(line: str) -> None:
+def _echo(line: str) -> None:
     """A line of what the file holds: its keys and values as it wrote them, a control character escaped."""
     click.echo(printable(line))
 
@@ -249,7 +249,7 @@ def echo(line: str) -> None:
 def render_from_file(done: FromFile) -> None:
     """One line per value taken (several options set by one key share its line), then what was not read."""
     config = done.config
-    echo(f"From {config.path} ({config.title}):")
+    _echo(f"From {config.path} ({config.title}):")
     lines: dict[tuple[str, str], list[str]] = {}
     replaced = {o.option: o.given for o in done.overridden}
     for value in config.values:
@@ -258,14 +258,14 @@ def render_from_file(done: FromFile) -> None:
             setting += f" (overridden: {replaced[value.option]} given)"
         lines.setdefault((value.key, value.value), []).append(setting)
     for (key, said), settings in lines.items():
-        echo(f"  {key}: {said} -> {', '.join(settings)}")
+        _echo(f"  {key}: {said} -> {', '.join(settings)}")
     for line in done.derived:
-        echo(f"  {line}")
+        _echo(f"  {line}")
     if config.not_read:
-        echo(f"  not read ({len(config.not_read)}, no effect on the plan or not modelled): "
-             f"{', '.join(config.not_read)}")
+        _echo(f"  not read ({len(config.not_read)}, no effect on the plan or not modelled): "
+              f"{', '.join(config.not_read)}")
     for note in config.notes:
-        echo(f"  note: {note}")
+        _echo(f"  note: {note}")
     click.echo("")
 
 

@@ -604,7 +604,7 @@ def plan(
                 best = planned_length(on_meshes, training)
                 if best is None:
                     raise NothingFits(f"not even one token fits a mesh with {pins.flags} at micro-batch "
-                                     f"{training.micro_batch_size}; see advisor plan without --seq-len max")
+                                      f"{training.micro_batch_size}; see advisor plan without --seq-len max")
             else:
                 best = planned_length(longest, training)
             if best is None and training.global_batch_size is not None and not pins.pipelined:

@@ -109,7 +109,7 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     # --global-batch that does
     plan = chosen or ref
     samples = training.global_batch_size or samples_per_step(plan, hw.world_size)
-    for change in [*stack, *_changes(spec, hw, training, ref, reason, samples=samples)]:
+    for change in [*stack, *_changes(spec, hw, training, ref, reason, samples=samples, pins=pins)]:
         applied = _apply(spec, hw, training, ref, change, pins=pins, samples=samples)
         if applied is None:
             continue
@@ -124,9 +124,12 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
     # A plan on the GPUs alone within the headroom that runs at least as fast comes first in its group; one that runs
     # slower than the plan (more GPUs on a mesh can: 405B on twice the H100s at 0.6x) ranks among the rest by its
     # tokens/s. An expert tries what the same GPUs allow before asking for more of them: more GPUs rank after the
-    # other remedies of their group whatever their tokens/s.
+    # other remedies of their group whatever their tokens/s; and of the changes to the mathematics, the smaller
+    # first (``_changes``' order: an 8-bit optimizer state before LoRA, which changes what trains), then tokens/s.
+    order = {r.name: i for i, r in enumerate(found)}
     return tuple(sorted(found, key=lambda r: (not r.keeps_math, not _roomy_at(r, current * (1 - SAME_SPEED)),
-                                              r.name.startswith("--gpus"), -(r.tokens_per_s or 0), -r.saved_gib)))
+                                              r.name.startswith("--gpus"), 0 if r.keeps_math else order[r.name],
+                                              -(r.tokens_per_s or 0), -r.saved_gib)))
 
 
 def _roomy_at(remedy: Remedy, speed: float) -> bool:
@@ -165,9 +168,10 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
                                              "activation_checkpointing": ref.checkpointing or "off",
                                              **{k: v for k, v in change.update.items() if k != "global_batch_size"}})
         searched = None
-        if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search); the saving
-            # is measured on the mesh it picks
-            searched = _best_searched_mesh(new_spec, new_hw, changed, change.pins)
+        if change.pins is not None:  # what the planner runs with that degree pinned (its mesh search) beside the
+            # degrees the user fixed; the saving is measured on the mesh it picks
+            own = {k: v for k, v in change.pins if v is not None}
+            searched = _best_searched_mesh(new_spec, new_hw, changed, validated_copy(pins or MeshPins(), own))
         on = searched.mesh if searched is not None else change.mesh
         same = evaluate_candidate(new_spec, new_hw, pinned, measured, on)
     except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
@@ -177,7 +181,7 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
     saved = (ref.memory_bytes.total - same.memory_bytes.total) / GIB
     if saved < MIN_SAVED_GIB and change.hardware is None and change.mesh is None and change.update.keys() <= MEMORY_KNOBS:
         return None  # a memory knob that saves nothing at the reference's peak: no re-plan (it bounds the cost)
-    if change.pins is not None:
+    if change.pins is not None and change.hardware is None:  # a pinned degree: the mesh search's best under it
         result = searched
     elif change.mesh is not None:  # hybrid sharding: the mesh candidate is the plan
         result = evaluate_candidate(new_spec, new_hw, changed, ref.strategy, change.mesh)
@@ -275,7 +279,7 @@ def pinned_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, pin
 
 
 def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candidate, reason: str, *,
-             more_gpus: bool = True, samples: int | None = None) -> list[_Change]:
+             more_gpus: bool = True, samples: int | None = None, pins: MeshPins | None = None) -> list[_Change]:
     memory_bound = reason != "low MFU"
     keep = [*optimizer_impl_changes(training)]
     if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
@@ -311,10 +315,18 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
         keep.append(_Change(name=f"--hybrid {hw.nodes}", keeps_math=True, mesh=ParallelDims(
             dp_replicate=hw.nodes, dp_shard=hw.gpus_per_node, world_size=hw.world_size)))
     if memory_bound and more_gpus:  # where nothing fits there is no plan whose samples a step more GPUs keep
-        keep += _more_gpus(spec, hw, training, samples=samples, keeps_plan=reason != "nothing fits")
+        keep += _more_gpus(spec, hw, training, pins=pins)
+    # Those that change it, from the least change to the most (``find_remedies`` ranks them so where they fit alike):
+    # the optimizer state's precision, the frozen base's or the weights' precision, which parameters train, the data.
     change = []
     if training.optimizer in ("adamw", "adam") and spec.trainable_params:
         change.append(_Change(name="--optimizer adamw-8bit", keeps_math=False, update={"optimizer": "adamw-8bit"}))
+    if training.base_dtype_counts and training.frozen_base_dtype == "param":
+        # the base loaded as the checkpoint's bf16 (from_pretrained's dtype='auto'): the same weights, half the bytes;
+        # the linears compute alike under autocast, the norms and the residual stream in bf16
+        change.append(_Change(name="--frozen-base compute", keeps_math=False, update={"frozen_base": "compute"}))
+    if training.precision in ("bf16-mixed", "fp32") and hw.gpu.bf16_tflops is not None:
+        change.append(_Change(name="--precision bf16", keeps_math=False, update={"precision": "bf16"}))
     if training.lora is None and training.quantize is None and spec.trainable_params == spec.total_params:
         try:
             lora = LoraConfig(rank=LORA_RANK)
@@ -322,12 +334,6 @@ def _changes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candi
                                   spec=with_lora(spec, lora)))
         except ValueError:  # no block linears known for this model: no LoRA to plan
             pass
-    if training.base_dtype_counts and training.frozen_base_dtype == "param":
-        # the base loaded as the checkpoint's bf16 (from_pretrained's dtype='auto'): the same weights, half the bytes;
-        # the linears compute alike under autocast, the norms and the residual stream in bf16
-        change.append(_Change(name="--frozen-base compute", keeps_math=False, update={"frozen_base": "compute"}))
-    if training.precision in ("bf16-mixed", "fp32") and hw.gpu.bf16_tflops is not None:
-        change.append(_Change(name="--precision bf16", keeps_math=False, update={"precision": "bf16"}))
     if memory_bound:
         change += _shorter_sequence(spec, hw, training, ref)
     return keep + change
@@ -354,16 +360,17 @@ def optimizer_impl_changes(training: TrainingConfig) -> list[_Change]:
     return [_Change(name="--optimizer-impl fused", keeps_math=True, update={"optimizer_impl": "fused"})]
 
 
-def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, samples: int | None = None,
-               keeps_plan: bool = True) -> list[_Change]:
+def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *,
+               pins: MeshPins | None = None) -> list[_Change]:
     """The fewest GPUs of this kind on which zero3 fits on the GPUs alone within the --headroom (micro-batch 1), or
-    fewer on a mesh (``_fewer_on_a_mesh``), at the plan's ``samples`` a step (``keeps_plan``: there is a plan): without
-    --global-batch the remedy names the one that keeps them, and the count must divide them (data parallelism steps on
-    a micro-batch per GPU); where no count that fits does, the count plans its own (those samples were the plan's
-    micro-batch search's, not the user's), and the remedy names no --global-batch."""
+    fewer on a mesh (``_fewer_on_a_mesh``). A --global-batch the user gave is kept, and the count must divide it (data
+    parallelism steps on a micro-batch per GPU); without one the count plans its own samples a step, as every other
+    remedy does (the plan's were its own micro-batch search's, not the user's: keeping them could force a mesh, e.g.
+    9 samples on 4 GPUs), and the remedy line names both counts. ``pins``: the degrees the user fixed, which the
+    meshes keep."""
     relaxed = validated_copy(training, {"micro_batch_size": 1, "global_batch_size": None})
     per_node = server_size(hw)
-    total = training.global_batch_size or (samples if keeps_plan else None)
+    total = training.global_batch_size
 
     def fits(n: int) -> bool:  # the global batch kept where n ranks divide it: accumulation holds gradients, and
         # the micro-batch search (the whole batch at once first) finds the lightest split, as the plan there would
@@ -375,20 +382,14 @@ def _more_gpus(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, sampl
     count = smallest_count(fits, above=hw.world_size, per_node=per_node)
     if count is not None and count > MORE_GPUS_AT_MOST * hw.world_size:
         count = None  # a different job, not a remedy (the no-fit answer still counts them: advisor.planning.smallest)
-    keeps_samples = True
-    if count is not None and total is not None and total % count:  # the next count that keeps the samples
-        kept = next((n for n in counts_above(count, per_node) if n <= total and total % n == 0 and fits(n)), None)
-        keeps_samples = kept is not None
-        if keeps_samples or training.global_batch_size is not None:  # --global-batch asked: only a count keeping it
-            count = kept
-    on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count, samples=samples)
+    if count is not None and total is not None and total % count:  # --global-batch asked: only a count keeping it
+        count = next((n for n in counts_above(count, per_node) if n <= total and total % n == 0 and fits(n)), None)
+    on_mesh = _fewer_on_a_mesh(spec, hw, training, below=count, pins=pins)
     if on_mesh is not None:
         return [on_mesh]
     if count is None:
         return []
-    keep, said = _keeping(training, total if keeps_samples else None)
-    return [_Change(name=f"--gpus {_gpus_flag(hw, count)}{said}", keeps_math=True,
-                    hardware=at_count(hw, count, per_node), update=keep)]
+    return [_Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=at_count(hw, count, per_node))]
 
 
 def _gpus_flag(hw: Hardware, count: int) -> str:
@@ -407,32 +408,30 @@ def _keeping(training: TrainingConfig, samples: int | None) -> tuple[dict[str, i
 
 
 def _fewer_on_a_mesh(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, below: int | None,
-                     samples: int | None = None) -> _Change | None:
+                     pins: MeshPins | None = None) -> _Change | None:
     """More GPUs on a tensor/context-parallel mesh where that takes fewer of them than data parallelism alone
     (``below``: zero3's count; None where none holds the job): a sample's activations and logits do not shrink
     with data-parallel ranks, they do over cp and tp ranks, so a long sequence that needs 24 GPUs of zero3 fits
     2 on cp 2. The plan at each count is the mesh search's best, as the planner runs it (``_best_searched_mesh``),
     on the GPUs alone within the --headroom, at a count where no data-parallel strategy fits on the GPUs alone (where
-    one does, even past the headroom, the planner runs it and no mesh). The step keeps the plan's ``samples``: without
-    --global-batch the remedy names the one that keeps them (a mesh only needs its data-parallel ranks' micro-batches
-    to divide it, ``keeping_global_batch``). Counts tried: powers of two within a node, then whole nodes doubling
+    one does, even past the headroom, the planner runs it and no mesh). A --global-batch the user gave is kept (a mesh
+    only needs its data-parallel ranks' micro-batches to divide it, ``keeping_global_batch``); without one the mesh
+    plans its own samples a step, as ``_more_gpus`` does. Counts tried: powers of two within a node, then whole nodes doubling
     (the degrees cp and tp take), so the search stays a few mesh searches."""
     per_node = server_size(hw)
     counts = counts_above(hw.world_size, per_node, every=False)
-    keep, said = _keeping(training, samples)
-    at = validated_copy(training, keep) if keep else training
     for count in (n for n in counts if (below is None or n < below) and n <= MORE_GPUS_AT_MOST * hw.world_size):
         cluster = at_count(hw, count, per_node)
-        dp = replan_data_parallel(spec, cluster, at)
+        dp = replan_data_parallel(spec, cluster, training)
         if dp is not None and not offloads(dp):  # the planner runs data parallelism there (past the headroom)
             continue
         try:
-            best = _best_searched_mesh(spec, cluster, at)
+            best = _best_searched_mesh(spec, cluster, training, pins)
         except ValueError:  # the mesh estimators refuse this model (a size alone: no attention heads known)
             return None
-        if best is not None and not offloads(best) and within_headroom(best, at):
-            return _Change(name=f"--gpus {_gpus_flag(hw, count)}{said}", keeps_math=True, hardware=cluster,
-                           pins=MeshPins(), update=keep)
+        if best is not None and not offloads(best) and within_headroom(best, training):
+            return _Change(name=f"--gpus {_gpus_flag(hw, count)}", keeps_math=True, hardware=cluster,
+                           pins=pins or MeshPins())
     return None
 
 

@@ -33,21 +33,23 @@ def test_the_trainers_unsharded_gradients_offload_the_plan_and_the_remedy_names_
     """Under no_sync zero3 holds 2 x 7,615,616,512 bytes of bf16 gradients; reduce-scattered every micro-batch,
     the fp32 shards 4 x 7,615,616,512 / 8: 11,423,424,768 bytes (10.64 GiB) less, 11.75 GiB with the allocator's
     10.4% gap. zero3 then fits on the GPUs alone, so the remedy names the change (context parallelism, which splits
-    the activations instead, ranks before it as the faster of the two, and twice the GPUs too: its zero3 fits only past
-the headroom). Unpinned, the plan is that GPU-only mesh
-    rather than the offload (never offload while a GPU-only plan fits); --tp 1 --cp 1 --pp 1 keep the data-parallel
-    family, whose answer offloads and lists the remedies."""
+    the activations instead, ranks before it as the faster of the two; both fit only past the headroom). Unpinned, the
+    plan is that GPU-only mesh rather than the offload (never offload while a GPU-only plan fits); --tp 1 --cp 1 --pp 1
+    keep the data-parallel family, whose answer offloads and lists the remedies, each planned under the degrees the
+    user fixed: --cp 4 keeps --tp 1 (dp_shard 2 x cp 4, not cp 4 x tp 2), and more GPUs offer no mesh."""
     unpinned = _plan(capsys, *JOB)
     assert unpinned["recommendation"]["mesh"]["cp"] > 1 and unpinned["recommendation"]["strategy"] == "zero3"
     default = _plan(capsys, *JOB, "--tp", "1", "--cp", "1", "--pp", "1")
     assert default["recommendation"]["strategy"] == "zero3_offload"
     assert not _zero3(default)["fits"]
     names = [x["name"] for x in default["recommendation"]["remedies"]]
-    # its zero3 fits at 36.94 of 39.4 GiB, past the 10% headroom: it ranks after the remedies whose plan leaves it
-    # (--cp 4, and twice the GPUs), first among those that do not
-    assert names[0].startswith("--cp ") and names[1].startswith("--gpus ")
-    assert names[2] == "--accumulation-sync every_micro_batch"
-    remedy = default["recommendation"]["remedies"][2]
+    # its zero3 fits at 36.94 of 39.4 GiB, past the 10% headroom, as --cp 4's mesh does (faster): second
+    assert names[0] == "--cp 4" and names[1] == "--accumulation-sync every_micro_batch"
+    assert not any(name.startswith("--gpus ") for name in names)
+    cp4 = default["recommendation"]["remedies"][0]
+    mesh = _plan(capsys, *JOB, "--tp", "1", "--cp", "4", "--pp", "1")["recommendation"]["mesh"]
+    assert cp4["mesh"] == "dp_shard 2 x cp 4" and (mesh["dp_shard"], mesh["cp"], mesh["tp"]) == (2, 4, 1)
+    remedy = default["recommendation"]["remedies"][1]
     assert (remedy["name"], remedy["keeps_math"], remedy["strategy"], remedy["fits"], remedy["past_headroom"]) == (
         "--accumulation-sync every_micro_batch", True, "zero3", True, True)
     assert remedy["saved_gib"] == 11.75

@@ -33,7 +33,7 @@ from advisor.model.spec import ModelSpec, parse_count, validation_problem
 from advisor.mesh import MESH_STRATEGIES
 from advisor.planning.live_model import (check_quantized, config_quantization, live_frozen_base, live_lora,
                                           live_quantization, with_recorded_linears)
-from advisor.planning.longest import (longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
+from advisor.planning.longest import (longer_with_change, longer_with_offload, longest_all, longest_key, longest_on_meshes, longest_traced,
                                       planned_length, within_headroom_at)
 from advisor.planning.meshes import MeshPins, check_pins, choose_with_meshes, enumerate_meshes, pinned_pipeline_meshes
 from advisor.planning.candidates import (Candidate, Recommendation, batch_split_problem, evaluate_candidate,
@@ -644,7 +644,7 @@ def plan(
     asked = training  # a mesh that replaces an offload is planned at that plan's samples a step (its training)
     meshes, recommendation, why, training = choose_with_meshes(
         spec, hw, training, dp_candidates=candidates, dp_choice=recommendation, dp_why=list(why), pins=pins,
-        strategy=strategy, dp_blocked=dp_blocked)
+        strategy=strategy, dp_blocked=dp_blocked, length_search=search_length)
     if search_length:
         why.extend(longer_with_offload(spec, hw, training, longest))
         if recommendation is not None and not spec.traced and (recommendation.mesh is None or (
@@ -652,6 +652,10 @@ def plan(
             roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len,
                                        recommendation.mesh)
             why.extend([roomy] if roomy is not None else [])
+            if not offloads(recommendation.candidate):
+                longer = longer_with_change(spec, hw, training, recommendation.strategy, training.seq_len,
+                                            recommendation.mesh)
+                why.extend([longer] if longer is not None else [])
     if recommendation is not None and context and training.seq_len > context:  # --seq-len max, or a given length
         why.insert(0, BeyondContext(seq_len=training.seq_len, context=context, learned=spec.learned_positions))
     if not (strategy or pins.any or search_length or dp_blocked) and (

@@ -117,6 +117,52 @@ def within_headroom_at(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
                                    headroom=training.headroom)
 
 
+LONGER_WITH = 1.05  # a change whose longest is not 5% longer than the plan's gets no line
+
+
+def longer_with_change(spec: ModelSpec, hw: Hardware, training: TrainingConfig, strategy: str, length: int,
+                       mesh: ParallelDims | None = None) -> r.LongerWithChange | None:
+    """``--seq-len max``: the longest the plan's ``strategy`` (on ``mesh``) holds with one change that keeps the
+    mathematics and frees memory beside a long sequence: the fused loss kernel in place of transformers' full
+    logits (``--loss hf``: at 32k tokens of a 128k vocabulary they are most of a GPU), and the fused optimizer step
+    where the plan's holds a state-sized temporary. The longer of the two where it holds ``LONGER_WITH`` times the
+    plan's ``length`` or more; None otherwise, and for a learned position table (GPT-2, BERT: no longer input runs).
+    Searched upward from ``length``, which the plan holds."""
+    if spec.learned_positions:
+        return None
+    from advisor.estimate.activations import shape_of
+    from advisor.planning.remedies import optimizer_impl_changes
+
+    changes = [(change.name, change.update) for change in optimizer_impl_changes(training)]
+    if training.loss == "hf" and shape_of(spec).vocab_size and not spec.loss_kernel_refusal:
+        changes.append(("--loss fused", {"loss": "fused"}))
+    step = 2 * mesh.cp if mesh is not None else 1
+    found = []
+    for name, update in changes:
+        try:
+            changed = validated_copy(training, update)
+        except ValueError:  # a change the user's other settings refuse
+            continue
+
+        def fits(tokens: int) -> bool:
+            return evaluate_candidate(spec, hw, _at_length(changed, tokens), strategy, mesh).fits
+
+        low, high = length // step, MAX_SEQ_LEN // step
+        if not fits(low * step):
+            continue
+        if fits(high * step):
+            low = high
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if fits(middle * step) else (low, middle)
+        found.append((low * step, name))
+    if not found or max(found)[0] < LONGER_WITH * length:
+        return None
+    longer, name = max(found)
+    label = strategy if mesh is None else f"{strategy} on mesh {mesh.label}"
+    return r.LongerWithChange(strategy=label, change=name, seq_len=longer, plan_seq_len=length)
+
+
 def longest_traced(spec: ModelSpec, hw: Hardware, training: TrainingConfig, names: list[str], *,
                    retrace: Callable[[ModelSpec, int], ModelSpec],
                    max_traces: int = 6) -> tuple[ModelSpec, dict[str, int | None], int | None]:

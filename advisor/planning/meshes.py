@@ -356,12 +356,13 @@ def pinned_pipeline_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConf
 
 def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, *, dp_candidates: list[Candidate],
                        dp_choice: Recommendation | None, dp_why: list[r.Reason], pins: MeshPins,
-                       strategy: str | None = None, dp_blocked: str | None = None,
+                       strategy: str | None = None, dp_blocked: str | None = None, length_search: bool = False,
                        ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
     """Mesh candidates, the recommendation, the 'why' and the training config the recommendation is planned at
     (``training`` but where a GPU-only mesh replaces an offloading plan: the offload plan's samples a step,
     ``at_offload_samples``), given the data-parallel family's choice (module docstring: when meshes are searched
-    and when one wins)."""
+    and when one wins). ``length_search``: ``--seq-len max``, whose length fills the GPU by design (the plan says
+    the longest within the --headroom beside it), so a GPU-only mesh that fits replaces an offload there."""
     dp_offloads = dp_choice is not None and _offloads(dp_choice)
     offloaded = None  # the data-parallel plan that runs only by offloading: a GPU-only mesh may replace it, and
     # is planned at its samples a step (under --policy fastest too, so the two compare at the same mathematics)
@@ -388,7 +389,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         if found is None:
             return False
         if replacing:
-            return within_headroom(found, at)
+            return found.fits if length_search else within_headroom(found, at)
         return _tokens_per_s(found) > (1 + SAME_SPEED) * _tokens_per_s(offloaded)
 
     if offloaded is not None and planned is not training and not replaces(best, planned):
@@ -411,8 +412,8 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
             candidates, searched, samples_per_step=planned.global_batch_size if planned is not training else None
         ), training
     if replacing and best is not None:
-        kept = offload_kept(spec, planned, best, offloaded,
-                            samples_per_step=planned.global_batch_size if planned is not training else None)
+        kept = None if length_search else offload_kept(
+            spec, planned, best, offloaded, samples_per_step=planned.global_batch_size if planned is not training else None)
         if kept is not None:
             return candidates, dp_choice, dp_why + [kept], training
         dp_choice = None  # a GPU-only mesh within the headroom: never offload while one fits

@@ -292,6 +292,11 @@ def _longest_within_headroom(x: r.LongestWithinHeadroom) -> str:
             f"fills the GPU); within it, {x.seq_len:,} (--seq-len {x.seq_len}).")
 
 
+def _longer_with_change(x: r.LongerWithChange) -> str:
+    return (f"with {x.change} (keeps the mathematics), {x.strategy} holds {x.seq_len:,} tokens, "
+            f"{x.seq_len / x.plan_seq_len:.2f}x this plan's {x.plan_seq_len:,} (--seq-len max {x.change}).")
+
+
 def _past_headroom(x: r.PastHeadroom) -> str:
     return (f"micro-batch {x.micro_batch_size} also fits ({_gib(x.total_bytes)} of {_gib(x.capacity_bytes)}, "
             f"{_share(x.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom, and runs "
@@ -515,6 +520,7 @@ _RENDER: dict[str, Callable] = {
     "LossWouldFit": _loss_would_fit,
     "SmallestFitFound": _smallest,
     "LongerWithOffload": _longer_with_offload,
+    "LongerWithChange": _longer_with_change,
     "BeyondContext": _beyond_context,
     "LongestWithinHeadroom": _longest_within_headroom,
     "PastHeadroom": _past_headroom,
@@ -608,7 +614,7 @@ def headline_reason(plan) -> str:
     """One line of why (``advisor plan``'s answer and ``advisor compare``'s message), picked by kind among the
     planner's reasons (``plan``: a ``Plan`` with a recommendation). An offloading plan: the best remedy in
     numbers. A --seq-len max past the model's context: that; one that fills the GPU past the --headroom: the
-    longest within it. On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
+    longest within it, and the longest with the change that keeps the mathematics (``LongerWithChange``). On a mesh: the reason that opens its case (what forced a mesh, or the policy that chose it).
     Otherwise the first of the recommendation's reasons that does more than give a candidate's fit
     figures (``zero3 does not fit: needs 79.6 GiB``, ``zero2 rather than zero3: ...``); when all do (the
     size default fits), the first reason."""
@@ -622,8 +628,12 @@ def headline_reason(plan) -> str:
     if plan.reasons and type(plan.reasons[0]).__name__ in ("BeyondContext", "HeadroomRemedy", "SingleProcessRemedy"):
         return render(plan.reasons[0])  # a length past the model's context: that first
     roomy = next((x for x in plan.reasons if type(x).__name__ == "LongestWithinHeadroom"), None)
-    if roomy is not None:  # --seq-len max fills the GPU: the longest within the --headroom next
-        return render(roomy)
+    longer = next((x for x in plan.reasons if type(x).__name__ == "LongerWithChange"), None)
+    if roomy is not None or longer is not None:  # --seq-len max fills the GPU: the longest within the --headroom
+        # next, and how much longer the change that keeps the mathematics runs
+        first = render(roomy) if roomy is not None else ""
+        change = render(longer) if longer is not None else ""
+        return f"{first} {change[:1].upper()}{change[1:]}" if first and change else first or change
     if rec.mesh is not None:
         opened = [i for i, x in enumerate(plan.reasons) if type(x).__name__ == "MeshFits"]
         if opened and opened[0] > 0:

@@ -13,6 +13,7 @@ import advisor
 from advisor.model.lora import LoraConfig
 from advisor.planning.candidates import evaluate_candidate
 from advisor.planning.longest import longest_key
+from advisor.planning.render import headline_reason
 from advisor.strategies import STRATEGIES, get_strategy
 
 
@@ -245,3 +246,40 @@ def test_a_given_length_past_learned_positions_is_said_first_and_max_stops_at_th
     assert "the plan is shown at the model's context, 1,024 tokens" in " ".join(longest.assumptions)
     # no offloading strategy is offered a length past the table (it called 1,024 "the longest on the GPUs alone")
     assert not [x for x in longest.reasons if x.kind == "longer-with-offload"]
+
+
+def test_the_longest_with_the_fused_loss_kernel_is_given_beside_the_longest():
+    """A review: Llama-3.1-8B LoRA on one H100 holds 32,939 tokens, where transformers' loss holds the logits and
+    their gradient in fp32 (32,939 x 128,256 x 12 bytes = 47.2 GiB of 79.2), and only --verbose named the loss kernel
+    that frees them. The answer's why now names it with the length it holds, which is the plan's own under
+    --loss fused; the fused optimizer step, which frees only the adapters' temporary, adds less than 5%: no line."""
+    p = advisor.plan("meta-llama/Llama-3.1-8B", "1xH100", lora=16, seq_len="max")
+    assert p.recommendation.strategy == "ddp" and p.training.seq_len == 32_939
+    peak = p.chosen.memory_bytes
+    assert peak.peak_moment == "loss_backward" and peak.temporary >= 32_939 * 128_256 * 12
+    (longer,) = [x for x in p.reasons if x.kind == "longer-with-change"]
+    assert (longer.change, longer.strategy, longer.plan_seq_len) == ("--loss fused", "ddp", 32_939)
+    fused = advisor.plan("meta-llama/Llama-3.1-8B", "1xH100", lora=16, seq_len="max", loss="fused")
+    assert fused.recommendation.strategy == "ddp" and fused.training.seq_len == longer.seq_len > 2 * 32_939
+    assert f"With --loss fused (keeps the mathematics), ddp holds {longer.seq_len:,} tokens" in headline_reason(p)
+
+
+def test_a_length_only_a_mesh_holds_on_the_gpus_alone_is_planned_on_that_mesh():
+    """Qwen2.5-7B under the Trainer on 2 x A100: the longest on the GPUs alone is zero3 on a cp 2 mesh's (the
+    data-parallel strategies hold 13,345 tokens at most without offload), and the plan is shown at it. It recommended
+    zero3_offload there, because a mesh at 100% of the GPU did not replace an offload within the --headroom; a length
+    search fills the GPU by design (its why gives the longest within the headroom), so the mesh is the plan."""
+    p = advisor.plan("Qwen/Qwen2.5-7B", "2xA100", recipe="trainer", seq_len="max")
+    rec = p.recommendation
+    assert rec.mesh is not None and rec.mesh.cp == 2 and rec.strategy == "zero3"
+    assert p.longest_seq_len[longest_key("zero3", rec.mesh)] == p.training.seq_len
+    assert max(length for key, length in p.longest_seq_len.items()
+               if length and " " not in key and not key.endswith("_offload")) < p.training.seq_len
+    assert p.chosen.fits and not p.chosen.strategy.endswith("_offload")
+
+
+def test_no_longer_length_is_offered_past_a_learned_position_table():
+    """GPT-2's positions are a table of 1,024 rows: the plan is shown at 1,024 whatever fits, and no change offers a
+    longer input (one that the table cannot run)."""
+    p = advisor.plan("openai-community/gpt2", "1xA100", seq_len="max")
+    assert p.training.seq_len == 1024 and not [x for x in p.reasons if x.kind == "longer-with-change"]

@@ -24,7 +24,7 @@ from advisor.planning.reasons.base import Checkpointing, FitFigures, ReasonModel
 from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits,
     DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit, Unavailable, Escalated, FasterOffload, OffloadNotTaken, Figures, MarginChoice,
     Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy, Spends, Recomputes, MicroBatches, Tradeoff,
-    OffloadRemedy, HeadroomRemedy, SingleProcessRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, LongerWithOffload, BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits, Gap)
+    OffloadRemedy, HeadroomRemedy, SingleProcessRemedy, RemedyFits, LossSaving, LossPeak, LossWouldFit, SmallestFitFound, LongerWithOffload, LongerWithChange, BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits, Gap)
 
 _MESH = ("BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
          "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",
@@ -52,7 +52,7 @@ def _reason_union() -> Any:
         SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
         Unavailable, Escalated, FasterOffload, OffloadNotTaken, MarginChoice, Dominates, CpuRam, CheckpointingOn, CheckpointingForHeadroom, AlsoFits, Requested, FastestPolicy,
         Tradeoff, OffloadRemedy, HeadroomRemedy, SingleProcessRemedy, RemedyFits, LossPeak, LossWouldFit, SmallestFitFound, LongerWithOffload,
-        BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits,
+        LongerWithChange, BeyondContext, LongestWithinHeadroom, PastHeadroom, NoCountFits,
         DataParallelCannot,
         MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
         PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
@@ -65,7 +65,7 @@ __all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "
            "Escalated", "FasterOffload", "OffloadNotTaken", "Figures", "MarginChoice", "Dominates", "CpuRam", "CheckpointingOn", "CheckpointingForHeadroom", "AlsoFits",
            "Requested", "FastestPolicy", "Spends", "Recomputes", "MicroBatches", "Tradeoff", "OffloadRemedy",
            "HeadroomRemedy", "SingleProcessRemedy", "RemedyFits", "LossSaving", "LossPeak", "LossWouldFit", "SmallestFitFound", "LongerWithOffload",
-           "BeyondContext", "LongestWithinHeadroom", "PastHeadroom", "NoCountFits",
+           "LongerWithChange", "BeyondContext", "LongestWithinHeadroom", "PastHeadroom", "NoCountFits",
            "Gap",
            "BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
            "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",

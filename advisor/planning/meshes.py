@@ -4,7 +4,9 @@ The data-parallel family (``planner.choose``) stays the default wherever it fits
 context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are searched when
 nothing in that family fits on the GPUs alone (a GPU-only mesh within the --headroom then replaces its offloading
 plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
-remedies' re-plans run this step too), when the global batch cannot give every GPU a sample, when the user
+remedies' re-plans run this step too), when the family's choice fits only past the --headroom at the micro-batch
+search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_roomier``),
+when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
 only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
 would: tp a divisor of the GPUs in a node that divides the attention and key/value heads, cp a
@@ -369,6 +371,13 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     if dp_offloads and not pins.any and not strategy:
         offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
     replacing = offloaded is not None and training.policy != "fastest"
+    crowded = None  # the family's GPU-only choice past the --headroom: a mesh within it may replace it
+    if (dp_choice is not None and not dp_offloads and not pins.any and not strategy and not length_search
+            and training.policy != "fastest" and training.micro_batch_size is None):  # a micro-batch asked stands
+        chosen_dp = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
+        crowded = None if within_headroom(chosen_dp, training) else chosen_dp
+    if crowded is not None:
+        return _roomier(spec, hw, training, crowded, dp_choice, dp_why, pins)
     if pins.any:
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
@@ -580,6 +589,43 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
                                          micro_batch_size=dp_best.micro_batch_size, tokens_per_s=b.tokens_per_s)
     return mesh_recommendation(spec, hw, training, best, opening=opening, candidates=candidates,
                                alternatives=(alternative,))
+
+
+def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, crowded: Candidate,
+             dp_choice: Recommendation, dp_why: list[r.Reason], pins: MeshPins,
+             ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
+    """The data-parallel family's choice fits only past the --headroom (``crowded``: a long sequence at micro-batch
+    1, within the estimate's error of an out-of-memory failure). The mesh search's best at its samples a step (else
+    at its own micro-batch) replaces it where that mesh leaves the headroom free and runs at least as fast, within
+    SAME_SPEED: what an expert runs (Llama-3.1-8B at 32,768 tokens on 8 x H100: zero3 at 99%, cp 8 at 69% and 1.29x).
+    Otherwise the choice stands, and the mesh candidates are not listed (the remedies name a degree that helps).
+    ``pins``: degrees of 1 the user fixed (``--cp 1``), which the search keeps."""
+    def roomier(found: Candidate | None, at: TrainingConfig) -> bool:
+        return found is not None and within_headroom(found, at) and (
+            _tokens_per_s(found) >= (1 - SAME_SPEED) * _tokens_per_s(crowded))
+
+    planned = at_offload_samples(training, crowded, hw.world_size)
+    meshes, refused, candidates, best, searched = _search(spec, hw, planned, pins, None, False)
+    own_samples = None
+    if not roomier(best, planned) and planned is not training:
+        own = _search(spec, hw, training, pins, None, False)
+        if roomier(own[3], training):
+            own_samples, planned, (meshes, refused, candidates, best, searched) = (
+                planned.global_batch_size, training, own)
+    if not roomier(best, planned):
+        return [], dp_choice, dp_why, training
+    opening = r.MeshWithinHeadroom(mesh_label=best.mesh.label, dp_strategy=crowded.strategy, mesh=_timing(best),
+                                   dp=_timing(crowded), capacity_bytes=crowded.capacity_bytes,
+                                   headroom=training.headroom, dp_samples_unfit=own_samples,
+                                   mesh_samples_per_step=best.micro_batch_size * best.mesh.dp * (
+                                       best.gradient_accumulation_steps or 1) if own_samples else None)
+    step = crowded.step_time
+    alternative = r.DataParallelAlsoFits(strategy=crowded.strategy, world_size=hw.world_size,
+                                         total_bytes=crowded.memory_bytes.total, step_s=step.step_s,
+                                         micro_batch_size=crowded.micro_batch_size, tokens_per_s=step.tokens_per_s)
+    rec, why = mesh_recommendation(spec, hw, planned, best, opening=opening, candidates=candidates,
+                                   alternatives=(alternative,))
+    return candidates, rec, why[:1] + dp_why + why[1:], planned  # the family's own case after the opening
 
 
 def _offloads(rec: Recommendation) -> bool:

@@ -481,6 +481,19 @@ def _fastest_mesh(x: r.FastestMesh) -> str:
             f"{ckpt_note}).{_own_samples(x.offload_samples_unfit, x.mesh_samples_per_step, 'is faster')}")
 
 
+def _mesh_within_headroom(x: r.MeshWithinHeadroom) -> str:
+    a, b = x.mesh, x.dp
+    own = "" if x.dp_samples_unfit is None else (
+        f" At the data-parallel plan's {x.dp_samples_unfit} samples a step no mesh fits within the headroom "
+        f"(--global-batch {x.dp_samples_unfit} plans at them); the mesh steps on its own {x.mesh_samples_per_step} "
+        f"sample{'s' if x.mesh_samples_per_step != 1 else ''}.")
+    return (f"{x.dp_strategy} alone needs {_gib(b.total_bytes)} of {_gib(x.capacity_bytes)} "
+            f"({_share(b.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom (within the estimate's "
+            f"error of an out-of-memory failure); mesh {x.mesh_label} runs within it: {_gib(a.total_bytes)} "
+            f"({_share(a.total_bytes, x.capacity_bytes):.0%}), {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
+            f"({a.step_s:.2f} s/step at micro-batch {a.micro_batch_size} vs {b.step_s:.2f} s at {b.micro_batch_size}).{own}")
+
+
 def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:
     return (f"{x.strategy} alone (data parallelism over all {x.world_size} GPUs) also fits: "
             f"{_gib(x.total_bytes)} per GPU, {x.step_s:.2f} s/step at micro-batch "
@@ -550,6 +563,7 @@ _RENDER: dict[str, Callable] = {
     "MeshNotFaster": lambda x: (f"The fastest mesh, {x.mesh_label}, is not faster by more than {x.same_speed:.0%}: "
                                 f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
     "FastestMesh": _fastest_mesh,
+    "MeshWithinHeadroom": _mesh_within_headroom,
     "DataParallelAlsoFits": _dp_also_fits,
 }
 

@@ -250,6 +250,24 @@ class FastestMesh(ReasonModel):
     mesh_samples_per_step: MeshOwnSamples = None
 
 
+class MeshWithinHeadroom(ReasonModel):
+    """``zero3 alone needs 78.4 GiB of 79.2 GiB (99%), past the 10% headroom (within the estimate's error of an
+    out-of-memory failure); mesh cp 8 runs within it: 54.4 GiB (69%), 34,143 vs 26,530 tokens/s.``"""
+
+    kind: Literal["mesh-within-headroom"] = "mesh-within-headroom"
+    mesh_label: str
+    dp_strategy: str
+    mesh: MeshTiming
+    dp: MeshTiming
+    capacity_bytes: int
+    headroom: float
+    dp_samples_unfit: int | None = Field(
+        default=None, exclude_if=lambda n: n is None, description="The data-parallel plan's samples a step, at which "
+        "no mesh fits within the headroom: the mesh is planned at its own micro-batch (no --global-batch).")
+    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The mesh's own samples a step, where dp_samples_unfit is given.")
+
+
 class DataParallelAlsoFits(ReasonModel):
     """``zero3 alone (data parallelism over all 8 GPUs) also fits: ...``"""
 

@@ -114,7 +114,10 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
         if applied is None:
             continue
         remedy, roomy = applied
-        if roomy if reason == "past headroom" else _helps(remedy, on_gpu_now=on_gpu_now, current=current):
+        # more GPUs help a plan on the GPUs alone only where they run faster than it would scaled to their count (a
+        # forced mesh at 85% on 4 H100s was offered 24 at 0.8x its tokens/s a GPU)
+        scale = change.hardware.world_size / hw.world_size if change.hardware is not None else 1
+        if roomy if reason == "past headroom" else _helps(remedy, on_gpu_now=on_gpu_now, current=current * scale):
             found.append(remedy)  # past the headroom: only what brings the plan back within it
     # One context-parallel degree: the one whose plan runs fastest (the smallest among equals).
     degrees = [x for x in found if x.name.startswith("--cp ")]

@@ -458,3 +458,14 @@ def test_changes_to_the_mathematics_rank_the_smaller_first():
     eight, lora = changes[names.index("--optimizer adamw-8bit")], changes[names.index("--lora 16")]
     assert names.index("--optimizer adamw-8bit") < names.index("--lora 16")
     assert eight.fits and lora.fits and lora.tokens_per_s > eight.tokens_per_s
+
+
+def test_more_gpus_are_no_remedy_where_they_run_slower_a_gpu():
+    """A review: Llama-3.1-8B at 32,768 tokens on 4 x H100 runs a forced cp 4 mesh on the GPUs alone at 85%, 16,440
+    tokens/s; the remedies offered 24 H100s at 79,655 tokens/s, 3,319 a GPU against the plan's 4,110. More GPUs help
+    a plan on the GPUs alone only where they beat it scaled to their count; the offload plan's more GPUs stay."""
+    p = plan("meta-llama/Llama-3.1-8B", "4xH100", seq_len=32768)
+    assert p.chosen.mesh is not None and not p.chosen.strategy.endswith("_offload")
+    assert not [x for x in p.recommendation.remedies if x.name.startswith("--gpus")]
+    offloading = plan("Qwen/Qwen2.5-7B", "2xA100")
+    assert [x for x in offloading.recommendation.remedies if x.name.startswith("--gpus")]

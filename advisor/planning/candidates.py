@@ -30,6 +30,12 @@ from advisor.units import GIB
 # published runs (benchmarks/results/throughput_validation.md: within 25%), so a smaller gap is no
 # reason to give up memory headroom, recompute more or take on more communication (advisor.planning.policy).
 SAME_SPEED = 0.03
+# Below this share of the peak the plan mostly waits (exposed communication or offload). Published
+# well-tuned runs reach 38-58% (benchmarks/results/throughput_validation.md: llm-foundry MPT-30B on
+# 8 x H100 38%, torchtitan Llama 3 8B on 64 x A100 58%); half the lowest of them is the line drawn here: remedies
+# are listed below it (advisor.planning.remedies), and on several nodes meshes and pipeline stages are searched for a
+# faster plan (advisor.planning.meshes).
+USEFUL_MFU = 0.20
 
 AUTO_MICRO_BATCH_CAP = 64
 # The keys of a candidate and a recommendation in --json, in the order readers have always seen (some are

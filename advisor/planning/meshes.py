@@ -5,7 +5,9 @@ context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are 
 nothing in that family fits on the GPUs alone (a GPU-only mesh within the --headroom then replaces its offloading
 plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
 remedies' re-plans run this step too), when the family's choice fits only past the --headroom at the micro-batch
-search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_roomier``),
+search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_roomier``) or
+runs below ``USEFUL_MFU`` on several nodes (a mesh faster by more than ``SAME_SPEED`` replaces it, pipeline stages
+searched where the other meshes are slow too),
 when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
 only when it is faster by more than ``SAME_SPEED``). The meshes tried are the ones a practitioner
@@ -31,8 +33,8 @@ from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share,
                                               pipeline_search_reason, pipeline_summary_line, stage_line, tp_degrees,
                                               without_pp_line)
 from advisor.planning import reasons as r
-from advisor.planning.candidates import (Candidate, Recommendation, batch_split_problem, evaluate_candidate,
-                                         within_headroom)
+from advisor.planning.candidates import (USEFUL_MFU, Candidate, Recommendation, batch_split_problem,
+                                         evaluate_candidate, within_headroom)
 from advisor.planning.policy import SAME_SPEED, checkpointing
 from advisor.planning.render import render_alternative, render_reason
 from advisor.strategies import STRATEGIES
@@ -371,13 +373,14 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
     if dp_offloads and not pins.any and not strategy:
         offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
     replacing = offloaded is not None and training.policy != "fastest"
-    crowded = None  # the family's GPU-only choice past the --headroom: a mesh within it may replace it
     if (dp_choice is not None and not dp_offloads and not pins.any and not strategy and not length_search
             and training.policy != "fastest" and training.micro_batch_size is None):  # a micro-batch asked stands
+        # the family's GPU-only choice past the --headroom, or slow on several nodes: a mesh may replace it
         chosen_dp = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        crowded = None if within_headroom(chosen_dp, training) else chosen_dp
-    if crowded is not None:
-        return _roomier(spec, hw, training, crowded, dp_choice, dp_why, pins)
+        if not within_headroom(chosen_dp, training):
+            return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins)
+        if hw.nodes > 1 and chosen_dp.step_time is not None and chosen_dp.step_time.mfu < USEFUL_MFU:
+            return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins, slow=True)
     if pins.any:
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
@@ -451,7 +454,7 @@ def _search(spec: ModelSpec, hw: Hardware, planned: TrainingConfig, pins: MeshPi
     best = best_mesh(candidates, planned)
     closest = min((c for c in candidates if c.memory_bytes), key=lambda c: c.memory_bytes.total, default=None)
     searched = pipeline_search_reason(spec, planned, pinned=pins.pipelined, best=best, closest=closest,
-                                      dp_offloads=dp_offloads)
+                                      dp_offloads=dp_offloads, nodes=hw.nodes)
     if searched is not None:  # pipeline and expert meshes join (advisor.planning.pipeline_meshes)
         more, refused_more = keeping_global_batch(planned, pinned_pipeline_meshes(spec, hw, planned, pins))
         meshes, refused = meshes + more, refused + refused_more
@@ -591,41 +594,53 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
                                alternatives=(alternative,))
 
 
-def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, crowded: Candidate,
-             dp_choice: Recommendation, dp_why: list[r.Reason], pins: MeshPins,
+def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: Candidate,
+             dp_choice: Recommendation, dp_why: list[r.Reason], pins: MeshPins, *, slow: bool = False,
              ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
-    """The data-parallel family's choice fits only past the --headroom (``crowded``: a long sequence at micro-batch
-    1, within the estimate's error of an out-of-memory failure). The mesh search's best at its samples a step (else
-    at its own micro-batch) replaces it where that mesh leaves the headroom free and runs at least as fast, within
-    SAME_SPEED: what an expert runs (Llama-3.1-8B at 32,768 tokens on 8 x H100: zero3 at 99%, cp 8 at 69% and 1.29x).
+    """The data-parallel family's GPU-only choice (``dp_best``) either fits only past the --headroom (a long sequence at
+    micro-batch 1, within the estimate's error of an out-of-memory failure), or, ``slow``, runs below USEFUL_MFU on
+    several nodes (its collectives on the network). The mesh search's best at its samples a step (else at its own
+    micro-batch) replaces it where that mesh leaves the headroom free and runs at least as fast, within SAME_SPEED (past
+    the headroom: Llama-3.1-8B at 32,768 tokens on 8 x H100, zero3 at 99%, cp 8 at 69% and 1.29x), or faster by more
+    than SAME_SPEED (slow: Llama-3.1-70B on 4 x 8 H100 over 100 Gb/s Ethernet, zero3 at MFU 9%, pipeline stages across
+    the nodes at 2.6x; the search adds pipelines where its best tp/cp/HSDP mesh is slow too: ``pipeline_search_reason``).
     Otherwise the choice stands, and the mesh candidates are not listed (the remedies name a degree that helps).
     ``pins``: degrees of 1 the user fixed (``--cp 1``), which the search keeps."""
-    def roomier(found: Candidate | None, at: TrainingConfig) -> bool:
-        return found is not None and within_headroom(found, at) and (
-            _tokens_per_s(found) >= (1 - SAME_SPEED) * _tokens_per_s(crowded))
+    bar = (1 + SAME_SPEED) if slow else (1 - SAME_SPEED)
 
-    planned = at_offload_samples(training, crowded, hw.world_size)
+    def better(found: Candidate | None, at: TrainingConfig) -> bool:
+        return found is not None and within_headroom(found, at) and _tokens_per_s(found) >= bar * _tokens_per_s(dp_best)
+
+    planned = at_offload_samples(training, dp_best, hw.world_size)
     meshes, refused, candidates, best, searched = _search(spec, hw, planned, pins, None, False)
     own_samples = None
-    if not roomier(best, planned) and planned is not training:
+    if not better(best, planned) and planned is not training:
         own = _search(spec, hw, training, pins, None, False)
-        if roomier(own[3], training):
+        if better(own[3], training):
             own_samples, planned, (meshes, refused, candidates, best, searched) = (
                 planned.global_batch_size, training, own)
-    if not roomier(best, planned):
+    if not better(best, planned):
         return [], dp_choice, dp_why, training
-    opening = r.MeshWithinHeadroom(mesh_label=best.mesh.label, dp_strategy=crowded.strategy, mesh=_timing(best),
-                                   dp=_timing(crowded), capacity_bytes=crowded.capacity_bytes,
-                                   headroom=training.headroom, dp_samples_unfit=own_samples,
-                                   mesh_samples_per_step=best.micro_batch_size * best.mesh.dp * (
-                                       best.gradient_accumulation_steps or 1) if own_samples else None)
-    step = crowded.step_time
-    alternative = r.DataParallelAlsoFits(strategy=crowded.strategy, world_size=hw.world_size,
-                                         total_bytes=crowded.memory_bytes.total, step_s=step.step_s,
-                                         micro_batch_size=crowded.micro_batch_size, tokens_per_s=step.tokens_per_s)
+    mesh_samples = best.micro_batch_size * best.mesh.dp * (best.gradient_accumulation_steps or 1) if own_samples else None
+    if slow:
+        opening: r.Reason = r.MeshOverSlowDataParallel(
+            mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best), dp=_timing(dp_best),
+            nodes=hw.nodes, dp_mfu=dp_best.step_time.mfu, capacity_bytes=dp_best.capacity_bytes,
+            dp_samples_unfit=own_samples, mesh_samples_per_step=mesh_samples)
+    else:
+        opening = r.MeshWithinHeadroom(mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best),
+                                       dp=_timing(dp_best), capacity_bytes=dp_best.capacity_bytes,
+                                       headroom=training.headroom, dp_samples_unfit=own_samples,
+                                       mesh_samples_per_step=mesh_samples)
+    step = dp_best.step_time
+    alternative = r.DataParallelAlsoFits(strategy=dp_best.strategy, world_size=hw.world_size,
+                                         total_bytes=dp_best.memory_bytes.total, step_s=step.step_s,
+                                         micro_batch_size=dp_best.micro_batch_size, tokens_per_s=step.tokens_per_s)
+    pp_lines = [r.PipelineSearched(cause=searched)] if searched is not None and (best.mesh.pp > 1 or best.mesh.ep > 1) \
+        else []
     rec, why = mesh_recommendation(spec, hw, planned, best, opening=opening, candidates=candidates,
                                    alternatives=(alternative,))
-    return candidates, rec, why[:1] + dp_why + why[1:], planned  # the family's own case after the opening
+    return candidates, rec, dp_why + pp_lines + why, planned  # the opening just before the mesh's fit: the headline
 
 
 def _offloads(rec: Recommendation) -> bool:

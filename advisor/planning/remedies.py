@@ -31,8 +31,8 @@ from advisor.model.attention_support import runs_eager_by_default
 from advisor.model.lora import LoraConfig, with_lora
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import (ADAFACTOR_ON_FSDP2, Candidate, Remedy, evaluate_candidate, largest_fitting,
-                                         samples_per_step, within_headroom)
+from advisor.planning.candidates import (ADAFACTOR_ON_FSDP2, USEFUL_MFU, Candidate, Remedy, evaluate_candidate,
+                                         largest_fitting, samples_per_step, within_headroom)
 from advisor.planning.meshes import (MeshPins, best_mesh, choose_with_meshes, enumerate_meshes, evaluate_meshes,
                                      keeping_global_batch, powers_of_two)
 from advisor.planning.policy import SAME_SPEED, choose, choose_fastest, default_strategy, offloads
@@ -42,10 +42,6 @@ from advisor.strategies import STRATEGIES, StrategyName
 from advisor.training import TrainingConfig
 from advisor.units import GIB
 
-# Below this share of the peak the plan mostly waits (exposed communication or offload). Published
-# well-tuned runs reach 38-58% (benchmarks/results/throughput_validation.md: llm-foundry MPT-30B on
-# 8 x H100 38%, torchtitan Llama 3 8B on 64 x A100 58%); half the lowest of them is the line drawn here.
-USEFUL_MFU = 0.20
 LORA_RANK = 16  # PEFT's examples and the README's use the rank 16 most often
 # More GPUs of this kind is a remedy up to this many times the user's count; beyond it (2,712 L4s for a 70B model on 4)
 # it is another job, and the remedies on the user's own GPUs (LoRA, an 8-bit optimizer, ...) are the advice

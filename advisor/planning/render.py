@@ -425,6 +425,9 @@ def cause_text(x: r.SearchCause) -> str:
         return (f"no mesh of tp, cp and HSDP inside a node fits: the closest, {x.mesh_label}, needs "
                 f"{_gib(x.total_bytes)} per GPU of {_gib(x.capacity_bytes)}, and TP across "
                 "nodes would put its collectives on the network, so pipeline stages were searched")
+    if x.kind == "low-mfu":
+        return (f"the best mesh of tp, cp and HSDP, {x.mesh_label}, runs at MFU {x.mfu:.0%} with its collectives "
+                "between nodes, so pipeline stages, which send only activations there, were searched")
     return "policy fastest: pipeline and expert meshes were searched too"
 
 
@@ -492,6 +495,18 @@ def _mesh_within_headroom(x: r.MeshWithinHeadroom) -> str:
             f"error of an out-of-memory failure); mesh {x.mesh_label} runs within it: {_gib(a.total_bytes)} "
             f"({_share(a.total_bytes, x.capacity_bytes):.0%}), {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
             f"({a.step_s:.2f} s/step at micro-batch {a.micro_batch_size} vs {b.step_s:.2f} s at {b.micro_batch_size}).{own}")
+
+
+def _mesh_over_slow(x: r.MeshOverSlowDataParallel) -> str:
+    a, b = x.mesh, x.dp
+    own = "" if x.dp_samples_unfit is None else (
+        f" At the data-parallel plan's {x.dp_samples_unfit} samples a step no mesh runs faster within the headroom "
+        f"(--global-batch {x.dp_samples_unfit} plans at them); the mesh steps on its own {x.mesh_samples_per_step} "
+        f"sample{'s' if x.mesh_samples_per_step != 1 else ''}.")
+    return (f"{x.dp_strategy} alone runs at MFU {x.dp_mfu:.0%} on {x.nodes} nodes ({b.tokens_per_s:,.0f} tokens/s, "
+            f"{b.exposed_communication_s:.2f} s of its {b.step_s:.2f} s step in exposed communication); mesh "
+            f"{x.mesh_label} runs {a.tokens_per_s:,.0f} tokens/s ({a.tokens_per_s / b.tokens_per_s:.2f}x) within the "
+            f"headroom: {_gib(a.total_bytes)} ({_share(a.total_bytes, x.capacity_bytes):.0%}).{own}")
 
 
 def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:
@@ -564,6 +579,7 @@ _RENDER: dict[str, Callable] = {
                                 f"{x.tokens_per_s:,.0f} vs {x.dp_tokens_per_s:,.0f} tokens/s."),
     "FastestMesh": _fastest_mesh,
     "MeshWithinHeadroom": _mesh_within_headroom,
+    "MeshOverSlowDataParallel": _mesh_over_slow,
     "DataParallelAlsoFits": _dp_also_fits,
 }
 

@@ -29,7 +29,7 @@ from advisor.planning.reasons.choice import (SizeBand, SizeDefault, SizeDefaultU
 _MESH = ("BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
          "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",
          "PinnedDegrees", "NoPinnedMeshFits", "NoMeshFits", "MeshNotFaster", "MeshTiming", "FastestMesh",
-         "DataParallelAlsoFits", "OffloadKeptOverMesh", "MeshSlowerThanOffload", "MeshWithinHeadroom", "Limit")
+         "DataParallelAlsoFits", "OffloadKeptOverMesh", "MeshSlowerThanOffload", "MeshWithinHeadroom", "MeshOverSlowDataParallel", "Limit")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,7 +46,7 @@ def __getattr__(name: str) -> Any:
 def _reason_union() -> Any:
     from advisor.planning.reasons.mesh import (DataParallelCannot, MeshFits, DegreeEffect, StagePeaks, WithoutPipeline,
         PipelineSearched, PipelineSummary, NoGpuOnlyMesh, PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster,
-        FastestMesh, DataParallelAlsoFits, OffloadKeptOverMesh, MeshSlowerThanOffload, MeshWithinHeadroom)
+        FastestMesh, DataParallelAlsoFits, OffloadKeptOverMesh, MeshSlowerThanOffload, MeshWithinHeadroom, MeshOverSlowDataParallel)
 
     return Annotated[Union[
         SizeDefault, SizeDefaultUnfit, AlsoSizeDefault, DefaultFits, DoesNotFit, HighEndDoesNotFit, CpuRamDoesNotFit,
@@ -56,7 +56,7 @@ def _reason_union() -> Any:
         DataParallelCannot,
         MeshFits, DegreeEffect, StagePeaks, WithoutPipeline, PipelineSearched, PipelineSummary, NoGpuOnlyMesh,
         PinnedDegrees, NoPinnedMeshFits, NoMeshFits, MeshNotFaster, FastestMesh, DataParallelAlsoFits,
-        OffloadKeptOverMesh, MeshSlowerThanOffload, MeshWithinHeadroom,
+        OffloadKeptOverMesh, MeshSlowerThanOffload, MeshWithinHeadroom, MeshOverSlowDataParallel,
     ], Field(discriminator="kind")]
 
 
@@ -70,4 +70,4 @@ __all__ = ["Reason", "Checkpointing", "FitFigures", "ReasonModel", "SizeBand", "
            "BatchLimit", "MemoryLimit", "NoDataParallelFits", "DataParallelCannot", "MeshFits", "DegreeEffect",
            "StagePeaks", "WithoutPipeline", "SearchCause", "PipelineSearched", "PipelineSummary", "NoGpuOnlyMesh",
            "PinnedDegrees", "NoPinnedMeshFits", "NoMeshFits", "MeshNotFaster", "MeshTiming", "FastestMesh",
-           "DataParallelAlsoFits", "OffloadKeptOverMesh", "MeshSlowerThanOffload", "MeshWithinHeadroom", "Limit"]
+           "DataParallelAlsoFits", "OffloadKeptOverMesh", "MeshSlowerThanOffload", "MeshWithinHeadroom", "MeshOverSlowDataParallel", "Limit"]

@@ -114,12 +114,15 @@ class WithoutPipeline(ReasonModel):
 class SearchCause(ReasonModel):
     """Why pipeline/expert meshes joined the search."""
 
-    kind: Literal["pinned", "experts", "no-mesh-tried", "no-mesh-fits", "policy-fastest"]
+    kind: Literal["pinned", "experts", "no-mesh-tried", "no-mesh-fits", "policy-fastest", "low-mfu"]
     expert_share: float | None = None
     num_params: int | None = None
-    mesh_label: str | None = Field(default=None, description="The closest tp/cp/HSDP mesh (no-mesh-fits).")
+    mesh_label: str | None = Field(default=None, description="The closest tp/cp/HSDP mesh (no-mesh-fits), or the "
+                                   "best (low-mfu).")
     total_bytes: int | None = None
     capacity_bytes: int | None = None
+    mfu: float | None = Field(default=None, exclude_if=lambda x: x is None,
+                              description="low-mfu: the best tp/cp/HSDP mesh's MFU, below USEFUL_MFU on several nodes.")
 
 
 class PipelineSearched(ReasonModel):
@@ -264,6 +267,25 @@ class MeshWithinHeadroom(ReasonModel):
     dp_samples_unfit: int | None = Field(
         default=None, exclude_if=lambda n: n is None, description="The data-parallel plan's samples a step, at which "
         "no mesh fits within the headroom: the mesh is planned at its own micro-batch (no --global-batch).")
+    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
+                                              description="The mesh's own samples a step, where dp_samples_unfit is given.")
+
+
+class MeshOverSlowDataParallel(ReasonModel):
+    """``zero3 alone runs at MFU 9% on 4 nodes (7,269 tokens/s, 2.81 s of its 4.51 s step in exposed communication);
+    mesh pp 4 x dp_shard 2 x tp 4 runs 18,777 tokens/s (2.58x) within the headroom: 68.0 GiB (86%).``"""
+
+    kind: Literal["mesh-over-slow-data-parallel"] = "mesh-over-slow-data-parallel"
+    mesh_label: str
+    dp_strategy: str
+    mesh: MeshTiming
+    dp: MeshTiming
+    nodes: int
+    dp_mfu: float
+    capacity_bytes: int
+    dp_samples_unfit: int | None = Field(
+        default=None, exclude_if=lambda n: n is None, description="The data-parallel plan's samples a step, at which "
+        "no mesh runs faster within the headroom: the mesh is planned at its own micro-batch (no --global-batch).")
     mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
                                               description="The mesh's own samples a step, where dp_samples_unfit is given.")
 

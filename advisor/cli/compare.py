@@ -128,13 +128,14 @@ def compare(as_json: bool, **options) -> None:
     if fastest is not None:
         console.print(f"Fastest: {fastest.label} ({fastest.step.tokens_per_s:,.0f} tokens/s). "
                       f"Fewest GPU-hours per token: {cheapest.label} ({cheapest.gpu_hours_per_billion_tokens:,.1f} "
-                      "GPU-hours per billion tokens; an hour's price differs by GPU).")
+                      "GPU-hours per billion tokens; an hour's price differs by GPU)"
+                      + ("." if fastest.within_headroom else ": every plan is past the --headroom, as below."))
     precisions = {r.precision for r in result.results if r.precision}
     if len(precisions) > 1:  # a GPU without bf16 is planned in fp16-mixed (advisor plan's assumptions say so)
         console.print("Precision differs: " + "; ".join(f"{r.label} {r.precision}" for r in result.results
                                                         if r.precision) + ".")
     for r in result.results:
-        if not r.fits:
+        if not r.fits or r.within_headroom is False:  # nothing fits, or only within the estimate's error of an OOM
             console.print(f"{r.label}: {r.message}")
     if fastest is None:  # as advisor plan: nothing fits on any cluster listed
         click.get_current_context().exit(EXIT_NOTHING_FITS)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_seriali
 
 from advisor.frozen import in_json_order
 from advisor.planning.api import Plan, plan
+from advisor.planning.candidates import within_headroom
 from advisor.planning.render import headline_reason
 from advisor.estimate.step_time import StepTime, estimate_step_time
 from advisor.strategies import STRATEGIES
@@ -52,6 +53,9 @@ class ClusterResult(_Frozen):
                          "(advisor.planning.render.headline_reason).")
     precision: str | None = Field(default=None, exclude=True, description="The precision the cluster was planned in "
                                   "(fp16-mixed on a GPU without bf16); the table says so where they differ.")
+    within_headroom: bool | None = Field(default=None, description="The plan leaves the --headroom free at its "
+                                         "--margin end (None: nothing fits); past it, the plan is within the "
+                                         "estimate's error of an out-of-memory failure.")
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -71,8 +75,8 @@ class ClusterResult(_Frozen):
 
 
 _KEYS = ("gpus", "label", "world_size", "fits", "strategy", "mesh", "micro_batch_size", "gradient_accumulation_steps",
-         "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes", "capacity_bytes", "step",
-         "gpu_hours_per_billion_tokens", "message")
+         "activation_checkpointing", "selective_checkpointing", "memory_per_gpu_bytes", "capacity_bytes",
+         "within_headroom", "step", "gpu_hours_per_billion_tokens", "message")
 
 
 class Comparison(_Frozen):
@@ -80,14 +84,20 @@ class Comparison(_Frozen):
     total_params: int
     results: tuple[ClusterResult, ...]
 
+    def _timed(self) -> list[ClusterResult]:
+        """The clusters with a plan, those within the --headroom only where any is (one past it is within the
+        estimate's error of an out-of-memory failure: not the answer while another cluster runs with room)."""
+        timed = [r for r in self.results if r.step is not None and r.gpu_hours_per_billion_tokens is not None]
+        return [r for r in timed if r.within_headroom] or timed
+
     @property
     def fastest(self) -> ClusterResult | None:
-        timed = [r for r in self.results if r.step is not None]
+        timed = self._timed()
         return max(timed, key=lambda r: r.step.tokens_per_s) if timed else None
 
     @property
     def cheapest(self) -> ClusterResult | None:
-        timed = [r for r in self.results if r.gpu_hours_per_billion_tokens is not None]
+        timed = self._timed()
         return min(timed, key=lambda r: r.gpu_hours_per_billion_tokens) if timed else None
 
 
@@ -151,6 +161,7 @@ def _cluster(result: Plan, gpus: str, step: StepTime | None) -> ClusterResult:
         gradient_accumulation_steps=step.gradient_accumulation_steps,
         checkpointing=cand.checkpointing, memory_per_gpu_bytes=cand.memory_bytes.total,
         step=step, gpu_hours_per_billion_tokens=hours, message=headline_reason(result),
+        within_headroom=within_headroom(cand, result.training),
     )
 
 

@@ -155,3 +155,20 @@ def test_clusters_planned_in_different_precisions_are_said_so():
     doc = json.loads(CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-8B", "--gpus",
                                                           "8xH100,8xV100-32GB", "--json"]).output)
     assert all("precision" not in row for row in doc["results"])
+
+
+def test_a_cluster_past_the_headroom_is_not_the_answer_while_another_runs_with_room():
+    """A review: Llama-3.1-70B on 8 x MI300X plans zero3 at 191.3 of 192 GiB (100%), within the estimate's error of an
+    out-of-memory failure, and compare named it the fewest GPU-hours per token without a word. The row says it is past
+    the --headroom (within_headroom false in --json, its why line under the table), and the fastest and the cheapest
+    are picked among the clusters within it."""
+    result = compare("meta-llama/Llama-3.1-70B", "8xH200,8xMI300X")
+    h200, mi300x = result.results
+    assert mi300x.within_headroom is False and mi300x.memory_per_gpu_bytes > 0.9 * mi300x.capacity_bytes
+    assert h200.within_headroom is True
+    assert mi300x.gpu_hours_per_billion_tokens < h200.gpu_hours_per_billion_tokens  # cheaper, but not the answer
+    assert result.cheapest is h200 and result.fastest is h200
+    out = CliRunner().invoke(compare_command, ["-m", "meta-llama/Llama-3.1-70B", "-g", "8xH200,8xMI300X"],
+                             env={"COLUMNS": "300"}).output
+    assert "Fewest GPU-hours per token: 8xH200" in out
+    assert f"8xMI300X: {mi300x.message}" in " ".join(out.split()) and "past the 10% headroom" in mi300x.message

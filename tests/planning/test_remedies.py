@@ -501,3 +501,18 @@ def test_pipeline_stages_are_searched_where_the_forced_mesh_waits_on_the_network
     assert p.recommendation.mesh.label == "pp 16 (1f1b) x tp 8" and p.chosen.step_time.mfu >= 0.2
     (searched,) = [x for x in p.reasons if isinstance(x, r.PipelineSearched)]
     assert searched.cause.kind == "low-mfu" and searched.cause.mfu < 0.2
+
+
+def test_a_remedy_on_the_users_gpus_ranks_before_more_of_them():
+    """A review: Llama-3.1-70B on 8 x MI300X fits at 100% (foreach AdamW's temporary at the step); the why line and the
+    first remedy asked for 16 MI300X, where --optimizer-impl fused runs within the headroom on the same 8 at 0.96x the
+    plan. A remedy whose plan runs on the user's GPUs alone within the headroom ranks before more GPUs, whatever
+    the tokens/s."""
+    p = plan("meta-llama/Llama-3.1-70B", "8xMI300X")
+    names = [x.name for x in p.recommendation.remedies]
+    fused = p.recommendation.remedies[0]
+    assert fused.name == "--optimizer-impl fused" and fused.fits and not fused.past_headroom
+    assert fused.tokens_per_s < p.chosen.step_time.tokens_per_s  # slower than the plan, yet first
+    assert names.index("--optimizer-impl fused") < next(i for i, n in enumerate(names) if n.startswith("--gpus"))
+    (line,) = [x for x in p.reasons if isinstance(x, r.HeadroomRemedy)]
+    assert line.remedy == "--optimizer-impl fused"

@@ -48,6 +48,9 @@ class ExportFormatRow(BaseModel):
     pp_ep_gap: str = Field(default="", description="Why it cannot carry pipeline or expert parallelism (when "
                            "mesh_dims lacks pp / ep).")
     mesh_note: str = Field(default="", description="What the script must do with the mesh in this format, if anything.")
+    applies_mesh: bool = Field(default=False, description="The framework's own trainer applies every degree the file "
+                               "names (torchtitan's train.py: parallelize and pipeline from its [parallelism]), so no "
+                               "line tells a script how to load tp or run cp.")
     selective_key: bool = Field(default=False, description="It has a key for selective (per-op) activation "
                                 "checkpointing; else a note says to ask wrap() for it.")
     checkpointing_key: Literal["never", "fsdp", "always"] = Field(
@@ -113,7 +116,10 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                     default_filename="torchtitan_job.toml", module="advisor.export.torchtitan", recipe="torchtitan",
                     compile_key=True, float8_key=True,
                     runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
-                    checkpointing_key="always",
+                    checkpointing_key="always", applies_mesh=True,
+                    mesh_note="torchtitan's trainer builds this mesh from [parallelism] and applies it itself: tensor "
+                              "parallelism with sequence parallelism and a loss parallel over the vocabulary, context "
+                              "parallelism and the pipeline, as the torchtitan recipe planned them.",
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )
 

@@ -58,6 +58,8 @@ def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
             f"{seq_len}, sp_attn_implementation=\"sdpa\")), deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=THIS_FILE)). "
             "Memory and time were planned for ring attention on FSDP2; Ulysses moves all-to-alls instead.")
         return notes
+    if get_format_row(fmt).applies_mesh:  # the framework loads and parallelizes the model itself
+        return [*notes, get_format_row(fmt).mesh_note]
     if mesh.tp > 1:
         notes.append(f"Tensor parallelism {mesh.tp}: load the model with tp_plan=\"auto\" on the mesh's \"tp\" "
                      "dimension (transformers' own TP plan; accelerate does this from parallelism_config). The plan "

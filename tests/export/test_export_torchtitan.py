@@ -196,3 +196,13 @@ def test_a_selective_plan_names_how_to_run_it_where_the_format_has_no_key(fmt):
     (note,) = [n for n in notes if n.startswith("Selective activation checkpointing has no config key")]
     assert "checkpoints each block in full" in note
     assert 'wrappers.checkpointing.apply_requested_checkpointing(model, "selective")' in note
+
+
+def test_a_tp_mesh_gets_no_transformers_loading_note():
+    """A review: the TOML of a tp mesh carried 'load the model with tp_plan="auto" ... as wrappers.wrap() runs it',
+    which torchtitan never does: its trainer builds the mesh from [parallelism] and applies tp (with sequence
+    parallelism and a loss parallel, as the torchtitan recipe plans it), cp and the pipeline itself."""
+    text, _ = export_text(_pp_plan(), "torchtitan")
+    comments = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    assert "tp_plan" not in comments and "wrappers.wrap()" not in comments
+    assert "torchtitan's trainer builds this mesh from [parallelism] and applies it itself" in comments

@@ -195,6 +195,12 @@ def _deepspeed_states(spec: ModelSpec, training: TrainingConfig, impl: Implement
     facts = zero_facts(training, impl)
     if facts is not None:
         temp = zero_step_temporary(spec, training, impl, world, facts)
+    if impl.offload_optimizer:
+        # ZeRO-Offload steps DeepSpeedCPUAdam in place on the host's fp32 partition (its gradient already there), with
+        # no flattened or cast copy (deepspeed/runtime/zero/stage_1_and_2.py step, the cpu_offload branch, at edaa722);
+        # a client optimizer, whatever the recipe's implementation, is refused there unless zero_force_ds_cpu_optimizer
+        # is false (deepspeed/runtime/engine.py _configure_basic_optimizer)
+        temp = 0
     return ModelStates(params=params, grads=grads, optimizer=opt, step_temporary=temp,
                        on_cpu=impl.offload_params, cpu_only_optimizer=impl.offload_optimizer and not impl.offload_params)
 

@@ -189,3 +189,17 @@ def test_an_accelerate_export_plans_the_deepspeed_defaults_its_file_runs(qwen7b)
 
     assert backward("accelerate") == 1_000_000_000 + 1_903_904_128
     assert backward("deepspeed-json") == 2 * 2 * BUCKET + 1_903_904_128
+
+
+@pytest.mark.parametrize("recipe", ["torch", "trainer", "deepspeed", "lightning"])
+def test_zero_offload_steps_cpu_adam_in_place_under_every_recipe(qwen7b, recipe):
+    """A review: under ZeRO-Offload the torch and Lightning recipes counted their foreach AdamW's temporary on the host
+    (170 GiB a node against 156 under the Trainer). DeepSpeed steps DeepSpeedCPUAdam in place on the host's fp32
+    partition, its gradient already there, with no flattened or cast copy (stage_1_and_2.py step's cpu_offload
+    branch), and refuses a client optimizer there by default (zero_force_ds_cpu_optimizer). So no step temporary,
+    and the host holds 2 + 2 + 12 bytes a parameter per rank: 16 x 7,615,616,512 / 8 = 15,231,233,024 B on 8 GPUs."""
+    training = TrainingConfig(recipe=recipe, engine="deepspeed")
+    impl = STRATEGIES["zero3_offload"].on("deepspeed")
+    assert model_states(qwen7b, training, impl, 8).step_temporary == 0
+    mem = estimate_memory(qwen7b, parse_gpus("8xH100"), training, impl, micro_batch_size=1, checkpointing=True)
+    assert mem.cpu_bytes == 16 * P // 8 == 15_231_233_024

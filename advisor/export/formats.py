@@ -117,9 +117,6 @@ FORMAT_TABLE: tuple[ExportFormatRow, ...] = (
                     compile_key=True, float8_key=True,
                     runs="fsdp2", optimizer_key="torchtitan", cpu_test=False, selective_key=True,
                     checkpointing_key="always", applies_mesh=True,
-                    mesh_note="torchtitan's trainer builds this mesh from [parallelism] and applies it itself: tensor "
-                              "parallelism with sequence parallelism and a loss parallel over the vocabulary, context "
-                              "parallelism and the pipeline, as the torchtitan recipe planned them.",
                     mesh_dims=("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep")),
 )
 

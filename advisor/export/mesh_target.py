@@ -59,7 +59,12 @@ def mesh_notes(fmt: str, mesh: ParallelDims, *, seq_len: int) -> list[str]:
             "Memory and time were planned for ring attention on FSDP2; Ulysses moves all-to-alls instead.")
         return notes
     if get_format_row(fmt).applies_mesh:  # the framework loads and parallelizes the model itself
-        return [*notes, get_format_row(fmt).mesh_note]
+        applied = [part for degree, part in (
+            (mesh.tp, "tensor parallelism with sequence parallelism and a loss parallel over the vocabulary"),
+            (mesh.cp, "context parallelism"), (getattr(mesh, "pp", 1), "the pipeline"),
+            (getattr(mesh, "ep", 1), "expert parallelism")) if degree > 1]
+        return [*notes, "torchtitan's trainer builds this mesh from [parallelism] and applies it itself"
+                + (f" ({', '.join(applied)}), as the torchtitan recipe planned it." if applied else ".")]
     if mesh.tp > 1:
         notes.append(f"Tensor parallelism {mesh.tp}: load the model with tp_plan=\"auto\" on the mesh's \"tp\" "
                      "dimension (transformers' own TP plan; accelerate does this from parallelism_config). The plan "

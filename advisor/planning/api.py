@@ -652,10 +652,9 @@ def plan(
             roomy = within_headroom_at(spec, hw, training, recommendation.strategy, training.seq_len,
                                        recommendation.mesh)
             why.extend([roomy] if roomy is not None else [])
-            if not offloads(recommendation.candidate):
-                longer = longer_with_change(spec, hw, training, recommendation.strategy, training.seq_len,
-                                            recommendation.mesh)
-                why.extend([longer] if longer is not None else [])
+            longer = longer_with_change(spec, hw, training, recommendation.strategy, training.seq_len,
+                                        recommendation.mesh)
+            why.extend([longer] if longer is not None else [])
     if recommendation is not None and context and training.seq_len > context:  # --seq-len max, or a given length
         why.insert(0, BeyondContext(seq_len=training.seq_len, context=context, learned=spec.learned_positions))
     if not (strategy or pins.any or search_length or dp_blocked) and (

@@ -374,12 +374,14 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         offloaded = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
     replacing = offloaded is not None and training.policy != "fastest"
     if (dp_choice is not None and not dp_offloads and not pins.any and not strategy and not length_search
-            and training.policy != "fastest" and training.micro_batch_size is None):  # a micro-batch asked stands
-        # the family's GPU-only choice past the --headroom, or slow on several nodes: a mesh may replace it
+            and training.policy != "fastest"):
+        # the family's GPU-only choice past the --headroom (at the micro-batch search's smallest: a micro-batch asked
+        # stands), or slow on several nodes: a mesh may replace it
         chosen_dp = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
-        if not within_headroom(chosen_dp, training):
+        if not within_headroom(chosen_dp, training) and training.micro_batch_size is None:
             return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins)
-        if hw.nodes > 1 and chosen_dp.step_time is not None and chosen_dp.step_time.mfu < USEFUL_MFU:
+        if (hw.nodes > 1 and within_headroom(chosen_dp, training) and chosen_dp.step_time is not None
+                and chosen_dp.step_time.mfu < USEFUL_MFU):
             return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins, slow=True)
     if pins.any:
         check_pins(spec, hw, training, pins)
@@ -614,7 +616,9 @@ def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: C
     planned = at_offload_samples(training, dp_best, hw.world_size)
     meshes, refused, candidates, best, searched = _search(spec, hw, planned, pins, None, False)
     own_samples = None
-    if not better(best, planned) and planned is not training:
+    # a slow plan is compared at its own samples a step only: a mesh on more of them is faster by the batch (its
+    # collectives amortised over more samples), which --global-batch gives data parallelism too
+    if not better(best, planned) and planned is not training and not slow:
         own = _search(spec, hw, training, pins, None, False)
         if better(own[3], training):
             own_samples, planned, (meshes, refused, candidates, best, searched) = (
@@ -640,7 +644,9 @@ def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: C
         else []
     rec, why = mesh_recommendation(spec, hw, planned, best, opening=opening, candidates=candidates,
                                    alternatives=(alternative,))
-    return candidates, rec, dp_why + pp_lines + why, planned  # the opening just before the mesh's fit: the headline
+    # the family's own checkpointing lines are about its plan, not the mesh's (which says its own)
+    family = [x for x in dp_why if x.kind not in ("checkpointing-on", "checkpointing-headroom")]
+    return candidates, rec, family + pp_lines + why, planned  # the opening just before the mesh's fit: the headline
 
 
 def _offloads(rec: Recommendation) -> bool:

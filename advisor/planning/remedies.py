@@ -110,10 +110,12 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
         if applied is None:
             continue
         remedy, roomy = applied
-        # more GPUs help a plan on the GPUs alone only where they run faster than it would scaled to their count (a
-        # forced mesh at 85% on 4 H100s was offered 24 at 0.8x its tokens/s a GPU)
+        # more GPUs help only where they run on the GPUs alone faster than the plan would scaled to their count (a
+        # forced mesh at 85% on 4 H100s was offered 24 at 0.8x its tokens/s a GPU; an offload plan on 2 x 8 H100s
+        # over Ethernet, 24 at 0.74x in all)
         scale = change.hardware.world_size / hw.world_size if change.hardware is not None else 1
-        if roomy if reason == "past headroom" else _helps(remedy, on_gpu_now=on_gpu_now, current=current * scale):
+        helps = _helps(remedy, on_gpu_now=on_gpu_now or change.hardware is not None, current=current * scale)
+        if roomy if reason == "past headroom" else helps:
             found.append(remedy)  # past the headroom: only what brings the plan back within it
     # One context-parallel degree: the one whose plan runs fastest (the smallest among equals).
     degrees = [x for x in found if x.name.startswith("--cp ")]
@@ -173,7 +175,9 @@ def _apply(spec: ModelSpec, hw: Hardware, training: TrainingConfig, ref: Candida
             # degrees the user fixed; the saving is measured on the mesh it picks
             own = {k: v for k, v in change.pins if v is not None}
             searched = _best_searched_mesh(new_spec, new_hw, changed, validated_copy(pins or MeshPins(), own))
-        on = searched.mesh if searched is not None else change.mesh
+        # the saving on the reference's own mesh where the change names none on the same GPUs (a mesh plan's remedies)
+        on = searched.mesh if searched is not None else change.mesh if change.mesh is not None or \
+            change.hardware is not None else ref.mesh
         same = evaluate_candidate(new_spec, new_hw, pinned, measured, on)
     except ValueError:  # or the mesh estimators refuse this model (a size alone: no attention heads known)
         return None

@@ -283,3 +283,13 @@ def test_no_longer_length_is_offered_past_a_learned_position_table():
     longer input (one that the table cannot run)."""
     p = advisor.plan("openai-community/gpt2", "1xA100", seq_len="max")
     assert p.training.seq_len == 1024 and not [x for x in p.reasons if x.kind == "longer-with-change"]
+
+
+def test_an_offloading_longest_gets_the_fused_loss_line_too():
+    """A review: Qwen2.5-14B on 2 x H100 holds 30,231 tokens only by offloading, and 89,153 with --loss fused; the
+    line was given for GPU-only plans alone. The plan with that change holds the length the line says."""
+    p = advisor.plan("Qwen/Qwen2.5-14B", "2xH100", seq_len="max")
+    (longer,) = [x for x in p.reasons if x.kind == "longer-with-change"]
+    assert p.chosen.strategy.endswith("_offload") and longer.change == "--loss fused"
+    fused = advisor.plan("Qwen/Qwen2.5-14B", "2xH100", seq_len="max", loss="fused")
+    assert fused.training.seq_len == longer.seq_len and fused.chosen.strategy == p.chosen.strategy

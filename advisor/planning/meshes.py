@@ -629,8 +629,7 @@ def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: C
     if slow:
         opening: r.Reason = r.MeshOverSlowDataParallel(
             mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best), dp=_timing(dp_best),
-            nodes=hw.nodes, dp_mfu=dp_best.step_time.mfu, capacity_bytes=dp_best.capacity_bytes,
-            dp_samples_unfit=own_samples, mesh_samples_per_step=mesh_samples)
+            nodes=hw.nodes, dp_mfu=dp_best.step_time.mfu, capacity_bytes=dp_best.capacity_bytes)
     else:
         opening = r.MeshWithinHeadroom(mesh_label=best.mesh.label, dp_strategy=dp_best.strategy, mesh=_timing(best),
                                        dp=_timing(dp_best), capacity_bytes=dp_best.capacity_bytes,

@@ -499,14 +499,10 @@ def _mesh_within_headroom(x: r.MeshWithinHeadroom) -> str:
 
 def _mesh_over_slow(x: r.MeshOverSlowDataParallel) -> str:
     a, b = x.mesh, x.dp
-    own = "" if x.dp_samples_unfit is None else (
-        f" At the data-parallel plan's {x.dp_samples_unfit} samples a step no mesh runs faster within the headroom "
-        f"(--global-batch {x.dp_samples_unfit} plans at them); the mesh steps on its own {x.mesh_samples_per_step} "
-        f"sample{'s' if x.mesh_samples_per_step != 1 else ''}.")
     return (f"{x.dp_strategy} alone runs at MFU {x.dp_mfu:.0%} on {x.nodes} nodes ({b.tokens_per_s:,.0f} tokens/s, "
             f"{b.exposed_communication_s:.2f} s of its {b.step_s:.2f} s step in exposed communication); mesh "
             f"{x.mesh_label} runs {a.tokens_per_s:,.0f} tokens/s ({a.tokens_per_s / b.tokens_per_s:.2f}x) within the "
-            f"headroom: {_gib(a.total_bytes)} ({_share(a.total_bytes, x.capacity_bytes):.0%}).{own}")
+            f"headroom: {_gib(a.total_bytes)} ({_share(a.total_bytes, x.capacity_bytes):.0%}).")
 
 
 def _dp_also_fits(x: r.DataParallelAlsoFits) -> str:

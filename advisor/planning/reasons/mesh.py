@@ -283,11 +283,6 @@ class MeshOverSlowDataParallel(ReasonModel):
     nodes: int
     dp_mfu: float
     capacity_bytes: int
-    dp_samples_unfit: int | None = Field(
-        default=None, exclude_if=lambda n: n is None, description="The data-parallel plan's samples a step, at which "
-        "no mesh runs faster within the headroom: the mesh is planned at its own micro-batch (no --global-batch).")
-    mesh_samples_per_step: int | None = Field(default=None, exclude_if=lambda n: n is None,
-                                              description="The mesh's own samples a step, where dp_samples_unfit is given.")
 
 
 class DataParallelAlsoFits(ReasonModel):

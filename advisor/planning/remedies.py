@@ -110,10 +110,10 @@ def find_remedies(spec: ModelSpec, hw: Hardware, training: TrainingConfig, candi
         if applied is None:
             continue
         remedy, roomy = applied
-        # more GPUs help only where they run on the GPUs alone faster than the plan would scaled to their count (a
-        # forced mesh at 85% on 4 H100s was offered 24 at 0.8x its tokens/s a GPU; an offload plan on 2 x 8 H100s
-        # over Ethernet, 24 at 0.74x in all)
-        scale = change.hardware.world_size / hw.world_size if change.hardware is not None else 1
+        # more GPUs help only where they run on the GPUs alone faster than the plan: a plan on the GPUs alone scaled to
+        # their count (a forced mesh at 85% on 4 H100s was offered 24 at 0.8x its tokens/s a GPU), an offloading one
+        # in all (on 2 x 8 H100s over Ethernet it was offered 24 at 0.74x; 70B QLoRA on 2 RTX 4090s gets 4 at 1.8x)
+        scale = change.hardware.world_size / hw.world_size if change.hardware is not None and on_gpu_now else 1
         helps = _helps(remedy, on_gpu_now=on_gpu_now or change.hardware is not None, current=current * scale)
         if roomy if reason == "past headroom" else helps:
             found.append(remedy)  # past the headroom: only what brings the plan back within it

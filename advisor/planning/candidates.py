@@ -36,6 +36,11 @@ SAME_SPEED = 0.03
 # are listed below it (advisor.planning.remedies), and on several nodes meshes and pipeline stages are searched for a
 # faster plan (advisor.planning.meshes).
 USEFUL_MFU = 0.20
+# A third of the step in exposed collectives: the overlap FSDP and DDP are built for has failed (the published
+# multi-node runs of benchmarks/results/published_jobs.md expose none), whatever the GPU's peak makes of the MFU (70B
+# on 4 x 8 A100 over 100 Gb/s Ethernet: MFU 30%, 40% of the step exposed). A judgement, not a fit.
+EXPOSED_SHARE = 1 / 3
+
 
 AUTO_MICRO_BATCH_CAP = 64
 # The keys of a candidate and a recommendation in --json, in the order readers have always seen (some are
@@ -481,6 +486,13 @@ def within_headroom(cand: Candidate, training: TrainingConfig) -> bool:
     fastest every fitting one (that policy has no headroom preference)."""
     return (training.policy == "fastest"
             or cand.memory_range.at(training.margin) <= (1 - training.headroom) * cand.capacity_bytes)
+
+def waits_on_network(cand: Candidate, nodes: int) -> bool:
+    """On several nodes, the plan runs below USEFUL_MFU or spends EXPOSED_SHARE of its step in exposed collectives:
+    meshes and pipeline stages are searched for a faster one (advisor.planning.meshes)."""
+    step = cand.step_time
+    return nodes > 1 and step is not None and (
+        step.mfu < USEFUL_MFU or step.exposed_communication_s >= EXPOSED_SHARE * step.step_s)
 
 
 def larger_past_headroom(spec: ModelSpec, hardware: Hardware, training: TrainingConfig, chosen: Candidate, *,

@@ -6,7 +6,8 @@ nothing in that family fits on the GPUs alone (a GPU-only mesh within the --head
 plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
 remedies' re-plans run this step too), when the family's choice fits only past the --headroom at the micro-batch
 search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_roomier``) or
-runs below ``USEFUL_MFU`` on several nodes (a mesh faster by more than ``SAME_SPEED`` replaces it, pipeline stages
+waits on the network on several nodes (below ``USEFUL_MFU``, or ``EXPOSED_SHARE`` of its step in exposed
+collectives: ``waits_on_network``; a mesh faster by more than ``SAME_SPEED`` replaces it, pipeline stages
 searched where the other meshes are slow too),
 when the global batch cannot give every GPU a sample, when the user
 pins a degree (``--tp``, ``--cp``, ``--hybrid``), or under ``--policy fastest`` (a mesh wins there
@@ -33,8 +34,8 @@ from advisor.planning.pipeline_meshes import (check_pipeline_pins, expert_share,
                                               pipeline_search_reason, pipeline_summary_line, stage_line, tp_degrees,
                                               without_pp_line)
 from advisor.planning import reasons as r
-from advisor.planning.candidates import (USEFUL_MFU, Candidate, Recommendation, batch_split_problem,
-                                         evaluate_candidate, within_headroom)
+from advisor.planning.candidates import (Candidate, Recommendation, batch_split_problem, evaluate_candidate,
+                                         waits_on_network, within_headroom)
 from advisor.planning.policy import SAME_SPEED, checkpointing
 from advisor.planning.render import render_alternative, render_reason
 from advisor.strategies import STRATEGIES
@@ -380,8 +381,7 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         chosen_dp = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
         if not within_headroom(chosen_dp, training) and training.micro_batch_size is None:
             return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins)
-        if (hw.nodes > 1 and within_headroom(chosen_dp, training) and chosen_dp.step_time is not None
-                and chosen_dp.step_time.mfu < USEFUL_MFU):
+        if within_headroom(chosen_dp, training) and waits_on_network(chosen_dp, hw.nodes):
             return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins, slow=True)
     if pins.any:
         check_pins(spec, hw, training, pins)
@@ -600,12 +600,12 @@ def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: C
              dp_choice: Recommendation, dp_why: list[r.Reason], pins: MeshPins, *, slow: bool = False,
              ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
     """The data-parallel family's GPU-only choice (``dp_best``) either fits only past the --headroom (a long sequence at
-    micro-batch 1, within the estimate's error of an out-of-memory failure), or, ``slow``, runs below USEFUL_MFU on
-    several nodes (its collectives on the network). The mesh search's best at its samples a step (else at its own
-    micro-batch) replaces it where that mesh leaves the headroom free and runs at least as fast, within SAME_SPEED (past
+    micro-batch 1, within the estimate's error of an out-of-memory failure), or, ``slow``, waits on the network on
+    several nodes (``candidates.waits_on_network``). The mesh search's best at its samples a step (else, past the
+    headroom only, at its own micro-batch) replaces it where that mesh leaves the headroom free and runs at least as fast, within SAME_SPEED (past
     the headroom: Llama-3.1-8B at 32,768 tokens on 8 x H100, zero3 at 99%, cp 8 at 69% and 1.29x), or faster by more
     than SAME_SPEED (slow: Llama-3.1-70B on 4 x 8 H100 over 100 Gb/s Ethernet, zero3 at MFU 9%, pipeline stages across
-    the nodes at 2.6x; the search adds pipelines where its best tp/cp/HSDP mesh is slow too: ``pipeline_search_reason``).
+    the nodes at 3.3x; the search adds pipelines where its best tp/cp/HSDP mesh is slow too: ``pipeline_search_reason``).
     Otherwise the choice stands, and the mesh candidates are not listed (the remedies name a degree that helps).
     ``pins``: degrees of 1 the user fixed (``--cp 1``), which the search keeps."""
     bar = (1 + SAME_SPEED) if slow else (1 - SAME_SPEED)

@@ -37,7 +37,7 @@ from advisor.model.block_kinds import kind_of
 from advisor.model.bundled import load_tensor_parallel
 from advisor.model.spec import ModelSpec
 from advisor.planning import reasons as r
-from advisor.planning.candidates import USEFUL_MFU, Candidate
+from advisor.planning.candidates import Candidate, waits_on_network
 from advisor.strategies import STRATEGIES
 from advisor.training import TrainingConfig
 
@@ -59,8 +59,8 @@ def expert_share(spec: ModelSpec) -> float:
 def pipeline_search_reason(spec: ModelSpec, training: TrainingConfig, *, pinned: bool, best: Candidate | None,
                            closest: Candidate | None, dp_offloads: bool, nodes: int = 1) -> r.SearchCause | None:
     """Why pp/ep meshes are searched (with its numbers), or None when they are not. On several ``nodes`` a best mesh
-    below USEFUL_MFU (its collectives on the network) has them searched too: a pipeline sends a stage's activations
-    between nodes where FSDP and TP send weights and gradients (405B on 16 x 8 H100 over 100 Gb/s Ethernet)."""
+    that waits on the network (``candidates.waits_on_network``) has them searched too: a pipeline sends a stage's
+    activations between nodes where FSDP and TP send weights and gradients (405B on 16 x 8 H100 over Ethernet)."""
     if pinned:
         return r.SearchCause(kind="pinned")
     share = expert_share(spec)
@@ -73,7 +73,7 @@ def pipeline_search_reason(spec: ModelSpec, training: TrainingConfig, *, pinned:
                              total_bytes=closest.memory_bytes.total, capacity_bytes=closest.capacity_bytes)
     if training.policy == "fastest":
         return r.SearchCause(kind="policy-fastest")
-    if nodes > 1 and best.step_time is not None and best.step_time.mfu < USEFUL_MFU:
+    if waits_on_network(best, nodes):
         return r.SearchCause(kind="low-mfu", mesh_label=best.mesh.label, mfu=best.step_time.mfu)
     return None
 

@@ -5,7 +5,7 @@ context and hybrid-sharded data parallelism; ``advisor.mesh.ParallelDims``) are 
 nothing in that family fits on the GPUs alone (a GPU-only mesh within the --headroom then replaces its offloading
 plan, at the offload plan's samples a step: ``offload_kept``, ``searches_past_offload``, ``at_offload_samples``; the
 remedies' re-plans run this step too), when the family's choice fits only past the --headroom at the micro-batch
-search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_roomier``) or
+search's smallest (a mesh within it that runs at least as fast, within ``SAME_SPEED``, replaces it: ``_replace_data_parallel``) or
 waits on the network on several nodes (below ``USEFUL_MFU``, or ``EXPOSED_SHARE`` of its step in exposed
 collectives: ``waits_on_network``; a mesh faster by more than ``SAME_SPEED`` replaces it, pipeline stages
 searched where the other meshes are slow too),
@@ -380,9 +380,9 @@ def choose_with_meshes(spec: ModelSpec, hw: Hardware, training: TrainingConfig, 
         # stands), or slow on several nodes: a mesh may replace it
         chosen_dp = next(c for c in dp_candidates if c.strategy == dp_choice.strategy and c.mesh is None)
         if not within_headroom(chosen_dp, training) and training.micro_batch_size is None:
-            return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins)
+            return _replace_data_parallel(spec, hw, training, chosen_dp, dp_choice, dp_why, pins)
         if within_headroom(chosen_dp, training) and waits_on_network(chosen_dp, hw.nodes):
-            return _roomier(spec, hw, training, chosen_dp, dp_choice, dp_why, pins, slow=True)
+            return _replace_data_parallel(spec, hw, training, chosen_dp, dp_choice, dp_why, pins, slow=True)
     if pins.any:
         check_pins(spec, hw, training, pins)
     elif dp_choice is not None and (training.policy != "fastest" or strategy) and not (
@@ -596,7 +596,7 @@ def _faster(spec: ModelSpec, hw: Hardware, training: TrainingConfig, best: Candi
                                alternatives=(alternative,))
 
 
-def _roomier(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: Candidate,
+def _replace_data_parallel(spec: ModelSpec, hw: Hardware, training: TrainingConfig, dp_best: Candidate,
              dp_choice: Recommendation, dp_why: list[r.Reason], pins: MeshPins, *, slow: bool = False,
              ) -> tuple[list[Candidate], Recommendation | None, list[r.Reason], TrainingConfig]:
     """The data-parallel family's GPU-only choice (``dp_best``) either fits only past the --headroom (a long sequence at

@@ -209,8 +209,7 @@ def _with_change(x: r.OffloadRemedy | r.HeadroomRemedy | r.SingleProcessRemedy) 
 
 
 def _headroom_remedy(x: r.HeadroomRemedy) -> str:
-    return (f"{x.strategy} needs {_gib(x.total_bytes)} of {_gib(x.capacity_bytes)} "
-            f"({_share(x.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom: within the "
+    return (f"{x.strategy} needs {_past_the_headroom(x.total_bytes, x.capacity_bytes, x.headroom)}: within the "
             f"estimate's error of an out-of-memory failure; {_with_change(x)} needs "
             f"{x.remedy_total_gib:.2f} GiB ({x.remedy_total_gib * GIB / x.capacity_bytes:.0%}) at {_pace(x)}.")
 
@@ -334,12 +333,18 @@ def _at_offload_samples(samples: int | None) -> str:
     return "" if samples is None else f" at the offload plan's {samples} samples a step"
 
 
-def _own_samples(n: int | None, m: int | None, what: str) -> str:
-    """A mesh planned at its own samples a step, not at the offload plan's ``n`` (none there ``what``)."""
+def _own_samples(n: int | None, m: int | None, what: str, whose: str = "offload plan's") -> str:
+    """A mesh planned at its own samples a step, not at ``whose`` ``n`` (none there ``what``)."""
     if n is None:
         return ""
-    return (f" At the offload plan's {n} samples a step no mesh {what} (--global-batch {n} plans at them); the mesh "
+    return (f" At the {whose} {n} samples a step no mesh {what} (--global-batch {n} plans at them); the mesh "
             f"steps on its own {m} sample{'s' if m != 1 else ''}.")
+
+
+def _past_the_headroom(total_bytes: int, capacity_bytes: int, headroom: float) -> str:
+    """``78.4 GiB of 79.2 GiB (99%), past the 10% headroom``: a plan within the estimate's error of an OOM."""
+    return (f"{_gib(total_bytes)} of {_gib(capacity_bytes)} ({_share(total_bytes, capacity_bytes):.0%}), past the "
+            f"{headroom:.0%} headroom")
 
 
 def _dp_cannot(x: r.DataParallelCannot) -> str:
@@ -486,13 +491,9 @@ def _fastest_mesh(x: r.FastestMesh) -> str:
 
 def _mesh_within_headroom(x: r.MeshWithinHeadroom) -> str:
     a, b = x.mesh, x.dp
-    own = "" if x.dp_samples_unfit is None else (
-        f" At the data-parallel plan's {x.dp_samples_unfit} samples a step no mesh fits within the headroom "
-        f"(--global-batch {x.dp_samples_unfit} plans at them); the mesh steps on its own {x.mesh_samples_per_step} "
-        f"sample{'s' if x.mesh_samples_per_step != 1 else ''}.")
-    return (f"{x.dp_strategy} alone needs {_gib(b.total_bytes)} of {_gib(x.capacity_bytes)} "
-            f"({_share(b.total_bytes, x.capacity_bytes):.0%}), past the {x.headroom:.0%} headroom (within the estimate's "
-            f"error of an out-of-memory failure); mesh {x.mesh_label} runs within it: {_gib(a.total_bytes)} "
+    own = _own_samples(x.dp_samples_unfit, x.mesh_samples_per_step, "fits within the headroom", "data-parallel plan's")
+    return (f"{x.dp_strategy} alone needs {_past_the_headroom(b.total_bytes, x.capacity_bytes, x.headroom)} (within the "
+            f"estimate's error of an out-of-memory failure); mesh {x.mesh_label} runs within it: {_gib(a.total_bytes)} "
             f"({_share(a.total_bytes, x.capacity_bytes):.0%}), {a.tokens_per_s:,.0f} vs {b.tokens_per_s:,.0f} tokens/s "
             f"({a.step_s:.2f} s/step at micro-batch {a.micro_batch_size} vs {b.step_s:.2f} s at {b.micro_batch_size}).{own}")
 
